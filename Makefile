@@ -1,0 +1,31 @@
+# Copyrator: `make test` runs every check against a local control plane;
+# `make demo` shows the operator at work.
+SHELL := /bin/bash
+
+.PHONY: test demo demo-down bench bench-quick crd cluster-up cluster-down
+
+test:
+	hack/test
+
+demo:
+	hack/demo
+
+demo-down:
+	hack/demo down
+
+bench:
+	hack/bench
+
+bench-quick:
+	hack/bench --quick
+
+# Regenerate the CRD YAML from the Rust types (crd/ and chart/crds/).
+crd:
+	cargo run --quiet -- crd > crd/copyrator.yaml
+	cp crd/copyrator.yaml chart/crds/copyrator.yaml
+
+cluster-up:
+	@hack/cluster up
+
+cluster-down:
+	@hack/cluster down

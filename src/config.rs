@@ -1,0 +1,138 @@
+//! Command line and environment: every setting is a flag and an env var.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "copyrator",
+    version,
+    about = "Copies ConfigMaps and Secrets into other namespaces by CopyratorRule and keeps the copies true"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the operator (the default).
+    Run,
+    /// Print the CopyratorRule CustomResourceDefinition as YAML.
+    Crd,
+    /// Say what `run` would create, update and delete now, and change nothing.
+    Plan,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct Settings {
+    /// The operator's namespace: rules are honoured here (and, with
+    /// --all-namespaces, everywhere), and the leader-election Lease lives here.
+    #[arg(long, env = "NAMESPACE", default_value = "default", global = true)]
+    pub namespace: String,
+
+    /// Follow only the rule of this name; unset means all rules.
+    #[arg(long, env = "RULE_NAME", global = true)]
+    pub rule_name: Option<String>,
+
+    /// Honour rules in every namespace; a rule outside the operator's
+    /// namespace may then copy only from its own namespace.
+    #[arg(long, env = "ALL_NAMESPACES", default_value_t = false, global = true)]
+    pub all_namespaces: bool,
+
+    /// Log filter: a level (error, warn, info, debug, trace) or tracing
+    /// env-filter directives such as `copyrator=debug,kube=info`.
+    #[arg(long, env = "LOG_LEVEL", default_value = "info", global = true)]
+    pub log_level: String,
+
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+
+    /// Address of the HTTP server for /metrics, /healthz and /readyz.
+    #[arg(long, env = "LISTEN_ADDRESS", default_value = "0.0.0.0:8080", global = true)]
+    pub listen_address: SocketAddr,
+
+    /// Elect a leader on a coordination.k8s.io Lease so that only one replica writes.
+    #[arg(long, env = "LEADER_ELECTION", default_value_t = false, global = true)]
+    pub leader_election: bool,
+
+    /// Name of the leader-election Lease in the operator's namespace.
+    #[arg(long, env = "LEASE_NAME", default_value = "copyrator", global = true)]
+    pub lease_name: String,
+
+    /// Seconds a leader's Lease lasts without renewal; a standby takes over after it.
+    #[arg(long, env = "LEASE_DURATION", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=600), global = true)]
+    pub lease_duration: u64,
+
+    /// Writes (create, update, delete) in flight at once.
+    #[arg(long, env = "WRITE_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024), global = true)]
+    pub write_concurrency: u32,
+
+    /// Requests per second the operator sends to the API server (watches not counted); 0 means no limit.
+    #[arg(long, env = "API_QPS", default_value_t = 500.0, global = true)]
+    pub api_qps: f64,
+
+    /// Requests the operator may send at once above --api-qps.
+    #[arg(long, env = "API_BURST", default_value_t = 1000, global = true)]
+    pub api_burst: u32,
+
+    /// Seconds between full passes over every rule (a pass over a correct cluster writes nothing).
+    #[arg(long, env = "RESYNC_INTERVAL", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..), global = true)]
+    pub resync_interval: u64,
+}
+
+impl Settings {
+    pub fn lease_duration(&self) -> Duration {
+        Duration::from_secs(self.lease_duration)
+    }
+
+    pub fn resync_interval(&self) -> Duration {
+        Duration::from_secs(self.resync_interval)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.api_qps >= 0.0 && self.api_qps.is_finite()) {
+            return Err(format!("--api-qps must be 0 or more, not {}", self.api_qps));
+        }
+        if self.namespace.is_empty() {
+            return Err("--namespace must not be empty".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_and_subcommands() {
+        let cli = Cli::try_parse_from(["copyrator"]).unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.settings.write_concurrency, 16);
+        assert!(!cli.settings.leader_election);
+        let cli = Cli::try_parse_from(["copyrator", "plan", "--namespace", "ops", "--all-namespaces"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Plan)));
+        assert_eq!(cli.settings.namespace, "ops");
+        assert!(cli.settings.all_namespaces);
+        assert!(Cli::try_parse_from(["copyrator", "--write-concurrency", "0"]).is_err());
+        assert!(Cli::try_parse_from(["copyrator", "--log-format", "xml"]).is_err());
+    }
+}

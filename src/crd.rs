@@ -1,0 +1,207 @@
+//! The CustomResourceDefinition of `CopyratorRule`, generated from the Rust
+//! types in [`crate::rule`]. `copyrator crd` prints it; `crd/` holds that output.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceColumnDefinition, CustomResourceDefinition, CustomResourceDefinitionNames,
+    CustomResourceDefinitionSpec, CustomResourceDefinitionVersion, CustomResourceSubresourceStatus,
+    CustomResourceSubresources, CustomResourceValidation, JSONSchemaProps,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use schemars::generate::{SchemaGenerator, SchemaSettings};
+use schemars::{JsonSchema, Schema, json_schema};
+use serde_json::{Value, json};
+
+use crate::rule::{GROUP, KIND, PLURAL, RuleSpec, RuleStatus, RuleType, VERSION};
+use crate::{Error, Result};
+
+pub const CRD_NAME: &str = "copyrators.flant.com";
+
+const SELECTOR_DESCRIPTION: &str = "Labels a source must carry, all of them (`{copyrator: \"true\"}`), or a label selector with `matchLabels` and `matchExpressions`.";
+
+/// Schema of `selector`: a plain map of labels or a full label selector.
+/// Structural schemas cannot say "map of strings, or these two properties",
+/// and CEL cannot look into an open object, so the schema refuses an empty
+/// selector and the operator checks the rest (reported in the rule's status).
+pub fn selector_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": SELECTOR_DESCRIPTION,
+        "type": "object",
+        "minProperties": 1,
+        "maxProperties": 64,
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// Schema of `namespace`: a namespace name or a list of them. A structural
+/// schema cannot say "string or list"; the operator checks it.
+pub fn namespace_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "Source namespace: one name or a list of names. Default: the rule's own namespace.",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+fn generator() -> SchemaGenerator {
+    SchemaSettings::openapi3()
+        .with(|s| {
+            s.inline_subschemas = true;
+            s.meta_schema = None;
+        })
+        .with_transform(schemars::transform::AddNullable::default())
+        .with_transform(kube::core::schema::StructuralSchemaRewriter)
+        .with_transform(kube::core::schema::OptionalEnum)
+        .into_generator()
+}
+
+fn schema_of<T: JsonSchema>(generator: &mut SchemaGenerator) -> Value {
+    let mut value = generator.root_schema_for::<T>().to_value();
+    if let Value::Object(map) = &mut value {
+        map.remove("title");
+    }
+    value
+}
+
+/// The root schema: the original top-level fields beside `spec` and `status`.
+fn root_schema() -> Value {
+    let mut generator = generator();
+    let mut rule_type = schema_of::<RuleType>(&mut generator);
+    rule_type["description"] =
+        json!("Kind of the objects to copy: `configmap` or `secret` (original form; `spec.ruleType` wins).");
+    let mut spec = schema_of::<RuleSpec>(&mut generator);
+    spec["description"] = json!("The rule. Fields set here win over the same fields at the top level.");
+    let mut status = schema_of::<RuleStatus>(&mut generator);
+    status["description"] = json!("What the operator last saw and did for this rule.");
+    let mut selector = selector_schema(&mut generator).to_value();
+    selector["description"] = json!(format!("{SELECTOR_DESCRIPTION} Original form; `spec.selector` wins."));
+    json!({
+        "description": "Copies ConfigMaps or Secrets that match a selector into other namespaces and keeps the copies true.",
+        "type": "object",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "ruleType": rule_type,
+            "selector": selector,
+            "namespace": namespace_schema(&mut generator).to_value(),
+            "spec": spec,
+            "status": status,
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": "has(self.ruleType) || (has(self.spec) && has(self.spec.ruleType))",
+                "message": "ruleType is required: set ruleType (or spec.ruleType) to configmap or secret"
+            },
+            {
+                "rule": "has(self.selector) || (has(self.spec) && has(self.spec.selector))",
+                "message": "selector is required: set selector (or spec.selector) to the labels a source must carry"
+            }
+        ]
+    })
+}
+
+fn column(name: &str, type_: &str, path: &str, description: &str) -> CustomResourceColumnDefinition {
+    CustomResourceColumnDefinition {
+        name: name.into(),
+        type_: type_.into(),
+        json_path: path.into(),
+        description: Some(description.into()),
+        ..Default::default()
+    }
+}
+
+pub fn crd() -> Result<CustomResourceDefinition> {
+    let schema: JSONSchemaProps = serde_json::from_value(root_schema()).map_err(|source| Error::Serialize {
+        what: "the CRD schema",
+        source,
+    })?;
+    Ok(CustomResourceDefinition {
+        metadata: ObjectMeta {
+            name: Some(CRD_NAME.into()),
+            ..Default::default()
+        },
+        spec: CustomResourceDefinitionSpec {
+            group: GROUP.into(),
+            names: CustomResourceDefinitionNames {
+                kind: KIND.into(),
+                list_kind: Some(format!("{KIND}List")),
+                plural: PLURAL.into(),
+                singular: Some("copyrator".into()),
+                short_names: Some(vec!["copyr".into()]),
+                categories: None,
+            },
+            scope: "Namespaced".into(),
+            versions: vec![CustomResourceDefinitionVersion {
+                name: VERSION.into(),
+                served: true,
+                storage: true,
+                schema: Some(CustomResourceValidation {
+                    open_api_v3_schema: Some(schema),
+                }),
+                subresources: Some(CustomResourceSubresources {
+                    status: Some(CustomResourceSubresourceStatus(json!({}))),
+                    scale: None,
+                }),
+                additional_printer_columns: Some(vec![
+                    column("Type", "string", ".status.ruleType", "Kind of the objects copied"),
+                    column("Sources", "integer", ".status.sources", "Objects that match the selector"),
+                    column("Copies", "integer", ".status.copies", "Copies in place"),
+                    column(
+                        "Ready",
+                        "string",
+                        ".status.conditions[?(@.type==\"Ready\")].status",
+                        "Whether every copy is in place",
+                    ),
+                    column("Age", "date", ".metadata.creationTimestamp", "Age of the rule"),
+                ]),
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+        status: None,
+    })
+}
+
+/// The CRD as YAML, exactly what `crd/` holds.
+pub fn crd_yaml() -> Result<String> {
+    let crd = crd()?;
+    let value = serde_json::to_value(&crd).map_err(|source| Error::Serialize { what: "the CRD", source })?;
+    serde_yaml::to_string(&value).map_err(|e| Error::Config(format!("rendering the CRD as YAML: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn committed_crd_matches_the_types() {
+        let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crd/copyrator.yaml"))
+            .expect("crd/copyrator.yaml exists; regenerate it with `cargo run -- crd > crd/copyrator.yaml`");
+        assert!(
+            committed == crd_yaml().unwrap(),
+            "crd/copyrator.yaml differs from `copyrator crd`; regenerate it with `cargo run -- crd > crd/copyrator.yaml`"
+        );
+    }
+
+    #[test]
+    fn chart_crd_matches_the_types() {
+        let chart = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/chart/crds/copyrator.yaml"))
+            .expect("chart/crds/copyrator.yaml exists; regenerate it with `cargo run -- crd > chart/crds/copyrator.yaml`");
+        assert!(
+            chart == crd_yaml().unwrap(),
+            "chart/crds/copyrator.yaml differs from `copyrator crd`; regenerate it with `cargo run -- crd > chart/crds/copyrator.yaml`"
+        );
+    }
+
+    #[test]
+    fn schema_keeps_the_original_top_level_fields() {
+        let schema = root_schema();
+        for field in ["ruleType", "selector", "namespace", "spec", "status"] {
+            assert!(schema["properties"][field].is_object(), "{field} missing");
+        }
+        assert_eq!(schema["properties"]["ruleType"]["enum"], json!(["configmap", "secret"]));
+        assert_eq!(
+            schema["properties"]["spec"]["properties"]["conflictPolicy"]["enum"],
+            json!(["Skip", "Overwrite"])
+        );
+    }
+}

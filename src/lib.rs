@@ -1,0 +1,42 @@
+//! Copyrator: keeps copies of ConfigMaps and Secrets in the namespaces that
+//! `CopyratorRule` resources target.
+//!
+//! The pure core (`rule`, `selector`, `kinds`, `plan`) decides which copies
+//! should exist and what they contain; `index`, `controller`, `writer` and
+//! the rest connect it to the cluster.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod controller;
+pub mod crd;
+pub mod error;
+pub mod http;
+pub mod index;
+pub mod kinds;
+pub mod leader;
+pub mod metrics;
+pub mod plan;
+pub mod ratelimit;
+pub mod rule;
+pub mod selector;
+pub mod status;
+pub mod telemetry;
+pub mod watch;
+pub mod writer;
+
+pub use error::{Error, Result};
+
+/// Field manager of every write the operator makes.
+pub const FIELD_MANAGER: &str = "copyrator";
+/// Finalizer that lets a deleted rule remove its copies first.
+pub const FINALIZER: &str = "copyrator.flant.com/cleanup";
+/// Label on every copy; `managed-by` is the convention other tools read.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Ties a copy to the rule that made it (the rule's UID).
+pub const LABEL_RULE_UID: &str = "copyrator.flant.com/rule-uid";
+/// `namespace/name` of the rule that made a copy.
+pub const ANNOTATION_RULE: &str = "copyrator.flant.com/rule";
+/// `namespace/name` of a copy's source.
+pub const ANNOTATION_SOURCE: &str = "copyrator.flant.com/source";
+/// UID of a copy's source.
+pub const ANNOTATION_SOURCE_UID: &str = "copyrator.flant.com/source-uid";

@@ -1,0 +1,213 @@
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use tokio::sync::watch;
+use tracing::{error, info};
+
+use copyrator::config::{Cli, Command, Settings};
+use copyrator::controller::{self, Shared};
+use copyrator::http::{self, Health};
+use copyrator::leader::{self, LeaderGate};
+use copyrator::metrics::Metrics;
+use copyrator::rule::RuleKey;
+use copyrator::{kinds::Kind, watch as watches};
+
+/// Reconcile loops; rules are independent, writes are bounded separately.
+const WORKERS: usize = 4;
+/// Shutdown must finish well within Kubernetes' default 30 s grace period.
+const SHUTDOWN_WITHIN: Duration = Duration::from_secs(8);
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(message) = cli.settings.validate() {
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
+    if let Some(Command::Crd) = cli.command {
+        return match copyrator::crd::crd_yaml() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let plan_only = matches!(cli.command, Some(Command::Plan));
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.settings, plan_only)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = format!("{e:#}"), "copyrator stopped");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn shutdown_signal() -> &'static str {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => "SIGINT",
+        _ = term => "SIGTERM",
+    }
+}
+
+async fn run(settings: Settings, plan_only: bool) -> anyhow::Result<()> {
+    copyrator::telemetry::init(&settings.log_level, settings.log_format)?;
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot connect to the Kubernetes API (in-cluster, KUBECONFIG or ~/.kube/config)")?;
+    let metrics = Arc::new(Metrics::default());
+    let health = Arc::new(Health::default());
+    let (stop, stop_receiver) = watch::channel(false);
+
+    let (gate, always_sender, election) = if settings.leader_election && !plan_only {
+        let (gate, election) = leader::start(
+            client.clone(),
+            &settings.namespace,
+            &settings.lease_name,
+            settings.lease_duration(),
+            metrics.clone(),
+        )
+        .await?;
+        (gate, None, Some(election))
+    } else {
+        let (gate, sender) = LeaderGate::always();
+        metrics.leader.set(1);
+        (gate, Some(sender), None)
+    };
+
+    let shared = Shared::new(client, settings.clone(), metrics.clone(), gate, plan_only);
+    let mut tasks = vec![
+        watches::spawn_rule_watch(shared.clone()),
+        watches::spawn_namespace_watch(shared.clone()),
+    ];
+    for kind in Kind::all() {
+        tasks.push(watches::spawn_copy_watch(shared.clone(), kind));
+    }
+
+    let server = if plan_only {
+        None
+    } else {
+        let mut stopped = stop_receiver.clone();
+        let shutdown = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        Some(http::serve(settings.listen_address, health.clone(), metrics.clone(), shutdown).await?)
+    };
+    health.alive.store(true, Ordering::Release);
+    info!(
+        namespace = settings.namespace.as_str(),
+        all_namespaces = settings.all_namespaces,
+        rule_name = settings.rule_name.as_deref().unwrap_or(""),
+        leader_election = settings.leader_election,
+        "copyrator started"
+    );
+
+    let signal = tokio::spawn(shutdown_signal());
+    let mut signal = signal;
+    // Caches first: a reconcile on a half-listed cache would prune what it has not seen yet.
+    loop {
+        if shared.synced.all() {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            which = &mut signal => {
+                info!(signal = which.unwrap_or("signal"), "stopping before the caches synced");
+                return Ok(());
+            }
+        }
+    }
+    health.ready.store(true, Ordering::Release);
+    info!("caches synced");
+
+    if plan_only {
+        return plan(&shared).await;
+    }
+
+    let workers = tokio::spawn(controller::run_workers(shared.clone(), WORKERS, stop_receiver.clone()));
+    let resync = tokio::spawn(controller::run_resync(
+        shared.clone(),
+        settings.resync_interval(),
+        stop_receiver.clone(),
+    ));
+
+    let which = signal.await.unwrap_or("signal");
+    info!(signal = which, "shutting down");
+    // Stop writing first, then hand the Lease over, then wait for in-flight work.
+    if let Some(sender) = always_sender {
+        let _ = sender.send(false);
+    }
+    if let Some(election) = election {
+        election.stop(Duration::from_secs(3)).await;
+    }
+    let _ = stop.send(true);
+    let finished = tokio::time::timeout(SHUTDOWN_WITHIN, async {
+        let _ = workers.await;
+        let _ = resync.await;
+        if let Some(server) = server {
+            let _ = server.await;
+        }
+    })
+    .await;
+    if finished.is_err() {
+        info!("in-flight work abandoned after the shutdown deadline");
+    }
+    for task in tasks {
+        task.abort();
+    }
+    info!("stopped");
+    Ok(())
+}
+
+/// Print what `run` would do for every rule, and change nothing.
+async fn plan(shared: &Arc<Shared>) -> anyhow::Result<()> {
+    let mut keys: Vec<RuleKey> = watches::read(&shared.rules).keys().cloned().collect();
+    keys.sort();
+    for key in keys {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            controller::reconcile(shared, &key).await?;
+            let ready = controller::sources_ready(shared, &key)
+                || watches::read(&shared.rules)
+                    .get(&key)
+                    .is_none_or(|r| r.is_deleting() || r.resolve(&shared.trust).is_err());
+            if ready {
+                break;
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the sources of rule {key} were not listed within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
+}

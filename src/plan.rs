@@ -1,0 +1,671 @@
+//! Which copies a rule should have, with what content, and what to write to
+//! get there: a pure function of the rule, its sources, the namespaces and
+//! the copies that exist.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::index::{CopyIndex, NamespaceInfo, Object, ObjectKey};
+use crate::kinds::Kind;
+use crate::rule::{ConflictEntry, ConflictPolicy, ResolvedRule};
+use crate::selector::KeyGlob;
+use crate::{ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, LABEL_MANAGED_BY, LABEL_RULE_UID};
+
+/// Labels and annotations that would make another tool believe it owns a copy.
+pub const TRACKING_KEYS: &[&str] = &[
+    "kubectl.kubernetes.io/last-applied-configuration",
+    "app.kubernetes.io/instance",
+    "argocd.argoproj.io/*",
+    "meta.helm.sh/*",
+    "helm.sh/chart",
+    "copyrator.flant.com/*",
+];
+
+/// A copy as it should be.
+#[derive(Clone, PartialEq)]
+pub struct Desired {
+    pub kind: Kind,
+    pub namespace: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub payload: BTreeMap<String, Value>,
+    /// `namespace/name` of the source.
+    pub source: String,
+}
+
+impl std::fmt::Debug for Desired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{} from {}", self.kind, self.namespace, self.name, self.source)
+    }
+}
+
+impl Desired {
+    pub fn key(&self) -> ObjectKey {
+        (self.namespace.clone(), self.name.clone())
+    }
+
+    /// Whether `current` already is this copy.
+    pub fn is_satisfied_by(&self, current: &Object) -> bool {
+        current.labels == self.labels && current.annotations == self.annotations && current.payload == self.payload
+    }
+
+    /// Whether `current` cannot be updated into this copy and must be replaced:
+    /// it is immutable and its payload differs, or a field the API server
+    /// never lets change (a Secret's `type`) differs.
+    pub fn needs_recreate(&self, current: &Object) -> bool {
+        (current.is_immutable() && current.payload != self.payload)
+            || self
+                .kind
+                .info()
+                .immutable_fields
+                .iter()
+                .any(|field| current.payload.get(*field) != self.payload.get(*field))
+    }
+}
+
+/// Why a copy is deleted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeleteReason {
+    /// Its source is gone or no longer matches, or its namespace is no longer a target.
+    Pruned,
+    /// The rule is being deleted.
+    RuleDeleted,
+}
+
+/// One write.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    Create(Desired),
+    Update { desired: Desired, current: Arc<Object> },
+    Recreate { desired: Desired, current: Arc<Object> },
+    Delete { current: Arc<Object>, reason: DeleteReason },
+}
+
+impl Action {
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Action::Create(_) => "create",
+            Action::Update { .. } => "update",
+            Action::Recreate { .. } => "recreate",
+            Action::Delete { .. } => "delete",
+        }
+    }
+
+    pub fn target(&self) -> (&str, &str) {
+        match self {
+            Action::Create(d) | Action::Update { desired: d, .. } | Action::Recreate { desired: d, .. } => {
+                (&d.namespace, &d.name)
+            }
+            Action::Delete { current, .. } => (&current.namespace, &current.name),
+        }
+    }
+}
+
+/// What a rule needs, and what is missing.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    pub actions: Vec<Action>,
+    pub conflicts: Vec<ConflictEntry>,
+    pub sources: u32,
+    pub target_namespaces: u32,
+    /// Copies that should exist (conflicts left out).
+    pub desired: u32,
+    /// Of those, how many are already right.
+    pub in_place: u32,
+}
+
+/// Everything a plan is computed from.
+pub struct Inputs<'a> {
+    pub rule: &'a ResolvedRule,
+    pub namespaces: &'a BTreeMap<String, NamespaceInfo>,
+    /// Candidate sources: what the rule's source watches hold. They are checked again here.
+    pub sources: &'a [Arc<Object>],
+    pub copies: &'a CopyIndex,
+    /// UIDs of the rules this operator can see (a copy of an unknown rule with
+    /// this rule's name is an earlier incarnation of it and is adopted).
+    pub live_rule_uids: &'a dyn Fn(&str) -> bool,
+    /// Targets already known to hold a foreign object of the same name.
+    pub known_conflicts: &'a HashMap<ObjectKey, String>,
+}
+
+/// Whether an object can be a source of `rule`, and if not, why.
+pub fn source_rejection(rule: &ResolvedRule, object: &Object) -> Option<&'static str> {
+    if object.labels.contains_key(LABEL_RULE_UID) {
+        return Some("it is a copy made by Copyrator");
+    }
+    if let Some(why) = rule.kind.never_copied_reason(object.object_type()) {
+        return Some(why);
+    }
+    if !rule.source_namespaces.contains(&object.namespace) {
+        return Some("it is not in a source namespace of the rule");
+    }
+    if !rule.selector.matches(&object.labels) {
+        return Some("it does not match the selector");
+    }
+    None
+}
+
+fn stripped(map: &BTreeMap<String, String>, strip: &[KeyGlob]) -> BTreeMap<String, String> {
+    map.iter()
+        .filter(|(key, _)| {
+            !TRACKING_KEYS
+                .iter()
+                .any(|pattern| KeyGlob::new(pattern).is_ok_and(|g| g.matches(key)))
+                && !strip.iter().any(|g| g.matches(key))
+                && key.as_str() != LABEL_MANAGED_BY
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The copy of `source` that `rule` puts into `namespace`.
+pub fn desired_copy(rule: &ResolvedRule, source: &Object, namespace: &str) -> Desired {
+    let transform = &rule.transform;
+    let mut labels = stripped(&source.labels, &transform.strip_labels);
+    labels.extend(transform.add_labels.clone());
+    labels.insert(LABEL_MANAGED_BY.into(), "copyrator".into());
+    labels.insert(LABEL_RULE_UID.into(), rule.uid.clone());
+    let mut annotations = stripped(&source.annotations, &transform.strip_annotations);
+    annotations.extend(transform.add_annotations.clone());
+    annotations.insert(ANNOTATION_RULE.into(), rule.key.to_string());
+    annotations.insert(ANNOTATION_SOURCE.into(), format!("{}/{}", source.namespace, source.name));
+    annotations.insert(ANNOTATION_SOURCE_UID.into(), source.uid.clone());
+    Desired {
+        kind: rule.kind,
+        namespace: namespace.to_owned(),
+        name: source.name.clone(),
+        labels,
+        annotations,
+        payload: source.payload.clone(),
+        source: format!("{}/{}", source.namespace, source.name),
+    }
+}
+
+/// The namespaces that receive copies, and those that match but are terminating.
+pub fn target_namespaces<'a>(
+    rule: &ResolvedRule,
+    namespaces: &'a BTreeMap<String, NamespaceInfo>,
+) -> Vec<(&'a String, &'a NamespaceInfo)> {
+    namespaces
+        .iter()
+        .filter(|(name, info)| rule.targets.matches(name, &info.labels))
+        .collect()
+}
+
+/// Compute what `inputs.rule` needs.
+pub fn plan(inputs: &Inputs<'_>) -> Plan {
+    let rule = inputs.rule;
+    let mut out = Plan::default();
+
+    // Sources by name, in source-namespace order: the first namespace wins a name.
+    let mut sources: BTreeMap<&str, Vec<&Object>> = BTreeMap::new();
+    for source in inputs.sources.iter().filter(|s| source_rejection(rule, s).is_none()) {
+        sources.entry(&source.name).or_default().push(source);
+        out.sources += 1;
+    }
+    for candidates in sources.values_mut() {
+        candidates.sort_by_key(|s| rule.source_namespaces.iter().position(|ns| *ns == s.namespace));
+    }
+
+    let mut wanted: BTreeSet<ObjectKey> = BTreeSet::new();
+    for (namespace, info) in target_namespaces(rule, inputs.namespaces) {
+        if info.terminating {
+            // Nothing is written into a namespace that is going away; what is
+            // there of ours is kept out of pruning too.
+            for current in inputs.copies.owned_by(&rule.uid).filter(|c| c.namespace == *namespace) {
+                wanted.insert(current.key());
+            }
+            continue;
+        }
+        let is_source_namespace = rule.source_namespaces.contains(namespace);
+        let mut receives = false;
+        for (name, candidates) in &sources {
+            // A source never lands on its own namespace; in a source namespace
+            // the object of that name is the source itself.
+            if candidates.iter().any(|s| s.namespace == *namespace) {
+                continue;
+            }
+            let source = candidates[0];
+            receives = true;
+            let key = (namespace.clone(), (*name).to_owned());
+            for shadowed in &candidates[1..] {
+                out.conflicts.push(ConflictEntry {
+                    namespace: namespace.clone(),
+                    name: (*name).to_owned(),
+                    reason: format!(
+                        "source {}/{} has the same name as {}/{}, which wins",
+                        shadowed.namespace, name, source.namespace, name
+                    ),
+                });
+            }
+            let desired = desired_copy(rule, source, namespace);
+            match inputs.copies.get(namespace, name) {
+                Some(current) if is_ours(rule, current, inputs.live_rule_uids) => {
+                    wanted.insert(key);
+                    out.desired += 1;
+                    if desired.is_satisfied_by(current) {
+                        out.in_place += 1;
+                    } else if desired.needs_recreate(current) {
+                        out.actions.push(Action::Recreate { desired, current: current.clone() });
+                    } else {
+                        out.actions.push(Action::Update { desired, current: current.clone() });
+                    }
+                }
+                Some(current) => {
+                    let owner = current.annotations.get(ANNOTATION_RULE).map_or("another rule", String::as_str);
+                    out.conflicts.push(ConflictEntry {
+                        namespace: namespace.clone(),
+                        name: (*name).to_owned(),
+                        reason: format!("a copy made by rule {owner} is there"),
+                    });
+                }
+                None => match inputs.known_conflicts.get(&key) {
+                    Some(reason) if rule.conflict_policy == ConflictPolicy::Skip => {
+                        out.conflicts.push(ConflictEntry {
+                            namespace: namespace.clone(),
+                            name: (*name).to_owned(),
+                            reason: reason.clone(),
+                        });
+                    }
+                    _ => {
+                        wanted.insert(key);
+                        out.desired += 1;
+                        out.actions.push(Action::Create(desired));
+                    }
+                },
+            }
+        }
+        // A source namespace counts as a target only where it receives
+        // copies of other namespaces' sources.
+        if !is_source_namespace || receives {
+            out.target_namespaces += 1;
+        }
+    }
+
+    if rule.prune {
+        for current in inputs.copies.owned_by(&rule.uid) {
+            let terminating = inputs.namespaces.get(&current.namespace).is_some_and(|ns| ns.terminating);
+            if !terminating && !wanted.contains(&current.key()) {
+                out.actions.push(Action::Delete {
+                    current: current.clone(),
+                    reason: DeleteReason::Pruned,
+                });
+            }
+        }
+    }
+    out.actions.sort_by(|a, b| a.target().cmp(&b.target()));
+    out.conflicts.sort();
+    out.conflicts.dedup();
+    out
+}
+
+/// Whether a copy at a target belongs to this rule: it carries the rule's
+/// UID, or it names this rule and its UID belongs to no rule we know (an
+/// earlier rule of the same name, whose copies this one adopts).
+fn is_ours(rule: &ResolvedRule, current: &Object, live_rule_uids: &dyn Fn(&str) -> bool) -> bool {
+    match current.rule_uid() {
+        Some(uid) if uid == rule.uid => true,
+        Some(uid) => {
+            !live_rule_uids(uid)
+                && current.annotations.get(ANNOTATION_RULE).map(String::as_str) == Some(&rule.key.to_string())
+        }
+        None => false,
+    }
+}
+
+/// The deletions that clean up after a deleted rule: every copy it made,
+/// except in terminating namespaces (their deletion takes the copies along).
+pub fn cleanup(rule_uid: &str, namespaces: &BTreeMap<String, NamespaceInfo>, copies: &CopyIndex) -> Vec<Action> {
+    copies
+        .owned_by(rule_uid)
+        .filter(|c| !namespaces.get(&c.namespace).is_some_and(|ns| ns.terminating))
+        .map(|c| Action::Delete {
+            current: c.clone(),
+            reason: DeleteReason::RuleDeleted,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rule::{CopyratorRule, Trust};
+    use serde_json::json;
+
+    struct World {
+        namespaces: BTreeMap<String, NamespaceInfo>,
+        sources: Vec<Arc<Object>>,
+        copies: CopyIndex,
+        known_conflicts: HashMap<ObjectKey, String>,
+    }
+
+    impl World {
+        fn new(namespaces: &[&str]) -> Self {
+            Self {
+                namespaces: namespaces.iter().map(|n| (n.to_string(), NamespaceInfo::default())).collect(),
+                sources: Vec::new(),
+                copies: CopyIndex::default(),
+                known_conflicts: HashMap::new(),
+            }
+        }
+
+        fn source(&mut self, ns: &str, name: &str, labels: &[(&str, &str)], data: Value) -> Object {
+            let mut o = crate::index::tests::object(ns, name, &format!("uid-{ns}-{name}"), 1, labels);
+            o.payload.insert("data".into(), data);
+            self.sources.push(Arc::new(o.clone()));
+            o
+        }
+
+        fn plan(&self, rule: &ResolvedRule) -> Plan {
+            let live = |uid: &str| uid == rule.uid;
+            plan(&Inputs {
+                rule,
+                namespaces: &self.namespaces,
+                sources: &self.sources,
+                copies: &self.copies,
+                live_rule_uids: &live,
+                known_conflicts: &self.known_conflicts,
+            })
+        }
+
+        /// Apply a plan's writes to the world, as the API server would.
+        fn apply(&mut self, plan: &Plan) {
+            for action in &plan.actions {
+                match action {
+                    Action::Create(d) | Action::Update { desired: d, .. } | Action::Recreate { desired: d, .. } => {
+                        self.copies.upsert(Arc::new(Object {
+                            namespace: d.namespace.clone(),
+                            name: d.name.clone(),
+                            uid: format!("copy-{}-{}", d.namespace, d.name),
+                            resource_version: "100".into(),
+                            labels: d.labels.clone(),
+                            annotations: d.annotations.clone(),
+                            payload: d.payload.clone(),
+                        }));
+                    }
+                    Action::Delete { current, .. } => {
+                        self.copies.remove(&current.namespace, &current.name);
+                    }
+                }
+            }
+        }
+    }
+
+    fn rule(body: Value) -> ResolvedRule {
+        let mut value = body;
+        value["metadata"] = json!({"name": "r", "namespace": "src", "uid": "rule-1"});
+        let r: CopyratorRule = serde_json::from_value(value).unwrap();
+        r.resolve(&Trust {
+            operator_namespace: "src".into(),
+            all_namespaces: false,
+        })
+        .unwrap()
+    }
+
+    fn simple_rule() -> ResolvedRule {
+        rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"}}))
+    }
+
+    fn verbs(plan: &Plan) -> Vec<(String, String, &'static str)> {
+        plan.actions
+            .iter()
+            .map(|a| (a.target().0.to_owned(), a.target().1.to_owned(), a.verb()))
+            .collect()
+    }
+
+    #[test]
+    fn fills_every_target_but_the_source_namespace() {
+        let mut w = World::new(&["src", "a", "b"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        w.source("src", "other", &[("copy", "no")], json!({}));
+        let p = w.plan(&simple_rule());
+        assert_eq!(
+            verbs(&p),
+            vec![("a".into(), "cm".into(), "create"), ("b".into(), "cm".into(), "create")]
+        );
+        assert_eq!((p.sources, p.target_namespaces, p.desired, p.in_place), (1, 2, 2, 0));
+    }
+
+    #[test]
+    fn a_correct_world_needs_no_writes() {
+        let mut w = World::new(&["src", "a", "b"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = simple_rule();
+        let first = w.plan(&r);
+        w.apply(&first);
+        let second = w.plan(&r);
+        assert!(second.actions.is_empty(), "{:?}", second.actions);
+        assert_eq!(second.in_place, 2);
+    }
+
+    #[test]
+    fn source_change_updates_and_edits_are_reverted() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = simple_rule();
+        let p = w.plan(&r);
+        w.apply(&p);
+        // Someone adds a key to the copy.
+        let mut edited = (**w.copies.get("a", "cm").unwrap()).clone();
+        edited.payload.insert("data".into(), json!({"k": "v", "extra": "x"}));
+        edited.resource_version = "101".into();
+        w.copies.upsert(Arc::new(edited));
+        assert_eq!(verbs(&w.plan(&r)), vec![("a".into(), "cm".into(), "update")]);
+        // The source changes.
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v2"}));
+        let p = w.plan(&r);
+        let Action::Update { desired, .. } = &p.actions[0] else { panic!("{p:?}") };
+        assert_eq!(desired.payload["data"], json!({"k": "v2"}));
+    }
+
+    #[test]
+    fn unmatched_and_deleted_sources_are_pruned_only_with_prune() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = simple_rule();
+        let p = w.plan(&r);
+        w.apply(&p);
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "no")], json!({"k": "v"}));
+        assert_eq!(verbs(&w.plan(&r)), vec![("a".into(), "cm".into(), "delete")]);
+        let keep = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"prune": false}}));
+        let mut w2 = World::new(&["src", "a"]);
+        w2.source("src", "cm", &[("copy", "yes")], json!({}));
+        let mut keep_uid = keep.clone();
+        keep_uid.uid = "rule-1".into();
+        let p = w2.plan(&keep_uid);
+        w2.apply(&p);
+        w2.sources.clear();
+        assert!(w2.plan(&keep_uid).actions.is_empty());
+    }
+
+    #[test]
+    fn namespace_leaving_the_targets_loses_its_copies() {
+        let mut w = World::new(&["src", "team-a", "team-b"]);
+        w.namespaces.get_mut("team-a").unwrap().labels.insert("env".into(), "dev".into());
+        w.namespaces.get_mut("team-b").unwrap().labels.insert("env".into(), "dev".into());
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "spec": {"targets": {"namespaceSelector": {"matchLabels": {"env": "dev"}}}}}));
+        let p = w.plan(&r);
+        assert_eq!(p.actions.len(), 2);
+        w.apply(&p);
+        w.namespaces.get_mut("team-b").unwrap().labels.clear();
+        assert_eq!(verbs(&w.plan(&r)), vec![("team-b".into(), "cm".into(), "delete")]);
+    }
+
+    #[test]
+    fn terminating_namespaces_get_no_writes() {
+        let mut w = World::new(&["src", "a", "dying"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = simple_rule();
+        let p = w.plan(&r);
+        w.apply(&p);
+        w.namespaces.get_mut("dying").unwrap().terminating = true;
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v2"}));
+        w.source("src", "new", &[("copy", "yes")], json!({}));
+        let p = w.plan(&r);
+        assert!(p.actions.iter().all(|a| a.target().0 != "dying"), "{:?}", p.actions);
+        assert_eq!(p.target_namespaces, 1);
+        // Not even a deletion when the source goes away.
+        w.sources.clear();
+        let p = w.plan(&r);
+        assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "delete")]);
+        assert!(cleanup(&r.uid, &w.namespaces, &w.copies).iter().all(|a| a.target().0 != "dying"));
+    }
+
+    #[test]
+    fn copies_tokens_and_helm_releases_are_never_sources() {
+        let mut w = World::new(&["src", "a"]);
+        let r = rule(json!({"ruleType": "secret", "selector": {"copy": "yes"}}));
+        let mut token = w.source("src", "tok", &[("copy", "yes")], json!({}));
+        token.payload.insert("type".into(), json!("kubernetes.io/service-account-token"));
+        let mut helm = w.source("src", "rel", &[("copy", "yes")], json!({}));
+        helm.payload.insert("type".into(), json!("helm.sh/release.v1"));
+        w.sources = vec![Arc::new(token), Arc::new(helm)];
+        w.source("src", "copy", &[("copy", "yes"), (LABEL_RULE_UID, "other")], json!({}));
+        let p = w.plan(&r);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!(p.sources, 0);
+    }
+
+    #[test]
+    fn copies_carry_content_but_not_tracking_metadata() {
+        let r = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "spec": {"transform": {"addLabels": {"team": "x"}, "addAnnotations": {"note": "copied"},
+                     "stripLabels": ["private/*"], "stripAnnotations": ["secret-note"]}}}));
+        let mut source = crate::index::tests::object("src", "cm", "u-src", 1, &[
+            ("copy", "yes"), ("app.kubernetes.io/instance", "argo-app"), ("helm.sh/chart", "c-1"),
+            ("private/x", "1"), ("keep", "me"),
+        ]);
+        for (k, v) in [
+            ("kubectl.kubernetes.io/last-applied-configuration", "{}"),
+            ("argocd.argoproj.io/tracking-id", "t"),
+            ("meta.helm.sh/release-name", "r"),
+            ("secret-note", "n"),
+            ("doc", "kept"),
+        ] {
+            source.annotations.insert(k.into(), v.into());
+        }
+        source.payload.insert("data".into(), json!({"k": "v"}));
+        let d = desired_copy(&r, &source, "a");
+        assert_eq!(
+            d.labels.keys().map(String::as_str).collect::<Vec<_>>(),
+            vec![LABEL_MANAGED_BY, "copy", LABEL_RULE_UID, "keep", "team"]
+        );
+        assert_eq!(d.labels[LABEL_RULE_UID], "rule-1");
+        assert_eq!(d.labels[LABEL_MANAGED_BY], "copyrator");
+        assert_eq!(
+            d.annotations.keys().map(String::as_str).collect::<Vec<_>>(),
+            vec![ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, "doc", "note"]
+        );
+        assert_eq!(d.annotations[ANNOTATION_SOURCE], "src/cm");
+        assert_eq!(d.annotations[ANNOTATION_SOURCE_UID], "u-src");
+        assert_eq!(d.annotations[ANNOTATION_RULE], "src/r");
+        assert_eq!(d.payload["data"], json!({"k": "v"}));
+    }
+
+    #[test]
+    fn foreign_objects_and_other_rules_copies_are_conflicts() {
+        let mut w = World::new(&["src", "a", "b", "c"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({}));
+        w.known_conflicts.insert(("a".into(), "cm".into()), "a ConfigMap not made by Copyrator is there".into());
+        let mut other = crate::index::tests::object("b", "cm", "x", 1, &[(LABEL_RULE_UID, "rule-2")]);
+        other.annotations.insert(ANNOTATION_RULE.into(), "src/other".into());
+        w.copies.upsert(Arc::new(other));
+        let r = simple_rule();
+        let live = |uid: &str| uid == "rule-1" || uid == "rule-2";
+        let p = plan(&Inputs {
+            rule: &r,
+            namespaces: &w.namespaces,
+            sources: &w.sources,
+            copies: &w.copies,
+            live_rule_uids: &live,
+            known_conflicts: &w.known_conflicts,
+        });
+        assert_eq!(verbs(&p), vec![("c".into(), "cm".into(), "create")]);
+        assert_eq!(p.conflicts.len(), 2);
+        assert!(p.conflicts[1].reason.contains("src/other"));
+        // Overwrite tries the foreign one again, never another rule's copy.
+        let over = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"conflictPolicy": "Overwrite"}}));
+        let p = plan(&Inputs {
+            rule: &over,
+            namespaces: &w.namespaces,
+            sources: &w.sources,
+            copies: &w.copies,
+            live_rule_uids: &live,
+            known_conflicts: &w.known_conflicts,
+        });
+        assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "create"), ("c".into(), "cm".into(), "create")]);
+    }
+
+    #[test]
+    fn copies_of_a_deleted_rule_with_the_same_name_are_adopted() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({}));
+        let mut old = crate::index::tests::object("a", "cm", "x", 1, &[(LABEL_RULE_UID, "old-uid")]);
+        old.annotations.insert(ANNOTATION_RULE.into(), "src/r".into());
+        w.copies.upsert(Arc::new(old));
+        let p = w.plan(&simple_rule());
+        assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "update")]);
+    }
+
+    #[test]
+    fn immutable_parts_force_a_recreate() {
+        let mut w = World::new(&["src", "a"]);
+        let r = rule(json!({"ruleType": "secret", "selector": {"copy": "yes"}}));
+        let mut s = w.source("src", "s", &[("copy", "yes")], json!({"k": "dg=="}));
+        s.payload.insert("type".into(), json!("Opaque"));
+        w.sources = vec![Arc::new(s.clone())];
+        let p = w.plan(&r);
+        w.apply(&p);
+        s.payload.insert("type".into(), json!("kubernetes.io/tls"));
+        w.sources = vec![Arc::new(s.clone())];
+        assert_eq!(verbs(&w.plan(&r)), vec![("a".into(), "s".into(), "recreate")]);
+        // immutable: true and data changed
+        s.payload.insert("type".into(), json!("Opaque"));
+        s.payload.insert("immutable".into(), json!(true));
+        w.sources = vec![Arc::new(s.clone())];
+        let p = w.plan(&r);
+        w.apply(&p);
+        s.payload.insert("data".into(), json!({"k": "dzI="}));
+        w.sources = vec![Arc::new(s.clone())];
+        assert_eq!(verbs(&w.plan(&r)), vec![("a".into(), "s".into(), "recreate")]);
+        // Only labels change on an immutable copy: an update is enough.
+        let mut labelled = s.clone();
+        labelled.payload = w.copies.get("a", "s").unwrap().payload.clone();
+        labelled.labels.insert("new".into(), "label".into());
+        w.sources = vec![Arc::new(labelled)];
+        assert_eq!(verbs(&w.plan(&r)), vec![("a".into(), "s".into(), "update")]);
+    }
+
+    #[test]
+    fn two_sources_with_one_name_the_first_namespace_wins() {
+        let mut w = World::new(&["ns1", "ns2", "t"]);
+        w.source("ns2", "cm", &[("copy", "yes")], json!({"from": "2"}));
+        w.source("ns1", "cm", &[("copy", "yes")], json!({"from": "1"}));
+        let r = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "namespace": ["ns2", "ns1"]}));
+        let p = w.plan(&r);
+        // ns1 and ns2 each hold the source themselves, so only t gets a copy.
+        assert_eq!(verbs(&p), vec![("t".into(), "cm".into(), "create")]);
+        let Action::Create(d) = &p.actions[0] else { panic!() };
+        assert_eq!(d.source, "ns1/cm");
+        assert_eq!(p.conflicts.len(), 1);
+    }
+
+    #[test]
+    fn narrowing_the_rule_prunes() {
+        let mut w = World::new(&["src", "team-a", "team-b"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({}));
+        let wide = simple_rule();
+        let p = w.plan(&wide);
+        w.apply(&p);
+        let narrow = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"targets": {"exclude": ["team-b"]}}}));
+        assert_eq!(verbs(&w.plan(&narrow)), vec![("team-b".into(), "cm".into(), "delete")]);
+    }
+}

@@ -1,0 +1,586 @@
+//! The `CopyratorRule` resource (flant.com/v1) and its resolution into a
+//! validated [`ResolvedRule`].
+//!
+//! The resource keeps the original Python Copyrator's shape, with `ruleType`,
+//! `selector` and `namespace` at the top level, and also takes them under
+//! `spec` (which wins where both are set).
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector as K8sLabelSelector, ObjectMeta};
+use kube::core::{NamespaceResourceScope, Resource};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::kinds::Kind;
+use crate::selector::{Glob, KeyGlob, LabelSelector};
+
+pub const GROUP: &str = "flant.com";
+pub const VERSION: &str = "v1";
+pub const KIND: &str = "CopyratorRule";
+pub const PLURAL: &str = "copyrators";
+
+/// A CopyratorRule as stored by the API server.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CopyratorRule {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// Original form: `configmap` or `secret`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule_type: Option<RuleType>,
+    /// Original form: labels a source must carry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<serde_json::Map<String, Value>>,
+    /// Original form: source namespace, a name or a list of names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<RuleSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<RuleStatus>,
+}
+
+impl Resource for CopyratorRule {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        KIND.into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        GROUP.into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        VERSION.into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        PLURAL.into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// The kind of object a rule copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RuleType {
+    #[serde(rename = "configmap")]
+    ConfigMap,
+    #[serde(rename = "secret")]
+    Secret,
+}
+
+impl RuleType {
+    pub fn kind(self) -> Kind {
+        match self {
+            RuleType::ConfigMap => Kind::ConfigMap,
+            RuleType::Secret => Kind::Secret,
+        }
+    }
+}
+
+/// What to copy, from where, and into which namespaces.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleSpec {
+    /// Kind of the objects to copy: `configmap` or `secret`. Wins over the top-level `ruleType`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule_type: Option<RuleType>,
+    /// Labels a source must carry, all of them (`{copyrator: "true"}`), or a
+    /// label selector with `matchLabels` and `matchExpressions`. Wins over the
+    /// top-level `selector`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::crd::selector_schema")]
+    pub selector: Option<serde_json::Map<String, Value>>,
+    /// Source namespace, one name or a list of names. Defaults to the rule's
+    /// own namespace. Wins over the top-level `namespace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::crd::namespace_schema")]
+    pub namespace: Option<Value>,
+    /// Namespaces that receive copies. Defaults to every namespace but the source's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<Targets>,
+    /// Delete copies whose source is gone or no longer matches, and copies in
+    /// namespaces that no longer match the targets. Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prune: Option<bool>,
+    /// What to do when a target namespace already holds an object of the same
+    /// name that Copyrator did not make: `Skip` leaves it alone and reports
+    /// it, `Overwrite` replaces it with the copy. Default Skip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conflict_policy: Option<ConflictPolicy>,
+    /// Labels and annotations to add to or strip from copies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<Transform>,
+}
+
+/// Which namespaces receive copies. A namespace is a target when it matches
+/// the selector, matches one `include` pattern (if any are given) and no
+/// `exclude` pattern.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Targets {
+    /// Label selector on target namespaces. Default: all namespaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<K8sLabelSelector>,
+    /// Glob patterns (`*`, `?`) on namespace names; a target must match one. Default: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub include: Option<Vec<String>>,
+    /// Glob patterns (`*`, `?`) on namespace names that never receive copies. Exclude wins over include.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub exclude: Option<Vec<String>>,
+}
+
+/// What a rule does when a target already has a foreign object of the same name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ConflictPolicy {
+    /// Leave the foreign object alone and report the conflict.
+    #[default]
+    Skip,
+    /// Replace the foreign object with the copy.
+    Overwrite,
+}
+
+/// Changes applied to the labels and annotations of every copy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Transform {
+    /// Labels set on every copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add_labels: Option<BTreeMap<String, String>>,
+    /// Annotations set on every copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add_annotations: Option<BTreeMap<String, String>>,
+    /// Source labels not carried to copies: keys or glob patterns (`example.com/*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub strip_labels: Option<Vec<String>>,
+    /// Source annotations not carried to copies: keys or glob patterns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub strip_annotations: Option<Vec<String>>,
+}
+
+/// What the operator last saw and did for a rule.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleStatus {
+    /// The rule generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The kind the rule copies, resolved from `ruleType` or `spec.ruleType`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule_type: Option<String>,
+    /// `Ready` tells whether every copy the rule asks for is in place.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Objects that match the rule's selector in its source namespaces.
+    #[serde(default)]
+    pub sources: i64,
+    /// Namespaces that receive copies.
+    #[serde(default)]
+    pub target_namespaces: i64,
+    /// Copies in place and up to date.
+    #[serde(default)]
+    pub copies: i64,
+    /// Number of copies not made because of a conflict.
+    #[serde(default)]
+    pub conflict_count: i64,
+    /// Copies not made because of a conflict (at most 20 listed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conflicts: Vec<ConflictEntry>,
+    /// When the operator last changed a copy or this status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync_time: Option<String>,
+}
+
+/// A status condition, after the Kubernetes API conventions.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// A copy that was not made because the target holds something else.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConflictEntry {
+    pub namespace: String,
+    pub name: String,
+    pub reason: String,
+}
+
+/// `namespace/name` of a rule.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl RuleKey {
+    pub fn of(rule: &CopyratorRule) -> Self {
+        Self {
+            namespace: rule.metadata.namespace.clone().unwrap_or_default(),
+            name: rule.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl std::fmt::Display for RuleKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Which rules this operator honours, and where they may copy from.
+#[derive(Clone, Debug)]
+pub struct Trust {
+    /// The operator's own namespace.
+    pub operator_namespace: String,
+    /// Honour rules in every namespace (each may then copy only from its own).
+    pub all_namespaces: bool,
+}
+
+/// Target namespaces of a rule, validated.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TargetSelector {
+    pub namespace_selector: Option<LabelSelector>,
+    pub include: Vec<Glob>,
+    pub exclude: Vec<Glob>,
+}
+
+impl TargetSelector {
+    pub fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+        (self.include.is_empty() || self.include.iter().any(|g| g.matches(name)))
+            && !self.exclude.iter().any(|g| g.matches(name))
+            && self.namespace_selector.as_ref().is_none_or(|s| s.matches(labels))
+    }
+}
+
+/// Label and annotation changes, validated.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ResolvedTransform {
+    pub add_labels: BTreeMap<String, String>,
+    pub add_annotations: BTreeMap<String, String>,
+    pub strip_labels: Vec<KeyGlob>,
+    pub strip_annotations: Vec<KeyGlob>,
+}
+
+/// A rule with both shapes merged, defaults applied, and everything checked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedRule {
+    pub key: RuleKey,
+    pub uid: String,
+    pub kind: Kind,
+    pub selector: LabelSelector,
+    /// Sorted; the first source namespace wins when two sources share a name.
+    pub source_namespaces: Vec<String>,
+    pub targets: TargetSelector,
+    pub prune: bool,
+    pub conflict_policy: ConflictPolicy,
+    pub transform: ResolvedTransform,
+}
+
+/// Why a rule cannot be followed; shown in its status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidRule {
+    /// `InvalidRule` or `Forbidden`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl InvalidRule {
+    fn invalid(message: impl Into<String>) -> Self {
+        Self {
+            reason: "InvalidRule",
+            message: message.into(),
+        }
+    }
+}
+
+impl CopyratorRule {
+    pub fn key(&self) -> RuleKey {
+        RuleKey::of(self)
+    }
+
+    pub fn uid(&self) -> Option<&str> {
+        self.metadata.uid.as_deref()
+    }
+
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+
+    pub fn has_finalizer(&self) -> bool {
+        self.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == crate::FINALIZER)
+    }
+
+    /// The rule type as written (spec wins), for status even when the rule is invalid.
+    pub fn effective_rule_type(&self) -> Option<RuleType> {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.rule_type)
+            .or(self.rule_type)
+    }
+
+    /// Merge both shapes, apply defaults, validate, and apply the trust rules.
+    pub fn resolve(&self, trust: &Trust) -> Result<ResolvedRule, InvalidRule> {
+        let key = self.key();
+        let spec = self.spec.clone().unwrap_or_default();
+        let kind = self
+            .effective_rule_type()
+            .ok_or_else(|| InvalidRule::invalid("ruleType is required (configmap or secret)"))?
+            .kind();
+        let raw_selector = spec
+            .selector
+            .as_ref()
+            .or(self.selector.as_ref())
+            .ok_or_else(|| InvalidRule::invalid("selector is required"))?;
+        let selector = LabelSelector::from_rule_selector(raw_selector).map_err(InvalidRule::invalid)?;
+
+        let source_namespaces = match spec.namespace.as_ref().or(self.namespace.as_ref()) {
+            None | Some(Value::Null) => vec![key.namespace.clone()],
+            Some(value) => parse_namespaces(value).map_err(InvalidRule::invalid)?,
+        };
+        if trust.all_namespaces && key.namespace != trust.operator_namespace {
+            if let Some(other) = source_namespaces.iter().find(|ns| **ns != key.namespace) {
+                return Err(InvalidRule {
+                    reason: "Forbidden",
+                    message: format!(
+                        "a rule outside the operator's namespace {:?} may only copy from its own namespace {:?}, not from {other:?}",
+                        trust.operator_namespace, key.namespace
+                    ),
+                });
+            }
+        }
+
+        let targets = spec.targets.unwrap_or_default();
+        let globs = |field: &str, patterns: Option<Vec<String>>| -> Result<Vec<Glob>, InvalidRule> {
+            patterns
+                .unwrap_or_default()
+                .iter()
+                .map(|p| Glob::new(p).map_err(|e| InvalidRule::invalid(format!("targets.{field}: {e}"))))
+                .collect()
+        };
+        let targets = TargetSelector {
+            namespace_selector: match targets.namespace_selector {
+                Some(s) => Some(
+                    LabelSelector::from_k8s(&s)
+                        .map_err(|e| InvalidRule::invalid(format!("targets.namespaceSelector: {e}")))?,
+                ),
+                None => None,
+            },
+            include: globs("include", targets.include)?,
+            exclude: globs("exclude", targets.exclude)?,
+        };
+
+        let transform = spec.transform.unwrap_or_default();
+        let key_globs = |field: &str, patterns: Option<Vec<String>>| -> Result<Vec<KeyGlob>, InvalidRule> {
+            patterns
+                .unwrap_or_default()
+                .iter()
+                .map(|p| KeyGlob::new(p).map_err(|e| InvalidRule::invalid(format!("transform.{field}: {e}"))))
+                .collect()
+        };
+        let add_labels = transform.add_labels.unwrap_or_default();
+        for (label, value) in &add_labels {
+            crate::selector::validate_label_key(label)
+                .and_then(|()| crate::selector::validate_label_value(value).map_err(|e| format!("value {value:?} {e}")))
+                .map_err(|e| InvalidRule::invalid(format!("transform.addLabels: {e}")))?;
+            if is_reserved_key(label) {
+                return Err(InvalidRule::invalid(format!(
+                    "transform.addLabels: {label:?} is set by Copyrator itself"
+                )));
+            }
+        }
+        let add_annotations = transform.add_annotations.unwrap_or_default();
+        if let Some(key) = add_annotations.keys().find(|k| is_reserved_key(k)) {
+            return Err(InvalidRule::invalid(format!(
+                "transform.addAnnotations: {key:?} is set by Copyrator itself"
+            )));
+        }
+        let transform = ResolvedTransform {
+            add_labels,
+            add_annotations,
+            strip_labels: key_globs("stripLabels", transform.strip_labels)?,
+            strip_annotations: key_globs("stripAnnotations", transform.strip_annotations)?,
+        };
+
+        Ok(ResolvedRule {
+            uid: self.metadata.uid.clone().unwrap_or_default(),
+            key,
+            kind,
+            selector,
+            source_namespaces,
+            targets,
+            prune: spec.prune.unwrap_or(true),
+            conflict_policy: spec.conflict_policy.unwrap_or_default(),
+            transform,
+        })
+    }
+}
+
+fn is_reserved_key(key: &str) -> bool {
+    key == crate::LABEL_MANAGED_BY || key.starts_with("copyrator.flant.com/")
+}
+
+fn parse_namespaces(value: &Value) -> Result<Vec<String>, String> {
+    let names: Vec<String> = match value {
+        Value::String(name) => vec![name.clone()],
+        Value::Array(items) => items
+            .iter()
+            .map(|item| match item {
+                Value::String(name) => Ok(name.clone()),
+                other => Err(format!("namespace: {other} is not a namespace name")),
+            })
+            .collect::<Result<_, _>>()?,
+        other => return Err(format!("namespace must be a name or a list of names, not {other}")),
+    };
+    if names.is_empty() {
+        return Err("namespace: the list is empty; omit it to copy from the rule's own namespace".into());
+    }
+    for name in &names {
+        let valid = !name.is_empty()
+            && name.len() <= 63
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !name.starts_with('-')
+            && !name.ends_with('-');
+        if !valid {
+            return Err(format!("namespace: {name:?} is not a valid namespace name"));
+        }
+    }
+    let mut names = names;
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn trust() -> Trust {
+        Trust {
+            operator_namespace: "copyrator".into(),
+            all_namespaces: false,
+        }
+    }
+
+    fn rule(value: Value) -> CopyratorRule {
+        serde_json::from_value(value).expect("test rule parses")
+    }
+
+    #[test]
+    fn original_example_resolves() {
+        let r = rule(json!({
+            "apiVersion": "flant.com/v1", "kind": "CopyratorRule",
+            "metadata": {"name": "main-rule", "namespace": "copyrator", "uid": "u1", "labels": {"module": "copyrator"}},
+            "ruleType": "configmap",
+            "selector": {"copyrator": "true"},
+            "namespace": "default"
+        }));
+        let resolved = r.resolve(&trust()).unwrap();
+        assert_eq!(resolved.kind, Kind::ConfigMap);
+        assert_eq!(resolved.source_namespaces, vec!["default"]);
+        assert_eq!(resolved.selector.to_query(), "copyrator=true");
+        assert!(resolved.prune);
+        assert_eq!(resolved.conflict_policy, ConflictPolicy::Skip);
+        assert_eq!(resolved.uid, "u1");
+    }
+
+    #[test]
+    fn spec_wins_over_top_level_and_lists_work() {
+        let r = rule(json!({
+            "metadata": {"name": "r", "namespace": "copyrator"},
+            "ruleType": "configmap",
+            "selector": {"a": "b"},
+            "namespace": ["x", "y"],
+            "spec": {
+                "ruleType": "secret",
+                "namespace": ["z", "a", "z"],
+                "prune": false,
+                "conflictPolicy": "Overwrite",
+                "targets": {"include": ["team-*"], "exclude": ["team-x"]}
+            }
+        }));
+        let resolved = r.resolve(&trust()).unwrap();
+        assert_eq!(resolved.kind, Kind::Secret);
+        assert_eq!(resolved.source_namespaces, vec!["a", "z"]);
+        assert_eq!(resolved.selector.to_query(), "a=b", "top-level selector used when spec has none");
+        assert!(!resolved.prune);
+        assert_eq!(resolved.conflict_policy, ConflictPolicy::Overwrite);
+        let empty = BTreeMap::new();
+        assert!(resolved.targets.matches("team-a", &empty));
+        assert!(!resolved.targets.matches("team-x", &empty), "exclude wins");
+        assert!(!resolved.targets.matches("other", &empty));
+    }
+
+    #[test]
+    fn namespace_defaults_to_the_rules_own() {
+        let r = rule(json!({"metadata": {"name": "r", "namespace": "copyrator"}, "spec": {"ruleType": "secret", "selector": {"a": "b"}}}));
+        assert_eq!(r.resolve(&trust()).unwrap().source_namespaces, vec!["copyrator"]);
+    }
+
+    #[test]
+    fn invalid_rules_say_why() {
+        let cases = [
+            (json!({"selector": {"a": "b"}}), "ruleType is required"),
+            (json!({"ruleType": "secret"}), "selector is required"),
+            (json!({"ruleType": "secret", "selector": {"a": "b"}, "namespace": 3}), "namespace must be"),
+            (json!({"ruleType": "secret", "selector": {"a": "b"}, "namespace": []}), "empty"),
+            (json!({"ruleType": "secret", "selector": {"a": "b"}, "namespace": "Bad_NS"}), "not a valid namespace"),
+            (json!({"ruleType": "secret", "selector": {"a": "b"}, "spec": {"targets": {"include": ["A*"]}}}), "targets.include"),
+            (json!({"ruleType": "secret", "selector": {"a": "b"}, "spec": {"transform": {"addLabels": {"copyrator.flant.com/rule-uid": "x"}}}}), "set by Copyrator"),
+            (json!({"ruleType": "secret", "selector": {"a": "b"}, "spec": {"targets": {"namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}}}), "targets.namespaceSelector"),
+        ];
+        for (body, expected) in cases {
+            let mut value = body.clone();
+            value["metadata"] = json!({"name": "r", "namespace": "copyrator"});
+            let err = rule(value).resolve(&trust()).unwrap_err();
+            assert!(err.message.contains(expected), "{body}: {} lacks {expected:?}", err.message);
+            assert_eq!(err.reason, "InvalidRule");
+        }
+    }
+
+    #[test]
+    fn rules_elsewhere_copy_only_from_their_own_namespace() {
+        let all = Trust {
+            operator_namespace: "copyrator".into(),
+            all_namespaces: true,
+        };
+        let foreign = rule(json!({"metadata": {"name": "r", "namespace": "team-a"}, "ruleType": "secret", "selector": {"a": "b"}, "namespace": "kube-system"}));
+        let err = foreign.resolve(&all).unwrap_err();
+        assert_eq!(err.reason, "Forbidden");
+        assert!(err.message.contains("kube-system"));
+        let own = rule(json!({"metadata": {"name": "r", "namespace": "team-a"}, "ruleType": "secret", "selector": {"a": "b"}}));
+        assert_eq!(own.resolve(&all).unwrap().source_namespaces, vec!["team-a"]);
+        let operator_rule = rule(json!({"metadata": {"name": "r", "namespace": "copyrator"}, "ruleType": "secret", "selector": {"a": "b"}, "namespace": "kube-system"}));
+        assert!(operator_rule.resolve(&all).is_ok(), "the operator's namespace may copy from anywhere");
+    }
+}

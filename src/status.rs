@@ -1,0 +1,155 @@
+//! A rule's status from what its reconcile saw and did (pure).
+
+use crate::rule::{Condition, ConflictEntry, RuleStatus};
+
+/// Conflicts listed in the status; the count says how many there are in all.
+pub const MAX_LISTED_CONFLICTS: usize = 20;
+
+/// What one reconcile of a rule found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Observed {
+    pub generation: Option<i64>,
+    pub rule_type: Option<String>,
+    pub sources: u32,
+    pub target_namespaces: u32,
+    pub copies: u32,
+    pub conflicts: Vec<ConflictEntry>,
+    /// `(reason, message)` when the rule is not fully synced.
+    pub problem: Option<(String, String)>,
+    /// Copies still to be written (requeued for another pass).
+    pub pending: u32,
+}
+
+/// The status to publish, keeping transition times when nothing transitioned.
+pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) -> RuleStatus {
+    let (status, reason, message) = match &observed.problem {
+        Some((reason, message)) => ("False", reason.clone(), message.clone()),
+        None if observed.pending > 0 => (
+            "False",
+            "Progressing".to_string(),
+            format!("{} copies still to be written", observed.pending),
+        ),
+        None if !observed.conflicts.is_empty() => (
+            "True",
+            "SyncedWithConflicts".to_string(),
+            format!(
+                "{} copies in place in {} namespaces; {} skipped because another object holds the name",
+                observed.copies,
+                observed.target_namespaces,
+                observed.conflicts.len()
+            ),
+        ),
+        None => (
+            "True",
+            "Synced".to_string(),
+            format!(
+                "{} copies of {} sources in place in {} namespaces",
+                observed.copies, observed.sources, observed.target_namespaces
+            ),
+        ),
+    };
+    let previous_ready = previous.and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    let last_transition_time = match previous_ready {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => Some(now.to_string()),
+    };
+    let mut conflicts = observed.conflicts.clone();
+    conflicts.sort();
+    let conflict_count = conflicts.len() as i64;
+    conflicts.truncate(MAX_LISTED_CONFLICTS);
+    let mut next = RuleStatus {
+        observed_generation: observed.generation,
+        rule_type: observed.rule_type.clone(),
+        conditions: vec![Condition {
+            type_: "Ready".into(),
+            status: status.into(),
+            reason,
+            message,
+            last_transition_time,
+            observed_generation: observed.generation,
+        }],
+        sources: i64::from(observed.sources),
+        target_namespaces: i64::from(observed.target_namespaces),
+        copies: i64::from(observed.copies),
+        conflict_count,
+        conflicts,
+        last_sync_time: previous.and_then(|s| s.last_sync_time.clone()),
+    };
+    if previous.is_none_or(|p| !same_content(p, &next)) {
+        next.last_sync_time = Some(now.to_string());
+    }
+    next
+}
+
+/// Equal but for timestamps: nothing worth a write.
+pub fn same_content(a: &RuleStatus, b: &RuleStatus) -> bool {
+    let strip = |s: &RuleStatus| {
+        let mut s = s.clone();
+        s.last_sync_time = None;
+        for c in &mut s.conditions {
+            c.last_transition_time = None;
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn observed() -> Observed {
+        Observed {
+            generation: Some(2),
+            rule_type: Some("configmap".into()),
+            sources: 2,
+            target_namespaces: 3,
+            copies: 6,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn synced_rule_is_ready() {
+        let s = compute(None, &observed(), "t1");
+        let ready = &s.conditions[0];
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "Synced"));
+        assert_eq!(s.observed_generation, Some(2));
+        assert_eq!(s.last_sync_time.as_deref(), Some("t1"));
+        assert_eq!(ready.last_transition_time.as_deref(), Some("t1"));
+    }
+
+    #[test]
+    fn unchanged_status_keeps_its_times_so_nothing_is_written() {
+        let first = compute(None, &observed(), "t1");
+        let second = compute(Some(&first), &observed(), "t2");
+        assert_eq!(first, second);
+        let mut more = observed();
+        more.copies = 7;
+        let third = compute(Some(&second), &more, "t3");
+        assert_eq!(third.last_sync_time.as_deref(), Some("t3"));
+        assert_eq!(third.conditions[0].last_transition_time.as_deref(), Some("t1"), "still True");
+        assert!(!same_content(&second, &third));
+    }
+
+    #[test]
+    fn problems_and_conflicts() {
+        let mut o = observed();
+        o.problem = Some(("InvalidRule".into(), "selector is required".into()));
+        let s = compute(None, &o, "t");
+        assert_eq!(s.conditions[0].status, "False");
+        assert_eq!(s.conditions[0].message, "selector is required");
+        let mut o = observed();
+        o.conflicts = (0..30)
+            .map(|i| ConflictEntry {
+                namespace: format!("ns{i:02}"),
+                name: "x".into(),
+                reason: "foreign".into(),
+            })
+            .collect();
+        let s = compute(None, &o, "t");
+        assert_eq!(s.conflict_count, 30);
+        assert_eq!(s.conflicts.len(), MAX_LISTED_CONFLICTS);
+        assert_eq!(s.conditions[0].reason, "SyncedWithConflicts");
+    }
+}

@@ -1,0 +1,322 @@
+//! Watches that keep the in-memory views current and put the rules an event
+//! concerns on the work queue.
+//!
+//! Memory stays flat as unrelated objects grow: copies are watched by their
+//! label, and each rule's sources by the rule's own selector (server-side),
+//! in its source namespaces only. Namespaces are watched as metadata.
+//! kube's watcher resumes from the last resourceVersion after a break and
+//! lists again only when the API server says that version is gone.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::watcher::{self, Event};
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::ResourceExt;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use crate::controller::Shared;
+use crate::index::{NamespaceInfo, Object, ObjectKey};
+use crate::kinds::Kind;
+use crate::rule::{CopyratorRule, ResolvedRule, RuleKey};
+
+/// Read through a lock that a panicking writer may have poisoned: the data
+/// is plain maps, still consistent enough to serve.
+pub fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+pub fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn log_watch_error(what: &str, error: &watcher::Error) {
+    // Secret payloads are never part of a watch error; only the request is.
+    warn!(watch = what, error = %error, "watch failed; retrying with backoff");
+}
+
+/// Applies a watcher's events to a keyed map, handling re-lists: objects
+/// that a new full list does not return are dropped at its end.
+struct Relist<K, V> {
+    pending: Option<HashMap<K, V>>,
+}
+
+impl<K: std::hash::Hash + Eq, V> Relist<K, V> {
+    fn new() -> Self {
+        Self { pending: None }
+    }
+}
+
+pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let settings = &shared.settings;
+        let api: Api<CopyratorRule> = if settings.all_namespaces {
+            Api::all(shared.client.clone())
+        } else {
+            Api::namespaced(shared.client.clone(), &settings.namespace)
+        };
+        let mut config = watcher::Config::default();
+        if let Some(name) = &settings.rule_name {
+            config = config.fields(&format!("metadata.name={name}"));
+        }
+        let mut relist = Relist::<RuleKey, Arc<CopyratorRule>>::new();
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        loop {
+            let event = match stream.try_next().await {
+                Ok(Some(event)) => event,
+                Ok(None) => return,
+                Err(e) => {
+                    log_watch_error("copyratorrules", &e);
+                    continue;
+                }
+            };
+            match event {
+                Event::Init => relist.pending = Some(HashMap::new()),
+                Event::InitApply(rule) => {
+                    if let Some(pending) = relist.pending.as_mut() {
+                        pending.insert(rule.key(), Arc::new(rule));
+                    }
+                }
+                Event::InitDone => {
+                    let listed = relist.pending.take().unwrap_or_default();
+                    let gone: Vec<RuleKey> = read(&shared.rules)
+                        .keys()
+                        .filter(|k| !listed.contains_key(*k))
+                        .cloned()
+                        .collect();
+                    for key in gone {
+                        shared.forget_rule(&key);
+                    }
+                    for (key, rule) in listed {
+                        shared.set_rule(key, rule);
+                    }
+                    shared.synced.rules.store(true, Ordering::Release);
+                    shared.queue.add_all(read(&shared.rules).keys().cloned());
+                }
+                Event::Apply(rule) => {
+                    shared.set_rule(rule.key(), Arc::new(rule));
+                }
+                Event::Delete(rule) => shared.forget_rule(&rule.key()),
+            }
+        }
+    })
+}
+
+pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let api: Api<PartialObjectMeta<Namespace>> = Api::all(shared.client.clone());
+        let mut pending: Option<BTreeMap<String, NamespaceInfo>> = None;
+        let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+        loop {
+            let event = match stream.try_next().await {
+                Ok(Some(event)) => event,
+                Ok(None) => return,
+                Err(e) => {
+                    log_watch_error("namespaces", &e);
+                    continue;
+                }
+            };
+            let info = |meta: &PartialObjectMeta<Namespace>| NamespaceInfo {
+                labels: meta.labels().clone(),
+                terminating: meta.metadata.deletion_timestamp.is_some(),
+            };
+            let changed = match event {
+                Event::Init => {
+                    pending = Some(BTreeMap::new());
+                    false
+                }
+                Event::InitApply(meta) => {
+                    if let Some(pending) = pending.as_mut() {
+                        pending.insert(meta.name_any(), info(&meta));
+                    }
+                    false
+                }
+                Event::InitDone => {
+                    let listed = pending.take().unwrap_or_default();
+                    *write(&shared.namespaces) = listed;
+                    shared.synced.namespaces.store(true, Ordering::Release);
+                    true
+                }
+                Event::Apply(meta) => {
+                    let next = info(&meta);
+                    let mut namespaces = write(&shared.namespaces);
+                    let previous = namespaces.insert(meta.name_any(), next.clone());
+                    previous.as_ref() != Some(&next)
+                }
+                Event::Delete(meta) => write(&shared.namespaces).remove(&meta.name_any()).is_some(),
+            };
+            if changed {
+                // Which rules target a namespace is decided by each rule's
+                // plan; enqueueing all is cheap because reconciles coalesce.
+                shared.queue.add_all(read(&shared.rules).keys().cloned());
+            }
+        }
+    })
+}
+
+pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &kind.api_resource());
+        let config = watcher::Config::default().labels(crate::LABEL_RULE_UID);
+        let mut pending: Option<Vec<Arc<Object>>> = None;
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let index = shared.copies(kind);
+        loop {
+            let event = match stream.try_next().await {
+                Ok(Some(event)) => event,
+                Ok(None) => return,
+                Err(e) => {
+                    log_watch_error(kind.info().plural, &e);
+                    continue;
+                }
+            };
+            let touched: Vec<String> = match event {
+                Event::Init => {
+                    pending = Some(Vec::new());
+                    Vec::new()
+                }
+                Event::InitApply(object) => {
+                    if let Some(pending) = pending.as_mut() {
+                        pending.push(Arc::new(Object::from_dynamic(kind, object)));
+                    }
+                    Vec::new()
+                }
+                Event::InitDone => {
+                    let listed = pending.take().unwrap_or_default();
+                    let touched = write(index).replace_all(listed);
+                    shared.synced.copies[kind as usize].store(true, Ordering::Release);
+                    touched.into_iter().collect()
+                }
+                Event::Apply(object) => write(index).upsert(Arc::new(Object::from_dynamic(kind, object))),
+                Event::Delete(object) => write(index)
+                    .remove(&object.namespace().unwrap_or_default(), &object.name_any())
+                    .into_iter()
+                    .collect(),
+            };
+            for uid in touched {
+                if let Some(key) = shared.rule_by_uid(&uid) {
+                    shared.queue.add(key);
+                }
+            }
+        }
+    })
+}
+
+/// The watches of one rule's sources: one per source namespace, filtered by
+/// the rule's selector on the server.
+pub struct SourceWatch {
+    /// Restart when this changes: kind, selector and namespaces.
+    pub fingerprint: String,
+    pub objects: Arc<RwLock<HashMap<ObjectKey, Arc<Object>>>>,
+    synced: Vec<Arc<AtomicBool>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl SourceWatch {
+    pub fn fingerprint_of(rule: &ResolvedRule) -> String {
+        format!(
+            "{}|{}|{}",
+            rule.kind,
+            rule.selector.to_query(),
+            rule.source_namespaces.join(",")
+        )
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced.iter().all(|s| s.load(Ordering::Acquire))
+    }
+
+    pub fn snapshot(&self) -> Vec<Arc<Object>> {
+        read(&self.objects).values().cloned().collect()
+    }
+
+    pub fn start(shared: &Arc<Shared>, rule: &ResolvedRule) -> Self {
+        let objects = Arc::new(RwLock::new(HashMap::new()));
+        let mut synced = Vec::new();
+        let mut tasks = Vec::new();
+        let selector = format!("{},!{}", rule.selector.to_query(), crate::LABEL_RULE_UID);
+        for namespace in &rule.source_namespaces {
+            let flag = Arc::new(AtomicBool::new(false));
+            synced.push(flag.clone());
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(shared.client.clone(), namespace, &rule.kind.api_resource());
+            let mut config = watcher::Config::default().labels(&selector);
+            if let Some(fields) = rule.kind.source_field_selector() {
+                config = config.fields(&fields);
+            }
+            let kind = rule.kind;
+            let key = rule.key.clone();
+            let objects = objects.clone();
+            let shared = shared.clone();
+            let namespace = namespace.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut pending: Option<HashMap<ObjectKey, Arc<Object>>> = None;
+                let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+                loop {
+                    let event = match stream.try_next().await {
+                        Ok(Some(event)) => event,
+                        Ok(None) => return,
+                        Err(e) => {
+                            log_watch_error(&format!("sources of {key} in {namespace}"), &e);
+                            continue;
+                        }
+                    };
+                    let changed = match event {
+                        Event::Init => {
+                            pending = Some(HashMap::new());
+                            false
+                        }
+                        Event::InitApply(object) => {
+                            let object = Object::from_dynamic(kind, object);
+                            if let Some(pending) = pending.as_mut() {
+                                pending.insert(object.key(), Arc::new(object));
+                            }
+                            false
+                        }
+                        Event::InitDone => {
+                            let listed = pending.take().unwrap_or_default();
+                            let mut map = write(&objects);
+                            map.retain(|(ns, _), _| *ns != namespace);
+                            map.extend(listed);
+                            drop(map);
+                            flag.store(true, Ordering::Release);
+                            debug!(rule = %key, namespace = namespace.as_str(), "sources listed");
+                            true
+                        }
+                        Event::Apply(object) => {
+                            let object = Arc::new(Object::from_dynamic(kind, object));
+                            let previous = write(&objects).insert(object.key(), object.clone());
+                            previous.as_deref() != Some(&*object)
+                        }
+                        Event::Delete(object) => write(&objects)
+                            .remove(&(object.namespace().unwrap_or_default(), object.name_any()))
+                            .is_some(),
+                    };
+                    if changed {
+                        shared.queue.add(key.clone());
+                    }
+                }
+            }));
+        }
+        Self {
+            fingerprint: Self::fingerprint_of(rule),
+            objects,
+            synced,
+            tasks,
+        }
+    }
+}
+
+impl Drop for SourceWatch {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
