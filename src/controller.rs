@@ -254,6 +254,7 @@ impl Shared {
             if dry_run || !self.leader.is_leader() {
                 return;
             }
+            self.writer.pace().await;
             self.metrics.write("create", "Event");
             if let Err(e) = self.recorder.publish(&event, &reference).await {
                 warn!(error = %e, reason = event.reason.as_str(), "recording an event failed");
@@ -559,6 +560,7 @@ async fn publish_status(shared: &Arc<Shared>, rule: &CopyratorRule, observed: &O
         "kind": crate::rule::KIND,
         "status": next,
     });
+    shared.writer.pace().await;
     shared.metrics.write("patch", "CopyratorRule");
     api.patch_status(&key.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
         .await
@@ -588,6 +590,7 @@ async fn set_finalizer(shared: &Arc<Shared>, rule: &CopyratorRule, present: bool
     if !shared.leader.is_leader() {
         return Ok(());
     }
+    shared.writer.pace().await;
     shared.metrics.write("patch", "CopyratorRule");
     match api.patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
         Ok(updated) => {

@@ -79,6 +79,11 @@ impl Writer {
         Api::namespaced_with(self.client.clone(), namespace, &desired_kind.api_resource())
     }
 
+    /// Wait for a rate token, for requests that are not copy writes (status, events, finalizers).
+    pub async fn pace(&self) {
+        self.limiter.acquire().await;
+    }
+
     /// Wait for a write slot and a rate token; refuse when not the leader.
     async fn slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
         let permit = self.permits.acquire().await.ok()?;
