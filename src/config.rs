@@ -60,7 +60,12 @@ pub struct Settings {
     pub log_format: LogFormat,
 
     /// Address of the HTTP server for /metrics, /healthz and /readyz.
-    #[arg(long, env = "LISTEN_ADDRESS", default_value = "0.0.0.0:8080", global = true)]
+    #[arg(
+        long,
+        env = "LISTEN_ADDRESS",
+        default_value = "0.0.0.0:8080",
+        global = true
+    )]
     pub listen_address: SocketAddr,
 
     /// Elect a leader on a coordination.k8s.io Lease so that only one replica writes.
@@ -128,7 +133,14 @@ mod tests {
         assert!(cli.command.is_none());
         assert_eq!(cli.settings.write_concurrency, 16);
         assert!(!cli.settings.leader_election);
-        let cli = Cli::try_parse_from(["copyrator", "plan", "--namespace", "ops", "--all-namespaces"]).unwrap();
+        let cli = Cli::try_parse_from([
+            "copyrator",
+            "plan",
+            "--namespace",
+            "ops",
+            "--all-namespaces",
+        ])
+        .unwrap();
         assert!(matches!(cli.command, Some(Command::Plan)));
         assert_eq!(cli.settings.namespace, "ops");
         assert!(cli.settings.all_namespaces);

@@ -69,7 +69,9 @@ impl Queue {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub fn add(&self, key: RuleKey) {
@@ -163,7 +165,13 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(client: Client, settings: Settings, metrics: Arc<Metrics>, leader: LeaderGate, dry_run: bool) -> Arc<Self> {
+    pub fn new(
+        client: Client,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        leader: LeaderGate,
+        dry_run: bool,
+    ) -> Arc<Self> {
         let limiter = crate::ratelimit::RateLimiter::new(settings.api_qps, settings.api_burst);
         let writer = Writer::new(
             client.clone(),
@@ -174,7 +182,9 @@ impl Shared {
         );
         let reporter = Reporter {
             controller: "copyrator".into(),
-            instance: std::env::var("POD_NAME").or_else(|_| std::env::var("HOSTNAME")).ok(),
+            instance: std::env::var("POD_NAME")
+                .or_else(|_| std::env::var("HOSTNAME"))
+                .ok(),
         };
         Arc::new(Self {
             recorder: Recorder::new(client.clone(), reporter),
@@ -229,18 +239,29 @@ impl Shared {
     }
 
     fn sources_lock(&self) -> std::sync::MutexGuard<'_, HashMap<RuleKey, SourceWatch>> {
-        self.sources.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.sources
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn memory_lock(&self) -> std::sync::MutexGuard<'_, HashMap<RuleKey, RuleMemory>> {
-        self.memory.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.memory
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn is_live_rule(&self, uid: &str) -> bool {
         read(&self.rule_uids).contains_key(uid)
     }
 
-    fn event(&self, rule: &CopyratorRule, type_: EventType, reason: &str, action: &str, note: String) -> impl std::future::Future<Output = ()> + '_ {
+    fn event(
+        &self,
+        rule: &CopyratorRule,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) -> impl std::future::Future<Output = ()> + '_ {
         let reference = rule.object_ref(&());
         let event = KubeEvent {
             type_,
@@ -299,15 +320,27 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<(), Error>
             shared.metrics.reconciled("invalid");
             let observed = Observed {
                 generation: rule.metadata.generation,
-                rule_type: rule.effective_rule_type().map(|t| t.kind().info().rule_type.to_string()),
-                copies: shared.copies.iter().map(|c| read(c).count_owned_by(&uid) as u32).sum(),
+                rule_type: rule
+                    .effective_rule_type()
+                    .map(|t| t.kind().info().rule_type.to_string()),
+                copies: shared
+                    .copies
+                    .iter()
+                    .map(|c| read(c).count_owned_by(&uid) as u32)
+                    .sum(),
                 problem: Some((invalid.reason.to_string(), invalid.message.clone())),
                 ..Default::default()
             };
             let changed = publish_status(shared, &rule, &observed).await?;
             if changed {
                 shared
-                    .event(&rule, EventType::Warning, invalid.reason, "Validate", invalid.message)
+                    .event(
+                        &rule,
+                        EventType::Warning,
+                        invalid.reason,
+                        "Validate",
+                        invalid.message,
+                    )
                     .await;
             }
             return Ok(());
@@ -318,7 +351,10 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<(), Error>
     let sources = {
         let mut watches = shared.sources_lock();
         let fingerprint = SourceWatch::fingerprint_of(&resolved);
-        if watches.get(key).is_none_or(|w| w.fingerprint != fingerprint) {
+        if watches
+            .get(key)
+            .is_none_or(|w| w.fingerprint != fingerprint)
+        {
             watches.insert(key.clone(), SourceWatch::start(shared, &resolved));
         }
         match watches.get(key) {
@@ -333,7 +369,11 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<(), Error>
     if !pass.errors.is_empty() {
         problem = Some((
             "SyncFailed".to_string(),
-            format!("{} writes failed; first: {}", pass.errors.len(), pass.errors[0]),
+            format!(
+                "{} writes failed; first: {}",
+                pass.errors.len(),
+                pass.errors[0]
+            ),
         ));
     }
     let observed = Observed {
@@ -358,7 +398,10 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<(), Error>
         let copies = i64::from(observed.copies);
         let conflicts = pass.conflicts.len() as i64;
         shared.metrics.copies_managed.inc_by(copies - memory.copies);
-        shared.metrics.conflicts_skipped.inc_by(conflicts - memory.conflicts);
+        shared
+            .metrics
+            .conflicts_skipped
+            .inc_by(conflicts - memory.conflicts);
         memory.copies = copies;
         memory.conflicts = conflicts;
         fresh
@@ -456,7 +499,11 @@ async fn run_plan(
     if shared.dry_run {
         for (kind, action) in &actions {
             let (namespace, name) = action.target();
-            println!("{} {kind} {namespace}/{name} (rule {})", action.verb(), resolved.key);
+            println!(
+                "{} {kind} {namespace}/{name} (rule {})",
+                action.verb(),
+                resolved.key
+            );
         }
         for conflict in &plan.conflicts {
             println!(
@@ -475,7 +522,10 @@ async fn run_plan(
             let shared = shared.clone();
             let rule_name = rule_name.clone();
             async move {
-                let outcome = shared.writer.execute(kind, &action, policy, &rule_name).await;
+                let outcome = shared
+                    .writer
+                    .execute(kind, &action, policy, &rule_name)
+                    .await;
                 (kind, action, outcome)
             }
         })
@@ -500,7 +550,10 @@ async fn run_plan(
                     }
                 }
                 match action {
-                    Action::Delete { reason: DeleteReason::Pruned, .. } => pass.pruned += 1,
+                    Action::Delete {
+                        reason: DeleteReason::Pruned,
+                        ..
+                    } => pass.pruned += 1,
                     Action::Delete { .. } => {}
                     _ => pass.written += 1,
                 }
@@ -514,7 +567,13 @@ async fn run_plan(
                 });
             }
             Outcome::Retry(reason) => {
-                debug!(rule = rule_name.as_str(), namespace, name, reason = reason.as_str(), "requeued");
+                debug!(
+                    rule = rule_name.as_str(),
+                    namespace,
+                    name,
+                    reason = reason.as_str(),
+                    "requeued"
+                );
                 if !matches!(action, Action::Delete { .. }) {
                     pass.pending += 1;
                 } else {
@@ -533,9 +592,11 @@ async fn run_plan(
         }
         // A target that is ours now is no conflict any more.
         let copies = read(shared.copies(resolved.kind));
-        memory
-            .known_conflicts
-            .retain(|(ns, name), _| copies.get(ns, name).is_none_or(|c| c.rule_uid() != rule.uid()));
+        memory.known_conflicts.retain(|(ns, name), _| {
+            copies
+                .get(ns, name)
+                .is_none_or(|c| c.rule_uid() != rule.uid())
+        });
     }
     pass.conflicts.sort();
     pass.conflicts.dedup();
@@ -544,10 +605,19 @@ async fn run_plan(
 }
 
 /// Publish the status if its content changed; returns whether it did.
-async fn publish_status(shared: &Arc<Shared>, rule: &CopyratorRule, observed: &Observed) -> Result<bool, Error> {
+async fn publish_status(
+    shared: &Arc<Shared>,
+    rule: &CopyratorRule,
+    observed: &Observed,
+) -> Result<bool, Error> {
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let next = status::compute(rule.status.as_ref(), observed, &now);
-    if rule.status.as_ref().is_some_and(|s| status::same_content(s, &next)) || shared.dry_run {
+    if rule
+        .status
+        .as_ref()
+        .is_some_and(|s| status::same_content(s, &next))
+        || shared.dry_run
+    {
         return Ok(false);
     }
     if !shared.leader.is_leader() {
@@ -562,16 +632,24 @@ async fn publish_status(shared: &Arc<Shared>, rule: &CopyratorRule, observed: &O
     });
     shared.writer.pace().await;
     shared.metrics.write("patch", "CopyratorRule");
-    api.patch_status(&key.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
-        .await
-        .map_err(|source| Error::Status {
-            rule: key.to_string(),
-            source,
-        })?;
+    api.patch_status(
+        &key.name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(|source| Error::Status {
+        rule: key.to_string(),
+        source: Box::new(source),
+    })?;
     Ok(true)
 }
 
-async fn set_finalizer(shared: &Arc<Shared>, rule: &CopyratorRule, present: bool) -> Result<(), Error> {
+async fn set_finalizer(
+    shared: &Arc<Shared>,
+    rule: &CopyratorRule,
+    present: bool,
+) -> Result<(), Error> {
     let key = rule.key();
     let mut finalizers: Vec<String> = rule
         .metadata
@@ -592,7 +670,10 @@ async fn set_finalizer(shared: &Arc<Shared>, rule: &CopyratorRule, present: bool
     }
     shared.writer.pace().await;
     shared.metrics.write("patch", "CopyratorRule");
-    match api.patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+    match api
+        .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
         Ok(updated) => {
             shared.set_rule(key, Arc::new(updated));
             Ok(())
@@ -600,7 +681,7 @@ async fn set_finalizer(shared: &Arc<Shared>, rule: &CopyratorRule, present: bool
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
         Err(source) => Err(Error::Finalizer {
             rule: key.to_string(),
-            source,
+            source: Box::new(source),
         }),
     }
 }
@@ -660,7 +741,10 @@ async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> Resul
                 EventType::Warning,
                 "CleanupFailed",
                 "Delete",
-                format!("{} copies could not be deleted; first: {first}", errors.len()),
+                format!(
+                    "{} copies could not be deleted; first: {first}",
+                    errors.len()
+                ),
             )
             .await;
         return Err(Error::Sync(first.clone()));
@@ -683,7 +767,11 @@ async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> Resul
 }
 
 /// Run `workers` reconcile loops until `stop` fires.
-pub async fn run_workers(shared: Arc<Shared>, workers: usize, mut stop: tokio::sync::watch::Receiver<bool>) {
+pub async fn run_workers(
+    shared: Arc<Shared>,
+    workers: usize,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let mut handles = Vec::new();
     for _ in 0..workers {
         let shared = shared.clone();
@@ -702,7 +790,10 @@ pub async fn run_workers(shared: Arc<Shared>, workers: usize, mut stop: tokio::s
                 let started = Instant::now();
                 let span = info_span!("reconcile", rule = %key);
                 let result = reconcile(&shared, &key).instrument(span).await;
-                shared.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
+                shared
+                    .metrics
+                    .reconcile_duration
+                    .observe(started.elapsed().as_secs_f64());
                 shared.queue.done(&key);
                 let failures = {
                     let mut memory = shared.memory_lock();
@@ -718,7 +809,8 @@ pub async fn run_workers(shared: Arc<Shared>, workers: usize, mut stop: tokio::s
                     Err(error) => {
                         shared.metrics.reconciled("error");
                         // Exponential backoff per rule, so a 403 or a dead API server is no hot loop.
-                        let delay = Duration::from_millis(500 * 2u64.saturating_pow(failures.min(7)));
+                        let delay =
+                            Duration::from_millis(500 * 2u64.saturating_pow(failures.min(7)));
                         warn!(rule = %key, error = %error, retry_in = ?delay, "reconcile failed");
                         let shared = shared.clone();
                         tokio::spawn(async move {
@@ -736,25 +828,43 @@ pub async fn run_workers(shared: Arc<Shared>, workers: usize, mut stop: tokio::s
     }
 }
 
-/// Every `interval`, reconcile every rule again and forget known conflicts
-/// so that a foreign object that went away is noticed.
-pub async fn run_resync(shared: Arc<Shared>, interval: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
+/// Reconcile every rule again every `interval`, forgetting known conflicts
+/// so that a foreign object that went away is noticed; and whenever this
+/// process becomes the leader, since a standby's queue may be stale.
+pub async fn run_resync(
+    shared: Arc<Shared>,
+    interval: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    let mut leading = shared.leader.subscribe();
+    let mut election_running = true;
     loop {
         tokio::select! {
             _ = stop.wait_for(|s| *s) => return,
-            _ = ticker.tick() => {}
+            _ = ticker.tick() => {
+                for memory in shared.memory_lock().values_mut() {
+                    memory.known_conflicts.clear();
+                }
+            }
+            changed = leading.changed(), if election_running => {
+                // A closed channel means the election ended (shutdown).
+                election_running = changed.is_ok();
+                if !election_running || !*leading.borrow_and_update() {
+                    continue;
+                }
+            }
         }
         let keys: Vec<RuleKey> = read(&shared.rules).keys().cloned().collect();
-        debug!(rules = keys.len(), "periodic resync");
-        for memory in shared.memory_lock().values_mut() {
-            memory.known_conflicts.clear();
-        }
+        debug!(rules = keys.len(), "reconciling every rule");
         shared.queue.add_all(keys);
     }
 }
 
 /// Whether a rule's sources are listed (for `plan`, which waits for them).
 pub fn sources_ready(shared: &Shared, key: &RuleKey) -> bool {
-    shared.sources_lock().get(key).is_some_and(SourceWatch::is_synced)
+    shared
+        .sources_lock()
+        .get(key)
+        .is_some_and(SourceWatch::is_synced)
 }

@@ -65,14 +65,18 @@ fn schema_of<T: JsonSchema>(generator: &mut SchemaGenerator) -> Value {
 fn root_schema() -> Value {
     let mut generator = generator();
     let mut rule_type = schema_of::<RuleType>(&mut generator);
-    rule_type["description"] =
-        json!("Kind of the objects to copy: `configmap` or `secret` (original form; `spec.ruleType` wins).");
+    rule_type["description"] = json!(
+        "Kind of the objects to copy: `configmap` or `secret` (original form; `spec.ruleType` wins)."
+    );
     let mut spec = schema_of::<RuleSpec>(&mut generator);
-    spec["description"] = json!("The rule. Fields set here win over the same fields at the top level.");
+    spec["description"] =
+        json!("The rule. Fields set here win over the same fields at the top level.");
     let mut status = schema_of::<RuleStatus>(&mut generator);
     status["description"] = json!("What the operator last saw and did for this rule.");
     let mut selector = selector_schema(&mut generator).to_value();
-    selector["description"] = json!(format!("{SELECTOR_DESCRIPTION} Original form; `spec.selector` wins."));
+    selector["description"] = json!(format!(
+        "{SELECTOR_DESCRIPTION} Original form; `spec.selector` wins."
+    ));
     json!({
         "description": "Copies ConfigMaps or Secrets that match a selector into other namespaces and keeps the copies true.",
         "type": "object",
@@ -99,7 +103,12 @@ fn root_schema() -> Value {
     })
 }
 
-fn column(name: &str, type_: &str, path: &str, description: &str) -> CustomResourceColumnDefinition {
+fn column(
+    name: &str,
+    type_: &str,
+    path: &str,
+    description: &str,
+) -> CustomResourceColumnDefinition {
     CustomResourceColumnDefinition {
         name: name.into(),
         type_: type_.into(),
@@ -110,10 +119,11 @@ fn column(name: &str, type_: &str, path: &str, description: &str) -> CustomResou
 }
 
 pub fn crd() -> Result<CustomResourceDefinition> {
-    let schema: JSONSchemaProps = serde_json::from_value(root_schema()).map_err(|source| Error::Serialize {
-        what: "the CRD schema",
-        source,
-    })?;
+    let schema: JSONSchemaProps =
+        serde_json::from_value(root_schema()).map_err(|source| Error::Serialize {
+            what: "the CRD schema",
+            source,
+        })?;
     Ok(CustomResourceDefinition {
         metadata: ObjectMeta {
             name: Some(CRD_NAME.into()),
@@ -142,8 +152,18 @@ pub fn crd() -> Result<CustomResourceDefinition> {
                     scale: None,
                 }),
                 additional_printer_columns: Some(vec![
-                    column("Type", "string", ".status.ruleType", "Kind of the objects copied"),
-                    column("Sources", "integer", ".status.sources", "Objects that match the selector"),
+                    column(
+                        "Type",
+                        "string",
+                        ".status.ruleType",
+                        "Kind of the objects copied",
+                    ),
+                    column(
+                        "Sources",
+                        "integer",
+                        ".status.sources",
+                        "Objects that match the selector",
+                    ),
                     column("Copies", "integer", ".status.copies", "Copies in place"),
                     column(
                         "Ready",
@@ -151,7 +171,12 @@ pub fn crd() -> Result<CustomResourceDefinition> {
                         ".status.conditions[?(@.type==\"Ready\")].status",
                         "Whether every copy is in place",
                     ),
-                    column("Age", "date", ".metadata.creationTimestamp", "Age of the rule"),
+                    column(
+                        "Age",
+                        "date",
+                        ".metadata.creationTimestamp",
+                        "Age of the rule",
+                    ),
                 ]),
                 ..Default::default()
             }],
@@ -164,8 +189,12 @@ pub fn crd() -> Result<CustomResourceDefinition> {
 /// The CRD as YAML, exactly what `crd/` holds.
 pub fn crd_yaml() -> Result<String> {
     let crd = crd()?;
-    let value = serde_json::to_value(&crd).map_err(|source| Error::Serialize { what: "the CRD", source })?;
-    serde_yaml::to_string(&value).map_err(|e| Error::Config(format!("rendering the CRD as YAML: {e}")))
+    let value = serde_json::to_value(&crd).map_err(|source| Error::Serialize {
+        what: "the CRD",
+        source,
+    })?;
+    serde_yaml::to_string(&value)
+        .map_err(|e| Error::Config(format!("rendering the CRD as YAML: {e}")))
 }
 
 #[cfg(test)]
@@ -174,8 +203,13 @@ mod tests {
 
     #[test]
     fn committed_crd_matches_the_types() {
-        let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crd/copyrator.yaml"))
-            .expect("crd/copyrator.yaml exists; regenerate it with `cargo run -- crd > crd/copyrator.yaml`");
+        let committed = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/crd/copyrator.yaml"
+        ))
+        .expect(
+            "crd/copyrator.yaml exists; regenerate it with `cargo run -- crd > crd/copyrator.yaml`",
+        );
         assert!(
             committed == crd_yaml().unwrap(),
             "crd/copyrator.yaml differs from `copyrator crd`; regenerate it with `cargo run -- crd > crd/copyrator.yaml`"
@@ -198,7 +232,10 @@ mod tests {
         for field in ["ruleType", "selector", "namespace", "spec", "status"] {
             assert!(schema["properties"][field].is_object(), "{field} missing");
         }
-        assert_eq!(schema["properties"]["ruleType"]["enum"], json!(["configmap", "secret"]));
+        assert_eq!(
+            schema["properties"]["ruleType"]["enum"],
+            json!(["configmap", "secret"])
+        );
         assert_eq!(
             schema["properties"]["spec"]["properties"]["conflictPolicy"]["enum"],
             json!(["Skip", "Overwrite"])

@@ -3,9 +3,6 @@ use thiserror::Error;
 /// Everything that can go wrong in the operator, with the context a user needs.
 #[derive(Debug, Error)]
 pub enum Error {
-    #[error("cannot connect to the Kubernetes API: {0}")]
-    Connect(#[source] kube::Error),
-
     #[error("{verb} {kind} {namespace}/{name}: {source}")]
     Write {
         verb: &'static str,
@@ -13,21 +10,21 @@ pub enum Error {
         namespace: String,
         name: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
 
     #[error("updating the status of rule {rule}: {source}")]
     Status {
         rule: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
 
     #[error("updating the finalizer of rule {rule}: {source}")]
     Finalizer {
         rule: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
 
     #[error("serializing {what}: {source}")]

@@ -32,7 +32,10 @@ struct AppState {
 
 async fn serve_metrics(State(state): State<AppState>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         state.metrics.encode(),
     )
 }
@@ -60,10 +63,12 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(address).await.map_err(|source| Error::Listen {
-        address: address.to_string(),
-        source,
-    })?;
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|source| Error::Listen {
+            address: address.to_string(),
+            source,
+        })?;
     let bound = listener.local_addr().map_err(|source| Error::Listen {
         address: address.to_string(),
         source,
@@ -75,7 +80,10 @@ pub async fn serve(
         .route("/readyz", get(readyz))
         .with_state(AppState { health, metrics });
     Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
             tracing::error!(error = %e, "the HTTP server stopped");
         }
     }))

@@ -42,7 +42,10 @@ impl std::fmt::Debug for Object {
 }
 
 /// Keep only the payload fields of `kind`, in a canonical form.
-pub fn normalize_payload(kind: Kind, fields: impl IntoIterator<Item = (String, Value)>) -> BTreeMap<String, Value> {
+pub fn normalize_payload(
+    kind: Kind,
+    fields: impl IntoIterator<Item = (String, Value)>,
+) -> BTreeMap<String, Value> {
     let wanted = kind.info().payload_fields;
     fields
         .into_iter()
@@ -98,7 +101,10 @@ impl Object {
         if self.uid != other.uid {
             return true;
         }
-        match (self.resource_version.parse::<u64>(), other.resource_version.parse::<u64>()) {
+        match (
+            self.resource_version.parse::<u64>(),
+            other.resource_version.parse::<u64>(),
+        ) {
             (Ok(mine), Ok(theirs)) => mine >= theirs,
             _ => true,
         }
@@ -168,7 +174,10 @@ impl CopyIndex {
             }
         }
         if let Some(uid) = object.rule_uid() {
-            self.by_rule.entry(uid.to_owned()).or_default().insert(key.clone());
+            self.by_rule
+                .entry(uid.to_owned())
+                .or_default()
+                .insert(key.clone());
             if !touched.iter().any(|t| t == uid) {
                 touched.push(uid.to_owned());
             }
@@ -213,7 +222,10 @@ pub(crate) mod tests {
             name: name.into(),
             uid: uid.into(),
             resource_version: rv.to_string(),
-            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             annotations: BTreeMap::new(),
             payload: BTreeMap::new(),
         }
@@ -237,7 +249,8 @@ pub(crate) mod tests {
     #[test]
     fn debug_never_shows_the_payload() {
         let mut o = object("ns", "s", "u", 1, &[]);
-        o.payload.insert("data".into(), serde_json::json!({"password": "c2VjcmV0"}));
+        o.payload
+            .insert("data".into(), serde_json::json!({"password": "c2VjcmV0"}));
         let shown = format!("{o:?}");
         assert!(!shown.contains("c2VjcmV0"), "{shown}");
     }
@@ -246,13 +259,24 @@ pub(crate) mod tests {
     fn copy_index_tracks_rules_and_ignores_stale_versions() {
         let mut index = CopyIndex::default();
         let uid = crate::LABEL_RULE_UID;
-        assert_eq!(index.upsert(Arc::new(object("a", "x", "1", 5, &[(uid, "r1")]))), vec!["r1"]);
+        assert_eq!(
+            index.upsert(Arc::new(object("a", "x", "1", 5, &[(uid, "r1")]))),
+            vec!["r1"]
+        );
         assert_eq!(index.count_owned_by("r1"), 1);
         // An older event after our own write is ignored.
-        assert!(index.upsert(Arc::new(object("a", "x", "1", 4, &[(uid, "r1")]))).is_empty());
+        assert!(
+            index
+                .upsert(Arc::new(object("a", "x", "1", 4, &[(uid, "r1")])))
+                .is_empty()
+        );
         assert_eq!(index.get("a", "x").unwrap().resource_version, "5");
         // Same content again: nothing to do.
-        assert!(index.upsert(Arc::new(object("a", "x", "1", 5, &[(uid, "r1")]))).is_empty());
+        assert!(
+            index
+                .upsert(Arc::new(object("a", "x", "1", 5, &[(uid, "r1")])))
+                .is_empty()
+        );
         // Relabelled to another rule: both rules are touched.
         let touched = index.upsert(Arc::new(object("a", "x", "1", 6, &[(uid, "r2")])));
         assert_eq!(touched, vec!["r1", "r2"]);

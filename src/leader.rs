@@ -82,7 +82,12 @@ pub async fn start(
         loop {
             let leading = *lease_state.borrow_and_update();
             if *gate_sender.borrow() != leading {
-                info!(lease = lease_for_task.as_str(), identity = identity.as_str(), leading, "leadership changed");
+                info!(
+                    lease = lease_for_task.as_str(),
+                    identity = identity.as_str(),
+                    leading,
+                    "leadership changed"
+                );
             }
             metrics.leader.set(i64::from(leading));
             let _ = gate_sender.send(leading);
@@ -102,7 +107,17 @@ pub async fn start(
             }
         }
     });
-    Ok((LeaderGate { receiver: gate_receiver }, Election { lease, task, stop, manager }))
+    Ok((
+        LeaderGate {
+            receiver: gate_receiver,
+        },
+        Election {
+            lease,
+            task,
+            stop,
+            manager,
+        },
+    ))
 }
 
 impl Election {
@@ -112,8 +127,12 @@ impl Election {
         let _ = self.task.await;
         match tokio::time::timeout(within, self.manager).await {
             Ok(Ok(Ok(_))) => info!(lease = self.lease.as_str(), "released the Lease"),
-            Ok(Ok(Err(e))) => warn!(lease = self.lease.as_str(), error = %e, "releasing the Lease failed"),
-            Ok(Err(e)) => warn!(lease = self.lease.as_str(), error = %e, "the lease manager task failed"),
+            Ok(Ok(Err(e))) => {
+                warn!(lease = self.lease.as_str(), error = %e, "releasing the Lease failed")
+            }
+            Ok(Err(e)) => {
+                warn!(lease = self.lease.as_str(), error = %e, "the lease manager task failed")
+            }
             Err(_) => warn!(lease = self.lease.as_str(), "releasing the Lease timed out"),
         }
     }

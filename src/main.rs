@@ -40,7 +40,10 @@ fn main() -> ExitCode {
         };
     }
     let plan_only = matches!(cli.command, Some(Command::Plan));
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("error: starting the async runtime: {e}");
@@ -80,9 +83,9 @@ async fn shutdown_signal() -> &'static str {
 
 async fn run(settings: Settings, plan_only: bool) -> anyhow::Result<()> {
     copyrator::telemetry::init(&settings.log_level, settings.log_format)?;
-    let client = kube::Client::try_default()
-        .await
-        .context("cannot connect to the Kubernetes API (in-cluster, KUBECONFIG or ~/.kube/config)")?;
+    let client = kube::Client::try_default().await.context(
+        "cannot connect to the Kubernetes API (in-cluster, KUBECONFIG or ~/.kube/config)",
+    )?;
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::default());
     let (stop, stop_receiver) = watch::channel(false);
@@ -119,7 +122,15 @@ async fn run(settings: Settings, plan_only: bool) -> anyhow::Result<()> {
         let shutdown = async move {
             let _ = stopped.wait_for(|s| *s).await;
         };
-        Some(http::serve(settings.listen_address, health.clone(), metrics.clone(), shutdown).await?)
+        Some(
+            http::serve(
+                settings.listen_address,
+                health.clone(),
+                metrics.clone(),
+                shutdown,
+            )
+            .await?,
+        )
     };
     health.alive.store(true, Ordering::Release);
     info!(
@@ -152,7 +163,11 @@ async fn run(settings: Settings, plan_only: bool) -> anyhow::Result<()> {
         return plan(&shared).await;
     }
 
-    let workers = tokio::spawn(controller::run_workers(shared.clone(), WORKERS, stop_receiver.clone()));
+    let workers = tokio::spawn(controller::run_workers(
+        shared.clone(),
+        WORKERS,
+        stop_receiver.clone(),
+    ));
     let resync = tokio::spawn(controller::run_resync(
         shared.clone(),
         settings.resync_interval(),

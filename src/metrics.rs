@@ -33,7 +33,11 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("copyrator");
         let reconciles = Family::<ResultLabels, Counter>::default();
-        registry.register("reconciles", "Rule reconciles by result (success, error, invalid)", reconciles.clone());
+        registry.register(
+            "reconciles",
+            "Rule reconciles by result (success, error, invalid)",
+            reconciles.clone(),
+        );
         let reconcile_duration = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         registry.register(
             "reconcile_duration_seconds",
@@ -41,9 +45,17 @@ impl Default for Metrics {
             reconcile_duration.clone(),
         );
         let api_writes = Family::<WriteLabels, Counter>::default();
-        registry.register("api_writes", "Write requests sent to the API server by verb and kind", api_writes.clone());
+        registry.register(
+            "api_writes",
+            "Write requests sent to the API server by verb and kind",
+            api_writes.clone(),
+        );
         let copies_managed = Gauge::default();
-        registry.register("copies_managed", "Copies in place across all rules", copies_managed.clone());
+        registry.register(
+            "copies_managed",
+            "Copies in place across all rules",
+            copies_managed.clone(),
+        );
         let conflicts_skipped = Gauge::default();
         registry.register(
             "conflicts_skipped",
@@ -51,9 +63,17 @@ impl Default for Metrics {
             conflicts_skipped.clone(),
         );
         let queue_depth = Gauge::default();
-        registry.register("queue_depth", "Rules waiting to be reconciled", queue_depth.clone());
+        registry.register(
+            "queue_depth",
+            "Rules waiting to be reconciled",
+            queue_depth.clone(),
+        );
         let leader = Gauge::default();
-        registry.register("leader", "1 while this process holds the leader Lease (or runs without election)", leader.clone());
+        registry.register(
+            "leader",
+            "1 while this process holds the leader Lease (or runs without election)",
+            leader.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -69,11 +89,15 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn write(&self, verb: &'static str, kind: &'static str) {
-        self.api_writes.get_or_create(&WriteLabels { verb, kind }).inc();
+        self.api_writes
+            .get_or_create(&WriteLabels { verb, kind })
+            .inc();
     }
 
     pub fn reconciled(&self, result: &'static str) {
-        self.reconciles.get_or_create(&ResultLabels { result }).inc();
+        self.reconciles
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     pub fn encode(&self) -> String {

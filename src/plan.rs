@@ -11,7 +11,9 @@ use crate::index::{CopyIndex, NamespaceInfo, Object, ObjectKey};
 use crate::kinds::Kind;
 use crate::rule::{ConflictEntry, ConflictPolicy, ResolvedRule};
 use crate::selector::KeyGlob;
-use crate::{ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, LABEL_MANAGED_BY, LABEL_RULE_UID};
+use crate::{
+    ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, LABEL_MANAGED_BY, LABEL_RULE_UID,
+};
 
 /// Labels and annotations that would make another tool believe it owns a copy.
 pub const TRACKING_KEYS: &[&str] = &[
@@ -38,7 +40,11 @@ pub struct Desired {
 
 impl std::fmt::Debug for Desired {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}/{} from {}", self.kind, self.namespace, self.name, self.source)
+        write!(
+            f,
+            "{} {}/{} from {}",
+            self.kind, self.namespace, self.name, self.source
+        )
     }
 }
 
@@ -49,7 +55,9 @@ impl Desired {
 
     /// Whether `current` already is this copy.
     pub fn is_satisfied_by(&self, current: &Object) -> bool {
-        current.labels == self.labels && current.annotations == self.annotations && current.payload == self.payload
+        current.labels == self.labels
+            && current.annotations == self.annotations
+            && current.payload == self.payload
     }
 
     /// Whether `current` cannot be updated into this copy and must be replaced:
@@ -79,9 +87,18 @@ pub enum DeleteReason {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     Create(Desired),
-    Update { desired: Desired, current: Arc<Object> },
-    Recreate { desired: Desired, current: Arc<Object> },
-    Delete { current: Arc<Object>, reason: DeleteReason },
+    Update {
+        desired: Desired,
+        current: Arc<Object>,
+    },
+    Recreate {
+        desired: Desired,
+        current: Arc<Object>,
+    },
+    Delete {
+        current: Arc<Object>,
+        reason: DeleteReason,
+    },
 }
 
 impl Action {
@@ -96,9 +113,9 @@ impl Action {
 
     pub fn target(&self) -> (&str, &str) {
         match self {
-            Action::Create(d) | Action::Update { desired: d, .. } | Action::Recreate { desired: d, .. } => {
-                (&d.namespace, &d.name)
-            }
+            Action::Create(d)
+            | Action::Update { desired: d, .. }
+            | Action::Recreate { desired: d, .. } => (&d.namespace, &d.name),
             Action::Delete { current, .. } => (&current.namespace, &current.name),
         }
     }
@@ -171,7 +188,10 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object, namespace: &str) -> De
     let mut annotations = stripped(&source.annotations, &transform.strip_annotations);
     annotations.extend(transform.add_annotations.clone());
     annotations.insert(ANNOTATION_RULE.into(), rule.key.to_string());
-    annotations.insert(ANNOTATION_SOURCE.into(), format!("{}/{}", source.namespace, source.name));
+    annotations.insert(
+        ANNOTATION_SOURCE.into(),
+        format!("{}/{}", source.namespace, source.name),
+    );
     annotations.insert(ANNOTATION_SOURCE_UID.into(), source.uid.clone());
     Desired {
         kind: rule.kind,
@@ -202,12 +222,20 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
 
     // Sources by name, in source-namespace order: the first namespace wins a name.
     let mut sources: BTreeMap<&str, Vec<&Object>> = BTreeMap::new();
-    for source in inputs.sources.iter().filter(|s| source_rejection(rule, s).is_none()) {
+    for source in inputs
+        .sources
+        .iter()
+        .filter(|s| source_rejection(rule, s).is_none())
+    {
         sources.entry(&source.name).or_default().push(source);
         out.sources += 1;
     }
     for candidates in sources.values_mut() {
-        candidates.sort_by_key(|s| rule.source_namespaces.iter().position(|ns| *ns == s.namespace));
+        candidates.sort_by_key(|s| {
+            rule.source_namespaces
+                .iter()
+                .position(|ns| *ns == s.namespace)
+        });
     }
 
     let mut wanted: BTreeSet<ObjectKey> = BTreeSet::new();
@@ -215,7 +243,11 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         if info.terminating {
             // Nothing is written into a namespace that is going away; what is
             // there of ours is kept out of pruning too.
-            for current in inputs.copies.owned_by(&rule.uid).filter(|c| c.namespace == *namespace) {
+            for current in inputs
+                .copies
+                .owned_by(&rule.uid)
+                .filter(|c| c.namespace == *namespace)
+            {
                 wanted.insert(current.key());
             }
             continue;
@@ -249,13 +281,22 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                     if desired.is_satisfied_by(current) {
                         out.in_place += 1;
                     } else if desired.needs_recreate(current) {
-                        out.actions.push(Action::Recreate { desired, current: current.clone() });
+                        out.actions.push(Action::Recreate {
+                            desired,
+                            current: current.clone(),
+                        });
                     } else {
-                        out.actions.push(Action::Update { desired, current: current.clone() });
+                        out.actions.push(Action::Update {
+                            desired,
+                            current: current.clone(),
+                        });
                     }
                 }
                 Some(current) => {
-                    let owner = current.annotations.get(ANNOTATION_RULE).map_or("another rule", String::as_str);
+                    let owner = current
+                        .annotations
+                        .get(ANNOTATION_RULE)
+                        .map_or("another rule", String::as_str);
                     out.conflicts.push(ConflictEntry {
                         namespace: namespace.clone(),
                         name: (*name).to_owned(),
@@ -287,7 +328,10 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
 
     if rule.prune {
         for current in inputs.copies.owned_by(&rule.uid) {
-            let terminating = inputs.namespaces.get(&current.namespace).is_some_and(|ns| ns.terminating);
+            let terminating = inputs
+                .namespaces
+                .get(&current.namespace)
+                .is_some_and(|ns| ns.terminating);
             if !terminating && !wanted.contains(&current.key()) {
                 out.actions.push(Action::Delete {
                     current: current.clone(),
@@ -310,7 +354,8 @@ fn is_ours(rule: &ResolvedRule, current: &Object, live_rule_uids: &dyn Fn(&str) 
         Some(uid) if uid == rule.uid => true,
         Some(uid) => {
             !live_rule_uids(uid)
-                && current.annotations.get(ANNOTATION_RULE).map(String::as_str) == Some(&rule.key.to_string())
+                && current.annotations.get(ANNOTATION_RULE).map(String::as_str)
+                    == Some(&rule.key.to_string())
         }
         None => false,
     }
@@ -318,10 +363,18 @@ fn is_ours(rule: &ResolvedRule, current: &Object, live_rule_uids: &dyn Fn(&str) 
 
 /// The deletions that clean up after a deleted rule: every copy it made,
 /// except in terminating namespaces (their deletion takes the copies along).
-pub fn cleanup(rule_uid: &str, namespaces: &BTreeMap<String, NamespaceInfo>, copies: &CopyIndex) -> Vec<Action> {
+pub fn cleanup(
+    rule_uid: &str,
+    namespaces: &BTreeMap<String, NamespaceInfo>,
+    copies: &CopyIndex,
+) -> Vec<Action> {
     copies
         .owned_by(rule_uid)
-        .filter(|c| !namespaces.get(&c.namespace).is_some_and(|ns| ns.terminating))
+        .filter(|c| {
+            !namespaces
+                .get(&c.namespace)
+                .is_some_and(|ns| ns.terminating)
+        })
         .map(|c| Action::Delete {
             current: c.clone(),
             reason: DeleteReason::RuleDeleted,
@@ -345,7 +398,10 @@ mod tests {
     impl World {
         fn new(namespaces: &[&str]) -> Self {
             Self {
-                namespaces: namespaces.iter().map(|n| (n.to_string(), NamespaceInfo::default())).collect(),
+                namespaces: namespaces
+                    .iter()
+                    .map(|n| (n.to_string(), NamespaceInfo::default()))
+                    .collect(),
                 sources: Vec::new(),
                 copies: CopyIndex::default(),
                 known_conflicts: HashMap::new(),
@@ -353,7 +409,8 @@ mod tests {
         }
 
         fn source(&mut self, ns: &str, name: &str, labels: &[(&str, &str)], data: Value) -> Object {
-            let mut o = crate::index::tests::object(ns, name, &format!("uid-{ns}-{name}"), 1, labels);
+            let mut o =
+                crate::index::tests::object(ns, name, &format!("uid-{ns}-{name}"), 1, labels);
             o.payload.insert("data".into(), data);
             self.sources.push(Arc::new(o.clone()));
             o
@@ -375,7 +432,9 @@ mod tests {
         fn apply(&mut self, plan: &Plan) {
             for action in &plan.actions {
                 match action {
-                    Action::Create(d) | Action::Update { desired: d, .. } | Action::Recreate { desired: d, .. } => {
+                    Action::Create(d)
+                    | Action::Update { desired: d, .. }
+                    | Action::Recreate { desired: d, .. } => {
                         self.copies.upsert(Arc::new(Object {
                             namespace: d.namespace.clone(),
                             name: d.name.clone(),
@@ -424,9 +483,15 @@ mod tests {
         let p = w.plan(&simple_rule());
         assert_eq!(
             verbs(&p),
-            vec![("a".into(), "cm".into(), "create"), ("b".into(), "cm".into(), "create")]
+            vec![
+                ("a".into(), "cm".into(), "create"),
+                ("b".into(), "cm".into(), "create")
+            ]
         );
-        assert_eq!((p.sources, p.target_namespaces, p.desired, p.in_place), (1, 2, 2, 0));
+        assert_eq!(
+            (p.sources, p.target_namespaces, p.desired, p.in_place),
+            (1, 2, 2, 0)
+        );
     }
 
     #[test]
@@ -450,15 +515,22 @@ mod tests {
         w.apply(&p);
         // Someone adds a key to the copy.
         let mut edited = (**w.copies.get("a", "cm").unwrap()).clone();
-        edited.payload.insert("data".into(), json!({"k": "v", "extra": "x"}));
+        edited
+            .payload
+            .insert("data".into(), json!({"k": "v", "extra": "x"}));
         edited.resource_version = "101".into();
         w.copies.upsert(Arc::new(edited));
-        assert_eq!(verbs(&w.plan(&r)), vec![("a".into(), "cm".into(), "update")]);
+        assert_eq!(
+            verbs(&w.plan(&r)),
+            vec![("a".into(), "cm".into(), "update")]
+        );
         // The source changes.
         w.sources.clear();
         w.source("src", "cm", &[("copy", "yes")], json!({"k": "v2"}));
         let p = w.plan(&r);
-        let Action::Update { desired, .. } = &p.actions[0] else { panic!("{p:?}") };
+        let Action::Update { desired, .. } = &p.actions[0] else {
+            panic!("{p:?}")
+        };
         assert_eq!(desired.payload["data"], json!({"k": "v2"}));
     }
 
@@ -471,8 +543,13 @@ mod tests {
         w.apply(&p);
         w.sources.clear();
         w.source("src", "cm", &[("copy", "no")], json!({"k": "v"}));
-        assert_eq!(verbs(&w.plan(&r)), vec![("a".into(), "cm".into(), "delete")]);
-        let keep = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"prune": false}}));
+        assert_eq!(
+            verbs(&w.plan(&r)),
+            vec![("a".into(), "cm".into(), "delete")]
+        );
+        let keep = rule(
+            json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"prune": false}}),
+        );
         let mut w2 = World::new(&["src", "a"]);
         w2.source("src", "cm", &[("copy", "yes")], json!({}));
         let mut keep_uid = keep.clone();
@@ -486,8 +563,16 @@ mod tests {
     #[test]
     fn namespace_leaving_the_targets_loses_its_copies() {
         let mut w = World::new(&["src", "team-a", "team-b"]);
-        w.namespaces.get_mut("team-a").unwrap().labels.insert("env".into(), "dev".into());
-        w.namespaces.get_mut("team-b").unwrap().labels.insert("env".into(), "dev".into());
+        w.namespaces
+            .get_mut("team-a")
+            .unwrap()
+            .labels
+            .insert("env".into(), "dev".into());
+        w.namespaces
+            .get_mut("team-b")
+            .unwrap()
+            .labels
+            .insert("env".into(), "dev".into());
         w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
         let r = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
             "spec": {"targets": {"namespaceSelector": {"matchLabels": {"env": "dev"}}}}}));
@@ -495,7 +580,10 @@ mod tests {
         assert_eq!(p.actions.len(), 2);
         w.apply(&p);
         w.namespaces.get_mut("team-b").unwrap().labels.clear();
-        assert_eq!(verbs(&w.plan(&r)), vec![("team-b".into(), "cm".into(), "delete")]);
+        assert_eq!(
+            verbs(&w.plan(&r)),
+            vec![("team-b".into(), "cm".into(), "delete")]
+        );
     }
 
     #[test]
@@ -510,13 +598,21 @@ mod tests {
         w.source("src", "cm", &[("copy", "yes")], json!({"k": "v2"}));
         w.source("src", "new", &[("copy", "yes")], json!({}));
         let p = w.plan(&r);
-        assert!(p.actions.iter().all(|a| a.target().0 != "dying"), "{:?}", p.actions);
+        assert!(
+            p.actions.iter().all(|a| a.target().0 != "dying"),
+            "{:?}",
+            p.actions
+        );
         assert_eq!(p.target_namespaces, 1);
         // Not even a deletion when the source goes away.
         w.sources.clear();
         let p = w.plan(&r);
         assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "delete")]);
-        assert!(cleanup(&r.uid, &w.namespaces, &w.copies).iter().all(|a| a.target().0 != "dying"));
+        assert!(
+            cleanup(&r.uid, &w.namespaces, &w.copies)
+                .iter()
+                .all(|a| a.target().0 != "dying")
+        );
     }
 
     #[test]
@@ -524,11 +620,19 @@ mod tests {
         let mut w = World::new(&["src", "a"]);
         let r = rule(json!({"ruleType": "secret", "selector": {"copy": "yes"}}));
         let mut token = w.source("src", "tok", &[("copy", "yes")], json!({}));
-        token.payload.insert("type".into(), json!("kubernetes.io/service-account-token"));
+        token
+            .payload
+            .insert("type".into(), json!("kubernetes.io/service-account-token"));
         let mut helm = w.source("src", "rel", &[("copy", "yes")], json!({}));
-        helm.payload.insert("type".into(), json!("helm.sh/release.v1"));
+        helm.payload
+            .insert("type".into(), json!("helm.sh/release.v1"));
         w.sources = vec![Arc::new(token), Arc::new(helm)];
-        w.source("src", "copy", &[("copy", "yes"), (LABEL_RULE_UID, "other")], json!({}));
+        w.source(
+            "src",
+            "copy",
+            &[("copy", "yes"), (LABEL_RULE_UID, "other")],
+            json!({}),
+        );
         let p = w.plan(&r);
         assert!(p.actions.is_empty(), "{:?}", p.actions);
         assert_eq!(p.sources, 0);
@@ -539,10 +643,19 @@ mod tests {
         let r = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
             "spec": {"transform": {"addLabels": {"team": "x"}, "addAnnotations": {"note": "copied"},
                      "stripLabels": ["private/*"], "stripAnnotations": ["secret-note"]}}}));
-        let mut source = crate::index::tests::object("src", "cm", "u-src", 1, &[
-            ("copy", "yes"), ("app.kubernetes.io/instance", "argo-app"), ("helm.sh/chart", "c-1"),
-            ("private/x", "1"), ("keep", "me"),
-        ]);
+        let mut source = crate::index::tests::object(
+            "src",
+            "cm",
+            "u-src",
+            1,
+            &[
+                ("copy", "yes"),
+                ("app.kubernetes.io/instance", "argo-app"),
+                ("helm.sh/chart", "c-1"),
+                ("private/x", "1"),
+                ("keep", "me"),
+            ],
+        );
         for (k, v) in [
             ("kubectl.kubernetes.io/last-applied-configuration", "{}"),
             ("argocd.argoproj.io/tracking-id", "t"),
@@ -562,7 +675,13 @@ mod tests {
         assert_eq!(d.labels[LABEL_MANAGED_BY], "copyrator");
         assert_eq!(
             d.annotations.keys().map(String::as_str).collect::<Vec<_>>(),
-            vec![ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, "doc", "note"]
+            vec![
+                ANNOTATION_RULE,
+                ANNOTATION_SOURCE,
+                ANNOTATION_SOURCE_UID,
+                "doc",
+                "note"
+            ]
         );
         assert_eq!(d.annotations[ANNOTATION_SOURCE], "src/cm");
         assert_eq!(d.annotations[ANNOTATION_SOURCE_UID], "u-src");
@@ -574,9 +693,15 @@ mod tests {
     fn foreign_objects_and_other_rules_copies_are_conflicts() {
         let mut w = World::new(&["src", "a", "b", "c"]);
         w.source("src", "cm", &[("copy", "yes")], json!({}));
-        w.known_conflicts.insert(("a".into(), "cm".into()), "a ConfigMap not made by Copyrator is there".into());
-        let mut other = crate::index::tests::object("b", "cm", "x", 1, &[(LABEL_RULE_UID, "rule-2")]);
-        other.annotations.insert(ANNOTATION_RULE.into(), "src/other".into());
+        w.known_conflicts.insert(
+            ("a".into(), "cm".into()),
+            "a ConfigMap not made by Copyrator is there".into(),
+        );
+        let mut other =
+            crate::index::tests::object("b", "cm", "x", 1, &[(LABEL_RULE_UID, "rule-2")]);
+        other
+            .annotations
+            .insert(ANNOTATION_RULE.into(), "src/other".into());
         w.copies.upsert(Arc::new(other));
         let r = simple_rule();
         let live = |uid: &str| uid == "rule-1" || uid == "rule-2";
@@ -592,7 +717,9 @@ mod tests {
         assert_eq!(p.conflicts.len(), 2);
         assert!(p.conflicts[1].reason.contains("src/other"));
         // Overwrite tries the foreign one again, never another rule's copy.
-        let over = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"conflictPolicy": "Overwrite"}}));
+        let over = rule(
+            json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"conflictPolicy": "Overwrite"}}),
+        );
         let p = plan(&Inputs {
             rule: &over,
             namespaces: &w.namespaces,
@@ -601,15 +728,23 @@ mod tests {
             live_rule_uids: &live,
             known_conflicts: &w.known_conflicts,
         });
-        assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "create"), ("c".into(), "cm".into(), "create")]);
+        assert_eq!(
+            verbs(&p),
+            vec![
+                ("a".into(), "cm".into(), "create"),
+                ("c".into(), "cm".into(), "create")
+            ]
+        );
     }
 
     #[test]
     fn copies_of_a_deleted_rule_with_the_same_name_are_adopted() {
         let mut w = World::new(&["src", "a"]);
         w.source("src", "cm", &[("copy", "yes")], json!({}));
-        let mut old = crate::index::tests::object("a", "cm", "x", 1, &[(LABEL_RULE_UID, "old-uid")]);
-        old.annotations.insert(ANNOTATION_RULE.into(), "src/r".into());
+        let mut old =
+            crate::index::tests::object("a", "cm", "x", 1, &[(LABEL_RULE_UID, "old-uid")]);
+        old.annotations
+            .insert(ANNOTATION_RULE.into(), "src/r".into());
         w.copies.upsert(Arc::new(old));
         let p = w.plan(&simple_rule());
         assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "update")]);
@@ -626,7 +761,10 @@ mod tests {
         w.apply(&p);
         s.payload.insert("type".into(), json!("kubernetes.io/tls"));
         w.sources = vec![Arc::new(s.clone())];
-        assert_eq!(verbs(&w.plan(&r)), vec![("a".into(), "s".into(), "recreate")]);
+        assert_eq!(
+            verbs(&w.plan(&r)),
+            vec![("a".into(), "s".into(), "recreate")]
+        );
         // immutable: true and data changed
         s.payload.insert("type".into(), json!("Opaque"));
         s.payload.insert("immutable".into(), json!(true));
@@ -635,7 +773,10 @@ mod tests {
         w.apply(&p);
         s.payload.insert("data".into(), json!({"k": "dzI="}));
         w.sources = vec![Arc::new(s.clone())];
-        assert_eq!(verbs(&w.plan(&r)), vec![("a".into(), "s".into(), "recreate")]);
+        assert_eq!(
+            verbs(&w.plan(&r)),
+            vec![("a".into(), "s".into(), "recreate")]
+        );
         // Only labels change on an immutable copy: an update is enough.
         let mut labelled = s.clone();
         labelled.payload = w.copies.get("a", "s").unwrap().payload.clone();
@@ -649,11 +790,15 @@ mod tests {
         let mut w = World::new(&["ns1", "ns2", "t"]);
         w.source("ns2", "cm", &[("copy", "yes")], json!({"from": "2"}));
         w.source("ns1", "cm", &[("copy", "yes")], json!({"from": "1"}));
-        let r = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "namespace": ["ns2", "ns1"]}));
+        let r = rule(
+            json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "namespace": ["ns2", "ns1"]}),
+        );
         let p = w.plan(&r);
         // ns1 and ns2 each hold the source themselves, so only t gets a copy.
         assert_eq!(verbs(&p), vec![("t".into(), "cm".into(), "create")]);
-        let Action::Create(d) = &p.actions[0] else { panic!() };
+        let Action::Create(d) = &p.actions[0] else {
+            panic!()
+        };
         assert_eq!(d.source, "ns1/cm");
         assert_eq!(p.conflicts.len(), 1);
     }
@@ -665,7 +810,12 @@ mod tests {
         let wide = simple_rule();
         let p = w.plan(&wide);
         w.apply(&p);
-        let narrow = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"targets": {"exclude": ["team-b"]}}}));
-        assert_eq!(verbs(&w.plan(&narrow)), vec![("team-b".into(), "cm".into(), "delete")]);
+        let narrow = rule(
+            json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"targets": {"exclude": ["team-b"]}}}),
+        );
+        assert_eq!(
+            verbs(&w.plan(&narrow)),
+            vec![("team-b".into(), "cm".into(), "delete")]
+        );
     }
 }

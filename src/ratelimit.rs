@@ -31,7 +31,8 @@ impl RateLimiter {
             let mut state = self.state.lock().await;
             let (tokens, last) = &mut *state;
             let now = Instant::now();
-            *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * self.per_second).min(self.burst);
+            *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * self.per_second)
+                .min(self.burst);
             *last = now;
             *tokens -= 1.0;
             if *tokens >= 0.0 {
@@ -62,7 +63,10 @@ mod tests {
             limiter.acquire().await;
         }
         let elapsed = start.elapsed().as_secs_f64();
-        assert!((0.9..1.1).contains(&elapsed), "10 requests over the burst at 10/s took {elapsed}s");
+        assert!(
+            (0.9..1.1).contains(&elapsed),
+            "10 requests over the burst at 10/s took {elapsed}s"
+        );
     }
 
     #[tokio::test(start_paused = true)]

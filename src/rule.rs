@@ -8,7 +8,9 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector as K8sLabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector as K8sLabelSelector, ObjectMeta,
+};
 use kube::core::{NamespaceResourceScope, Resource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -223,7 +225,9 @@ pub struct Condition {
 }
 
 /// A copy that was not made because the target holds something else.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub struct ConflictEntry {
     pub namespace: String,
@@ -274,7 +278,10 @@ impl TargetSelector {
     pub fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
         (self.include.is_empty() || self.include.iter().any(|g| g.matches(name)))
             && !self.exclude.iter().any(|g| g.matches(name))
-            && self.namespace_selector.as_ref().is_none_or(|s| s.matches(labels))
+            && self
+                .namespace_selector
+                .as_ref()
+                .is_none_or(|s| s.matches(labels))
     }
 }
 
@@ -361,38 +368,43 @@ impl CopyratorRule {
             .as_ref()
             .or(self.selector.as_ref())
             .ok_or_else(|| InvalidRule::invalid("selector is required"))?;
-        let selector = LabelSelector::from_rule_selector(raw_selector).map_err(InvalidRule::invalid)?;
+        let selector =
+            LabelSelector::from_rule_selector(raw_selector).map_err(InvalidRule::invalid)?;
 
         let source_namespaces = match spec.namespace.as_ref().or(self.namespace.as_ref()) {
             None | Some(Value::Null) => vec![key.namespace.clone()],
             Some(value) => parse_namespaces(value).map_err(InvalidRule::invalid)?,
         };
-        if trust.all_namespaces && key.namespace != trust.operator_namespace {
-            if let Some(other) = source_namespaces.iter().find(|ns| **ns != key.namespace) {
-                return Err(InvalidRule {
-                    reason: "Forbidden",
-                    message: format!(
-                        "a rule outside the operator's namespace {:?} may only copy from its own namespace {:?}, not from {other:?}",
-                        trust.operator_namespace, key.namespace
-                    ),
-                });
-            }
+        if trust.all_namespaces
+            && key.namespace != trust.operator_namespace
+            && let Some(other) = source_namespaces.iter().find(|ns| **ns != key.namespace)
+        {
+            return Err(InvalidRule {
+                reason: "Forbidden",
+                message: format!(
+                    "a rule outside the operator's namespace {:?} may only copy from its own namespace {:?}, not from {other:?}",
+                    trust.operator_namespace, key.namespace
+                ),
+            });
         }
 
         let targets = spec.targets.unwrap_or_default();
-        let globs = |field: &str, patterns: Option<Vec<String>>| -> Result<Vec<Glob>, InvalidRule> {
+        let globs = |field: &str,
+                     patterns: Option<Vec<String>>|
+         -> Result<Vec<Glob>, InvalidRule> {
             patterns
                 .unwrap_or_default()
                 .iter()
-                .map(|p| Glob::new(p).map_err(|e| InvalidRule::invalid(format!("targets.{field}: {e}"))))
+                .map(|p| {
+                    Glob::new(p).map_err(|e| InvalidRule::invalid(format!("targets.{field}: {e}")))
+                })
                 .collect()
         };
         let targets = TargetSelector {
             namespace_selector: match targets.namespace_selector {
-                Some(s) => Some(
-                    LabelSelector::from_k8s(&s)
-                        .map_err(|e| InvalidRule::invalid(format!("targets.namespaceSelector: {e}")))?,
-                ),
+                Some(s) => Some(LabelSelector::from_k8s(&s).map_err(|e| {
+                    InvalidRule::invalid(format!("targets.namespaceSelector: {e}"))
+                })?),
                 None => None,
             },
             include: globs("include", targets.include)?,
@@ -400,17 +412,24 @@ impl CopyratorRule {
         };
 
         let transform = spec.transform.unwrap_or_default();
-        let key_globs = |field: &str, patterns: Option<Vec<String>>| -> Result<Vec<KeyGlob>, InvalidRule> {
-            patterns
-                .unwrap_or_default()
-                .iter()
-                .map(|p| KeyGlob::new(p).map_err(|e| InvalidRule::invalid(format!("transform.{field}: {e}"))))
-                .collect()
-        };
+        let key_globs =
+            |field: &str, patterns: Option<Vec<String>>| -> Result<Vec<KeyGlob>, InvalidRule> {
+                patterns
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|p| {
+                        KeyGlob::new(p)
+                            .map_err(|e| InvalidRule::invalid(format!("transform.{field}: {e}")))
+                    })
+                    .collect()
+            };
         let add_labels = transform.add_labels.unwrap_or_default();
         for (label, value) in &add_labels {
             crate::selector::validate_label_key(label)
-                .and_then(|()| crate::selector::validate_label_value(value).map_err(|e| format!("value {value:?} {e}")))
+                .and_then(|()| {
+                    crate::selector::validate_label_value(value)
+                        .map_err(|e| format!("value {value:?} {e}"))
+                })
                 .map_err(|e| InvalidRule::invalid(format!("transform.addLabels: {e}")))?;
             if is_reserved_key(label) {
                 return Err(InvalidRule::invalid(format!(
@@ -459,15 +478,23 @@ fn parse_namespaces(value: &Value) -> Result<Vec<String>, String> {
                 other => Err(format!("namespace: {other} is not a namespace name")),
             })
             .collect::<Result<_, _>>()?,
-        other => return Err(format!("namespace must be a name or a list of names, not {other}")),
+        other => {
+            return Err(format!(
+                "namespace must be a name or a list of names, not {other}"
+            ));
+        }
     };
     if names.is_empty() {
-        return Err("namespace: the list is empty; omit it to copy from the rule's own namespace".into());
+        return Err(
+            "namespace: the list is empty; omit it to copy from the rule's own namespace".into(),
+        );
     }
     for name in &names {
         let valid = !name.is_empty()
             && name.len() <= 63
-            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             && !name.starts_with('-')
             && !name.ends_with('-');
         if !valid {
@@ -532,7 +559,11 @@ mod tests {
         let resolved = r.resolve(&trust()).unwrap();
         assert_eq!(resolved.kind, Kind::Secret);
         assert_eq!(resolved.source_namespaces, vec!["a", "z"]);
-        assert_eq!(resolved.selector.to_query(), "a=b", "top-level selector used when spec has none");
+        assert_eq!(
+            resolved.selector.to_query(),
+            "a=b",
+            "top-level selector used when spec has none"
+        );
         assert!(!resolved.prune);
         assert_eq!(resolved.conflict_policy, ConflictPolicy::Overwrite);
         let empty = BTreeMap::new();
@@ -543,8 +574,13 @@ mod tests {
 
     #[test]
     fn namespace_defaults_to_the_rules_own() {
-        let r = rule(json!({"metadata": {"name": "r", "namespace": "copyrator"}, "spec": {"ruleType": "secret", "selector": {"a": "b"}}}));
-        assert_eq!(r.resolve(&trust()).unwrap().source_namespaces, vec!["copyrator"]);
+        let r = rule(
+            json!({"metadata": {"name": "r", "namespace": "copyrator"}, "spec": {"ruleType": "secret", "selector": {"a": "b"}}}),
+        );
+        assert_eq!(
+            r.resolve(&trust()).unwrap().source_namespaces,
+            vec!["copyrator"]
+        );
     }
 
     #[test]
@@ -552,18 +588,40 @@ mod tests {
         let cases = [
             (json!({"selector": {"a": "b"}}), "ruleType is required"),
             (json!({"ruleType": "secret"}), "selector is required"),
-            (json!({"ruleType": "secret", "selector": {"a": "b"}, "namespace": 3}), "namespace must be"),
-            (json!({"ruleType": "secret", "selector": {"a": "b"}, "namespace": []}), "empty"),
-            (json!({"ruleType": "secret", "selector": {"a": "b"}, "namespace": "Bad_NS"}), "not a valid namespace"),
-            (json!({"ruleType": "secret", "selector": {"a": "b"}, "spec": {"targets": {"include": ["A*"]}}}), "targets.include"),
-            (json!({"ruleType": "secret", "selector": {"a": "b"}, "spec": {"transform": {"addLabels": {"copyrator.flant.com/rule-uid": "x"}}}}), "set by Copyrator"),
-            (json!({"ruleType": "secret", "selector": {"a": "b"}, "spec": {"targets": {"namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}}}), "targets.namespaceSelector"),
+            (
+                json!({"ruleType": "secret", "selector": {"a": "b"}, "namespace": 3}),
+                "namespace must be",
+            ),
+            (
+                json!({"ruleType": "secret", "selector": {"a": "b"}, "namespace": []}),
+                "empty",
+            ),
+            (
+                json!({"ruleType": "secret", "selector": {"a": "b"}, "namespace": "Bad_NS"}),
+                "not a valid namespace",
+            ),
+            (
+                json!({"ruleType": "secret", "selector": {"a": "b"}, "spec": {"targets": {"include": ["A*"]}}}),
+                "targets.include",
+            ),
+            (
+                json!({"ruleType": "secret", "selector": {"a": "b"}, "spec": {"transform": {"addLabels": {"copyrator.flant.com/rule-uid": "x"}}}}),
+                "set by Copyrator",
+            ),
+            (
+                json!({"ruleType": "secret", "selector": {"a": "b"}, "spec": {"targets": {"namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}}}),
+                "targets.namespaceSelector",
+            ),
         ];
         for (body, expected) in cases {
             let mut value = body.clone();
             value["metadata"] = json!({"name": "r", "namespace": "copyrator"});
             let err = rule(value).resolve(&trust()).unwrap_err();
-            assert!(err.message.contains(expected), "{body}: {} lacks {expected:?}", err.message);
+            assert!(
+                err.message.contains(expected),
+                "{body}: {} lacks {expected:?}",
+                err.message
+            );
             assert_eq!(err.reason, "InvalidRule");
         }
     }
@@ -574,13 +632,22 @@ mod tests {
             operator_namespace: "copyrator".into(),
             all_namespaces: true,
         };
-        let foreign = rule(json!({"metadata": {"name": "r", "namespace": "team-a"}, "ruleType": "secret", "selector": {"a": "b"}, "namespace": "kube-system"}));
+        let foreign = rule(
+            json!({"metadata": {"name": "r", "namespace": "team-a"}, "ruleType": "secret", "selector": {"a": "b"}, "namespace": "kube-system"}),
+        );
         let err = foreign.resolve(&all).unwrap_err();
         assert_eq!(err.reason, "Forbidden");
         assert!(err.message.contains("kube-system"));
-        let own = rule(json!({"metadata": {"name": "r", "namespace": "team-a"}, "ruleType": "secret", "selector": {"a": "b"}}));
+        let own = rule(
+            json!({"metadata": {"name": "r", "namespace": "team-a"}, "ruleType": "secret", "selector": {"a": "b"}}),
+        );
         assert_eq!(own.resolve(&all).unwrap().source_namespaces, vec!["team-a"]);
-        let operator_rule = rule(json!({"metadata": {"name": "r", "namespace": "copyrator"}, "ruleType": "secret", "selector": {"a": "b"}, "namespace": "kube-system"}));
-        assert!(operator_rule.resolve(&all).is_ok(), "the operator's namespace may copy from anywhere");
+        let operator_rule = rule(
+            json!({"metadata": {"name": "r", "namespace": "copyrator"}, "ruleType": "secret", "selector": {"a": "b"}, "namespace": "kube-system"}),
+        );
+        assert!(
+            operator_rule.resolve(&all).is_ok(),
+            "the operator's namespace may copy from anywhere"
+        );
     }
 }

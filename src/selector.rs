@@ -74,15 +74,16 @@ impl LabelSelector {
                     "selector mixes matchLabels/matchExpressions with the plain label {extra:?}; put it under matchLabels"
                 ));
             }
-            let parsed: metav1::LabelSelector =
-                serde_json::from_value(Value::Object(raw.clone()))
-                    .map_err(|e| format!("selector is not a valid label selector: {e}"))?;
+            let parsed: metav1::LabelSelector = serde_json::from_value(Value::Object(raw.clone()))
+                .map_err(|e| format!("selector is not a valid label selector: {e}"))?;
             Self::from_k8s(&parsed).map_err(|e| format!("selector: {e}"))?
         } else {
             let mut requirements = Vec::new();
             for (key, value) in raw {
                 let Value::String(value) = value else {
-                    return Err(format!("selector: the value of label {key:?} must be a string"));
+                    return Err(format!(
+                        "selector: the value of label {key:?} must be a string"
+                    ));
                 };
                 requirements.push(Requirement::In(key.clone(), vec![value.clone()]));
             }
@@ -213,9 +214,11 @@ impl Glob {
     pub fn new(pattern: &str) -> Result<Self, String> {
         let valid = !pattern.is_empty()
             && pattern.len() <= 253
-            && pattern
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.' | b'*' | b'?'));
+            && pattern.bytes().all(|b| {
+                b.is_ascii_lowercase()
+                    || b.is_ascii_digit()
+                    || matches!(b, b'-' | b'.' | b'*' | b'?')
+            });
         if valid {
             Ok(Self(pattern.to_owned()))
         } else {
@@ -319,8 +322,17 @@ mod tests {
         assert!(!s.matches(&skipped));
         assert!(!s.matches(&labels(&[("app", "web"), ("tier", "c"), ("copy", "")])));
         let query = s.to_query();
-        for part in ["app=web", "tier in (a,b)", "env notin (prod)", "copy", "!skip"] {
-            assert!(query.split(',').any(|p| p == part) || query.contains(part), "{query} lacks {part}");
+        for part in [
+            "app=web",
+            "tier in (a,b)",
+            "env notin (prod)",
+            "copy",
+            "!skip",
+        ] {
+            assert!(
+                query.split(',').any(|p| p == part) || query.contains(part),
+                "{query} lacks {part}"
+            );
         }
     }
 
@@ -332,9 +344,13 @@ mod tests {
         assert!(err.contains("empty"), "{err}");
         let err = rule_selector(json!({"a": 1})).unwrap_err();
         assert!(err.contains("must be a string"), "{err}");
-        let err = rule_selector(json!({"matchExpressions": [{"key": "a", "operator": "In"}]})).unwrap_err();
+        let err = rule_selector(json!({"matchExpressions": [{"key": "a", "operator": "In"}]}))
+            .unwrap_err();
         assert!(err.contains("at least one value"), "{err}");
-        let err = rule_selector(json!({"matchExpressions": [{"key": "a", "operator": "Like", "values": ["x"]}]})).unwrap_err();
+        let err = rule_selector(
+            json!({"matchExpressions": [{"key": "a", "operator": "Like", "values": ["x"]}]}),
+        )
+        .unwrap_err();
         assert!(err.contains("unknown operator"), "{err}");
         let err = rule_selector(json!({"bad key!": "x"})).unwrap_err();
         assert!(err.contains("label key"), "{err}");

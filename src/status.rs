@@ -113,7 +113,10 @@ mod tests {
     fn synced_rule_is_ready() {
         let s = compute(None, &observed(), "t1");
         let ready = &s.conditions[0];
-        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "Synced"));
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", "Synced")
+        );
         assert_eq!(s.observed_generation, Some(2));
         assert_eq!(s.last_sync_time.as_deref(), Some("t1"));
         assert_eq!(ready.last_transition_time.as_deref(), Some("t1"));
@@ -128,7 +131,11 @@ mod tests {
         more.copies = 7;
         let third = compute(Some(&second), &more, "t3");
         assert_eq!(third.last_sync_time.as_deref(), Some("t3"));
-        assert_eq!(third.conditions[0].last_transition_time.as_deref(), Some("t1"), "still True");
+        assert_eq!(
+            third.conditions[0].last_transition_time.as_deref(),
+            Some("t1"),
+            "still True"
+        );
         assert!(!same_content(&second, &third));
     }
 

@@ -13,11 +13,11 @@ use std::sync::{Arc, RwLock};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
+use kube::ResourceExt;
 use kube::api::{Api, DynamicObject};
-use kube::runtime::watcher::{self, Event};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
-use kube::ResourceExt;
+use kube::runtime::watcher::{self, Event};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
@@ -29,11 +29,13 @@ use crate::rule::{CopyratorRule, ResolvedRule, RuleKey};
 /// Read through a lock that a panicking writer may have poisoned: the data
 /// is plain maps, still consistent enough to serve.
 pub fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 pub fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn log_watch_error(what: &str, error: &watcher::Error) {
@@ -112,7 +114,9 @@ pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<PartialObjectMeta<Namespace>> = Api::all(shared.client.clone());
         let mut pending: Option<BTreeMap<String, NamespaceInfo>> = None;
-        let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+        let mut stream = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
         loop {
             let event = match stream.try_next().await {
                 Ok(Some(event)) => event,
@@ -193,7 +197,9 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
                     shared.synced.copies[kind as usize].store(true, Ordering::Release);
                     touched.into_iter().collect()
                 }
-                Event::Apply(object) => write(index).upsert(Arc::new(Object::from_dynamic(kind, object))),
+                Event::Apply(object) => {
+                    write(index).upsert(Arc::new(Object::from_dynamic(kind, object)))
+                }
                 Event::Delete(object) => write(index)
                     .remove(&object.namespace().unwrap_or_default(), &object.name_any())
                     .into_iter()

@@ -56,7 +56,8 @@ fn is_namespace_terminating(err: &kube::Error) -> bool {
 }
 
 fn to_dynamic(desired: &Desired, resource_version: Option<String>) -> DynamicObject {
-    let mut object = DynamicObject::new(&desired.name, &desired.kind.api_resource()).within(&desired.namespace);
+    let mut object =
+        DynamicObject::new(&desired.name, &desired.kind.api_resource()).within(&desired.namespace);
     object.metadata.labels = Some(desired.labels.clone());
     object.metadata.annotations = Some(desired.annotations.clone());
     object.metadata.resource_version = resource_version;
@@ -65,7 +66,13 @@ fn to_dynamic(desired: &Desired, resource_version: Option<String>) -> DynamicObj
 }
 
 impl Writer {
-    pub fn new(client: Client, limiter: RateLimiter, concurrency: u32, metrics: Arc<Metrics>, leader: LeaderGate) -> Self {
+    pub fn new(
+        client: Client,
+        limiter: RateLimiter,
+        concurrency: u32,
+        metrics: Arc<Metrics>,
+        leader: LeaderGate,
+    ) -> Self {
         Self {
             client,
             limiter,
@@ -91,14 +98,21 @@ impl Writer {
         self.leader.is_leader().then_some(permit)
     }
 
-    pub async fn execute(&self, kind: Kind, action: &Action, policy: ConflictPolicy, rule: &str) -> Outcome {
+    pub async fn execute(
+        &self,
+        kind: Kind,
+        action: &Action,
+        policy: ConflictPolicy,
+        rule: &str,
+    ) -> Outcome {
         let Some(_permit) = self.slot().await else {
             return Outcome::Retry("this process is not the leader".into());
         };
         let outcome = match action {
             Action::Create(desired) => self.create(desired, policy, rule).await,
             Action::Update { desired, current } => self.update(desired, current).await,
-            Action::Recreate { desired, current } => match self.delete(desired.kind, current).await {
+            Action::Recreate { desired, current } => match self.delete(desired.kind, current).await
+            {
                 Outcome::Written(_) | Outcome::Ignored(_) => {
                     self.limiter.acquire().await;
                     self.create(desired, policy, rule).await
@@ -109,9 +123,19 @@ impl Writer {
         };
         let (namespace, name) = action.target();
         match &outcome {
-            Outcome::Written(_) => info!(rule, action = action.verb(), namespace, name, "wrote copy"),
-            Outcome::Conflict(reason) => info!(rule, namespace, name, reason = reason.as_str(), "conflict"),
-            Outcome::Retry(reason) => debug!(rule, namespace, name, reason = reason.as_str(), "will retry"),
+            Outcome::Written(_) => {
+                info!(rule, action = action.verb(), namespace, name, "wrote copy")
+            }
+            Outcome::Conflict(reason) => {
+                info!(rule, namespace, name, reason = reason.as_str(), "conflict")
+            }
+            Outcome::Retry(reason) => debug!(
+                rule,
+                namespace,
+                name,
+                reason = reason.as_str(),
+                "will retry"
+            ),
             Outcome::Ignored(reason) => debug!(rule, namespace, name, reason, "nothing to write"),
             Outcome::Failed(error) => info!(rule, namespace, name, error = %error, "write failed"),
         }
@@ -126,22 +150,31 @@ impl Writer {
         };
         self.metrics.write("create", desired.kind.name());
         match api.create(&params, &to_dynamic(desired, None)).await {
-            Ok(created) => Outcome::Written(Some(Arc::new(Object::from_dynamic(desired.kind, created)))),
+            Ok(created) => {
+                Outcome::Written(Some(Arc::new(Object::from_dynamic(desired.kind, created))))
+            }
             Err(e) if is_status(&e, 409) => self.resolve_existing(desired, policy, rule).await,
-            Err(e) if is_namespace_terminating(&e) || is_status(&e, 404) => Outcome::Ignored("the namespace is going away"),
+            Err(e) if is_namespace_terminating(&e) || is_status(&e, 404) => {
+                Outcome::Ignored("the namespace is going away")
+            }
             Err(source) => Outcome::Failed(Error::Write {
                 verb: "create",
                 kind: desired.kind.name(),
                 namespace: desired.namespace.clone(),
                 name: desired.name.clone(),
-                source,
+                source: Box::new(source),
             }),
         }
     }
 
     /// A create found the name taken: ours (the cache is behind), another
     /// rule's, or a foreign object that the policy may take over.
-    async fn resolve_existing(&self, desired: &Desired, policy: ConflictPolicy, rule: &str) -> Outcome {
+    async fn resolve_existing(
+        &self,
+        desired: &Desired,
+        policy: ConflictPolicy,
+        rule: &str,
+    ) -> Outcome {
         let api = self.api(desired.kind, &desired.namespace);
         self.limiter.acquire().await;
         let existing = match api.get_opt(&desired.name).await {
@@ -153,22 +186,30 @@ impl Writer {
                     kind: desired.kind.name(),
                     namespace: desired.namespace.clone(),
                     name: desired.name.clone(),
-                    source,
+                    source: Box::new(source),
                 });
             }
         };
         let our_uid = desired.labels.get(crate::LABEL_RULE_UID);
         if let Some(uid) = existing.labels().get(crate::LABEL_RULE_UID) {
             if Some(uid) == our_uid {
-                return Outcome::Written(Some(Arc::new(Object::from_dynamic(desired.kind, existing))));
+                return Outcome::Written(Some(Arc::new(Object::from_dynamic(
+                    desired.kind,
+                    existing,
+                ))));
             }
-            let owner = existing.annotations().get(ANNOTATION_RULE).cloned().unwrap_or_else(|| "another rule".into());
+            let owner = existing
+                .annotations()
+                .get(ANNOTATION_RULE)
+                .cloned()
+                .unwrap_or_else(|| "another rule".into());
             if owner != rule {
                 return Outcome::Conflict(format!("a copy made by rule {owner} is there"));
             }
         }
         let foreign = format!("a {} not made by Copyrator is there", desired.kind);
-        if policy == ConflictPolicy::Skip && !existing.labels().contains_key(crate::LABEL_RULE_UID) {
+        if policy == ConflictPolicy::Skip && !existing.labels().contains_key(crate::LABEL_RULE_UID)
+        {
             return Outcome::Conflict(foreign);
         }
         let current = Object::from_dynamic(desired.kind, existing);
@@ -193,18 +234,24 @@ impl Writer {
         self.metrics.write("update", desired.kind.name());
         let object = to_dynamic(desired, Some(current.resource_version.clone()));
         match api.replace(&desired.name, &params, &object).await {
-            Ok(updated) => Outcome::Written(Some(Arc::new(Object::from_dynamic(desired.kind, updated)))),
-            Err(e) if is_status(&e, 409) || is_status(&e, 404) => Outcome::Retry("the copy changed meanwhile".into()),
+            Ok(updated) => {
+                Outcome::Written(Some(Arc::new(Object::from_dynamic(desired.kind, updated))))
+            }
+            Err(e) if is_status(&e, 409) || is_status(&e, 404) => {
+                Outcome::Retry("the copy changed meanwhile".into())
+            }
             Err(e) if is_status(&e, 422) && current.is_immutable() => {
                 Outcome::Retry("the copy became immutable meanwhile".into())
             }
-            Err(e) if is_namespace_terminating(&e) => Outcome::Ignored("the namespace is going away"),
+            Err(e) if is_namespace_terminating(&e) => {
+                Outcome::Ignored("the namespace is going away")
+            }
             Err(source) => Outcome::Failed(Error::Write {
                 verb: "update",
                 kind: desired.kind.name(),
                 namespace: desired.namespace.clone(),
                 name: desired.name.clone(),
-                source,
+                source: Box::new(source),
             }),
         }
     }
@@ -229,7 +276,7 @@ impl Writer {
                 kind: kind.name(),
                 namespace: current.namespace.clone(),
                 name: current.name.clone(),
-                source,
+                source: Box::new(source),
             }),
         }
     }
