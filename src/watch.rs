@@ -43,18 +43,6 @@ fn log_watch_error(what: &str, error: &watcher::Error) {
     warn!(watch = what, error = %error, "watch failed; retrying with backoff");
 }
 
-/// Applies a watcher's events to a keyed map, handling re-lists: objects
-/// that a new full list does not return are dropped at its end.
-struct Relist<K, V> {
-    pending: Option<HashMap<K, V>>,
-}
-
-impl<K: std::hash::Hash + Eq, V> Relist<K, V> {
-    fn new() -> Self {
-        Self { pending: None }
-    }
-}
-
 pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let settings = &shared.settings;
@@ -67,7 +55,7 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
         if let Some(name) = &settings.rule_name {
             config = config.fields(&format!("metadata.name={name}"));
         }
-        let mut relist = Relist::<RuleKey, Arc<CopyratorRule>>::new();
+        let mut pending: Option<HashMap<RuleKey, Arc<CopyratorRule>>> = None;
         let mut stream = watcher::watcher(api, config).default_backoff().boxed();
         loop {
             let event = match stream.try_next().await {
@@ -79,14 +67,14 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
                 }
             };
             match event {
-                Event::Init => relist.pending = Some(HashMap::new()),
+                Event::Init => pending = Some(HashMap::new()),
                 Event::InitApply(rule) => {
-                    if let Some(pending) = relist.pending.as_mut() {
+                    if let Some(pending) = pending.as_mut() {
                         pending.insert(rule.key(), Arc::new(rule));
                     }
                 }
                 Event::InitDone => {
-                    let listed = relist.pending.take().unwrap_or_default();
+                    let listed = pending.take().unwrap_or_default();
                     let gone: Vec<RuleKey> = read(&shared.rules)
                         .keys()
                         .filter(|k| !listed.contains_key(*k))
