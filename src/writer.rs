@@ -122,9 +122,18 @@ impl Writer {
             Action::Delete { current, .. } => self.delete(kind, current).await,
         };
         let (namespace, name) = action.target();
+        let source = match action {
+            Action::Create(d)
+            | Action::Update { desired: d, .. }
+            | Action::Recreate { desired: d, .. } => d.source.as_str(),
+            Action::Delete { current, .. } => current
+                .annotations
+                .get(crate::ANNOTATION_SOURCE)
+                .map_or("", String::as_str),
+        };
         match &outcome {
             Outcome::Written(_) => {
-                info!(rule, action = action.verb(), namespace, name, "wrote copy")
+                info!(rule, action = action.verb(), kind = %kind, source, namespace, name, "wrote copy")
             }
             Outcome::Conflict(reason) => {
                 info!(rule, namespace, name, reason = reason.as_str(), "conflict")
