@@ -1,0 +1,1370 @@
+//! Harness for Copyrator's integration tests against a real control plane
+//! (`eval "$(hack/cluster up)"` sets KUBECONFIG).
+//!
+//! * [`TestNs`]: per-test context: client, CRD installed, uniquely named
+//!   namespaces that are deleted when it drops (also on panic).
+//! * [`Operator`]: the `copyrator` binary as a child process with its output
+//!   in a file; killed on drop, its log printed when the test failed.
+//! * [`wait_until`] and friends: polling with clear timeout messages.
+//!
+//! Tests run in parallel against one cluster, so every test names its own
+//! namespaces, selects its sources by a label value unique to the test and
+//! restricts its rules' targets with `spec.targets.include`.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Client;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::ApiResource;
+use serde_json::{Value, json};
+
+/// Default time to wait for the operator to act.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+/// How long "nothing happens" is watched, after a positive signal that the
+/// operator has processed the change.
+pub const QUIET: Duration = Duration::from_secs(3);
+/// Poll period of every wait.
+pub const POLL: Duration = Duration::from_millis(150);
+
+pub const CRD_NAME: &str = "copyrators.flant.com";
+pub const FINALIZER: &str = "copyrator.flant.com/cleanup";
+pub const FIELD_MANAGER: &str = "copyrator";
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const LABEL_RULE_UID: &str = "copyrator.flant.com/rule-uid";
+pub const ANNOTATION_RULE: &str = "copyrator.flant.com/rule";
+pub const ANNOTATION_SOURCE: &str = "copyrator.flant.com/source";
+pub const ANNOTATION_SOURCE_UID: &str = "copyrator.flant.com/source-uid";
+/// Label every test source carries; its value is the test's unique prefix.
+pub const TEST_LABEL: &str = "copyrator-test";
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_copyrator")
+}
+
+pub fn rule_resource() -> ApiResource {
+    ApiResource {
+        group: "flant.com".into(),
+        version: "v1".into(),
+        api_version: "flant.com/v1".into(),
+        kind: "CopyratorRule".into(),
+        plural: "copyrators".into(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// waiting
+
+/// Polls `f` until it returns `Ok`, for at most `timeout`; panics with what
+/// was awaited and the last thing seen otherwise.
+pub async fn wait_until<T>(
+    what: impl Display,
+    timeout: Duration,
+    mut f: impl AsyncFnMut() -> Result<T, String>,
+) -> T {
+    let start = Instant::now();
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(last) => {
+                if start.elapsed() >= timeout {
+                    panic!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
+                }
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Checks `f` repeatedly for `period`; panics as soon as it returns `Err`.
+pub async fn assert_for(
+    what: impl Display,
+    period: Duration,
+    mut f: impl AsyncFnMut() -> Result<(), String>,
+) {
+    let start = Instant::now();
+    loop {
+        if let Err(seen) = f().await {
+            panic!(
+                "expected {what} for {period:?}, but after {:?}: {seen}",
+                start.elapsed()
+            );
+        }
+        if start.elapsed() >= period {
+            return;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+pub fn err_msg(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} {}: {}", s.code, s.reason, s.message),
+        other => other.to_string(),
+    }
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+// ---------------------------------------------------------------------------
+// uniqueness
+
+const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+
+/// Five random-enough lowercase characters from time, pid and a counter.
+pub fn random5() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let mut x = nanos
+        ^ ((std::process::id() as u64) << 32)
+        ^ COUNTER
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    // splitmix64
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 31;
+    (0..5)
+        .map(|i| ALPHABET[((x >> (i * 12)) % ALPHABET.len() as u64) as usize] as char)
+        .collect()
+}
+
+pub fn b64(bytes: &[u8]) -> String {
+    const T: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
+        out.push(T[(n >> 18) as usize & 63] as char);
+        out.push(T[(n >> 12) as usize & 63] as char);
+        out.push(if chunk.len() > 1 {
+            T[(n >> 6) as usize & 63] as char
+        } else {
+            '='
+        });
+        out.push(if chunk.len() > 2 {
+            T[n as usize & 63] as char
+        } else {
+            '='
+        });
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// CRD
+
+static CRD_INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+
+/// Applies `copyrator crd` (server-side, forced, tolerant of parallel
+/// installers) and waits until the CRD is Established and served.
+pub async fn ensure_crd(client: &Client) {
+    CRD_INSTALLED
+        .get_or_init(|| install_crd(client.clone()))
+        .await;
+}
+
+async fn install_crd(client: Client) {
+    let out = Command::new(bin())
+        .arg("crd")
+        .output()
+        .expect("running `copyrator crd`");
+    assert!(
+        out.status.success(),
+        "`copyrator crd` failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let yaml = String::from_utf8(out.stdout).expect("`copyrator crd` prints UTF-8");
+    let crd: Value = serde_yaml::from_str(&yaml).expect("`copyrator crd` prints one YAML document");
+    assert_eq!(
+        crd["kind"], "CustomResourceDefinition",
+        "`copyrator crd` output: {yaml}"
+    );
+    assert_eq!(
+        crd["metadata"]["name"], CRD_NAME,
+        "`copyrator crd` output names the CRD"
+    );
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let pp = PatchParams::apply("copyrator-tests").force();
+    wait_until("the CRD to be applied", TIMEOUT, async || {
+        api.patch(CRD_NAME, &pp, &Patch::Apply(&crd))
+            .await
+            .map(|_| ())
+            .map_err(|e| err_msg(&e))
+    })
+    .await;
+    wait_until("the CRD to be Established", TIMEOUT, async || {
+        let crd = api.get(CRD_NAME).await.map_err(|e| err_msg(&e))?;
+        let established = crd
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+        if established {
+            Ok(())
+        } else {
+            Err(format!("{:?}", crd.status))
+        }
+    })
+    .await;
+    let rules: Api<DynamicObject> = Api::namespaced_with(client, "default", &rule_resource());
+    wait_until("copyrators.flant.com to be served", TIMEOUT, async || {
+        rules
+            .list(&ListParams::default().limit(1))
+            .await
+            .map(|_| ())
+            .map_err(|e| err_msg(&e))
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// exclusivity
+
+/// Tests that run an operator with `--all-namespaces` would honour the rules
+/// of every other test running at the same time; they take this lock for
+/// writing, every other test of the same binary takes it for reading.
+pub static CLUSTER_WIDE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+// ---------------------------------------------------------------------------
+// objects
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    ConfigMap,
+    Secret,
+}
+
+impl Kind {
+    pub fn rule_type(self) -> &'static str {
+        match self {
+            Kind::ConfigMap => "configmap",
+            Kind::Secret => "secret",
+        }
+    }
+}
+
+/// A ConfigMap or Secret as the tests look at it (Secret data decoded).
+#[derive(Clone, Debug)]
+pub struct Obj {
+    pub kind: Kind,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub data: BTreeMap<String, String>,
+    pub binary_data: BTreeMap<String, Vec<u8>>,
+    pub type_: Option<String>,
+    pub immutable: Option<bool>,
+    pub managers: Vec<String>,
+    /// (manager, operation, time) of every managedFields entry.
+    pub managed_fields: Vec<(String, String, String)>,
+    pub finalizers: Vec<String>,
+    pub owner_references: usize,
+    pub deleting: bool,
+}
+
+impl Obj {
+    fn from_meta(kind: Kind, m: ObjectMeta) -> Obj {
+        let managed_fields: Vec<(String, String, String)> = m
+            .managed_fields
+            .unwrap_or_default()
+            .into_iter()
+            .map(|f| {
+                (
+                    f.manager.unwrap_or_default(),
+                    f.operation.unwrap_or_default(),
+                    f.time.map(|t| format!("{:?}", t.0)).unwrap_or_default(),
+                )
+            })
+            .collect();
+        Obj {
+            kind,
+            namespace: m.namespace.unwrap_or_default(),
+            name: m.name.unwrap_or_default(),
+            uid: m.uid.unwrap_or_default(),
+            resource_version: m.resource_version.unwrap_or_default(),
+            labels: m.labels.unwrap_or_default(),
+            annotations: m.annotations.unwrap_or_default(),
+            data: BTreeMap::new(),
+            binary_data: BTreeMap::new(),
+            type_: None,
+            immutable: None,
+            managers: managed_fields.iter().map(|f| f.0.clone()).collect(),
+            managed_fields,
+            finalizers: m.finalizers.unwrap_or_default(),
+            owner_references: m.owner_references.map_or(0, |o| o.len()),
+            deleting: m.deletion_timestamp.is_some(),
+        }
+    }
+
+    pub fn from_configmap(cm: ConfigMap) -> Obj {
+        let mut o = Obj::from_meta(Kind::ConfigMap, cm.metadata);
+        o.data = cm.data.unwrap_or_default();
+        o.binary_data = cm
+            .binary_data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.0))
+            .collect();
+        o.immutable = cm.immutable;
+        o
+    }
+
+    pub fn from_secret(s: Secret) -> Obj {
+        let mut o = Obj::from_meta(Kind::Secret, s.metadata);
+        o.data = s
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .collect();
+        o.type_ = s.type_;
+        o.immutable = s.immutable;
+        o
+    }
+
+    pub fn label(&self, k: &str) -> Option<&str> {
+        self.labels.get(k).map(String::as_str)
+    }
+
+    pub fn annotation(&self, k: &str) -> Option<&str> {
+        self.annotations.get(k).map(String::as_str)
+    }
+
+    pub fn is_copy(&self) -> bool {
+        self.labels.contains_key(LABEL_RULE_UID)
+    }
+
+    pub fn data_is(&self, want: &[(&str, &str)]) -> Result<(), String> {
+        let want: BTreeMap<String, String> = want
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        if self.data == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "{}/{} data is {:?}, want {:?}",
+                self.namespace, self.name, self.data, want
+            ))
+        }
+    }
+}
+
+pub fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Checks that `copy` is a copy of `source` made by the rule `rule_ns/rule_name`
+/// with uid `rule_uid`: data, type, labels, annotations and tracking metadata.
+pub fn check_copy(
+    copy: &Obj,
+    source: &Obj,
+    rule_ns: &str,
+    rule_name: &str,
+    rule_uid: &str,
+) -> Result<(), String> {
+    let at = format!("copy {}/{}", copy.namespace, copy.name);
+    if copy.data != source.data {
+        return Err(format!(
+            "{at}: data {:?}, source has {:?}",
+            copy.data, source.data
+        ));
+    }
+    if copy.binary_data != source.binary_data {
+        return Err(format!(
+            "{at}: binaryData {:?}, source has {:?}",
+            copy.binary_data, source.binary_data
+        ));
+    }
+    if copy.type_ != source.type_ {
+        return Err(format!(
+            "{at}: type {:?}, source has {:?}",
+            copy.type_, source.type_
+        ));
+    }
+    if copy.immutable.unwrap_or(false) != source.immutable.unwrap_or(false) {
+        return Err(format!(
+            "{at}: immutable {:?}, source has {:?}",
+            copy.immutable, source.immutable
+        ));
+    }
+    for (k, v) in &source.labels {
+        if copy.labels.get(k) != Some(v) {
+            return Err(format!(
+                "{at}: label {k}={:?}, source has {v:?}; labels {:?}",
+                copy.labels.get(k),
+                copy.labels
+            ));
+        }
+    }
+    for (k, v) in &source.annotations {
+        if copy.annotations.get(k) != Some(v) {
+            return Err(format!(
+                "{at}: annotation {k}={:?}, source has {v:?}",
+                copy.annotations.get(k)
+            ));
+        }
+    }
+    let expect_label = [(LABEL_MANAGED_BY, "copyrator"), (LABEL_RULE_UID, rule_uid)];
+    for (k, v) in expect_label {
+        if copy.label(k) != Some(v) {
+            return Err(format!(
+                "{at}: label {k}={:?}, want {v:?}; labels {:?}",
+                copy.label(k),
+                copy.labels
+            ));
+        }
+    }
+    let rule_ref = format!("{rule_ns}/{rule_name}");
+    let source_ref = format!("{}/{}", source.namespace, source.name);
+    let expect_annotation = [
+        (ANNOTATION_RULE, rule_ref.as_str()),
+        (ANNOTATION_SOURCE, source_ref.as_str()),
+        (ANNOTATION_SOURCE_UID, source.uid.as_str()),
+    ];
+    for (k, v) in expect_annotation {
+        if copy.annotation(k) != Some(v) {
+            return Err(format!(
+                "{at}: annotation {k}={:?}, want {v:?}; annotations {:?}",
+                copy.annotation(k),
+                copy.annotations
+            ));
+        }
+    }
+    if !copy.managers.iter().any(|m| m == FIELD_MANAGER) {
+        return Err(format!(
+            "{at}: no managedFields entry of manager {FIELD_MANAGER:?}: {:?}",
+            copy.managers
+        ));
+    }
+    if copy.owner_references != 0 {
+        return Err(format!(
+            "{at}: has {} ownerReferences",
+            copy.owner_references
+        ));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// rule status
+
+pub fn ready_condition(rule: &Value) -> Option<&Value> {
+    rule.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")
+}
+
+pub fn status_u64(rule: &Value, field: &str) -> Option<u64> {
+    rule.pointer(&format!("/status/{field}"))?.as_u64()
+}
+
+pub fn short_status(rule: &Value) -> String {
+    format!(
+        "generation {} finalizers {} status {}",
+        rule.pointer("/metadata/generation").unwrap_or(&Value::Null),
+        rule.pointer("/metadata/finalizers").unwrap_or(&Value::Null),
+        rule.get("status").unwrap_or(&Value::Null)
+    )
+}
+
+/// Ready True for the current generation.
+pub fn is_ready(rule: &Value) -> Result<(), String> {
+    let generation = rule.pointer("/metadata/generation").and_then(Value::as_i64);
+    let observed = rule
+        .pointer("/status/observedGeneration")
+        .and_then(Value::as_i64);
+    let ready = ready_condition(rule).map(|c| c["status"].clone());
+    if generation.is_some() && generation == observed && ready == Some(json!("True")) {
+        Ok(())
+    } else {
+        Err(short_status(rule))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// the per-test context
+
+/// One test's view of the cluster: a client, a unique prefix, the namespaces
+/// it made (deleted on drop) and helpers around ConfigMaps, Secrets and rules.
+pub struct TestNs {
+    pub client: Client,
+    /// `t-<test>-<random>`; every namespace of the test starts with it, and it
+    /// is the value of [`TEST_LABEL`] on the test's sources.
+    pub prefix: String,
+    namespaces: Mutex<Vec<String>>,
+    extra_cleanup: Mutex<Vec<(Kind, String, String)>>,
+    operators: AtomicUsize,
+}
+
+impl TestNs {
+    pub async fn new(test: &str) -> TestNs {
+        let short: String = test
+            .to_ascii_lowercase()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .take(20)
+            .collect();
+        let short = short.trim_matches('-').to_string();
+        let prefix = format!("t-{short}-{}", random5());
+        let client = Client::try_default()
+            .await
+            .expect("a Kubernetes client from KUBECONFIG; run `eval \"$(hack/cluster up)\"` first");
+        ensure_crd(&client).await;
+        TestNs {
+            client,
+            prefix,
+            namespaces: Mutex::new(Vec::new()),
+            extra_cleanup: Mutex::new(Vec::new()),
+            operators: AtomicUsize::new(0),
+        }
+    }
+
+    /// The full name of the test namespace with this suffix (not created).
+    pub fn name(&self, suffix: &str) -> String {
+        format!("{}-{suffix}", self.prefix)
+    }
+
+    /// A glob matching the test namespaces whose suffix starts with `suffix_prefix`.
+    pub fn glob(&self, suffix_prefix: &str) -> String {
+        format!("{}-{suffix_prefix}*", self.prefix)
+    }
+
+    /// The label selector every source of this test carries.
+    pub fn selector(&self) -> Value {
+        json!({ TEST_LABEL: self.prefix })
+    }
+
+    /// Source labels: the test label plus `extra`.
+    pub fn labels(&self, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut v = vec![(TEST_LABEL.to_string(), self.prefix.clone())];
+        v.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        v
+    }
+
+    /// Creates the namespace `<prefix>-<suffix>` and returns its name.
+    pub async fn ns(&self, suffix: &str) -> String {
+        self.ns_labelled(suffix, &[]).await
+    }
+
+    pub async fn ns_labelled(&self, suffix: &str, labels: &[(&str, &str)]) -> String {
+        let name = self.name(suffix);
+        self.namespaces.lock().unwrap().push(name.clone());
+        let ns: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": map(labels)}
+        }))
+        .unwrap();
+        Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("creating namespace {name}: {}", err_msg(&e)));
+        name
+    }
+
+    /// Deletes `kind ns/name` when the test ends (for objects outside the test namespaces).
+    pub fn cleanup_later(&self, kind: Kind, ns: &str, name: &str) {
+        self.extra_cleanup
+            .lock()
+            .unwrap()
+            .push((kind, ns.into(), name.into()));
+    }
+
+    pub fn namespaces(&self) -> Api<Namespace> {
+        Api::all(self.client.clone())
+    }
+
+    pub fn cms(&self, ns: &str) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    pub fn secrets(&self, ns: &str) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    pub fn rules(&self, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), ns, &rule_resource())
+    }
+
+    // --- ConfigMaps and Secrets -------------------------------------------
+
+    /// Creates a ConfigMap or Secret from a JSON body (`metadata.namespace`
+    /// and `metadata.name` are filled in); Secrets may use `stringData`.
+    pub async fn create_json(&self, kind: Kind, ns: &str, name: &str, mut body: Value) -> Obj {
+        body["metadata"]["name"] = json!(name);
+        body["metadata"]["namespace"] = json!(ns);
+        let pp = PostParams::default();
+        let res = match kind {
+            Kind::ConfigMap => {
+                let cm: ConfigMap = serde_json::from_value(body).expect("a ConfigMap body");
+                self.cms(ns).create(&pp, &cm).await.map(Obj::from_configmap)
+            }
+            Kind::Secret => {
+                let s: Secret = serde_json::from_value(body).expect("a Secret body");
+                self.secrets(ns).create(&pp, &s).await.map(Obj::from_secret)
+            }
+        };
+        res.unwrap_or_else(|e| panic!("creating {kind:?} {ns}/{name}: {}", err_msg(&e)))
+    }
+
+    /// Creates a source carrying the test label plus `labels`, with `data`
+    /// (Secrets are Opaque).
+    pub async fn create_source(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+        labels: &[(&str, &str)],
+        data: &[(&str, &str)],
+    ) -> Obj {
+        let labels: BTreeMap<String, String> = self.labels(labels).into_iter().collect();
+        let body = match kind {
+            Kind::ConfigMap => json!({"metadata": {"labels": labels}, "data": map(data)}),
+            Kind::Secret => {
+                json!({"metadata": {"labels": labels}, "type": "Opaque", "stringData": map(data)})
+            }
+        };
+        self.create_json(kind, ns, name, body).await
+    }
+
+    /// Creates an object without the test label.
+    pub async fn create_plain(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+        labels: &[(&str, &str)],
+        data: &[(&str, &str)],
+    ) -> Obj {
+        let body = match kind {
+            Kind::ConfigMap => json!({"metadata": {"labels": map(labels)}, "data": map(data)}),
+            Kind::Secret => {
+                json!({"metadata": {"labels": map(labels)}, "type": "Opaque", "stringData": map(data)})
+            }
+        };
+        self.create_json(kind, ns, name, body).await
+    }
+
+    pub async fn try_get(&self, kind: Kind, ns: &str, name: &str) -> Result<Option<Obj>, String> {
+        match kind {
+            Kind::ConfigMap => self
+                .cms(ns)
+                .get_opt(name)
+                .await
+                .map(|o| o.map(Obj::from_configmap)),
+            Kind::Secret => self
+                .secrets(ns)
+                .get_opt(name)
+                .await
+                .map(|o| o.map(Obj::from_secret)),
+        }
+        .map_err(|e| err_msg(&e))
+    }
+
+    pub async fn get(&self, kind: Kind, ns: &str, name: &str) -> Option<Obj> {
+        self.try_get(kind, ns, name)
+            .await
+            .unwrap_or_else(|e| panic!("reading {kind:?} {ns}/{name}: {e}"))
+    }
+
+    pub async fn must_get(&self, kind: Kind, ns: &str, name: &str) -> Obj {
+        self.get(kind, ns, name)
+            .await
+            .unwrap_or_else(|| panic!("{kind:?} {ns}/{name} does not exist"))
+    }
+
+    /// JSON merge patch.
+    pub async fn patch(&self, kind: Kind, ns: &str, name: &str, patch: Value) -> Obj {
+        let pp = PatchParams::default();
+        let res = match kind {
+            Kind::ConfigMap => self
+                .cms(ns)
+                .patch(name, &pp, &Patch::Merge(&patch))
+                .await
+                .map(Obj::from_configmap),
+            Kind::Secret => self
+                .secrets(ns)
+                .patch(name, &pp, &Patch::Merge(&patch))
+                .await
+                .map(Obj::from_secret),
+        };
+        res.unwrap_or_else(|e| {
+            panic!(
+                "patching {kind:?} {ns}/{name} with {patch}: {}",
+                err_msg(&e)
+            )
+        })
+    }
+
+    /// Sets (`Some`) or removes (`None`) data keys of a ConfigMap or Secret.
+    pub async fn set_data(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+        changes: &[(&str, Option<&str>)],
+    ) -> Obj {
+        let patch = match kind {
+            Kind::ConfigMap => {
+                let data: serde_json::Map<String, Value> = changes
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), json!(v)))
+                    .collect();
+                json!({ "data": data })
+            }
+            Kind::Secret => {
+                let set: serde_json::Map<String, Value> = changes
+                    .iter()
+                    .filter_map(|(k, v)| v.map(|v| (k.to_string(), json!(v))))
+                    .collect();
+                let del: serde_json::Map<String, Value> = changes
+                    .iter()
+                    .filter(|(_, v)| v.is_none())
+                    .map(|(k, _)| (k.to_string(), Value::Null))
+                    .collect();
+                json!({ "stringData": set, "data": del })
+            }
+        };
+        self.patch(kind, ns, name, patch).await
+    }
+
+    /// Sets (`Some`) or removes (`None`) labels.
+    pub async fn set_labels(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+        changes: &[(&str, Option<&str>)],
+    ) -> Obj {
+        let labels: serde_json::Map<String, Value> = changes
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect();
+        self.patch(kind, ns, name, json!({"metadata": {"labels": labels}}))
+            .await
+    }
+
+    pub async fn delete(&self, kind: Kind, ns: &str, name: &str) {
+        let dp = DeleteParams::default();
+        let res = match kind {
+            Kind::ConfigMap => self.cms(ns).delete(name, &dp).await.map(|_| ()),
+            Kind::Secret => self.secrets(ns).delete(name, &dp).await.map(|_| ()),
+        };
+        if let Err(e) = res
+            && !is_not_found(&e)
+        {
+            panic!("deleting {kind:?} {ns}/{name}: {}", err_msg(&e));
+        }
+    }
+
+    /// Objects of `kind` with the label `key=value`, across all namespaces.
+    pub async fn list_labelled(&self, kind: Kind, key: &str, value: &str) -> Vec<Obj> {
+        let lp = ListParams::default().labels(&format!("{key}={value}"));
+        match kind {
+            Kind::ConfigMap => Api::<ConfigMap>::all(self.client.clone())
+                .list(&lp)
+                .await
+                .map(|l| l.items.into_iter().map(Obj::from_configmap).collect()),
+            Kind::Secret => Api::<Secret>::all(self.client.clone())
+                .list(&lp)
+                .await
+                .map(|l| l.items.into_iter().map(Obj::from_secret).collect()),
+        }
+        .unwrap_or_else(|e| panic!("listing {kind:?} with {key}={value}: {}", err_msg(&e)))
+    }
+
+    /// Waits until `kind ns/name` exists and `check` accepts it.
+    pub async fn wait_obj(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+        what: &str,
+        check: impl Fn(&Obj) -> Result<(), String>,
+    ) -> Obj {
+        wait_until(
+            format!("{kind:?} {ns}/{name}: {what}"),
+            TIMEOUT,
+            async || match self.try_get(kind, ns, name).await? {
+                None => Err("it does not exist".into()),
+                Some(o) => check(&o).map(|()| o),
+            },
+        )
+        .await
+    }
+
+    /// Waits until the copy `kind ns/name` of `source` exists and is right.
+    pub async fn wait_copy(
+        &self,
+        kind: Kind,
+        ns: &str,
+        source: &Obj,
+        rule_ns: &str,
+        rule_name: &str,
+    ) -> Obj {
+        let rule_uid = self.rule_uid(rule_ns, rule_name).await;
+        self.wait_obj(
+            kind,
+            ns,
+            &source.name,
+            &format!("a copy of {}/{}", source.namespace, source.name),
+            |o| check_copy(o, source, rule_ns, rule_name, &rule_uid),
+        )
+        .await
+    }
+
+    pub async fn wait_gone(&self, kind: Kind, ns: &str, name: &str, why: &str) {
+        wait_until(
+            format!("{kind:?} {ns}/{name} to be deleted ({why})"),
+            TIMEOUT,
+            async || match self.try_get(kind, ns, name).await? {
+                None => Ok(()),
+                Some(o) => Err(format!(
+                    "still there: labels {:?} data {:?} deleting {}",
+                    o.labels, o.data, o.deleting
+                )),
+            },
+        )
+        .await
+    }
+
+    /// Asserts for [`QUIET`] that `kind ns/name` does not exist.
+    pub async fn assert_absent(&self, kind: Kind, ns: &str, name: &str, why: &str) {
+        assert_for(
+            format!("no {kind:?} {ns}/{name} ({why})"),
+            QUIET,
+            async || match self.try_get(kind, ns, name).await? {
+                None => Ok(()),
+                Some(o) => Err(format!(
+                    "it exists: labels {:?} annotations {:?} data {:?}",
+                    o.labels, o.annotations, o.data
+                )),
+            },
+        )
+        .await
+    }
+
+    /// Asserts for [`QUIET`] that `kind ns/name` exists with resourceVersion `rv`.
+    pub async fn assert_unchanged(&self, kind: Kind, ns: &str, name: &str, rv: &str, why: &str) {
+        assert_for(
+            format!("{kind:?} {ns}/{name} unchanged at resourceVersion {rv} ({why})"),
+            QUIET,
+            async || match self.try_get(kind, ns, name).await? {
+                None => Err("it was deleted".into()),
+                Some(o) if o.resource_version != rv => Err(format!(
+                    "resourceVersion {}; labels {:?} data {:?} managers {:?}",
+                    o.resource_version, o.labels, o.data, o.managed_fields
+                )),
+                Some(_) => Ok(()),
+            },
+        )
+        .await
+    }
+
+    // --- rules --------------------------------------------------------------
+
+    fn rule_object(ns: &str, name: &str, body: &Value) -> DynamicObject {
+        let mut obj = json!({
+            "apiVersion": "flant.com/v1",
+            "kind": "CopyratorRule",
+            "metadata": {"name": name, "namespace": ns},
+        });
+        for (k, v) in body.as_object().expect("a rule body is a JSON object") {
+            if k == "metadata" {
+                for (mk, mv) in v.as_object().expect("metadata is an object") {
+                    obj["metadata"][mk] = mv.clone();
+                }
+            } else {
+                obj[k] = v.clone();
+            }
+        }
+        serde_json::from_value(obj).expect("a CopyratorRule body")
+    }
+
+    /// Creates a rule; `body` holds the top-level fields (`spec`, or the
+    /// original `ruleType`/`selector`/`namespace`, optionally `metadata`).
+    pub async fn try_create_rule(
+        &self,
+        ns: &str,
+        name: &str,
+        body: Value,
+    ) -> Result<Value, kube::Error> {
+        let obj = Self::rule_object(ns, name, &body);
+        self.rules(ns)
+            .create(&PostParams::default(), &obj)
+            .await
+            .map(|o| serde_json::to_value(o).unwrap())
+    }
+
+    pub async fn create_rule(&self, ns: &str, name: &str, body: Value) -> Value {
+        self.try_create_rule(ns, name, body.clone())
+            .await
+            .unwrap_or_else(|e| panic!("creating rule {ns}/{name} {body}: {}", err_msg(&e)))
+    }
+
+    pub async fn try_get_rule(&self, ns: &str, name: &str) -> Result<Option<Value>, String> {
+        self.rules(ns)
+            .get_opt(name)
+            .await
+            .map(|o| o.map(|o| serde_json::to_value(o).unwrap()))
+            .map_err(|e| err_msg(&e))
+    }
+
+    pub async fn get_rule(&self, ns: &str, name: &str) -> Value {
+        self.try_get_rule(ns, name)
+            .await
+            .unwrap_or_else(|e| panic!("reading rule {ns}/{name}: {e}"))
+            .unwrap_or_else(|| panic!("rule {ns}/{name} does not exist"))
+    }
+
+    pub async fn rule_uid(&self, ns: &str, name: &str) -> String {
+        self.get_rule(ns, name).await["metadata"]["uid"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// JSON merge patch of a rule.
+    pub async fn patch_rule(&self, ns: &str, name: &str, patch: Value) -> Value {
+        self.rules(ns)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|o| serde_json::to_value(o).unwrap())
+            .unwrap_or_else(|e| panic!("patching rule {ns}/{name} with {patch}: {}", err_msg(&e)))
+    }
+
+    pub async fn delete_rule(&self, ns: &str, name: &str) {
+        if let Err(e) = self.rules(ns).delete(name, &DeleteParams::default()).await
+            && !is_not_found(&e)
+        {
+            panic!("deleting rule {ns}/{name}: {}", err_msg(&e));
+        }
+    }
+
+    pub async fn wait_rule(
+        &self,
+        ns: &str,
+        name: &str,
+        what: &str,
+        check: impl Fn(&Value) -> Result<(), String>,
+    ) -> Value {
+        wait_until(
+            format!("rule {ns}/{name}: {what}"),
+            TIMEOUT,
+            async || match self.try_get_rule(ns, name).await? {
+                None => Err("the rule does not exist".into()),
+                Some(r) => check(&r).map(|()| r),
+            },
+        )
+        .await
+    }
+
+    /// Waits for Ready True at the current generation.
+    pub async fn wait_rule_ready(&self, ns: &str, name: &str) -> Value {
+        self.wait_rule(
+            ns,
+            name,
+            "Ready True with observedGeneration = generation",
+            is_ready,
+        )
+        .await
+    }
+
+    pub async fn wait_rule_gone(&self, ns: &str, name: &str, why: &str) {
+        wait_until(
+            format!("rule {ns}/{name} to be gone ({why})"),
+            TIMEOUT,
+            async || match self.try_get_rule(ns, name).await? {
+                None => Ok(()),
+                Some(r) => Err(short_status(&r)),
+            },
+        )
+        .await
+    }
+
+    /// Events (events.k8s.io/v1) in `ns` regarding the object `name`.
+    pub async fn events_regarding(&self, ns: &str, name: &str) -> Vec<Event> {
+        Api::<Event>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("listing events in {ns}: {}", err_msg(&e)))
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .collect()
+    }
+
+    pub fn next_operator_id(&self) -> usize {
+        self.operators.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl Drop for TestNs {
+    fn drop(&mut self) {
+        let namespaces = std::mem::take(&mut *self.namespaces.lock().unwrap());
+        let extra = std::mem::take(&mut *self.extra_cleanup.lock().unwrap());
+        if namespaces.is_empty() && extra.is_empty() {
+            return;
+        }
+        // The test's runtime may be shutting down (or panicking): clean up on
+        // a thread of our own with a runtime of our own.
+        let handle = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(cleanup(namespaces, extra));
+        });
+        let _ = handle.join();
+    }
+}
+
+/// Best effort: remove the finalizers that would keep the namespaces
+/// terminating once no operator runs, delete the rules, then the namespaces.
+async fn cleanup(namespaces: Vec<String>, extra: Vec<(Kind, String, String)>) {
+    let Ok(client) = Client::try_default().await else {
+        return;
+    };
+    let dp = DeleteParams::default();
+    let pp = PatchParams::default();
+    let strip = json!({"metadata": {"finalizers": null}});
+    for (kind, ns, name) in extra {
+        let _ = match kind {
+            Kind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), &ns)
+                .delete(&name, &dp)
+                .await
+                .map(|_| ()),
+            Kind::Secret => Api::<Secret>::namespaced(client.clone(), &ns)
+                .delete(&name, &dp)
+                .await
+                .map(|_| ()),
+        };
+    }
+    for ns in &namespaces {
+        let rules: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &rule_resource());
+        if let Ok(list) = rules.list(&ListParams::default()).await {
+            for r in list.items {
+                if r.metadata
+                    .finalizers
+                    .as_ref()
+                    .is_some_and(|f| !f.is_empty())
+                {
+                    let name = r.metadata.name.as_deref().unwrap_or_default();
+                    let _ = rules.patch(name, &pp, &Patch::Merge(&strip)).await;
+                }
+                // Gone right away (no finalizer, and this test's operator is
+                // dead): an `--all-namespaces` operator of a later test must
+                // not find the rule and put its finalizer back.
+                let _ = rules
+                    .delete(r.metadata.name.as_deref().unwrap_or_default(), &dp)
+                    .await;
+            }
+        }
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        if let Ok(list) = cms.list(&ListParams::default()).await {
+            for o in list.items {
+                if o.metadata
+                    .finalizers
+                    .as_ref()
+                    .is_some_and(|f| !f.is_empty())
+                {
+                    let name = o.metadata.name.unwrap_or_default();
+                    let _ = cms.patch(&name, &pp, &Patch::Merge(&strip)).await;
+                }
+            }
+        }
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+        if let Ok(list) = secrets.list(&ListParams::default()).await {
+            for o in list.items {
+                if o.metadata
+                    .finalizers
+                    .as_ref()
+                    .is_some_and(|f| !f.is_empty())
+                {
+                    let name = o.metadata.name.unwrap_or_default();
+                    let _ = secrets.patch(&name, &pp, &Patch::Merge(&strip)).await;
+                }
+            }
+        }
+        let _ = Api::<Namespace>::all(client.clone()).delete(ns, &dp).await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// the operator process
+
+/// A running `copyrator` binary; killed when dropped. Its stdout and stderr
+/// go to a file under `CARGO_TARGET_TMPDIR/operator-logs/`; the end of it is
+/// printed when the test fails.
+pub struct Operator {
+    child: Option<Child>,
+    pub log_path: PathBuf,
+    pub port: u16,
+    pub args: Vec<String>,
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Environment variables of the operator's flags, removed from the child's
+/// environment so that only the flags the test passes count.
+const OPERATOR_ENV: &[&str] = &[
+    "NAMESPACE",
+    "RULE_NAME",
+    "ALL_NAMESPACES",
+    "LOG_LEVEL",
+    "LOG_FORMAT",
+    "LISTEN_ADDRESS",
+    "LEADER_ELECTION",
+    "LEASE_NAME",
+    "LEASE_DURATION",
+    "WRITE_CONCURRENCY",
+    "API_QPS",
+    "API_BURST",
+    "RESYNC_INTERVAL",
+    "RUST_LOG",
+];
+
+impl Operator {
+    /// `copyrator run --namespace <namespace> --listen-address 127.0.0.1:<free> <extra...>`.
+    pub fn start(t: &TestNs, namespace: &str, extra: &[&str]) -> Operator {
+        let mut args: Vec<String> = vec!["run".into(), "--namespace".into(), namespace.into()];
+        if !extra.contains(&"--log-level") {
+            args.extend(["--log-level".into(), "info".into()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Operator::start_with(t, args)
+    }
+
+    /// The binary with exactly `args` plus `--listen-address 127.0.0.1:<free>`.
+    pub fn start_with(t: &TestNs, mut args: Vec<String>) -> Operator {
+        let port = free_port();
+        args.extend(["--listen-address".into(), format!("127.0.0.1:{port}")]);
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("operator-logs");
+        std::fs::create_dir_all(&dir).unwrap();
+        let log_path = dir.join(format!("{}-{}.log", t.prefix, t.next_operator_id()));
+        let log = File::create(&log_path).unwrap();
+        let mut cmd = Command::new(bin());
+        cmd.args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log));
+        for var in OPERATOR_ENV {
+            cmd.env_remove(var);
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {} {args:?}: {e}", bin()));
+        Operator {
+            child: Some(child),
+            log_path,
+            port,
+            args,
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = File::open(&self.log_path) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    fn log_tail(&self, max: u64) -> String {
+        let Ok(mut f) = File::open(&self.log_path) else {
+            return String::new();
+        };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(max)));
+        let mut buf = Vec::new();
+        let _ = f.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process still runs (and has not exited on its own).
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Panics (with the log) unless the process still runs.
+    pub fn assert_running(&mut self) {
+        if let Some(c) = self.child.as_mut()
+            && let Ok(Some(status)) = c.try_wait()
+        {
+            panic!(
+                "the operator exited ({status}); log:\n{}",
+                self.log_tail(20_000)
+            );
+        }
+    }
+
+    /// Waits for `GET /readyz` to answer 200.
+    pub async fn wait_ready(&mut self) {
+        let port = self.port;
+        let start = Instant::now();
+        loop {
+            self.assert_running();
+            let last = match http_get(port, "/readyz").await {
+                Ok((200, _)) => return,
+                Ok((code, body)) => format!("{code} {body}"),
+                Err(e) => e,
+            };
+            if start.elapsed() > TIMEOUT {
+                panic!(
+                    "timed out after {TIMEOUT:?} waiting for the operator's /readyz on 127.0.0.1:{port}; last: {last}"
+                );
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after 10 s.
+    /// SIGTERM, then SIGKILL after 10 s. Returns how the process ended
+    /// (`None` when it had to be killed or was not running).
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// SIGKILL: the operator dies without any chance to clean up.
+    pub fn crash(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.crash();
+        if std::thread::panicking() {
+            eprintln!(
+                "----- operator {:?} log ({}), last part -----\n{}\n----- end of operator log -----",
+                self.args,
+                self.log_path.display(),
+                self.log_tail(30_000)
+            );
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 GET against 127.0.0.1:port: (status code, body).
+pub async fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fut = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| e.to_string())?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse::<u16>().ok())
+            .ok_or_else(|| format!("not an HTTP response: {text:?}"))?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Ok((code, body))
+    };
+    tokio::time::timeout(Duration::from_secs(5), fut)
+        .await
+        .map_err(|_| "timed out".to_string())?
+}
+
+// ---------------------------------------------------------------------------
+// rule bodies
+
+/// `{"spec": {"ruleType", "selector", "targets": {"include"}}}`.
+pub fn rule_spec<S: AsRef<str>>(kind: Kind, selector: Value, include: &[S]) -> Value {
+    let include: Vec<&str> = include.iter().map(AsRef::as_ref).collect();
+    json!({"spec": {"ruleType": kind.rule_type(), "selector": selector, "targets": {"include": include}}})
+}
+
+/// Sets the field at a `/`-separated path, creating objects on the way.
+pub fn with(mut v: Value, path: &str, value: Value) -> Value {
+    let mut cur = &mut v;
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    for (i, p) in parts.iter().enumerate() {
+        if !cur.is_object() {
+            *cur = json!({});
+        }
+        if i == parts.len() - 1 {
+            cur[*p] = value;
+            break;
+        }
+        cur = cur
+            .as_object_mut()
+            .unwrap()
+            .entry(p.to_string())
+            .or_insert_with(|| json!({}));
+    }
+    v
+}
