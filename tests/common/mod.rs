@@ -1175,7 +1175,13 @@ impl Operator {
     }
 
     /// The binary with exactly `args` plus `--listen-address 127.0.0.1:<free>`.
-    pub fn start_with(t: &TestNs, mut args: Vec<String>) -> Operator {
+    pub fn start_with(t: &TestNs, args: Vec<String>) -> Operator {
+        Operator::start_with_env(t, args, &[])
+    }
+
+    /// As [`Operator::start_with`], with extra environment variables (e.g.
+    /// a KUBECONFIG of another identity).
+    pub fn start_with_env(t: &TestNs, mut args: Vec<String>, env: &[(&str, &str)]) -> Operator {
         let port = free_port();
         args.extend(["--listen-address".into(), format!("127.0.0.1:{port}")]);
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("operator-logs");
@@ -1189,6 +1195,9 @@ impl Operator {
             .stderr(Stdio::from(log));
         for var in OPERATOR_ENV {
             cmd.env_remove(var);
+        }
+        for (key, value) in env {
+            cmd.env(key, value);
         }
         let child = cmd
             .spawn()
