@@ -41,9 +41,6 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    #[error("leader election on Lease {lease}: {detail}")]
-    Leader { lease: String, detail: String },
-
     #[error("{0}")]
     Sync(String),
 

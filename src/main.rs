@@ -97,8 +97,7 @@ async fn run(settings: Settings, plan_only: bool) -> anyhow::Result<()> {
             &settings.lease_name,
             settings.lease_duration(),
             metrics.clone(),
-        )
-        .await?;
+        );
         (gate, None, Some(election))
     } else {
         let (gate, sender) = LeaderGate::always();

@@ -140,7 +140,7 @@ fn rendered_rbac_has_no_wildcard_and_grants_only_what_the_operator_uses() {
         set(&[
             ("coordination.k8s.io", "leases", "get"),
             ("coordination.k8s.io", "leases", "create"),
-            ("coordination.k8s.io", "leases", "patch"),
+            ("coordination.k8s.io", "leases", "update"),
         ])
     );
     assert_eq!(role["metadata"]["namespace"], "copyrator");

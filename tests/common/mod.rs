@@ -1294,6 +1294,13 @@ impl Operator {
     }
 
     /// SIGKILL: the operator dies without any chance to clean up.
+    /// The exit status if the process has exited (it is then forgotten).
+    pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().ok()??;
+        self.child = None;
+        Some(status)
+    }
+
     pub fn crash(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
