@@ -512,7 +512,7 @@ async fn helm_upgrade_and_uninstall() {
         let mut get = Command::new("kubectl");
         get.args([
             "get",
-            &kind,
+            kind,
             &name,
             "--namespace",
             &op,
