@@ -1,0 +1,743 @@
+//! Copyrator's benchmark: drives a local control plane and the release
+//! operator binary as a separate process, and prints each figure beside its
+//! target. Run it through `hack/bench` (or `make bench`), which starts a
+//! control plane of its own with an audit log.
+//!
+//! Copies are observed through a watch, never by polling lists. Requests
+//! are counted from the API server's audit log, by the operator's own
+//! identity (a ServiceAccount token), per phase.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use chrono::{DateTime, Utc};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::ApiResource;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+const OPERATOR_NS: &str = "bench-op";
+const SOURCE_NS: &str = "bench-src";
+const TARGET_PREFIX: &str = "bench-t-";
+const NEW_PREFIX: &str = "bench-tn-";
+const UNRELATED_NS: &str = "bench-unrelated";
+const ACCOUNT: &str = "copyrator-bench";
+const RULE_UID_LABEL: &str = "copyrator.flant.com/rule-uid";
+
+struct Args {
+    operator: PathBuf,
+    audit_log: PathBuf,
+    namespaces: usize,
+    sources: usize,
+    new_namespaces: usize,
+    unrelated: usize,
+    updates: usize,
+    concurrency: usize,
+    resync_seconds: u64,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut args = Args {
+        operator: PathBuf::from("target/release/copyrator"),
+        audit_log: PathBuf::new(),
+        namespaces: 500,
+        sources: 20,
+        new_namespaces: 20,
+        unrelated: 10_000,
+        updates: 10,
+        concurrency: 16,
+        resync_seconds: 15,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--operator" => args.operator = value()?.into(),
+            "--audit-log" => args.audit_log = value()?.into(),
+            "--namespaces" => args.namespaces = value()?.parse()?,
+            "--sources" => args.sources = value()?.parse()?,
+            "--new-namespaces" => args.new_namespaces = value()?.parse()?,
+            "--unrelated" => args.unrelated = value()?.parse()?,
+            "--updates" => args.updates = value()?.parse()?,
+            "--write-concurrency" => args.concurrency = value()?.parse()?,
+            "--resync-interval" => args.resync_seconds = value()?.parse()?,
+            other => bail!("unknown flag {other}; see hack/bench"),
+        }
+    }
+    ensure!(
+        !args.audit_log.as_os_str().is_empty(),
+        "--audit-log is required"
+    );
+    Ok(args)
+}
+
+/// The copies seen through the benchmark's own watch: `(namespace, name)`
+/// to the `version` key of their data.
+#[derive(Default)]
+struct Copies {
+    versions: Mutex<HashMap<(String, String), String>>,
+    changed: Notify,
+}
+
+impl Copies {
+    fn count(&self, predicate: impl Fn(&(String, String), &str) -> bool) -> usize {
+        let versions = self
+            .versions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        versions.iter().filter(|(k, v)| predicate(k, v)).count()
+    }
+
+    /// Wait until `predicate` holds for `want` copies; the time it took.
+    async fn wait_for(
+        &self,
+        want: usize,
+        limit: Duration,
+        predicate: impl Fn(&(String, String), &str) -> bool,
+    ) -> Result<Duration> {
+        let start = Instant::now();
+        loop {
+            let notified = self.changed.notified();
+            let have = self.count(&predicate);
+            if have >= want {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > limit {
+                bail!("only {have} of {want} copies after {limit:?}");
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
+        }
+    }
+}
+
+fn watch_copies(client: Client, copies: Arc<Copies>) {
+    tokio::spawn(async move {
+        let api: Api<ConfigMap> = Api::all(client);
+        let config = watcher::Config::default().labels(RULE_UID_LABEL);
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        loop {
+            let event = match stream.try_next().await {
+                Ok(Some(event)) => event,
+                Ok(None) => return,
+                Err(e) => {
+                    eprintln!("bench: copy watch error: {e}");
+                    continue;
+                }
+            };
+            let key = |cm: &ConfigMap| {
+                (
+                    cm.metadata.namespace.clone().unwrap_or_default(),
+                    cm.metadata.name.clone().unwrap_or_default(),
+                )
+            };
+            let version = |cm: &ConfigMap| {
+                cm.data
+                    .as_ref()
+                    .and_then(|d| d.get("version").cloned())
+                    .unwrap_or_default()
+            };
+            {
+                let mut versions = copies
+                    .versions
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                match event {
+                    Event::Apply(cm) | Event::InitApply(cm) => {
+                        versions.insert(key(&cm), version(&cm));
+                    }
+                    Event::Delete(cm) => {
+                        versions.remove(&key(&cm));
+                    }
+                    Event::Init | Event::InitDone => {}
+                }
+            }
+            copies.changed.notify_waiters();
+        }
+    });
+}
+
+fn source_data(index: usize, version: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("version".to_string(), version.to_string()),
+        (
+            "settings.yaml".to_string(),
+            format!("source: {index}\nfeature: enabled\nlimit: 100\n"),
+        ),
+    ])
+}
+
+async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("creating namespace {name}")),
+    }
+}
+
+/// Run `count` requests with `concurrency` in flight.
+async fn in_parallel<F, Fut>(count: usize, concurrency: usize, f: F) -> Result<()>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let results: Vec<Result<()>> = futures::stream::iter(0..count)
+        .map(f)
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+struct Phase {
+    name: &'static str,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+}
+
+struct Operator {
+    child: Child,
+    port: u16,
+}
+
+impl Operator {
+    fn start(args: &Args, kubeconfig: &str, port: u16) -> Result<Self> {
+        let log = std::fs::File::create(std::env::temp_dir().join("copyrator-bench-operator.log"))?;
+        let child = Command::new(&args.operator)
+            .args([
+                "run",
+                "--namespace",
+                OPERATOR_NS,
+                "--listen-address",
+                &format!("127.0.0.1:{port}"),
+                "--write-concurrency",
+                &args.concurrency.to_string(),
+                "--resync-interval",
+                &args.resync_seconds.to_string(),
+                "--log-level",
+                "warn",
+            ])
+            .env("KUBECONFIG", kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("starting {}", args.operator.display()))?;
+        Ok(Self { child, port })
+    }
+
+    fn status_kib(&self, field: &str) -> Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        status
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(field)?
+                    .trim()
+                    .strip_suffix("kB")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .with_context(|| format!("{field} not in /proc/{}/status", self.child.id()))
+    }
+
+    async fn metrics(&self) -> Result<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut body = String::new();
+        stream.read_to_string(&mut body).await?;
+        Ok(body)
+    }
+
+    async fn wait_ready(&self) -> Result<()> {
+        for _ in 0..300 {
+            if let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                stream
+                    .write_all(
+                        b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+                    )
+                    .await?;
+                let mut body = String::new();
+                stream.read_to_string(&mut body).await?;
+                if body.starts_with("HTTP/1.1 200") {
+                    return Ok(());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!("the operator did not become ready in 30 s")
+    }
+
+    fn stop(mut self) -> Result<()> {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+fn metric_sum(text: &str, prefix: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+fn percentile(samples: &[Duration], p: f64) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(index).copied().unwrap_or_default()
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A kubeconfig with a token for the operator's own ServiceAccount, so that
+/// the audit log tells its requests apart.
+async fn operator_kubeconfig(client: &Client) -> Result<String> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), OPERATOR_NS);
+    let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": ACCOUNT}}))?;
+    let _ = accounts.create(&PostParams::default(), &account).await;
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": ACCOUNT},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": OPERATOR_NS}],
+    }))?;
+    let _ = bindings.create(&PostParams::default(), &binding).await;
+    let token = Command::new("kubectl")
+        .args([
+            "create",
+            "token",
+            ACCOUNT,
+            "--namespace",
+            OPERATOR_NS,
+            "--duration",
+            "2h",
+        ])
+        .output()
+        .context("kubectl create token")?;
+    ensure!(
+        token.status.success(),
+        "kubectl create token: {}",
+        String::from_utf8_lossy(&token.stderr)
+    );
+    let admin = kube::config::Kubeconfig::read().context("reading the admin kubeconfig")?;
+    let cluster = admin
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.clone())
+        .context("no cluster in the kubeconfig")?;
+    let config = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "bench", "cluster": {"server": cluster.server, "certificate-authority": cluster.certificate_authority}}],
+        "users": [{"name": ACCOUNT, "user": {"token": String::from_utf8_lossy(&token.stdout).trim()}}],
+        "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": ACCOUNT}}],
+        "current-context": "bench",
+    });
+    let path = std::env::temp_dir().join("copyrator-bench.kubeconfig");
+    std::fs::write(&path, serde_yaml::to_string(&config)?)?;
+    Ok(path.to_string_lossy().into_owned())
+}
+
+/// Requests by the operator's ServiceAccount in each phase, by verb.
+fn audit_counts(path: &PathBuf, phases: &[Phase]) -> Result<Vec<BTreeMap<String, u64>>> {
+    let user = format!("system:serviceaccount:{OPERATOR_NS}:{ACCOUNT}");
+    let mut counts = vec![BTreeMap::new(); phases.len()];
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("opening the audit log {}", path.display()))?;
+    for line in BufReader::new(file).lines() {
+        let line = line?;
+        let Ok(event) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if event["user"]["username"] != user.as_str() {
+            continue;
+        }
+        // A watch is logged when its response starts; other requests when complete.
+        let verb = event["verb"].as_str().unwrap_or_default();
+        let stage = event["stage"].as_str().unwrap_or_default();
+        if (verb == "watch" && stage != "ResponseStarted")
+            || (verb != "watch" && stage != "ResponseComplete")
+        {
+            continue;
+        }
+        let Some(at) = event["requestReceivedTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse::<DateTime<Utc>>().ok())
+        else {
+            continue;
+        };
+        if let Some(i) = phases.iter().position(|p| p.start <= at && at < p.end) {
+            *counts[i].entry(verb.to_string()).or_default() += 1;
+        }
+    }
+    Ok(counts)
+}
+
+fn writes_of(counts: &BTreeMap<String, u64>) -> u64 {
+    ["create", "update", "patch", "delete"]
+        .iter()
+        .filter_map(|v| counts.get(*v))
+        .sum()
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = parse_args()?;
+    let client = Client::try_default()
+        .await
+        .context("connecting to the control plane (KUBECONFIG)")?;
+    let (n, m, k) = (args.namespaces, args.sources, args.new_namespaces);
+    eprintln!(
+        "bench: N={n} namespaces, M={m} sources, K={k} new namespaces, U={} unrelated ConfigMaps",
+        args.unrelated
+    );
+    let limit = Duration::from_secs(600);
+
+    // Setup: the CRD, namespaces, sources, the rule, the operator's identity.
+    let crd_yaml = Command::new(&args.operator)
+        .arg("crd")
+        .output()
+        .context("copyrator crd")?;
+    let crd: Value = serde_yaml::from_slice(&crd_yaml.stdout)?;
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk(
+                "apiextensions.k8s.io",
+                "v1",
+                "CustomResourceDefinition",
+            ),
+            "customresourcedefinitions",
+        ),
+    );
+    crds.patch(
+        "copyrators.flant.com",
+        &PatchParams::apply("bench").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .context("installing the CRD")?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for ns in [OPERATOR_NS, SOURCE_NS, UNRELATED_NS] {
+        create_namespace(&client, ns).await?;
+    }
+    let targets: Vec<String> = (0..n).map(|i| format!("{TARGET_PREFIX}{i:04}")).collect();
+    in_parallel(n, args.concurrency, |i| {
+        let client = client.clone();
+        let name = targets[i].clone();
+        async move { create_namespace(&client, &name).await }
+    })
+    .await?;
+    let sources: Api<ConfigMap> = Api::namespaced(client.clone(), SOURCE_NS);
+    for i in 0..m {
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": format!("shared-{i:02}"), "labels": {"bench": "yes"}},
+            "data": source_data(i, "v0"),
+        }))?;
+        sources
+            .create(&PostParams::default(), &cm)
+            .await
+            .context("creating a source")?;
+    }
+    let kubeconfig = operator_kubeconfig(&client).await?;
+    let rules: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        OPERATOR_NS,
+        &ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("flant.com", "v1", "CopyratorRule"),
+            "copyrators",
+        ),
+    );
+    let rule: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "flant.com/v1", "kind": "CopyratorRule",
+        "metadata": {"name": "bench", "namespace": OPERATOR_NS},
+        "spec": {"ruleType": "configmap", "selector": {"bench": "yes"}, "namespace": SOURCE_NS,
+                 "targets": {"include": ["bench-t*"]}},
+    }))?;
+    rules
+        .create(&PostParams::default(), &rule)
+        .await
+        .context("creating the rule")?;
+    let copies = Arc::new(Copies::default());
+    watch_copies(client.clone(), copies.clone());
+    let mut phases = Vec::new();
+
+    // Baseline: a plain client writes the same N×M objects, same concurrency.
+    eprintln!("bench: baseline");
+    let start = Utc::now();
+    let began = Instant::now();
+    in_parallel(n * m, args.concurrency, |i| {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &targets[i / m]);
+        let source = i % m;
+        async move {
+            let cm: ConfigMap = serde_json::from_value(json!({
+                "metadata": {"name": format!("baseline-{source:02}"),
+                             "labels": {"app.kubernetes.io/managed-by": "bench", "bench-baseline": "yes"},
+                             "annotations": {"copyrator.flant.com/source": format!("{SOURCE_NS}/shared-{source:02}")}},
+                "data": source_data(source, "v0"),
+            }))?;
+            api.create(&PostParams::default(), &cm).await.map(|_| ()).context("baseline create")
+        }
+    })
+    .await?;
+    let baseline = began.elapsed();
+    phases.push(Phase {
+        name: "baseline (plain client)",
+        start,
+        end: Utc::now(),
+    });
+
+    // Cold start.
+    eprintln!("bench: cold start");
+    let port = free_port()?;
+    let start = Utc::now();
+    let operator = Operator::start(&args, &kubeconfig, port)?;
+    let cold = copies
+        .wait_for(n * m, limit, |(ns, _), v| {
+            ns.starts_with(TARGET_PREFIX) && v == "v0"
+        })
+        .await?;
+    operator.wait_ready().await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    phases.push(Phase {
+        name: "cold start",
+        start,
+        end: Utc::now(),
+    });
+    let peak_after_cold = operator.status_kib("VmHWM:")?;
+
+    // New namespaces, one after another.
+    eprintln!("bench: new namespaces");
+    let start = Utc::now();
+    let mut fills = Vec::new();
+    for i in 0..k {
+        let name = format!("{NEW_PREFIX}{i:03}");
+        let began = Instant::now();
+        create_namespace(&client, &name).await?;
+        copies
+            .wait_for(m, Duration::from_secs(60), |(ns, _), _| *ns == name)
+            .await?;
+        fills.push(began.elapsed());
+    }
+    phases.push(Phase {
+        name: "new namespaces",
+        start,
+        end: Utc::now(),
+    });
+
+    // Update propagation.
+    eprintln!("bench: updates");
+    let start = Utc::now();
+    let mut propagations = Vec::new();
+    let copies_per_source = n + k;
+    for u in 0..args.updates {
+        let source = u % m;
+        let version = format!("v{}", u + 1);
+        let name = format!("shared-{source:02}");
+        let began = Instant::now();
+        sources
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"data": {"version": version}})),
+            )
+            .await
+            .context("updating a source")?;
+        copies
+            .wait_for(
+                copies_per_source,
+                Duration::from_secs(120),
+                |(_, copy), v| *copy == name && v == version,
+            )
+            .await?;
+        propagations.push(began.elapsed());
+    }
+    phases.push(Phase {
+        name: "updates",
+        start,
+        end: Utc::now(),
+    });
+
+    // Idle: longer than the resync interval.
+    eprintln!("bench: idle for {} s", args.resync_seconds + 5);
+    let writes_before = metric_sum(&operator.metrics().await?, "copyrator_api_writes_total");
+    let start = Utc::now();
+    tokio::time::sleep(Duration::from_secs(args.resync_seconds + 5)).await;
+    phases.push(Phase {
+        name: "idle (> resync interval)",
+        start,
+        end: Utc::now(),
+    });
+    let idle_metric_writes = metric_sum(&operator.metrics().await?, "copyrator_api_writes_total")
+        .saturating_sub(writes_before);
+
+    // Restart on a converged cluster.
+    eprintln!("bench: restart");
+    let peak_first_run = operator.status_kib("VmHWM:")?.max(peak_after_cold);
+    operator.stop()?;
+    let start = Utc::now();
+    let operator = Operator::start(&args, &kubeconfig, port)?;
+    operator.wait_ready().await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let restart_metric_writes =
+        metric_sum(&operator.metrics().await?, "copyrator_api_writes_total");
+    phases.push(Phase {
+        name: "restart",
+        start,
+        end: Utc::now(),
+    });
+
+    // Memory growth with unrelated ConfigMaps of 10 KiB.
+    eprintln!("bench: {} unrelated ConfigMaps", args.unrelated);
+    let rss_before = operator.status_kib("VmRSS:")?;
+    let start = Utc::now();
+    let payload = "x".repeat(10 * 1024);
+    let unrelated: Api<ConfigMap> = Api::namespaced(client.clone(), UNRELATED_NS);
+    in_parallel(args.unrelated, args.concurrency, |i| {
+        let api = unrelated.clone();
+        let payload = payload.clone();
+        async move {
+            let cm: ConfigMap = serde_json::from_value(json!({
+                "metadata": {"name": format!("unrelated-{i:05}"), "labels": {"app": "unrelated"}},
+                "data": {"blob": payload},
+            }))?;
+            api.create(&PostParams::default(), &cm)
+                .await
+                .map(|_| ())
+                .context("unrelated create")
+        }
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rss_after = operator.status_kib("VmRSS:")?;
+    phases.push(Phase {
+        name: "unrelated objects",
+        start,
+        end: Utc::now(),
+    });
+    let peak = operator.status_kib("VmHWM:")?.max(peak_first_run);
+    operator.stop()?;
+
+    // The audit log is written in batches: let the last one land.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let counts = audit_counts(&args.audit_log, &phases)?;
+    let by_name = |name: &str| {
+        phases
+            .iter()
+            .position(|p| p.name == name)
+            .map(|i| &counts[i])
+    };
+    let idle_writes = by_name("idle (> resync interval)").map_or(0, writes_of);
+    let restart_writes = by_name("restart").map_or(0, writes_of);
+    let copies_total = n * m;
+
+    let mb = |kib: u64| kib as f64 / 1024.0;
+    let ratio = cold.as_secs_f64() / baseline.as_secs_f64();
+    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    println!();
+    println!(
+        "Copyrator benchmark: N={n} namespaces × M={m} sources = {copies_total} copies, K={k}, U={}",
+        args.unrelated
+    );
+    println!();
+    println!("| figure | result | target | |");
+    println!("|---|---|---|---|");
+    println!(
+        "| baseline: plain client, {copies_total} creates, concurrency {} | {:.2} s ({:.0} writes/s) | the limit | |",
+        args.concurrency,
+        baseline.as_secs_f64(),
+        copies_total as f64 / baseline.as_secs_f64()
+    );
+    println!(
+        "| cold-start convergence | {:.2} s ({:.2}× baseline) | ≤ 1.5× baseline | {} |",
+        cold.as_secs_f64(),
+        ratio,
+        verdict(ratio <= 1.5)
+    );
+    let (fill50, fill99) = (percentile(&fills, 0.5), percentile(&fills, 0.99));
+    println!(
+        "| new-namespace fill ({k} namespaces × {m} copies) | p50 {} ms, p99 {} ms | p99 < 1 s | {} |",
+        fill50.as_millis(),
+        fill99.as_millis(),
+        verdict(fill99 < Duration::from_secs(1))
+    );
+    let (prop50, prop99) = (
+        percentile(&propagations, 0.5),
+        percentile(&propagations, 0.99),
+    );
+    println!(
+        "| update propagation ({} updates × {copies_per_source} copies) | p50 {} ms, p99 {} ms | p99 < 3 s | {} |",
+        args.updates,
+        prop50.as_millis(),
+        prop99.as_millis(),
+        verdict(prop99 < Duration::from_secs(3))
+    );
+    println!(
+        "| idle writes ({} s, resync every {} s) | {idle_writes} (operator metrics: {idle_metric_writes}) | 0 | {} |",
+        args.resync_seconds + 5,
+        args.resync_seconds,
+        verdict(idle_writes == 0)
+    );
+    println!(
+        "| restart writes (converged cluster) | {restart_writes} (operator metrics: {restart_metric_writes}) | 0 | {} |",
+        verdict(restart_writes == 0)
+    );
+    println!(
+        "| peak RSS | {:.1} MiB | < 64 MiB at 10,000 copies | {} |",
+        mb(peak),
+        verdict(mb(peak) < 64.0)
+    );
+    let growth = mb(rss_after.saturating_sub(rss_before));
+    println!(
+        "| RSS growth with {} unrelated 10 KiB ConfigMaps | {:.1} MiB ({:.1} → {:.1}) | < 5 MiB for 10,000 | {} |",
+        args.unrelated,
+        growth,
+        mb(rss_before),
+        mb(rss_after),
+        verdict(growth < 5.0)
+    );
+    println!();
+    println!(
+        "API requests by the operator (audit log, user system:serviceaccount:{OPERATOR_NS}:{ACCOUNT}):"
+    );
+    println!();
+    println!("| phase | requests by verb |");
+    println!("|---|---|");
+    for (phase, count) in phases.iter().zip(&counts) {
+        let verbs: Vec<String> = count.iter().map(|(v, c)| format!("{v} {c}")).collect();
+        println!(
+            "| {} | {} |",
+            phase.name,
+            if verbs.is_empty() {
+                "none".into()
+            } else {
+                verbs.join(", ")
+            }
+        );
+    }
+    Ok(())
+}
