@@ -85,11 +85,11 @@ pub struct Settings {
     pub write_concurrency: u32,
 
     /// Requests per second the operator sends to the API server (watches not counted); 0 means no limit.
-    #[arg(long, env = "API_QPS", default_value_t = 500.0, global = true)]
+    #[arg(long, env = "API_QPS", default_value_t = 1000.0, global = true)]
     pub api_qps: f64,
 
     /// Requests the operator may send at once above --api-qps.
-    #[arg(long, env = "API_BURST", default_value_t = 1000, global = true)]
+    #[arg(long, env = "API_BURST", default_value_t = 2000, global = true)]
     pub api_burst: u32,
 
     /// Seconds between full passes over every rule (a pass over a correct cluster writes nothing).

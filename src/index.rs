@@ -2,7 +2,9 @@
 //! what copying needs, namespaces, and copies indexed by rule. Plain data
 //! structures, no I/O.
 
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use kube::api::DynamicObject;
@@ -14,8 +16,9 @@ use crate::kinds::Kind;
 pub type ObjectKey = (String, String);
 
 /// An object reduced to what copying needs: identity, labels, annotations
-/// and the payload fields of its kind. Managed fields and everything else
-/// the API server returns are dropped, so caches stay small.
+/// and the payload fields of its kind, with hashes of its content. Managed
+/// fields and everything else the API server returns are dropped, and
+/// copies are kept [compact](Object::into_compact), so caches stay small.
 #[derive(Clone, PartialEq)]
 pub struct Object {
     pub namespace: String,
@@ -27,6 +30,11 @@ pub struct Object {
     /// Payload fields (`data`, `binaryData`, `type`, `immutable`), normalized:
     /// nulls, empty maps and `immutable: false` are left out.
     pub payload: BTreeMap<String, Value>,
+    /// Hash of labels, annotations and payload: a copy is right when its
+    /// hash equals the desired one.
+    pub content_hash: u64,
+    /// Hash of the payload alone.
+    pub payload_hash: u64,
 }
 
 // Secret payloads must never reach a log line, so Debug shows identity only.
@@ -60,22 +68,109 @@ pub fn normalize_payload(
         .collect()
 }
 
+/// Feed a JSON value to a hasher with object keys in sorted order, so that
+/// equal values hash equally whatever order their keys arrived in.
+fn hash_value(value: &Value, state: &mut impl Hasher) {
+    match value {
+        Value::Null => 0u8.hash(state),
+        Value::Bool(b) => (1u8, b).hash(state),
+        Value::Number(n) => (2u8, n.to_string()).hash(state),
+        Value::String(s) => (3u8, s).hash(state),
+        Value::Array(items) => {
+            (4u8, items.len()).hash(state);
+            for item in items {
+                hash_value(item, state);
+            }
+        }
+        Value::Object(map) => {
+            (5u8, map.len()).hash(state);
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            for key in keys {
+                key.hash(state);
+                hash_value(&map[key], state);
+            }
+        }
+    }
+}
+
+pub fn payload_hash(payload: &BTreeMap<String, Value>) -> u64 {
+    let mut state = DefaultHasher::new();
+    for (field, value) in payload {
+        field.hash(&mut state);
+        hash_value(value, &mut state);
+    }
+    state.finish()
+}
+
+pub fn content_hash(
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+    payload_hash: u64,
+) -> u64 {
+    let mut state = DefaultHasher::new();
+    labels.hash(&mut state);
+    annotations.hash(&mut state);
+    payload_hash.hash(&mut state);
+    state.finish()
+}
+
 impl Object {
+    pub fn new(
+        namespace: String,
+        name: String,
+        uid: String,
+        resource_version: String,
+        labels: BTreeMap<String, String>,
+        annotations: BTreeMap<String, String>,
+        payload: BTreeMap<String, Value>,
+    ) -> Self {
+        let payload_hash = payload_hash(&payload);
+        Self {
+            content_hash: content_hash(&labels, &annotations, payload_hash),
+            payload_hash,
+            namespace,
+            name,
+            uid,
+            resource_version,
+            labels,
+            annotations,
+            payload,
+        }
+    }
+
     pub fn from_dynamic(kind: Kind, object: DynamicObject) -> Self {
         let meta = object.metadata;
         let fields = match object.data {
             Value::Object(map) => map.into_iter().collect::<Vec<_>>(),
             _ => Vec::new(),
         };
-        Self {
-            namespace: meta.namespace.unwrap_or_default(),
-            name: meta.name.unwrap_or_default(),
-            uid: meta.uid.unwrap_or_default(),
-            resource_version: meta.resource_version.unwrap_or_default(),
-            labels: meta.labels.unwrap_or_default(),
-            annotations: meta.annotations.unwrap_or_default(),
-            payload: normalize_payload(kind, fields),
-        }
+        Self::new(
+            meta.namespace.unwrap_or_default(),
+            meta.name.unwrap_or_default(),
+            meta.uid.unwrap_or_default(),
+            meta.resource_version.unwrap_or_default(),
+            meta.labels.unwrap_or_default(),
+            meta.annotations.unwrap_or_default(),
+            normalize_payload(kind, fields),
+        )
+    }
+
+    /// Recompute the hashes after changing labels, annotations or payload.
+    pub fn rehash(&mut self) {
+        self.payload_hash = payload_hash(&self.payload);
+        self.content_hash = content_hash(&self.labels, &self.annotations, self.payload_hash);
+    }
+
+    /// What a copy needs in the cache: the hashes, its rule, source and
+    /// owner annotations, and the payload fields that decide a recreate.
+    /// The data itself is dropped, so memory does not grow with its size.
+    pub fn into_compact(mut self) -> Self {
+        self.labels.retain(|k, _| k == crate::LABEL_RULE_UID);
+        self.annotations
+            .retain(|k, _| k == crate::ANNOTATION_RULE || k == crate::ANNOTATION_SOURCE);
+        self.payload.retain(|k, _| k == "type" || k == "immutable");
+        self
     }
 
     pub fn key(&self) -> ObjectKey {
@@ -217,18 +312,62 @@ pub(crate) mod tests {
     use super::*;
 
     pub fn object(ns: &str, name: &str, uid: &str, rv: u64, labels: &[(&str, &str)]) -> Object {
-        Object {
-            namespace: ns.into(),
-            name: name.into(),
-            uid: uid.into(),
-            resource_version: rv.to_string(),
-            labels: labels
+        Object::new(
+            ns.into(),
+            name.into(),
+            uid.into(),
+            rv.to_string(),
+            labels
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            annotations: BTreeMap::new(),
-            payload: BTreeMap::new(),
-        }
+            BTreeMap::new(),
+            BTreeMap::new(),
+        )
+    }
+
+    #[test]
+    fn hashes_ignore_key_order_and_see_every_change() {
+        let a: Value = serde_json::from_str(r#"{"x": "1", "y": {"b": 2, "a": [1, "s"]}}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"y": {"a": [1, "s"], "b": 2}, "x": "1"}"#).unwrap();
+        let payload = |v: &Value| BTreeMap::from([("data".to_string(), v.clone())]);
+        assert_eq!(payload_hash(&payload(&a)), payload_hash(&payload(&b)));
+        let c: Value = serde_json::from_str(r#"{"x": "1", "y": {"b": 3, "a": [1, "s"]}}"#).unwrap();
+        assert_ne!(payload_hash(&payload(&a)), payload_hash(&payload(&c)));
+        let mut o = object("ns", "n", "u", 1, &[("k", "v")]);
+        let before = o.content_hash;
+        o.annotations.insert("a".into(), "b".into());
+        o.rehash();
+        assert_ne!(before, o.content_hash);
+    }
+
+    #[test]
+    fn compact_copies_keep_what_comparing_needs() {
+        let mut o = object(
+            "ns",
+            "n",
+            "u",
+            1,
+            &[(crate::LABEL_RULE_UID, "r"), ("team", "a")],
+        );
+        o.annotations
+            .insert(crate::ANNOTATION_SOURCE.into(), "src/n".into());
+        o.annotations.insert("note".into(), "x".into());
+        o.payload
+            .insert("data".into(), serde_json::json!({"big": "x".repeat(1000)}));
+        o.payload.insert("immutable".into(), Value::Bool(true));
+        o.rehash();
+        let (content, payload) = (o.content_hash, o.payload_hash);
+        let compact = o.into_compact();
+        assert_eq!(
+            (compact.content_hash, compact.payload_hash),
+            (content, payload)
+        );
+        assert_eq!(compact.rule_uid(), Some("r"));
+        assert!(compact.is_immutable());
+        assert!(!compact.payload.contains_key("data"));
+        assert_eq!(compact.labels.len(), 1);
+        assert_eq!(compact.annotations.len(), 1);
     }
 
     #[test]

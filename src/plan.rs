@@ -25,46 +25,38 @@ pub const TRACKING_KEYS: &[&str] = &[
     "copyrator.flant.com/*",
 ];
 
-/// A copy as it should be.
+/// A copy as it should be, in any target namespace: a copy's content does
+/// not depend on where it lands, so one `Desired` serves every target.
 #[derive(Clone, PartialEq)]
 pub struct Desired {
     pub kind: Kind,
-    pub namespace: String,
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
     pub payload: BTreeMap<String, Value>,
     /// `namespace/name` of the source.
     pub source: String,
+    pub content_hash: u64,
+    pub payload_hash: u64,
 }
 
 impl std::fmt::Debug for Desired {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {}/{} from {}",
-            self.kind, self.namespace, self.name, self.source
-        )
+        write!(f, "{} {} from {}", self.kind, self.name, self.source)
     }
 }
 
 impl Desired {
-    pub fn key(&self) -> ObjectKey {
-        (self.namespace.clone(), self.name.clone())
-    }
-
     /// Whether `current` already is this copy.
     pub fn is_satisfied_by(&self, current: &Object) -> bool {
-        current.labels == self.labels
-            && current.annotations == self.annotations
-            && current.payload == self.payload
+        current.content_hash == self.content_hash
     }
 
     /// Whether `current` cannot be updated into this copy and must be replaced:
     /// it is immutable and its payload differs, or a field the API server
     /// never lets change (a Secret's `type`) differs.
     pub fn needs_recreate(&self, current: &Object) -> bool {
-        (current.is_immutable() && current.payload != self.payload)
+        (current.is_immutable() && current.payload_hash != self.payload_hash)
             || self
                 .kind
                 .info()
@@ -86,13 +78,16 @@ pub enum DeleteReason {
 /// One write.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
-    Create(Desired),
+    Create {
+        desired: Arc<Desired>,
+        namespace: String,
+    },
     Update {
-        desired: Desired,
+        desired: Arc<Desired>,
         current: Arc<Object>,
     },
     Recreate {
-        desired: Desired,
+        desired: Arc<Desired>,
         current: Arc<Object>,
     },
     Delete {
@@ -104,19 +99,33 @@ pub enum Action {
 impl Action {
     pub fn verb(&self) -> &'static str {
         match self {
-            Action::Create(_) => "create",
+            Action::Create { .. } => "create",
             Action::Update { .. } => "update",
             Action::Recreate { .. } => "recreate",
             Action::Delete { .. } => "delete",
         }
     }
 
+    /// `(namespace, name)` written.
     pub fn target(&self) -> (&str, &str) {
         match self {
-            Action::Create(d)
-            | Action::Update { desired: d, .. }
-            | Action::Recreate { desired: d, .. } => (&d.namespace, &d.name),
-            Action::Delete { current, .. } => (&current.namespace, &current.name),
+            Action::Create { desired, namespace } => (namespace, &desired.name),
+            Action::Update { current, .. }
+            | Action::Recreate { current, .. }
+            | Action::Delete { current, .. } => (&current.namespace, &current.name),
+        }
+    }
+
+    /// `namespace/name` of the source, where there is one.
+    pub fn source(&self) -> &str {
+        match self {
+            Action::Create { desired, .. }
+            | Action::Update { desired, .. }
+            | Action::Recreate { desired, .. } => &desired.source,
+            Action::Delete { current, .. } => current
+                .annotations
+                .get(ANNOTATION_SOURCE)
+                .map_or("", String::as_str),
         }
     }
 }
@@ -178,8 +187,8 @@ fn stripped(map: &BTreeMap<String, String>, strip: &[KeyGlob]) -> BTreeMap<Strin
         .collect()
 }
 
-/// The copy of `source` that `rule` puts into `namespace`.
-pub fn desired_copy(rule: &ResolvedRule, source: &Object, namespace: &str) -> Desired {
+/// The copy of `source` that `rule` puts into every target.
+pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
     let transform = &rule.transform;
     let mut labels = stripped(&source.labels, &transform.strip_labels);
     labels.extend(transform.add_labels.clone());
@@ -193,10 +202,12 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object, namespace: &str) -> De
         format!("{}/{}", source.namespace, source.name),
     );
     annotations.insert(ANNOTATION_SOURCE_UID.into(), source.uid.clone());
+    let payload_hash = source.payload_hash;
     Desired {
         kind: rule.kind,
-        namespace: namespace.to_owned(),
         name: source.name.clone(),
+        content_hash: crate::index::content_hash(&labels, &annotations, payload_hash),
+        payload_hash,
         labels,
         annotations,
         payload: source.payload.clone(),
@@ -238,6 +249,11 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         });
     }
 
+    // One desired copy per source name, shared by every target namespace.
+    let desired_by_name: BTreeMap<&str, Arc<Desired>> = sources
+        .iter()
+        .map(|(name, candidates)| (*name, Arc::new(desired_copy(rule, candidates[0]))))
+        .collect();
     let mut wanted: BTreeSet<ObjectKey> = BTreeSet::new();
     for (namespace, info) in target_namespaces(rule, inputs.namespaces) {
         if info.terminating {
@@ -273,7 +289,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                     ),
                 });
             }
-            let desired = desired_copy(rule, source, namespace);
+            let desired = desired_by_name[name].clone();
             match inputs.copies.get(namespace, name) {
                 Some(current) if is_ours(rule, current, inputs.live_rule_uids) => {
                     wanted.insert(key);
@@ -314,7 +330,10 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                     _ => {
                         wanted.insert(key);
                         out.desired += 1;
-                        out.actions.push(Action::Create(desired));
+                        out.actions.push(Action::Create {
+                            desired,
+                            namespace: namespace.clone(),
+                        });
                     }
                 },
             }
@@ -412,6 +431,7 @@ mod tests {
             let mut o =
                 crate::index::tests::object(ns, name, &format!("uid-{ns}-{name}"), 1, labels);
             o.payload.insert("data".into(), data);
+            o.rehash();
             self.sources.push(Arc::new(o.clone()));
             o
         }
@@ -431,22 +451,24 @@ mod tests {
         /// Apply a plan's writes to the world, as the API server would.
         fn apply(&mut self, plan: &Plan) {
             for action in &plan.actions {
+                let (namespace, name) = action.target();
+                let (namespace, name) = (namespace.to_owned(), name.to_owned());
                 match action {
-                    Action::Create(d)
+                    Action::Create { desired: d, .. }
                     | Action::Update { desired: d, .. }
                     | Action::Recreate { desired: d, .. } => {
-                        self.copies.upsert(Arc::new(Object {
-                            namespace: d.namespace.clone(),
-                            name: d.name.clone(),
-                            uid: format!("copy-{}-{}", d.namespace, d.name),
-                            resource_version: "100".into(),
-                            labels: d.labels.clone(),
-                            annotations: d.annotations.clone(),
-                            payload: d.payload.clone(),
-                        }));
+                        self.copies.upsert(Arc::new(Object::new(
+                            namespace.clone(),
+                            name.clone(),
+                            format!("copy-{namespace}-{name}"),
+                            "100".into(),
+                            d.labels.clone(),
+                            d.annotations.clone(),
+                            d.payload.clone(),
+                        )));
                     }
-                    Action::Delete { current, .. } => {
-                        self.copies.remove(&current.namespace, &current.name);
+                    Action::Delete { .. } => {
+                        self.copies.remove(&namespace, &name);
                     }
                 }
             }
@@ -519,6 +541,7 @@ mod tests {
             .payload
             .insert("data".into(), json!({"k": "v", "extra": "x"}));
         edited.resource_version = "101".into();
+        edited.rehash();
         w.copies.upsert(Arc::new(edited));
         assert_eq!(
             verbs(&w.plan(&r)),
@@ -666,7 +689,8 @@ mod tests {
             source.annotations.insert(k.into(), v.into());
         }
         source.payload.insert("data".into(), json!({"k": "v"}));
-        let d = desired_copy(&r, &source, "a");
+        source.rehash();
+        let d = desired_copy(&r, &source);
         assert_eq!(
             d.labels.keys().map(String::as_str).collect::<Vec<_>>(),
             vec![LABEL_MANAGED_BY, "copy", LABEL_RULE_UID, "keep", "team"]
@@ -756,10 +780,12 @@ mod tests {
         let r = rule(json!({"ruleType": "secret", "selector": {"copy": "yes"}}));
         let mut s = w.source("src", "s", &[("copy", "yes")], json!({"k": "dg=="}));
         s.payload.insert("type".into(), json!("Opaque"));
+        s.rehash();
         w.sources = vec![Arc::new(s.clone())];
         let p = w.plan(&r);
         w.apply(&p);
         s.payload.insert("type".into(), json!("kubernetes.io/tls"));
+        s.rehash();
         w.sources = vec![Arc::new(s.clone())];
         assert_eq!(
             verbs(&w.plan(&r)),
@@ -768,10 +794,12 @@ mod tests {
         // immutable: true and data changed
         s.payload.insert("type".into(), json!("Opaque"));
         s.payload.insert("immutable".into(), json!(true));
+        s.rehash();
         w.sources = vec![Arc::new(s.clone())];
         let p = w.plan(&r);
         w.apply(&p);
         s.payload.insert("data".into(), json!({"k": "dzI="}));
+        s.rehash();
         w.sources = vec![Arc::new(s.clone())];
         assert_eq!(
             verbs(&w.plan(&r)),
@@ -781,6 +809,7 @@ mod tests {
         let mut labelled = s.clone();
         labelled.payload = w.copies.get("a", "s").unwrap().payload.clone();
         labelled.labels.insert("new".into(), "label".into());
+        labelled.rehash();
         w.sources = vec![Arc::new(labelled)];
         assert_eq!(verbs(&w.plan(&r)), vec![("a".into(), "s".into(), "update")]);
     }
@@ -796,7 +825,7 @@ mod tests {
         let p = w.plan(&r);
         // ns1 and ns2 each hold the source themselves, so only t gets a copy.
         assert_eq!(verbs(&p), vec![("t".into(), "cm".into(), "create")]);
-        let Action::Create(d) = &p.actions[0] else {
+        let Action::Create { desired: d, .. } = &p.actions[0] else {
             panic!()
         };
         assert_eq!(d.source, "ns1/cm");

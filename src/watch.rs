@@ -175,7 +175,7 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
                 }
                 Event::InitApply(object) => {
                     if let Some(pending) = pending.as_mut() {
-                        pending.push(Arc::new(Object::from_dynamic(kind, object)));
+                        pending.push(Arc::new(Object::from_dynamic(kind, object).into_compact()));
                     }
                     Vec::new()
                 }
@@ -186,7 +186,7 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
                     touched.into_iter().collect()
                 }
                 Event::Apply(object) => {
-                    write(index).upsert(Arc::new(Object::from_dynamic(kind, object)))
+                    write(index).upsert(Arc::new(Object::from_dynamic(kind, object).into_compact()))
                 }
                 Event::Delete(object) => write(index)
                     .remove(&object.namespace().unwrap_or_default(), &object.name_any())

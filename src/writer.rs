@@ -55,14 +55,39 @@ fn is_namespace_terminating(err: &kube::Error) -> bool {
         if status.code == 403 && status.message.contains("being terminated"))
 }
 
-fn to_dynamic(desired: &Desired, resource_version: Option<String>) -> DynamicObject {
+fn to_dynamic(
+    desired: &Desired,
+    namespace: &str,
+    resource_version: Option<String>,
+) -> DynamicObject {
     let mut object =
-        DynamicObject::new(&desired.name, &desired.kind.api_resource()).within(&desired.namespace);
+        DynamicObject::new(&desired.name, &desired.kind.api_resource()).within(namespace);
     object.metadata.labels = Some(desired.labels.clone());
     object.metadata.annotations = Some(desired.annotations.clone());
     object.metadata.resource_version = resource_version;
     object.data = Value::Object(desired.payload.clone().into_iter().collect());
     object
+}
+
+/// A copy as the cache keeps it.
+fn compact(kind: Kind, object: DynamicObject) -> Arc<Object> {
+    Arc::new(Object::from_dynamic(kind, object).into_compact())
+}
+
+fn write_error(
+    verb: &'static str,
+    kind: Kind,
+    namespace: &str,
+    name: &str,
+    source: kube::Error,
+) -> Outcome {
+    Outcome::Failed(Error::Write {
+        verb,
+        kind: kind.name(),
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        source: Box::new(source),
+    })
 }
 
 impl Writer {
@@ -109,28 +134,22 @@ impl Writer {
             return Outcome::Retry("this process is not the leader".into());
         };
         let outcome = match action {
-            Action::Create(desired) => self.create(desired, policy, rule).await,
+            Action::Create { desired, namespace } => {
+                self.create(desired, namespace, policy, rule).await
+            }
             Action::Update { desired, current } => self.update(desired, current).await,
             Action::Recreate { desired, current } => match self.delete(desired.kind, current).await
             {
                 Outcome::Written(_) | Outcome::Ignored(_) => {
                     self.limiter.acquire().await;
-                    self.create(desired, policy, rule).await
+                    self.create(desired, &current.namespace, policy, rule).await
                 }
                 other => other,
             },
             Action::Delete { current, .. } => self.delete(kind, current).await,
         };
         let (namespace, name) = action.target();
-        let source = match action {
-            Action::Create(d)
-            | Action::Update { desired: d, .. }
-            | Action::Recreate { desired: d, .. } => d.source.as_str(),
-            Action::Delete { current, .. } => current
-                .annotations
-                .get(crate::ANNOTATION_SOURCE)
-                .map_or("", String::as_str),
-        };
+        let source = action.source();
         match &outcome {
             Outcome::Written(_) => {
                 info!(rule, action = action.verb(), kind = %kind, source, namespace, name, "wrote copy")
@@ -151,28 +170,32 @@ impl Writer {
         outcome
     }
 
-    async fn create(&self, desired: &Desired, policy: ConflictPolicy, rule: &str) -> Outcome {
-        let api = self.api(desired.kind, &desired.namespace);
+    async fn create(
+        &self,
+        desired: &Desired,
+        namespace: &str,
+        policy: ConflictPolicy,
+        rule: &str,
+    ) -> Outcome {
+        let api = self.api(desired.kind, namespace);
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
         self.metrics.write("create", desired.kind.name());
-        match api.create(&params, &to_dynamic(desired, None)).await {
-            Ok(created) => {
-                Outcome::Written(Some(Arc::new(Object::from_dynamic(desired.kind, created))))
+        match api
+            .create(&params, &to_dynamic(desired, namespace, None))
+            .await
+        {
+            Ok(created) => Outcome::Written(Some(compact(desired.kind, created))),
+            Err(e) if is_status(&e, 409) => {
+                self.resolve_existing(desired, namespace, policy, rule)
+                    .await
             }
-            Err(e) if is_status(&e, 409) => self.resolve_existing(desired, policy, rule).await,
             Err(e) if is_namespace_terminating(&e) || is_status(&e, 404) => {
                 Outcome::Ignored("the namespace is going away")
             }
-            Err(source) => Outcome::Failed(Error::Write {
-                verb: "create",
-                kind: desired.kind.name(),
-                namespace: desired.namespace.clone(),
-                name: desired.name.clone(),
-                source: Box::new(source),
-            }),
+            Err(source) => write_error("create", desired.kind, namespace, &desired.name, source),
         }
     }
 
@@ -181,31 +204,23 @@ impl Writer {
     async fn resolve_existing(
         &self,
         desired: &Desired,
+        namespace: &str,
         policy: ConflictPolicy,
         rule: &str,
     ) -> Outcome {
-        let api = self.api(desired.kind, &desired.namespace);
+        let api = self.api(desired.kind, namespace);
         self.limiter.acquire().await;
         let existing = match api.get_opt(&desired.name).await {
             Ok(Some(existing)) => existing,
             Ok(None) => return Outcome::Retry("deleted while being created".into()),
             Err(source) => {
-                return Outcome::Failed(Error::Write {
-                    verb: "get",
-                    kind: desired.kind.name(),
-                    namespace: desired.namespace.clone(),
-                    name: desired.name.clone(),
-                    source: Box::new(source),
-                });
+                return write_error("get", desired.kind, namespace, &desired.name, source);
             }
         };
         let our_uid = desired.labels.get(crate::LABEL_RULE_UID);
         if let Some(uid) = existing.labels().get(crate::LABEL_RULE_UID) {
             if Some(uid) == our_uid {
-                return Outcome::Written(Some(Arc::new(Object::from_dynamic(
-                    desired.kind,
-                    existing,
-                ))));
+                return Outcome::Written(Some(compact(desired.kind, existing)));
             }
             let owner = existing
                 .annotations()
@@ -226,7 +241,7 @@ impl Writer {
             return match self.delete(desired.kind, &current).await {
                 Outcome::Written(_) | Outcome::Ignored(_) => {
                     self.limiter.acquire().await;
-                    Box::pin(self.create(desired, policy, rule)).await
+                    Box::pin(self.create(desired, namespace, policy, rule)).await
                 }
                 other => other,
             };
@@ -235,17 +250,19 @@ impl Writer {
     }
 
     async fn update(&self, desired: &Desired, current: &Object) -> Outcome {
-        let api = self.api(desired.kind, &desired.namespace);
+        let api = self.api(desired.kind, &current.namespace);
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
         self.metrics.write("update", desired.kind.name());
-        let object = to_dynamic(desired, Some(current.resource_version.clone()));
+        let object = to_dynamic(
+            desired,
+            &current.namespace,
+            Some(current.resource_version.clone()),
+        );
         match api.replace(&desired.name, &params, &object).await {
-            Ok(updated) => {
-                Outcome::Written(Some(Arc::new(Object::from_dynamic(desired.kind, updated))))
-            }
+            Ok(updated) => Outcome::Written(Some(compact(desired.kind, updated))),
             Err(e) if is_status(&e, 409) || is_status(&e, 404) => {
                 Outcome::Retry("the copy changed meanwhile".into())
             }
@@ -255,13 +272,13 @@ impl Writer {
             Err(e) if is_namespace_terminating(&e) => {
                 Outcome::Ignored("the namespace is going away")
             }
-            Err(source) => Outcome::Failed(Error::Write {
-                verb: "update",
-                kind: desired.kind.name(),
-                namespace: desired.namespace.clone(),
-                name: desired.name.clone(),
-                source: Box::new(source),
-            }),
+            Err(source) => write_error(
+                "update",
+                desired.kind,
+                &current.namespace,
+                &desired.name,
+                source,
+            ),
         }
     }
 
@@ -280,13 +297,7 @@ impl Writer {
             Ok(_) => Outcome::Written(None),
             Err(e) if is_status(&e, 404) => Outcome::Ignored("already gone"),
             Err(e) if is_status(&e, 409) => Outcome::Retry("the copy changed meanwhile".into()),
-            Err(source) => Outcome::Failed(Error::Write {
-                verb: "delete",
-                kind: kind.name(),
-                namespace: current.namespace.clone(),
-                name: current.name.clone(),
-                source: Box::new(source),
-            }),
+            Err(source) => write_error("delete", kind, &current.namespace, &current.name, source),
         }
     }
 }
