@@ -74,6 +74,27 @@ impl Default for Metrics {
             "1 while this process holds the leader Lease (or runs without election)",
             leader.clone(),
         );
+        // Every series exists from the start, so that a first error is an
+        // increase and not a new series that alerts cannot see.
+        for result in ["success", "error", "invalid"] {
+            drop(reconciles.get_or_create(&ResultLabels { result }));
+        }
+        for kind in crate::kinds::Kind::all() {
+            for verb in ["create", "update", "delete"] {
+                drop(api_writes.get_or_create(&WriteLabels {
+                    verb,
+                    kind: kind.name(),
+                }));
+            }
+        }
+        drop(api_writes.get_or_create(&WriteLabels {
+            verb: "patch",
+            kind: "CopyratorRule",
+        }));
+        drop(api_writes.get_or_create(&WriteLabels {
+            verb: "create",
+            kind: "Event",
+        }));
         Self {
             registry,
             reconciles,
@@ -119,6 +140,14 @@ mod tests {
         m.reconciled("success");
         m.reconcile_duration.observe(0.01);
         let text = m.encode();
+        assert!(
+            text.contains("copyrator_reconciles_total{result=\"error\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("copyrator_api_writes_total{verb=\"delete\",kind=\"Secret\"} 0"),
+            "{text}"
+        );
         for family in [
             "copyrator_reconciles_total{result=\"success\"} 1",
             "copyrator_reconcile_duration_seconds_count 1",

@@ -116,9 +116,17 @@ impl Writer {
         self.limiter.acquire().await;
     }
 
-    /// Wait for a write slot and a rate token; refuse when not the leader.
+    /// Wait for a write slot and a rate token; refuse when not the leader,
+    /// before waiting as well as after, so that a process that stopped
+    /// leading (or is shutting down) drains its backlog at once.
     async fn slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        if !self.leader.is_leader() {
+            return None;
+        }
         let permit = self.permits.acquire().await.ok()?;
+        if !self.leader.is_leader() {
+            return None;
+        }
         self.limiter.acquire().await;
         self.leader.is_leader().then_some(permit)
     }
