@@ -35,6 +35,12 @@ pub struct Object {
     pub content_hash: u64,
     /// Hash of the payload alone.
     pub payload_hash: u64,
+    /// The `copyrator.flant.com/rule-uid` label: set on copies.
+    pub rule_uid: Option<String>,
+    /// The `copyrator.flant.com/rule` annotation: the rule that made a copy.
+    pub rule_ref: Option<String>,
+    /// The `copyrator.flant.com/source` annotation: a copy's source.
+    pub source_ref: Option<String>,
 }
 
 // Secret payloads must never reach a log line, so Debug shows identity only.
@@ -129,6 +135,9 @@ impl Object {
         Self {
             content_hash: content_hash(&labels, &annotations, payload_hash),
             payload_hash,
+            rule_uid: labels.get(crate::LABEL_RULE_UID).cloned(),
+            rule_ref: annotations.get(crate::ANNOTATION_RULE).cloned(),
+            source_ref: annotations.get(crate::ANNOTATION_SOURCE).cloned(),
             namespace,
             name,
             uid,
@@ -156,20 +165,26 @@ impl Object {
         )
     }
 
-    /// Recompute the hashes after changing labels, annotations or payload.
+    /// Recompute the hashes and references after changing labels, annotations or payload.
     pub fn rehash(&mut self) {
         self.payload_hash = payload_hash(&self.payload);
         self.content_hash = content_hash(&self.labels, &self.annotations, self.payload_hash);
+        self.rule_uid = self.labels.get(crate::LABEL_RULE_UID).cloned();
+        self.rule_ref = self.annotations.get(crate::ANNOTATION_RULE).cloned();
+        self.source_ref = self.annotations.get(crate::ANNOTATION_SOURCE).cloned();
     }
 
-    /// What a copy needs in the cache: the hashes, its rule, source and
-    /// owner annotations, and the payload fields that decide a recreate.
-    /// The data itself is dropped, so memory does not grow with its size.
+    /// What a copy needs in the cache: the hashes, its rule and source
+    /// references, and the payload fields that decide a recreate. Labels,
+    /// annotations and data are dropped (maps are rebuilt, so no node of
+    /// theirs stays allocated), and memory does not grow with their size.
     pub fn into_compact(mut self) -> Self {
-        self.labels.retain(|k, _| k == crate::LABEL_RULE_UID);
-        self.annotations
-            .retain(|k, _| k == crate::ANNOTATION_RULE || k == crate::ANNOTATION_SOURCE);
-        self.payload.retain(|k, _| k == "type" || k == "immutable");
+        self.labels = BTreeMap::new();
+        self.annotations = BTreeMap::new();
+        self.payload = std::mem::take(&mut self.payload)
+            .into_iter()
+            .filter(|(k, _)| k == "type" || k == "immutable")
+            .collect();
         self
     }
 
@@ -178,7 +193,7 @@ impl Object {
     }
 
     pub fn rule_uid(&self) -> Option<&str> {
-        self.labels.get(crate::LABEL_RULE_UID).map(String::as_str)
+        self.rule_uid.as_deref()
     }
 
     pub fn object_type(&self) -> Option<&str> {
@@ -366,8 +381,8 @@ pub(crate) mod tests {
         assert_eq!(compact.rule_uid(), Some("r"));
         assert!(compact.is_immutable());
         assert!(!compact.payload.contains_key("data"));
-        assert_eq!(compact.labels.len(), 1);
-        assert_eq!(compact.annotations.len(), 1);
+        assert!(compact.labels.is_empty() && compact.annotations.is_empty());
+        assert_eq!(compact.source_ref.as_deref(), Some("src/n"));
     }
 
     #[test]

@@ -122,10 +122,7 @@ impl Action {
             Action::Create { desired, .. }
             | Action::Update { desired, .. }
             | Action::Recreate { desired, .. } => &desired.source,
-            Action::Delete { current, .. } => current
-                .annotations
-                .get(ANNOTATION_SOURCE)
-                .map_or("", String::as_str),
+            Action::Delete { current, .. } => current.source_ref.as_deref().unwrap_or_default(),
         }
     }
 }
@@ -309,10 +306,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                     }
                 }
                 Some(current) => {
-                    let owner = current
-                        .annotations
-                        .get(ANNOTATION_RULE)
-                        .map_or("another rule", String::as_str);
+                    let owner = current.rule_ref.as_deref().unwrap_or("another rule");
                     out.conflicts.push(ConflictEntry {
                         namespace: namespace.clone(),
                         name: (*name).to_owned(),
@@ -372,9 +366,7 @@ fn is_ours(rule: &ResolvedRule, current: &Object, live_rule_uids: &dyn Fn(&str) 
     match current.rule_uid() {
         Some(uid) if uid == rule.uid => true,
         Some(uid) => {
-            !live_rule_uids(uid)
-                && current.annotations.get(ANNOTATION_RULE).map(String::as_str)
-                    == Some(&rule.key.to_string())
+            !live_rule_uids(uid) && current.rule_ref.as_deref() == Some(&rule.key.to_string())
         }
         None => false,
     }
@@ -726,6 +718,7 @@ mod tests {
         other
             .annotations
             .insert(ANNOTATION_RULE.into(), "src/other".into());
+        other.rehash();
         w.copies.upsert(Arc::new(other));
         let r = simple_rule();
         let live = |uid: &str| uid == "rule-1" || uid == "rule-2";
@@ -769,6 +762,7 @@ mod tests {
             crate::index::tests::object("a", "cm", "x", 1, &[(LABEL_RULE_UID, "old-uid")]);
         old.annotations
             .insert(ANNOTATION_RULE.into(), "src/r".into());
+        old.rehash();
         w.copies.upsert(Arc::new(old));
         let p = w.plan(&simple_rule());
         assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "update")]);

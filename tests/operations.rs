@@ -333,11 +333,14 @@ async fn api_server_address() -> SocketAddr {
         .expect("an address")
 }
 
-/// A TCP proxy to the API server that holds every connection until opened.
-/// TLS goes through end to end (the server certificate names 127.0.0.1).
+/// A TCP proxy to the API server that holds every connection until opened,
+/// and can cut every connection it carries (a broken watch) and hold new
+/// ones again. TLS goes through end to end (the server certificate names
+/// 127.0.0.1).
 struct GatedProxy {
     port: u16,
     open: tokio::sync::watch::Sender<bool>,
+    connections: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -346,10 +349,12 @@ impl GatedProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (open, gate) = tokio::sync::watch::channel(false);
+        let connections = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let live = connections.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 let mut gate = gate.clone();
-                tokio::spawn(async move {
+                let connection = tokio::spawn(async move {
                     if gate.wait_for(|open| *open).await.is_err() {
                         return;
                     }
@@ -357,19 +362,34 @@ impl GatedProxy {
                         let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
                     }
                 });
+                live.lock().unwrap().push(connection.abort_handle());
             }
         });
-        GatedProxy { port, open, task }
+        GatedProxy {
+            port,
+            open,
+            connections,
+            task,
+        }
     }
 
     fn open(&self) {
         let _ = self.open.send(true);
+    }
+
+    /// Drop every connection (both ends close) and hold new ones.
+    fn cut(&self) {
+        let _ = self.open.send(false);
+        for connection in self.connections.lock().unwrap().drain(..) {
+            connection.abort();
+        }
     }
 }
 
 impl Drop for GatedProxy {
     fn drop(&mut self) {
         self.task.abort();
+        self.cut();
     }
 }
 
@@ -1513,4 +1533,51 @@ async fn json_logs_are_json_lines_and_writes_name_rule_namespace_and_name() {
         lines.len(),
         writes.len()
     );
+}
+
+// ===========================================================================
+// 7. broken watches
+
+/// The design's last row: when the operator's connections to the API server
+/// break (watches included) and the cluster changes meanwhile, it converges
+/// from the cluster's state once they come back: no copy lost or duplicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_watches_converge_when_the_api_server_is_back() {
+    let t = TestNs::new("ops-watch-break").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    t.create_rule(&op, "r", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let a = t.create_source(CM, &op, "a", &[], &[("v", "1")]).await;
+    let proxy = GatedProxy::start(api_server_address().await).await;
+    proxy.open();
+    let kubeconfig = kubeconfig_with_server(&t, &format!("https://127.0.0.1:{}", proxy.port));
+    let args = vec!["run".to_string(), "--namespace".into(), op.clone()];
+    let mut operator =
+        Operator::start_with_env(&t, args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]);
+    t.wait_copy(CM, &t1, &a, &op, "r").await;
+
+    proxy.cut();
+    // While the operator is cut off: a source changes, a source appears,
+    // a copy is deleted, and a namespace appears.
+    let a = t.set_data(CM, &op, "a", &[("v", Some("2"))]).await;
+    let b = t.create_source(CM, &op, "b", &[], &[("v", "1")]).await;
+    t.delete(CM, &t1, "a").await;
+    let t2 = t.ns("t2").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    operator.assert_running();
+    assert!(
+        t.get(CM, &t2, "a").await.is_none(),
+        "a copy appeared while the operator was cut off"
+    );
+
+    proxy.open();
+    for ns in [&t1, &t2] {
+        t.wait_copy(CM, ns, &a, &op, "r").await;
+        t.wait_copy(CM, ns, &b, &op, "r").await;
+    }
+    let uid = t.rule_uid(&op, "r").await;
+    let copies = t.list_labelled(CM, LABEL_RULE_UID, &uid).await;
+    assert_eq!(copies.len(), 4, "copies: {copies:?}");
+    operator.assert_running();
 }
