@@ -69,6 +69,14 @@ fn to_dynamic(
     object
 }
 
+/// Every write names the operator as its field manager.
+fn write_params() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
 /// A copy as the cache keeps it.
 fn compact(kind: Kind, object: DynamicObject) -> Arc<Object> {
     Arc::new(Object::from_dynamic(kind, object).into_compact())
@@ -186,10 +194,7 @@ impl Writer {
         rule: &str,
     ) -> Outcome {
         let api = self.api(desired.kind, namespace);
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let params = write_params();
         self.metrics.write("create", desired.kind.name());
         match api
             .create(&params, &to_dynamic(desired, namespace, None))
@@ -259,10 +264,7 @@ impl Writer {
 
     async fn update(&self, desired: &Desired, current: &Object) -> Outcome {
         let api = self.api(desired.kind, &current.namespace);
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let params = write_params();
         self.metrics.write("update", desired.kind.name());
         let object = to_dynamic(
             desired,
