@@ -3,28 +3,17 @@ use thiserror::Error;
 /// Everything that can go wrong in the operator, with the context a user needs.
 #[derive(Debug, Error)]
 pub enum Error {
-    #[error("{verb} {kind} {namespace}/{name}: {source}")]
-    Write {
-        verb: &'static str,
-        kind: &'static str,
-        namespace: String,
-        name: String,
-        #[source]
-        source: Box<kube::Error>,
-    },
+    #[error("updating the status of rule {rule}: {message}")]
+    Status { rule: String, message: String },
 
-    #[error("updating the status of rule {rule}: {source}")]
-    Status {
-        rule: String,
-        #[source]
-        source: Box<kube::Error>,
-    },
+    #[error("updating the finalizer of rule {rule}: {message}")]
+    Finalizer { rule: String, message: String },
 
-    #[error("updating the finalizer of rule {rule}: {source}")]
-    Finalizer {
+    #[error("deleting the copies of rule {rule}: {count} could not be deleted; first: {first}")]
+    Cleanup {
         rule: String,
-        #[source]
-        source: Box<kube::Error>,
+        count: usize,
+        first: String,
     },
 
     #[error("serializing {what}: {source}")]
@@ -40,9 +29,6 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-
-    #[error("{0}")]
-    Sync(String),
 
     #[error("invalid setting: {0}")]
     Config(String),

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use kube::api::DynamicObject;
 use serde_json::Value;
 
@@ -19,28 +20,43 @@ pub type ObjectKey = (String, String);
 /// and the payload fields of its kind, with hashes of its content. Managed
 /// fields and everything else the API server returns are dropped, and
 /// copies are kept [compact](Object::into_compact), so caches stay small.
+///
+/// Of a copy's labels and annotations, Copyrator owns those its field
+/// manager set (read from `managedFields`); only those decide whether the
+/// copy is right. The others belong to their writers and are kept as they
+/// are on every write.
 #[derive(Clone, PartialEq)]
 pub struct Object {
     pub namespace: String,
     pub name: String,
     pub uid: String,
     pub resource_version: String,
+    /// All labels; in a compact copy only those Copyrator does not own.
     pub labels: BTreeMap<String, String>,
+    /// All annotations; in a compact copy only those Copyrator does not own.
     pub annotations: BTreeMap<String, String>,
     /// Payload fields (`data`, `binaryData`, `type`, `immutable`), normalized:
     /// nulls, empty maps and `immutable: false` are left out.
     pub payload: BTreeMap<String, Value>,
-    /// Hash of labels, annotations and payload: a copy is right when its
-    /// hash equals the desired one.
-    pub content_hash: u64,
     /// Hash of the payload alone.
     pub payload_hash: u64,
+    /// `(key hash, value hash)` of every label and annotation Copyrator's
+    /// field manager owns, sorted by key hash.
+    pub owned_meta: Box<[(u64, u64)]>,
     /// The `copyrator.flant.com/rule-uid` label: set on copies.
     pub rule_uid: Option<String>,
     /// The `copyrator.flant.com/rule` annotation: the rule that made a copy.
     pub rule_ref: Option<String>,
     /// The `copyrator.flant.com/source` annotation: a copy's source.
     pub source_ref: Option<String>,
+    /// The field manager other than Copyrator that wrote last (from `managedFields`).
+    pub other_writer: Option<Box<str>>,
+    /// Hash of the desired copy Copyrator last wrote to this object; kept
+    /// across versions, so that a change back is recognised as such.
+    pub written_for: Option<u64>,
+    /// This version is the API server's answer to that write, accepted as
+    /// right even where an admission webhook added keys to it.
+    pub settled: bool,
 }
 
 // Secret payloads must never reach a log line, so Debug shows identity only.
@@ -121,7 +137,75 @@ pub fn content_hash(
     state.finish()
 }
 
+/// Whether a metadata entry is a label or an annotation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MetaMap {
+    Label,
+    Annotation,
+}
+
+/// `(key hash, value hash)` of one label or annotation.
+pub fn meta_entry_hash(map: MetaMap, key: &str, value: &str) -> (u64, u64) {
+    let mut state = DefaultHasher::new();
+    (map, key).hash(&mut state);
+    let key_hash = state.finish();
+    let mut state = DefaultHasher::new();
+    value.hash(&mut state);
+    (key_hash, state.finish())
+}
+
+/// The labels and annotations Copyrator's field manager owns, as
+/// `managedFields` records them; `None` when the object carries no
+/// `managedFields` at all (then every key counts as Copyrator's, which only
+/// ever makes it write more, never less).
+pub fn owned_meta_keys(
+    managed_fields: Option<&[ManagedFieldsEntry]>,
+) -> Option<HashSet<(MetaMap, String)>> {
+    let entries = managed_fields.filter(|m| !m.is_empty())?;
+    let mut owned = HashSet::new();
+    for entry in entries
+        .iter()
+        .filter(|e| e.manager.as_deref() == Some(crate::FIELD_MANAGER))
+    {
+        let Some(FieldsV1(fields)) = &entry.fields_v1 else {
+            continue;
+        };
+        for (map, field) in [
+            (MetaMap::Label, "f:labels"),
+            (MetaMap::Annotation, "f:annotations"),
+        ] {
+            if let Some(keys) = fields
+                .get("f:metadata")
+                .and_then(|m| m.get(field))
+                .and_then(Value::as_object)
+            {
+                for key in keys.keys() {
+                    if let Some(key) = key.strip_prefix("f:") {
+                        owned.insert((map, key.to_owned()));
+                    }
+                }
+            }
+        }
+    }
+    Some(owned)
+}
+
+/// The field manager other than Copyrator that wrote last.
+fn last_other_writer(managed_fields: Option<&[ManagedFieldsEntry]>) -> Option<Box<str>> {
+    managed_fields?
+        .iter()
+        .filter(|e| {
+            e.manager
+                .as_deref()
+                .is_some_and(|m| m != crate::FIELD_MANAGER)
+        })
+        .max_by_key(|e| e.time.as_ref().map(|t| t.0))
+        .and_then(|e| e.manager.as_deref())
+        .map(Box::from)
+}
+
 impl Object {
+    /// An object whose labels and annotations all count as Copyrator's.
     pub fn new(
         namespace: String,
         name: String,
@@ -131,13 +215,12 @@ impl Object {
         annotations: BTreeMap<String, String>,
         payload: BTreeMap<String, Value>,
     ) -> Self {
-        let payload_hash = payload_hash(&payload);
-        Self {
-            content_hash: content_hash(&labels, &annotations, payload_hash),
-            payload_hash,
-            rule_uid: labels.get(crate::LABEL_RULE_UID).cloned(),
-            rule_ref: annotations.get(crate::ANNOTATION_RULE).cloned(),
-            source_ref: annotations.get(crate::ANNOTATION_SOURCE).cloned(),
+        let mut object = Self {
+            payload_hash: 0,
+            owned_meta: Box::default(),
+            rule_uid: None,
+            rule_ref: None,
+            source_ref: None,
             namespace,
             name,
             uid,
@@ -145,7 +228,12 @@ impl Object {
             labels,
             annotations,
             payload,
-        }
+            other_writer: None,
+            written_for: None,
+            settled: false,
+        };
+        object.rehash();
+        object
     }
 
     pub fn from_dynamic(kind: Kind, object: DynamicObject) -> Self {
@@ -154,7 +242,9 @@ impl Object {
             Value::Object(map) => map.into_iter().collect::<Vec<_>>(),
             _ => Vec::new(),
         };
-        Self::new(
+        let owned = owned_meta_keys(meta.managed_fields.as_deref());
+        let other_writer = last_other_writer(meta.managed_fields.as_deref());
+        let mut object = Self::new(
             meta.namespace.unwrap_or_default(),
             meta.name.unwrap_or_default(),
             meta.uid.unwrap_or_default(),
@@ -162,25 +252,69 @@ impl Object {
             meta.labels.unwrap_or_default(),
             meta.annotations.unwrap_or_default(),
             normalize_payload(kind, fields),
-        )
+        );
+        object.other_writer = other_writer;
+        if let Some(owned) = owned {
+            object.set_owned(|map, key| owned.contains(&(map, key.to_owned())));
+        }
+        object
     }
 
-    /// Recompute the hashes and references after changing labels, annotations or payload.
+    /// Recompute the hashes and references after changing labels,
+    /// annotations or payload; every label and annotation counts as owned.
     pub fn rehash(&mut self) {
         self.payload_hash = payload_hash(&self.payload);
-        self.content_hash = content_hash(&self.labels, &self.annotations, self.payload_hash);
         self.rule_uid = self.labels.get(crate::LABEL_RULE_UID).cloned();
         self.rule_ref = self.annotations.get(crate::ANNOTATION_RULE).cloned();
         self.source_ref = self.annotations.get(crate::ANNOTATION_SOURCE).cloned();
+        self.set_owned(|_, _| true);
     }
 
-    /// What a copy needs in the cache: the hashes, its rule and source
-    /// references, and the payload fields that decide a recreate. Labels,
-    /// annotations and data are dropped (maps are rebuilt, so no node of
-    /// theirs stays allocated), and memory does not grow with their size.
+    /// Record which labels and annotations Copyrator owns.
+    pub fn set_owned(&mut self, owns: impl Fn(MetaMap, &str) -> bool) {
+        let mut owned: Vec<(u64, u64)> = self
+            .labels
+            .iter()
+            .map(|(k, v)| (MetaMap::Label, k, v))
+            .chain(
+                self.annotations
+                    .iter()
+                    .map(|(k, v)| (MetaMap::Annotation, k, v)),
+            )
+            .filter(|(map, key, _)| owns(*map, key))
+            .map(|(map, key, value)| meta_entry_hash(map, key, value))
+            .collect();
+        owned.sort_unstable();
+        self.owned_meta = owned.into_boxed_slice();
+    }
+
+    /// Whether Copyrator owns `key` with exactly `value`.
+    pub fn owns(&self, map: MetaMap, key: &str, value: &str) -> bool {
+        let entry = meta_entry_hash(map, key, value);
+        self.owned_meta.binary_search(&entry).is_ok()
+    }
+
+    /// What a copy needs in the cache: the payload hash, the hashes of the
+    /// labels and annotations Copyrator owns, the others in full (they are
+    /// written back unchanged), its rule and source references, and the
+    /// payload fields that decide a recreate. Data is dropped, so memory
+    /// does not grow with the size of what is copied.
     pub fn into_compact(mut self) -> Self {
-        self.labels = BTreeMap::new();
-        self.annotations = BTreeMap::new();
+        let owned = std::mem::take(&mut self.owned_meta);
+        let is_owned = |map: MetaMap, key: &str, value: &str| {
+            owned
+                .binary_search(&meta_entry_hash(map, key, value))
+                .is_ok()
+        };
+        self.labels = std::mem::take(&mut self.labels)
+            .into_iter()
+            .filter(|(k, v)| !is_owned(MetaMap::Label, k, v))
+            .collect();
+        self.annotations = std::mem::take(&mut self.annotations)
+            .into_iter()
+            .filter(|(k, v)| !is_owned(MetaMap::Annotation, k, v))
+            .collect();
+        self.owned_meta = owned;
         self.payload = std::mem::take(&mut self.payload)
             .into_iter()
             .filter(|(k, _)| k == "type" || k == "immutable")
@@ -264,12 +398,24 @@ impl CopyIndex {
 
     /// Insert or replace; returns the rule UIDs whose copies changed.
     /// An older version than the one held (our own write landed first) is ignored.
-    pub fn upsert(&mut self, object: Arc<Object>) -> Vec<String> {
+    pub fn upsert(&mut self, mut object: Arc<Object>) -> Vec<String> {
         let key = object.key();
         let mut touched = Vec::new();
         if let Some(previous) = self.by_key.get(&key) {
             if !object.is_not_older_than(previous) {
                 return touched;
+            }
+            if previous.uid == object.uid {
+                // What Copyrator wrote is remembered across versions; the
+                // watch echo of its own write stays the settled answer.
+                let same_version = previous.resource_version == object.resource_version;
+                if (object.written_for.is_none() && previous.written_for.is_some())
+                    || (same_version && previous.settled && !object.settled)
+                {
+                    let next = Arc::make_mut(&mut object);
+                    next.written_for = next.written_for.or(previous.written_for);
+                    next.settled |= same_version && previous.settled;
+                }
             }
             if **previous == *object {
                 return touched;
@@ -296,9 +442,13 @@ impl CopyIndex {
         touched
     }
 
-    /// Remove; returns the rule UID of the removed copy.
-    pub fn remove(&mut self, namespace: &str, name: &str) -> Option<String> {
+    /// Remove the object of this UID (a newer object of the same name
+    /// stays); returns the rule UID of the removed copy.
+    pub fn remove(&mut self, namespace: &str, name: &str, uid: &str) -> Option<String> {
         let key = (namespace.to_owned(), name.to_owned());
+        if self.by_key.get(&key)?.uid != uid {
+            return None;
+        }
         let previous = self.by_key.remove(&key)?;
         let uid = previous.rule_uid()?.to_owned();
         if let Some(keys) = self.by_rule.get_mut(&uid) {
@@ -350,10 +500,15 @@ pub(crate) mod tests {
         let c: Value = serde_json::from_str(r#"{"x": "1", "y": {"b": 3, "a": [1, "s"]}}"#).unwrap();
         assert_ne!(payload_hash(&payload(&a)), payload_hash(&payload(&c)));
         let mut o = object("ns", "n", "u", 1, &[("k", "v")]);
-        let before = o.content_hash;
+        let before = o.owned_meta.clone();
         o.annotations.insert("a".into(), "b".into());
         o.rehash();
-        assert_ne!(before, o.content_hash);
+        assert_ne!(before, o.owned_meta);
+        assert!(o.owns(MetaMap::Annotation, "a", "b"));
+        assert!(
+            !o.owns(MetaMap::Label, "a", "b"),
+            "labels and annotations differ"
+        );
     }
 
     #[test]
@@ -372,17 +527,120 @@ pub(crate) mod tests {
             .insert("data".into(), serde_json::json!({"big": "x".repeat(1000)}));
         o.payload.insert("immutable".into(), Value::Bool(true));
         o.rehash();
-        let (content, payload) = (o.content_hash, o.payload_hash);
+        let (owned, payload) = (o.owned_meta.clone(), o.payload_hash);
         let compact = o.into_compact();
         assert_eq!(
-            (compact.content_hash, compact.payload_hash),
-            (content, payload)
+            (compact.owned_meta.clone(), compact.payload_hash),
+            (owned, payload)
         );
         assert_eq!(compact.rule_uid(), Some("r"));
         assert!(compact.is_immutable());
         assert!(!compact.payload.contains_key("data"));
         assert!(compact.labels.is_empty() && compact.annotations.is_empty());
         assert_eq!(compact.source_ref.as_deref(), Some("src/n"));
+    }
+
+    fn managed(manager: &str, time: &str, fields: Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Update".into()),
+            time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                time.parse().unwrap(),
+            )),
+            fields_v1: Some(FieldsV1(fields)),
+            ..Default::default()
+        }
+    }
+
+    /// A copy as the API server returns it, written by Copyrator and then
+    /// labelled by a neighbour.
+    pub fn watched_copy(neighbour_fields: Value, labels: &[(&str, &str)]) -> DynamicObject {
+        let mut o = DynamicObject::new("cm", &Kind::ConfigMap.api_resource()).within("t1");
+        o.metadata.uid = Some("copy-uid".into());
+        o.metadata.resource_version = Some("10".into());
+        o.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        o.metadata.annotations = Some(BTreeMap::from([("note".into(), "mine".into())]));
+        o.metadata.managed_fields = Some(vec![
+            managed(
+                crate::FIELD_MANAGER,
+                "2026-01-01T00:00:00Z",
+                serde_json::json!({"f:data": {"f:k": {}}, "f:metadata": {
+                    "f:labels": {".": {}, "f:app": {}, "f:copyrator.flant.com/rule-uid": {}},
+                    "f:annotations": {".": {}, "f:note": {}}}}),
+            ),
+            managed("neighbour", "2026-01-02T00:00:00Z", neighbour_fields),
+        ]);
+        o.data = serde_json::json!({"data": {"k": "v"}});
+        o
+    }
+
+    #[test]
+    fn ownership_comes_from_managed_fields() {
+        let o = watched_copy(
+            serde_json::json!({"f:metadata": {"f:labels": {"f:team": {}}}}),
+            &[
+                ("app", "web"),
+                ("team", "blue"),
+                (crate::LABEL_RULE_UID, "r"),
+            ],
+        );
+        let object = Object::from_dynamic(Kind::ConfigMap, o).into_compact();
+        assert!(object.owns(MetaMap::Label, "app", "web"));
+        assert!(object.owns(MetaMap::Annotation, "note", "mine"));
+        assert!(!object.owns(MetaMap::Label, "team", "blue"));
+        assert_eq!(
+            object.labels,
+            BTreeMap::from([("team".to_string(), "blue".to_string())]),
+            "a compact copy keeps only what others own, to write it back"
+        );
+        assert!(object.annotations.is_empty());
+        assert_eq!(object.other_writer.as_deref(), Some("neighbour"));
+        assert_eq!(object.rule_uid(), Some("r"));
+    }
+
+    #[test]
+    fn without_managed_fields_everything_counts_as_ours() {
+        let mut o = watched_copy(serde_json::json!({}), &[("app", "web")]);
+        o.metadata.managed_fields = None;
+        let object = Object::from_dynamic(Kind::ConfigMap, o);
+        assert!(object.owns(MetaMap::Label, "app", "web"));
+        assert!(object.other_writer.is_none());
+    }
+
+    #[test]
+    fn what_copyrator_wrote_is_remembered_across_versions() {
+        let mut index = CopyIndex::default();
+        let uid = crate::LABEL_RULE_UID;
+        let mut ours = object("a", "x", "1", 5, &[(uid, "r1")]);
+        ours.written_for = Some(42);
+        ours.settled = true;
+        index.upsert(Arc::new(ours));
+        // The watch echo of our own write: still settled, nothing touched.
+        assert!(
+            index
+                .upsert(Arc::new(object("a", "x", "1", 5, &[(uid, "r1")])))
+                .is_empty()
+        );
+        let held = index.get("a", "x").unwrap();
+        assert_eq!((held.written_for, held.settled), (Some(42), true));
+        // Someone else's newer version: what we wrote is remembered, not settled.
+        index.upsert(Arc::new(object(
+            "a",
+            "x",
+            "1",
+            6,
+            &[(uid, "r1"), ("k", "v")],
+        )));
+        let held = index.get("a", "x").unwrap();
+        assert_eq!((held.written_for, held.settled), (Some(42), false));
+        // A new object of the same name starts afresh.
+        index.upsert(Arc::new(object("a", "x", "2", 7, &[(uid, "r1")])));
+        assert_eq!(index.get("a", "x").unwrap().written_for, None);
     }
 
     #[test]
@@ -436,7 +694,12 @@ pub(crate) mod tests {
         assert_eq!(touched, vec!["r1", "r2"]);
         assert_eq!(index.count_owned_by("r1"), 0);
         assert_eq!(index.owned_by("r2").count(), 1);
-        assert_eq!(index.remove("a", "x").as_deref(), Some("r2"));
+        assert_eq!(
+            index.remove("a", "x", "other-uid"),
+            None,
+            "a newer object stays"
+        );
+        assert_eq!(index.remove("a", "x", "1").as_deref(), Some("r2"));
         assert!(index.is_empty());
         let touched = index.replace_all(vec![Arc::new(object("b", "y", "2", 1, &[(uid, "r3")]))]);
         assert!(touched.contains("r3"));

@@ -1,24 +1,32 @@
 //! Copyrator: keeps copies of ConfigMaps and Secrets in the namespaces that
 //! `CopyratorRule` resources target.
 //!
-//! The pure core (`rule`, `selector`, `kinds`, `plan`) decides which copies
-//! should exist and what they contain; `index`, `controller`, `writer` and
-//! the rest connect it to the cluster.
+//! The pure core (`rule`, `selector`, `kinds`, `plan`, `backoff`, `status`)
+//! decides which copies should exist, what they contain and when a copy may
+//! be written again; `index`, `state`, `watch`, `sources`, `queue`,
+//! `reconcile`, `finalizer`, `writer` and `controller` connect it to the
+//! cluster.
 #![forbid(unsafe_code)]
 
+pub mod backoff;
 pub mod config;
 pub mod controller;
 pub mod crd;
 pub mod error;
+pub mod finalizer;
 pub mod http;
 pub mod index;
 pub mod kinds;
 pub mod leader;
 pub mod metrics;
 pub mod plan;
+pub mod queue;
 pub mod ratelimit;
+pub mod reconcile;
 pub mod rule;
 pub mod selector;
+pub mod sources;
+pub mod state;
 pub mod status;
 pub mod telemetry;
 pub mod watch;

@@ -9,11 +9,12 @@ use tokio::sync::watch;
 use tracing::{error, info};
 
 use copyrator::config::{Cli, Command, Settings};
-use copyrator::controller::{self, Shared};
+use copyrator::controller;
 use copyrator::http::{self, Health};
 use copyrator::leader::{self, LeaderGate};
 use copyrator::metrics::Metrics;
 use copyrator::rule::RuleKey;
+use copyrator::state::Shared;
 use copyrator::{kinds::Kind, watch as watches};
 
 /// Reconcile loops; rules are independent, writes are bounded separately.
@@ -203,14 +204,17 @@ async fn run(settings: Settings, plan_only: bool) -> anyhow::Result<()> {
 
 /// Print what `run` would do for every rule, and change nothing.
 async fn plan(shared: &Arc<Shared>) -> anyhow::Result<()> {
-    let mut keys: Vec<RuleKey> = watches::read(&shared.rules).keys().cloned().collect();
+    let mut keys: Vec<RuleKey> = copyrator::state::read(&shared.rules)
+        .keys()
+        .cloned()
+        .collect();
     keys.sort();
     for key in keys {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            controller::reconcile(shared, &key).await?;
+            copyrator::reconcile::reconcile(shared, &key).await?;
             let ready = controller::sources_ready(shared, &key)
-                || watches::read(&shared.rules)
+                || copyrator::state::read(&shared.rules)
                     .get(&key)
                     .is_none_or(|r| r.is_deleting() || r.resolve(&shared.trust).is_err());
             if ready {

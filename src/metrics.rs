@@ -13,6 +13,11 @@ pub struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    pub class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
     pub verb: &'static str,
     pub kind: &'static str,
@@ -25,6 +30,8 @@ pub struct Metrics {
     pub api_writes: Family<WriteLabels, Counter>,
     pub copies_managed: Gauge,
     pub conflicts_skipped: Gauge,
+    pub copies_contested: Gauge,
+    pub write_failures: Family<FailureLabels, Counter>,
     pub queue_depth: Gauge,
     pub leader: Gauge,
 }
@@ -62,6 +69,18 @@ impl Default for Metrics {
             "Copies not made because a foreign object holds the name",
             conflicts_skipped.clone(),
         );
+        let copies_contested = Gauge::default();
+        registry.register(
+            "copies_contested",
+            "Copies that another writer keeps changing back; writes to them back off",
+            copies_contested.clone(),
+        );
+        let write_failures = Family::<FailureLabels, Counter>::default();
+        registry.register(
+            "write_failures",
+            "Failed write requests by class (conflict, throttled, refused, transient)",
+            write_failures.clone(),
+        );
         let queue_depth = Gauge::default();
         registry.register(
             "queue_depth",
@@ -95,6 +114,9 @@ impl Default for Metrics {
             verb: "create",
             kind: "Event",
         }));
+        for class in ["conflict", "throttled", "refused", "transient"] {
+            drop(write_failures.get_or_create(&FailureLabels { class }));
+        }
         Self {
             registry,
             reconciles,
@@ -102,6 +124,8 @@ impl Default for Metrics {
             api_writes,
             copies_managed,
             conflicts_skipped,
+            copies_contested,
+            write_failures,
             queue_depth,
             leader,
         }
@@ -112,6 +136,12 @@ impl Metrics {
     pub fn write(&self, verb: &'static str, kind: &'static str) {
         self.api_writes
             .get_or_create(&WriteLabels { verb, kind })
+            .inc();
+    }
+
+    pub fn write_failed(&self, class: &'static str) {
+        self.write_failures
+            .get_or_create(&FailureLabels { class })
             .inc();
     }
 
@@ -154,6 +184,8 @@ mod tests {
             "copyrator_api_writes_total{verb=\"create\",kind=\"ConfigMap\"} 1",
             "copyrator_copies_managed 0",
             "copyrator_conflicts_skipped 0",
+            "copyrator_copies_contested 0",
+            "copyrator_write_failures_total{class=\"refused\"} 0",
             "copyrator_queue_depth 0",
             "copyrator_leader 0",
         ] {

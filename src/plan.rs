@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::index::{CopyIndex, NamespaceInfo, Object, ObjectKey};
+use crate::index::{CopyIndex, MetaMap, NamespaceInfo, Object, ObjectKey, meta_entry_hash};
 use crate::kinds::Kind;
 use crate::rule::{ConflictEntry, ConflictPolicy, ResolvedRule};
 use crate::selector::KeyGlob;
@@ -38,6 +38,8 @@ pub struct Desired {
     pub source: String,
     pub content_hash: u64,
     pub payload_hash: u64,
+    /// Key hashes of every label and annotation, sorted.
+    pub meta_keys: Box<[u64]>,
 }
 
 impl std::fmt::Debug for Desired {
@@ -47,9 +49,47 @@ impl std::fmt::Debug for Desired {
 }
 
 impl Desired {
-    /// Whether `current` already is this copy.
+    /// Whether `current` already is this copy, judged from what Copyrator
+    /// owns alone: the payload, and the labels and annotations it sets.
+    /// Keys that others added do not matter; a key Copyrator set that is no
+    /// longer wanted (a label removed from the source) does. The API
+    /// server's answer to Copyrator's own write of this copy is right too,
+    /// even where an admission webhook added a key to it.
     pub fn is_satisfied_by(&self, current: &Object) -> bool {
-        current.content_hash == self.content_hash
+        (current.settled && current.written_for == Some(self.content_hash))
+            || self.matches(current, true)
+    }
+
+    /// The payload and every wanted label and annotation are right; when
+    /// `strict`, no label or annotation of Copyrator's is left over either.
+    pub fn matches(&self, current: &Object, strict: bool) -> bool {
+        if current.payload_hash != self.payload_hash {
+            return false;
+        }
+        let has = |map: MetaMap, key: &str, value: &str| {
+            let others = match map {
+                MetaMap::Label => &current.labels,
+                MetaMap::Annotation => &current.annotations,
+            };
+            current.owns(map, key, value) || others.get(key).is_some_and(|v| v == value)
+        };
+        let wanted_present = self.labels.iter().all(|(k, v)| has(MetaMap::Label, k, v))
+            && self
+                .annotations
+                .iter()
+                .all(|(k, v)| has(MetaMap::Annotation, k, v));
+        wanted_present
+            && (!strict
+                || current
+                    .owned_meta
+                    .iter()
+                    .all(|(key, _)| self.meta_keys.binary_search(key).is_ok()))
+    }
+
+    /// Whether `current` holds what Copyrator last wrote for this very copy
+    /// and someone changed it since: writing again is a restore.
+    pub fn is_changed_back(&self, current: &Object) -> bool {
+        current.written_for == Some(self.content_hash) && !self.is_satisfied_by(current)
     }
 
     /// Whether `current` cannot be updated into this copy and must be replaced:
@@ -200,7 +240,18 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
     );
     annotations.insert(ANNOTATION_SOURCE_UID.into(), source.uid.clone());
     let payload_hash = source.payload_hash;
+    let mut meta_keys: Vec<u64> = labels
+        .iter()
+        .map(|(k, v)| meta_entry_hash(MetaMap::Label, k, v).0)
+        .chain(
+            annotations
+                .iter()
+                .map(|(k, v)| meta_entry_hash(MetaMap::Annotation, k, v).0),
+        )
+        .collect();
+    meta_keys.sort_unstable();
     Desired {
+        meta_keys: meta_keys.into_boxed_slice(),
         kind: rule.kind,
         name: source.name.clone(),
         content_hash: crate::index::content_hash(&labels, &annotations, payload_hash),
@@ -449,18 +500,23 @@ mod tests {
                     Action::Create { desired: d, .. }
                     | Action::Update { desired: d, .. }
                     | Action::Recreate { desired: d, .. } => {
+                        let version = self
+                            .copies
+                            .get(&namespace, &name)
+                            .and_then(|c| c.resource_version.parse::<u64>().ok())
+                            .map_or(100, |v| v + 1);
                         self.copies.upsert(Arc::new(Object::new(
                             namespace.clone(),
                             name.clone(),
                             format!("copy-{namespace}-{name}"),
-                            "100".into(),
+                            version.to_string(),
                             d.labels.clone(),
                             d.annotations.clone(),
                             d.payload.clone(),
                         )));
                     }
-                    Action::Delete { .. } => {
-                        self.copies.remove(&namespace, &name);
+                    Action::Delete { current, .. } => {
+                        self.copies.remove(&namespace, &name, &current.uid);
                     }
                 }
             }
@@ -547,6 +603,170 @@ mod tests {
             panic!("{p:?}")
         };
         assert_eq!(desired.payload["data"], json!({"k": "v2"}));
+    }
+
+    /// The copy in `a` as the cache holds it, changed by `edit` and then
+    /// owned by Copyrator only where `ours` says.
+    fn edited_copy(
+        w: &mut World,
+        edit: impl FnOnce(&mut Object),
+        ours: impl Fn(MetaMap, &str) -> bool,
+    ) {
+        let mut copy = (**w.copies.get("a", "cm").unwrap()).clone();
+        edit(&mut copy);
+        copy.rehash();
+        copy.set_owned(ours);
+        let version: u64 = copy.resource_version.parse().unwrap_or(100);
+        copy.resource_version = (version + 1).to_string();
+        w.copies.upsert(Arc::new(copy));
+    }
+
+    #[test]
+    fn keys_others_add_cause_no_write_and_are_kept() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = simple_rule();
+        let p = w.plan(&r);
+        w.apply(&p);
+        edited_copy(
+            &mut w,
+            |c| {
+                c.labels.insert("cost-center".into(), "42".into());
+                c.annotations.insert("policy/checked".into(), "yes".into());
+            },
+            |_, key| key != "cost-center" && key != "policy/checked",
+        );
+        assert!(w.plan(&r).actions.is_empty(), "no write for others' keys");
+        let held = w.copies.get("a", "cm").unwrap();
+        assert_eq!(
+            held.labels.get("cost-center").map(String::as_str),
+            Some("42")
+        );
+    }
+
+    #[test]
+    fn a_key_of_ours_changed_or_removed_by_others_is_restored() {
+        let mut w = World::new(&["src", "a"]);
+        w.source(
+            "src",
+            "cm",
+            &[("copy", "yes"), ("app", "web")],
+            json!({"k": "v"}),
+        );
+        let r = simple_rule();
+        let p = w.plan(&r);
+        w.apply(&p);
+        // Another writer sets our label to another value: it owns it now.
+        edited_copy(
+            &mut w,
+            |c| {
+                c.labels.insert("app".into(), "db".into());
+            },
+            |_, key| key != "app",
+        );
+        assert_eq!(
+            verbs(&w.plan(&r)),
+            vec![("a".into(), "cm".into(), "update")]
+        );
+        // Another writer takes our label over with the same value: still right.
+        let p = w.plan(&r);
+        w.apply(&p);
+        edited_copy(&mut w, |_| {}, |_, key| key != "app");
+        assert!(w.plan(&r).actions.is_empty());
+        // Our managed-by label removed.
+        let p = w.plan(&r);
+        w.apply(&p);
+        edited_copy(
+            &mut w,
+            |c| {
+                c.labels.remove(LABEL_MANAGED_BY);
+            },
+            |_, _| true,
+        );
+        assert_eq!(
+            verbs(&w.plan(&r)),
+            vec![("a".into(), "cm".into(), "update")]
+        );
+    }
+
+    #[test]
+    fn a_label_removed_from_the_source_is_removed_from_its_copies() {
+        let mut w = World::new(&["src", "a"]);
+        w.source(
+            "src",
+            "cm",
+            &[("copy", "yes"), ("tier", "1")],
+            json!({"k": "v"}),
+        );
+        let r = simple_rule();
+        let p = w.plan(&r);
+        w.apply(&p);
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let p = w.plan(&r);
+        let Action::Update { desired, current } = &p.actions[0] else {
+            panic!("{p:?}")
+        };
+        assert!(!desired.labels.contains_key("tier"));
+        assert!(
+            !desired.is_changed_back(current),
+            "a source change is no restore"
+        );
+    }
+
+    #[test]
+    fn a_data_key_others_add_is_put_back() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = simple_rule();
+        let p = w.plan(&r);
+        w.apply(&p);
+        edited_copy(
+            &mut w,
+            |c| {
+                c.payload
+                    .insert("data".into(), json!({"k": "v", "extra": "x"}));
+            },
+            |_, _| true,
+        );
+        assert_eq!(
+            verbs(&w.plan(&r)),
+            vec![("a".into(), "cm".into(), "update")]
+        );
+    }
+
+    #[test]
+    fn our_write_as_a_webhook_changed_it_is_right_but_a_later_change_back_is_a_restore() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = simple_rule();
+        let p = w.plan(&r);
+        let desired = match &p.actions[0] {
+            Action::Create { desired, .. } => desired.clone(),
+            other => panic!("{other:?}"),
+        };
+        w.apply(&p);
+        // The answer to our write carries a label a webhook added (attributed to us).
+        let mut answer = (**w.copies.get("a", "cm").unwrap()).clone();
+        answer.labels.insert("injected".into(), "1".into());
+        answer.rehash();
+        assert!(!desired.is_satisfied_by(&answer), "a leftover key of ours");
+        assert!(desired.matches(&answer, false));
+        answer.written_for = Some(desired.content_hash);
+        answer.settled = true;
+        w.copies.upsert(Arc::new(answer.clone().into_compact()));
+        assert!(w.plan(&r).actions.is_empty(), "no fight with the webhook");
+        // Someone changes the data back later: a restore of what we wrote.
+        answer.payload.insert("data".into(), json!({"k": "other"}));
+        answer.rehash();
+        answer.settled = false;
+        answer.resource_version = "102".into();
+        w.copies.upsert(Arc::new(answer.into_compact()));
+        let p = w.plan(&r);
+        let Action::Update { desired, current } = &p.actions[0] else {
+            panic!("{p:?}")
+        };
+        assert!(desired.is_changed_back(current));
     }
 
     #[test]

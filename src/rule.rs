@@ -203,6 +203,13 @@ pub struct RuleStatus {
     /// Copies not made because of a conflict (at most 20 listed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conflicts: Vec<ConflictEntry>,
+    /// Number of copies that another writer keeps changing back; writes to
+    /// them back off (about 1 s doubling to 5 min).
+    #[serde(default)]
+    pub contested_count: i64,
+    /// Contested copies and the field manager that changes them (at most 20 listed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub contested: Vec<ContestedEntry>,
     /// When the operator last changed a copy or this status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync_time: Option<String>,
@@ -222,6 +229,18 @@ pub struct Condition {
     pub last_transition_time: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// A copy that another writer keeps changing back.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ContestedEntry {
+    pub namespace: String,
+    pub name: String,
+    /// The field manager (from `managedFields`) that last changed it.
+    pub writer: String,
 }
 
 /// A copy that was not made because the target holds something else.

@@ -1,6 +1,6 @@
 //! A rule's status from what its reconcile saw and did (pure).
 
-use crate::rule::{Condition, ConflictEntry, RuleStatus};
+use crate::rule::{Condition, ConflictEntry, ContestedEntry, RuleStatus};
 
 /// Conflicts listed in the status; the count says how many there are in all.
 pub const MAX_LISTED_CONFLICTS: usize = 20;
@@ -18,6 +18,8 @@ pub struct Observed {
     pub problem: Option<(String, String)>,
     /// Copies still to be written (requeued for another pass).
     pub pending: u32,
+    /// Copies another writer keeps changing back.
+    pub contested: Vec<ContestedEntry>,
 }
 
 /// The status to publish, keeping transition times when nothing transitioned.
@@ -29,6 +31,20 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
             "Progressing".to_string(),
             format!("{} copies still to be written", observed.pending),
         ),
+        None if !observed.contested.is_empty() => {
+            let first = &observed.contested[0];
+            (
+                "False",
+                "CopiesContested".to_string(),
+                format!(
+                    "{} copies are changed back by another writer (first: {}/{} by {}); Copyrator restores them with growing delays",
+                    observed.contested.len(),
+                    first.namespace,
+                    first.name,
+                    first.writer
+                ),
+            )
+        }
         None if !observed.conflicts.is_empty() => (
             "True",
             "SyncedWithConflicts".to_string(),
@@ -57,6 +73,10 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
     conflicts.sort();
     let conflict_count = conflicts.len() as i64;
     conflicts.truncate(MAX_LISTED_CONFLICTS);
+    let mut contested = observed.contested.clone();
+    contested.sort();
+    let contested_count = contested.len() as i64;
+    contested.truncate(MAX_LISTED_CONFLICTS);
     let mut next = RuleStatus {
         observed_generation: observed.generation,
         rule_type: observed.rule_type.clone(),
@@ -73,6 +93,8 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
         copies: i64::from(observed.copies),
         conflict_count,
         conflicts,
+        contested_count,
+        contested,
         last_sync_time: previous.and_then(|s| s.last_sync_time.clone()),
     };
     if previous.is_none_or(|p| !same_content(p, &next)) {
@@ -158,5 +180,28 @@ mod tests {
         assert_eq!(s.conflict_count, 30);
         assert_eq!(s.conflicts.len(), MAX_LISTED_CONFLICTS);
         assert_eq!(s.conditions[0].reason, "SyncedWithConflicts");
+    }
+
+    #[test]
+    fn contested_copies_are_counted_listed_and_named() {
+        let mut o = observed();
+        o.contested = vec![ContestedEntry {
+            namespace: "t1".into(),
+            name: "cm".into(),
+            writer: "data-fighter".into(),
+        }];
+        let s = compute(None, &o, "t");
+        assert_eq!(s.contested_count, 1);
+        assert_eq!(s.contested[0].writer, "data-fighter");
+        let ready = &s.conditions[0];
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "CopiesContested")
+        );
+        assert!(
+            ready.message.contains("t1/cm by data-fighter"),
+            "{}",
+            ready.message
+        );
     }
 }

@@ -2,14 +2,14 @@
 //! concerns on the work queue.
 //!
 //! Memory stays flat as unrelated objects grow: copies are watched by their
-//! label, and each rule's sources by the rule's own selector (server-side),
-//! in its source namespaces only. Namespaces are watched as metadata.
+//! label, and each rule's sources (see `sources`) by the rule's own
+//! selector, server-side. Namespaces are watched as metadata.
 //! kube's watcher resumes from the last resourceVersion after a break and
 //! lists again only when the API server says that version is gone.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
@@ -19,29 +19,11 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
 
-use crate::controller::Shared;
-use crate::index::{NamespaceInfo, Object, ObjectKey};
+use crate::index::{NamespaceInfo, Object};
 use crate::kinds::Kind;
-use crate::rule::{CopyratorRule, ResolvedRule, RuleKey};
-
-/// Read through a lock that a panicking writer may have poisoned: the data
-/// is plain maps, still consistent enough to serve.
-pub fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-pub fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn log_watch_error(what: &str, error: &watcher::Error) {
-    // Secret payloads are never part of a watch error; only the request is.
-    warn!(watch = what, error = %error, "watch failed; retrying with backoff");
-}
+use crate::rule::{CopyratorRule, RuleKey};
+use crate::state::{Shared, lock, log_watch_error, read, write};
 
 pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -137,9 +119,14 @@ pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
                 }
                 Event::Apply(meta) => {
                     let next = info(&meta);
-                    let mut namespaces = write(&shared.namespaces);
-                    let previous = namespaces.insert(meta.name_any(), next.clone());
-                    previous.as_ref() != Some(&next)
+                    let name = meta.name_any();
+                    let previous = write(&shared.namespaces).insert(name.clone(), next.clone());
+                    let changed = previous.as_ref() != Some(&next);
+                    if changed {
+                        // A refused write into it may succeed now.
+                        lock(&shared.backoffs).forget_namespace(&name);
+                    }
+                    changed
                 }
                 Event::Delete(meta) => write(&shared.namespaces).remove(&meta.name_any()).is_some(),
             };
@@ -189,7 +176,11 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
                     write(index).upsert(Arc::new(Object::from_dynamic(kind, object).into_compact()))
                 }
                 Event::Delete(object) => write(index)
-                    .remove(&object.namespace().unwrap_or_default(), &object.name_any())
+                    .remove(
+                        &object.namespace().unwrap_or_default(),
+                        &object.name_any(),
+                        object.uid().as_deref().unwrap_or_default(),
+                    )
                     .into_iter()
                     .collect(),
             };
@@ -200,117 +191,4 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
             }
         }
     })
-}
-
-/// The watches of one rule's sources: one per source namespace, filtered by
-/// the rule's selector on the server.
-pub struct SourceWatch {
-    /// Restart when this changes: kind, selector and namespaces.
-    pub fingerprint: String,
-    pub objects: Arc<RwLock<HashMap<ObjectKey, Arc<Object>>>>,
-    synced: Vec<Arc<AtomicBool>>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-impl SourceWatch {
-    pub fn fingerprint_of(rule: &ResolvedRule) -> String {
-        format!(
-            "{}|{}|{}",
-            rule.kind,
-            rule.selector.to_query(),
-            rule.source_namespaces.join(",")
-        )
-    }
-
-    pub fn is_synced(&self) -> bool {
-        self.synced.iter().all(|s| s.load(Ordering::Acquire))
-    }
-
-    pub fn snapshot(&self) -> Vec<Arc<Object>> {
-        read(&self.objects).values().cloned().collect()
-    }
-
-    pub fn start(shared: &Arc<Shared>, rule: &ResolvedRule) -> Self {
-        let objects = Arc::new(RwLock::new(HashMap::new()));
-        let mut synced = Vec::new();
-        let mut tasks = Vec::new();
-        let selector = format!("{},!{}", rule.selector.to_query(), crate::LABEL_RULE_UID);
-        for namespace in &rule.source_namespaces {
-            let flag = Arc::new(AtomicBool::new(false));
-            synced.push(flag.clone());
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(shared.client.clone(), namespace, &rule.kind.api_resource());
-            let mut config = watcher::Config::default().labels(&selector);
-            if let Some(fields) = rule.kind.source_field_selector() {
-                config = config.fields(&fields);
-            }
-            let kind = rule.kind;
-            let key = rule.key.clone();
-            let objects = objects.clone();
-            let shared = shared.clone();
-            let namespace = namespace.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut pending: Option<HashMap<ObjectKey, Arc<Object>>> = None;
-                let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-                loop {
-                    let event = match stream.try_next().await {
-                        Ok(Some(event)) => event,
-                        Ok(None) => return,
-                        Err(e) => {
-                            log_watch_error(&format!("sources of {key} in {namespace}"), &e);
-                            continue;
-                        }
-                    };
-                    let changed = match event {
-                        Event::Init => {
-                            pending = Some(HashMap::new());
-                            false
-                        }
-                        Event::InitApply(object) => {
-                            let object = Object::from_dynamic(kind, object);
-                            if let Some(pending) = pending.as_mut() {
-                                pending.insert(object.key(), Arc::new(object));
-                            }
-                            false
-                        }
-                        Event::InitDone => {
-                            let listed = pending.take().unwrap_or_default();
-                            let mut map = write(&objects);
-                            map.retain(|(ns, _), _| *ns != namespace);
-                            map.extend(listed);
-                            drop(map);
-                            flag.store(true, Ordering::Release);
-                            debug!(rule = %key, namespace = namespace.as_str(), "sources listed");
-                            true
-                        }
-                        Event::Apply(object) => {
-                            let object = Arc::new(Object::from_dynamic(kind, object));
-                            let previous = write(&objects).insert(object.key(), object.clone());
-                            previous.as_deref() != Some(&*object)
-                        }
-                        Event::Delete(object) => write(&objects)
-                            .remove(&(object.namespace().unwrap_or_default(), object.name_any()))
-                            .is_some(),
-                    };
-                    if changed {
-                        shared.queue.add(key.clone());
-                    }
-                }
-            }));
-        }
-        Self {
-            fingerprint: Self::fingerprint_of(rule),
-            objects,
-            synced,
-            tasks,
-        }
-    }
-}
-
-impl Drop for SourceWatch {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
 }

@@ -3,18 +3,24 @@
 //!
 //! Copies are written whole (create, or update with the resourceVersion the
 //! plan saw as a precondition) rather than by server-side apply: apply
-//! cannot drop a field another manager added to a copy, so an edited copy
-//! would never converge. Writes happen only when the cached copy differs,
-//! which makes this as idempotent as apply.
+//! cannot drop a data key another manager added to a copy, so an edited
+//! copy would never converge. The labels and annotations that others own
+//! are written back unchanged, so their keys survive and stay theirs. Writes
+//! happen only when what Copyrator owns differs, which makes this as
+//! idempotent as apply. Failures come back classified, in the API server's
+//! own words, for the caller's backoff.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 use tokio::sync::Semaphore;
-use tracing::{debug, info};
+use tokio::time::Instant;
+use tracing::debug;
 
+use crate::backoff::{Failure, FailureClass};
 use crate::index::Object;
 use crate::kinds::Kind;
 use crate::leader::LeaderGate;
@@ -22,7 +28,7 @@ use crate::metrics::Metrics;
 use crate::plan::{Action, Desired};
 use crate::ratelimit::RateLimiter;
 use crate::rule::ConflictPolicy;
-use crate::{ANNOTATION_RULE, Error, FIELD_MANAGER};
+use crate::{ANNOTATION_RULE, FIELD_MANAGER};
 
 /// What became of one action.
 #[derive(Debug)]
@@ -31,11 +37,12 @@ pub enum Outcome {
     Written(Option<Arc<Object>>),
     /// A foreign object holds the name and the policy leaves it alone.
     Conflict(String),
-    /// The cluster moved under us (a newer version, a concurrent delete): plan again.
-    Retry(String),
+    /// The API server refused or did not answer; retried on a backoff.
+    Failed(Failure),
+    /// This process may not write now (it does not hold the Lease).
+    NotLeader,
     /// Nothing to do after all (the namespace is going away, the object is gone).
     Ignored(&'static str),
-    Failed(Error),
 }
 
 pub struct Writer {
@@ -44,6 +51,8 @@ pub struct Writer {
     permits: Semaphore,
     metrics: Arc<Metrics>,
     leader: LeaderGate,
+    /// While the API server throttles us (429), nothing is sent before this.
+    throttled_until: std::sync::Mutex<Option<Instant>>,
 }
 
 fn is_status(err: &kube::Error, code: u16) -> bool {
@@ -55,16 +64,65 @@ fn is_namespace_terminating(err: &kube::Error) -> bool {
         if status.code == 403 && status.message.contains("being terminated"))
 }
 
-fn to_dynamic(
-    desired: &Desired,
-    namespace: &str,
-    resource_version: Option<String>,
-) -> DynamicObject {
+/// An API error in the API server's own words ("configmaps are frozen in
+/// this namespace (Forbidden, 403)"), never a debug dump.
+pub fn describe(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => {
+            let message = if status.message.is_empty() {
+                "the API server refused the request"
+            } else {
+                status.message.as_str()
+            };
+            match (status.reason.is_empty(), status.code) {
+                (false, 0) => format!("{message} ({})", status.reason),
+                (false, code) => format!("{message} ({}, {code})", status.reason),
+                (true, 0) => message.to_owned(),
+                (true, code) => format!("{message} (HTTP {code})"),
+            }
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Classify a failed request for the retry schedule.
+pub fn classify(err: &kube::Error) -> Failure {
+    let (class, retry_after) = match err {
+        kube::Error::Api(status) => {
+            let retry_after = status
+                .details
+                .as_ref()
+                .map(|d| d.retry_after_seconds)
+                .filter(|s| *s > 0)
+                .map(|s| Duration::from_secs(u64::from(s)));
+            let class = match status.code {
+                409 => FailureClass::Conflict,
+                429 => FailureClass::Throttled,
+                code if code >= 500 => FailureClass::Transient,
+                _ => FailureClass::Refused,
+            };
+            (class, retry_after)
+        }
+        _ => (FailureClass::Transient, None),
+    };
+    Failure {
+        class,
+        message: describe(err),
+        retry_after,
+    }
+}
+
+fn to_dynamic(desired: &Desired, namespace: &str, current: Option<&Object>) -> DynamicObject {
     let mut object =
         DynamicObject::new(&desired.name, &desired.kind.api_resource()).within(namespace);
-    object.metadata.labels = Some(desired.labels.clone());
-    object.metadata.annotations = Some(desired.annotations.clone());
-    object.metadata.resource_version = resource_version;
+    // Labels and annotations that others own are written back as they are.
+    let mut labels = current.map(|c| c.labels.clone()).unwrap_or_default();
+    labels.extend(desired.labels.clone());
+    let mut annotations = current.map(|c| c.annotations.clone()).unwrap_or_default();
+    annotations.extend(desired.annotations.clone());
+    object.metadata.labels = Some(labels);
+    object.metadata.annotations = Some(annotations);
+    object.metadata.resource_version = current.map(|c| c.resource_version.clone());
     object.data = Value::Object(desired.payload.clone().into_iter().collect());
     object
 }
@@ -82,20 +140,13 @@ fn compact(kind: Kind, object: DynamicObject) -> Arc<Object> {
     Arc::new(Object::from_dynamic(kind, object).into_compact())
 }
 
-fn write_error(
-    verb: &'static str,
-    kind: Kind,
-    namespace: &str,
-    name: &str,
-    source: kube::Error,
-) -> Outcome {
-    Outcome::Failed(Error::Write {
-        verb,
-        kind: kind.name(),
-        namespace: namespace.to_owned(),
-        name: name.to_owned(),
-        source: Box::new(source),
-    })
+/// Our own write of `desired`, as the API server answered it.
+fn written(desired: &Desired, object: DynamicObject) -> Outcome {
+    let mut copy = Object::from_dynamic(desired.kind, object).into_compact();
+    copy.written_for = Some(desired.content_hash);
+    // A webhook may have added keys; what we asked for is there.
+    copy.settled = desired.matches(&copy, false);
+    Outcome::Written(Some(Arc::new(copy)))
 }
 
 impl Writer {
@@ -112,7 +163,38 @@ impl Writer {
             permits: Semaphore::new(concurrency as usize),
             metrics,
             leader,
+            throttled_until: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Slow the whole writer down while the API server throttles us.
+    fn throttled(&self, failure: &Failure) {
+        if failure.class != FailureClass::Throttled {
+            return;
+        }
+        let pause = failure
+            .retry_after
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(60));
+        let until = Instant::now() + pause;
+        let mut held = crate::state::lock(&self.throttled_until);
+        if held.is_none_or(|h| h < until) {
+            *held = Some(until);
+        }
+    }
+
+    async fn wait_while_throttled(&self) {
+        let until = *crate::state::lock(&self.throttled_until);
+        if let Some(until) = until {
+            tokio::time::sleep_until(until).await;
+        }
+    }
+
+    fn failure(&self, err: &kube::Error) -> Failure {
+        let failure = classify(err);
+        self.metrics.write_failed(failure.class.label());
+        self.throttled(&failure);
+        failure
     }
 
     fn api(&self, desired_kind: Kind, namespace: &str) -> Api<DynamicObject> {
@@ -121,6 +203,7 @@ impl Writer {
 
     /// Wait for a rate token, for requests that are not copy writes (status, events, finalizers).
     pub async fn pace(&self) {
+        self.wait_while_throttled().await;
         self.limiter.acquire().await;
     }
 
@@ -135,7 +218,7 @@ impl Writer {
         if !self.leader.is_leader() {
             return None;
         }
-        self.limiter.acquire().await;
+        self.pace().await;
         self.leader.is_leader().then_some(permit)
     }
 
@@ -147,43 +230,57 @@ impl Writer {
         rule: &str,
     ) -> Outcome {
         let Some(_permit) = self.slot().await else {
-            return Outcome::Retry("this process is not the leader".into());
+            return Outcome::NotLeader;
         };
         let outcome = match action {
             Action::Create { desired, namespace } => {
                 self.create(desired, namespace, policy, rule).await
             }
             Action::Update { desired, current } => self.update(desired, current).await,
-            Action::Recreate { desired, current } => match self.delete(desired.kind, current).await
-            {
-                Outcome::Written(_) | Outcome::Ignored(_) => {
-                    self.limiter.acquire().await;
-                    self.create(desired, &current.namespace, policy, rule).await
-                }
-                other => other,
-            },
+            Action::Recreate { desired, current } => {
+                self.recreate(desired, current, policy, rule).await
+            }
             Action::Delete { current, .. } => self.delete(kind, current).await,
         };
+        // Per copy at debug only: the rule's pass logs one summary line.
         let (namespace, name) = action.target();
         let source = action.source();
         match &outcome {
             Outcome::Written(_) => {
-                info!(rule, action = action.verb(), kind = %kind, source, namespace, name, "wrote copy")
+                debug!(rule, action = action.verb(), kind = %kind, source, namespace, name, "wrote copy")
             }
             Outcome::Conflict(reason) => {
-                info!(rule, namespace, name, reason = reason.as_str(), "conflict")
+                debug!(rule, namespace, name, reason = reason.as_str(), "conflict")
             }
-            Outcome::Retry(reason) => debug!(
+            Outcome::NotLeader => debug!(rule, namespace, name, "not the leader; not written"),
+            Outcome::Ignored(reason) => debug!(rule, namespace, name, reason, "nothing to write"),
+            Outcome::Failed(failure) => debug!(
                 rule,
+                action = action.verb(),
                 namespace,
                 name,
-                reason = reason.as_str(),
-                "will retry"
+                class = failure.class.label(),
+                error = failure.message.as_str(),
+                "write failed"
             ),
-            Outcome::Ignored(reason) => debug!(rule, namespace, name, reason, "nothing to write"),
-            Outcome::Failed(error) => info!(rule, namespace, name, error = %error, "write failed"),
         }
         outcome
+    }
+
+    async fn recreate(
+        &self,
+        desired: &Desired,
+        current: &Object,
+        policy: ConflictPolicy,
+        rule: &str,
+    ) -> Outcome {
+        match self.delete(desired.kind, current).await {
+            Outcome::Written(_) | Outcome::Ignored(_) => {
+                self.pace().await;
+                self.create(desired, &current.namespace, policy, rule).await
+            }
+            other => other,
+        }
     }
 
     async fn create(
@@ -200,7 +297,7 @@ impl Writer {
             .create(&params, &to_dynamic(desired, namespace, None))
             .await
         {
-            Ok(created) => Outcome::Written(Some(compact(desired.kind, created))),
+            Ok(created) => written(desired, created),
             Err(e) if is_status(&e, 409) => {
                 self.resolve_existing(desired, namespace, policy, rule)
                     .await
@@ -208,7 +305,7 @@ impl Writer {
             Err(e) if is_namespace_terminating(&e) || is_status(&e, 404) => {
                 Outcome::Ignored("the namespace is going away")
             }
-            Err(source) => write_error("create", desired.kind, namespace, &desired.name, source),
+            Err(e) => Outcome::Failed(self.failure(&e)),
         }
     }
 
@@ -222,13 +319,17 @@ impl Writer {
         rule: &str,
     ) -> Outcome {
         let api = self.api(desired.kind, namespace);
-        self.limiter.acquire().await;
+        self.pace().await;
         let existing = match api.get_opt(&desired.name).await {
             Ok(Some(existing)) => existing,
-            Ok(None) => return Outcome::Retry("deleted while being created".into()),
-            Err(source) => {
-                return write_error("get", desired.kind, namespace, &desired.name, source);
+            Ok(None) => {
+                return Outcome::Failed(Failure {
+                    class: FailureClass::Conflict,
+                    message: "deleted while being created".into(),
+                    retry_after: None,
+                });
             }
+            Err(e) => return Outcome::Failed(self.failure(&e)),
         };
         let our_uid = desired.labels.get(crate::LABEL_RULE_UID);
         if let Some(uid) = existing.labels().get(crate::LABEL_RULE_UID) {
@@ -249,11 +350,11 @@ impl Writer {
         {
             return Outcome::Conflict(foreign);
         }
-        let current = Object::from_dynamic(desired.kind, existing);
+        let current = Object::from_dynamic(desired.kind, existing).into_compact();
         if desired.needs_recreate(&current) {
             return match self.delete(desired.kind, &current).await {
                 Outcome::Written(_) | Outcome::Ignored(_) => {
-                    self.limiter.acquire().await;
+                    self.pace().await;
                     Box::pin(self.create(desired, namespace, policy, rule)).await
                 }
                 other => other,
@@ -262,33 +363,29 @@ impl Writer {
         self.update(desired, &current).await
     }
 
+    /// Replace the copy, conditional on the version the plan saw; labels
+    /// and annotations that others own are kept.
     async fn update(&self, desired: &Desired, current: &Object) -> Outcome {
         let api = self.api(desired.kind, &current.namespace);
         let params = write_params();
         self.metrics.write("update", desired.kind.name());
-        let object = to_dynamic(
-            desired,
-            &current.namespace,
-            Some(current.resource_version.clone()),
-        );
+        let object = to_dynamic(desired, &current.namespace, Some(current));
         match api.replace(&desired.name, &params, &object).await {
-            Ok(updated) => Outcome::Written(Some(compact(desired.kind, updated))),
-            Err(e) if is_status(&e, 409) || is_status(&e, 404) => {
-                Outcome::Retry("the copy changed meanwhile".into())
-            }
-            Err(e) if is_status(&e, 422) && current.is_immutable() => {
-                Outcome::Retry("the copy became immutable meanwhile".into())
-            }
+            Ok(updated) => written(desired, updated),
+            Err(e) if is_status(&e, 404) => Outcome::Failed(Failure {
+                class: FailureClass::Conflict,
+                message: "the copy was deleted meanwhile".into(),
+                retry_after: None,
+            }),
+            Err(e) if is_status(&e, 422) && current.is_immutable() => Outcome::Failed(Failure {
+                class: FailureClass::Conflict,
+                message: "the copy became immutable meanwhile".into(),
+                retry_after: None,
+            }),
             Err(e) if is_namespace_terminating(&e) => {
                 Outcome::Ignored("the namespace is going away")
             }
-            Err(source) => write_error(
-                "update",
-                desired.kind,
-                &current.namespace,
-                &desired.name,
-                source,
-            ),
+            Err(e) => Outcome::Failed(self.failure(&e)),
         }
     }
 
@@ -306,8 +403,7 @@ impl Writer {
         match api.delete(&current.name, &params).await {
             Ok(_) => Outcome::Written(None),
             Err(e) if is_status(&e, 404) => Outcome::Ignored("already gone"),
-            Err(e) if is_status(&e, 409) => Outcome::Retry("the copy changed meanwhile".into()),
-            Err(source) => write_error("delete", kind, &current.namespace, &current.name, source),
+            Err(e) => Outcome::Failed(self.failure(&e)),
         }
     }
 }

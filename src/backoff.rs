@@ -1,0 +1,525 @@
+//! When a copy may be written again: per-object exponential backoff for
+//! failed writes, and for copies that another writer keeps changing back
+//! (contested copies). Plain data, no I/O; time is passed in.
+//!
+//! A failed write of a copy is retried only when its backoff expires or
+//! when what should be written changes (the source, the rule, the target
+//! namespace). A restore of a copy that someone changed back is allowed at
+//! once the first time and then with doubling delays, so that two writers
+//! that disagree settle into a slow exchange instead of a hot loop.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::kinds::Kind;
+use crate::rule::RuleKey;
+
+/// `(kind, namespace, name)` of a copy.
+pub type CopyKey = (Kind, String, String);
+
+/// Restores in a row after which a copy counts as contested.
+pub const CONTESTED_AFTER: u32 = 3;
+
+/// Why a write failed, as far as when to try again is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureClass {
+    /// 409: the object changed meanwhile; the next try uses fresh state.
+    Conflict,
+    /// 429: the API server is throttling; `Retry-After` is honoured.
+    Throttled,
+    /// 403, 422, an admission policy, a quota: it will not change by itself.
+    Refused,
+    /// 5xx, a timeout, a broken connection.
+    Transient,
+}
+
+impl FailureClass {
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureClass::Conflict => "conflict",
+            FailureClass::Throttled => "throttled",
+            FailureClass::Refused => "refused",
+            FailureClass::Transient => "transient",
+        }
+    }
+}
+
+/// A failed write: its class, the API server's own words, and how long it
+/// asked us to wait.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failure {
+    pub class: FailureClass,
+    pub message: String,
+    pub retry_after: Option<Duration>,
+}
+
+/// The schedule: delays double from `base` up to `max`, with jitter.
+#[derive(Clone, Copy, Debug)]
+pub struct Policy {
+    /// First delay after a failure that may pass by itself (409, 5xx).
+    pub base: Duration,
+    /// First delay after a refusal (403, 422, quota, policy).
+    pub refusal_base: Duration,
+    pub max: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_secs(1),
+            refusal_base: Duration::from_secs(2),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl Policy {
+    /// The `n`th delay (n >= 1) from `base`, jittered by ±20 %.
+    fn delay(&self, base: Duration, n: u32, key: &CopyKey) -> Duration {
+        let exponent = n.saturating_sub(1).min(20);
+        let plain = base.saturating_mul(1 << exponent).min(self.max);
+        plain.mul_f64(jitter(key, n))
+    }
+
+    /// How long a copy must stay untouched before its contest is over.
+    fn quiet_after(&self, restores: u32) -> Duration {
+        let plain = self
+            .base
+            .saturating_mul(1 << restores.saturating_sub(1).min(20))
+            .min(self.max);
+        (plain * 4).max(Duration::from_secs(30))
+    }
+}
+
+/// A factor in [0.8, 1.2), different per copy and per step.
+fn jitter(key: &CopyKey, n: u32) -> f64 {
+    let random = std::collections::hash_map::RandomState::new().hash_one((key, n));
+    0.8 + (random % 4000) as f64 / 10_000.0
+}
+
+/// Whether a write may go now.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Admission {
+    Go,
+    /// Not before `until`; `why` says what is being waited out.
+    Wait {
+        until: Instant,
+        why: Waiting,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Waiting {
+    /// The last write failed with this.
+    Failed(Failure),
+    /// Another writer keeps changing the copy back.
+    Contested { writer: String },
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    rule: RuleKey,
+    failures: u32,
+    /// What the failed write wanted to write: a different copy may go at once.
+    failed_for: u64,
+    retry_at: Instant,
+    last_failure: Option<Failure>,
+    restores: u32,
+    next_restore_at: Option<Instant>,
+    last_restore: Option<Instant>,
+    writer: String,
+    announced: bool,
+}
+
+impl Entry {
+    fn new(rule: &RuleKey, now: Instant) -> Self {
+        Self {
+            rule: rule.clone(),
+            failures: 0,
+            failed_for: 0,
+            retry_at: now,
+            last_failure: None,
+            restores: 0,
+            next_restore_at: None,
+            last_restore: None,
+            writer: String::new(),
+            announced: false,
+        }
+    }
+
+    fn is_contested(&self) -> bool {
+        self.restores >= CONTESTED_AFTER
+    }
+}
+
+/// A contested copy, for the status and the Event.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Contest {
+    pub kind: Kind,
+    pub namespace: String,
+    pub name: String,
+    pub writer: String,
+}
+
+/// Backoff state of the copies that need it (failed or contested); copies
+/// that are simply right take no memory here.
+#[derive(Default)]
+pub struct Backoffs {
+    policy: Policy,
+    entries: HashMap<CopyKey, Entry>,
+}
+
+impl Backoffs {
+    pub fn new(policy: Policy) -> Self {
+        Self {
+            policy,
+            entries: HashMap::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// May `rule` write `wanted` (a hash of what it would write) to `key`
+    /// now? `changed_back_by` is set when the write restores what the rule
+    /// wrote before and someone changed since (the name of that writer).
+    pub fn admit(
+        &mut self,
+        key: &CopyKey,
+        rule: &RuleKey,
+        wanted: u64,
+        changed_back_by: Option<&str>,
+        now: Instant,
+    ) -> Admission {
+        if let Some(entry) = self.entries.get_mut(key)
+            && entry.failures > 0
+        {
+            {
+                if entry.failed_for == wanted && now < entry.retry_at {
+                    return Admission::Wait {
+                        until: entry.retry_at,
+                        why: Waiting::Failed(entry.last_failure.clone().unwrap_or(Failure {
+                            class: FailureClass::Transient,
+                            message: "an earlier write failed".into(),
+                            retry_after: None,
+                        })),
+                    };
+                }
+                if entry.failed_for != wanted {
+                    // Something relevant changed: try the new content now.
+                    entry.failures = 0;
+                }
+            }
+        }
+        let Some(writer) = changed_back_by else {
+            return Admission::Go;
+        };
+        let policy = self.policy;
+        let entry = self
+            .entries
+            .entry(key.clone())
+            .or_insert_with(|| Entry::new(rule, now));
+        if entry
+            .last_restore
+            .is_some_and(|last| now.duration_since(last) > policy.quiet_after(entry.restores))
+        {
+            // The last contest is long over: this is a new one.
+            entry.restores = 0;
+            entry.next_restore_at = None;
+            entry.announced = false;
+        }
+        if let Some(at) = entry.next_restore_at
+            && now < at
+        {
+            return Admission::Wait {
+                until: at,
+                why: Waiting::Contested {
+                    writer: entry.writer.clone(),
+                },
+            };
+        }
+        entry.restores += 1;
+        entry.last_restore = Some(now);
+        entry.next_restore_at = Some(now + policy.delay(policy.base, entry.restores, key));
+        writer.clone_into(&mut entry.writer);
+        Admission::Go
+    }
+
+    /// The write went through: its failure backoff is over (a contest is
+    /// not: it ends when the copy stays quiet).
+    pub fn succeeded(&mut self, key: &CopyKey) {
+        if let Some(entry) = self.entries.get_mut(key) {
+            entry.failures = 0;
+            entry.last_failure = None;
+            if entry.restores == 0 {
+                self.entries.remove(key);
+            }
+        }
+    }
+
+    /// The write failed; returns when it may be tried again.
+    pub fn failed(
+        &mut self,
+        key: &CopyKey,
+        rule: &RuleKey,
+        wanted: u64,
+        failure: Failure,
+        now: Instant,
+    ) -> Instant {
+        let policy = self.policy;
+        let entry = self
+            .entries
+            .entry(key.clone())
+            .or_insert_with(|| Entry::new(rule, now));
+        if entry.failed_for != wanted {
+            entry.failures = 0;
+        }
+        entry.failures += 1;
+        entry.failed_for = wanted;
+        let base = match failure.class {
+            FailureClass::Refused => policy.refusal_base,
+            _ => policy.base,
+        };
+        let mut delay = policy.delay(base, entry.failures, key);
+        if let Some(asked) = failure.retry_after {
+            delay = delay.max(asked.min(policy.max));
+        }
+        entry.retry_at = now + delay;
+        entry.last_failure = Some(failure);
+        entry.retry_at
+    }
+
+    /// Contested copies of `rule`, sorted.
+    pub fn contested(&self, rule: &RuleKey) -> Vec<Contest> {
+        let mut out: Vec<Contest> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.rule == *rule && e.is_contested())
+            .map(|((kind, namespace, name), e)| Contest {
+                kind: *kind,
+                namespace: namespace.clone(),
+                name: name.clone(),
+                writer: e.writer.clone(),
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Contests of `rule` not announced yet; they count as announced now.
+    pub fn take_unannounced(&mut self, rule: &RuleKey) -> Vec<Contest> {
+        let mut out = Vec::new();
+        for ((kind, namespace, name), entry) in &mut self.entries {
+            if entry.rule == *rule && entry.is_contested() && !entry.announced {
+                entry.announced = true;
+                out.push(Contest {
+                    kind: *kind,
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    writer: entry.writer.clone(),
+                });
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Every contested copy of every rule.
+    pub fn contested_total(&self) -> usize {
+        self.entries.values().filter(|e| e.is_contested()).count()
+    }
+
+    /// The rule changed or went away: everything it waited for may go now.
+    pub fn forget_rule(&mut self, rule: &RuleKey) {
+        self.entries.retain(|_, e| e.rule != *rule);
+    }
+
+    /// A namespace changed: failed writes into it may go now.
+    pub fn forget_namespace(&mut self, namespace: &str) {
+        self.entries.retain(|(_, ns, _), e| {
+            if ns == namespace {
+                e.failures = 0;
+                e.last_failure = None;
+            }
+            e.failures > 0 || e.restores > 0
+        });
+    }
+
+    /// Drop what no longer holds anything back: contests that went quiet,
+    /// failures whose retry time passed long ago (the copy is no longer
+    /// wanted, or was written by another path).
+    pub fn sweep(&mut self, now: Instant) {
+        let policy = self.policy;
+        self.entries.retain(|_, e| {
+            let failing = e.failures > 0 && now.duration_since(e.retry_at) < policy.max * 2;
+            let contesting = e
+                .last_restore
+                .is_some_and(|last| now.duration_since(last) <= policy.quiet_after(e.restores));
+            failing || contesting
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> CopyKey {
+        (Kind::ConfigMap, "ns".into(), name.into())
+    }
+
+    fn rule() -> RuleKey {
+        RuleKey {
+            namespace: "ops".into(),
+            name: "r".into(),
+        }
+    }
+
+    fn refused() -> Failure {
+        Failure {
+            class: FailureClass::Refused,
+            message: "configmaps are frozen in this namespace".into(),
+            retry_after: None,
+        }
+    }
+
+    #[test]
+    fn refusals_back_off_doubling_to_the_maximum() {
+        let mut b = Backoffs::default();
+        let start = Instant::now();
+        let mut now = start;
+        let mut attempts = 0;
+        // A write refused for ten minutes, tried whenever it is admitted.
+        while now < start + Duration::from_secs(600) {
+            if b.admit(&key("a"), &rule(), 7, None, now) == Admission::Go {
+                attempts += 1;
+                b.failed(&key("a"), &rule(), 7, refused(), now);
+            }
+            now += Duration::from_millis(100);
+        }
+        // 2, 4, 8, ... 256, then 300 s: about 10 tries in ten minutes.
+        assert!((8..=12).contains(&attempts), "{attempts} attempts");
+        let Admission::Wait { until, why } = b.admit(&key("a"), &rule(), 7, None, now) else {
+            panic!("still refused");
+        };
+        assert!(until <= now + Duration::from_secs(360));
+        assert_eq!(why, Waiting::Failed(refused()));
+    }
+
+    #[test]
+    fn refusals_in_the_first_minute_stay_few() {
+        let mut b = Backoffs::default();
+        let start = Instant::now();
+        let mut now = start;
+        let mut attempts = 0;
+        while now < start + Duration::from_secs(60) {
+            if b.admit(&key("a"), &rule(), 7, None, now) == Admission::Go {
+                attempts += 1;
+                b.failed(&key("a"), &rule(), 7, refused(), now);
+            }
+            now += Duration::from_millis(50);
+        }
+        assert!((4..=6).contains(&attempts), "{attempts} attempts");
+    }
+
+    #[test]
+    fn new_content_or_a_namespace_change_goes_at_once() {
+        let mut b = Backoffs::default();
+        let now = Instant::now();
+        b.failed(&key("a"), &rule(), 7, refused(), now);
+        assert!(matches!(
+            b.admit(&key("a"), &rule(), 7, None, now),
+            Admission::Wait { .. }
+        ));
+        assert_eq!(b.admit(&key("a"), &rule(), 8, None, now), Admission::Go);
+        b.failed(&key("a"), &rule(), 8, refused(), now);
+        b.forget_namespace("ns");
+        assert_eq!(b.admit(&key("a"), &rule(), 8, None, now), Admission::Go);
+        b.failed(&key("a"), &rule(), 8, refused(), now);
+        b.forget_rule(&rule());
+        assert_eq!(b.admit(&key("a"), &rule(), 8, None, now), Admission::Go);
+        assert!(b.is_empty());
+    }
+
+    #[test]
+    fn retry_after_is_honoured() {
+        let mut b = Backoffs::default();
+        let now = Instant::now();
+        let at = b.failed(
+            &key("a"),
+            &rule(),
+            1,
+            Failure {
+                class: FailureClass::Throttled,
+                message: "too many requests".into(),
+                retry_after: Some(Duration::from_secs(20)),
+            },
+            now,
+        );
+        assert!(at >= now + Duration::from_secs(20));
+    }
+
+    #[test]
+    fn success_clears_a_failure() {
+        let mut b = Backoffs::default();
+        let now = Instant::now();
+        b.failed(&key("a"), &rule(), 7, refused(), now);
+        b.succeeded(&key("a"));
+        assert!(b.is_empty());
+        assert_eq!(b.admit(&key("a"), &rule(), 7, None, now), Admission::Go);
+    }
+
+    #[test]
+    fn a_writer_changing_back_every_2s_gets_few_restores_and_is_named() {
+        let mut b = Backoffs::default();
+        let start = Instant::now();
+        let mut now = start;
+        let mut restores = 0;
+        let mut changed_back = true;
+        // The other writer changes the copy back every 2 s for a minute; the
+        // copy is re-planned every 100 ms while it is wrong.
+        while now < start + Duration::from_secs(60) {
+            if (now - start).as_millis().is_multiple_of(2000) {
+                changed_back = true;
+            }
+            if changed_back && b.admit(&key("a"), &rule(), 7, Some("fighter"), now) == Admission::Go
+            {
+                restores += 1;
+                changed_back = false;
+            }
+            now += Duration::from_millis(100);
+        }
+        assert!((5..=8).contains(&restores), "{restores} restores");
+        let contested = b.contested(&rule());
+        assert_eq!(contested.len(), 1);
+        assert_eq!(contested[0].writer, "fighter");
+        assert_eq!(b.take_unannounced(&rule()).len(), 1);
+        assert!(b.take_unannounced(&rule()).is_empty(), "announced once");
+        assert_eq!(b.contested_total(), 1);
+        // Once the copy stays quiet, the contest is over and memory is freed.
+        b.sweep(now + Duration::from_secs(3600));
+        assert!(b.is_empty());
+    }
+
+    #[test]
+    fn an_occasional_edit_is_restored_at_once_and_is_no_contest() {
+        let mut b = Backoffs::default();
+        let start = Instant::now();
+        for minute in 0..10 {
+            let now = start + Duration::from_secs(60 * 10 * minute);
+            assert_eq!(
+                b.admit(&key("a"), &rule(), 7, Some("person"), now),
+                Admission::Go
+            );
+        }
+        assert!(b.contested(&rule()).is_empty());
+    }
+}

@@ -1,0 +1,145 @@
+//! The rule's finalizer: added before the first copy is written, removed
+//! once every copy of a deleted rule is gone.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use serde_json::json;
+use tracing::info;
+
+use crate::kinds::Kind;
+use crate::plan::{self, Action};
+use crate::rule::{ConflictPolicy, CopyratorRule};
+use crate::state::{Shared, read, write};
+use crate::writer::{Outcome, describe};
+use crate::{Error, FINALIZER};
+
+/// Add or remove our finalizer, as a compare-and-swap on the rule's version.
+pub async fn set_finalizer(
+    shared: &Arc<Shared>,
+    rule: &CopyratorRule,
+    present: bool,
+) -> Result<(), Error> {
+    let key = rule.key();
+    let mut finalizers: Vec<String> = rule
+        .metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    if present {
+        finalizers.push(FINALIZER.into());
+    }
+    if !shared.leader.is_leader() {
+        return Ok(());
+    }
+    let api: Api<CopyratorRule> = Api::namespaced(shared.client.clone(), &key.namespace);
+    // The resourceVersion makes this a compare-and-swap of the whole list.
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": rule.metadata.resource_version}});
+    shared.writer.pace().await;
+    shared.metrics.write("patch", "CopyratorRule");
+    match api
+        .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(updated) => {
+            // Taken only if not older than what the watch has delivered meanwhile.
+            shared.set_rule(key, Arc::new(updated));
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(source) => Err(Error::Finalizer {
+            rule: key.to_string(),
+            message: describe(&source),
+        }),
+    }
+}
+
+/// A deleted rule: delete every copy it made, then let the rule go.
+pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> Result<(), Error> {
+    let key = rule.key();
+    let mut deleted = 0;
+    let mut errors = Vec::new();
+    let mut retry = false;
+    for kind in Kind::all() {
+        let actions = {
+            let namespaces = read(&shared.namespaces);
+            plan::cleanup(uid, &namespaces, &read(shared.copies(kind)))
+        };
+        if shared.dry_run {
+            for action in &actions {
+                let (namespace, name) = action.target();
+                println!("delete {kind} {namespace}/{name} (rule {key} is being deleted)");
+            }
+            continue;
+        }
+        let rule_name = key.to_string();
+        let outcomes: Vec<(Action, Outcome)> = futures::stream::iter(actions)
+            .map(|action| {
+                let rule_name = rule_name.clone();
+                async move {
+                    let outcome = shared
+                        .writer
+                        .execute(kind, &action, ConflictPolicy::Skip, &rule_name)
+                        .await;
+                    (action, outcome)
+                }
+            })
+            .buffer_unordered(shared.settings.write_concurrency as usize)
+            .collect()
+            .await;
+        for (action, outcome) in outcomes {
+            let (namespace, name) = action.target();
+            match outcome {
+                Outcome::Written(_) | Outcome::Ignored(_) => {
+                    if let Action::Delete { current, .. } = &action {
+                        write(shared.copies(kind)).remove(namespace, name, &current.uid);
+                    }
+                    deleted += 1;
+                }
+                Outcome::NotLeader | Outcome::Conflict(_) => retry = true,
+                Outcome::Failed(failure) => {
+                    errors.push(format!("{kind} {namespace}/{name}: {}", failure.message))
+                }
+            }
+        }
+    }
+    if shared.dry_run || retry {
+        // Not the leader: the next leader finishes the cleanup.
+        return Ok(());
+    }
+    if let Some(first) = errors.first() {
+        shared
+            .event(
+                rule,
+                EventType::Warning,
+                "CleanupFailed",
+                "Delete",
+                format!(
+                    "{} copies could not be deleted; first: {first}",
+                    errors.len()
+                ),
+            )
+            .await;
+        return Err(Error::Cleanup {
+            rule: key.to_string(),
+            count: errors.len(),
+            first: first.clone(),
+        });
+    }
+    shared
+        .event(
+            rule,
+            EventType::Normal,
+            "CopiesDeleted",
+            "Delete",
+            format!("the rule is being deleted: deleted its {deleted} copies"),
+        )
+        .await;
+    info!(rule = %key, deleted, "rule deleted; its copies are gone");
+    set_finalizer(shared, rule, false).await
+}

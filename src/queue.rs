@@ -1,0 +1,222 @@
+//! Rules waiting for a reconcile, now or later.
+//!
+//! A rule is queued at most once and never reconciled by two workers at
+//! once: events during its reconcile queue it again for one more pass,
+//! which is how bursts coalesce. A rule can also be queued for later (a
+//! copy in backoff); the earliest time asked for wins.
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+use crate::rule::RuleKey;
+
+pub struct Queue {
+    state: Mutex<QueueState>,
+    /// Wakes a worker when a rule is pending.
+    work: Notify,
+    /// Wakes the timer when an earlier deadline was added.
+    timer: Notify,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    pending: VecDeque<RuleKey>,
+    queued: HashSet<RuleKey>,
+    running: HashSet<RuleKey>,
+    again: HashSet<RuleKey>,
+    /// Rules queued for later, by due time; `due` holds each rule's entry.
+    delayed: BTreeSet<(Instant, RuleKey)>,
+    due: HashMap<RuleKey, Instant>,
+}
+
+impl Queue {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            state: Mutex::new(QueueState::default()),
+            work: Notify::new(),
+            timer: Notify::new(),
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn add(&self, key: RuleKey) {
+        let mut state = self.lock();
+        self.add_locked(&mut state, key);
+    }
+
+    fn add_locked(&self, state: &mut QueueState, key: RuleKey) {
+        if state.running.contains(&key) {
+            state.again.insert(key);
+        } else if state.queued.insert(key.clone()) {
+            state.pending.push_back(key);
+            self.metrics.queue_depth.set(state.pending.len() as i64);
+            self.work.notify_one();
+        }
+    }
+
+    pub fn add_all(&self, keys: impl IntoIterator<Item = RuleKey>) {
+        let mut state = self.lock();
+        for key in keys {
+            self.add_locked(&mut state, key);
+        }
+    }
+
+    /// Queue `key` once `delay` has passed, unless it is due earlier already.
+    pub fn add_after(&self, key: RuleKey, delay: Duration) {
+        let at = Instant::now() + delay;
+        let mut state = self.lock();
+        if let Some(previous) = state.due.get(&key).copied() {
+            if previous <= at {
+                return;
+            }
+            state.delayed.remove(&(previous, key.clone()));
+        }
+        let earliest = state.delayed.first().is_none_or(|(first, _)| at < *first);
+        state.delayed.insert((at, key.clone()));
+        state.due.insert(key, at);
+        if earliest {
+            self.timer.notify_one();
+        }
+    }
+
+    /// Drop a rule that went away: nothing of it stays queued for later.
+    pub fn forget(&self, key: &RuleKey) {
+        let mut state = self.lock();
+        if let Some(at) = state.due.remove(key) {
+            state.delayed.remove(&(at, key.clone()));
+        }
+    }
+
+    /// Rules queued for later (for tests and metrics).
+    pub fn delayed_len(&self) -> usize {
+        self.lock().delayed.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub async fn next(&self) -> RuleKey {
+        loop {
+            {
+                let mut state = self.lock();
+                if let Some(key) = state.pending.pop_front() {
+                    state.queued.remove(&key);
+                    state.running.insert(key.clone());
+                    self.metrics.queue_depth.set(state.pending.len() as i64);
+                    if !state.pending.is_empty() {
+                        // Wake another worker for the rest.
+                        self.work.notify_one();
+                    }
+                    return key;
+                }
+            }
+            self.work.notified().await;
+        }
+    }
+
+    pub fn done(&self, key: &RuleKey) {
+        let mut state = self.lock();
+        state.running.remove(key);
+        if state.again.remove(key) {
+            self.add_locked(&mut state, key.clone());
+        }
+    }
+
+    /// Move rules whose time has come onto the queue; runs until dropped.
+    pub async fn run_timer(&self) {
+        loop {
+            let next = {
+                let mut state = self.lock();
+                let now = Instant::now();
+                while let Some((at, _)) = state.delayed.first() {
+                    if *at > now {
+                        break;
+                    }
+                    if let Some((_, key)) = state.delayed.pop_first() {
+                        state.due.remove(&key);
+                        self.add_locked(&mut state, key);
+                    }
+                }
+                state.delayed.first().map(|(at, _)| *at)
+            };
+            match next {
+                Some(at) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at) => {}
+                        _ = self.timer.notified() => {}
+                    }
+                }
+                None => self.timer.notified().await,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> RuleKey {
+        RuleKey {
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    fn queue() -> Arc<Queue> {
+        Arc::new(Queue::new(Arc::new(Metrics::default())))
+    }
+
+    #[tokio::test]
+    async fn a_rule_is_queued_once_and_again_after_its_pass() {
+        let q = queue();
+        q.add(key("a"));
+        q.add(key("a"));
+        assert_eq!(q.len(), 1);
+        let k = q.next().await;
+        q.add(key("a"));
+        assert_eq!(q.len(), 0, "running: queued again only when done");
+        q.done(&k);
+        assert_eq!(q.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delayed_rules_come_due_in_order_and_the_earliest_wins() {
+        let q = queue();
+        let timer = tokio::spawn({
+            let q = q.clone();
+            async move { q.run_timer().await }
+        });
+        let start = Instant::now();
+        q.add_after(key("late"), Duration::from_secs(10));
+        q.add_after(key("soon"), Duration::from_secs(5));
+        q.add_after(key("soon"), Duration::from_secs(8)); // later: ignored
+        q.add_after(key("late"), Duration::from_secs(3)); // earlier: wins
+        assert_eq!(q.delayed_len(), 2);
+        assert_eq!(q.next().await, key("late"));
+        assert_eq!(start.elapsed().as_secs(), 3);
+        assert_eq!(q.next().await, key("soon"));
+        assert_eq!(start.elapsed().as_secs(), 5);
+        assert_eq!(q.delayed_len(), 0);
+        q.add_after(key("gone"), Duration::from_secs(1));
+        q.forget(&key("gone"));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(q.is_empty());
+        timer.abort();
+    }
+}

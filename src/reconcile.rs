@@ -1,0 +1,589 @@
+//! One pass over one rule: plan from the in-memory views, carry the plan
+//! out within each copy's backoff, then publish the rule's status, its
+//! Events and one summary log line.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use serde_json::json;
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use crate::backoff::{Admission, CopyKey, Failure, Waiting};
+use crate::finalizer::{cleanup, set_finalizer};
+use crate::index::Object;
+use crate::kinds::Kind;
+use crate::plan::{self, Action, DeleteReason, Inputs, Plan};
+use crate::rule::{ConflictEntry, ContestedEntry, CopyratorRule, ResolvedRule, RuleKey};
+use crate::sources::SourceWatch;
+use crate::state::{Shared, lock, read, write};
+use crate::status::{self, Observed};
+use crate::writer::Outcome;
+use crate::{Error, FIELD_MANAGER};
+
+/// An unchanged failure is logged again after this long, not on every retry.
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// What a rule's pass did, for its status, its log line and its requeue.
+#[derive(Default)]
+struct Pass {
+    plan: Plan,
+    conflicts: Vec<ConflictEntry>,
+    created: u32,
+    updated: u32,
+    pruned: u32,
+    deleted: u32,
+    /// Not written because this process does not lead.
+    not_leader: u32,
+    /// Writes that failed in this pass: `(what, failure)`.
+    failed: Vec<(String, Failure)>,
+    /// Writes waiting out the backoff of an earlier failure.
+    deferred: Vec<(String, Failure)>,
+    /// Restores of contested copies waiting out their backoff.
+    contest_waits: u32,
+    /// When the earliest copy in backoff may be written.
+    retry_at: Option<Instant>,
+}
+
+impl Pass {
+    fn written(&self) -> u32 {
+        self.created + self.updated + self.pruned + self.deleted
+    }
+
+    fn retry_no_later_than(&mut self, at: Instant) {
+        self.retry_at = Some(self.retry_at.map_or(at, |r| r.min(at)));
+    }
+
+    /// Every copy that is not written because of a failure, this pass or before.
+    fn failing(&self) -> impl Iterator<Item = &(String, Failure)> {
+        self.failed.iter().chain(&self.deferred)
+    }
+}
+
+/// Reconcile one rule: its cleanup when deleted, its finalizer, its plan,
+/// and its status. Returns when the rule wants another pass (a copy waits
+/// out a backoff).
+pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Duration>, Error> {
+    let Some(rule) = read(&shared.rules).get(key).cloned() else {
+        lock(&shared.sources).remove(key);
+        return Ok(None);
+    };
+    let uid = rule.uid().unwrap_or_default().to_owned();
+    if rule.is_deleting() {
+        if rule.has_finalizer() {
+            cleanup(shared, &rule, &uid).await?;
+        }
+        return Ok(None);
+    }
+    if !rule.has_finalizer() && !shared.dry_run {
+        set_finalizer(shared, &rule, true).await?;
+    }
+
+    let resolved = match rule.resolve(&shared.trust) {
+        Ok(resolved) => resolved,
+        Err(invalid) => {
+            // An invalid rule changes nothing: a typo must not prune copies cluster-wide.
+            lock(&shared.sources).remove(key);
+            shared.metrics.reconciled("invalid");
+            let observed = Observed {
+                generation: rule.metadata.generation,
+                rule_type: rule
+                    .effective_rule_type()
+                    .map(|t| t.kind().info().rule_type.to_string()),
+                copies: Kind::all()
+                    .map(|kind| read(shared.copies(kind)).count_owned_by(&uid) as u32)
+                    .sum(),
+                problem: Some((invalid.reason.to_string(), invalid.message.clone())),
+                ..Default::default()
+            };
+            let changed = publish_status(shared, &rule, &observed).await?;
+            if changed {
+                shared
+                    .event(
+                        &rule,
+                        EventType::Warning,
+                        invalid.reason,
+                        "Validate",
+                        invalid.message,
+                    )
+                    .await;
+            }
+            return Ok(None);
+        }
+    };
+
+    // Sources: start (or restart) the watches this rule needs and wait for their list.
+    let sources = {
+        let mut watches = lock(&shared.sources);
+        let fingerprint = SourceWatch::fingerprint_of(&resolved);
+        if watches
+            .get(key)
+            .is_none_or(|w| w.fingerprint != fingerprint)
+        {
+            let weak: Weak<Shared> = Arc::downgrade(shared);
+            let rule_key = key.clone();
+            let on_change = Arc::new(move || {
+                if let Some(shared) = weak.upgrade() {
+                    shared.queue.add(rule_key.clone());
+                }
+            });
+            watches.insert(
+                key.clone(),
+                SourceWatch::start(&shared.client, &resolved, on_change),
+            );
+        }
+        match watches.get(key) {
+            Some(watch) if watch.is_synced() => watch.snapshot(),
+            // The watch queues the rule again once it has listed.
+            _ => return Ok(None),
+        }
+    };
+
+    let started = Instant::now();
+    let pass = run_plan(shared, &rule, &resolved, &sources).await;
+    let contested: Vec<ContestedEntry> = lock(&shared.backoffs)
+        .contested(key)
+        .into_iter()
+        .map(|c| ContestedEntry {
+            namespace: c.namespace,
+            name: c.name,
+            writer: c.writer,
+        })
+        .collect();
+    let failing = pass.failing().count();
+    let problem = pass.failing().next().map(|(what, failure)| {
+        (
+            "SyncFailed".to_string(),
+            format!(
+                "{failing} copies could not be written; first: {what}: {}; retrying with backoff",
+                failure.message
+            ),
+        )
+    });
+    let observed = Observed {
+        generation: rule.metadata.generation,
+        rule_type: Some(resolved.kind.info().rule_type.to_string()),
+        sources: pass.plan.sources,
+        target_namespaces: pass.plan.target_namespaces,
+        copies: pass.plan.in_place + pass.created + pass.updated,
+        conflicts: pass.conflicts.clone(),
+        problem,
+        pending: pass.not_leader,
+        contested,
+    };
+    publish_status(shared, &rule, &observed).await?;
+    log_pass(shared, key, &pass, failing, started.elapsed());
+    announce(shared, &rule, &resolved, &pass, &observed).await;
+    shared
+        .metrics
+        .copies_contested
+        .set(lock(&shared.backoffs).contested_total() as i64);
+    Ok(pass
+        .retry_at
+        .map(|at| at.saturating_duration_since(Instant::now())))
+}
+
+/// One line per pass that wrote or failed; an unchanged failure only once a minute.
+fn log_pass(shared: &Shared, key: &RuleKey, pass: &Pass, failing: usize, took: Duration) {
+    let first_error = pass
+        .failing()
+        .next()
+        .map(|(what, f)| format!("{what}: {}", f.message))
+        .unwrap_or_default();
+    let now = Instant::now();
+    let failure_summary = format!(
+        "{failing}|{}",
+        pass.failing().next().map_or("", |(_, f)| f.class.label())
+    );
+    let log_failure = failing > 0 && {
+        let mut memory = lock(&shared.memory);
+        let memory = memory.entry(key.clone()).or_default();
+        let repeat = memory.logged_failure.as_ref().is_some_and(|(summary, at)| {
+            *summary == failure_summary && now.duration_since(*at) < FAILURE_LOG_EVERY
+        });
+        if !repeat {
+            memory.logged_failure = Some((failure_summary, now));
+        }
+        !repeat
+    };
+    if failing == 0 {
+        lock(&shared.memory)
+            .entry(key.clone())
+            .or_default()
+            .logged_failure = None;
+    }
+    let contested = lock(&shared.backoffs).contested(key).len();
+    if pass.written() > 0 || log_failure {
+        info!(
+            rule = %key,
+            created = pass.created,
+            updated = pass.updated,
+            deleted = pass.pruned + pass.deleted,
+            failed = failing,
+            conflicts = pass.conflicts.len(),
+            contested,
+            first_error = first_error.as_str(),
+            took_ms = took.as_millis() as u64,
+            "rule pass"
+        );
+    } else {
+        debug!(
+            rule = %key,
+            in_place = pass.plan.in_place,
+            deferred = pass.deferred.len() + pass.contest_waits as usize,
+            failed = failing,
+            contested,
+            took_ms = took.as_millis() as u64,
+            "rule pass, nothing written"
+        );
+    }
+}
+
+/// Events for what changed: new conflicts, prunes, failures, contests.
+async fn announce(
+    shared: &Arc<Shared>,
+    rule: &CopyratorRule,
+    resolved: &ResolvedRule,
+    pass: &Pass,
+    observed: &Observed,
+) {
+    let key = &resolved.key;
+    let new_conflicts: Vec<ConflictEntry> = {
+        let mut memory = lock(&shared.memory);
+        let memory = memory.entry(key.clone()).or_default();
+        let current: HashSet<ConflictEntry> = pass.conflicts.iter().cloned().collect();
+        let fresh = current.difference(&memory.announced).cloned().collect();
+        memory.announced = current;
+        let copies = i64::from(observed.copies);
+        let conflicts = pass.conflicts.len() as i64;
+        shared.metrics.copies_managed.inc_by(copies - memory.copies);
+        shared
+            .metrics
+            .conflicts_skipped
+            .inc_by(conflicts - memory.conflicts);
+        memory.copies = copies;
+        memory.conflicts = conflicts;
+        fresh
+    };
+    for conflict in new_conflicts.iter().take(5) {
+        shared
+            .event(
+                rule,
+                EventType::Warning,
+                "ConflictSkipped",
+                "Copy",
+                format!(
+                    "{} {}/{} not written: {}",
+                    resolved.kind, conflict.namespace, conflict.name, conflict.reason
+                ),
+            )
+            .await;
+    }
+    if pass.pruned > 0 {
+        shared
+            .event(
+                rule,
+                EventType::Normal,
+                "Pruned",
+                "Delete",
+                format!("deleted {} copies that no longer belong", pass.pruned),
+            )
+            .await;
+    }
+    // Only for writes tried in this pass: a copy waiting out its backoff
+    // was announced when it failed.
+    if let Some((what, failure)) = pass.failed.first() {
+        shared
+            .event(
+                rule,
+                EventType::Warning,
+                "SyncFailed",
+                "Copy",
+                format!(
+                    "{} writes failed; first: {what}: {}; retrying with backoff",
+                    pass.failed.len(),
+                    failure.message
+                ),
+            )
+            .await;
+    }
+    let contests = lock(&shared.backoffs).take_unannounced(key);
+    for contest in contests.iter().take(5) {
+        shared
+            .event(
+                rule,
+                EventType::Warning,
+                "CopyContested",
+                "Copy",
+                format!(
+                    "{} {}/{} keeps being changed back by {}; Copyrator restores it with growing delays (up to 5 min)",
+                    contest.kind, contest.namespace, contest.name, contest.writer
+                ),
+            )
+            .await;
+    }
+}
+
+/// `Kind namespace/name` of an action's target, for messages.
+fn describe_target(kind: Kind, action: &Action) -> String {
+    let (namespace, name) = action.target();
+    format!("{kind} {namespace}/{name}")
+}
+
+/// What an action would write, for the backoff: a different copy (the
+/// source or the rule changed) may be tried at once.
+fn wanted_hash(action: &Action) -> u64 {
+    match action {
+        Action::Create { desired, .. }
+        | Action::Update { desired, .. }
+        | Action::Recreate { desired, .. } => desired.content_hash,
+        Action::Delete { .. } => 0,
+    }
+}
+
+/// The writer that changed a copy back, when this action restores one.
+fn changed_back_by(action: &Action) -> Option<String> {
+    match action {
+        Action::Update { desired, current } | Action::Recreate { desired, current }
+            if desired.is_changed_back(current) =>
+        {
+            Some(
+                current
+                    .other_writer
+                    .as_deref()
+                    .unwrap_or("an unknown writer")
+                    .to_owned(),
+            )
+        }
+        _ => None,
+    }
+}
+
+async fn run_plan(
+    shared: &Arc<Shared>,
+    rule: &CopyratorRule,
+    resolved: &ResolvedRule,
+    sources: &[Arc<Object>],
+) -> Pass {
+    let known_conflicts = lock(&shared.memory)
+        .get(&resolved.key)
+        .map(|m| m.known_conflicts.clone())
+        .unwrap_or_default();
+    let mut plan = {
+        let namespaces = read(&shared.namespaces);
+        let copies = read(shared.copies(resolved.kind));
+        let live = |uid: &str| shared.is_live_rule(uid);
+        plan::plan(&Inputs {
+            rule: resolved,
+            namespaces: &namespaces,
+            sources,
+            copies: &copies,
+            live_rule_uids: &live,
+            known_conflicts: &known_conflicts,
+        })
+    };
+    // Copies of another kind (the rule's type changed) no longer belong.
+    let mut other_kind_deletions = Vec::new();
+    if resolved.prune {
+        let namespaces = read(&shared.namespaces);
+        for kind in Kind::all().filter(|k| *k != resolved.kind) {
+            for action in plan::cleanup(&resolved.uid, &namespaces, &read(shared.copies(kind))) {
+                other_kind_deletions.push((kind, action));
+            }
+        }
+    }
+    let mut pass = Pass {
+        conflicts: plan.conflicts.clone(),
+        ..Default::default()
+    };
+    let actions: Vec<(Kind, Action)> = std::mem::take(&mut plan.actions)
+        .into_iter()
+        .map(|a| (resolved.kind, a))
+        .chain(other_kind_deletions)
+        .collect();
+    if shared.dry_run {
+        for (kind, action) in &actions {
+            let (namespace, name) = action.target();
+            println!(
+                "{} {kind} {namespace}/{name} (rule {})",
+                action.verb(),
+                resolved.key
+            );
+        }
+        for conflict in &plan.conflicts {
+            println!(
+                "skip {} {}/{} (rule {}): {}",
+                resolved.kind, conflict.namespace, conflict.name, resolved.key, conflict.reason
+            );
+        }
+        pass.plan = plan;
+        return pass;
+    }
+
+    // Each copy's backoff decides whether it is written in this pass.
+    let now = Instant::now();
+    let mut admitted = Vec::with_capacity(actions.len());
+    {
+        let mut backoffs = lock(&shared.backoffs);
+        for (kind, action) in actions {
+            let (namespace, name) = action.target();
+            let copy: CopyKey = (kind, namespace.to_owned(), name.to_owned());
+            let restore = changed_back_by(&action);
+            match backoffs.admit(
+                &copy,
+                &resolved.key,
+                wanted_hash(&action),
+                restore.as_deref(),
+                now,
+            ) {
+                Admission::Go => admitted.push((copy, kind, action)),
+                Admission::Wait { until, why } => {
+                    pass.retry_no_later_than(until);
+                    match why {
+                        Waiting::Failed(failure) => pass
+                            .deferred
+                            .push((describe_target(kind, &action), failure)),
+                        Waiting::Contested { .. } => pass.contest_waits += 1,
+                    }
+                }
+            }
+        }
+    }
+
+    let rule_name = resolved.key.to_string();
+    let policy = resolved.conflict_policy;
+    let concurrency = shared.settings.write_concurrency as usize;
+    let results: Vec<(CopyKey, Kind, Action, Outcome)> = futures::stream::iter(admitted)
+        .map(|(copy, kind, action)| {
+            let shared = shared.clone();
+            let rule_name = rule_name.clone();
+            async move {
+                let outcome = shared
+                    .writer
+                    .execute(kind, &action, policy, &rule_name)
+                    .await;
+                (copy, kind, action, outcome)
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+
+    let mut new_conflicts = Vec::new();
+    for (copy, kind, action, outcome) in results {
+        let (namespace, name) = action.target();
+        match outcome {
+            Outcome::Written(object) => {
+                lock(&shared.backoffs).succeeded(&copy);
+                // Write-through: the next pass sees our write even before its watch event.
+                let mut index = write(shared.copies(kind));
+                match (object, &action) {
+                    (Some(object), _) => {
+                        index.upsert(object);
+                    }
+                    (None, Action::Delete { current, .. }) => {
+                        index.remove(namespace, name, &current.uid);
+                    }
+                    (None, _) => {}
+                }
+                match action {
+                    Action::Create { .. } => pass.created += 1,
+                    Action::Update { .. } | Action::Recreate { .. } => pass.updated += 1,
+                    Action::Delete {
+                        reason: DeleteReason::Pruned,
+                        ..
+                    } => pass.pruned += 1,
+                    Action::Delete { .. } => pass.deleted += 1,
+                }
+            }
+            Outcome::Conflict(reason) => {
+                new_conflicts.push(((namespace.to_owned(), name.to_owned()), reason.clone()));
+                pass.conflicts.push(ConflictEntry {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    reason,
+                });
+            }
+            Outcome::Failed(failure) => {
+                let at = lock(&shared.backoffs).failed(
+                    &copy,
+                    &resolved.key,
+                    wanted_hash(&action),
+                    failure.clone(),
+                    Instant::now(),
+                );
+                pass.retry_no_later_than(at);
+                pass.failed.push((describe_target(kind, &action), failure));
+            }
+            Outcome::NotLeader => pass.not_leader += 1,
+            Outcome::Ignored(_) => {}
+        }
+    }
+    {
+        let mut memory = lock(&shared.memory);
+        let memory = memory.entry(resolved.key.clone()).or_default();
+        for (key, reason) in new_conflicts {
+            memory.known_conflicts.insert(key, reason);
+        }
+        // A target that is ours now is no conflict any more.
+        let copies = read(shared.copies(resolved.kind));
+        memory.known_conflicts.retain(|(ns, name), _| {
+            copies
+                .get(ns, name)
+                .is_none_or(|c| c.rule_uid() != rule.uid())
+        });
+    }
+    pass.conflicts.sort();
+    pass.conflicts.dedup();
+    pass.plan = plan;
+    pass
+}
+
+/// Publish the status if its content changed; returns whether it did.
+pub async fn publish_status(
+    shared: &Arc<Shared>,
+    rule: &CopyratorRule,
+    observed: &Observed,
+) -> Result<bool, Error> {
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let next = status::compute(rule.status.as_ref(), observed, &now);
+    if rule
+        .status
+        .as_ref()
+        .is_some_and(|s| status::same_content(s, &next))
+        || shared.dry_run
+    {
+        return Ok(false);
+    }
+    if !shared.leader.is_leader() {
+        return Ok(false);
+    }
+    let key = rule.key();
+    let api: Api<CopyratorRule> = Api::namespaced(shared.client.clone(), &key.namespace);
+    let body = json!({
+        "apiVersion": format!("{}/{}", crate::rule::GROUP, crate::rule::VERSION),
+        "kind": crate::rule::KIND,
+        "status": next,
+    });
+    shared.writer.pace().await;
+    shared.metrics.write("patch", "CopyratorRule");
+    let updated = api
+        .patch_status(
+            &key.name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(|source| Error::Status {
+            rule: key.to_string(),
+            message: crate::writer::describe(&source),
+        })?;
+    // The rule as it is now, so the next pass compares with what we wrote
+    // (older than what the watch holds is ignored).
+    shared.set_rule_quietly(key, Arc::new(updated));
+    Ok(true)
+}

@@ -1,0 +1,245 @@
+//! The state shared by the watches, the workers and the HTTP server: the
+//! in-memory views of the cluster, the work queue, per-rule memory and
+//! per-copy backoff.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Client, Resource};
+use tracing::warn;
+
+use crate::backoff::Backoffs;
+use crate::config::Settings;
+use crate::index::{CopyIndex, NamespaceInfo, ObjectKey};
+use crate::kinds::Kind;
+use crate::leader::LeaderGate;
+use crate::metrics::Metrics;
+use crate::queue::Queue;
+use crate::rule::{ConflictEntry, CopyratorRule, RuleKey, Trust};
+use crate::sources::SourceWatch;
+use crate::writer::Writer;
+
+/// Read through a lock that a panicking writer may have poisoned: the data
+/// is plain maps, still consistent enough to serve.
+pub fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub fn log_watch_error(what: &str, error: &watcher::Error) {
+    // Secret payloads are never part of a watch error; only the request is.
+    warn!(watch = what, error = %error, "watch failed; retrying with backoff");
+}
+
+/// Which caches have their first full list.
+#[derive(Default)]
+pub struct Synced {
+    pub rules: AtomicBool,
+    pub namespaces: AtomicBool,
+    pub copies: [AtomicBool; 2],
+}
+
+impl Synced {
+    pub fn all(&self) -> bool {
+        self.rules.load(Ordering::Acquire)
+            && self.namespaces.load(Ordering::Acquire)
+            && self.copies.iter().all(|c| c.load(Ordering::Acquire))
+    }
+}
+
+/// A rule's memory between reconciles.
+#[derive(Default)]
+pub struct RuleMemory {
+    /// Targets that hold a foreign object of the copy's name.
+    pub known_conflicts: HashMap<ObjectKey, String>,
+    /// Conflicts already announced by an Event.
+    pub announced: HashSet<ConflictEntry>,
+    /// Consecutive failed passes, for the retry backoff.
+    pub failures: u32,
+    /// What the last failure summary said and when it was logged, so that
+    /// an unchanged failure is not logged on every retry.
+    pub logged_failure: Option<(String, tokio::time::Instant)>,
+    pub copies: i64,
+    pub conflicts: i64,
+}
+
+/// State shared by the watches, the workers and the HTTP server.
+pub struct Shared {
+    pub client: Client,
+    pub settings: Settings,
+    pub trust: Trust,
+    pub rules: RwLock<HashMap<RuleKey, Arc<CopyratorRule>>>,
+    rule_uids: RwLock<HashMap<String, RuleKey>>,
+    pub namespaces: RwLock<BTreeMap<String, NamespaceInfo>>,
+    copies: [RwLock<CopyIndex>; 2],
+    pub sources: Mutex<HashMap<RuleKey, SourceWatch>>,
+    pub memory: Mutex<HashMap<RuleKey, RuleMemory>>,
+    pub backoffs: Mutex<Backoffs>,
+    pub synced: Synced,
+    pub queue: Queue,
+    pub metrics: Arc<Metrics>,
+    pub writer: Writer,
+    recorder: Recorder,
+    pub leader: LeaderGate,
+    /// Only plan; never write (the `plan` subcommand).
+    pub dry_run: bool,
+}
+
+impl Shared {
+    pub fn new(
+        client: Client,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        leader: LeaderGate,
+        dry_run: bool,
+    ) -> Arc<Self> {
+        let limiter = crate::ratelimit::RateLimiter::new(settings.api_qps, settings.api_burst);
+        let writer = Writer::new(
+            client.clone(),
+            limiter,
+            settings.write_concurrency,
+            metrics.clone(),
+            leader.clone(),
+        );
+        let reporter = Reporter {
+            controller: "copyrator".into(),
+            instance: std::env::var("POD_NAME")
+                .or_else(|_| std::env::var("HOSTNAME"))
+                .ok(),
+        };
+        Arc::new(Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            trust: Trust {
+                operator_namespace: settings.namespace.clone(),
+                all_namespaces: settings.all_namespaces,
+            },
+            client,
+            settings,
+            rules: RwLock::default(),
+            rule_uids: RwLock::default(),
+            namespaces: RwLock::default(),
+            copies: [RwLock::default(), RwLock::default()],
+            sources: Mutex::default(),
+            memory: Mutex::default(),
+            backoffs: Mutex::default(),
+            synced: Synced::default(),
+            queue: Queue::new(metrics.clone()),
+            metrics,
+            writer,
+            leader,
+            dry_run,
+        })
+    }
+
+    pub fn copies(&self, kind: Kind) -> &RwLock<CopyIndex> {
+        &self.copies[kind as usize]
+    }
+
+    pub fn rule_by_uid(&self, uid: &str) -> Option<RuleKey> {
+        read(&self.rule_uids).get(uid).cloned()
+    }
+
+    /// Take a rule as watched or as returned by our own write. A version
+    /// older than the one held is ignored; a changed spec lets every copy
+    /// that waits out a backoff be written at once.
+    pub fn set_rule(&self, key: RuleKey, rule: Arc<CopyratorRule>) {
+        if self.set_rule_quietly(key.clone(), rule) {
+            self.queue.add(key);
+        }
+    }
+
+    /// As [`Shared::set_rule`], without queueing the rule (for the answer to
+    /// our own status write); returns whether the rule was taken.
+    pub fn set_rule_quietly(&self, key: RuleKey, rule: Arc<CopyratorRule>) -> bool {
+        {
+            let mut rules = write(&self.rules);
+            if let Some(previous) = rules.get(&key) {
+                let same_object = previous.uid() == rule.uid();
+                if same_object && is_older(&rule, previous) {
+                    return false;
+                }
+                if !same_object || previous.metadata.generation != rule.metadata.generation {
+                    lock(&self.backoffs).forget_rule(&key);
+                }
+            }
+            rules.insert(key.clone(), rule.clone());
+        }
+        if let Some(uid) = rule.uid() {
+            write(&self.rule_uids).insert(uid.to_owned(), key);
+        }
+        true
+    }
+
+    /// Forget a rule and everything held for it.
+    pub fn forget_rule(&self, key: &RuleKey) {
+        if let Some(rule) = write(&self.rules).remove(key)
+            && let Some(uid) = rule.uid()
+        {
+            write(&self.rule_uids).remove(uid);
+        }
+        lock(&self.sources).remove(key);
+        lock(&self.backoffs).forget_rule(key);
+        self.queue.forget(key);
+        if let Some(memory) = lock(&self.memory).remove(key) {
+            self.metrics.copies_managed.dec_by(memory.copies);
+            self.metrics.conflicts_skipped.dec_by(memory.conflicts);
+        }
+        self.metrics
+            .copies_contested
+            .set(lock(&self.backoffs).contested_total() as i64);
+    }
+
+    pub fn is_live_rule(&self, uid: &str) -> bool {
+        read(&self.rule_uids).contains_key(uid)
+    }
+
+    /// Publish an Event on a rule (only the leader does).
+    pub async fn event(
+        &self,
+        rule: &CopyratorRule,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        if self.dry_run || !self.leader.is_leader() {
+            return;
+        }
+        let reference = rule.object_ref(&());
+        let event = KubeEvent {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        self.writer.pace().await;
+        self.metrics.write("create", "Event");
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            warn!(error = %crate::writer::describe(&e), reason = event.reason.as_str(), "recording an event failed");
+        }
+    }
+}
+
+/// Whether `rule` is an older version of the same object than `held`.
+/// Resource versions are etcd revisions on the API servers we know; when
+/// either does not parse, the incoming one is taken.
+fn is_older(rule: &CopyratorRule, held: &CopyratorRule) -> bool {
+    let version = |r: &CopyratorRule| {
+        r.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    matches!((version(rule), version(held)), (Some(new), Some(old)) if new < old)
+}
