@@ -368,6 +368,42 @@ impl Backoffs {
     }
 }
 
+/// Delays between a broken watch's attempts to come back: short, so that a
+/// watch is back within seconds of the API server, and reset by the first
+/// event that arrives (kube's `StreamBackoff` resets on every success).
+/// A 410 Gone relists at the next attempt.
+pub struct WatchBackoff {
+    next: Duration,
+}
+
+impl WatchBackoff {
+    pub const FIRST: Duration = Duration::from_millis(250);
+    pub const MAX: Duration = Duration::from_secs(3);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self { next: Self::FIRST }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let plain = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        let random = std::collections::hash_map::RandomState::new().hash_one(plain);
+        Some(plain.mul_f64(0.8 + (random % 4000) as f64 / 10_000.0))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,6 +425,18 @@ mod tests {
             message: "configmaps are frozen in this namespace".into(),
             retry_after: None,
         }
+    }
+
+    #[test]
+    fn watch_backoff_stays_short_and_resets() {
+        use kube::runtime::utils::Backoff;
+        let mut b = WatchBackoff::default();
+        let delays: Vec<Duration> = (&mut b).take(10).collect();
+        assert!(delays[0] < Duration::from_millis(400));
+        assert!(delays.iter().all(|d| *d <= WatchBackoff::MAX.mul_f64(1.2)));
+        assert!(delays[9] >= WatchBackoff::MAX.mul_f64(0.8));
+        b.reset();
+        assert!(b.next().unwrap() < Duration::from_millis(400));
     }
 
     #[test]

@@ -92,6 +92,11 @@ pub struct Settings {
     #[arg(long, env = "API_BURST", default_value_t = 2000, global = true)]
     pub api_burst: u32,
 
+    /// Seconds after which /healthz fails when work is pending and nothing
+    /// progresses, or a watch keeps failing (Kubernetes then restarts the Pod).
+    #[arg(long, env = "STUCK_AFTER", default_value_t = 120, value_parser = clap::value_parser!(u64).range(5..), global = true)]
+    pub stuck_after: u64,
+
     /// Seconds between full passes over every rule (a pass over a correct cluster writes nothing).
     #[arg(long, env = "RESYNC_INTERVAL", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..), global = true)]
     pub resync_interval: u64,
@@ -100,6 +105,10 @@ pub struct Settings {
 impl Settings {
     pub fn lease_duration(&self) -> Duration {
         Duration::from_secs(self.lease_duration)
+    }
+
+    pub fn stuck_after(&self) -> Duration {
+        Duration::from_secs(self.stuck_after)
     }
 
     pub fn resync_interval(&self) -> Duration {

@@ -63,6 +63,7 @@ async fn work_on(shared: &Arc<Shared>, key: RuleKey) {
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
     shared.queue.done(&key);
+    shared.health.progressed();
     let failures = {
         let mut memory = lock(&shared.memory);
         match (&result, memory.get_mut(&key)) {

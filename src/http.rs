@@ -1,8 +1,10 @@
 //! /metrics, /healthz and /readyz.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -16,12 +18,92 @@ use crate::metrics::Metrics;
 use crate::{Error, Result};
 
 /// What the probes report.
-#[derive(Default)]
 pub struct Health {
     /// The watch and work loops are running.
     pub alive: AtomicBool,
     /// Every cache has its first full list (a standby is then ready to take over).
     pub ready: AtomicBool,
+    started: Instant,
+    /// Pending work without progress, or a watch failing, for this long is stuck.
+    stuck_after: Duration,
+    /// Milliseconds after `started` of the last progress.
+    last_progress_ms: AtomicU64,
+    /// Watches failing now, and since when.
+    failing_watches: Mutex<HashMap<String, Instant>>,
+    /// Whether work waits that this process should be doing.
+    work_pending: OnceLock<Box<dyn Fn() -> bool + Send + Sync>>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self::new(Duration::from_secs(120))
+    }
+}
+
+impl Health {
+    pub fn new(stuck_after: Duration) -> Self {
+        Self {
+            alive: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
+            started: Instant::now(),
+            stuck_after,
+            last_progress_ms: AtomicU64::new(0),
+            failing_watches: Mutex::default(),
+            work_pending: OnceLock::new(),
+        }
+    }
+
+    /// Tell the probe how to see pending work (the leader's queue).
+    pub fn watch_work(&self, pending: impl Fn() -> bool + Send + Sync + 'static) {
+        let _ = self.work_pending.set(Box::new(pending));
+    }
+
+    /// A reconcile or a request finished.
+    pub fn progressed(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.last_progress_ms.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub fn watch_failed(&self, watch: &str) {
+        crate::state::lock(&self.failing_watches)
+            .entry(watch.to_owned())
+            .or_insert_with(Instant::now);
+    }
+
+    pub fn watch_ok(&self, watch: &str) {
+        let mut failing = crate::state::lock(&self.failing_watches);
+        if !failing.is_empty() {
+            failing.remove(watch);
+        }
+    }
+
+    /// Why the operator is stuck, if it is.
+    pub fn stuck(&self) -> Option<String> {
+        if !self.alive.load(Ordering::Relaxed) {
+            return Some("not running".into());
+        }
+        let failing = crate::state::lock(&self.failing_watches)
+            .iter()
+            .filter(|(_, since)| since.elapsed() > self.stuck_after)
+            .map(|(watch, since)| format!("{watch} (for {} s)", since.elapsed().as_secs()))
+            .next();
+        if let Some(watch) = failing {
+            return Some(format!("a watch keeps failing: {watch}"));
+        }
+        let pending = self.work_pending.get().is_some_and(|pending| pending());
+        let idle = self.started.elapsed().as_millis() as u64
+            - self
+                .last_progress_ms
+                .load(Ordering::Relaxed)
+                .min(self.started.elapsed().as_millis() as u64);
+        if pending && Duration::from_millis(idle) > self.stuck_after {
+            return Some(format!(
+                "work is pending and nothing progressed for {} s",
+                idle / 1000
+            ));
+        }
+        None
+    }
 }
 
 #[derive(Clone)]
@@ -49,7 +131,10 @@ fn probe(ok: bool, what: &'static str) -> (StatusCode, String) {
 }
 
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
-    probe(state.health.alive.load(Ordering::Relaxed), "running")
+    match state.health.stuck() {
+        None => (StatusCode::OK, "ok\n".to_string()),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("stuck: {why}\n")),
+    }
 }
 
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
@@ -87,4 +172,36 @@ pub async fn serve(
             tracing::error!(error = %e, "the HTTP server stopped");
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_work_without_progress_is_stuck_and_progress_heals_it() {
+        let health = Health::new(Duration::from_millis(50));
+        health.alive.store(true, Ordering::Relaxed);
+        let pending = Arc::new(AtomicBool::new(false));
+        let seen = pending.clone();
+        health.watch_work(move || seen.load(Ordering::Relaxed));
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(health.stuck(), None, "idle without work is fine");
+        pending.store(true, Ordering::Relaxed);
+        assert!(health.stuck().is_some_and(|why| why.contains("pending")));
+        health.progressed();
+        assert_eq!(health.stuck(), None);
+    }
+
+    #[test]
+    fn a_watch_failing_for_long_is_stuck_until_it_recovers() {
+        let health = Health::new(Duration::from_millis(30));
+        health.alive.store(true, Ordering::Relaxed);
+        health.watch_failed("namespaces");
+        assert_eq!(health.stuck(), None, "a short failure is fine");
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(health.stuck().is_some_and(|why| why.contains("namespaces")));
+        health.watch_ok("namespaces");
+        assert_eq!(health.stuck(), None);
+    }
 }

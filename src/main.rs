@@ -82,13 +82,31 @@ async fn shutdown_signal() -> &'static str {
     }
 }
 
+/// A client whose every request has a deadline: a hung or half-open
+/// connection fails the request (and is dropped) instead of stalling a
+/// worker. Watches end on the server after `WATCH_TIMEOUT_SECONDS`, well
+/// within the read timeout, and resume from where they were.
+async fn api_client() -> anyhow::Result<kube::Client> {
+    let mut config = kube::Config::infer().await.context(
+        "cannot find the Kubernetes API configuration (in-cluster, KUBECONFIG or ~/.kube/config)",
+    )?;
+    config.connect_timeout = Some(Duration::from_secs(5));
+    config.read_timeout = Some(Duration::from_secs(
+        u64::from(copyrator::state::WATCH_TIMEOUT_SECONDS) + 5,
+    ));
+    config.reset_reader_on_write = true;
+    config.write_timeout = Some(Duration::from_secs(10));
+    // kube's own retry of 429/503 (up to 15 times, hidden from us) would
+    // multiply requests; failures come back to the per-copy backoff instead.
+    config.default_retry = false;
+    kube::Client::try_from(config).context("cannot build the Kubernetes API client")
+}
+
 async fn run(settings: Settings, plan_only: bool) -> anyhow::Result<()> {
     copyrator::telemetry::init(&settings.log_level, settings.log_format)?;
-    let client = kube::Client::try_default().await.context(
-        "cannot connect to the Kubernetes API (in-cluster, KUBECONFIG or ~/.kube/config)",
-    )?;
+    let client = api_client().await?;
     let metrics = Arc::new(Metrics::default());
-    let health = Arc::new(Health::default());
+    let health = Arc::new(Health::new(settings.stuck_after()));
     let (stop, stop_receiver) = watch::channel(false);
 
     let (gate, always_sender, election) = if settings.leader_election && !plan_only {
@@ -106,7 +124,23 @@ async fn run(settings: Settings, plan_only: bool) -> anyhow::Result<()> {
         (gate, Some(sender), None)
     };
 
-    let shared = Shared::new(client, settings.clone(), metrics.clone(), gate, plan_only);
+    let shared = Shared::new(
+        client,
+        settings.clone(),
+        metrics.clone(),
+        gate,
+        health.clone(),
+        plan_only,
+    );
+    {
+        // Work pending counts only where this process should do it: the leader.
+        let shared = Arc::downgrade(&shared);
+        health.watch_work(move || {
+            shared
+                .upgrade()
+                .is_some_and(|s| s.leader.is_leader() && !s.queue.is_empty())
+        });
+    }
     let mut tasks = vec![
         watches::spawn_rule_watch(shared.clone()),
         watches::spawn_namespace_watch(shared.clone()),

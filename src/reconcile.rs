@@ -133,7 +133,7 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
             });
             watches.insert(
                 key.clone(),
-                SourceWatch::start(&shared.client, &resolved, on_change),
+                SourceWatch::start(&shared.client, &shared.health, &resolved, on_change),
             );
         }
         match watches.get(key) {

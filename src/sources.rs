@@ -14,9 +14,11 @@ use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
 use tracing::debug;
 
+use crate::backoff::WatchBackoff;
+use crate::http::Health;
 use crate::index::{Object, ObjectKey};
 use crate::rule::ResolvedRule;
-use crate::state::{log_watch_error, read, write};
+use crate::state::{log_watch_error, read, watch_config, write};
 
 /// Called when a rule's sources changed.
 pub type OnChange = Arc<dyn Fn() + Send + Sync>;
@@ -29,6 +31,9 @@ pub struct SourceWatch {
     pub objects: Arc<RwLock<HashMap<ObjectKey, Arc<Object>>>>,
     synced: Vec<Arc<AtomicBool>>,
     tasks: Vec<JoinHandle<()>>,
+    /// The watches' names in the health report.
+    names: Vec<String>,
+    health: Arc<Health>,
 }
 
 impl SourceWatch {
@@ -49,17 +54,23 @@ impl SourceWatch {
         read(&self.objects).values().cloned().collect()
     }
 
-    pub fn start(client: &Client, rule: &ResolvedRule, on_change: OnChange) -> Self {
+    pub fn start(
+        client: &Client,
+        health: &Arc<Health>,
+        rule: &ResolvedRule,
+        on_change: OnChange,
+    ) -> Self {
         let objects = Arc::new(RwLock::new(HashMap::new()));
         let mut synced = Vec::new();
         let mut tasks = Vec::new();
+        let mut names = Vec::new();
         let selector = format!("{},!{}", rule.selector.to_query(), crate::LABEL_RULE_UID);
         for namespace in &rule.source_namespaces {
             let flag = Arc::new(AtomicBool::new(false));
             synced.push(flag.clone());
             let api: Api<DynamicObject> =
                 Api::namespaced_with(client.clone(), namespace, &rule.kind.api_resource());
-            let mut config = watcher::Config::default().labels(&selector);
+            let mut config = watch_config().labels(&selector);
             if let Some(fields) = rule.kind.source_field_selector() {
                 config = config.fields(&fields);
             }
@@ -67,16 +78,24 @@ impl SourceWatch {
             let key = rule.key.clone();
             let objects = objects.clone();
             let on_change = on_change.clone();
+            let health = health.clone();
+            let watch_name = format!("sources of {} in {namespace}", rule.key);
+            names.push(watch_name.clone());
             let namespace = namespace.clone();
             tasks.push(tokio::spawn(async move {
                 let mut pending: Option<HashMap<ObjectKey, Arc<Object>>> = None;
-                let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+                let mut stream = watcher::watcher(api, config)
+                    .backoff(WatchBackoff::default())
+                    .boxed();
                 loop {
                     let event = match stream.try_next().await {
-                        Ok(Some(event)) => event,
+                        Ok(Some(event)) => {
+                            health.watch_ok(&watch_name);
+                            event
+                        }
                         Ok(None) => return,
                         Err(e) => {
-                            log_watch_error(&format!("sources of {key} in {namespace}"), &e);
+                            log_watch_error(&health, &watch_name, &e);
                             continue;
                         }
                     };
@@ -128,6 +147,8 @@ impl SourceWatch {
             objects,
             synced,
             tasks,
+            names,
+            health: health.clone(),
         }
     }
 }
@@ -136,6 +157,10 @@ impl Drop for SourceWatch {
     fn drop(&mut self) {
         for task in &self.tasks {
             task.abort();
+        }
+        // A watch that is gone is no failing watch.
+        for name in &self.names {
+            self.health.watch_ok(name);
         }
     }
 }

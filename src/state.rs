@@ -13,6 +13,7 @@ use tracing::warn;
 
 use crate::backoff::Backoffs;
 use crate::config::Settings;
+use crate::http::Health;
 use crate::index::{CopyIndex, NamespaceInfo, ObjectKey};
 use crate::kinds::Kind;
 use crate::leader::LeaderGate;
@@ -36,9 +37,19 @@ pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-pub fn log_watch_error(what: &str, error: &watcher::Error) {
+pub fn log_watch_error(health: &Health, what: &str, error: &watcher::Error) {
+    health.watch_failed(what);
     // Secret payloads are never part of a watch error; only the request is.
     warn!(watch = what, error = %error, "watch failed; retrying with backoff");
+}
+
+/// Seconds after which the API server ends a watch (it is then resumed
+/// from its last version); the watcher also gives up on a watch that has
+/// been silent a few seconds longer, so a hung connection is replaced.
+pub const WATCH_TIMEOUT_SECONDS: u32 = 15;
+
+pub fn watch_config() -> watcher::Config {
+    watcher::Config::default().timeout(WATCH_TIMEOUT_SECONDS)
 }
 
 /// Which caches have their first full list.
@@ -91,6 +102,7 @@ pub struct Shared {
     pub writer: Writer,
     recorder: Recorder,
     pub leader: LeaderGate,
+    pub health: Arc<Health>,
     /// Only plan; never write (the `plan` subcommand).
     pub dry_run: bool,
 }
@@ -101,6 +113,7 @@ impl Shared {
         settings: Settings,
         metrics: Arc<Metrics>,
         leader: LeaderGate,
+        health: Arc<Health>,
         dry_run: bool,
     ) -> Arc<Self> {
         let limiter = crate::ratelimit::RateLimiter::new(settings.api_qps, settings.api_burst);
@@ -110,6 +123,7 @@ impl Shared {
             settings.write_concurrency,
             metrics.clone(),
             leader.clone(),
+            health.clone(),
         );
         let reporter = Reporter {
             controller: "copyrator".into(),
@@ -137,6 +151,7 @@ impl Shared {
             metrics,
             writer,
             leader,
+            health,
             dry_run,
         })
     }

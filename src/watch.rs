@@ -20,10 +20,11 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::task::JoinHandle;
 
+use crate::backoff::WatchBackoff;
 use crate::index::{NamespaceInfo, Object};
 use crate::kinds::Kind;
 use crate::rule::{CopyratorRule, RuleKey};
-use crate::state::{Shared, lock, log_watch_error, read, write};
+use crate::state::{Shared, lock, log_watch_error, read, watch_config, write};
 
 pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -33,18 +34,23 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
         } else {
             Api::namespaced(shared.client.clone(), &settings.namespace)
         };
-        let mut config = watcher::Config::default();
+        let mut config = watch_config();
         if let Some(name) = &settings.rule_name {
             config = config.fields(&format!("metadata.name={name}"));
         }
         let mut pending: Option<HashMap<RuleKey, Arc<CopyratorRule>>> = None;
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut stream = watcher::watcher(api, config)
+            .backoff(WatchBackoff::default())
+            .boxed();
         loop {
             let event = match stream.try_next().await {
-                Ok(Some(event)) => event,
+                Ok(Some(event)) => {
+                    shared.health.watch_ok("copyratorrules");
+                    event
+                }
                 Ok(None) => return,
                 Err(e) => {
-                    log_watch_error("copyratorrules", &e);
+                    log_watch_error(&shared.health, "copyratorrules", &e);
                     continue;
                 }
             };
@@ -84,15 +90,18 @@ pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<PartialObjectMeta<Namespace>> = Api::all(shared.client.clone());
         let mut pending: Option<BTreeMap<String, NamespaceInfo>> = None;
-        let mut stream = watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
+        let mut stream = watcher::watcher(api, watch_config())
+            .backoff(WatchBackoff::default())
             .boxed();
         loop {
             let event = match stream.try_next().await {
-                Ok(Some(event)) => event,
+                Ok(Some(event)) => {
+                    shared.health.watch_ok("namespaces");
+                    event
+                }
                 Ok(None) => return,
                 Err(e) => {
-                    log_watch_error("namespaces", &e);
+                    log_watch_error(&shared.health, "namespaces", &e);
                     continue;
                 }
             };
@@ -142,16 +151,21 @@ pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
 pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &kind.api_resource());
-        let config = watcher::Config::default().labels(crate::LABEL_RULE_UID);
+        let config = watch_config().labels(crate::LABEL_RULE_UID);
         let mut pending: Option<Vec<Arc<Object>>> = None;
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut stream = watcher::watcher(api, config)
+            .backoff(WatchBackoff::default())
+            .boxed();
         let index = shared.copies(kind);
         loop {
             let event = match stream.try_next().await {
-                Ok(Some(event)) => event,
+                Ok(Some(event)) => {
+                    shared.health.watch_ok(kind.info().plural);
+                    event
+                }
                 Ok(None) => return,
                 Err(e) => {
-                    log_watch_error(kind.info().plural, &e);
+                    log_watch_error(&shared.health, kind.info().plural, &e);
                     continue;
                 }
             };

@@ -51,6 +51,7 @@ pub struct Writer {
     permits: Semaphore,
     metrics: Arc<Metrics>,
     leader: LeaderGate,
+    health: Arc<crate::http::Health>,
     /// While the API server throttles us (429), nothing is sent before this.
     throttled_until: std::sync::Mutex<Option<Instant>>,
 }
@@ -156,6 +157,7 @@ impl Writer {
         concurrency: u32,
         metrics: Arc<Metrics>,
         leader: LeaderGate,
+        health: Arc<crate::http::Health>,
     ) -> Self {
         Self {
             client,
@@ -163,6 +165,7 @@ impl Writer {
             permits: Semaphore::new(concurrency as usize),
             metrics,
             leader,
+            health,
             throttled_until: std::sync::Mutex::new(None),
         }
     }
@@ -242,6 +245,7 @@ impl Writer {
             }
             Action::Delete { current, .. } => self.delete(kind, current).await,
         };
+        self.health.progressed();
         // Per copy at debug only: the rule's pass logs one summary line.
         let (namespace, name) = action.target();
         let source = action.source();
