@@ -248,7 +248,12 @@ impl Backoffs {
         }
         entry.restores += 1;
         entry.last_restore = Some(now);
-        entry.next_restore_at = Some(now + policy.delay(policy.base, entry.restores, key));
+        // The first change back may be a person's edit: the next restore
+        // goes at once too; from then on the delays double.
+        entry.next_restore_at = Some(match entry.restores {
+            1 => now,
+            n => now + policy.delay(policy.base, n - 1, key),
+        });
         writer.clone_into(&mut entry.writer);
         Admission::Go
     }

@@ -82,6 +82,7 @@ async fn work_on(shared: &Arc<Shared>, key: RuleKey) {
     match result {
         Ok(requeue) => {
             shared.metrics.reconciled("success");
+            shared.queue.release(&key);
             if let Some(delay) = requeue {
                 shared.queue.add_after(key, delay);
             }
@@ -91,7 +92,7 @@ async fn work_on(shared: &Arc<Shared>, key: RuleKey) {
             // Exponential backoff per rule, so a 403 or a dead API server is no hot loop.
             let delay = rule_retry_delay(failures);
             warn!(rule = %key, error = %error, retry_in = ?delay, "reconcile failed");
-            shared.queue.add_after(key, delay);
+            shared.queue.hold(key, delay);
         }
     }
 }

@@ -33,6 +33,9 @@ struct QueueState {
     /// Rules queued for later, by due time; `due` holds each rule's entry.
     delayed: BTreeSet<(Instant, RuleKey)>,
     due: HashMap<RuleKey, Instant>,
+    /// Rules whose last pass failed as a whole: events do not bring them
+    /// back before this time (a failing status write is no hot loop).
+    held: HashMap<RuleKey, Instant>,
 }
 
 impl Queue {
@@ -55,6 +58,13 @@ impl Queue {
     }
 
     fn add_locked(&self, state: &mut QueueState, key: RuleKey) {
+        if let Some(until) = state.held.get(&key).copied() {
+            if Instant::now() < until {
+                self.delay_locked(state, key, until);
+                return;
+            }
+            state.held.remove(&key);
+        }
         if state.running.contains(&key) {
             state.again.insert(key);
         } else if state.queued.insert(key.clone()) {
@@ -75,6 +85,28 @@ impl Queue {
     pub fn add_after(&self, key: RuleKey, delay: Duration) {
         let at = Instant::now() + delay;
         let mut state = self.lock();
+        self.delay_locked(&mut state, key, at);
+    }
+
+    /// Keep `key` off the queue until `delay` has passed, whatever events
+    /// come meanwhile; then it gets one pass.
+    pub fn hold(&self, key: RuleKey, delay: Duration) {
+        let until = Instant::now() + delay;
+        let mut state = self.lock();
+        if let Some(previous) = state.due.remove(&key) {
+            state.delayed.remove(&(previous, key.clone()));
+        }
+        state.held.insert(key.clone(), until);
+        self.delay_locked(&mut state, key, until);
+    }
+
+    /// The rule's pass succeeded: events bring it back at once again.
+    pub fn release(&self, key: &RuleKey) {
+        self.lock().held.remove(key);
+    }
+
+    fn delay_locked(&self, state: &mut QueueState, key: RuleKey, at: Instant) {
+        let at = state.held.get(&key).map_or(at, |held| at.max(*held));
         if let Some(previous) = state.due.get(&key).copied() {
             if previous <= at {
                 return;
@@ -92,6 +124,7 @@ impl Queue {
     /// Drop a rule that went away: nothing of it stays queued for later.
     pub fn forget(&self, key: &RuleKey) {
         let mut state = self.lock();
+        state.held.remove(key);
         if let Some(at) = state.due.remove(key) {
             state.delayed.remove(&(at, key.clone()));
         }
@@ -149,6 +182,7 @@ impl Queue {
                     }
                     if let Some((_, key)) = state.delayed.pop_first() {
                         state.due.remove(&key);
+                        state.held.remove(&key);
                         self.add_locked(&mut state, key);
                     }
                 }
@@ -217,6 +251,27 @@ mod tests {
         q.forget(&key("gone"));
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(q.is_empty());
+        timer.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_rule_ignores_events_until_its_time() {
+        let q = queue();
+        let timer = tokio::spawn({
+            let q = q.clone();
+            async move { q.run_timer().await }
+        });
+        let start = Instant::now();
+        q.hold(key("failing"), Duration::from_secs(4));
+        for _ in 0..10 {
+            q.add(key("failing"));
+        }
+        assert!(q.is_empty(), "events do not bring a held rule back");
+        assert_eq!(q.next().await, key("failing"));
+        assert_eq!(start.elapsed().as_secs(), 4);
+        q.done(&key("failing"));
+        q.add(key("failing"));
+        assert_eq!(q.len(), 1, "after its time, events count again");
         timer.abort();
     }
 }

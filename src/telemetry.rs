@@ -5,8 +5,18 @@ use tracing_subscriber::EnvFilter;
 use crate::config::LogFormat;
 use crate::{Error, Result};
 
+/// kube's HTTP layer logs an ERROR line of its own for every failed
+/// request; the operator reports failures aggregated per rule instead, so
+/// those lines are off unless directives ask for them.
+const QUIET_CLIENT: &str = "kube_client::client::builder=off";
+
 pub fn init(level: &str, format: LogFormat) -> Result<()> {
-    let filter = EnvFilter::try_new(level)
+    let directives = if level.contains("kube") {
+        level.to_owned()
+    } else {
+        format!("{level},{QUIET_CLIENT}")
+    };
+    let filter = EnvFilter::try_new(&directives)
         .map_err(|e| Error::Config(format!("--log-level {level:?}: {e}")))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -809,19 +809,13 @@ async fn copy_edited(kind: Kind, test: &str) {
     t.set_labels(kind, &t1, "s", &[("team", Some("evil"))])
         .await;
     t.wait_copy(kind, &t1, &s, &op, "r").await;
-    // An added label (a copy belongs to Copyrator entirely).
+    // A removed label of the source's.
+    t.set_labels(kind, &t1, "s", &[("team", None)]).await;
+    t.wait_copy(kind, &t1, &s, &op, "r").await;
+    // An added label is someone else's: it stays. A tracking annotation
+    // changed at the same time is put back, which shows the edit was seen.
     t.set_labels(kind, &t1, "s", &[("intruder", Some("x"))])
         .await;
-    let uid = t.rule_uid(&op, "r").await;
-    t.wait_obj(kind, &t1, "s", "the added label removed again", |o| {
-        check_copy(o, &s, &op, "r", &uid)?;
-        match o.label("intruder") {
-            None => Ok(()),
-            Some(v) => Err(format!("label intruder={v} still there")),
-        }
-    })
-    .await;
-    // A changed tracking annotation.
     t.patch(
         kind,
         &t1,
@@ -829,7 +823,17 @@ async fn copy_edited(kind: Kind, test: &str) {
         json!({"metadata": {"annotations": {ANNOTATION_SOURCE: "elsewhere/x"}}}),
     )
     .await;
-    let before = t.wait_copy(kind, &t1, &s, &op, "r").await;
+    let uid = t.rule_uid(&op, "r").await;
+    let before = t
+        .wait_obj(kind, &t1, "s", "the tracking annotation put back", |o| {
+            check_copy(o, &s, &op, "r", &uid)
+        })
+        .await;
+    assert_eq!(
+        before.label("intruder"),
+        Some("x"),
+        "a label someone else added is left alone"
+    );
 
     // Deleted: put back.
     t.delete(kind, &t1, "s").await;
