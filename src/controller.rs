@@ -27,16 +27,14 @@ pub async fn run_workers(
         async move { shared.queue.run_timer().await }
     });
     let mut handles = Vec::new();
+    // A standby works too: its passes write nothing (every write asks the
+    // Lease first), but they start each rule's source watches and keep
+    // every cache warm, so a takeover writes at once.
     for _ in 0..workers {
         let shared = shared.clone();
         let mut stop = stop.clone();
-        let mut leader = shared.leader.clone();
         handles.push(tokio::spawn(async move {
             loop {
-                tokio::select! {
-                    _ = stop.wait_for(|s| *s) => return,
-                    _ = leader.wait_for_leadership() => {}
-                }
                 let key = tokio::select! {
                     _ = stop.wait_for(|s| *s) => return,
                     key = shared.queue.next() => key,
@@ -108,7 +106,11 @@ pub async fn run_resync(
     let mut ticker = tokio::time::interval_at(Instant::now() + interval, interval);
     let mut leading = shared.leader.subscribe();
     let mut election_running = true;
+    // Copies of rules deleted while no operator ran.
+    crate::finalizer::collect_orphans(&shared).await;
     loop {
+        // The select only decides; awaiting inside it would hold the stop
+        // signal's guard across the await.
         tokio::select! {
             _ = stop.wait_for(|s| *s) => return,
             _ = ticker.tick() => {
@@ -120,11 +122,13 @@ pub async fn run_resync(
             changed = leading.changed(), if election_running => {
                 // A closed channel means the election ended (shutdown).
                 election_running = changed.is_ok();
-                if !election_running || !*leading.borrow_and_update() {
+                let now_leading = election_running && *leading.borrow_and_update();
+                if !now_leading {
                     continue;
                 }
             }
         }
+        crate::finalizer::collect_orphans(&shared).await;
         let keys: Vec<RuleKey> = read(&shared.rules).keys().cloned().collect();
         debug!(rules = keys.len(), "reconciling every rule");
         shared.queue.add_all(keys);

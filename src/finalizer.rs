@@ -59,6 +59,72 @@ pub async fn set_finalizer(
     }
 }
 
+/// Delete the copies of rules that are gone without their finalizer having
+/// run (see `plan::orphans`); returns how many were deleted.
+pub async fn collect_orphans(shared: &Arc<Shared>) -> usize {
+    if shared.dry_run || !shared.leader.is_leader() || !shared.synced.all() {
+        return 0;
+    }
+    let responsible = |rule: &str| {
+        let Some((namespace, name)) = rule.split_once('/') else {
+            return false;
+        };
+        let watched_namespace =
+            shared.settings.all_namespaces || namespace == shared.settings.namespace;
+        let watched_name = shared
+            .settings
+            .rule_name
+            .as_deref()
+            .is_none_or(|only| only == name);
+        let key = crate::rule::RuleKey {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        };
+        watched_namespace && watched_name && !read(&shared.rules).contains_key(&key)
+    };
+    let mut deleted = 0;
+    let mut failed = 0;
+    for kind in Kind::all() {
+        let actions = {
+            let namespaces = read(&shared.namespaces);
+            let live = |uid: &str| shared.is_live_rule(uid);
+            plan::orphans(&read(shared.copies(kind)), &namespaces, &live, &responsible)
+        };
+        let outcomes: Vec<(Action, Outcome)> = futures::stream::iter(actions)
+            .map(|action| async move {
+                let outcome = shared
+                    .writer
+                    .execute(kind, &action, ConflictPolicy::Skip, "(rule gone)")
+                    .await;
+                (action, outcome)
+            })
+            .buffer_unordered(shared.settings.write_concurrency as usize)
+            .collect()
+            .await;
+        for (action, outcome) in outcomes {
+            match (outcome, &action) {
+                (Outcome::Written(_) | Outcome::Ignored(_), Action::Delete { current, .. }) => {
+                    write(shared.copies(kind)).remove(
+                        &current.namespace,
+                        &current.name,
+                        &current.uid,
+                    );
+                    deleted += 1;
+                }
+                (Outcome::Failed(_), _) => failed += 1,
+                _ => {}
+            }
+        }
+    }
+    if deleted + failed > 0 {
+        info!(
+            deleted,
+            failed, "collected the copies of rules that are gone"
+        );
+    }
+    deleted
+}
+
 /// A deleted rule: delete every copy it made, then let the rule go.
 pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> Result<(), Error> {
     let key = rule.key();

@@ -392,6 +392,11 @@ impl CopyIndex {
             .filter_map(|key| self.by_key.get(key))
     }
 
+    /// The rule UIDs that label at least one copy.
+    pub fn rule_uids(&self) -> impl Iterator<Item = &str> {
+        self.by_rule.keys().map(String::as_str)
+    }
+
     pub fn count_owned_by(&self, rule_uid: &str) -> usize {
         self.by_rule.get(rule_uid).map_or(0, HashSet::len)
     }

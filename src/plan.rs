@@ -392,11 +392,13 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
 
     if rule.prune {
         for current in inputs.copies.owned_by(&rule.uid) {
-            let terminating = inputs
+            // A namespace the cache has not seen yet may well be a target:
+            // its copies wait until it has been seen.
+            let prunable = inputs
                 .namespaces
                 .get(&current.namespace)
-                .is_some_and(|ns| ns.terminating);
-            if !terminating && !wanted.contains(&current.key()) {
+                .is_some_and(|ns| !ns.terminating);
+            if prunable && !wanted.contains(&current.key()) {
                 out.actions.push(Action::Delete {
                     current: current.clone(),
                     reason: DeleteReason::Pruned,
@@ -421,6 +423,39 @@ fn is_ours(rule: &ResolvedRule, current: &Object, live_rule_uids: &dyn Fn(&str) 
         }
         None => false,
     }
+}
+
+/// The deletions of copies whose rule is gone without its finalizer having
+/// run (force-deleted, or the finalizer removed by hand): their rule UID
+/// is no live rule, and the rule they name is one this operator is
+/// responsible for (`responsible(namespace/name)`) and does not exist, so
+/// no rule of that name adopts them. Copies in namespaces the cache has
+/// not seen, or that are terminating, are left alone.
+pub fn orphans(
+    copies: &CopyIndex,
+    namespaces: &BTreeMap<String, NamespaceInfo>,
+    live_rule_uid: &dyn Fn(&str) -> bool,
+    responsible_for_missing_rule: &dyn Fn(&str) -> bool,
+) -> Vec<Action> {
+    let mut out: Vec<Action> = copies
+        .rule_uids()
+        .filter(|uid| !live_rule_uid(uid))
+        .flat_map(|uid| copies.owned_by(uid))
+        .filter(|c| {
+            c.rule_ref
+                .as_deref()
+                .is_some_and(responsible_for_missing_rule)
+                && namespaces
+                    .get(&c.namespace)
+                    .is_some_and(|ns| !ns.terminating)
+        })
+        .map(|c| Action::Delete {
+            current: c.clone(),
+            reason: DeleteReason::RuleDeleted,
+        })
+        .collect();
+    out.sort_by(|a, b| a.target().cmp(&b.target()));
+    out
 }
 
 /// The deletions that clean up after a deleted rule: every copy it made,
@@ -619,6 +654,51 @@ mod tests {
         let version: u64 = copy.resource_version.parse().unwrap_or(100);
         copy.resource_version = (version + 1).to_string();
         w.copies.upsert(Arc::new(copy));
+    }
+
+    #[test]
+    fn nothing_is_pruned_in_a_namespace_the_cache_has_not_seen() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = simple_rule();
+        let p = w.plan(&r);
+        w.apply(&p);
+        // A copy of ours in a namespace the namespace watch has not delivered yet.
+        let mut elsewhere = (**w.copies.get("a", "cm").unwrap()).clone();
+        elsewhere.namespace = "new".into();
+        elsewhere.uid = "copy-new".into();
+        w.copies.upsert(Arc::new(elsewhere));
+        assert!(w.plan(&r).actions.is_empty(), "{:?}", w.plan(&r).actions);
+        // Once seen, it is judged like any other: a target, so it stays right.
+        w.namespaces.insert("new".into(), NamespaceInfo::default());
+        assert!(w.plan(&r).actions.is_empty());
+    }
+
+    #[test]
+    fn copies_of_a_rule_gone_without_its_finalizer_are_orphans() {
+        let mut w = World::new(&["src", "a", "b"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = simple_rule();
+        let p = w.plan(&r);
+        w.apply(&p);
+        let rule_ref = r.key.to_string();
+        // The rule is live: nothing is an orphan.
+        let live = |uid: &str| uid == "rule-1";
+        let mine = |rule: &str| rule == rule_ref;
+        assert!(orphans(&w.copies, &w.namespaces, &live, &mine).is_empty());
+        // The rule is gone: both copies are.
+        let gone = |_: &str| false;
+        let found = orphans(&w.copies, &w.namespaces, &gone, &mine);
+        assert_eq!(
+            found.iter().map(|a| a.target().0).collect::<Vec<_>>(),
+            vec!["a", "b"]
+        );
+        // Another operator's rule (or one of the same name that adopts them): none.
+        let not_mine = |_: &str| false;
+        assert!(orphans(&w.copies, &w.namespaces, &gone, &not_mine).is_empty());
+        // A terminating namespace takes its copies along by itself.
+        w.namespaces.get_mut("a").unwrap().terminating = true;
+        assert_eq!(orphans(&w.copies, &w.namespaces, &gone, &mine).len(), 1);
     }
 
     #[test]
