@@ -279,3 +279,63 @@ async fn rule_deleted_while_the_operator_is_down_is_cleaned_up_on_restart() {
             .is_empty()
     );
 }
+
+/// A rule that vanished without its finalizer (force-deleted: the
+/// finalizer removed by hand while no operator ran) leaves copies that
+/// nobody owns: the next operator collects them by the rule-UID label at
+/// start. Copies of a rule this operator is not responsible for (another
+/// namespace's operator) are left alone.
+#[tokio::test]
+async fn copies_of_a_force_deleted_rule_are_collected_at_start() {
+    let t = TestNs::new("force-deleted").await;
+    let op = t.ns("op").await;
+    let other_op = t.ns("other").await;
+    let t1 = t.ns("t1").await;
+    let t2 = t.ns("t2").await;
+    t.create_rule(&op, "r", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    t.create_rule(&other_op, "r", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let mut operator = Operator::start(&t, &op, &[]);
+    let mut other = Operator::start(&t, &other_op, &[]);
+    let s = t.create_source(CM, &op, "s", &[], &[("k", "v")]).await;
+    let o = t.create_source(CM, &other_op, "o", &[], &[("k", "v")]).await;
+    for ns in [&t1, &t2] {
+        t.wait_copy(CM, ns, &s, &op, "r").await;
+        t.wait_copy(CM, ns, &o, &other_op, "r").await;
+    }
+    let uid = t.rule_uid(&op, "r").await;
+    let other_uid = t.rule_uid(&other_op, "r").await;
+    operator.crash();
+    other.crash();
+
+    // Force-deleted: the finalizer stripped, the rule gone.
+    t.patch_rule(&op, "r", json!({"metadata": {"finalizers": null}}))
+        .await;
+    t.delete_rule(&op, "r").await;
+    t.wait_rule_gone(&op, "r", "force-deleted").await;
+    assert_eq!(
+        t.list_labelled(CM, LABEL_RULE_UID, &uid).await.len(),
+        2,
+        "the copies outlive the force-deleted rule while no operator runs"
+    );
+
+    let _operator = Operator::start(&t, &op, &[]);
+    wait_until(
+        "the copies of the force-deleted rule to be collected",
+        TIMEOUT,
+        async || match t.list_labelled(CM, LABEL_RULE_UID, &uid).await.len() {
+            0 => Ok(()),
+            n => Err(format!("{n} copies left")),
+        },
+    )
+    .await;
+    // The other operator's rule is alive but its operator is down: its copies stay.
+    assert_for("the other operator's copies to stay", QUIET, async || {
+        match t.list_labelled(CM, LABEL_RULE_UID, &other_uid).await.len() {
+            2 => Ok(()),
+            n => Err(format!("{n} copies of the other rule")),
+        }
+    })
+    .await;
+}
