@@ -7,11 +7,14 @@
 //!   in a file; killed on drop, its log printed when the test failed.
 //! * [`wait_until`] and friends: polling with clear timeout messages.
 //! * [`service_account_kubeconfig`]: run the operator as a ServiceAccount.
+//! * [`audit`]: the API server's audit log, to count requests by user.
 //!
 //! Tests run in parallel against one cluster, so every test names its own
 //! namespaces, selects its sources by a label value unique to the test and
 //! restricts its rules' targets with `spec.targets.include`.
 #![allow(dead_code)]
+
+pub mod audit;
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
