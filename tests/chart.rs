@@ -206,43 +206,6 @@ impl Drop for Release {
     }
 }
 
-/// A kubeconfig for the chart's ServiceAccount, with a real token.
-fn service_account_kubeconfig(namespace: &str, account: &str, path: &std::path::Path) {
-    let mut cmd = Command::new("kubectl");
-    cmd.args([
-        "create",
-        "token",
-        account,
-        "--namespace",
-        namespace,
-        "--duration",
-        "1h",
-    ]);
-    let token = run(cmd, "kubectl create token");
-    let admin = kube::config::Kubeconfig::read().expect("reading the admin kubeconfig");
-    let cluster = admin.clusters[0]
-        .cluster
-        .as_ref()
-        .expect("a cluster in the kubeconfig");
-    let config = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {
-            "server": cluster.server,
-            "certificate-authority": cluster.certificate_authority,
-            "certificate-authority-data": cluster.certificate_authority_data,
-        }}],
-        "users": [{"name": account, "user": {"token": token.trim()}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": account}}],
-        "current-context": "c",
-    });
-    std::fs::write(
-        path,
-        serde_yaml::to_string(&config).expect("kubeconfig as YAML"),
-    )
-    .expect("writing the kubeconfig");
-}
-
 /// The operator, running outside the cluster as the chart's ServiceAccount
 /// (RBAC on), does its whole job: ConfigMap and Secret copies, a new
 /// namespace filled, a copy repaired (update), a conflict (get), a prune,

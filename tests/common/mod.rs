@@ -6,11 +6,15 @@
 //! * [`Operator`]: the `copyrator` binary as a child process with its output
 //!   in a file; killed on drop, its log printed when the test failed.
 //! * [`wait_until`] and friends: polling with clear timeout messages.
+//! * [`service_account_kubeconfig`]: run the operator as a ServiceAccount.
+//! * [`audit`]: the API server's audit log, to count requests by user.
 //!
 //! Tests run in parallel against one cluster, so every test names its own
 //! namespaces, selects its sources by a label value unique to the test and
 //! restricts its rules' targets with `spec.targets.include`.
 #![allow(dead_code)]
+
+pub mod audit;
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
@@ -1121,6 +1125,58 @@ async fn cleanup(namespaces: Vec<String>, extra: Vec<(Kind, String, String)>) {
         }
         let _ = Api::<Namespace>::all(client.clone()).delete(ns, &dp).await;
     }
+}
+
+// ---------------------------------------------------------------------------
+// identities
+
+/// Writes a kubeconfig for the ServiceAccount `namespace/account` (a real
+/// token from `kubectl create token`, valid for an hour) to `path`, with the
+/// server and CA of the admin kubeconfig: an operator started with it as
+/// KUBECONFIG runs as that ServiceAccount, under its RBAC, and the audit log
+/// names it `system:serviceaccount:<namespace>:<account>`.
+pub fn service_account_kubeconfig(namespace: &str, account: &str, path: &std::path::Path) {
+    let out = Command::new("kubectl")
+        .args([
+            "create",
+            "token",
+            account,
+            "--namespace",
+            namespace,
+            "--duration",
+            "1h",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl create token: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "kubectl create token {account} --namespace {namespace} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let admin = kube::config::Kubeconfig::read().expect("reading the admin kubeconfig");
+    let cluster = admin.clusters[0]
+        .cluster
+        .as_ref()
+        .expect("a cluster in the kubeconfig");
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {
+            "server": cluster.server,
+            "certificate-authority": cluster.certificate_authority,
+            "certificate-authority-data": cluster.certificate_authority_data,
+        }}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": account}}],
+        "current-context": "c",
+    });
+    std::fs::write(
+        path,
+        serde_yaml::to_string(&config).expect("kubeconfig as YAML"),
+    )
+    .expect("writing the kubeconfig");
 }
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,1464 @@
+//! Living with neighbours (design.md): what the operator does when others
+//! touch its copies or refuse its writes, measured against a real control
+//! plane.
+//!
+//! * Labels and annotations another tool adds never cause a write; the
+//!   operator's own labels are put back.
+//! * A copy someone keeps changing back is contested: restored, then backed
+//!   off, and reported in the status, in an Event and in a metric.
+//! * A write refused by an admission policy, by RBAC or by API Priority and
+//!   Fairness is reported and retried on a schedule, never in a storm.
+//! * A neighbour that keeps the copies' resourceVersions moving (409 on
+//!   every update) does not make the operator write in a loop.
+//!
+//! Every test runs the operator under a ServiceAccount of its own, so that
+//! its requests are counted in the API server's audit log
+//! (`COPYRATOR_AUDIT_LOG`, see `common::audit`), and with JSON logs, whose
+//! lines are parsed and counted by level. Each test prints what it measured
+//! before it checks its bounds.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use common::audit::{Audit, Query, WRITE_VERBS, service_account_user};
+use common::*;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+use kube::Client;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::ApiResource;
+use serde_json::{Value, json};
+
+const CM: Kind = Kind::ConfigMap;
+
+/// A measured window.
+const MINUTE: Duration = Duration::from_secs(60);
+/// The longest a refused or contested copy may wait for its next write
+/// (the backoff maximum is 5 min), plus its jitter.
+const CONVERGE: Duration = Duration::from_secs(330);
+/// Bounds while a namespace refuses the operator's writes, per minute.
+const MAX_REQUESTS_REFUSED_NS: usize = 15;
+const MAX_LOG_LINES: usize = 10;
+
+// ===========================================================================
+// helpers of this file
+
+/// Cluster-scoped objects a test made (RBAC, admission policies, flow
+/// control); deleted in reverse order when the guard drops, also on panic.
+struct ClusterObjects {
+    items: Mutex<Vec<(ApiResource, String)>>,
+}
+
+impl ClusterObjects {
+    fn new() -> ClusterObjects {
+        ClusterObjects {
+            items: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Creates `body` (with apiVersion and kind) as a cluster-scoped object
+    /// of resource `ar`, to be deleted when the guard drops.
+    async fn create(&self, client: &Client, ar: ApiResource, body: Value) -> DynamicObject {
+        let name = body["metadata"]["name"]
+            .as_str()
+            .expect("metadata.name")
+            .to_string();
+        let object: DynamicObject =
+            serde_json::from_value(body.clone()).expect("a Kubernetes object");
+        self.items.lock().unwrap().push((ar.clone(), name.clone()));
+        Api::<DynamicObject>::all_with(client.clone(), &ar)
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("creating {} {name}: {}\n{body}", ar.kind, err_msg(&e)))
+    }
+
+    /// Deletes one of the objects now (the guard forgets it).
+    async fn delete(&self, client: &Client, ar: &ApiResource, name: &str) {
+        self.items
+            .lock()
+            .unwrap()
+            .retain(|(a, n)| !(a.kind == ar.kind && n == name));
+        match Api::<DynamicObject>::all_with(client.clone(), ar)
+            .delete(name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => panic!("deleting {} {name}: {}", ar.kind, err_msg(&e)),
+        }
+    }
+}
+
+impl Drop for ClusterObjects {
+    fn drop(&mut self) {
+        let items = std::mem::take(&mut *self.items.lock().unwrap());
+        if items.is_empty() {
+            return;
+        }
+        // The test's runtime may be shutting down (or panicking).
+        let handle = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let Ok(client) = Client::try_default().await else {
+                    return;
+                };
+                for (ar, name) in items.iter().rev() {
+                    let _ = Api::<DynamicObject>::all_with(client.clone(), ar)
+                        .delete(name, &DeleteParams::default())
+                        .await;
+                }
+            });
+        });
+        let _ = handle.join();
+    }
+}
+
+fn ar<K: kube::Resource<DynamicType = ()>>() -> ApiResource {
+    ApiResource::erase::<K>(&())
+}
+
+/// Everything the operator uses (the chart's ClusterRole, plus the verbs a
+/// newer operator may use: patch on copies, get and update on rules,
+/// namespaces get, the Lease).
+fn operator_rules() -> Value {
+    json!([
+        {"apiGroups": [""], "resources": ["configmaps", "secrets"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["flant.com"], "resources": ["copyrators"],
+         "verbs": ["get", "list", "watch", "patch", "update"]},
+        {"apiGroups": ["flant.com"], "resources": ["copyrators/status"], "verbs": ["patch", "update"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "verbs": ["get", "create", "update"]},
+    ])
+}
+
+/// As [`operator_rules`], but ConfigMaps and Secrets only read.
+fn reader_rules() -> Value {
+    let mut rules = operator_rules();
+    rules[0]["verbs"] = json!(["get", "list", "watch"]);
+    rules
+}
+
+/// The operator's identity in a test.
+struct Identity {
+    namespace: String,
+    /// Its audit user name.
+    user: String,
+    kubeconfig: String,
+}
+
+/// Asks the API server whether the ServiceAccount may `verb` `resource`
+/// (core group) in `namespace` (None: cluster-wide).
+async fn can(
+    client: &Client,
+    id: &Identity,
+    verb: &str,
+    resource: &str,
+    namespace: Option<&str>,
+) -> Result<bool, String> {
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "spec": {
+            "user": id.user,
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{}", id.namespace), "system:authenticated"],
+            "resourceAttributes": {"group": "", "resource": resource, "verb": verb, "namespace": namespace},
+        }
+    }))
+    .unwrap();
+    let answer = Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .map_err(|e| err_msg(&e))?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+async fn wait_access(t: &TestNs, id: &Identity, verb: &str, namespace: Option<&str>, want: bool) {
+    wait_until(
+        format!(
+            "{} to {} be allowed to {verb} configmaps in {namespace:?}",
+            id.user,
+            if want { "" } else { "no longer" }
+        ),
+        TIMEOUT,
+        async || match can(&t.client, id, verb, "configmaps", namespace).await? {
+            got if got == want => Ok(()),
+            got => Err(format!("allowed: {got}")),
+        },
+    )
+    .await;
+}
+
+/// A ServiceAccount `account` in `namespace`, bound cluster-wide to a
+/// ClusterRole of its own with `rules`, and a kubeconfig for it.
+async fn operator_identity(
+    t: &TestNs,
+    cluster: &ClusterObjects,
+    namespace: &str,
+    account: &str,
+    rules: Value,
+) -> Identity {
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
+    Api::<ServiceAccount>::namespaced(t.client.clone(), namespace)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "creating ServiceAccount {namespace}/{account}: {}",
+                err_msg(&e)
+            )
+        });
+    let role = format!("{}-{account}", t.prefix);
+    cluster
+        .create(
+            &t.client,
+            ar::<ClusterRole>(),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": role}, "rules": rules,
+            }),
+        )
+        .await;
+    cluster
+        .create(
+            &t.client,
+            ar::<ClusterRoleBinding>(),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": role},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+            }),
+        )
+        .await;
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{role}.kubeconfig"));
+    service_account_kubeconfig(namespace, account, &path);
+    let id = Identity {
+        namespace: namespace.to_string(),
+        user: service_account_user(namespace, account),
+        kubeconfig: path.to_string_lossy().into_owned(),
+    };
+    wait_access(t, &id, "list", None, true).await;
+    id
+}
+
+/// The operator as `id`, JSON logs at info.
+fn start_operator(t: &TestNs, namespace: &str, id: &Identity) -> Operator {
+    Operator::start_with_env(
+        t,
+        vec![
+            "run".into(),
+            "--namespace".into(),
+            namespace.into(),
+            "--log-format".into(),
+            "json".into(),
+            "--log-level".into(),
+            "info".into(),
+        ],
+        &[("KUBECONFIG", &id.kubeconfig)],
+    )
+}
+
+/// The operator's log lines in a window, by level (parsed as JSON).
+struct LogLines {
+    /// INFO, WARN and ERROR lines in the window.
+    info_plus: usize,
+    by_level: BTreeMap<String, usize>,
+    /// INFO+ lines in the window by message.
+    by_message: BTreeMap<String, usize>,
+    /// Lines (anywhere in the log) that are not JSON objects with a
+    /// timestamp and a level.
+    not_json: usize,
+}
+
+fn log_lines(operator: &Operator, from: DateTime<Utc>, to: DateTime<Utc>) -> LogLines {
+    let mut out = LogLines {
+        info_plus: 0,
+        by_level: BTreeMap::new(),
+        by_message: BTreeMap::new(),
+        not_json: 0,
+    };
+    for line in operator.logs().lines() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let parsed = serde_json::from_str::<Value>(line).ok().and_then(|v| {
+            let at = v
+                .get("timestamp")?
+                .as_str()?
+                .parse::<DateTime<Utc>>()
+                .ok()?;
+            let level = v.get("level")?.as_str()?.to_string();
+            let message = v
+                .get("message")
+                .or_else(|| v.pointer("/fields/message"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            Some((at, level, message))
+        });
+        let Some((at, level, message)) = parsed else {
+            out.not_json += 1;
+            continue;
+        };
+        if at < from || at >= to {
+            continue;
+        }
+        if matches!(level.as_str(), "INFO" | "WARN" | "ERROR") {
+            out.info_plus += 1;
+            *out.by_message.entry(message).or_default() += 1;
+        }
+        *out.by_level.entry(level).or_default() += 1;
+    }
+    out
+}
+
+/// Polls `f` every `every` for at most `timeout`, without panicking: the
+/// value and when it came, or the last thing seen.
+async fn poll<T>(
+    timeout: Duration,
+    every: Duration,
+    mut f: impl AsyncFnMut() -> Result<T, String>,
+) -> Result<(T, Duration), String> {
+    let start = Instant::now();
+    loop {
+        match f().await {
+            Ok(v) => return Ok((v, start.elapsed())),
+            Err(last) if start.elapsed() >= timeout => {
+                return Err(format!("not within {timeout:?}; last seen: {last}"));
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+async fn sleep_until(at: Instant) {
+    tokio::time::sleep_until(at.into()).await;
+}
+
+fn utc(d: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap()
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+/// Whether the copies of `sources` in `targets` made by the rule are all
+/// right, in one list request.
+async fn copies_right(
+    t: &TestNs,
+    rule: (&str, &str, &str),
+    targets: &[String],
+    sources: &[&Obj],
+) -> Result<(), String> {
+    let (rule_ns, rule_name, rule_uid) = rule;
+    let lp = ListParams::default().labels(&format!("{LABEL_RULE_UID}={rule_uid}"));
+    let copies: BTreeMap<(String, String), Obj> = Api::<ConfigMap>::all(t.client.clone())
+        .list(&lp)
+        .await
+        .map_err(|e| err_msg(&e))?
+        .items
+        .into_iter()
+        .map(Obj::from_configmap)
+        .map(|o| ((o.namespace.clone(), o.name.clone()), o))
+        .collect();
+    let mut wrong = Vec::new();
+    for ns in targets {
+        for source in sources {
+            let check = match copies.get(&(ns.clone(), source.name.clone())) {
+                None => Err(format!("no copy {ns}/{}", source.name)),
+                Some(copy) => check_copy(copy, source, rule_ns, rule_name, rule_uid),
+            };
+            if let Err(e) = check {
+                wrong.push(e);
+            }
+        }
+    }
+    match wrong.first() {
+        None => Ok(()),
+        Some(first) => Err(format!(
+            "{} of {} copies not right; first: {first}",
+            wrong.len(),
+            targets.len() * sources.len()
+        )),
+    }
+}
+
+/// The labels of a Prometheus sample, `a="x",b="y"` (values unescaped).
+fn parse_labels(mut s: &str) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    loop {
+        s = s.trim_start_matches([',', ' ']);
+        let Some((key, rest)) = s.split_once('=') else {
+            return labels;
+        };
+        let rest = rest.strip_prefix('"').unwrap_or(rest);
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let mut end = rest.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, e)) = chars.next() {
+                        value.push(if e == 'n' { '\n' } else { e });
+                    }
+                }
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        labels.insert(key.trim().to_string(), value);
+        s = &rest[end..];
+    }
+}
+
+/// The sum of the samples of `name` carrying `labels` in a Prometheus text
+/// exposition (None: no such sample).
+fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> Result<Option<f64>, String> {
+    let mut sum = None;
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            return Err(format!("not a sample line: {line:?}"));
+        };
+        let (series_name, series_labels) = match series.split_once('{') {
+            Some((n, rest)) => (n, parse_labels(rest.trim_end_matches('}'))),
+            None => (series, BTreeMap::new()),
+        };
+        let wanted = series_name == name
+            && labels
+                .iter()
+                .all(|(k, v)| series_labels.get(*k).map(String::as_str) == Some(*v));
+        if wanted {
+            let value: f64 = value.parse().map_err(|e| format!("sample {line:?}: {e}"))?;
+            *sum.get_or_insert(0.0) += value;
+        }
+    }
+    Ok(sum)
+}
+
+/// A metric of the operator's /metrics, summed over its series.
+async fn metric(operator: &Operator, name: &str) -> Result<Option<f64>, String> {
+    let (code, body) = http_get(operator.port, "/metrics").await?;
+    if code != 200 {
+        return Err(format!("GET /metrics answered {code}"));
+    }
+    metric_sum(&body, name, &[])
+}
+
+/// The API server's own /metrics (as the admin of the kubeconfig).
+fn api_server_metrics() -> String {
+    let out = std::process::Command::new("kubectl")
+        .args(["get", "--raw", "/metrics"])
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl get --raw /metrics: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "kubectl get --raw /metrics failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The rule's Ready condition as (status, message).
+fn ready_of(rule: &Value) -> (String, String) {
+    let c = ready_condition(rule);
+    let field = |f: &str| {
+        c.and_then(|c| c.get(f))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    (field("status"), field("message"))
+}
+
+/// Ready False with a message that says why in words: contains `needle`
+/// (case-insensitive) and is no debug dump of an API error.
+fn refused_status(rule: &Value, needle: &str) -> Result<(), String> {
+    let (status, message) = ready_of(rule);
+    if status == "False"
+        && message.to_lowercase().contains(&needle.to_lowercase())
+        && !message.contains("Status {")
+    {
+        Ok(())
+    } else {
+        Err(format!("Ready {status:?}, message {message:?}"))
+    }
+}
+
+/// The neighbour's patch parameters.
+fn as_manager(manager: &str) -> PatchParams {
+    PatchParams {
+        field_manager: Some(manager.into()),
+        ..Default::default()
+    }
+}
+
+/// Setup shared by the refused-write tests: the operator's namespace, three
+/// targets (the first is the one that will refuse), a source copied into
+/// all of them, and the operator's identity. Returns (op, targets, source,
+/// identity).
+async fn refused_setup(
+    t: &TestNs,
+    cluster: &ClusterObjects,
+    account: &str,
+    rules: Value,
+) -> (String, Vec<String>, Obj, Identity) {
+    let op = t.ns("op").await;
+    let mut targets = Vec::new();
+    for i in 1..=3 {
+        targets.push(t.ns(&format!("t{i}")).await);
+    }
+    let id = operator_identity(t, cluster, &op, account, rules).await;
+    let src = t.create_source(CM, &op, "a", &[], &[("k", "v1")]).await;
+    (op, targets, src, id)
+}
+
+/// What the refused-write tests measure in their minute.
+struct RefusedMinute {
+    others_ok: Result<Duration, String>,
+    /// When the status first said why, in words.
+    status_seen: Option<Duration>,
+    /// The Ready condition (status, message) at the end of the minute.
+    ready_at_end: (String, String),
+    status_at_end: Result<(), String>,
+    requests: usize,
+    by_verb: BTreeMap<String, usize>,
+    by_code: BTreeMap<u16, usize>,
+    lines: LogLines,
+}
+
+/// The refused namespace `targets[0]` gets two copies to write (one
+/// created, one updated) while the others get them too; for a minute:
+/// the operator's requests for that namespace, its INFO+ log lines, and
+/// its status (Ready False, the reason in words).
+#[allow(clippy::too_many_arguments)]
+async fn refused_minute(
+    t: &TestNs,
+    audit: &Audit,
+    operator: &Operator,
+    id: &Identity,
+    op: &str,
+    targets: &[String],
+    rule_uid: &str,
+    status_needle: &str,
+) -> (RefusedMinute, Obj, Obj) {
+    let refused = &targets[0];
+    let start = Instant::now();
+    let start_utc = Utc::now();
+    let a = t.set_data(CM, op, "a", &[("k", Some("v2"))]).await;
+    let b = t.create_source(CM, op, "b", &[], &[("k", "b1")]).await;
+    let others_ok = poll(TIMEOUT, POLL, async || {
+        copies_right(t, (op, "cfgs", rule_uid), &targets[1..], &[&a, &b]).await
+    })
+    .await
+    .map(|((), d)| d);
+    let status_seen = poll(
+        MINUTE.saturating_sub(start.elapsed()),
+        POLL,
+        async || match t.try_get_rule(op, "cfgs").await? {
+            Some(rule) => refused_status(&rule, status_needle),
+            None => Err("the rule is gone".into()),
+        },
+    )
+    .await
+    .ok()
+    .map(|((), _)| start.elapsed());
+    sleep_until(start + MINUTE).await;
+    let rule = t.get_rule(op, "cfgs").await;
+    let ready_at_end = ready_of(&rule);
+    let status_at_end = refused_status(&rule, status_needle);
+    let end_utc = start_utc + utc(MINUTE);
+    audit.settle(&t.client, end_utc).await;
+    let q = Query::user(&id.user)
+        .namespace(refused)
+        .between(start_utc, end_utc);
+    let minute = RefusedMinute {
+        others_ok,
+        status_seen,
+        ready_at_end,
+        status_at_end,
+        requests: audit.count(&q),
+        by_verb: audit.by_verb(&q),
+        by_code: audit.by_code(&q),
+        lines: log_lines(operator, start_utc, end_utc),
+    };
+    (minute, a, b)
+}
+
+fn print_refused(test: &str, m: &RefusedMinute, refused: &str) {
+    println!(
+        "{test}: operator requests for {refused} in 60 s: {} (by verb {:?}, by code {:?})",
+        m.requests, m.by_verb, m.by_code
+    );
+    println!(
+        "{test}: operator INFO+ log lines in 60 s: {} (by level {:?}; non-JSON lines in the log: {})",
+        m.lines.info_plus, m.lines.by_level, m.lines.not_json
+    );
+    println!("{test}: INFO+ lines by message: {:?}", m.lines.by_message);
+    println!(
+        "{test}: copies in the other namespaces right: {:?}",
+        m.others_ok.as_ref().map(|d| secs(*d))
+    );
+    println!(
+        "{test}: status said why in words first at: {:?}",
+        m.status_seen.map(secs)
+    );
+    println!(
+        "{test}: Ready at the end of the minute: {}, message: {}",
+        m.ready_at_end.0, m.ready_at_end.1
+    );
+}
+
+fn assert_refused(test: &str, m: &RefusedMinute, converged: &Result<Duration, String>) {
+    let mut failures = Vec::new();
+    if let Err(e) = &m.others_ok {
+        failures.push(format!("copies into the other namespaces: {e}"));
+    }
+    if m.requests > MAX_REQUESTS_REFUSED_NS {
+        failures.push(format!(
+            "{} requests for the refusing namespace in 60 s (at most {MAX_REQUESTS_REFUSED_NS})",
+            m.requests
+        ));
+    }
+    if m.lines.info_plus > MAX_LOG_LINES {
+        failures.push(format!(
+            "{} INFO+ log lines in 60 s (at most {MAX_LOG_LINES}): {:?}",
+            m.lines.info_plus, m.lines.by_message
+        ));
+    }
+    if m.status_seen.is_none() {
+        failures.push("the status never said why in words within the minute".to_string());
+    }
+    if m.status_at_end.is_err() {
+        failures.push(format!(
+            "at the end of the minute the status is not Ready False with the reason in words (no debug dump): Ready {}, message {:?}",
+            m.ready_at_end.0, m.ready_at_end.1
+        ));
+    }
+    if let Err(e) = converged {
+        failures.push(format!("the namespace did not converge once allowed: {e}"));
+    }
+    assert!(failures.is_empty(), "{test}:\n  {}", failures.join("\n  "));
+}
+
+// ===========================================================================
+// 1. labels and annotations of others
+
+/// A neighbour adds a label and an annotation to each of 25 copies: the
+/// operator writes nothing for a minute and the neighbour's keys stay.
+/// Then the neighbour removes the operator's managed-by label from one
+/// copy: it is back within 10 s.
+#[tokio::test]
+async fn neighbour_labels_and_annotations_cause_no_write_and_own_labels_come_back() {
+    const TEST: &str = "neighbour-labels";
+    let t = TestNs::new("nb-labels").await;
+    let cluster = ClusterObjects::new();
+    let audit = Audit::start();
+    let op = t.ns("op").await;
+    let mut targets = Vec::new();
+    for i in 1..=5 {
+        targets.push(t.ns(&format!("t{i}")).await);
+    }
+    let id = operator_identity(&t, &cluster, &op, "copyrator-labels", operator_rules()).await;
+    let mut operator = start_operator(&t, &op, &id);
+    operator.wait_ready().await;
+    let mut sources = Vec::new();
+    for i in 1..=5 {
+        let v = format!("v{i}");
+        sources.push(
+            t.create_source(CM, &op, &format!("cfg-{i}"), &[], &[("k", &v)])
+                .await,
+        );
+    }
+    let rule = t
+        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    let sources: Vec<&Obj> = sources.iter().collect();
+    wait_until("25 copies right", MINUTE, async || {
+        copies_right(&t, (&op, "cfgs", &uid), &targets, &sources).await
+    })
+    .await;
+    t.wait_rule_ready(&op, "cfgs").await;
+
+    let label = "neighbour.example.com/team";
+    let annotation = "neighbour.example.com/checked";
+    let neighbour = as_manager("neighbour");
+    let start = Instant::now();
+    let start_utc = Utc::now();
+    for ns in &targets {
+        for source in &sources {
+            t.cms(ns)
+                .patch(
+                    &source.name,
+                    &neighbour,
+                    &Patch::Merge(json!({"metadata": {
+                        "labels": {label: "blue"},
+                        "annotations": {annotation: "yes"},
+                    }})),
+                )
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "the neighbour patching {ns}/{}: {}",
+                        source.name,
+                        err_msg(&e)
+                    )
+                });
+        }
+    }
+    sleep_until(start + MINUTE).await;
+    let end_utc = start_utc + utc(MINUTE);
+    audit.settle(&t.client, end_utc).await;
+    let q = Query::user(&id.user)
+        .verbs(WRITE_VERBS)
+        .resource("configmaps")
+        .between(start_utc, end_utc);
+    let writes = audit.count(&q);
+    let by_verb = audit.by_verb(&q);
+    let mut lost = Vec::new();
+    for ns in &targets {
+        for source in &sources {
+            let copy = t.must_get(CM, ns, &source.name).await;
+            if copy.label(label) != Some("blue") || copy.annotation(annotation) != Some("yes") {
+                lost.push(format!("{ns}/{}", source.name));
+            }
+        }
+    }
+
+    // The operator's own label, removed by the neighbour, comes back.
+    let (ns, name) = (&targets[0], &sources[0].name);
+    t.cms(ns)
+        .patch(
+            name,
+            &neighbour,
+            &Patch::Merge(json!({"metadata": {"labels": {LABEL_MANAGED_BY: null}}})),
+        )
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "removing {LABEL_MANAGED_BY} from {ns}/{name}: {}",
+                err_msg(&e)
+            )
+        });
+    let back = poll(Duration::from_secs(10), POLL, async || {
+        match t.try_get(CM, ns, name).await? {
+            Some(o) if o.label(LABEL_MANAGED_BY) == Some("copyrator") => Ok(()),
+            Some(o) => Err(format!("labels {:?}", o.labels)),
+            None => Err("the copy is gone".into()),
+        }
+    })
+    .await
+    .map(|((), d)| d);
+
+    println!("{TEST}: operator writes in 60 s: {writes} (by verb {by_verb:?})");
+    println!(
+        "{TEST}: copies that lost the neighbour's label or annotation: {} of 25 {lost:?}",
+        lost.len()
+    );
+    println!(
+        "{TEST}: {LABEL_MANAGED_BY} back after: {:?}",
+        back.as_ref().map(|d| secs(*d))
+    );
+    assert_eq!(
+        writes, 0,
+        "the operator wrote configmaps after a neighbour added labels and annotations: {by_verb:?}"
+    );
+    assert!(
+        lost.is_empty(),
+        "the neighbour's label or annotation was removed from {lost:?}"
+    );
+    if let Err(e) = back {
+        panic!("{LABEL_MANAGED_BY} removed by a neighbour was not put back: {e}");
+    }
+    operator.assert_running();
+}
+
+// ===========================================================================
+// 2. a contested copy
+
+/// A neighbour rewrites one copy's data every 2 s for a minute: the first
+/// change is undone within 5 s, then the operator backs off (at most 15
+/// writes to the copy in the minute) and reports the copy as contested
+/// (status, Event naming the other writer, metric). Once the neighbour
+/// stops, the copy is right again within the backoff maximum.
+#[tokio::test]
+async fn a_copy_rewritten_every_2s_is_contested_backed_off_and_reported() {
+    const TEST: &str = "data-fighter";
+    const FIGHTER: &str = "data-fighter";
+    let t = TestNs::new("nb-fight").await;
+    let cluster = ClusterObjects::new();
+    let audit = Audit::start();
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    let t2 = t.ns("t2").await;
+    let id = operator_identity(&t, &cluster, &op, "copyrator-fight", operator_rules()).await;
+    let mut operator = start_operator(&t, &op, &id);
+    operator.wait_ready().await;
+    let src = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    let rule = t
+        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    for ns in [&t1, &t2] {
+        t.wait_copy(CM, ns, &src, &op, "cfgs").await;
+    }
+    t.wait_rule_ready(&op, "cfgs").await;
+
+    let fighter = as_manager(FIGHTER);
+    let start = Instant::now();
+    let start_utc = Utc::now();
+    let mut next_change = start;
+    let mut changes = 0u32;
+    let mut first_change: Option<Instant> = None;
+    let mut first_restored: Option<Duration> = None;
+    let mut next_report_check = start;
+    let mut status_seen: Option<Duration> = None;
+    let mut max_contested_count = 0u64;
+    let mut last_contested = Value::Null;
+    let mut event_seen: Option<(Duration, String)> = None;
+    let mut notes = std::collections::BTreeSet::new();
+    let mut gauge_max: Option<f64> = None;
+    let mut gauge_error = None;
+    while start.elapsed() < MINUTE {
+        let now = Instant::now();
+        if now >= next_change {
+            t.cms(&t1)
+                .patch(
+                    "cfg",
+                    &fighter,
+                    &Patch::Merge(json!({"data": {"k": format!("fighter-{changes}")}})),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("the fighter's change {changes}: {}", err_msg(&e)));
+            changes += 1;
+            first_change.get_or_insert(now);
+            next_change += Duration::from_secs(2);
+        }
+        if let (Some(at), None) = (first_change, first_restored)
+            && let Ok(Some(copy)) = t.try_get(CM, &t1, "cfg").await
+            && copy.data == src.data
+        {
+            first_restored = Some(at.elapsed());
+        }
+        if Instant::now() >= next_report_check {
+            next_report_check += Duration::from_secs(1);
+            if let Ok(Some(rule)) = t.try_get_rule(&op, "cfgs").await {
+                let count = status_u64(&rule, "contestedCount").unwrap_or(0);
+                max_contested_count = max_contested_count.max(count);
+                let contested = rule
+                    .pointer("/status/contested")
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                let listed = contested.as_array().is_some_and(|list| {
+                    list.iter().any(|c| {
+                        c["namespace"] == t1.as_str()
+                            && c["name"] == "cfg"
+                            && c["writer"] == FIGHTER
+                    })
+                });
+                if count >= 1 && listed && status_seen.is_none() {
+                    status_seen = Some(start.elapsed());
+                }
+                last_contested = contested;
+            }
+            if event_seen.is_none() {
+                for e in t.events_regarding(&op, "cfgs").await {
+                    if e.reason.as_deref() != Some("CopyContested") {
+                        continue;
+                    }
+                    let note = e.note.clone().unwrap_or_default();
+                    if note.contains(FIGHTER) {
+                        event_seen = Some((start.elapsed(), note));
+                        break;
+                    }
+                    notes.insert(note);
+                }
+            }
+            match metric(&operator, "copyrator_copies_contested").await {
+                Ok(Some(v)) => gauge_max = Some(gauge_max.map_or(v, |m: f64| m.max(v))),
+                Ok(None) => {}
+                Err(e) => gauge_error = Some(e),
+            }
+        }
+        let pause = next_change
+            .min(next_report_check)
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(250));
+        tokio::time::sleep(pause).await;
+    }
+    let stopped = Instant::now();
+    let end_utc = start_utc + utc(stopped - start);
+    let converged = poll(CONVERGE, Duration::from_secs(1), async || {
+        copies_right(&t, (&op, "cfgs", &uid), std::slice::from_ref(&t1), &[&src]).await
+    })
+    .await
+    .map(|((), _)| stopped.elapsed());
+    audit.settle(&t.client, end_utc).await;
+    let q = Query::user(&id.user)
+        .verbs(WRITE_VERBS)
+        .resource("configmaps")
+        .namespace(&t1)
+        .name("cfg")
+        .between(start_utc, end_utc);
+    let writes = audit.count(&q);
+    let by_code = audit.by_code(&q);
+
+    println!("{TEST}: the fighter's changes in 60 s: {changes}");
+    println!(
+        "{TEST}: first change undone after: {:?}",
+        first_restored.map(secs)
+    );
+    println!("{TEST}: operator writes to the copy in 60 s: {writes} (by code {by_code:?})");
+    println!(
+        "{TEST}: status contestedCount max {max_contested_count}, copy listed with writer {FIGHTER} first at {:?}; last status.contested: {last_contested}",
+        status_seen.map(secs)
+    );
+    println!(
+        "{TEST}: CopyContested event naming {FIGHTER}: {:?} (other CopyContested notes: {notes:?})",
+        event_seen.as_ref().map(|(d, n)| (secs(*d), n))
+    );
+    println!(
+        "{TEST}: copyrator_copies_contested max: {gauge_max:?} (scrape error: {gauge_error:?})"
+    );
+    println!(
+        "{TEST}: right again after the fighter stopped: {:?}",
+        converged.as_ref().map(|d| secs(*d))
+    );
+
+    let mut failures = Vec::new();
+    if first_restored.is_none_or(|d| d > Duration::from_secs(5)) {
+        failures.push(format!(
+            "the first change was not undone within 5 s ({:?})",
+            first_restored
+        ));
+    }
+    if writes > 15 {
+        failures.push(format!(
+            "{writes} writes to the contested copy in 60 s (at most 15)"
+        ));
+    }
+    if status_seen.is_none() {
+        failures.push(format!(
+            "the status never had contestedCount >= 1 and {t1}/cfg listed with writer {FIGHTER} (max count {max_contested_count}, last list {last_contested})"
+        ));
+    }
+    if event_seen.is_none() {
+        failures.push(format!(
+            "no CopyContested event on the rule naming {FIGHTER}"
+        ));
+    }
+    if gauge_max.is_none_or(|v| v < 1.0) {
+        failures.push(format!(
+            "copyrator_copies_contested never >= 1 ({gauge_max:?})"
+        ));
+    }
+    if let Err(e) = &converged {
+        failures.push(format!("not right again after the fighter stopped: {e}"));
+    }
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+    operator.assert_running();
+}
+
+// ===========================================================================
+// 3. an admission policy refuses
+
+const FROZEN: &str = "configmaps are frozen in this namespace";
+
+/// A ValidatingAdmissionPolicy denies ConfigMap writes in one target
+/// namespace: a minute of bounded requests and logs, the reason in the
+/// status; once the policy is gone, the namespace converges.
+#[tokio::test]
+async fn writes_refused_by_an_admission_policy_are_reported_and_retried_without_a_storm() {
+    const TEST: &str = "admission-policy";
+    let t = TestNs::new("nb-policy").await;
+    let cluster = ClusterObjects::new();
+    let audit = Audit::start();
+    let (op, targets, src, id) =
+        refused_setup(&t, &cluster, "copyrator-policy", operator_rules()).await;
+    let frozen = targets[0].clone();
+    let mut operator = start_operator(&t, &op, &id);
+    operator.wait_ready().await;
+    let rule = t
+        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    for ns in &targets {
+        t.wait_copy(CM, ns, &src, &op, "cfgs").await;
+    }
+    t.wait_rule_ready(&op, "cfgs").await;
+
+    let policy = format!("{}-freeze", t.prefix);
+    cluster
+        .create(
+            &t.client,
+            ar::<ValidatingAdmissionPolicy>(),
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": policy},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [{
+                        "apiGroups": [""], "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"],
+                    }]},
+                    "validations": [{"expression": "false", "message": FROZEN}],
+                },
+            }),
+        )
+        .await;
+    cluster
+        .create(
+            &t.client,
+            ar::<ValidatingAdmissionPolicyBinding>(),
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": policy},
+                "spec": {
+                    "policyName": policy,
+                    "validationActions": ["Deny"],
+                    "matchResources": {"namespaceSelector": {"matchLabels": {
+                        "kubernetes.io/metadata.name": frozen,
+                    }}},
+                },
+            }),
+        )
+        .await;
+    // Policies become active a moment after they are made: probe with a
+    // dry-run create of the test's own until it is refused.
+    let probe: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "probe"}})).unwrap();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_until(
+        format!("the policy to refuse a probe ConfigMap in {frozen}"),
+        TIMEOUT,
+        async || match t.cms(&frozen).create(&dry_run, &probe).await {
+            Err(kube::Error::Api(s)) if s.message.contains(FROZEN) => Ok(()),
+            other => Err(format!(
+                "{:?}",
+                other.map(|_| "accepted").map_err(|e| err_msg(&e))
+            )),
+        },
+    )
+    .await;
+
+    let (minute, a, b) =
+        refused_minute(&t, &audit, &operator, &id, &op, &targets, &uid, FROZEN).await;
+
+    cluster
+        .delete(
+            &t.client,
+            &ar::<ValidatingAdmissionPolicyBinding>(),
+            &policy,
+        )
+        .await;
+    cluster
+        .delete(&t.client, &ar::<ValidatingAdmissionPolicy>(), &policy)
+        .await;
+    let converged = poll(CONVERGE, Duration::from_secs(1), async || {
+        copies_right(
+            &t,
+            (&op, "cfgs", &uid),
+            std::slice::from_ref(&frozen),
+            &[&a, &b],
+        )
+        .await
+    })
+    .await
+    .map(|((), d)| d);
+
+    print_refused(TEST, &minute, &frozen);
+    println!(
+        "{TEST}: {frozen} converged after the policy was deleted: {:?}",
+        converged.as_ref().map(|d| secs(*d))
+    );
+    assert_refused(TEST, &minute, &converged);
+    operator.assert_running();
+}
+
+// ===========================================================================
+// 4. RBAC refuses
+
+/// The operator may write ConfigMaps only where a RoleBinding lets it; the
+/// RoleBinding of one target namespace is deleted for a minute: bounded
+/// requests and logs, "forbidden" in the status; restored, the namespace
+/// converges.
+#[tokio::test]
+async fn writes_forbidden_by_rbac_are_reported_and_retried_without_a_storm() {
+    const TEST: &str = "rbac-forbidden";
+    let t = TestNs::new("nb-rbac").await;
+    let cluster = ClusterObjects::new();
+    let audit = Audit::start();
+    let account = "copyrator-rbac";
+    let (op, targets, src, id) = refused_setup(&t, &cluster, account, reader_rules()).await;
+    let cut = targets[0].clone();
+    let writer_role = format!("{}-writer", t.prefix);
+    cluster
+        .create(
+            &t.client,
+            ar::<ClusterRole>(),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": writer_role},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                           "verbs": ["create", "update", "patch", "delete"]}],
+            }),
+        )
+        .await;
+    let binding = |ns: &str| -> RoleBinding {
+        serde_json::from_value(json!({
+            "metadata": {"name": "copyrator-write", "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": writer_role},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": op}],
+        }))
+        .unwrap()
+    };
+    let bindings = |ns: &str| Api::<RoleBinding>::namespaced(t.client.clone(), ns);
+    for ns in &targets {
+        bindings(ns)
+            .create(&PostParams::default(), &binding(ns))
+            .await
+            .unwrap_or_else(|e| panic!("creating the RoleBinding in {ns}: {}", err_msg(&e)));
+        wait_access(&t, &id, "create", Some(ns), true).await;
+    }
+    let mut operator = start_operator(&t, &op, &id);
+    operator.wait_ready().await;
+    let rule = t
+        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    for ns in &targets {
+        t.wait_copy(CM, ns, &src, &op, "cfgs").await;
+    }
+    t.wait_rule_ready(&op, "cfgs").await;
+
+    bindings(&cut)
+        .delete("copyrator-write", &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting the RoleBinding in {cut}: {}", err_msg(&e)));
+    wait_access(&t, &id, "create", Some(&cut), false).await;
+
+    let (minute, a, b) =
+        refused_minute(&t, &audit, &operator, &id, &op, &targets, &uid, "forbidden").await;
+
+    bindings(&cut)
+        .create(&PostParams::default(), &binding(&cut))
+        .await
+        .unwrap_or_else(|e| panic!("restoring the RoleBinding in {cut}: {}", err_msg(&e)));
+    let converged = poll(CONVERGE, Duration::from_secs(1), async || {
+        copies_right(
+            &t,
+            (&op, "cfgs", &uid),
+            std::slice::from_ref(&cut),
+            &[&a, &b],
+        )
+        .await
+    })
+    .await
+    .map(|((), d)| d);
+
+    print_refused(TEST, &minute, &cut);
+    println!(
+        "{TEST}: {cut} converged after the RoleBinding was restored: {:?}",
+        converged.as_ref().map(|d| secs(*d))
+    );
+    assert_refused(TEST, &minute, &converged);
+    operator.assert_running();
+}
+
+// ===========================================================================
+// 5. API Priority and Fairness
+
+/// The operator's ServiceAccount is throttled by a priority level of one
+/// concurrency share that rejects what it cannot seat (429): a rule with
+/// 100 copies still converges within 180 s, in at most 500 requests and
+/// never more than 100 in one second.
+#[tokio::test]
+async fn throttled_by_priority_and_fairness_the_operator_converges_without_a_storm() {
+    const TEST: &str = "apf-throttle";
+    const SOURCES: usize = 10;
+    const TARGETS: usize = 10;
+    const COPIES: usize = SOURCES * TARGETS;
+    let t = TestNs::new("nb-apf").await;
+    let cluster = ClusterObjects::new();
+    let audit = Audit::start();
+    let op = t.ns("op").await;
+    let mut targets = Vec::new();
+    for i in 0..TARGETS {
+        targets.push(t.ns(&format!("t{i:02}")).await);
+    }
+    let account = "copyrator-apf";
+    let id = operator_identity(&t, &cluster, &op, account, operator_rules()).await;
+    let mut sources = Vec::new();
+    for i in 0..SOURCES {
+        let v = format!("v{i}");
+        sources.push(
+            t.create_source(CM, &op, &format!("src-{i:02}"), &[], &[("k", &v)])
+                .await,
+        );
+    }
+    let sources: Vec<&Obj> = sources.iter().collect();
+
+    let level = t.prefix.clone();
+    cluster
+        .create(
+            &t.client,
+            ar::<PriorityLevelConfiguration>(),
+            json!({
+                "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+                "kind": "PriorityLevelConfiguration",
+                "metadata": {"name": level},
+                "spec": {"type": "Limited", "limited": {
+                    "nominalConcurrencyShares": 1,
+                    "lendablePercent": 0,
+                    "limitResponse": {"type": "Reject"},
+                }},
+            }),
+        )
+        .await;
+    cluster
+        .create(
+            &t.client,
+            ar::<FlowSchema>(),
+            json!({
+                "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+                "kind": "FlowSchema",
+                "metadata": {"name": level},
+                "spec": {
+                    "priorityLevelConfiguration": {"name": level},
+                    "matchingPrecedence": 500,
+                    "distinguisherMethod": {"type": "ByUser"},
+                    "rules": [{
+                        "subjects": [{"kind": "ServiceAccount",
+                                      "serviceAccount": {"name": account, "namespace": op}}],
+                        "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+                                           "namespaces": ["*"], "clusterScope": true}],
+                        "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                    }],
+                },
+            }),
+        )
+        .await;
+    // The API server has taken the FlowSchema in once it set its condition.
+    let schemas: Api<FlowSchema> = Api::all(t.client.clone());
+    wait_until(
+        "the FlowSchema to be taken in (Dangling False)",
+        TIMEOUT,
+        async || {
+            let fs = schemas.get(&level).await.map_err(|e| err_msg(&e))?;
+            let taken = fs
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "Dangling" && c.status.as_deref() == Some("False"))
+                });
+            if taken {
+                Ok(())
+            } else {
+                Err(format!("{:?}", fs.status))
+            }
+        },
+    )
+    .await;
+
+    let start = Instant::now();
+    let start_utc = Utc::now();
+    let mut operator = start_operator(&t, &op, &id);
+    let rule = t
+        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    let converged = poll(
+        Duration::from_secs(180),
+        Duration::from_secs(1),
+        async || copies_right(&t, (&op, "cfgs", &uid), &targets, &sources).await,
+    )
+    .await
+    .map(|((), d)| d);
+    let end_utc = start_utc + utc(start.elapsed());
+    let running = operator.is_running();
+    audit.settle(&t.client, end_utc).await;
+    let q = Query::user(&id.user).between(start_utc, end_utc);
+    let total = audit.count(&q);
+    let rejected = audit.count(&q.clone().code(429));
+    let by_verb = audit.by_verb(&q);
+    let busiest = audit.busiest_second(&q);
+    let max_limit = 4 * COPIES + 100;
+    // The API server's count of what the FlowSchema matched: without it
+    // the test would prove nothing.
+    let apf = api_server_metrics();
+    let schema = [("flow_schema", level.as_str())];
+    let dispatched = metric_sum(
+        &apf,
+        "apiserver_flowcontrol_dispatched_requests_total",
+        &schema,
+    )
+    .unwrap_or_else(|e| panic!("the API server's /metrics: {e}"))
+    .unwrap_or(0.0);
+    let apf_rejected = metric_sum(
+        &apf,
+        "apiserver_flowcontrol_rejected_requests_total",
+        &schema,
+    )
+    .unwrap_or_else(|e| panic!("the API server's /metrics: {e}"))
+    .unwrap_or(0.0);
+
+    println!(
+        "{TEST}: {COPIES} copies right after: {:?}",
+        converged.as_ref().map(|d| secs(*d))
+    );
+    println!(
+        "{TEST}: operator requests until then: {total} (429s: {rejected}; by verb {by_verb:?})"
+    );
+    println!(
+        "{TEST}: busiest second: {:?} requests",
+        busiest.map(|(_, n)| n)
+    );
+    println!(
+        "{TEST}: the API server's flow control for the FlowSchema: {dispatched} dispatched, {apf_rejected} rejected"
+    );
+    println!("{TEST}: operator still running: {running}");
+    assert!(
+        dispatched + apf_rejected > 0.0,
+        "the FlowSchema {level} matched none of the operator's requests: the test proves nothing"
+    );
+
+    let mut failures = Vec::new();
+    if let Err(e) = &converged {
+        failures.push(format!("the rule did not converge: {e}"));
+    }
+    if total > max_limit {
+        failures.push(format!(
+            "{total} requests until convergence (at most {max_limit})"
+        ));
+    }
+    if let Some((second, n)) = busiest
+        && n > 100
+    {
+        failures.push(format!(
+            "{n} requests in the second starting {} (at most 100)",
+            DateTime::<Utc>::from_timestamp(second, 0).unwrap_or_default()
+        ));
+    }
+    if !running {
+        failures.push("the operator exited".to_string());
+    }
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+}
+
+// ===========================================================================
+// 6. a 409 storm
+
+/// A neighbour updates the data of three copies as fast as it can for
+/// 30 s, so that every update the operator sends finds a newer version
+/// (409): at most 15 operator writes per copy; once it stops, every copy is
+/// right again within the backoff maximum.
+#[tokio::test]
+async fn a_neighbour_updating_copies_nonstop_causes_no_write_storm() {
+    const TEST: &str = "conflict-storm";
+    const STORM: Duration = Duration::from_secs(30);
+    let t = TestNs::new("nb-storm").await;
+    let cluster = ClusterObjects::new();
+    let audit = Audit::start();
+    let op = t.ns("op").await;
+    let mut targets = Vec::new();
+    for i in 1..=3 {
+        targets.push(t.ns(&format!("t{i}")).await);
+    }
+    let id = operator_identity(&t, &cluster, &op, "copyrator-storm", operator_rules()).await;
+    let mut operator = start_operator(&t, &op, &id);
+    operator.wait_ready().await;
+    let src = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    let rule = t
+        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    for ns in &targets {
+        t.wait_copy(CM, ns, &src, &op, "cfgs").await;
+    }
+    t.wait_rule_ready(&op, "cfgs").await;
+
+    let neighbour = as_manager("storm-neighbour");
+    let start = Instant::now();
+    let start_utc = Utc::now();
+    let mut updates = 0u64;
+    while start.elapsed() < STORM {
+        let ns = &targets[updates as usize % targets.len()];
+        t.cms(ns)
+            .patch(
+                "cfg",
+                &neighbour,
+                &Patch::Merge(json!({"data": {"k": format!("storm-{updates}")}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("the neighbour updating {ns}/cfg: {}", err_msg(&e)));
+        updates += 1;
+    }
+    let stopped = Instant::now();
+    let end_utc = start_utc + utc(stopped - start);
+    let converged = poll(CONVERGE, Duration::from_secs(1), async || {
+        copies_right(&t, (&op, "cfgs", &uid), &targets, &[&src]).await
+    })
+    .await
+    .map(|((), _)| stopped.elapsed());
+    audit.settle(&t.client, end_utc).await;
+    let mut per_copy = Vec::new();
+    for ns in &targets {
+        let q = Query::user(&id.user)
+            .verbs(WRITE_VERBS)
+            .resource("configmaps")
+            .namespace(ns)
+            .name("cfg")
+            .between(start_utc, end_utc);
+        per_copy.push((ns.clone(), audit.count(&q), audit.by_code(&q)));
+    }
+
+    println!("{TEST}: the neighbour's updates in 30 s: {updates}");
+    for (ns, writes, by_code) in &per_copy {
+        println!("{TEST}: operator writes to {ns}/cfg in 30 s: {writes} (by code {by_code:?})");
+    }
+    println!(
+        "{TEST}: every copy right after the neighbour stopped: {:?}",
+        converged.as_ref().map(|d| secs(*d))
+    );
+    let mut failures = Vec::new();
+    for (ns, writes, _) in &per_copy {
+        if *writes > 15 {
+            failures.push(format!("{writes} writes to {ns}/cfg in 30 s (at most 15)"));
+        }
+    }
+    if let Err(e) = &converged {
+        failures.push(format!("not right again after the neighbour stopped: {e}"));
+    }
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+    operator.assert_running();
+}
