@@ -674,9 +674,9 @@ fn assert_refused(test: &str, m: &RefusedMinute, converged: &Result<Duration, St
 #[tokio::test]
 async fn neighbour_labels_and_annotations_cause_no_write_and_own_labels_come_back() {
     const TEST: &str = "neighbour-labels";
+    let audit = Audit::start();
     let t = TestNs::new("nb-labels").await;
     let cluster = ClusterObjects::new();
-    let audit = Audit::start();
     let op = t.ns("op").await;
     let mut targets = Vec::new();
     for i in 1..=5 {
@@ -809,9 +809,9 @@ async fn neighbour_labels_and_annotations_cause_no_write_and_own_labels_come_bac
 async fn a_copy_rewritten_every_2s_is_contested_backed_off_and_reported() {
     const TEST: &str = "data-fighter";
     const FIGHTER: &str = "data-fighter";
+    let audit = Audit::start();
     let t = TestNs::new("nb-fight").await;
     let cluster = ClusterObjects::new();
-    let audit = Audit::start();
     let op = t.ns("op").await;
     let t1 = t.ns("t1").await;
     let t2 = t.ns("t2").await;
@@ -994,9 +994,9 @@ const FROZEN: &str = "configmaps are frozen in this namespace";
 #[tokio::test]
 async fn writes_refused_by_an_admission_policy_are_reported_and_retried_without_a_storm() {
     const TEST: &str = "admission-policy";
+    let audit = Audit::start();
     let t = TestNs::new("nb-policy").await;
     let cluster = ClusterObjects::new();
-    let audit = Audit::start();
     let (op, targets, src, id) =
         refused_setup(&t, &cluster, "copyrator-policy", operator_rules()).await;
     let frozen = targets[0].clone();
@@ -1113,9 +1113,9 @@ async fn writes_refused_by_an_admission_policy_are_reported_and_retried_without_
 #[tokio::test]
 async fn writes_forbidden_by_rbac_are_reported_and_retried_without_a_storm() {
     const TEST: &str = "rbac-forbidden";
+    let audit = Audit::start();
     let t = TestNs::new("nb-rbac").await;
     let cluster = ClusterObjects::new();
-    let audit = Audit::start();
     let account = "copyrator-rbac";
     let (op, targets, src, id) = refused_setup(&t, &cluster, account, reader_rules()).await;
     let cut = targets[0].clone();
@@ -1206,9 +1206,9 @@ async fn throttled_by_priority_and_fairness_the_operator_converges_without_a_sto
     const SOURCES: usize = 10;
     const TARGETS: usize = 10;
     const COPIES: usize = SOURCES * TARGETS;
+    let audit = Audit::start();
     let t = TestNs::new("nb-apf").await;
     let cluster = ClusterObjects::new();
-    let audit = Audit::start();
     let op = t.ns("op").await;
     let mut targets = Vec::new();
     for i in 0..TARGETS {
@@ -1386,9 +1386,9 @@ async fn throttled_by_priority_and_fairness_the_operator_converges_without_a_sto
 async fn a_neighbour_updating_copies_nonstop_causes_no_write_storm() {
     const TEST: &str = "conflict-storm";
     const STORM: Duration = Duration::from_secs(30);
+    let audit = Audit::start();
     let t = TestNs::new("nb-storm").await;
     let cluster = ClusterObjects::new();
-    let audit = Audit::start();
     let op = t.ns("op").await;
     let mut targets = Vec::new();
     for i in 1..=3 {
