@@ -59,6 +59,26 @@ pub async fn set_finalizer(
     }
 }
 
+/// Carry out deletions, as many at once as writes may be in flight.
+async fn delete_all(
+    shared: &Arc<Shared>,
+    kind: Kind,
+    actions: Vec<Action>,
+    rule: &str,
+) -> Vec<(Action, Outcome)> {
+    futures::stream::iter(actions)
+        .map(|action| async move {
+            let outcome = shared
+                .writer
+                .execute(kind, &action, ConflictPolicy::Skip, rule)
+                .await;
+            (action, outcome)
+        })
+        .buffer_unordered(shared.settings.write_concurrency as usize)
+        .collect()
+        .await
+}
+
 /// Delete the copies of rules that are gone without their finalizer having
 /// run (see `plan::orphans`); returns how many were deleted.
 pub async fn collect_orphans(shared: &Arc<Shared>) -> usize {
@@ -90,17 +110,7 @@ pub async fn collect_orphans(shared: &Arc<Shared>) -> usize {
             let live = |uid: &str| shared.is_live_rule(uid);
             plan::orphans(&read(shared.copies(kind)), &namespaces, &live, &responsible)
         };
-        let outcomes: Vec<(Action, Outcome)> = futures::stream::iter(actions)
-            .map(|action| async move {
-                let outcome = shared
-                    .writer
-                    .execute(kind, &action, ConflictPolicy::Skip, "(rule gone)")
-                    .await;
-                (action, outcome)
-            })
-            .buffer_unordered(shared.settings.write_concurrency as usize)
-            .collect()
-            .await;
+        let outcomes = delete_all(shared, kind, actions, "(rule gone)").await;
         for (action, outcome) in outcomes {
             match (outcome, &action) {
                 (Outcome::Written(_) | Outcome::Ignored(_), Action::Delete { current, .. }) => {
@@ -143,21 +153,7 @@ pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> R
             }
             continue;
         }
-        let rule_name = key.to_string();
-        let outcomes: Vec<(Action, Outcome)> = futures::stream::iter(actions)
-            .map(|action| {
-                let rule_name = rule_name.clone();
-                async move {
-                    let outcome = shared
-                        .writer
-                        .execute(kind, &action, ConflictPolicy::Skip, &rule_name)
-                        .await;
-                    (action, outcome)
-                }
-            })
-            .buffer_unordered(shared.settings.write_concurrency as usize)
-            .collect()
-            .await;
+        let outcomes = delete_all(shared, kind, actions, &key.to_string()).await;
         for (action, outcome) in outcomes {
             let (namespace, name) = action.target();
             match outcome {

@@ -632,6 +632,30 @@ fn print_refused(test: &str, m: &RefusedMinute, refused: &str) {
     );
 }
 
+/// Once the refusal is lifted: wait for the refused namespace to converge,
+/// print the minute's figures and check its bounds.
+async fn converge_after_refusal(
+    test: &str,
+    t: &TestNs,
+    rule: (&str, &str, &str),
+    refused: &String,
+    sources: &[&Obj],
+    minute: &RefusedMinute,
+    lifted: &str,
+) {
+    let converged = poll(CONVERGE, Duration::from_secs(1), async || {
+        copies_right(t, rule, std::slice::from_ref(refused), sources).await
+    })
+    .await
+    .map(|((), d)| d);
+    print_refused(test, minute, refused);
+    println!(
+        "{test}: {refused} converged after {lifted}: {:?}",
+        converged.as_ref().map(|d| secs(*d))
+    );
+    assert_refused(test, minute, &converged);
+}
+
 fn assert_refused(test: &str, m: &RefusedMinute, converged: &Result<Duration, String>) {
     let mut failures = Vec::new();
     if let Err(e) = &m.others_ok {
@@ -1082,24 +1106,16 @@ async fn writes_refused_by_an_admission_policy_are_reported_and_retried_without_
     cluster
         .delete(&t.client, &ar::<ValidatingAdmissionPolicy>(), &policy)
         .await;
-    let converged = poll(CONVERGE, Duration::from_secs(1), async || {
-        copies_right(
-            &t,
-            (&op, "cfgs", &uid),
-            std::slice::from_ref(&frozen),
-            &[&a, &b],
-        )
-        .await
-    })
-    .await
-    .map(|((), d)| d);
-
-    print_refused(TEST, &minute, &frozen);
-    println!(
-        "{TEST}: {frozen} converged after the policy was deleted: {:?}",
-        converged.as_ref().map(|d| secs(*d))
-    );
-    assert_refused(TEST, &minute, &converged);
+    converge_after_refusal(
+        TEST,
+        &t,
+        (&op, "cfgs", &uid),
+        &frozen,
+        &[&a, &b],
+        &minute,
+        "the policy was deleted",
+    )
+    .await;
     operator.assert_running();
 }
 
@@ -1172,24 +1188,16 @@ async fn writes_forbidden_by_rbac_are_reported_and_retried_without_a_storm() {
         .create(&PostParams::default(), &binding(&cut))
         .await
         .unwrap_or_else(|e| panic!("restoring the RoleBinding in {cut}: {}", err_msg(&e)));
-    let converged = poll(CONVERGE, Duration::from_secs(1), async || {
-        copies_right(
-            &t,
-            (&op, "cfgs", &uid),
-            std::slice::from_ref(&cut),
-            &[&a, &b],
-        )
-        .await
-    })
-    .await
-    .map(|((), d)| d);
-
-    print_refused(TEST, &minute, &cut);
-    println!(
-        "{TEST}: {cut} converged after the RoleBinding was restored: {:?}",
-        converged.as_ref().map(|d| secs(*d))
-    );
-    assert_refused(TEST, &minute, &converged);
+    converge_after_refusal(
+        TEST,
+        &t,
+        (&op, "cfgs", &uid),
+        &cut,
+        &[&a, &b],
+        &minute,
+        "the RoleBinding was restored",
+    )
+    .await;
     operator.assert_running();
 }
 

@@ -299,7 +299,9 @@ async fn copies_of_a_force_deleted_rule_are_collected_at_start() {
     let mut operator = Operator::start(&t, &op, &[]);
     let mut other = Operator::start(&t, &other_op, &[]);
     let s = t.create_source(CM, &op, "s", &[], &[("k", "v")]).await;
-    let o = t.create_source(CM, &other_op, "o", &[], &[("k", "v")]).await;
+    let o = t
+        .create_source(CM, &other_op, "o", &[], &[("k", "v")])
+        .await;
     for ns in [&t1, &t2] {
         t.wait_copy(CM, ns, &s, &op, "r").await;
         t.wait_copy(CM, ns, &o, &other_op, "r").await;
@@ -331,11 +333,13 @@ async fn copies_of_a_force_deleted_rule_are_collected_at_start() {
     )
     .await;
     // The other operator's rule is alive but its operator is down: its copies stay.
-    assert_for("the other operator's copies to stay", QUIET, async || {
-        match t.list_labelled(CM, LABEL_RULE_UID, &other_uid).await.len() {
+    assert_for(
+        "the other operator's copies to stay",
+        QUIET,
+        async || match t.list_labelled(CM, LABEL_RULE_UID, &other_uid).await.len() {
             2 => Ok(()),
             n => Err(format!("{n} copies of the other rule")),
-        }
-    })
+        },
+    )
     .await;
 }
