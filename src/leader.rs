@@ -805,9 +805,9 @@ mod tests {
             .max()
             .expect("rounds before the hang");
         let mut leading = running.gate.subscribe();
-        leading
-            .wait_for(|leading| !*leading)
+        tokio::time::timeout(timing.lease_duration, leading.wait_for(|leading| !*leading))
             .await
+            .expect("the gate closes while the renewal hangs")
             .expect("the election runs");
         let closed_after = Instant::now() - last_round;
         assert!(
