@@ -341,11 +341,14 @@ async fn a_leader_cut_off_by_a_stalled_network_stops_leading_before_the_standby_
             stalled_at.elapsed() < limit,
             "after the stall: gate closed {gate_closed:?}, takeover {takeover:?} within {limit:?}"
         );
-        if gate_closed.is_none()
-            && gauge_and_writes(leader.port)
-                .await
-                .is_ok_and(|(g, _)| g == 0.0)
-        {
+        let old = gauge_and_writes(leader.port).await.map(|(g, _)| g);
+        let new = gauge_and_writes(standby.port).await.map(|(g, _)| g);
+        assert!(
+            old != Ok(1.0) || new != Ok(1.0),
+            "both replicas report copyrator_leader 1 {:?} after the stall",
+            stalled_at.elapsed()
+        );
+        if gate_closed.is_none() && old == Ok(0.0) {
             gate_closed = Some(stalled_at.elapsed());
         }
         if takeover.is_none()
@@ -358,6 +361,12 @@ async fn a_leader_cut_off_by_a_stalled_network_stops_leading_before_the_standby_
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (gate_closed, takeover) = (gate_closed.unwrap(), takeover.unwrap());
+    // The election went on trying: its Lease requests time out rather than hang.
+    let logs = leader.logs();
+    assert!(
+        logs.contains("no answer within"),
+        "no Lease request of the stalled leader timed out; log:\n{logs}"
+    );
     wait_converged(&t, &targets, "2").await;
     let converged = stalled_at.elapsed();
 
