@@ -34,6 +34,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
 use serde_json::{Value, json};
+pub mod faults;
 
 /// Default time to wait for the operator to act.
 pub const TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,0 +1,428 @@
+//! Leader election under faults that leave the leader alive but cut off:
+//!
+//! * a leader paused with SIGSTOP past its Lease, resumed after the standby
+//!   took over, writes nothing and reports itself as no leader at once;
+//! * a leader whose connections to the API server stall (a TCP proxy that
+//!   keeps them open and forwards nothing) closes its write gate within the
+//!   renew deadline, before the standby may take the Lease: the two are
+//!   never both leaders.
+//!
+//! Each test prints what it measured.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::faults::{StallProxy, api_server_address, kubeconfig_with_server, signal};
+use common::*;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+
+const CM: Kind = Kind::ConfigMap;
+
+/// client-go's default Lease duration; the renew deadline is 2/3 of it.
+const LEASE_SECONDS: u64 = 15;
+const RENEW_DEADLINE: Duration = Duration::from_secs(LEASE_SECONDS * 2 / 3);
+
+/// A leader-electing replica; `env` e.g. a KUBECONFIG through a proxy.
+fn replica(t: &TestNs, ns: &str, lease: &str, env: &[(&str, &str)]) -> Operator {
+    let args = [
+        "run",
+        "--namespace",
+        ns,
+        "--log-level",
+        "info",
+        "--leader-election",
+        "--lease-name",
+        lease,
+        "--lease-duration",
+        &LEASE_SECONDS.to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    Operator::start_with_env(t, args, env)
+}
+
+async fn metrics(port: u16) -> Result<String, String> {
+    match http_get(port, "/metrics").await? {
+        (200, body) => Ok(body),
+        (code, body) => Err(format!("GET /metrics answered {code}: {body}")),
+    }
+}
+
+/// The sum of every series of the family `name` (None: no series).
+fn family(text: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// (`copyrator_leader`, sum of `copyrator_api_writes_total`) of one process.
+async fn gauge_and_writes(port: u16) -> Result<(f64, f64), String> {
+    let text = metrics(port).await?;
+    let leader = family(&text, "copyrator_leader").ok_or("no copyrator_leader series")?;
+    let writes = family(&text, "copyrator_api_writes_total").unwrap_or(0.0);
+    Ok((leader, writes))
+}
+
+async fn lease_holder(t: &TestNs, ns: &str, name: &str) -> Result<Option<String>, String> {
+    let lease = Api::<Lease>::namespaced(t.client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(|e| err_msg(&e))?;
+    Ok(lease
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty()))
+}
+
+/// Whether the Lease identity `holder` is the process `op`.
+fn is_holder(holder: &Option<String>, op: &Operator) -> bool {
+    match (holder, op.pid()) {
+        (Some(h), Some(pid)) => h.ends_with(&format!("-{pid}")),
+        _ => false,
+    }
+}
+
+/// Waits until `op` reports `copyrator_leader 1` and the Lease names it.
+async fn wait_leads(t: &TestNs, op: &Operator, ns: &str, lease: &str) {
+    wait_until(
+        format!("process {:?} to lead", op.pid()),
+        TIMEOUT,
+        async || {
+            let (gauge, _) = gauge_and_writes(op.port).await?;
+            let holder = lease_holder(t, ns, lease).await?;
+            if gauge == 1.0 && is_holder(&holder, op) {
+                Ok(())
+            } else {
+                Err(format!("gauge {gauge}, Lease holder {holder:?}"))
+            }
+        },
+    )
+    .await;
+}
+
+/// Waits until exactly one of two replicas leads; its index.
+async fn wait_one_leader(t: &TestNs, ops: &[Operator], ns: &str, lease: &str) -> usize {
+    wait_until("exactly one leader", TIMEOUT, async || {
+        let a = gauge_and_writes(ops[0].port).await?.0;
+        let b = gauge_and_writes(ops[1].port).await?.0;
+        let holder = lease_holder(t, ns, lease).await?;
+        match (a, b) {
+            (1.0, 0.0) if is_holder(&holder, &ops[0]) => Ok(0),
+            (0.0, 1.0) if is_holder(&holder, &ops[1]) => Ok(1),
+            _ => Err(format!("gauges {a} {b}, Lease holder {holder:?}")),
+        }
+    })
+    .await
+}
+
+/// Waits until the write counter of `op` has not moved for 2 s: nothing
+/// in flight. Its value.
+async fn wait_idle(op: &Operator) -> f64 {
+    let mut last = (f64::NAN, Instant::now());
+    wait_until("the leader to be idle for 2 s", TIMEOUT, async || {
+        let (_, writes) = gauge_and_writes(op.port).await?;
+        if writes != last.0 {
+            last = (writes, Instant::now());
+        }
+        if last.1.elapsed() >= Duration::from_secs(2) {
+            Ok(writes)
+        } else {
+            Err(format!("writes {writes}"))
+        }
+    })
+    .await
+}
+
+/// Waits until the copy in every target carries `v`.
+async fn wait_converged(t: &TestNs, targets: &[String], v: &str) {
+    wait_until(format!("every copy to carry v={v}"), TIMEOUT, async || {
+        for ns in targets {
+            match t.try_get(CM, ns, "shared").await? {
+                Some(o) if o.data.get("v").map(String::as_str) == Some(v) => {}
+                other => return Err(format!("{ns}: {:?}", other.map(|o| o.data))),
+            }
+        }
+        Ok(())
+    })
+    .await;
+}
+
+/// Every target holds a right copy of the source, and no other copy exists.
+async fn assert_copies_right(t: &TestNs, op: &str, targets: &[String]) {
+    let src = t.must_get(CM, op, "shared").await;
+    let uid = t.rule_uid(op, "r").await;
+    for ns in targets {
+        let copy = t.must_get(CM, ns, "shared").await;
+        if let Err(e) = check_copy(&copy, &src, op, "r", &uid) {
+            panic!("{e}");
+        }
+    }
+    let copies = t.list_labelled(CM, LABEL_RULE_UID, &uid).await;
+    assert_eq!(
+        copies.len(),
+        targets.len(),
+        "copies: {:?}",
+        copies
+            .iter()
+            .map(|c| format!("{}/{}", c.namespace, c.name))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// A source `op/shared` and a rule `op/r` copying it to `targets`.
+async fn scenario(t: &TestNs, op: &str, targets: &[String]) {
+    let src = t.create_source(CM, op, "shared", &[], &[("v", "1")]).await;
+    t.create_rule(op, "r", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    for ns in targets {
+        t.wait_copy(CM, ns, &src, op, "r").await;
+    }
+    t.wait_rule_ready(op, "r").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_resumed_after_sigstop_writes_nothing_while_the_standby_holds_the_lease() {
+    let t = TestNs::new("leader-sigstop").await;
+    let op = t.ns("op").await;
+    let mut targets = Vec::new();
+    for i in 1..=6 {
+        targets.push(t.ns(&format!("t{i}")).await);
+    }
+    let lease = format!("{}-lease", t.prefix);
+    let mut ops = vec![replica(&t, &op, &lease, &[]), replica(&t, &op, &lease, &[])];
+    for o in ops.iter_mut() {
+        o.wait_ready().await;
+    }
+    let leader = wait_one_leader(&t, &ops, &op, &lease).await;
+    let standby = 1 - leader;
+    scenario(&t, &op, &targets).await;
+    // Stopped while idle: a write already past the gate is not what this tests.
+    let writes_before = wait_idle(&ops[leader]).await;
+    let (_, standby_writes_before) = gauge_and_writes(ops[standby].port).await.unwrap();
+    assert_eq!(
+        standby_writes_before, 0.0,
+        "the standby wrote before leading"
+    );
+
+    signal(&ops[leader], "STOP");
+    let stopped_at = Instant::now();
+    // Work for the leader to wake up to: its watches hold these events.
+    t.set_data(CM, &op, "shared", &[("v", Some("2"))]).await;
+    let takeover = wait_until(
+        "the standby to hold the Lease",
+        Duration::from_secs(LEASE_SECONDS + 15),
+        async || {
+            let holder = lease_holder(&t, &op, &lease).await?;
+            if is_holder(&holder, &ops[standby]) {
+                Ok(stopped_at.elapsed())
+            } else {
+                Err(format!("holder {holder:?}"))
+            }
+        },
+    )
+    .await;
+    wait_converged(&t, &targets, "2").await;
+    let first_write = stopped_at.elapsed();
+    // More for the sleeper to see: another change and a copy edited by hand.
+    t.set_data(CM, &op, "shared", &[("v", Some("3"))]).await;
+    wait_converged(&t, &targets, "3").await;
+    t.set_data(CM, &targets[0], "shared", &[("v", Some("edited"))])
+        .await;
+    wait_converged(&t, &targets, "3").await;
+    let (_, standby_writes) = gauge_and_writes(ops[standby].port).await.unwrap();
+    assert!(
+        standby_writes >= targets.len() as f64,
+        "the standby's writes: {standby_writes}"
+    );
+
+    signal(&ops[leader], "CONT");
+    let resumed_at = Instant::now();
+    t.set_data(CM, &op, "shared", &[("v", Some("4"))]).await;
+    let mut closed_after = None;
+    let mut scrapes = 0;
+    while resumed_at.elapsed() < Duration::from_secs(6) {
+        if let Ok((gauge, writes)) = gauge_and_writes(ops[leader].port).await {
+            scrapes += 1;
+            let at = resumed_at.elapsed();
+            assert_eq!(
+                writes, writes_before,
+                "the resumed process wrote {at:?} after SIGCONT while the standby held the Lease"
+            );
+            match (gauge, closed_after) {
+                (0.0, None) => closed_after = Some(at),
+                (0.0, Some(_)) => {}
+                (g, _) => {
+                    panic!("the resumed process reports copyrator_leader {g} {at:?} after SIGCONT")
+                }
+            }
+        }
+        assert!(
+            closed_after.is_some() || resumed_at.elapsed() < Duration::from_secs(1),
+            "copyrator_leader did not read 0 within 1 s of SIGCONT"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let closed_after = closed_after.expect("scraped the resumed process");
+    wait_converged(&t, &targets, "4").await;
+    assert_copies_right(&t, &op, &targets).await;
+    let holder = lease_holder(&t, &op, &lease).await.unwrap();
+    assert!(is_holder(&holder, &ops[standby]), "holder {holder:?}");
+    let (old_gauge, old_writes) = gauge_and_writes(ops[leader].port).await.unwrap();
+    let (new_gauge, new_writes) = gauge_and_writes(ops[standby].port).await.unwrap();
+    assert_eq!((old_gauge, new_gauge), (0.0, 1.0));
+    assert_eq!(old_writes, writes_before, "the resumed process wrote");
+    ops[leader].assert_running();
+    println!(
+        "SIGSTOP of the leader (lease {LEASE_SECONDS} s): the standby held the Lease after {takeover:?}, \
+         its copies were converged {first_write:?} after the stop; after SIGCONT the old leader's \
+         copyrator_leader read 0 at the first scrape ({closed_after:?}, {scrapes} scrapes in 6 s all 0), \
+         its writes stayed {old_writes} (the standby's: {new_writes})"
+    );
+}
+
+/// `copyrator_leader` of (leader, standby), sampled every 100 ms.
+type Samples = Arc<Mutex<Vec<(Instant, Option<f64>, Option<f64>)>>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_by_a_stalled_network_stops_leading_before_the_standby_takes_over() {
+    let t = TestNs::new("leader-stall").await;
+    let op = t.ns("op").await;
+    let targets = vec![t.ns("t1").await, t.ns("t2").await];
+    let lease = format!("{}-lease", t.prefix);
+    let proxy = StallProxy::start(api_server_address().await).await;
+    let kubeconfig = kubeconfig_with_server(&t, &proxy.url());
+    let kubeconfig = kubeconfig.to_str().expect("a UTF-8 path");
+    // The replica behind the proxy leads; the other waits.
+    let mut leader = replica(&t, &op, &lease, &[("KUBECONFIG", kubeconfig)]);
+    leader.wait_ready().await;
+    wait_leads(&t, &leader, &op, &lease).await;
+    let mut standby = replica(&t, &op, &lease, &[]);
+    standby.wait_ready().await;
+    scenario(&t, &op, &targets).await;
+
+    let samples: Samples = Arc::default();
+    let (stop_sampling, mut sampling) = tokio::sync::watch::channel(false);
+    let sampler = {
+        let samples = samples.clone();
+        let ports = (leader.port, standby.port);
+        tokio::spawn(async move {
+            loop {
+                let a = gauge_and_writes(ports.0).await.ok().map(|(g, _)| g);
+                let b = gauge_and_writes(ports.1).await.ok().map(|(g, _)| g);
+                samples.lock().unwrap().push((Instant::now(), a, b));
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    _ = sampling.changed() => return,
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (_, writes_before) = gauge_and_writes(leader.port).await.unwrap();
+
+    proxy.stall();
+    let stalled_at = Instant::now();
+    t.set_data(CM, &op, "shared", &[("v", Some("2"))]).await;
+    let mut gate_closed = None;
+    let mut takeover = None;
+    let limit = Duration::from_secs(LEASE_SECONDS + 15);
+    while gate_closed.is_none() || takeover.is_none() {
+        assert!(
+            stalled_at.elapsed() < limit,
+            "after the stall: gate closed {gate_closed:?}, takeover {takeover:?} within {limit:?}"
+        );
+        let old = gauge_and_writes(leader.port).await.map(|(g, _)| g);
+        let new = gauge_and_writes(standby.port).await.map(|(g, _)| g);
+        assert!(
+            old != Ok(1.0) || new != Ok(1.0),
+            "both replicas report copyrator_leader 1 {:?} after the stall",
+            stalled_at.elapsed()
+        );
+        if gate_closed.is_none() && old == Ok(0.0) {
+            gate_closed = Some(stalled_at.elapsed());
+        }
+        if takeover.is_none()
+            && lease_holder(&t, &op, &lease)
+                .await
+                .is_ok_and(|h| is_holder(&h, &standby))
+        {
+            takeover = Some(stalled_at.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (gate_closed, takeover) = (gate_closed.unwrap(), takeover.unwrap());
+    // The election went on trying: its Lease requests time out rather than hang.
+    let logs = leader.logs();
+    assert!(
+        logs.contains("no answer within"),
+        "no Lease request of the stalled leader timed out; log:\n{logs}"
+    );
+    wait_converged(&t, &targets, "2").await;
+    let converged = stalled_at.elapsed();
+
+    // The network comes back: the old leader sees the new holder and stays out.
+    proxy.resume();
+    assert_for(
+        "the old leader to stay out",
+        Duration::from_secs(4),
+        async || match gauge_and_writes(leader.port).await? {
+            (0.0, writes) if writes == writes_before => Ok(()),
+            other => Err(format!(
+                "(copyrator_leader, writes) {other:?}, writes before the stall {writes_before}"
+            )),
+        },
+    )
+    .await;
+    let _ = stop_sampling.send(true);
+    sampler.await.unwrap();
+    assert_copies_right(&t, &op, &targets).await;
+    leader.assert_running();
+
+    let samples = samples.lock().unwrap().clone();
+    let both: Vec<Duration> = samples
+        .iter()
+        .filter(|(_, a, b)| *a == Some(1.0) && *b == Some(1.0))
+        .map(|(at, _, _)| at.saturating_duration_since(stalled_at))
+        .collect();
+    let standby_led = samples
+        .iter()
+        .find(|(at, _, b)| *at > stalled_at && *b == Some(1.0))
+        .map(|(at, _, _)| *at - stalled_at);
+    println!(
+        "stall of the leader's connections (lease {LEASE_SECONDS} s, renew deadline {RENEW_DEADLINE:?}): \
+         its gate closed after {gate_closed:?}, the standby held the Lease after {takeover:?} and reported \
+         copyrator_leader 1 after {standby_led:?}; copies converged after {converged:?}; \
+         {} samples of both gauges, both 1 in {}",
+        samples.len(),
+        both.len()
+    );
+    assert!(
+        both.is_empty(),
+        "both replicas reported copyrator_leader 1 at {both:?} after the stall"
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|(at, a, b)| *at < stalled_at && *a == Some(1.0) && *b == Some(0.0)),
+        "no sample before the stall shows the leader leading"
+    );
+    // Sampled every 100 ms: allow one period and a scrape on top of the deadline.
+    assert!(
+        gate_closed <= RENEW_DEADLINE + Duration::from_millis(300),
+        "the gate closed {gate_closed:?} after the stall, past the renew deadline {RENEW_DEADLINE:?}"
+    );
+    assert!(
+        gate_closed < takeover,
+        "the gate closed {gate_closed:?} after the stall, the standby took over after {takeover:?}"
+    );
+}
