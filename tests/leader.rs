@@ -426,3 +426,74 @@ async fn a_leader_cut_off_by_a_stalled_network_stops_leading_before_the_standby_
         "the gate closed {gate_closed:?} after the stall, the standby took over after {takeover:?}"
     );
 }
+
+/// The standby keeps its caches and its rules' source watches warm: when
+/// the leader is killed with a change pending, the standby's first write
+/// follows its acquiring the Lease within about a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_standby_writes_within_a_second_of_taking_over() {
+    let t = TestNs::new("leader-takeover").await;
+    let op = t.ns("op").await;
+    let mut targets = Vec::new();
+    for i in 1..=4 {
+        targets.push(t.ns(&format!("t{i}")).await);
+    }
+    let lease = format!("takeover-{}", random5());
+    let mut ops = vec![replica(&t, &op, &lease, &[]), replica(&t, &op, &lease, &[])];
+    for o in &mut ops {
+        o.wait_ready().await;
+    }
+    scenario(&t, &op, &targets).await;
+    let leader = wait_one_leader(&t, &ops, &op, &lease).await;
+    let standby = 1 - leader;
+    let (_, standby_writes) = gauge_and_writes(ops[standby].port)
+        .await
+        .expect("standby metrics");
+    assert_eq!(
+        standby_writes, 0.0,
+        "the standby wrote while the leader led"
+    );
+
+    ops[leader].crash();
+    let died = std::time::SystemTime::now();
+    t.set_data(CM, &op, "shared", &[("v", Some("2"))]).await;
+    // The standby's first write: its write counter's first increase.
+    let first_write = wait_until(
+        "the standby's first write",
+        Duration::from_secs(LEASE_SECONDS + 15),
+        async || match gauge_and_writes(ops[standby].port).await? {
+            (_, writes) if writes > 0.0 => Ok(std::time::SystemTime::now()),
+            (gauge, _) => Err(format!("no write yet (leader gauge {gauge})")),
+        },
+    )
+    .await;
+    let acquired = Api::<Lease>::namespaced(t.client.clone(), &op)
+        .get(&lease)
+        .await
+        .map_err(|e| err_msg(&e))
+        .expect("reading the Lease")
+        .spec
+        .and_then(|s| s.acquire_time)
+        .expect("the Lease has an acquire time");
+    let acquired = std::time::UNIX_EPOCH
+        + Duration::from_micros(u64::try_from(acquired.0.as_microsecond()).expect("after 1970"));
+    wait_converged(&t, &targets, "2").await;
+    let converged = std::time::SystemTime::now();
+    let secs = |a: std::time::SystemTime, b: std::time::SystemTime| {
+        b.duration_since(a)
+            .map_or_else(|e| -e.duration().as_secs_f64(), |d| d.as_secs_f64())
+    };
+    let to_first_write = secs(acquired, first_write);
+    println!(
+        "takeover: leader killed -> Lease acquired {:.2} s, acquired -> first write {:.2} s \
+         (metrics polled every 150 ms), killed -> every copy right {:.2} s",
+        secs(died, acquired),
+        to_first_write,
+        secs(died, converged)
+    );
+    assert!(
+        to_first_write <= 2.0,
+        "the standby's first write came {to_first_write:.2} s after it took the Lease"
+    );
+    assert_copies_right(&t, &op, &targets).await;
+}
