@@ -28,7 +28,8 @@ use chrono::{DateTime, Utc};
 use common::audit::{Audit, Query, WRITE_VERBS, service_account_user};
 use common::*;
 use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
@@ -1468,5 +1469,148 @@ async fn a_neighbour_updating_copies_nonstop_causes_no_write_storm() {
         failures.push(format!("not right again after the neighbour stopped: {e}"));
     }
     assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+    operator.assert_running();
+}
+
+// ===========================================================================
+// 7. a mutating admission policy adds a label on every write
+
+/// A MutatingAdmissionPolicy (the webhook-free form of a mutating webhook)
+/// adds a label to every ConfigMap written into one target namespace, the
+/// operator's writes included. The operator accepts its own write as the
+/// API server answered it: one write per copy, then no fight, and a
+/// source change is one more write, not a loop.
+#[tokio::test]
+async fn a_mutating_policy_adding_a_label_to_every_write_draws_no_loop() {
+    const TEST: &str = "mutating-policy";
+    const INJECTED: &str = "policy.example.com/injected";
+    let audit = Audit::start();
+    let t = TestNs::new("nb-mutate").await;
+    let cluster = ClusterObjects::new();
+    let op = t.ns("op").await;
+    let mutated = t.ns("t1").await;
+    let plain = t.ns("t2").await;
+    let id = operator_identity(&t, &cluster, &op, "copyrator-mutate", operator_rules()).await;
+    let policy = format!("{}-inject", t.prefix);
+    cluster
+        .create(
+            &t.client,
+            ar::<MutatingAdmissionPolicy>(),
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingAdmissionPolicy",
+                "metadata": {"name": policy},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "reinvocationPolicy": "Never",
+                    "matchConstraints": {"resourceRules": [{
+                        "apiGroups": [""], "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"],
+                    }]},
+                    "mutations": [{
+                        "patchType": "ApplyConfiguration",
+                        "applyConfiguration": {"expression": format!(
+                            "Object{{metadata: Object.metadata{{labels: {{\"{INJECTED}\": \"yes\"}}}}}}"
+                        )},
+                    }],
+                },
+            }),
+        )
+        .await;
+    cluster
+        .create(
+            &t.client,
+            ar::<MutatingAdmissionPolicyBinding>(),
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingAdmissionPolicyBinding",
+                "metadata": {"name": policy},
+                "spec": {
+                    "policyName": policy,
+                    "matchResources": {"namespaceSelector": {"matchLabels": {
+                        "kubernetes.io/metadata.name": mutated,
+                    }}},
+                },
+            }),
+        )
+        .await;
+    // Policies become active a moment after they are made: probe with a
+    // dry-run create until the answer carries the label.
+    let probe: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "probe"}})).unwrap();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_until("the mutating policy to be active", MINUTE, async || {
+        let answer = t
+            .cms(&mutated)
+            .create(&dry_run, &probe)
+            .await
+            .map_err(|e| err_msg(&e))?;
+        let labels = answer.metadata.labels.unwrap_or_default();
+        if labels.contains_key(INJECTED) {
+            Ok(())
+        } else {
+            Err(format!("labels {labels:?}"))
+        }
+    })
+    .await;
+
+    let mut operator = start_operator(&t, &op, &id);
+    operator.wait_ready().await;
+    let src = t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
+    let rule = t
+        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    let start_utc = Utc::now();
+    let targets = [mutated.clone(), plain.clone()];
+    wait_until("both copies right", MINUTE, async || {
+        copies_right(&t, (&op, "cfgs", &uid), &targets, &[&src]).await
+    })
+    .await;
+    let copy = t.must_get(CM, &mutated, "cfg").await;
+    assert_eq!(
+        copy.label(INJECTED),
+        Some("yes"),
+        "the policy labelled the copy"
+    );
+
+    // Quiet for 20 s: no write answers the policy's label.
+    let quiet_from = Instant::now();
+    sleep_until(quiet_from + Duration::from_secs(20)).await;
+    let src = t.set_data(CM, &op, "cfg", &[("k", Some("v2"))]).await;
+    wait_until("both copies carry the change", MINUTE, async || {
+        copies_right(&t, (&op, "cfgs", &uid), &targets, &[&src]).await
+    })
+    .await;
+    sleep_until(Instant::now() + Duration::from_secs(10)).await;
+    let end_utc = Utc::now();
+    audit.settle(&t.client, end_utc).await;
+    let writes = |ns: &str| {
+        audit.count(
+            &Query::user(&id.user)
+                .verbs(WRITE_VERBS)
+                .resource("configmaps")
+                .namespace(ns)
+                .between(start_utc, end_utc),
+        )
+    };
+    let (in_mutated, in_plain) = (writes(&mutated), writes(&plain));
+    println!(
+        "{TEST}: operator writes over {:.0} s (a create, 20 s quiet, a source change, 10 s):          {in_mutated} into the mutated namespace, {in_plain} into the plain one",
+        (end_utc - start_utc).num_milliseconds() as f64 / 1000.0
+    );
+    let copy = t.must_get(CM, &mutated, "cfg").await;
+    assert_eq!(
+        copy.label(INJECTED),
+        Some("yes"),
+        "the policy's label stays"
+    );
+    assert!(
+        in_mutated <= in_plain + 1,
+        "{in_mutated} writes into the mutated namespace against {in_plain} into the plain one: \
+         the operator fought the policy"
+    );
     operator.assert_running();
 }
