@@ -111,6 +111,12 @@ impl LeaderGate {
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.receiver.clone()
     }
+
+    /// When this process's right to write runs out; `None` without an
+    /// election (it never does). A write still in flight then is abandoned.
+    pub fn leading_until(&self) -> Option<Instant> {
+        self.deadline.as_ref().and_then(Deadline::get)
+    }
 }
 
 /// The election's side of the gate.

@@ -235,15 +235,25 @@ impl Writer {
         let Some(_permit) = self.slot().await else {
             return Outcome::NotLeader;
         };
-        let outcome = match action {
-            Action::Create { desired, namespace } => {
-                self.create(desired, namespace, policy, rule).await
+        let work = async {
+            match action {
+                Action::Create { desired, namespace } => {
+                    self.create(desired, namespace, policy, rule).await
+                }
+                Action::Update { desired, current } => self.update(desired, current).await,
+                Action::Recreate { desired, current } => {
+                    self.recreate(desired, current, policy, rule).await
+                }
+                Action::Delete { current, .. } => self.delete(kind, current).await,
             }
-            Action::Update { desired, current } => self.update(desired, current).await,
-            Action::Recreate { desired, current } => {
-                self.recreate(desired, current, policy, rule).await
-            }
-            Action::Delete { current, .. } => self.delete(kind, current).await,
+        };
+        // A write must not outlive this process's leadership: one stuck on
+        // a stalled connection is dropped when the Lease could pass on.
+        let outcome = match self.leader.leading_until() {
+            Some(until) => tokio::time::timeout_at(until, work)
+                .await
+                .unwrap_or(Outcome::NotLeader),
+            None => work.await,
         };
         self.health.progressed();
         // Per copy at debug only: the rule's pass logs one summary line.
