@@ -128,6 +128,8 @@ struct Entry {
     retry_at: Instant,
     last_failure: Option<Failure>,
     restores: u32,
+    /// Someone else deleted the copy Copyrator wrote for this hash.
+    deleted_for: Option<u64>,
     next_restore_at: Option<Instant>,
     last_restore: Option<Instant>,
     writer: String,
@@ -143,6 +145,7 @@ impl Entry {
             retry_at: now,
             last_failure: None,
             restores: 0,
+            deleted_for: None,
             next_restore_at: None,
             last_restore: None,
             writer: String::new(),
@@ -258,12 +261,34 @@ impl Backoffs {
         Admission::Go
     }
 
+    /// Someone else deleted the copy Copyrator wrote for `written_for`.
+    pub fn deleted_by_others(
+        &mut self,
+        key: &CopyKey,
+        rule: &RuleKey,
+        written_for: u64,
+        now: Instant,
+    ) {
+        self.entries
+            .entry(key.clone())
+            .or_insert_with(|| Entry::new(rule, now))
+            .deleted_for = Some(written_for);
+    }
+
+    /// Whether creating `wanted` at `key` puts back a copy someone deleted.
+    pub fn was_deleted_by_others(&self, key: &CopyKey, wanted: u64) -> bool {
+        self.entries
+            .get(key)
+            .is_some_and(|e| e.deleted_for == Some(wanted))
+    }
+
     /// The write went through: its failure backoff is over (a contest is
     /// not: it ends when the copy stays quiet).
     pub fn succeeded(&mut self, key: &CopyKey) {
         if let Some(entry) = self.entries.get_mut(key) {
             entry.failures = 0;
             entry.last_failure = None;
+            entry.deleted_for = None;
             if entry.restores == 0 {
                 self.entries.remove(key);
             }
@@ -560,6 +585,21 @@ mod tests {
         // Once the copy stays quiet, the contest is over and memory is freed.
         b.sweep(now + Duration::from_secs(3600));
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn a_copy_deleted_by_others_is_known_until_it_is_written_again() {
+        let mut b = Backoffs::default();
+        let now = Instant::now();
+        assert!(!b.was_deleted_by_others(&key("a"), 7));
+        b.deleted_by_others(&key("a"), &rule(), 7, now);
+        assert!(b.was_deleted_by_others(&key("a"), 7));
+        assert!(
+            !b.was_deleted_by_others(&key("a"), 8),
+            "other content is no restore"
+        );
+        b.succeeded(&key("a"));
+        assert!(!b.was_deleted_by_others(&key("a"), 7));
     }
 
     #[test]

@@ -450,19 +450,26 @@ impl CopyIndex {
     /// Remove the object of this UID (a newer object of the same name
     /// stays); returns the rule UID of the removed copy.
     pub fn remove(&mut self, namespace: &str, name: &str, uid: &str) -> Option<String> {
+        self.take(namespace, name, uid)
+            .and_then(|o| o.rule_uid().map(str::to_owned))
+    }
+
+    /// As [`CopyIndex::remove`], returning the removed object.
+    pub fn take(&mut self, namespace: &str, name: &str, uid: &str) -> Option<Arc<Object>> {
         let key = (namespace.to_owned(), name.to_owned());
         if self.by_key.get(&key)?.uid != uid {
             return None;
         }
         let previous = self.by_key.remove(&key)?;
-        let uid = previous.rule_uid()?.to_owned();
-        if let Some(keys) = self.by_rule.get_mut(&uid) {
+        if let Some(rule_uid) = previous.rule_uid()
+            && let Some(keys) = self.by_rule.get_mut(rule_uid)
+        {
             keys.remove(&key);
             if keys.is_empty() {
-                self.by_rule.remove(&uid);
+                self.by_rule.remove(rule_uid);
             }
         }
-        Some(uid)
+        Some(previous)
     }
 
     /// Replace everything (after a full list); returns every rule UID seen before or after.

@@ -432,7 +432,11 @@ async fn run_plan(
         for (kind, action) in actions {
             let (namespace, name) = action.target();
             let copy: CopyKey = (kind, namespace.to_owned(), name.to_owned());
-            let restore = changed_back_by(&action);
+            let restore = changed_back_by(&action).or_else(|| {
+                (matches!(action, Action::Create { .. })
+                    && backoffs.was_deleted_by_others(&copy, wanted_hash(&action)))
+                .then(|| "whoever deleted it".to_owned())
+            });
             match backoffs.admit(
                 &copy,
                 &resolved.key,

@@ -19,6 +19,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::backoff::WatchBackoff;
 use crate::index::{NamespaceInfo, Object};
@@ -189,14 +190,35 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
                 Event::Apply(object) => {
                     write(index).upsert(Arc::new(Object::from_dynamic(kind, object).into_compact()))
                 }
-                Event::Delete(object) => write(index)
-                    .remove(
-                        &object.namespace().unwrap_or_default(),
-                        &object.name_any(),
+                Event::Delete(object) => {
+                    let namespace = object.namespace().unwrap_or_default();
+                    let name = object.name_any();
+                    let removed = write(index).take(
+                        &namespace,
+                        &name,
                         object.uid().as_deref().unwrap_or_default(),
-                    )
-                    .into_iter()
-                    .collect(),
+                    );
+                    // Our own deletes left the cache already: this one was
+                    // someone else's. A copy we wrote that keeps being deleted
+                    // is contested like one that keeps being changed back.
+                    if let Some(removed) = &removed
+                        && let (Some(written_for), Some(rule)) = (
+                            removed.written_for,
+                            removed.rule_uid().and_then(|uid| shared.rule_by_uid(uid)),
+                        )
+                    {
+                        lock(&shared.backoffs).deleted_by_others(
+                            &(kind, namespace, name),
+                            &rule,
+                            written_for,
+                            Instant::now(),
+                        );
+                    }
+                    removed
+                        .and_then(|o| o.rule_uid().map(str::to_owned))
+                        .into_iter()
+                        .collect()
+                }
             };
             for uid in touched {
                 if let Some(key) = shared.rule_by_uid(&uid) {

@@ -1614,3 +1614,78 @@ async fn a_mutating_policy_adding_a_label_to_every_write_draws_no_loop() {
     );
     operator.assert_running();
 }
+
+// ===========================================================================
+// 8. a neighbour keeps deleting a copy
+
+/// A neighbour deletes one copy every 2 s for 40 s: the copy is put back
+/// at once at first, then with growing delays; after the neighbour stops
+/// it is back.
+#[tokio::test]
+async fn a_copy_deleted_again_and_again_is_put_back_with_growing_delays() {
+    const TEST: &str = "deleter";
+    const PERIOD: Duration = Duration::from_secs(40);
+    let audit = Audit::start();
+    let t = TestNs::new("nb-delete").await;
+    let cluster = ClusterObjects::new();
+    let op = t.ns("op").await;
+    let target = t.ns("t1").await;
+    let id = operator_identity(&t, &cluster, &op, "copyrator-deleted", operator_rules()).await;
+    let mut operator = start_operator(&t, &op, &id);
+    operator.wait_ready().await;
+    let src = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    let rule = t
+        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    let targets = [target.clone()];
+    wait_until("the copy", MINUTE, async || {
+        copies_right(&t, (&op, "cfgs", &uid), &targets, &[&src]).await
+    })
+    .await;
+
+    let start = Instant::now();
+    let start_utc = Utc::now();
+    let mut deletions = 0;
+    let mut next = start;
+    while start.elapsed() < PERIOD {
+        sleep_until(next).await;
+        next += Duration::from_secs(2);
+        if t.try_get(CM, &target, "cfg").await.ok().flatten().is_some() {
+            match t.cms(&target).delete("cfg", &DeleteParams::default()).await {
+                Ok(_) => deletions += 1,
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => panic!("deleting the copy: {}", err_msg(&e)),
+            }
+        }
+    }
+    let end_utc = start_utc + utc(PERIOD);
+    let back = poll(
+        Duration::from_secs(330),
+        Duration::from_secs(1),
+        async || copies_right(&t, (&op, "cfgs", &uid), &targets, &[&src]).await,
+    )
+    .await
+    .map(|((), d)| d);
+    audit.settle(&t.client, end_utc).await;
+    let creates = audit.count(
+        &Query::user(&id.user)
+            .verbs(&["create"])
+            .resource("configmaps")
+            .namespace(&target)
+            .between(start_utc, end_utc),
+    );
+    println!(
+        "{TEST}: the neighbour deleted the copy {deletions} times in {} s; the operator created it {creates} times; \
+         back after the neighbour stopped: {:?}",
+        PERIOD.as_secs(),
+        back.as_ref().map(|d| secs(*d))
+    );
+    assert!(
+        creates <= 10,
+        "{creates} creates answered {deletions} deletions in {} s",
+        PERIOD.as_secs()
+    );
+    assert!(back.is_ok(), "the copy is not back: {back:?}");
+    operator.assert_running();
+}
