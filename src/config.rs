@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::rule::CopyPolicy;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "copyrator",
@@ -92,6 +94,31 @@ pub struct Settings {
     #[arg(long, env = "API_BURST", default_value_t = 2000, global = true)]
     pub api_burst: u32,
 
+    /// Namespaces (names or globs) that no glob, selector or default of a
+    /// rule reaches: only an exact name in `targets.include`. The operator's
+    /// own namespace is always protected.
+    #[arg(
+        long,
+        env = "PROTECTED_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "kube-system,kube-public,kube-node-lease",
+        global = true
+    )]
+    pub protected_namespaces: Vec<String>,
+
+    /// Secret types copied besides Opaque, kubernetes.io/tls,
+    /// kubernetes.io/dockerconfigjson, kubernetes.io/dockercfg,
+    /// kubernetes.io/basic-auth and kubernetes.io/ssh-auth (service-account
+    /// tokens and Helm releases are never copied).
+    #[arg(long, env = "SECRET_TYPES", value_delimiter = ',', global = true)]
+    pub secret_types: Vec<String>,
+
+    /// Label and annotation keys (globs such as `example.com/*`) never
+    /// carried to copies, besides the tracking keys of kubectl, Argo CD,
+    /// Helm, kapp, Flux, Fleet and Kustomize.
+    #[arg(long, env = "STRIP_KEYS", value_delimiter = ',', global = true)]
+    pub strip_keys: Vec<String>,
+
     /// Seconds after which /healthz fails when work is pending and nothing
     /// progresses, or a watch keeps failing (Kubernetes then restarts the Pod).
     #[arg(long, env = "STUCK_AFTER", default_value_t = 120, value_parser = clap::value_parser!(u64).range(5..), global = true)]
@@ -115,7 +142,18 @@ impl Settings {
         Duration::from_secs(self.resync_interval)
     }
 
+    /// What every rule is allowed, from these settings.
+    pub fn copy_policy(&self) -> Result<CopyPolicy, String> {
+        CopyPolicy::new(
+            &self.namespace,
+            &self.protected_namespaces,
+            &self.strip_keys,
+            &self.secret_types,
+        )
+    }
+
     pub fn validate(&self) -> Result<(), String> {
+        self.copy_policy()?;
         if !(self.api_qps >= 0.0 && self.api_qps.is_finite()) {
             return Err(format!("--api-qps must be 0 or more, not {}", self.api_qps));
         }

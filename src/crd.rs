@@ -166,6 +166,12 @@ pub fn crd() -> Result<CustomResourceDefinition> {
                     ),
                     column("Copies", "integer", ".status.copies", "Copies in place"),
                     column(
+                        "Protected",
+                        "integer",
+                        ".status.protectedNamespaces",
+                        "Namespaces left out as protected",
+                    ),
+                    column(
                         "Ready",
                         "string",
                         ".status.conditions[?(@.type==\"Ready\")].status",

@@ -15,13 +15,20 @@ use crate::{
     ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, LABEL_MANAGED_BY, LABEL_RULE_UID,
 };
 
-/// Labels and annotations that would make another tool believe it owns a copy.
+/// Labels and annotations that would make another tool believe it owns a
+/// copy (kubectl, Argo CD, Helm, kapp, Flux, Fleet, Kustomize), and
+/// Copyrator's own; `--strip-keys` adds more.
 pub const TRACKING_KEYS: &[&str] = &[
     "kubectl.kubernetes.io/last-applied-configuration",
     "app.kubernetes.io/instance",
     "argocd.argoproj.io/*",
     "meta.helm.sh/*",
     "helm.sh/chart",
+    "kapp.k14s.io/*",
+    "kustomize.toolkit.fluxcd.io/*",
+    "helm.toolkit.fluxcd.io/*",
+    "objectset.rio.cattle.io/*",
+    "config.kubernetes.io/*",
     "copyrator.flant.com/*",
 ];
 
@@ -178,6 +185,10 @@ pub struct Plan {
     pub desired: u32,
     /// Of those, how many are already right.
     pub in_place: u32,
+    /// Namespaces the targets would reach but for their protection.
+    pub protected_namespaces: u32,
+    /// Sources refused for their type: `(namespace/name, why)`.
+    pub refused_sources: Vec<(String, String)>,
 }
 
 /// Everything a plan is computed from.
@@ -199,8 +210,12 @@ pub fn source_rejection(rule: &ResolvedRule, object: &Object) -> Option<&'static
     if object.labels.contains_key(LABEL_RULE_UID) {
         return Some("it is a copy made by Copyrator");
     }
-    if let Some(why) = rule.kind.never_copied_reason(object.object_type()) {
-        return Some(why);
+    if rule
+        .policy
+        .refuses_type(rule.kind, object.object_type())
+        .is_some()
+    {
+        return Some("its type is not copied");
     }
     if !rule.source_namespaces.contains(&object.namespace) {
         return Some("it is not in a source namespace of the rule");
@@ -211,13 +226,17 @@ pub fn source_rejection(rule: &ResolvedRule, object: &Object) -> Option<&'static
     None
 }
 
-fn stripped(map: &BTreeMap<String, String>, strip: &[KeyGlob]) -> BTreeMap<String, String> {
+fn stripped(
+    map: &BTreeMap<String, String>,
+    strip: &[KeyGlob],
+    policy_strip: &[KeyGlob],
+) -> BTreeMap<String, String> {
     map.iter()
         .filter(|(key, _)| {
             !TRACKING_KEYS
                 .iter()
                 .any(|pattern| KeyGlob::new(pattern).is_ok_and(|g| g.matches(key)))
-                && !strip.iter().any(|g| g.matches(key))
+                && !strip.iter().chain(policy_strip).any(|g| g.matches(key))
                 && key.as_str() != LABEL_MANAGED_BY
         })
         .map(|(k, v)| (k.clone(), v.clone()))
@@ -227,11 +246,19 @@ fn stripped(map: &BTreeMap<String, String>, strip: &[KeyGlob]) -> BTreeMap<Strin
 /// The copy of `source` that `rule` puts into every target.
 pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
     let transform = &rule.transform;
-    let mut labels = stripped(&source.labels, &transform.strip_labels);
+    let mut labels = stripped(
+        &source.labels,
+        &transform.strip_labels,
+        &rule.policy.strip_keys,
+    );
     labels.extend(transform.add_labels.clone());
     labels.insert(LABEL_MANAGED_BY.into(), "copyrator".into());
     labels.insert(LABEL_RULE_UID.into(), rule.uid.clone());
-    let mut annotations = stripped(&source.annotations, &transform.strip_annotations);
+    let mut annotations = stripped(
+        &source.annotations,
+        &transform.strip_annotations,
+        &rule.policy.strip_keys,
+    );
     annotations.extend(transform.add_annotations.clone());
     annotations.insert(ANNOTATION_RULE.into(), rule.key.to_string());
     annotations.insert(
@@ -263,15 +290,27 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
     }
 }
 
-/// The namespaces that receive copies, and those that match but are terminating.
+/// The namespaces a rule targets (terminating ones included), and how many
+/// more it would target but for their protection.
 pub fn target_namespaces<'a>(
     rule: &ResolvedRule,
     namespaces: &'a BTreeMap<String, NamespaceInfo>,
-) -> Vec<(&'a String, &'a NamespaceInfo)> {
-    namespaces
+) -> (Vec<(&'a String, &'a NamespaceInfo)>, u32) {
+    let mut protected = 0;
+    let targets = namespaces
         .iter()
         .filter(|(name, info)| rule.targets.matches(name, &info.labels))
-        .collect()
+        .filter(|(name, _)| {
+            // A protected namespace is reached only by its exact name.
+            let allowed = !rule.policy.is_protected(name) || rule.targets.names_exactly(name);
+            // A source namespace receives nothing of its own anyway: not worth a mention.
+            if !allowed && !rule.source_namespaces.contains(name) {
+                protected += 1;
+            }
+            allowed
+        })
+        .collect();
+    (targets, protected)
 }
 
 /// Compute what `inputs.rule` needs.
@@ -281,11 +320,17 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
 
     // Sources by name, in source-namespace order: the first namespace wins a name.
     let mut sources: BTreeMap<&str, Vec<&Object>> = BTreeMap::new();
-    for source in inputs
-        .sources
-        .iter()
-        .filter(|s| source_rejection(rule, s).is_none())
-    {
+    for source in inputs.sources.iter() {
+        if let Some(why) = rule.policy.refuses_type(rule.kind, source.object_type())
+            && !source.labels.contains_key(LABEL_RULE_UID)
+        {
+            out.refused_sources
+                .push((format!("{}/{}", source.namespace, source.name), why));
+            continue;
+        }
+        if source_rejection(rule, source).is_some() {
+            continue;
+        }
         sources.entry(&source.name).or_default().push(source);
         out.sources += 1;
     }
@@ -303,7 +348,9 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         .map(|(name, candidates)| (*name, Arc::new(desired_copy(rule, candidates[0]))))
         .collect();
     let mut wanted: BTreeSet<ObjectKey> = BTreeSet::new();
-    for (namespace, info) in target_namespaces(rule, inputs.namespaces) {
+    let (targets, protected) = target_namespaces(rule, inputs.namespaces);
+    out.protected_namespaces = protected;
+    for (namespace, info) in targets {
         if info.terminating {
             // Nothing is written into a namespace that is going away; what is
             // there of ours is kept out of pruning too.
@@ -562,10 +609,7 @@ mod tests {
         let mut value = body;
         value["metadata"] = json!({"name": "r", "namespace": "src", "uid": "rule-1"});
         let r: CopyratorRule = serde_json::from_value(value).unwrap();
-        r.resolve(&Trust {
-            operator_namespace: "src".into(),
-            all_namespaces: false,
-        })
+        r.resolve(&Trust::new("src", false))
         .unwrap()
     }
 
@@ -654,6 +698,109 @@ mod tests {
         let version: u64 = copy.resource_version.parse().unwrap_or(100);
         copy.resource_version = (version + 1).to_string();
         w.copies.upsert(Arc::new(copy));
+    }
+
+    #[test]
+    fn protected_namespaces_are_reached_only_by_their_exact_name() {
+        let mut w = World::new(&["src", "a", "kube-system", "kube-public", "kube-node-lease"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        // No targets: every namespace but the protected ones (and the
+        // operator's own, "src" here, which is the source namespace anyway).
+        let p = w.plan(&simple_rule());
+        assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "create")]);
+        assert_eq!(p.protected_namespaces, 3);
+        // A glob does not reach them either.
+        let r = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "spec": {"targets": {"include": ["kube-*", "a"]}}}));
+        let p = w.plan(&r);
+        assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "create")]);
+        assert_eq!(p.protected_namespaces, 3);
+        // The exact name does.
+        let r = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "spec": {"targets": {"include": ["kube-public", "a"]}}}));
+        let p = w.plan(&r);
+        assert_eq!(
+            verbs(&p),
+            vec![
+                ("a".into(), "cm".into(), "create"),
+                ("kube-public".into(), "cm".into(), "create")
+            ]
+        );
+        assert_eq!(p.protected_namespaces, 0);
+    }
+
+    #[test]
+    fn only_listed_secret_types_are_copied_and_the_others_are_reported() {
+        let mut w = World::new(&["src", "a"]);
+        let r = rule(json!({"ruleType": "secret", "selector": {"copy": "yes"}}));
+        for (name, t) in [
+            ("opaque", "Opaque"),
+            ("tls", "kubernetes.io/tls"),
+            ("bootstrap", "bootstrap.kubernetes.io/token"),
+            ("custom", "example.com/custom"),
+        ] {
+            w.source("src", name, &[("copy", "yes")], json!({"k": "dg=="}));
+            let last = w.sources.len() - 1;
+            let mut o = (*w.sources[last]).clone();
+            o.payload.insert("type".into(), json!(t));
+            o.rehash();
+            w.sources[last] = Arc::new(o);
+        }
+        let p = w.plan(&r);
+        let written: Vec<String> = p.actions.iter().map(|a| a.target().1.to_owned()).collect();
+        assert_eq!(written, vec!["opaque", "tls"]);
+        let refused: Vec<&str> = p.refused_sources.iter().map(|(s, _)| s.as_str()).collect();
+        assert_eq!(refused, vec!["src/bootstrap", "src/custom"]);
+        assert!(p.refused_sources[0].1.contains("--secret-types"), "{:?}", p.refused_sources);
+        // A setting adds a type; service-account tokens stay refused whatever it says.
+        let mut with_custom = r.clone();
+        with_custom.policy = Arc::new(
+            crate::rule::CopyPolicy::new("src", &[], &[], &["example.com/custom".into()]).unwrap(),
+        );
+        let p = w.plan(&with_custom);
+        assert_eq!(p.actions.len(), 3);
+        assert!(
+            crate::rule::CopyPolicy::new(
+                "src",
+                &[],
+                &[],
+                &["kubernetes.io/service-account-token".into()]
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn tracking_keys_of_other_tools_and_configured_keys_never_travel() {
+        let mut w = World::new(&["src", "a"]);
+        let mut r = simple_rule();
+        r.policy = Arc::new(
+            crate::rule::CopyPolicy::new("src", &[], &["example.com/*".into()], &[]).unwrap(),
+        );
+        let source = w.source(
+            "src",
+            "cm",
+            &[
+                ("copy", "yes"),
+                ("kapp.k14s.io/app", "1"),
+                ("kustomize.toolkit.fluxcd.io/name", "x"),
+                ("helm.toolkit.fluxcd.io/name", "x"),
+                ("objectset.rio.cattle.io/hash", "x"),
+                ("config.kubernetes.io/origin", "x"),
+                ("example.com/owner", "x"),
+                ("team", "a"),
+            ],
+            json!({"k": "v"}),
+        );
+        let desired = desired_copy(&r, &source);
+        let carried: Vec<&str> = desired
+            .labels
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !k.starts_with("copyrator.flant.com/") && *k != LABEL_MANAGED_BY)
+            .collect();
+        assert_eq!(carried, vec!["copy", "team"]);
+        let _ = &mut w;
     }
 
     #[test]

@@ -174,6 +174,20 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
         problem,
         pending: pass.not_leader,
         contested,
+        protected_namespaces: pass.plan.protected_namespaces,
+        refused_sources: pass
+            .plan
+            .refused_sources
+            .iter()
+            .map(|(source, why)| {
+                let (namespace, name) = source.split_once('/').unwrap_or(("", source));
+                ConflictEntry {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    reason: why.clone(),
+                }
+            })
+            .collect(),
     };
     publish_status(shared, &rule, &observed).await?;
     log_pass(shared, key, &pass, failing, started.elapsed());
@@ -252,12 +266,18 @@ async fn announce(
     observed: &Observed,
 ) {
     let key = &resolved.key;
-    let new_conflicts: Vec<ConflictEntry> = {
+    let (new_conflicts, new_refusals): (Vec<ConflictEntry>, Vec<ConflictEntry>) = {
         let mut memory = lock(&shared.memory);
         let memory = memory.entry(key.clone()).or_default();
         let current: HashSet<ConflictEntry> = pass.conflicts.iter().cloned().collect();
         let fresh = current.difference(&memory.announced).cloned().collect();
         memory.announced = current;
+        let refused: HashSet<ConflictEntry> = observed.refused_sources.iter().cloned().collect();
+        let fresh_refusals = refused
+            .difference(&memory.announced_refusals)
+            .cloned()
+            .collect();
+        memory.announced_refusals = refused;
         let copies = i64::from(observed.copies);
         let conflicts = pass.conflicts.len() as i64;
         shared.metrics.copies_managed.inc_by(copies - memory.copies);
@@ -267,8 +287,22 @@ async fn announce(
             .inc_by(conflicts - memory.conflicts);
         memory.copies = copies;
         memory.conflicts = conflicts;
-        fresh
+        (fresh, fresh_refusals)
     };
+    for refused in new_refusals.iter().take(5) {
+        shared
+            .event(
+                rule,
+                EventType::Warning,
+                "SourceRefused",
+                "Copy",
+                format!(
+                    "{} {}/{} is not copied: {}",
+                    resolved.kind, refused.namespace, refused.name, refused.reason
+                ),
+            )
+            .await;
+    }
     for conflict in new_conflicts.iter().take(5) {
         shared
             .event(

@@ -7,6 +7,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector as K8sLabelSelector, ObjectMeta,
@@ -203,6 +204,16 @@ pub struct RuleStatus {
     /// Copies not made because of a conflict (at most 20 listed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conflicts: Vec<ConflictEntry>,
+    /// Namespaces the targets would reach but for their protection (only
+    /// an exact name in `targets.include` reaches a protected namespace).
+    #[serde(default)]
+    pub protected_namespaces: i64,
+    /// Number of sources not copied because of their type.
+    #[serde(default)]
+    pub refused_source_count: i64,
+    /// Sources not copied because of their type, and why (at most 20 listed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused_sources: Vec<ConflictEntry>,
     /// Number of copies that another writer keeps changing back; writes to
     /// them back off (about 1 s doubling to 5 min).
     #[serde(default)]
@@ -283,6 +294,124 @@ pub struct Trust {
     pub operator_namespace: String,
     /// Honour rules in every namespace (each may then copy only from its own).
     pub all_namespaces: bool,
+    /// What the settings allow every rule.
+    pub policy: Arc<CopyPolicy>,
+}
+
+impl Trust {
+    /// The defaults: protected namespaces, tracking keys and Secret types as shipped.
+    pub fn new(operator_namespace: &str, all_namespaces: bool) -> Self {
+        Self {
+            operator_namespace: operator_namespace.to_owned(),
+            all_namespaces,
+            policy: Arc::new(CopyPolicy::defaults(operator_namespace)),
+        }
+    }
+}
+
+/// Namespaces that only an exact name in `targets.include` reaches, by default.
+pub const PROTECTED_NAMESPACES: &[&str] = &["kube-system", "kube-public", "kube-node-lease"];
+
+/// Secret types copied by default; `--secret-types` adds more.
+pub const SECRET_TYPES: &[&str] = &[
+    "Opaque",
+    "kubernetes.io/tls",
+    "kubernetes.io/dockerconfigjson",
+    "kubernetes.io/dockercfg",
+    "kubernetes.io/basic-auth",
+    "kubernetes.io/ssh-auth",
+];
+
+/// What the operator's settings allow every rule: which namespaces only an
+/// exact name reaches, which metadata never travels, which Secret types
+/// are copied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CopyPolicy {
+    /// Reached by no glob, selector or default: only by an exact
+    /// `targets.include` entry. Always holds the operator's own namespace.
+    pub protected_namespaces: Vec<Glob>,
+    /// Labels and annotations never carried to copies, beyond the built-in
+    /// tracking keys of other tools.
+    pub strip_keys: Vec<KeyGlob>,
+    /// Secret types that are copied.
+    pub secret_types: Vec<String>,
+}
+
+impl CopyPolicy {
+    pub fn defaults(operator_namespace: &str) -> Self {
+        Self::new(
+            operator_namespace,
+            &PROTECTED_NAMESPACES
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>(),
+            &[],
+            &[],
+        )
+        .unwrap_or_else(|_| Self {
+            protected_namespaces: Vec::new(),
+            strip_keys: Vec::new(),
+            secret_types: SECRET_TYPES.iter().map(|s| s.to_string()).collect(),
+        })
+    }
+
+    /// From the settings: the protected namespaces (globs; the operator's
+    /// own is always added), extra keys never carried, extra Secret types.
+    pub fn new(
+        operator_namespace: &str,
+        protected: &[String],
+        strip_keys: &[String],
+        extra_secret_types: &[String],
+    ) -> Result<Self, String> {
+        let mut protected_namespaces = protected
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| Glob::new(p).map_err(|e| format!("protected namespace {p:?}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        protected_namespaces
+            .push(Glob::new(operator_namespace).map_err(|e| format!("--namespace: {e}"))?);
+        let strip_keys = strip_keys
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| KeyGlob::new(p).map_err(|e| format!("strip key {p:?}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut secret_types: Vec<String> = SECRET_TYPES.iter().map(|s| s.to_string()).collect();
+        for extra in extra_secret_types.iter().filter(|t| !t.is_empty()) {
+            if let Some(why) = Kind::Secret.never_copied_reason(Some(extra)) {
+                return Err(format!(
+                    "Secret type {extra:?} is never copied ({why}), whatever the settings"
+                ));
+            }
+            if !secret_types.contains(extra) {
+                secret_types.push(extra.clone());
+            }
+        }
+        Ok(Self {
+            protected_namespaces,
+            strip_keys,
+            secret_types,
+        })
+    }
+
+    pub fn is_protected(&self, namespace: &str) -> bool {
+        self.protected_namespaces
+            .iter()
+            .any(|g| g.matches(namespace))
+    }
+
+    /// Why an object of `kind` with this `type` is not copied, if it is not.
+    pub fn refuses_type(&self, kind: Kind, object_type: Option<&str>) -> Option<String> {
+        if let Some(why) = kind.never_copied_reason(object_type) {
+            return Some(why.to_owned());
+        }
+        match (kind, object_type) {
+            (Kind::Secret, Some(t)) if !self.secret_types.iter().any(|s| s == t) => Some(format!(
+                "Secret type {t:?} is not copied (copied: {}; --secret-types adds more)",
+                self.secret_types.join(", ")
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// Target namespaces of a rule, validated.
@@ -301,6 +430,11 @@ impl TargetSelector {
                 .namespace_selector
                 .as_ref()
                 .is_none_or(|s| s.matches(labels))
+    }
+
+    /// Whether `targets.include` names `name` exactly (no wildcard).
+    pub fn names_exactly(&self, name: &str) -> bool {
+        self.include.iter().any(|g| g.is_exactly(name))
     }
 }
 
@@ -326,6 +460,8 @@ pub struct ResolvedRule {
     pub prune: bool,
     pub conflict_policy: ConflictPolicy,
     pub transform: ResolvedTransform,
+    /// The operator-wide settings the rule is followed under.
+    pub policy: Arc<CopyPolicy>,
 }
 
 /// Why a rule cannot be followed; shown in its status.
@@ -479,6 +615,7 @@ impl CopyratorRule {
             prune: spec.prune.unwrap_or(true),
             conflict_policy: spec.conflict_policy.unwrap_or_default(),
             transform,
+            policy: trust.policy.clone(),
         })
     }
 }
@@ -532,10 +669,7 @@ mod tests {
     use serde_json::json;
 
     fn trust() -> Trust {
-        Trust {
-            operator_namespace: "copyrator".into(),
-            all_namespaces: false,
-        }
+        Trust::new("copyrator", false)
     }
 
     fn rule(value: Value) -> CopyratorRule {
@@ -647,10 +781,7 @@ mod tests {
 
     #[test]
     fn rules_elsewhere_copy_only_from_their_own_namespace() {
-        let all = Trust {
-            operator_namespace: "copyrator".into(),
-            all_namespaces: true,
-        };
+        let all = Trust::new("copyrator", true);
         let foreign = rule(
             json!({"metadata": {"name": "r", "namespace": "team-a"}, "ruleType": "secret", "selector": {"a": "b"}, "namespace": "kube-system"}),
         );

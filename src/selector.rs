@@ -231,6 +231,11 @@ impl Glob {
     pub fn matches(&self, name: &str) -> bool {
         glob_match(self.0.as_bytes(), name.as_bytes())
     }
+
+    /// Whether this pattern is `name` itself, with no wildcard.
+    pub fn is_exactly(&self, name: &str) -> bool {
+        self.0 == name && !self.0.contains(['*', '?'])
+    }
 }
 
 /// Iterative wildcard matching with backtracking to the last `*`: linear in practice.

@@ -19,7 +19,7 @@ use crate::kinds::Kind;
 use crate::leader::LeaderGate;
 use crate::metrics::Metrics;
 use crate::queue::Queue;
-use crate::rule::{ConflictEntry, CopyratorRule, RuleKey, Trust};
+use crate::rule::{ConflictEntry, CopyPolicy, CopyratorRule, RuleKey, Trust};
 use crate::sources::SourceWatch;
 use crate::writer::Writer;
 
@@ -75,6 +75,8 @@ pub struct RuleMemory {
     pub known_conflicts: HashMap<ObjectKey, String>,
     /// Conflicts already announced by an Event.
     pub announced: HashSet<ConflictEntry>,
+    /// Sources refused for their type, already announced by an Event.
+    pub announced_refusals: HashSet<ConflictEntry>,
     /// Consecutive failed passes, for the retry backoff.
     pub failures: u32,
     /// What the last failure summary said and when it was logged, so that
@@ -134,6 +136,11 @@ impl Shared {
         Arc::new(Self {
             recorder: Recorder::new(client.clone(), reporter),
             trust: Trust {
+                policy: Arc::new(
+                    settings
+                        .copy_policy()
+                        .unwrap_or_else(|_| CopyPolicy::defaults(&settings.namespace)),
+                ),
                 operator_namespace: settings.namespace.clone(),
                 all_namespaces: settings.all_namespaces,
             },

@@ -20,6 +20,10 @@ pub struct Observed {
     pub pending: u32,
     /// Copies another writer keeps changing back.
     pub contested: Vec<ContestedEntry>,
+    /// Namespaces left out as protected.
+    pub protected_namespaces: u32,
+    /// Sources not copied for their type (`namespace`, `name`, `reason`).
+    pub refused_sources: Vec<ConflictEntry>,
 }
 
 /// The status to publish, keeping transition times when nothing transitioned.
@@ -77,6 +81,10 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
     contested.sort();
     let contested_count = contested.len() as i64;
     contested.truncate(MAX_LISTED_CONFLICTS);
+    let mut refused_sources = observed.refused_sources.clone();
+    refused_sources.sort();
+    let refused_source_count = refused_sources.len() as i64;
+    refused_sources.truncate(MAX_LISTED_CONFLICTS);
     let mut next = RuleStatus {
         observed_generation: observed.generation,
         rule_type: observed.rule_type.clone(),
@@ -95,6 +103,9 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
         conflicts,
         contested_count,
         contested,
+        protected_namespaces: i64::from(observed.protected_namespaces),
+        refused_source_count,
+        refused_sources,
         last_sync_time: previous.and_then(|s| s.last_sync_time.clone()),
     };
     if previous.is_none_or(|p| !same_content(p, &next)) {
