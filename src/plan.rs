@@ -609,8 +609,7 @@ mod tests {
         let mut value = body;
         value["metadata"] = json!({"name": "r", "namespace": "src", "uid": "rule-1"});
         let r: CopyratorRule = serde_json::from_value(value).unwrap();
-        r.resolve(&Trust::new("src", false))
-        .unwrap()
+        r.resolve(&Trust::new("src", false)).unwrap()
     }
 
     fn simple_rule() -> ResolvedRule {
@@ -751,7 +750,11 @@ mod tests {
         assert_eq!(written, vec!["opaque", "tls"]);
         let refused: Vec<&str> = p.refused_sources.iter().map(|(s, _)| s.as_str()).collect();
         assert_eq!(refused, vec!["src/bootstrap", "src/custom"]);
-        assert!(p.refused_sources[0].1.contains("--secret-types"), "{:?}", p.refused_sources);
+        assert!(
+            p.refused_sources[0].1.contains("--secret-types"),
+            "{:?}",
+            p.refused_sources
+        );
         // A setting adds a type; service-account tokens stay refused whatever it says.
         let mut with_custom = r.clone();
         with_custom.policy = Arc::new(

@@ -289,7 +289,21 @@ async fn announce(
         memory.conflicts = conflicts;
         (fresh, fresh_refusals)
     };
-    for refused in new_refusals.iter().take(5) {
+    // One Event for all new refusals: the recorder folds Events of one
+    // reason into a series, which would keep only the last note.
+    if !new_refusals.is_empty() {
+        let mut sorted = new_refusals;
+        sorted.sort();
+        let listed: Vec<String> = sorted
+            .iter()
+            .take(5)
+            .map(|r| {
+                format!(
+                    "{} {}/{} ({})",
+                    resolved.kind, r.namespace, r.name, r.reason
+                )
+            })
+            .collect();
         shared
             .event(
                 rule,
@@ -297,8 +311,9 @@ async fn announce(
                 "SourceRefused",
                 "Copy",
                 format!(
-                    "{} {}/{} is not copied: {}",
-                    resolved.kind, refused.namespace, refused.name, refused.reason
+                    "{} sources are not copied: {}",
+                    sorted.len(),
+                    listed.join("; ")
                 ),
             )
             .await;

@@ -159,7 +159,8 @@ async fn secret_source_change_updates_copies() {
 
 /// The published example of the original Python Copyrator, unchanged: top
 /// level `ruleType`, `selector`, `namespace: default`, and no targets (so
-/// every namespace but `default` receives the copy). The rule is deleted at
+/// every namespace but `default` and the protected ones receives the copy;
+/// a protected namespace only when the rule names it exactly). The rule is deleted at
 /// the end so that its copies leave the other namespaces of the cluster.
 #[tokio::test]
 async fn original_form_example_rule_works_unchanged() {
@@ -196,7 +197,7 @@ async fn original_form_example_rule_works_unchanged() {
             &[("greeting", "hello")],
         )
         .await;
-    for ns in [&op, &t1, &t2] {
+    for ns in [&t1, &t2] {
         t.wait_copy(CM, ns, &source, &op, "main-rule").await;
     }
     t.assert_unchanged(
@@ -207,6 +208,38 @@ async fn original_form_example_rule_works_unchanged() {
         "a source is never copied onto itself",
     )
     .await;
+    // Protected by default: the system namespaces and the operator's own.
+    let protected = ["kube-system", "kube-public", "kube-node-lease", op.as_str()];
+    for ns in protected {
+        assert!(
+            t.get(CM, ns, &name).await.is_none(),
+            "a copy reached the protected namespace {ns}"
+        );
+    }
+    let status = t
+        .wait_rule(&op, "main-rule", "protected namespaces counted", |r| {
+            match r["status"]["protectedNamespaces"].as_i64() {
+                Some(n) if n >= 4 => Ok(()),
+                other => Err(format!("protectedNamespaces {other:?}")),
+            }
+        })
+        .await;
+    println!(
+        "original example: protectedNamespaces {}",
+        status["status"]["protectedNamespaces"]
+    );
+    // An exact name reaches a protected namespace.
+    t.patch_rule(
+        &op,
+        "main-rule",
+        json!({"spec": {"targets": {"include": ["kube-public", t1]}}}),
+    )
+    .await;
+    t.cleanup_later(CM, "kube-public", &name);
+    for ns in ["kube-public", t1.as_str()] {
+        t.wait_copy(CM, ns, &source, &op, "main-rule").await;
+    }
+    t.wait_gone(CM, &t2, &name, "no longer a target").await;
 
     t.delete_rule(&op, "main-rule").await;
     t.wait_rule_gone(
@@ -215,7 +248,7 @@ async fn original_form_example_rule_works_unchanged() {
         "the finalizer removes the copies, then lets the rule go",
     )
     .await;
-    for ns in [&op, &t1, &t2] {
+    for ns in ["kube-public", t1.as_str(), t2.as_str()] {
         assert!(
             t.get(CM, ns, &name).await.is_none(),
             "copy in {ns} left after the rule was deleted"

@@ -129,7 +129,10 @@ async fn a_source_is_never_copied_onto_its_own_namespace() {
     let _operator = Operator::start(&t, &op, &[]);
     let s = t.create_source(CM, &src, "s", &[], &[("k", "v")]).await;
     t.wait_copy(CM, &t1, &s, &op, "r").await;
-    t.wait_copy(CM, &op, &s, &op, "r").await;
+    assert!(
+        t.get(CM, &op, "s").await.is_none(),
+        "the operator's own namespace is protected from globs"
+    );
     t.assert_unchanged(
         CM,
         &src,
@@ -149,9 +152,11 @@ async fn a_source_is_never_copied_onto_its_own_namespace() {
         now.managed_fields
     );
     let rule = t
-        .wait_rule(&op, "r", "Ready with 2 target namespaces", |r| {
+        .wait_rule(&op, "r", "Ready with 1 target namespace, 1 protected", |r| {
             is_ready(r)?;
-            if status_u64(r, "targetNamespaces") == Some(2) {
+            if status_u64(r, "targetNamespaces") == Some(1)
+                && status_u64(r, "protectedNamespaces") == Some(1)
+            {
                 Ok(())
             } else {
                 Err(short_status(r))
@@ -176,7 +181,11 @@ async fn tracking_and_server_metadata_are_not_carried() {
     t.create_rule(&op, "r", rule_spec(CM, t.selector(), &[t.glob("t")]))
         .await;
     let owner = t.create_plain(CM, &op, "owner", &[], &[]).await;
-    let _operator = Operator::start(&t, &op, &[]);
+    let _operator = Operator::start(
+        &t,
+        &op,
+        &["--strip-keys", "example.com/*,audit.example.org/id"],
+    );
     let s = t
         .create_json(CM, &op, "tracked", json!({
             "metadata": {
@@ -187,6 +196,11 @@ async fn tracking_and_server_metadata_are_not_carried() {
                     "helm.sh/chart": "chart-1.0.0",
                     "argocd.argoproj.io/instance": "app-x",
                     "app.kubernetes.io/managed-by": "Helm",
+                    "kapp.k14s.io/app": "1700000000",
+                    "kustomize.toolkit.fluxcd.io/name": "apps",
+                    "helm.toolkit.fluxcd.io/name": "release-x",
+                    "objectset.rio.cattle.io/hash": "abc",
+                    "example.com/team": "a",
                 },
                 "annotations": {
                     "keep": "yes",
@@ -195,6 +209,11 @@ async fn tracking_and_server_metadata_are_not_carried() {
                     "argocd.argoproj.io/tracking-id": "app:/ConfigMap:x/tracked",
                     "meta.helm.sh/release-name": "release-x",
                     "meta.helm.sh/release-namespace": "x",
+                    "kapp.k14s.io/identity": "v1;x/ConfigMap/tracked",
+                    "kustomize.toolkit.fluxcd.io/checksum": "0",
+                    "objectset.rio.cattle.io/applied": "x",
+                    "config.kubernetes.io/origin": "path: cm.yaml",
+                    "audit.example.org/id": "42",
                 },
                 "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.uid}],
             },
@@ -228,6 +247,11 @@ async fn tracking_and_server_metadata_are_not_carried() {
         "app.kubernetes.io/instance",
         "helm.sh/chart",
         "argocd.argoproj.io/instance",
+        "kapp.k14s.io/app",
+        "kustomize.toolkit.fluxcd.io/name",
+        "helm.toolkit.fluxcd.io/name",
+        "objectset.rio.cattle.io/hash",
+        "example.com/team",
     ] {
         assert!(
             copy.label(l).is_none(),
@@ -241,6 +265,11 @@ async fn tracking_and_server_metadata_are_not_carried() {
         "argocd.argoproj.io/tracking-id",
         "meta.helm.sh/release-name",
         "meta.helm.sh/release-namespace",
+        "kapp.k14s.io/identity",
+        "kustomize.toolkit.fluxcd.io/checksum",
+        "objectset.rio.cattle.io/applied",
+        "config.kubernetes.io/origin",
+        "audit.example.org/id",
     ] {
         assert!(
             copy.annotation(a).is_none(),
@@ -352,7 +381,7 @@ async fn secret_type_change_recreates_the_copy() {
         json!(false),
     );
     t.create_rule(&op, "r", spec).await;
-    let _operator = Operator::start(&t, &op, &[]);
+    let _operator = Operator::start(&t, &op, &["--secret-types", "example.com/other"]);
     let old = t.create_source(SECRET, &op, "s", &[], &[("k", "v1")]).await;
     let old_copy = t.wait_copy(SECRET, &t1, &old, &op, "r").await;
     assert_eq!(old_copy.type_.as_deref(), Some("Opaque"));
@@ -608,4 +637,121 @@ async fn invalid_rule_gets_ready_false_and_the_operator_keeps_serving() {
         .await;
     t.wait_copy(CM, &t2, &a, &op, "good2").await;
     operator.assert_running();
+}
+
+/// Only the listed Secret types are copied; every other type is refused
+/// with its reason in the rule's status and an Event, unless a setting adds
+/// it.
+#[tokio::test]
+async fn only_listed_secret_types_are_copied_and_the_rest_are_reported() {
+    let t = TestNs::new("secret-types").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    t.create_rule(&op, "r", rule_spec(SECRET, t.selector(), &[t.glob("t")]))
+        .await;
+    let labels = json!({TEST_LABEL: t.prefix});
+    let copied = [
+        ("opaque", "Opaque", json!({"k": "v"})),
+        (
+            "tls",
+            "kubernetes.io/tls",
+            json!({"tls.crt": "c", "tls.key": "k"}),
+        ),
+        (
+            "pull",
+            "kubernetes.io/dockerconfigjson",
+            json!({".dockerconfigjson": "{\"auths\":{}}"}),
+        ),
+        (
+            "basic",
+            "kubernetes.io/basic-auth",
+            json!({"username": "u", "password": "p"}),
+        ),
+        (
+            "ssh",
+            "kubernetes.io/ssh-auth",
+            json!({"ssh-privatekey": "k"}),
+        ),
+    ];
+    let refused = [
+        (
+            "bootstrap",
+            "bootstrap.kubernetes.io/token",
+            json!({"token-id": "abcdef", "token-secret": "0123456789abcdef"}),
+        ),
+        ("custom", "example.com/custom", json!({"k": "v"})),
+    ];
+    for (name, type_, data) in copied.iter().chain(&refused) {
+        t.create_json(
+            SECRET,
+            &op,
+            name,
+            json!({"metadata": {"labels": labels}, "type": type_, "stringData": data}),
+        )
+        .await;
+    }
+    let mut operator = Operator::start(&t, &op, &[]);
+    for (name, _, _) in &copied {
+        let source = t.must_get(SECRET, &op, name).await;
+        t.wait_copy(SECRET, &t1, &source, &op, "r").await;
+    }
+    let rule = t
+        .wait_rule(&op, "r", "the refused sources listed", |r| {
+            let listed: Vec<&str> = r["status"]["refusedSources"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|e| e["name"].as_str()).collect())
+                .unwrap_or_default();
+            if listed == ["bootstrap", "custom"] {
+                Ok(())
+            } else {
+                Err(format!("refusedSources {}", r["status"]["refusedSources"]))
+            }
+        })
+        .await;
+    let reasons: Vec<&str> = rule["status"]["refusedSources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    assert!(
+        reasons
+            .iter()
+            .all(|r| r.contains("is not copied") && r.contains("--secret-types")),
+        "reasons: {reasons:?}"
+    );
+    assert_eq!(rule["status"]["refusedSourceCount"], 2);
+    for (name, _, _) in &refused {
+        assert!(
+            t.get(SECRET, &t1, name).await.is_none(),
+            "{name} was copied"
+        );
+    }
+    wait_until(
+        "a SourceRefused Event per refused source",
+        TIMEOUT,
+        async || {
+            let notes: Vec<String> = t
+                .events_regarding(&op, "r")
+                .await
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("SourceRefused"))
+                .filter_map(|e| e.note)
+                .collect();
+            let named = |name: &str| notes.iter().any(|n| n.contains(&format!("{op}/{name} ")));
+            if named("bootstrap") && named("custom") {
+                Ok(())
+            } else {
+                Err(format!("notes {notes:?}"))
+            }
+        },
+    )
+    .await;
+
+    // A setting adds a type.
+    operator.stop();
+    let _operator = Operator::start(&t, &op, &["--secret-types", "example.com/custom"]);
+    let custom = t.must_get(SECRET, &op, "custom").await;
+    t.wait_copy(SECRET, &t1, &custom, &op, "r").await;
+    assert!(t.get(SECRET, &t1, "bootstrap").await.is_none());
 }
