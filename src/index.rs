@@ -361,6 +361,28 @@ pub struct NamespaceInfo {
     pub labels: BTreeMap<String, String>,
     /// `deletionTimestamp` is set: nothing is written there any more.
     pub terminating: bool,
+    /// The `copyrator.flant.com/accept-from` annotation, split: namespaces
+    /// (names or globs) whose tenant rules may write here.
+    pub accept_from: Vec<crate::selector::Glob>,
+}
+
+impl NamespaceInfo {
+    /// Parse the `accept-from` annotation; entries that are no valid glob
+    /// are ignored (they accept nothing).
+    pub fn accept_from(annotation: Option<&str>) -> Vec<crate::selector::Glob> {
+        annotation
+            .into_iter()
+            .flat_map(|a| a.split(','))
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .filter_map(|p| crate::selector::Glob::new(p).ok())
+            .collect()
+    }
+
+    /// Whether this namespace accepts copies from tenant rules of `namespace`.
+    pub fn accepts(&self, namespace: &str) -> bool {
+        self.accept_from.iter().any(|g| g.matches(namespace))
+    }
 }
 
 /// Every copy of one kind in the cluster, by key and by the rule that made it.

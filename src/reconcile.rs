@@ -175,6 +175,7 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
         pending: pass.not_leader,
         contested,
         protected_namespaces: pass.plan.protected_namespaces,
+        not_accepting_namespaces: pass.plan.not_accepting_namespaces,
         refused_sources: pass
             .plan
             .refused_sources

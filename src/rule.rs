@@ -208,6 +208,11 @@ pub struct RuleStatus {
     /// an exact name in `targets.include` reaches a protected namespace).
     #[serde(default)]
     pub protected_namespaces: i64,
+    /// For a rule outside the operator's namespace: namespaces its targets
+    /// would reach but that do not accept copies from it (their annotation
+    /// `copyrator.flant.com/accept-from` does not list its namespace).
+    #[serde(default)]
+    pub not_accepting_namespaces: i64,
     /// Number of sources not copied because of their type.
     #[serde(default)]
     pub refused_source_count: i64,
@@ -462,6 +467,9 @@ pub struct ResolvedRule {
     pub transform: ResolvedTransform,
     /// The operator-wide settings the rule is followed under.
     pub policy: Arc<CopyPolicy>,
+    /// A rule outside the operator's namespace under `--all-namespaces`:
+    /// it writes only into namespaces that accept its namespace.
+    pub tenant: bool,
 }
 
 /// Why a rule cannot be followed; shown in its status.
@@ -543,6 +551,16 @@ impl CopyratorRule {
             });
         }
 
+        let tenant = trust.all_namespaces && key.namespace != trust.operator_namespace;
+        if tenant && spec.conflict_policy == Some(ConflictPolicy::Overwrite) {
+            return Err(InvalidRule {
+                reason: "Forbidden",
+                message: format!(
+                    "a rule outside the operator's namespace {:?} may not use conflictPolicy Overwrite",
+                    trust.operator_namespace
+                ),
+            });
+        }
         let targets = spec.targets.unwrap_or_default();
         let globs = |field: &str,
                      patterns: Option<Vec<String>>|
@@ -616,6 +634,7 @@ impl CopyratorRule {
             conflict_policy: spec.conflict_policy.unwrap_or_default(),
             transform,
             policy: trust.policy.clone(),
+            tenant,
         })
     }
 }

@@ -22,6 +22,8 @@ pub struct Observed {
     pub contested: Vec<ContestedEntry>,
     /// Namespaces left out as protected.
     pub protected_namespaces: u32,
+    /// Namespaces left out because they do not accept the tenant rule.
+    pub not_accepting_namespaces: u32,
     /// Sources not copied for their type (`namespace`, `name`, `reason`).
     pub refused_sources: Vec<ConflictEntry>,
 }
@@ -104,6 +106,7 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
         contested_count,
         contested,
         protected_namespaces: i64::from(observed.protected_namespaces),
+        not_accepting_namespaces: i64::from(observed.not_accepting_namespaces),
         refused_source_count,
         refused_sources,
         last_sync_time: previous.and_then(|s| s.last_sync_time.clone()),

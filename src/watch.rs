@@ -109,6 +109,11 @@ pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
             let info = |meta: &PartialObjectMeta<Namespace>| NamespaceInfo {
                 labels: meta.labels().clone(),
                 terminating: meta.metadata.deletion_timestamp.is_some(),
+                accept_from: NamespaceInfo::accept_from(
+                    meta.annotations()
+                        .get(crate::ANNOTATION_ACCEPT_FROM)
+                        .map(String::as_str),
+                ),
             };
             let changed = match event {
                 Event::Init => {

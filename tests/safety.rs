@@ -152,16 +152,21 @@ async fn a_source_is_never_copied_onto_its_own_namespace() {
         now.managed_fields
     );
     let rule = t
-        .wait_rule(&op, "r", "Ready with 1 target namespace, 1 protected", |r| {
-            is_ready(r)?;
-            if status_u64(r, "targetNamespaces") == Some(1)
-                && status_u64(r, "protectedNamespaces") == Some(1)
-            {
-                Ok(())
-            } else {
-                Err(short_status(r))
-            }
-        })
+        .wait_rule(
+            &op,
+            "r",
+            "Ready with 1 target namespace, 1 protected",
+            |r| {
+                is_ready(r)?;
+                if status_u64(r, "targetNamespaces") == Some(1)
+                    && status_u64(r, "protectedNamespaces") == Some(1)
+                {
+                    Ok(())
+                } else {
+                    Err(short_status(r))
+                }
+            },
+        )
         .await;
     let conflicts = rule
         .pointer("/status/conflicts")

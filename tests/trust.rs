@@ -96,6 +96,8 @@ async fn all_namespaces_lets_a_foreign_rule_copy_only_from_its_own_namespace() {
     );
     t.create_rule(&op, &rule, from_src).await;
 
+    // A tenant rule writes only where it is accepted.
+    accept_from(&t, &t1, &own_ns).await;
     let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
     let labels = |w: &'static str| [(TEST_LABEL, t.prefix.as_str()), ("which", w)];
     let stolen = t
@@ -191,4 +193,96 @@ async fn rule_name_limits_the_operator_to_one_rule() {
         "the other rule got a status: {}",
         short_status(&other)
     );
+}
+
+/// Sets the namespace's `copyrator.flant.com/accept-from` annotation.
+async fn accept_from(t: &TestNs, ns: &str, from: &str) {
+    t.namespaces()
+        .patch(
+            ns,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+                "copyrator.flant.com/accept-from": from,
+            }}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("annotating namespace {ns}: {}", err_msg(&e)));
+}
+
+/// With `--all-namespaces`, a rule outside the operator's namespace (a
+/// tenant rule) writes only into namespaces whose `accept-from` annotation
+/// names its namespace (or a glob matching it); the others are counted in
+/// its status. Consent given later fills the namespace. A tenant rule may
+/// not use `conflictPolicy: Overwrite`.
+#[tokio::test]
+async fn a_tenant_rule_writes_only_where_accepted_and_never_overwrites() {
+    let _exclusive = CLUSTER_WIDE.write().await;
+    let t = TestNs::new("consent").await;
+    let rule = t.prefix.clone();
+    let op = t.ns("op").await;
+    let tenant = t.ns("ta").await;
+    let greedy = t.ns("greedy").await;
+    let (t1, t2, t3, t4) = (
+        t.ns("t1").await,
+        t.ns("t2").await,
+        t.ns("t3").await,
+        t.ns("t4").await,
+    );
+    accept_from(&t, &t1, &format!("other, {tenant}")).await;
+    accept_from(&t, &t2, "other").await;
+    accept_from(&t, &t3, &format!("{}-t*", t.prefix)).await;
+    t.create_rule(&tenant, &rule, rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    t.create_rule(
+        &greedy,
+        &rule,
+        with(
+            rule_spec(CM, t.selector(), &[t.glob("t")]),
+            "/spec/conflictPolicy",
+            json!("Overwrite"),
+        ),
+    )
+    .await;
+    let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
+    let src = t
+        .create_source(CM, &tenant, "cfg", &[], &[("k", "v")])
+        .await;
+    for ns in [&t1, &t3] {
+        t.wait_copy(CM, ns, &src, &tenant, &rule).await;
+    }
+    let status = t
+        .wait_rule(
+            &tenant,
+            &rule,
+            "two namespaces counted as not accepting",
+            |r| match r["status"]["notAcceptingNamespaces"].as_i64() {
+                Some(2) => Ok(()),
+                other => Err(format!(
+                    "notAcceptingNamespaces {other:?}; {}",
+                    short_status(r)
+                )),
+            },
+        )
+        .await;
+    println!("consent: {}", status["status"]);
+    for ns in [&t2, &t4] {
+        t.assert_absent(CM, ns, "cfg", "the namespace does not accept the tenant")
+            .await;
+    }
+    // Consent given later: the namespace is filled.
+    accept_from(&t, &t4, &tenant).await;
+    t.wait_copy(CM, &t4, &src, &tenant, &rule).await;
+
+    let refused = t
+        .wait_rule(&greedy, &rule, "Overwrite refused as Forbidden", |r| {
+            let c = ready_condition(r).ok_or_else(|| short_status(r))?;
+            if c["status"] == "False" && c["reason"] == "Forbidden" {
+                Ok(())
+            } else {
+                Err(short_status(r))
+            }
+        })
+        .await;
+    println!("overwrite: {}", ready_condition(&refused).unwrap());
+    operator.assert_running();
 }
