@@ -187,6 +187,8 @@ pub struct Plan {
     pub in_place: u32,
     /// Namespaces the targets would reach but for their protection.
     pub protected_namespaces: u32,
+    /// Namespaces a tenant rule's targets would reach but that do not accept it.
+    pub not_accepting_namespaces: u32,
     /// Sources refused for their type: `(namespace/name, why)`.
     pub refused_sources: Vec<(String, String)>,
 }
@@ -290,16 +292,36 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
     }
 }
 
+/// What keeps a namespace that a rule's targets match from receiving copies.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LeftOut {
+    /// Protected: only an exact name reaches it.
+    pub protected: u32,
+    /// A tenant rule's target that does not accept the rule's namespace.
+    pub not_accepted: u32,
+}
+
 /// The namespaces a rule targets (terminating ones included), and how many
-/// more it would target but for their protection.
+/// more it would target but for their protection or their consent.
 pub fn target_namespaces<'a>(
     rule: &ResolvedRule,
     namespaces: &'a BTreeMap<String, NamespaceInfo>,
-) -> (Vec<(&'a String, &'a NamespaceInfo)>, u32) {
+) -> (Vec<(&'a String, &'a NamespaceInfo)>, LeftOut) {
     let mut protected = 0;
+    let mut not_accepted = 0;
     let targets = namespaces
         .iter()
         .filter(|(name, info)| rule.targets.matches(name, &info.labels))
+        .filter(|(name, info)| {
+            // A tenant writes only where it is welcome; its own namespace
+            // is its own (and a source namespace receives nothing of itself).
+            let welcome =
+                !rule.tenant || **name == rule.key.namespace || info.accepts(&rule.key.namespace);
+            if !welcome && !rule.source_namespaces.contains(name) {
+                not_accepted += 1;
+            }
+            welcome
+        })
         .filter(|(name, _)| {
             // A protected namespace is reached only by its exact name.
             let allowed = !rule.policy.is_protected(name) || rule.targets.names_exactly(name);
@@ -310,7 +332,13 @@ pub fn target_namespaces<'a>(
             allowed
         })
         .collect();
-    (targets, protected)
+    (
+        targets,
+        LeftOut {
+            protected,
+            not_accepted,
+        },
+    )
 }
 
 /// Compute what `inputs.rule` needs.
@@ -348,8 +376,9 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         .map(|(name, candidates)| (*name, Arc::new(desired_copy(rule, candidates[0]))))
         .collect();
     let mut wanted: BTreeSet<ObjectKey> = BTreeSet::new();
-    let (targets, protected) = target_namespaces(rule, inputs.namespaces);
-    out.protected_namespaces = protected;
+    let (targets, left_out) = target_namespaces(rule, inputs.namespaces);
+    out.protected_namespaces = left_out.protected;
+    out.not_accepting_namespaces = left_out.not_accepted;
     for (namespace, info) in targets {
         if info.terminating {
             // Nothing is written into a namespace that is going away; what is
@@ -726,6 +755,39 @@ mod tests {
             ]
         );
         assert_eq!(p.protected_namespaces, 0);
+    }
+
+    #[test]
+    fn a_tenant_rule_writes_only_where_its_namespace_is_accepted() {
+        let mut w = World::new(&["team-a", "open", "closed", "globbed"]);
+        w.namespaces.get_mut("open").unwrap().accept_from =
+            NamespaceInfo::accept_from(Some("team-b, team-a"));
+        w.namespaces.get_mut("globbed").unwrap().accept_from =
+            NamespaceInfo::accept_from(Some("team-*"));
+        w.source("team-a", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let mut value = json!({"ruleType": "configmap", "selector": {"copy": "yes"}});
+        value["metadata"] = json!({"name": "r", "namespace": "team-a", "uid": "rule-1"});
+        let r: CopyratorRule = serde_json::from_value(value.clone()).unwrap();
+        let tenant = r.resolve(&Trust::new("ops", true)).unwrap();
+        assert!(tenant.tenant);
+        let p = w.plan(&tenant);
+        assert_eq!(
+            verbs(&p),
+            vec![
+                ("globbed".into(), "cm".into(), "create"),
+                ("open".into(), "cm".into(), "create")
+            ]
+        );
+        assert_eq!(p.not_accepting_namespaces, 1);
+        // The same rule in the operator's own namespace needs no consent.
+        let own = r.resolve(&Trust::new("team-a", true)).unwrap();
+        assert!(!own.tenant);
+        assert_eq!(w.plan(&own).actions.len(), 3);
+        // A tenant rule may not overwrite.
+        value["spec"] = json!({"conflictPolicy": "Overwrite"});
+        let r: CopyratorRule = serde_json::from_value(value).unwrap();
+        let refused = r.resolve(&Trust::new("ops", true)).unwrap_err();
+        assert_eq!(refused.reason, "Forbidden");
     }
 
     #[test]
