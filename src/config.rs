@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::kinds::Kind;
 use crate::rule::CopyPolicy;
 
 #[derive(Debug, Parser)]
@@ -94,6 +95,17 @@ pub struct Settings {
     #[arg(long, env = "API_BURST", default_value_t = 2000, global = true)]
     pub api_burst: u32,
 
+    /// Kinds the operator copies (`configmap`, `secret`): it watches, lists
+    /// and writes only these, so RBAC needs no verb on the others.
+    #[arg(
+        long,
+        env = "KINDS",
+        value_delimiter = ',',
+        default_value = "configmap,secret",
+        global = true
+    )]
+    pub kinds: Vec<String>,
+
     /// Namespaces (names or globs) that no glob, selector or default of a
     /// rule reaches: only an exact name in `targets.include`. The operator's
     /// own namespace is always protected.
@@ -144,12 +156,35 @@ impl Settings {
 
     /// What every rule is allowed, from these settings.
     pub fn copy_policy(&self) -> Result<CopyPolicy, String> {
-        CopyPolicy::new(
+        let mut policy = CopyPolicy::new(
             &self.namespace,
             &self.protected_namespaces,
             &self.strip_keys,
             &self.secret_types,
-        )
+        )?;
+        policy.kinds = self.enabled_kinds()?;
+        Ok(policy)
+    }
+
+    /// The kinds `--kinds` enables.
+    pub fn enabled_kinds(&self) -> Result<Vec<Kind>, String> {
+        let mut kinds = Vec::new();
+        for name in self
+            .kinds
+            .iter()
+            .map(|k| k.trim())
+            .filter(|k| !k.is_empty())
+        {
+            let kind = Kind::from_rule_type(&name.to_ascii_lowercase())
+                .ok_or_else(|| format!("--kinds: unknown kind {name:?} (configmap or secret)"))?;
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        if kinds.is_empty() {
+            return Err("--kinds must name at least one kind (configmap, secret)".into());
+        }
+        Ok(kinds)
     }
 
     pub fn validate(&self) -> Result<(), String> {

@@ -146,7 +146,12 @@ async fn run(settings: Settings, plan_only: bool) -> anyhow::Result<()> {
         watches::spawn_namespace_watch(shared.clone()),
     ];
     for kind in Kind::all() {
-        tasks.push(watches::spawn_copy_watch(shared.clone(), kind));
+        if shared.trust.policy.kinds.contains(&kind) {
+            tasks.push(watches::spawn_copy_watch(shared.clone(), kind));
+        } else {
+            // Never watched, never written: nothing to wait for.
+            shared.synced.copies[kind as usize].store(true, Ordering::Release);
+        }
     }
 
     let server = if plan_only {

@@ -440,7 +440,8 @@ async fn run_plan(
     let mut other_kind_deletions = Vec::new();
     if resolved.prune {
         let namespaces = read(&shared.namespaces);
-        for kind in Kind::all().filter(|k| *k != resolved.kind) {
+        for kind in Kind::all().filter(|k| *k != resolved.kind && resolved.policy.kinds.contains(k))
+        {
             for action in plan::cleanup(&resolved.uid, &namespaces, &read(shared.copies(kind))) {
                 other_kind_deletions.push((kind, action));
             }

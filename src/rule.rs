@@ -340,6 +340,8 @@ pub struct CopyPolicy {
     pub strip_keys: Vec<KeyGlob>,
     /// Secret types that are copied.
     pub secret_types: Vec<String>,
+    /// Kinds the operator copies (`--kinds`); a rule of another is refused.
+    pub kinds: Vec<Kind>,
 }
 
 impl CopyPolicy {
@@ -357,6 +359,7 @@ impl CopyPolicy {
             protected_namespaces: Vec::new(),
             strip_keys: Vec::new(),
             secret_types: SECRET_TYPES.iter().map(|s| s.to_string()).collect(),
+            kinds: Kind::all().collect(),
         })
     }
 
@@ -395,6 +398,7 @@ impl CopyPolicy {
             protected_namespaces,
             strip_keys,
             secret_types,
+            kinds: Kind::all().collect(),
         })
     }
 
@@ -526,6 +530,11 @@ impl CopyratorRule {
             .effective_rule_type()
             .ok_or_else(|| InvalidRule::invalid("ruleType is required (configmap or secret)"))?
             .kind();
+        if !trust.policy.kinds.contains(&kind) {
+            return Err(InvalidRule::invalid(format!(
+                "this operator does not copy {kind}s (its --kinds setting leaves them out)"
+            )));
+        }
         let raw_selector = spec
             .selector
             .as_ref()
