@@ -17,6 +17,11 @@ use tracing::info;
 use crate::metrics::Metrics;
 use crate::{Error, Result};
 
+/// A failing watch retries at least every few seconds (its backoff stops at
+/// 3 s); one with no error for this long has come back, even if it had
+/// nothing to report since.
+const WATCH_RECOVERED_AFTER: Duration = Duration::from_secs(20);
+
 /// What the probes report.
 pub struct Health {
     /// The watch and work loops are running.
@@ -28,8 +33,10 @@ pub struct Health {
     stuck_after: Duration,
     /// Milliseconds after `started` of the last progress.
     last_progress_ms: AtomicU64,
-    /// Watches failing now, and since when.
-    failing_watches: Mutex<HashMap<String, Instant>>,
+    /// A watch with no error for this long has recovered.
+    watch_recovered_after: Duration,
+    /// Watches failing now: since when, and their last error.
+    failing_watches: Mutex<HashMap<String, (Instant, Instant)>>,
     /// Whether work waits that this process should be doing.
     work_pending: OnceLock<Box<dyn Fn() -> bool + Send + Sync>>,
 }
@@ -47,6 +54,7 @@ impl Health {
             ready: AtomicBool::new(false),
             started: Instant::now(),
             stuck_after,
+            watch_recovered_after: WATCH_RECOVERED_AFTER,
             last_progress_ms: AtomicU64::new(0),
             failing_watches: Mutex::default(),
             work_pending: OnceLock::new(),
@@ -65,9 +73,14 @@ impl Health {
     }
 
     pub fn watch_failed(&self, watch: &str) {
-        crate::state::lock(&self.failing_watches)
-            .entry(watch.to_owned())
-            .or_insert_with(Instant::now);
+        let now = Instant::now();
+        let mut failing = crate::state::lock(&self.failing_watches);
+        let entry = failing.entry(watch.to_owned()).or_insert((now, now));
+        if now.duration_since(entry.1) > self.watch_recovered_after {
+            // The last streak ended quietly (a resumed watch says nothing).
+            entry.0 = now;
+        }
+        entry.1 = now;
     }
 
     pub fn watch_ok(&self, watch: &str) {
@@ -84,8 +97,10 @@ impl Health {
         }
         let failing = crate::state::lock(&self.failing_watches)
             .iter()
-            .filter(|(_, since)| since.elapsed() > self.stuck_after)
-            .map(|(watch, since)| format!("{watch} (for {} s)", since.elapsed().as_secs()))
+            .filter(|(_, (since, last))| {
+                last.elapsed() <= self.watch_recovered_after && since.elapsed() > self.stuck_after
+            })
+            .map(|(watch, (since, _))| format!("{watch} (for {} s)", since.elapsed().as_secs()))
             .next();
         if let Some(watch) = failing {
             return Some(format!("a watch keeps failing: {watch}"));
@@ -202,6 +217,23 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         assert!(health.stuck().is_some_and(|why| why.contains("namespaces")));
         health.watch_ok("namespaces");
+        assert_eq!(health.stuck(), None);
+    }
+
+    #[test]
+    fn a_watch_that_resumed_quietly_counts_as_recovered() {
+        let mut health = Health::new(Duration::from_millis(30));
+        health.watch_recovered_after = Duration::from_millis(60);
+        health.alive.store(true, Ordering::Relaxed);
+        health.watch_failed("copyratorrules");
+        std::thread::sleep(Duration::from_millis(40));
+        health.watch_failed("copyratorrules");
+        assert!(health.stuck().is_some(), "failing for longer than stuck_after");
+        // No error since, and no event either (nothing to report).
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(health.stuck(), None);
+        // A new failure starts a new streak.
+        health.watch_failed("copyratorrules");
         assert_eq!(health.stuck(), None);
     }
 }

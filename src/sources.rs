@@ -90,7 +90,9 @@ impl SourceWatch {
                 loop {
                     let event = match stream.try_next().await {
                         Ok(Some(event)) => {
-                            health.watch_ok(&watch_name);
+                            if !matches!(event, Event::Init) {
+                                health.watch_ok(&watch_name);
+                            }
                             event
                         }
                         Ok(None) => return,

@@ -46,7 +46,10 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
         loop {
             let event = match stream.try_next().await {
                 Ok(Some(event)) => {
-                    shared.health.watch_ok("copyratorrules");
+                    // `Init` comes before every list attempt, failed ones too.
+                    if !matches!(event, Event::Init) {
+                        shared.health.watch_ok("copyratorrules");
+                    }
                     event
                 }
                 Ok(None) => return,
@@ -97,7 +100,9 @@ pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
         loop {
             let event = match stream.try_next().await {
                 Ok(Some(event)) => {
-                    shared.health.watch_ok("namespaces");
+                    if !matches!(event, Event::Init) {
+                        shared.health.watch_ok("namespaces");
+                    }
                     event
                 }
                 Ok(None) => return,
@@ -166,7 +171,9 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
         loop {
             let event = match stream.try_next().await {
                 Ok(Some(event)) => {
-                    shared.health.watch_ok(kind.info().plural);
+                    if !matches!(event, Event::Init) {
+                        shared.health.watch_ok(kind.info().plural);
+                    }
                     event
                 }
                 Ok(None) => return,
