@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
 
+use common::audit::{Audit, Query, WRITE_VERBS, service_account_user};
 use common::*;
 use serde_json::{Value, json};
 
@@ -210,8 +211,10 @@ impl Drop for Release {
 /// (RBAC on), does its whole job: ConfigMap and Secret copies, a new
 /// namespace filled, a copy repaired (update), a conflict (get), a prune,
 /// status, events (one repeated, which patches it), the Lease, and a rule
-/// deleted with its copies. Any 403 in its log fails the test too, so a
-/// verb missing from the chart cannot go unnoticed.
+/// deleted with its copies. A request of the ServiceAccount that the API
+/// server answered 403 (its audit log) fails the test too, so a verb
+/// missing from the chart cannot go unnoticed even where the operator
+/// copes with the refusal.
 #[tokio::test]
 async fn operator_as_the_charts_service_account_does_its_whole_job() {
     let t = TestNs::new("chart-rbac").await;
@@ -253,7 +256,10 @@ async fn operator_as_the_charts_service_account_does_its_whole_job() {
         PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{release}.kubeconfig"));
     service_account_kubeconfig(&op, &release, &kubeconfig);
     let kubeconfig = kubeconfig.to_string_lossy().into_owned();
-    let operator = Operator::start_with_env(
+    let user = service_account_user(&op, &release);
+    let audit = Audit::start();
+    let started = chrono::Utc::now();
+    let mut operator = Operator::start_with_env(
         &t,
         vec![
             "run".into(),
@@ -398,13 +404,36 @@ async fn operator_as_the_charts_service_account_does_its_whole_job() {
         "the Lease has no holder"
     );
 
-    let logs = operator.logs();
-    for forbidden in ["403", "forbidden", "Forbidden"] {
+    operator.assert_running();
+
+    // Every request the ServiceAccount sent meanwhile, as the API server
+    // answered it: none refused with 403.
+    let end = chrono::Utc::now();
+    audit.settle(&t.client, end).await;
+    let sent = Query::user(&user).between(started, end);
+    let writes = audit.by_verb(&sent.clone().verbs(WRITE_VERBS));
+    println!(
+        "requests of {user}: by code {:?}, writes by verb {writes:?}",
+        audit.by_code(&sent)
+    );
+    // The query sees the operator's requests (else "no 403" proves nothing).
+    for verb in ["create", "update", "delete", "patch"] {
         assert!(
-            !logs.contains(forbidden),
-            "the operator was refused something ({forbidden}); its log:\n{logs}"
+            writes.get(verb).is_some_and(|n| *n > 0),
+            "no {verb} request of {user} in the audit log: {writes:?}"
         );
     }
+    let refused = audit.matching(&sent.code(403));
+    assert!(
+        refused.is_empty(),
+        "the API server refused {} requests of the chart's ServiceAccount (403):\n{}",
+        refused.len(),
+        refused
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 /// `helm upgrade` changes the Deployment; `helm uninstall` removes what

@@ -3,6 +3,8 @@
 
 mod common;
 
+use chrono::Utc;
+use common::audit::{Audit, Query, WRITE_VERBS};
 use common::*;
 use serde_json::{Value, json};
 
@@ -545,6 +547,11 @@ async fn prune_false_keeps_copies_of_gone_sources_and_unmatched_namespaces() {
 
 // --- a namespace is terminating ------------------------------------------------
 
+/// A namespace that is terminating gets no write: the operator, acting as
+/// a user of its own, is seen to process the namespace while it terminates
+/// (the rule's status counts it out of the target namespaces after a pass
+/// over both sources), and the audit log holds no write of that user in
+/// the namespace from its deletion on, while the same passes write in t1.
 #[tokio::test]
 async fn terminating_namespace_gets_no_writes() {
     let t = TestNs::new("terminating").await;
@@ -553,10 +560,24 @@ async fn terminating_namespace_gets_no_writes() {
     let tz = t.ns("tz").await;
     t.create_rule(&op, "r", rule_spec(CM, t.selector(), &[t.glob("t")]))
         .await;
-    let _operator = Operator::start(&t, &op, &[]);
+    let user = operator_user(&t);
+    let audit = Audit::start();
+    let kubeconfig = operator_kubeconfig(&t, None, Some(&user));
+    let _operator = Operator::start_with_env(
+        &t,
+        vec!["run".into(), "--namespace".into(), op.clone()],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
     let a = t.create_source(CM, &op, "a", &[], &[("k", "v1")]).await;
     t.wait_copy(CM, &t1, &a, &op, "r").await;
     t.wait_copy(CM, &tz, &a, &op, "r").await;
+    t.wait_rule(&op, "r", "tz counted as a target", |r| {
+        match status_u64(r, "targetNamespaces") {
+            Some(2) => Ok(()),
+            _ => Err(short_status(r)),
+        }
+    })
+    .await;
 
     // Keep tz terminating: a foreign object with a finalizer, and the same
     // finalizer on the copy so that it survives in the terminating namespace.
@@ -569,6 +590,7 @@ async fn terminating_namespace_gets_no_writes() {
     )
     .await;
     t.patch(CM, &tz, "a", hold).await;
+    let deleting_at = Utc::now();
     t.namespaces()
         .delete(&tz, &Default::default())
         .await
@@ -597,19 +619,97 @@ async fn terminating_namespace_gets_no_writes() {
     // The source changes and a new source appears: t1 follows, tz gets nothing.
     let a = t.set_data(CM, &op, "a", &[("k", Some("v2"))]).await;
     let b = t.create_source(CM, &op, "b", &[], &[("k", "b")]).await;
-    t.wait_copy(CM, &t1, &a, &op, "r").await;
-    t.wait_copy(CM, &t1, &b, &op, "r").await;
-    t.assert_unchanged(
-        CM,
-        &tz,
-        "a",
-        &old.resource_version,
-        "namespace is terminating",
+    let in_tz = Query::user(&user)
+        .verbs(WRITE_VERBS)
+        .namespace(&tz)
+        .between(deleting_at, Utc::now() + chrono::Duration::days(1));
+    // Checked on every poll: nothing written in tz, by the API (the copy
+    // as it was, no b) and by the audit log (not even a refused attempt).
+    let untouched = async || -> Result<(), String> {
+        let writes: Vec<String> = audit
+            .matching(&in_tz)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let api = match (
+            t.try_get(CM, &tz, "a").await?,
+            t.try_get(CM, &tz, "b").await?,
+        ) {
+            (None, _) => Some(format!("{tz}/a is gone (a write dropped its finalizer)")),
+            (Some(a), _) if a.resource_version != old.resource_version => Some(format!(
+                "{tz}/a was written: resourceVersion {} data {:?} managers {:?}",
+                a.resource_version, a.data, a.managed_fields
+            )),
+            (Some(_), Some(b)) => Some(format!("{tz}/b was created: {b:?}")),
+            (Some(_), None) => None,
+        };
+        match (api, writes.is_empty()) {
+            (None, true) => Ok(()),
+            (api, _) => Err(format!(
+                "written while {tz} was terminating: {}; the operator's writes there in the audit log:\n{}",
+                api.unwrap_or_else(|| "(the objects look unchanged)".into()),
+                writes.join("\n")
+            )),
+        }
+    };
+    // On a write, wait for the audit log to hold it too, then fail with both.
+    let guard = async || {
+        if let Err(first) = untouched().await {
+            audit.settle(&t.client, Utc::now()).await;
+            panic!("{}", untouched().await.err().unwrap_or(first));
+        }
+    };
+    // Positive signal: a pass over both sources that counted tz out.
+    let mut copies_right = false;
+    let signal = wait_until(
+        "t1 to follow and a pass over both sources to count tz out of the targets",
+        TIMEOUT,
+        async || {
+            guard().await;
+            if !copies_right {
+                let uid = t.rule_uid(&op, "r").await;
+                for src in [&a, &b] {
+                    match t.try_get(CM, &t1, &src.name).await? {
+                        Some(c) => check_copy(&c, src, &op, "r", &uid)?,
+                        None => return Err(format!("no copy {t1}/{}", src.name)),
+                    }
+                }
+                copies_right = true;
+            }
+            let r = t.get_rule(&op, "r").await;
+            match (
+                status_u64(&r, "sources"),
+                status_u64(&r, "targetNamespaces"),
+            ) {
+                (Some(2), Some(1)) => Ok(r),
+                _ => Err(short_status(&r)),
+            }
+        },
     )
     .await;
+    eprintln!("tz processed while terminating: {}", signal["status"]);
+    assert_for(
+        "nothing written in the terminating namespace",
+        QUIET,
+        untouched,
+    )
+    .await;
+    let end = Utc::now();
+    audit.settle(&t.client, end).await;
+    untouched()
+        .await
+        .unwrap_or_else(|e| panic!("after the audit log settled: {e}"));
+    // The query sees the operator's writes: those of the same passes in t1.
+    let in_t1 = audit.by_verb(
+        &Query::user(&user)
+            .verbs(WRITE_VERBS)
+            .namespace(&t1)
+            .between(deleting_at, end),
+    );
     assert!(
-        t.get(CM, &tz, "b").await.is_none(),
-        "a copy was created in the terminating namespace"
+        in_t1.get("create").is_some_and(|n| *n >= 1)
+            && in_t1.get("update").is_some_and(|n| *n >= 1),
+        "the operator's create of b and update of a in {t1} are in the audit log: {in_t1:?}"
     );
 
     let release = json!({"metadata": {"finalizers": null}});
@@ -772,40 +872,43 @@ async fn rule_deleted_finalizer_removes_copies_then_lets_go() {
         "an unrelated ConfigMap was touched"
     );
 
-    // Cleanup is an important transition: an Event regarding the rule tells it.
-    let events = wait_until(
-        "an Event regarding the deleted rule (its cleanup)",
+    // Cleanup is an important transition: a Normal Event CopiesDeleted
+    // regarding the rule (this rule: its uid) tells it.
+    let event = wait_until(
+        "a CopiesDeleted Event regarding the deleted rule",
         TIMEOUT,
         async || {
             let all = t.events_regarding(&op, "r").await;
             let seen: Vec<_> = all
                 .iter()
-                .map(|e| (e.reason.clone(), e.regarding.clone()))
-                .collect();
-            let about: Vec<_> = all
-                .into_iter()
-                .filter(|e| {
-                    e.regarding.as_ref().is_some_and(|r| {
-                        r.kind.as_deref() == Some("CopyratorRule")
-                            && r.uid.as_deref() == Some(uid.as_str())
-                    })
+                .map(|e| {
+                    (
+                        e.type_.clone(),
+                        e.reason.clone(),
+                        e.regarding.as_ref().and_then(|r| r.kind.clone()),
+                        e.regarding.as_ref().and_then(|r| r.uid.clone()),
+                    )
                 })
                 .collect();
-            if about.is_empty() {
-                Err(format!("events: {seen:?}"))
-            } else {
-                Ok(about)
-            }
+            all.into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("CopiesDeleted")
+                        && e.regarding.as_ref().is_some_and(|r| {
+                            r.kind.as_deref() == Some("CopyratorRule")
+                                && r.namespace.as_deref() == Some(op.as_str())
+                                && r.uid.as_deref() == Some(uid.as_str())
+                        })
+                })
+                .ok_or_else(|| format!("events regarding r: {seen:?}"))
         },
     )
     .await;
-    eprintln!(
-        "events: {:?}",
-        events
-            .iter()
-            .map(|e| (e.type_.clone(), e.reason.clone(), e.note.clone()))
-            .collect::<Vec<_>>()
+    assert_eq!(
+        event.type_.as_deref(),
+        Some("Normal"),
+        "CopiesDeleted is a Normal event: {event:?}"
     );
+    eprintln!("the cleanup event: {:?} {:?}", event.reason, event.note);
 }
 
 // --- a copy is edited or deleted by someone else --------------------------------------
@@ -953,8 +1056,9 @@ async fn conflict(kind: Kind, test: &str) {
         )
         .await;
     eprintln!("status with a conflict: {}", rule["status"]);
+    let shared_ref = format!("{t1}/shared");
     let warning = wait_until(
-        "a Warning event regarding the rule about the conflict",
+        "a Warning ConflictSkipped event regarding the rule",
         TIMEOUT,
         async || {
             let events = t.events_regarding(&op, "r").await;
@@ -964,15 +1068,19 @@ async fn conflict(kind: Kind, test: &str) {
                 .collect();
             events
                 .into_iter()
-                .find(|e| e.type_.as_deref() == Some("Warning"))
+                .find(|e| {
+                    e.type_.as_deref() == Some("Warning")
+                        && e.reason.as_deref() == Some("ConflictSkipped")
+                })
                 .ok_or_else(|| format!("events: {seen:?}"))
         },
     )
     .await;
-    let text = format!("{:?} {:?}", warning.reason, warning.note);
+    // The note names the object that was skipped (its full namespace/name).
+    let note = warning.note.clone().unwrap_or_default();
     assert!(
-        text.contains("shared") || text.to_lowercase().contains("conflict"),
-        "the Warning says nothing about the conflict: {text}"
+        note.split_whitespace().any(|w| w == shared_ref),
+        "the Warning does not name {shared_ref}: {note:?}"
     );
 
     // Overwrite: the foreign object is taken over.

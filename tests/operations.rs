@@ -2,9 +2,11 @@
 //!
 //! * `/metrics`: every family is exposed and the counters follow what the
 //!   operator did (writes by verb and kind, copies managed, conflicts).
-//! * `/healthz` and `/readyz`: alive at once, ready only once the caches
-//!   have synced (an API server held back by a gated TCP proxy, and an
-//!   unreachable one).
+//! * `/healthz` and `/readyz`: ready only once the caches have synced (an
+//!   API server held back by a TCP proxy, and an unreachable one); healthy
+//!   until a watch has failed for `--stuck-after` (a proxy refusing
+//!   connections, and healthy again after) or queued work has made no
+//!   progress for that long (a half-dead network).
 //! * Leader election on a Lease: one writer, a warm standby, takeover after
 //!   SIGKILL within the lease duration and after SIGTERM within seconds.
 //! * Graceful shutdown on SIGTERM and SIGINT, idle and during a burst, and
@@ -21,10 +23,14 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::{Command, ExitStatus};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use chrono::Utc;
+use common::audit::{Audit, AuditEvent, Query, WRITE_VERBS};
+use common::logs::LogLine;
 use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
@@ -204,21 +210,24 @@ fn tail(s: &str, max: usize) -> &str {
     &s[start..]
 }
 
-/// Waits until the operator's log contains `needle`.
-async fn wait_log(operator: &Operator, needle: &str, timeout: Duration) {
-    wait_until(
-        format!("the operator to log {needle:?}"),
-        timeout,
-        async || {
-            let logs = operator.logs();
-            if logs.contains(needle) {
-                Ok(())
-            } else {
-                Err(tail(&logs, 1500).to_string())
-            }
-        },
-    )
-    .await;
+/// Waits until the operator (run with `--log-format json`) logs a line of
+/// this exact message whose string fields have these values.
+async fn wait_logged(
+    operator: &Operator,
+    message: &str,
+    fields: &[(&str, &str)],
+    timeout: Duration,
+) -> LogLine {
+    operator
+        .wait_log_line(&format!("{message:?} {fields:?}"), timeout, |l| {
+            l.is(message, fields)
+        })
+        .await
+}
+
+/// The lines of a JSON log with this exact message.
+fn lines_of<'a>(lines: &'a [LogLine], message: &'a str) -> impl Iterator<Item = &'a LogLine> {
+    lines.iter().filter(move |l| l.message == message)
 }
 
 /// Copies of `kind` made by the rule of this uid, as (namespace, name) → object.
@@ -279,6 +288,8 @@ async fn wait_one_leader(t: &TestNs, ops: &[Operator], ns: &str, lease: &str) ->
 
 fn leader_flags(lease: &str) -> Vec<String> {
     vec![
+        "--log-format".into(),
+        "json".into(),
         "--leader-election".into(),
         "--lease-name".into(),
         lease.into(),
@@ -291,25 +302,6 @@ fn start_replica(t: &TestNs, ns: &str, lease: &str) -> Operator {
     let flags = leader_flags(lease);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     Operator::start(t, ns, &flags)
-}
-
-/// A kubeconfig equal to `$KUBECONFIG` but for the API server address.
-fn kubeconfig_with_server(t: &TestNs, server: &str) -> PathBuf {
-    let original = std::env::var("KUBECONFIG").expect("KUBECONFIG is set");
-    let text =
-        std::fs::read_to_string(&original).unwrap_or_else(|e| panic!("reading {original}: {e}"));
-    let mut config: serde_yaml::Value = serde_yaml::from_str(&text).expect("a YAML kubeconfig");
-    let clusters = config["clusters"]
-        .as_sequence_mut()
-        .expect("the kubeconfig lists clusters");
-    for cluster in clusters {
-        cluster["cluster"]["server"] = serde_yaml::Value::String(server.to_string());
-    }
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("operations-kubeconfigs");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{}-{}.kubeconfig", t.prefix, random5()));
-    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
-    path
 }
 
 /// The API server address of `$KUBECONFIG`'s current cluster.
@@ -333,63 +325,151 @@ async fn api_server_address() -> SocketAddr {
         .expect("an address")
 }
 
-/// A TCP proxy to the API server that holds every connection until opened,
-/// and can cut every connection it carries (a broken watch) and hold new
-/// ones again. TLS goes through end to end (the server certificate names
-/// 127.0.0.1).
-struct GatedProxy {
+/// What the [`FaultProxy`] does with the operator's connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Both ways, byte for byte.
+    Forward,
+    /// Nothing goes through, nothing is closed: connections open (TCP
+    /// accepted) but carry no byte either way; those already open stall.
+    Hold,
+    /// Every connection is closed, new ones at once.
+    Refuse,
+}
+
+/// A TCP proxy to the API server whose network can fail: forward, hold
+/// (a held-back or half-dead API server: connections open, no byte moves)
+/// or refuse (connections closed). TLS goes through end to end (the server
+/// certificate names 127.0.0.1). It starts holding.
+struct FaultProxy {
     port: u16,
-    open: tokio::sync::watch::Sender<bool>,
-    connections: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+    mode: tokio::sync::watch::Sender<Mode>,
+    connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+    /// Connections accepted while not forwarding.
+    attempts_while_down: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl GatedProxy {
-    async fn start(upstream: SocketAddr) -> GatedProxy {
+/// Waits until the proxy forwards; `false` when it refuses (or is gone).
+async fn forwarding(mode: &mut tokio::sync::watch::Receiver<Mode>) -> bool {
+    match mode.wait_for(|m| *m != Mode::Hold).await {
+        Ok(m) => *m == Mode::Forward,
+        Err(_) => false,
+    }
+}
+
+/// One direction of a connection: each chunk read waits for the proxy to
+/// forward before it is written on.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut mode: tokio::sync::watch::Receiver<Mode>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if !forwarding(&mut mode).await {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => {
+                let _ = to.shutdown().await;
+                return;
+            }
+            Ok(n) => n,
+        };
+        if !forwarding(&mut mode).await || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+impl FaultProxy {
+    async fn start(upstream: SocketAddr) -> FaultProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let (open, gate) = tokio::sync::watch::channel(false);
-        let connections = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let live = connections.clone();
+        let (mode, watch_mode) = tokio::sync::watch::channel(Mode::Hold);
+        let connections = Arc::new(Mutex::new(Vec::new()));
+        let attempts_while_down = Arc::new(AtomicUsize::new(0));
+        let (live, attempts) = (connections.clone(), attempts_while_down.clone());
         let task = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let mut gate = gate.clone();
+            while let Ok((inbound, _)) = listener.accept().await {
+                let now = *watch_mode.borrow();
+                if now != Mode::Forward {
+                    attempts.fetch_add(1, Ordering::Relaxed);
+                }
+                if now == Mode::Refuse {
+                    drop(inbound);
+                    continue;
+                }
+                let mut mode = watch_mode.clone();
                 let connection = tokio::spawn(async move {
-                    if gate.wait_for(|open| *open).await.is_err() {
+                    if !forwarding(&mut mode).await {
                         return;
                     }
-                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    let Ok(outbound) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (in_read, in_write) = inbound.into_split();
+                    let (out_read, out_write) = outbound.into_split();
+                    tokio::select! {
+                        _ = pump(in_read, out_write, mode.clone()) => {}
+                        _ = pump(out_read, in_write, mode) => {}
                     }
                 });
                 live.lock().unwrap().push(connection.abort_handle());
             }
         });
-        GatedProxy {
+        FaultProxy {
             port,
-            open,
+            mode,
             connections,
+            attempts_while_down,
             task,
         }
     }
 
-    fn open(&self) {
-        let _ = self.open.send(true);
+    fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
     }
 
-    /// Drop every connection (both ends close) and hold new ones.
-    fn cut(&self) {
-        let _ = self.open.send(false);
+    fn open(&self) {
+        let _ = self.mode.send(Mode::Forward);
+    }
+
+    fn close_all(&self) {
         for connection in self.connections.lock().unwrap().drain(..) {
             connection.abort();
         }
     }
+
+    /// Drop every connection (both ends close) and hold new ones: a broken
+    /// watch, then an API server that does not answer.
+    fn cut(&self) {
+        let _ = self.mode.send(Mode::Hold);
+        self.close_all();
+    }
+
+    /// Close every connection, and each new one at once.
+    fn refuse(&self) {
+        let _ = self.mode.send(Mode::Refuse);
+        self.close_all();
+    }
+
+    /// A half-dead network: every connection stays open and nothing moves.
+    fn stall(&self) {
+        let _ = self.mode.send(Mode::Hold);
+    }
+
+    fn attempts_while_down(&self) -> usize {
+        self.attempts_while_down.load(Ordering::Relaxed)
+    }
 }
 
-impl Drop for GatedProxy {
+impl Drop for FaultProxy {
     fn drop(&mut self) {
         self.task.abort();
-        self.cut();
+        self.refuse();
     }
 }
 
@@ -691,6 +771,69 @@ async fn metrics_every_family_exists_before_its_first_event() {
 // ===========================================================================
 // 2. health probes
 
+/// `--stuck-after` of the tests that hold the API server back and expect
+/// /healthz 200 meanwhile: longer than they hold it back.
+const STUCK_AFTER_LONG: u64 = 60;
+
+/// `run --namespace <op> --log-format json [--stuck-after <stuck_after>]` plus
+/// `extra`, reaching the API server at `server` (`None`: as `$KUBECONFIG`
+/// says) as the user `act_as` (`None`: the admin itself).
+fn start_json_operator(
+    t: &TestNs,
+    op: &str,
+    stuck_after: Option<u64>,
+    server: Option<&str>,
+    act_as: Option<&str>,
+    extra: &[&str],
+) -> Operator {
+    let mut args: Vec<String> = ["run", "--namespace", op, "--log-format", "json"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    if let Some(stuck_after) = stuck_after {
+        args.extend(["--stuck-after".into(), stuck_after.to_string()]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let kubeconfig = operator_kubeconfig(t, server, act_as);
+    Operator::start_with_env(t, args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())])
+}
+
+/// `GET /healthz`: (code, body).
+async fn healthz(port: u16) -> Result<(u16, String), String> {
+    http_get(port, "/healthz").await
+}
+
+/// Polls /healthz until `want` accepts (code, body); every change of
+/// answer is printed with the time since `since`.
+async fn wait_healthz(
+    operator: &mut Operator,
+    what: &str,
+    since: Instant,
+    within: Duration,
+    want: impl Fn(u16, &str) -> bool,
+) -> (u16, String, Duration) {
+    let mut last: Option<(u16, String)> = None;
+    loop {
+        operator.assert_running();
+        let seen = healthz(operator.port).await;
+        let now = since.elapsed();
+        if let Ok((code, body)) = &seen {
+            let answer = (*code, body.trim().to_string());
+            if last.as_ref() != Some(&answer) {
+                println!("{now:>8.2?}: /healthz {} {:?}", answer.0, answer.1);
+                last = Some(answer);
+            }
+            if want(*code, body) {
+                return (*code, body.trim().to_string(), now);
+            }
+        }
+        if now > within {
+            panic!("/healthz did not turn {what} within {within:?}; last answer: {seen:?}");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_answers_200_only_once_the_caches_synced() {
     let t = TestNs::new("ops-readyz").await;
@@ -698,14 +841,16 @@ async fn readyz_answers_200_only_once_the_caches_synced() {
     let t1 = t.ns("t1").await;
     // The operator reaches the API server only through a proxy that holds
     // every connection until the test opens it.
-    let proxy = GatedProxy::start(api_server_address().await).await;
-    let kubeconfig = kubeconfig_with_server(&t, &format!("https://127.0.0.1:{}", proxy.port));
-    let args: Vec<String> = ["run", "--namespace", op.as_str(), "--log-level", "info"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let mut operator =
-        Operator::start_with_env(&t, args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]);
+    let proxy = FaultProxy::start(api_server_address().await).await;
+    let mut operator = start_json_operator(
+        &t,
+        &op,
+        Some(STUCK_AFTER_LONG),
+        Some(&proxy.url()),
+        None,
+        &[],
+    );
+    let started = Instant::now();
     let port = operator.port;
 
     wait_until(
@@ -717,6 +862,9 @@ async fn readyz_answers_200_only_once_the_caches_synced() {
         },
     )
     .await;
+    // Alive but not ready. /healthz stays 200 only while the failing
+    // watches are younger than --stuck-after (see
+    // `healthz_fails_while_the_api_server_refuses_connections_and_recovers`).
     assert_for(
         "/healthz 200 and /readyz 503 while the API server is held back",
         Duration::from_secs(4),
@@ -726,13 +874,20 @@ async fn readyz_answers_200_only_once_the_caches_synced() {
             if health != 200 || ready != 503 {
                 return Err(format!("/healthz {health}, /readyz {ready}"));
             }
-            if operator.logs().contains("caches synced") {
-                return Err("the operator logged \"caches synced\"".into());
+            let synced: Vec<String> = lines_of(&operator.json_log(), "caches synced")
+                .map(ToString::to_string)
+                .collect();
+            if !synced.is_empty() {
+                return Err(format!("the operator logged {synced:?}"));
             }
             Ok(())
         },
     )
     .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(STUCK_AFTER_LONG),
+        "the held-back window outlasted --stuck-after {STUCK_AFTER_LONG}"
+    );
     operator.assert_running();
 
     let opened = Instant::now();
@@ -750,7 +905,7 @@ async fn readyz_answers_200_only_once_the_caches_synced() {
         "/readyz turned 200 {:?} after the API server became reachable",
         opened.elapsed()
     );
-    wait_log(&operator, "caches synced", Duration::from_secs(5)).await;
+    wait_logged(&operator, "caches synced", &[], Duration::from_secs(5)).await;
     assert_eq!(status_of(port, "/healthz").await, Ok(200));
 
     // And it does its job through the proxy.
@@ -762,18 +917,17 @@ async fn readyz_answers_200_only_once_the_caches_synced() {
     operator.assert_running();
 }
 
+/// An API server that never answers: never ready; alive for the first
+/// `--stuck-after` seconds, then /healthz fails and names the failing
+/// watch (Kubernetes restarts the Pod); SIGTERM still exits cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_stays_503_while_the_api_server_is_unreachable() {
+    const STUCK_AFTER: u64 = 8;
     let t = TestNs::new("ops-unreach").await;
     let op = t.ns("op").await;
-    let closed = free_port();
-    let kubeconfig = kubeconfig_with_server(&t, &format!("https://127.0.0.1:{closed}"));
-    let args: Vec<String> = ["run", "--namespace", op.as_str(), "--log-level", "info"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let mut operator =
-        Operator::start_with_env(&t, args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]);
+    let closed = format!("https://127.0.0.1:{}", free_port());
+    let mut operator = start_json_operator(&t, &op, Some(STUCK_AFTER), Some(&closed), None, &[]);
+    let started = Instant::now();
     let port = operator.port;
     wait_until(
         "/healthz to answer 200",
@@ -784,9 +938,12 @@ async fn readyz_stays_503_while_the_api_server_is_unreachable() {
         },
     )
     .await;
+    // The watches fail from the start; /healthz holds out until they have
+    // failed for --stuck-after (the window ends 3 s before it).
+    let window = Duration::from_secs(STUCK_AFTER - 3).saturating_sub(started.elapsed());
     assert_for(
         "/healthz 200 and /readyz 503 with no API server",
-        Duration::from_secs(5),
+        window,
         async || {
             let health = status_of(port, "/healthz").await?;
             let ready = status_of(port, "/readyz").await?;
@@ -798,13 +955,40 @@ async fn readyz_stays_503_while_the_api_server_is_unreachable() {
         },
     )
     .await;
-    operator.assert_running();
-    let logs = operator.logs();
-    assert!(!logs.contains("caches synced"), "log:\n{logs}");
-    assert!(
-        logs.contains("watch failed"),
-        "the failing watches are reported; log:\n{logs}"
+    let (_, body, after) = wait_healthz(
+        &mut operator,
+        "503 naming a failing watch",
+        started,
+        Duration::from_secs(STUCK_AFTER + 10),
+        |code, body| code == 503 && body.starts_with("stuck: a watch keeps failing"),
+    )
+    .await;
+    println!("/healthz 503 {after:?} after the start: {body}");
+    assert_eq!(
+        status_of(port, "/readyz").await,
+        Ok(503),
+        "ready without an API server"
     );
+    operator.assert_running();
+    let lines = operator.json_log();
+    let synced: Vec<String> = lines_of(&lines, "caches synced")
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        synced.is_empty(),
+        "logged without an API server: {synced:?}"
+    );
+    // The failing watches are reported, each by name.
+    let failed: BTreeSet<&str> = lines_of(&lines, "watch failed; retrying with backoff")
+        .filter(|l| l.level == "WARN")
+        .filter_map(|l| l.str("watch"))
+        .collect();
+    for watch in ["copyratorrules", "namespaces"] {
+        assert!(
+            failed.contains(watch),
+            "no WARN \"watch failed\" line for the {watch} watch; failed watches logged: {failed:?}"
+        );
+    }
     // A shutdown before the caches synced is still clean and quick.
     send_signal(&operator, "TERM");
     let (status, took) = wait_exit(&mut operator, Duration::from_secs(10)).await;
@@ -814,6 +998,167 @@ async fn readyz_stays_503_while_the_api_server_is_unreachable() {
         "exit status {status}; log:\n{}",
         operator.logs()
     );
+}
+
+/// `--stuck-after 5` and an API server that refuses every connection (the
+/// proxy closes them): /healthz stays 200 while the failure is younger than
+/// 5 s (a blip must not restart the Pod), turns 503 naming the failing
+/// watch well within 15 s, and 200 again once connections go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_fails_while_the_api_server_refuses_connections_and_recovers() {
+    const STUCK_AFTER: u64 = 5;
+    let t = TestNs::new("ops-healthz-refuse").await;
+    let op = t.ns("op").await;
+    let proxy = FaultProxy::start(api_server_address().await).await;
+    proxy.open();
+    let mut operator =
+        start_json_operator(&t, &op, Some(STUCK_AFTER), Some(&proxy.url()), None, &[]);
+    operator.wait_ready().await;
+    assert_eq!(
+        healthz(operator.port).await,
+        Ok((200, "ok\n".to_string())),
+        "a synced operator is healthy"
+    );
+
+    let refused = Instant::now();
+    let refused_at = Utc::now();
+    proxy.refuse();
+    // Positive signal: the operator saw its watches fail.
+    let first = operator
+        .wait_log_line(
+            "a watch failure after the refusal",
+            Duration::from_secs(STUCK_AFTER),
+            |l| l.message == "watch failed; retrying with backoff" && l.timestamp >= refused_at,
+        )
+        .await;
+    println!(
+        "{:>8.2?}: first watch failure logged: {first}",
+        refused.elapsed()
+    );
+    let port = operator.port;
+    assert_for(
+        "/healthz 200 while the failure is younger than --stuck-after",
+        Duration::from_secs(STUCK_AFTER - 1).saturating_sub(refused.elapsed()),
+        async || match healthz(port).await? {
+            (200, _) => Ok(()),
+            (code, body) => Err(format!("{code} {body}")),
+        },
+    )
+    .await;
+    let (_, body, after) = wait_healthz(
+        &mut operator,
+        "503 naming a failing watch",
+        refused,
+        Duration::from_secs(15),
+        |code, body| code == 503 && body.starts_with("stuck: a watch keeps failing"),
+    )
+    .await;
+    println!("/healthz 503 {after:?} after the refusal: {body}");
+    assert!(
+        after >= Duration::from_secs(STUCK_AFTER - 1),
+        "503 after {after:?}, before the watches had failed for --stuck-after {STUCK_AFTER} s"
+    );
+
+    let reopened = Instant::now();
+    proxy.open();
+    let (_, _, healed) = wait_healthz(
+        &mut operator,
+        "200 once the API server answers again",
+        reopened,
+        Duration::from_secs(15),
+        |code, _| code == 200,
+    )
+    .await;
+    println!("/healthz 200 again {healed:?} after connections went through");
+    assert_eq!(status_of(port, "/readyz").await, Ok(200));
+    operator.assert_running();
+}
+
+/// `--stuck-after 5` and a half-dead network: connections stay open and
+/// carry nothing. The operator is in the middle of a burst (6 rules, 4
+/// workers, one write at a time, so rules wait in its queue) when the
+/// network dies: no write or reconcile can finish, and /healthz turns 503
+/// naming the pending work within 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_fails_when_work_is_queued_and_the_network_is_half_dead() {
+    const STUCK_AFTER: u64 = 5;
+    const RULES: usize = 6;
+    const SOURCES: usize = 4;
+    let t = TestNs::new("ops-healthz-stall").await;
+    let op = t.ns("op").await;
+    let mut targets = Vec::new();
+    for i in 0..3 {
+        targets.push(t.ns(&format!("t{i}")).await);
+    }
+    for r in 0..RULES {
+        let group = format!("g{r}");
+        let mut selector = t.selector();
+        selector["group"] = Value::String(group.clone());
+        t.create_rule(
+            &op,
+            &format!("r{r}"),
+            rule_spec(CM, selector, &[t.glob("t")]),
+        )
+        .await;
+        for s in 0..SOURCES {
+            t.create_source(
+                CM,
+                &op,
+                &format!("c{r}-{s}"),
+                &[("group", &group)],
+                &[("n", "1")],
+            )
+            .await;
+        }
+    }
+    let proxy = FaultProxy::start(api_server_address().await).await;
+    proxy.open();
+    let mut operator = start_json_operator(
+        &t,
+        &op,
+        Some(STUCK_AFTER),
+        Some(&proxy.url()),
+        None,
+        &[
+            "--write-concurrency",
+            "1",
+            "--api-qps",
+            "10",
+            "--api-burst",
+            "1",
+        ],
+    );
+    // Stall as soon as the burst is under way.
+    let first = wait_until("the first copy", TIMEOUT, async || {
+        let copies = t.list_labelled(CM, TEST_LABEL, &t.prefix).await;
+        let made = copies.iter().filter(|c| c.is_copy()).count();
+        if made > 0 {
+            Ok(made)
+        } else {
+            Err("no copy yet".to_string())
+        }
+    })
+    .await;
+    let stalled = Instant::now();
+    proxy.stall();
+    assert_eq!(healthz(operator.port).await.map(|(c, _)| c), Ok(200));
+    let (_, body, after) = wait_healthz(
+        &mut operator,
+        "503 naming the pending work",
+        stalled,
+        Duration::from_secs(30),
+        |code, body| code == 503 && body.starts_with("stuck: work is pending"),
+    )
+    .await;
+    println!(
+        "{first} of {} copies made when the network died; /healthz 503 {after:?} later: {body}",
+        RULES * SOURCES * 3
+    );
+    assert!(
+        after >= Duration::from_secs(STUCK_AFTER - 1),
+        "503 after {after:?}, before --stuck-after {STUCK_AFTER} s without progress"
+    );
+    operator.assert_running();
 }
 
 // ===========================================================================
@@ -1053,8 +1398,19 @@ async fn sigterm_hands_the_lease_over_within_seconds() {
         after_exit < Duration::from_secs(5),
         "the standby took {after_exit:?} after the leader exited"
     );
-    let logs = ops[leader].logs();
-    assert!(logs.contains("released the Lease"), "leader log:\n{logs}");
+    let lease_ref = format!("{op}/{lease}");
+    let released: Vec<String> = ops[leader]
+        .json_log()
+        .iter()
+        .filter(|l| l.is("released the Lease", &[("lease", lease_ref.as_str())]))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        released.len(),
+        1,
+        "the leader logs releasing its Lease once: {released:?}; log:\n{}",
+        tail(&ops[leader].logs(), 4000)
+    );
     let holder = lease_holder(&t, &op, &lease).await.unwrap();
     let survivor = ops[standby].pid().unwrap();
     assert!(
@@ -1073,12 +1429,28 @@ async fn sigterm_hands_the_lease_over_within_seconds() {
 // ===========================================================================
 // 4. graceful shutdown
 
+/// The JSON log tells the shutdown, with its signal, then "stopped".
+fn assert_shutdown_logged(operator: &Operator, signal: &str) {
+    let lines = operator.json_log();
+    let signal = format!("SIG{signal}");
+    let shutting: Vec<&LogLine> = lines_of(&lines, "shutting down").collect();
+    assert!(
+        shutting.len() == 1 && shutting[0].str("signal") == Some(signal.as_str()),
+        "one \"shutting down\" line naming {signal}: {shutting:?}"
+    );
+    let stopped: Vec<&LogLine> = lines_of(&lines, "stopped").collect();
+    assert!(
+        stopped.len() == 1 && stopped[0].timestamp >= shutting[0].timestamp,
+        "one \"stopped\" line after the shutdown began: {stopped:?}"
+    );
+}
+
 async fn shutdown_when_idle(test: &str, signal: &str) {
     let t = TestNs::new(test).await;
     let op = t.ns("op").await;
     let t1 = t.ns("t1").await;
     let src = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
-    let mut operator = Operator::start(&t, &op, &[]);
+    let mut operator = Operator::start(&t, &op, &["--log-format", "json"]);
     operator.wait_ready().await;
     t.create_rule(&op, "r", rule_spec(CM, t.selector(), &[t1.as_str()]))
         .await;
@@ -1090,16 +1462,12 @@ async fn shutdown_when_idle(test: &str, signal: &str) {
     send_signal(&operator, signal);
     let (status, took) = wait_exit(&mut operator, Duration::from_secs(10)).await;
     println!("idle operator: SIG{signal} → exit {status} after {took:?}");
-    let logs = operator.logs();
     assert!(
         status.success(),
-        "SIG{signal}: exit status {status}; log:\n{logs}"
+        "SIG{signal}: exit status {status}; log:\n{}",
+        operator.logs()
     );
-    assert!(
-        logs.contains("shutting down") && logs.contains(&format!("SIG{signal}")),
-        "the shutdown and its signal are logged:\n{logs}"
-    );
-    assert!(logs.contains("stopped"), "log:\n{logs}");
+    assert_shutdown_logged(&operator, signal);
     // A shutdown is not a rule deletion: the copy and the finalizer stay.
     t.assert_unchanged(
         CM,
@@ -1134,6 +1502,7 @@ async fn sigint_when_idle_exits_0_within_10s() {
 async fn shutdown_during_burst(test: &str, signal: &str, extra: &[&str]) {
     const SOURCES: usize = 20;
     const NAMESPACES: usize = 10;
+    const COPIES: usize = SOURCES * NAMESPACES;
     let t = TestNs::new(test).await;
     let op = t.ns("op").await;
     let mut targets = Vec::new();
@@ -1147,43 +1516,47 @@ async fn shutdown_during_burst(test: &str, signal: &str, extra: &[&str]) {
                 .await,
         );
     }
-    let mut operator = Operator::start(&t, &op, extra);
+    // The operator acts as a user of its own: the audit log tells its
+    // writes from everyone else's.
+    let user = operator_user(&t);
+    let audit = Audit::start();
+    let started_at = Utc::now();
+    let mut operator = start_json_operator(&t, &op, None, None, Some(&user), extra);
     operator.wait_ready().await;
     t.create_rule(&op, "burst", rule_spec(CM, t.selector(), &[t.glob("t")]))
         .await;
     let uid = t.rule_uid(&op, "burst").await;
     // Wait for the first copy: the burst is under way.
-    let first = Instant::now();
-    loop {
-        if !t.list_labelled(CM, LABEL_RULE_UID, &uid).await.is_empty() {
-            break;
+    wait_until("the first copy of the burst", TIMEOUT, async || {
+        if t.list_labelled(CM, LABEL_RULE_UID, &uid).await.is_empty() {
+            Err("no copy yet".to_string())
+        } else {
+            Ok(())
         }
-        assert!(first.elapsed() < TIMEOUT, "no copy within {TIMEOUT:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    let signal_at = Utc::now();
     send_signal(&operator, signal);
     let signalled = Instant::now();
-    let at_signal = t.list_labelled(CM, LABEL_RULE_UID, &uid).await.len();
     let (status, took) = wait_exit(&mut operator, Duration::from_secs(10)).await;
+    let exit_at = Utc::now();
     let at_exit = t.list_labelled(CM, LABEL_RULE_UID, &uid).await.len();
-    let logs = operator.logs();
+    let lines = operator.json_log();
+    let abandoned = lines_of(
+        &lines,
+        "in-flight work abandoned after the shutdown deadline",
+    )
+    .count();
     println!(
-        "burst {:?}: SIG{signal} with ≥{at_signal} of {} copies made; exit {status} after {took:?} ({:?} since the signal); {at_exit} copies at exit; abandoned: {}",
-        extra,
-        SOURCES * NAMESPACES,
+        "burst {extra:?}: SIG{signal}; exit {status} after {took:?} ({:?} since the signal); {at_exit} of {COPIES} copies at exit; abandoned lines: {abandoned}",
         signalled.elapsed(),
-        logs.contains("in-flight work abandoned")
     );
     assert!(
         status.success(),
         "SIG{signal} during a burst: exit {status}; log:\n{}",
-        tail(&logs, 8000)
+        tail(&operator.logs(), 8000)
     );
-    assert!(
-        logs.contains(&format!("SIG{signal}")),
-        "log:\n{}",
-        tail(&logs, 4000)
-    );
+    assert_shutdown_logged(&operator, signal);
 
     // A successor converges: every copy exactly once, each one right.
     let mut successor = Operator::start(&t, &op, &[]);
@@ -1242,6 +1615,36 @@ async fn shutdown_during_burst(test: &str, signal: &str, extra: &[&str]) {
         }
     })
     .await;
+    // The signal came in the middle of the burst: the operator had made
+    // some copies, not all, and was making them in the second before it.
+    audit.settle(&t.client, exit_at).await;
+    let created = |from, to| -> Vec<AuditEvent> {
+        audit
+            .matching(
+                &Query::user(&user)
+                    .verbs(&["create"])
+                    .resource("configmaps")
+                    .code(201)
+                    .between(from, to),
+            )
+            .into_iter()
+            .filter(|e| e.namespace.as_ref().is_some_and(|ns| targets.contains(ns)))
+            .collect()
+    };
+    let before = created(started_at, signal_at).len();
+    let last_second = created(signal_at - chrono::Duration::seconds(1), signal_at).len();
+    let after = created(signal_at, exit_at).len();
+    println!(
+        "copies created by the operator: {before} before the signal ({last_second} in the second before it), {after} after it"
+    );
+    assert!(
+        (1..COPIES).contains(&before),
+        "the signal did not come during the burst: {before} of {COPIES} copies were created before it"
+    );
+    assert!(
+        last_second > 0,
+        "no copy was being created in the second before the signal ({before} before it)"
+    );
     successor.assert_running();
 }
 
@@ -1357,15 +1760,28 @@ async fn secret_values_stay_out(test: &str, extra: &[&str]) {
         logs.lines().count(),
         logs.len()
     );
-    // The log is not empty of what happened.
+    // The log is not empty of what happened: per-copy lines (debug) name
+    // the writes and the conflict, so the values had a chance to leak.
+    let lines = if extra.contains(&"json") {
+        operator.json_log()
+    } else {
+        operator.text_log()
+    };
+    for ns in [&t1, &t3] {
+        assert!(
+            lines.iter().any(|l| l.is(
+                "wrote copy",
+                &[("namespace", ns.as_str()), ("name", "cred")]
+            )),
+            "no \"wrote copy\" line for {ns}/cred:\n{}",
+            tail(&logs, 4000)
+        );
+    }
     assert!(
-        logs.contains("wrote copy"),
-        "no write was logged:\n{}",
-        tail(&logs, 4000)
-    );
-    assert!(
-        logs.contains("conflict"),
-        "the conflict was not logged:\n{}",
+        lines
+            .iter()
+            .any(|l| l.is("conflict", &[("namespace", t2.as_str()), ("name", "cred")])),
+        "no \"conflict\" line for {t2}/cred:\n{}",
         tail(&logs, 4000)
     );
     let leaked = find(&logs);
@@ -1541,6 +1957,10 @@ async fn json_logs_are_json_lines_and_writes_name_rule_namespace_and_name() {
 /// The design's last row: when the operator's connections to the API server
 /// break (watches included) and the cluster changes meanwhile, it converges
 /// from the cluster's state once they come back: no copy lost or duplicated.
+/// While it is cut off, nothing of it reaches the API server: no copy
+/// appears, the deleted one stays deleted (watched from the cut until
+/// [`QUIET`] after the operator is seen retrying through the proxy), and
+/// the audit log holds no request of its identity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_watches_converge_when_the_api_server_is_back() {
     let t = TestNs::new("ops-watch-break").await;
@@ -1549,27 +1969,67 @@ async fn broken_watches_converge_when_the_api_server_is_back() {
     t.create_rule(&op, "r", rule_spec(CM, t.selector(), &[t.glob("t")]))
         .await;
     let a = t.create_source(CM, &op, "a", &[], &[("v", "1")]).await;
-    let proxy = GatedProxy::start(api_server_address().await).await;
+    let proxy = FaultProxy::start(api_server_address().await).await;
     proxy.open();
-    let kubeconfig = kubeconfig_with_server(&t, &format!("https://127.0.0.1:{}", proxy.port));
-    let args = vec!["run".to_string(), "--namespace".into(), op.clone()];
-    let mut operator =
-        Operator::start_with_env(&t, args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]);
+    let user = operator_user(&t);
+    let audit = Audit::start();
+    let mut operator = start_json_operator(&t, &op, None, Some(&proxy.url()), Some(&user), &[]);
     t.wait_copy(CM, &t1, &a, &op, "r").await;
 
     proxy.cut();
+    let cut_at = Utc::now();
+    let cut = Instant::now();
     // While the operator is cut off: a source changes, a source appears,
     // a copy is deleted, and a namespace appears.
     let a = t.set_data(CM, &op, "a", &[("v", Some("2"))]).await;
     let b = t.create_source(CM, &op, "b", &[], &[("v", "1")]).await;
     t.delete(CM, &t1, "a").await;
     let t2 = t.ns("t2").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    operator.assert_running();
-    assert!(
-        t.get(CM, &t2, "a").await.is_none(),
-        "a copy appeared while the operator was cut off"
+    let changed = Instant::now();
+    // No copy while cut off, checked from now on, until QUIET after the
+    // positive signal: the operator noticed (its connections broke) and
+    // keeps trying to reach the API server through the proxy.
+    let mut noticed: Option<Instant> = None;
+    loop {
+        for (ns, name) in [(&t1, "a"), (&t1, "b"), (&t2, "a"), (&t2, "b")] {
+            if let Some(o) = t.try_get(CM, ns, name).await.unwrap() {
+                panic!(
+                    "{ns}/{name} was written {:?} after the cut, while the operator was cut off: managers {:?} data {:?}",
+                    cut.elapsed(),
+                    o.managed_fields,
+                    o.data
+                );
+            }
+        }
+        match noticed {
+            Some(at) if at.elapsed() >= QUIET => break,
+            Some(_) => {}
+            None if proxy.attempts_while_down() > 0 => {
+                println!(
+                    "the operator tried to reconnect {:?} after the cut",
+                    cut.elapsed()
+                );
+                noticed = Some(Instant::now().max(changed));
+            }
+            None => assert!(
+                cut.elapsed() < TIMEOUT,
+                "the operator did not try to reconnect through the proxy within {TIMEOUT:?} of the cut"
+            ),
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let watch_failures = operator
+        .json_log()
+        .iter()
+        .filter(|l| l.message == "watch failed; retrying with backoff" && l.timestamp >= cut_at)
+        .count();
+    println!(
+        "cut off for {:?}: {} connections attempted, {watch_failures} watch failures logged",
+        cut.elapsed(),
+        proxy.attempts_while_down()
     );
+    operator.assert_running();
+    let reopened_at = Utc::now();
 
     proxy.open();
     for ns in [&t1, &t2] {
@@ -1580,4 +2040,31 @@ async fn broken_watches_converge_when_the_api_server_is_back() {
     let copies = t.list_labelled(CM, LABEL_RULE_UID, &uid).await;
     assert_eq!(copies.len(), 4, "copies: {copies:?}");
     operator.assert_running();
+
+    // The audit log: the operator's requests stopped at the cut (a request
+    // already on its way may land just after it) and resumed after it.
+    let end = Utc::now();
+    audit.settle(&t.client, end).await;
+    let mine = Query::user(&user);
+    let while_cut = audit.matching(
+        &mine
+            .clone()
+            .between(cut_at + chrono::Duration::milliseconds(500), reopened_at),
+    );
+    assert!(
+        while_cut.is_empty(),
+        "{} requests of the operator reached the API server while it was cut off:\n{}",
+        while_cut.len(),
+        while_cut
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let writes_after = audit.by_verb(&mine.verbs(WRITE_VERBS).between(reopened_at, end));
+    println!("the operator's writes after the reconnection: {writes_after:?}");
+    assert!(
+        writes_after.get("create").is_some_and(|n| *n >= 3),
+        "the audit log shows the operator's copies after the reconnection: {writes_after:?}"
+    );
 }

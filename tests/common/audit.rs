@@ -60,7 +60,10 @@ pub struct AuditEvent {
     pub audit_id: String,
     pub stage: String,
     pub verb: String,
+    /// The authenticated user (`user.username`).
     pub username: String,
+    /// The user it acted as (`impersonatedUser.username`), when it impersonated one.
+    pub impersonated: Option<String>,
     pub resource: Option<String>,
     pub subresource: Option<String>,
     pub namespace: Option<String>,
@@ -91,6 +94,7 @@ impl AuditEvent {
             stage: string(&v, "/stage").ok_or("no stage")?,
             verb: string(&v, "/verb").unwrap_or_default(),
             username: string(&v, "/user/username").unwrap_or_default(),
+            impersonated: string(&v, "/impersonatedUser/username"),
             resource: string(&v, "/objectRef/resource"),
             subresource: string(&v, "/objectRef/subresource"),
             namespace: string(&v, "/objectRef/namespace"),
@@ -105,15 +109,44 @@ impl AuditEvent {
         })
     }
 
+    /// Whom the request was authorized as: the impersonated user if any,
+    /// else the authenticated one.
+    pub fn effective_user(&self) -> &str {
+        self.impersonated.as_deref().unwrap_or(&self.username)
+    }
+
     /// The request's final event (rather than the start of its response).
     fn is_final(&self) -> bool {
         self.stage == "ResponseComplete" || self.stage == "Panic"
     }
 }
 
+impl std::fmt::Display for AuditEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let object = match (&self.namespace, &self.name) {
+            (Some(ns), Some(name)) => format!(" {ns}/{name}"),
+            (Some(ns), None) => format!(" in {ns}"),
+            (None, Some(name)) => format!(" {name}"),
+            (None, None) => String::new(),
+        };
+        write!(
+            f,
+            "{} {}{object} by {} at {}: {}",
+            self.verb,
+            self.resource.as_deref().unwrap_or("-"),
+            self.effective_user(),
+            self.received
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            self.code
+                .map_or("no response".to_string(), |c| c.to_string()),
+        )
+    }
+}
+
 /// Which requests to count; every field left unset matches everything.
 #[derive(Clone, Debug, Default)]
 pub struct Query {
+    /// [`AuditEvent::effective_user`].
     pub user: Option<String>,
     pub verbs: Option<Vec<String>>,
     /// `objectRef.resource` (a subresource request matches its resource).
@@ -128,7 +161,8 @@ pub struct Query {
 }
 
 impl Query {
-    /// Requests of one user (see [`service_account_user`]).
+    /// Requests of one user (see [`service_account_user`]), or made as
+    /// that user by impersonation.
     pub fn user(user: &str) -> Query {
         Query {
             user: Some(user.to_string()),
@@ -172,7 +206,7 @@ impl Query {
         fn eq(want: &Option<String>, got: &Option<String>) -> bool {
             want.as_ref().is_none_or(|w| got.as_ref() == Some(w))
         }
-        self.user.as_ref().is_none_or(|u| *u == e.username)
+        self.user.as_ref().is_none_or(|u| u == e.effective_user())
             && self.verbs.as_ref().is_none_or(|vs| vs.contains(&e.verb))
             && eq(&self.resource, &e.resource)
             && eq(&self.namespace, &e.namespace)

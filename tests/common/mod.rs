@@ -8,6 +8,9 @@
 //! * [`wait_until`] and friends: polling with clear timeout messages.
 //! * [`service_account_kubeconfig`]: run the operator as a ServiceAccount.
 //! * [`audit`]: the API server's audit log, to count requests by user.
+//! * [`logs`]: the operator's log as structured lines (level, message,
+//!   fields); [`operator_kubeconfig`] gives the operator an identity of its
+//!   own (impersonation) and optionally another API server address.
 //!
 //! Tests run in parallel against one cluster, so every test names its own
 //! namespaces, selects its sources by a label value unique to the test and
@@ -15,6 +18,7 @@
 #![allow(dead_code)]
 
 pub mod audit;
+pub mod logs;
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
@@ -1180,6 +1184,48 @@ pub fn service_account_kubeconfig(namespace: &str, account: &str, path: &std::pa
     .expect("writing the kubeconfig");
 }
 
+/// A kubeconfig equal to `$KUBECONFIG` but for the API server address
+/// (`server`, e.g. a proxy's) and the user the requests are made as
+/// (`act_as`: impersonated, with the group `system:masters`, so that the
+/// audit log tells the operator's requests from the test's own by
+/// `impersonatedUser`). Written under `CARGO_TARGET_TMPDIR`.
+pub fn operator_kubeconfig(t: &TestNs, server: Option<&str>, act_as: Option<&str>) -> PathBuf {
+    let original = std::env::var("KUBECONFIG").expect("KUBECONFIG is set");
+    let text =
+        std::fs::read_to_string(&original).unwrap_or_else(|e| panic!("reading {original}: {e}"));
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&text).expect("a YAML kubeconfig");
+    if let Some(server) = server {
+        let clusters = config["clusters"]
+            .as_sequence_mut()
+            .expect("the kubeconfig lists clusters");
+        for cluster in clusters {
+            cluster["cluster"]["server"] = serde_yaml::Value::String(server.to_string());
+        }
+    }
+    if let Some(user) = act_as {
+        let users = config["users"]
+            .as_sequence_mut()
+            .expect("the kubeconfig lists users");
+        for u in users {
+            u["user"]["as"] = serde_yaml::Value::String(user.to_string());
+            u["user"]["as-groups"] = serde_yaml::Value::Sequence(vec![
+                serde_yaml::Value::String("system:masters".into()),
+                serde_yaml::Value::String("system:authenticated".into()),
+            ]);
+        }
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("operator-kubeconfigs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{}-{}.kubeconfig", t.prefix, random5()));
+    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    path
+}
+
+/// A user name for an operator of this test to act as (see [`operator_kubeconfig`]).
+pub fn operator_user(t: &TestNs) -> String {
+    format!("copyrator-test-operator:{}", t.prefix)
+}
+
 // ---------------------------------------------------------------------------
 // the operator process
 
@@ -1217,7 +1263,11 @@ const OPERATOR_ENV: &[&str] = &[
     "API_QPS",
     "API_BURST",
     "RESYNC_INTERVAL",
+    "STUCK_AFTER",
     "RUST_LOG",
+    "KUBE_RS_DEBUG_IMPERSONATE_USER",
+    "KUBE_RS_DEBUG_IMPERSONATE_GROUP",
+    "KUBE_RS_DEBUG_OVERRIDE_URL",
 ];
 
 impl Operator {
@@ -1273,6 +1323,49 @@ impl Operator {
             let _ = f.read_to_string(&mut s);
         }
         s
+    }
+
+    /// The log of an operator run with `--log-format json`, every line
+    /// parsed; panics at a line that is not JSON.
+    pub fn json_log(&self) -> Vec<logs::LogLine> {
+        logs::parse_json(&self.logs()).unwrap_or_else(|e| {
+            panic!(
+                "the operator's log {} is not JSON lines: {e}",
+                self.log_path.display()
+            )
+        })
+    }
+
+    /// The log lines of an operator run with the text format.
+    pub fn text_log(&self) -> Vec<logs::LogLine> {
+        logs::parse_text(&self.logs())
+    }
+
+    /// Waits until a line of the JSON log satisfies `matches`; returns it.
+    pub async fn wait_log_line(
+        &self,
+        what: &str,
+        timeout: Duration,
+        matches: impl Fn(&logs::LogLine) -> bool,
+    ) -> logs::LogLine {
+        wait_until(format!("the operator to log {what}"), timeout, async || {
+            let lines = logs::parse_json(&self.logs())?;
+            match lines.iter().find(|l| matches(l)) {
+                Some(l) => Ok(l.clone()),
+                None => Err(format!(
+                    "{} lines, the last: {}",
+                    lines.len(),
+                    lines
+                        .iter()
+                        .rev()
+                        .take(3)
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(" | ")
+                )),
+            }
+        })
+        .await
     }
 
     fn log_tail(&self, max: u64) -> String {
