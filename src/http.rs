@@ -228,7 +228,10 @@ mod tests {
         health.watch_failed("copyratorrules");
         std::thread::sleep(Duration::from_millis(40));
         health.watch_failed("copyratorrules");
-        assert!(health.stuck().is_some(), "failing for longer than stuck_after");
+        assert!(
+            health.stuck().is_some(),
+            "failing for longer than stuck_after"
+        );
         // No error since, and no event either (nothing to report).
         std::thread::sleep(Duration::from_millis(80));
         assert_eq!(health.stuck(), None);
