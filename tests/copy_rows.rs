@@ -21,7 +21,8 @@ async fn source_created(kind: Kind, test: &str) {
     let outside = t.ns("x").await;
     t.create_rule(&op, "r", rule_spec(kind, t.selector(), &[t.glob("t")]))
         .await;
-    let _operator = Operator::start(&t, &op, &[]);
+    // A custom Secret type travels when the setting lists it.
+    let _operator = Operator::start(&t, &op, &["--secret-types", "example.com/custom"]);
 
     let body = match kind {
         CM => json!({
