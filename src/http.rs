@@ -19,8 +19,9 @@ use crate::{Error, Result};
 
 /// A failing watch retries at least every few seconds (its backoff stops at
 /// 3 s); one with no error for this long has come back, even if it had
-/// nothing to report since.
-const WATCH_RECOVERED_AFTER: Duration = Duration::from_secs(20);
+/// nothing to report since. (A watch hung on a stalled connection errs only
+/// every read timeout; the pending-work check catches that case.)
+const WATCH_RECOVERED_AFTER: Duration = Duration::from_secs(10);
 
 /// What the probes report.
 pub struct Health {
