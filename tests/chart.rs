@@ -1,18 +1,24 @@
-//! The Helm chart: its RBAC is exactly what the operator uses (rendered and
-//! checked statically), it is enough for the whole job (the operator runs
-//! as the chart's ServiceAccount against the real API server), and install,
-//! upgrade and uninstall work.
+//! The Helm chart: its RBAC is enough for the whole job (the operator runs
+//! as the chart's ServiceAccount against the real API server), every verb
+//! it grants is needed (the job runs once per verb, with that verb removed,
+//! and fails where that verb is used), it follows the `kinds` value (an
+//! operator limited to ConfigMaps gets, and uses, no verb on Secrets), and
+//! install, upgrade and uninstall work.
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
-use common::audit::{Audit, Query, WRITE_VERBS, service_account_user};
+use chrono::Utc;
+use common::audit::{Audit, AuditEvent, Query, WRITE_VERBS, service_account_user};
+use common::rbac::{ClusterScoped, Grant, Identity, grants_of};
 use common::*;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
 use serde_json::{Value, json};
-
 const CM: Kind = Kind::ConfigMap;
 const SECRET: Kind = Kind::Secret;
 
@@ -80,77 +86,6 @@ fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("the chart renders no {kind}"))
 }
 
-fn grants(role: &Value) -> BTreeSet<(String, String, String)> {
-    let mut out = BTreeSet::new();
-    for rule in role["rules"].as_array().expect("rules") {
-        for group in rule["apiGroups"].as_array().expect("apiGroups") {
-            for resource in rule["resources"].as_array().expect("resources") {
-                for verb in rule["verbs"].as_array().expect("verbs") {
-                    out.insert((
-                        group.as_str().unwrap_or_default().to_string(),
-                        resource.as_str().unwrap_or_default().to_string(),
-                        verb.as_str().unwrap_or_default().to_string(),
-                    ));
-                }
-            }
-        }
-    }
-    out
-}
-
-fn set(items: &[(&str, &str, &str)]) -> BTreeSet<(String, String, String)> {
-    items
-        .iter()
-        .map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string()))
-        .collect()
-}
-
-/// What the operator's code calls: watches (list, watch), copy writes
-/// (create, update, delete), a read on a name conflict (get), finalizer and
-/// status patches, events (create; patch for a repeated event), and the Lease.
-#[test]
-fn rendered_rbac_has_no_wildcard_and_grants_only_what_the_operator_uses() {
-    let docs = render(&[]);
-    let cluster_role = find(&docs, "ClusterRole");
-    for (group, resource, verb) in grants(cluster_role) {
-        assert!(
-            !group.contains('*') && !resource.contains('*') && !verb.contains('*'),
-            "wildcard in the ClusterRole: {group}/{resource} {verb}"
-        );
-    }
-    let mut expected = vec![
-        ("flant.com", "copyrators", "list"),
-        ("flant.com", "copyrators", "watch"),
-        ("flant.com", "copyrators", "patch"),
-        ("flant.com", "copyrators/status", "patch"),
-        ("", "namespaces", "list"),
-        ("", "namespaces", "watch"),
-        ("events.k8s.io", "events", "create"),
-        ("events.k8s.io", "events", "patch"),
-    ];
-    for resource in ["configmaps", "secrets"] {
-        for verb in ["get", "list", "watch", "create", "update", "delete"] {
-            expected.push(("", resource, verb));
-        }
-    }
-    assert_eq!(grants(cluster_role), set(&expected));
-
-    let role = find(&docs, "Role");
-    assert_eq!(
-        grants(role),
-        set(&[
-            ("coordination.k8s.io", "leases", "get"),
-            ("coordination.k8s.io", "leases", "create"),
-            ("coordination.k8s.io", "leases", "update"),
-        ])
-    );
-    assert_eq!(role["metadata"]["namespace"], "copyrator");
-
-    // Without leader election there is no Lease to grant.
-    let docs = render(&["--set", "leaderElection.enabled=false"]);
-    assert!(docs.iter().all(|d| d["kind"] != "Role"));
-}
-
 #[test]
 fn deployment_runs_locked_down_with_probes() {
     let docs = render(&[]);
@@ -207,19 +142,1030 @@ impl Drop for Release {
     }
 }
 
+/// The value of an env var of the rendered Deployment's container.
+fn deployment_env(docs: &[Value], name: &str) -> String {
+    find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str())
+        .unwrap_or_else(|| panic!("the Deployment sets no {name}"))
+        .to_string()
+}
+
+/// The ClusterRole's and the Role's grants together.
+fn all_grants(docs: &[Value]) -> BTreeSet<Grant> {
+    docs.iter()
+        .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+        .flat_map(grants_of)
+        .collect()
+}
+
+/// RBAC follows the values: no wildcard; verbs on a kind only when the
+/// kind is enabled (the same verbs as when both are); no Role without
+/// leader election. The verbs themselves are proved needed, one by one, by
+/// [`each_verb_the_chart_grants_is_needed`].
+#[test]
+fn rendered_rbac_follows_kinds_and_leader_election() {
+    let docs = render(&[]);
+    let all = all_grants(&docs);
+    let wildcards: Vec<String> = all
+        .iter()
+        .filter(|g| g.has_wildcard())
+        .map(ToString::to_string)
+        .collect();
+    assert!(wildcards.is_empty(), "wildcards granted: {wildcards:?}");
+    assert_eq!(deployment_env(&docs, "KINDS"), "configmap,secret");
+    let verbs_on = |grants: &BTreeSet<Grant>, resource: &str| -> BTreeSet<String> {
+        grants
+            .iter()
+            .filter(|g| g.group.is_empty() && g.resource == resource)
+            .map(|g| g.verb.clone())
+            .collect()
+    };
+    let on_configmaps = verbs_on(&all, "configmaps");
+    assert!(!on_configmaps.is_empty(), "no verb on configmaps: {all:?}");
+    assert_eq!(
+        verbs_on(&all, "secrets"),
+        on_configmaps,
+        "both kinds are copied alike"
+    );
+    let role = find(&docs, "Role");
+    assert_eq!(role["metadata"]["namespace"], "copyrator");
+    assert!(
+        grants_of(role).iter().all(|g| g.resource == "leases"),
+        "the Role is for the Lease only: {role}"
+    );
+
+    for (kinds, enabled, disabled) in [
+        ("kinds={configmap}", "configmaps", "secrets"),
+        ("kinds={secret}", "secrets", "configmaps"),
+    ] {
+        let docs = render(&["--set", kinds]);
+        let grants = all_grants(&docs);
+        let leaked: Vec<String> = grants
+            .iter()
+            .filter(|g| g.base_resource() == disabled)
+            .map(ToString::to_string)
+            .collect();
+        assert!(
+            leaked.is_empty(),
+            "with {kinds} the chart still grants {leaked:?}"
+        );
+        assert_eq!(verbs_on(&grants, enabled), on_configmaps, "with {kinds}");
+        assert_eq!(
+            deployment_env(&docs, "KINDS"),
+            kinds.trim_start_matches("kinds={").trim_end_matches('}')
+        );
+    }
+
+    // A release upgraded with --reuse-values from a chart that had no
+    // `kinds` value has none: it keeps copying both kinds.
+    let docs = render(&["--set", "kinds=null"]);
+    assert_eq!(all_grants(&docs), all);
+    assert_eq!(deployment_env(&docs, "KINDS"), "configmap,secret");
+
+    // Without leader election there is no Lease to grant.
+    let docs = render(&["--set", "leaderElection.enabled=false"]);
+    assert!(docs.iter().all(|d| d["kind"] != "Role"));
+}
+
+// ===========================================================================
+// The job: what the operator must be able to do with the chart's RBAC
+
+/// The rules of the job, with their kind.
+const RULES: [(&str, Kind); 2] = [("cms", CM), ("secrets", SECRET)];
+
+fn source_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::ConfigMap => "settings",
+        Kind::Secret => "token",
+    }
+}
+
+/// The data key and value of every source of this kind.
+fn payload(kind: Kind) -> (&'static str, &'static str) {
+    match kind {
+        Kind::ConfigMap => ("k", "v"),
+        Kind::Secret => ("password", "p"),
+    }
+}
+
+/// What the job works on, made before the operator starts: the operator's
+/// namespace `op` (rules, sources, the Lease), a target `t1`, a namespace
+/// `u3` that holds foreign objects of the sources' names (a target once the
+/// rules are widened), a source of each kind and a rule for each.
+struct Stage {
+    op: String,
+    t1: String,
+    u3: String,
+    lease: String,
+    cm: Obj,
+    secret: Obj,
+    /// Rule name → uid.
+    uids: BTreeMap<&'static str, String>,
+}
+
+impl Stage {
+    async fn new(t: &TestNs, op: String, lease: &str) -> Stage {
+        let t1 = t.ns("t1").await;
+        let u3 = t.ns("u3").await;
+        let mut sources = Vec::new();
+        for (_, kind) in RULES {
+            let name = source_name(kind);
+            sources.push(
+                t.create_source(kind, &op, name, &[], &[payload(kind)])
+                    .await,
+            );
+            t.create_plain(kind, &u3, name, &[], &[("mine", "1")]).await;
+        }
+        let mut uids = BTreeMap::new();
+        for (name, kind) in RULES {
+            let rule = t
+                .create_rule(&op, name, rule_spec(kind, t.selector(), &[t.glob("t")]))
+                .await;
+            uids.insert(name, rule["metadata"]["uid"].as_str().unwrap().to_string());
+        }
+        let secret = sources.pop().unwrap();
+        let cm = sources.pop().unwrap();
+        Stage {
+            op,
+            t1,
+            u3,
+            lease: lease.to_string(),
+            cm,
+            secret,
+            uids,
+        }
+    }
+
+    fn source(&self, kind: Kind) -> &Obj {
+        match kind {
+            Kind::ConfigMap => &self.cm,
+            Kind::Secret => &self.secret,
+        }
+    }
+
+    /// `copyrator run` in `op`, electing a leader on the stage's Lease.
+    fn operator_args(&self) -> Vec<String> {
+        [
+            "run",
+            "--namespace",
+            &self.op,
+            "--leader-election",
+            "--lease-name",
+            &self.lease,
+            "--lease-duration",
+            "5",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+}
+
+/// The step at which the job stopped: it did not happen within its budget.
+#[derive(Debug)]
+struct Stopped {
+    step: String,
+    /// What the step saw last.
+    last: String,
+}
+
+/// The operator's whole job, step by step, each step within a budget; it
+/// stops at the first step that does not happen.
+struct Job<'a> {
+    t: &'a TestNs,
+    s: &'a Stage,
+    /// The operator's process id (its Lease identity ends with it) and port.
+    pid: u32,
+    port: u16,
+    budget: Duration,
+    /// The steps that happened, with when (since the job started).
+    passed: std::sync::Mutex<Vec<(String, Duration)>>,
+    started: Instant,
+}
+
+impl<'a> Job<'a> {
+    fn new(t: &'a TestNs, s: &'a Stage, operator: &Operator, budget: Duration) -> Job<'a> {
+        Job {
+            t,
+            s,
+            pid: operator.pid().expect("the operator runs"),
+            port: operator.port,
+            budget,
+            passed: std::sync::Mutex::new(Vec::new()),
+            started: Instant::now(),
+        }
+    }
+
+    fn t2(&self) -> String {
+        self.t.name("t2")
+    }
+
+    async fn step(
+        &self,
+        name: impl Into<String>,
+        mut check: impl AsyncFnMut() -> Result<(), String>,
+    ) -> Result<(), Stopped> {
+        let name = name.into();
+        let start = Instant::now();
+        loop {
+            let last = match check().await {
+                Ok(()) => {
+                    self.passed
+                        .lock()
+                        .unwrap()
+                        .push((name, self.started.elapsed()));
+                    return Ok(());
+                }
+                Err(last) => last,
+            };
+            if start.elapsed() >= self.budget {
+                return Err(Stopped { step: name, last });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    async fn rule(&self, name: &str) -> Result<Value, String> {
+        self.t
+            .try_get_rule(&self.s.op, name)
+            .await?
+            .ok_or_else(|| format!("rule {name} does not exist"))
+    }
+
+    async fn copy_of(&self, kind: Kind, ns: &str, source: &Obj, rule: &str) -> Result<(), String> {
+        match self.t.try_get(kind, ns, &source.name).await? {
+            None => Err(format!("no {kind:?} {ns}/{}", source.name)),
+            Some(copy) => check_copy(&copy, source, &self.s.op, rule, &self.s.uids[rule]),
+        }
+    }
+
+    async fn gone(&self, kind: Kind, ns: &str, name: &str) -> Result<(), String> {
+        match self.t.try_get(kind, ns, name).await? {
+            None => Ok(()),
+            Some(o) => Err(format!(
+                "{kind:?} {ns}/{name} is still there (labels {:?})",
+                o.labels
+            )),
+        }
+    }
+
+    async fn lease(&self) -> Result<Option<Lease>, String> {
+        Api::<Lease>::namespaced(self.t.client.clone(), &self.s.op)
+            .get_opt(&self.s.lease)
+            .await
+            .map_err(|e| err_msg(&e))
+    }
+
+    /// (holder, acquired, renewed) of the Lease, when it is held by this
+    /// job's operator.
+    async fn lease_of_ours(&self) -> Result<(String, String, String), String> {
+        let lease = self.lease().await?.ok_or("there is no Lease")?;
+        let spec = lease.spec.unwrap_or_default();
+        let holder = spec.holder_identity.unwrap_or_default();
+        if !holder.ends_with(&format!("-{}", self.pid)) {
+            return Err(format!("the Lease is held by {holder:?}"));
+        }
+        let time = |t: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime>| {
+            t.map(|t| t.0.to_string()).unwrap_or_default()
+        };
+        Ok((holder, time(spec.acquire_time), time(spec.renew_time)))
+    }
+
+    async fn pruned_events(&self, rule: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
+        self.t
+            .events_regarding(&self.s.op, rule)
+            .await
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("Pruned"))
+            .collect()
+    }
+
+    /// The whole job: ready, leading, copies of both kinds, status, a new
+    /// namespace filled, edited copies repaired (update), a name taken by a
+    /// foreign object (get, conflict reported), sources unlabelled twice
+    /// (prune: delete; a repeated Event: patch), the rules deleted (their
+    /// finalizer deletes the copies, then lets them go).
+    async fn run(&self) -> Result<(), Stopped> {
+        let (t, s) = (self.t, self.s);
+        self.step("ready", async || {
+            match http_get(self.port, "/readyz").await {
+                Ok((200, _)) => Ok(()),
+                Ok((code, body)) => Err(format!("/readyz answers {code} {body}")),
+                Err(e) => Err(format!("/readyz: {e}")),
+            }
+        })
+        .await?;
+        self.step("leading", async || {
+            let (_, acquired, renewed) = self.lease_of_ours().await?;
+            if renewed > acquired {
+                Ok(())
+            } else {
+                Err(format!("acquired at {acquired}, never renewed"))
+            }
+        })
+        .await?;
+        for (rule, kind) in RULES {
+            self.step(format!("{kind:?} copied"), async || {
+                self.copy_of(kind, &s.t1, s.source(kind), rule).await
+            })
+            .await?;
+        }
+        self.step("status written", async || {
+            for (rule, _) in RULES {
+                is_ready(&self.rule(rule).await?).map_err(|e| format!("rule {rule}: {e}"))?;
+            }
+            Ok(())
+        })
+        .await?;
+
+        let t2 = t.ns("t2").await;
+        self.step("new namespace filled", async || {
+            for (rule, kind) in RULES {
+                self.copy_of(kind, &t2, s.source(kind), rule).await?;
+            }
+            Ok(())
+        })
+        .await?;
+
+        for (rule, kind) in RULES {
+            let (key, _) = payload(kind);
+            t.set_data(kind, &s.t1, source_name(kind), &[(key, Some("edited"))])
+                .await;
+            self.step(format!("{kind:?} copy repaired"), async || {
+                self.copy_of(kind, &s.t1, s.source(kind), rule).await
+            })
+            .await?;
+        }
+
+        for (rule, _) in RULES {
+            t.patch_rule(
+                &s.op,
+                rule,
+                json!({"spec": {"targets": {"include": [t.glob("t"), t.glob("u")]}}}),
+            )
+            .await;
+        }
+        for (rule, kind) in RULES {
+            self.step(format!("{kind:?} conflict reported"), async || {
+                let r = self.rule(rule).await?;
+                let listed = r
+                    .pointer("/status/conflicts")
+                    .and_then(Value::as_array)
+                    .is_some_and(|c| {
+                        c.iter().any(|c| {
+                            c["namespace"] == s.u3.as_str() && c["name"] == source_name(kind)
+                        })
+                    });
+                if listed {
+                    Ok(())
+                } else {
+                    Err(short_status(&r))
+                }
+            })
+            .await?;
+        }
+
+        // Two rounds of prunes with the same note: the second Event of a
+        // rule is a repeat, which patches the first into a series.
+        let targets = [s.t1.clone(), t2.clone(), s.u3.clone()];
+        for round in 0..2 {
+            let name = format!("extra-{round}");
+            let mut extras = Vec::new();
+            for (_, kind) in RULES {
+                extras.push(
+                    t.create_source(kind, &s.op, &name, &[], &[payload(kind)])
+                        .await,
+                );
+            }
+            self.step(
+                format!("extra sources copied (round {round})"),
+                async || {
+                    for ((rule, kind), extra) in RULES.iter().zip(&extras) {
+                        for ns in &targets {
+                            self.copy_of(*kind, ns, extra, rule).await?;
+                        }
+                    }
+                    Ok(())
+                },
+            )
+            .await?;
+            for (_, kind) in RULES {
+                t.set_labels(kind, &s.op, &name, &[(TEST_LABEL, None)])
+                    .await;
+            }
+            for (_, kind) in RULES {
+                self.step(format!("{kind:?} pruned (round {round})"), async || {
+                    for ns in &targets {
+                        self.gone(kind, ns, &name).await?;
+                    }
+                    Ok(())
+                })
+                .await?;
+            }
+        }
+        self.step("event recorded", async || {
+            for (rule, _) in RULES {
+                if self.pruned_events(rule).await.is_empty() {
+                    return Err(format!("no Pruned event on rule {rule}"));
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        self.step("event repeated", async || {
+            for (rule, _) in RULES {
+                let events = self.pruned_events(rule).await;
+                if !events
+                    .iter()
+                    .any(|e| e.series.as_ref().is_some_and(|s| s.count >= 2))
+                {
+                    return Err(format!(
+                        "{} Pruned events on rule {rule}, none with a series",
+                        events.len()
+                    ));
+                }
+            }
+            Ok(())
+        })
+        .await?;
+
+        for (rule, _) in RULES {
+            t.delete_rule(&s.op, rule).await;
+        }
+        for (rule, kind) in RULES {
+            self.step(
+                format!("{kind:?} rule deleted with its copies"),
+                async || {
+                    for ns in [&s.t1, &t2] {
+                        self.gone(kind, ns, source_name(kind)).await?;
+                    }
+                    match t.try_get_rule(&s.op, rule).await? {
+                        None => Ok(()),
+                        Some(r) => Err(format!("rule {rule} is still there: {}", short_status(&r))),
+                    }
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// What the cluster shows, once the job has stopped, that `evidence`
+    /// says it must; `removed` is the verb the operator lacks.
+    async fn evidence(&self, evidence: Evidence, removed: &Grant) -> Result<String, String> {
+        let s = self.s;
+        let no_finalizer_no_status = async || -> Result<(), String> {
+            for (rule, _) in RULES {
+                let r = self.rule(rule).await?;
+                if r.pointer("/metadata/finalizers")
+                    .and_then(Value::as_array)
+                    .is_some_and(|f| !f.is_empty())
+                {
+                    return Err(format!("rule {rule} has a finalizer: {}", short_status(&r)));
+                }
+                if r.get("status").is_some_and(|s| !s.is_null()) {
+                    return Err(format!("rule {rule} has a status: {}", short_status(&r)));
+                }
+            }
+            Ok(())
+        };
+        match evidence {
+            Evidence::NothingDone => {
+                if let Ok((200, _)) = http_get(self.port, "/readyz").await {
+                    return Err("the operator is ready".into());
+                }
+                no_finalizer_no_status().await?;
+                Ok(
+                    "never ready (a cache never listed); the rules have no finalizer, no status"
+                        .into(),
+                )
+            }
+            Evidence::NoFinalizer => {
+                no_finalizer_no_status().await?;
+                if self.t.try_get(CM, &s.t1, source_name(CM)).await?.is_some() {
+                    return Err("a ConfigMap was copied".into());
+                }
+                Ok("the rules have no finalizer, no status; nothing copied".into())
+            }
+            Evidence::RuleChangeUnseen => {
+                let r = self.rule("cms").await?;
+                let generation = r.pointer("/metadata/generation").and_then(Value::as_i64);
+                let observed = r
+                    .pointer("/status/observedGeneration")
+                    .and_then(Value::as_i64);
+                match (generation, observed) {
+                    (Some(g), Some(o)) if o < g => Ok(format!(
+                        "rule cms changed to generation {g}; its status still observes {o}"
+                    )),
+                    _ => Err(format!("the change was seen: {}", short_status(&r))),
+                }
+            }
+            Evidence::NoStatus => {
+                for (rule, _) in RULES {
+                    let r = self.rule(rule).await?;
+                    if r.get("status").is_some_and(|s| !s.is_null()) {
+                        return Err(format!("rule {rule} has a status: {}", short_status(&r)));
+                    }
+                }
+                self.copy_of(CM, &s.t1, &s.cm, "cms").await?;
+                self.copy_of(SECRET, &s.t1, &s.secret, "secrets").await?;
+                Ok("copies made, but neither rule has a status".into())
+            }
+            Evidence::Refused(kind) => {
+                let rule = RULES.iter().find(|(_, k)| *k == kind).unwrap().0;
+                let r = self.rule(rule).await?;
+                let ready = ready_condition(&r).cloned().unwrap_or_default();
+                let words = format!(
+                    "cannot {} resource \"{}\"",
+                    removed.verb,
+                    removed.base_resource()
+                );
+                let message = ready["message"].as_str().unwrap_or_default();
+                if ready["status"] == "False"
+                    && ready["reason"] == "SyncFailed"
+                    && message.contains(&words)
+                {
+                    Ok(format!(
+                        "rule {rule}: Ready False, SyncFailed, \"... {words} ...\""
+                    ))
+                } else {
+                    Err(format!(
+                        "rule {rule} does not report \"{words}\": {}",
+                        short_status(&r)
+                    ))
+                }
+            }
+            Evidence::EditUnseen(kind) => {
+                let rule = RULES.iter().find(|(_, k)| *k == kind).unwrap().0;
+                let (key, _) = payload(kind);
+                let copy = self
+                    .t
+                    .try_get(kind, &s.t1, source_name(kind))
+                    .await?
+                    .ok_or("the copy is gone")?;
+                if copy.data.get(key).map(String::as_str) != Some("edited") {
+                    return Err(format!("the copy is not edited: {:?}", copy.data));
+                }
+                let r = self.rule(rule).await?;
+                is_ready(&r).map_err(|e| format!("rule {rule} is not Ready: {e}"))?;
+                Ok(format!(
+                    "the {kind:?} copy in t1 keeps the edit while rule {rule} is Ready True (the edit was never seen)"
+                ))
+            }
+            Evidence::NamespaceUnseen => {
+                let t2 = self.t2();
+                for (_, kind) in RULES {
+                    if self
+                        .t
+                        .try_get(kind, &t2, source_name(kind))
+                        .await?
+                        .is_some()
+                    {
+                        return Err(format!("a {kind:?} was copied into t2"));
+                    }
+                }
+                let r = self.rule("cms").await?;
+                match status_u64(&r, "targetNamespaces") {
+                    Some(1) => {
+                        Ok("no copy in t2; rule cms counts 1 target namespace (t1 alone)".into())
+                    }
+                    other => Err(format!("rule cms counts {other:?} target namespaces")),
+                }
+            }
+            Evidence::NoEvent => {
+                for (rule, _) in RULES {
+                    let events = self.t.events_regarding(&s.op, rule).await;
+                    if !events.is_empty() {
+                        return Err(format!("{} events on rule {rule}", events.len()));
+                    }
+                }
+                Ok("no Event on either rule".into())
+            }
+            Evidence::EventNotRepeated => {
+                let events = self.pruned_events("cms").await;
+                if events.is_empty() {
+                    return Err("no Pruned event on rule cms".into());
+                }
+                if events.iter().any(|e| e.series.is_some()) {
+                    return Err("a Pruned event has a series".into());
+                }
+                Ok(format!(
+                    "{} Pruned event(s) on rule cms, none with a series",
+                    events.len()
+                ))
+            }
+            Evidence::NoLease => match self.lease().await? {
+                None => Ok("no Lease exists".into()),
+                Some(lease) => Err(format!("a Lease exists: {:?}", lease.spec)),
+            },
+            Evidence::LeaseNotRenewed => {
+                let (holder, acquired, renewed) = self.lease_of_ours().await?;
+                if renewed == acquired {
+                    Ok(format!(
+                        "the Lease was taken by {holder} at {acquired} and never renewed"
+                    ))
+                } else {
+                    Err(format!("the Lease was renewed at {renewed}"))
+                }
+            }
+        }
+    }
+}
+
+/// What the cluster shows when the operator lacks a verb, besides the API
+/// server's 403 for that verb (read from the audit log in every case).
+#[derive(Clone, Copy, Debug)]
+enum Evidence {
+    /// Never ready (a cache never lists), so nothing is done: the rules get
+    /// no finalizer and no status.
+    NothingDone,
+    /// The rules get no finalizer (hence no copy, no status).
+    NoFinalizer,
+    /// A change of rule cms is never seen: its status observes an older
+    /// generation.
+    RuleChangeUnseen,
+    /// Copies are made, but no rule has a status.
+    NoStatus,
+    /// The rule of this kind reports the refusal: Ready False, SyncFailed,
+    /// in the API server's words.
+    Refused(Kind),
+    /// The copy of this kind in t1 keeps an edit while its rule is Ready
+    /// True: the edit was never seen.
+    EditUnseen(Kind),
+    /// The new namespace t2 is never filled: the rule counts one target.
+    NamespaceUnseen,
+    /// No Event on the rules.
+    NoEvent,
+    /// The Pruned Event of rule cms has no series.
+    EventNotRepeated,
+    /// No Lease: no process ever leads.
+    NoLease,
+    /// The Lease is taken once and never renewed.
+    LeaseNotRenewed,
+}
+
+/// For each verb the chart grants (default values): the first step of the
+/// job that fails without it, and what the cluster then shows.
+fn expectations() -> BTreeMap<Grant, (String, Evidence)> {
+    use Evidence::*;
+    let mut out = BTreeMap::new();
+    let mut expect = |group: &str, resource: &str, verb: &str, step: &str, evidence| {
+        out.insert(
+            Grant::new(group, resource, verb),
+            (step.to_string(), evidence),
+        );
+    };
+    expect("flant.com", "copyrators", "list", "ready", NothingDone);
+    expect(
+        "flant.com",
+        "copyrators",
+        "watch",
+        "ConfigMap conflict reported",
+        RuleChangeUnseen,
+    );
+    expect(
+        "flant.com",
+        "copyrators",
+        "patch",
+        "ConfigMap copied",
+        NoFinalizer,
+    );
+    expect(
+        "flant.com",
+        "copyrators/status",
+        "patch",
+        "status written",
+        NoStatus,
+    );
+    expect("", "namespaces", "list", "ready", NothingDone);
+    expect(
+        "",
+        "namespaces",
+        "watch",
+        "new namespace filled",
+        NamespaceUnseen,
+    );
+    for (kind, resource) in [(CM, "configmaps"), (SECRET, "secrets")] {
+        let step = |what: &str| format!("{kind:?} {what}");
+        expect(
+            "",
+            resource,
+            "get",
+            &step("conflict reported"),
+            Refused(kind),
+        );
+        expect("", resource, "list", "ready", NothingDone);
+        expect(
+            "",
+            resource,
+            "watch",
+            &step("copy repaired"),
+            EditUnseen(kind),
+        );
+        expect("", resource, "create", &step("copied"), Refused(kind));
+        expect(
+            "",
+            resource,
+            "update",
+            &step("copy repaired"),
+            Refused(kind),
+        );
+        expect(
+            "",
+            resource,
+            "delete",
+            &step("pruned (round 0)"),
+            Refused(kind),
+        );
+    }
+    expect(
+        "events.k8s.io",
+        "events",
+        "create",
+        "event recorded",
+        NoEvent,
+    );
+    expect(
+        "events.k8s.io",
+        "events",
+        "patch",
+        "event repeated",
+        EventNotRepeated,
+    );
+    expect("coordination.k8s.io", "leases", "get", "leading", NoLease);
+    expect(
+        "coordination.k8s.io",
+        "leases",
+        "create",
+        "leading",
+        NoLease,
+    );
+    expect(
+        "coordination.k8s.io",
+        "leases",
+        "update",
+        "leading",
+        LeaseNotRenewed,
+    );
+    out
+}
+
+/// How long a step of a case may take. The control does the whole job in
+/// the same conditions (every case at once), each step well within it.
+const STEP_BUDGET: Duration = Duration::from_secs(20);
+
+/// One run of the job, with the chart's RBAC minus `removed`.
+struct Case {
+    removed: Option<Grant>,
+    user: String,
+    outcome: Result<(), Stopped>,
+    /// The steps that happened, with when (since the job started).
+    passed: Vec<(String, Duration)>,
+    /// What the cluster showed when the job stopped (with a verb removed).
+    evidence: Result<String, String>,
+    took: Duration,
+    log: PathBuf,
+    t: TestNs,
+}
+
+async fn run_case(
+    removed: Option<&Grant>,
+    cluster_grants: &BTreeSet<Grant>,
+    lease_grants: &BTreeSet<Grant>,
+    kinds: &str,
+    cluster: &ClusterScoped,
+    evidence: Option<Evidence>,
+) -> Case {
+    let start = Instant::now();
+    let t = TestNs::new("chart-verbs").await;
+    let op = t.ns("op").await;
+    let minus = |grants: &BTreeSet<Grant>| -> BTreeSet<Grant> {
+        grants
+            .iter()
+            .filter(|g| Some(*g) != removed)
+            .cloned()
+            .collect()
+    };
+    let (cluster_grants, lease_grants) = (minus(cluster_grants), minus(lease_grants));
+    let id = Identity::create(
+        &t,
+        cluster,
+        &op,
+        "copyrator",
+        &cluster_grants,
+        &lease_grants,
+    )
+    .await;
+    let allowed: BTreeSet<Grant> = cluster_grants.union(&lease_grants).cloned().collect();
+    let denied: BTreeSet<Grant> = removed.cloned().into_iter().collect();
+    id.wait_effective(&t.client, &op, &allowed, &denied).await;
+    let stage = Stage::new(&t, op, "copyrator").await;
+    let operator = Operator::start_with_env(
+        &t,
+        stage.operator_args(),
+        &[("KUBECONFIG", &id.kubeconfig), ("KINDS", kinds)],
+    );
+    let job = Job::new(&t, &stage, &operator, STEP_BUDGET);
+    let outcome = job.run().await;
+    let evidence = match (removed, evidence, &outcome) {
+        (Some(removed), Some(evidence), Err(_)) => job.evidence(evidence, removed).await,
+        _ => Ok("-".to_string()),
+    };
+    let passed = job.passed.lock().unwrap().clone();
+    let log = operator.log_path.clone();
+    drop(operator);
+    Case {
+        removed: removed.cloned(),
+        user: id.user,
+        outcome,
+        passed,
+        evidence,
+        took: start.elapsed(),
+        log,
+        t,
+    }
+}
+
+/// Every verb the chart's ClusterRole and Role grant (default values) is
+/// needed: the job runs once with exactly the rendered RBAC (the control,
+/// which must do all of it with no request refused), and once per granted
+/// verb with exactly the rendered RBAC minus that verb, each case as a
+/// ServiceAccount of its own, in namespaces of its own, on a Lease of its
+/// own, all at once. Without a verb, the job must stop at the step that
+/// uses it, the cluster must show why (see [`Evidence`]), and the API
+/// server's audit log must hold its 403 for that very verb. A verb whose
+/// removal changes nothing fails the test: the chart must not grant it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_verb_the_chart_grants_is_needed() {
+    let docs = render(&[]);
+    let cluster_grants = grants_of(find(&docs, "ClusterRole"));
+    let lease_grants = grants_of(find(&docs, "Role"));
+    let kinds = deployment_env(&docs, "KINDS");
+    let granted: BTreeSet<Grant> = cluster_grants.union(&lease_grants).cloned().collect();
+    let wildcards: Vec<&Grant> = granted.iter().filter(|g| g.has_wildcard()).collect();
+    assert!(wildcards.is_empty(), "wildcards granted: {wildcards:?}");
+    let expected = expectations();
+    let unexpected: Vec<String> = granted
+        .iter()
+        .filter(|g| !expected.contains_key(*g))
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "the chart grants {unexpected:?}, and this test does not say what removing it breaks: \
+         add it to expectations() (it fails, saying so, if nothing breaks)"
+    );
+    let stale: Vec<String> = expected
+        .keys()
+        .filter(|g| !granted.contains(*g))
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "expectations() lists {stale:?}, which the chart no longer grants"
+    );
+
+    let audit = Audit::start();
+    let cluster = ClusterScoped::new();
+    let started = Utc::now();
+    let runs: Vec<Option<&Grant>> = std::iter::once(None)
+        .chain(granted.iter().map(Some))
+        .collect();
+    let cases = futures::future::join_all(runs.iter().map(|removed| {
+        run_case(
+            *removed,
+            &cluster_grants,
+            &lease_grants,
+            &kinds,
+            &cluster,
+            removed.map(|g| expected[g].1),
+        )
+    }))
+    .await;
+    let end = Utc::now();
+    audit.settle(&cases[0].t.client, end).await;
+
+    let mut problems = Vec::new();
+    let mut table = Vec::new();
+    for case in &cases {
+        let refused: Vec<AuditEvent> =
+            audit.matching(&Query::user(&case.user).code(403).between(started, end));
+        let what = case
+            .removed
+            .as_ref()
+            .map_or("(nothing: the control)".to_string(), ToString::to_string);
+        let stopped = match &case.outcome {
+            Ok(()) => "the whole job".to_string(),
+            Err(s) => format!("stopped at \"{}\"", s.step),
+        };
+        let (row, problem) = match &case.removed {
+            None => {
+                let problem = match &case.outcome {
+                    Err(s) => Some(format!("the control stopped at \"{}\": {}", s.step, s.last)),
+                    Ok(()) if !refused.is_empty() => Some(format!(
+                        "the control's requests were refused: {}",
+                        refused
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    )),
+                    Ok(()) => None,
+                };
+                (format!("{stopped}, no request refused"), problem)
+            }
+            Some(grant) => {
+                let (step, _) = &expected[grant];
+                let for_it = refused
+                    .iter()
+                    .filter(|e| {
+                        e.verb == grant.verb
+                            && e.resource.as_deref() == Some(grant.base_resource())
+                            && e.subresource.as_deref() == grant.subresource()
+                    })
+                    .count();
+                let mut problem = match &case.outcome {
+                    Ok(()) => Some(format!(
+                        "removing {grant} changed nothing: the operator does not need it, \
+                         so the chart must not grant it"
+                    )),
+                    Err(s) if s.step != *step => Some(format!(
+                        "without {grant} the job stopped at \"{}\" ({}), expected at \"{step}\"",
+                        s.step, s.last
+                    )),
+                    Err(_) => None,
+                };
+                if problem.is_none()
+                    && let Err(e) = &case.evidence
+                {
+                    problem = Some(format!("without {grant}: {e}"));
+                }
+                if problem.is_none() && for_it == 0 {
+                    problem = Some(format!(
+                        "without {grant} the audit log holds no 403 for it (refused: {})",
+                        refused
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ));
+                }
+                let evidence = case.evidence.as_deref().unwrap_or("?");
+                (
+                    format!("{stopped}; {evidence}; {for_it} requests refused (403) for it"),
+                    problem,
+                )
+            }
+        };
+        table.push(format!(
+            "  {what:<35} {row} [{} steps, {:.1?}]",
+            case.passed.len(),
+            case.took
+        ));
+        if let Some(problem) = problem {
+            problems.push(format!("{problem} (log: {})", case.log.display()));
+        }
+    }
+    let mut previous = Duration::ZERO;
+    let control_steps: Vec<String> = cases[0]
+        .passed
+        .iter()
+        .map(|(step, at)| {
+            let took = at.saturating_sub(previous);
+            previous = *at;
+            format!("{step} {took:.1?}")
+        })
+        .collect();
+    println!("the control's steps: {}", control_steps.join(", "));
+    println!(
+        "verb removed → what failed ({} cases at once, {:.1?}):\n{}",
+        cases.len(),
+        (end - started).to_std().unwrap_or_default(),
+        table.join("\n")
+    );
+
+    // Namespaces and RBAC go first, in parallel; then the verdict.
+    drop(cluster);
+    std::thread::scope(|scope| {
+        for case in cases {
+            scope.spawn(move || drop(case.t));
+        }
+    });
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 /// The operator, running outside the cluster as the chart's ServiceAccount
-/// (RBAC on), does its whole job: ConfigMap and Secret copies, a new
-/// namespace filled, a copy repaired (update), a conflict (get), a prune,
-/// status, events (one repeated, which patches it), the Lease, and a rule
-/// deleted with its copies. A request of the ServiceAccount that the API
-/// server answered 403 (its audit log) fails the test too, so a verb
-/// missing from the chart cannot go unnoticed even where the operator
-/// copes with the refusal.
+/// (RBAC on), does its whole job (see [`Job::run`]). A request of the
+/// ServiceAccount that the API server answered 403 (its audit log) fails
+/// the test too, so a verb missing from the chart cannot go unnoticed even
+/// where the operator copes with the refusal.
 #[tokio::test]
 async fn operator_as_the_charts_service_account_does_its_whole_job() {
     let t = TestNs::new("chart-rbac").await;
     let op = t.ns("op").await;
-    let t1 = t.ns("t1").await;
     let release = format!("copyrator-{}", random5());
     let mut install = helm();
     install.args([
@@ -245,170 +1191,37 @@ async fn operator_as_the_charts_service_account_does_its_whole_job() {
         "--namespace",
         &op,
         "-o",
-        "name",
+        "json",
     ]);
-    assert_eq!(
-        run(get, "kubectl get deployment").trim(),
-        format!("deployment.apps/{release}")
-    );
+    let deployment: Value =
+        serde_json::from_str(&run(get, "kubectl get deployment")).expect("deployment JSON");
+    let kinds = deployment_env(&[deployment], "KINDS");
 
     let kubeconfig =
         PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{release}.kubeconfig"));
     service_account_kubeconfig(&op, &release, &kubeconfig);
     let kubeconfig = kubeconfig.to_string_lossy().into_owned();
     let user = service_account_user(&op, &release);
+    let stage = Stage::new(&t, op, &release).await;
     let audit = Audit::start();
-    let started = chrono::Utc::now();
+    let started = Utc::now();
     let mut operator = Operator::start_with_env(
         &t,
-        vec![
-            "run".into(),
-            "--namespace".into(),
-            op.clone(),
-            "--leader-election".into(),
-            "--lease-name".into(),
-            release.clone(),
-            "--lease-duration".into(),
-            "5".into(),
-        ],
-        &[("KUBECONFIG", &kubeconfig)],
+        stage.operator_args(),
+        &[("KUBECONFIG", &kubeconfig), ("KINDS", &kinds)],
     );
-
-    t.create_rule(&op, "cms", rule_spec(CM, t.selector(), &[t.glob("t")]))
-        .await;
-    t.create_rule(
-        &op,
-        "secrets",
-        rule_spec(SECRET, t.selector(), &[t.glob("t")]),
-    )
-    .await;
-    let cm = t
-        .create_source(CM, &op, "settings", &[], &[("k", "v")])
-        .await;
-    let secret = t
-        .create_source(SECRET, &op, "token", &[], &[("password", "p")])
-        .await;
-    t.wait_copy(CM, &t1, &cm, &op, "cms").await;
-    t.wait_copy(SECRET, &t1, &secret, &op, "secrets").await;
-
-    // A new namespace is filled.
-    let t2 = t.ns("t2").await;
-    t.wait_copy(CM, &t2, &cm, &op, "cms").await;
-    t.wait_copy(SECRET, &t2, &secret, &op, "secrets").await;
-
-    // Edited copies are put back (update), for both kinds.
-    t.set_data(CM, &t1, "settings", &[("k", Some("edited"))])
-        .await;
-    t.wait_obj(CM, &t1, "settings", "the edit reverted", |o| {
-        o.data_is(&[("k", "v")])
-    })
-    .await;
-    t.set_data(SECRET, &t1, "token", &[("password", Some("edited"))])
-        .await;
-    t.wait_obj(SECRET, &t1, "token", "the edit reverted", |o| {
-        o.data_is(&[("password", "p")])
-    })
-    .await;
-
-    // A foreign object of a source's name is read and reported (get), for
-    // both kinds: made first, then its namespace joins the targets.
-    let t3 = t.ns("u3").await;
-    t.create_plain(CM, &t3, "settings", &[], &[("mine", "1")])
-        .await;
-    t.create_plain(SECRET, &t3, "token", &[], &[("mine", "1")])
-        .await;
-    for rule in ["cms", "secrets"] {
-        t.patch_rule(
-            &op,
-            rule,
-            json!({"spec": {"targets": {"include": [t.glob("t"), t.glob("u")]}}}),
-        )
-        .await;
+    let job = Job::new(&t, &stage, &operator, TIMEOUT);
+    if let Err(stopped) = job.run().await {
+        panic!(
+            "the job stopped at \"{}\" after {:?}: {}",
+            stopped.step, job.passed, stopped.last
+        );
     }
-    for rule in ["cms", "secrets"] {
-        t.wait_rule(&op, rule, "the conflict in status", |r| {
-            let conflicts = r
-                .pointer("/status/conflicts")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            if conflicts.iter().any(|c| c["namespace"] == t3.as_str()) {
-                Ok(())
-            } else {
-                Err(short_status(r))
-            }
-        })
-        .await;
-    }
-
-    // Two prunes with the same event note: the second patches the event.
-    for round in 0..2 {
-        let name = format!("extra-{round}");
-        let extra = t.create_source(CM, &op, &name, &[], &[("n", "1")]).await;
-        t.wait_copy(CM, &t1, &extra, &op, "cms").await;
-        t.set_labels(CM, &op, &name, &[(TEST_LABEL, None)]).await;
-        t.wait_gone(CM, &t1, &name, "the source stopped matching")
-            .await;
-        t.wait_gone(CM, &t2, &name, "the source stopped matching")
-            .await;
-    }
-    wait_until(
-        "a Pruned event for rule cms, repeated",
-        TIMEOUT,
-        async || {
-            let events = t.events_regarding(&op, "cms").await;
-            let pruned: Vec<_> = events
-                .iter()
-                .filter(|e| e.reason.as_deref() == Some("Pruned"))
-                .collect();
-            let repeated = pruned
-                .iter()
-                .any(|e| e.series.as_ref().is_some_and(|s| s.count >= 2));
-            if repeated {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{} Pruned events, none with a series",
-                    pruned.len()
-                ))
-            }
-        },
-    )
-    .await;
-
-    // Status written.
-    t.wait_rule_ready(&op, "secrets").await;
-
-    // A deleted rule takes its copies along.
-    t.delete_rule(&op, "secrets").await;
-    t.wait_gone(SECRET, &t1, "token", "its rule was deleted")
-        .await;
-    t.wait_gone(SECRET, &t2, "token", "its rule was deleted")
-        .await;
-    t.wait_rule_gone(&op, "secrets", "the finalizer let it go")
-        .await;
-
-    // The Lease is held by this operator.
-    let mut lease = Command::new("kubectl");
-    lease.args([
-        "get",
-        "lease",
-        &release,
-        "--namespace",
-        &op,
-        "-o",
-        "jsonpath={.spec.holderIdentity}",
-    ]);
-    assert!(
-        !run(lease, "kubectl get lease").trim().is_empty(),
-        "the Lease has no holder"
-    );
-
     operator.assert_running();
 
     // Every request the ServiceAccount sent meanwhile, as the API server
     // answered it: none refused with 403.
-    let end = chrono::Utc::now();
+    let end = Utc::now();
     audit.settle(&t.client, end).await;
     let sent = Query::user(&user).between(started, end);
     let writes = audit.by_verb(&sent.clone().verbs(WRITE_VERBS));
@@ -436,6 +1249,145 @@ async fn operator_as_the_charts_service_account_does_its_whole_job() {
     );
 }
 
+/// `kinds: [configmap]`: the chart grants no verb on Secrets, and an
+/// operator started with `--kinds configmap`, as a ServiceAccount with
+/// exactly that rendered RBAC, copies ConfigMaps, refuses a Secret rule
+/// (Ready False), and sends not one request on Secrets (the audit log),
+/// nor any request the API server refuses.
+#[tokio::test]
+async fn operator_limited_to_configmaps_never_touches_secrets() {
+    let docs = render(&["--set", "kinds={configmap}"]);
+    assert_eq!(deployment_env(&docs, "KINDS"), "configmap");
+    let cluster_grants = grants_of(find(&docs, "ClusterRole"));
+    let lease_grants = grants_of(find(&docs, "Role"));
+    let on_secrets: Vec<String> = cluster_grants
+        .iter()
+        .chain(&lease_grants)
+        .filter(|g| g.base_resource() == "secrets")
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        on_secrets.is_empty(),
+        "with kinds=[configmap] the chart grants {on_secrets:?}"
+    );
+
+    let t = TestNs::new("chart-kinds").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    let cluster = ClusterScoped::new();
+    let id = Identity::create(
+        &t,
+        &cluster,
+        &op,
+        "copyrator",
+        &cluster_grants,
+        &lease_grants,
+    )
+    .await;
+    let allowed: BTreeSet<Grant> = cluster_grants.union(&lease_grants).cloned().collect();
+    let denied: BTreeSet<Grant> = ["get", "list", "watch"]
+        .iter()
+        .map(|verb| Grant::new("", "secrets", verb))
+        .collect();
+    id.wait_effective(&t.client, &op, &allowed, &denied).await;
+
+    let cm = t
+        .create_source(CM, &op, "settings", &[], &[("k", "v")])
+        .await;
+    t.create_source(SECRET, &op, "token", &[], &[("password", "p")])
+        .await;
+    t.create_rule(&op, "cms", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    t.create_rule(
+        &op,
+        "secrets",
+        rule_spec(SECRET, t.selector(), &[t.glob("t")]),
+    )
+    .await;
+
+    let audit = Audit::start();
+    let started = Utc::now();
+    let mut operator = Operator::start_with_env(
+        &t,
+        [
+            "run",
+            "--namespace",
+            &op,
+            "--kinds",
+            "configmap",
+            "--leader-election",
+            "--lease-name",
+            "copyrator",
+            "--lease-duration",
+            "5",
+        ]
+        .map(String::from)
+        .to_vec(),
+        &[("KUBECONFIG", &id.kubeconfig)],
+    );
+    t.wait_copy(CM, &t1, &cm, &op, "cms").await;
+    t.wait_rule_ready(&op, "cms").await;
+    let secrets_rule = t
+        .wait_rule(&op, "secrets", "Ready False, InvalidRule", |r| {
+            let ready = ready_condition(r).ok_or_else(|| short_status(r))?;
+            if ready["status"] == "False" && ready["reason"] == "InvalidRule" {
+                Ok(())
+            } else {
+                Err(short_status(r))
+            }
+        })
+        .await;
+    println!(
+        "rule secrets: {}",
+        ready_condition(&secrets_rule).unwrap()["message"]
+    );
+    // A new namespace is filled too (the namespace watch works).
+    let t2 = t.ns("t2").await;
+    t.wait_copy(CM, &t2, &cm, &op, "cms").await;
+    t.assert_absent(SECRET, &t1, "token", "Secrets are not copied")
+        .await;
+    operator.assert_running();
+
+    let end = Utc::now();
+    audit.settle(&t.client, end).await;
+    let sent = Query::user(&id.user).between(started, end);
+    println!(
+        "requests of {}: by verb {:?}, on configmaps {:?}",
+        id.user,
+        audit.by_verb(&sent),
+        audit.by_verb(&sent.clone().resource("configmaps"))
+    );
+    // The query sees the operator (else "none on secrets" proves nothing).
+    let on_configmaps = audit.by_verb(&sent.clone().resource("configmaps"));
+    for verb in ["list", "watch", "create"] {
+        assert!(
+            on_configmaps.get(verb).is_some_and(|n| *n > 0),
+            "no {verb} configmaps request of {} in the audit log: {on_configmaps:?}",
+            id.user
+        );
+    }
+    let show = |events: Vec<AuditEvent>| {
+        events
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let on_secrets = audit.matching(&sent.clone().resource("secrets"));
+    assert!(
+        on_secrets.is_empty(),
+        "an operator limited to ConfigMaps sent {} requests on Secrets:\n{}",
+        on_secrets.len(),
+        show(on_secrets)
+    );
+    let refused = audit.matching(&sent.code(403));
+    assert!(
+        refused.is_empty(),
+        "the API server refused {} requests of the ConfigMap-only operator (403):\n{}",
+        refused.len(),
+        show(refused)
+    );
+}
 /// `helm upgrade` changes the Deployment; `helm uninstall` removes what
 /// the release made and keeps the CRD (Helm never deletes `crds/`), so
 /// rules and copies survive an uninstall.

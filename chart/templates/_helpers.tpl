@@ -44,3 +44,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "copyrator.leaseName" -}}
 {{- default (include "copyrator.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}
+
+{{/*
+The kinds the operator copies, comma-separated. A release upgraded with
+--reuse-values from a chart without the `kinds` value keeps both kinds.
+*/}}
+{{- define "copyrator.kinds" -}}
+{{- .Values.kinds | default (list "configmap" "secret") | join "," }}
+{{- end }}

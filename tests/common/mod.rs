@@ -19,6 +19,7 @@
 
 pub mod audit;
 pub mod logs;
+pub mod rbac;
 
 use std::collections::BTreeMap;
 use std::fmt::Display;

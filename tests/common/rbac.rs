@@ -1,0 +1,345 @@
+//! RBAC for the operator in a test: the grants of a rendered (Cluster)Role
+//! as (apiGroup, resource, verb) triples, rules made back from a set of
+//! them, and a ServiceAccount of its own bound to exactly those rules, with
+//! a kubeconfig to run the operator as it.
+//!
+//! ```ignore
+//! let cluster = ClusterScoped::new();
+//! let id = Identity::create(&t, &cluster, &op, "copyrator", &grants_of(&role), &BTreeSet::new()).await;
+//! id.wait_effective(&t.client, &op, &granted, &removed).await;
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Client;
+use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use kube::core::ApiResource;
+use serde_json::{Value, json};
+
+use super::audit::service_account_user;
+use super::{TIMEOUT, TestNs, err_msg, service_account_kubeconfig, wait_until};
+
+/// One verb on one resource of one API group, as a Role grants it.
+/// `resource` may name a subresource (`copyrators/status`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Grant {
+    pub group: String,
+    pub resource: String,
+    pub verb: String,
+}
+
+impl Grant {
+    pub fn new(group: &str, resource: &str, verb: &str) -> Grant {
+        Grant {
+            group: group.to_string(),
+            resource: resource.to_string(),
+            verb: verb.to_string(),
+        }
+    }
+
+    /// The resource without its subresource (`copyrators` for `copyrators/status`).
+    pub fn base_resource(&self) -> &str {
+        self.resource.split('/').next().unwrap_or_default()
+    }
+
+    pub fn subresource(&self) -> Option<&str> {
+        self.resource.split_once('/').map(|(_, sub)| sub)
+    }
+
+    pub fn has_wildcard(&self) -> bool {
+        self.group.contains('*') || self.resource.contains('*') || self.verb.contains('*')
+    }
+}
+
+impl fmt::Display for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let group = if self.group.is_empty() {
+            "core"
+        } else {
+            &self.group
+        };
+        write!(f, "{} {group}/{}", self.verb, self.resource)
+    }
+}
+
+/// Every (apiGroup, resource, verb) a Role or ClusterRole object grants.
+pub fn grants_of(role: &Value) -> BTreeSet<Grant> {
+    let strings = |v: &Value, field: &str| -> Vec<String> {
+        v[field]
+            .as_array()
+            .unwrap_or_else(|| panic!("a rule without {field}: {v}"))
+            .iter()
+            .map(|s| s.as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    let mut out = BTreeSet::new();
+    for rule in role["rules"].as_array().into_iter().flatten() {
+        for group in strings(rule, "apiGroups") {
+            for resource in strings(rule, "resources") {
+                for verb in strings(rule, "verbs") {
+                    out.insert(Grant::new(&group, &resource, &verb));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Role rules granting exactly `grants`: one rule per (group, resource).
+pub fn rules_of(grants: &BTreeSet<Grant>) -> Value {
+    let mut by_resource: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
+    for g in grants {
+        by_resource
+            .entry((&g.group, &g.resource))
+            .or_default()
+            .push(&g.verb);
+    }
+    Value::Array(
+        by_resource
+            .into_iter()
+            .map(|((group, resource), verbs)| {
+                json!({"apiGroups": [group], "resources": [resource], "verbs": verbs})
+            })
+            .collect(),
+    )
+}
+
+/// Cluster-scoped objects a test made; deleted when the guard drops (also
+/// on panic).
+pub struct ClusterScoped {
+    items: Mutex<Vec<(ApiResource, String)>>,
+}
+
+impl Default for ClusterScoped {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ClusterScoped {
+    pub fn new() -> ClusterScoped {
+        ClusterScoped {
+            items: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Creates `body` (with apiVersion, kind and metadata.name) as a
+    /// cluster-scoped object of resource `ar`.
+    pub async fn create(&self, client: &Client, ar: &ApiResource, body: Value) {
+        let name = body["metadata"]["name"]
+            .as_str()
+            .expect("metadata.name")
+            .to_string();
+        self.items.lock().unwrap().push((ar.clone(), name.clone()));
+        create(client, ar, None, body).await;
+    }
+}
+
+impl Drop for ClusterScoped {
+    fn drop(&mut self) {
+        let items = std::mem::take(&mut *self.items.lock().unwrap());
+        if items.is_empty() {
+            return;
+        }
+        // The test's runtime may be shutting down (or panicking).
+        let handle = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let Ok(client) = Client::try_default().await else {
+                    return;
+                };
+                let deletes = items.iter().rev().map(|(ar, name)| {
+                    let api = Api::<DynamicObject>::all_with(client.clone(), ar);
+                    async move {
+                        let _ = api.delete(name, &DeleteParams::default()).await;
+                    }
+                });
+                futures::future::join_all(deletes).await;
+            });
+        });
+        let _ = handle.join();
+    }
+}
+
+fn rbac(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: "rbac.authorization.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "rbac.authorization.k8s.io/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+async fn create(client: &Client, ar: &ApiResource, namespace: Option<&str>, body: Value) {
+    let object: DynamicObject = serde_json::from_value(body.clone()).expect("a Kubernetes object");
+    let api = match namespace {
+        Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, ar),
+        None => Api::<DynamicObject>::all_with(client.clone(), ar),
+    };
+    api.create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("creating {} {body}: {}", ar.kind, err_msg(&e)));
+}
+
+/// A ServiceAccount the operator runs as.
+pub struct Identity {
+    pub namespace: String,
+    pub account: String,
+    /// Its user name in the audit log.
+    pub user: String,
+    /// A kubeconfig with a token of the ServiceAccount.
+    pub kubeconfig: String,
+}
+
+impl Identity {
+    /// The ServiceAccount `namespace/account`, bound to a ClusterRole of its
+    /// own with exactly `cluster_grants` and to a Role in `namespace` with
+    /// exactly `namespaced_grants` (none made when empty).
+    pub async fn create(
+        t: &TestNs,
+        cluster: &ClusterScoped,
+        namespace: &str,
+        account: &str,
+        cluster_grants: &BTreeSet<Grant>,
+        namespaced_grants: &BTreeSet<Grant>,
+    ) -> Identity {
+        let sa: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
+        Api::<ServiceAccount>::namespaced(t.client.clone(), namespace)
+            .create(&PostParams::default(), &sa)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "creating ServiceAccount {namespace}/{account}: {}",
+                    err_msg(&e)
+                )
+            });
+        let subjects = json!([{"kind": "ServiceAccount", "name": account, "namespace": namespace}]);
+        let role = format!("{}-{account}", t.prefix);
+        cluster
+            .create(
+                &t.client,
+                &rbac("ClusterRole", "clusterroles"),
+                json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                    "metadata": {"name": role}, "rules": rules_of(cluster_grants),
+                }),
+            )
+            .await;
+        cluster
+            .create(
+                &t.client,
+                &rbac("ClusterRoleBinding", "clusterrolebindings"),
+                json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": {"name": role},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                    "subjects": subjects,
+                }),
+            )
+            .await;
+        if !namespaced_grants.is_empty() {
+            create(
+                &t.client,
+                &rbac("Role", "roles"),
+                Some(namespace),
+                json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                    "metadata": {"name": account, "namespace": namespace},
+                    "rules": rules_of(namespaced_grants),
+                }),
+            )
+            .await;
+            create(
+                &t.client,
+                &rbac("RoleBinding", "rolebindings"),
+                Some(namespace),
+                json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                    "metadata": {"name": account, "namespace": namespace},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+                    "subjects": subjects,
+                }),
+            )
+            .await;
+        }
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{role}.kubeconfig"));
+        // `kubectl create token` blocks: not on the runtime's threads.
+        let (ns, sa, file) = (namespace.to_string(), account.to_string(), path.clone());
+        tokio::task::spawn_blocking(move || service_account_kubeconfig(&ns, &sa, &file))
+            .await
+            .expect("writing the ServiceAccount's kubeconfig");
+        Identity {
+            namespace: namespace.to_string(),
+            account: account.to_string(),
+            user: service_account_user(namespace, account),
+            kubeconfig: path.to_string_lossy().into_owned(),
+        }
+    }
+
+    /// Whether the API server lets this ServiceAccount do `grant` in
+    /// `namespace` (None: in every namespace), by a SubjectAccessReview.
+    pub async fn may(
+        &self,
+        client: &Client,
+        grant: &Grant,
+        namespace: Option<&str>,
+    ) -> Result<bool, String> {
+        let review: SubjectAccessReview = serde_json::from_value(json!({
+            "spec": {
+                "user": self.user,
+                "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{}", self.namespace), "system:authenticated"],
+                "resourceAttributes": {
+                    "group": grant.group,
+                    "resource": grant.base_resource(),
+                    "subresource": grant.subresource(),
+                    "verb": grant.verb,
+                    "namespace": namespace,
+                },
+            }
+        }))
+        .unwrap();
+        let answer = Api::<SubjectAccessReview>::all(client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| err_msg(&e))?;
+        Ok(answer.status.is_some_and(|s| s.allowed))
+    }
+
+    /// Waits until the API server's authorizer allows every grant of
+    /// `allowed` and none of `denied` (RBAC takes effect through a cache);
+    /// a grant is asked in `namespace`, so that Role grants count.
+    pub async fn wait_effective(
+        &self,
+        client: &Client,
+        namespace: &str,
+        allowed: &BTreeSet<Grant>,
+        denied: &BTreeSet<Grant>,
+    ) {
+        wait_until(
+            format!("the RBAC of {} to take effect", self.user),
+            TIMEOUT,
+            async || {
+                for (grants, want) in [(allowed, true), (denied, false)] {
+                    for grant in grants {
+                        let got = self.may(client, grant, Some(namespace)).await?;
+                        if got != want {
+                            return Err(format!("{grant} allowed: {got}, want {want}"));
+                        }
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await;
+    }
+}
