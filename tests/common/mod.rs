@@ -15,6 +15,8 @@
 #![allow(dead_code)]
 
 pub mod audit;
+pub mod fault;
+pub mod proxy;
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
