@@ -79,6 +79,8 @@ const MAX_CONNECTIONS_STALLED: usize = 40;
 /// the changes need: lists and watches again, the rule's status, Events.
 /// A retry storm sends many times the writes.
 const MAX_EXTRA_REQUESTS: usize = 30;
+/// How long the deleted namespace stays terminating (test f).
+const NAMESPACE_HELD: Duration = Duration::from_secs(20);
 /// Requests the operator may send to a namespace after it was deleted:
 /// the writes already on their way, each failing once.
 const MAX_REQUESTS_TO_DELETED_NS: usize = 10;
@@ -819,13 +821,16 @@ async fn a_half_dead_network_for_30s_causes_no_storm_and_converges_after() {
 // ===========================================================================
 // f. a target namespace deleted in the middle of a fan-out
 
-/// A target namespace is deleted while the operator fans out: the copies
-/// in every other namespace are right, the operator keeps running, sends
-/// the deleted namespace only the few requests already on their way, gets
-/// no storm of errors, and the rule ends Ready.
+/// A target namespace is deleted while the operator fans out, and stays
+/// terminating a while (an object in it has a finalizer, as objects of
+/// other controllers often do): the copies in every other namespace are
+/// right, the rule is Ready meanwhile, the operator keeps running, sends
+/// the dying namespace only the few writes already on their way, and gets
+/// no storm of errors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_namespace_deleted_mid_fan_out_leaves_the_rest_right_and_the_rule_ready() {
     const TEST: &str = "namespace_deleted_mid_fan_out";
+    const HOLD_FINALIZER: &str = "copyrator-test/hold";
     let Some(fault) = begin(TEST).await else {
         return;
     };
@@ -862,6 +867,13 @@ async fn a_target_namespace_deleted_mid_fan_out_leaves_the_rest_right_and_the_ru
         .clone();
     let victim_copies = at_delete.uids.keys().filter(|(n, _)| *n == victim).count();
     let fan_out = f.expected();
+    f.t.create_json(
+        CM,
+        &victim,
+        "hold",
+        json!({"metadata": {"finalizers": [HOLD_FINALIZER]}}),
+    )
+    .await;
     f.t.namespaces()
         .delete(&victim, &Default::default())
         .await
@@ -872,6 +884,46 @@ async fn a_target_namespace_deleted_mid_fan_out_leaves_the_rest_right_and_the_ru
     f.deleted.push(victim.clone());
 
     let converged = f.converge(deleted, CONVERGE_WAIT).await;
+    let ready = wait_until(
+        format!(
+            "rule {}/{RULE}: Ready True with {} copies in {} namespaces",
+            f.op,
+            f.expected(),
+            f.targets.len()
+        ),
+        TIMEOUT,
+        async || {
+            let r =
+                f.t.try_get_rule(&f.op, RULE)
+                    .await?
+                    .ok_or("the rule is gone")?;
+            is_ready(&r)?;
+            let copies = status_u64(&r, "copies");
+            let targets = status_u64(&r, "targetNamespaces");
+            if copies == Some(f.expected() as u64) && targets == Some(f.targets.len() as u64) {
+                Ok(r)
+            } else {
+                Err(short_status(&r))
+            }
+        },
+    )
+    .await;
+    let terminating =
+        f.t.namespaces()
+            .get(&victim)
+            .await
+            .map(|ns| ns.metadata.deletion_timestamp.is_some())
+            .unwrap_or(false);
+    // The namespace stays terminating a while, then goes.
+    tokio::time::sleep(NAMESPACE_HELD.saturating_sub(deleted.elapsed())).await;
+    f.t.cms(&victim)
+        .patch(
+            "hold",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("releasing {victim}/hold: {}", err_msg(&e)));
     wait_until(
         format!("namespace {victim} to be gone"),
         Duration::from_secs(120),
@@ -882,23 +934,6 @@ async fn a_target_namespace_deleted_mid_fan_out_leaves_the_rest_right_and_the_ru
         },
     )
     .await;
-    let rule =
-        f.t.wait_rule(
-            &f.op,
-            RULE,
-            "Ready True at the current generation with 87 copies",
-            |r| {
-                is_ready(r)?;
-                let copies = status_u64(r, "copies");
-                let targets = status_u64(r, "targetNamespaces");
-                if copies == Some(f.expected() as u64) && targets == Some(f.targets.len() as u64) {
-                    Ok(())
-                } else {
-                    Err(short_status(r))
-                }
-            },
-        )
-        .await;
     let end = Utc::now();
     requests.settle(&f.t.client, end).await;
     let after = f.tally().await.expect("listing the copies");
@@ -912,16 +947,21 @@ async fn a_target_namespace_deleted_mid_fan_out_leaves_the_rest_right_and_the_ru
         .sum();
     let writes = requests.count(&all.clone().verbs(WRITE_VERBS));
     println!(
-        "{TEST}: namespace {victim} deleted with {} of {} copies written ({victim_copies} there); \
-         the others right {} after; after: {}; the rule: {}; the operator's requests to {victim} \
-         after its deletion: {} (codes {}); its error answers in all {errors}, its writes {writes}",
+        "{TEST}: namespace {victim} deleted with {} of {fan_out} copies written ({victim_copies} \
+         there), terminating for {}; the others right {} after; after: {}; the rule while it was \
+         terminating: {}; the operator's requests to {victim} after its deletion: {} (codes {}); \
+         its error answers in all {errors}, its writes {writes}",
         at_delete.present(),
-        fan_out,
+        secs(NAMESPACE_HELD),
         converged.as_ref().map_or_else(|e| e.clone(), |d| secs(*d)),
         after.summary(),
-        ready_condition(&rule).map_or("-".to_string(), |c| c.to_string()),
+        ready_condition(&ready).map_or("-".to_string(), |c| c.to_string()),
         fmt_map(&requests.by_verb_resource(&to_victim)),
         fmt_map(&requests.by_code(&to_victim)),
+    );
+    assert!(
+        terminating,
+        "{TEST}: namespace {victim} was not terminating when the rule was Ready"
     );
     converged.unwrap_or_else(|e| panic!("{TEST}: {e}"));
     assert_all_right(TEST, &f, &after);
