@@ -18,7 +18,9 @@
 #![allow(dead_code)]
 
 pub mod audit;
+pub mod fault;
 pub mod logs;
+pub mod proxy;
 pub mod rbac;
 
 use std::collections::BTreeMap;

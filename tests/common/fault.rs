@@ -1,0 +1,472 @@
+//! The fault suite's own control plane (tests/faults.rs): it kills the API
+//! server and etcd, so it never runs against the shared one.
+//!
+//! * [`FaultPlane`]: the control plane named by `COPYRATOR_FAULT_STATE` (a
+//!   `hack/cluster` state directory) and its audit log
+//!   (`COPYRATOR_FAULT_AUDIT_LOG`); `stop`, `start` and `compact` run
+//!   `hack/cluster` on it.
+//! * [`Requests`]: that audit log read from a point on (the shared reader,
+//!   `audit::Audit`, follows `COPYRATOR_AUDIT_LOG`, the main control plane's).
+//! * [`OperatorIdentity`]: a ServiceAccount for the operator, so that the
+//!   audit log names its requests.
+//! * [`kubeconfig_with_server`]: a kubeconfig pointed at a proxy.
+//!
+//! The rest of the harness (`TestNs`, `service_account_kubeconfig`, kubectl)
+//! reads `KUBECONFIG`; [`FaultPlane::from_env`] insists that it names the
+//! fault control plane's admin kubeconfig, so that a test observes the
+//! control plane it breaks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::Client;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::json;
+
+use super::audit::{AuditEvent, Query, service_account_user};
+use super::{POLL, TestNs, err_msg, service_account_kubeconfig, wait_until};
+
+/// The state directory of the fault control plane (`hack/cluster` with
+/// `COPYRATOR_CLUSTER_STATE` set to it).
+pub const STATE_ENV: &str = "COPYRATOR_FAULT_STATE";
+/// The audit log that control plane writes.
+pub const AUDIT_ENV: &str = "COPYRATOR_FAULT_AUDIT_LOG";
+
+/// A component of the control plane that `hack/cluster stop|start` takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Component {
+    Etcd,
+    KubeApiserver,
+}
+
+impl Component {
+    pub fn name(self) -> &'static str {
+        match self {
+            Component::Etcd => "etcd",
+            Component::KubeApiserver => "kube-apiserver",
+        }
+    }
+}
+
+/// The fault suite's control plane.
+#[derive(Clone, Debug)]
+pub struct FaultPlane {
+    pub state: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub audit_log: PathBuf,
+    /// Components this handle stopped and has not started again.
+    stopped: Arc<Mutex<Vec<Component>>>,
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+impl FaultPlane {
+    /// The control plane of `COPYRATOR_FAULT_STATE`. `None`, with a note on
+    /// standard error, when that is unset: the main `cargo test` run (which
+    /// leaves it unset) skips the fault suite, and `hack/test` runs it on a
+    /// control plane of its own. Panics when it is set but the rest is
+    /// missing or names another control plane.
+    pub fn from_env(test: &str) -> Option<FaultPlane> {
+        let state = match std::env::var_os(STATE_ENV) {
+            Some(s) if !s.is_empty() => PathBuf::from(s),
+            _ => {
+                eprintln!(
+                    "faults::{test}: skipped: {STATE_ENV} is unset. The fault suite kills the API \
+                     server and etcd, so it runs only on a control plane of its own: \
+                     `hack/test` starts one and runs `cargo test --test faults` on it."
+                );
+                return None;
+            }
+        };
+        let how = format!(
+            "start it with `COPYRATOR_CLUSTER_STATE={s} COPYRATOR_AUDIT_LOG=/tmp/faults-audit.log \
+             hack/cluster up` and run `{STATE_ENV}={s} {AUDIT_ENV}=/tmp/faults-audit.log \
+             KUBECONFIG={s}/admin.kubeconfig cargo test --test faults -- --test-threads=1`",
+            s = state.display()
+        );
+        let audit_log = match std::env::var_os(AUDIT_ENV) {
+            Some(p) if !p.is_empty() => PathBuf::from(p),
+            _ => panic!(
+                "{AUDIT_ENV} is not set: the fault tests count the operator's requests in the \
+                 audit log of the fault control plane ({STATE_ENV}={}); {how}",
+                state.display()
+            ),
+        };
+        let kubeconfig = state.join("admin.kubeconfig");
+        assert!(
+            kubeconfig.is_file(),
+            "{STATE_ENV}={}: no control plane there (no admin.kubeconfig); {how}",
+            state.display()
+        );
+        let recorded = std::fs::read_to_string(state.join("audit.path")).unwrap_or_else(|e| {
+            panic!(
+                "{STATE_ENV}={}: cannot read audit.path ({e}); the control plane predates the \
+                 fault controls of hack/cluster: `hack/cluster down`, then {how}",
+                state.display()
+            )
+        });
+        assert!(
+            !recorded.trim().is_empty() && same_file(Path::new(recorded.trim()), &audit_log),
+            "{AUDIT_ENV}={} is not the audit log of the control plane in {} (it writes {:?}); {how}",
+            audit_log.display(),
+            state.display(),
+            recorded.trim()
+        );
+        let env_kubeconfig = std::env::var_os("KUBECONFIG").map(PathBuf::from);
+        assert!(
+            env_kubeconfig
+                .as_deref()
+                .is_some_and(|k| same_file(k, &kubeconfig)),
+            "KUBECONFIG={:?} is not {}: the test harness's client, cleanup and kubectl read \
+             KUBECONFIG, and they must see the control plane this suite breaks; {how}",
+            env_kubeconfig,
+            kubeconfig.display()
+        );
+        Some(FaultPlane {
+            state,
+            kubeconfig,
+            audit_log,
+            stopped: Arc::default(),
+        })
+    }
+
+    /// Runs `hack/cluster <args>` on this control plane; its standard
+    /// output. Panics when it fails.
+    pub fn cluster(&self, args: &[&str]) -> String {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/cluster");
+        let out = Command::new(script)
+            .args(args)
+            .env("COPYRATOR_CLUSTER_STATE", &self.state)
+            .output()
+            .unwrap_or_else(|e| panic!("running {script} {args:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "hack/cluster {args:?} on {} failed ({}):\n{}",
+            self.state.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// SIGKILL; returns once the process is gone.
+    pub fn stop(&self, c: Component) {
+        self.stopped.lock().unwrap().push(c);
+        self.cluster(&["stop", c.name()]);
+    }
+
+    /// Starts it as `hack/cluster up` did; returns once it is ready (etcd
+    /// healthy, the API server's `/readyz` 200).
+    pub fn start(&self, c: Component) {
+        self.cluster(&["start", c.name()]);
+        self.stopped.lock().unwrap().retain(|s| *s != c);
+    }
+
+    /// Compacts etcd to its current revision; that revision.
+    pub fn compact(&self) -> u64 {
+        let out = self.cluster(&["compact"]);
+        out.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("hack/cluster compact printed {out:?}, not a revision: {e}"))
+    }
+
+    /// Starts etcd and the API server again when a test stopped them and
+    /// then failed, so that the next test finds a working control plane.
+    pub fn restart_on_drop(&self) -> RestartOnDrop {
+        RestartOnDrop(self.clone())
+    }
+}
+
+/// See [`FaultPlane::restart_on_drop`].
+pub struct RestartOnDrop(FaultPlane);
+
+impl Drop for RestartOnDrop {
+    fn drop(&mut self) {
+        let stopped = std::mem::take(&mut *self.0.stopped.lock().unwrap());
+        // etcd first: the API server is ready only with it.
+        for c in [Component::Etcd, Component::KubeApiserver] {
+            if stopped.contains(&c) {
+                eprintln!("starting {} again after a failed fault test", c.name());
+                let script = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/cluster");
+                let _ = Command::new(script)
+                    .args(["start", c.name()])
+                    .env("COPYRATOR_CLUSTER_STATE", &self.0.state)
+                    .status();
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// the audit log
+
+#[derive(Default)]
+struct Seen {
+    offset: u64,
+    events: Vec<AuditEvent>,
+    by_id: HashMap<String, usize>,
+}
+
+/// The fault control plane's audit log from the moment [`Requests::start`]
+/// was called; a request is counted once by its `auditID` (its final stage
+/// when logged), as `audit::Audit` does.
+pub struct Requests {
+    path: PathBuf,
+    seen: Mutex<Seen>,
+}
+
+impl Requests {
+    pub fn start(plane: &FaultPlane) -> Requests {
+        let path = plane.audit_log.clone();
+        let offset = std::fs::metadata(&path)
+            .unwrap_or_else(|e| panic!("the audit log {} cannot be read: {e}", path.display()))
+            .len();
+        Requests {
+            path,
+            seen: Mutex::new(Seen {
+                offset,
+                ..Seen::default()
+            }),
+        }
+    }
+
+    fn refresh(&self) -> std::sync::MutexGuard<'_, Seen> {
+        let mut seen = self.seen.lock().unwrap();
+        let mut file = File::open(&self.path)
+            .unwrap_or_else(|e| panic!("opening the audit log {}: {e}", self.path.display()));
+        file.seek(SeekFrom::Start(seen.offset)).unwrap();
+        let mut buf = Vec::new();
+        file.read_to_end(&mut buf)
+            .unwrap_or_else(|e| panic!("reading the audit log {}: {e}", self.path.display()));
+        // Whole lines only. A killed API server may leave a torn last line:
+        // the next one then follows it on the same line, and neither parses.
+        let Some(end) = buf.iter().rposition(|b| *b == b'\n') else {
+            return seen;
+        };
+        seen.offset += end as u64 + 1;
+        for line in buf[..end].split(|b| *b == b'\n') {
+            let Ok(event) = AuditEvent::parse(&String::from_utf8_lossy(line)) else {
+                continue;
+            };
+            match seen.by_id.get(&event.audit_id).copied() {
+                Some(i) => {
+                    let last = &seen.events[i];
+                    let last_final = last.stage == "ResponseComplete" || last.stage == "Panic";
+                    if !last_final {
+                        seen.events[i] = event;
+                    }
+                }
+                None => {
+                    let i = seen.events.len();
+                    seen.by_id.insert(event.audit_id.clone(), i);
+                    seen.events.push(event);
+                }
+            }
+        }
+        seen
+    }
+
+    pub fn matching(&self, q: &Query) -> Vec<AuditEvent> {
+        self.refresh()
+            .events
+            .iter()
+            .filter(|e| q.matches(e))
+            .cloned()
+            .collect()
+    }
+
+    pub fn count(&self, q: &Query) -> usize {
+        self.refresh()
+            .events
+            .iter()
+            .filter(|e| q.matches(e))
+            .count()
+    }
+
+    /// Matching requests by `verb resource` (e.g. `list configmaps`).
+    pub fn by_verb_resource(&self, q: &Query) -> BTreeMap<String, usize> {
+        let mut out = BTreeMap::new();
+        for e in self.refresh().events.iter().filter(|e| q.matches(e)) {
+            let what = match (&e.resource, &e.subresource) {
+                (Some(r), Some(s)) => format!("{} {r}/{s}", e.verb),
+                (Some(r), None) => format!("{} {r}", e.verb),
+                _ => e.verb.clone(),
+            };
+            *out.entry(what).or_default() += 1;
+        }
+        out
+    }
+
+    /// Matching requests by response code (`0`: none recorded).
+    pub fn by_code(&self, q: &Query) -> BTreeMap<u16, usize> {
+        let mut out = BTreeMap::new();
+        for e in self.refresh().events.iter().filter(|e| q.matches(e)) {
+            *out.entry(e.code.unwrap_or(0)).or_default() += 1;
+        }
+        out
+    }
+
+    /// The most requests received in one second.
+    pub fn busiest_second(&self, q: &Query) -> usize {
+        let mut per: BTreeMap<i64, usize> = BTreeMap::new();
+        for e in self.refresh().events.iter().filter(|e| q.matches(e)) {
+            *per.entry(e.received.timestamp()).or_default() += 1;
+        }
+        per.into_values().max().unwrap_or(0)
+    }
+
+    /// Waits until every request received before `until` is in the log
+    /// (batches are written at most a second apart): a request received
+    /// two seconds later is there.
+    pub async fn settle(&self, client: &Client, until: DateTime<Utc>) {
+        let mark = until + chrono::Duration::seconds(2);
+        wait_until(
+            format!("the audit log {} to reach {mark}", self.path.display()),
+            Duration::from_secs(60),
+            async || {
+                if Utc::now() >= mark {
+                    let _ = client.apiserver_version().await;
+                }
+                match self.refresh().events.iter().map(|e| e.received).max() {
+                    Some(last) if last >= mark => Ok(()),
+                    last => Err(format!("the last request logged was received at {last:?}")),
+                }
+            },
+        )
+        .await;
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// the operator's identity
+
+/// A ServiceAccount for the operator, bound to `cluster-admin` (RBAC is
+/// proved elsewhere: chart.rs; here the identity only names the operator's
+/// requests in the audit log), and a kubeconfig for it. The binding is
+/// deleted on drop.
+pub struct OperatorIdentity {
+    /// Its audit user name.
+    pub user: String,
+    pub kubeconfig: PathBuf,
+    binding: String,
+}
+
+impl OperatorIdentity {
+    pub async fn new(t: &TestNs, namespace: &str, account: &str) -> OperatorIdentity {
+        let sa: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
+        Api::<ServiceAccount>::namespaced(t.client.clone(), namespace)
+            .create(&PostParams::default(), &sa)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "creating ServiceAccount {namespace}/{account}: {}",
+                    err_msg(&e)
+                )
+            });
+        let binding = format!("{}-{account}", t.prefix);
+        let crb: ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": binding},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        }))
+        .unwrap();
+        Api::<ClusterRoleBinding>::all(t.client.clone())
+            .create(&PostParams::default(), &crb)
+            .await
+            .unwrap_or_else(|e| panic!("creating ClusterRoleBinding {binding}: {}", err_msg(&e)));
+        let kubeconfig =
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{binding}.kubeconfig"));
+        service_account_kubeconfig(namespace, account, &kubeconfig);
+        OperatorIdentity {
+            user: service_account_user(namespace, account),
+            kubeconfig,
+            binding,
+        }
+    }
+
+    pub fn kubeconfig_str(&self) -> &str {
+        self.kubeconfig.to_str().expect("a UTF-8 path")
+    }
+}
+
+impl Drop for OperatorIdentity {
+    fn drop(&mut self) {
+        let binding = std::mem::take(&mut self.binding);
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(client) = Client::try_default().await {
+                    let _ = Api::<ClusterRoleBinding>::all(client)
+                        .delete(&binding, &DeleteParams::default())
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A copy of the kubeconfig at `path` with every cluster's server set to
+/// `server` (TLS still names the API server: the proxy passes it through).
+pub fn kubeconfig_with_server(path: &Path, server: &str) -> PathBuf {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&text).expect("a YAML kubeconfig");
+    for cluster in config["clusters"]
+        .as_sequence_mut()
+        .expect("the kubeconfig lists clusters")
+    {
+        cluster["cluster"]["server"] = serde_yaml::Value::String(server.to_string());
+    }
+    let out = path.with_extension(format!("via-{}.kubeconfig", super::random5()));
+    std::fs::write(&out, serde_yaml::to_string(&config).unwrap()).unwrap();
+    out
+}
+
+/// The API server address of a kubeconfig's first cluster.
+pub async fn api_server_address(kubeconfig: &Path) -> std::net::SocketAddr {
+    let config: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(kubeconfig).unwrap()).unwrap();
+    let server = config["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .expect("a server URL")
+        .to_string();
+    let hostport = server
+        .trim_start_matches("https://")
+        .trim_end_matches('/')
+        .to_string();
+    tokio::net::lookup_host(hostport.as_str())
+        .await
+        .unwrap_or_else(|e| panic!("resolving {hostport}: {e}"))
+        .next()
+        .expect("an address")
+}
+
+/// Seconds with one decimal, for the printed figures.
+pub fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+/// `Instant` → the wall-clock time it stands for (audit windows).
+pub fn wall(at: Instant) -> DateTime<Utc> {
+    let ago = Instant::now().saturating_duration_since(at);
+    Utc::now() - chrono::Duration::from_std(ago).unwrap()
+}
