@@ -76,9 +76,8 @@ const CONVERGE_AFTER_STALL: Duration = Duration::from_secs(30);
 /// (20 s) or with a backoff (watches: up to 3 s; writes: 1 s doubling).
 const MAX_CONNECTIONS_STALLED: usize = 40;
 /// Connections the operator may try while the API server is down a
-/// minute: its five watches retry every 3 s or sooner (about 100 tries, 116
-/// seen), its
-/// writes and status back off from 1 s.
+/// minute: its five watches retry every 3 s or sooner (about 100 tries;
+/// 116 seen), its writes and status back off from 1 s.
 const MAX_CONNECTIONS_DOWN: usize = 200;
 /// Requests the operator may send once a fault heals, beyond the writes
 /// the changes need: lists and watches again, the rule's status, Events.
