@@ -680,6 +680,14 @@ async fn churn_until_watch_gone(t: &TestNs, rv: &str) -> usize {
 /// ones) while sources change, for longer than the API server's watch
 /// history, and etcd is compacted; when the proxy lets it through again,
 /// its watches cannot resume (410 Gone): it lists again and converges.
+///
+/// Compaction alone is not enough: the API server serves a watch from its
+/// watch cache, whose event history is its own (at least 75 s, and as many
+/// events as came in that time), not etcd's. So the test outlasts that
+/// window, compacts etcd (and sees the API server answer 410 for an exact
+/// list at the old resourceVersion), then writes unrelated ConfigMaps until
+/// the cache answers 410 to a watch from the resourceVersion of the cut:
+/// every resourceVersion the operator can hold is at most that one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watches_resuming_from_a_compacted_resource_version_relist_and_converge() {
     const TEST: &str = "compacted_resource_version";
