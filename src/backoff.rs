@@ -30,8 +30,13 @@ pub enum FailureClass {
     Conflict,
     /// 429: the API server is throttling; `Retry-After` is honoured.
     Throttled,
-    /// 403, 422, an admission policy, a quota: it will not change by itself.
+    /// 403, an admission policy, a quota: it will not change by itself.
     Refused,
+    /// 422 naming a field: the object itself is invalid (an annotation too
+    /// long, a bad key). Written again only when what would be written
+    /// changes (the source, the rule, the target namespace), or after
+    /// [`Policy::invalid_hold`].
+    Invalid,
     /// 5xx, a timeout, a broken connection.
     Transient,
 }
@@ -42,6 +47,7 @@ impl FailureClass {
             FailureClass::Conflict => "conflict",
             FailureClass::Throttled => "throttled",
             FailureClass::Refused => "refused",
+            FailureClass::Invalid => "invalid",
             FailureClass::Transient => "transient",
         }
     }
@@ -64,6 +70,8 @@ pub struct Policy {
     /// First delay after a refusal (403, 422, quota, policy).
     pub refusal_base: Duration,
     pub max: Duration,
+    /// How long an invalid copy waits when nothing changes.
+    pub invalid_hold: Duration,
 }
 
 impl Default for Policy {
@@ -72,6 +80,7 @@ impl Default for Policy {
             base: Duration::from_secs(1),
             refusal_base: Duration::from_secs(2),
             max: Duration::from_secs(300),
+            invalid_hold: Duration::from_secs(3600),
         }
     }
 }
@@ -318,7 +327,10 @@ impl Backoffs {
             FailureClass::Refused => policy.refusal_base,
             _ => policy.base,
         };
-        let mut delay = policy.delay(base, entry.failures, key);
+        let mut delay = match failure.class {
+            FailureClass::Invalid => policy.invalid_hold,
+            _ => policy.delay(base, entry.failures, key),
+        };
         if let Some(asked) = failure.retry_after {
             delay = delay.max(asked.min(policy.max));
         }
@@ -389,7 +401,7 @@ impl Backoffs {
     pub fn sweep(&mut self, now: Instant) {
         let policy = self.policy;
         self.entries.retain(|_, e| {
-            let failing = e.failures > 0 && now.duration_since(e.retry_at) < policy.max * 2;
+            let failing = e.failures > 0 && now < e.retry_at + policy.max * 2;
             let contesting = e
                 .last_restore
                 .is_some_and(|last| now.duration_since(last) <= policy.quiet_after(e.restores));
@@ -434,6 +446,62 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
     }
 }
 
+/// The pause of every watch's next request after the API server throttled
+/// a read (429): its `Retry-After` (1 s when it gave none), doubling with
+/// each throttled read in a row up to [`ReadPause::MAX`], with jitter. It
+/// is shared by all watches, so a throttled client cools down as a whole
+/// instead of reconnecting watch by watch.
+#[derive(Default)]
+pub struct ReadPause {
+    state: std::sync::Mutex<ReadPauseState>,
+}
+
+#[derive(Default)]
+struct ReadPauseState {
+    until: Option<Instant>,
+    in_a_row: u32,
+}
+
+impl ReadPause {
+    pub const MAX: Duration = Duration::from_secs(30);
+
+    fn state(&self) -> std::sync::MutexGuard<'_, ReadPauseState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A read was throttled at `now`; returns when reads may go again.
+    pub fn throttled(&self, now: Instant, retry_after: Option<Duration>) -> Instant {
+        let mut state = self.state();
+        state.in_a_row = state.in_a_row.saturating_add(1);
+        let asked = retry_after.unwrap_or(Duration::from_secs(1));
+        let grown = asked
+            .saturating_mul(1 << state.in_a_row.saturating_sub(1).min(10))
+            .min(Self::MAX.max(asked));
+        let random = std::collections::hash_map::RandomState::new().hash_one(state.in_a_row);
+        // Jitter only lengthens: the asked time is a floor.
+        let delay = grown.mul_f64(1.0 + (random % 2000) as f64 / 10_000.0);
+        let until = now + delay;
+        state.until = Some(state.until.map_or(until, |u| u.max(until)));
+        until
+    }
+
+    /// A read went through: the next throttled one starts from its own
+    /// `Retry-After` again.
+    pub fn succeeded(&self) {
+        let mut state = self.state();
+        if state.in_a_row > 0 {
+            state.in_a_row = 0;
+        }
+    }
+
+    /// Until when reads wait, if they do at `now`.
+    pub fn until(&self, now: Instant) -> Option<Instant> {
+        self.state().until.filter(|u| *u > now)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -455,6 +523,62 @@ mod tests {
             message: "configmaps are frozen in this namespace".into(),
             retry_after: None,
         }
+    }
+
+    #[test]
+    fn an_invalid_copy_waits_until_what_it_would_write_changes() {
+        let mut b = Backoffs::new(Policy::default());
+        let now = Instant::now();
+        let invalid = Failure {
+            class: FailureClass::Invalid,
+            message: "metadata.annotations: Too long: may not be more than 262144 bytes".into(),
+            retry_after: None,
+        };
+        let at = b.failed(&key("a"), &rule(), 7, invalid, now);
+        assert!(at - now >= Duration::from_secs(3600));
+        for minutes in [1, 10, 59] {
+            let later = now + Duration::from_secs(60 * minutes);
+            assert!(
+                matches!(b.admit(&key("a"), &rule(), 7, None, later), Admission::Wait { .. }),
+                "after {minutes} min"
+            );
+        }
+        b.sweep(now + Duration::from_secs(600));
+        assert!(matches!(
+            b.admit(&key("a"), &rule(), 7, None, now + Duration::from_secs(601)),
+            Admission::Wait { .. }
+        ));
+        // The source or the rule changed: written at once.
+        assert_eq!(
+            b.admit(&key("a"), &rule(), 8, None, now + Duration::from_secs(61)),
+            Admission::Go
+        );
+    }
+
+    #[test]
+    fn throttled_reads_pause_for_retry_after_then_longer() {
+        let pause = ReadPause::default();
+        let now = Instant::now();
+        assert_eq!(pause.until(now), None);
+        let first = pause.throttled(now, Some(Duration::from_secs(2)));
+        let waited = first - now;
+        assert!(waited >= Duration::from_secs(2) && waited <= Duration::from_millis(2400));
+        assert_eq!(pause.until(now), Some(first));
+        // In a row: doubling.
+        let second = pause.throttled(now, Some(Duration::from_secs(2))) - now;
+        assert!(second >= Duration::from_secs(4), "{second:?}");
+        // Capped.
+        for _ in 0..20 {
+            pause.throttled(now, None);
+        }
+        let capped = pause.throttled(now, None) - now;
+        assert!(capped <= ReadPause::MAX.mul_f64(1.2), "{capped:?}");
+        // A read that went through starts the count again.
+        pause.succeeded();
+        let later = now + Duration::from_secs(100);
+        assert_eq!(pause.until(later), None);
+        let again = pause.throttled(later, None) - later;
+        assert!(again < Duration::from_millis(1300), "{again:?}");
     }
 
     #[test]

@@ -87,6 +87,13 @@ pub struct Settings {
     #[arg(long, env = "WRITE_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024), global = true)]
     pub write_concurrency: u32,
 
+    /// Source watches open at once. Rules that need the same kind, namespace
+    /// and selector share one; past this many, the kinds with the most are
+    /// watched across all namespaces instead (one watch each), so that no
+    /// rule or number of rules opens more connections.
+    #[arg(long, env = "MAX_SOURCE_WATCHES", default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=1000), global = true)]
+    pub max_source_watches: u32,
+
     /// Requests per second the operator sends to the API server (watches not counted); 0 means no limit.
     #[arg(long, env = "API_QPS", default_value_t = 1000.0, global = true)]
     pub api_qps: f64,

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info_span, warn};
 
 use crate::rule::RuleKey;
-use crate::sources::SourceWatch;
+use crate::sources::Sources;
 use crate::state::{Shared, lock, read};
 
 /// Backoff of a rule whose pass failed as a whole (status or finalizer write).
@@ -137,9 +137,7 @@ pub async fn run_resync(
 
 /// Whether a rule's sources are listed (for `plan`, which waits for them).
 pub fn sources_ready(shared: &Shared, key: &RuleKey) -> bool {
-    lock(&shared.sources)
-        .get(key)
-        .is_some_and(SourceWatch::is_synced)
+    matches!(lock(&shared.sources).sources(key), Sources::Listed(_))
 }
 
 #[cfg(test)]

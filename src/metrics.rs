@@ -34,6 +34,7 @@ pub struct Metrics {
     pub write_failures: Family<FailureLabels, Counter>,
     pub queue_depth: Gauge,
     pub leader: Gauge,
+    pub source_watches: Gauge,
 }
 
 impl Default for Metrics {
@@ -78,7 +79,7 @@ impl Default for Metrics {
         let write_failures = Family::<FailureLabels, Counter>::default();
         registry.register(
             "write_failures",
-            "Failed write requests by class (conflict, throttled, refused, transient)",
+            "Failed write requests by class (conflict, throttled, refused, invalid, transient)",
             write_failures.clone(),
         );
         let queue_depth = Gauge::default();
@@ -92,6 +93,12 @@ impl Default for Metrics {
             "leader",
             "1 while this process holds the leader Lease (or runs without election)",
             leader.clone(),
+        );
+        let source_watches = Gauge::default();
+        registry.register(
+            "source_watches",
+            "Source watches open, shared by all rules (at most --max-source-watches)",
+            source_watches.clone(),
         );
         // Every series exists from the start, so that a first error is an
         // increase and not a new series that alerts cannot see.
@@ -114,7 +121,7 @@ impl Default for Metrics {
             verb: "create",
             kind: "Event",
         }));
-        for class in ["conflict", "throttled", "refused", "transient"] {
+        for class in ["conflict", "throttled", "refused", "invalid", "transient"] {
             drop(write_failures.get_or_create(&FailureLabels { class }));
         }
         Self {
@@ -128,6 +135,7 @@ impl Default for Metrics {
             write_failures,
             queue_depth,
             leader,
+            source_watches,
         }
     }
 }

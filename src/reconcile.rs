@@ -3,7 +3,7 @@
 //! Events and one summary log line.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -18,8 +18,10 @@ use crate::finalizer::{cleanup, set_finalizer};
 use crate::index::Object;
 use crate::kinds::Kind;
 use crate::plan::{self, Action, DeleteReason, Inputs, Plan};
-use crate::rule::{ConflictEntry, ContestedEntry, CopyratorRule, ResolvedRule, RuleKey};
-use crate::sources::SourceWatch;
+use crate::rule::{
+    ConflictEntry, ContestedEntry, CopyratorRule, ResolvedRule, RuleKey, RuleStatus,
+};
+use crate::sources::Sources;
 use crate::state::{Shared, lock, read, write};
 use crate::status::{self, Observed};
 use crate::writer::Outcome;
@@ -116,31 +118,29 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
         }
     };
 
-    // Sources: start (or restart) the watches this rule needs and wait for their list.
+    // Sources: the shared watches serve this rule once they have listed
+    // what it needs; until then its status says how far the listing is.
     let sources = {
-        let mut watches = lock(&shared.sources);
-        let fingerprint = SourceWatch::fingerprint_of(&resolved);
-        if watches
-            .get(key)
-            .is_none_or(|w| w.fingerprint != fingerprint)
-        {
-            let weak: Weak<Shared> = Arc::downgrade(shared);
-            let rule_key = key.clone();
-            let on_change = Arc::new(move || {
-                if let Some(shared) = weak.upgrade() {
-                    shared.queue.add(rule_key.clone());
-                }
-            });
-            watches.insert(
-                key.clone(),
-                SourceWatch::start(&shared.client, &shared.health, &resolved, on_change),
-            );
+        let mut hub = lock(&shared.sources);
+        hub.set(&resolved);
+        shared.metrics.source_watches.set(hub.watch_count() as i64);
+        hub.sources(key)
+    };
+    let sources = match sources {
+        Sources::Listed(sources) => sources,
+        Sources::Waiting { listed, of } => {
+            let observed = Observed {
+                generation: rule.metadata.generation,
+                rule_type: Some(resolved.kind.info().rule_type.to_string()),
+                copies: read(shared.copies(resolved.kind)).count_owned_by(&uid) as u32,
+                waiting_for_sources: Some((listed, of)),
+                ..Default::default()
+            };
+            publish_status(shared, &rule, &observed).await?;
+            // The watches queue the rule again once they have listed.
+            return Ok(None);
         }
-        match watches.get(key) {
-            Some(watch) if watch.is_synced() => watch.snapshot(),
-            // The watch queues the rule again once it has listed.
-            _ => return Ok(None),
-        }
+        Sources::Unknown => return Ok(None),
     };
 
     let started = Instant::now();
@@ -189,6 +189,7 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
                 }
             })
             .collect(),
+        waiting_for_sources: None,
     };
     publish_status(shared, &rule, &observed).await?;
     log_pass(shared, key, &pass, failing, started.elapsed());
@@ -637,8 +638,37 @@ pub async fn publish_status(
             rule: key.to_string(),
             message: crate::writer::describe(&source),
         })?;
+    log_transition(&key, rule.status.as_ref(), &next);
     // The rule as it is now, so the next pass compares with what we wrote
     // (older than what the watch holds is ignored).
     shared.set_rule_quietly(key, Arc::new(updated));
     Ok(true)
+}
+
+/// One info line when a rule's Ready condition changes status or reason.
+fn log_transition(key: &RuleKey, previous: Option<&RuleStatus>, next: &RuleStatus) {
+    let ready = |s: &RuleStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    let Some((status, reason, message)) = ready(next) else {
+        return;
+    };
+    let before = previous.and_then(ready);
+    if before
+        .as_ref()
+        .is_some_and(|(s, r, _)| *s == status && *r == reason)
+    {
+        return;
+    }
+    info!(
+        rule = %key,
+        ready = status.as_str(),
+        reason = reason.as_str(),
+        message = message.as_str(),
+        was = before.as_ref().map_or("", |(s, _, _)| s.as_str()),
+        "rule readiness changed"
+    );
 }

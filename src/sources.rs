@@ -1,168 +1,755 @@
-//! The watches of each rule's sources: one per source namespace, filtered
-//! by the rule's selector on the server, so memory follows what rules
-//! select and not everything in the cluster.
+//! Source watches shared by every rule, within a budget of watches.
+//!
+//! A rule needs the objects of one kind that match its selector in its
+//! source namespaces. Rules that need the same kind, namespace and selector
+//! share one watch, filtered by the selector on the server. When the rules
+//! together need more such watches than `--max-source-watches`, the kinds
+//! with the most needs get one watch across all namespaces instead, whose
+//! objects are kept only where some rule wants them. So the connections and
+//! requests do not grow with the number of rules or the length of a rule's
+//! namespace list, and memory follows what the rules select.
+//!
+//! A watch across all namespaces lists again when the rules want more from
+//! it (a new namespace or selector), after a short pause so that a burst of
+//! new rules costs one list, and never before its previous list finished.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
+use kube::Client;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use kube::{Client, ResourceExt};
+use tokio::sync::watch as signal;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use crate::backoff::WatchBackoff;
+use crate::backoff::{ReadPause, WatchBackoff};
 use crate::http::Health;
-use crate::index::{Object, ObjectKey};
-use crate::rule::ResolvedRule;
-use crate::state::{log_watch_error, read, watch_config, write};
+use crate::index::Object;
+use crate::kinds::Kind;
+use crate::rule::{ResolvedRule, RuleKey};
+use crate::selector::LabelSelector;
+use crate::state::{read, watch_config, write};
+use crate::watch::{Change, Folder, cool_down, map_event};
 
-/// Called when a rule's sources changed.
-pub type OnChange = Arc<dyn Fn() + Send + Sync>;
+/// Called with each rule whose sources changed.
+pub type OnChange = Arc<dyn Fn(&RuleKey) + Send + Sync>;
 
-/// The watches of one rule's sources: one per source namespace, filtered by
-/// the rule's selector on the server.
-pub struct SourceWatch {
-    /// Restart when this changes: kind, selector and namespaces.
-    pub fingerprint: String,
-    pub objects: Arc<RwLock<HashMap<ObjectKey, Arc<Object>>>>,
-    synced: Vec<Arc<AtomicBool>>,
-    tasks: Vec<JoinHandle<()>>,
-    /// The watches' names in the health report.
-    names: Vec<String>,
-    health: Arc<Health>,
+/// A new list of a watch across all namespaces waits this long for more
+/// rules to want more from it.
+const RELIST_AFTER: Duration = Duration::from_millis(250);
+
+/// What one rule needs from the source watches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceNeed {
+    pub kind: Kind,
+    pub selector: LabelSelector,
+    /// Sorted, without duplicates.
+    pub namespaces: Vec<String>,
 }
 
-impl SourceWatch {
-    pub fn fingerprint_of(rule: &ResolvedRule) -> String {
-        format!(
-            "{}|{}|{}",
-            rule.kind,
-            rule.selector.to_query(),
-            rule.source_namespaces.join(",")
-        )
+impl SourceNeed {
+    pub fn of(rule: &ResolvedRule) -> Self {
+        let mut namespaces = rule.source_namespaces.clone();
+        namespaces.sort();
+        namespaces.dedup();
+        Self {
+            kind: rule.kind,
+            selector: rule.selector.clone(),
+            namespaces,
+        }
+    }
+}
+
+/// Where a watch looks.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    Namespace(String),
+    AllNamespaces,
+}
+
+/// One watch: a kind, a scope, and the label selector the API server
+/// filters it by (empty: every object but our copies).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WatchKey {
+    pub kind: Kind,
+    pub scope: Scope,
+    pub selector: String,
+}
+
+impl WatchKey {
+    fn name(&self) -> String {
+        let selector = if self.selector.is_empty() {
+            "any labels"
+        } else {
+            self.selector.as_str()
+        };
+        match &self.scope {
+            Scope::Namespace(ns) => format!("{} sources in {ns} ({selector})", self.kind),
+            Scope::AllNamespaces => format!("{} sources in all namespaces ({selector})", self.kind),
+        }
+    }
+}
+
+/// Which rules want which objects of a watch: by namespace, the rules'
+/// selectors. An object no rule wants is not kept.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Interest {
+    by_namespace: BTreeMap<String, Vec<(LabelSelector, RuleKey)>>,
+}
+
+impl Interest {
+    fn add(&mut self, namespace: &str, selector: &LabelSelector, rule: &RuleKey) {
+        self.by_namespace
+            .entry(namespace.to_owned())
+            .or_default()
+            .push((selector.clone(), rule.clone()));
     }
 
-    pub fn is_synced(&self) -> bool {
-        self.synced.iter().all(|s| s.load(Ordering::Acquire))
+    pub fn wants(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
+        self.by_namespace
+            .get(namespace)
+            .is_some_and(|wanted| wanted.iter().any(|(s, _)| s.matches(labels)))
     }
 
-    pub fn snapshot(&self) -> Vec<Arc<Object>> {
-        read(&self.objects).values().cloned().collect()
+    /// The rules that want an object of these labels in this namespace.
+    pub fn rules_for<'a>(
+        &'a self,
+        namespace: &str,
+        labels: &'a BTreeMap<String, String>,
+    ) -> impl Iterator<Item = &'a RuleKey> + 'a {
+        self.by_namespace
+            .get(namespace)
+            .into_iter()
+            .flatten()
+            .filter(|(s, _)| s.matches(labels))
+            .map(|(_, rule)| rule)
     }
 
-    pub fn start(
-        client: &Client,
-        health: &Arc<Health>,
-        rule: &ResolvedRule,
+    pub fn rules(&self) -> BTreeSet<&RuleKey> {
+        self.by_namespace
+            .values()
+            .flatten()
+            .map(|(_, r)| r)
+            .collect()
+    }
+
+    /// The (namespace, selector) pairs wanted, for comparing interests.
+    fn wanted(&self) -> BTreeSet<(&str, String)> {
+        self.by_namespace
+            .iter()
+            .flat_map(|(ns, wanted)| wanted.iter().map(move |(s, _)| (ns.as_str(), s.to_query())))
+            .collect()
+    }
+
+    /// Whether this wants something `before` did not (then a watch across
+    /// all namespaces must list again: it dropped those objects).
+    pub fn wants_more_than(&self, before: &Interest) -> bool {
+        !self.wanted().is_subset(&before.wanted())
+    }
+}
+
+/// The watches that serve `needs`, and what each is wanted for. At most
+/// `budget` watches (but at least one per kind in use): past it, the kinds
+/// with the most needs are watched across all namespaces.
+pub fn plan_watches(
+    needs: &BTreeMap<RuleKey, SourceNeed>,
+    budget: usize,
+) -> BTreeMap<WatchKey, Interest> {
+    // Distinct (namespace, selector) pairs per kind: a namespaced watch each.
+    let mut pairs: BTreeMap<Kind, BTreeSet<(&str, String)>> = BTreeMap::new();
+    for need in needs.values() {
+        let query = need.selector.to_query();
+        let kind_pairs = pairs.entry(need.kind).or_default();
+        for ns in &need.namespaces {
+            kind_pairs.insert((ns.as_str(), query.clone()));
+        }
+    }
+    let mut across: BTreeSet<Kind> = BTreeSet::new();
+    loop {
+        let namespaced: usize = pairs
+            .iter()
+            .filter(|(kind, _)| !across.contains(kind))
+            .map(|(_, p)| p.len())
+            .sum();
+        if namespaced + across.len() <= budget.max(1) {
+            break;
+        }
+        // The kind with the most namespaced watches goes across namespaces.
+        let Some((&kind, _)) = pairs
+            .iter()
+            .filter(|(kind, p)| !across.contains(kind) && !p.is_empty())
+            .max_by_key(|(kind, p)| (p.len(), std::cmp::Reverse(**kind)))
+        else {
+            break;
+        };
+        across.insert(kind);
+    }
+    // Across namespaces, the API server still filters by the selector when
+    // every rule of the kind uses the same one.
+    let common_selector = |kind: Kind| {
+        let selectors: BTreeSet<&str> = pairs[&kind].iter().map(|(_, s)| s.as_str()).collect();
+        match selectors.into_iter().collect::<Vec<_>>()[..] {
+            [only] => only.to_owned(),
+            _ => String::new(),
+        }
+    };
+    let mut planned: BTreeMap<WatchKey, Interest> = BTreeMap::new();
+    for (rule, need) in needs {
+        for ns in &need.namespaces {
+            let key = if across.contains(&need.kind) {
+                WatchKey {
+                    kind: need.kind,
+                    scope: Scope::AllNamespaces,
+                    selector: common_selector(need.kind),
+                }
+            } else {
+                WatchKey {
+                    kind: need.kind,
+                    scope: Scope::Namespace(ns.clone()),
+                    selector: need.selector.to_query(),
+                }
+            };
+            planned
+                .entry(key)
+                .or_default()
+                .add(ns, &need.selector, rule);
+        }
+    }
+    planned
+}
+
+/// Objects by namespace and name.
+type Store = HashMap<String, HashMap<String, Arc<Object>>>;
+
+/// What a watch's task shares with the hub.
+struct WatchState {
+    store: RwLock<Store>,
+    interest: RwLock<Interest>,
+    /// The interest generation of the last completed list (0: none yet).
+    listed: AtomicU64,
+    /// Bumped when a list is wanted (the interest grew).
+    wanted: signal::Sender<u64>,
+}
+
+struct Watch {
+    state: Arc<WatchState>,
+    task: JoinHandle<()>,
+    name: String,
+}
+
+/// What the hub has for a rule's sources.
+#[derive(Debug)]
+pub enum Sources {
+    Listed(Vec<Arc<Object>>),
+    /// Not all listed yet: how many of the rule's namespaces are.
+    Waiting {
+        listed: usize,
+        of: usize,
+    },
+    /// The rule has no need registered.
+    Unknown,
+}
+
+/// The shared source watches and the rules they serve.
+pub struct SourceHub {
+    client: Client,
+    health: Arc<Health>,
+    pause: Arc<ReadPause>,
+    budget: usize,
+    on_change: OnChange,
+    needs: BTreeMap<RuleKey, SourceNeed>,
+    watches: HashMap<WatchKey, Watch>,
+    /// Each rule's watches and the generation each must have listed.
+    served: HashMap<RuleKey, Vec<(WatchKey, u64)>>,
+}
+
+impl SourceHub {
+    pub fn new(
+        client: Client,
+        health: Arc<Health>,
+        pause: Arc<ReadPause>,
+        budget: usize,
         on_change: OnChange,
     ) -> Self {
-        let objects = Arc::new(RwLock::new(HashMap::new()));
-        let mut synced = Vec::new();
-        let mut tasks = Vec::new();
-        let mut names = Vec::new();
-        let selector = format!("{},!{}", rule.selector.to_query(), crate::LABEL_RULE_UID);
-        for namespace in &rule.source_namespaces {
-            let flag = Arc::new(AtomicBool::new(false));
-            synced.push(flag.clone());
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), namespace, &rule.kind.api_resource());
-            let mut config = watch_config().labels(&selector);
-            if let Some(fields) = rule.kind.source_field_selector() {
-                config = config.fields(&fields);
-            }
-            let kind = rule.kind;
-            let key = rule.key.clone();
-            let objects = objects.clone();
-            let on_change = on_change.clone();
-            let health = health.clone();
-            let watch_name = format!("sources of {} in {namespace}", rule.key);
-            names.push(watch_name.clone());
-            let namespace = namespace.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut pending: Option<HashMap<ObjectKey, Arc<Object>>> = None;
-                let mut stream = watcher::watcher(api, config)
-                    .backoff(WatchBackoff::default())
-                    .boxed();
-                loop {
-                    let event = match stream.try_next().await {
-                        Ok(Some(event)) => {
-                            if !matches!(event, Event::Init) {
-                                health.watch_ok(&watch_name);
-                            }
-                            event
-                        }
-                        Ok(None) => return,
-                        Err(e) => {
-                            log_watch_error(&health, &watch_name, &e);
-                            continue;
-                        }
-                    };
-                    let changed = match event {
-                        Event::Init => {
-                            pending = Some(HashMap::new());
-                            false
-                        }
-                        Event::InitApply(object) => {
-                            let object = Object::from_dynamic(kind, object);
-                            if let Some(pending) = pending.as_mut() {
-                                pending.insert(object.key(), Arc::new(object));
-                            }
-                            false
-                        }
-                        Event::InitDone => {
-                            let listed = pending.take().unwrap_or_default();
-                            let mut map = write(&objects);
-                            map.retain(|(ns, _), _| *ns != namespace);
-                            map.extend(listed);
-                            drop(map);
-                            flag.store(true, Ordering::Release);
-                            debug!(rule = %key, namespace = namespace.as_str(), "sources listed");
-                            true
-                        }
-                        Event::Apply(object) => {
-                            let object = Arc::new(Object::from_dynamic(kind, object));
-                            let previous = write(&objects).insert(object.key(), object.clone());
-                            previous.as_deref() != Some(&*object)
-                        }
-                        Event::Delete(object) => {
-                            let key = (object.namespace().unwrap_or_default(), object.name_any());
-                            let mut map = write(&objects);
-                            // A newer object of the same name stays.
-                            let same = map
-                                .get(&key)
-                                .is_some_and(|o| Some(o.uid.as_str()) == object.uid().as_deref());
-                            same && map.remove(&key).is_some()
-                        }
-                    };
-                    if changed {
-                        on_change();
-                    }
-                }
-            }));
-        }
         Self {
-            fingerprint: Self::fingerprint_of(rule),
-            objects,
-            synced,
-            tasks,
-            names,
-            health: health.clone(),
+            client,
+            health,
+            pause,
+            budget,
+            on_change,
+            needs: BTreeMap::new(),
+            watches: HashMap::new(),
+            served: HashMap::new(),
+        }
+    }
+
+    /// Register what a rule needs; watches start, stop or list again as
+    /// the needs of all rules together ask.
+    pub fn set(&mut self, rule: &ResolvedRule) {
+        let need = SourceNeed::of(rule);
+        if self.needs.get(&rule.key) == Some(&need) {
+            return;
+        }
+        self.needs.insert(rule.key.clone(), need);
+        self.replan();
+    }
+
+    pub fn remove(&mut self, key: &RuleKey) {
+        if self.needs.remove(key).is_some() {
+            self.replan();
+        }
+    }
+
+    pub fn watch_count(&self) -> usize {
+        self.watches.len()
+    }
+
+    fn replan(&mut self) {
+        let planned = plan_watches(&self.needs, self.budget);
+        let stale: Vec<WatchKey> = self
+            .watches
+            .keys()
+            .filter(|k| !planned.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in stale {
+            if let Some(watch) = self.watches.remove(&key) {
+                watch.task.abort();
+                // A watch that is gone is no failing watch.
+                self.health.watch_ok(&watch.name);
+            }
+        }
+        self.served.clear();
+        for (key, interest) in planned {
+            let generation = match self.watches.get(&key) {
+                Some(watch) => {
+                    let grew = interest.wants_more_than(&read(&watch.state.interest));
+                    *write(&watch.state.interest) = interest;
+                    if grew && key.scope == Scope::AllNamespaces {
+                        watch.state.wanted.send_modify(|g| *g += 1);
+                    } else {
+                        // Objects no rule wants any more are dropped.
+                        let interest = read(&watch.state.interest);
+                        for (ns, objects) in write(&watch.state.store).iter_mut() {
+                            objects.retain(|_, o| interest.wants(ns, &o.labels));
+                        }
+                    }
+                    *watch.state.wanted.borrow()
+                }
+                None => {
+                    let watch = self.start(&key, interest);
+                    let generation = *watch.state.wanted.borrow();
+                    self.watches.insert(key.clone(), watch);
+                    generation
+                }
+            };
+            if let Some(watch) = self.watches.get(&key) {
+                for rule in read(&watch.state.interest).rules() {
+                    self.served
+                        .entry(rule.clone())
+                        .or_default()
+                        .push((key.clone(), generation));
+                }
+            }
+        }
+    }
+
+    /// The rule's sources, once every watch it needs has listed them.
+    pub fn sources(&self, key: &RuleKey) -> Sources {
+        let (Some(need), Some(served)) = (self.needs.get(key), self.served.get(key)) else {
+            return Sources::Unknown;
+        };
+        let listed = |(watch_key, generation): &(WatchKey, u64)| {
+            self.watches
+                .get(watch_key)
+                .is_some_and(|w| w.state.listed.load(Ordering::Acquire) >= *generation)
+        };
+        if !served.iter().all(listed) {
+            let namespaces_listed = served
+                .iter()
+                .filter(|w| listed(w))
+                .map(|(k, _)| match k.scope {
+                    Scope::Namespace(_) => 1,
+                    Scope::AllNamespaces => need.namespaces.len(),
+                })
+                .sum::<usize>();
+            return Sources::Waiting {
+                listed: namespaces_listed.min(need.namespaces.len()),
+                of: need.namespaces.len(),
+            };
+        }
+        let mut objects = Vec::new();
+        for (watch_key, _) in served {
+            let Some(watch) = self.watches.get(watch_key) else {
+                continue;
+            };
+            let store = read(&watch.state.store);
+            let namespaces: &[String] = match &watch_key.scope {
+                Scope::Namespace(ns) => std::slice::from_ref(ns),
+                Scope::AllNamespaces => &need.namespaces,
+            };
+            for ns in namespaces {
+                if let Some(in_namespace) = store.get(ns) {
+                    objects.extend(
+                        in_namespace
+                            .values()
+                            .filter(|o| need.selector.matches(&o.labels))
+                            .cloned(),
+                    );
+                }
+            }
+        }
+        Sources::Listed(objects)
+    }
+
+    fn start(&self, key: &WatchKey, interest: Interest) -> Watch {
+        let (wanted, wanted_rx) = signal::channel(1);
+        let state = Arc::new(WatchState {
+            store: RwLock::default(),
+            interest: RwLock::new(interest),
+            listed: AtomicU64::new(0),
+            wanted,
+        });
+        let name = key.name();
+        let task = tokio::spawn(run_watch(
+            self.client.clone(),
+            key.clone(),
+            name.clone(),
+            state.clone(),
+            wanted_rx,
+            self.health.clone(),
+            self.pause.clone(),
+            self.on_change.clone(),
+        ));
+        Watch { state, task, name }
+    }
+}
+
+impl Drop for SourceHub {
+    fn drop(&mut self) {
+        for watch in self.watches.values() {
+            watch.task.abort();
         }
     }
 }
 
-impl Drop for SourceWatch {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
+#[allow(clippy::too_many_arguments)]
+async fn run_watch(
+    client: Client,
+    key: WatchKey,
+    name: String,
+    state: Arc<WatchState>,
+    mut wanted: signal::Receiver<u64>,
+    health: Arc<Health>,
+    pause: Arc<ReadPause>,
+    on_change: OnChange,
+) {
+    let kind = key.kind;
+    let api: Api<DynamicObject> = match &key.scope {
+        Scope::Namespace(ns) => Api::namespaced_with(client, ns, &kind.api_resource()),
+        Scope::AllNamespaces => Api::all_with(client, &kind.api_resource()),
+    };
+    // Copies are never sources.
+    let labels = if key.selector.is_empty() {
+        format!("!{}", crate::LABEL_RULE_UID)
+    } else {
+        format!("{},!{}", key.selector, crate::LABEL_RULE_UID)
+    };
+    let mut config = watch_config().labels(&labels);
+    if let Some(fields) = kind.source_field_selector() {
+        config = config.fields(&fields);
+    }
+    loop {
+        let generation = *wanted.borrow_and_update();
+        let mut stream = watcher::watcher(api.clone(), config.clone())
+            .backoff(WatchBackoff::default())
+            .boxed();
+        let mut folder = Folder::default();
+        let mut listed = false;
+        loop {
+            let item = tokio::select! {
+                // A list that is under way finishes first.
+                changed = wanted.changed(), if listed => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(RELIST_AFTER).await;
+                    break;
+                }
+                item = stream.try_next() => item,
+            };
+            let event = match item {
+                Ok(Some(event)) => {
+                    if !matches!(event, Event::Init) {
+                        health.watch_ok(&name);
+                        pause.succeeded();
+                    }
+                    event
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    cool_down(&health, &pause, &name, &e).await;
+                    continue;
+                }
+            };
+            let event = map_event(event, |o| Object::from_dynamic(kind, o));
+            // A long list keeps only what some rule wants.
+            if let Event::InitApply(object) = &event
+                && !read(&state.interest).wants(&object.namespace, &object.labels)
+            {
+                continue;
+            }
+            let Some(change) = folder.fold(event) else {
+                continue;
+            };
+            let changed_rules = apply(&state, change);
+            if let Some(rules) = changed_rules {
+                for rule in rules {
+                    on_change(&rule);
+                }
+            } else {
+                listed = true;
+                state.listed.store(generation, Ordering::Release);
+                debug!(watch = name.as_str(), "sources listed");
+                let rules: Vec<RuleKey> =
+                    read(&state.interest).rules().into_iter().cloned().collect();
+                for rule in &rules {
+                    on_change(rule);
+                }
+            }
         }
-        // A watch that is gone is no failing watch.
-        for name in &self.names {
-            self.health.watch_ok(name);
+    }
+}
+
+/// Take one change into the store. Returns the rules it concerns, or
+/// `None` for a completed list (which concerns every rule of the watch).
+fn apply(state: &WatchState, change: Change<Object>) -> Option<Vec<RuleKey>> {
+    let interest = read(&state.interest);
+    match change {
+        Change::Listed(objects) => {
+            let mut store = Store::new();
+            for object in objects {
+                if interest.wants(&object.namespace, &object.labels) {
+                    store
+                        .entry(object.namespace.clone())
+                        .or_default()
+                        .insert(object.name.clone(), Arc::new(object));
+                }
+            }
+            *write(&state.store) = store;
+            None
         }
+        Change::Applied(object) => {
+            let wanted = interest.wants(&object.namespace, &object.labels);
+            let mut store = write(&state.store);
+            let in_namespace = store.entry(object.namespace.clone()).or_default();
+            let previous = if wanted {
+                let object = Arc::new(object.clone());
+                in_namespace.insert(object.name.clone(), object)
+            } else {
+                in_namespace.remove(&object.name)
+            };
+            if previous.as_deref() == Some(&object) || (previous.is_none() && !wanted) {
+                return Some(Vec::new());
+            }
+            let mut rules: BTreeSet<RuleKey> = interest
+                .rules_for(&object.namespace, &object.labels)
+                .cloned()
+                .collect();
+            if let Some(previous) = &previous {
+                rules.extend(
+                    interest
+                        .rules_for(&previous.namespace, &previous.labels)
+                        .cloned(),
+                );
+            }
+            Some(rules.into_iter().collect())
+        }
+        Change::Deleted(object) => {
+            let mut store = write(&state.store);
+            let Some(in_namespace) = store.get_mut(&object.namespace) else {
+                return Some(Vec::new());
+            };
+            // A newer object of the same name stays.
+            if in_namespace
+                .get(&object.name)
+                .is_none_or(|held| held.uid != object.uid)
+            {
+                return Some(Vec::new());
+            }
+            let removed = in_namespace.remove(&object.name);
+            if in_namespace.is_empty() {
+                store.remove(&object.namespace);
+            }
+            Some(
+                removed
+                    .map(|r| {
+                        interest
+                            .rules_for(&r.namespace, &r.labels)
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::selector::Requirement;
+
+    fn rule(name: &str) -> RuleKey {
+        RuleKey {
+            namespace: "ops".into(),
+            name: name.into(),
+        }
+    }
+
+    fn need(kind: Kind, label: &str, namespaces: &[&str]) -> SourceNeed {
+        SourceNeed {
+            kind,
+            selector: LabelSelector::new(vec![Requirement::In(label.into(), vec!["true".into()])]),
+            namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn rules_with_the_same_sources_share_one_watch() {
+        let needs = BTreeMap::from([
+            (rule("a"), need(Kind::ConfigMap, "copy", &["ops"])),
+            (rule("b"), need(Kind::ConfigMap, "copy", &["ops"])),
+        ]);
+        let planned = plan_watches(&needs, 8);
+        assert_eq!(planned.len(), 1);
+        let (key, interest) = planned.iter().next().expect("one watch");
+        assert_eq!(key.scope, Scope::Namespace("ops".into()));
+        assert_eq!(key.selector, "copy=true");
+        assert_eq!(interest.rules(), BTreeSet::from([&rule("a"), &rule("b")]));
+    }
+
+    #[test]
+    fn the_last_rule_to_go_stops_the_watch() {
+        let mut needs = BTreeMap::from([
+            (rule("a"), need(Kind::ConfigMap, "copy", &["ops"])),
+            (rule("b"), need(Kind::ConfigMap, "copy", &["ops"])),
+        ]);
+        needs.remove(&rule("a"));
+        assert_eq!(plan_watches(&needs, 8).len(), 1);
+        needs.remove(&rule("b"));
+        assert!(plan_watches(&needs, 8).is_empty());
+    }
+
+    #[test]
+    fn a_long_namespace_list_becomes_one_watch_across_namespaces() {
+        let many: Vec<String> = (0..5000).map(|i| format!("ns-{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let needs = BTreeMap::from([
+            (rule("big"), need(Kind::ConfigMap, "copy", &many)),
+            (rule("small"), need(Kind::Secret, "copy", &["ops"])),
+        ]);
+        let planned = plan_watches(&needs, 8);
+        assert_eq!(planned.len(), 2);
+        let across = planned
+            .keys()
+            .find(|k| k.kind == Kind::ConfigMap)
+            .expect("a configmap watch");
+        assert_eq!(across.scope, Scope::AllNamespaces);
+        // Every rule of the kind uses the same selector: still filtered on the server.
+        assert_eq!(across.selector, "copy=true");
+        let secrets = planned
+            .keys()
+            .find(|k| k.kind == Kind::Secret)
+            .expect("a secret watch");
+        assert_eq!(secrets.scope, Scope::Namespace("ops".into()));
+    }
+
+    #[test]
+    fn many_rules_stay_within_the_budget() {
+        let needs: BTreeMap<RuleKey, SourceNeed> = (0..1000)
+            .map(|i| {
+                let ns = format!("src-{i}");
+                let label = format!("rule-{i}");
+                (rule(&label), need(Kind::ConfigMap, &label, &[ns.as_str()]))
+            })
+            .collect();
+        let planned = plan_watches(&needs, 8);
+        assert_eq!(planned.len(), 1);
+        let (key, interest) = planned.iter().next().expect("one watch");
+        assert_eq!(key.scope, Scope::AllNamespaces);
+        // Different selectors: the server cannot filter, memory does.
+        assert_eq!(key.selector, "");
+        assert!(interest.wants("src-7", &labels(&[("rule-7", "true")])));
+        assert!(!interest.wants("src-7", &labels(&[("rule-8", "true")])));
+        assert!(!interest.wants("elsewhere", &labels(&[("rule-7", "true")])));
+        assert_eq!(
+            interest
+                .rules_for("src-7", &labels(&[("rule-7", "true")]))
+                .collect::<Vec<_>>(),
+            vec![&rule("rule-7")]
+        );
+    }
+
+    #[test]
+    fn within_the_budget_every_namespace_has_its_own_watch() {
+        let needs = BTreeMap::from([(
+            rule("a"),
+            need(Kind::ConfigMap, "copy", &["one", "two", "three"]),
+        )]);
+        let planned = plan_watches(&needs, 3);
+        assert_eq!(planned.len(), 3);
+        assert!(
+            planned
+                .keys()
+                .all(|k| matches!(k.scope, Scope::Namespace(_)))
+        );
+        assert_eq!(plan_watches(&needs, 2).len(), 1);
+    }
+
+    #[test]
+    fn an_interest_that_grows_asks_for_a_new_list() {
+        let one = plan_watches(
+            &BTreeMap::from([(rule("a"), need(Kind::ConfigMap, "copy", &["x", "y"]))]),
+            1,
+        );
+        let two = plan_watches(
+            &BTreeMap::from([
+                (rule("a"), need(Kind::ConfigMap, "copy", &["x", "y"])),
+                (rule("b"), need(Kind::ConfigMap, "copy", &["z"])),
+            ]),
+            1,
+        );
+        let before = one.values().next().expect("a watch");
+        let after = two.values().next().expect("a watch");
+        assert!(after.wants_more_than(before));
+        assert!(!before.wants_more_than(after));
+        // Another rule wanting what is already listed needs no new list.
+        let same = plan_watches(
+            &BTreeMap::from([
+                (rule("a"), need(Kind::ConfigMap, "copy", &["x", "y"])),
+                (rule("c"), need(Kind::ConfigMap, "copy", &["x"])),
+            ]),
+            1,
+        );
+        assert!(
+            !same
+                .values()
+                .next()
+                .expect("a watch")
+                .wants_more_than(before)
+        );
     }
 }

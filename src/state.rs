@@ -12,6 +12,7 @@ use kube::{Client, Resource};
 use tracing::warn;
 
 use crate::backoff::Backoffs;
+use crate::backoff::ReadPause;
 use crate::config::Settings;
 use crate::http::Health;
 use crate::index::{CopyIndex, NamespaceInfo, ObjectKey};
@@ -20,7 +21,7 @@ use crate::leader::LeaderGate;
 use crate::metrics::Metrics;
 use crate::queue::Queue;
 use crate::rule::{ConflictEntry, CopyPolicy, CopyratorRule, RuleKey, Trust};
-use crate::sources::SourceWatch;
+use crate::sources::SourceHub;
 use crate::writer::Writer;
 
 /// Read through a lock that a panicking writer may have poisoned: the data
@@ -95,7 +96,9 @@ pub struct Shared {
     rule_uids: RwLock<HashMap<String, RuleKey>>,
     pub namespaces: RwLock<BTreeMap<String, NamespaceInfo>>,
     copies: [RwLock<CopyIndex>; 2],
-    pub sources: Mutex<HashMap<RuleKey, SourceWatch>>,
+    pub sources: Mutex<SourceHub>,
+    /// Shared by every watch: a throttled read pauses them all.
+    pub read_pause: Arc<ReadPause>,
     pub memory: Mutex<HashMap<RuleKey, RuleMemory>>,
     pub backoffs: Mutex<Backoffs>,
     pub synced: Synced,
@@ -133,33 +136,49 @@ impl Shared {
                 .or_else(|_| std::env::var("HOSTNAME"))
                 .ok(),
         };
-        Arc::new(Self {
-            recorder: Recorder::new(client.clone(), reporter),
-            trust: Trust {
-                policy: Arc::new(
-                    settings
-                        .copy_policy()
-                        .unwrap_or_else(|_| CopyPolicy::defaults(&settings.namespace)),
-                ),
-                operator_namespace: settings.namespace.clone(),
-                all_namespaces: settings.all_namespaces,
-            },
-            client,
-            settings,
-            rules: RwLock::default(),
-            rule_uids: RwLock::default(),
-            namespaces: RwLock::default(),
-            copies: [RwLock::default(), RwLock::default()],
-            sources: Mutex::default(),
-            memory: Mutex::default(),
-            backoffs: Mutex::default(),
-            synced: Synced::default(),
-            queue: Queue::new(metrics.clone()),
-            metrics,
-            writer,
-            leader,
-            health,
-            dry_run,
+        let read_pause = Arc::new(ReadPause::default());
+        Arc::new_cyclic(|weak: &std::sync::Weak<Self>| {
+            let weak = weak.clone();
+            let sources = SourceHub::new(
+                client.clone(),
+                health.clone(),
+                read_pause.clone(),
+                settings.max_source_watches as usize,
+                Arc::new(move |key: &RuleKey| {
+                    if let Some(shared) = weak.upgrade() {
+                        shared.queue.add(key.clone());
+                    }
+                }),
+            );
+            Self {
+                recorder: Recorder::new(client.clone(), reporter),
+                trust: Trust {
+                    policy: Arc::new(
+                        settings
+                            .copy_policy()
+                            .unwrap_or_else(|_| CopyPolicy::defaults(&settings.namespace)),
+                    ),
+                    operator_namespace: settings.namespace.clone(),
+                    all_namespaces: settings.all_namespaces,
+                },
+                client,
+                settings,
+                rules: RwLock::default(),
+                rule_uids: RwLock::default(),
+                namespaces: RwLock::default(),
+                copies: [RwLock::default(), RwLock::default()],
+                sources: Mutex::new(sources),
+                read_pause,
+                memory: Mutex::default(),
+                backoffs: Mutex::default(),
+                synced: Synced::default(),
+                queue: Queue::new(metrics.clone()),
+                metrics,
+                writer,
+                leader,
+                health,
+                dry_run,
+            }
         })
     }
 
@@ -210,6 +229,9 @@ impl Shared {
             write(&self.rule_uids).remove(uid);
         }
         lock(&self.sources).remove(key);
+        self.metrics
+            .source_watches
+            .set(lock(&self.sources).watch_count() as i64);
         lock(&self.backoffs).forget_rule(key);
         self.queue.forget(key);
         if let Some(memory) = lock(&self.memory).remove(key) {

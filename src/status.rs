@@ -26,18 +26,25 @@ pub struct Observed {
     pub not_accepting_namespaces: u32,
     /// Sources not copied for their type (`namespace`, `name`, `reason`).
     pub refused_sources: Vec<ConflictEntry>,
+    /// The sources are still being listed: `(namespaces listed, of)`.
+    pub waiting_for_sources: Option<(usize, usize)>,
 }
 
 /// The status to publish, keeping transition times when nothing transitioned.
 pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) -> RuleStatus {
-    let (status, reason, message) = match &observed.problem {
-        Some((reason, message)) => ("False", reason.clone(), message.clone()),
-        None if observed.pending > 0 => (
+    let (status, reason, message) = match (&observed.problem, observed.waiting_for_sources) {
+        (Some((reason, message)), _) => ("False", reason.clone(), message.clone()),
+        (None, Some((listed, of))) => (
+            "Unknown",
+            "WaitingForSources".to_string(),
+            format!("listing the sources: {listed} of {of} source namespaces listed"),
+        ),
+        (None, None) if observed.pending > 0 => (
             "False",
             "Progressing".to_string(),
             format!("{} copies still to be written", observed.pending),
         ),
-        None if !observed.contested.is_empty() => {
+        (None, None) if !observed.contested.is_empty() => {
             let first = &observed.contested[0];
             (
                 "False",
@@ -51,7 +58,7 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
                 ),
             )
         }
-        None if !observed.conflicts.is_empty() => (
+        (None, None) if !observed.conflicts.is_empty() => (
             "True",
             "SyncedWithConflicts".to_string(),
             format!(
@@ -61,7 +68,7 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
                 observed.conflicts.len()
             ),
         ),
-        None => (
+        (None, None) => (
             "True",
             "Synced".to_string(),
             format!(
@@ -173,6 +180,22 @@ mod tests {
             "still True"
         );
         assert!(!same_content(&second, &third));
+    }
+
+    #[test]
+    fn a_rule_whose_sources_are_listed_says_so() {
+        let mut o = observed();
+        o.waiting_for_sources = Some((1, 5000));
+        let s = compute(None, &o, "t");
+        let ready = &s.conditions[0];
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("Unknown", "WaitingForSources")
+        );
+        assert_eq!(
+            ready.message,
+            "listing the sources: 1 of 5000 source namespaces listed"
+        );
     }
 
     #[test]

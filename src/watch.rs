@@ -11,21 +11,145 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use std::fmt::Debug;
+
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::ResourceExt;
 use kube::api::{Api, DynamicObject};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::backoff::WatchBackoff;
+use crate::backoff::{ReadPause, WatchBackoff};
+use crate::http::Health;
 use crate::index::{NamespaceInfo, Object};
 use crate::kinds::Kind;
 use crate::rule::{CopyratorRule, RuleKey};
 use crate::state::{Shared, lock, log_watch_error, read, watch_config, write};
+
+/// What a watch event means for a cache: a complete list replaces it.
+pub enum Change<K> {
+    Listed(Vec<K>),
+    Applied(K),
+    Deleted(K),
+}
+
+/// Gathers the objects of a list (`Init`, `InitApply`…, `InitDone`) so
+/// that a cache is replaced at once, never left half-listed.
+pub struct Folder<K> {
+    pending: Option<Vec<K>>,
+}
+
+impl<K> Default for Folder<K> {
+    fn default() -> Self {
+        Self { pending: None }
+    }
+}
+
+impl<K> Folder<K> {
+    pub fn fold(&mut self, event: Event<K>) -> Option<Change<K>> {
+        match event {
+            Event::Init => {
+                self.pending = Some(Vec::new());
+                None
+            }
+            Event::InitApply(object) => {
+                if let Some(pending) = self.pending.as_mut() {
+                    pending.push(object);
+                }
+                None
+            }
+            Event::InitDone => Some(Change::Listed(self.pending.take().unwrap_or_default())),
+            Event::Apply(object) => Some(Change::Applied(object)),
+            Event::Delete(object) => Some(Change::Deleted(object)),
+        }
+    }
+}
+
+pub fn map_event<K, T>(event: Event<K>, convert: impl Fn(K) -> T) -> Event<T> {
+    match event {
+        Event::Init => Event::Init,
+        Event::InitApply(object) => Event::InitApply(convert(object)),
+        Event::InitDone => Event::InitDone,
+        Event::Apply(object) => Event::Apply(convert(object)),
+        Event::Delete(object) => Event::Delete(convert(object)),
+    }
+}
+
+/// The retry wait a throttled read (429) asks for, if it was one.
+fn throttled(error: &watcher::Error) -> Option<Option<std::time::Duration>> {
+    let status = match error {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => match e {
+            kube::Error::Api(status) => status.as_ref(),
+            _ => return None,
+        },
+        watcher::Error::WatchError(status) => status.as_ref(),
+        watcher::Error::NoResourceVersion => return None,
+    };
+    (status.code == 429).then(|| {
+        status
+            .details
+            .as_ref()
+            .map(|d| d.retry_after_seconds)
+            .filter(|s| *s > 0)
+            .map(|s| std::time::Duration::from_secs(u64::from(s)))
+    })
+}
+
+/// After a failed watch request: report it, and when the API server
+/// throttles reads, wait with every other watch (see [`ReadPause`]) on top
+/// of this watch's own backoff.
+pub async fn cool_down(health: &Health, pause: &ReadPause, name: &str, error: &watcher::Error) {
+    log_watch_error(health, name, error);
+    if let Some(retry_after) = throttled(error) {
+        pause.throttled(Instant::now(), retry_after);
+    }
+    if let Some(until) = pause.until(Instant::now()) {
+        tokio::time::sleep_until(until).await;
+    }
+}
+
+/// Follow one watch until it ends, handing each change to `handle`.
+/// Objects are converted as they come (`convert`), so that a long list is
+/// held in its compact form. Failed requests are retried with
+/// [`WatchBackoff`] and [`cool_down`].
+pub async fn follow<K, T>(
+    api: Api<K>,
+    config: watcher::Config,
+    name: &str,
+    shared: &Shared,
+    convert: impl Fn(K) -> T,
+    mut handle: impl FnMut(Change<T>),
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let mut stream = watcher::watcher(api, config)
+        .backoff(WatchBackoff::default())
+        .boxed();
+    let mut folder = Folder::default();
+    loop {
+        match stream.try_next().await {
+            Ok(Some(event)) => {
+                // `Init` comes before every list attempt, failed ones too.
+                if !matches!(event, Event::Init) {
+                    shared.health.watch_ok(name);
+                    shared.read_pause.succeeded();
+                }
+                if let Some(change) = folder.fold(map_event(event, &convert)) {
+                    handle(change);
+                }
+            }
+            Ok(None) => return,
+            Err(e) => cool_down(&shared.health, &shared.read_pause, name, &e).await,
+        }
+    }
+}
 
 pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -39,34 +163,16 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
         if let Some(name) = &settings.rule_name {
             config = config.fields(&format!("metadata.name={name}"));
         }
-        let mut pending: Option<HashMap<RuleKey, Arc<CopyratorRule>>> = None;
-        let mut stream = watcher::watcher(api, config)
-            .backoff(WatchBackoff::default())
-            .boxed();
-        loop {
-            let event = match stream.try_next().await {
-                Ok(Some(event)) => {
-                    // `Init` comes before every list attempt, failed ones too.
-                    if !matches!(event, Event::Init) {
-                        shared.health.watch_ok("copyratorrules");
-                    }
-                    event
-                }
-                Ok(None) => return,
-                Err(e) => {
-                    log_watch_error(&shared.health, "copyratorrules", &e);
-                    continue;
-                }
-            };
-            match event {
-                Event::Init => pending = Some(HashMap::new()),
-                Event::InitApply(rule) => {
-                    if let Some(pending) = pending.as_mut() {
-                        pending.insert(rule.key(), Arc::new(rule));
-                    }
-                }
-                Event::InitDone => {
-                    let listed = pending.take().unwrap_or_default();
+        let convert = |rule: CopyratorRule| (rule.key(), Arc::new(rule));
+        follow(
+            api,
+            config,
+            "copyratorrules",
+            &shared,
+            convert,
+            |change| match change {
+                Change::Listed(rules) => {
+                    let listed: HashMap<RuleKey, Arc<CopyratorRule>> = rules.into_iter().collect();
                     let gone: Vec<RuleKey> = read(&shared.rules)
                         .keys()
                         .filter(|k| !listed.contains_key(*k))
@@ -81,81 +187,59 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
                     shared.synced.rules.store(true, Ordering::Release);
                     shared.queue.add_all(read(&shared.rules).keys().cloned());
                 }
-                Event::Apply(rule) => {
-                    shared.set_rule(rule.key(), Arc::new(rule));
-                }
-                Event::Delete(rule) => shared.forget_rule(&rule.key()),
-            }
-        }
+                Change::Applied((key, rule)) => shared.set_rule(key, rule),
+                Change::Deleted((key, _)) => shared.forget_rule(&key),
+            },
+        )
+        .await;
     })
 }
 
 pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<PartialObjectMeta<Namespace>> = Api::all(shared.client.clone());
-        let mut pending: Option<BTreeMap<String, NamespaceInfo>> = None;
-        let mut stream = watcher::watcher(api, watch_config())
-            .backoff(WatchBackoff::default())
-            .boxed();
-        loop {
-            let event = match stream.try_next().await {
-                Ok(Some(event)) => {
-                    if !matches!(event, Event::Init) {
-                        shared.health.watch_ok("namespaces");
+        let info = |meta: &PartialObjectMeta<Namespace>| NamespaceInfo {
+            labels: meta.labels().clone(),
+            terminating: meta.metadata.deletion_timestamp.is_some(),
+            accept_from: NamespaceInfo::accept_from(
+                meta.annotations()
+                    .get(crate::ANNOTATION_ACCEPT_FROM)
+                    .map(String::as_str),
+            ),
+        };
+        let convert = |meta: PartialObjectMeta<Namespace>| (meta.name_any(), info(&meta));
+        follow(
+            api,
+            watch_config(),
+            "namespaces",
+            &shared,
+            convert,
+            |change| {
+                let changed = match change {
+                    Change::Listed(listed) => {
+                        *write(&shared.namespaces) = listed.into_iter().collect::<BTreeMap<_, _>>();
+                        shared.synced.namespaces.store(true, Ordering::Release);
+                        true
                     }
-                    event
-                }
-                Ok(None) => return,
-                Err(e) => {
-                    log_watch_error(&shared.health, "namespaces", &e);
-                    continue;
-                }
-            };
-            let info = |meta: &PartialObjectMeta<Namespace>| NamespaceInfo {
-                labels: meta.labels().clone(),
-                terminating: meta.metadata.deletion_timestamp.is_some(),
-                accept_from: NamespaceInfo::accept_from(
-                    meta.annotations()
-                        .get(crate::ANNOTATION_ACCEPT_FROM)
-                        .map(String::as_str),
-                ),
-            };
-            let changed = match event {
-                Event::Init => {
-                    pending = Some(BTreeMap::new());
-                    false
-                }
-                Event::InitApply(meta) => {
-                    if let Some(pending) = pending.as_mut() {
-                        pending.insert(meta.name_any(), info(&meta));
+                    Change::Applied((name, next)) => {
+                        let previous = write(&shared.namespaces).insert(name.clone(), next.clone());
+                        let changed = previous.as_ref() != Some(&next);
+                        if changed {
+                            // A refused write into it may succeed now.
+                            lock(&shared.backoffs).forget_namespace(&name);
+                        }
+                        changed
                     }
-                    false
+                    Change::Deleted((name, _)) => write(&shared.namespaces).remove(&name).is_some(),
+                };
+                if changed {
+                    // Which rules target a namespace is decided by each rule's
+                    // plan; enqueueing all is cheap because reconciles coalesce.
+                    shared.queue.add_all(read(&shared.rules).keys().cloned());
                 }
-                Event::InitDone => {
-                    let listed = pending.take().unwrap_or_default();
-                    *write(&shared.namespaces) = listed;
-                    shared.synced.namespaces.store(true, Ordering::Release);
-                    true
-                }
-                Event::Apply(meta) => {
-                    let next = info(&meta);
-                    let name = meta.name_any();
-                    let previous = write(&shared.namespaces).insert(name.clone(), next.clone());
-                    let changed = previous.as_ref() != Some(&next);
-                    if changed {
-                        // A refused write into it may succeed now.
-                        lock(&shared.backoffs).forget_namespace(&name);
-                    }
-                    changed
-                }
-                Event::Delete(meta) => write(&shared.namespaces).remove(&meta.name_any()).is_some(),
-            };
-            if changed {
-                // Which rules target a namespace is decided by each rule's
-                // plan; enqueueing all is cheap because reconciles coalesce.
-                shared.queue.add_all(read(&shared.rules).keys().cloned());
-            }
-        }
+            },
+        )
+        .await;
     })
 }
 
@@ -163,80 +247,55 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &kind.api_resource());
         let config = watch_config().labels(crate::LABEL_RULE_UID);
-        let mut pending: Option<Vec<Arc<Object>>> = None;
-        let mut stream = watcher::watcher(api, config)
-            .backoff(WatchBackoff::default())
-            .boxed();
         let index = shared.copies(kind);
-        loop {
-            let event = match stream.try_next().await {
-                Ok(Some(event)) => {
-                    if !matches!(event, Event::Init) {
-                        shared.health.watch_ok(kind.info().plural);
+        let convert = |object| Arc::new(Object::from_dynamic(kind, object).into_compact());
+        follow(
+            api,
+            config,
+            kind.info().plural,
+            &shared,
+            convert,
+            |change| {
+                let touched: Vec<String> = match change {
+                    Change::Listed(listed) => {
+                        let touched = write(index).replace_all(listed);
+                        shared.synced.copies[kind as usize].store(true, Ordering::Release);
+                        touched.into_iter().collect()
                     }
-                    event
-                }
-                Ok(None) => return,
-                Err(e) => {
-                    log_watch_error(&shared.health, kind.info().plural, &e);
-                    continue;
-                }
-            };
-            let touched: Vec<String> = match event {
-                Event::Init => {
-                    pending = Some(Vec::new());
-                    Vec::new()
-                }
-                Event::InitApply(object) => {
-                    if let Some(pending) = pending.as_mut() {
-                        pending.push(Arc::new(Object::from_dynamic(kind, object).into_compact()));
+                    Change::Applied(object) => write(index).upsert(object),
+                    Change::Deleted(object) => {
+                        let namespace = object.namespace.clone();
+                        let name = object.name.clone();
+                        let removed = write(index).take(&namespace, &name, &object.uid);
+                        // Our own deletes left the cache already: this one was
+                        // someone else's. A copy we wrote that keeps being deleted
+                        // is contested like one that keeps being changed back.
+                        if let Some(removed) = &removed
+                            && let (Some(written_for), Some(rule)) = (
+                                removed.written_for,
+                                removed.rule_uid().and_then(|uid| shared.rule_by_uid(uid)),
+                            )
+                        {
+                            lock(&shared.backoffs).deleted_by_others(
+                                &(kind, namespace, name),
+                                &rule,
+                                written_for,
+                                Instant::now(),
+                            );
+                        }
+                        removed
+                            .and_then(|o| o.rule_uid().map(str::to_owned))
+                            .into_iter()
+                            .collect()
                     }
-                    Vec::new()
-                }
-                Event::InitDone => {
-                    let listed = pending.take().unwrap_or_default();
-                    let touched = write(index).replace_all(listed);
-                    shared.synced.copies[kind as usize].store(true, Ordering::Release);
-                    touched.into_iter().collect()
-                }
-                Event::Apply(object) => {
-                    write(index).upsert(Arc::new(Object::from_dynamic(kind, object).into_compact()))
-                }
-                Event::Delete(object) => {
-                    let namespace = object.namespace().unwrap_or_default();
-                    let name = object.name_any();
-                    let removed = write(index).take(
-                        &namespace,
-                        &name,
-                        object.uid().as_deref().unwrap_or_default(),
-                    );
-                    // Our own deletes left the cache already: this one was
-                    // someone else's. A copy we wrote that keeps being deleted
-                    // is contested like one that keeps being changed back.
-                    if let Some(removed) = &removed
-                        && let (Some(written_for), Some(rule)) = (
-                            removed.written_for,
-                            removed.rule_uid().and_then(|uid| shared.rule_by_uid(uid)),
-                        )
-                    {
-                        lock(&shared.backoffs).deleted_by_others(
-                            &(kind, namespace, name),
-                            &rule,
-                            written_for,
-                            Instant::now(),
-                        );
+                };
+                for uid in touched {
+                    if let Some(key) = shared.rule_by_uid(&uid) {
+                        shared.queue.add(key);
                     }
-                    removed
-                        .and_then(|o| o.rule_uid().map(str::to_owned))
-                        .into_iter()
-                        .collect()
                 }
-            };
-            for uid in touched {
-                if let Some(key) = shared.rule_by_uid(&uid) {
-                    shared.queue.add(key);
-                }
-            }
-        }
+            },
+        )
+        .await;
     })
 }

@@ -99,6 +99,15 @@ pub fn classify(err: &kube::Error) -> Failure {
             let class = match status.code {
                 409 => FailureClass::Conflict,
                 429 => FailureClass::Throttled,
+                // Field validation names the field; an admission policy's
+                // denial (also 422) does not, and may be lifted.
+                422 if status
+                    .details
+                    .as_ref()
+                    .is_some_and(|d| d.causes.iter().any(|c| !c.field.is_empty())) =>
+                {
+                    FailureClass::Invalid
+                }
                 code if code >= 500 => FailureClass::Transient,
                 _ => FailureClass::Refused,
             };

@@ -1,0 +1,610 @@
+//! Bounded under any input (design.md, "Scale" and "Operations"): no
+//! single rule can flood the API server, outgrow the Pod's memory or drown
+//! the logs. Measured against a real control plane, with the operator under
+//! a ServiceAccount of its own so that its requests are counted in the API
+//! server's audit log (`COPYRATOR_AUDIT_LOG`, see `common::audit`).
+//!
+//! * A rule that names 5,000 source namespaces costs a few watches, not
+//!   5,000: connections, LIST and WATCH requests and memory stay bounded,
+//!   and the rule has a status within seconds.
+//! * Reads throttled by API Priority and Fairness are retried after the
+//!   wait the API server asks for, by every watch together.
+//! * A copy the API server refuses as invalid (422) is reported once and
+//!   not written again until its source changes.
+//! * A cold start logs a summary per rule, not a line per copy.
+//!
+//! Each test prints what it measured before it checks its bounds.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use common::audit::{Audit, Query, WRITE_VERBS};
+use common::logs::LogLine;
+use common::rbac::{ClusterScoped, Identity, grants_of};
+use common::*;
+use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
+use kube::api::Api;
+use kube::core::ApiResource;
+use serde_json::{Value, json};
+
+const CM: Kind = Kind::ConfigMap;
+const MINUTE: Duration = Duration::from_secs(60);
+const READ_VERBS: &[&str] = &["list", "watch"];
+
+// ===========================================================================
+// helpers of this file
+
+/// What the chart's ClusterRole grants the operator.
+fn operator_grants() -> BTreeSet<grants::Grant> {
+    grants_of(&json!({"rules": [
+        {"apiGroups": [""], "resources": ["configmaps", "secrets"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["flant.com"], "resources": ["copyrators"],
+         "verbs": ["get", "list", "watch", "patch", "update"]},
+        {"apiGroups": ["flant.com"], "resources": ["copyrators/status"], "verbs": ["patch", "update"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "verbs": ["get", "create", "update"]},
+    ]}))
+}
+
+mod grants {
+    pub use super::common::rbac::Grant;
+}
+
+/// A ServiceAccount of the test's own for the operator, with the chart's grants.
+async fn identity(t: &TestNs, cluster: &ClusterScoped, namespace: &str, account: &str) -> Identity {
+    let granted = operator_grants();
+    let id = Identity::create(t, cluster, namespace, account, &granted, &BTreeSet::new()).await;
+    id.wait_effective(&t.client, namespace, &granted, &BTreeSet::new())
+        .await;
+    id
+}
+
+/// The operator as `id`, JSON logs at the default level.
+async fn start_operator(t: &TestNs, namespace: &str, id: &Identity) -> Operator {
+    let mut operator = Operator::start_with_env(
+        t,
+        vec![
+            "run".into(),
+            "--namespace".into(),
+            namespace.into(),
+            "--log-format".into(),
+            "json".into(),
+        ],
+        &[("KUBECONFIG", &id.kubeconfig)],
+    );
+    operator.wait_ready().await;
+    operator
+}
+
+/// The operator's resident memory in KiB, from /proc.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The process's established TCP connections to `port`: its socket inodes
+/// (from /proc/PID/fd) matched against the kernel's connection tables.
+fn connections_to(pid: u32, port: u16) -> usize {
+    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|target| {
+            target
+                .to_string_lossy()
+                .strip_prefix("socket:[")
+                .and_then(|s| s.strip_suffix(']'))
+                .map(str::to_owned)
+        })
+        .collect();
+    let mut count = 0;
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st ... inode (10th field)
+            let (Some(remote), Some(state), Some(inode)) =
+                (fields.get(2), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            let remote_port = remote
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if remote_port == Some(port) && *state == "01" && inodes.contains(*inode) {
+                count += 1;
+            }
+        }
+    }
+    count
+}
+
+/// Peaks of the operator's memory and connections, sampled twice a second
+/// until dropped.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<(u64, usize)>,
+}
+
+impl Sampler {
+    fn start(pid: u32, api_port: u16) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let (mut rss, mut connections) = (0, 0);
+            while !flag.load(Ordering::Relaxed) {
+                rss = rss.max(rss_kib(pid));
+                connections = connections.max(connections_to(pid, api_port));
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            (rss, connections)
+        });
+        Sampler { stop, task }
+    }
+
+    /// `(peak RSS KiB, peak connections)`.
+    async fn finish(self) -> (u64, usize) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.expect("the sampler")
+    }
+}
+
+fn ready_status(rule: &Value) -> Option<(String, String, String)> {
+    ready_condition(rule).map(|c| {
+        let s = |f: &str| c[f].as_str().unwrap_or_default().to_owned();
+        (s("status"), s("reason"), s("message"))
+    })
+}
+
+/// `count` names of namespaces that do not exist, unique to the test.
+fn absent_namespaces(t: &TestNs, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("{}-absent-{i:04}", t.prefix)).collect()
+}
+
+fn flow_control(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: "flowcontrol.apiserver.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "flowcontrol.apiserver.k8s.io/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// A priority level with one seat that rejects what does not fit, and a
+/// FlowSchema that puts every request of `id` in it.
+async fn throttle(t: &TestNs, cluster: &ClusterScoped, id: &Identity) {
+    let level = t.prefix.clone();
+    cluster
+        .create(
+            &t.client,
+            &flow_control("PriorityLevelConfiguration", "prioritylevelconfigurations"),
+            json!({
+                "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+                "kind": "PriorityLevelConfiguration",
+                "metadata": {"name": level},
+                "spec": {"type": "Limited", "limited": {
+                    "nominalConcurrencyShares": 1,
+                    "lendablePercent": 0,
+                    "limitResponse": {"type": "Reject"},
+                }},
+            }),
+        )
+        .await;
+    cluster
+        .create(
+            &t.client,
+            &flow_control("FlowSchema", "flowschemas"),
+            json!({
+                "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+                "kind": "FlowSchema",
+                "metadata": {"name": level},
+                "spec": {
+                    "priorityLevelConfiguration": {"name": level},
+                    "matchingPrecedence": 500,
+                    "distinguisherMethod": {"type": "ByUser"},
+                    "rules": [{
+                        "subjects": [{"kind": "ServiceAccount",
+                                      "serviceAccount": {"name": id.account, "namespace": id.namespace}}],
+                        "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+                                           "namespaces": ["*"], "clusterScope": true}],
+                        "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                    }],
+                },
+            }),
+        )
+        .await;
+    let schemas: Api<FlowSchema> = Api::all(t.client.clone());
+    wait_until(
+        "the FlowSchema to be taken in (Dangling False)",
+        TIMEOUT,
+        async || {
+            let fs = schemas.get(&level).await.map_err(|e| err_msg(&e))?;
+            let taken = fs
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "Dangling" && c.status.as_deref() == Some("False"))
+                });
+            if taken {
+                Ok(())
+            } else {
+                Err(format!("{:?}", fs.status))
+            }
+        },
+    )
+    .await;
+    // The level exists for the type checker's sake too.
+    let _: Option<PriorityLevelConfiguration> = None;
+}
+
+fn info_lines(operator: &Operator) -> Vec<LogLine> {
+    operator
+        .json_log()
+        .into_iter()
+        .filter(|l| l.level != "DEBUG" && l.level != "TRACE")
+        .collect()
+}
+
+// ===========================================================================
+// tests
+
+#[tokio::test]
+async fn a_rule_naming_5000_source_namespaces_costs_a_few_watches() {
+    const NAMESPACES: usize = 5000;
+    let audit = Audit::start();
+    let t = TestNs::new("bd-many").await;
+    let cluster = ClusterScoped::new();
+    let op = t.ns("op").await;
+    let targets = vec![t.ns("t0").await, t.ns("t1").await, t.ns("t2").await];
+    let id = identity(&t, &cluster, &op, "copyrator-many").await;
+    t.create_source(CM, &op, "one", &[], &[("k", "1")]).await;
+    t.create_source(CM, &op, "two", &[], &[("k", "2")]).await;
+    let operator = start_operator(&t, &op, &id).await;
+    let pid = operator.pid().expect("the operator runs");
+    let api_port = common::faults::api_server_address().await.port();
+    let rss_before = rss_kib(pid);
+    let connections_before = connections_to(pid, api_port);
+
+    let mut namespaces = vec![op.clone()];
+    namespaces.extend(absent_namespaces(&t, NAMESPACES - 1));
+    let window_start = Utc::now();
+    let created = Instant::now();
+    let sampler = Sampler::start(pid, api_port);
+    t.create_rule(
+        &op,
+        "many",
+        json!({"spec": {
+            "ruleType": "configmap",
+            "selector": t.selector(),
+            "namespace": namespaces,
+            "targets": {"include": targets},
+        }}),
+    )
+    .await;
+    let first_status = wait_until("the rule to have a Ready condition", TIMEOUT, async || {
+        let rule = t.get_rule(&op, "many").await;
+        match ready_status(&rule) {
+            Some(ready) => Ok((created.elapsed(), ready)),
+            None => Err("no status yet".to_string()),
+        }
+    })
+    .await;
+    let ready_after = wait_until("the rule to be Ready with its copies", MINUTE, async || {
+        let rule = t.get_rule(&op, "many").await;
+        is_ready(&rule)?;
+        match status_u64(&rule, "copies") {
+            Some(6) => Ok(created.elapsed()),
+            other => Err(format!("copies {other:?}: {}", short_status(&rule))),
+        }
+    })
+    .await;
+    for ns in &targets {
+        t.must_get(CM, ns, "one").await;
+        t.must_get(CM, ns, "two").await;
+    }
+    // The measured minute.
+    let window_end = window_start + chrono::Duration::from_std(MINUTE).expect("a minute");
+    let rest = MINUTE.saturating_sub(created.elapsed());
+    tokio::time::sleep(rest).await;
+    let (peak_rss, peak_connections) = sampler.finish().await;
+    audit.settle(&t.client, window_end).await;
+    let reads = Query::user(&id.user)
+        .verbs(READ_VERBS)
+        .between(window_start, window_end);
+    let read_count = audit.count(&reads);
+    let by_verb = audit.by_verb(&reads);
+    let throttled = audit.count(
+        &Query::user(&id.user)
+            .code(429)
+            .between(window_start, window_end),
+    );
+    let growth_mib = peak_rss.saturating_sub(rss_before) as f64 / 1024.0;
+    println!(
+        "5,000-namespace rule: first status after {:?} ({:?}), Ready with 6 copies after {ready_after:?}; \
+         in the minute: {read_count} LIST/WATCH {by_verb:?}, {throttled} answered 429, \
+         connections to the API server {connections_before} before, at most {peak_connections}; \
+         RSS {} MiB before, peak {} MiB (+{growth_mib:.1} MiB)",
+        first_status.0,
+        first_status.1,
+        rss_before / 1024,
+        peak_rss / 1024,
+    );
+    assert!(
+        first_status.0 <= Duration::from_secs(5),
+        "the first status came after {:?}",
+        first_status.0
+    );
+    assert!(
+        ready_after <= TIMEOUT,
+        "Ready with its copies only after {ready_after:?}"
+    );
+    assert!(
+        peak_connections <= 20,
+        "{peak_connections} connections to the API server"
+    );
+    assert!(read_count <= 200, "{read_count} LIST and WATCH requests");
+    assert_eq!(throttled, 0, "requests answered 429");
+    assert!(growth_mib <= 16.0, "memory grew by {growth_mib:.1} MiB");
+}
+
+#[tokio::test]
+async fn reads_throttled_by_priority_and_fairness_wait_and_the_rule_converges() {
+    let audit = Audit::start();
+    let t = TestNs::new("bd-apf").await;
+    let cluster = ClusterScoped::new();
+    let op = t.ns("op").await;
+    let targets = vec![t.ns("t0").await, t.ns("t1").await];
+    let id = identity(&t, &cluster, &op, "copyrator-apf-reads").await;
+    t.create_source(CM, &op, "one", &[], &[("k", "1")]).await;
+    let mut namespaces = vec![op.clone()];
+    namespaces.extend(absent_namespaces(&t, 199));
+    t.create_rule(
+        &op,
+        "many",
+        json!({"spec": {
+            "ruleType": "configmap",
+            "selector": t.selector(),
+            "namespace": namespaces,
+            "targets": {"include": targets},
+        }}),
+    )
+    .await;
+    throttle(&t, &cluster, &id).await;
+    let window_start = Utc::now();
+    let started = Instant::now();
+    let operator = Operator::start_with_env(
+        &t,
+        vec![
+            "run".into(),
+            "--namespace".into(),
+            op.clone(),
+            "--log-format".into(),
+            "json".into(),
+        ],
+        &[("KUBECONFIG", &id.kubeconfig)],
+    );
+    let converged = wait_until("the rule to be Ready with its copies", MINUTE * 2, async || {
+        let rule = t.get_rule(&op, "many").await;
+        is_ready(&rule)?;
+        match status_u64(&rule, "copies") {
+            Some(2) => Ok(started.elapsed()),
+            other => Err(format!("copies {other:?}: {}", short_status(&rule))),
+        }
+    })
+    .await;
+    let window_end = Utc::now();
+    audit.settle(&t.client, window_end).await;
+    let reads = Query::user(&id.user)
+        .verbs(&["get", "list", "watch"])
+        .between(window_start, window_end);
+    let all_reads = audit.matching(&reads);
+    let throttled: Vec<DateTime<Utc>> = all_reads
+        .iter()
+        .filter(|e| e.code == Some(429))
+        .map(|e| e.received)
+        .collect();
+    let busiest = audit.busiest_second(&reads);
+    // After a read was throttled, reads that started within the next half
+    // second (the API server asks for at least one).
+    let soon_after: usize = throttled
+        .iter()
+        .map(|at| {
+            all_reads
+                .iter()
+                .filter(|e| {
+                    let gap = e.received - *at;
+                    gap > chrono::Duration::milliseconds(100)
+                        && gap < chrono::Duration::milliseconds(500)
+                })
+                .count()
+        })
+        .sum();
+    println!(
+        "reads throttled: converged after {converged:?}; {} reads, {} answered 429, busiest second {busiest:?}, \
+         {soon_after} reads within 0.1-0.5 s after a 429",
+        all_reads.len(),
+        throttled.len()
+    );
+    drop(operator);
+    assert!(
+        !throttled.is_empty(),
+        "no read was throttled: the test did not test anything"
+    );
+    let (_, busiest_count) = busiest.unwrap_or_default();
+    assert!(busiest_count <= 10, "{busiest_count} reads in one second");
+    assert!(
+        soon_after <= throttled.len(),
+        "{soon_after} reads came within half a second of {} throttled ones",
+        throttled.len()
+    );
+}
+
+#[tokio::test]
+async fn a_copy_refused_as_invalid_is_reported_once_and_not_written_again_until_its_source_changes()
+{
+    let audit = Audit::start();
+    let t = TestNs::new("bd-invalid").await;
+    let cluster = ClusterScoped::new();
+    let op = t.ns("op").await;
+    let targets = vec![t.ns("t0").await, t.ns("t1").await, t.ns("t2").await];
+    let id = identity(&t, &cluster, &op, "copyrator-invalid").await;
+    // Each fits; together they pass the API server's 256 KiB for all annotations.
+    let big = "x".repeat(200 * 1024);
+    let source = t.create_source(CM, &op, "big", &[], &[("k", "1")]).await;
+    t.patch(
+        CM,
+        &op,
+        "big",
+        json!({"metadata": {"annotations": {"example.com/big": big}}}),
+    )
+    .await;
+    let _ = source;
+    let operator = start_operator(&t, &op, &id).await;
+    let window_start = Utc::now();
+    t.create_rule(
+        &op,
+        "invalid",
+        json!({"spec": {
+            "ruleType": "configmap",
+            "selector": t.selector(),
+            "targets": {"include": targets},
+            "transform": {"addAnnotations": {"example.com/more": "y".repeat(100 * 1024)}},
+        }}),
+    )
+    .await;
+    let reported = t
+        .wait_rule(&op, "invalid", "Ready=False with the API server's reason", |rule| {
+            match ready_status(rule) {
+                Some((status, reason, message))
+                    if status == "False" && message.contains("Too long") =>
+                {
+                    Ok(format!("{reason}: {message}"))
+                }
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    let window_end = window_start + chrono::Duration::from_std(MINUTE).expect("a minute");
+    tokio::time::sleep(
+        (window_end - Utc::now())
+            .to_std()
+            .unwrap_or(Duration::ZERO),
+    )
+    .await;
+    audit.settle(&t.client, window_end).await;
+    let writes = audit.count(
+        &Query::user(&id.user)
+            .verbs(WRITE_VERBS)
+            .resource("configmaps")
+            .between(window_start, window_end),
+    );
+    let events = t.events_regarding(&op, "invalid").await;
+    let sync_failed = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("SyncFailed"))
+        .count();
+    println!(
+        "invalid copies: {writes} ConfigMap writes in the minute after the rule; status {reported:?}; \
+         {sync_failed} SyncFailed Events"
+    );
+    assert!(writes <= 5, "{writes} ConfigMap writes in a minute");
+    assert!(sync_failed <= 1, "{sync_failed} SyncFailed Events");
+    // The source changes: the copies are written at once.
+    t.patch(
+        CM,
+        &op,
+        "big",
+        json!({"metadata": {"annotations": {"example.com/big": "small"}}}),
+    )
+    .await;
+    for ns in &targets {
+        t.wait_copy(CM, ns, "big", "the copy once the source fits").await;
+    }
+    drop(operator);
+}
+
+#[tokio::test]
+async fn a_cold_start_of_100_copies_logs_a_summary_not_a_line_per_copy() {
+    const SOURCES: usize = 10;
+    let t = TestNs::new("bd-logs").await;
+    let op = t.ns("op").await;
+    let mut targets = Vec::new();
+    for i in 0..10 {
+        targets.push(t.ns(&format!("t{i}")).await);
+    }
+    for i in 0..SOURCES {
+        t.create_source(CM, &op, &format!("src-{i}"), &[], &[("k", "v")])
+            .await;
+    }
+    t.create_rule(
+        &op,
+        "hundred",
+        json!({"spec": {
+            "ruleType": "configmap",
+            "selector": t.selector(),
+            "targets": {"include": targets},
+        }}),
+    )
+    .await;
+    let mut operator = Operator::start(&t, &op, &["--log-format", "json"]);
+    operator.wait_ready().await;
+    t.wait_rule(&op, "hundred", "Ready with 100 copies", |rule| {
+        is_ready(rule)?;
+        match status_u64(rule, "copies") {
+            Some(100) => Ok(()),
+            other => Err(format!("copies {other:?}")),
+        }
+    })
+    .await;
+    // Whatever the pass logs has been written once the rule is Ready and
+    // its transition is logged.
+    let lines = wait_until("the readiness line", TIMEOUT, async || {
+        let lines = info_lines(&operator);
+        if lines.iter().any(|l| {
+            l.message == "rule readiness changed" && l.str("ready") == Some("True")
+        }) {
+            Ok(lines)
+        } else {
+            Err(format!("{} lines, none says Ready", lines.len()))
+        }
+    })
+    .await;
+    let created: u64 = lines
+        .iter()
+        .filter(|l| l.message == "rule pass")
+        .filter_map(|l| l.u64("created"))
+        .sum();
+    let by_message: BTreeMap<&str, usize> =
+        lines.iter().fold(BTreeMap::new(), |mut counts, l| {
+            *counts.entry(l.message.as_str()).or_default() += 1;
+            counts
+        });
+    println!(
+        "cold start of 100 copies: {} lines at info and above {by_message:?}; created {created}",
+        lines.len()
+    );
+    assert!(lines.len() <= 30, "{} log lines", lines.len());
+    assert_eq!(created, 100, "the copies created, as the summaries count them");
+}
