@@ -170,9 +170,11 @@ pub enum ConflictPolicy {
 pub struct Transform {
     /// Labels set on every copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::crd::add_labels_schema")]
     pub add_labels: Option<BTreeMap<String, String>>,
     /// Annotations set on every copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::crd::add_annotations_schema")]
     pub add_annotations: Option<BTreeMap<String, String>>,
     /// Source labels not carried to copies: keys or glob patterns (`example.com/*`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
