@@ -11,7 +11,10 @@ use schemars::generate::{SchemaGenerator, SchemaSettings};
 use schemars::{JsonSchema, Schema, json_schema};
 use serde_json::{Value, json};
 
-use crate::rule::{GROUP, KIND, PLURAL, RuleSpec, RuleStatus, RuleType, VERSION};
+use crate::rule::{
+    GROUP, KIND, MAX_ANNOTATION_BYTES, MAX_TRANSFORM_ENTRIES, PLURAL, RuleSpec, RuleStatus,
+    RuleType, VERSION,
+};
 use crate::{Error, Result};
 
 pub const CRD_NAME: &str = "copyrators.flant.com";
@@ -38,6 +41,67 @@ pub fn namespace_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "description": "Source namespace: one name or a list of names. Default: the rule's own namespace.",
         "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// A qualified name (label and annotation keys), as the API server checks
+/// it: an optional DNS-subdomain prefix and `/`, then a name of 1-63
+/// characters. The prefix's length is checked apart (`indexOf`).
+const QUALIFIED_NAME_RE: &str = "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
+const KEY_RULE: &str = "an optional prefix (a DNS subdomain of at most 253 characters: lowercase letters, digits, '-' and '.') and '/', then a name of 1-63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit";
+/// A label value; its length (at most 63) is the schema's `maxLength`.
+const LABEL_VALUE_RE: &str = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
+
+/// Schema of `transform.addLabels`: what the API server would refuse on
+/// every copy is refused on the rule. Keys are a map's, which only CEL on
+/// the map itself can check.
+pub fn add_labels_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "Labels set on every copy.",
+        "type": "object",
+        "nullable": true,
+        "maxProperties": MAX_TRANSFORM_ENTRIES,
+        "additionalProperties": {
+            "type": "string",
+            "maxLength": 63,
+            "x-kubernetes-validations": [{
+                "rule": format!("self.matches('{LABEL_VALUE_RE}')"),
+                "message": "a label value must be empty or at most 63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+            }]
+        },
+        "x-kubernetes-validations": [{
+            "rule": format!("self.all(k, k.indexOf('/') <= 253 && k.matches('{QUALIFIED_NAME_RE}'))"),
+            "message": format!("every key must be a label key: {KEY_RULE}")
+        }]
+    })
+}
+
+/// Schema of `transform.addAnnotations`. The total is the API server's own
+/// limit for all annotations of an object, counted in bytes as it counts
+/// them. The `maxLength` of a value (no value can exceed the total alone)
+/// bounds the CEL cost estimate, which the API server checks against its
+/// budget when the CRD is applied.
+pub fn add_annotations_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "Annotations set on every copy.",
+        "type": "object",
+        "nullable": true,
+        "maxProperties": MAX_TRANSFORM_ENTRIES,
+        "additionalProperties": {
+            "type": "string",
+            "maxLength": MAX_ANNOTATION_BYTES
+        },
+        "x-kubernetes-validations": [
+            {
+                // The API server lowercases annotation keys before it checks them.
+                "rule": format!("self.all(k, k.indexOf('/') <= 253 && k.lowerAscii().matches('{QUALIFIED_NAME_RE}'))"),
+                "message": format!("every key must be an annotation key: {KEY_RULE}")
+            },
+            {
+                "rule": format!("self.map(k, size(bytes(k)) + size(bytes(self[k]))).sum() <= {MAX_ANNOTATION_BYTES}"),
+                "message": format!("keys and values together must not exceed {MAX_ANNOTATION_BYTES} bytes (256 KiB), the API server's limit for all annotations of an object")
+            }
+        ]
     })
 }
 

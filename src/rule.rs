@@ -25,6 +25,14 @@ pub const VERSION: &str = "v1";
 pub const KIND: &str = "CopyratorRule";
 pub const PLURAL: &str = "copyrators";
 
+/// Entries allowed in `transform.addLabels` and in `transform.addAnnotations`.
+pub const MAX_TRANSFORM_ENTRIES: usize = 64;
+/// The API server's own limit on all annotations of one object: keys plus
+/// values, in bytes. A rule that adds more could never write a copy.
+pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
+/// Source namespaces one rule may name: each is a watch of its own.
+pub const MAX_SOURCE_NAMESPACES: usize = 1000;
+
 /// A CopyratorRule as stored by the API server.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -162,9 +170,11 @@ pub enum ConflictPolicy {
 pub struct Transform {
     /// Labels set on every copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::crd::add_labels_schema")]
     pub add_labels: Option<BTreeMap<String, String>>,
     /// Annotations set on every copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::crd::add_annotations_schema")]
     pub add_annotations: Option<BTreeMap<String, String>>,
     /// Source labels not carried to copies: keys or glob patterns (`example.com/*`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -606,11 +616,12 @@ impl CopyratorRule {
                     .collect()
             };
         let add_labels = transform.add_labels.unwrap_or_default();
+        check_transform_entries("addLabels", add_labels.len())?;
         for (label, value) in &add_labels {
             crate::selector::validate_label_key(label)
                 .and_then(|()| {
                     crate::selector::validate_label_value(value)
-                        .map_err(|e| format!("value {value:?} {e}"))
+                        .map_err(|e| format!("label {label:?}: value {value:?} {e}"))
                 })
                 .map_err(|e| InvalidRule::invalid(format!("transform.addLabels: {e}")))?;
             if is_reserved_key(label) {
@@ -620,11 +631,7 @@ impl CopyratorRule {
             }
         }
         let add_annotations = transform.add_annotations.unwrap_or_default();
-        if let Some(key) = add_annotations.keys().find(|k| is_reserved_key(k)) {
-            return Err(InvalidRule::invalid(format!(
-                "transform.addAnnotations: {key:?} is set by Copyrator itself"
-            )));
-        }
+        check_annotations(&add_annotations)?;
         let transform = ResolvedTransform {
             add_labels,
             add_annotations,
@@ -652,6 +659,42 @@ fn is_reserved_key(key: &str) -> bool {
     key == crate::LABEL_MANAGED_BY || key.starts_with("copyrator.flant.com/")
 }
 
+fn check_transform_entries(field: &str, entries: usize) -> Result<(), InvalidRule> {
+    if entries > MAX_TRANSFORM_ENTRIES {
+        return Err(InvalidRule::invalid(format!(
+            "transform.{field}: {entries} entries; at most {MAX_TRANSFORM_ENTRIES} are allowed"
+        )));
+    }
+    Ok(())
+}
+
+/// The checks the API server applies to the annotations of every copy, so
+/// that a rule that could never be written is reported as invalid instead.
+fn check_annotations(annotations: &BTreeMap<String, String>) -> Result<(), InvalidRule> {
+    check_transform_entries("addAnnotations", annotations.len())?;
+    let mut bytes = 0;
+    for (key, value) in annotations {
+        // The API server lowercases annotation keys before it checks them.
+        crate::selector::validate_qualified_name(&key.to_ascii_lowercase()).map_err(|e| {
+            InvalidRule::invalid(format!(
+                "transform.addAnnotations: annotation key {key:?}: {e}"
+            ))
+        })?;
+        if is_reserved_key(key) {
+            return Err(InvalidRule::invalid(format!(
+                "transform.addAnnotations: {key:?} is set by Copyrator itself"
+            )));
+        }
+        bytes += key.len() + value.len();
+    }
+    if bytes > MAX_ANNOTATION_BYTES {
+        return Err(InvalidRule::invalid(format!(
+            "transform.addAnnotations: keys and values total {bytes} bytes; at most {MAX_ANNOTATION_BYTES} (256 KiB) are allowed"
+        )));
+    }
+    Ok(())
+}
+
 fn parse_namespaces(value: &Value) -> Result<Vec<String>, String> {
     let names: Vec<String> = match value {
         Value::String(name) => vec![name.clone()],
@@ -672,6 +715,12 @@ fn parse_namespaces(value: &Value) -> Result<Vec<String>, String> {
         return Err(
             "namespace: the list is empty; omit it to copy from the rule's own namespace".into(),
         );
+    }
+    if names.len() > MAX_SOURCE_NAMESPACES {
+        return Err(format!(
+            "namespace: the list holds {} names; at most {MAX_SOURCE_NAMESPACES} are allowed",
+            names.len()
+        ));
     }
     for name in &names {
         let valid = !name.is_empty()
@@ -805,6 +854,123 @@ mod tests {
             );
             assert_eq!(err.reason, "InvalidRule");
         }
+    }
+
+    fn with_transform(transform: Value) -> CopyratorRule {
+        rule(json!({
+            "metadata": {"name": "r", "namespace": "copyrator"},
+            "spec": {"ruleType": "configmap", "selector": {"a": "b"}, "transform": transform}
+        }))
+    }
+
+    fn refusal(r: &CopyratorRule) -> String {
+        let err = r.resolve(&trust()).expect_err("the rule is refused");
+        assert_eq!(err.reason, "InvalidRule");
+        err.message
+    }
+
+    #[test]
+    fn added_labels_must_be_labels_the_api_server_takes() {
+        let prefix = format!("{}.example.com", "a".repeat(253 - ".example.com".len()));
+        let longest_key = format!("{prefix}/{}", "n".repeat(63));
+        let longest_value = "v".repeat(63);
+        let at_limit: serde_json::Map<String, Value> = (1..MAX_TRANSFORM_ENTRIES)
+            .map(|i| (format!("k{i}"), json!("")))
+            .chain([(longest_key.clone(), json!(longest_value))])
+            .collect();
+        assert_eq!(at_limit.len(), MAX_TRANSFORM_ENTRIES);
+        let resolved = with_transform(json!({"addLabels": at_limit}))
+            .resolve(&trust())
+            .expect("labels at the limits are taken");
+        assert_eq!(resolved.transform.add_labels[&longest_key], longest_value);
+
+        let cases = [
+            (json!({"bad key!": "x"}), "label key \"bad key!\""),
+            (json!({"a": "-bad-"}), "value \"-bad-\""),
+            (json!({"a": "v".repeat(64)}), "1-63 characters"),
+            (json!({"n".repeat(64): "x"}), "1-63 characters"),
+            (
+                json!({format!("a{prefix}/n"): "x"}),
+                "at most 253 characters",
+            ),
+            (json!({"Example.com/n": "x"}), "prefix must be"),
+        ];
+        for (labels, expected) in cases {
+            let message = refusal(&with_transform(json!({"addLabels": labels})));
+            assert!(
+                message.starts_with("transform.addLabels: ") && message.contains(expected),
+                "{labels}: {message} lacks {expected:?}"
+            );
+        }
+        let too_many: serde_json::Map<String, Value> = (0..=MAX_TRANSFORM_ENTRIES)
+            .map(|i| (format!("k{i}"), json!("")))
+            .collect();
+        let message = refusal(&with_transform(json!({"addLabels": too_many})));
+        assert!(message.contains("at most 64"), "{message}");
+    }
+
+    #[test]
+    fn added_annotations_must_fit_what_the_api_server_takes() {
+        // One key of 8 bytes and a value that fills the rest, to the byte.
+        let at_limit = json!({"note/abc": "x".repeat(MAX_ANNOTATION_BYTES - 8)});
+        assert!(
+            with_transform(json!({"addAnnotations": at_limit}))
+                .resolve(&trust())
+                .is_ok(),
+            "annotations of exactly 256 KiB are taken"
+        );
+        // Bytes count, not characters: 'é' is two.
+        let over = json!({"note/abc": "é".repeat((MAX_ANNOTATION_BYTES - 8) / 2 + 1)});
+        let message = refusal(&with_transform(json!({"addAnnotations": over})));
+        assert!(
+            message.starts_with("transform.addAnnotations: ")
+                && message.contains("262146 bytes")
+                && message.contains("at most 262144"),
+            "{message}"
+        );
+        let split = json!({"a": "x".repeat(MAX_ANNOTATION_BYTES / 2), "b": "x".repeat(MAX_ANNOTATION_BYTES / 2)});
+        let message = refusal(&with_transform(json!({"addAnnotations": split})));
+        assert!(message.contains("at most 262144"), "{message}");
+
+        // The API server lowercases annotation keys before checking them.
+        assert!(
+            with_transform(json!({"addAnnotations": {"Example.COM/Note": "x"}}))
+                .resolve(&trust())
+                .is_ok()
+        );
+        let message = refusal(&with_transform(json!({"addAnnotations": {"bad key": "x"}})));
+        assert!(message.contains("annotation key \"bad key\""), "{message}");
+        let message = refusal(&with_transform(
+            json!({"addAnnotations": {"copyrator.flant.com/rule": "x"}}),
+        ));
+        assert!(message.contains("set by Copyrator"), "{message}");
+        let too_many: serde_json::Map<String, Value> = (0..=MAX_TRANSFORM_ENTRIES)
+            .map(|i| (format!("k{i}"), json!("")))
+            .collect();
+        let message = refusal(&with_transform(json!({"addAnnotations": too_many})));
+        assert!(message.contains("at most 64"), "{message}");
+    }
+
+    #[test]
+    fn source_namespaces_are_bounded() {
+        let names = |n: usize| -> Vec<String> { (0..n).map(|i| format!("ns-{i}")).collect() };
+        let at_limit = rule(json!({
+            "metadata": {"name": "r", "namespace": "copyrator"},
+            "ruleType": "secret", "selector": {"a": "b"},
+            "namespace": names(MAX_SOURCE_NAMESPACES)
+        }));
+        assert_eq!(
+            at_limit.resolve(&trust()).unwrap().source_namespaces.len(),
+            MAX_SOURCE_NAMESPACES
+        );
+        let over = rule(json!({
+            "metadata": {"name": "r", "namespace": "copyrator"},
+            "spec": {"ruleType": "secret", "selector": {"a": "b"}, "namespace": names(MAX_SOURCE_NAMESPACES + 1)}
+        }));
+        assert_eq!(
+            refusal(&over),
+            "namespace: the list holds 1001 names; at most 1000 are allowed"
+        );
     }
 
     #[test]

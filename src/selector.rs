@@ -179,6 +179,12 @@ fn is_dns_subdomain(s: &str) -> bool {
 
 /// A label key: an optional DNS-subdomain prefix and `/`, then a name of up to 63 characters.
 pub fn validate_label_key(key: &str) -> Result<(), String> {
+    validate_qualified_name(key).map_err(|e| format!("label key {key:?}: {e}"))
+}
+
+/// A qualified name, the form of label and annotation keys; the error does
+/// not name the key, so that callers can say which kind of key it is.
+pub fn validate_qualified_name(key: &str) -> Result<(), String> {
     let (prefix, name) = match key.split_once('/') {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
@@ -186,14 +192,16 @@ pub fn validate_label_key(key: &str) -> Result<(), String> {
     if let Some(prefix) = prefix
         && !is_dns_subdomain(prefix)
     {
-        return Err(format!(
-            "label key {key:?}: the prefix must be a lowercase DNS subdomain"
-        ));
+        return Err(
+            "the prefix must be a DNS subdomain of at most 253 characters: lowercase letters, digits, '-' and '.'"
+                .into(),
+        );
     }
     if !is_name_segment(name, 63) {
-        return Err(format!(
-            "label key {key:?}: the name must be 1-63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
-        ));
+        return Err(
+            "the name must be 1-63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+                .into(),
+        );
     }
     Ok(())
 }

@@ -193,3 +193,154 @@ async fn schema_accepts_both_published_forms() {
             .unwrap_or_else(|e| panic!("the valid rule {body} was refused: {}", err_msg(&e)));
     }
 }
+
+/// A rule whose spec is `ruleType`, `selector` and this `transform`.
+fn with_transform(transform: Value) -> Value {
+    json!({"spec": {"ruleType": "configmap", "selector": {"copyrator": "true"}, "transform": transform}})
+}
+
+/// `n` labels or annotations `k0`, `k1`, ... with empty values.
+fn entries(n: usize) -> serde_json::Map<String, Value> {
+    (0..n).map(|i| (format!("k{i}"), json!(""))).collect()
+}
+
+/// Every copy carries the rule's `addAnnotations`, and the API server refuses
+/// an object whose annotations total more than 256 KiB: such a rule could
+/// never write a copy, so it is refused itself.
+#[tokio::test]
+async fn schema_refuses_annotations_the_api_server_would_refuse() {
+    let t = TestNs::new("schema-annotations").await;
+    let ns = t.ns("op").await;
+    let kib = |n: usize| "x".repeat(n * 1024);
+    refused(
+        &t,
+        &ns,
+        "one-value",
+        with_transform(json!({"addAnnotations": {"note": kib(300)}})),
+        &["spec.transform.addAnnotations", "262144"],
+    )
+    .await;
+    // Each value alone fits; together they do not.
+    refused(
+        &t,
+        &ns,
+        "total",
+        with_transform(json!({"addAnnotations": {"a": kib(150), "b": kib(150)}})),
+        &["spec.transform.addAnnotations", "262144 bytes"],
+    )
+    .await;
+    // Bytes count, as the API server counts them, not characters: here 262145
+    // bytes in 131073 characters.
+    refused(
+        &t,
+        &ns,
+        "bytes",
+        with_transform(json!({"addAnnotations": {"a": "é".repeat(128 * 1024)}})),
+        &["spec.transform.addAnnotations", "262144 bytes"],
+    )
+    .await;
+    refused(
+        &t,
+        &ns,
+        "key",
+        with_transform(json!({"addAnnotations": {"bad key": "x"}})),
+        &["spec.transform.addAnnotations", "annotation key"],
+    )
+    .await;
+    refused(
+        &t,
+        &ns,
+        "count",
+        with_transform(json!({"addAnnotations": entries(65)})),
+        &["spec.transform.addAnnotations", "64"],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn schema_refuses_labels_the_api_server_would_refuse() {
+    let t = TestNs::new("schema-labels").await;
+    let ns = t.ns("op").await;
+    let prefix_254 = format!("{}.example.com", "a".repeat(254 - ".example.com".len()));
+    let bad_keys = [
+        ("space", "bad key".to_owned()),
+        ("slashes", "a/b/c".to_owned()),
+        ("dash-end", "name-".to_owned()),
+        ("name-64", "n".repeat(64)),
+        ("prefix-254", format!("{prefix_254}/name")),
+        ("prefix-upper", "Example.com/name".to_owned()),
+    ];
+    for (name, key) in bad_keys {
+        refused(
+            &t,
+            &ns,
+            &format!("key-{name}"),
+            with_transform(json!({"addLabels": {key: "x"}})),
+            &["spec.transform.addLabels", "label key", "253", "1-63"],
+        )
+        .await;
+    }
+    for (name, value) in [("dash", "-bad-"), ("space", "a b"), ("slash", "a/b")] {
+        refused(
+            &t,
+            &ns,
+            &format!("value-{name}"),
+            with_transform(json!({"addLabels": {"a": value}})),
+            &["spec.transform.addLabels", "label value", "63"],
+        )
+        .await;
+    }
+    refused(
+        &t,
+        &ns,
+        "value-64",
+        with_transform(json!({"addLabels": {"a": "v".repeat(64)}})),
+        &["spec.transform.addLabels", "63"],
+    )
+    .await;
+    refused(
+        &t,
+        &ns,
+        "count",
+        with_transform(json!({"addLabels": entries(65)})),
+        &["spec.transform.addLabels", "64"],
+    )
+    .await;
+}
+
+/// Right at every limit, a rule is taken: the checks are not stricter than
+/// the API server's own.
+#[tokio::test]
+async fn schema_accepts_a_rule_at_the_limits() {
+    let t = TestNs::new("schema-limits").await;
+    let ns = t.ns("op").await;
+    let prefix_253 = format!("{}.example.com", "a".repeat(253 - ".example.com".len()));
+    let longest_key = format!("{prefix_253}/{}", "n".repeat(63));
+
+    let mut labels = entries(62);
+    labels.insert(longest_key.clone(), json!("v".repeat(63)));
+    labels.insert("x_y.z-1".into(), json!("A.b_c-9"));
+
+    // 64 annotations of exactly 262144 bytes in all, one with an upper-case
+    // prefix (the API server lowercases annotation keys to check them) and
+    // one with two-byte characters.
+    let mut annotations = entries(61);
+    annotations.insert("Example.COM/Note".into(), json!("é".repeat(1000)));
+    annotations.insert(longest_key.clone(), json!(""));
+    let used: usize = annotations
+        .iter()
+        .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
+        .sum::<usize>()
+        + "fill".len();
+    annotations.insert("fill".into(), json!("x".repeat(262_144 - used)));
+    let total: usize = annotations
+        .iter()
+        .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
+        .sum();
+    assert_eq!((annotations.len(), labels.len(), total), (64, 64, 262_144));
+
+    let body = with_transform(json!({"addLabels": labels, "addAnnotations": annotations}));
+    t.try_create_rule(&ns, "limits", body)
+        .await
+        .unwrap_or_else(|e| panic!("the rule at the limits was refused: {}", err_msg(&e)));
+}
