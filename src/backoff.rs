@@ -474,6 +474,10 @@ impl ReadPause {
     /// A read was throttled at `now`; returns when reads may go again.
     pub fn throttled(&self, now: Instant, retry_after: Option<Duration>) -> Instant {
         let mut state = self.state();
+        if let Some(until) = state.until.filter(|u| *u > now) {
+            // Sent before the pause began: the same burst, not a new refusal.
+            return until;
+        }
         state.in_a_row = state.in_a_row.saturating_add(1);
         let asked = retry_after.unwrap_or(Duration::from_secs(1));
         let grown = asked
@@ -539,7 +543,10 @@ mod tests {
         for minutes in [1, 10, 59] {
             let later = now + Duration::from_secs(60 * minutes);
             assert!(
-                matches!(b.admit(&key("a"), &rule(), 7, None, later), Admission::Wait { .. }),
+                matches!(
+                    b.admit(&key("a"), &rule(), 7, None, later),
+                    Admission::Wait { .. }
+                ),
                 "after {minutes} min"
             );
         }
@@ -564,18 +571,21 @@ mod tests {
         let waited = first - now;
         assert!(waited >= Duration::from_secs(2) && waited <= Duration::from_millis(2400));
         assert_eq!(pause.until(now), Some(first));
-        // In a row: doubling.
-        let second = pause.throttled(now, Some(Duration::from_secs(2))) - now;
+        // Refusals of requests sent before the pause began: the same pause.
+        assert_eq!(pause.throttled(now, Some(Duration::from_secs(2))), first);
+        // Refused again once the pause is over: doubling.
+        let mut at = first;
+        let second = pause.throttled(at, Some(Duration::from_secs(2))) - at;
         assert!(second >= Duration::from_secs(4), "{second:?}");
         // Capped.
         for _ in 0..20 {
-            pause.throttled(now, None);
+            at = pause.throttled(at, None);
         }
-        let capped = pause.throttled(now, None) - now;
+        let capped = pause.throttled(at, None) - at;
         assert!(capped <= ReadPause::MAX.mul_f64(1.2), "{capped:?}");
         // A read that went through starts the count again.
         pause.succeeded();
-        let later = now + Duration::from_secs(100);
+        let later = at + Duration::from_secs(100);
         assert_eq!(pause.until(later), None);
         let again = pause.throttled(later, None) - later;
         assert!(again < Duration::from_millis(1300), "{again:?}");

@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::backoff::{Admission, CopyKey, Failure, Waiting};
+use crate::backoff::{Admission, CopyKey, Failure, FailureClass, Waiting};
 use crate::finalizer::{cleanup, set_finalizer};
 use crate::index::Object;
 use crate::kinds::Kind;
@@ -128,7 +128,7 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
     };
     let sources = match sources {
         Sources::Listed(sources) => sources,
-        Sources::Waiting { listed, of } => {
+        Sources::Waiting { listed, of } if !waiting_said_recently(&rule) => {
             let observed = Observed {
                 generation: rule.metadata.generation,
                 rule_type: Some(resolved.kind.info().rule_type.to_string()),
@@ -140,6 +140,8 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
             // The watches queue the rule again once they have listed.
             return Ok(None);
         }
+        // Said a moment ago: the counts are not worth a write per watch.
+        Sources::Waiting { .. } => return Ok(Some(WAITING_STATUS_EVERY)),
         Sources::Unknown => return Ok(None),
     };
 
@@ -159,8 +161,9 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
         (
             "SyncFailed".to_string(),
             format!(
-                "{failing} copies could not be written; first: {what}: {}; retrying with backoff",
-                failure.message
+                "{failing} copies could not be written; first: {what}: {}; {}",
+                failure.message,
+                retry_note(failure.class)
             ),
         )
     });
@@ -355,9 +358,10 @@ async fn announce(
                 "SyncFailed",
                 "Copy",
                 format!(
-                    "{} writes failed; first: {what}: {}; retrying with backoff",
+                    "{} writes failed; first: {what}: {}; {}",
                     pass.failed.len(),
-                    failure.message
+                    failure.message,
+                    retry_note(failure.class)
                 ),
             )
             .await;
@@ -376,6 +380,42 @@ async fn announce(
                 ),
             )
             .await;
+    }
+}
+
+/// How often the counts of a rule waiting for its sources are updated.
+const WAITING_STATUS_EVERY: Duration = Duration::from_secs(5);
+
+/// Whether the rule's status said WaitingForSources for this generation
+/// less than [`WAITING_STATUS_EVERY`] ago.
+fn waiting_said_recently(rule: &CopyratorRule) -> bool {
+    let Some(status) = &rule.status else {
+        return false;
+    };
+    let waiting = status.conditions.iter().any(|c| {
+        c.type_ == "Ready"
+            && c.reason == "WaitingForSources"
+            && c.observed_generation == rule.metadata.generation
+    });
+    let recent = status
+        .last_sync_time
+        .as_deref()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .is_some_and(|at| {
+            (chrono::Utc::now() - at.with_timezone(&chrono::Utc))
+                .to_std()
+                .is_ok_and(|age| age < WAITING_STATUS_EVERY)
+        });
+    waiting && recent
+}
+
+/// When a failed write is tried again, for status and Event messages.
+fn retry_note(class: FailureClass) -> &'static str {
+    match class {
+        FailureClass::Invalid => {
+            "not written again until the source or the rule changes (or after an hour)"
+        }
+        _ => "retrying with backoff",
     }
 }
 
@@ -667,7 +707,7 @@ fn log_transition(key: &RuleKey, previous: Option<&RuleStatus>, next: &RuleStatu
         rule = %key,
         ready = status.as_str(),
         reason = reason.as_str(),
-        message = message.as_str(),
+        detail = message.as_str(),
         was = before.as_ref().map_or("", |(s, _, _)| s.as_str()),
         "rule readiness changed"
     );

@@ -34,7 +34,7 @@ use crate::kinds::Kind;
 use crate::rule::{ResolvedRule, RuleKey};
 use crate::selector::LabelSelector;
 use crate::state::{read, watch_config, write};
-use crate::watch::{Change, Folder, cool_down, map_event};
+use crate::watch::{Change, Folder, cool_down, map_event, wait_out};
 
 /// Called with each rule whose sources changed.
 pub type OnChange = Arc<dyn Fn(&RuleKey) + Send + Sync>;
@@ -472,6 +472,8 @@ async fn run_watch(
         let mut folder = Folder::default();
         let mut listed = false;
         loop {
+            // No request starts while the API server throttles reads.
+            wait_out(&pause).await;
             let item = tokio::select! {
                 // A list that is under way finishes first.
                 changed = wanted.changed(), if listed => {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use std::fmt::Debug;
+use std::hash::BuildHasher;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
@@ -110,8 +111,15 @@ pub async fn cool_down(health: &Health, pause: &ReadPause, name: &str, error: &w
     if let Some(retry_after) = throttled(error) {
         pause.throttled(Instant::now(), retry_after);
     }
-    if let Some(until) = pause.until(Instant::now()) {
-        tokio::time::sleep_until(until).await;
+    wait_out(pause).await;
+}
+
+/// While reads are paused, wait; each watch then waits a random part of a
+/// second more, so that they do not all come back in the same instant.
+pub async fn wait_out(pause: &ReadPause) {
+    while let Some(until) = pause.until(Instant::now()) {
+        let spread = std::collections::hash_map::RandomState::new().hash_one(until) % 1000;
+        tokio::time::sleep_until(until + std::time::Duration::from_millis(spread)).await;
     }
 }
 
@@ -134,6 +142,8 @@ pub async fn follow<K, T>(
         .boxed();
     let mut folder = Folder::default();
     loop {
+        // No request starts while the API server throttles reads.
+        wait_out(&shared.read_pause).await;
         match stream.try_next().await {
             Ok(Some(event)) => {
                 // `Init` comes before every list attempt, failed ones too.
