@@ -213,8 +213,13 @@ struct Operator {
 }
 
 impl Operator {
-    fn start(args: &Args, kubeconfig: &str, port: u16) -> Result<Self> {
-        let log = std::fs::File::create(std::env::temp_dir().join("copyrator-bench-operator.log"))?;
+    /// The operator's log of run `run` (1: the first run, 2: the restart).
+    fn log_path(run: u32) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("copyrator-bench-operator-{run}.log"))
+    }
+
+    fn start(args: &Args, kubeconfig: &str, port: u16, run: u32) -> Result<Self> {
+        let log = std::fs::File::create(Self::log_path(run))?;
         let child = Command::new(&args.operator)
             .args([
                 "run",
@@ -227,7 +232,7 @@ impl Operator {
                 "--resync-interval",
                 &args.resync_seconds.to_string(),
                 "--log-level",
-                "warn",
+                "info",
             ])
             .env("KUBECONFIG", kubeconfig)
             .stdin(Stdio::null())
@@ -515,7 +520,7 @@ async fn main() -> Result<()> {
     eprintln!("bench: cold start");
     let port = free_port()?;
     let start = Utc::now();
-    let operator = Operator::start(&args, &kubeconfig, port)?;
+    let operator = Operator::start(&args, &kubeconfig, port, 1)?;
     let cold = copies
         .wait_for(n * m, limit, |(ns, _), v| {
             ns.starts_with(TARGET_PREFIX) && v == "v0"
@@ -600,7 +605,7 @@ async fn main() -> Result<()> {
     let peak_first_run = operator.status_kib("VmHWM:")?.max(peak_after_cold);
     operator.stop()?;
     let start = Utc::now();
-    let operator = Operator::start(&args, &kubeconfig, port)?;
+    let operator = Operator::start(&args, &kubeconfig, port, 2)?;
     operator.wait_ready().await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let restart_metric_writes =
@@ -719,6 +724,12 @@ async fn main() -> Result<()> {
         mb(rss_before),
         mb(rss_after),
         verdict(growth < 5.0)
+    );
+    let log_lines = std::fs::read_to_string(Operator::log_path(1))
+        .map(|log| log.lines().count())
+        .unwrap_or(0);
+    println!(
+        "| operator log lines at info, first run (cold start, fills, updates, idle) | {log_lines} | | |"
     );
     println!();
     println!(
