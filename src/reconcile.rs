@@ -128,7 +128,7 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
     };
     let sources = match sources {
         Sources::Listed(sources) => sources,
-        Sources::Waiting { listed, of } if !waiting_said_recently(&rule) => {
+        Sources::Waiting { listed, of } if waiting_worth_saying(&rule) => {
             let observed = Observed {
                 generation: rule.metadata.generation,
                 rule_type: Some(resolved.kind.info().rule_type.to_string()),
@@ -140,7 +140,9 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
             // The watches queue the rule again once they have listed.
             return Ok(None);
         }
-        // Said a moment ago: the counts are not worth a write per watch.
+        // Said a moment ago (the counts are not worth a write per watch),
+        // or the status already describes this generation: a restarted
+        // operator relisting a synced rule has nothing new to say.
         Sources::Waiting { .. } => return Ok(Some(WAITING_STATUS_EVERY)),
         Sources::Unknown => return Ok(None),
     };
@@ -386,18 +388,25 @@ async fn announce(
 /// How often the counts of a rule waiting for its sources are updated.
 const WAITING_STATUS_EVERY: Duration = Duration::from_secs(5);
 
-/// Whether the rule's status said WaitingForSources for this generation
-/// less than [`WAITING_STATUS_EVERY`] ago.
-fn waiting_said_recently(rule: &CopyratorRule) -> bool {
+/// Whether a WaitingForSources status is worth writing now: the rule has
+/// no status for its current generation yet, or its status already says it
+/// is waiting and was written at least [`WAITING_STATUS_EVERY`] ago. A
+/// status that describes this generation otherwise (Synced after a
+/// restart, say) stays as it is until the pass has something to say.
+fn waiting_worth_saying(rule: &CopyratorRule) -> bool {
     let Some(status) = &rule.status else {
-        return false;
+        return true;
     };
-    let waiting = status.conditions.iter().any(|c| {
-        c.type_ == "Ready"
-            && c.reason == "WaitingForSources"
-            && c.observed_generation == rule.metadata.generation
-    });
-    let recent = status
+    let Some(ready) = status.conditions.iter().find(|c| c.type_ == "Ready") else {
+        return true;
+    };
+    if ready.observed_generation != rule.metadata.generation {
+        return true;
+    }
+    if ready.reason != "WaitingForSources" {
+        return false;
+    }
+    let said_recently = status
         .last_sync_time
         .as_deref()
         .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
@@ -406,7 +415,7 @@ fn waiting_said_recently(rule: &CopyratorRule) -> bool {
                 .to_std()
                 .is_ok_and(|age| age < WAITING_STATUS_EVERY)
         });
-    waiting && recent
+    !said_recently
 }
 
 /// When a failed write is tried again, for status and Event messages.
@@ -711,4 +720,70 @@ fn log_transition(key: &RuleKey, previous: Option<&RuleStatus>, next: &RuleStatu
         was = before.as_ref().map_or("", |(s, _, _)| s.as_str()),
         "rule readiness changed"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn rule_with_ready(generation: i64, ready: Option<Value>, last_sync: &str) -> CopyratorRule {
+        let mut body = json!({
+            "apiVersion": "flant.com/v1", "kind": "CopyratorRule",
+            "metadata": {"name": "r", "namespace": "copyrator", "uid": "u1", "generation": generation},
+            "ruleType": "configmap",
+            "selector": {"copyrator": "true"},
+            "namespace": "default"
+        });
+        if let Some(ready) = ready {
+            body["status"] = json!({"conditions": [ready], "lastSyncTime": last_sync});
+        }
+        serde_json::from_value(body).expect("test rule parses")
+    }
+
+    fn ready(reason: &str, generation: i64) -> Value {
+        json!({"type": "Ready", "status": "True", "reason": reason, "message": "m", "observedGeneration": generation})
+    }
+
+    fn ago(seconds: i64) -> String {
+        (chrono::Utc::now() - chrono::Duration::seconds(seconds)).to_rfc3339()
+    }
+
+    #[test]
+    fn a_new_rule_or_a_new_generation_hears_that_it_waits() {
+        assert!(waiting_worth_saying(&rule_with_ready(1, None, "")));
+        assert!(waiting_worth_saying(&rule_with_ready(
+            2,
+            Some(ready("Synced", 1)),
+            &ago(1)
+        )));
+    }
+
+    #[test]
+    fn a_synced_status_of_this_generation_is_left_alone_while_sources_relist() {
+        assert!(!waiting_worth_saying(&rule_with_ready(
+            3,
+            Some(ready("Synced", 3)),
+            &ago(600)
+        )));
+        assert!(!waiting_worth_saying(&rule_with_ready(
+            3,
+            Some(ready("SyncFailed", 3)),
+            &ago(600)
+        )));
+    }
+
+    #[test]
+    fn waiting_counts_are_refreshed_at_most_every_few_seconds() {
+        assert!(!waiting_worth_saying(&rule_with_ready(
+            1,
+            Some(ready("WaitingForSources", 1)),
+            &ago(1)
+        )));
+        assert!(waiting_worth_saying(&rule_with_ready(
+            1,
+            Some(ready("WaitingForSources", 1)),
+            &ago(6)
+        )));
+    }
 }
