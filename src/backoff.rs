@@ -474,12 +474,16 @@ impl ReadPause {
     /// A read was throttled at `now`; returns when reads may go again.
     pub fn throttled(&self, now: Instant, retry_after: Option<Duration>) -> Instant {
         let mut state = self.state();
+        let asked = retry_after.unwrap_or(Duration::from_secs(1));
         if let Some(until) = state.until.filter(|u| *u > now) {
-            // Sent before the pause began: the same burst, not a new refusal.
+            // Sent before the pause began: the same burst, not a new
+            // refusal, so the delay does not grow; but this answer's own
+            // Retry-After is honoured too.
+            let until = until.max(now + asked);
+            state.until = Some(until);
             return until;
         }
         state.in_a_row = state.in_a_row.saturating_add(1);
-        let asked = retry_after.unwrap_or(Duration::from_secs(1));
         let grown = asked
             .saturating_mul(1 << state.in_a_row.saturating_sub(1).min(10))
             .min(Self::MAX.max(asked));
@@ -573,6 +577,21 @@ mod tests {
         assert_eq!(pause.until(now), Some(first));
         // Refusals of requests sent before the pause began: the same pause.
         assert_eq!(pause.throttled(now, Some(Duration::from_secs(2))), first);
+        // One that arrives later in the pause waits its own Retry-After
+        // from its arrival, without doubling.
+        let late = now + Duration::from_millis(1900);
+        let extended = pause.throttled(late, Some(Duration::from_secs(2)));
+        assert!(
+            extended >= late + Duration::from_secs(2),
+            "{:?}",
+            extended - late
+        );
+        assert!(
+            extended < late + Duration::from_millis(2100),
+            "{:?}",
+            extended - late
+        );
+        let first = extended;
         // Refused again once the pause is over: doubling.
         let mut at = first;
         let second = pause.throttled(at, Some(Duration::from_secs(2))) - at;
