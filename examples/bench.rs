@@ -45,6 +45,9 @@ struct Args {
     updates: usize,
     concurrency: usize,
     resync_seconds: u64,
+    /// A smoke run: too small for its timings to mean anything, so a
+    /// missed target is printed but does not fail the run.
+    smoke: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -58,6 +61,7 @@ fn parse_args() -> Result<Args> {
         updates: 10,
         concurrency: 16,
         resync_seconds: 15,
+        smoke: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -72,6 +76,7 @@ fn parse_args() -> Result<Args> {
             "--updates" => args.updates = value()?.parse()?,
             "--write-concurrency" => args.concurrency = value()?.parse()?,
             "--resync-interval" => args.resync_seconds = value()?.parse()?,
+            "--smoke" => args.smoke = true,
             other => bail!("unknown flag {other}; see hack/bench"),
         }
     }
@@ -534,6 +539,7 @@ async fn main() -> Result<()> {
         end: Utc::now(),
     });
     let peak_after_cold = operator.status_kib("VmHWM:")?;
+    let cold_log_lines = log_lines(1);
 
     // New namespaces, one after another.
     eprintln!("bench: new namespaces");
@@ -662,7 +668,17 @@ async fn main() -> Result<()> {
 
     let mb = |kib: u64| kib as f64 / 1024.0;
     let ratio = cold.as_secs_f64() / baseline.as_secs_f64();
-    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    let missed = std::cell::Cell::new(Vec::<&str>::new());
+    let verdict = |what: &'static str, ok: bool| {
+        if ok {
+            "met"
+        } else {
+            let mut all = missed.take();
+            all.push(what);
+            missed.set(all);
+            "MISSED"
+        }
+    };
     println!();
     println!(
         "Copyrator benchmark: N={n} namespaces × M={m} sources = {copies_total} copies, K={k}, U={}",
@@ -681,14 +697,14 @@ async fn main() -> Result<()> {
         "| cold-start convergence | {:.2} s ({:.2}× baseline) | ≤ 1.5× baseline | {} |",
         cold.as_secs_f64(),
         ratio,
-        verdict(ratio <= 1.5)
+        verdict("cold-start convergence", ratio <= 1.5)
     );
     let (fill50, fill99) = (percentile(&fills, 0.5), percentile(&fills, 0.99));
     println!(
         "| new-namespace fill ({k} namespaces × {m} copies) | p50 {} ms, p99 {} ms | p99 < 1 s | {} |",
         fill50.as_millis(),
         fill99.as_millis(),
-        verdict(fill99 < Duration::from_secs(1))
+        verdict("new-namespace fill", fill99 < Duration::from_secs(1))
     );
     let (prop50, prop99) = (
         percentile(&propagations, 0.5),
@@ -699,22 +715,23 @@ async fn main() -> Result<()> {
         args.updates,
         prop50.as_millis(),
         prop99.as_millis(),
-        verdict(prop99 < Duration::from_secs(3))
+        verdict("update propagation", prop99 < Duration::from_secs(3))
     );
     println!(
         "| idle writes ({} s, resync every {} s) | {idle_writes} (operator metrics: {idle_metric_writes}) | 0 | {} |",
         args.resync_seconds + 5,
         args.resync_seconds,
-        verdict(idle_writes == 0)
+        verdict("idle writes", idle_writes == 0)
     );
     println!(
         "| restart writes (converged cluster) | {restart_writes} (operator metrics: {restart_metric_writes}) | 0 | {} |",
-        verdict(restart_writes == 0)
+        verdict("restart writes", restart_writes == 0)
     );
+    let (memory_target, memory_target_text) = memory_target(copies_total);
     println!(
-        "| peak RSS | {:.1} MiB | < 64 MiB at 10,000 copies | {} |",
+        "| peak RSS | {:.1} MiB | {memory_target_text} | {} |",
         mb(peak),
-        verdict(mb(peak) < 64.0)
+        verdict("peak RSS", mb(peak) < memory_target)
     );
     let growth = mb(rss_after.saturating_sub(rss_before));
     println!(
@@ -723,13 +740,12 @@ async fn main() -> Result<()> {
         growth,
         mb(rss_before),
         mb(rss_after),
-        verdict(growth < 5.0)
+        verdict("RSS growth with unrelated objects", growth < 5.0)
     );
-    let log_lines = std::fs::read_to_string(Operator::log_path(1))
-        .map(|log| log.lines().count())
-        .unwrap_or(0);
     println!(
-        "| operator log lines at info, first run (cold start, fills, updates, idle) | {log_lines} | | |"
+        "| operator log lines at info: cold start; whole first run (fills, updates, idle) | {cold_log_lines}; {} | a few dozen | {} |",
+        log_lines(1),
+        verdict("log lines", cold_log_lines <= 60)
     );
     println!();
     println!(
@@ -750,5 +766,35 @@ async fn main() -> Result<()> {
             }
         );
     }
-    Ok(())
+    let missed = missed.take();
+    if missed.is_empty() {
+        Ok(())
+    } else if args.smoke {
+        println!();
+        println!(
+            "smoke run: missed targets not enforced: {}",
+            missed.join(", ")
+        );
+        Ok(())
+    } else {
+        bail!("targets missed: {}", missed.join(", "))
+    }
+}
+
+/// Lines the operator's run `run` has logged so far.
+fn log_lines(run: u32) -> usize {
+    std::fs::read_to_string(Operator::log_path(run))
+        .map(|log| log.lines().count())
+        .unwrap_or(0)
+}
+
+/// The peak-memory target for a number of copies, in MiB, and how it reads:
+/// 64 MiB up to 10,000 copies; beyond that, three quarters of the chart's
+/// memory limit (256 MiB), the headroom a Pod needs.
+fn memory_target(copies: usize) -> (f64, &'static str) {
+    if copies <= 10_000 {
+        (64.0, "< 64 MiB up to 10,000 copies")
+    } else {
+        (192.0, "< 192 MiB (¾ of the chart's 256 MiB limit)")
+    }
 }

@@ -28,8 +28,6 @@ use common::audit::{Audit, AuditEvent, Query, WRITE_VERBS};
 use common::logs::LogLine;
 use common::rbac::{ClusterScoped, Grant, Identity, grants_of};
 use common::*;
-use k8s_openapi::api::flowcontrol::v1::FlowSchema;
-use kube::api::Api;
 use kube::core::ApiResource;
 use serde_json::{Value, json};
 
@@ -197,63 +195,17 @@ async fn throttle(t: &TestNs, cluster: &ClusterScoped, id: &Identity) {
         .create(
             &t.client,
             &flow_control("PriorityLevelConfiguration", "prioritylevelconfigurations"),
-            json!({
-                "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
-                "kind": "PriorityLevelConfiguration",
-                "metadata": {"name": level},
-                "spec": {"type": "Limited", "limited": {
-                    "nominalConcurrencyShares": 1,
-                    "lendablePercent": 0,
-                    "limitResponse": {"type": "Reject"},
-                }},
-            }),
+            apf::one_seat_level(&level),
         )
         .await;
     cluster
         .create(
             &t.client,
             &flow_control("FlowSchema", "flowschemas"),
-            json!({
-                "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
-                "kind": "FlowSchema",
-                "metadata": {"name": level},
-                "spec": {
-                    "priorityLevelConfiguration": {"name": level},
-                    "matchingPrecedence": 500,
-                    "distinguisherMethod": {"type": "ByUser"},
-                    "rules": [{
-                        "subjects": [{"kind": "ServiceAccount",
-                                      "serviceAccount": {"name": id.account, "namespace": id.namespace}}],
-                        "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
-                                           "namespaces": ["*"], "clusterScope": true}],
-                        "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
-                    }],
-                },
-            }),
+            apf::flow_schema_for(&level, &id.namespace, &id.account),
         )
         .await;
-    let schemas: Api<FlowSchema> = Api::all(t.client.clone());
-    wait_until(
-        "the FlowSchema to be taken in (Dangling False)",
-        TIMEOUT,
-        async || {
-            let fs = schemas.get(&level).await.map_err(|e| err_msg(&e))?;
-            let taken = fs
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c.type_ == "Dangling" && c.status.as_deref() == Some("False"))
-                });
-            if taken {
-                Ok(())
-            } else {
-                Err(format!("{:?}", fs.status))
-            }
-        },
-    )
-    .await;
+    apf::wait_flow_schema_taken(&t.client, &level).await;
 }
 
 fn info_lines(operator: &Operator) -> Vec<LogLine> {

@@ -1240,64 +1240,17 @@ async fn throttled_by_priority_and_fairness_the_operator_converges_without_a_sto
         .create(
             &t.client,
             ar::<PriorityLevelConfiguration>(),
-            json!({
-                "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
-                "kind": "PriorityLevelConfiguration",
-                "metadata": {"name": level},
-                "spec": {"type": "Limited", "limited": {
-                    "nominalConcurrencyShares": 1,
-                    "lendablePercent": 0,
-                    "limitResponse": {"type": "Reject"},
-                }},
-            }),
+            apf::one_seat_level(&level),
         )
         .await;
     cluster
         .create(
             &t.client,
             ar::<FlowSchema>(),
-            json!({
-                "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
-                "kind": "FlowSchema",
-                "metadata": {"name": level},
-                "spec": {
-                    "priorityLevelConfiguration": {"name": level},
-                    "matchingPrecedence": 500,
-                    "distinguisherMethod": {"type": "ByUser"},
-                    "rules": [{
-                        "subjects": [{"kind": "ServiceAccount",
-                                      "serviceAccount": {"name": account, "namespace": op}}],
-                        "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
-                                           "namespaces": ["*"], "clusterScope": true}],
-                        "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
-                    }],
-                },
-            }),
+            apf::flow_schema_for(&level, &op, account),
         )
         .await;
-    // The API server has taken the FlowSchema in once it set its condition.
-    let schemas: Api<FlowSchema> = Api::all(t.client.clone());
-    wait_until(
-        "the FlowSchema to be taken in (Dangling False)",
-        TIMEOUT,
-        async || {
-            let fs = schemas.get(&level).await.map_err(|e| err_msg(&e))?;
-            let taken = fs
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c.type_ == "Dangling" && c.status.as_deref() == Some("False"))
-                });
-            if taken {
-                Ok(())
-            } else {
-                Err(format!("{:?}", fs.status))
-            }
-        },
-    )
-    .await;
+    apf::wait_flow_schema_taken(&t.client, &level).await;
 
     let start = Instant::now();
     let start_utc = Utc::now();

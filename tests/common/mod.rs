@@ -17,6 +17,7 @@
 //! restricts its rules' targets with `spec.targets.include`.
 #![allow(dead_code)]
 
+pub mod apf;
 pub mod audit;
 pub mod fault;
 pub mod logs;

@@ -1,0 +1,76 @@
+//! API Priority and Fairness for a test: a priority level with one seat that
+//! rejects what does not fit, and a FlowSchema that puts every request of one
+//! ServiceAccount in it. The caller creates both with its own guard for
+//! cluster-scoped objects, then waits until the API server has taken the
+//! FlowSchema in.
+
+use k8s_openapi::api::flowcontrol::v1::FlowSchema;
+use kube::Client;
+use kube::api::Api;
+use serde_json::{Value, json};
+
+use super::{TIMEOUT, err_msg, wait_until};
+
+/// A PriorityLevelConfiguration named `level`: one seat, nothing lent,
+/// requests that do not fit are rejected with 429.
+pub fn one_seat_level(level: &str) -> Value {
+    json!({
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "PriorityLevelConfiguration",
+        "metadata": {"name": level},
+        "spec": {"type": "Limited", "limited": {
+            "nominalConcurrencyShares": 1,
+            "lendablePercent": 0,
+            "limitResponse": {"type": "Reject"},
+        }},
+    })
+}
+
+/// A FlowSchema named `level` that sends every request of the ServiceAccount
+/// `namespace/account` to the priority level `level`.
+pub fn flow_schema_for(level: &str, namespace: &str, account: &str) -> Value {
+    json!({
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "FlowSchema",
+        "metadata": {"name": level},
+        "spec": {
+            "priorityLevelConfiguration": {"name": level},
+            "matchingPrecedence": 500,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{
+                "subjects": [{"kind": "ServiceAccount",
+                              "serviceAccount": {"name": account, "namespace": namespace}}],
+                "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+                                   "namespaces": ["*"], "clusterScope": true}],
+                "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+            }],
+        },
+    })
+}
+
+/// Waits until the API server has taken the FlowSchema `name` in (it sets
+/// its condition Dangling to False).
+pub async fn wait_flow_schema_taken(client: &Client, name: &str) {
+    let schemas: Api<FlowSchema> = Api::all(client.clone());
+    wait_until(
+        "the FlowSchema to be taken in (Dangling False)",
+        TIMEOUT,
+        async || {
+            let fs = schemas.get(name).await.map_err(|e| err_msg(&e))?;
+            let taken = fs
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "Dangling" && c.status.as_deref() == Some("False"))
+                });
+            if taken {
+                Ok(())
+            } else {
+                Err(format!("{:?}", fs.status))
+            }
+        },
+    )
+    .await;
+}
