@@ -1,19 +1,22 @@
 # syntax=docker/dockerfile:1
 # Build: docker build -t copyrator:0.1.0 .
+# Without Docker or a registry, `make image` (hack/image) builds the same
+# recipe into an OCI archive: the same build script, the same final stage.
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
 # Dependencies first, so that a source change does not rebuild them.
 COPY Cargo.toml Cargo.lock ./
+COPY hack/build-static hack/build-static
 RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
-    && cargo build --release --locked \
+    && hack/build-static \
     && rm -rf src
 COPY src ./src
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked
+RUN touch src/main.rs src/lib.rs && hack/build-static
 
-# Distroless: glibc and CA certificates, no shell, non-root (65532).
-FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /src/target/release/copyrator /usr/local/bin/copyrator
+# The binary alone: statically linked, no shell, no libc, non-root.
+FROM scratch
+COPY --from=build /src/target/x86_64-unknown-linux-gnu/release/copyrator /copyrator
 USER 65532:65532
 EXPOSE 8080
-ENTRYPOINT ["copyrator"]
+ENTRYPOINT ["/copyrator"]

@@ -2,7 +2,7 @@
 # `make demo` shows the operator at work.
 SHELL := /bin/bash
 
-.PHONY: test demo demo-down bench bench-quick crd cluster-up cluster-down
+.PHONY: test demo demo-down bench bench-quick image crd cluster-up cluster-down
 
 test:
 	hack/test
@@ -18,6 +18,10 @@ bench:
 
 bench-quick:
 	hack/bench --quick
+
+# The image as an OCI archive, built offline (see the Dockerfile).
+image:
+	hack/image
 
 # Regenerate the CRD YAML from the Rust types (crd/ and chart/crds/).
 crd:

@@ -52,7 +52,7 @@ struct Args {
 
 fn parse_args() -> Result<Args> {
     let mut args = Args {
-        operator: PathBuf::from("target/release/copyrator"),
+        operator: PathBuf::from("target/x86_64-unknown-linux-gnu/release/copyrator"),
         audit_log: PathBuf::new(),
         namespaces: 500,
         sources: 20,
@@ -777,7 +777,9 @@ async fn main() -> Result<()> {
         );
         Ok(())
     } else {
-        bail!("targets missed: {}", missed.join(", "))
+        // A verdict, not a failure of the benchmark itself: no backtrace.
+        eprintln!("bench: targets missed: {}", missed.join(", "));
+        std::process::exit(1)
     }
 }
 
@@ -789,12 +791,13 @@ fn log_lines(run: u32) -> usize {
 }
 
 /// The peak-memory target for a number of copies, in MiB, and how it reads:
-/// 64 MiB up to 10,000 copies; beyond that, three quarters of the chart's
-/// memory limit (256 MiB), the headroom a Pod needs.
+/// 64 MiB up to 10,000 copies; beyond that (the chart's limit is sized for
+/// 100,000), three quarters of the chart's memory limit (320 MiB), the
+/// headroom a Pod needs.
 fn memory_target(copies: usize) -> (f64, &'static str) {
     if copies <= 10_000 {
         (64.0, "< 64 MiB up to 10,000 copies")
     } else {
-        (192.0, "< 192 MiB (¾ of the chart's 256 MiB limit)")
+        (240.0, "< 240 MiB (¾ of the chart's 320 MiB limit)")
     }
 }
