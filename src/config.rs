@@ -29,6 +29,15 @@ pub enum Command {
     Crd,
     /// Say what `run` would create, update and delete now, and change nothing.
     Plan,
+    /// Ask a running operator's /healthz or /readyz; exit 0 on 200, 1
+    /// otherwise (for a `helm test` Pod, which has this binary alone).
+    Probe {
+        /// http://HOST:PORT/PATH, e.g. http://copyrator.ops.svc:8080/readyz
+        url: String,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 5)]
+        timeout_seconds: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

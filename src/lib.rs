@@ -20,6 +20,7 @@ pub mod kinds;
 pub mod leader;
 pub mod metrics;
 pub mod plan;
+pub mod probe;
 pub mod queue;
 pub mod ratelimit;
 pub mod reconcile;

@@ -40,6 +40,13 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(Command::Probe {
+        url,
+        timeout_seconds,
+    }) = &cli.command
+    {
+        return probe(url, Duration::from_secs(*timeout_seconds));
+    }
     let plan_only = matches!(cli.command, Some(Command::Plan));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -267,4 +274,28 @@ async fn plan(shared: &Arc<Shared>) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `copyrator probe URL`: a current-thread runtime, one request.
+fn probe(url: &str, timeout: Duration) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(copyrator::probe::probe(url, timeout)) {
+        Ok(()) => {
+            println!("{url}: ok");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -23,6 +23,14 @@ pub struct WriteLabels {
     pub kind: &'static str,
 }
 
+/// A rule, named apart from the `namespace` label that Prometheus gives
+/// every scraped target.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    pub rule_namespace: String,
+    pub rule: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub reconciles: Family<ResultLabels, Counter>,
@@ -35,6 +43,7 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     pub leader: Gauge,
     pub source_watches: Gauge,
+    pub rule_ready: Family<RuleLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -100,6 +109,12 @@ impl Default for Metrics {
             "Source watches open, shared by all rules (at most --max-source-watches)",
             source_watches.clone(),
         );
+        let rule_ready = Family::<RuleLabels, Gauge>::default();
+        registry.register(
+            "rule_ready",
+            "1 while the rule's Ready condition is True, 0 otherwise (False, Unknown or no status yet)",
+            rule_ready.clone(),
+        );
         // Every series exists from the start, so that a first error is an
         // increase and not a new series that alerts cannot see.
         for result in ["success", "error", "invalid"] {
@@ -136,6 +151,7 @@ impl Default for Metrics {
             queue_depth,
             leader,
             source_watches,
+            rule_ready,
         }
     }
 }
@@ -157,6 +173,22 @@ impl Metrics {
         self.reconciles
             .get_or_create(&ResultLabels { result })
             .inc();
+    }
+
+    /// The readiness of a rule, as its status says; `None` forgets the rule.
+    pub fn rule_readiness(&self, namespace: &str, name: &str, ready: Option<bool>) {
+        let labels = RuleLabels {
+            rule_namespace: namespace.to_owned(),
+            rule: name.to_owned(),
+        };
+        match ready {
+            Some(ready) => {
+                self.rule_ready.get_or_create(&labels).set(i64::from(ready));
+            }
+            None => {
+                self.rule_ready.remove(&labels);
+            }
+        }
     }
 
     pub fn encode(&self) -> String {
@@ -199,5 +231,29 @@ mod tests {
         ] {
             assert!(text.contains(family), "{family} missing from\n{text}");
         }
+    }
+
+    #[test]
+    fn a_rule_has_a_readiness_series_until_it_is_forgotten() {
+        let m = Metrics::default();
+        m.rule_readiness("ops", "main", Some(false));
+        m.rule_readiness("ops", "other", Some(true));
+        let text = m.encode();
+        assert!(
+            text.contains("copyrator_rule_ready{rule_namespace=\"ops\",rule=\"main\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("copyrator_rule_ready{rule_namespace=\"ops\",rule=\"other\"} 1"),
+            "{text}"
+        );
+        m.rule_readiness("ops", "main", Some(true));
+        m.rule_readiness("ops", "other", None);
+        let text = m.encode();
+        assert!(
+            text.contains("copyrator_rule_ready{rule_namespace=\"ops\",rule=\"main\"} 1"),
+            "{text}"
+        );
+        assert!(!text.contains("rule=\"other\""), "{text}");
     }
 }

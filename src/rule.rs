@@ -516,6 +516,17 @@ impl CopyratorRule {
         self.metadata.deletion_timestamp.is_some()
     }
 
+    /// Whether the rule's status says Ready=True (for the generation it
+    /// describes; a newer spec not yet looked at still shows the last
+    /// result, as `kubectl get` does).
+    pub fn is_ready(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    }
+
     pub fn has_finalizer(&self) -> bool {
         self.metadata
             .finalizers

@@ -215,6 +215,8 @@ impl Shared {
             }
             rules.insert(key.clone(), rule.clone());
         }
+        self.metrics
+            .rule_readiness(&key.namespace, &key.name, Some(rule.is_ready()));
         if let Some(uid) = rule.uid() {
             write(&self.rule_uids).insert(uid.to_owned(), key);
         }
@@ -228,6 +230,7 @@ impl Shared {
         {
             write(&self.rule_uids).remove(uid);
         }
+        self.metrics.rule_readiness(&key.namespace, &key.name, None);
         lock(&self.sources).remove(key);
         self.metrics
             .source_watches

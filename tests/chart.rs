@@ -1478,3 +1478,121 @@ async fn helm_upgrade_and_uninstall() {
         "helm uninstall must keep the CRD"
     );
 }
+
+/// The metric names in PromQL text: `copyrator_` and what follows of
+/// letters, digits and underscores.
+fn metric_names(promql: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = promql;
+    while let Some(at) = rest.find("copyrator_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.insert(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// Every query of the chart's alerts and dashboard, with where it is.
+fn chart_queries() -> Vec<(String, String)> {
+    let docs = render(&[
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "grafanaDashboard.enabled=true",
+    ]);
+    let mut queries = Vec::new();
+    let rule = find(&docs, "PrometheusRule");
+    for group in rule["spec"]["groups"].as_array().expect("groups") {
+        for alert in group["rules"].as_array().expect("rules") {
+            queries.push((
+                format!("alert {}", alert["alert"]),
+                alert["expr"].as_str().expect("expr").to_string(),
+            ));
+        }
+    }
+    let dashboard = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "copyrator-dashboard")
+        .expect("the dashboard ConfigMap");
+    let json: Value = serde_json::from_str(
+        dashboard["data"]["copyrator.json"]
+            .as_str()
+            .expect("copyrator.json"),
+    )
+    .expect("the dashboard is JSON");
+    for panel in json["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            queries.push((
+                format!("panel {}", panel["title"]),
+                target["expr"].as_str().expect("expr").to_string(),
+            ));
+        }
+    }
+    for variable in json["templating"]["list"].as_array().expect("variables") {
+        if let Some(query) = variable["query"].as_str() {
+            queries.push((format!("variable {}", variable["name"]), query.to_string()));
+        }
+    }
+    queries
+}
+
+/// The chart's alerts and dashboard ask only for series a running operator
+/// exports: every metric name in their queries is a sample name in a
+/// scrape of an operator with a rule (histograms by their `_bucket`).
+#[tokio::test]
+async fn alerts_and_dashboard_use_only_metrics_the_operator_exports() {
+    let queries = chart_queries();
+    assert!(queries.len() >= 10, "{queries:?}");
+    let t = TestNs::new("chart-metrics").await;
+    let op = t.ns("op").await;
+    let target = t.ns("t1").await;
+    t.create_rule(
+        &op,
+        "r",
+        rule_spec(Kind::ConfigMap, t.selector(), &[&target]),
+    )
+    .await;
+    let mut operator = Operator::start(&t, &op, &[]);
+    operator.wait_ready().await;
+    t.wait_rule_ready(&op, "r").await;
+    let exported: BTreeSet<String> =
+        wait_until("a scrape with the rule's readiness", TIMEOUT, async || {
+            let (code, text) = http_get(operator.port, "/metrics").await?;
+            if code != 200 {
+                return Err(format!("/metrics answered {code}"));
+            }
+            let names: BTreeSet<String> = text
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .filter_map(|l| l.split(['{', ' ']).next())
+                .map(str::to_string)
+                .collect();
+            if names.contains("copyrator_rule_ready") {
+                Ok(names)
+            } else {
+                Err(format!("no copyrator_rule_ready sample yet:\n{text}"))
+            }
+        })
+        .await;
+    let mut unknown = Vec::new();
+    for (place, query) in &queries {
+        let names = metric_names(query);
+        assert!(
+            !names.is_empty(),
+            "{place} asks for no copyrator metric: {query}"
+        );
+        for name in names {
+            if !exported.contains(&name) {
+                unknown.push(format!("{place}: {name}"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "metrics the operator does not export: {unknown:?}\nexported: {exported:?}"
+    );
+    operator.assert_running();
+}

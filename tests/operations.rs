@@ -502,6 +502,10 @@ const FAMILIES: &[(&str, &str)] = &[
     ("copyrator_conflicts_skipped", "gauge"),
     ("copyrator_queue_depth", "gauge"),
     ("copyrator_leader", "gauge"),
+    ("copyrator_copies_contested", "gauge"),
+    ("copyrator_write_failures", "counter"),
+    ("copyrator_source_watches", "gauge"),
+    ("copyrator_rule_ready", "gauge"),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
