@@ -2,7 +2,7 @@
 # `make demo` shows the operator at work.
 SHELL := /bin/bash
 
-.PHONY: test demo demo-down bench bench-quick image crd cluster-up cluster-down
+.PHONY: test demo demo-down bench bench-quick image e2e crd cluster-up cluster-down
 
 test:
 	hack/test
@@ -22,6 +22,10 @@ bench-quick:
 # The image as an OCI archive, built offline (see the Dockerfile).
 image:
 	hack/image
+
+# The chart on a kubelet node of its own, with that image (root).
+e2e:
+	hack/e2e
 
 # Regenerate the CRD YAML from the Rust types (crd/ and chart/crds/).
 crd:

@@ -1532,7 +1532,10 @@ fn chart_queries() -> Vec<(String, String)> {
         }
     }
     for variable in json["templating"]["list"].as_array().expect("variables") {
-        if let Some(query) = variable["query"].as_str() {
+        // A "datasource" variable's query is a data source type, not PromQL.
+        if variable["type"] == "query"
+            && let Some(query) = variable["query"].as_str()
+        {
             queries.push((format!("variable {}", variable["name"]), query.to_string()));
         }
     }
