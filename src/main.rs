@@ -48,15 +48,9 @@ fn main() -> ExitCode {
         return probe(url, Duration::from_secs(*timeout_seconds));
     }
     let plan_only = matches!(cli.command, Some(Command::Plan));
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match start_runtime(tokio::runtime::Builder::new_multi_thread()) {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     match runtime.block_on(run(cli.settings, plan_only)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -276,17 +270,21 @@ async fn plan(shared: &Arc<Shared>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An async runtime, or the exit code after saying why there is none.
+fn start_runtime(
+    mut builder: tokio::runtime::Builder,
+) -> Result<tokio::runtime::Runtime, ExitCode> {
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("error: starting the async runtime: {e}");
+        ExitCode::FAILURE
+    })
+}
+
 /// `copyrator probe URL`: a current-thread runtime, one request.
 fn probe(url: &str, timeout: Duration) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match start_runtime(tokio::runtime::Builder::new_current_thread()) {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     match runtime.block_on(copyrator::probe::probe(url, timeout)) {
         Ok(()) => {
