@@ -23,8 +23,12 @@ bench-quick:
 image:
 	hack/image
 
-# The chart on a kubelet node of its own, with that image (root).
+# The image (built, or reused from the benchmark's build) and its checks,
+# then the chart on a kubelet node of its own with that image (root). CI
+# runs it after `make test`.
 e2e:
+	hack/image
+	hack/image-test
 	hack/e2e
 
 # Regenerate the CRD YAML from the Rust types (crd/ and chart/crds/).
