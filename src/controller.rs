@@ -118,6 +118,8 @@ pub async fn run_resync(
                     memory.known_conflicts.clear();
                 }
                 lock(&shared.backoffs).sweep(Instant::now());
+                // Names of namespaces and sources that are gone.
+                crate::intern::sweep();
             }
             changed = leading.changed(), if election_running => {
                 // A closed channel means the election ended (shutdown).

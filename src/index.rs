@@ -27,8 +27,8 @@ pub type ObjectKey = (String, String);
 /// are on every write.
 #[derive(Clone, PartialEq)]
 pub struct Object {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
     pub uid: String,
     pub resource_version: String,
     /// All labels; in a compact copy only those Copyrator does not own.
@@ -40,17 +40,17 @@ pub struct Object {
     pub payload: BTreeMap<String, Value>,
     /// Hash of the payload alone.
     pub payload_hash: u64,
-    /// `(key hash, value hash)` of every label and annotation Copyrator's
-    /// field manager owns, sorted by key hash.
-    pub owned_meta: Box<[(u64, u64)]>,
+    /// [`meta_entry_hash`] of every label and annotation Copyrator's field
+    /// manager owns, sorted (shared: the copies of one source hold the same).
+    pub owned_meta: Arc<[u64]>,
     /// The `copyrator.flant.com/rule-uid` label: set on copies.
-    pub rule_uid: Option<String>,
+    pub rule_uid: Option<Arc<str>>,
     /// The `copyrator.flant.com/rule` annotation: the rule that made a copy.
-    pub rule_ref: Option<String>,
+    pub rule_ref: Option<Arc<str>>,
     /// The `copyrator.flant.com/source` annotation: a copy's source.
-    pub source_ref: Option<String>,
+    pub source_ref: Option<Arc<str>>,
     /// The field manager other than Copyrator that wrote last (from `managedFields`).
-    pub other_writer: Option<Box<str>>,
+    pub other_writer: Option<Arc<str>>,
     /// Hash of the desired copy Copyrator last wrote to this object; kept
     /// across versions, so that a change back is recognised as such.
     pub written_for: Option<u64>,
@@ -144,14 +144,11 @@ pub enum MetaMap {
     Annotation,
 }
 
-/// `(key hash, value hash)` of one label or annotation.
-pub fn meta_entry_hash(map: MetaMap, key: &str, value: &str) -> (u64, u64) {
+/// The hash of one label or annotation, key and value.
+pub fn meta_entry_hash(map: MetaMap, key: &str, value: &str) -> u64 {
     let mut state = DefaultHasher::new();
-    (map, key).hash(&mut state);
-    let key_hash = state.finish();
-    let mut state = DefaultHasher::new();
-    value.hash(&mut state);
-    (key_hash, state.finish())
+    (map, key, value).hash(&mut state);
+    state.finish()
 }
 
 /// The labels and annotations Copyrator's field manager owns, as
@@ -191,7 +188,7 @@ pub fn owned_meta_keys(
 }
 
 /// The field manager other than Copyrator that wrote last.
-fn last_other_writer(managed_fields: Option<&[ManagedFieldsEntry]>) -> Option<Box<str>> {
+fn last_other_writer(managed_fields: Option<&[ManagedFieldsEntry]>) -> Option<Arc<str>> {
     managed_fields?
         .iter()
         .filter(|e| {
@@ -201,14 +198,14 @@ fn last_other_writer(managed_fields: Option<&[ManagedFieldsEntry]>) -> Option<Bo
         })
         .max_by_key(|e| e.time.as_ref().map(|t| t.0))
         .and_then(|e| e.manager.as_deref())
-        .map(Box::from)
+        .map(crate::intern::string)
 }
 
 impl Object {
     /// An object whose labels and annotations all count as Copyrator's.
     pub fn new(
-        namespace: String,
-        name: String,
+        namespace: impl AsRef<str>,
+        name: impl AsRef<str>,
         uid: String,
         resource_version: String,
         labels: BTreeMap<String, String>,
@@ -217,12 +214,12 @@ impl Object {
     ) -> Self {
         let mut object = Self {
             payload_hash: 0,
-            owned_meta: Box::default(),
+            owned_meta: Arc::new([]),
             rule_uid: None,
             rule_ref: None,
             source_ref: None,
-            namespace,
-            name,
+            namespace: crate::intern::string(namespace.as_ref()),
+            name: crate::intern::string(name.as_ref()),
             uid,
             resource_version,
             labels,
@@ -264,15 +261,16 @@ impl Object {
     /// annotations or payload; every label and annotation counts as owned.
     pub fn rehash(&mut self) {
         self.payload_hash = payload_hash(&self.payload);
-        self.rule_uid = self.labels.get(crate::LABEL_RULE_UID).cloned();
-        self.rule_ref = self.annotations.get(crate::ANNOTATION_RULE).cloned();
-        self.source_ref = self.annotations.get(crate::ANNOTATION_SOURCE).cloned();
+        let shared = |value: Option<&String>| value.map(|v| crate::intern::string(v));
+        self.rule_uid = shared(self.labels.get(crate::LABEL_RULE_UID));
+        self.rule_ref = shared(self.annotations.get(crate::ANNOTATION_RULE));
+        self.source_ref = shared(self.annotations.get(crate::ANNOTATION_SOURCE));
         self.set_owned(|_, _| true);
     }
 
     /// Record which labels and annotations Copyrator owns.
     pub fn set_owned(&mut self, owns: impl Fn(MetaMap, &str) -> bool) {
-        let mut owned: Vec<(u64, u64)> = self
+        let mut owned: Vec<u64> = self
             .labels
             .iter()
             .map(|(k, v)| (MetaMap::Label, k, v))
@@ -285,7 +283,8 @@ impl Object {
             .map(|(map, key, value)| meta_entry_hash(map, key, value))
             .collect();
         owned.sort_unstable();
-        self.owned_meta = owned.into_boxed_slice();
+        owned.dedup();
+        self.owned_meta = crate::intern::hashes(&owned);
     }
 
     /// Whether Copyrator owns `key` with exactly `value`.
@@ -300,7 +299,7 @@ impl Object {
     /// payload fields that decide a recreate. Data is dropped, so memory
     /// does not grow with the size of what is copied.
     pub fn into_compact(mut self) -> Self {
-        let owned = std::mem::take(&mut self.owned_meta);
+        let owned = self.owned_meta.clone();
         let is_owned = |map: MetaMap, key: &str, value: &str| {
             owned
                 .binary_search(&meta_entry_hash(map, key, value))
@@ -314,7 +313,6 @@ impl Object {
             .into_iter()
             .filter(|(k, v)| !is_owned(MetaMap::Annotation, k, v))
             .collect();
-        self.owned_meta = owned;
         self.payload = std::mem::take(&mut self.payload)
             .into_iter()
             .filter(|(k, _)| k == "type" || k == "immutable")
@@ -323,7 +321,7 @@ impl Object {
     }
 
     pub fn key(&self) -> ObjectKey {
-        (self.namespace.clone(), self.name.clone())
+        (self.namespace.to_string(), self.name.to_string())
     }
 
     pub fn rule_uid(&self) -> Option<&str> {
@@ -385,24 +383,35 @@ impl NamespaceInfo {
     }
 }
 
-/// Every copy of one kind in the cluster, by key and by the rule that made it.
+/// `(namespace, name)` of a cached copy, sharing the copy's strings.
+type SharedKey = (Arc<str>, Arc<str>);
+
+/// Every copy of one kind in the cluster, by namespace and name, and by the
+/// rule that made it. Keys share the copies' strings, and a lookup by
+/// `&str` allocates nothing, so a pass over 100,000 copies stays cheap.
 #[derive(Default)]
 pub struct CopyIndex {
-    by_key: HashMap<ObjectKey, Arc<Object>>,
-    by_rule: HashMap<String, HashSet<ObjectKey>>,
+    by_namespace: HashMap<Arc<str>, HashMap<Arc<str>, Arc<Object>>>,
+    by_rule: HashMap<Arc<str>, HashSet<SharedKey>>,
+    len: usize,
 }
 
 impl CopyIndex {
     pub fn get(&self, namespace: &str, name: &str) -> Option<&Arc<Object>> {
-        self.by_key.get(&(namespace.to_owned(), name.to_owned()))
+        self.by_namespace.get(namespace)?.get(name)
+    }
+
+    /// The copies in one namespace, by name.
+    pub fn in_namespace(&self, namespace: &str) -> Option<&HashMap<Arc<str>, Arc<Object>>> {
+        self.by_namespace.get(namespace)
     }
 
     pub fn len(&self) -> usize {
-        self.by_key.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
+        self.len == 0
     }
 
     /// Copies labelled with a rule's UID.
@@ -411,24 +420,33 @@ impl CopyIndex {
             .get(rule_uid)
             .into_iter()
             .flatten()
-            .filter_map(|key| self.by_key.get(key))
+            .filter_map(|(namespace, name)| self.get(namespace, name))
     }
 
     /// The rule UIDs that label at least one copy.
     pub fn rule_uids(&self) -> impl Iterator<Item = &str> {
-        self.by_rule.keys().map(String::as_str)
+        self.by_rule.keys().map(|uid| &**uid)
     }
 
     pub fn count_owned_by(&self, rule_uid: &str) -> usize {
         self.by_rule.get(rule_uid).map_or(0, HashSet::len)
     }
 
+    fn forget_owner(&mut self, rule_uid: &str, key: &SharedKey) {
+        if let Some(keys) = self.by_rule.get_mut(rule_uid) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_rule.remove(rule_uid);
+            }
+        }
+    }
+
     /// Insert or replace; returns the rule UIDs whose copies changed.
     /// An older version than the one held (our own write landed first) is ignored.
     pub fn upsert(&mut self, mut object: Arc<Object>) -> Vec<String> {
-        let key = object.key();
+        let key: SharedKey = (object.namespace.clone(), object.name.clone());
         let mut touched = Vec::new();
-        if let Some(previous) = self.by_key.get(&key) {
+        if let Some(previous) = self.get(&key.0, &key.1) {
             if !object.is_not_older_than(previous) {
                 return touched;
             }
@@ -447,25 +465,30 @@ impl CopyIndex {
             if **previous == *object {
                 return touched;
             }
-            if let Some(uid) = previous.rule_uid() {
-                touched.push(uid.to_owned());
-                if Some(uid) != object.rule_uid()
-                    && let Some(keys) = self.by_rule.get_mut(uid)
-                {
-                    keys.remove(&key);
+            if let Some(uid) = previous.rule_uid.clone() {
+                touched.push(uid.to_string());
+                if Some(&*uid) != object.rule_uid() {
+                    self.forget_owner(&uid, &key);
                 }
             }
         }
-        if let Some(uid) = object.rule_uid() {
+        if let Some(uid) = &object.rule_uid {
             self.by_rule
-                .entry(uid.to_owned())
+                .entry(uid.clone())
                 .or_default()
                 .insert(key.clone());
-            if !touched.iter().any(|t| t == uid) {
-                touched.push(uid.to_owned());
+            if !touched.iter().any(|t| **t == **uid) {
+                touched.push(uid.to_string());
             }
         }
-        self.by_key.insert(key, object);
+        let previous = self
+            .by_namespace
+            .entry(key.0)
+            .or_default()
+            .insert(key.1, object);
+        if previous.is_none() {
+            self.len += 1;
+        }
         touched
     }
 
@@ -478,30 +501,35 @@ impl CopyIndex {
 
     /// As [`CopyIndex::remove`], returning the removed object.
     pub fn take(&mut self, namespace: &str, name: &str, uid: &str) -> Option<Arc<Object>> {
-        let key = (namespace.to_owned(), name.to_owned());
-        if self.by_key.get(&key)?.uid != uid {
+        let in_namespace = self.by_namespace.get_mut(namespace)?;
+        if in_namespace.get(name)?.uid != uid {
             return None;
         }
-        let previous = self.by_key.remove(&key)?;
-        if let Some(rule_uid) = previous.rule_uid()
-            && let Some(keys) = self.by_rule.get_mut(rule_uid)
-        {
-            keys.remove(&key);
-            if keys.is_empty() {
-                self.by_rule.remove(rule_uid);
-            }
+        let previous = in_namespace.remove(name)?;
+        if in_namespace.is_empty() {
+            self.by_namespace.remove(namespace);
+        }
+        self.len -= 1;
+        if let Some(rule_uid) = previous.rule_uid.clone() {
+            self.forget_owner(
+                &rule_uid,
+                &(previous.namespace.clone(), previous.name.clone()),
+            );
         }
         Some(previous)
     }
 
     /// Replace everything (after a full list); returns every rule UID seen before or after.
     pub fn replace_all(&mut self, objects: Vec<Arc<Object>>) -> HashSet<String> {
-        let mut touched: HashSet<String> = self.by_rule.keys().cloned().collect();
-        self.by_key.clear();
+        let mut touched: HashSet<String> = self.by_rule.keys().map(|k| k.to_string()).collect();
+        self.by_namespace.clear();
         self.by_rule.clear();
+        self.len = 0;
         for object in objects {
             touched.extend(self.upsert(object));
         }
+        self.by_namespace.shrink_to_fit();
+        self.by_rule.shrink_to_fit();
         touched
     }
 }
@@ -512,8 +540,8 @@ pub(crate) mod tests {
 
     pub fn object(ns: &str, name: &str, uid: &str, rv: u64, labels: &[(&str, &str)]) -> Object {
         Object::new(
-            ns.into(),
-            name.into(),
+            ns,
+            name,
             uid.into(),
             rv.to_string(),
             labels

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backoff;
+pub mod client;
 pub mod config;
 pub mod controller;
 pub mod crd;
@@ -16,6 +17,7 @@ pub mod error;
 pub mod finalizer;
 pub mod http;
 pub mod index;
+pub mod intern;
 pub mod kinds;
 pub mod leader;
 pub mod metrics;

@@ -2,7 +2,7 @@
 //! get there: a pure function of the rule, its sources, the namespaces and
 //! the copies that exist.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -45,8 +45,9 @@ pub struct Desired {
     pub source: String,
     pub content_hash: u64,
     pub payload_hash: u64,
-    /// Key hashes of every label and annotation, sorted.
-    pub meta_keys: Box<[u64]>,
+    /// [`meta_entry_hash`] of every label and annotation, sorted (shared
+    /// with the copies that hold exactly these).
+    pub meta_entries: Arc<[u64]>,
 }
 
 impl std::fmt::Debug for Desired {
@@ -73,6 +74,16 @@ impl Desired {
         if current.payload_hash != self.payload_hash {
             return false;
         }
+        let owns_wanted = |entry: &u64| current.owned_meta.binary_search(entry).is_ok();
+        if current.labels.is_empty() && current.annotations.is_empty() {
+            // Nobody else holds a key (the usual case): what Copyrator owns
+            // must be what it wants, compared as sorted hash lists.
+            return if strict {
+                *current.owned_meta == *self.meta_entries
+            } else {
+                self.meta_entries.iter().all(owns_wanted)
+            };
+        }
         let has = |map: MetaMap, key: &str, value: &str| {
             let others = match map {
                 MetaMap::Label => &current.labels,
@@ -90,7 +101,7 @@ impl Desired {
                 || current
                     .owned_meta
                     .iter()
-                    .all(|(key, _)| self.meta_keys.binary_search(key).is_ok()))
+                    .all(|entry| self.meta_entries.binary_search(entry).is_ok()))
     }
 
     /// Whether `current` holds what Copyrator last wrote for this very copy
@@ -219,7 +230,11 @@ pub fn source_rejection(rule: &ResolvedRule, object: &Object) -> Option<&'static
     {
         return Some("its type is not copied");
     }
-    if !rule.source_namespaces.contains(&object.namespace) {
+    if !rule
+        .source_namespaces
+        .iter()
+        .any(|ns| **ns == *object.namespace)
+    {
         return Some("it is not in a source namespace of the rule");
     }
     if !rule.selector.matches(&object.labels) {
@@ -269,20 +284,21 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
     );
     annotations.insert(ANNOTATION_SOURCE_UID.into(), source.uid.clone());
     let payload_hash = source.payload_hash;
-    let mut meta_keys: Vec<u64> = labels
+    let mut meta_entries: Vec<u64> = labels
         .iter()
-        .map(|(k, v)| meta_entry_hash(MetaMap::Label, k, v).0)
+        .map(|(k, v)| meta_entry_hash(MetaMap::Label, k, v))
         .chain(
             annotations
                 .iter()
-                .map(|(k, v)| meta_entry_hash(MetaMap::Annotation, k, v).0),
+                .map(|(k, v)| meta_entry_hash(MetaMap::Annotation, k, v)),
         )
         .collect();
-    meta_keys.sort_unstable();
+    meta_entries.sort_unstable();
+    meta_entries.dedup();
     Desired {
-        meta_keys: meta_keys.into_boxed_slice(),
+        meta_entries: crate::intern::hashes(&meta_entries),
         kind: rule.kind,
-        name: source.name.clone(),
+        name: source.name.to_string(),
         content_hash: crate::index::content_hash(&labels, &annotations, payload_hash),
         payload_hash,
         labels,
@@ -366,43 +382,40 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         candidates.sort_by_key(|s| {
             rule.source_namespaces
                 .iter()
-                .position(|ns| *ns == s.namespace)
+                .position(|ns| **ns == *s.namespace)
         });
     }
+    let from_namespace = |candidates: &[&Object], namespace: &str| {
+        candidates.iter().any(|s| &*s.namespace == namespace)
+    };
 
     // One desired copy per source name, shared by every target namespace.
     let desired_by_name: BTreeMap<&str, Arc<Desired>> = sources
         .iter()
         .map(|(name, candidates)| (*name, Arc::new(desired_copy(rule, candidates[0]))))
         .collect();
-    let mut wanted: BTreeSet<ObjectKey> = BTreeSet::new();
     let (targets, left_out) = target_namespaces(rule, inputs.namespaces);
     out.protected_namespaces = left_out.protected;
     out.not_accepting_namespaces = left_out.not_accepted;
+    // Targets that receive writes; a terminating namespace receives
+    // nothing, and what is there of ours is kept out of pruning too.
+    let mut live_targets: HashSet<&str> = HashSet::with_capacity(targets.len());
     for (namespace, info) in targets {
         if info.terminating {
-            // Nothing is written into a namespace that is going away; what is
-            // there of ours is kept out of pruning too.
-            for current in inputs
-                .copies
-                .owned_by(&rule.uid)
-                .filter(|c| c.namespace == *namespace)
-            {
-                wanted.insert(current.key());
-            }
             continue;
         }
+        live_targets.insert(namespace);
+        let copies_here = inputs.copies.in_namespace(namespace);
         let is_source_namespace = rule.source_namespaces.contains(namespace);
         let mut receives = false;
         for (name, candidates) in &sources {
             // A source never lands on its own namespace; in a source namespace
             // the object of that name is the source itself.
-            if candidates.iter().any(|s| s.namespace == *namespace) {
+            if from_namespace(candidates, namespace) {
                 continue;
             }
             let source = candidates[0];
             receives = true;
-            let key = (namespace.clone(), (*name).to_owned());
             for shadowed in &candidates[1..] {
                 out.conflicts.push(ConflictEntry {
                     namespace: namespace.clone(),
@@ -413,21 +426,20 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                     ),
                 });
             }
-            let desired = desired_by_name[name].clone();
-            match inputs.copies.get(namespace, name) {
+            let desired = &desired_by_name[name];
+            match copies_here.and_then(|copies| copies.get(*name)) {
                 Some(current) if is_ours(rule, current, inputs.live_rule_uids) => {
-                    wanted.insert(key);
                     out.desired += 1;
                     if desired.is_satisfied_by(current) {
                         out.in_place += 1;
                     } else if desired.needs_recreate(current) {
                         out.actions.push(Action::Recreate {
-                            desired,
+                            desired: desired.clone(),
                             current: current.clone(),
                         });
                     } else {
                         out.actions.push(Action::Update {
-                            desired,
+                            desired: desired.clone(),
                             current: current.clone(),
                         });
                     }
@@ -440,7 +452,10 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                         reason: format!("a copy made by rule {owner} is there"),
                     });
                 }
-                None => match inputs.known_conflicts.get(&key) {
+                None => match inputs
+                    .known_conflicts
+                    .get(&(namespace.clone(), (*name).to_owned()))
+                {
                     Some(reason) if rule.conflict_policy == ConflictPolicy::Skip => {
                         out.conflicts.push(ConflictEntry {
                             namespace: namespace.clone(),
@@ -449,10 +464,9 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                         });
                     }
                     _ => {
-                        wanted.insert(key);
                         out.desired += 1;
                         out.actions.push(Action::Create {
-                            desired,
+                            desired: desired.clone(),
                             namespace: namespace.clone(),
                         });
                     }
@@ -472,9 +486,15 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             // its copies wait until it has been seen.
             let prunable = inputs
                 .namespaces
-                .get(&current.namespace)
+                .get(&*current.namespace)
                 .is_some_and(|ns| !ns.terminating);
-            if prunable && !wanted.contains(&current.key()) {
+            // Ours at a live target with a source of its name from elsewhere:
+            // the loop above wants it.
+            let wanted = live_targets.contains(&*current.namespace)
+                && sources
+                    .get(&*current.name)
+                    .is_some_and(|candidates| !from_namespace(candidates, &current.namespace));
+            if prunable && !wanted {
                 out.actions.push(Action::Delete {
                     current: current.clone(),
                     reason: DeleteReason::Pruned,
@@ -522,7 +542,7 @@ pub fn orphans(
                 .as_deref()
                 .is_some_and(responsible_for_missing_rule)
                 && namespaces
-                    .get(&c.namespace)
+                    .get(&*c.namespace)
                     .is_some_and(|ns| !ns.terminating)
         })
         .map(|c| Action::Delete {
@@ -545,7 +565,7 @@ pub fn cleanup(
         .owned_by(rule_uid)
         .filter(|c| {
             !namespaces
-                .get(&c.namespace)
+                .get(&*c.namespace)
                 .is_some_and(|ns| ns.terminating)
         })
         .map(|c| Action::Delete {

@@ -562,7 +562,9 @@ async fn run_plan(
     let rule_name = resolved.key.to_string();
     let policy = resolved.conflict_policy;
     let concurrency = shared.settings.write_concurrency as usize;
-    let results: Vec<(CopyKey, Kind, Action, Outcome)> = futures::stream::iter(admitted)
+    // Outcomes are taken as they come, so a pass of 100,000 writes never
+    // holds them all at once.
+    let mut results = futures::stream::iter(admitted)
         .map(|(copy, kind, action)| {
             let shared = shared.clone();
             let rule_name = rule_name.clone();
@@ -574,12 +576,10 @@ async fn run_plan(
                 (copy, kind, action, outcome)
             }
         })
-        .buffer_unordered(concurrency)
-        .collect()
-        .await;
+        .buffer_unordered(concurrency);
 
     let mut new_conflicts = Vec::new();
-    for (copy, kind, action, outcome) in results {
+    while let Some((copy, kind, action, outcome)) = results.next().await {
         let (namespace, name) = action.target();
         match outcome {
             Outcome::Written(object) => {

@@ -224,7 +224,7 @@ pub fn plan_watches(
 }
 
 /// Objects by namespace and name.
-type Store = HashMap<String, HashMap<String, Arc<Object>>>;
+type Store = HashMap<Arc<str>, HashMap<Arc<str>, Arc<Object>>>;
 
 /// What a watch's task shares with the hub.
 struct WatchState {
@@ -394,7 +394,7 @@ impl SourceHub {
                 Scope::AllNamespaces => &need.namespaces,
             };
             for ns in namespaces {
-                if let Some(in_namespace) = store.get(ns) {
+                if let Some(in_namespace) = store.get(ns.as_str()) {
                     objects.extend(
                         in_namespace
                             .values()
@@ -554,7 +554,7 @@ fn apply(state: &WatchState, change: Change<Object>) -> Option<Vec<RuleKey>> {
                 let object = Arc::new(object.clone());
                 in_namespace.insert(object.name.clone(), object)
             } else {
-                in_namespace.remove(&object.name)
+                in_namespace.remove(&*object.name)
             };
             if previous.as_deref() == Some(&object) || (previous.is_none() && !wanted) {
                 return Some(Vec::new());
@@ -574,19 +574,19 @@ fn apply(state: &WatchState, change: Change<Object>) -> Option<Vec<RuleKey>> {
         }
         Change::Deleted(object) => {
             let mut store = write(&state.store);
-            let Some(in_namespace) = store.get_mut(&object.namespace) else {
+            let Some(in_namespace) = store.get_mut(&*object.namespace) else {
                 return Some(Vec::new());
             };
             // A newer object of the same name stays.
             if in_namespace
-                .get(&object.name)
+                .get(&*object.name)
                 .is_none_or(|held| held.uid != object.uid)
             {
                 return Some(Vec::new());
             }
-            let removed = in_namespace.remove(&object.name);
+            let removed = in_namespace.remove(&*object.name);
             if in_namespace.is_empty() {
-                store.remove(&object.namespace);
+                store.remove(&*object.namespace);
             }
             Some(
                 removed

@@ -287,7 +287,7 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
                             )
                         {
                             lock(&shared.backoffs).deleted_by_others(
-                                &(kind, namespace, name),
+                                &(kind, namespace.to_string(), name.to_string()),
                                 &rule,
                                 written_for,
                                 Instant::now(),
