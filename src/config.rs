@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::client::Transport;
 use crate::kinds::Kind;
 use crate::rule::CopyPolicy;
 
@@ -102,6 +103,12 @@ pub struct Settings {
     /// rule or number of rules opens more connections.
     #[arg(long, env = "MAX_SOURCE_WATCHES", default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=1000), global = true)]
     pub max_source_watches: u32,
+
+    /// How requests reach the API server: `http2` carries every request and
+    /// watch over one connection (over TLS; a plain-http server gets
+    /// HTTP/1), `http1` opens a connection per request in flight.
+    #[arg(long, env = "API_TRANSPORT", value_enum, default_value_t = Transport::Http2, global = true)]
+    pub api_transport: Transport,
 
     /// Requests per second the operator sends to the API server (watches not counted); 0 means no limit.
     #[arg(long, env = "API_QPS", default_value_t = 1000.0, global = true)]

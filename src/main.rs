@@ -8,6 +8,7 @@ use clap::Parser;
 use tokio::sync::watch;
 use tracing::{error, info};
 
+use copyrator::client::Transport;
 use copyrator::config::{Cli, Command, Settings};
 use copyrator::controller;
 use copyrator::http::{self, Health};
@@ -86,26 +87,25 @@ async fn shutdown_signal() -> &'static str {
 /// A client whose every request has a deadline: a hung or half-open
 /// connection fails the request (and is dropped) instead of stalling a
 /// worker. Watches end on the server after `WATCH_TIMEOUT_SECONDS`, well
-/// within the read timeout, and resume from where they were.
-async fn api_client() -> anyhow::Result<kube::Client> {
+/// within the deadline, and resume from where they were.
+async fn api_client(transport: Transport) -> anyhow::Result<kube::Client> {
     let mut config = kube::Config::infer().await.context(
         "cannot find the Kubernetes API configuration (in-cluster, KUBECONFIG or ~/.kube/config)",
     )?;
-    config.connect_timeout = Some(Duration::from_secs(5));
-    config.read_timeout = Some(Duration::from_secs(
-        u64::from(copyrator::state::WATCH_TIMEOUT_SECONDS) + 5,
-    ));
+    let deadline = Duration::from_secs(u64::from(copyrator::state::WATCH_TIMEOUT_SECONDS) + 5);
+    config.connect_timeout = Some(copyrator::client::CONNECT_TIMEOUT);
+    config.read_timeout = Some(deadline);
     config.reset_reader_on_write = true;
     config.write_timeout = Some(Duration::from_secs(10));
     // kube's own retry of 429/503 (up to 15 times, hidden from us) would
     // multiply requests; failures come back to the per-copy backoff instead.
     config.default_retry = false;
-    kube::Client::try_from(config).context("cannot build the Kubernetes API client")
+    Ok(copyrator::client::build(config, transport, deadline)?)
 }
 
 async fn run(settings: Settings, plan_only: bool) -> anyhow::Result<()> {
     copyrator::telemetry::init(&settings.log_level, settings.log_format)?;
-    let client = api_client().await?;
+    let client = api_client(settings.api_transport).await?;
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::new(settings.stuck_after()));
     let (stop, stop_receiver) = watch::channel(false);
