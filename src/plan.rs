@@ -357,6 +357,23 @@ pub fn target_namespaces<'a>(
     )
 }
 
+/// Whether a change of the namespace `name` (from `before` to `after`,
+/// either absent when it was created or deleted) may change what `rule`
+/// does: it holds the rule's sources, or the rule targets it before or
+/// after (its labels or consent changed). Other rules need no pass.
+pub fn concerns_namespace(
+    rule: &ResolvedRule,
+    name: &str,
+    before: Option<&NamespaceInfo>,
+    after: Option<&NamespaceInfo>,
+) -> bool {
+    rule.source_namespaces.iter().any(|ns| ns == name)
+        || [before, after]
+            .into_iter()
+            .flatten()
+            .any(|info| rule.targets.matches(name, &info.labels))
+}
+
 /// Compute what `inputs.rule` needs.
 pub fn plan(inputs: &Inputs<'_>) -> Plan {
     let rule = inputs.rule;
@@ -670,6 +687,55 @@ mod tests {
             .iter()
             .map(|a| (a.target().0.to_owned(), a.target().1.to_owned(), a.verb()))
             .collect()
+    }
+
+    #[test]
+    fn a_namespace_change_concerns_only_rules_that_source_or_target_it() {
+        let r = rule(
+            json!({"spec": {"ruleType": "configmap", "selector": {"copy": "yes"},
+            "targets": {"include": ["team-*"], "exclude": ["team-x"]}}}),
+        );
+        let plain = NamespaceInfo::default();
+        let labelled = |k: &str, v: &str| NamespaceInfo {
+            labels: BTreeMap::from([(k.to_owned(), v.to_owned())]),
+            ..NamespaceInfo::default()
+        };
+        assert!(
+            concerns_namespace(&r, "team-a", None, Some(&plain)),
+            "a new target"
+        );
+        assert!(
+            concerns_namespace(&r, "team-a", Some(&plain), None),
+            "a target gone"
+        );
+        assert!(
+            concerns_namespace(&r, "src", Some(&plain), Some(&plain)),
+            "its source namespace"
+        );
+        assert!(!concerns_namespace(&r, "other", None, Some(&plain)));
+        assert!(
+            !concerns_namespace(&r, "team-x", Some(&plain), Some(&plain)),
+            "excluded"
+        );
+        let by_label = rule(
+            json!({"spec": {"ruleType": "configmap", "selector": {"copy": "yes"},
+            "targets": {"namespaceSelector": {"matchLabels": {"copies": "yes"}}}}}),
+        );
+        let on = labelled("copies", "yes");
+        assert!(
+            concerns_namespace(&by_label, "n", Some(&plain), Some(&on)),
+            "starts to match"
+        );
+        assert!(
+            concerns_namespace(&by_label, "n", Some(&on), Some(&plain)),
+            "stops matching"
+        );
+        assert!(!concerns_namespace(
+            &by_label,
+            "n",
+            Some(&plain),
+            Some(&labelled("x", "y"))
+        ));
     }
 
     #[test]

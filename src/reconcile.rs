@@ -86,9 +86,13 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
     }
 
     let resolved = match rule.resolve(&shared.trust) {
-        Ok(resolved) => resolved,
+        Ok(resolved) => {
+            write(&shared.resolved).insert(key.clone(), Arc::new(resolved.clone()));
+            resolved
+        }
         Err(invalid) => {
             // An invalid rule changes nothing: a typo must not prune copies cluster-wide.
+            write(&shared.resolved).remove(key);
             lock(&shared.sources).remove(key);
             shared.metrics.reconciled("invalid");
             let observed = Observed {

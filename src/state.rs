@@ -20,7 +20,7 @@ use crate::kinds::Kind;
 use crate::leader::LeaderGate;
 use crate::metrics::Metrics;
 use crate::queue::Queue;
-use crate::rule::{ConflictEntry, CopyPolicy, CopyratorRule, RuleKey, Trust};
+use crate::rule::{ConflictEntry, CopyPolicy, CopyratorRule, ResolvedRule, RuleKey, Trust};
 use crate::sources::SourceHub;
 use crate::writer::Writer;
 
@@ -93,6 +93,9 @@ pub struct Shared {
     pub settings: Settings,
     pub trust: Trust,
     pub rules: RwLock<HashMap<RuleKey, Arc<CopyratorRule>>>,
+    /// Each valid rule as its last pass resolved it: which namespaces
+    /// concern it, so that a namespace event queues only those rules.
+    pub resolved: RwLock<HashMap<RuleKey, Arc<ResolvedRule>>>,
     rule_uids: RwLock<HashMap<String, RuleKey>>,
     pub namespaces: RwLock<BTreeMap<String, NamespaceInfo>>,
     copies: [RwLock<CopyIndex>; 2],
@@ -164,6 +167,7 @@ impl Shared {
                 client,
                 settings,
                 rules: RwLock::default(),
+                resolved: RwLock::default(),
                 rule_uids: RwLock::default(),
                 namespaces: RwLock::default(),
                 copies: [RwLock::default(), RwLock::default()],
@@ -231,6 +235,7 @@ impl Shared {
             write(&self.rule_uids).remove(uid);
         }
         self.metrics.rule_readiness(&key.namespace, &key.name, None);
+        write(&self.resolved).remove(key);
         lock(&self.sources).remove(key);
         self.metrics
             .source_watches
@@ -244,6 +249,28 @@ impl Shared {
         self.metrics
             .copies_contested
             .set(lock(&self.backoffs).contested_total() as i64);
+    }
+
+    /// Queue the rules a change of namespace `name` concerns; a rule not
+    /// resolved yet (new, or invalid) is queued too, to be safe.
+    pub fn namespace_changed(
+        &self,
+        name: &str,
+        before: Option<&NamespaceInfo>,
+        after: Option<&NamespaceInfo>,
+    ) {
+        let resolved = read(&self.resolved);
+        let concerned: Vec<RuleKey> = read(&self.rules)
+            .keys()
+            .filter(|key| {
+                resolved
+                    .get(*key)
+                    .is_none_or(|rule| crate::plan::concerns_namespace(rule, name, before, after))
+            })
+            .cloned()
+            .collect();
+        drop(resolved);
+        self.queue.add_all(concerned);
     }
 
     pub fn is_live_rule(&self, uid: &str) -> bool {

@@ -224,28 +224,25 @@ pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
             "namespaces",
             &shared,
             convert,
-            |change| {
-                let changed = match change {
-                    Change::Listed(listed) => {
-                        *write(&shared.namespaces) = listed.into_iter().collect::<BTreeMap<_, _>>();
-                        shared.synced.namespaces.store(true, Ordering::Release);
-                        true
-                    }
-                    Change::Applied((name, next)) => {
-                        let previous = write(&shared.namespaces).insert(name.clone(), next.clone());
-                        let changed = previous.as_ref() != Some(&next);
-                        if changed {
-                            // A refused write into it may succeed now.
-                            lock(&shared.backoffs).forget_namespace(&name);
-                        }
-                        changed
-                    }
-                    Change::Deleted((name, _)) => write(&shared.namespaces).remove(&name).is_some(),
-                };
-                if changed {
-                    // Which rules target a namespace is decided by each rule's
-                    // plan; enqueueing all is cheap because reconciles coalesce.
+            |change| match change {
+                Change::Listed(listed) => {
+                    *write(&shared.namespaces) = listed.into_iter().collect::<BTreeMap<_, _>>();
+                    shared.synced.namespaces.store(true, Ordering::Release);
                     shared.queue.add_all(read(&shared.rules).keys().cloned());
+                }
+                Change::Applied((name, next)) => {
+                    let previous = write(&shared.namespaces).insert(name.clone(), next.clone());
+                    if previous.as_ref() != Some(&next) {
+                        // A refused write into it may succeed now.
+                        lock(&shared.backoffs).forget_namespace(&name);
+                        shared.namespace_changed(&name, previous.as_ref(), Some(&next));
+                    }
+                }
+                Change::Deleted((name, _)) => {
+                    let previous = write(&shared.namespaces).remove(&name);
+                    if previous.is_some() {
+                        shared.namespace_changed(&name, previous.as_ref(), None);
+                    }
                 }
             },
         )
