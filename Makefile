@@ -2,7 +2,7 @@
 # `make demo` shows the operator at work.
 SHELL := /bin/bash
 
-.PHONY: test demo demo-down bench bench-quick image e2e crd cluster-up cluster-down
+.PHONY: test demo demo-down bench bench-quick bench-matrix image e2e crd cluster-up cluster-down
 
 test:
 	hack/test
@@ -18,6 +18,12 @@ bench:
 
 bench-quick:
 	hack/bench --quick
+
+# The benchmark at several sizes, each on a fresh control plane, and one
+# table: `make bench-matrix SIZES="10k 1000rules 100k"` (default: 10k and
+# 1000rules). Not part of `make test`.
+bench-matrix:
+	hack/bench-matrix $(SIZES)
 
 # The image as an OCI archive, built offline (see the Dockerfile).
 image:
