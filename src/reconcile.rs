@@ -130,8 +130,27 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
         shared.metrics.source_watches.set(hub.watch_count() as i64);
         hub.sources(key)
     };
+    let waited = {
+        let mut memory = lock(&shared.memory);
+        let memory = memory.entry(key.clone()).or_default();
+        match sources {
+            Sources::Listed(_) => {
+                memory.waiting_since = None;
+                Duration::ZERO
+            }
+            _ => memory
+                .waiting_since
+                .get_or_insert_with(Instant::now)
+                .elapsed(),
+        }
+    };
     let sources = match sources {
         Sources::Listed(sources) => sources,
+        // Most listings take a moment: a status write per rule for those
+        // would be 1,000 writes when 1,000 rules start together.
+        Sources::Waiting { .. } if waited < WAITING_STATUS_AFTER => {
+            return Ok(Some(WAITING_STATUS_AFTER - waited));
+        }
         Sources::Waiting { listed, of } if waiting_worth_saying(&rule) => {
             let observed = Observed {
                 generation: rule.metadata.generation,
@@ -391,6 +410,9 @@ async fn announce(
 
 /// How often the counts of a rule waiting for its sources are updated.
 const WAITING_STATUS_EVERY: Duration = Duration::from_secs(5);
+
+/// A rule says it waits for its sources only once it has waited this long.
+const WAITING_STATUS_AFTER: Duration = Duration::from_millis(500);
 
 /// Whether a WaitingForSources status is worth writing now: the rule has
 /// no status for its current generation yet, or its status already says it

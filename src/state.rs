@@ -78,6 +78,8 @@ pub struct RuleMemory {
     pub announced: HashSet<ConflictEntry>,
     /// Sources refused for their type, already announced by an Event.
     pub announced_refusals: HashSet<ConflictEntry>,
+    /// Since when the rule waits for its source watches to list.
+    pub waiting_since: Option<tokio::time::Instant>,
     /// Consecutive failed passes, for the retry backoff.
     pub failures: u32,
     /// What the last failure summary said and when it was logged, so that
