@@ -11,10 +11,13 @@
 //! At the end a run prints one line `BENCH-RESULT <json>` with its size,
 //! every figure and every verdict, for `hack/bench-matrix`.
 
+#[path = "../tests/common/sockets.rs"]
+mod sockets;
+
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, ToSocketAddrs};
+use std::net::{IpAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -405,7 +408,7 @@ fn api_server_endpoints(server: &str) -> Result<HashSet<(IpAddr, u16)>> {
     let endpoints: HashSet<(IpAddr, u16)> = authority
         .to_socket_addrs()
         .with_context(|| format!("resolving the API server {server}"))?
-        .map(|a| (canonical(a.ip()), a.port()))
+        .map(|a| (sockets::canonical(a.ip()), a.port()))
         .collect();
     ensure!(
         !endpoints.is_empty(),
@@ -414,72 +417,11 @@ fn api_server_endpoints(server: &str) -> Result<HashSet<(IpAddr, u16)>> {
     Ok(endpoints)
 }
 
-/// An IPv4 address seen through an IPv6 socket counts as the IPv4 one.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
-}
-
-/// An address of `/proc/net/tcp` or `tcp6`: `0100007F:1F90` is
-/// 127.0.0.1:8080 (the address in 32-bit words of host byte order, the
-/// port as a number).
-fn proc_net_address(text: &str) -> Option<(IpAddr, u16)> {
-    let (address, port) = text.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    let mut bytes = Vec::with_capacity(16);
-    for i in (0..address.len()).step_by(8) {
-        let word = u32::from_str_radix(address.get(i..i + 8)?, 16).ok()?;
-        bytes.extend_from_slice(&word.to_ne_bytes());
-    }
-    let ip = match bytes.len() {
-        4 => IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(bytes).ok()?)),
-        16 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?)),
-        _ => return None,
-    };
-    Some((canonical(ip), port))
-}
-
-/// The process's established TCP connections to one of `endpoints`: its
-/// socket inodes (from `/proc/<pid>/fd`) looked up in the `tcp` and `tcp6`
-/// tables of its network namespace.
+/// The process's established TCP connections to one of `endpoints`.
 fn api_connections(pid: u32, endpoints: &HashSet<(IpAddr, u16)>) -> Result<usize> {
-    let mut inodes = HashSet::new();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
-        // A descriptor closed while being listed is not a connection.
-        let Ok(link) = entry.and_then(|e| std::fs::read_link(e.path())) else {
-            continue;
-        };
-        if let Some(inode) = link
-            .to_str()
-            .and_then(|l| l.strip_prefix("socket:["))
-            .and_then(|l| l.strip_suffix(']'))
-        {
-            inodes.insert(inode.to_string());
-        }
-    }
-    let mut count = 0;
-    for table in ["tcp", "tcp6"] {
-        // tcp6 is absent on a kernel without IPv6.
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            // sl, local, remote, state, tx:rx queues, timer, retransmits,
-            // uid, timeout, inode.
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            const ESTABLISHED: &str = "01";
-            if fields.len() > 9
-                && fields[3] == ESTABLISHED
-                && inodes.contains(fields[9])
-                && proc_net_address(fields[2]).is_some_and(|remote| endpoints.contains(&remote))
-            {
-                count += 1;
-            }
-        }
-    }
-    Ok(count)
+    Ok(sockets::established(pid, |ip, port| {
+        endpoints.contains(&(ip, port))
+    })?)
 }
 
 /// Clock ticks per second, the unit of `/proc/<pid>/stat`'s CPU times.

@@ -18,8 +18,12 @@ use copyrator::rule::RuleKey;
 use copyrator::state::Shared;
 use copyrator::{kinds::Kind, watch as watches};
 
-/// Reconcile loops; rules are independent, writes are bounded separately.
-const WORKERS: usize = 4;
+/// Reconcile loops: one per write in flight (within these bounds), so that
+/// a thousand rules with a few copies each keep the writer as busy as one
+/// rule with thousands; writes stay bounded by `--write-concurrency`.
+fn workers(write_concurrency: u32) -> usize {
+    (write_concurrency as usize).clamp(4, 64)
+}
 /// Shutdown must finish well within Kubernetes' default 30 s grace period.
 const SHUTDOWN_WITHIN: Duration = Duration::from_secs(8);
 
@@ -205,7 +209,7 @@ async fn run(settings: Settings, plan_only: bool) -> anyhow::Result<()> {
 
     let workers = tokio::spawn(controller::run_workers(
         shared.clone(),
-        WORKERS,
+        workers(settings.write_concurrency),
         stop_receiver.clone(),
     ));
     let resync = tokio::spawn(controller::run_resync(

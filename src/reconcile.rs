@@ -106,8 +106,8 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
                 problem: Some((invalid.reason.to_string(), invalid.message.clone())),
                 ..Default::default()
             };
-            let changed = publish_status(shared, &rule, &observed).await?;
-            if changed {
+            let published = publish_status(shared, &rule, &observed).await?;
+            if published == Published::Written {
                 shared
                     .event(
                         &rule,
@@ -118,7 +118,7 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
                     )
                     .await;
             }
-            return Ok(None);
+            return Ok(published.again_in());
         }
     };
 
@@ -159,9 +159,9 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
                 waiting_for_sources: Some((listed, of)),
                 ..Default::default()
             };
-            publish_status(shared, &rule, &observed).await?;
+            let published = publish_status(shared, &rule, &observed).await?;
             // The watches queue the rule again once they have listed.
-            return Ok(None);
+            return Ok(published.again_in());
         }
         // Said a moment ago (the counts are not worth a write per watch),
         // or the status already describes this generation: a restarted
@@ -219,16 +219,20 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
             .collect(),
         waiting_for_sources: None,
     };
-    publish_status(shared, &rule, &observed).await?;
+    let published = publish_status(shared, &rule, &observed).await?;
     log_pass(shared, key, &pass, failing, started.elapsed());
     announce(shared, &rule, &resolved, &pass, &observed).await;
     shared
         .metrics
         .copies_contested
         .set(lock(&shared.backoffs).contested_total() as i64);
-    Ok(pass
+    let retry = pass
         .retry_at
-        .map(|at| at.saturating_duration_since(Instant::now())))
+        .map(|at| at.saturating_duration_since(Instant::now()));
+    Ok(match (retry, published.again_in()) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    })
 }
 
 /// One line per pass that wrote or failed; an unchanged failure only once a minute.
@@ -410,6 +414,9 @@ async fn announce(
 
 /// How often the counts of a rule waiting for its sources are updated.
 const WAITING_STATUS_EVERY: Duration = Duration::from_secs(5);
+
+/// How long new counts wait before their status write.
+const COUNTS_STATUS_AFTER: Duration = Duration::from_secs(1);
 
 /// A rule says it waits for its sources only once it has waited this long.
 const WAITING_STATUS_AFTER: Duration = Duration::from_millis(500);
@@ -679,21 +686,46 @@ pub async fn publish_status(
     shared: &Arc<Shared>,
     rule: &CopyratorRule,
     observed: &Observed,
-) -> Result<bool, Error> {
+) -> Result<Published, Error> {
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let next = status::compute(rule.status.as_ref(), observed, &now);
+    let key = rule.key();
     if rule
         .status
         .as_ref()
         .is_some_and(|s| status::same_content(s, &next))
         || shared.dry_run
     {
-        return Ok(false);
+        if let Some(memory) = lock(&shared.memory).get_mut(&key) {
+            memory.counts_due = None;
+        }
+        return Ok(Published::Unchanged);
+    }
+    // New counts alone wait a moment, so that a burst of changes (a new
+    // namespace that 1,000 rules copy into) costs one status write per rule,
+    // after its copies, not one before each next rule's copies.
+    if rule
+        .status
+        .as_ref()
+        .is_some_and(|s| status::counts_only(s, &next))
+    {
+        let mut memory = lock(&shared.memory);
+        let due = *memory
+            .entry(key.clone())
+            .or_default()
+            .counts_due
+            .get_or_insert_with(|| Instant::now() + COUNTS_STATUS_AFTER);
+        let wait = due.saturating_duration_since(Instant::now());
+        if !wait.is_zero() {
+            return Ok(Published::Later(wait));
+        }
+    }
+    if let Some(memory) = lock(&shared.memory).get_mut(&key) {
+        memory.counts_due = None;
     }
     if !shared.leader.is_leader() {
-        return Ok(false);
+        return Ok(Published::Unchanged);
     }
-    let key = rule.key();
     let api: Api<CopyratorRule> = Api::namespaced(shared.client.clone(), &key.namespace);
     let body = json!({
         "apiVersion": format!("{}/{}", crate::rule::GROUP, crate::rule::VERSION),
@@ -717,7 +749,27 @@ pub async fn publish_status(
     // The rule as it is now, so the next pass compares with what we wrote
     // (older than what the watch holds is ignored).
     shared.set_rule_quietly(key, Arc::new(updated));
-    Ok(true)
+    Ok(Published::Written)
+}
+
+/// What became of a status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Published {
+    Written,
+    /// Nothing new to say (or not ours to say: a standby, a plan).
+    Unchanged,
+    /// Only counts changed: written on a pass this much later.
+    Later(Duration),
+}
+
+impl Published {
+    /// When the rule wants another pass for its status.
+    pub fn again_in(self) -> Option<Duration> {
+        match self {
+            Published::Later(wait) => Some(wait),
+            _ => None,
+        }
+    }
 }
 
 /// One info line when a rule's Ready condition changes status or reason.

@@ -78,6 +78,8 @@ pub struct RuleMemory {
     pub announced: HashSet<ConflictEntry>,
     /// Sources refused for their type, already announced by an Event.
     pub announced_refusals: HashSet<ConflictEntry>,
+    /// When a status that only brings new counts is written.
+    pub counts_due: Option<tokio::time::Instant>,
     /// Since when the rule waits for its source watches to list.
     pub waiting_since: Option<tokio::time::Instant>,
     /// Consecutive failed passes, for the retry backoff.

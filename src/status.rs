@@ -137,6 +137,27 @@ pub fn same_content(a: &RuleStatus, b: &RuleStatus) -> bool {
     strip(a) == strip(b)
 }
 
+/// Equal but for timestamps and the counts (and the Ready message, which
+/// states them): the rule's state is the same, only how much of it there
+/// is changed. Such a write may wait a moment and carry a burst of changes.
+pub fn counts_only(a: &RuleStatus, b: &RuleStatus) -> bool {
+    let strip = |s: &RuleStatus| {
+        let mut s = s.clone();
+        s.last_sync_time = None;
+        s.sources = 0;
+        s.target_namespaces = 0;
+        s.copies = 0;
+        s.protected_namespaces = 0;
+        s.not_accepting_namespaces = 0;
+        for c in &mut s.conditions {
+            c.last_transition_time = None;
+            c.message = String::new();
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +171,40 @@ mod tests {
             copies: 6,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn count_changes_are_told_apart_from_state_changes() {
+        let before = compute(None, &observed(), "t1");
+        let more = compute(
+            Some(&before),
+            &Observed {
+                copies: 9,
+                target_namespaces: 4,
+                ..observed()
+            },
+            "t2",
+        );
+        assert!(!same_content(&before, &more));
+        assert!(counts_only(&before, &more));
+        let failing = compute(
+            Some(&before),
+            &Observed {
+                problem: Some(("SyncFailed".into(), "refused".into())),
+                ..observed()
+            },
+            "t2",
+        );
+        assert!(!counts_only(&before, &failing), "readiness changed");
+        let newer = compute(
+            Some(&before),
+            &Observed {
+                generation: Some(3),
+                ..observed()
+            },
+            "t2",
+        );
+        assert!(!counts_only(&before, &newer), "another generation");
     }
 
     #[test]

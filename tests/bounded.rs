@@ -18,7 +18,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -92,45 +92,9 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// The process's established TCP connections to `port`: its socket inodes
-/// (from /proc/PID/fd) matched against the kernel's connection tables.
+/// The process's established TCP connections to `port`.
 fn connections_to(pid: u32, port: u16) -> usize {
-    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .filter_map(|target| {
-            target
-                .to_string_lossy()
-                .strip_prefix("socket:[")
-                .and_then(|s| s.strip_suffix(']'))
-                .map(str::to_owned)
-        })
-        .collect();
-    let mut count = 0;
-    for table in ["tcp", "tcp6"] {
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            // sl local_address rem_address st ... inode (10th field)
-            let (Some(remote), Some(state), Some(inode)) =
-                (fields.get(2), fields.get(3), fields.get(9))
-            else {
-                continue;
-            };
-            let remote_port = remote
-                .rsplit(':')
-                .next()
-                .and_then(|p| u16::from_str_radix(p, 16).ok());
-            if remote_port == Some(port) && *state == "01" && inodes.contains(*inode) {
-                count += 1;
-            }
-        }
-    }
-    count
+    common::sockets::established(pid, |_, remote| remote == port).unwrap_or(0)
 }
 
 /// Peaks of the operator's memory and connections, sampled twice a second

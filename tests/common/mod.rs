@@ -23,6 +23,7 @@ pub mod fault;
 pub mod logs;
 pub mod proxy;
 pub mod rbac;
+pub mod sockets;
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
