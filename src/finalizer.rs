@@ -40,7 +40,7 @@ pub async fn set_finalizer(
     let api: Api<CopyratorRule> = Api::namespaced(shared.client.clone(), &key.namespace);
     // The resourceVersion makes this a compare-and-swap of the whole list.
     let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": rule.metadata.resource_version}});
-    shared.writer.pace().await;
+    let _slot = shared.writer.other_slot().await;
     shared.metrics.write("patch", "CopyratorRule");
     match api
         .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))

@@ -732,7 +732,7 @@ pub async fn publish_status(
         "kind": crate::rule::KIND,
         "status": next,
     });
-    shared.writer.pace().await;
+    let _slot = shared.writer.other_slot().await;
     shared.metrics.write("patch", "CopyratorRule");
     let updated = api
         .patch_status(

@@ -301,7 +301,7 @@ impl Shared {
             action: action.into(),
             secondary: None,
         };
-        self.writer.pace().await;
+        let _slot = self.writer.other_slot().await;
         self.metrics.write("create", "Event");
         if let Err(e) = self.recorder.publish(&event, &reference).await {
             warn!(error = %crate::writer::describe(&e), reason = event.reason.as_str(), "recording an event failed");

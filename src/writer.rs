@@ -213,10 +213,21 @@ impl Writer {
         Api::namespaced_with(self.client.clone(), namespace, &desired_kind.api_resource())
     }
 
-    /// Wait for a rate token, for requests that are not copy writes (status, events, finalizers).
-    pub async fn pace(&self) {
+    /// Wait for a rate token.
+    async fn pace(&self) {
         self.wait_while_throttled().await;
         self.limiter.acquire().await;
+    }
+
+    /// A write slot and a rate token for a request that is not a copy write
+    /// (a status, an Event, a finalizer), held until it is answered: they
+    /// count against `--write-concurrency` too, so the writes in flight,
+    /// and the connections they take, stay bounded however many rules
+    /// are reconciled at once.
+    pub async fn other_slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let permit = self.permits.acquire().await.ok()?;
+        self.pace().await;
+        Some(permit)
     }
 
     /// Wait for a write slot and a rate token; refuse when not the leader,
