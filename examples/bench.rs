@@ -277,6 +277,16 @@ struct Operator {
     port: u16,
 }
 
+/// An operator left running by a failed run would retry its watches
+/// forever against the control plane the run takes down.
+impl Drop for Operator {
+    fn drop(&mut self) {
+        // After `stop` the child is reaped, and this does nothing.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Operator {
     /// The operator's log of run `run` (1: the first run, 2: the restart).
     fn log_path(run: u32) -> std::path::PathBuf {
