@@ -366,8 +366,33 @@ impl Operator {
         Ok(body)
     }
 
-    async fn wait_ready(&self) -> Result<()> {
-        for _ in 0..300 {
+    /// Waits until the operator's write counter has stood still for a few
+    /// seconds (a status written a moment after the last copy then lands
+    /// before a window that must see no writes, not in it).
+    async fn settle_writes(&self) -> Result<()> {
+        const QUIET: Duration = Duration::from_secs(3);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut last = metric_sum(&self.metrics().await?, "copyrator_api_writes_total");
+        let mut quiet_since = Instant::now();
+        while quiet_since.elapsed() < QUIET {
+            if Instant::now() > deadline {
+                bail!("the operator still wrote after 60 s without changes");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let now = metric_sum(&self.metrics().await?, "copyrator_api_writes_total");
+            if now != last {
+                last = now;
+                quiet_since = Instant::now();
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for /readyz; `limit` grows with the size, since a restart
+    /// lists every copy before it is ready.
+    async fn wait_ready(&self, limit: Duration) -> Result<Duration> {
+        let began = Instant::now();
+        while began.elapsed() < limit {
             if let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await {
                 use tokio::io::{AsyncReadExt, AsyncWriteExt};
                 stream
@@ -378,12 +403,12 @@ impl Operator {
                 let mut body = String::new();
                 stream.read_to_string(&mut body).await?;
                 if body.starts_with("HTTP/1.1 200") {
-                    return Ok(());
+                    return Ok(began.elapsed());
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        bail!("the operator did not become ready in 30 s")
+        bail!("the operator did not become ready in {} s", limit.as_secs())
     }
 
     fn stop(mut self) -> Result<()> {
@@ -677,6 +702,8 @@ async fn main() -> Result<()> {
     // concurrency. Object i goes to target i / (R×M), for source i % (R×M).
     let per_namespace = r * m;
     let copies_total = n * per_namespace;
+    // A start lists every copy before it is ready: the bound grows with them.
+    let ready_limit = Duration::from_secs(30 + copies_total as u64 / 1000);
     eprintln!("bench: baseline");
     let start = Utc::now();
     let began = Instant::now();
@@ -737,7 +764,7 @@ async fn main() -> Result<()> {
             ns.starts_with(TARGET_PREFIX) && v == "v0"
         })
         .await?;
-    operator.wait_ready().await?;
+    operator.wait_ready(ready_limit).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     phases.push(Phase {
         name: "cold start",
@@ -807,6 +834,7 @@ async fn main() -> Result<()> {
 
     // Idle: longer than the resync interval.
     eprintln!("bench: idle for {} s", args.resync_seconds + 5);
+    operator.settle_writes().await?;
     let writes_before = metric_sum(&operator.metrics().await?, "copyrator_api_writes_total");
     let start = Utc::now();
     tokio::time::sleep(Duration::from_secs(args.resync_seconds + 5)).await;
@@ -831,7 +859,7 @@ async fn main() -> Result<()> {
     operator.stop()?;
     let start = Utc::now();
     let operator = Operator::start(&args, &kubeconfig, port, 2)?;
-    operator.wait_ready().await?;
+    let restart_ready = operator.wait_ready(ready_limit).await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let restart_metric_writes =
         metric_sum(&operator.metrics().await?, "copyrator_api_writes_total");
@@ -970,6 +998,10 @@ async fn main() -> Result<()> {
         "| restart writes (converged cluster) | {restart_writes} (operator metrics: {restart_metric_writes}) | 0 | {} |",
         verdict("restart writes", restart_writes == 0)
     );
+    println!(
+        "| restart: ready (every cache listed) after | {:.1} s | printed, no target | |",
+        restart_ready.as_secs_f64()
+    );
     let (memory_target, memory_target_text) = memory_target(copies_total);
     println!(
         "| peak RSS | {:.1} MiB | {memory_target_text} | {} |",
@@ -1062,6 +1094,7 @@ async fn main() -> Result<()> {
             "idle_writes": idle_writes,
             "idle_metric_writes": idle_metric_writes,
             "restart_writes": restart_writes,
+            "restart_ready_s": rounded(restart_ready.as_secs_f64()),
             "restart_metric_writes": restart_metric_writes,
             "peak_rss_mib": rounded(mb(peak)),
             "rss_before_unrelated_mib": rounded(mb(rss_before)),

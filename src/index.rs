@@ -3,7 +3,7 @@
 //! structures, no I/O.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -394,7 +394,16 @@ pub struct CopyIndex {
     by_namespace: HashMap<Arc<str>, HashMap<Arc<str>, Arc<Object>>>,
     by_rule: HashMap<Arc<str>, HashSet<SharedKey>>,
     len: usize,
+    /// UIDs of the latest deleted copies, oldest first: the answer to our
+    /// own write can arrive after the watch reported the copy deleted, and
+    /// must not bring a deleted copy back into the cache.
+    gone: VecDeque<String>,
+    gone_set: HashSet<String>,
 }
+
+/// How many deleted UIDs are remembered: far more than the writes in
+/// flight at any moment, which is all the race needs.
+const GONE_REMEMBERED: usize = 4096;
 
 impl CopyIndex {
     pub fn get(&self, namespace: &str, name: &str) -> Option<&Arc<Object>> {
@@ -446,6 +455,9 @@ impl CopyIndex {
     pub fn upsert(&mut self, mut object: Arc<Object>) -> Vec<String> {
         let key: SharedKey = (object.namespace.clone(), object.name.clone());
         let mut touched = Vec::new();
+        if self.gone_set.contains(&object.uid) {
+            return touched;
+        }
         if let Some(previous) = self.get(&key.0, &key.1) {
             if !object.is_not_older_than(previous) {
                 return touched;
@@ -492,11 +504,25 @@ impl CopyIndex {
         touched
     }
 
-    /// Remove the object of this UID (a newer object of the same name
-    /// stays); returns the rule UID of the removed copy.
+    /// Remove the deleted object of this UID (a newer object of the same
+    /// name stays); returns the rule UID of the removed copy.
     pub fn remove(&mut self, namespace: &str, name: &str, uid: &str) -> Option<String> {
-        self.take(namespace, name, uid)
+        self.deleted(namespace, name, uid)
             .and_then(|o| o.rule_uid().map(str::to_owned))
+    }
+
+    /// The object of this UID was deleted: it leaves the cache, and no late
+    /// answer or event about it brings it back. Returns it if it was held.
+    pub fn deleted(&mut self, namespace: &str, name: &str, uid: &str) -> Option<Arc<Object>> {
+        if self.gone_set.insert(uid.to_owned()) {
+            self.gone.push_back(uid.to_owned());
+            if self.gone.len() > GONE_REMEMBERED
+                && let Some(oldest) = self.gone.pop_front()
+            {
+                self.gone_set.remove(&oldest);
+            }
+        }
+        self.take(namespace, name, uid)
     }
 
     /// As [`CopyIndex::remove`], returning the removed object.
@@ -766,5 +792,31 @@ pub(crate) mod tests {
         let touched = index.replace_all(vec![Arc::new(object("b", "y", "2", 1, &[(uid, "r3")]))]);
         assert!(touched.contains("r3"));
         assert_eq!(index.len(), 1);
+    }
+
+    #[test]
+    fn a_deleted_copy_is_not_brought_back_by_a_late_answer() {
+        let mut index = CopyIndex::default();
+        let uid = crate::LABEL_RULE_UID;
+        // The watch reports the copy deleted before the answer to our
+        // create is applied: that answer must not resurrect it.
+        assert!(index.deleted("a", "x", "1").is_none());
+        assert!(
+            index
+                .upsert(Arc::new(object("a", "x", "1", 5, &[(uid, "r1")])))
+                .is_empty()
+        );
+        assert!(index.get("a", "x").is_none());
+        assert_eq!(index.count_owned_by("r1"), 0);
+        // A new copy of the same name (another UID) is welcome.
+        index.upsert(Arc::new(object("a", "x", "2", 6, &[(uid, "r1")])));
+        assert_eq!(index.get("a", "x").unwrap().uid, "2");
+        // The memory of deleted UIDs is bounded; the oldest are forgotten.
+        for i in 0..GONE_REMEMBERED + 10 {
+            index.deleted("b", "y", &format!("g{i}"));
+        }
+        assert_eq!(index.gone.len(), GONE_REMEMBERED);
+        assert_eq!(index.gone_set.len(), GONE_REMEMBERED);
+        assert!(!index.gone_set.contains("1"));
     }
 }

@@ -273,7 +273,7 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
                     Change::Deleted(object) => {
                         let namespace = object.namespace.clone();
                         let name = object.name.clone();
-                        let removed = write(index).take(&namespace, &name, &object.uid);
+                        let removed = write(index).deleted(&namespace, &name, &object.uid);
                         // Our own deletes left the cache already: this one was
                         // someone else's. A copy we wrote that keeps being deleted
                         // is contested like one that keeps being changed back.
@@ -290,8 +290,13 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
                                 Instant::now(),
                             );
                         }
+                        // Not in the cache yet (the answer to our own create
+                        // is still on its way): its rule must still hear of it.
                         removed
-                            .and_then(|o| o.rule_uid().map(str::to_owned))
+                            .as_ref()
+                            .unwrap_or(&object)
+                            .rule_uid()
+                            .map(str::to_owned)
                             .into_iter()
                             .collect()
                     }
