@@ -1,8 +1,12 @@
-//! The client the operator talks to the API server with. Every request has
-//! a deadline, and over TLS every request and watch shares one HTTP/2
-//! connection, so the number of connections does not grow with the number
-//! of rules, watches or writes in flight (HTTP/1 needs one per request in
-//! flight, and a watch holds one for its whole life).
+//! The clients the operator talks to the API server with. Every request has
+//! a deadline. By default (`mixed`) the watches and lists share one HTTP/2
+//! connection over TLS, so their number (one per rule-independent watch,
+//! however many rules there are) costs no connections, while writes go
+//! over HTTP/1, a connection per write in flight (at most
+//! `--write-concurrency`): the API server serves writes spread over
+//! connections measurably faster than the same writes on one HTTP/2
+//! connection. So the connections stay bounded by a setting whatever the
+//! number of rules or watches.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,7 +15,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper_util::client::legacy::connect::HttpConnector;
+use std::sync::Arc;
+
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::{ConfigExt, DynBody};
 use thiserror::Error;
@@ -35,13 +42,63 @@ pub enum ClientError {
     ServerName { name: String },
 }
 
-/// How the client reaches the API server.
+/// How the clients reach the API server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Transport {
-    /// One HTTP/2 connection over TLS (HTTP/1 when the server URL is plain http).
+    /// Watches and lists on one HTTP/2 connection, writes over HTTP/1 (a
+    /// connection per write in flight).
+    Mixed,
+    /// Everything on one HTTP/2 connection.
     Http2,
-    /// kube's own client: a connection per request in flight.
+    /// Everything over HTTP/1: a connection per request in flight, and one
+    /// per watch.
     Http1,
+}
+
+/// The client for reads (watches, lists, the Lease) and the one for writes
+/// (copies, statuses, Events, finalizers); the same client unless the
+/// transport is `mixed`. Over plain http (no TLS to negotiate HTTP/2 by)
+/// both are HTTP/1.
+#[derive(Clone)]
+pub struct Clients {
+    pub read: kube::Client,
+    pub write: kube::Client,
+}
+
+/// The clients for `config` over `transport`, with the deadline of [`build`].
+/// `writes_in_flight` bounds the idle HTTP/1 connections kept for writes:
+/// a connection handed back a moment after the next write started is
+/// closed rather than kept beside the one that write opened.
+pub fn build_clients(
+    config: kube::Config,
+    transport: Transport,
+    deadline: Duration,
+    writes_in_flight: usize,
+) -> Result<Clients, BuildError> {
+    let (read, write) = match transport {
+        Transport::Http1 => (Transport::Http1, None),
+        Transport::Http2 => (Transport::Http2, None),
+        Transport::Mixed => (Transport::Http2, Some(Transport::Http1)),
+    };
+    // The writer never has more than `writes_in_flight` requests out, so a
+    // write client of its own needs no more connections than that; a
+    // client that also watches has no such bound (a watch holds its
+    // connection for good).
+    let read_client = build(config.clone(), read, deadline, writes_in_flight, None)?;
+    let write_client = match write {
+        Some(write) => build(
+            config,
+            write,
+            deadline,
+            writes_in_flight,
+            Some(writes_in_flight),
+        )?,
+        None => read_client.clone(),
+    };
+    Ok(Clients {
+        read: read_client,
+        write: write_client,
+    })
 }
 
 /// A client for `config` over `transport`. `deadline` bounds the wait for
@@ -54,12 +111,15 @@ pub fn build(
     config: kube::Config,
     transport: Transport,
     deadline: Duration,
+    max_idle_http1: usize,
+    max_connections: Option<usize>,
 ) -> Result<kube::Client, BuildError> {
     let https = config.cluster_url.scheme_str() == Some("https");
-    if transport == Transport::Http1 || !https {
+    if !https {
         return kube::Client::try_from(config).map_err(BuildError::Kube);
     }
-    // The connector below asks for HTTP/2 by ALPN itself.
+    let http2 = transport != Transport::Http1;
+    // The connector below asks for the protocol by ALPN itself.
     let tls = config.rustls_client_config().map_err(ClientError::Tls)?;
     let mut http = HttpConnector::new();
     http.enforce_http(false);
@@ -67,7 +127,7 @@ pub fn build(
     let builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_only();
-    let connector = match &config.tls_server_name {
+    let protocols = match &config.tls_server_name {
         Some(name) => {
             builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
                 name.clone()
@@ -76,24 +136,37 @@ pub fn build(
             ))
         }
         None => builder,
-    }
-    .enable_http2()
-    .wrap_connector(http);
+    };
+    // Only the protocol asked for is offered: an HTTP/1 client offered
+    // HTTP/2 by the server would multiplex every write on one connection.
+    let connector = if http2 {
+        protocols.enable_http2().wrap_connector(http)
+    } else {
+        protocols.enable_http1().wrap_connector(http)
+    };
+    let connector = CappedConnector {
+        inner: connector,
+        permits: max_connections.map(|n| Arc::new(Semaphore::new(n))),
+    };
     // The deadline covers the TLS handshake too, and reads: the pings keep
     // a live connection from ever being silent that long.
     let mut connector = hyper_timeout::TimeoutConnector::new(connector);
     connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
     connector.set_read_timeout(Some(deadline));
-    let http_client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .pool_timer(TokioTimer::new())
+    let mut builder = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
+    builder.timer(TokioTimer::new()).pool_timer(TokioTimer::new());
+    if http2 {
         // Known to be HTTP/2 before connecting: requests that start together
         // wait for the one connection instead of each opening its own.
-        .http2_only(true)
-        .http2_keep_alive_interval(PING_EVERY)
-        .http2_keep_alive_timeout(PING_TIMEOUT)
-        .http2_keep_alive_while_idle(true)
-        .build(connector);
+        builder
+            .http2_only(true)
+            .http2_keep_alive_interval(PING_EVERY)
+            .http2_keep_alive_timeout(PING_TIMEOUT)
+            .http2_keep_alive_while_idle(true);
+    } else {
+        builder.pool_max_idle_per_host(max_idle_http1);
+    }
+    let http_client = builder.build(connector);
     let default_namespace = config.default_namespace.clone();
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
@@ -114,6 +187,102 @@ pub enum BuildError {
     Client(#[from] ClientError),
     #[error("cannot build the Kubernetes API client: {0}")]
     Kube(#[source] kube::Error),
+}
+
+/// A connector that keeps at most as many connections open as it has
+/// permits: each connection holds one until it is closed. Without it, a
+/// connection on its way back to the pool as the next write starts makes
+/// that write open one more, and the pool creeps past the writes in flight.
+#[derive(Clone)]
+struct CappedConnector<C> {
+    inner: C,
+    permits: Option<Arc<Semaphore>>,
+}
+
+impl<C> tower::Service<http::Uri> for CappedConnector<C>
+where
+    C: tower::Service<http::Uri> + Clone + Send + 'static,
+    C::Future: Send,
+    C::Response: Send,
+    C::Error: Into<BoxError>,
+{
+    type Response = Capped<C::Response>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        // The instance polled ready makes the call; a fresh clone stays.
+        let ready = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, ready);
+        let permits = self.permits.clone();
+        Box::pin(async move {
+            let permit = match permits {
+                Some(permits) => Some(permits.acquire_owned().await.map_err(BoxError::from)?),
+                None => None,
+            };
+            let io = inner.call(uri).await.map_err(Into::into)?;
+            Ok(Capped {
+                io,
+                _permit: permit,
+            })
+        })
+    }
+}
+
+/// A connection that gives its permit back when it is closed.
+struct Capped<T> {
+    io: T,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for Capped<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Capped<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+}
+
+impl<T: Connection> Connection for Capped<T> {
+    fn connected(&self) -> Connected {
+        self.io.connected()
+    }
 }
 
 /// A response body that fails when nothing arrives for `idle`.
@@ -188,6 +357,39 @@ mod tests {
     }
 
     use futures::StreamExt;
+
+    #[tokio::test(start_paused = true)]
+    async fn connections_past_the_cap_wait_for_one_to_close() {
+        use tower::Service;
+        let opened = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = opened.clone();
+        let inner = tower::service_fn(move |_: http::Uri| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, BoxError>(())
+            }
+        });
+        let mut connector = CappedConnector {
+            inner,
+            permits: Some(Arc::new(Semaphore::new(2))),
+        };
+        let uri = http::Uri::from_static("https://127.0.0.1:6443");
+        let first = connector.call(uri.clone()).await;
+        let second = connector.call(uri.clone()).await;
+        assert!(first.is_ok() && second.is_ok());
+        let mut third = connector.call(uri.clone());
+        assert!(
+            tokio::time::timeout(Duration::from_secs(60), &mut third)
+                .await
+                .is_err(),
+            "a third connection must wait while two are open"
+        );
+        assert_eq!(opened.load(std::sync::atomic::Ordering::SeqCst), 2);
+        drop(first);
+        assert!(third.await.is_ok(), "a closed connection makes room");
+        assert_eq!(opened.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_body_that_keeps_coming_is_read_whole() {

@@ -37,7 +37,7 @@ pub async fn set_finalizer(
     if !shared.leader.is_leader() {
         return Ok(());
     }
-    let api: Api<CopyratorRule> = Api::namespaced(shared.client.clone(), &key.namespace);
+    let api: Api<CopyratorRule> = Api::namespaced(shared.write_client.clone(), &key.namespace);
     // The resourceVersion makes this a compare-and-swap of the whole list.
     let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": rule.metadata.resource_version}});
     let _slot = shared.writer.other_slot().await;

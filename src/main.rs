@@ -8,7 +8,7 @@ use clap::Parser;
 use tokio::sync::watch;
 use tracing::{error, info};
 
-use copyrator::client::Transport;
+use copyrator::client::{Clients, Transport};
 use copyrator::config::{Cli, Command, Settings};
 use copyrator::controller;
 use copyrator::http::{self, Health};
@@ -92,7 +92,7 @@ async fn shutdown_signal() -> &'static str {
 /// connection fails the request (and is dropped) instead of stalling a
 /// worker. Watches end on the server after `WATCH_TIMEOUT_SECONDS`, well
 /// within the deadline, and resume from where they were.
-async fn api_client(transport: Transport) -> anyhow::Result<kube::Client> {
+async fn api_clients(transport: Transport, writes_in_flight: usize) -> anyhow::Result<Clients> {
     let mut config = kube::Config::infer().await.context(
         "cannot find the Kubernetes API configuration (in-cluster, KUBECONFIG or ~/.kube/config)",
     )?;
@@ -104,19 +104,28 @@ async fn api_client(transport: Transport) -> anyhow::Result<kube::Client> {
     // kube's own retry of 429/503 (up to 15 times, hidden from us) would
     // multiply requests; failures come back to the per-copy backoff instead.
     config.default_retry = false;
-    Ok(copyrator::client::build(config, transport, deadline)?)
+    Ok(copyrator::client::build_clients(
+        config,
+        transport,
+        deadline,
+        writes_in_flight,
+    )?)
 }
 
 async fn run(settings: Settings, plan_only: bool) -> anyhow::Result<()> {
     copyrator::telemetry::init(&settings.log_level, settings.log_format)?;
-    let client = api_client(settings.api_transport).await?;
+    let clients = api_clients(
+        settings.api_transport,
+        settings.write_concurrency as usize,
+    )
+    .await?;
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::new(settings.stuck_after()));
     let (stop, stop_receiver) = watch::channel(false);
 
     let (gate, always_sender, election) = if settings.leader_election && !plan_only {
         let (gate, election) = leader::start(
-            client.clone(),
+            clients.read.clone(),
             &settings.namespace,
             &settings.lease_name,
             settings.lease_duration(),
@@ -130,7 +139,7 @@ async fn run(settings: Settings, plan_only: bool) -> anyhow::Result<()> {
     };
 
     let shared = Shared::new(
-        client,
+        clients,
         settings.clone(),
         metrics.clone(),
         gate,

@@ -726,7 +726,7 @@ pub async fn publish_status(
     if !shared.leader.is_leader() {
         return Ok(Published::Unchanged);
     }
-    let api: Api<CopyratorRule> = Api::namespaced(shared.client.clone(), &key.namespace);
+    let api: Api<CopyratorRule> = Api::namespaced(shared.write_client.clone(), &key.namespace);
     let body = json!({
         "apiVersion": format!("{}/{}", crate::rule::GROUP, crate::rule::VERSION),
         "kind": crate::rule::KIND,

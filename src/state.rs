@@ -93,7 +93,11 @@ pub struct RuleMemory {
 
 /// State shared by the watches, the workers and the HTTP server.
 pub struct Shared {
+    /// For watches and lists.
     pub client: Client,
+    /// For statuses and finalizers (copies and Events go through the
+    /// writer and the recorder, which hold it too).
+    pub write_client: Client,
     pub settings: Settings,
     pub trust: Trust,
     pub rules: RwLock<HashMap<RuleKey, Arc<CopyratorRule>>>,
@@ -121,7 +125,7 @@ pub struct Shared {
 
 impl Shared {
     pub fn new(
-        client: Client,
+        clients: crate::client::Clients,
         settings: Settings,
         metrics: Arc<Metrics>,
         leader: LeaderGate,
@@ -129,8 +133,12 @@ impl Shared {
         dry_run: bool,
     ) -> Arc<Self> {
         let limiter = crate::ratelimit::RateLimiter::new(settings.api_qps, settings.api_burst);
+        let crate::client::Clients {
+            read: client,
+            write: write_client,
+        } = clients;
         let writer = Writer::new(
-            client.clone(),
+            write_client.clone(),
             limiter,
             settings.write_concurrency,
             metrics.clone(),
@@ -158,7 +166,7 @@ impl Shared {
                 }),
             );
             Self {
-                recorder: Recorder::new(client.clone(), reporter),
+                recorder: Recorder::new(write_client.clone(), reporter),
                 trust: Trust {
                     policy: Arc::new(
                         settings
@@ -169,6 +177,7 @@ impl Shared {
                     all_namespaces: settings.all_namespaces,
                 },
                 client,
+                write_client,
                 settings,
                 rules: RwLock::default(),
                 resolved: RwLock::default(),
