@@ -18,10 +18,10 @@ use http_body::{Body, Frame, SizeHint};
 use std::sync::Arc;
 
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::{ConfigExt, DynBody};
 use thiserror::Error;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 /// Seconds a connection may take to open.
@@ -154,7 +154,9 @@ pub fn build(
     connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
     connector.set_read_timeout(Some(deadline));
     let mut builder = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
-    builder.timer(TokioTimer::new()).pool_timer(TokioTimer::new());
+    builder
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new());
     if http2 {
         // Known to be HTTP/2 before connecting: requests that start together
         // wait for the one connection instead of each opening its own.

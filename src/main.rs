@@ -114,11 +114,7 @@ async fn api_clients(transport: Transport, writes_in_flight: usize) -> anyhow::R
 
 async fn run(settings: Settings, plan_only: bool) -> anyhow::Result<()> {
     copyrator::telemetry::init(&settings.log_level, settings.log_format)?;
-    let clients = api_clients(
-        settings.api_transport,
-        settings.write_concurrency as usize,
-    )
-    .await?;
+    let clients = api_clients(settings.api_transport, settings.write_concurrency as usize).await?;
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::new(settings.stuck_after()));
     let (stop, stop_receiver) = watch::channel(false);

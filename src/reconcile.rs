@@ -772,7 +772,10 @@ impl Published {
     }
 }
 
-/// One info line when a rule's Ready condition changes status or reason.
+/// One line when a rule's Ready condition changes status or reason: at
+/// info when it comes to a verdict (True or False), at debug while it is
+/// Unknown (a rule waiting a moment for its sources at start), so that
+/// 1,000 rules starting log one verdict each, not two lines more.
 fn log_transition(key: &RuleKey, previous: Option<&RuleStatus>, next: &RuleStatus) {
     let ready = |s: &RuleStatus| {
         s.conditions
@@ -790,14 +793,12 @@ fn log_transition(key: &RuleKey, previous: Option<&RuleStatus>, next: &RuleStatu
     {
         return;
     }
-    info!(
-        rule = %key,
-        ready = status.as_str(),
-        reason = reason.as_str(),
-        detail = message.as_str(),
-        was = before.as_ref().map_or("", |(s, _, _)| s.as_str()),
-        "rule readiness changed"
-    );
+    let was = before.as_ref().map_or("", |(s, _, _)| s.as_str());
+    if status == "Unknown" {
+        debug!(rule = %key, ready = status.as_str(), reason = reason.as_str(), detail = message.as_str(), was, "rule readiness changed");
+    } else {
+        info!(rule = %key, ready = status.as_str(), reason = reason.as_str(), detail = message.as_str(), was, "rule readiness changed");
+    }
 }
 
 #[cfg(test)]
