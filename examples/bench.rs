@@ -271,6 +271,22 @@ fn watch_copies(client: Client, copies: Arc<Copies>, label: &'static str) -> Joi
     })
 }
 
+/// The plain client's object standing for the copy of source `index`: the
+/// copies' shape (as many labels and annotations, of the same lengths).
+fn baseline_object(name: &str, origin: &str, index: usize, version: &str) -> Result<ConfigMap> {
+    Ok(serde_json::from_value(json!({
+        // `bench: off`, not the sources' `bench: yes`: no rule selects it.
+        "metadata": {"name": name,
+                     "labels": {"bench": "off",
+                                "app.kubernetes.io/managed-by": "bench",
+                                BASELINE_LABEL: STAND_IN_UID},
+                     "annotations": {"copyrator.flant.com/rule": format!("{OPERATOR_NS}/bench"),
+                                     "copyrator.flant.com/source": origin,
+                                     "copyrator.flant.com/source-uid": STAND_IN_UID}},
+        "data": source_data(index, version),
+    }))?)
+}
+
 fn source_data(index: usize, version: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("version".to_string(), version.to_string()),
@@ -762,22 +778,17 @@ async fn main() -> Result<()> {
             source_namespaces[rule],
             layout.source_name(rule, source)
         );
+        let cm = baseline_object(&name, &origin, index, "v0");
         async move {
-            let cm: ConfigMap = serde_json::from_value(json!({
-                "metadata": {"name": name,
-                             "labels": {"bench": "yes",
-                                        "app.kubernetes.io/managed-by": "bench",
-                                        BASELINE_LABEL: STAND_IN_UID},
-                             "annotations": {"copyrator.flant.com/rule": format!("{OPERATOR_NS}/bench"),
-                                             "copyrator.flant.com/source": origin,
-                                             "copyrator.flant.com/source-uid": STAND_IN_UID}},
-                "data": source_data(index, "v0"),
-            }))?;
+            let cm = cm?;
             let params = PostParams {
                 field_manager: Some("bench".into()),
                 ..Default::default()
             };
-            api.create(&params, &cm).await.map(|_| ()).context("baseline create")
+            api.create(&params, &cm)
+                .await
+                .map(|_| ())
+                .context("baseline create")
         }
     })
     .await?;
@@ -785,7 +796,6 @@ async fn main() -> Result<()> {
         .wait_for(copies_total, limit, |_, v| v == "v0")
         .await?;
     let baseline = began.elapsed();
-    baseline_watch.abort();
     phases.push(Phase {
         name: "baseline (plain client)",
         start,
@@ -888,6 +898,47 @@ async fn main() -> Result<()> {
         start,
         end: Utc::now(),
     });
+
+    // The API server's share of an update's propagation: the plain client
+    // rewrites the N objects standing for one source's copies (whole
+    // objects, as the operator writes them), timed until its watch saw
+    // them all.
+    eprintln!("bench: update baseline");
+    let mut update_baselines = Vec::new();
+    for u in 0..args.updates.clamp(1, 3) {
+        let (rule, source) = (u * r / args.updates.max(1), u % m);
+        let index = rule * m + source;
+        let version = format!("b{}", u + 1);
+        let name = layout.baseline_name(rule, source);
+        let origin = format!(
+            "{}/{}",
+            source_namespaces[rule],
+            layout.source_name(rule, source)
+        );
+        let began = Instant::now();
+        in_parallel(n, args.concurrency, |t| {
+            let api: Api<ConfigMap> = Api::namespaced(client.clone(), &targets[t]);
+            let object = baseline_object(&name, &origin, index, &version);
+            let name = name.clone();
+            async move {
+                let params = PostParams {
+                    field_manager: Some("bench".into()),
+                    ..Default::default()
+                };
+                api.replace(&name, &params, &object?)
+                    .await
+                    .map(|_| ())
+                    .context("baseline update")
+            }
+        })
+        .await?;
+        baseline_seen
+            .wait_for(n, limit, |(_, copy), v| *copy == name && v == version)
+            .await?;
+        update_baselines.push(began.elapsed());
+    }
+    baseline_watch.abort();
+    let update_baseline_p50 = percentile(&update_baselines, 0.5);
 
     // Idle: longer than the resync interval.
     eprintln!("bench: idle for {} s", args.resync_seconds + 5);
@@ -1046,6 +1097,11 @@ async fn main() -> Result<()> {
         verdict("update propagation", prop99 < Duration::from_secs(3))
     );
     println!(
+        "| update baseline: plain client rewrites the {n} objects standing for one source's copies, until its watch saw them ({} samples) | p50 {} ms | printed, no target | |",
+        update_baselines.len(),
+        update_baseline_p50.as_millis(),
+    );
+    println!(
         "| idle writes ({} s, resync every {} s) | {idle_writes} (operator metrics: {idle_metric_writes}) | 0 | {} |",
         args.resync_seconds + 5,
         args.resync_seconds,
@@ -1148,6 +1204,7 @@ async fn main() -> Result<()> {
             "fill_p99_ms": fill99.as_millis() as u64,
             "update_p50_ms": prop50.as_millis() as u64,
             "update_p99_ms": prop99.as_millis() as u64,
+            "update_baseline_p50_ms": update_baseline_p50.as_millis() as u64,
             "idle_writes": idle_writes,
             "idle_metric_writes": idle_metric_writes,
             "restart_writes": restart_writes,

@@ -32,14 +32,17 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const PING_EVERY: Duration = Duration::from_secs(5);
 pub const PING_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Why no client could be built for the API server.
 #[derive(Debug, Error)]
-pub enum ClientError {
+pub enum BuildError {
     #[error("cannot set up TLS to the API server: {0}")]
     Tls(#[source] kube::Error),
     #[error("cannot set up authentication to the API server: {0}")]
     Auth(#[source] kube::Error),
     #[error("invalid TLS server name {name:?}")]
     ServerName { name: String },
+    #[error("cannot build the Kubernetes API client: {0}")]
+    Kube(#[source] kube::Error),
 }
 
 /// How the clients reach the API server.
@@ -120,7 +123,7 @@ pub fn build(
     }
     let http2 = transport != Transport::Http1;
     // The connector below asks for the protocol by ALPN itself.
-    let tls = config.rustls_client_config().map_err(ClientError::Tls)?;
+    let tls = config.rustls_client_config().map_err(BuildError::Tls)?;
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_connect_timeout(Some(CONNECT_TIMEOUT));
@@ -132,7 +135,7 @@ pub fn build(
             builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
                 name.clone()
                     .try_into()
-                    .map_err(|_| ClientError::ServerName { name: name.clone() })?,
+                    .map_err(|_| BuildError::ServerName { name: name.clone() })?,
             ))
         }
         None => builder,
@@ -172,8 +175,8 @@ pub fn build(
     let default_namespace = config.default_namespace.clone();
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
-        .option_layer(config.auth_layer().map_err(ClientError::Auth)?)
-        .layer(config.extra_headers_layer().map_err(ClientError::Auth)?)
+        .option_layer(config.auth_layer().map_err(BuildError::Auth)?)
+        .layer(config.extra_headers_layer().map_err(BuildError::Auth)?)
         .layer(tower::timeout::TimeoutLayer::new(deadline))
         .service(http_client.map_err(BoxError::from))
         .map_err(BoxError::from)
@@ -181,14 +184,6 @@ pub fn build(
             response.map(|body| Box::new(IdleDeadline::new(body, deadline)) as Box<DynBody>)
         });
     Ok(kube::Client::new(service, default_namespace))
-}
-
-#[derive(Debug, Error)]
-pub enum BuildError {
-    #[error(transparent)]
-    Client(#[from] ClientError),
-    #[error("cannot build the Kubernetes API client: {0}")]
-    Kube(#[source] kube::Error),
 }
 
 /// A connector that keeps at most as many connections open as it has

@@ -2,7 +2,7 @@
 //! out within each copy's backoff, then publish the rule's status, its
 //! Events and one summary log line.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -690,38 +690,20 @@ pub async fn publish_status(
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let next = status::compute(rule.status.as_ref(), observed, &now);
     let key = rule.key();
-    if rule
-        .status
-        .as_ref()
-        .is_some_and(|s| status::same_content(s, &next))
-        || shared.dry_run
-    {
-        if let Some(memory) = lock(&shared.memory).get_mut(&key) {
-            memory.counts_due = None;
-        }
-        return Ok(Published::Unchanged);
-    }
-    // New counts alone wait a moment, so that a burst of changes (a new
-    // namespace that 1,000 rules copy into) costs one status write per rule,
-    // after its copies, not one before each next rule's copies.
-    if rule
-        .status
-        .as_ref()
-        .is_some_and(|s| status::counts_only(s, &next))
-    {
-        let mut memory = lock(&shared.memory);
-        let due = *memory
-            .entry(key.clone())
-            .or_default()
-            .counts_due
-            .get_or_insert_with(|| Instant::now() + COUNTS_STATUS_AFTER);
-        let wait = due.saturating_duration_since(Instant::now());
-        if !wait.is_zero() {
-            return Ok(Published::Later(wait));
-        }
-    }
-    if let Some(memory) = lock(&shared.memory).get_mut(&key) {
-        memory.counts_due = None;
+    let current = rule.status.as_ref();
+    let unchanged = current.is_some_and(|s| status::same_content(s, &next)) || shared.dry_run;
+    let counts_only = current.is_some_and(|s| status::counts_only(s, &next));
+    let timing = status_timing(
+        &mut lock(&shared.memory),
+        &key,
+        unchanged,
+        counts_only,
+        Instant::now(),
+    );
+    match timing {
+        StatusTiming::Unchanged => return Ok(Published::Unchanged),
+        StatusTiming::Later(wait) => return Ok(Published::Later(wait)),
+        StatusTiming::Now => {}
     }
     if !shared.leader.is_leader() {
         return Ok(Published::Unchanged);
@@ -750,6 +732,48 @@ pub async fn publish_status(
     // (older than what the watch holds is ignored).
     shared.set_rule_quietly(key, Arc::new(updated));
     Ok(Published::Written)
+}
+
+/// When a rule's new status goes out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StatusTiming {
+    /// Nothing new to say.
+    Unchanged,
+    Now,
+    /// New counts alone: they wait this long more.
+    Later(Duration),
+}
+
+/// New counts alone wait a moment, so that a burst of changes (a new
+/// namespace that 1,000 rules copy into) costs one status write per rule,
+/// after its copies, not one before each next rule's copies; anything else
+/// new goes out at once. Keeps the rule's due time in its memory.
+fn status_timing(
+    memory: &mut HashMap<RuleKey, crate::state::RuleMemory>,
+    key: &RuleKey,
+    unchanged: bool,
+    counts_only: bool,
+    now: Instant,
+) -> StatusTiming {
+    if counts_only && !unchanged {
+        let due = *memory
+            .entry(key.clone())
+            .or_default()
+            .counts_due
+            .get_or_insert(now + COUNTS_STATUS_AFTER);
+        let wait = due.saturating_duration_since(now);
+        if !wait.is_zero() {
+            return StatusTiming::Later(wait);
+        }
+    }
+    if let Some(memory) = memory.get_mut(key) {
+        memory.counts_due = None;
+    }
+    if unchanged {
+        StatusTiming::Unchanged
+    } else {
+        StatusTiming::Now
+    }
 }
 
 /// What became of a status.
@@ -805,6 +829,50 @@ fn log_transition(key: &RuleKey, previous: Option<&RuleStatus>, next: &RuleStatu
 mod tests {
     use super::*;
     use serde_json::{Value, json};
+
+    #[test]
+    fn new_counts_wait_a_moment_and_anything_else_goes_at_once() {
+        let mut memory: HashMap<RuleKey, crate::state::RuleMemory> = HashMap::new();
+        let key = RuleKey {
+            namespace: "ns".into(),
+            name: "r".into(),
+        };
+        let start = Instant::now();
+        // New counts alone wait; the wait runs from the first time asked.
+        assert_eq!(
+            status_timing(&mut memory, &key, false, true, start),
+            StatusTiming::Later(COUNTS_STATUS_AFTER)
+        );
+        let half = COUNTS_STATUS_AFTER / 2;
+        assert_eq!(
+            status_timing(&mut memory, &key, false, true, start + half),
+            StatusTiming::Later(COUNTS_STATUS_AFTER - half)
+        );
+        // Then they go, and the next counts wait afresh.
+        let due = start + COUNTS_STATUS_AFTER;
+        assert_eq!(
+            status_timing(&mut memory, &key, false, true, due),
+            StatusTiming::Now
+        );
+        assert_eq!(memory[&key].counts_due, None);
+        assert_eq!(
+            status_timing(&mut memory, &key, false, true, due),
+            StatusTiming::Later(COUNTS_STATUS_AFTER)
+        );
+        // A change of readiness goes at once, and takes the waiting counts along.
+        assert_eq!(
+            status_timing(&mut memory, &key, false, false, due),
+            StatusTiming::Now
+        );
+        assert_eq!(memory[&key].counts_due, None);
+        // Nothing new: nothing written, nothing left waiting.
+        status_timing(&mut memory, &key, false, true, due);
+        assert_eq!(
+            status_timing(&mut memory, &key, true, false, due),
+            StatusTiming::Unchanged
+        );
+        assert_eq!(memory[&key].counts_due, None);
+    }
 
     fn rule_with_ready(generation: i64, ready: Option<Value>, last_sync: &str) -> CopyratorRule {
         let mut body = json!({
