@@ -397,8 +397,8 @@ pub struct CopyIndex {
     /// UIDs of the latest deleted copies, oldest first: the answer to our
     /// own write can arrive after the watch reported the copy deleted, and
     /// must not bring a deleted copy back into the cache.
-    gone: VecDeque<String>,
-    gone_set: HashSet<String>,
+    gone: VecDeque<Arc<str>>,
+    gone_set: HashSet<Arc<str>>,
 }
 
 /// How many deleted UIDs are remembered: far more than the writes in
@@ -455,7 +455,7 @@ impl CopyIndex {
     pub fn upsert(&mut self, mut object: Arc<Object>) -> Vec<String> {
         let key: SharedKey = (object.namespace.clone(), object.name.clone());
         let mut touched = Vec::new();
-        if self.gone_set.contains(&object.uid) {
+        if self.gone_set.contains(object.uid.as_str()) {
             return touched;
         }
         if let Some(previous) = self.get(&key.0, &key.1) {
@@ -514,8 +514,10 @@ impl CopyIndex {
     /// The object of this UID was deleted: it leaves the cache, and no late
     /// answer or event about it brings it back. Returns it if it was held.
     pub fn deleted(&mut self, namespace: &str, name: &str, uid: &str) -> Option<Arc<Object>> {
-        if self.gone_set.insert(uid.to_owned()) {
-            self.gone.push_back(uid.to_owned());
+        if !self.gone_set.contains(uid) {
+            let uid: Arc<str> = Arc::from(uid);
+            self.gone_set.insert(uid.clone());
+            self.gone.push_back(uid);
             if self.gone.len() > GONE_REMEMBERED
                 && let Some(oldest) = self.gone.pop_front()
             {
@@ -525,8 +527,9 @@ impl CopyIndex {
         self.take(namespace, name, uid)
     }
 
-    /// As [`CopyIndex::remove`], returning the removed object.
-    pub fn take(&mut self, namespace: &str, name: &str, uid: &str) -> Option<Arc<Object>> {
+    /// Removes without remembering the UID: only [`CopyIndex::deleted`]
+    /// calls it, so no caller can bypass that memory.
+    fn take(&mut self, namespace: &str, name: &str, uid: &str) -> Option<Arc<Object>> {
         let in_namespace = self.by_namespace.get_mut(namespace)?;
         if in_namespace.get(name)?.uid != uid {
             return None;
