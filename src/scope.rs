@@ -1,0 +1,226 @@
+//! What changed for a rule since its last pass, so that the pass looks only
+//! at the copies the change concerns: a new namespace costs the copies in
+//! it, a changed source the copies of its name, a changed copy itself; never
+//! a walk over every copy of the rule. Pure data, no I/O.
+
+use std::collections::{HashMap, HashSet};
+
+use tokio::time::Instant;
+
+/// One change, as the watches see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Touch {
+    /// The rule itself, a relist, a resync: everything.
+    All,
+    /// A namespace was created, deleted or changed its labels or consent.
+    Namespace(String),
+    /// A source of this name changed, appeared or went (in any source namespace).
+    Source(String),
+    /// The copy at `(namespace, name)` changed or went.
+    Copy(String, String),
+}
+
+/// Past this many entries a pass over everything is cheaper to keep track of.
+const MOST_ENTRIES: usize = 512;
+
+/// The part of a rule a pass must look at.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Scope {
+    all: bool,
+    namespaces: HashSet<String>,
+    names: HashSet<String>,
+    /// Namespace → copy names.
+    copies: HashMap<String, HashSet<String>>,
+    entries: usize,
+    /// Copies wait out a backoff until then: the first pass from then on
+    /// looks at everything, so that they are written.
+    all_from: Option<Instant>,
+}
+
+impl Scope {
+    pub fn everything() -> Self {
+        Self {
+            all: true,
+            ..Self::default()
+        }
+    }
+
+    pub fn is_everything(&self) -> bool {
+        self.all
+    }
+
+    /// Nothing touched (a pass with this scope has nothing to look at).
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.entries == 0
+    }
+
+    pub fn add(&mut self, touch: Touch) {
+        if self.all {
+            return;
+        }
+        let added = match touch {
+            Touch::All => {
+                self.all = true;
+                false
+            }
+            Touch::Namespace(namespace) => self.namespaces.insert(namespace),
+            Touch::Source(name) => self.names.insert(name),
+            Touch::Copy(namespace, name) => self.copies.entry(namespace).or_default().insert(name),
+        };
+        if added {
+            self.entries += 1;
+        }
+        if self.entries > MOST_ENTRIES {
+            self.all = true;
+        }
+        if self.all {
+            self.namespaces = HashSet::new();
+            self.names = HashSet::new();
+            self.copies = HashMap::new();
+            self.entries = 0;
+        }
+    }
+
+    /// The first pass at or after `at` looks at everything.
+    pub fn everything_from(&mut self, at: Instant) {
+        self.all_from = Some(self.all_from.map_or(at, |t| t.min(at)));
+    }
+
+    /// The scope of a pass starting `now`: what was touched, or everything
+    /// once a backoff has run out. A backoff still running stays behind,
+    /// in what the next pass will find.
+    pub fn for_pass_at(mut self, now: Instant) -> (Scope, Option<Scope>) {
+        match self.all_from {
+            Some(at) if at <= now => (Self::everything(), None),
+            Some(at) => {
+                self.all_from = None;
+                let mut later = Scope::default();
+                later.everything_from(at);
+                (self, Some(later))
+            }
+            None => (self, None),
+        }
+    }
+
+    /// Whether every copy in `namespace` is in scope.
+    pub fn covers_namespace(&self, namespace: &str) -> bool {
+        self.all || self.namespaces.contains(namespace)
+    }
+
+    /// Whether the copy `(namespace, name)` is in scope.
+    pub fn covers(&self, namespace: &str, name: &str) -> bool {
+        self.all
+            || self.namespaces.contains(namespace)
+            || self.names.contains(name)
+            || self
+                .copies
+                .get(namespace)
+                .is_some_and(|names| names.contains(name))
+    }
+
+    /// Namespaces touched as a whole.
+    pub fn namespaces(&self) -> impl Iterator<Item = &str> {
+        self.namespaces.iter().map(String::as_str)
+    }
+
+    /// Source names touched.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.iter().map(String::as_str)
+    }
+
+    /// Copies touched one by one: `(namespace, name)`.
+    pub fn copies(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.copies
+            .iter()
+            .flat_map(|(ns, names)| names.iter().map(move |n| (ns.as_str(), n.as_str())))
+    }
+
+    /// Names touched in `namespace` one by one (besides [`Scope::names`]).
+    pub fn copies_in(&self, namespace: &str) -> impl Iterator<Item = &str> {
+        self.copies
+            .get(namespace)
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+    }
+
+    pub fn merge(&mut self, other: Scope) {
+        if other.all {
+            self.add(Touch::All);
+        }
+        if let Some(at) = other.all_from {
+            self.everything_from(at);
+        }
+        for namespace in other.namespaces {
+            self.add(Touch::Namespace(namespace));
+        }
+        for name in other.names {
+            self.add(Touch::Source(name));
+        }
+        for (namespace, names) in other.copies {
+            for name in names {
+                self.add(Touch::Copy(namespace.clone(), name));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn touches_add_up_and_everything_absorbs_them() {
+        let mut scope = Scope::default();
+        assert!(scope.is_empty());
+        scope.add(Touch::Namespace("a".into()));
+        scope.add(Touch::Source("cm".into()));
+        scope.add(Touch::Copy("b".into(), "other".into()));
+        assert!(scope.covers("a", "anything"), "the whole namespace a");
+        assert!(scope.covers("z", "cm"), "source cm everywhere");
+        assert!(scope.covers("b", "other"));
+        assert!(!scope.covers("b", "third"));
+        assert!(scope.covers_namespace("a") && !scope.covers_namespace("b"));
+        scope.add(Touch::All);
+        assert!(scope.is_everything() && scope.covers("q", "r"));
+        assert_eq!(scope.namespaces().count(), 0, "nothing kept beside everything");
+    }
+
+    #[test]
+    fn too_many_touches_become_everything() {
+        let mut scope = Scope::default();
+        for i in 0..=MOST_ENTRIES {
+            scope.add(Touch::Copy("ns".into(), format!("c{i}")));
+        }
+        assert!(scope.is_everything());
+    }
+
+    #[test]
+    fn a_backoff_that_ran_out_makes_the_pass_look_at_everything() {
+        let now = Instant::now();
+        let mut scope = Scope::default();
+        scope.add(Touch::Namespace("a".into()));
+        scope.everything_from(now + Duration::from_secs(5));
+        let (pass, later) = scope.clone().for_pass_at(now);
+        assert!(!pass.is_everything() && pass.covers_namespace("a"));
+        let later = later.expect("the backoff stays behind");
+        let (pass, _) = later.for_pass_at(now + Duration::from_secs(5));
+        assert!(pass.is_everything());
+        let (pass, rest) = scope.for_pass_at(now + Duration::from_secs(6));
+        assert!(pass.is_everything() && rest.is_none());
+    }
+
+    #[test]
+    fn merging_keeps_both() {
+        let mut a = Scope::default();
+        a.add(Touch::Source("x".into()));
+        let mut b = Scope::default();
+        b.add(Touch::Copy("n".into(), "y".into()));
+        a.merge(b);
+        assert!(a.covers("any", "x") && a.covers("n", "y") && !a.covers("n", "z"));
+        let mut c = Scope::default();
+        c.merge(Scope::everything());
+        assert!(c.is_everything());
+    }
+}
