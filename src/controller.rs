@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info_span, warn};
 
 use crate::rule::RuleKey;
+use crate::scope::{Scope, Touch};
 use crate::sources::Sources;
 use crate::state::{Shared, lock, read};
 
@@ -35,11 +36,11 @@ pub async fn run_workers(
         let mut stop = stop.clone();
         handles.push(tokio::spawn(async move {
             loop {
-                let key = tokio::select! {
+                let (key, scope) = tokio::select! {
                     _ = stop.wait_for(|s| *s) => return,
-                    key = shared.queue.next() => key,
+                    next = shared.queue.next() => next,
                 };
-                work_on(&shared, key).await;
+                work_on(&shared, key, scope).await;
             }
         }));
     }
@@ -50,10 +51,10 @@ pub async fn run_workers(
     timer.abort();
 }
 
-async fn work_on(shared: &Arc<Shared>, key: RuleKey) {
+async fn work_on(shared: &Arc<Shared>, key: RuleKey, scope: Scope) {
     let started = Instant::now();
     let span = info_span!("reconcile", rule = %key);
-    let result = crate::reconcile::reconcile(shared, &key)
+    let result = crate::reconcile::reconcile(shared, &key, scope)
         .instrument(span)
         .await;
     shared
@@ -90,6 +91,8 @@ async fn work_on(shared: &Arc<Shared>, key: RuleKey) {
             // Exponential backoff per rule, so a 403 or a dead API server is no hot loop.
             let delay = rule_retry_delay(failures);
             warn!(rule = %key, error = %error, retry_in = ?delay, "reconcile failed");
+            // What the failed pass was to look at is not known to be done.
+            shared.queue.carry(&key, Scope::everything());
             shared.queue.hold(key, delay);
         }
     }
@@ -133,7 +136,7 @@ pub async fn run_resync(
         crate::finalizer::collect_orphans(&shared).await;
         let keys: Vec<RuleKey> = read(&shared.rules).keys().cloned().collect();
         debug!(rules = keys.len(), "reconciling every rule");
-        shared.queue.add_all(keys);
+        shared.queue.add_all(keys, Touch::All);
     }
 }
 

@@ -261,7 +261,8 @@ async fn plan(shared: &Arc<Shared>) -> anyhow::Result<()> {
     for key in keys {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            copyrator::reconcile::reconcile(shared, &key).await?;
+            copyrator::reconcile::reconcile(shared, &key, copyrator::scope::Scope::everything())
+                .await?;
             let ready = controller::sources_ready(shared, &key)
                 || copyrator::state::read(&shared.rules)
                     .get(&key)

@@ -10,6 +10,7 @@ use serde_json::Value;
 use crate::index::{CopyIndex, MetaMap, NamespaceInfo, Object, ObjectKey, meta_entry_hash};
 use crate::kinds::Kind;
 use crate::rule::{ConflictEntry, ConflictPolicy, ResolvedRule};
+use crate::scope::Scope;
 use crate::selector::KeyGlob;
 use crate::{
     ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, LABEL_MANAGED_BY, LABEL_RULE_UID,
@@ -192,10 +193,16 @@ pub struct Plan {
     pub conflicts: Vec<ConflictEntry>,
     pub sources: u32,
     pub target_namespaces: u32,
-    /// Copies that should exist (conflicts left out).
+    /// Places that should hold a copy, everywhere the rule reaches
+    /// (conflicts included), whatever the scope.
+    pub places: u32,
+    /// Within the scope: copies that should exist (conflicts left out).
     pub desired: u32,
     /// Of those, how many are already right.
     pub in_place: u32,
+    /// Sources shadowed by another of the same name, at every place they
+    /// would reach (whatever the scope).
+    pub shadowed: Vec<ConflictEntry>,
     /// Namespaces the targets would reach but for their protection.
     pub protected_namespaces: u32,
     /// Namespaces a tenant rule's targets would reach but that do not accept it.
@@ -216,6 +223,8 @@ pub struct Inputs<'a> {
     pub live_rule_uids: &'a dyn Fn(&str) -> bool,
     /// Targets already known to hold a foreign object of the same name.
     pub known_conflicts: &'a HashMap<ObjectKey, String>,
+    /// The copies to look at: what changed since the last pass.
+    pub scope: &'a Scope,
 }
 
 /// Whether an object can be a source of `rule`, and if not, why.
@@ -405,12 +414,26 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
     let from_namespace = |candidates: &[&Object], namespace: &str| {
         candidates.iter().any(|s| &*s.namespace == namespace)
     };
-
-    // One desired copy per source name, shared by every target namespace.
-    let desired_by_name: BTreeMap<&str, Arc<Desired>> = sources
+    // How many source names each source namespace holds: those never land
+    // on it, so a target receives all names but these.
+    let mut names_from: HashMap<&str, u32> = HashMap::new();
+    for candidates in sources.values() {
+        let mut namespaces: Vec<&str> = candidates.iter().map(|s| &*s.namespace).collect();
+        namespaces.dedup();
+        for namespace in namespaces {
+            *names_from.entry(namespace).or_default() += 1;
+        }
+    }
+    let shadowing: Vec<(&str, &[&Object])> = sources
         .iter()
-        .map(|(name, candidates)| (*name, Arc::new(desired_copy(rule, candidates[0]))))
+        .filter(|(_, candidates)| candidates.len() > 1)
+        .map(|(name, candidates)| (*name, candidates.as_slice()))
         .collect();
+
+    // One desired copy per source name, shared by every target namespace;
+    // made only when a place in scope needs it.
+    let mut desired_by_name: HashMap<&str, Arc<Desired>> = HashMap::new();
+    let scope = inputs.scope;
     let (targets, left_out) = target_namespaces(rule, inputs.namespaces);
     out.protected_namespaces = left_out.protected;
     out.not_accepting_namespaces = left_out.not_accepted;
@@ -422,28 +445,57 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             continue;
         }
         live_targets.insert(namespace);
+        let receivable =
+            sources.len() as u32 - names_from.get(namespace.as_str()).copied().unwrap_or(0);
+        out.places += receivable;
+        // A source namespace counts as a target only where it receives
+        // copies of other namespaces' sources.
+        if !rule.source_namespaces.contains(namespace) || receivable > 0 {
+            out.target_namespaces += 1;
+        }
+        for (name, candidates) in &shadowing {
+            if from_namespace(candidates, namespace) {
+                continue;
+            }
+            for shadowed in &candidates[1..] {
+                out.shadowed.push(ConflictEntry {
+                    namespace: namespace.clone(),
+                    name: (*name).to_owned(),
+                    reason: format!(
+                        "source {}/{} has the same name as {}/{}, which wins",
+                        shadowed.namespace, name, candidates[0].namespace, name
+                    ),
+                });
+            }
+        }
+        let names: Vec<&str> = if scope.covers_namespace(namespace) {
+            sources.keys().copied().collect()
+        } else {
+            let mut names: Vec<&str> = scope
+                .names()
+                .chain(scope.copies_in(namespace))
+                .filter(|name| sources.contains_key(name))
+                .collect();
+            names.sort_unstable();
+            names.dedup();
+            names
+        };
+        if names.is_empty() {
+            continue;
+        }
         let copies_here = inputs.copies.in_namespace(namespace);
-        let is_source_namespace = rule.source_namespaces.contains(namespace);
-        let mut receives = false;
-        for (name, candidates) in &sources {
+        for name in names {
+            let Some((name, candidates)) = sources.get_key_value(name) else {
+                continue;
+            };
             // A source never lands on its own namespace; in a source namespace
             // the object of that name is the source itself.
             if from_namespace(candidates, namespace) {
                 continue;
             }
-            let source = candidates[0];
-            receives = true;
-            for shadowed in &candidates[1..] {
-                out.conflicts.push(ConflictEntry {
-                    namespace: namespace.clone(),
-                    name: (*name).to_owned(),
-                    reason: format!(
-                        "source {}/{} has the same name as {}/{}, which wins",
-                        shadowed.namespace, name, source.namespace, name
-                    ),
-                });
-            }
-            let desired = &desired_by_name[name];
+            let desired = desired_by_name
+                .entry(name)
+                .or_insert_with(|| Arc::new(desired_copy(rule, candidates[0])));
             match copies_here.and_then(|copies| copies.get(*name)) {
                 Some(current) if is_ours(rule, current, inputs.live_rule_uids) => {
                     out.desired += 1;
@@ -490,15 +542,10 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 },
             }
         }
-        // A source namespace counts as a target only where it receives
-        // copies of other namespaces' sources.
-        if !is_source_namespace || receives {
-            out.target_namespaces += 1;
-        }
     }
 
     if rule.prune {
-        for current in inputs.copies.owned_by(&rule.uid) {
+        for current in copies_in_scope(rule, inputs, scope) {
             // A namespace the cache has not seen yet may well be a target:
             // its copies wait until it has been seen.
             let prunable = inputs
@@ -522,7 +569,39 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
     out.actions.sort_by(|a, b| a.target().cmp(&b.target()));
     out.conflicts.sort();
     out.conflicts.dedup();
+    out.shadowed.sort();
+    out.shadowed.dedup();
     out
+}
+
+/// The rule's own copies that `scope` covers: every one for a pass over
+/// everything, else only those in the namespaces, of the names and at the
+/// places touched.
+fn copies_in_scope<'a>(
+    rule: &'a ResolvedRule,
+    inputs: &'a Inputs<'_>,
+    scope: &'a Scope,
+) -> Box<dyn Iterator<Item = &'a Arc<Object>> + 'a> {
+    if scope.is_everything() {
+        return Box::new(inputs.copies.owned_by(&rule.uid));
+    }
+    let ours = move |copy: &&Arc<Object>| copy.rule_uid() == Some(rule.uid.as_str());
+    let in_namespaces = scope
+        .namespaces()
+        .filter_map(|ns| inputs.copies.in_namespace(ns))
+        .flat_map(|copies| copies.values());
+    let of_names = scope.names().flat_map(move |name| {
+        inputs
+            .namespaces
+            .keys()
+            .filter(move |ns| !scope.covers_namespace(ns))
+            .filter_map(move |ns| inputs.copies.get(ns, name))
+    });
+    let at_places = scope
+        .copies()
+        .filter(move |(ns, name)| !scope.covers_namespace(ns) && !scope.names().any(|n| n == *name))
+        .filter_map(|(ns, name)| inputs.copies.get(ns, name));
+    Box::new(in_namespaces.chain(of_names).chain(at_places).filter(ours))
 }
 
 /// Whether a copy at a target belongs to this rule: it carries the rule's
@@ -628,6 +707,10 @@ mod tests {
         }
 
         fn plan(&self, rule: &ResolvedRule) -> Plan {
+            self.plan_within(rule, &Scope::everything())
+        }
+
+        fn plan_within(&self, rule: &ResolvedRule, scope: &Scope) -> Plan {
             let live = |uid: &str| uid == rule.uid;
             plan(&Inputs {
                 rule,
@@ -636,6 +719,7 @@ mod tests {
                 copies: &self.copies,
                 live_rule_uids: &live,
                 known_conflicts: &self.known_conflicts,
+                scope,
             })
         }
 
@@ -1327,6 +1411,7 @@ mod tests {
             copies: &w.copies,
             live_rule_uids: &live,
             known_conflicts: &w.known_conflicts,
+            scope: &Scope::everything(),
         });
         assert_eq!(verbs(&p), vec![("c".into(), "cm".into(), "create")]);
         assert_eq!(p.conflicts.len(), 2);
@@ -1342,6 +1427,7 @@ mod tests {
             copies: &w.copies,
             live_rule_uids: &live,
             known_conflicts: &w.known_conflicts,
+            scope: &Scope::everything(),
         });
         assert_eq!(
             verbs(&p),
@@ -1421,7 +1507,8 @@ mod tests {
             panic!()
         };
         assert_eq!(d.source, "ns1/cm");
-        assert_eq!(p.conflicts.len(), 1);
+        assert_eq!(p.shadowed.len(), 1, "ns2/cm is named as shadowed at t");
+        assert!(p.conflicts.is_empty(), "t still gets its copy");
     }
 
     #[test]
@@ -1438,5 +1525,113 @@ mod tests {
             verbs(&w.plan(&narrow)),
             vec![("team-b".into(), "cm".into(), "delete")]
         );
+    }
+
+    /// A pass over what a change touched plans exactly the writes a pass
+    /// over everything would, and the tally it leaves gives the counts a
+    /// pass over everything would.
+    #[test]
+    fn a_pass_over_what_changed_plans_what_a_full_pass_would() {
+        use crate::scope::Touch;
+        use crate::tally::Tally;
+        let mut w = World::new(&["src", "a", "b", "c", "d"]);
+        w.source("src", "cm1", &[("copy", "yes")], json!({"k": "1"}));
+        w.source("src", "cm2", &[("copy", "yes")], json!({"k": "2"}));
+        // Another rule's copy at d/cm2: a conflict from the start.
+        let mut other =
+            crate::index::tests::object("d", "cm2", "x", 1, &[(LABEL_RULE_UID, "rule-2")]);
+        other.rehash();
+        w.copies.upsert(Arc::new(other));
+        let r = simple_rule();
+        let mut tally = Tally::default();
+        let first = w.plan(&r);
+        tally.record(&Scope::everything(), &first);
+        w.apply(&first);
+        for (namespace, name) in first.actions.iter().map(Action::target) {
+            tally.settle(namespace, name);
+        }
+        let full = w.plan(&r);
+        assert_eq!(tally.in_place(full.places), full.in_place);
+        assert_eq!(full.in_place, 7, "4 targets × 2 sources, one place taken");
+
+        // Each change, with the touch its watch reports.
+        type Change = Box<dyn Fn(&mut World)>;
+        let changes: Vec<(&str, Change, Touch)> = vec![
+            (
+                "a new namespace",
+                Box::new(|w| {
+                    w.namespaces.insert("e".into(), NamespaceInfo::default());
+                }),
+                Touch::Namespace("e".into()),
+            ),
+            (
+                "a source's data",
+                Box::new(|w| {
+                    w.sources.retain(|s| &*s.name != "cm1");
+                    w.source("src", "cm1", &[("copy", "yes")], json!({"k": "new"}));
+                }),
+                Touch::Source("cm1".into()),
+            ),
+            (
+                "a copy edited by others",
+                Box::new(|w| {
+                    let mut copy = (**w.copies.get("b", "cm2").unwrap()).clone();
+                    copy.payload.insert("data".into(), json!({"k": "edited"}));
+                    copy.rehash();
+                    copy.resource_version = "999".into();
+                    w.copies.upsert(Arc::new(copy));
+                }),
+                Touch::Copy("b".into(), "cm2".into()),
+            ),
+            (
+                "a namespace that goes",
+                Box::new(|w| {
+                    w.namespaces.remove("c");
+                }),
+                Touch::Namespace("c".into()),
+            ),
+            (
+                "a source that goes",
+                Box::new(|w| {
+                    w.sources.retain(|s| &*s.name != "cm2");
+                }),
+                Touch::Source("cm2".into()),
+            ),
+        ];
+        for (what, change, touch) in changes {
+            // Left untouched: an edit nobody reported must not be seen by
+            // the scoped pass (it is what the tally does not cover either).
+            change(&mut w);
+            let mut scope = Scope::default();
+            scope.add(touch);
+            let scoped = w.plan_within(&r, &scope);
+            let full = w.plan(&r);
+            assert_eq!(verbs(&scoped), verbs(&full), "{what}: the same writes");
+            assert!(
+                scoped.in_place < full.in_place || full.in_place == 0,
+                "{what}: the scoped pass looked at fewer copies ({} of {})",
+                scoped.in_place,
+                full.in_place
+            );
+            tally.record(&scope, &scoped);
+            assert_eq!(
+                tally.in_place(scoped.places),
+                full.in_place,
+                "{what}: counts before the writes"
+            );
+            assert_eq!(tally.conflict_count(), full.conflicts.len(), "{what}");
+            w.apply(&scoped);
+            for (namespace, name) in scoped.actions.iter().map(Action::target) {
+                tally.settle(namespace, name);
+            }
+            let after = w.plan(&r);
+            assert!(after.actions.is_empty(), "{what}: converged");
+            assert_eq!(
+                tally.in_place(after.places),
+                after.in_place,
+                "{what}: counts after"
+            );
+        }
+        assert_eq!(w.plan(&r).in_place, 4, "cm1 in a, b, d and e");
     }
 }

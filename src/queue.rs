@@ -3,7 +3,9 @@
 //! A rule is queued at most once and never reconciled by two workers at
 //! once: events during its reconcile queue it again for one more pass,
 //! which is how bursts coalesce. A rule can also be queued for later (a
-//! copy in backoff); the earliest time asked for wins.
+//! copy in backoff); the earliest time asked for wins. Each rule carries
+//! what touched it since its last pass (its [`Scope`]), so that its next
+//! pass looks only at that.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -14,6 +16,7 @@ use tokio::time::Instant;
 
 use crate::metrics::Metrics;
 use crate::rule::RuleKey;
+use crate::scope::{Scope, Touch};
 
 pub struct Queue {
     state: Mutex<QueueState>,
@@ -36,6 +39,8 @@ struct QueueState {
     /// Rules whose last pass failed as a whole: events do not bring them
     /// back before this time (a failing status write is no hot loop).
     held: HashMap<RuleKey, Instant>,
+    /// What touched each rule since its last pass began.
+    scopes: HashMap<RuleKey, Scope>,
 }
 
 impl Queue {
@@ -52,12 +57,28 @@ impl Queue {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn add(&self, key: RuleKey) {
+    /// Queue `key` for what `touch` changed.
+    pub fn add(&self, key: RuleKey, touch: Touch) {
         let mut state = self.lock();
-        self.add_locked(&mut state, key);
+        self.add_locked(&mut state, key, touch);
     }
 
-    fn add_locked(&self, state: &mut QueueState, key: RuleKey) {
+    fn add_locked(&self, state: &mut QueueState, key: RuleKey, touch: Touch) {
+        state.scopes.entry(key.clone()).or_default().add(touch);
+        self.enqueue_locked(state, key);
+    }
+
+    /// Keep `scope` for the rule's next pass without queueing it (a pass
+    /// that could not look at what touched it).
+    pub fn carry(&self, key: &RuleKey, scope: Scope) {
+        if scope.is_empty() {
+            return;
+        }
+        let mut state = self.lock();
+        state.scopes.entry(key.clone()).or_default().merge(scope);
+    }
+
+    fn enqueue_locked(&self, state: &mut QueueState, key: RuleKey) {
         if let Some(until) = state.held.get(&key).copied() {
             if Instant::now() < until {
                 self.delay_locked(state, key, until);
@@ -74,14 +95,15 @@ impl Queue {
         }
     }
 
-    pub fn add_all(&self, keys: impl IntoIterator<Item = RuleKey>) {
+    pub fn add_all(&self, keys: impl IntoIterator<Item = RuleKey>, touch: Touch) {
         let mut state = self.lock();
         for key in keys {
-            self.add_locked(&mut state, key);
+            self.add_locked(&mut state, key, touch.clone());
         }
     }
 
-    /// Queue `key` once `delay` has passed, unless it is due earlier already.
+    /// Queue `key` once `delay` has passed, unless it is due earlier already;
+    /// that pass looks at what earlier passes left unwritten.
     pub fn add_after(&self, key: RuleKey, delay: Duration) {
         let at = Instant::now() + delay;
         let mut state = self.lock();
@@ -125,6 +147,7 @@ impl Queue {
     pub fn forget(&self, key: &RuleKey) {
         let mut state = self.lock();
         state.held.remove(key);
+        state.scopes.remove(key);
         if let Some(at) = state.due.remove(key) {
             state.delayed.remove(&(at, key.clone()));
         }
@@ -143,19 +166,21 @@ impl Queue {
         self.len() == 0
     }
 
-    pub async fn next(&self) -> RuleKey {
+    /// The next rule to reconcile, and what touched it.
+    pub async fn next(&self) -> (RuleKey, Scope) {
         loop {
             {
                 let mut state = self.lock();
                 if let Some(key) = state.pending.pop_front() {
                     state.queued.remove(&key);
+                    let scope = state.scopes.remove(&key).unwrap_or_default();
                     state.running.insert(key.clone());
                     self.metrics.queue_depth.set(state.pending.len() as i64);
                     if !state.pending.is_empty() {
                         // Wake another worker for the rest.
                         self.work.notify_one();
                     }
-                    return key;
+                    return (key, scope);
                 }
             }
             self.work.notified().await;
@@ -166,7 +191,7 @@ impl Queue {
         let mut state = self.lock();
         state.running.remove(key);
         if state.again.remove(key) {
-            self.add_locked(&mut state, key.clone());
+            self.enqueue_locked(&mut state, key.clone());
         }
     }
 
@@ -183,7 +208,7 @@ impl Queue {
                     if let Some((_, key)) = state.delayed.pop_first() {
                         state.due.remove(&key);
                         state.held.remove(&key);
-                        self.add_locked(&mut state, key);
+                        self.add_locked(&mut state, key, Touch::Retry);
                     }
                 }
                 state.delayed.first().map(|(at, _)| *at)
@@ -219,11 +244,11 @@ mod tests {
     #[tokio::test]
     async fn a_rule_is_queued_once_and_again_after_its_pass() {
         let q = queue();
-        q.add(key("a"));
-        q.add(key("a"));
+        q.add(key("a"), Touch::All);
+        q.add(key("a"), Touch::All);
         assert_eq!(q.len(), 1);
-        let k = q.next().await;
-        q.add(key("a"));
+        let (k, _) = q.next().await;
+        q.add(key("a"), Touch::All);
         assert_eq!(q.len(), 0, "running: queued again only when done");
         q.done(&k);
         assert_eq!(q.len(), 1);
@@ -242,9 +267,9 @@ mod tests {
         q.add_after(key("soon"), Duration::from_secs(8)); // later: ignored
         q.add_after(key("late"), Duration::from_secs(3)); // earlier: wins
         assert_eq!(q.delayed_len(), 2);
-        assert_eq!(q.next().await, key("late"));
+        assert_eq!(q.next().await.0, key("late"));
         assert_eq!(start.elapsed().as_secs(), 3);
-        assert_eq!(q.next().await, key("soon"));
+        assert_eq!(q.next().await.0, key("soon"));
         assert_eq!(start.elapsed().as_secs(), 5);
         assert_eq!(q.delayed_len(), 0);
         q.add_after(key("gone"), Duration::from_secs(1));
@@ -264,14 +289,48 @@ mod tests {
         let start = Instant::now();
         q.hold(key("failing"), Duration::from_secs(4));
         for _ in 0..10 {
-            q.add(key("failing"));
+            q.add(key("failing"), Touch::All);
         }
         assert!(q.is_empty(), "events do not bring a held rule back");
-        assert_eq!(q.next().await, key("failing"));
+        assert_eq!(q.next().await.0, key("failing"));
         assert_eq!(start.elapsed().as_secs(), 4);
         q.done(&key("failing"));
-        q.add(key("failing"));
+        q.add(key("failing"), Touch::All);
         assert_eq!(q.len(), 1, "after its time, events count again");
+        timer.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_pass_gets_what_touched_its_rule_since_the_last_began() {
+        let q = queue();
+        let timer = tokio::spawn({
+            let q = q.clone();
+            async move { q.run_timer().await }
+        });
+        q.add(key("r"), Touch::Namespace("team-a".into()));
+        q.add(key("r"), Touch::Source("cm".into()));
+        let (k, scope) = q.next().await;
+        assert!(scope.covers_namespace("team-a") && scope.covers("elsewhere", "cm"));
+        assert!(!scope.is_everything() && !scope.covers("elsewhere", "other"));
+        // Touched while its pass runs: the next pass gets it, not this one.
+        q.add(key("r"), Touch::Copy("team-b".into(), "x".into()));
+        q.carry(&k, {
+            let mut unlooked = Scope::default();
+            unlooked.add(Touch::Source("late".into()));
+            unlooked
+        });
+        q.done(&k);
+        let (k, scope) = q.next().await;
+        assert!(scope.covers("team-b", "x") && scope.covers("any", "late"));
+        assert!(
+            !scope.covers_namespace("team-a"),
+            "the first pass took that"
+        );
+        q.done(&k);
+        // A backoff that runs out brings the rule back for its unwritten copies.
+        q.add_after(key("r"), Duration::from_secs(2));
+        let (_, scope) = q.next().await;
+        assert!(scope.retries() && !scope.is_everything());
         timer.abort();
     }
 }

@@ -21,9 +21,11 @@ use crate::plan::{self, Action, DeleteReason, Inputs, Plan};
 use crate::rule::{
     ConflictEntry, ContestedEntry, CopyratorRule, ResolvedRule, RuleKey, RuleStatus,
 };
+use crate::scope::{Scope, Touch};
 use crate::sources::Sources;
 use crate::state::{Shared, lock, read, write};
 use crate::status::{self, Observed};
+use crate::tally::Unsettled;
 use crate::writer::Outcome;
 use crate::{Error, FIELD_MANAGER};
 
@@ -34,7 +36,11 @@ const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 #[derive(Default)]
 struct Pass {
     plan: Plan,
+    /// Every conflict of the rule, from this pass and the earlier ones
+    /// whose places it did not look at.
     conflicts: Vec<ConflictEntry>,
+    /// Copies of the rule in place after this pass, wherever they are.
+    copies: u32,
     created: u32,
     updated: u32,
     pruned: u32,
@@ -66,10 +72,14 @@ impl Pass {
     }
 }
 
-/// Reconcile one rule: its cleanup when deleted, its finalizer, its plan,
-/// and its status. Returns when the rule wants another pass (a copy waits
-/// out a backoff).
-pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Duration>, Error> {
+/// Reconcile one rule: its cleanup when deleted, its finalizer, its plan
+/// for the copies `scope` covers, and its status. Returns when the rule
+/// wants another pass (a copy waits out a backoff).
+pub async fn reconcile(
+    shared: &Arc<Shared>,
+    key: &RuleKey,
+    scope: Scope,
+) -> Result<Option<Duration>, Error> {
     let Some(rule) = read(&shared.rules).get(key).cloned() else {
         lock(&shared.sources).remove(key);
         return Ok(None);
@@ -149,9 +159,11 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
         // Most listings take a moment: a status write per rule for those
         // would be 1,000 writes when 1,000 rules start together.
         Sources::Waiting { .. } if waited < WAITING_STATUS_AFTER => {
+            shared.queue.carry(key, scope);
             return Ok(Some(WAITING_STATUS_AFTER - waited));
         }
         Sources::Waiting { listed, of } if waiting_worth_saying(&rule) => {
+            shared.queue.carry(key, scope);
             let observed = Observed {
                 generation: rule.metadata.generation,
                 rule_type: Some(resolved.kind.info().rule_type.to_string()),
@@ -166,12 +178,18 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
         // Said a moment ago (the counts are not worth a write per watch),
         // or the status already describes this generation: a restarted
         // operator relisting a synced rule has nothing new to say.
-        Sources::Waiting { .. } => return Ok(Some(WAITING_STATUS_EVERY)),
-        Sources::Unknown => return Ok(None),
+        Sources::Waiting { .. } => {
+            shared.queue.carry(key, scope);
+            return Ok(Some(WAITING_STATUS_EVERY));
+        }
+        Sources::Unknown => {
+            shared.queue.carry(key, scope);
+            return Ok(None);
+        }
     };
 
     let started = Instant::now();
-    let pass = run_plan(shared, &rule, &resolved, &sources).await;
+    let pass = run_plan(shared, &rule, &resolved, &sources, scope).await;
     let contested: Vec<ContestedEntry> = lock(&shared.backoffs)
         .contested(key)
         .into_iter()
@@ -197,7 +215,7 @@ pub async fn reconcile(shared: &Arc<Shared>, key: &RuleKey) -> Result<Option<Dur
         rule_type: Some(resolved.kind.info().rule_type.to_string()),
         sources: pass.plan.sources,
         target_namespaces: pass.plan.target_namespaces,
-        copies: pass.plan.in_place + pass.created + pass.updated,
+        copies: pass.copies,
         conflicts: pass.conflicts.clone(),
         problem,
         pending: pass.not_leader,
@@ -501,11 +519,22 @@ async fn run_plan(
     rule: &CopyratorRule,
     resolved: &ResolvedRule,
     sources: &[Arc<Object>],
+    mut scope: Scope,
 ) -> Pass {
-    let known_conflicts = lock(&shared.memory)
-        .get(&resolved.key)
-        .map(|m| m.known_conflicts.clone())
-        .unwrap_or_default();
+    let known_conflicts = {
+        let memory = lock(&shared.memory);
+        let memory = memory.get(&resolved.key);
+        if scope.retries()
+            && let Some(memory) = memory
+        {
+            for (namespace, name) in memory.tally.places() {
+                scope.add(Touch::Copy(namespace.to_owned(), name.to_owned()));
+            }
+        }
+        memory
+            .map(|m| m.known_conflicts.clone())
+            .unwrap_or_default()
+    };
     let mut plan = {
         let namespaces = read(&shared.namespaces);
         let copies = read(shared.copies(resolved.kind));
@@ -517,8 +546,18 @@ async fn run_plan(
             copies: &copies,
             live_rule_uids: &live,
             known_conflicts: &known_conflicts,
+            scope: &scope,
         })
     };
+    // What this pass looked at replaces what the rule's tally held there.
+    {
+        let mut memory = lock(&shared.memory);
+        memory
+            .entry(resolved.key.clone())
+            .or_default()
+            .tally
+            .record(&scope, &plan);
+    }
     // Copies of another kind (the rule's type changed) no longer belong.
     let mut other_kind_deletions = Vec::new();
     if resolved.prune {
@@ -530,10 +569,7 @@ async fn run_plan(
             }
         }
     }
-    let mut pass = Pass {
-        conflicts: plan.conflicts.clone(),
-        ..Default::default()
-    };
+    let mut pass = Pass::default();
     let actions: Vec<(Kind, Action)> = std::mem::take(&mut plan.actions)
         .into_iter()
         .map(|a| (resolved.kind, a))
@@ -554,7 +590,7 @@ async fn run_plan(
                 resolved.kind, conflict.namespace, conflict.name, resolved.key, conflict.reason
             );
         }
-        pass.plan = plan;
+        finish(shared, resolved, &mut pass, plan);
         return pass;
     }
 
@@ -614,6 +650,15 @@ async fn run_plan(
     let mut new_conflicts = Vec::new();
     while let Some((copy, kind, action, outcome)) = results.next().await {
         let (namespace, name) = action.target();
+        let settles =
+            kind == resolved.kind && matches!(outcome, Outcome::Written(_) | Outcome::Ignored(_));
+        if settles {
+            lock(&shared.memory)
+                .entry(resolved.key.clone())
+                .or_default()
+                .tally
+                .settle(namespace, name);
+        }
         match outcome {
             Outcome::Written(object) => {
                 lock(&shared.backoffs).succeeded(&copy);
@@ -639,12 +684,7 @@ async fn run_plan(
                 }
             }
             Outcome::Conflict(reason) => {
-                new_conflicts.push(((namespace.to_owned(), name.to_owned()), reason.clone()));
-                pass.conflicts.push(ConflictEntry {
-                    namespace: namespace.to_owned(),
-                    name: name.to_owned(),
-                    reason,
-                });
+                new_conflicts.push(((namespace.to_owned(), name.to_owned()), reason));
             }
             Outcome::Failed(failure) => {
                 let at = lock(&shared.backoffs).failed(
@@ -665,6 +705,9 @@ async fn run_plan(
         let mut memory = lock(&shared.memory);
         let memory = memory.entry(resolved.key.clone()).or_default();
         for (key, reason) in new_conflicts {
+            memory
+                .tally
+                .set(&key.0, &key.1, Unsettled::Conflict(reason.clone()));
             memory.known_conflicts.insert(key, reason);
         }
         // A target that is ours now is no conflict any more.
@@ -675,10 +718,31 @@ async fn run_plan(
                 .is_none_or(|c| c.rule_uid() != rule.uid())
         });
     }
+    finish(shared, resolved, &mut pass, plan);
+    pass
+}
+
+/// The rule's counts and conflicts after a pass, from its tally: exact
+/// whatever part of the rule the pass looked at.
+fn finish(shared: &Shared, resolved: &ResolvedRule, pass: &mut Pass, plan: Plan) {
+    {
+        let memory = lock(&shared.memory);
+        if let Some(tally) = memory.get(&resolved.key).map(|m| &m.tally) {
+            pass.copies = tally.in_place(plan.places);
+            pass.conflicts = tally
+                .conflicts()
+                .map(|(namespace, name, reason)| ConflictEntry {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    reason: reason.to_owned(),
+                })
+                .collect();
+        }
+    }
+    pass.conflicts.extend(plan.shadowed.iter().cloned());
     pass.conflicts.sort();
     pass.conflicts.dedup();
     pass.plan = plan;
-    pass
 }
 
 /// Publish the status if its content changed; returns whether it did.

@@ -5,8 +5,6 @@
 
 use std::collections::{HashMap, HashSet};
 
-use tokio::time::Instant;
-
 /// One change, as the watches see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Touch {
@@ -18,6 +16,8 @@ pub enum Touch {
     Source(String),
     /// The copy at `(namespace, name)` changed or went.
     Copy(String, String),
+    /// A backoff ran out: the copies the rule's passes left unwritten.
+    Retry,
 }
 
 /// Past this many entries a pass over everything is cheaper to keep track of.
@@ -32,9 +32,8 @@ pub struct Scope {
     /// Namespace → copy names.
     copies: HashMap<String, HashSet<String>>,
     entries: usize,
-    /// Copies wait out a backoff until then: the first pass from then on
-    /// looks at everything, so that they are written.
-    all_from: Option<Instant>,
+    /// The copies left unwritten by earlier passes are in scope too.
+    retry: bool,
 }
 
 impl Scope {
@@ -51,7 +50,12 @@ impl Scope {
 
     /// Nothing touched (a pass with this scope has nothing to look at).
     pub fn is_empty(&self) -> bool {
-        !self.all && self.entries == 0
+        !self.all && !self.retry && self.entries == 0
+    }
+
+    /// Whether the copies left unwritten by earlier passes are in scope.
+    pub fn retries(&self) -> bool {
+        self.retry
     }
 
     pub fn add(&mut self, touch: Touch) {
@@ -66,6 +70,10 @@ impl Scope {
             Touch::Namespace(namespace) => self.namespaces.insert(namespace),
             Touch::Source(name) => self.names.insert(name),
             Touch::Copy(namespace, name) => self.copies.entry(namespace).or_default().insert(name),
+            Touch::Retry => {
+                self.retry = true;
+                false
+            }
         };
         if added {
             self.entries += 1;
@@ -78,27 +86,7 @@ impl Scope {
             self.names = HashSet::new();
             self.copies = HashMap::new();
             self.entries = 0;
-        }
-    }
-
-    /// The first pass at or after `at` looks at everything.
-    pub fn everything_from(&mut self, at: Instant) {
-        self.all_from = Some(self.all_from.map_or(at, |t| t.min(at)));
-    }
-
-    /// The scope of a pass starting `now`: what was touched, or everything
-    /// once a backoff has run out. A backoff still running stays behind,
-    /// in what the next pass will find.
-    pub fn for_pass_at(mut self, now: Instant) -> (Scope, Option<Scope>) {
-        match self.all_from {
-            Some(at) if at <= now => (Self::everything(), None),
-            Some(at) => {
-                self.all_from = None;
-                let mut later = Scope::default();
-                later.everything_from(at);
-                (self, Some(later))
-            }
-            None => (self, None),
+            self.retry = false;
         }
     }
 
@@ -148,8 +136,8 @@ impl Scope {
         if other.all {
             self.add(Touch::All);
         }
-        if let Some(at) = other.all_from {
-            self.everything_from(at);
+        if other.retry {
+            self.add(Touch::Retry);
         }
         for namespace in other.namespaces {
             self.add(Touch::Namespace(namespace));
@@ -168,7 +156,6 @@ impl Scope {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn touches_add_up_and_everything_absorbs_them() {
@@ -184,7 +171,11 @@ mod tests {
         assert!(scope.covers_namespace("a") && !scope.covers_namespace("b"));
         scope.add(Touch::All);
         assert!(scope.is_everything() && scope.covers("q", "r"));
-        assert_eq!(scope.namespaces().count(), 0, "nothing kept beside everything");
+        assert_eq!(
+            scope.namespaces().count(),
+            0,
+            "nothing kept beside everything"
+        );
     }
 
     #[test]
@@ -197,18 +188,13 @@ mod tests {
     }
 
     #[test]
-    fn a_backoff_that_ran_out_makes_the_pass_look_at_everything() {
-        let now = Instant::now();
+    fn a_retry_is_something_to_do_and_everything_covers_it() {
         let mut scope = Scope::default();
-        scope.add(Touch::Namespace("a".into()));
-        scope.everything_from(now + Duration::from_secs(5));
-        let (pass, later) = scope.clone().for_pass_at(now);
-        assert!(!pass.is_everything() && pass.covers_namespace("a"));
-        let later = later.expect("the backoff stays behind");
-        let (pass, _) = later.for_pass_at(now + Duration::from_secs(5));
-        assert!(pass.is_everything());
-        let (pass, rest) = scope.for_pass_at(now + Duration::from_secs(6));
-        assert!(pass.is_everything() && rest.is_none());
+        scope.add(Touch::Retry);
+        assert!(!scope.is_empty() && scope.retries());
+        assert!(!scope.covers("a", "b"), "a retry names no copy by itself");
+        scope.add(Touch::All);
+        assert!(!scope.retries() && scope.is_everything());
     }
 
     #[test]

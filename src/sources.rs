@@ -32,12 +32,13 @@ use crate::http::Health;
 use crate::index::Object;
 use crate::kinds::Kind;
 use crate::rule::{ResolvedRule, RuleKey};
+use crate::scope::Touch;
 use crate::selector::LabelSelector;
 use crate::state::{read, watch_config, write};
 use crate::watch::{Change, Folder, cool_down, map_event, wait_out};
 
 /// Called with each rule whose sources changed.
-pub type OnChange = Arc<dyn Fn(&RuleKey) + Send + Sync>;
+pub type OnChange = Arc<dyn Fn(&RuleKey, Touch) + Send + Sync>;
 
 /// A new list of a watch across all namespaces waits this long for more
 /// rules to want more from it.
@@ -509,10 +510,14 @@ async fn run_watch(
             let Some(change) = folder.fold(event) else {
                 continue;
             };
+            let changed_name = match &change {
+                Change::Applied(object) | Change::Deleted(object) => object.name.to_string(),
+                Change::Listed(_) => String::new(),
+            };
             let changed_rules = apply(&state, change);
             if let Some(rules) = changed_rules {
                 for rule in rules {
-                    on_change(&rule);
+                    on_change(&rule, Touch::Source(changed_name.clone()));
                 }
             } else {
                 listed = true;
@@ -521,7 +526,7 @@ async fn run_watch(
                 let rules: Vec<RuleKey> =
                     read(&state.interest).rules().into_iter().cloned().collect();
                 for rule in &rules {
-                    on_change(rule);
+                    on_change(rule, Touch::All);
                 }
             }
         }

@@ -21,6 +21,7 @@ use crate::leader::LeaderGate;
 use crate::metrics::Metrics;
 use crate::queue::Queue;
 use crate::rule::{ConflictEntry, CopyPolicy, CopyratorRule, ResolvedRule, RuleKey, Trust};
+use crate::scope::Touch;
 use crate::sources::SourceHub;
 use crate::writer::Writer;
 
@@ -89,6 +90,8 @@ pub struct RuleMemory {
     pub logged_failure: Option<(String, tokio::time::Instant)>,
     pub copies: i64,
     pub conflicts: i64,
+    /// What the rule's passes left unsettled, place by place.
+    pub tally: crate::tally::Tally,
 }
 
 /// State shared by the watches, the workers and the HTTP server.
@@ -159,9 +162,9 @@ impl Shared {
                 health.clone(),
                 read_pause.clone(),
                 settings.max_source_watches as usize,
-                Arc::new(move |key: &RuleKey| {
+                Arc::new(move |key: &RuleKey, touch: Touch| {
                     if let Some(shared) = weak.upgrade() {
-                        shared.queue.add(key.clone());
+                        shared.queue.add(key.clone(), touch);
                     }
                 }),
             );
@@ -212,7 +215,7 @@ impl Shared {
     /// that waits out a backoff be written at once.
     pub fn set_rule(&self, key: RuleKey, rule: Arc<CopyratorRule>) {
         if self.set_rule_quietly(key.clone(), rule) {
-            self.queue.add(key);
+            self.queue.add(key, Touch::All);
         }
     }
 
@@ -264,8 +267,9 @@ impl Shared {
             .set(lock(&self.backoffs).contested_total() as i64);
     }
 
-    /// Queue the rules a change of namespace `name` concerns; a rule not
-    /// resolved yet (new, or invalid) is queued too, to be safe.
+    /// Queue the rules a change of namespace `name` concerns, for that
+    /// namespace alone; a rule not resolved yet (new, or invalid), or one
+    /// taking sources from it, looks at everything, to be safe.
     pub fn namespace_changed(
         &self,
         name: &str,
@@ -273,17 +277,21 @@ impl Shared {
         after: Option<&NamespaceInfo>,
     ) {
         let resolved = read(&self.resolved);
-        let concerned: Vec<RuleKey> = read(&self.rules)
+        let concerned: Vec<(RuleKey, Touch)> = read(&self.rules)
             .keys()
-            .filter(|key| {
-                resolved
-                    .get(*key)
-                    .is_none_or(|rule| crate::plan::concerns_namespace(rule, name, before, after))
+            .filter_map(|key| match resolved.get(key) {
+                None => Some((key.clone(), Touch::All)),
+                Some(rule) if rule.source_namespaces.iter().any(|ns| ns == name) => {
+                    Some((key.clone(), Touch::All))
+                }
+                Some(rule) => crate::plan::concerns_namespace(rule, name, before, after)
+                    .then(|| (key.clone(), Touch::Namespace(name.to_owned()))),
             })
-            .cloned()
             .collect();
         drop(resolved);
-        self.queue.add_all(concerned);
+        for (key, touch) in concerned {
+            self.queue.add(key, touch);
+        }
     }
 
     pub fn is_live_rule(&self, uid: &str) -> bool {

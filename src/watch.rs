@@ -30,6 +30,7 @@ use crate::http::Health;
 use crate::index::{NamespaceInfo, Object};
 use crate::kinds::Kind;
 use crate::rule::{CopyratorRule, RuleKey};
+use crate::scope::Touch;
 use crate::state::{Shared, lock, log_watch_error, read, watch_config, write};
 
 /// What a watch event means for a cache: a complete list replaces it.
@@ -195,7 +196,9 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
                         shared.set_rule(key, rule);
                     }
                     shared.synced.rules.store(true, Ordering::Release);
-                    shared.queue.add_all(read(&shared.rules).keys().cloned());
+                    shared
+                        .queue
+                        .add_all(read(&shared.rules).keys().cloned(), Touch::All);
                 }
                 Change::Applied((key, rule)) => shared.set_rule(key, rule),
                 Change::Deleted((key, _)) => shared.forget_rule(&key),
@@ -228,7 +231,9 @@ pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
                 Change::Listed(listed) => {
                     *write(&shared.namespaces) = listed.into_iter().collect::<BTreeMap<_, _>>();
                     shared.synced.namespaces.store(true, Ordering::Release);
-                    shared.queue.add_all(read(&shared.rules).keys().cloned());
+                    shared
+                        .queue
+                        .add_all(read(&shared.rules).keys().cloned(), Touch::All);
                 }
                 Change::Applied((name, next)) => {
                     let previous = write(&shared.namespaces).insert(name.clone(), next.clone());
@@ -263,13 +268,18 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
             &shared,
             convert,
             |change| {
-                let touched: Vec<String> = match change {
+                // The rules a change concerns, and what of theirs it touched.
+                let (touched, touch): (Vec<String>, Touch) = match change {
                     Change::Listed(listed) => {
                         let touched = write(index).replace_all(listed);
                         shared.synced.copies[kind as usize].store(true, Ordering::Release);
-                        touched.into_iter().collect()
+                        (touched.into_iter().collect(), Touch::All)
                     }
-                    Change::Applied(object) => write(index).upsert(object),
+                    Change::Applied(object) => {
+                        let touch =
+                            Touch::Copy(object.namespace.to_string(), object.name.to_string());
+                        (write(index).upsert(object), touch)
+                    }
                     Change::Deleted(object) => {
                         let namespace = object.namespace.clone();
                         let name = object.name.clone();
@@ -292,18 +302,19 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
                         }
                         // Not in the cache yet (the answer to our own create
                         // is still on its way): its rule must still hear of it.
-                        removed
+                        let owner = removed
                             .as_ref()
                             .unwrap_or(&object)
                             .rule_uid()
                             .map(str::to_owned)
                             .into_iter()
-                            .collect()
+                            .collect();
+                        (owner, Touch::Copy(namespace.to_string(), name.to_string()))
                     }
                 };
                 for uid in touched {
                     if let Some(key) = shared.rule_by_uid(&uid) {
-                        shared.queue.add(key);
+                        shared.queue.add(key, touch.clone());
                     }
                 }
             },
