@@ -35,6 +35,7 @@ pub struct Metrics {
     registry: Registry,
     pub reconciles: Family<ResultLabels, Counter>,
     pub reconcile_duration: Histogram,
+    pub copies_examined: Counter,
     pub api_writes: Family<WriteLabels, Counter>,
     pub copies_managed: Gauge,
     pub conflicts_skipped: Gauge,
@@ -60,6 +61,12 @@ impl Default for Metrics {
             "reconcile_duration_seconds",
             "Time one rule reconcile takes, writes included",
             reconcile_duration.clone(),
+        );
+        let copies_examined = Counter::default();
+        registry.register(
+            "copies_examined",
+            "Copies the rules' passes looked at (a pass looks only at what changed since the last)",
+            copies_examined.clone(),
         );
         let api_writes = Family::<WriteLabels, Counter>::default();
         registry.register(
@@ -143,6 +150,7 @@ impl Default for Metrics {
             registry,
             reconciles,
             reconcile_duration,
+            copies_examined,
             api_writes,
             copies_managed,
             conflicts_skipped,

@@ -549,6 +549,10 @@ async fn run_plan(
             scope: &scope,
         })
     };
+    shared
+        .metrics
+        .copies_examined
+        .inc_by(u64::from(plan.examined));
     // What this pass looked at replaces what the rule's tally held there.
     {
         let mut memory = lock(&shared.memory);

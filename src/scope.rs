@@ -18,6 +18,8 @@ pub enum Touch {
     Copy(String, String),
     /// A backoff ran out: the copies the rule's passes left unwritten.
     Retry,
+    /// The rule's status changed, or its status is due: no copy to look at.
+    Nothing,
 }
 
 /// Past this many entries a pass over everything is cheaper to keep track of.
@@ -74,6 +76,7 @@ impl Scope {
                 self.retry = true;
                 false
             }
+            Touch::Nothing => false,
         };
         if added {
             self.entries += 1;

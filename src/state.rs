@@ -212,10 +212,19 @@ impl Shared {
 
     /// Take a rule as watched or as returned by our own write. A version
     /// older than the one held is ignored; a changed spec lets every copy
-    /// that waits out a backoff be written at once.
+    /// that waits out a backoff be written at once. A rule whose spec,
+    /// deletion and finalizers are as they were (its status changed) gets a
+    /// pass that looks at no copy: it only says its status again if needed.
     pub fn set_rule(&self, key: RuleKey, rule: Arc<CopyratorRule>) {
+        let asks_the_same = read(&self.rules)
+            .get(&key)
+            .is_some_and(|held| asks_the_same(held, &rule));
         if self.set_rule_quietly(key.clone(), rule) {
-            self.queue.add(key, Touch::All);
+            if asks_the_same {
+                self.queue.add(key, Touch::Nothing);
+            } else {
+                self.queue.add(key, Touch::All);
+            }
         }
     }
 
@@ -324,6 +333,15 @@ impl Shared {
             warn!(error = %crate::writer::describe(&e), reason = event.reason.as_str(), "recording an event failed");
         }
     }
+}
+
+/// Whether `next` asks for what `held` asked: the same object, spec
+/// (generation), deletion and finalizers. A status write changes none.
+fn asks_the_same(held: &CopyratorRule, next: &CopyratorRule) -> bool {
+    held.uid() == next.uid()
+        && held.metadata.generation == next.metadata.generation
+        && held.metadata.deletion_timestamp == next.metadata.deletion_timestamp
+        && held.metadata.finalizers == next.metadata.finalizers
 }
 
 /// Whether `rule` is an older version of the same object than `held`.

@@ -1208,7 +1208,9 @@ async fn writes_forbidden_by_rbac_are_reported_and_retried_without_a_storm() {
 /// The operator's ServiceAccount is throttled by a priority level of one
 /// concurrency share that rejects what it cannot seat (429): a rule with
 /// 100 copies still converges within 180 s, in at most 500 requests and
-/// never more than 100 in one second.
+/// never more than 120 in one second: each copy written once in a second
+/// and the reads are fine when the API server seats them; a retry storm
+/// goes far past that.
 #[tokio::test]
 async fn throttled_by_priority_and_fairness_the_operator_converges_without_a_storm() {
     const TEST: &str = "apf-throttle";
@@ -1323,11 +1325,12 @@ async fn throttled_by_priority_and_fairness_the_operator_converges_without_a_sto
             "{total} requests until convergence (at most {max_limit})"
         ));
     }
+    let busiest_limit = COPIES + 20;
     if let Some((second, n)) = busiest
-        && n > 100
+        && n > busiest_limit
     {
         failures.push(format!(
-            "{n} requests in the second starting {} (at most 100)",
+            "{n} requests in the second starting {} (at most {busiest_limit})",
             DateTime::<Utc>::from_timestamp(second, 0).unwrap_or_default()
         ));
     }

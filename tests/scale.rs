@@ -854,3 +854,109 @@ async fn deleting_rules_one_by_one_leaves_exactly_the_others_copies() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// The sum of every series of the metric family `name` in Prometheus text.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+async fn copies_examined(port: u16) -> f64 {
+    let (code, text) = http_get(port, "/metrics")
+        .await
+        .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
+    assert_eq!(code, 200, "GET /metrics");
+    metric(&text, "copyrator_copies_examined_total").expect("copyrator_copies_examined_total")
+}
+
+/// A new namespace costs the copies that belong in it, and a changed
+/// source the copies of its name: never a walk over every copy of the
+/// rule (which `copyrator_copies_examined_total` would show).
+#[tokio::test]
+async fn a_change_costs_the_copies_it_concerns_not_every_copy_of_the_rule() {
+    const NAMESPACES: usize = 30;
+    const SOURCES_HERE: usize = 8;
+    let t = TestNs::new("scale-scoped").await;
+    let op = t.ns("op").await;
+    let mut targets = Vec::new();
+    for i in 0..NAMESPACES {
+        targets.push(t.ns(&format!("t{i:02}")).await);
+    }
+    let mut sources = Vec::new();
+    for i in 0..SOURCES_HERE {
+        sources.push(
+            t.create_source(CM, &op, &format!("s{i}"), &[], &[("k", "v")])
+                .await,
+        );
+    }
+    t.create_rule(&op, "r", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let operator = Operator::start(&t, &op, &[]);
+    let all = (NAMESPACES * SOURCES_HERE) as u64;
+    let copies_are = |n: u64| {
+        move |rule: &Value| match rule.pointer("/status/copies").and_then(Value::as_u64) {
+            Some(c) if c == n => Ok(()),
+            other => Err(format!("status.copies {other:?}, want {n}")),
+        }
+    };
+    t.wait_rule(&op, "r", "every copy counted", copies_are(all))
+        .await;
+    // Quiet: the statuses and the watch events of the first pass are done.
+    let before = wait_until("the examined count to stand still", DEADLINE, async || {
+        let first = copies_examined(operator.port).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let second = copies_examined(operator.port).await;
+        if first == second {
+            Ok(second)
+        } else {
+            Err(format!("{first} then {second}"))
+        }
+    })
+    .await;
+    assert!(before >= all as f64, "the first pass looked at every copy");
+
+    let added = t.ns("t-new").await;
+    for s in &sources {
+        t.wait_copy(CM, &added, s, &op, "r").await;
+    }
+    t.wait_rule(
+        &op,
+        "r",
+        "the new copies counted",
+        copies_are(all + SOURCES_HERE as u64),
+    )
+    .await;
+    let after_namespace = copies_examined(operator.port).await;
+    let cost = after_namespace - before;
+    println!("a new namespace: {cost} copies examined of {all}");
+    // Each of its copies is looked at by the namespace's pass and again
+    // when its watch event comes, each time as a place and as a copy.
+    assert!(
+        cost <= (4 * SOURCES_HERE) as f64,
+        "a new namespace with {SOURCES_HERE} copies made the passes look at {cost} copies; \
+         a walk over the rule is {all}"
+    );
+
+    // One source changes: its copies in every namespace, not the others.
+    let changed = t.set_data(CM, &op, "s0", &[("k", Some("changed"))]).await;
+    for namespace in targets.iter().chain([&added]) {
+        t.wait_copy(CM, namespace, &changed, &op, "r").await;
+    }
+    let cost = copies_examined(operator.port).await - after_namespace;
+    let of_that_source = (NAMESPACES + 1) as f64;
+    println!("a changed source: {cost} copies examined; {of_that_source} are its copies");
+    assert!(
+        cost <= 4.0 * of_that_source && cost < (all + SOURCES_HERE as u64) as f64,
+        "a changed source made the passes look at {cost} copies; its own are {of_that_source}, \
+         the rule's {}",
+        all + SOURCES_HERE as u64
+    );
+}
