@@ -339,6 +339,20 @@ impl Backoffs {
         entry.retry_at
     }
 
+    /// Copies of `rule` whose last write failed, with the failure and when
+    /// they may be tried again.
+    pub fn failures(&self, rule: &RuleKey) -> Vec<(CopyKey, Failure, Instant)> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.rule == *rule)
+            .filter_map(|(key, e)| {
+                e.last_failure
+                    .clone()
+                    .map(|failure| (key.clone(), failure, e.retry_at))
+            })
+            .collect()
+    }
+
     /// Contested copies of `rule`, sorted.
     pub fn contested(&self, rule: &RuleKey) -> Vec<Contest> {
         let mut out: Vec<Contest> = self

@@ -632,6 +632,26 @@ async fn run_plan(
         }
     }
 
+    // Copies that failed before, where this pass did not look: they still
+    // wait, and the status says so as a pass over everything would.
+    let failed_before = if scope.is_everything() {
+        Vec::new()
+    } else {
+        lock(&shared.backoffs).failures(&resolved.key)
+    };
+    if !failed_before.is_empty() {
+        let memory = lock(&shared.memory);
+        let tally = memory.get(&resolved.key).map(|m| &m.tally);
+        for ((kind, namespace, name), failure, retry_at) in failed_before {
+            let still_unwritten = tally.is_some_and(|t| t.holds(&namespace, &name));
+            if kind == resolved.kind && !scope.covers(&namespace, &name) && still_unwritten {
+                pass.retry_no_later_than(retry_at);
+                pass.deferred
+                    .push((format!("{kind} {namespace}/{name}"), failure));
+            }
+        }
+    }
+
     let rule_name = resolved.key.to_string();
     let policy = resolved.conflict_policy;
     let concurrency = shared.settings.write_concurrency as usize;

@@ -96,6 +96,12 @@ impl Tally {
             .map(|(ns, name)| (ns.as_str(), name.as_str()))
     }
 
+    /// Whether the place at `(namespace, name)` is unsettled.
+    pub fn holds(&self, namespace: &str, name: &str) -> bool {
+        self.places
+            .contains_key(&(namespace.to_owned(), name.to_owned()))
+    }
+
     pub fn conflict_count(&self) -> usize {
         self.conflicts
     }
