@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::rule::{
     GROUP, KIND, MAX_ANNOTATION_BYTES, MAX_TRANSFORM_ENTRIES, PLURAL, RuleSpec, RuleStatus,
-    RuleType, VERSION,
+    RuleType, SyncPolicy, VERSION,
 };
 use crate::{Error, Result};
 
@@ -132,6 +132,7 @@ fn root_schema() -> Value {
     rule_type["description"] = json!(
         "Kind of the objects to copy: `configmap` or `secret` (original form; `spec.ruleType` wins)."
     );
+    let sync_policy = schema_of::<SyncPolicy>(&mut generator);
     let mut spec = schema_of::<RuleSpec>(&mut generator);
     spec["description"] =
         json!("The rule. Fields set here win over the same fields at the top level.");
@@ -151,6 +152,7 @@ fn root_schema() -> Value {
             "ruleType": rule_type,
             "selector": selector,
             "namespace": namespace_schema(&mut generator).to_value(),
+            "syncPolicy": sync_policy,
             "spec": spec,
             "status": status,
         },
@@ -299,7 +301,14 @@ mod tests {
     #[test]
     fn schema_keeps_the_original_top_level_fields() {
         let schema = root_schema();
-        for field in ["ruleType", "selector", "namespace", "spec", "status"] {
+        for field in [
+            "ruleType",
+            "selector",
+            "namespace",
+            "syncPolicy",
+            "spec",
+            "status",
+        ] {
             assert!(schema["properties"][field].is_object(), "{field} missing");
         }
         assert_eq!(
@@ -310,5 +319,16 @@ mod tests {
             schema["properties"]["spec"]["properties"]["conflictPolicy"]["enum"],
             json!(["Skip", "Overwrite"])
         );
+        for sync_policy in [
+            &schema["properties"]["syncPolicy"],
+            &schema["properties"]["spec"]["properties"]["syncPolicy"],
+        ] {
+            assert_eq!(sync_policy["enum"], json!(["Sync", "CreateOnly"]));
+            let description = sync_policy["description"].as_str().unwrap_or_default();
+            assert!(
+                description.contains("CreateOnly") && description.contains("Default Sync"),
+                "{description}"
+            );
+        }
     }
 }

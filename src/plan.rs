@@ -9,11 +9,12 @@ use serde_json::Value;
 
 use crate::index::{CopyIndex, MetaMap, NamespaceInfo, Object, ObjectKey, meta_entry_hash};
 use crate::kinds::Kind;
-use crate::rule::{ConflictEntry, ConflictPolicy, ResolvedRule};
+use crate::rule::{ConflictEntry, ConflictPolicy, ResolvedRule, SyncPolicy};
 use crate::scope::Scope;
 use crate::selector::KeyGlob;
 use crate::{
-    ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, LABEL_MANAGED_BY, LABEL_RULE_UID,
+    ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, CREATE_ONLY, LABEL_MANAGED_BY,
+    LABEL_RULE_UID, LABEL_SYNC_POLICY,
 };
 
 /// Labels and annotations that would make another tool believe it owns a
@@ -280,6 +281,11 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
     labels.extend(transform.add_labels.clone());
     labels.insert(LABEL_MANAGED_BY.into(), "copyrator".into());
     labels.insert(LABEL_RULE_UID.into(), rule.uid.clone());
+    if rule.sync_policy == SyncPolicy::CreateOnly {
+        // Kept with the copy, so that it stays its namespace's after the
+        // rule changes or goes (finalizer, orphan collection, adoption).
+        labels.insert(LABEL_SYNC_POLICY.into(), CREATE_ONLY.into());
+    }
     let mut annotations = stripped(
         &source.annotations,
         &transform.strip_annotations,
@@ -497,6 +503,23 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 .entry(name)
                 .or_insert_with(|| Arc::new(desired_copy(rule, candidates[0])));
             match copies_here.and_then(|copies| copies.get(*name)) {
+                // Handed over to its namespace: never written again. For a
+                // rule that only creates, it is the copy it made.
+                Some(current)
+                    if current.create_only
+                        && rule.sync_policy == SyncPolicy::CreateOnly
+                        && current.rule_uid() == Some(rule.uid.as_str()) =>
+                {
+                    out.desired += 1;
+                    out.in_place += 1;
+                }
+                Some(current) if current.create_only => {
+                    out.conflicts.push(ConflictEntry {
+                        namespace: namespace.clone(),
+                        name: (*name).to_owned(),
+                        reason: handed_over_reason(current.rule_ref.as_deref()),
+                    });
+                }
                 Some(current) if is_ours(rule, current, inputs.live_rule_uids) => {
                     out.desired += 1;
                     if desired.is_satisfied_by(current) {
@@ -558,7 +581,8 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 && sources
                     .get(&*current.name)
                     .is_some_and(|candidates| !from_namespace(candidates, &current.namespace));
-            if prunable && !wanted {
+            // A copy handed over to its namespace is never pruned.
+            if prunable && !wanted && !current.create_only {
                 out.actions.push(Action::Delete {
                     current: current.clone(),
                     reason: DeleteReason::Pruned,
@@ -604,9 +628,19 @@ fn copies_in_scope<'a>(
     Box::new(in_namespaces.chain(of_names).chain(at_places).filter(ours))
 }
 
+/// Why a copy handed over to its namespace (`syncPolicy: CreateOnly`) by
+/// the rule `rule_ref` is not written.
+pub fn handed_over_reason(rule_ref: Option<&str>) -> String {
+    let rule = rule_ref.unwrap_or("(unknown)");
+    format!(
+        "a copy that rule {rule} created once (syncPolicy CreateOnly) is there and belongs to its namespace; delete it, or remove its label {LABEL_SYNC_POLICY}, to let this rule write it"
+    )
+}
+
 /// Whether a copy at a target belongs to this rule: it carries the rule's
 /// UID, or it names this rule and its UID belongs to no rule we know (an
-/// earlier rule of the same name, whose copies this one adopts).
+/// earlier rule of the same name, whose copies this one adopts; copies
+/// handed over to their namespaces are told apart before).
 fn is_ours(rule: &ResolvedRule, current: &Object, live_rule_uids: &dyn Fn(&str) -> bool) -> bool {
     match current.rule_uid() {
         Some(uid) if uid == rule.uid => true,
@@ -622,7 +656,8 @@ fn is_ours(rule: &ResolvedRule, current: &Object, live_rule_uids: &dyn Fn(&str) 
 /// is no live rule, and the rule they name is one this operator is
 /// responsible for (`responsible(namespace/name)`) and does not exist, so
 /// no rule of that name adopts them. Copies in namespaces the cache has
-/// not seen, or that are terminating, are left alone.
+/// not seen, or that are terminating, are left alone, and so are copies
+/// handed over to their namespaces (`syncPolicy: CreateOnly`).
 pub fn orphans(
     copies: &CopyIndex,
     namespaces: &BTreeMap<String, NamespaceInfo>,
@@ -634,9 +669,10 @@ pub fn orphans(
         .filter(|uid| !live_rule_uid(uid))
         .flat_map(|uid| copies.owned_by(uid))
         .filter(|c| {
-            c.rule_ref
-                .as_deref()
-                .is_some_and(responsible_for_missing_rule)
+            !c.create_only
+                && c.rule_ref
+                    .as_deref()
+                    .is_some_and(responsible_for_missing_rule)
                 && namespaces
                     .get(&*c.namespace)
                     .is_some_and(|ns| !ns.terminating)
@@ -651,7 +687,8 @@ pub fn orphans(
 }
 
 /// The deletions that clean up after a deleted rule: every copy it made,
-/// except in terminating namespaces (their deletion takes the copies along).
+/// except in terminating namespaces (their deletion takes the copies along)
+/// and those it handed over to their namespaces (`syncPolicy: CreateOnly`).
 pub fn cleanup(
     rule_uid: &str,
     namespaces: &BTreeMap<String, NamespaceInfo>,
@@ -660,9 +697,10 @@ pub fn cleanup(
     copies
         .owned_by(rule_uid)
         .filter(|c| {
-            !namespaces
-                .get(&*c.namespace)
-                .is_some_and(|ns| ns.terminating)
+            !c.create_only
+                && !namespaces
+                    .get(&*c.namespace)
+                    .is_some_and(|ns| ns.terminating)
         })
         .map(|c| Action::Delete {
             current: c.clone(),
@@ -1255,6 +1293,175 @@ mod tests {
         w2.apply(&p);
         w2.sources.clear();
         assert!(w2.plan(&keep_uid).actions.is_empty());
+    }
+
+    fn create_only_rule() -> ResolvedRule {
+        rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "spec": {"syncPolicy": "CreateOnly"}}))
+    }
+
+    #[test]
+    fn create_only_creates_missing_copies_and_then_never_writes_them() {
+        let mut w = World::new(&["src", "a", "b"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = create_only_rule();
+        let p = w.plan(&r);
+        assert_eq!(
+            verbs(&p),
+            vec![
+                ("a".into(), "cm".into(), "create"),
+                ("b".into(), "cm".into(), "create")
+            ]
+        );
+        let Action::Create { desired, .. } = &p.actions[0] else {
+            panic!("{p:?}")
+        };
+        assert_eq!(desired.labels[LABEL_SYNC_POLICY], CREATE_ONLY);
+        assert_eq!(desired.labels[LABEL_RULE_UID], "rule-1");
+        w.apply(&p);
+        assert!(w.copies.get("a", "cm").unwrap().create_only);
+        assert_eq!(w.copies.count_create_only("rule-1"), 2);
+
+        // Someone edits a copy: it is theirs now, nothing is put back.
+        edited_copy(
+            &mut w,
+            |c| {
+                c.payload.insert("data".into(), json!({"k": "mine"}));
+                c.labels.insert("team".into(), "a".into());
+            },
+            |_, _| true,
+        );
+        let p = w.plan(&r);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!((p.desired, p.in_place), (2, 2), "counted as copies");
+        // The source changes: no update either.
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v2"}));
+        let p = w.plan(&r);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        // A copy that is missing is created again, from the source as it is now.
+        let gone = w.copies.get("b", "cm").unwrap().uid.clone();
+        w.copies.remove("b", "cm", &gone);
+        let p = w.plan(&r);
+        assert_eq!(verbs(&p), vec![("b".into(), "cm".into(), "create")]);
+        let Action::Create { desired, .. } = &p.actions[0] else {
+            panic!("{p:?}")
+        };
+        assert_eq!(desired.payload["data"], json!({"k": "v2"}));
+    }
+
+    #[test]
+    fn create_only_copies_are_never_pruned_cleaned_up_or_collected() {
+        let mut w = World::new(&["src", "team-a", "team-b"]);
+        for ns in ["team-a", "team-b"] {
+            w.namespaces
+                .get_mut(ns)
+                .unwrap()
+                .labels
+                .insert("env".into(), "dev".into());
+        }
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        w.source("src", "other", &[("copy", "yes")], json!({"k": "v"}));
+        let r = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "spec": {"syncPolicy": "CreateOnly", "prune": true,
+                     "targets": {"namespaceSelector": {"matchLabels": {"env": "dev"}}}}}));
+        let p = w.plan(&r);
+        assert_eq!(p.actions.len(), 4);
+        w.apply(&p);
+        // The namespace leaves the targets.
+        w.namespaces.get_mut("team-b").unwrap().labels.clear();
+        assert!(w.plan(&r).actions.is_empty(), "{:?}", w.plan(&r).actions);
+        // One source stops matching, the other is deleted.
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "no")], json!({"k": "v"}));
+        let p = w.plan(&r);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!(w.copies.count_create_only("rule-1"), 4);
+        // The rule is deleted: its finalizer leaves them.
+        assert!(cleanup(&r.uid, &w.namespaces, &w.copies).is_empty());
+        // The rule vanished without its finalizer: no orphans either.
+        let gone = |_: &str| false;
+        let mine = |rule: &str| rule == "src/r";
+        assert!(orphans(&w.copies, &w.namespaces, &gone, &mine).is_empty());
+    }
+
+    #[test]
+    fn a_copy_handed_over_is_taken_by_no_rule() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let p = w.plan(&create_only_rule());
+        w.apply(&p);
+        // The same rule switched to Sync: the copy stays its namespace's.
+        let sync = simple_rule();
+        let p = w.plan(&sync);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!(p.conflicts.len(), 1);
+        assert!(
+            p.conflicts[0].reason.contains("CreateOnly")
+                && p.conflicts[0].reason.contains(LABEL_SYNC_POLICY),
+            "{}",
+            p.conflicts[0].reason
+        );
+        // A later rule of the same name (the first one deleted) adopts no
+        // copy handed over, whatever its policy; Overwrite changes nothing.
+        for body in [
+            json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"conflictPolicy": "Overwrite"}}),
+            json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"syncPolicy": "CreateOnly"}}),
+        ] {
+            let mut later = rule(body);
+            later.uid = "rule-2".into();
+            let live = |uid: &str| uid == "rule-2";
+            let p = plan(&Inputs {
+                rule: &later,
+                namespaces: &w.namespaces,
+                sources: &w.sources,
+                copies: &w.copies,
+                live_rule_uids: &live,
+                known_conflicts: &w.known_conflicts,
+                scope: &Scope::everything(),
+            });
+            assert!(p.actions.is_empty(), "{:?}", p.actions);
+            assert_eq!(p.conflicts.len(), 1);
+            assert!(
+                p.conflicts[0].reason.contains("src/r"),
+                "{}",
+                p.conflicts[0].reason
+            );
+        }
+        // The label removed: the copy is the rule's again, right as it is,
+        // and kept true from then on.
+        edited_copy(
+            &mut w,
+            |c| {
+                c.labels.remove(LABEL_SYNC_POLICY);
+            },
+            |_, _| true,
+        );
+        let p = w.plan(&sync);
+        assert!(p.actions.is_empty() && p.conflicts.is_empty(), "{p:?}");
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v2"}));
+        assert_eq!(
+            verbs(&w.plan(&sync)),
+            vec![("a".into(), "cm".into(), "update")]
+        );
+    }
+
+    #[test]
+    fn switching_to_create_only_hands_the_copies_over_once() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let p = w.plan(&simple_rule());
+        w.apply(&p);
+        let r = create_only_rule();
+        let p = w.plan(&r);
+        let Action::Update { desired, .. } = &p.actions[0] else {
+            panic!("{p:?}")
+        };
+        assert_eq!(desired.labels[LABEL_SYNC_POLICY], CREATE_ONLY);
+        w.apply(&p);
+        assert!(w.plan(&r).actions.is_empty());
+        assert!(cleanup(&r.uid, &w.namespaces, &w.copies).is_empty());
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub struct CopyratorRule {
     /// Original form: source namespace, a name or a list of names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<Value>,
+    /// Original form: `Sync` or `CreateOnly`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_policy: Option<SyncPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<RuleSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -130,7 +133,12 @@ pub struct RuleSpec {
     /// it, `Overwrite` replaces it with the copy. Default Skip.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conflict_policy: Option<ConflictPolicy>,
-    /// Labels and annotations to add to or strip from copies.
+    /// Whether copies are kept true or only created: `Sync` or `CreateOnly`.
+    /// Default Sync. Wins over the top-level `syncPolicy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_policy: Option<SyncPolicy>,
+    /// Labels and annotations to add to or strip from copies, and the data
+    /// keys they carry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transform: Option<Transform>,
 }
@@ -162,6 +170,27 @@ pub enum ConflictPolicy {
     Skip,
     /// Replace the foreign object with the copy.
     Overwrite,
+}
+
+/// Whether the rule keeps its copies true or only creates them: `Sync` or
+/// `CreateOnly`. Default Sync. Under `spec` it wins over the top-level
+/// `syncPolicy`.
+///
+/// `Sync`: copies follow their source: updated when it changes, restored
+/// when edited, pruned when they no longer belong (see `prune`), deleted
+/// with the rule. `CreateOnly`: a copy is created where it is missing and
+/// then belongs to its namespace: Copyrator never updates, restores or
+/// deletes it again, not when the source changes or goes, not when the
+/// namespace leaves the targets, not when the rule is deleted or changed.
+/// Such copies carry the label `copyrator.flant.com/sync-policy:
+/// CreateOnly`; remove it from a copy to have its rule write it again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum SyncPolicy {
+    /// Keep every copy true for as long as the rule exists.
+    #[default]
+    Sync,
+    /// Create a copy where it is missing, then leave it to its namespace.
+    CreateOnly,
 }
 
 /// Changes applied to the labels and annotations of every copy.
@@ -208,6 +237,12 @@ pub struct RuleStatus {
     /// Copies in place and up to date.
     #[serde(default)]
     pub copies: i64,
+    /// Copies this rule created under `syncPolicy: CreateOnly`, which now
+    /// belong to their namespaces: Copyrator never updates or deletes them
+    /// again, wherever they are (those of current sources in target
+    /// namespaces count in `copies` too).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub create_only_copies: i64,
     /// Number of copies not made because of a conflict.
     #[serde(default)]
     pub conflict_count: i64,
@@ -239,6 +274,10 @@ pub struct RuleStatus {
     /// When the operator last changed a copy or this status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync_time: Option<String>,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// A status condition, after the Kubernetes API conventions.
@@ -478,6 +517,7 @@ pub struct ResolvedRule {
     pub targets: TargetSelector,
     pub prune: bool,
     pub conflict_policy: ConflictPolicy,
+    pub sync_policy: SyncPolicy,
     pub transform: ResolvedTransform,
     /// The operator-wide settings the rule is followed under.
     pub policy: Arc<CopyPolicy>,
@@ -659,6 +699,7 @@ impl CopyratorRule {
             targets,
             prune: spec.prune.unwrap_or(true),
             conflict_policy: spec.conflict_policy.unwrap_or_default(),
+            sync_policy: spec.sync_policy.or(self.sync_policy).unwrap_or_default(),
             transform,
             policy: trust.policy.clone(),
             tenant,
@@ -811,6 +852,38 @@ mod tests {
         assert!(resolved.targets.matches("team-a", &empty));
         assert!(!resolved.targets.matches("team-x", &empty), "exclude wins");
         assert!(!resolved.targets.matches("other", &empty));
+    }
+
+    #[test]
+    fn sync_policy_defaults_to_sync_and_spec_wins() {
+        let with = |top: Option<&str>, spec: Option<&str>| {
+            let mut body = json!({
+                "metadata": {"name": "r", "namespace": "copyrator"},
+                "ruleType": "configmap", "selector": {"a": "b"}, "spec": {}
+            });
+            if let Some(top) = top {
+                body["syncPolicy"] = json!(top);
+            }
+            if let Some(spec) = spec {
+                body["spec"]["syncPolicy"] = json!(spec);
+            }
+            rule(body).resolve(&trust()).unwrap().sync_policy
+        };
+        assert_eq!(with(None, None), SyncPolicy::Sync);
+        assert_eq!(with(Some("CreateOnly"), None), SyncPolicy::CreateOnly);
+        assert_eq!(with(None, Some("CreateOnly")), SyncPolicy::CreateOnly);
+        assert_eq!(with(Some("CreateOnly"), Some("Sync")), SyncPolicy::Sync);
+        assert_eq!(
+            with(Some("Sync"), Some("CreateOnly")),
+            SyncPolicy::CreateOnly
+        );
+        // Only the two values exist (the CRD's enum refuses others first).
+        for bad in ["createOnly", "Always", ""] {
+            let parsed = serde_json::from_value::<CopyratorRule>(json!({
+                "ruleType": "configmap", "selector": {"a": "b"}, "spec": {"syncPolicy": bad}
+            }));
+            assert!(parsed.is_err(), "{bad:?} was taken");
+        }
     }
 
     #[test]
