@@ -15,6 +15,7 @@ use crate::rule::{
     GROUP, KIND, MAX_ANNOTATION_BYTES, MAX_TRANSFORM_ENTRIES, PLURAL, RuleSpec, RuleStatus,
     RuleType, SyncPolicy, VERSION,
 };
+use crate::selector::MAX_DATA_KEY;
 use crate::{Error, Result};
 
 pub const CRD_NAME: &str = "copyrators.flant.com";
@@ -100,6 +101,56 @@ pub fn add_annotations_schema(_: &mut SchemaGenerator) -> Schema {
             {
                 "rule": format!("self.map(k, size(bytes(k)) + size(bytes(self[k]))).sum() <= {MAX_ANNOTATION_BYTES}"),
                 "message": format!("keys and values together must not exceed {MAX_ANNOTATION_BYTES} bytes (256 KiB), the API server's limit for all annotations of an object")
+            }
+        ]
+    })
+}
+
+/// A data key of a ConfigMap or Secret; the API server's other rules
+/// (not `.` or `..`) are the operator's to check.
+const DATA_KEY_RE: &str = "^[-._a-zA-Z0-9]+$";
+/// A glob on data keys.
+const DATA_KEY_GLOB_RE: &str = "^[-._a-zA-Z0-9*?]+$";
+
+/// Schema of `transform.keys.include` and `.exclude`.
+pub fn data_key_globs_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "nullable": true,
+        "maxItems": MAX_TRANSFORM_ENTRIES,
+        "items": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_DATA_KEY,
+            "pattern": DATA_KEY_GLOB_RE
+        }
+    })
+}
+
+/// Schema of `transform.keys.rename`: keys and values are data keys, and no
+/// two keys are renamed to one. Whether a key is renamed onto one that
+/// copies keep needs the globs of include and exclude: the operator checks it.
+pub fn rename_keys_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "nullable": true,
+        "maxProperties": MAX_TRANSFORM_ENTRIES,
+        "additionalProperties": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_DATA_KEY,
+            "pattern": DATA_KEY_RE
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": format!("self.all(k, size(k) <= {MAX_DATA_KEY} && k.matches('{DATA_KEY_RE}'))"),
+                "message": format!("every key must be a data key: 1-{MAX_DATA_KEY} letters, digits, '-', '_' or '.'")
+            },
+            {
+                // Values alone are compared: their maxLength bounds the
+                // cost estimate, where keys of a map have no bound.
+                "rule": "self.all(k, self.exists_one(j, self[j] == self[k]))",
+                "message": "two keys may not be renamed to the same key: a copy holds each key once"
             }
         ]
     })
@@ -318,6 +369,18 @@ mod tests {
         assert_eq!(
             schema["properties"]["spec"]["properties"]["conflictPolicy"]["enum"],
             json!(["Skip", "Overwrite"])
+        );
+        let keys = &schema["properties"]["spec"]["properties"]["transform"]["properties"]["keys"];
+        for list in ["include", "exclude"] {
+            assert_eq!(keys["properties"][list]["maxItems"], json!(64), "{list}");
+            assert_eq!(keys["properties"][list]["items"]["maxLength"], json!(253));
+        }
+        let rename = &keys["properties"]["rename"];
+        assert_eq!(rename["maxProperties"], json!(64));
+        assert_eq!(
+            rename["x-kubernetes-validations"].as_array().map(Vec::len),
+            Some(2),
+            "data keys, and no two keys renamed to one"
         );
         for sync_policy in [
             &schema["properties"]["syncPolicy"],

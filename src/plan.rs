@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::index::{CopyIndex, MetaMap, NamespaceInfo, Object, ObjectKey, meta_entry_hash};
 use crate::kinds::Kind;
-use crate::rule::{ConflictEntry, ConflictPolicy, ResolvedRule, SyncPolicy};
+use crate::rule::{ConflictEntry, ConflictPolicy, ResolvedKeys, ResolvedRule, SyncPolicy};
 use crate::scope::Scope;
 use crate::selector::KeyGlob;
 use crate::{
@@ -270,6 +270,34 @@ fn stripped(
         .collect()
 }
 
+/// The payload copies carry: the source's, with only the data keys the
+/// rule selects, under their names on copies (the rule's validation makes
+/// sure no two land on one name). A data field left with no key is left
+/// out, as the API server leaves out an empty one.
+fn selected_payload(
+    kind: Kind,
+    keys: &ResolvedKeys,
+    payload: &BTreeMap<String, Value>,
+) -> BTreeMap<String, Value> {
+    let data_fields = kind.info().data_fields;
+    payload
+        .iter()
+        .filter_map(|(field, value)| match value {
+            Value::Object(entries) if data_fields.contains(&field.as_str()) => {
+                let selected: serde_json::Map<String, Value> = entries
+                    .iter()
+                    .filter_map(|(key, value)| {
+                        keys.name_on_copies(key)
+                            .map(|name| (name.to_owned(), value.clone()))
+                    })
+                    .collect();
+                (!selected.is_empty()).then(|| (field.clone(), Value::Object(selected)))
+            }
+            _ => Some((field.clone(), value.clone())),
+        })
+        .collect()
+}
+
 /// The copy of `source` that `rule` puts into every target.
 pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
     let transform = &rule.transform;
@@ -298,7 +326,13 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
         format!("{}/{}", source.namespace, source.name),
     );
     annotations.insert(ANNOTATION_SOURCE_UID.into(), source.uid.clone());
-    let payload_hash = source.payload_hash;
+    let (payload, payload_hash) = if transform.keys.is_identity() {
+        (source.payload.clone(), source.payload_hash)
+    } else {
+        let payload = selected_payload(rule.kind, &transform.keys, &source.payload);
+        let hash = crate::index::payload_hash(&payload);
+        (payload, hash)
+    };
     let mut meta_entries: Vec<u64> = labels
         .iter()
         .map(|(k, v)| meta_entry_hash(MetaMap::Label, k, v))
@@ -318,7 +352,7 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
         payload_hash,
         labels,
         annotations,
-        payload: source.payload.clone(),
+        payload,
         source: format!("{}/{}", source.namespace, source.name),
     }
 }
@@ -1462,6 +1496,114 @@ mod tests {
         w.apply(&p);
         assert!(w.plan(&r).actions.is_empty());
         assert!(cleanup(&r.uid, &w.namespaces, &w.copies).is_empty());
+    }
+
+    fn keys_rule(kind: &str, keys: Value) -> ResolvedRule {
+        rule(json!({"ruleType": kind, "selector": {"copy": "yes"},
+            "spec": {"transform": {"keys": keys}}}))
+    }
+
+    /// The payload of the one write of `plan`.
+    fn written_payload(plan: &Plan) -> BTreeMap<String, Value> {
+        match plan.actions.as_slice() {
+            [Action::Create { desired, .. } | Action::Update { desired, .. }] => {
+                desired.payload.clone()
+            }
+            other => panic!("one create or update expected: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn copies_carry_the_selected_keys_under_their_new_names() {
+        let mut w = World::new(&["src", "a"]);
+        let mut source = w.source(
+            "src",
+            "cm",
+            &[("copy", "yes")],
+            json!({"ca.crt": "C", "tls.crt": "T", "tls.key": "K", "notes": "N"}),
+        );
+        source.payload.insert(
+            "binaryData".into(),
+            json!({"blob.crt": "AAE=", "raw": "AQ=="}),
+        );
+        source.rehash();
+        w.sources = vec![Arc::new(source)];
+        let r = keys_rule(
+            "configmap",
+            json!({"include": ["*.crt", "tls.*"], "exclude": ["tls.key"],
+                   "rename": {"ca.crt": "root.pem", "blob.crt": "blob.pem"}}),
+        );
+        let p = w.plan(&r);
+        let payload = written_payload(&p);
+        assert_eq!(
+            payload["data"],
+            json!({"root.pem": "C", "tls.crt": "T"}),
+            "exclude wins over include; renamed"
+        );
+        assert_eq!(payload["binaryData"], json!({"blob.pem": "AAE="}));
+        // Written, the copy is right: no second write.
+        w.apply(&p);
+        assert!(w.plan(&r).actions.is_empty(), "{:?}", w.plan(&r).actions);
+        // A key the rule leaves out, added to the copy by someone, is put back out.
+        edited_copy(
+            &mut w,
+            |c| {
+                c.payload.insert(
+                    "data".into(),
+                    json!({"root.pem": "C", "tls.crt": "T", "tls.key": "K"}),
+                );
+            },
+            |_, _| true,
+        );
+        assert_eq!(
+            written_payload(&w.plan(&r))["data"],
+            json!({"root.pem": "C", "tls.crt": "T"})
+        );
+        // Without a key transform the payload travels whole.
+        let whole = w.plan(&simple_rule());
+        assert_eq!(
+            written_payload(&whole)["binaryData"],
+            json!({"blob.crt": "AAE=", "raw": "AQ=="})
+        );
+    }
+
+    #[test]
+    fn secret_keys_are_selected_and_renamed_too() {
+        let mut w = World::new(&["src", "a"]);
+        let mut source = w.source(
+            "src",
+            "s",
+            &[("copy", "yes")],
+            json!({"username": "dQ==", "password": "cA==", "host": "aA=="}),
+        );
+        source.payload.insert("type".into(), json!("Opaque"));
+        source.rehash();
+        w.sources = vec![Arc::new(source)];
+        let r = keys_rule(
+            "secret",
+            json!({"exclude": ["host", "db-password"], "rename": {"password": "db-password"}}),
+        );
+        let payload = written_payload(&w.plan(&r));
+        assert_eq!(
+            payload["data"],
+            json!({"username": "dQ==", "db-password": "cA=="})
+        );
+        assert_eq!(payload["type"], json!("Opaque"), "the type travels");
+    }
+
+    #[test]
+    fn a_copy_with_no_selected_key_is_made_with_no_data() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = keys_rule("configmap", json!({"include": ["nothing-*"]}));
+        let p = w.plan(&r);
+        assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "create")]);
+        assert!(written_payload(&p).is_empty(), "{:?}", written_payload(&p));
+        w.apply(&p);
+        assert!(w.plan(&r).actions.is_empty());
+        // The rule changes its selection: the copies follow.
+        let wider = keys_rule("configmap", json!({"include": ["k"]}));
+        assert_eq!(written_payload(&w.plan(&wider))["data"], json!({"k": "v"}));
     }
 
     #[test]
