@@ -268,7 +268,8 @@ fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
     pattern[p..].iter().all(|b| *b == b'*')
 }
 
-/// A glob on keys (label or annotation keys), for `transform.strip*`.
+/// A glob on keys: label or annotation keys (`transform.strip*`), or data
+/// keys (`transform.keys`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct KeyGlob(String);
 
@@ -282,6 +283,23 @@ impl KeyGlob {
 
     pub fn matches(&self, key: &str) -> bool {
         glob_match(self.0.as_bytes(), key.as_bytes())
+    }
+
+    /// A glob on the data keys of ConfigMaps and Secrets: the characters of
+    /// a data key, `*` and `?`.
+    pub fn data_key(pattern: &str) -> Result<Self, String> {
+        let valid = !pattern.is_empty()
+            && pattern.len() <= MAX_DATA_KEY
+            && pattern.bytes().all(|b| {
+                b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'*' | b'?')
+            });
+        if valid {
+            Ok(Self(pattern.to_owned()))
+        } else {
+            Err(format!(
+                "pattern {pattern:?} must be 1-{MAX_DATA_KEY} letters, digits, '-', '_', '.', '*' or '?'"
+            ))
+        }
     }
 }
 
@@ -304,25 +322,6 @@ pub fn validate_data_key(key: &str) -> Result<(), String> {
         Err(format!(
             "{key:?} is not a data key: 1-{MAX_DATA_KEY} letters, digits, '-', '_' or '.', and not '.', '..' or starting with '..'"
         ))
-    }
-}
-
-impl KeyGlob {
-    /// A glob on the data keys of ConfigMaps and Secrets: the characters of
-    /// a data key, `*` and `?`.
-    pub fn data_key(pattern: &str) -> Result<Self, String> {
-        let valid = !pattern.is_empty()
-            && pattern.len() <= MAX_DATA_KEY
-            && pattern.bytes().all(|b| {
-                b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'*' | b'?')
-            });
-        if valid {
-            Ok(Self(pattern.to_owned()))
-        } else {
-            Err(format!(
-                "pattern {pattern:?} must be 1-{MAX_DATA_KEY} letters, digits, '-', '_', '.', '*' or '?'"
-            ))
-        }
     }
 }
 
