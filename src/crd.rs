@@ -13,8 +13,9 @@ use serde_json::{Value, json};
 
 use crate::rule::{
     GROUP, KIND, MAX_ANNOTATION_BYTES, MAX_TRANSFORM_ENTRIES, PLURAL, RuleSpec, RuleStatus,
-    RuleType, VERSION,
+    RuleType, SyncPolicy, VERSION,
 };
+use crate::selector::MAX_DATA_KEY;
 use crate::{Error, Result};
 
 pub const CRD_NAME: &str = "copyrators.flant.com";
@@ -105,6 +106,56 @@ pub fn add_annotations_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// A data key of a ConfigMap or Secret; the API server's other rules
+/// (not `.` or `..`) are the operator's to check.
+const DATA_KEY_RE: &str = "^[-._a-zA-Z0-9]+$";
+/// A glob on data keys.
+const DATA_KEY_GLOB_RE: &str = "^[-._a-zA-Z0-9*?]+$";
+
+/// Schema of `transform.keys.include` and `.exclude`.
+pub fn data_key_globs_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "nullable": true,
+        "maxItems": MAX_TRANSFORM_ENTRIES,
+        "items": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_DATA_KEY,
+            "pattern": DATA_KEY_GLOB_RE
+        }
+    })
+}
+
+/// Schema of `transform.keys.rename`: keys and values are data keys, and no
+/// two keys are renamed to one. Whether a key is renamed onto one that
+/// copies keep needs the globs of include and exclude: the operator checks it.
+pub fn rename_keys_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "nullable": true,
+        "maxProperties": MAX_TRANSFORM_ENTRIES,
+        "additionalProperties": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_DATA_KEY,
+            "pattern": DATA_KEY_RE
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": format!("self.all(k, size(k) <= {MAX_DATA_KEY} && k.matches('{DATA_KEY_RE}'))"),
+                "message": format!("every key must be a data key: 1-{MAX_DATA_KEY} letters, digits, '-', '_' or '.'")
+            },
+            {
+                // Values alone are compared: their maxLength bounds the
+                // cost estimate, where keys of a map have no bound.
+                "rule": "self.all(k, self.exists_one(j, self[j] == self[k]))",
+                "message": "two keys may not be renamed to the same key: a copy holds each key once"
+            }
+        ]
+    })
+}
+
 fn generator() -> SchemaGenerator {
     SchemaSettings::openapi3()
         .with(|s| {
@@ -132,6 +183,7 @@ fn root_schema() -> Value {
     rule_type["description"] = json!(
         "Kind of the objects to copy: `configmap` or `secret` (original form; `spec.ruleType` wins)."
     );
+    let sync_policy = schema_of::<SyncPolicy>(&mut generator);
     let mut spec = schema_of::<RuleSpec>(&mut generator);
     spec["description"] =
         json!("The rule. Fields set here win over the same fields at the top level.");
@@ -151,6 +203,7 @@ fn root_schema() -> Value {
             "ruleType": rule_type,
             "selector": selector,
             "namespace": namespace_schema(&mut generator).to_value(),
+            "syncPolicy": sync_policy,
             "spec": spec,
             "status": status,
         },
@@ -299,7 +352,14 @@ mod tests {
     #[test]
     fn schema_keeps_the_original_top_level_fields() {
         let schema = root_schema();
-        for field in ["ruleType", "selector", "namespace", "spec", "status"] {
+        for field in [
+            "ruleType",
+            "selector",
+            "namespace",
+            "syncPolicy",
+            "spec",
+            "status",
+        ] {
             assert!(schema["properties"][field].is_object(), "{field} missing");
         }
         assert_eq!(
@@ -310,5 +370,28 @@ mod tests {
             schema["properties"]["spec"]["properties"]["conflictPolicy"]["enum"],
             json!(["Skip", "Overwrite"])
         );
+        let keys = &schema["properties"]["spec"]["properties"]["transform"]["properties"]["keys"];
+        for list in ["include", "exclude"] {
+            assert_eq!(keys["properties"][list]["maxItems"], json!(64), "{list}");
+            assert_eq!(keys["properties"][list]["items"]["maxLength"], json!(253));
+        }
+        let rename = &keys["properties"]["rename"];
+        assert_eq!(rename["maxProperties"], json!(64));
+        assert_eq!(
+            rename["x-kubernetes-validations"].as_array().map(Vec::len),
+            Some(2),
+            "data keys, and no two keys renamed to one"
+        );
+        for sync_policy in [
+            &schema["properties"]["syncPolicy"],
+            &schema["properties"]["spec"]["properties"]["syncPolicy"],
+        ] {
+            assert_eq!(sync_policy["enum"], json!(["Sync", "CreateOnly"]));
+            let description = sync_policy["description"].as_str().unwrap_or_default();
+            assert!(
+                description.contains("CreateOnly") && description.contains("Default Sync"),
+                "{description}"
+            );
+        }
     }
 }

@@ -139,12 +139,16 @@ pub async fn collect_orphans(shared: &Arc<Shared>) -> usize {
 pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> Result<(), Error> {
     let key = rule.key();
     let mut deleted = 0;
+    // Copies handed over to their namespaces (syncPolicy CreateOnly) stay.
+    let mut left = 0;
     let mut errors = Vec::new();
     let mut retry = false;
     for kind in Kind::all() {
         let actions = {
             let namespaces = read(&shared.namespaces);
-            plan::cleanup(uid, &namespaces, &read(shared.copies(kind)))
+            let copies = read(shared.copies(kind));
+            left += copies.count_create_only(uid);
+            plan::cleanup(uid, &namespaces, &copies)
         };
         if shared.dry_run {
             for action in &actions {
@@ -199,9 +203,15 @@ pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> R
             EventType::Normal,
             "CopiesDeleted",
             "Delete",
-            format!("the rule is being deleted: deleted its {deleted} copies"),
+            if left == 0 {
+                format!("the rule is being deleted: deleted its {deleted} copies")
+            } else {
+                format!(
+                    "the rule is being deleted: deleted its {deleted} copies; left the {left} it created once (syncPolicy CreateOnly) to their namespaces"
+                )
+            },
         )
         .await;
-    info!(rule = %key, deleted, "rule deleted; its copies are gone");
+    info!(rule = %key, deleted, left, "rule deleted; its copies are cleaned up");
     set_finalizer(shared, rule, false).await
 }

@@ -49,6 +49,9 @@ pub struct Object {
     pub rule_ref: Option<Arc<str>>,
     /// The `copyrator.flant.com/source` annotation: a copy's source.
     pub source_ref: Option<Arc<str>>,
+    /// The label `copyrator.flant.com/sync-policy: CreateOnly`: a copy
+    /// handed over to its namespace, which Copyrator never writes again.
+    pub create_only: bool,
     /// The field manager other than Copyrator that wrote last (from `managedFields`).
     pub other_writer: Option<Arc<str>>,
     /// Hash of the desired copy Copyrator last wrote to this object; kept
@@ -218,6 +221,7 @@ impl Object {
             rule_uid: None,
             rule_ref: None,
             source_ref: None,
+            create_only: false,
             namespace: crate::intern::string(namespace.as_ref()),
             name: crate::intern::string(name.as_ref()),
             uid,
@@ -265,6 +269,10 @@ impl Object {
         self.rule_uid = shared(self.labels.get(crate::LABEL_RULE_UID));
         self.rule_ref = shared(self.annotations.get(crate::ANNOTATION_RULE));
         self.source_ref = shared(self.annotations.get(crate::ANNOTATION_SOURCE));
+        self.create_only = self
+            .labels
+            .get(crate::LABEL_SYNC_POLICY)
+            .is_some_and(|v| v == crate::CREATE_ONLY);
         self.set_owned(|_, _| true);
     }
 
@@ -393,6 +401,8 @@ type SharedKey = (Arc<str>, Arc<str>);
 pub struct CopyIndex {
     by_namespace: HashMap<Arc<str>, HashMap<Arc<str>, Arc<Object>>>,
     by_rule: HashMap<Arc<str>, HashSet<SharedKey>>,
+    /// Per rule UID, how many of its copies are handed over (`create_only`).
+    create_only_by_rule: HashMap<Arc<str>, usize>,
     len: usize,
     /// UIDs of the latest deleted copies, oldest first: the answer to our
     /// own write can arrive after the watch reported the copy deleted, and
@@ -439,6 +449,27 @@ impl CopyIndex {
 
     pub fn count_owned_by(&self, rule_uid: &str) -> usize {
         self.by_rule.get(rule_uid).map_or(0, HashSet::len)
+    }
+
+    /// How many copies labelled with a rule's UID are handed over to their
+    /// namespaces (created under `syncPolicy: CreateOnly`).
+    pub fn count_create_only(&self, rule_uid: &str) -> usize {
+        self.create_only_by_rule.get(rule_uid).copied().unwrap_or(0)
+    }
+
+    /// Count `object` in (`held`) or out of the handed-over copies of its rule.
+    fn count_handed_over(&mut self, object: &Object, held: bool) {
+        let Some(uid) = object.rule_uid.as_ref().filter(|_| object.create_only) else {
+            return;
+        };
+        if held {
+            *self.create_only_by_rule.entry(uid.clone()).or_default() += 1;
+        } else if let Some(count) = self.create_only_by_rule.get_mut(uid) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.create_only_by_rule.remove(uid);
+            }
+        }
     }
 
     fn forget_owner(&mut self, rule_uid: &str, key: &SharedKey) {
@@ -493,13 +524,15 @@ impl CopyIndex {
                 touched.push(uid.to_string());
             }
         }
+        self.count_handed_over(&object, true);
         let previous = self
             .by_namespace
             .entry(key.0)
             .or_default()
             .insert(key.1, object);
-        if previous.is_none() {
-            self.len += 1;
+        match previous {
+            Some(previous) => self.count_handed_over(&previous, false),
+            None => self.len += 1,
         }
         touched
     }
@@ -539,6 +572,7 @@ impl CopyIndex {
             self.by_namespace.remove(namespace);
         }
         self.len -= 1;
+        self.count_handed_over(&previous, false);
         if let Some(rule_uid) = previous.rule_uid.clone() {
             self.forget_owner(
                 &rule_uid,
@@ -553,6 +587,7 @@ impl CopyIndex {
         let mut touched: HashSet<String> = self.by_rule.keys().map(|k| k.to_string()).collect();
         self.by_namespace.clear();
         self.by_rule.clear();
+        self.create_only_by_rule.clear();
         self.len = 0;
         for object in objects {
             touched.extend(self.upsert(object));
@@ -795,6 +830,31 @@ pub(crate) mod tests {
         let touched = index.replace_all(vec![Arc::new(object("b", "y", "2", 1, &[(uid, "r3")]))]);
         assert!(touched.contains("r3"));
         assert_eq!(index.len(), 1);
+    }
+
+    #[test]
+    fn copies_handed_over_are_counted_per_rule() {
+        let mut index = CopyIndex::default();
+        let uid = crate::LABEL_RULE_UID;
+        let marked = [(uid, "r1"), (crate::LABEL_SYNC_POLICY, crate::CREATE_ONLY)];
+        index.upsert(Arc::new(object("a", "x", "1", 5, &marked)));
+        index.upsert(Arc::new(object("b", "x", "2", 5, &marked)));
+        index.upsert(Arc::new(object("c", "x", "3", 5, &[(uid, "r1")])));
+        assert!(index.get("a", "x").unwrap().create_only);
+        assert!(!index.get("c", "x").unwrap().create_only);
+        assert_eq!(index.count_create_only("r1"), 2);
+        // The label removed, and put back: counted out and in again.
+        index.upsert(Arc::new(object("a", "x", "1", 6, &[(uid, "r1")])));
+        assert_eq!(index.count_create_only("r1"), 1);
+        index.upsert(Arc::new(object("a", "x", "1", 7, &marked)));
+        assert_eq!(index.count_create_only("r1"), 2);
+        // A new version that changes nothing else counts once.
+        index.upsert(Arc::new(object("a", "x", "1", 8, &marked)));
+        assert_eq!(index.count_create_only("r1"), 2);
+        index.remove("b", "x", "2");
+        assert_eq!(index.count_create_only("r1"), 1);
+        index.replace_all(Vec::new());
+        assert_eq!(index.count_create_only("r1"), 0);
     }
 
     #[test]

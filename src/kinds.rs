@@ -21,6 +21,9 @@ pub struct KindInfo {
     pub plural: &'static str,
     /// Top-level fields that make up the content of an object of this kind.
     pub payload_fields: &'static [&'static str],
+    /// Payload fields that map data keys to values (`transform.keys` selects
+    /// and renames their keys).
+    pub data_fields: &'static [&'static str],
     /// Payload fields the API server never lets change on an existing object.
     pub immutable_fields: &'static [&'static str],
     /// `type` values of objects of this kind that are never copied, and why.
@@ -34,6 +37,7 @@ pub static KINDS: [KindInfo; 2] = [
         api_kind: "ConfigMap",
         plural: "configmaps",
         payload_fields: &["data", "binaryData", "immutable"],
+        data_fields: &["data", "binaryData"],
         immutable_fields: &[],
         never_copied_types: &[],
     },
@@ -42,7 +46,9 @@ pub static KINDS: [KindInfo; 2] = [
         rule_type: "secret",
         api_kind: "Secret",
         plural: "secrets",
+        // The API server folds `stringData` into `data`; it never comes back.
         payload_fields: &["data", "type", "immutable"],
+        data_fields: &["data"],
         immutable_fields: &["type"],
         never_copied_types: &[
             (

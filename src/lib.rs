@@ -47,6 +47,12 @@ pub const FINALIZER: &str = "copyrator.flant.com/cleanup";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Ties a copy to the rule that made it (the rule's UID).
 pub const LABEL_RULE_UID: &str = "copyrator.flant.com/rule-uid";
+/// On a copy created under `syncPolicy: CreateOnly`, with the value
+/// [`CREATE_ONLY`]: the copy belongs to its namespace, and Copyrator never
+/// writes or deletes it again.
+pub const LABEL_SYNC_POLICY: &str = "copyrator.flant.com/sync-policy";
+/// The value of [`LABEL_SYNC_POLICY`] that hands a copy over.
+pub const CREATE_ONLY: &str = "CreateOnly";
 /// `namespace/name` of the rule that made a copy.
 pub const ANNOTATION_RULE: &str = "copyrator.flant.com/rule";
 /// `namespace/name` of a copy's source.

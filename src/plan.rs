@@ -9,11 +9,12 @@ use serde_json::Value;
 
 use crate::index::{CopyIndex, MetaMap, NamespaceInfo, Object, ObjectKey, meta_entry_hash};
 use crate::kinds::Kind;
-use crate::rule::{ConflictEntry, ConflictPolicy, ResolvedRule};
+use crate::rule::{ConflictEntry, ConflictPolicy, ResolvedKeys, ResolvedRule, SyncPolicy};
 use crate::scope::Scope;
 use crate::selector::KeyGlob;
 use crate::{
-    ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, LABEL_MANAGED_BY, LABEL_RULE_UID,
+    ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, CREATE_ONLY, LABEL_MANAGED_BY,
+    LABEL_RULE_UID, LABEL_SYNC_POLICY,
 };
 
 /// Labels and annotations that would make another tool believe it owns a
@@ -271,6 +272,34 @@ fn stripped(
         .collect()
 }
 
+/// The payload copies carry: the source's, with only the data keys the
+/// rule selects, under their names on copies (the rule's validation makes
+/// sure no two land on one name). A data field left with no key is left
+/// out, as the API server leaves out an empty one.
+fn selected_payload(
+    kind: Kind,
+    keys: &ResolvedKeys,
+    payload: &BTreeMap<String, Value>,
+) -> BTreeMap<String, Value> {
+    let data_fields = kind.info().data_fields;
+    payload
+        .iter()
+        .filter_map(|(field, value)| match value {
+            Value::Object(entries) if data_fields.contains(&field.as_str()) => {
+                let selected: serde_json::Map<String, Value> = entries
+                    .iter()
+                    .filter_map(|(key, value)| {
+                        keys.name_on_copies(key)
+                            .map(|name| (name.to_owned(), value.clone()))
+                    })
+                    .collect();
+                (!selected.is_empty()).then(|| (field.clone(), Value::Object(selected)))
+            }
+            _ => Some((field.clone(), value.clone())),
+        })
+        .collect()
+}
+
 /// The copy of `source` that `rule` puts into every target.
 pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
     let transform = &rule.transform;
@@ -282,6 +311,11 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
     labels.extend(transform.add_labels.clone());
     labels.insert(LABEL_MANAGED_BY.into(), "copyrator".into());
     labels.insert(LABEL_RULE_UID.into(), rule.uid.clone());
+    if rule.sync_policy == SyncPolicy::CreateOnly {
+        // Kept with the copy, so that it stays its namespace's after the
+        // rule changes or goes (finalizer, orphan collection, adoption).
+        labels.insert(LABEL_SYNC_POLICY.into(), CREATE_ONLY.into());
+    }
     let mut annotations = stripped(
         &source.annotations,
         &transform.strip_annotations,
@@ -294,7 +328,13 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
         format!("{}/{}", source.namespace, source.name),
     );
     annotations.insert(ANNOTATION_SOURCE_UID.into(), source.uid.clone());
-    let payload_hash = source.payload_hash;
+    let (payload, payload_hash) = if transform.keys.is_identity() {
+        (source.payload.clone(), source.payload_hash)
+    } else {
+        let payload = selected_payload(rule.kind, &transform.keys, &source.payload);
+        let hash = crate::index::payload_hash(&payload);
+        (payload, hash)
+    };
     let mut meta_entries: Vec<u64> = labels
         .iter()
         .map(|(k, v)| meta_entry_hash(MetaMap::Label, k, v))
@@ -314,7 +354,7 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
         payload_hash,
         labels,
         annotations,
-        payload: source.payload.clone(),
+        payload,
         source: format!("{}/{}", source.namespace, source.name),
     }
 }
@@ -500,6 +540,23 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 .entry(name)
                 .or_insert_with(|| Arc::new(desired_copy(rule, candidates[0])));
             match copies_here.and_then(|copies| copies.get(*name)) {
+                // Handed over to its namespace: never written again. For a
+                // rule that only creates, it is the copy it made.
+                Some(current)
+                    if current.create_only
+                        && rule.sync_policy == SyncPolicy::CreateOnly
+                        && current.rule_uid() == Some(rule.uid.as_str()) =>
+                {
+                    out.desired += 1;
+                    out.in_place += 1;
+                }
+                Some(current) if current.create_only => {
+                    out.conflicts.push(ConflictEntry {
+                        namespace: namespace.clone(),
+                        name: (*name).to_owned(),
+                        reason: handed_over_reason(current.rule_ref.as_deref()),
+                    });
+                }
                 Some(current) if is_ours(rule, current, inputs.live_rule_uids) => {
                     out.desired += 1;
                     if desired.is_satisfied_by(current) {
@@ -562,7 +619,8 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 && sources
                     .get(&*current.name)
                     .is_some_and(|candidates| !from_namespace(candidates, &current.namespace));
-            if prunable && !wanted {
+            // A copy handed over to its namespace is never pruned.
+            if prunable && !wanted && !current.create_only {
                 out.actions.push(Action::Delete {
                     current: current.clone(),
                     reason: DeleteReason::Pruned,
@@ -608,9 +666,19 @@ fn copies_in_scope<'a>(
     Box::new(in_namespaces.chain(of_names).chain(at_places).filter(ours))
 }
 
+/// Why a copy handed over to its namespace (`syncPolicy: CreateOnly`) by
+/// the rule `rule_ref` is not written.
+pub fn handed_over_reason(rule_ref: Option<&str>) -> String {
+    let rule = rule_ref.unwrap_or("(unknown)");
+    format!(
+        "a copy that rule {rule} created once (syncPolicy CreateOnly) is there and belongs to its namespace; delete it, or remove its label {LABEL_SYNC_POLICY}, to let this rule write it"
+    )
+}
+
 /// Whether a copy at a target belongs to this rule: it carries the rule's
 /// UID, or it names this rule and its UID belongs to no rule we know (an
-/// earlier rule of the same name, whose copies this one adopts).
+/// earlier rule of the same name, whose copies this one adopts; copies
+/// handed over to their namespaces are told apart before).
 fn is_ours(rule: &ResolvedRule, current: &Object, live_rule_uids: &dyn Fn(&str) -> bool) -> bool {
     match current.rule_uid() {
         Some(uid) if uid == rule.uid => true,
@@ -626,7 +694,8 @@ fn is_ours(rule: &ResolvedRule, current: &Object, live_rule_uids: &dyn Fn(&str) 
 /// is no live rule, and the rule they name is one this operator is
 /// responsible for (`responsible(namespace/name)`) and does not exist, so
 /// no rule of that name adopts them. Copies in namespaces the cache has
-/// not seen, or that are terminating, are left alone.
+/// not seen, or that are terminating, are left alone, and so are copies
+/// handed over to their namespaces (`syncPolicy: CreateOnly`).
 pub fn orphans(
     copies: &CopyIndex,
     namespaces: &BTreeMap<String, NamespaceInfo>,
@@ -638,9 +707,10 @@ pub fn orphans(
         .filter(|uid| !live_rule_uid(uid))
         .flat_map(|uid| copies.owned_by(uid))
         .filter(|c| {
-            c.rule_ref
-                .as_deref()
-                .is_some_and(responsible_for_missing_rule)
+            !c.create_only
+                && c.rule_ref
+                    .as_deref()
+                    .is_some_and(responsible_for_missing_rule)
                 && namespaces
                     .get(&*c.namespace)
                     .is_some_and(|ns| !ns.terminating)
@@ -655,7 +725,8 @@ pub fn orphans(
 }
 
 /// The deletions that clean up after a deleted rule: every copy it made,
-/// except in terminating namespaces (their deletion takes the copies along).
+/// except in terminating namespaces (their deletion takes the copies along)
+/// and those it handed over to their namespaces (`syncPolicy: CreateOnly`).
 pub fn cleanup(
     rule_uid: &str,
     namespaces: &BTreeMap<String, NamespaceInfo>,
@@ -664,9 +735,10 @@ pub fn cleanup(
     copies
         .owned_by(rule_uid)
         .filter(|c| {
-            !namespaces
-                .get(&*c.namespace)
-                .is_some_and(|ns| ns.terminating)
+            !c.create_only
+                && !namespaces
+                    .get(&*c.namespace)
+                    .is_some_and(|ns| ns.terminating)
         })
         .map(|c| Action::Delete {
             current: c.clone(),
@@ -1259,6 +1331,283 @@ mod tests {
         w2.apply(&p);
         w2.sources.clear();
         assert!(w2.plan(&keep_uid).actions.is_empty());
+    }
+
+    fn create_only_rule() -> ResolvedRule {
+        rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "spec": {"syncPolicy": "CreateOnly"}}))
+    }
+
+    #[test]
+    fn create_only_creates_missing_copies_and_then_never_writes_them() {
+        let mut w = World::new(&["src", "a", "b"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = create_only_rule();
+        let p = w.plan(&r);
+        assert_eq!(
+            verbs(&p),
+            vec![
+                ("a".into(), "cm".into(), "create"),
+                ("b".into(), "cm".into(), "create")
+            ]
+        );
+        let Action::Create { desired, .. } = &p.actions[0] else {
+            panic!("{p:?}")
+        };
+        assert_eq!(desired.labels[LABEL_SYNC_POLICY], CREATE_ONLY);
+        assert_eq!(desired.labels[LABEL_RULE_UID], "rule-1");
+        w.apply(&p);
+        assert!(w.copies.get("a", "cm").unwrap().create_only);
+        assert_eq!(w.copies.count_create_only("rule-1"), 2);
+
+        // Someone edits a copy: it is theirs now, nothing is put back.
+        edited_copy(
+            &mut w,
+            |c| {
+                c.payload.insert("data".into(), json!({"k": "mine"}));
+                c.labels.insert("team".into(), "a".into());
+            },
+            |_, _| true,
+        );
+        let p = w.plan(&r);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!((p.desired, p.in_place), (2, 2), "counted as copies");
+        // The source changes: no update either.
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v2"}));
+        let p = w.plan(&r);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        // A copy that is missing is created again, from the source as it is now.
+        let gone = w.copies.get("b", "cm").unwrap().uid.clone();
+        w.copies.remove("b", "cm", &gone);
+        let p = w.plan(&r);
+        assert_eq!(verbs(&p), vec![("b".into(), "cm".into(), "create")]);
+        let Action::Create { desired, .. } = &p.actions[0] else {
+            panic!("{p:?}")
+        };
+        assert_eq!(desired.payload["data"], json!({"k": "v2"}));
+    }
+
+    #[test]
+    fn create_only_copies_are_never_pruned_cleaned_up_or_collected() {
+        let mut w = World::new(&["src", "team-a", "team-b"]);
+        for ns in ["team-a", "team-b"] {
+            w.namespaces
+                .get_mut(ns)
+                .unwrap()
+                .labels
+                .insert("env".into(), "dev".into());
+        }
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        w.source("src", "other", &[("copy", "yes")], json!({"k": "v"}));
+        let r = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "spec": {"syncPolicy": "CreateOnly", "prune": true,
+                     "targets": {"namespaceSelector": {"matchLabels": {"env": "dev"}}}}}));
+        let p = w.plan(&r);
+        assert_eq!(p.actions.len(), 4);
+        w.apply(&p);
+        // The namespace leaves the targets.
+        w.namespaces.get_mut("team-b").unwrap().labels.clear();
+        assert!(w.plan(&r).actions.is_empty(), "{:?}", w.plan(&r).actions);
+        // One source stops matching, the other is deleted.
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "no")], json!({"k": "v"}));
+        let p = w.plan(&r);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!(w.copies.count_create_only("rule-1"), 4);
+        // The rule is deleted: its finalizer leaves them.
+        assert!(cleanup(&r.uid, &w.namespaces, &w.copies).is_empty());
+        // The rule vanished without its finalizer: no orphans either.
+        let gone = |_: &str| false;
+        let mine = |rule: &str| rule == "src/r";
+        assert!(orphans(&w.copies, &w.namespaces, &gone, &mine).is_empty());
+    }
+
+    #[test]
+    fn a_copy_handed_over_is_taken_by_no_rule() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let p = w.plan(&create_only_rule());
+        w.apply(&p);
+        // The same rule switched to Sync: the copy stays its namespace's.
+        let sync = simple_rule();
+        let p = w.plan(&sync);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!(p.conflicts.len(), 1);
+        assert!(
+            p.conflicts[0].reason.contains("CreateOnly")
+                && p.conflicts[0].reason.contains(LABEL_SYNC_POLICY),
+            "{}",
+            p.conflicts[0].reason
+        );
+        // A later rule of the same name (the first one deleted) adopts no
+        // copy handed over, whatever its policy; Overwrite changes nothing.
+        for body in [
+            json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"conflictPolicy": "Overwrite"}}),
+            json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"syncPolicy": "CreateOnly"}}),
+        ] {
+            let mut later = rule(body);
+            later.uid = "rule-2".into();
+            let live = |uid: &str| uid == "rule-2";
+            let p = plan(&Inputs {
+                rule: &later,
+                namespaces: &w.namespaces,
+                sources: &w.sources,
+                copies: &w.copies,
+                live_rule_uids: &live,
+                known_conflicts: &w.known_conflicts,
+                scope: &Scope::everything(),
+            });
+            assert!(p.actions.is_empty(), "{:?}", p.actions);
+            assert_eq!(p.conflicts.len(), 1);
+            assert!(
+                p.conflicts[0].reason.contains("src/r"),
+                "{}",
+                p.conflicts[0].reason
+            );
+        }
+        // The label removed: the copy is the rule's again, right as it is,
+        // and kept true from then on.
+        edited_copy(
+            &mut w,
+            |c| {
+                c.labels.remove(LABEL_SYNC_POLICY);
+            },
+            |_, _| true,
+        );
+        let p = w.plan(&sync);
+        assert!(p.actions.is_empty() && p.conflicts.is_empty(), "{p:?}");
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v2"}));
+        assert_eq!(
+            verbs(&w.plan(&sync)),
+            vec![("a".into(), "cm".into(), "update")]
+        );
+    }
+
+    #[test]
+    fn switching_to_create_only_hands_the_copies_over_once() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let p = w.plan(&simple_rule());
+        w.apply(&p);
+        let r = create_only_rule();
+        let p = w.plan(&r);
+        let Action::Update { desired, .. } = &p.actions[0] else {
+            panic!("{p:?}")
+        };
+        assert_eq!(desired.labels[LABEL_SYNC_POLICY], CREATE_ONLY);
+        w.apply(&p);
+        assert!(w.plan(&r).actions.is_empty());
+        assert!(cleanup(&r.uid, &w.namespaces, &w.copies).is_empty());
+    }
+
+    fn keys_rule(kind: &str, keys: Value) -> ResolvedRule {
+        rule(json!({"ruleType": kind, "selector": {"copy": "yes"},
+            "spec": {"transform": {"keys": keys}}}))
+    }
+
+    /// The payload of the one write of `plan`.
+    fn written_payload(plan: &Plan) -> BTreeMap<String, Value> {
+        match plan.actions.as_slice() {
+            [Action::Create { desired, .. } | Action::Update { desired, .. }] => {
+                desired.payload.clone()
+            }
+            other => panic!("one create or update expected: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn copies_carry_the_selected_keys_under_their_new_names() {
+        let mut w = World::new(&["src", "a"]);
+        let mut source = w.source(
+            "src",
+            "cm",
+            &[("copy", "yes")],
+            json!({"ca.crt": "C", "tls.crt": "T", "tls.key": "K", "notes": "N"}),
+        );
+        source.payload.insert(
+            "binaryData".into(),
+            json!({"blob.crt": "AAE=", "raw": "AQ=="}),
+        );
+        source.rehash();
+        w.sources = vec![Arc::new(source)];
+        let r = keys_rule(
+            "configmap",
+            json!({"include": ["*.crt", "tls.*"], "exclude": ["tls.key"],
+                   "rename": {"ca.crt": "root.pem", "blob.crt": "blob.pem"}}),
+        );
+        let p = w.plan(&r);
+        let payload = written_payload(&p);
+        assert_eq!(
+            payload["data"],
+            json!({"root.pem": "C", "tls.crt": "T"}),
+            "exclude wins over include; renamed"
+        );
+        assert_eq!(payload["binaryData"], json!({"blob.pem": "AAE="}));
+        // Written, the copy is right: no second write.
+        w.apply(&p);
+        assert!(w.plan(&r).actions.is_empty(), "{:?}", w.plan(&r).actions);
+        // A key the rule leaves out, added to the copy by someone, is put back out.
+        edited_copy(
+            &mut w,
+            |c| {
+                c.payload.insert(
+                    "data".into(),
+                    json!({"root.pem": "C", "tls.crt": "T", "tls.key": "K"}),
+                );
+            },
+            |_, _| true,
+        );
+        assert_eq!(
+            written_payload(&w.plan(&r))["data"],
+            json!({"root.pem": "C", "tls.crt": "T"})
+        );
+        // Without a key transform the payload travels whole.
+        let whole = w.plan(&simple_rule());
+        assert_eq!(
+            written_payload(&whole)["binaryData"],
+            json!({"blob.crt": "AAE=", "raw": "AQ=="})
+        );
+    }
+
+    #[test]
+    fn secret_keys_are_selected_and_renamed_too() {
+        let mut w = World::new(&["src", "a"]);
+        let mut source = w.source(
+            "src",
+            "s",
+            &[("copy", "yes")],
+            json!({"username": "dQ==", "password": "cA==", "host": "aA=="}),
+        );
+        source.payload.insert("type".into(), json!("Opaque"));
+        source.rehash();
+        w.sources = vec![Arc::new(source)];
+        let r = keys_rule(
+            "secret",
+            json!({"exclude": ["host", "db-password"], "rename": {"password": "db-password"}}),
+        );
+        let payload = written_payload(&w.plan(&r));
+        assert_eq!(
+            payload["data"],
+            json!({"username": "dQ==", "db-password": "cA=="})
+        );
+        assert_eq!(payload["type"], json!("Opaque"), "the type travels");
+    }
+
+    #[test]
+    fn a_copy_with_no_selected_key_is_made_with_no_data() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = keys_rule("configmap", json!({"include": ["nothing-*"]}));
+        let p = w.plan(&r);
+        assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "create")]);
+        assert!(written_payload(&p).is_empty(), "{:?}", written_payload(&p));
+        w.apply(&p);
+        assert!(w.plan(&r).actions.is_empty());
+        // The rule changes its selection: the copies follow.
+        let wider = keys_rule("configmap", json!({"include": ["k"]}));
+        assert_eq!(written_payload(&w.plan(&wider))["data"], json!({"k": "v"}));
     }
 
     #[test]

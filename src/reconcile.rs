@@ -113,6 +113,9 @@ pub async fn reconcile(
                 copies: Kind::all()
                     .map(|kind| read(shared.copies(kind)).count_owned_by(&uid) as u32)
                     .sum(),
+                create_only_copies: Kind::all()
+                    .map(|kind| read(shared.copies(kind)).count_create_only(&uid) as u32)
+                    .sum(),
                 problem: Some((invalid.reason.to_string(), invalid.message.clone())),
                 ..Default::default()
             };
@@ -216,6 +219,7 @@ pub async fn reconcile(
         sources: pass.plan.sources,
         target_namespaces: pass.plan.target_namespaces,
         copies: pass.copies,
+        create_only_copies: read(shared.copies(resolved.kind)).count_create_only(&uid) as u32,
         conflicts: pass.conflicts.clone(),
         problem,
         pending: pass.not_leader,

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::kinds::Kind;
-use crate::selector::{Glob, KeyGlob, LabelSelector};
+use crate::selector::{Glob, KeyGlob, LabelSelector, validate_data_key};
 
 pub const GROUP: &str = "flant.com";
 pub const VERSION: &str = "v1";
@@ -52,6 +52,9 @@ pub struct CopyratorRule {
     /// Original form: source namespace, a name or a list of names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<Value>,
+    /// Original form: `Sync` or `CreateOnly`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_policy: Option<SyncPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<RuleSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -130,7 +133,12 @@ pub struct RuleSpec {
     /// it, `Overwrite` replaces it with the copy. Default Skip.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conflict_policy: Option<ConflictPolicy>,
-    /// Labels and annotations to add to or strip from copies.
+    /// Whether copies are kept true or only created: `Sync` or `CreateOnly`.
+    /// Default Sync. Wins over the top-level `syncPolicy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_policy: Option<SyncPolicy>,
+    /// Labels and annotations to add to or strip from copies, and the data
+    /// keys they carry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transform: Option<Transform>,
 }
@@ -164,6 +172,27 @@ pub enum ConflictPolicy {
     Overwrite,
 }
 
+/// Whether the rule keeps its copies true or only creates them: `Sync` or
+/// `CreateOnly`. Default Sync. Under `spec` it wins over the top-level
+/// `syncPolicy`.
+///
+/// `Sync`: copies follow their source: updated when it changes, restored
+/// when edited, pruned when they no longer belong (see `prune`), deleted
+/// with the rule. `CreateOnly`: a copy is created where it is missing and
+/// then belongs to its namespace: Copyrator never updates, restores or
+/// deletes it again, not when the source changes or goes, not when the
+/// namespace leaves the targets, not when the rule is deleted or changed.
+/// Such copies carry the label `copyrator.flant.com/sync-policy:
+/// CreateOnly`; remove it from a copy to have its rule write it again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum SyncPolicy {
+    /// Keep every copy true for as long as the rule exists.
+    #[default]
+    Sync,
+    /// Create a copy where it is missing, then leave it to its namespace.
+    CreateOnly,
+}
+
 /// Changes applied to the labels and annotations of every copy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -184,6 +213,35 @@ pub struct Transform {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub strip_annotations: Option<Vec<String>>,
+    /// The data keys copies carry, and under which names: of a ConfigMap's
+    /// `data` and `binaryData`, of a Secret's `data`. Default: every key,
+    /// under its own name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<KeyTransform>,
+}
+
+/// Which data keys copies carry, and under which names. A copy whose
+/// source has none of the selected keys is still made, with no data.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyTransform {
+    /// Glob patterns (`*`, `?`) on the source's data keys; copies carry only
+    /// the keys that match one. At most 64. Default: every key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::crd::data_key_globs_schema")]
+    pub include: Option<Vec<String>>,
+    /// Glob patterns (`*`, `?`) on the source's data keys that copies never
+    /// carry; exclude wins over include. At most 64. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::crd::data_key_globs_schema")]
+    pub exclude: Option<Vec<String>>,
+    /// Data keys renamed on copies: source key to the key on copies, for the
+    /// keys that include and exclude select. No two keys may get one name,
+    /// and no key may be renamed onto a key that copies keep as it is
+    /// (exclude that key, or rename it too). At most 64. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::crd::rename_keys_schema")]
+    pub rename: Option<BTreeMap<String, String>>,
 }
 
 /// What the operator last saw and did for a rule.
@@ -208,6 +266,12 @@ pub struct RuleStatus {
     /// Copies in place and up to date.
     #[serde(default)]
     pub copies: i64,
+    /// Copies this rule created under `syncPolicy: CreateOnly`, which now
+    /// belong to their namespaces: Copyrator never updates or deletes them
+    /// again, wherever they are (those of current sources in target
+    /// namespaces count in `copies` too).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub create_only_copies: i64,
     /// Number of copies not made because of a conflict.
     #[serde(default)]
     pub conflict_count: i64,
@@ -239,6 +303,10 @@ pub struct RuleStatus {
     /// When the operator last changed a copy or this status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync_time: Option<String>,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// A status condition, after the Kubernetes API conventions.
@@ -457,13 +525,89 @@ impl TargetSelector {
     }
 }
 
-/// Label and annotation changes, validated.
+/// Label, annotation and data key changes, validated.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ResolvedTransform {
     pub add_labels: BTreeMap<String, String>,
     pub add_annotations: BTreeMap<String, String>,
     pub strip_labels: Vec<KeyGlob>,
     pub strip_annotations: Vec<KeyGlob>,
+    pub keys: ResolvedKeys,
+}
+
+/// Which data keys copies carry, under which names, validated: no two
+/// keys a copy carries share a name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ResolvedKeys {
+    pub include: Vec<KeyGlob>,
+    pub exclude: Vec<KeyGlob>,
+    pub rename: BTreeMap<String, String>,
+}
+
+impl ResolvedKeys {
+    /// Every key under its own name: copies carry the source's payload as it is.
+    pub fn is_identity(&self) -> bool {
+        self.include.is_empty()
+            && self.exclude.is_empty()
+            && self.rename.iter().all(|(from, to)| from == to)
+    }
+
+    /// Whether copies carry the source key `key` (under some name).
+    pub fn selects(&self, key: &str) -> bool {
+        (self.include.is_empty() || self.include.iter().any(|g| g.matches(key)))
+            && !self.exclude.iter().any(|g| g.matches(key))
+    }
+
+    /// The name the source key `key` has on copies, if they carry it.
+    pub fn name_on_copies<'a>(&'a self, key: &'a str) -> Option<&'a str> {
+        self.selects(key)
+            .then(|| self.rename.get(key).map_or(key, String::as_str))
+    }
+
+    fn resolve(keys: KeyTransform) -> Result<Self, InvalidRule> {
+        let globs = |field: &str, patterns: Option<Vec<String>>| {
+            let patterns = patterns.unwrap_or_default();
+            check_transform_entries(&format!("keys.{field}"), patterns.len())?;
+            patterns
+                .iter()
+                .map(|p| {
+                    KeyGlob::data_key(p)
+                        .map_err(|e| InvalidRule::invalid(format!("transform.keys.{field}: {e}")))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let resolved = Self {
+            include: globs("include", keys.include)?,
+            exclude: globs("exclude", keys.exclude)?,
+            rename: keys.rename.unwrap_or_default(),
+        };
+        check_transform_entries("keys.rename", resolved.rename.len())?;
+        let invalid = |e: String| InvalidRule::invalid(format!("transform.keys.rename: {e}"));
+        let mut renamed_to: BTreeMap<&str, &str> = BTreeMap::new();
+        for (from, to) in &resolved.rename {
+            validate_data_key(from).map_err(invalid)?;
+            validate_data_key(to).map_err(invalid)?;
+            if let Some(other) = renamed_to.insert(to, from) {
+                return Err(invalid(format!(
+                    "{other:?} and {from:?} are both renamed to {to:?}; a copy holds each key once"
+                )));
+            }
+        }
+        // A key renamed onto one that copies keep as it is would hold two
+        // values whenever a source has both.
+        for (from, to) in &resolved.rename {
+            if from != to
+                && resolved.selects(from)
+                && resolved.selects(to)
+                && !resolved.rename.contains_key(to)
+            {
+                return Err(invalid(format!(
+                    "{from:?} is renamed to {to:?}, a key that copies keep as it is; exclude {to:?} or rename it too"
+                )));
+            }
+        }
+        Ok(resolved)
+    }
 }
 
 /// A rule with both shapes merged, defaults applied, and everything checked.
@@ -478,6 +622,7 @@ pub struct ResolvedRule {
     pub targets: TargetSelector,
     pub prune: bool,
     pub conflict_policy: ConflictPolicy,
+    pub sync_policy: SyncPolicy,
     pub transform: ResolvedTransform,
     /// The operator-wide settings the rule is followed under.
     pub policy: Arc<CopyPolicy>,
@@ -648,6 +793,7 @@ impl CopyratorRule {
             add_annotations,
             strip_labels: key_globs("stripLabels", transform.strip_labels)?,
             strip_annotations: key_globs("stripAnnotations", transform.strip_annotations)?,
+            keys: ResolvedKeys::resolve(transform.keys.unwrap_or_default())?,
         };
 
         Ok(ResolvedRule {
@@ -659,6 +805,7 @@ impl CopyratorRule {
             targets,
             prune: spec.prune.unwrap_or(true),
             conflict_policy: spec.conflict_policy.unwrap_or_default(),
+            sync_policy: spec.sync_policy.or(self.sync_policy).unwrap_or_default(),
             transform,
             policy: trust.policy.clone(),
             tenant,
@@ -814,6 +961,38 @@ mod tests {
     }
 
     #[test]
+    fn sync_policy_defaults_to_sync_and_spec_wins() {
+        let with = |top: Option<&str>, spec: Option<&str>| {
+            let mut body = json!({
+                "metadata": {"name": "r", "namespace": "copyrator"},
+                "ruleType": "configmap", "selector": {"a": "b"}, "spec": {}
+            });
+            if let Some(top) = top {
+                body["syncPolicy"] = json!(top);
+            }
+            if let Some(spec) = spec {
+                body["spec"]["syncPolicy"] = json!(spec);
+            }
+            rule(body).resolve(&trust()).unwrap().sync_policy
+        };
+        assert_eq!(with(None, None), SyncPolicy::Sync);
+        assert_eq!(with(Some("CreateOnly"), None), SyncPolicy::CreateOnly);
+        assert_eq!(with(None, Some("CreateOnly")), SyncPolicy::CreateOnly);
+        assert_eq!(with(Some("CreateOnly"), Some("Sync")), SyncPolicy::Sync);
+        assert_eq!(
+            with(Some("Sync"), Some("CreateOnly")),
+            SyncPolicy::CreateOnly
+        );
+        // Only the two values exist (the CRD's enum refuses others first).
+        for bad in ["createOnly", "Always", ""] {
+            let parsed = serde_json::from_value::<CopyratorRule>(json!({
+                "ruleType": "configmap", "selector": {"a": "b"}, "spec": {"syncPolicy": bad}
+            }));
+            assert!(parsed.is_err(), "{bad:?} was taken");
+        }
+    }
+
+    #[test]
     fn namespace_defaults_to_the_rules_own() {
         let r = rule(
             json!({"metadata": {"name": "r", "namespace": "copyrator"}, "spec": {"ruleType": "secret", "selector": {"a": "b"}}}),
@@ -959,6 +1138,72 @@ mod tests {
             .map(|i| (format!("k{i}"), json!("")))
             .collect();
         let message = refusal(&with_transform(json!({"addAnnotations": too_many})));
+        assert!(message.contains("at most 64"), "{message}");
+    }
+
+    #[test]
+    fn key_selection_and_renames_resolve() {
+        let resolved = with_transform(json!({"keys": {
+            "include": ["*.crt", "tls.*"], "exclude": ["tls.key"],
+            "rename": {"ca.crt": "root.pem", "tls.crt": "ca.crt", "same": "same"}
+        }}))
+        .resolve(&trust())
+        .expect("a rename chain and an identity are no collision");
+        let keys = &resolved.transform.keys;
+        assert!(!keys.is_identity());
+        assert_eq!(keys.name_on_copies("ca.crt"), Some("root.pem"));
+        assert_eq!(keys.name_on_copies("tls.crt"), Some("ca.crt"));
+        assert_eq!(keys.name_on_copies("tls.key"), None, "exclude wins");
+        assert_eq!(keys.name_on_copies("notes"), None, "not included");
+        let plain = with_transform(json!({"keys": {"rename": {"a": "a"}}}))
+            .resolve(&trust())
+            .unwrap();
+        assert!(plain.transform.keys.is_identity());
+        assert!(
+            with_transform(json!({"keys": {"rename": {"a": "b"}, "exclude": ["b"]}}))
+                .resolve(&trust())
+                .is_ok(),
+            "renamed onto a key copies never keep"
+        );
+    }
+
+    #[test]
+    fn rename_collisions_and_bad_keys_are_refused() {
+        let cases = [
+            (
+                json!({"rename": {"a": "c", "b": "c"}}),
+                "\"a\" and \"b\" are both renamed to \"c\"",
+            ),
+            (
+                json!({"rename": {"a": "a", "b": "a"}}),
+                "both renamed to \"a\"",
+            ),
+            (
+                json!({"rename": {"a": "b"}}),
+                "\"a\" is renamed to \"b\", a key that copies keep as it is",
+            ),
+            (
+                json!({"include": ["a", "b"], "rename": {"a": "b"}}),
+                "keep as it is",
+            ),
+            (json!({"rename": {"a": "x/y"}}), "not a data key"),
+            (json!({"rename": {"..": "x"}}), "not a data key"),
+            (json!({"include": ["a/*"]}), "transform.keys.include"),
+            (json!({"exclude": [""]}), "transform.keys.exclude"),
+        ];
+        for (keys, expected) in cases {
+            let message = refusal(&with_transform(json!({ "keys": keys })));
+            assert!(
+                message.starts_with("transform.keys.") && message.contains(expected),
+                "{keys}: {message} lacks {expected:?}"
+            );
+        }
+        let too_many: serde_json::Map<String, Value> = (0..=MAX_TRANSFORM_ENTRIES)
+            .map(|i| (format!("k{i}"), json!(format!("n{i}"))))
+            .collect();
+        let message = refusal(&with_transform(
+            json!({"keys": {"rename": too_many, "exclude": ["n*"]}}),
+        ));
         assert!(message.contains("at most 64"), "{message}");
     }
 

@@ -268,7 +268,8 @@ fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
     pattern[p..].iter().all(|b| *b == b'*')
 }
 
-/// A glob on keys (label or annotation keys), for `transform.strip*`.
+/// A glob on keys: label or annotation keys (`transform.strip*`), or data
+/// keys (`transform.keys`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct KeyGlob(String);
 
@@ -282,6 +283,45 @@ impl KeyGlob {
 
     pub fn matches(&self, key: &str) -> bool {
         glob_match(self.0.as_bytes(), key.as_bytes())
+    }
+
+    /// A glob on the data keys of ConfigMaps and Secrets: the characters of
+    /// a data key, `*` and `?`.
+    pub fn data_key(pattern: &str) -> Result<Self, String> {
+        let valid = !pattern.is_empty()
+            && pattern.len() <= MAX_DATA_KEY
+            && pattern.bytes().all(|b| {
+                b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'*' | b'?')
+            });
+        if valid {
+            Ok(Self(pattern.to_owned()))
+        } else {
+            Err(format!(
+                "pattern {pattern:?} must be 1-{MAX_DATA_KEY} letters, digits, '-', '_', '.', '*' or '?'"
+            ))
+        }
+    }
+}
+
+/// The longest data key of a ConfigMap or Secret the API server takes.
+pub const MAX_DATA_KEY: usize = 253;
+
+/// A data key of a ConfigMap or Secret, as the API server checks it: 1-253
+/// letters, digits, '-', '_' or '.', and not `.`, `..` or starting with `..`.
+pub fn validate_data_key(key: &str) -> Result<(), String> {
+    let valid = !key.is_empty()
+        && key.len() <= MAX_DATA_KEY
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && key != "."
+        && !key.starts_with("..");
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{key:?} is not a data key: 1-{MAX_DATA_KEY} letters, digits, '-', '_' or '.', and not '.', '..' or starting with '..'"
+        ))
     }
 }
 
@@ -401,6 +441,21 @@ mod tests {
         assert!(Glob::new("*").unwrap().matches("anything"));
         assert!(Glob::new("Bad").is_err());
         assert!(Glob::new("").is_err());
+    }
+
+    #[test]
+    fn data_keys_and_their_globs() {
+        for key in ["ca.crt", "tls_key", "A-1", ".env", "a..b"] {
+            assert!(validate_data_key(key).is_ok(), "{key}");
+        }
+        for key in ["", ".", "..", "..x", "a/b", "a b", &"k".repeat(254)] {
+            assert!(validate_data_key(key).is_err(), "{key:?}");
+        }
+        let g = KeyGlob::data_key("*.crt").unwrap();
+        assert!(g.matches("ca.crt") && !g.matches("ca.key"));
+        assert!(KeyGlob::data_key("tls.?ey").unwrap().matches("tls.key"));
+        assert!(KeyGlob::data_key("a/*").is_err());
+        assert!(KeyGlob::data_key("").is_err());
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub struct Observed {
     pub sources: u32,
     pub target_namespaces: u32,
     pub copies: u32,
+    /// Copies handed over to their namespaces (`syncPolicy: CreateOnly`).
+    pub create_only_copies: u32,
     pub conflicts: Vec<ConflictEntry>,
     /// `(reason, message)` when the rule is not fully synced.
     pub problem: Option<(String, String)>,
@@ -108,6 +110,7 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
         sources: i64::from(observed.sources),
         target_namespaces: i64::from(observed.target_namespaces),
         copies: i64::from(observed.copies),
+        create_only_copies: i64::from(observed.create_only_copies),
         conflict_count,
         conflicts,
         contested_count,
@@ -147,6 +150,7 @@ pub fn counts_only(a: &RuleStatus, b: &RuleStatus) -> bool {
         s.sources = 0;
         s.target_namespaces = 0;
         s.copies = 0;
+        s.create_only_copies = 0;
         s.protected_namespaces = 0;
         s.not_accepting_namespaces = 0;
         for c in &mut s.conditions {

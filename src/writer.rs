@@ -370,6 +370,20 @@ impl Writer {
             if Some(uid) == our_uid {
                 return Outcome::Written(Some(compact(desired.kind, existing)));
             }
+            // Handed over to its namespace by the rule that made it: no
+            // rule takes it, not even a later one of the same name.
+            if existing
+                .labels()
+                .get(crate::LABEL_SYNC_POLICY)
+                .is_some_and(|v| v == crate::CREATE_ONLY)
+            {
+                return Outcome::Conflict(crate::plan::handed_over_reason(
+                    existing
+                        .annotations()
+                        .get(ANNOTATION_RULE)
+                        .map(String::as_str),
+                ));
+            }
             let owner = existing
                 .annotations()
                 .get(ANNOTATION_RULE)
