@@ -28,8 +28,10 @@ pub enum Command {
     Run,
     /// Print the CopyratorRule CustomResourceDefinition as YAML.
     Crd,
-    /// Say what `run` would create, update and delete now, and change nothing.
-    Plan,
+    /// Say what `run` would create, update, recreate and delete now, and
+    /// what it would leave out, changing nothing; exit 0 when nothing would
+    /// change, 2 when something would, 1 on an error or a refused rule.
+    Plan(PlanArgs),
     /// Ask a running operator's /healthz or /readyz; exit 0 on 200, 1
     /// otherwise (for a `helm test` Pod, which has this binary alone).
     Probe {
@@ -39,6 +41,28 @@ pub enum Command {
         #[arg(long, default_value_t = 5)]
         timeout_seconds: u64,
     },
+}
+
+/// What `copyrator plan` plans and how it prints it.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Plan the CopyratorRules in this file instead of the live rules, each
+    /// in place of the live rule of its name (repeatable; `-` reads standard
+    /// input; documents separated by `---`). A rule without
+    /// metadata.namespace is in --namespace.
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    pub files: Vec<std::path::PathBuf>,
+
+    /// `text`: a line per change and per skip, `no changes` when nothing
+    /// would change; `json`: one document with `changes`, `skipped` and `rules`.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = PlanOutput::Text)]
+    pub output: PlanOutput,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PlanOutput {
+    Text,
+    Json,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -251,9 +275,34 @@ mod tests {
             "--all-namespaces",
         ])
         .unwrap();
-        assert!(matches!(cli.command, Some(Command::Plan)));
+        assert!(matches!(
+            cli.command,
+            Some(Command::Plan(PlanArgs { ref files, output: PlanOutput::Text })) if files.is_empty()
+        ));
         assert_eq!(cli.settings.namespace, "ops");
         assert!(cli.settings.all_namespaces);
+        let cli = Cli::try_parse_from([
+            "copyrator",
+            "plan",
+            "-f",
+            "a.yaml",
+            "--filename",
+            "-",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+        match cli.command {
+            Some(Command::Plan(args)) => {
+                assert_eq!(
+                    args.files,
+                    [std::path::Path::new("a.yaml"), std::path::Path::new("-")]
+                );
+                assert_eq!(args.output, PlanOutput::Json);
+            }
+            other => panic!("not a plan: {other:?}"),
+        }
+        assert!(Cli::try_parse_from(["copyrator", "plan", "-o", "yaml"]).is_err());
         assert!(Cli::try_parse_from(["copyrator", "--write-concurrency", "0"]).is_err());
         assert!(Cli::try_parse_from(["copyrator", "--log-format", "xml"]).is_err());
     }

@@ -30,6 +30,9 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    #[error("looking up {what}: {message}")]
+    Lookup { what: String, message: String },
+
     #[error("invalid setting: {0}")]
     Config(String),
 }

@@ -79,12 +79,10 @@ async fn delete_all(
         .await
 }
 
-/// Delete the copies of rules that are gone without their finalizer having
-/// run (see `plan::orphans`); returns how many were deleted.
-pub async fn collect_orphans(shared: &Arc<Shared>) -> usize {
-    if shared.dry_run || !shared.leader.is_leader() || !shared.synced.all() {
-        return 0;
-    }
+/// The deletions of the copies of `kind` whose rule is gone without its
+/// finalizer having run, among the rules this operator follows (see
+/// `plan::orphans`).
+pub fn orphans(shared: &Shared, kind: Kind) -> Vec<Action> {
     let responsible = |rule: &str| {
         let Some((namespace, name)) = rule.split_once('/') else {
             return false;
@@ -102,14 +100,21 @@ pub async fn collect_orphans(shared: &Arc<Shared>) -> usize {
         };
         watched_namespace && watched_name && !read(&shared.rules).contains_key(&key)
     };
+    let namespaces = read(&shared.namespaces);
+    let live = |uid: &str| shared.is_live_rule(uid);
+    plan::orphans(&read(shared.copies(kind)), &namespaces, &live, &responsible)
+}
+
+/// Delete the copies of rules that are gone without their finalizer having
+/// run (see [`orphans`]); returns how many were deleted.
+pub async fn collect_orphans(shared: &Arc<Shared>) -> usize {
+    if shared.dry_run || !shared.leader.is_leader() || !shared.synced.all() {
+        return 0;
+    }
     let mut deleted = 0;
     let mut failed = 0;
     for kind in Kind::all() {
-        let actions = {
-            let namespaces = read(&shared.namespaces);
-            let live = |uid: &str| shared.is_live_rule(uid);
-            plan::orphans(&read(shared.copies(kind)), &namespaces, &live, &responsible)
-        };
+        let actions = orphans(shared, kind);
         let outcomes = delete_all(shared, kind, actions, "(rule gone)").await;
         for (action, outcome) in outcomes {
             match (outcome, &action) {
@@ -137,6 +142,11 @@ pub async fn collect_orphans(shared: &Arc<Shared>) -> usize {
 
 /// A deleted rule: delete every copy it made, then let the rule go.
 pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> Result<(), Error> {
+    // A planning process never writes (`copyrator plan` lists these
+    // deletions through `reconcile::preview`).
+    if shared.dry_run {
+        return Ok(());
+    }
     let key = rule.key();
     let mut deleted = 0;
     // Copies handed over to their namespaces (syncPolicy CreateOnly) stay.
@@ -150,13 +160,6 @@ pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> R
             left += copies.count_create_only(uid);
             plan::cleanup(uid, &namespaces, &copies)
         };
-        if shared.dry_run {
-            for action in &actions {
-                let (namespace, name) = action.target();
-                println!("delete {kind} {namespace}/{name} (rule {key} is being deleted)");
-            }
-            continue;
-        }
         let outcomes = delete_all(shared, kind, actions, &key.to_string()).await;
         for (action, outcome) in outcomes {
             let (namespace, name) = action.target();
@@ -174,7 +177,7 @@ pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> R
             }
         }
     }
-    if shared.dry_run || retry {
+    if retry {
         // Not the leader: the next leader finishes the cleanup.
         return Ok(());
     }

@@ -5,7 +5,8 @@
 //! decides which copies should exist, what they contain and when a copy may
 //! be written again; `index`, `state`, `watch`, `sources`, `queue`,
 //! `reconcile`, `finalizer`, `writer` and `controller` connect it to the
-//! cluster.
+//! cluster. `report` is the pure side of the `plan` subcommand: the rules it
+//! reads from files, what it prints and its exit code.
 #![forbid(unsafe_code)]
 
 pub mod backoff;
@@ -26,6 +27,7 @@ pub mod probe;
 pub mod queue;
 pub mod ratelimit;
 pub mod reconcile;
+pub mod report;
 pub mod rule;
 pub mod scope;
 pub mod selector;

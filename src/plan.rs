@@ -368,44 +368,67 @@ pub struct LeftOut {
     pub not_accepted: u32,
 }
 
+/// Why a namespace that a rule's targets match receives nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Exclusion {
+    /// Protected: only an exact name in `targets.include` reaches it.
+    Protected,
+    /// A tenant rule's target whose consent annotation does not name the rule's namespace.
+    NotAccepting,
+}
+
+/// Whether `rule` may write into the namespace `name` that its targets
+/// match, and if not, why.
+fn exclusion(rule: &ResolvedRule, name: &str, info: &NamespaceInfo) -> Option<Exclusion> {
+    // A tenant writes only where it is welcome; its own namespace is its own.
+    let welcome = !rule.tenant || name == rule.key.namespace || info.accepts(&rule.key.namespace);
+    if !welcome {
+        return Some(Exclusion::NotAccepting);
+    }
+    let allowed = !rule.policy.is_protected(name) || rule.targets.names_exactly(name);
+    (!allowed).then_some(Exclusion::Protected)
+}
+
 /// The namespaces a rule targets (terminating ones included), and how many
 /// more it would target but for their protection or their consent.
 pub fn target_namespaces<'a>(
     rule: &ResolvedRule,
     namespaces: &'a BTreeMap<String, NamespaceInfo>,
 ) -> (Vec<(&'a String, &'a NamespaceInfo)>, LeftOut) {
-    let mut protected = 0;
-    let mut not_accepted = 0;
+    let mut left_out = LeftOut::default();
     let targets = namespaces
         .iter()
         .filter(|(name, info)| rule.targets.matches(name, &info.labels))
         .filter(|(name, info)| {
-            // A tenant writes only where it is welcome; its own namespace
-            // is its own (and a source namespace receives nothing of itself).
-            let welcome =
-                !rule.tenant || **name == rule.key.namespace || info.accepts(&rule.key.namespace);
-            if !welcome && !rule.source_namespaces.contains(name) {
-                not_accepted += 1;
-            }
-            welcome
-        })
-        .filter(|(name, _)| {
-            // A protected namespace is reached only by its exact name.
-            let allowed = !rule.policy.is_protected(name) || rule.targets.names_exactly(name);
+            let Some(exclusion) = exclusion(rule, name, info) else {
+                return true;
+            };
             // A source namespace receives nothing of its own anyway: not worth a mention.
-            if !allowed && !rule.source_namespaces.contains(name) {
-                protected += 1;
+            if !rule.source_namespaces.contains(name) {
+                match exclusion {
+                    Exclusion::Protected => left_out.protected += 1,
+                    Exclusion::NotAccepting => left_out.not_accepted += 1,
+                }
             }
-            allowed
+            false
         })
         .collect();
-    (
-        targets,
-        LeftOut {
-            protected,
-            not_accepted,
-        },
-    )
+    (targets, left_out)
+}
+
+/// The namespaces [`target_namespaces`] counts as left out, by name and
+/// why, in name order (for `copyrator plan`; a pass needs only the counts).
+pub fn left_out_namespaces<'a>(
+    rule: &ResolvedRule,
+    namespaces: &'a BTreeMap<String, NamespaceInfo>,
+) -> Vec<(&'a str, Exclusion)> {
+    namespaces
+        .iter()
+        .filter(|(name, info)| {
+            rule.targets.matches(name, &info.labels) && !rule.source_namespaces.contains(name)
+        })
+        .filter_map(|(name, info)| exclusion(rule, name, info).map(|e| (name.as_str(), e)))
+        .collect()
 }
 
 /// Whether a change of the namespace `name` (from `before` to `after`,
@@ -686,6 +709,54 @@ fn is_ours(rule: &ResolvedRule, current: &Object, live_rule_uids: &dyn Fn(&str) 
             !live_rule_uids(uid) && current.rule_ref.as_deref() == Some(&rule.key.to_string())
         }
         None => false,
+    }
+}
+
+/// What a create meets where the name is already taken by an object the
+/// copy cache does not hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Occupied {
+    /// A copy of this very rule (the cache is behind): nothing to write.
+    Ours,
+    /// Left alone, for this reason.
+    Conflict(String),
+    /// Taken over: the object is deleted and the copy created (its
+    /// immutable parts differ).
+    Recreate,
+    /// Taken over: the object is replaced by the copy.
+    Update,
+}
+
+/// Whether a create of `desired` by rule `rule` (`namespace/name`) takes
+/// over `existing`, the object that holds the name: a copy of another rule
+/// is never taken, a foreign object only under `Overwrite`, a copy of an
+/// earlier rule of the same name always.
+pub fn occupied(
+    desired: &Desired,
+    existing: &Object,
+    policy: ConflictPolicy,
+    rule: &str,
+) -> Occupied {
+    if let Some(uid) = existing.rule_uid() {
+        if desired.labels.get(LABEL_RULE_UID).map(String::as_str) == Some(uid) {
+            return Occupied::Ours;
+        }
+        // Handed over to its namespace by the rule that made it: no rule
+        // takes it, not even a later one of the same name.
+        if existing.create_only {
+            return Occupied::Conflict(handed_over_reason(existing.rule_ref.as_deref()));
+        }
+        let owner = existing.rule_ref.as_deref().unwrap_or("another rule");
+        if owner != rule {
+            return Occupied::Conflict(format!("a copy made by rule {owner} is there"));
+        }
+    } else if policy == ConflictPolicy::Skip {
+        return Occupied::Conflict(format!("a {} not made by Copyrator is there", desired.kind));
+    }
+    if desired.needs_recreate(existing) {
+        Occupied::Recreate
+    } else {
+        Occupied::Update
     }
 }
 
@@ -1034,6 +1105,103 @@ mod tests {
         let r: CopyratorRule = serde_json::from_value(value).unwrap();
         let refused = r.resolve(&Trust::new("ops", true)).unwrap_err();
         assert_eq!(refused.reason, "Forbidden");
+    }
+
+    #[test]
+    fn the_namespaces_left_out_are_those_the_counts_count() {
+        let mut w = World::new(&["src", "a", "kube-system", "kube-public", "closed", "open"]);
+        w.namespaces.get_mut("open").unwrap().accept_from = NamespaceInfo::accept_from(Some("src"));
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = simple_rule();
+        let p = w.plan(&r);
+        // The source namespace is the operator's own (protected), and
+        // receives nothing of itself anyway: no mention.
+        assert_eq!(
+            left_out_namespaces(&r, &w.namespaces),
+            [
+                ("kube-public", Exclusion::Protected),
+                ("kube-system", Exclusion::Protected)
+            ]
+        );
+        assert_eq!(p.protected_namespaces, 2);
+        let mut value = json!({"ruleType": "configmap", "selector": {"copy": "yes"}});
+        value["metadata"] = json!({"name": "r", "namespace": "src", "uid": "rule-1"});
+        let rule: CopyratorRule = serde_json::from_value(value).unwrap();
+        let tenant = rule.resolve(&Trust::new("ops", true)).unwrap();
+        let p = w.plan(&tenant);
+        let left_out = left_out_namespaces(&tenant, &w.namespaces);
+        assert_eq!(
+            left_out,
+            [
+                ("a", Exclusion::NotAccepting),
+                ("closed", Exclusion::NotAccepting),
+                ("kube-public", Exclusion::NotAccepting),
+                ("kube-system", Exclusion::NotAccepting)
+            ]
+        );
+        assert_eq!(p.not_accepting_namespaces as usize, left_out.len());
+        assert_eq!(verbs(&p), vec![("open".into(), "cm".into(), "create")]);
+    }
+
+    #[test]
+    fn a_create_takes_over_a_foreign_object_only_under_overwrite() {
+        let r = simple_rule();
+        let mut source = crate::index::tests::object("src", "cm", "uid-src", 1, &[("copy", "yes")]);
+        source.payload.insert("data".into(), json!({"k": "v"}));
+        source.rehash();
+        let desired = desired_copy(&r, &source);
+        let foreign = crate::index::tests::object("a", "cm", "f", 1, &[]);
+        assert_eq!(
+            occupied(&desired, &foreign, ConflictPolicy::Skip, "src/r"),
+            Occupied::Conflict("a ConfigMap not made by Copyrator is there".into())
+        );
+        assert_eq!(
+            occupied(&desired, &foreign, ConflictPolicy::Overwrite, "src/r"),
+            Occupied::Update
+        );
+        let mut immutable = foreign.clone();
+        immutable.payload.insert("immutable".into(), json!(true));
+        immutable.rehash();
+        assert_eq!(
+            occupied(&desired, &immutable, ConflictPolicy::Overwrite, "src/r"),
+            Occupied::Recreate
+        );
+
+        let copy_of = |uid: &str, rule: &str| {
+            let mut copy = crate::index::tests::object("a", "cm", "c", 1, &[(LABEL_RULE_UID, uid)]);
+            copy.annotations.insert(ANNOTATION_RULE.into(), rule.into());
+            copy.rehash();
+            copy
+        };
+        assert_eq!(
+            occupied(
+                &desired,
+                &copy_of("rule-1", "src/r"),
+                ConflictPolicy::Skip,
+                "src/r"
+            ),
+            Occupied::Ours
+        );
+        // Another rule's copy is never taken, whatever the policy.
+        assert_eq!(
+            occupied(
+                &desired,
+                &copy_of("rule-2", "src/other"),
+                ConflictPolicy::Overwrite,
+                "src/r"
+            ),
+            Occupied::Conflict("a copy made by rule src/other is there".into())
+        );
+        // An earlier rule of this name: its copy is adopted even under Skip.
+        assert_eq!(
+            occupied(
+                &desired,
+                &copy_of("rule-0", "src/r"),
+                ConflictPolicy::Skip,
+                "src/r"
+            ),
+            Occupied::Update
+        );
     }
 
     #[test]

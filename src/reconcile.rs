@@ -1,13 +1,14 @@
 //! One pass over one rule: plan from the in-memory views, carry the plan
 //! out within each copy's backoff, then publish the rule's status, its
-//! Events and one summary log line.
+//! Events and one summary log line. [`preview`] computes the same plan for
+//! `copyrator plan` and writes nothing.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
 use tokio::time::Instant;
@@ -15,11 +16,12 @@ use tracing::{debug, info};
 
 use crate::backoff::{Admission, CopyKey, Failure, FailureClass, Waiting};
 use crate::finalizer::{cleanup, set_finalizer};
-use crate::index::Object;
+use crate::index::{Object, ObjectKey};
 use crate::kinds::Kind;
-use crate::plan::{self, Action, DeleteReason, Inputs, Plan};
+use crate::plan::{self, Action, DeleteReason, Inputs, Occupied, Plan};
+use crate::report::{Change, Preview, Skip};
 use crate::rule::{
-    ConflictEntry, ContestedEntry, CopyratorRule, ResolvedRule, RuleKey, RuleStatus,
+    ConflictEntry, ContestedEntry, CopyratorRule, InvalidRule, ResolvedRule, RuleKey, RuleStatus,
 };
 use crate::scope::{Scope, Touch};
 use crate::sources::Sources;
@@ -105,20 +107,7 @@ pub async fn reconcile(
             write(&shared.resolved).remove(key);
             lock(&shared.sources).remove(key);
             shared.metrics.reconciled("invalid");
-            let observed = Observed {
-                generation: rule.metadata.generation,
-                rule_type: rule
-                    .effective_rule_type()
-                    .map(|t| t.kind().info().rule_type.to_string()),
-                copies: Kind::all()
-                    .map(|kind| read(shared.copies(kind)).count_owned_by(&uid) as u32)
-                    .sum(),
-                create_only_copies: Kind::all()
-                    .map(|kind| read(shared.copies(kind)).count_create_only(&uid) as u32)
-                    .sum(),
-                problem: Some((invalid.reason.to_string(), invalid.message.clone())),
-                ..Default::default()
-            };
+            let observed = invalid_observed(shared, &rule, &uid, &invalid);
             let published = publish_status(shared, &rule, &observed).await?;
             if published == Published::Written {
                 shared
@@ -137,12 +126,7 @@ pub async fn reconcile(
 
     // Sources: the shared watches serve this rule once they have listed
     // what it needs; until then its status says how far the listing is.
-    let sources = {
-        let mut hub = lock(&shared.sources);
-        hub.set(&resolved);
-        shared.metrics.source_watches.set(hub.watch_count() as i64);
-        hub.sources(key)
-    };
+    let sources = sources_of(shared, &resolved);
     let waited = {
         let mut memory = lock(&shared.memory);
         let memory = memory.entry(key.clone()).or_default();
@@ -255,6 +239,203 @@ pub async fn reconcile(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     })
+}
+
+/// What a refused rule's status says: the refusal, and the copies it
+/// still has (an invalid rule changes nothing).
+fn invalid_observed(
+    shared: &Shared,
+    rule: &CopyratorRule,
+    uid: &str,
+    invalid: &InvalidRule,
+) -> Observed {
+    Observed {
+        generation: rule.metadata.generation,
+        rule_type: rule
+            .effective_rule_type()
+            .map(|t| t.kind().info().rule_type.to_string()),
+        copies: Kind::all()
+            .map(|kind| read(shared.copies(kind)).count_owned_by(uid) as u32)
+            .sum(),
+        create_only_copies: Kind::all()
+            .map(|kind| read(shared.copies(kind)).count_create_only(uid) as u32)
+            .sum(),
+        problem: Some((invalid.reason.to_string(), invalid.message.clone())),
+        ..Default::default()
+    }
+}
+
+/// The rule's sources, once the shared watches have listed what it needs;
+/// registering the need starts those watches.
+fn sources_of(shared: &Shared, resolved: &ResolvedRule) -> Sources {
+    let mut hub = lock(&shared.sources);
+    hub.set(resolved);
+    shared.metrics.source_watches.set(hub.watch_count() as i64);
+    hub.sources(&resolved.key)
+}
+
+/// Name lookups in flight at once while a preview checks its creates.
+const LOOKUPS_IN_FLIGHT: usize = 8;
+
+/// What a pass over `rule` would write and leave out now, for `copyrator
+/// plan`: computed from the views as a pass over everything computes it,
+/// each create checked against whatever may already hold its name (the
+/// copy cache holds copies only), a refusal as the rule's status would
+/// word it. Writes nothing, not even the rule's memory.
+pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Preview, Error> {
+    let key = rule.key();
+    let rule_name = key.to_string();
+    let uid = rule.uid().unwrap_or_default();
+    if rule.is_deleting() {
+        // Without our finalizer a deleted rule goes at once, and its copies
+        // are left to the collection of orphans.
+        let mut changes = Vec::new();
+        if rule.has_finalizer() {
+            let namespaces = read(&shared.namespaces);
+            for kind in Kind::all() {
+                for action in plan::cleanup(uid, &namespaces, &read(shared.copies(kind))) {
+                    changes.push(Change::of(&rule_name, kind, &action));
+                }
+            }
+        }
+        return Ok(Preview::Planned {
+            changes,
+            skipped: Vec::new(),
+        });
+    }
+    let resolved = match rule.resolve(&shared.trust) {
+        Ok(resolved) => resolved,
+        Err(invalid) => {
+            let observed = invalid_observed(shared, rule, uid, &invalid);
+            let said = status::compute(None, &observed, "")
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| (c.reason, c.message));
+            let (reason, message) =
+                said.unwrap_or_else(|| (invalid.reason.to_owned(), invalid.message));
+            return Ok(Preview::Refused { reason, message });
+        }
+    };
+    let Sources::Listed(sources) = sources_of(shared, &resolved) else {
+        return Ok(Preview::WaitingForSources);
+    };
+    // A fresh process knows no conflict yet: the lookup below finds them.
+    let (mut plan, other_kind_deletions) = plan_pass(
+        shared,
+        &resolved,
+        &sources,
+        &Scope::everything(),
+        &HashMap::new(),
+    );
+    let actions = take_over_or_skip(
+        shared,
+        &resolved,
+        std::mem::take(&mut plan.actions),
+        &mut plan.conflicts,
+    )
+    .await?;
+    let changes = actions
+        .iter()
+        .map(|action| (resolved.kind, action))
+        .chain(other_kind_deletions.iter().map(|(kind, a)| (*kind, a)))
+        .map(|(kind, action)| Change::of(&rule_name, kind, action))
+        .collect();
+    let mut skipped: Vec<Skip> = plan
+        .conflicts
+        .iter()
+        .chain(&plan.shadowed)
+        .map(|conflict| Skip::copy(&rule_name, resolved.kind, conflict))
+        .chain(
+            plan.refused_sources
+                .iter()
+                .map(|(source, why)| Skip::source(&rule_name, resolved.kind, source, why)),
+        )
+        .collect();
+    skipped.extend(
+        plan::left_out_namespaces(&resolved, &read(&shared.namespaces))
+            .into_iter()
+            .map(|(namespace, exclusion)| Skip::namespace(&key, namespace, exclusion)),
+    );
+    Ok(Preview::Planned { changes, skipped })
+}
+
+/// The creates of a plan as the writer would end up carrying them out:
+/// where an object the copy cache does not hold already has the name, the
+/// create becomes a conflict, a take-over (update or recreate) or nothing
+/// (the cache was behind), as [`plan::occupied`] decides. One list per
+/// name, across namespaces, so the cost follows the sources, not the targets.
+async fn take_over_or_skip(
+    shared: &Shared,
+    resolved: &ResolvedRule,
+    actions: Vec<Action>,
+    conflicts: &mut Vec<ConflictEntry>,
+) -> Result<Vec<Action>, Error> {
+    let names: BTreeSet<String> = actions
+        .iter()
+        .filter_map(|action| match action {
+            Action::Create { desired, .. } => Some(desired.name.clone()),
+            _ => None,
+        })
+        .collect();
+    if names.is_empty() {
+        return Ok(actions);
+    }
+    let kind = resolved.kind;
+    let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &kind.api_resource());
+    let mut lists = futures::stream::iter(names)
+        .map(|name| {
+            let api = api.clone();
+            async move {
+                let params = ListParams::default().fields(&format!("metadata.name={name}"));
+                (name, api.list(&params).await)
+            }
+        })
+        .buffer_unordered(LOOKUPS_IN_FLIGHT);
+    let mut holders: HashMap<ObjectKey, Object> = HashMap::new();
+    while let Some((name, listed)) = lists.next().await {
+        let listed = listed.map_err(|source| Error::Lookup {
+            what: format!("the {kind}s named {name}"),
+            message: crate::writer::describe(&source),
+        })?;
+        // Compact at once: a Secret's data is not kept.
+        for object in listed.items {
+            let object = Object::from_dynamic(kind, object).into_compact();
+            holders.insert(object.key(), object);
+        }
+    }
+    let rule_name = resolved.key.to_string();
+    let mut out = Vec::with_capacity(actions.len());
+    for action in actions {
+        let Action::Create { desired, namespace } = &action else {
+            out.push(action);
+            continue;
+        };
+        let Some(existing) = holders.remove(&(namespace.clone(), desired.name.clone())) else {
+            out.push(action);
+            continue;
+        };
+        let current = Arc::new(existing);
+        match plan::occupied(desired, &current, resolved.conflict_policy, &rule_name) {
+            Occupied::Ours => {}
+            Occupied::Conflict(reason) => conflicts.push(ConflictEntry {
+                namespace: namespace.clone(),
+                name: desired.name.clone(),
+                reason,
+            }),
+            Occupied::Recreate => out.push(Action::Recreate {
+                desired: desired.clone(),
+                current,
+            }),
+            Occupied::Update => out.push(Action::Update {
+                desired: desired.clone(),
+                current,
+            }),
+        }
+    }
+    conflicts.sort();
+    conflicts.dedup();
+    Ok(out)
 }
 
 /// One line per pass that wrote or failed; an unchanged failure only once a minute.
@@ -518,6 +699,41 @@ fn changed_back_by(action: &Action) -> Option<String> {
     }
 }
 
+/// What a pass over `scope` plans for a rule, from the views: its plan,
+/// and the deletions of its copies of another kind (its type changed).
+fn plan_pass(
+    shared: &Shared,
+    resolved: &ResolvedRule,
+    sources: &[Arc<Object>],
+    scope: &Scope,
+    known_conflicts: &HashMap<ObjectKey, String>,
+) -> (Plan, Vec<(Kind, Action)>) {
+    let namespaces = read(&shared.namespaces);
+    let plan = {
+        let copies = read(shared.copies(resolved.kind));
+        let live = |uid: &str| shared.is_live_rule(uid);
+        plan::plan(&Inputs {
+            rule: resolved,
+            namespaces: &namespaces,
+            sources,
+            copies: &copies,
+            live_rule_uids: &live,
+            known_conflicts,
+            scope,
+        })
+    };
+    let mut other_kind_deletions = Vec::new();
+    if resolved.prune {
+        for kind in Kind::all().filter(|k| *k != resolved.kind && resolved.policy.kinds.contains(k))
+        {
+            for action in plan::cleanup(&resolved.uid, &namespaces, &read(shared.copies(kind))) {
+                other_kind_deletions.push((kind, action));
+            }
+        }
+    }
+    (plan, other_kind_deletions)
+}
+
 async fn run_plan(
     shared: &Arc<Shared>,
     rule: &CopyratorRule,
@@ -539,20 +755,8 @@ async fn run_plan(
             .map(|m| m.known_conflicts.clone())
             .unwrap_or_default()
     };
-    let mut plan = {
-        let namespaces = read(&shared.namespaces);
-        let copies = read(shared.copies(resolved.kind));
-        let live = |uid: &str| shared.is_live_rule(uid);
-        plan::plan(&Inputs {
-            rule: resolved,
-            namespaces: &namespaces,
-            sources,
-            copies: &copies,
-            live_rule_uids: &live,
-            known_conflicts: &known_conflicts,
-            scope: &scope,
-        })
-    };
+    let (mut plan, other_kind_deletions) =
+        plan_pass(shared, resolved, sources, &scope, &known_conflicts);
     shared
         .metrics
         .copies_examined
@@ -566,38 +770,15 @@ async fn run_plan(
             .tally
             .record(&scope, &plan);
     }
-    // Copies of another kind (the rule's type changed) no longer belong.
-    let mut other_kind_deletions = Vec::new();
-    if resolved.prune {
-        let namespaces = read(&shared.namespaces);
-        for kind in Kind::all().filter(|k| *k != resolved.kind && resolved.policy.kinds.contains(k))
-        {
-            for action in plan::cleanup(&resolved.uid, &namespaces, &read(shared.copies(kind))) {
-                other_kind_deletions.push((kind, action));
-            }
-        }
-    }
     let mut pass = Pass::default();
     let actions: Vec<(Kind, Action)> = std::mem::take(&mut plan.actions)
         .into_iter()
         .map(|a| (resolved.kind, a))
         .chain(other_kind_deletions)
         .collect();
+    // A planning process never writes (`copyrator plan` reports through
+    // [`preview`], not through passes).
     if shared.dry_run {
-        for (kind, action) in &actions {
-            let (namespace, name) = action.target();
-            println!(
-                "{} {kind} {namespace}/{name} (rule {})",
-                action.verb(),
-                resolved.key
-            );
-        }
-        for conflict in &plan.conflicts {
-            println!(
-                "skip {} {}/{} (rule {}): {}",
-                resolved.kind, conflict.namespace, conflict.name, resolved.key, conflict.reason
-            );
-        }
         finish(shared, resolved, &mut pass, plan);
         return pass;
     }

@@ -68,6 +68,23 @@ impl Synced {
             && self.namespaces.load(Ordering::Acquire)
             && self.copies.iter().all(|c| c.load(Ordering::Acquire))
     }
+
+    /// What has not been listed yet, for messages.
+    pub fn missing(&self) -> Vec<String> {
+        let mut missing = Vec::new();
+        if !self.rules.load(Ordering::Acquire) {
+            missing.push("the CopyratorRules".to_owned());
+        }
+        if !self.namespaces.load(Ordering::Acquire) {
+            missing.push("the namespaces".to_owned());
+        }
+        for kind in Kind::all() {
+            if !self.copies[kind as usize].load(Ordering::Acquire) {
+                missing.push(format!("the {kind} copies"));
+            }
+        }
+        missing
+    }
 }
 
 /// A rule's memory between reconciles.

@@ -13,22 +13,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
-use kube::{Client, ResourceExt};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::debug;
 
+use crate::FIELD_MANAGER;
 use crate::backoff::{Failure, FailureClass};
 use crate::index::Object;
 use crate::kinds::Kind;
 use crate::leader::LeaderGate;
 use crate::metrics::Metrics;
-use crate::plan::{Action, Desired};
+use crate::plan::{Action, Desired, Occupied, occupied};
 use crate::ratelimit::RateLimiter;
 use crate::rule::ConflictPolicy;
-use crate::{ANNOTATION_RULE, FIELD_MANAGER};
 
 /// What became of one action.
 #[derive(Debug)]
@@ -143,11 +143,6 @@ fn write_params() -> PostParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..Default::default()
     }
-}
-
-/// A copy as the cache keeps it.
-fn compact(kind: Kind, object: DynamicObject) -> Arc<Object> {
-    Arc::new(Object::from_dynamic(kind, object).into_compact())
 }
 
 /// Our own write of `desired`, as the API server answered it.
@@ -365,50 +360,19 @@ impl Writer {
             }
             Err(e) => return Outcome::Failed(self.failure(&e)),
         };
-        let our_uid = desired.labels.get(crate::LABEL_RULE_UID);
-        if let Some(uid) = existing.labels().get(crate::LABEL_RULE_UID) {
-            if Some(uid) == our_uid {
-                return Outcome::Written(Some(compact(desired.kind, existing)));
-            }
-            // Handed over to its namespace by the rule that made it: no
-            // rule takes it, not even a later one of the same name.
-            if existing
-                .labels()
-                .get(crate::LABEL_SYNC_POLICY)
-                .is_some_and(|v| v == crate::CREATE_ONLY)
-            {
-                return Outcome::Conflict(crate::plan::handed_over_reason(
-                    existing
-                        .annotations()
-                        .get(ANNOTATION_RULE)
-                        .map(String::as_str),
-                ));
-            }
-            let owner = existing
-                .annotations()
-                .get(ANNOTATION_RULE)
-                .cloned()
-                .unwrap_or_else(|| "another rule".into());
-            if owner != rule {
-                return Outcome::Conflict(format!("a copy made by rule {owner} is there"));
-            }
-        }
-        let foreign = format!("a {} not made by Copyrator is there", desired.kind);
-        if policy == ConflictPolicy::Skip && !existing.labels().contains_key(crate::LABEL_RULE_UID)
-        {
-            return Outcome::Conflict(foreign);
-        }
         let current = Object::from_dynamic(desired.kind, existing).into_compact();
-        if desired.needs_recreate(&current) {
-            return match self.delete(desired.kind, &current).await {
+        match occupied(desired, &current, policy, rule) {
+            Occupied::Ours => Outcome::Written(Some(Arc::new(current))),
+            Occupied::Conflict(reason) => Outcome::Conflict(reason),
+            Occupied::Recreate => match self.delete(desired.kind, &current).await {
                 Outcome::Written(_) | Outcome::Ignored(_) => {
                     self.pace().await;
                     Box::pin(self.create(desired, namespace, policy, rule)).await
                 }
                 other => other,
-            };
+            },
+            Occupied::Update => self.update(desired, &current).await,
         }
-        self.update(desired, &current).await
     }
 
     /// Replace the copy, conditional on the version the plan saw; labels

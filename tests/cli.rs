@@ -1,10 +1,11 @@
-//! The binary's other faces: `plan` changes nothing, `run` stops cleanly on
-//! SIGTERM and serves its probes.
+//! The binary's other faces: `plan` (of the live rules, or of rules in a
+//! file) says what `run` would do and changes nothing, `run` stops cleanly
+//! on SIGTERM and serves its probes.
 
 mod common;
 
 use common::*;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
 
@@ -21,23 +22,19 @@ async fn plan_says_what_run_would_do_and_changes_nothing() {
         .await;
     let rule_before = t.get_rule(&op, "r").await;
 
-    let out = std::process::Command::new(bin())
-        .args(["plan", "--namespace", &op])
-        .output()
-        .expect("running copyrator plan");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "copyrator plan failed: {}\n{stdout}\n{stderr}",
-        out.status
+    let plan = copyrator_plan(&["--namespace", &op, "-o", "json"], None).await;
+    plan.assert_exit(2);
+    let rule = format!("{op}/r");
+    let from = format!("{op}/planned-source");
+    assert_eq!(
+        plan.changes_in(&[&t1, &t2]),
+        [
+            change("create", CM, &t1, "planned-source", &rule, Some(&from)),
+            change("create", CM, &t2, "planned-source", &rule, Some(&from)),
+        ],
+        "{}",
+        plan.stdout
     );
-    for word in [&t1, &t2, "planned-source"] {
-        assert!(
-            stdout.contains(word),
-            "the plan does not mention {word}:\n{stdout}\n{stderr}"
-        );
-    }
 
     for ns in [&t1, &t2] {
         assert!(
@@ -45,18 +42,257 @@ async fn plan_says_what_run_would_do_and_changes_nothing() {
             "plan created a copy in {ns}"
         );
     }
+    assert_rule_untouched(&t, &op, "r", &rule_before).await;
     let rule = t.get_rule(&op, "r").await;
-    assert_eq!(
-        rule["metadata"]["resourceVersion"],
-        rule_before["metadata"]["resourceVersion"],
-        "plan wrote the rule: {}",
-        short_status(&rule)
-    );
     assert!(rule.get("status").is_none_or(Value::is_null));
     let now = t.must_get(CM, &op, "planned-source").await;
     assert_eq!(
         now.resource_version, source.resource_version,
         "plan wrote the source"
+    );
+}
+
+/// The rule's resourceVersion is the one seen before.
+async fn assert_rule_untouched(t: &TestNs, ns: &str, name: &str, before: &Value) {
+    let rule = t.get_rule(ns, name).await;
+    assert_eq!(
+        rule["metadata"]["resourceVersion"],
+        before["metadata"]["resourceVersion"],
+        "plan wrote the rule {ns}/{name}: {}",
+        short_status(&rule)
+    );
+}
+
+/// Two new rules in one file, one in the spec form without a namespace
+/// (it takes `--namespace`) and one in the original top-level form: the
+/// plan lists their creates in order, a foreign object of a copy's name
+/// as a skip, exits 2, and writes nothing: no copy, no rule.
+#[tokio::test]
+async fn plan_of_new_rules_from_a_file_lists_their_creates_and_writes_nothing() {
+    let t = TestNs::new("plan-new").await;
+    let op = t.ns("op").await;
+    let (t1, t2, t3) = (t.ns("t1").await, t.ns("t2").await, t.ns("t3").await);
+    t.create_source(CM, &op, "cfg", &[("set", "one")], &[("k", "v")])
+        .await;
+    t.create_source(CM, &op, "other-cfg", &[("set", "two")], &[("k", "v")])
+        .await;
+    let foreign = t
+        .create_plain(CM, &t3, "cfg", &[], &[("mine", "yes")])
+        .await;
+    let selector = |set: &str| json!({TEST_LABEL: t.prefix, "set": set});
+    let new_rule = rule_spec(CM, selector("one"), &[t.glob("t")]);
+    let original_form = json!({
+        "ruleType": "configmap",
+        "selector": selector("two"),
+        "namespace": op,
+        "spec": {"targets": {"include": [t.glob("t")]}},
+    });
+    let file = t.rule_file(
+        "new",
+        &[
+            TestNs::rule_manifest(None, "new", &new_rule),
+            TestNs::rule_manifest(Some(&op), "second", &original_form),
+        ],
+    );
+
+    let plan = copyrator_plan(&["--namespace", &op, "-f", &file, "-o", "json"], None).await;
+    plan.assert_exit(2);
+    let (new, second) = (format!("{op}/new"), format!("{op}/second"));
+    let (cfg, other) = (format!("{op}/cfg"), format!("{op}/other-cfg"));
+    assert_eq!(
+        plan.changes(),
+        [
+            change("create", CM, &t1, "cfg", &new, Some(&cfg)),
+            change("create", CM, &t2, "cfg", &new, Some(&cfg)),
+            change("create", CM, &t1, "other-cfg", &second, Some(&other)),
+            change("create", CM, &t2, "other-cfg", &second, Some(&other)),
+            change("create", CM, &t3, "other-cfg", &second, Some(&other)),
+        ],
+        "{}",
+        plan.stdout
+    );
+    let document = plan.json();
+    assert_eq!(
+        document["skipped"],
+        json!([{"kind": "ConfigMap", "namespace": t3, "name": "cfg", "rule": new,
+                "reason": "a ConfigMap not made by Copyrator is there"}]),
+        "{}",
+        plan.stdout
+    );
+    assert_eq!(
+        document["rules"],
+        json!([{"rule": new, "valid": true}, {"rule": second, "valid": true}])
+    );
+
+    for ns in [&t1, &t2, &t3] {
+        assert!(
+            t.get(CM, ns, "other-cfg").await.is_none(),
+            "plan created a copy in {ns}"
+        );
+    }
+    for ns in [&t1, &t2] {
+        assert!(
+            t.get(CM, ns, "cfg").await.is_none(),
+            "plan created a copy in {ns}"
+        );
+    }
+    let still = t.must_get(CM, &t3, "cfg").await;
+    assert_eq!(
+        still.resource_version, foreign.resource_version,
+        "plan wrote the foreign object"
+    );
+    for name in ["new", "second"] {
+        assert_eq!(
+            t.try_get_rule(&op, name).await,
+            Ok(None),
+            "plan created rule {name}"
+        );
+    }
+}
+
+/// A live rule whose targets a file narrows: the plan (the file read from
+/// standard input) shows the deletes the edit causes, the copies that stay
+/// are no change, and nothing is deleted yet.
+#[tokio::test]
+async fn plan_of_an_edited_rule_shows_the_copies_it_would_prune() {
+    let t = TestNs::new("plan-edit").await;
+    let op = t.ns("op").await;
+    let (t1, t2) = (t.ns("t1").await, t.ns("t2").await);
+    let live = rule_spec(CM, t.selector(), &[t.glob("t")]);
+    t.create_rule(&op, "r", live).await;
+    let source = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    let mut operator = Operator::start(&t, &op, &[]);
+    t.wait_copy(CM, &t1, &source, &op, "r").await;
+    let pruned = t.wait_copy(CM, &t2, &source, &op, "r").await;
+    t.wait_rule_ready(&op, "r").await;
+    operator.stop();
+    let rule_before = t.get_rule(&op, "r").await;
+
+    let narrowed = rule_spec(CM, t.selector(), &[t.name("t1")]);
+    let manifest = serde_yaml::to_string(&TestNs::rule_manifest(Some(&op), "r", &narrowed))
+        .expect("the rule renders as YAML");
+    let plan = copyrator_plan(
+        &["--namespace", &op, "-f", "-", "--output", "json"],
+        Some(&manifest),
+    )
+    .await;
+    plan.assert_exit(2);
+    assert_eq!(
+        plan.changes(),
+        [change(
+            "delete",
+            CM,
+            &t2,
+            "cfg",
+            &format!("{op}/r"),
+            Some(&format!("{op}/cfg"))
+        )],
+        "{}",
+        plan.stdout
+    );
+    assert_eq!(
+        plan.json()["rules"],
+        json!([{"rule": format!("{op}/r"), "valid": true}])
+    );
+
+    let still = t.must_get(CM, &t2, "cfg").await;
+    assert_eq!(
+        still.resource_version, pruned.resource_version,
+        "plan deleted or wrote the copy"
+    );
+    assert_rule_untouched(&t, &op, "r", &rule_before).await;
+}
+
+/// A file holding a live rule as it is: `no changes` and exit 0, in text
+/// and in JSON.
+#[tokio::test]
+async fn plan_of_a_rule_with_nothing_to_do_says_no_changes() {
+    let t = TestNs::new("plan-same").await;
+    let op = t.ns("op").await;
+    let (t1, t2) = (t.ns("t1").await, t.ns("t2").await);
+    let body = rule_spec(CM, t.selector(), &[t.glob("t")]);
+    t.create_rule(&op, "r", body.clone()).await;
+    let source = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    let mut operator = Operator::start(&t, &op, &[]);
+    for ns in [&t1, &t2] {
+        t.wait_copy(CM, ns, &source, &op, "r").await;
+    }
+    t.wait_rule_ready(&op, "r").await;
+    operator.stop();
+    let file = t.rule_file("same", &[TestNs::rule_manifest(None, "r", &body)]);
+
+    let text = copyrator_plan(&["--namespace", &op, "-f", &file], None).await;
+    text.assert_exit(0);
+    assert_eq!(text.stdout, "no changes\n", "{}", text.stderr);
+
+    let json = copyrator_plan(&["--namespace", &op, "-f", &file, "-o", "json"], None).await;
+    json.assert_exit(0);
+    assert_eq!(
+        json.json(),
+        json!({"changes": [], "skipped": [], "rules": [{"rule": format!("{op}/r"), "valid": true}]})
+    );
+}
+
+/// A rule the operator refuses (a target pattern that is no namespace
+/// glob): the plan exits 1 and says, for the live rule and for a new rule
+/// alike, exactly the reason and message that the operator put into the
+/// live rule's status.
+#[tokio::test]
+async fn plan_of_an_invalid_rule_fails_with_its_status_message() {
+    let t = TestNs::new("plan-invalid").await;
+    let op = t.ns("op").await;
+    let bad = rule_spec(CM, t.selector(), &["Not-A-Namespace*"]);
+    t.create_rule(&op, "bad", bad.clone()).await;
+    let mut operator = Operator::start(&t, &op, &[]);
+    let refused = t
+        .wait_rule(&op, "bad", "Ready False, InvalidRule", |r| {
+            let ready = ready_condition(r).ok_or_else(|| short_status(r))?;
+            if ready["status"] == "False" && ready["reason"] == "InvalidRule" {
+                Ok(())
+            } else {
+                Err(short_status(r))
+            }
+        })
+        .await;
+    operator.stop();
+    let message = ready_condition(&refused).expect("a Ready condition")["message"]
+        .as_str()
+        .expect("a message")
+        .to_owned();
+    let file = t.rule_file(
+        "invalid",
+        &[
+            TestNs::rule_manifest(Some(&op), "bad", &bad),
+            TestNs::rule_manifest(Some(&op), "bad-too", &bad),
+        ],
+    );
+
+    let plan = copyrator_plan(&["--namespace", &op, "-f", &file, "-o", "json"], None).await;
+    plan.assert_exit(1);
+    let verdict = |name: &str| json!({"rule": format!("{op}/{name}"), "valid": false, "reason": "InvalidRule", "message": message});
+    let document = plan.json();
+    assert_eq!(
+        document["rules"],
+        json!([verdict("bad"), verdict("bad-too")])
+    );
+    assert_eq!(
+        document["changes"],
+        json!([]),
+        "an invalid rule changes nothing"
+    );
+    let stderr: Vec<&str> = plan.stderr.lines().collect();
+    for name in ["bad", "bad-too"] {
+        let said = format!("error: rule {op}/{name} is refused: InvalidRule: {message}");
+        assert!(
+            stderr.contains(&said.as_str()),
+            "standard error lacks the line {said:?}:\n{}",
+            plan.stderr
+        );
+    }
+    assert_eq!(
+        t.try_get_rule(&op, "bad-too").await,
+        Ok(None),
+        "plan created a rule"
     );
 }
 

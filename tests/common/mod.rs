@@ -928,6 +928,35 @@ impl TestNs {
         serde_json::from_value(obj).expect("a CopyratorRule body")
     }
 
+    /// A rule as a manifest for `copyrator plan -f`: `body` as for
+    /// [`TestNs::create_rule`]; without `ns`, no `metadata.namespace`.
+    pub fn rule_manifest(ns: Option<&str>, name: &str, body: &Value) -> Value {
+        let mut manifest =
+            serde_json::to_value(Self::rule_object(ns.unwrap_or("-"), name, body)).unwrap();
+        if ns.is_none() {
+            manifest["metadata"]
+                .as_object_mut()
+                .expect("metadata is an object")
+                .remove("namespace");
+        }
+        manifest
+    }
+
+    /// Writes `manifests` as one YAML file of documents separated by
+    /// `---`, under `CARGO_TARGET_TMPDIR/plan-files/`; returns its path.
+    pub fn rule_file(&self, file: &str, manifests: &[Value]) -> String {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plan-files");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{}-{file}.yaml", self.prefix));
+        let text = manifests
+            .iter()
+            .map(|m| serde_yaml::to_string(m).expect("a manifest renders as YAML"))
+            .collect::<Vec<_>>()
+            .join("---\n");
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        path.to_string_lossy().into_owned()
+    }
+
     /// Creates a rule; `body` holds the top-level fields (`spec`, or the
     /// original `ruleType`/`selector`/`namespace`, optionally `metadata`).
     pub async fn try_create_rule(
@@ -1508,6 +1537,151 @@ pub async fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
     tokio::time::timeout(Duration::from_secs(5), fut)
         .await
         .map_err(|_| "timed out".to_string())?
+}
+
+// ---------------------------------------------------------------------------
+// copyrator plan
+
+/// Longer than every wait of `copyrator plan` itself (the API server, the
+/// caches, the sources), so that its own error is what a test sees.
+pub const PLAN_DEADLINE: Duration = Duration::from_secs(90);
+
+/// What `copyrator plan` printed and how it exited.
+pub struct PlanOutcome {
+    pub args: Vec<String>,
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// One change of `copyrator plan -o json`: `(action, kind, namespace,
+/// name, rule, source)`.
+pub type PlannedChange = (String, String, String, String, String, Option<String>);
+
+impl PlanOutcome {
+    /// Panics, with everything printed, unless the exit code is `code`.
+    pub fn assert_exit(&self, code: i32) {
+        assert_eq!(
+            self.code,
+            Some(code),
+            "copyrator {:?} exited {:?}, not {code}\n--- stdout\n{}\n--- stderr\n{}",
+            self.args,
+            self.code,
+            self.stdout,
+            self.stderr
+        );
+    }
+
+    /// The `-o json` document.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "copyrator {:?} printed no JSON document ({e}):\n{}\n--- stderr\n{}",
+                self.args, self.stdout, self.stderr
+            )
+        })
+    }
+
+    /// The document's `changes`, in the order printed.
+    pub fn changes(&self) -> Vec<PlannedChange> {
+        let document = self.json();
+        let text = |change: &Value, field: &str| {
+            change[field]
+                .as_str()
+                .unwrap_or_else(|| panic!("change {change} has no {field}"))
+                .to_owned()
+        };
+        document["changes"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no changes list in {document}"))
+            .iter()
+            .map(|c| {
+                (
+                    text(c, "action"),
+                    text(c, "kind"),
+                    text(c, "namespace"),
+                    text(c, "name"),
+                    text(c, "rule"),
+                    c.get("source").and_then(Value::as_str).map(str::to_owned),
+                )
+            })
+            .collect()
+    }
+
+    /// The document's `changes` that concern `namespaces` (the cluster is
+    /// shared: a plan of every live rule sees other tests' rules too).
+    pub fn changes_in(&self, namespaces: &[&str]) -> Vec<PlannedChange> {
+        self.changes()
+            .into_iter()
+            .filter(|c| namespaces.contains(&c.2.as_str()))
+            .collect()
+    }
+}
+
+/// A planned change, for comparisons with [`PlanOutcome::changes`].
+pub fn change(
+    action: &str,
+    kind: Kind,
+    namespace: &str,
+    name: &str,
+    rule: &str,
+    source: Option<&str>,
+) -> PlannedChange {
+    let kind = match kind {
+        Kind::ConfigMap => "ConfigMap",
+        Kind::Secret => "Secret",
+    };
+    (
+        action.into(),
+        kind.into(),
+        namespace.into(),
+        name.into(),
+        rule.into(),
+        source.map(str::to_owned),
+    )
+}
+
+/// Runs `copyrator plan <args>` with `stdin` on its standard input (none
+/// when `None`), killed after [`PLAN_DEADLINE`].
+pub async fn copyrator_plan(args: &[&str], stdin: Option<&str>) -> PlanOutcome {
+    use tokio::io::AsyncWriteExt;
+    let mut all: Vec<String> = vec!["plan".into()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let mut command = tokio::process::Command::new(bin());
+    command
+        .args(&all)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for var in OPERATOR_ENV {
+        command.env_remove(var);
+    }
+    let mut child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {} {all:?}: {e}", bin()));
+    if let Some(text) = stdin {
+        let mut input = child.stdin.take().expect("a piped standard input");
+        input
+            .write_all(text.as_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("writing to the standard input of {all:?}: {e}"));
+        // Closed here: the plan reads to the end.
+    }
+    let output = tokio::time::timeout(PLAN_DEADLINE, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("copyrator {all:?} did not finish within {PLAN_DEADLINE:?}"))
+        .unwrap_or_else(|e| panic!("waiting for copyrator {all:?}: {e}"));
+    PlanOutcome {
+        args: all,
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
 }
 
 // ---------------------------------------------------------------------------
