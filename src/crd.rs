@@ -235,6 +235,19 @@ fn column(
     }
 }
 
+/// A column `kubectl get -o wide` adds.
+fn wide_column(
+    name: &str,
+    type_: &str,
+    path: &str,
+    description: &str,
+) -> CustomResourceColumnDefinition {
+    CustomResourceColumnDefinition {
+        priority: Some(1),
+        ..column(name, type_, path, description)
+    }
+}
+
 pub fn crd() -> Result<CustomResourceDefinition> {
     let schema: JSONSchemaProps =
         serde_json::from_value(root_schema()).map_err(|source| Error::Serialize {
@@ -299,6 +312,30 @@ pub fn crd() -> Result<CustomResourceDefinition> {
                         "date",
                         ".metadata.creationTimestamp",
                         "Age of the rule",
+                    ),
+                    wide_column(
+                        "Targets",
+                        "integer",
+                        ".status.targetNamespaces",
+                        "Namespaces that receive copies",
+                    ),
+                    wide_column(
+                        "Conflicts",
+                        "integer",
+                        ".status.conflictCount",
+                        "Copies skipped because something else holds the name",
+                    ),
+                    wide_column(
+                        "Contested",
+                        "integer",
+                        ".status.contestedCount",
+                        "Copies another writer keeps changing back",
+                    ),
+                    wide_column(
+                        "Reason",
+                        "string",
+                        ".status.conditions[?(@.type==\"Ready\")].reason",
+                        "Why the rule is or is not ready",
                     ),
                 ]),
                 ..Default::default()

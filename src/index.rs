@@ -376,13 +376,7 @@ impl NamespaceInfo {
     /// Parse the `accept-from` annotation; entries that are no valid glob
     /// are ignored (they accept nothing).
     pub fn accept_from(annotation: Option<&str>) -> Vec<crate::selector::Glob> {
-        annotation
-            .into_iter()
-            .flat_map(|a| a.split(','))
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-            .filter_map(|p| crate::selector::Glob::new(p).ok())
-            .collect()
+        crate::selector::glob_list(annotation)
     }
 
     /// Whether this namespace accepts copies from tenant rules of `namespace`.

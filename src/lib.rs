@@ -61,6 +61,9 @@ pub const ANNOTATION_RULE: &str = "copyrator.flant.com/rule";
 pub const ANNOTATION_SOURCE: &str = "copyrator.flant.com/source";
 /// UID of a copy's source.
 pub const ANNOTATION_SOURCE_UID: &str = "copyrator.flant.com/source-uid";
+/// On a source object: namespaces (names or globs, comma-separated) whose
+/// tenant rules may pull it into their own namespace.
+pub const ANNOTATION_ALLOW_TO: &str = "copyrator.flant.com/allow-to";
 /// On a namespace: the namespaces (names or globs, comma-separated) whose
 /// tenant rules may write copies into it.
 pub const ANNOTATION_ACCEPT_FROM: &str = "copyrator.flant.com/accept-from";

@@ -13,8 +13,8 @@ use crate::rule::{ConflictEntry, ConflictPolicy, ResolvedKeys, ResolvedRule, Syn
 use crate::scope::Scope;
 use crate::selector::KeyGlob;
 use crate::{
-    ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, CREATE_ONLY, LABEL_MANAGED_BY,
-    LABEL_RULE_UID, LABEL_SYNC_POLICY,
+    ANNOTATION_ALLOW_TO, ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, CREATE_ONLY,
+    LABEL_MANAGED_BY, LABEL_RULE_UID, LABEL_SYNC_POLICY,
 };
 
 /// Labels and annotations that would make another tool believe it owns a
@@ -252,7 +252,30 @@ pub fn source_rejection(rule: &ResolvedRule, object: &Object) -> Option<&'static
     if !rule.selector.matches(&object.labels) {
         return Some("it does not match the selector");
     }
+    if is_pulled(rule, object) && !allows_to(object, &rule.key.namespace) {
+        return Some("it does not allow copies into the rule's namespace");
+    }
     None
+}
+
+/// Whether `source` comes to a tenant rule from another namespace: it is
+/// copied only with its consent, and only into the rule's own namespace.
+pub fn is_pulled(rule: &ResolvedRule, source: &Object) -> bool {
+    rule.tenant && *source.namespace != rule.key.namespace
+}
+
+/// Whether `source` consents to copies into `namespace`: its
+/// `copyrator.flant.com/allow-to` annotation lists the namespace or a glob
+/// that matches it.
+pub fn allows_to(source: &Object, namespace: &str) -> bool {
+    crate::selector::glob_list(
+        source
+            .annotations
+            .get(ANNOTATION_ALLOW_TO)
+            .map(String::as_str),
+    )
+    .iter()
+    .any(|glob| glob.matches(namespace))
 }
 
 fn stripped(
@@ -479,16 +502,14 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
     let from_namespace = |candidates: &[&Object], namespace: &str| {
         candidates.iter().any(|s| &*s.namespace == namespace)
     };
-    // How many source names each source namespace holds: those never land
-    // on it, so a target receives all names but these.
-    let mut names_from: HashMap<&str, u32> = HashMap::new();
-    for candidates in sources.values() {
-        let mut namespaces: Vec<&str> = candidates.iter().map(|s| &*s.namespace).collect();
-        namespaces.dedup();
-        for namespace in namespaces {
-            *names_from.entry(namespace).or_default() += 1;
-        }
-    }
+    // Names whose winning source is pulled from another namespace: they
+    // land in the rule's own namespace alone.
+    let pulled = |candidates: &[&Object]| is_pulled(rule, candidates[0]);
+    let pulled_names = sources.values().filter(|c| pulled(c)).count() as u32;
+    let lands_in = |candidates: &[&Object], namespace: &str| {
+        !from_namespace(candidates, namespace)
+            && (namespace == rule.key.namespace || !pulled(candidates))
+    };
     let shadowing: Vec<(&str, &[&Object])> = sources
         .iter()
         .filter(|(_, candidates)| candidates.len() > 1)
@@ -510,8 +531,13 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             continue;
         }
         live_targets.insert(namespace);
-        let receivable =
-            sources.len() as u32 - names_from.get(namespace.as_str()).copied().unwrap_or(0);
+        let receivable = if rule.source_namespaces.contains(namespace) {
+            sources.values().filter(|c| lands_in(c, namespace)).count() as u32
+        } else if *namespace == rule.key.namespace {
+            sources.len() as u32
+        } else {
+            sources.len() as u32 - pulled_names
+        };
         out.places += receivable;
         // A source namespace counts as a target only where it receives
         // copies of other namespaces' sources.
@@ -519,7 +545,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             out.target_namespaces += 1;
         }
         for (name, candidates) in &shadowing {
-            if from_namespace(candidates, namespace) {
+            if !lands_in(candidates, namespace) {
                 continue;
             }
             for shadowed in &candidates[1..] {
@@ -554,9 +580,10 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 continue;
             };
             out.examined += 1;
-            // A source never lands on its own namespace; in a source namespace
-            // the object of that name is the source itself.
-            if from_namespace(candidates, namespace) {
+            // A source never lands on its own namespace (in a source namespace
+            // the object of that name is the source itself), and a pulled one
+            // only on the rule's namespace.
+            if !lands_in(candidates, namespace) {
                 continue;
             }
             let desired = desired_by_name
@@ -641,7 +668,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             let wanted = live_targets.contains(&*current.namespace)
                 && sources
                     .get(&*current.name)
-                    .is_some_and(|candidates| !from_namespace(candidates, &current.namespace));
+                    .is_some_and(|candidates| lands_in(candidates, &current.namespace));
             // A copy handed over to its namespace is never pruned.
             if prunable && !wanted && !current.create_only {
                 out.actions.push(Action::Delete {
@@ -1105,6 +1132,71 @@ mod tests {
         let r: CopyratorRule = serde_json::from_value(value).unwrap();
         let refused = r.resolve(&Trust::new("ops", true)).unwrap_err();
         assert_eq!(refused.reason, "Forbidden");
+    }
+
+    /// A tenant rule pulls a source of another namespace into its own
+    /// namespace alone, and only while the source allows it.
+    #[test]
+    fn a_tenant_rule_pulls_only_consenting_sources_into_its_own_namespace() {
+        let mut w = World::new(&["team-a", "shared", "team-b", "open"]);
+        w.namespaces.get_mut("open").unwrap().accept_from =
+            NamespaceInfo::accept_from(Some("team-a"));
+        let mut value = json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "namespace": ["team-a", "shared"], "spec": {"targets": {"include": ["*"]}}});
+        value["metadata"] = json!({"name": "r", "namespace": "team-a", "uid": "rule-1"});
+        let r: CopyratorRule = serde_json::from_value(value).unwrap();
+        let tenant = r.resolve(&Trust::new("ops", true)).unwrap();
+        let allow = |to: &str| {
+            let mut o =
+                crate::index::tests::object("shared", "ca", "uid-ca", 1, &[("copy", "yes")]);
+            o.annotations.insert(ANNOTATION_ALLOW_TO.into(), to.into());
+            o.payload.insert("data".into(), json!({"ca.crt": "x"}));
+            o.rehash();
+            Arc::new(o)
+        };
+        // Without consent: the source does not count, nothing is pulled.
+        w.source("shared", "ca", &[("copy", "yes")], json!({"ca.crt": "x"}));
+        w.source("team-a", "own", &[("copy", "yes")], json!({"k": "v"}));
+        let p = w.plan(&tenant);
+        assert_eq!(p.sources, 1, "only the rule's own source");
+        assert_eq!(verbs(&p), vec![("open".into(), "own".into(), "create")]);
+        // With consent for another namespace only: still nothing.
+        w.sources.retain(|s| &*s.name != "ca");
+        w.sources.push(allow("team-b, team-c"));
+        assert_eq!(w.plan(&tenant).sources, 1);
+        // With consent (a glob): into the rule's own namespace, nowhere else,
+        // though `open` accepts the rule's copies.
+        w.sources.retain(|s| &*s.name != "ca");
+        w.sources.push(allow("team-*"));
+        let p = w.plan(&tenant);
+        assert_eq!(p.sources, 2);
+        assert_eq!(
+            verbs(&p),
+            vec![
+                ("open".into(), "own".into(), "create"),
+                ("team-a".into(), "ca".into(), "create")
+            ]
+        );
+        assert_eq!(p.places, 2, "the counts agree with the places");
+        w.apply(&p);
+        assert!(w.plan(&tenant).actions.is_empty(), "converged");
+        // Consent withdrawn: the pulled copy is pruned.
+        w.sources.retain(|s| &*s.name != "ca");
+        w.sources.push(allow("team-b"));
+        assert_eq!(
+            verbs(&w.plan(&tenant)),
+            vec![("team-a".into(), "ca".into(), "delete")]
+        );
+        // The same rule in the operator's namespace needs no consent.
+        let admin = CopyratorRule::resolve(
+            &serde_json::from_value(json!({"metadata": {"name": "r", "namespace": "team-a", "uid": "rule-1"},
+                "ruleType": "configmap", "selector": {"copy": "yes"}, "namespace": ["team-a", "shared"]}))
+            .unwrap(),
+            &Trust::new("team-a", true),
+        )
+        .unwrap();
+        assert!(!admin.tenant);
+        assert_eq!(w.plan(&admin).sources, 2);
     }
 
     #[test]

@@ -313,14 +313,20 @@ fn is_zero(n: &i64) -> bool {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
+    /// `Ready`: every copy the rule wants is in place.
     #[serde(rename = "type")]
     pub type_: String,
     /// `True`, `False` or `Unknown`.
     pub status: String,
+    /// One word for why: `Synced`, `SyncFailed`, `InvalidRule`,
+    /// `Forbidden`, `WaitingForSources`, ...
     pub reason: String,
+    /// What happened, for people.
     pub message: String,
+    /// When `status` last changed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<String>,
+    /// The rule's `metadata.generation` this condition describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }
@@ -331,7 +337,9 @@ pub struct Condition {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ContestedEntry {
+    /// Namespace of the copy.
     pub namespace: String,
+    /// Name of the copy.
     pub name: String,
     /// The field manager (from `managedFields`) that last changed it.
     pub writer: String,
@@ -343,8 +351,11 @@ pub struct ContestedEntry {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ConflictEntry {
+    /// Namespace of the place (or of the source refused).
     pub namespace: String,
+    /// Name of the object.
     pub name: String,
+    /// Why it was skipped.
     pub reason: String,
 }
 
@@ -713,19 +724,9 @@ impl CopyratorRule {
             None | Some(Value::Null) => vec![key.namespace.clone()],
             Some(value) => parse_namespaces(value).map_err(InvalidRule::invalid)?,
         };
-        if trust.all_namespaces
-            && key.namespace != trust.operator_namespace
-            && let Some(other) = source_namespaces.iter().find(|ns| **ns != key.namespace)
-        {
-            return Err(InvalidRule {
-                reason: "Forbidden",
-                message: format!(
-                    "a rule outside the operator's namespace {:?} may only copy from its own namespace {:?}, not from {other:?}",
-                    trust.operator_namespace, key.namespace
-                ),
-            });
-        }
-
+        // A tenant rule may name other source namespaces: what it finds
+        // there is copied only with the source's consent, and only into
+        // its own namespace (see `plan::is_pulled`).
         let tenant = trust.all_namespaces && key.namespace != trust.operator_namespace;
         if tenant && spec.conflict_policy == Some(ConflictPolicy::Overwrite) {
             return Err(InvalidRule {
@@ -1230,14 +1231,15 @@ mod tests {
     }
 
     #[test]
-    fn rules_elsewhere_copy_only_from_their_own_namespace() {
+    fn rules_elsewhere_may_name_other_source_namespaces_as_tenants() {
         let all = Trust::new("copyrator", true);
         let foreign = rule(
             json!({"metadata": {"name": "r", "namespace": "team-a"}, "ruleType": "secret", "selector": {"a": "b"}, "namespace": "kube-system"}),
         );
-        let err = foreign.resolve(&all).unwrap_err();
-        assert_eq!(err.reason, "Forbidden");
-        assert!(err.message.contains("kube-system"));
+        // Valid: what it finds there needs the source's consent (plan.rs).
+        let pulling = foreign.resolve(&all).unwrap();
+        assert!(pulling.tenant);
+        assert_eq!(pulling.source_namespaces, vec!["kube-system"]);
         let own = rule(
             json!({"metadata": {"name": "r", "namespace": "team-a"}, "ruleType": "secret", "selector": {"a": "b"}}),
         );

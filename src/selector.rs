@@ -325,6 +325,19 @@ pub fn validate_data_key(key: &str) -> Result<(), String> {
     }
 }
 
+/// A comma-separated list of namespace names or globs, as consent
+/// annotations hold it; entries that are no valid glob are ignored (they
+/// match nothing).
+pub fn glob_list(annotation: Option<&str>) -> Vec<Glob> {
+    annotation
+        .into_iter()
+        .flat_map(|a| a.split(','))
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .filter_map(|p| Glob::new(p).ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::collections::BTreeMap;
+
 use chrono::Utc;
 use common::audit::{Audit, Query, WRITE_VERBS};
 use common::*;
@@ -1261,6 +1263,85 @@ async fn kubectl_get_copyr_shows_printer_columns() {
     assert_eq!(cell("SOURCES"), Some("1"), "{text}");
     assert_eq!(cell("COPIES"), Some("1"), "{text}");
     assert_eq!(cell("READY"), Some("True"), "{text}");
+    assert!(
+        !header.contains(&"TARGETS"),
+        "the wide columns stay out of the plain listing:\n{text}"
+    );
+
+    // A foreign object in a second target: a conflict, counted in the wide
+    // listing, and its Event shown by `kubectl describe`.
+    let t2 = t.ns("t2").await;
+    t.create_plain(CM, &t2, "a", &[], &[("k", "theirs")]).await;
+    let rule = t
+        .wait_rule(&op, "r", "one conflict counted", |r| {
+            if status_u64(r, "conflictCount") == Some(1) {
+                Ok(())
+            } else {
+                Err(short_status(r))
+            }
+        })
+        .await;
+    let ready_reason = rule
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|c| c["reason"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let text = kubectl(&["get", "copyr", "-n", &op, "-o", "wide"]);
+    let table = columns(&text);
+    let wide_cell = |col: &str| table.get(col).cloned();
+    assert_eq!(wide_cell("TARGETS").as_deref(), Some("2"), "{text}");
+    assert_eq!(wide_cell("CONFLICTS").as_deref(), Some("1"), "{text}");
+    assert_eq!(wide_cell("CONTESTED").as_deref(), Some("0"), "{text}");
+    assert_eq!(
+        wide_cell("REASON").as_deref(),
+        Some(ready_reason.as_str()),
+        "{text}"
+    );
+
+    let described = kubectl(&["describe", "copyr", "r", "-n", &op]);
+    let event_reasons: Vec<&str> = described
+        .lines()
+        .skip_while(|line| !line.starts_with("Events:"))
+        .skip(3) // "Events:", the header and its underline
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .collect();
+    assert!(
+        event_reasons.contains(&"ConflictSkipped"),
+        "`kubectl describe` lists no ConflictSkipped Event: {event_reasons:?}\n{described}"
+    );
+}
+
+/// Runs kubectl and returns its standard output; panics when it fails.
+fn kubectl(args: &[&str]) -> String {
+    let out = std::process::Command::new("kubectl")
+        .args(args)
+        .output()
+        .expect("kubectl on PATH (eval \"$(hack/cluster up)\")");
+    assert!(
+        out.status.success(),
+        "kubectl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The first row of a `kubectl get` table, by column header.
+fn columns(text: &str) -> BTreeMap<String, String> {
+    let mut lines = text.lines();
+    let header = lines.next().unwrap_or_default();
+    let row: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    header
+        .split_whitespace()
+        .zip(row)
+        .map(|(h, v)| (h.to_owned(), v.to_owned()))
+        .collect()
 }
 
 // --- more of "a rule changes" ---------------------------------------------------------

@@ -59,7 +59,7 @@ async fn rule_outside_the_operator_namespace_is_ignored_by_default() {
 /// with `--rule-name` too: an `--all-namespaces` operator must not adopt the
 /// rules of whatever else lives in the cluster.
 #[tokio::test]
-async fn all_namespaces_lets_a_foreign_rule_copy_only_from_its_own_namespace() {
+async fn all_namespaces_lets_a_foreign_rule_pull_only_what_consents_into_its_own_namespace() {
     let _exclusive = CLUSTER_WIDE.write().await;
     let t = TestNs::new("all-namespaces").await;
     let rule = t.prefix.clone();
@@ -70,9 +70,10 @@ async fn all_namespaces_lets_a_foreign_rule_copy_only_from_its_own_namespace() {
     let src = t.ns("src").await;
     let t1 = t.ns("t1").await;
     let which = |w: &str| json!({TEST_LABEL: t.prefix, "which": w});
-    // Outside the operator's namespace, naming another source namespace: refused.
+    // Outside the operator's namespace, naming another source namespace: it
+    // pulls from there only what consents, and only into its own namespace.
     let reach = with(
-        rule_spec(CM, which("reach"), &[t.glob("t")]),
+        rule_spec(CM, which("reach"), &[t.glob("t"), reach_ns.clone()]),
         "/spec/namespace",
         json!(src),
     );
@@ -96,8 +97,9 @@ async fn all_namespaces_lets_a_foreign_rule_copy_only_from_its_own_namespace() {
     );
     t.create_rule(&op, &rule, from_src).await;
 
-    // A tenant rule writes only where it is accepted.
-    accept_from(&t, &t1, &own_ns).await;
+    // A tenant rule writes only where it is accepted (t1 accepts the
+    // pulling rules too: a pulled source still lands only at home).
+    accept_from(&t, &t1, &format!("{own_ns},{reach_ns},{list_ns}")).await;
     let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
     let labels = |w: &'static str| [(TEST_LABEL, t.prefix.as_str()), ("which", w)];
     let stolen = t
@@ -112,37 +114,82 @@ async fn all_namespaces_lets_a_foreign_rule_copy_only_from_its_own_namespace() {
     t.wait_copy(CM, &t1, &own, &own_ns, &rule).await;
     t.wait_copy(CM, &t1, &shared, &op, &rule).await;
 
+    // Without the source's consent the pulling rules find nothing: valid,
+    // ready, no source, no copy.
     for ns in [&reach_ns, &list_ns] {
         let r = t
-            .wait_rule(ns, &rule, "Ready False with a message", |r| {
-                let c = ready_condition(r).ok_or_else(|| short_status(r))?;
-                if c["status"] == "False" && c["message"].as_str().is_some_and(|m| !m.is_empty()) {
-                    Ok(())
-                } else {
-                    Err(short_status(r))
+            .wait_rule(ns, &rule, "Ready True with no source", |r| {
+                is_ready(r)?;
+                match status_u64(r, "sources") {
+                    Some(0) => Ok(()),
+                    _ => Err(short_status(r)),
                 }
             })
             .await;
-        eprintln!("{ns}: {}", ready_condition(&r).unwrap());
         let uid = r["metadata"]["uid"].as_str().unwrap();
         assert!(
             t.list_labelled(CM, LABEL_RULE_UID, uid).await.is_empty(),
-            "rule {ns}/{rule} made copies"
+            "rule {ns}/{rule} made copies without consent"
         );
     }
-    t.assert_absent(
-        CM,
-        &t1,
-        &stolen.name,
-        "a foreign rule may not copy from another namespace",
-    )
-    .await;
-    for ns in [&op, &own_ns] {
+    for ns in [&t1, &op, &own_ns, &reach_ns, &list_ns] {
         assert!(
             t.get(CM, ns, "stolen").await.is_none(),
-            "stolen copied into {ns}"
+            "stolen copied into {ns} without its consent"
         );
     }
+
+    // The source consents to reach_ns (by a glob): pulled into reach_ns
+    // alone, not into t1, and not by the rule of list_ns.
+    let allow_to =
+        |to: &str| json!({"metadata": {"annotations": {"copyrator.flant.com/allow-to": to}}});
+    // A list with a glob that matches reach_ns ("...-o1") and not list_ns.
+    let glob = format!("nobody, *{}", &reach_ns[reach_ns.len() - 3..]);
+    t.cms(&src)
+        .patch(
+            &stolen.name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(allow_to(&glob)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("annotating the source: {}", err_msg(&e)));
+    // The consent itself does not travel (Copyrator's own annotations never do).
+    let reach_uid = t.rule_uid(&reach_ns, &rule).await;
+    let pulled = t
+        .wait_obj(CM, &reach_ns, &stolen.name, "the pulled copy", |o| {
+            o.data_is(&[("k", "v")])?;
+            if o.label(LABEL_RULE_UID) != Some(reach_uid.as_str()) {
+                return Err(format!("rule uid {:?}", o.label(LABEL_RULE_UID)));
+            }
+            Ok(())
+        })
+        .await;
+    assert_eq!(pulled.annotation("copyrator.flant.com/allow-to"), None);
+    t.wait_rule(&reach_ns, &rule, "one source, one copy", |r| {
+        match (status_u64(r, "sources"), status_u64(r, "copies")) {
+            (Some(1), Some(1)) => Ok(()),
+            _ => Err(short_status(r)),
+        }
+    })
+    .await;
+    for ns in [&t1, &list_ns] {
+        assert!(
+            t.get(CM, ns, "stolen").await.is_none(),
+            "a pulled source landed in {ns}"
+        );
+    }
+
+    // Consent withdrawn: the pulled copy goes.
+    t.cms(&src)
+        .patch(
+            &stolen.name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(allow_to("nobody")),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("annotating the source: {}", err_msg(&e)));
+    t.wait_gone(CM, &reach_ns, "stolen", "the source no longer consents")
+        .await;
     operator.assert_running();
 }
 
