@@ -51,25 +51,11 @@ async fn metrics(port: u16) -> Result<String, String> {
     }
 }
 
-/// The sum of every series of the family `name` (None: no series).
-fn family(text: &str, name: &str) -> Option<f64> {
-    let values: Vec<f64> = text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse().ok())
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
-}
-
 /// (`copyrator_leader`, sum of `copyrator_api_writes_total`) of one process.
 async fn gauge_and_writes(port: u16) -> Result<(f64, f64), String> {
     let text = metrics(port).await?;
-    let leader = family(&text, "copyrator_leader").ok_or("no copyrator_leader series")?;
-    let writes = family(&text, "copyrator_api_writes_total").unwrap_or(0.0);
+    let leader = metric_family(&text, "copyrator_leader").ok_or("no copyrator_leader series")?;
+    let writes = metric_family(&text, "copyrator_api_writes_total").unwrap_or(0.0);
     Ok((leader, writes))
 }
 

@@ -855,26 +855,13 @@ async fn deleting_rules_one_by_one_leaves_exactly_the_others_copies() {
     );
 }
 
-/// The sum of every series of the metric family `name` in Prometheus text.
-fn metric(text: &str, name: &str) -> Option<f64> {
-    let values: Vec<f64> = text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse().ok())
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
-}
-
 async fn copies_examined(port: u16) -> f64 {
     let (code, text) = http_get(port, "/metrics")
         .await
         .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
     assert_eq!(code, 200, "GET /metrics");
-    metric(&text, "copyrator_copies_examined_total").expect("copyrator_copies_examined_total")
+    metric_family(&text, "copyrator_copies_examined_total")
+        .expect("copyrator_copies_examined_total")
 }
 
 /// A new namespace costs the copies that belong in it, and a changed

@@ -1508,6 +1508,21 @@ impl Drop for Operator {
 }
 
 /// A minimal HTTP/1.1 GET against 127.0.0.1:port: (status code, body).
+/// The sum of every series of the metric family `name` in Prometheus text
+/// (None: no series).
+pub fn metric_family(text: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
 pub async fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let fut = async {
