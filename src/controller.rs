@@ -78,6 +78,11 @@ async fn work_on(shared: &Arc<Shared>, key: RuleKey, scope: Scope) {
             }
         }
     };
+    if !read(&shared.rules).contains_key(&key) {
+        // Gone while its pass ran: nothing of it stays behind.
+        shared.drop_memory(&key);
+        return;
+    }
     match result {
         Ok(requeue) => {
             shared.metrics.reconciled("success");

@@ -235,13 +235,6 @@ pub fn source_rejection(rule: &ResolvedRule, object: &Object) -> Option<&'static
     if object.labels.contains_key(LABEL_RULE_UID) {
         return Some("it is a copy made by Copyrator");
     }
-    if rule
-        .policy
-        .refuses_type(rule.kind, object.object_type())
-        .is_some()
-    {
-        return Some("its type is not copied");
-    }
     if !rule
         .source_namespaces
         .iter()
@@ -255,8 +248,19 @@ pub fn source_rejection(rule: &ResolvedRule, object: &Object) -> Option<&'static
     if is_pulled(rule, object) && !allows_to(object, &rule.key.namespace) {
         return Some("it does not allow copies into the rule's namespace");
     }
+    // Last: only an object that would be a source is worth naming as refused.
+    if rule
+        .policy
+        .refuses_type(rule.kind, object.object_type())
+        .is_some()
+    {
+        return Some(NOT_COPIED_TYPE);
+    }
     None
 }
+
+/// [`source_rejection`]'s reason for a source of a type that is not copied.
+const NOT_COPIED_TYPE: &str = "its type is not copied";
 
 /// Whether `source` comes to a tenant rule from another namespace: it is
 /// copied only with its consent, and only into the rule's own namespace.
@@ -479,15 +483,18 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
     // Sources by name, in source-namespace order: the first namespace wins a name.
     let mut sources: BTreeMap<&str, Vec<&Object>> = BTreeMap::new();
     for source in inputs.sources.iter() {
-        if let Some(why) = rule.policy.refuses_type(rule.kind, source.object_type())
-            && !source.labels.contains_key(LABEL_RULE_UID)
-        {
-            out.refused_sources
-                .push((format!("{}/{}", source.namespace, source.name), why));
-            continue;
-        }
-        if source_rejection(rule, source).is_some() {
-            continue;
+        match source_rejection(rule, source) {
+            None => {}
+            // A source the rule would copy but for its type (never one that
+            // a tenant rule may not see: that is rejected before).
+            Some(NOT_COPIED_TYPE) => {
+                if let Some(why) = rule.policy.refuses_type(rule.kind, source.object_type()) {
+                    out.refused_sources
+                        .push((format!("{}/{}", source.namespace, source.name), why));
+                }
+                continue;
+            }
+            Some(_) => continue,
         }
         sources.entry(&source.name).or_default().push(source);
         out.sources += 1;
@@ -766,7 +773,15 @@ pub fn occupied(
 ) -> Occupied {
     if let Some(uid) = existing.rule_uid() {
         if desired.labels.get(LABEL_RULE_UID).map(String::as_str) == Some(uid) {
-            return Occupied::Ours;
+            // Ours and right; ours but stale (the cache was behind) is updated.
+            if desired.is_satisfied_by(existing) {
+                return Occupied::Ours;
+            }
+            return if desired.needs_recreate(existing) {
+                Occupied::Recreate
+            } else {
+                Occupied::Update
+            };
         }
         // Handed over to its namespace by the rule that made it: no rule
         // takes it, not even a later one of the same name.
@@ -1199,6 +1214,59 @@ mod tests {
         assert_eq!(w.plan(&admin).sources, 2);
     }
 
+    /// A tenant rule learns nothing of another namespace's objects that do
+    /// not consent: not even the names of those of a type never copied.
+    #[test]
+    fn a_tenant_rule_names_no_object_of_a_namespace_without_its_consent() {
+        let mut w = World::new(&["team-a", "kube-system"]);
+        let mut token =
+            crate::index::tests::object("kube-system", "token", "uid-t", 1, &[("a", "b")]);
+        token
+            .payload
+            .insert("type".into(), json!("kubernetes.io/service-account-token"));
+        token.rehash();
+        w.sources.push(Arc::new(token));
+        let r: CopyratorRule = serde_json::from_value(json!({
+            "metadata": {"name": "r", "namespace": "team-a", "uid": "rule-1"},
+            "ruleType": "secret", "selector": {"a": "b"}, "namespace": "kube-system"}))
+        .unwrap();
+        let tenant = r.resolve(&Trust::new("ops", true)).unwrap();
+        let p = w.plan(&tenant);
+        assert!(p.refused_sources.is_empty(), "{:?}", p.refused_sources);
+        assert_eq!(p.sources, 0);
+        // The operator's own rule is told why the token is not copied.
+        let admin = r.resolve(&Trust::new("team-a", true)).unwrap();
+        assert_eq!(w.plan(&admin).refused_sources.len(), 1);
+    }
+
+    /// A create that meets an object of this rule takes it as written only
+    /// when it is right; a stale one (the cache was behind) is updated.
+    #[test]
+    fn a_create_that_finds_its_own_stale_copy_updates_it() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "old"}));
+        let r = simple_rule();
+        let first = w.plan(&r);
+        w.apply(&first);
+        let stale = w.copies.get("a", "cm").unwrap().clone();
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "new"}));
+        let Some(Action::Update { desired, .. }) = w.plan(&r).actions.first().cloned() else {
+            panic!("an update of a/cm")
+        };
+        assert_eq!(
+            occupied(&desired, &stale, ConflictPolicy::Skip, "src/r"),
+            Occupied::Update
+        );
+        let fresh = w.plan(&r);
+        w.apply(&fresh);
+        let right = w.copies.get("a", "cm").unwrap().clone();
+        assert_eq!(
+            occupied(&desired, &right, ConflictPolicy::Skip, "src/r"),
+            Occupied::Ours
+        );
+    }
+
     #[test]
     fn the_namespaces_left_out_are_those_the_counts_count() {
         let mut w = World::new(&["src", "a", "kube-system", "kube-public", "closed", "open"]);
@@ -1265,6 +1333,7 @@ mod tests {
             copy.rehash();
             copy
         };
+        // This rule's own copy, but not as it should be: brought up to date.
         assert_eq!(
             occupied(
                 &desired,
@@ -1272,7 +1341,7 @@ mod tests {
                 ConflictPolicy::Skip,
                 "src/r"
             ),
-            Occupied::Ours
+            Occupied::Update
         );
         // Another rule's copy is never taken, whatever the policy.
         assert_eq!(

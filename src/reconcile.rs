@@ -819,7 +819,11 @@ async fn run_plan(
 
     // Copies that failed before, where this pass did not look: they still
     // wait, and the status says so as a pass over everything would.
-    let failed_before = if scope.is_everything() {
+    let failed_before = if scope.is_everything()
+        || !lock(&shared.memory)
+            .get(&resolved.key)
+            .is_some_and(|m| m.tally.has_unwritten())
+    {
         Vec::new()
     } else {
         lock(&shared.backoffs).failures(&resolved.key)
@@ -828,7 +832,7 @@ async fn run_plan(
         let memory = lock(&shared.memory);
         let tally = memory.get(&resolved.key).map(|m| &m.tally);
         for ((kind, namespace, name), failure, retry_at) in failed_before {
-            let still_unwritten = tally.is_some_and(|t| t.holds(&namespace, &name));
+            let still_unwritten = tally.is_some_and(|t| t.is_unwritten(&namespace, &name));
             if kind == resolved.kind && !scope.covers(&namespace, &name) && still_unwritten {
                 pass.retry_no_later_than(retry_at);
                 pass.deferred
@@ -893,6 +897,8 @@ async fn run_plan(
                 }
             }
             Outcome::Conflict(reason) => {
+                // No write is owed there any more: an earlier failure is moot.
+                lock(&shared.backoffs).succeeded(&copy);
                 new_conflicts.push(((namespace.to_owned(), name.to_owned()), reason));
             }
             Outcome::Failed(failure) => {

@@ -283,14 +283,21 @@ impl Shared {
             .source_watches
             .set(lock(&self.sources).watch_count() as i64);
         lock(&self.backoffs).forget_rule(key);
+        self.drop_memory(key);
+        self.metrics
+            .copies_contested
+            .set(lock(&self.backoffs).contested_total() as i64);
+    }
+
+    /// Drop what is held for a rule that is gone: its memory (with its share
+    /// of the gauges) and anything queued for it. A pass that was under way
+    /// when the rule went may have brought its memory back.
+    pub fn drop_memory(&self, key: &RuleKey) {
         self.queue.forget(key);
         if let Some(memory) = lock(&self.memory).remove(key) {
             self.metrics.copies_managed.dec_by(memory.copies);
             self.metrics.conflicts_skipped.dec_by(memory.conflicts);
         }
-        self.metrics
-            .copies_contested
-            .set(lock(&self.backoffs).contested_total() as i64);
     }
 
     /// Queue the rules a change of namespace `name` concerns, for that
@@ -317,6 +324,21 @@ impl Shared {
         drop(resolved);
         for (key, touch) in concerned {
             self.queue.add(key, touch);
+        }
+    }
+
+    /// A copy at `(namespace, name)` changed or went: the rules that skipped
+    /// that place as a conflict (another rule's copy was there, or one
+    /// handed over) look at it again.
+    pub fn copy_place_changed(&self, namespace: &str, name: &str) {
+        let conflicting: Vec<RuleKey> = lock(&self.memory)
+            .iter()
+            .filter(|(_, memory)| memory.tally.is_conflict(namespace, name))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in conflicting {
+            self.queue
+                .add(key, Touch::Copy(namespace.to_owned(), name.to_owned()));
         }
     }
 

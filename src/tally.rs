@@ -27,6 +27,7 @@ pub struct Tally {
     places: HashMap<Place, Unsettled>,
     conflicts: usize,
     unwritten: usize,
+    unwritten_deletes: usize,
 }
 
 impl Tally {
@@ -96,10 +97,26 @@ impl Tally {
             .map(|(ns, name)| (ns.as_str(), name.as_str()))
     }
 
-    /// Whether the place at `(namespace, name)` is unsettled.
-    pub fn holds(&self, namespace: &str, name: &str) -> bool {
-        self.places
-            .contains_key(&(namespace.to_owned(), name.to_owned()))
+    /// Whether a write at `(namespace, name)` is still to be made.
+    pub fn is_unwritten(&self, namespace: &str, name: &str) -> bool {
+        matches!(
+            self.places.get(&(namespace.to_owned(), name.to_owned())),
+            Some(Unsettled::Unwritten | Unsettled::UnwrittenDelete)
+        )
+    }
+
+    /// Whether `(namespace, name)` is a conflict of this rule.
+    pub fn is_conflict(&self, namespace: &str, name: &str) -> bool {
+        self.conflicts > 0
+            && matches!(
+                self.places.get(&(namespace.to_owned(), name.to_owned())),
+                Some(Unsettled::Conflict(_))
+            )
+    }
+
+    /// Whether any write is still to be made.
+    pub fn has_unwritten(&self) -> bool {
+        self.unwritten + self.unwritten_deletes > 0
     }
 
     pub fn conflict_count(&self) -> usize {
@@ -125,22 +142,23 @@ impl Tally {
         let counter = match state {
             Unsettled::Conflict(_) => &mut self.conflicts,
             Unsettled::Unwritten => &mut self.unwritten,
-            Unsettled::UnwrittenDelete => return,
+            Unsettled::UnwrittenDelete => &mut self.unwritten_deletes,
         };
         *counter = counter.saturating_add_signed(by);
     }
 
     fn recount(&mut self) {
-        let (mut conflicts, mut unwritten) = (0, 0);
+        let (mut conflicts, mut unwritten, mut deletes) = (0, 0, 0);
         for state in self.places.values() {
             match state {
                 Unsettled::Conflict(_) => conflicts += 1,
                 Unsettled::Unwritten => unwritten += 1,
-                Unsettled::UnwrittenDelete => {}
+                Unsettled::UnwrittenDelete => deletes += 1,
             }
         }
         self.conflicts = conflicts;
         self.unwritten = unwritten;
+        self.unwritten_deletes = deletes;
     }
 }
 
@@ -164,9 +182,14 @@ mod tests {
         assert_eq!(tally.places().count(), 2, "b and c stay");
         tally.set("b", "cm", Unsettled::Unwritten);
         assert_eq!((tally.unwritten_count(), tally.conflict_count()), (1, 0));
+        assert!(tally.is_unwritten("b", "cm") && !tally.is_conflict("b", "cm"));
         tally.settle("b", "cm");
         tally.settle("b", "cm");
         assert_eq!(tally.unwritten_count(), 0, "settled once");
+        assert!(tally.has_unwritten(), "c's delete is still to be made");
+        tally.set("c", "old", Unsettled::Conflict("taken".into()));
+        assert!(tally.is_conflict("c", "old") && !tally.is_unwritten("c", "old"));
+        assert!(!tally.has_unwritten());
         tally.clear(&Scope::everything());
         assert!(tally.is_empty());
     }

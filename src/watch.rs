@@ -317,6 +317,9 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
                         shared.queue.add(key, touch.clone());
                     }
                 }
+                if let Touch::Copy(namespace, name) = &touch {
+                    shared.copy_place_changed(namespace, name);
+                }
             },
         )
         .await;

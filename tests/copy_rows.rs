@@ -1113,6 +1113,42 @@ async fn conflict(kind: Kind, test: &str) {
     .await;
 }
 
+/// Two rules want one place: the first to write keeps it, the other reports
+/// a conflict. Once the first rule is deleted (its copy with it), the other
+/// writes its own copy there at once, not at the next resync (5 min).
+#[tokio::test]
+async fn a_place_another_rule_frees_is_taken_at_once() {
+    let t = TestNs::new("freed").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    t.create_rule(&op, "first", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let _operator = Operator::start(&t, &op, &[]);
+    let s = t.create_source(CM, &op, "s", &[], &[("k", "v")]).await;
+    t.wait_copy(CM, &t1, &s, &op, "first").await;
+    t.create_rule(&op, "second", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    t.wait_rule(
+        &op,
+        "second",
+        "the place taken by the first rule",
+        |r| match status_u64(r, "conflictCount") {
+            Some(1) => Ok(()),
+            _ => Err(short_status(r)),
+        },
+    )
+    .await;
+    t.delete_rule(&op, "first").await;
+    t.wait_copy(CM, &t1, &s, &op, "second").await;
+    t.wait_rule(&op, "second", "no conflict left", |r| {
+        match (status_u64(r, "conflictCount"), status_u64(r, "copies")) {
+            (Some(0), Some(1)) => Ok(()),
+            _ => Err(short_status(r)),
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn configmap_foreign_object_is_reported_then_overwritten() {
     conflict(CM, "cm-conflict").await;
