@@ -1329,12 +1329,7 @@ async fn operator_limited_to_configmaps_never_touches_secrets() {
     t.wait_rule_ready(&op, "cms").await;
     let secrets_rule = t
         .wait_rule(&op, "secrets", "Ready False, InvalidRule", |r| {
-            let ready = ready_condition(r).ok_or_else(|| short_status(r))?;
-            if ready["status"] == "False" && ready["reason"] == "InvalidRule" {
-                Ok(())
-            } else {
-                Err(short_status(r))
-            }
+            not_ready_because(r, "InvalidRule")
         })
         .await;
     println!(

@@ -246,12 +246,7 @@ async fn plan_of_an_invalid_rule_fails_with_its_status_message() {
     let mut operator = Operator::start(&t, &op, &[]);
     let refused = t
         .wait_rule(&op, "bad", "Ready False, InvalidRule", |r| {
-            let ready = ready_condition(r).ok_or_else(|| short_status(r))?;
-            if ready["status"] == "False" && ready["reason"] == "InvalidRule" {
-                Ok(())
-            } else {
-                Err(short_status(r))
-            }
+            not_ready_because(r, "InvalidRule")
         })
         .await;
     operator.stop();

@@ -1304,10 +1304,10 @@ async fn kubectl_get_copyr_shows_printer_columns() {
         "the wide columns stay out of the plain listing:\n{text}"
     );
 
-    // A foreign object in a second target: a conflict, counted in the wide
-    // listing, and its Event shown by `kubectl describe`.
-    let t2 = t.ns("t2").await;
-    t.create_plain(CM, &t2, "a", &[], &[("k", "theirs")]).await;
+    // A foreign object where a second source's copy would go: a conflict,
+    // counted in the wide listing, and its Event shown by `kubectl describe`.
+    t.create_plain(CM, &t1, "b", &[], &[("k", "theirs")]).await;
+    t.create_source(CM, &op, "b", &[], &[("k", "b")]).await;
     let rule = t
         .wait_rule(&op, "r", "one conflict counted", |r| {
             if status_u64(r, "conflictCount") == Some(1) {
@@ -1327,7 +1327,7 @@ async fn kubectl_get_copyr_shows_printer_columns() {
     let text = kubectl(&["get", "copyr", "-n", &op, "-o", "wide"]);
     let table = columns(&text);
     let wide_cell = |col: &str| table.get(col).cloned();
-    assert_eq!(wide_cell("TARGETS").as_deref(), Some("2"), "{text}");
+    assert_eq!(wide_cell("TARGETS").as_deref(), Some("1"), "{text}");
     assert_eq!(wide_cell("CONFLICTS").as_deref(), Some("1"), "{text}");
     assert_eq!(wide_cell("CONTESTED").as_deref(), Some("0"), "{text}");
     assert_eq!(

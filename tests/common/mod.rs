@@ -516,6 +516,16 @@ pub fn short_status(rule: &Value) -> String {
     )
 }
 
+/// Ready False with `reason`.
+pub fn not_ready_because(rule: &Value, reason: &str) -> Result<(), String> {
+    let ready = ready_condition(rule).ok_or_else(|| short_status(rule))?;
+    if ready["status"] == "False" && ready["reason"] == reason {
+        Ok(())
+    } else {
+        Err(short_status(rule))
+    }
+}
+
 /// Ready True for the current generation.
 pub fn is_ready(rule: &Value) -> Result<(), String> {
     let generation = rule.pointer("/metadata/generation").and_then(Value::as_i64);
