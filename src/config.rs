@@ -83,7 +83,8 @@ pub struct Settings {
     pub rule_name: Option<String>,
 
     /// Honour rules in every namespace; a rule outside the operator's
-    /// namespace may then copy only from its own namespace.
+    /// namespace (a tenant rule) then writes only where it is accepted and
+    /// takes from other namespaces only what consents.
     #[arg(long, env = "ALL_NAMESPACES", default_value_t = false, global = true)]
     pub all_namespaces: bool,
 

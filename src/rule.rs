@@ -386,7 +386,7 @@ impl std::fmt::Display for RuleKey {
 pub struct Trust {
     /// The operator's own namespace.
     pub operator_namespace: String,
-    /// Honour rules in every namespace (each may then copy only from its own).
+    /// Honour rules in every namespace (those of other namespaces as tenants).
     pub all_namespaces: bool,
     /// What the settings allow every rule.
     pub policy: Arc<CopyPolicy>,
