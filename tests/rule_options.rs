@@ -101,19 +101,27 @@ fn not_ready(rule: &Value, reason: &str, words: &[&str]) -> Result<(), String> {
 
 // --- syncPolicy: CreateOnly ------------------------------------------------------
 
+/// The operator's namespace, a namespace `once1` that rule `once` fills
+/// with `CreateOnly`, and `sync1` that rule `sync` fills with `Sync` from
+/// the same sources (a witness that each change was seen).
+async fn once_and_sync_rules(t: &TestNs) -> (String, String, String) {
+    let op = t.ns("op").await;
+    let once = t.ns("once1").await;
+    let synced = t.ns("sync1").await;
+    t.create_rule(&op, "once", create_only_spec(t, CM, &[t.glob("once")]))
+        .await;
+    t.create_rule(&op, "sync", rule_spec(CM, t.selector(), &[t.glob("sync")]))
+        .await;
+    (op, once, synced)
+}
+
 /// A copy made once is never updated: not when someone edits it, not when
 /// the source changes; and it stays when the source is deleted. A `Sync`
 /// rule over the same source shows each change was seen.
 #[tokio::test]
 async fn create_only_copies_survive_edits_source_changes_and_source_deletion() {
     let t = TestNs::new("once-edits").await;
-    let op = t.ns("op").await;
-    let once = t.ns("once1").await;
-    let synced = t.ns("sync1").await;
-    t.create_rule(&op, "once", create_only_spec(&t, CM, &[t.glob("once")]))
-        .await;
-    t.create_rule(&op, "sync", rule_spec(CM, t.selector(), &[t.glob("sync")]))
-        .await;
+    let (op, once, synced) = once_and_sync_rules(&t).await;
     let _operator = Operator::start(&t, &op, &[]);
     let source = t
         .create_source(CM, &op, "cfg", &[], &[("k", "v"), ("other", "1")])
@@ -336,13 +344,7 @@ async fn create_only_copies_survive_leaving_the_targets_and_rule_deletion() {
 #[tokio::test]
 async fn copies_handed_over_are_not_collected_as_orphans() {
     let t = TestNs::new("once-orphans").await;
-    let op = t.ns("op").await;
-    let once = t.ns("once1").await;
-    let synced = t.ns("sync1").await;
-    t.create_rule(&op, "once", create_only_spec(&t, CM, &[t.glob("once")]))
-        .await;
-    t.create_rule(&op, "sync", rule_spec(CM, t.selector(), &[t.glob("sync")]))
-        .await;
+    let (op, once, synced) = once_and_sync_rules(&t).await;
     let mut operator = Operator::start(&t, &op, &[]);
     let source = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
     let copy = wait_handed_over(&t, CM, &once, &source, &op, "once").await;
