@@ -148,4 +148,39 @@ pub fn signal(operator: &Operator, signal: &str) {
         .status()
         .is_ok_and(|s| s.success());
     assert!(ok, "kill -{signal} {pid} failed");
+    if signal == "STOP" {
+        wait_all_threads_stopped(&pid);
+    }
+}
+
+/// `kill` returns once SIGSTOP is queued; the threads stop only when the
+/// one picked to take it gets scheduled, which on a loaded machine can be
+/// tens of milliseconds later. Until then the process keeps working.
+fn wait_all_threads_stopped(pid: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let states = thread_states(pid);
+        if !states.is_empty() && states.iter().all(|s| matches!(s, 'T' | 'Z')) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} not stopped 10 s after SIGSTOP: thread states {states:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// The state letter of each thread of `pid`, from /proc/PID/task/*/stat
+/// (the field after the parenthesised command name).
+fn thread_states(pid: &str) -> Vec<char> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.ok()?.path().join("stat")).ok()?;
+            stat.rsplit_once(')')?.1.trim_start().chars().next()
+        })
+        .collect()
 }
