@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::client::Transport;
-use crate::kinds::Kind;
+use crate::kinds::{DeniedKinds, EnabledKinds};
 use crate::rule::CopyPolicy;
 
 #[derive(Debug, Parser)]
@@ -148,8 +148,10 @@ pub struct Settings {
     #[arg(long, env = "API_BURST", default_value_t = 2000, global = true)]
     pub api_burst: u32,
 
-    /// Kinds the operator copies (`configmap`, `secret`): it watches, lists
-    /// and writes only these, so RBAC needs no verb on the others.
+    /// Kinds the operator copies: `configmap`, `secret`, `Kind.group` (such
+    /// as `RoleBinding.rbac.authorization.k8s.io`), `Kind` for the core
+    /// group (`ServiceAccount`), or `*` for every kind not denied. It
+    /// watches, lists and writes only these, so RBAC needs no verb on others.
     #[arg(
         long,
         env = "KINDS",
@@ -158,6 +160,17 @@ pub struct Settings {
         global = true
     )]
     pub kinds: Vec<String>,
+
+    /// Kinds never copied, whatever --kinds says: `Kind` (in every API
+    /// group) or `Kind.group`. CopyratorRules are never copied either.
+    #[arg(
+        long,
+        env = "DENIED_KINDS",
+        value_delimiter = ',',
+        default_value = crate::kinds::DENIED_KINDS,
+        global = true
+    )]
+    pub denied_kinds: Vec<String>,
 
     /// Namespaces (names or globs) that no glob, selector or default of a
     /// rule reaches: only an exact name in `targets.include`. The operator's
@@ -216,28 +229,14 @@ impl Settings {
             &self.secret_types,
         )?;
         policy.kinds = self.enabled_kinds()?;
+        policy.denied_kinds =
+            DeniedKinds::parse(&self.denied_kinds).map_err(|e| format!("--denied-kinds: {e}"))?;
         Ok(policy)
     }
 
     /// The kinds `--kinds` enables.
-    pub fn enabled_kinds(&self) -> Result<Vec<Kind>, String> {
-        let mut kinds = Vec::new();
-        for name in self
-            .kinds
-            .iter()
-            .map(|k| k.trim())
-            .filter(|k| !k.is_empty())
-        {
-            let kind = Kind::from_rule_type(&name.to_ascii_lowercase())
-                .ok_or_else(|| format!("--kinds: unknown kind {name:?} (configmap or secret)"))?;
-            if !kinds.contains(&kind) {
-                kinds.push(kind);
-            }
-        }
-        if kinds.is_empty() {
-            return Err("--kinds must name at least one kind (configmap, secret)".into());
-        }
-        Ok(kinds)
+    pub fn enabled_kinds(&self) -> Result<EnabledKinds, String> {
+        EnabledKinds::parse(&self.kinds).map_err(|e| format!("--kinds: {e}"))
     }
 
     pub fn validate(&self) -> Result<(), String> {

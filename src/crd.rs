@@ -194,7 +194,7 @@ fn root_schema() -> Value {
         "{SELECTOR_DESCRIPTION} Original form; `spec.selector` wins."
     ));
     json!({
-        "description": "Copies ConfigMaps or Secrets that match a selector into other namespaces and keeps the copies true.",
+        "description": "Copies ConfigMaps, Secrets or objects of any namespaced kind that match a selector into other namespaces and keeps the copies true.",
         "type": "object",
         "properties": {
             "apiVersion": {"type": "string"},
@@ -209,8 +209,12 @@ fn root_schema() -> Value {
         },
         "x-kubernetes-validations": [
             {
-                "rule": "has(self.ruleType) || (has(self.spec) && has(self.spec.ruleType))",
-                "message": "ruleType is required: set ruleType (or spec.ruleType) to configmap or secret"
+                "rule": "has(self.ruleType) || (has(self.spec) && (has(self.spec.ruleType) || has(self.spec.objectType)))",
+                "message": "ruleType is required: set ruleType (or spec.ruleType) to configmap or secret, or spec.objectType to any namespaced kind"
+            },
+            {
+                "rule": "!(has(self.spec) && has(self.spec.objectType) && (has(self.ruleType) || has(self.spec.ruleType)))",
+                "message": "ruleType and spec.objectType are mutually exclusive: name the kind one way"
             },
             {
                 "rule": "has(self.selector) || (has(self.spec) && has(self.spec.selector))",

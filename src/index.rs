@@ -54,6 +54,9 @@ pub struct Object {
     pub create_only: bool,
     /// The field manager other than Copyrator that wrote last (from `managedFields`).
     pub other_writer: Option<Arc<str>>,
+    /// `Kind/name` of the controller that owns this object (an owner
+    /// reference with `controller: true`), for kinds named by `objectType`.
+    pub controller: Option<Arc<str>>,
     /// Hash of the desired copy Copyrator last wrote to this object; kept
     /// across versions, so that a change back is recognised as such.
     pub written_for: Option<u64>,
@@ -79,13 +82,16 @@ pub fn normalize_payload(
     kind: Kind,
     fields: impl IntoIterator<Item = (String, Value)>,
 ) -> BTreeMap<String, Value> {
-    let wanted = kind.info().payload_fields;
+    // `false` is the default of ConfigMap and Secret fields; of another
+    // kind's it may not be (`automountServiceAccountToken`).
+    let generic = kind.info().generic;
     fields
         .into_iter()
         .filter(|(field, value)| {
-            wanted.contains(&field.as_str())
+            kind.is_payload_field(field)
                 && match value {
-                    Value::Null | Value::Bool(false) => false,
+                    Value::Null => false,
+                    Value::Bool(false) => generic,
                     Value::Object(map) => !map.is_empty(),
                     _ => true,
                 }
@@ -230,6 +236,7 @@ impl Object {
             annotations,
             payload,
             other_writer: None,
+            controller: None,
             written_for: None,
             settled: false,
         };
@@ -255,6 +262,14 @@ impl Object {
             normalize_payload(kind, fields),
         );
         object.other_writer = other_writer;
+        if kind.info().generic {
+            object.controller = meta
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|owner| owner.controller == Some(true))
+                .map(|owner| format!("{}/{}", owner.kind, owner.name).into());
+        }
         if let Some(owned) = owned {
             object.set_owned(|map, key| owned.contains(&(map, key.to_owned())));
         }
@@ -323,7 +338,7 @@ impl Object {
             .collect();
         self.payload = std::mem::take(&mut self.payload)
             .into_iter()
-            .filter(|(k, _)| k == "type" || k == "immutable")
+            .filter(|(k, _)| crate::kinds::decides_recreate(k))
             .collect();
         self
     }

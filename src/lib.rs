@@ -14,6 +14,7 @@ pub mod client;
 pub mod config;
 pub mod controller;
 pub mod crd;
+pub mod discovery;
 pub mod error;
 pub mod finalizer;
 pub mod http;

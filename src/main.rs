@@ -260,12 +260,12 @@ fn spawn_watches(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
         watches::spawn_rule_watch(shared.clone()),
         watches::spawn_namespace_watch(shared.clone()),
     ];
-    for kind in Kind::all() {
-        if shared.trust.policy.kinds.contains(&kind) {
+    for kind in Kind::builtin() {
+        if shared.trust.policy.kinds.has_builtin(kind) {
             tasks.push(watches::spawn_copy_watch(shared.clone(), kind));
         } else {
             // Never watched, never written: nothing to wait for.
-            shared.synced.copies[kind as usize].store(true, Ordering::Release);
+            shared.synced.set_copies_of(kind, true);
         }
     }
     tasks

@@ -44,6 +44,7 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     pub leader: Gauge,
     pub source_watches: Gauge,
+    pub kind_watches: Gauge,
     pub rule_ready: Family<RuleLabels, Gauge>,
 }
 
@@ -116,6 +117,12 @@ impl Default for Metrics {
             "Source watches open, shared by all rules (at most --max-source-watches)",
             source_watches.clone(),
         );
+        let kind_watches = Gauge::default();
+        registry.register(
+            "kind_watches",
+            "Kinds named by objectType whose copies are watched: each from its first rule to its last",
+            kind_watches.clone(),
+        );
         let rule_ready = Family::<RuleLabels, Gauge>::default();
         registry.register(
             "rule_ready",
@@ -159,6 +166,7 @@ impl Default for Metrics {
             queue_depth,
             leader,
             source_watches,
+            kind_watches,
             rule_ready,
         }
     }

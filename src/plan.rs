@@ -249,11 +249,7 @@ pub fn source_rejection(rule: &ResolvedRule, object: &Object) -> Option<&'static
         return Some("it does not allow copies into the rule's namespace");
     }
     // Last: only an object that would be a source is worth naming as refused.
-    if rule
-        .policy
-        .refuses_type(rule.kind, object.object_type())
-        .is_some()
-    {
+    if rule.policy.refuses_source(rule.kind, object).is_some() {
         return Some(NOT_COPIED_TYPE);
     }
     None
@@ -488,7 +484,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             // A source the rule would copy but for its type (never one that
             // a tenant rule may not see: that is rejected before).
             Some(NOT_COPIED_TYPE) => {
-                if let Some(why) = rule.policy.refuses_type(rule.kind, source.object_type()) {
+                if let Some(why) = rule.policy.refuses_source(rule.kind, source) {
                     out.refused_sources
                         .push((format!("{}/{}", source.namespace, source.name), why));
                 }

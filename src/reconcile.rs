@@ -14,6 +14,7 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
+use crate::discovery::KindReadiness;
 use crate::backoff::{Admission, CopyKey, Failure, FailureClass, Waiting};
 use crate::finalizer::{cleanup, set_finalizer};
 use crate::index::{Object, ObjectKey};
@@ -87,6 +88,15 @@ pub async fn reconcile(
         return Ok(None);
     };
     let uid = rule.uid().unwrap_or_default().to_owned();
+    // The kind first: a deleted rule's copies are found through its watch.
+    let kind_refused = match crate::discovery::prepare(shared, &rule).await? {
+        KindReadiness::Listing => {
+            shared.queue.carry(key, scope);
+            return Ok(None);
+        }
+        KindReadiness::Refused(invalid, again) => Some((invalid, again)),
+        KindReadiness::Ready | KindReadiness::NothingToPrepare => None,
+    };
     if rule.is_deleting() {
         if rule.has_finalizer() {
             cleanup(shared, &rule, &uid).await?;
@@ -97,7 +107,12 @@ pub async fn reconcile(
         set_finalizer(shared, &rule, true).await?;
     }
 
-    let resolved = match rule.resolve(&shared.trust) {
+    let retry_kind_in = kind_refused.as_ref().and_then(|(_, again)| *again);
+    let resolution = match kind_refused {
+        Some((invalid, _)) => Err(invalid),
+        None => rule.resolve(&shared.trust),
+    };
+    let resolved = match resolution {
         Ok(resolved) => {
             write(&shared.resolved).insert(key.clone(), Arc::new(resolved.clone()));
             resolved
@@ -120,7 +135,10 @@ pub async fn reconcile(
                     )
                     .await;
             }
-            return Ok(published.again_in());
+            return Ok(match (retry_kind_in, published.again_in()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            });
         }
     };
 
@@ -251,9 +269,7 @@ fn invalid_observed(
 ) -> Observed {
     Observed {
         generation: rule.metadata.generation,
-        rule_type: rule
-            .effective_rule_type()
-            .map(|t| t.kind().info().rule_type.to_string()),
+        rule_type: rule.kind_name(),
         copies: Kind::all()
             .map(|kind| read(shared.copies(kind)).count_owned_by(uid) as u32)
             .sum(),
@@ -286,6 +302,12 @@ pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Previ
     let key = rule.key();
     let rule_name = key.to_string();
     let uid = rule.uid().unwrap_or_default();
+    let kind_refused = match crate::discovery::prepare(shared, rule).await? {
+        // Its copies are listed before anything is said of them.
+        KindReadiness::Listing => return Ok(Preview::WaitingForSources),
+        KindReadiness::Refused(invalid, _) => Some(invalid),
+        KindReadiness::Ready | KindReadiness::NothingToPrepare => None,
+    };
     if rule.is_deleting() {
         // Without our finalizer a deleted rule goes at once, and its copies
         // are left to the collection of orphans.
@@ -303,7 +325,11 @@ pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Previ
             skipped: Vec::new(),
         });
     }
-    let resolved = match rule.resolve(&shared.trust) {
+    let resolution = match kind_refused {
+        Some(invalid) => Err(invalid),
+        None => rule.resolve(&shared.trust),
+    };
+    let resolved = match resolution {
         Ok(resolved) => resolved,
         Err(invalid) => {
             let observed = invalid_observed(shared, rule, uid, &invalid);
@@ -724,8 +750,7 @@ fn plan_pass(
     };
     let mut other_kind_deletions = Vec::new();
     if resolved.prune {
-        for kind in Kind::all().filter(|k| *k != resolved.kind && resolved.policy.kinds.contains(k))
-        {
+        for kind in Kind::all().filter(|k| *k != resolved.kind && resolved.policy.kinds.copies(*k)) {
             for action in plan::cleanup(&resolved.uid, &namespaces, &read(shared.copies(kind))) {
                 other_kind_deletions.push((kind, action));
             }

@@ -17,7 +17,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::kinds::Kind;
+use crate::kinds::{DeniedKinds, EnabledKinds, Kind, kind_name};
 use crate::selector::{Glob, KeyGlob, LabelSelector, validate_data_key};
 
 pub const GROUP: &str = "flant.com";
@@ -103,6 +103,65 @@ impl RuleType {
     }
 }
 
+/// A kind named by its API version and kind, as in an object's own header.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectType {
+    /// `group/version`, or `v1` for the core group.
+    pub api_version: String,
+    /// The kind, such as `RoleBinding` or `NetworkPolicy`.
+    pub kind: String,
+}
+
+impl ObjectType {
+    /// `(group, version)`; `None` when `apiVersion` is not one.
+    pub fn group_version(&self) -> Option<(&str, &str)> {
+        match self.api_version.split_once('/') {
+            Some((group, version)) if !group.is_empty() && !version.is_empty() => {
+                Some((group, version))
+            }
+            None if !self.api_version.is_empty() => Some(("", self.api_version.as_str())),
+            _ => None,
+        }
+    }
+
+    /// `Kind.group`, as settings and statuses name it.
+    pub fn name(&self) -> String {
+        let group = self.group_version().map_or("", |(g, _)| g);
+        kind_name(group, &self.kind)
+    }
+
+    /// Why this kind is not copied whatever the API server serves, if it
+    /// is not: a malformed name, the deny-list, `--kinds`.
+    pub fn refusal(&self, policy: &CopyPolicy) -> Option<InvalidRule> {
+        let Some((group, _)) = self.group_version() else {
+            return Some(InvalidRule::invalid(format!(
+                "objectType.apiVersion {:?} is not group/version or v1",
+                self.api_version
+            )));
+        };
+        if policy.denied_kinds.denies(group, &self.kind) {
+            return Some(InvalidRule {
+                reason: "DeniedKind",
+                message: format!(
+                    "{} is never copied: it is on the deny-list (--denied-kinds; CopyratorRules always are)",
+                    self.name()
+                ),
+            });
+        }
+        if !policy.kinds.enables(group, &self.kind) {
+            return Some(InvalidRule {
+                reason: "KindNotEnabled",
+                message: format!(
+                    "this operator does not copy {}: add it to --kinds (the chart's extraKinds, which also grants the RBAC)",
+                    self.name()
+                ),
+            });
+        }
+        None
+    }
+}
+
 /// What to copy, from where, and into which namespaces.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -110,6 +169,10 @@ pub struct RuleSpec {
     /// Kind of the objects to copy: `configmap` or `secret`. Wins over the top-level `ruleType`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule_type: Option<RuleType>,
+    /// Any namespaced kind to copy, instead of `ruleType`: its `apiVersion`
+    /// and `kind`, such as `rbac.authorization.k8s.io/v1` and `RoleBinding`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_type: Option<ObjectType>,
     /// Labels a source must carry, all of them (`{copyrator: "true"}`), or a
     /// label selector with `matchLabels` and `matchExpressions`. Wins over the
     /// top-level `selector`.
@@ -430,7 +493,9 @@ pub struct CopyPolicy {
     /// Secret types that are copied.
     pub secret_types: Vec<String>,
     /// Kinds the operator copies (`--kinds`); a rule of another is refused.
-    pub kinds: Vec<Kind>,
+    pub kinds: EnabledKinds,
+    /// Kinds never copied, whatever `--kinds` says (`--denied-kinds`).
+    pub denied_kinds: DeniedKinds,
 }
 
 impl CopyPolicy {
@@ -448,7 +513,8 @@ impl CopyPolicy {
             protected_namespaces: Vec::new(),
             strip_keys: Vec::new(),
             secret_types: SECRET_TYPES.iter().map(|s| s.to_string()).collect(),
-            kinds: Kind::all().collect(),
+            kinds: EnabledKinds::builtin_only(&Kind::builtin().collect::<Vec<_>>()),
+            denied_kinds: DeniedKinds::defaults(),
         })
     }
 
@@ -487,7 +553,8 @@ impl CopyPolicy {
             protected_namespaces,
             strip_keys,
             secret_types,
-            kinds: Kind::all().collect(),
+            kinds: EnabledKinds::builtin_only(&Kind::builtin().collect::<Vec<_>>()),
+            denied_kinds: DeniedKinds::defaults(),
         })
     }
 
@@ -495,6 +562,17 @@ impl CopyPolicy {
         self.protected_namespaces
             .iter()
             .any(|g| g.matches(namespace))
+    }
+
+    /// Why `source`, an object of `kind`, is not copied, if it is not: its
+    /// `type`, or (of a kind named by `objectType`) its controller.
+    pub fn refuses_source(&self, kind: Kind, source: &crate::index::Object) -> Option<String> {
+        if let Some(controller) = &source.controller {
+            return Some(format!(
+                "it belongs to its controller {controller}, which keeps it"
+            ));
+        }
+        self.refuses_type(kind, source.object_type())
     }
 
     /// Why an object of `kind` with this `type` is not copied, if it is not.
@@ -645,18 +723,34 @@ pub struct ResolvedRule {
 /// Why a rule cannot be followed; shown in its status.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InvalidRule {
-    /// `InvalidRule` or `Forbidden`.
+    /// `InvalidRule`, `Forbidden`, or why its kind is not copied:
+    /// `DeniedKind`, `KindNotEnabled`, `UnknownKind`, `ClusterScopedKind`.
     pub reason: &'static str,
     pub message: String,
 }
 
 impl InvalidRule {
-    fn invalid(message: impl Into<String>) -> Self {
+    pub fn invalid(message: impl Into<String>) -> Self {
         Self {
             reason: "InvalidRule",
             message: message.into(),
         }
     }
+}
+
+/// The kind `objectType` names, once discovery has registered it.
+fn object_type_kind(object_type: &ObjectType, policy: &CopyPolicy) -> Result<Kind, InvalidRule> {
+    if let Some(refusal) = object_type.refusal(policy) {
+        return Err(refusal);
+    }
+    let group = object_type.group_version().map_or("", |(g, _)| g);
+    Kind::find(group, &object_type.kind).ok_or_else(|| InvalidRule {
+        reason: "UnknownKind",
+        message: format!(
+            "the API server serves no kind {} ({})",
+            object_type.kind, object_type.api_version
+        ),
+    })
 }
 
 impl CopyratorRule {
@@ -691,6 +785,27 @@ impl CopyratorRule {
             .any(|f| f == crate::FINALIZER)
     }
 
+    /// `spec.objectType`, if the rule names its kind that way.
+    pub fn object_type(&self) -> Option<&ObjectType> {
+        self.spec.as_ref().and_then(|s| s.object_type.as_ref())
+    }
+
+    /// How the status names the rule's kind: `configmap`, `secret`, or
+    /// `Kind.group`; even when the rule is invalid.
+    pub fn kind_name(&self) -> Option<String> {
+        match (self.effective_rule_type(), self.object_type()) {
+            (Some(rule_type), _) => Some(rule_type.kind().info().rule_type.to_owned()),
+            (None, Some(object_type)) => Some(match object_type.group_version() {
+                Some((group, _)) => match Kind::find(group, &object_type.kind) {
+                    Some(kind) => kind.info().rule_type.to_owned(),
+                    None => object_type.name(),
+                },
+                None => object_type.name(),
+            }),
+            (None, None) => None,
+        }
+    }
+
     /// The rule type as written (spec wins), for status even when the rule is invalid.
     pub fn effective_rule_type(&self) -> Option<RuleType> {
         self.spec
@@ -703,15 +818,28 @@ impl CopyratorRule {
     pub fn resolve(&self, trust: &Trust) -> Result<ResolvedRule, InvalidRule> {
         let key = self.key();
         let spec = self.spec.clone().unwrap_or_default();
-        let kind = self
-            .effective_rule_type()
-            .ok_or_else(|| InvalidRule::invalid("ruleType is required (configmap or secret)"))?
-            .kind();
-        if !trust.policy.kinds.contains(&kind) {
-            return Err(InvalidRule::invalid(format!(
-                "this operator does not copy {kind}s (its --kinds setting leaves them out)"
-            )));
-        }
+        let kind = match (self.effective_rule_type(), spec.object_type.as_ref()) {
+            (Some(_), Some(_)) => {
+                return Err(InvalidRule::invalid(
+                    "ruleType and objectType are mutually exclusive",
+                ));
+            }
+            (Some(rule_type), None) => {
+                let kind = rule_type.kind();
+                if !trust.policy.kinds.has_builtin(kind) {
+                    return Err(InvalidRule::invalid(format!(
+                        "this operator does not copy {kind}s (its --kinds setting leaves them out)"
+                    )));
+                }
+                kind
+            }
+            (None, Some(object_type)) => object_type_kind(object_type, &trust.policy)?,
+            (None, None) => {
+                return Err(InvalidRule::invalid(
+                    "ruleType is required (configmap or secret), or spec.objectType",
+                ));
+            }
+        };
         let raw_selector = spec
             .selector
             .as_ref()
@@ -789,6 +917,12 @@ impl CopyratorRule {
         }
         let add_annotations = transform.add_annotations.unwrap_or_default();
         check_annotations(&add_annotations)?;
+        if transform.keys.is_some() && kind.info().data_fields.is_empty() {
+            return Err(InvalidRule::invalid(format!(
+                "transform.keys selects ConfigMap and Secret data keys; {} has none",
+                kind.info().rule_type
+            )));
+        }
         let transform = ResolvedTransform {
             add_labels,
             add_annotations,
@@ -1002,6 +1136,68 @@ mod tests {
             r.resolve(&trust()).unwrap().source_namespaces,
             vec!["copyrator"]
         );
+    }
+
+    #[test]
+    fn an_object_type_is_refused_for_its_kind_before_any_discovery() {
+        let with_kinds = |kinds: &str| {
+            let mut trust = trust();
+            let entries: Vec<String> = kinds.split(',').map(str::to_owned).collect();
+            let policy = Arc::make_mut(&mut trust.policy);
+            policy.kinds = EnabledKinds::parse(&entries).expect("valid kinds");
+            trust
+        };
+        let named = |api_version: &str, kind: &str| {
+            rule(json!({
+                "metadata": {"name": "r", "namespace": "copyrator"},
+                "spec": {"objectType": {"apiVersion": api_version, "kind": kind}, "selector": {"a": "b"}}
+            }))
+        };
+        let reason = |r: &CopyratorRule, trust: &Trust| r.resolve(trust).map(|_| ()).unwrap_err().reason;
+        assert_eq!(reason(&named("v1", "Pod"), &with_kinds("*")), "DeniedKind");
+        assert_eq!(
+            reason(&named("flant.com/v1", "CopyratorRule"), &with_kinds("*")),
+            "DeniedKind"
+        );
+        assert_eq!(
+            reason(&named("networking.k8s.io/v1", "NetworkPolicy"), &trust()),
+            "KindNotEnabled"
+        );
+        assert_eq!(
+            reason(&named("example.com/v1", "Unregistered"), &with_kinds("*")),
+            "UnknownKind"
+        );
+        assert_eq!(reason(&named("", "Widget"), &with_kinds("*")), "InvalidRule");
+        let both = rule(json!({
+            "metadata": {"name": "r", "namespace": "copyrator"},
+            "ruleType": "configmap",
+            "spec": {"objectType": {"apiVersion": "v1", "kind": "ConfigMap"}, "selector": {"a": "b"}}
+        }));
+        let err = both.resolve(&with_kinds("*")).unwrap_err();
+        assert!(err.message.contains("mutually exclusive"), "{}", err.message);
+        // The built-in kinds by objectType: the same kind, the same rules.
+        let secret = named("v1", "Secret").resolve(&trust()).expect("resolves");
+        assert_eq!(secret.kind, Kind::Secret);
+        assert_eq!(named("v1", "Secret").kind_name().as_deref(), Some("secret"));
+        let widget = Kind::register(&crate::kinds::Discovered {
+            group: "example.com".into(),
+            version: "v1".into(),
+            kind: "Widget".into(),
+            plural: "widgets".into(),
+        })
+        .expect("room for a kind");
+        let resolved = named("example.com/v1", "Widget")
+            .resolve(&with_kinds("Widget.example.com"))
+            .expect("resolves once registered");
+        assert_eq!(resolved.kind, widget);
+        let mut keyed = named("example.com/v1", "Widget");
+        if let Some(spec) = keyed.spec.as_mut() {
+            spec.transform = serde_json::from_value(json!({"keys": {"include": ["a"]}})).ok();
+        }
+        let err = keyed
+            .resolve(&with_kinds("Widget.example.com"))
+            .unwrap_err();
+        assert!(err.message.contains("transform.keys"), "{}", err.message);
     }
 
     #[test]

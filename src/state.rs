@@ -16,7 +16,7 @@ use crate::backoff::ReadPause;
 use crate::config::Settings;
 use crate::http::Health;
 use crate::index::{CopyIndex, NamespaceInfo, ObjectKey};
-use crate::kinds::Kind;
+use crate::kinds::{Kind, MAX_KINDS};
 use crate::leader::LeaderGate;
 use crate::metrics::Metrics;
 use crate::queue::Queue;
@@ -55,18 +55,44 @@ pub fn watch_config() -> watcher::Config {
 }
 
 /// Which caches have their first full list.
-#[derive(Default)]
 pub struct Synced {
     pub rules: AtomicBool,
     pub namespaces: AtomicBool,
-    pub copies: [AtomicBool; 2],
+    /// By kind: false while the kind's copy watch has yet to list; true
+    /// once it has, or while the kind is not watched (nothing to wait for).
+    copies: [AtomicBool; MAX_KINDS],
+}
+
+impl Default for Synced {
+    fn default() -> Self {
+        let copies = [const { AtomicBool::new(true) }; MAX_KINDS];
+        // The built-in kinds are watched from the start, unless disabled.
+        for kind in Kind::builtin() {
+            copies[kind.index()].store(false, Ordering::Release);
+        }
+        Self {
+            rules: AtomicBool::new(false),
+            namespaces: AtomicBool::new(false),
+            copies,
+        }
+    }
 }
 
 impl Synced {
+    /// The caches every pass needs: rules, namespaces, built-in kinds'
+    /// copies (another kind's copy watch starts with its first rule).
     pub fn all(&self) -> bool {
         self.rules.load(Ordering::Acquire)
             && self.namespaces.load(Ordering::Acquire)
-            && self.copies.iter().all(|c| c.load(Ordering::Acquire))
+            && Kind::builtin().all(|kind| self.copies_of(kind))
+    }
+
+    pub fn copies_of(&self, kind: Kind) -> bool {
+        self.copies[kind.index()].load(Ordering::Acquire)
+    }
+
+    pub fn set_copies_of(&self, kind: Kind, listed: bool) {
+        self.copies[kind.index()].store(listed, Ordering::Release);
     }
 
     /// What has not been listed yet, for messages.
@@ -79,7 +105,7 @@ impl Synced {
             missing.push("the namespaces".to_owned());
         }
         for kind in Kind::all() {
-            if !self.copies[kind as usize].load(Ordering::Acquire) {
+            if !self.copies_of(kind) {
                 missing.push(format!("the {kind} copies"));
             }
         }
@@ -126,7 +152,11 @@ pub struct Shared {
     pub resolved: RwLock<HashMap<RuleKey, Arc<ResolvedRule>>>,
     rule_uids: RwLock<HashMap<String, RuleKey>>,
     pub namespaces: RwLock<BTreeMap<String, NamespaceInfo>>,
-    copies: [RwLock<CopyIndex>; 2],
+    /// By kind: the copies cluster-wide (only of kinds being watched).
+    copies: Box<[RwLock<CopyIndex>]>,
+    /// The copy watches of kinds named by `objectType`, started with the
+    /// first rule that needs one and stopped after the last.
+    pub kind_watches: Mutex<HashMap<Kind, tokio::task::JoinHandle<()>>>,
     pub sources: Mutex<SourceHub>,
     /// Shared by every watch: a throttled read pauses them all.
     pub read_pause: Arc<ReadPause>,
@@ -203,7 +233,8 @@ impl Shared {
                 resolved: RwLock::default(),
                 rule_uids: RwLock::default(),
                 namespaces: RwLock::default(),
-                copies: [RwLock::default(), RwLock::default()],
+                copies: (0..MAX_KINDS).map(|_| RwLock::default()).collect(),
+                kind_watches: Mutex::default(),
                 sources: Mutex::new(sources),
                 read_pause,
                 memory: Mutex::default(),
@@ -220,7 +251,7 @@ impl Shared {
     }
 
     pub fn copies(&self, kind: Kind) -> &RwLock<CopyIndex> {
-        &self.copies[kind as usize]
+        &self.copies[kind.index()]
     }
 
     pub fn rule_by_uid(&self, uid: &str) -> Option<RuleKey> {
@@ -287,6 +318,7 @@ impl Shared {
         self.metrics
             .copies_contested
             .set(lock(&self.backoffs).contested_total() as i64);
+        crate::discovery::release_unused(self);
     }
 
     /// Drop what is held for a rule that is gone: its memory (with its share

@@ -272,7 +272,13 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
                 let (touched, touch): (Vec<String>, Touch) = match change {
                     Change::Listed(listed) => {
                         let touched = write(index).replace_all(listed);
-                        shared.synced.copies[kind as usize].store(true, Ordering::Release);
+                        shared.synced.set_copies_of(kind, true);
+                        if kind.info().generic {
+                            // Its rules waited for this list, copies or not.
+                            for key in crate::discovery::rules_naming(&shared, kind) {
+                                shared.queue.add(key, Touch::All);
+                            }
+                        }
                         (touched.into_iter().collect(), Touch::All)
                     }
                     Change::Applied(object) => {

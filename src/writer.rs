@@ -65,10 +65,28 @@ fn is_namespace_terminating(err: &kube::Error) -> bool {
         if status.code == 403 && status.message.contains("being terminated"))
 }
 
+/// How the API server words a refusal by RBAC's escalation prevention.
+const RBAC_ESCALATION: &str = "is attempting to grant RBAC permissions not currently held";
+
 /// An API error in the API server's own words ("configmaps are frozen in
 /// this namespace (Forbidden, 403)"), never a debug dump.
 pub fn describe(err: &kube::Error) -> String {
     match err {
+        kube::Error::Api(status)
+            if status.code == 403 && status.message.contains(RBAC_ESCALATION) =>
+        {
+            // The API server lists every permission missing, which can be
+            // hundreds of lines: the first sentence says enough.
+            let refused = status
+                .message
+                .split_once(RBAC_ESCALATION)
+                .map_or(status.message.as_str(), |(before, _)| before);
+            format!(
+                "RBAC escalation: {refused}{RBAC_ESCALATION} (Forbidden, 403); the operator may grant \
+                 only what it holds: give its ServiceAccount the permissions of the role, or `bind` \
+                 (RoleBindings) / `escalate` (Roles) on roles (the chart's rbacCopy)"
+            )
+        }
         kube::Error::Api(status) => {
             let message = if status.message.is_empty() {
                 "the API server refused the request"
