@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, verbs};
 
@@ -70,6 +71,11 @@ pub async fn prepare(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<KindR
         } else {
             KindReadiness::Listing
         });
+    }
+    if !lock(&shared.kind_watches).contains_key(&kind)
+        && let Some(refused) = refused_access(shared, kind).await?
+    {
+        return Ok(refused);
     }
     watch_copies(shared, kind);
     Ok(if shared.synced.copies_of(kind) {
@@ -145,6 +151,38 @@ async fn discover(
             Some(UNKNOWN_KIND_RETRY),
         )
     }))
+}
+
+/// How soon a rule whose kind the operator may not read looks again: its
+/// RBAC may be granted meanwhile.
+pub const FORBIDDEN_KIND_RETRY: Duration = Duration::from_secs(60);
+
+/// Whether RBAC lets the operator list `kind` cluster-wide, asked before
+/// its copy watch starts: a watch refused for good would keep failing
+/// until the liveness probe restarts the operator.
+async fn refused_access(shared: &Shared, kind: Kind) -> Result<Option<KindReadiness>, Error> {
+    let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &kind.api_resource());
+    let probe = ListParams::default().labels(crate::LABEL_RULE_UID).limit(1);
+    match api.list_metadata(&probe).await {
+        Ok(_) => Ok(None),
+        Err(kube::Error::Api(status)) if status.code == 403 => Ok(Some(KindReadiness::Refused(
+            InvalidRule {
+                reason: "Forbidden",
+                message: format!(
+                    "the operator may not list {} cluster-wide (RBAC): grant it get, list, watch, \
+                     create, update and delete on {} (the chart's extraKinds); looked at again every {} s",
+                    kind.info().rule_type,
+                    kind.info().plural,
+                    FORBIDDEN_KIND_RETRY.as_secs()
+                ),
+            },
+            Some(FORBIDDEN_KIND_RETRY),
+        ))),
+        Err(e) => Err(Error::Lookup {
+            what: format!("the copies of kind {}", kind.info().rule_type),
+            message: crate::writer::describe(&e),
+        }),
+    }
 }
 
 fn unknown(object_type: &ObjectType) -> KindReadiness {

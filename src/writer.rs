@@ -437,3 +437,33 @@ impl Writer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure(message, "Forbidden")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn an_rbac_escalation_refusal_says_so_in_one_line() {
+        let err = refusal(
+            403,
+            "rolebindings.rbac.authorization.k8s.io \"view\" is forbidden: user \"op\" (groups=[]) \
+             is attempting to grant RBAC permissions not currently held:\n{APIGroups:[\"\"], \
+             Resources:[\"pods\"], Verbs:[\"get\"]}",
+        );
+        let said = describe(&err);
+        assert!(said.starts_with("RBAC escalation: "), "{said}");
+        assert!(!said.contains("APIGroups"), "the permission list is left out: {said}");
+        assert!(said.contains("`bind`"), "{said}");
+        // Any other refusal is said in the API server's words.
+        let other = describe(&refusal(403, "configmaps are frozen"));
+        assert_eq!(other, "configmaps are frozen (Forbidden, 403)");
+    }
+}
