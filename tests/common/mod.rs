@@ -8,6 +8,8 @@
 //! * [`wait_until`] and friends: polling with clear timeout messages.
 //! * [`service_account_kubeconfig`]: run the operator as a ServiceAccount.
 //! * [`audit`]: the API server's audit log, to count requests by user.
+//! * [`dynamic`]: objects of any kind (`DynamicObject`), for rules with
+//!   `spec.objectType`, and the check of their copies.
 //! * [`logs`]: the operator's log as structured lines (level, message,
 //!   fields); [`operator_kubeconfig`] gives the operator an identity of its
 //!   own (impersonation) and optionally another API server address.
@@ -19,6 +21,7 @@
 
 pub mod apf;
 pub mod audit;
+pub mod dynamic;
 pub mod fault;
 pub mod logs;
 pub mod proxy;
@@ -435,7 +438,51 @@ pub fn check_copy(
             copy.immutable, source.immutable
         ));
     }
-    for (k, v) in &source.labels {
+    check_copy_meta(&copy.meta(), &source.meta(), rule_ns, rule_name, rule_uid)
+}
+
+/// What [`check_copy_meta`] reads of an object, whatever its kind.
+#[derive(Clone, Copy, Debug)]
+pub struct MetaView<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    pub annotations: &'a BTreeMap<String, String>,
+    /// The field managers of its managedFields entries.
+    pub managers: &'a [String],
+    pub owner_references: usize,
+}
+
+impl Obj {
+    pub fn meta(&self) -> MetaView<'_> {
+        MetaView {
+            namespace: &self.namespace,
+            name: &self.name,
+            uid: &self.uid,
+            labels: &self.labels,
+            annotations: &self.annotations,
+            managers: &self.managers,
+            owner_references: self.owner_references,
+        }
+    }
+}
+
+/// The metadata half of [`check_copy`], for a copy of any kind: `copy`
+/// carries the labels and annotations of `source`, the tracking labels and
+/// annotations of the rule `rule_ns/rule_name` (uid `rule_uid`), a
+/// managedFields entry of Copyrator's field manager, and no ownerReference.
+pub fn check_copy_meta(
+    copy: &MetaView,
+    source: &MetaView,
+    rule_ns: &str,
+    rule_name: &str,
+    rule_uid: &str,
+) -> Result<(), String> {
+    let at = format!("copy {}/{}", copy.namespace, copy.name);
+    let label = |k: &str| copy.labels.get(k).map(String::as_str);
+    let annotation = |k: &str| copy.annotations.get(k).map(String::as_str);
+    for (k, v) in source.labels {
         if copy.labels.get(k) != Some(v) {
             return Err(format!(
                 "{at}: label {k}={:?}, source has {v:?}; labels {:?}",
@@ -444,7 +491,7 @@ pub fn check_copy(
             ));
         }
     }
-    for (k, v) in &source.annotations {
+    for (k, v) in source.annotations {
         if copy.annotations.get(k) != Some(v) {
             return Err(format!(
                 "{at}: annotation {k}={:?}, source has {v:?}",
@@ -454,10 +501,10 @@ pub fn check_copy(
     }
     let expect_label = [(LABEL_MANAGED_BY, "copyrator"), (LABEL_RULE_UID, rule_uid)];
     for (k, v) in expect_label {
-        if copy.label(k) != Some(v) {
+        if label(k) != Some(v) {
             return Err(format!(
                 "{at}: label {k}={:?}, want {v:?}; labels {:?}",
-                copy.label(k),
+                label(k),
                 copy.labels
             ));
         }
@@ -467,13 +514,13 @@ pub fn check_copy(
     let expect_annotation = [
         (ANNOTATION_RULE, rule_ref.as_str()),
         (ANNOTATION_SOURCE, source_ref.as_str()),
-        (ANNOTATION_SOURCE_UID, source.uid.as_str()),
+        (ANNOTATION_SOURCE_UID, source.uid),
     ];
     for (k, v) in expect_annotation {
-        if copy.annotation(k) != Some(v) {
+        if annotation(k) != Some(v) {
             return Err(format!(
                 "{at}: annotation {k}={:?}, want {v:?}; annotations {:?}",
-                copy.annotation(k),
+                annotation(k),
                 copy.annotations
             ));
         }
@@ -1308,6 +1355,8 @@ const OPERATOR_ENV: &[&str] = &[
     "API_BURST",
     "RESYNC_INTERVAL",
     "STUCK_AFTER",
+    "KINDS",
+    "DENIED_KINDS",
     "RUST_LOG",
     "KUBE_RS_DEBUG_IMPERSONATE_USER",
     "KUBE_RS_DEBUG_IMPERSONATE_GROUP",

@@ -1,0 +1,983 @@
+//! Rules that copy any namespaced kind (`spec.objectType`), against a real
+//! control plane and the real binary:
+//!
+//! * one test per kind (Role, RoleBinding, ServiceAccount, NetworkPolicy
+//!   and a custom resource of a small CRD installed here): copies appear in
+//!   two namespaces with the source's payload (every top-level field but
+//!   apiVersion, kind, metadata and status), its labels and annotations and
+//!   Copyrator's tracking metadata; they follow a change of the source, are
+//!   pruned when it is deleted, and removed by the rule's finalizer; the
+//!   gauge `copyrator_kind_watches` counts the kind while a rule needs it.
+//!   The operator's `--kinds` names each kind in another of its forms
+//!   (`Kind.group`, a bare core `Kind`, `*`).
+//! * kinds the operator cannot or may not copy (denied, cluster-scoped,
+//!   unknown, not enabled) are `Ready=False` with their reason, while a
+//!   ConfigMap rule of the same operator still copies;
+//! * the CRD refuses `ruleType` together with `spec.objectType`, and an
+//!   `objectType` without `kind` or `apiVersion`;
+//! * a source owned by a controller is not copied but listed in
+//!   `status.refusedSources`, while its siblings are copied;
+//! * a RoleBinding that an operator without `bind` may not create (RBAC
+//!   escalation prevention) is `Ready=False`, reason `SyncFailed`;
+//! * `syncPolicy: CreateOnly` with a default-deny NetworkPolicy.
+//!
+//! "Nothing happens" is checked for [`QUIET`] only after a positive signal
+//! that the operator has acted on the same change.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::dynamic::*;
+use common::rbac::{ClusterScoped, Grant, Identity, grants_of};
+use common::*;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+
+const CM: Kind = Kind::ConfigMap;
+const LABEL_SYNC_POLICY: &str = "copyrator.flant.com/sync-policy";
+const KIND_WATCHES: &str = "copyrator_kind_watches";
+
+fn roles() -> ApiResource {
+    ApiResource::erase::<Role>(&())
+}
+
+fn role_bindings() -> ApiResource {
+    ApiResource::erase::<RoleBinding>(&())
+}
+
+fn cluster_roles() -> ApiResource {
+    ApiResource::erase::<ClusterRole>(&())
+}
+
+fn service_accounts() -> ApiResource {
+    ApiResource::erase::<ServiceAccount>(&())
+}
+
+fn network_policies() -> ApiResource {
+    ApiResource::erase::<NetworkPolicy>(&())
+}
+
+// ---------------------------------------------------------------------------
+// the custom resource
+
+const WIDGET_GROUP: &str = "kinds.copyrator.test";
+const WIDGET_CRD: &str = "widgets.kinds.copyrator.test";
+
+fn widgets() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(WIDGET_GROUP, "v1", "Widget"),
+        "widgets",
+    )
+}
+
+/// A namespaced kind with a free-form `spec`, a top-level `colour` and a
+/// `status` that is no subresource (so a test can set it on the source).
+fn widget_crd() -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": WIDGET_CRD},
+        "spec": {
+            "group": WIDGET_GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": "Widget", "listKind": "WidgetList", "plural": "widgets", "singular": "widget"},
+            "versions": [{
+                "name": "v1",
+                "served": true,
+                "storage": true,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                        "colour": {"type": "string"},
+                        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                    },
+                }},
+            }],
+        },
+    })
+}
+
+static WIDGET_CRD_INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+
+/// Applies the Widget CRD (server-side, forced: the same object whoever
+/// applies it, so parallel tests and test binaries may all do so) and waits
+/// until it is Established and served. It stays installed, as the
+/// CopyratorRule CRD does.
+async fn ensure_widget_crd(client: &Client) {
+    WIDGET_CRD_INSTALLED
+        .get_or_init(|| install_widget_crd(client.clone()))
+        .await;
+}
+
+async fn install_widget_crd(client: Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let pp = PatchParams::apply("copyrator-tests-kinds").force();
+    let crd = widget_crd();
+    wait_until("the Widget CRD to be applied", TIMEOUT, async || {
+        api.patch(WIDGET_CRD, &pp, &Patch::Apply(&crd))
+            .await
+            .map(|_| ())
+            .map_err(|e| err_msg(&e))
+    })
+    .await;
+    wait_until("the Widget CRD to be Established", TIMEOUT, async || {
+        let crd = api.get(WIDGET_CRD).await.map_err(|e| err_msg(&e))?;
+        let established = crd
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+        if established {
+            Ok(())
+        } else {
+            Err(format!("{:?}", crd.status))
+        }
+    })
+    .await;
+    let served: Api<DynamicObject> = Api::namespaced_with(client, "default", &widgets());
+    wait_until("widgets to be served", TIMEOUT, async || {
+        served
+            .list(&ListParams::default().limit(1))
+            .await
+            .map(|_| ())
+            .map_err(|e| err_msg(&e))
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// helpers of this file
+
+/// Ready False with `reason` and a message that mentions every one of `words`.
+fn not_ready_saying(rule: &Value, reason: &str, words: &[&str]) -> Result<(), String> {
+    let ready = ready_condition(rule).ok_or_else(|| short_status(rule))?;
+    let message = ready["message"].as_str().unwrap_or_default();
+    if ready["status"] == "False"
+        && ready["reason"] == reason
+        && words.iter().all(|w| message.contains(w))
+    {
+        Ok(())
+    } else {
+        Err(short_status(rule))
+    }
+}
+
+/// Ready True at the current generation, with these `sources` and `copies`.
+fn ready_with(rule: &Value, sources: u64, copies: u64) -> Result<(), String> {
+    is_ready(rule)?;
+    let seen = (
+        status_u64(rule, "sources").unwrap_or(0),
+        status_u64(rule, "copies").unwrap_or(0),
+    );
+    if seen == (sources, copies) {
+        Ok(())
+    } else {
+        Err(format!(
+            "sources and copies {seen:?}, want {:?}: {}",
+            (sources, copies),
+            short_status(rule)
+        ))
+    }
+}
+
+/// The (namespace, name) of every entry of `status.refusedSources`, and
+/// `status.refusedSourceCount`.
+fn refused_sources(rule: &Value) -> (Vec<(String, String)>, u64) {
+    let listed = rule
+        .pointer("/status/refusedSources")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|e| {
+                    (
+                        e["namespace"].as_str().unwrap_or_default().to_string(),
+                        e["name"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (listed, status_u64(rule, "refusedSourceCount").unwrap_or(0))
+}
+
+/// The value of the gauge `copyrator_kind_watches` the operator serves (the
+/// sum of its series; 0 when the family is declared without any).
+async fn kind_watches(operator: &Operator) -> Result<f64, String> {
+    match http_get(operator.port, "/metrics").await? {
+        (200, text) => match metric_family(&text, KIND_WATCHES) {
+            Some(n) => Ok(n),
+            None if text
+                .lines()
+                .any(|l| l.starts_with(&format!("# TYPE {KIND_WATCHES} "))) =>
+            {
+                Ok(0.0)
+            }
+            None => Err(format!("no {KIND_WATCHES} on /metrics")),
+        },
+        (code, body) => Err(format!("/metrics answered {code}: {body}")),
+    }
+}
+
+async fn wait_kind_watches(operator: &Operator, want: f64, why: &str) {
+    wait_until(
+        format!("{KIND_WATCHES} to be {want} ({why})"),
+        TIMEOUT,
+        async || match kind_watches(operator).await? {
+            n if n == want => Ok(()),
+            n => Err(format!("{KIND_WATCHES} {n}")),
+        },
+    )
+    .await;
+}
+
+/// A source's `status` (set where the kind has no status subresource) is
+/// no part of what copies carry.
+fn no_status_carried(copy: &DynObj, source: &DynObj) -> Result<(), String> {
+    let given = |o: &DynObj| {
+        o.json
+            .get("status")
+            .and_then(Value::as_object)
+            .is_some_and(|s| !s.is_empty())
+    };
+    if given(source) && given(copy) {
+        Err(format!(
+            "copy {}/{} carries a status: {}",
+            copy.namespace(),
+            copy.name(),
+            copy.json["status"]
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// one test per kind
+
+/// What a kind's test varies.
+struct KindCase {
+    test: &'static str,
+    ar: ApiResource,
+    /// The operator's `--kinds`.
+    kinds: &'static str,
+    /// The source's top-level fields besides metadata.
+    payload: Value,
+    /// A JSON merge patch of the source that changes its payload.
+    change: Value,
+}
+
+/// Two sources of the kind in the operator's namespace, a rule naming the
+/// kind with `spec.objectType`, two target namespaces:
+///
+/// * each source is copied to both, with its payload, labels and
+///   annotations and the tracking metadata; the rule is Ready with 2
+///   sources and 4 copies; `copyrator_kind_watches` counts one kind more;
+/// * a change of source `a` reaches both of its copies;
+/// * `a` deleted: its copies are pruned, `b`'s stay;
+/// * the rule deleted: its finalizer removes `b`'s copies, and the kind is
+///   no longer watched.
+async fn copies_follow_the_source(case: KindCase) {
+    let KindCase {
+        test,
+        ar,
+        kinds,
+        payload,
+        change,
+    } = case;
+    let t = TestNs::new(test).await;
+    let op = t.ns("op").await;
+    let targets = [t.ns("t1").await, t.ns("t2").await];
+    let mut operator = Operator::start(&t, &op, &["--kinds", kinds]);
+    operator.wait_ready().await;
+    let watches_before = wait_until(format!("{KIND_WATCHES} on /metrics"), TIMEOUT, async || {
+        kind_watches(&operator).await
+    })
+    .await;
+
+    let labels = [("tier", "web")];
+    let annotations = [("example.com/note", "carried to copies")];
+    let mut sources = Vec::new();
+    for name in ["a", "b"] {
+        sources.push(
+            t.create_dyn_source(&ar, &op, name, &labels, &annotations, payload.clone())
+                .await,
+        );
+    }
+    t.create_rule(
+        &op,
+        "r",
+        object_rule_spec(&ar, t.selector(), &[t.glob("t")]),
+    )
+    .await;
+    for ns in &targets {
+        for source in &sources {
+            let copy = t.wait_dyn_copy(&ar, ns, source, &op, "r").await;
+            no_status_carried(&copy, source).unwrap();
+        }
+    }
+    t.wait_rule(&op, "r", "Ready, 2 sources, 4 copies", |r| {
+        ready_with(r, 2, 4)
+    })
+    .await;
+    wait_kind_watches(&operator, watches_before + 1.0, "a rule needs the kind").await;
+
+    // The source changes: both of its copies follow.
+    let changed = t.patch_dyn(&ar, &op, "a", change.clone()).await;
+    assert_ne!(
+        changed.payload(),
+        sources[0].payload(),
+        "the test's change {change} does not change the payload"
+    );
+    for ns in &targets {
+        t.wait_dyn_copy(&ar, ns, &changed, &op, "r").await;
+    }
+
+    // The source is deleted: its copies are pruned, the other's stay.
+    t.delete_dyn(&ar, &op, "a").await;
+    for ns in &targets {
+        t.wait_dyn_gone(&ar, ns, "a", "its source is deleted").await;
+    }
+    t.wait_rule(&op, "r", "Ready, 1 source, 2 copies", |r| {
+        ready_with(r, 1, 2)
+    })
+    .await;
+    let rule_uid = t.rule_uid(&op, "r").await;
+    for ns in &targets {
+        let copy = t.must_get_dyn(&ar, ns, "b").await;
+        check_dyn_copy(&copy, &sources[1], &op, "r", &rule_uid).unwrap();
+    }
+
+    // The rule is deleted: its finalizer removes its copies; no rule needs
+    // the kind any more.
+    t.delete_rule(&op, "r").await;
+    t.wait_rule_gone(&op, "r", "its finalizer has removed its copies")
+        .await;
+    for ns in &targets {
+        t.wait_dyn_gone(&ar, ns, "b", "its rule is deleted").await;
+    }
+    wait_kind_watches(&operator, watches_before, "no rule needs the kind").await;
+    operator.assert_running();
+}
+
+#[tokio::test]
+async fn role_copies_follow_their_source() {
+    copies_follow_the_source(KindCase {
+        test: "kinds-role",
+        ar: roles(),
+        kinds: "Role.rbac.authorization.k8s.io",
+        payload: json!({"rules": [
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
+        ]}),
+        change: json!({"rules": [
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        ]}),
+    })
+    .await;
+}
+
+/// Bound to ClusterRole `view`; `roleRef` is immutable, so `subjects` change.
+#[tokio::test]
+async fn role_binding_copies_follow_their_source() {
+    copies_follow_the_source(KindCase {
+        test: "kinds-rolebinding",
+        ar: role_bindings(),
+        kinds: "configmap,secret,RoleBinding.rbac.authorization.k8s.io",
+        payload: json!({
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+            "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "readers"}],
+        }),
+        change: json!({"subjects": [
+            {"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "readers"},
+            {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "jane"},
+        ]}),
+    })
+    .await;
+}
+
+/// A core kind, named bare in `--kinds`.
+#[tokio::test]
+async fn service_account_copies_follow_their_source() {
+    copies_follow_the_source(KindCase {
+        test: "kinds-serviceaccount",
+        ar: service_accounts(),
+        kinds: "ServiceAccount",
+        payload: json!({
+            "automountServiceAccountToken": false,
+            "imagePullSecrets": [{"name": "registry"}],
+        }),
+        change: json!({
+            "automountServiceAccountToken": true,
+            "imagePullSecrets": [{"name": "registry"}, {"name": "mirror"}],
+        }),
+    })
+    .await;
+}
+
+/// Enabled by `*`.
+#[tokio::test]
+async fn network_policy_copies_follow_their_source() {
+    copies_follow_the_source(KindCase {
+        test: "kinds-networkpolicy",
+        ar: network_policies(),
+        kinds: "configmap,secret,*",
+        payload: json!({"spec": {
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {}}]}],
+        }}),
+        change: json!({"spec": {
+            "podSelector": {"matchLabels": {"app": "api"}},
+            "ingress": [{"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": 8080}]}],
+        }}),
+    })
+    .await;
+}
+
+/// A custom resource: `spec`, another top-level field, and a `status` that
+/// copies do not carry.
+#[tokio::test]
+async fn custom_resource_copies_follow_their_source() {
+    let client = Client::try_default()
+        .await
+        .expect("a Kubernetes client from KUBECONFIG");
+    ensure_widget_crd(&client).await;
+    copies_follow_the_source(KindCase {
+        test: "kinds-widget",
+        ar: widgets(),
+        kinds: "Widget.kinds.copyrator.test",
+        payload: json!({
+            "spec": {"size": 3, "tags": ["a", "b"], "nested": {"deep": {"on": true}}},
+            "colour": "blue",
+            "status": {"phase": "Made"},
+        }),
+        change: json!({"spec": {"size": 4, "nested": {"deep": {"on": false}}}, "colour": "green"}),
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// kinds that are not copied
+
+/// One operator enables every kind not denied (`*`), another the default
+/// kinds only. Rules naming a denied kind (Pod, and CopyratorRule, always
+/// denied), a cluster-scoped kind, a kind no API serves, and a kind the
+/// operator does not enable are each Ready=False with their reason, and
+/// copy nothing; each operator's ConfigMap rule still copies, and both keep
+/// running.
+#[tokio::test]
+async fn kinds_not_copied_are_reported_and_other_rules_still_copy() {
+    let t = TestNs::new("kinds-reported").await;
+    let wide = t.ns("op-wide").await;
+    let plain = t.ns("op-plain").await;
+    let t1 = t.ns("t1").await;
+    let include = [t.glob("t")];
+    let reported = [
+        (&wide, "pod", "v1", "Pod", "DeniedKind"),
+        (
+            &wide,
+            "rules",
+            "flant.com/v1",
+            "CopyratorRule",
+            "DeniedKind",
+        ),
+        (
+            &wide,
+            "clusterrole",
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRole",
+            "ClusterScopedKind",
+        ),
+        (&wide, "unknown", "example.com/v1", "Nope", "UnknownKind"),
+        (
+            &plain,
+            "netpol",
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+            "KindNotEnabled",
+        ),
+    ];
+    for (ns, name, api_version, kind, _) in &reported {
+        t.create_rule(
+            ns,
+            name,
+            object_type_spec(api_version, kind, t.selector(), &include),
+        )
+        .await;
+    }
+    for ns in [&wide, &plain] {
+        t.create_rule(ns, "cm", rule_spec(CM, t.selector(), &include))
+            .await;
+    }
+    // A source the rule of a kind not enabled would copy.
+    let policies = network_policies();
+    t.create_dyn_source(
+        &policies,
+        &plain,
+        "deny",
+        &[],
+        &[],
+        json!({"spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}),
+    )
+    .await;
+    let mut wide_operator = Operator::start(&t, &wide, &["--kinds", "configmap,secret,*"]);
+    let mut plain_operator = Operator::start(&t, &plain, &[]);
+
+    for (ns, name, api_version, kind, reason) in &reported {
+        t.wait_rule(
+            ns,
+            name,
+            &format!("Ready False, reason {reason} ({kind}.{api_version})"),
+            |r| not_ready_because(r, reason),
+        )
+        .await;
+    }
+    for (ns, name) in [(&wide, "cfg-wide"), (&plain, "cfg-plain")] {
+        let source = t.create_source(CM, ns, name, &[], &[("k", "v")]).await;
+        t.wait_copy(CM, &t1, &source, ns, "cm").await;
+        t.wait_rule_ready(ns, "cm").await;
+    }
+    t.assert_dyn_absent(
+        &policies,
+        &t1,
+        "deny",
+        "NetworkPolicy is not in the operator's --kinds",
+    )
+    .await;
+    // Still reported so after the quiet period, and still running.
+    for (ns, name, _, _, reason) in &reported {
+        not_ready_because(&t.get_rule(ns, name).await, reason).unwrap();
+    }
+    wide_operator.assert_running();
+    plain_operator.assert_running();
+}
+
+// ---------------------------------------------------------------------------
+// admission
+
+/// Creates the rule and asserts the API server refuses it (422 Invalid)
+/// with a message that mentions every word of `mentions`.
+async fn refused(t: &TestNs, ns: &str, name: &str, body: Value, mentions: &[&str]) {
+    match t.try_create_rule(ns, name, body.clone()).await {
+        Ok(r) => panic!("the API server accepted the invalid rule {body}: {r}"),
+        Err(e) => {
+            let msg = err_msg(&e);
+            assert!(
+                matches!(&e, kube::Error::Api(s) if s.code == 422),
+                "expected 422 Invalid for {body}, got {msg}"
+            );
+            for word in mentions {
+                assert!(
+                    msg.contains(word),
+                    "the refusal of {body} does not mention {word:?}: {msg}"
+                );
+            }
+        }
+    }
+}
+
+/// No operator runs: the API server alone decides. A rule with
+/// `spec.objectType` alone is accepted (the control); with `ruleType` as
+/// well, at the top level or in `spec`, or with an `objectType` missing
+/// `kind` or `apiVersion`, it is refused.
+#[tokio::test]
+async fn admission_refuses_rule_type_with_object_type_and_an_incomplete_object_type() {
+    let t = TestNs::new("kinds-admission").await;
+    let ns = t.ns("op").await;
+    let sel = t.selector();
+    let object_type = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding"});
+    t.create_rule(
+        &ns,
+        "alone",
+        json!({"spec": {"objectType": object_type, "selector": sel}}),
+    )
+    .await;
+    refused(
+        &t,
+        &ns,
+        "top-level-rule-type",
+        json!({"ruleType": "configmap", "selector": sel, "spec": {"objectType": object_type}}),
+        &["objectType"],
+    )
+    .await;
+    refused(
+        &t,
+        &ns,
+        "spec-rule-type",
+        json!({"spec": {"ruleType": "secret", "objectType": object_type, "selector": sel}}),
+        &["objectType"],
+    )
+    .await;
+    refused(
+        &t,
+        &ns,
+        "missing-one",
+        json!({"spec": {"objectType": {"apiVersion": "rbac.authorization.k8s.io/v1"}, "selector": sel}}),
+        &["objectType", "kind"],
+    )
+    .await;
+    refused(
+        &t,
+        &ns,
+        "missing-other",
+        json!({"spec": {"objectType": {"kind": "RoleBinding"}, "selector": sel}}),
+        &["objectType", "apiVersion"],
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// sources owned by a controller
+
+/// Three Roles match: `free` (no owner), `referenced` (an ownerReference
+/// that is not its controller) and `owned` (an ownerReference with
+/// `controller: true`, to a real ConfigMap of the same namespace). The
+/// first two are copied (without the ownerReference); `owned` is not, and
+/// is listed in `status.refusedSources`. Once its ownerReference is
+/// removed, it is copied and no longer listed.
+#[tokio::test]
+async fn a_controller_owned_source_is_refused_and_listed_while_its_siblings_are_copied() {
+    let t = TestNs::new("kinds-owned").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    let ar = roles();
+    let owner = t.create_plain(CM, &op, "owner", &[], &[]).await;
+    let owner_reference = |controller: bool| {
+        json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.uid,
+                "controller": controller}])
+    };
+    let labels = t.selector();
+    let rules = json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]);
+    let role = |owners: Option<Value>| {
+        let mut body = json!({"metadata": {"labels": labels}, "rules": rules});
+        if let Some(owners) = owners {
+            body["metadata"]["ownerReferences"] = owners;
+        }
+        body
+    };
+    let free = t.create_dyn(&ar, &op, "free", role(None)).await;
+    let referenced = t
+        .create_dyn(&ar, &op, "referenced", role(Some(owner_reference(false))))
+        .await;
+    t.create_dyn(&ar, &op, "owned", role(Some(owner_reference(true))))
+        .await;
+    t.create_rule(
+        &op,
+        "r",
+        object_rule_spec(&ar, t.selector(), &[t.glob("t")]),
+    )
+    .await;
+    let _operator = Operator::start(&t, &op, &["--kinds", "Role.rbac.authorization.k8s.io"]);
+
+    t.wait_dyn_copy(&ar, &t1, &free, &op, "r").await;
+    t.wait_dyn_copy(&ar, &t1, &referenced, &op, "r").await;
+    let rule = t
+        .wait_rule(
+            &op,
+            "r",
+            "the owned source in refusedSources",
+            |r| match refused_sources(r) {
+                (listed, 1) if listed == [(op.clone(), "owned".to_string())] => Ok(()),
+                seen => Err(format!("refused sources {seen:?}: {}", short_status(r))),
+            },
+        )
+        .await;
+    let reason = rule["status"]["refusedSources"][0]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        !reason.is_empty(),
+        "the refused source has no reason: {}",
+        rule["status"]
+    );
+    t.assert_dyn_absent(&ar, &t1, "owned", "its controller owns it")
+        .await;
+
+    // No longer owned: copied like the others.
+    let released = t
+        .patch_dyn(
+            &ar,
+            &op,
+            "owned",
+            json!({"metadata": {"ownerReferences": null}}),
+        )
+        .await;
+    assert_eq!(released.owner_references(), 0);
+    t.wait_dyn_copy(&ar, &t1, &released, &op, "r").await;
+    t.wait_rule(&op, "r", "no refused source", |r| {
+        match refused_sources(r) {
+            (listed, 0) if listed.is_empty() => Ok(()),
+            seen => Err(format!("refused sources {seen:?}: {}", short_status(r))),
+        }
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// RBAC escalation
+
+/// What the operator may do here: every verb on the kinds it copies
+/// (ConfigMaps, Secrets, RoleBindings), and what it needs besides; not
+/// `bind` or `escalate`, and none of ClusterRole `admin`'s other grants.
+fn restricted_grants() -> BTreeSet<Grant> {
+    let all = [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ];
+    grants_of(&json!({"rules": [
+        {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": all},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["rolebindings"], "verbs": all},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["flant.com"], "resources": ["copyrators"],
+         "verbs": ["get", "list", "watch", "patch", "update"]},
+        {"apiGroups": ["flant.com"], "resources": ["copyrators/status"], "verbs": ["patch", "update"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    ]}))
+}
+
+/// The operator runs as a ServiceAccount of the test's own with
+/// [`restricted_grants`]. A RoleBinding to a ClusterRole whose grants the
+/// operator holds is copied (the control); one to ClusterRole `admin`,
+/// whose grants it does not hold, is refused by the API server's escalation
+/// prevention: its rule is Ready=False, reason SyncFailed, with a message
+/// that says RBAC escalation, and no copy exists.
+#[tokio::test]
+async fn a_role_binding_the_operator_may_not_grant_fails_as_rbac_escalation() {
+    let t = TestNs::new("kinds-escalation").await;
+    let cluster = ClusterScoped::new();
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    let ar = role_bindings();
+    let bindable = format!("{}-bindable", t.prefix);
+    cluster
+        .create(
+            &t.client,
+            &cluster_roles(),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": bindable},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}],
+            }),
+        )
+        .await;
+    let granted = restricted_grants();
+    let denied: BTreeSet<Grant> = [
+        Grant::new("rbac.authorization.k8s.io", "clusterroles", "bind"),
+        Grant::new("rbac.authorization.k8s.io", "clusterroles", "escalate"),
+        Grant::new("rbac.authorization.k8s.io", "roles", "bind"),
+        Grant::new("", "pods", "get"),
+        Grant::new("apps", "deployments", "create"),
+    ]
+    .into_iter()
+    .collect();
+    let id = Identity::create(&t, &cluster, &op, "copyrator", &granted, &BTreeSet::new()).await;
+    id.wait_effective(&t.client, &op, &granted, &denied).await;
+    id.wait_effective(&t.client, &t1, &BTreeSet::new(), &denied)
+        .await;
+
+    let binding = |cluster_role: &str| {
+        json!({
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+            "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "team"}],
+        })
+    };
+    let readers = t
+        .create_dyn_source(
+            &ar,
+            &op,
+            "readers",
+            &[("which", "readers")],
+            &[],
+            binding(&bindable),
+        )
+        .await;
+    t.create_dyn_source(
+        &ar,
+        &op,
+        "admins",
+        &[("which", "admins")],
+        &[],
+        binding("admin"),
+    )
+    .await;
+    let which = |w: &str| json!({TEST_LABEL: t.prefix, "which": w});
+    t.create_rule(
+        &op,
+        "readers",
+        object_rule_spec(&ar, which("readers"), &[t.glob("t")]),
+    )
+    .await;
+    t.create_rule(
+        &op,
+        "admins",
+        object_rule_spec(&ar, which("admins"), &[t.glob("t")]),
+    )
+    .await;
+    let mut operator = Operator::start_with_env(
+        &t,
+        vec![
+            "run".into(),
+            "--namespace".into(),
+            op.clone(),
+            "--log-level".into(),
+            "info".into(),
+            "--kinds".into(),
+            "configmap,secret,RoleBinding.rbac.authorization.k8s.io".into(),
+        ],
+        &[("KUBECONFIG", &id.kubeconfig)],
+    );
+
+    t.wait_dyn_copy(&ar, &t1, &readers, &op, "readers").await;
+    t.wait_rule_ready(&op, "readers").await;
+    t.wait_rule(
+        &op,
+        "admins",
+        "Ready False, reason SyncFailed, saying RBAC escalation",
+        |r| not_ready_saying(r, "SyncFailed", &["RBAC escalation"]),
+    )
+    .await;
+    t.assert_dyn_absent(
+        &ar,
+        &t1,
+        "admins",
+        "the operator may not grant what ClusterRole admin grants",
+    )
+    .await;
+    operator.assert_running();
+}
+
+// ---------------------------------------------------------------------------
+// syncPolicy: CreateOnly
+
+/// The README's "NetworkPolicy default-deny copied once": rule `once`
+/// (CreateOnly) fills `once1`, rule `sync` (Sync) fills `sync1` from the
+/// same source, as a witness that each change was seen. The copy made once
+/// carries the label that hands it over; an edit of it stays, a change of
+/// the source does not reach it, and it stays when the source is deleted.
+#[tokio::test]
+async fn create_only_network_policy_is_copied_once_and_left_to_its_namespace() {
+    let t = TestNs::new("kinds-once").await;
+    let op = t.ns("op").await;
+    let once = t.ns("once1").await;
+    let synced = t.ns("sync1").await;
+    let ar = network_policies();
+    t.create_rule(
+        &op,
+        "once",
+        with(
+            object_rule_spec(&ar, t.selector(), &[t.glob("once")]),
+            "/spec/syncPolicy",
+            json!("CreateOnly"),
+        ),
+    )
+    .await;
+    t.create_rule(
+        &op,
+        "sync",
+        object_rule_spec(&ar, t.selector(), &[t.glob("sync")]),
+    )
+    .await;
+    let _operator = Operator::start(&t, &op, &["--kinds", "NetworkPolicy.networking.k8s.io"]);
+    let source = t
+        .create_dyn_source(
+            &ar,
+            &op,
+            "default-deny",
+            &[],
+            &[],
+            json!({"spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}),
+        )
+        .await;
+    let once_uid = t.rule_uid(&op, "once").await;
+    let copy = t
+        .wait_dyn(
+            &ar,
+            &once,
+            "default-deny",
+            "a copy handed over (CreateOnly)",
+            |o| {
+                check_dyn_copy(o, &source, &op, "once", &once_uid)?;
+                match o.label(LABEL_SYNC_POLICY) {
+                    Some("CreateOnly") => Ok(()),
+                    other => Err(format!("label {LABEL_SYNC_POLICY}={other:?}")),
+                }
+            },
+        )
+        .await;
+    let sync_copy = t.wait_dyn_copy(&ar, &synced, &source, &op, "sync").await;
+    assert_eq!(
+        sync_copy.label(LABEL_SYNC_POLICY),
+        None,
+        "a Sync copy is not handed over"
+    );
+    assert_eq!(copy.payload(), source.payload());
+
+    // Both copies edited by hand (egress allowed again): the Sync copy is
+    // put back, the other stays as edited.
+    let allow_egress = json!({"spec": {"policyTypes": ["Ingress"]}});
+    let edited = t
+        .patch_dyn(&ar, &once, "default-deny", allow_egress.clone())
+        .await;
+    t.patch_dyn(&ar, &synced, "default-deny", allow_egress)
+        .await;
+    t.wait_dyn_copy(&ar, &synced, &source, &op, "sync").await;
+    t.assert_dyn_unchanged(
+        &ar,
+        &once,
+        "default-deny",
+        edited.resource_version(),
+        "a copy handed over is not restored",
+    )
+    .await;
+    assert_eq!(edited.json["spec"]["policyTypes"], json!(["Ingress"]));
+
+    // The source changes: the Sync copy follows, the other does not.
+    let source = t
+        .patch_dyn(
+            &ar,
+            &op,
+            "default-deny",
+            json!({"spec": {"podSelector": {"matchLabels": {"app": "web"}}}}),
+        )
+        .await;
+    t.wait_dyn_copy(&ar, &synced, &source, &op, "sync").await;
+    t.assert_dyn_unchanged(
+        &ar,
+        &once,
+        "default-deny",
+        edited.resource_version(),
+        "a copy handed over is not updated",
+    )
+    .await;
+
+    // The source is deleted: the Sync copy is pruned, the other stays.
+    t.delete_dyn(&ar, &op, "default-deny").await;
+    t.wait_dyn_gone(&ar, &synced, "default-deny", "its source is gone")
+        .await;
+    t.assert_dyn_unchanged(
+        &ar,
+        &once,
+        "default-deny",
+        edited.resource_version(),
+        "a copy handed over is never pruned",
+    )
+    .await;
+    t.wait_rule(&op, "once", "no source, one copy handed over", |r| {
+        is_ready(r)?;
+        match status_u64(r, "createOnlyCopies") {
+            Some(1) => Ok(()),
+            _ => Err(short_status(r)),
+        }
+    })
+    .await;
+}
