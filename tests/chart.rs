@@ -231,6 +231,109 @@ fn rendered_rbac_follows_kinds_and_leader_election() {
     assert!(docs.iter().all(|d| d["kind"] != "Role"));
 }
 
+/// `extraKinds` adds each kind to KINDS (`Kind.group`, a bare `Kind` for
+/// the core group) and the six verbs on its resource, nothing else;
+/// `rbacCopy` grants `bind` / `escalate` on roles and clusterroles only when
+/// asked; `operator.deniedKinds` is DENIED_KINDS. By default none of these
+/// adds a grant, so [`each_verb_the_chart_grants_is_needed`] still covers
+/// every one.
+#[test]
+fn rendered_rbac_follows_extra_kinds_and_rbac_copy() {
+    let defaults = render(&[]);
+    let base = all_grants(&defaults);
+    assert_eq!(
+        deployment_env(&defaults, "DENIED_KINDS"),
+        "Pod,Event,Endpoints,EndpointSlice,Lease,ReplicaSet,ControllerRevision,Job"
+    );
+    assert!(
+        !base
+            .iter()
+            .any(|g| g.verb == "bind" || g.verb == "escalate"),
+        "bind or escalate granted by default: {base:?}"
+    );
+
+    let docs = render(&[
+        "--set",
+        "extraKinds[0].apiGroup=rbac.authorization.k8s.io",
+        "--set",
+        "extraKinds[0].kind=RoleBinding",
+        "--set",
+        "extraKinds[0].resource=rolebindings",
+        "--set-string",
+        "extraKinds[1].apiGroup=",
+        "--set",
+        "extraKinds[1].kind=ServiceAccount",
+        "--set",
+        "extraKinds[1].resource=serviceaccounts",
+        "--set",
+        "operator.deniedKinds={Pod,Job.batch}",
+    ]);
+    assert_eq!(
+        deployment_env(&docs, "KINDS"),
+        "configmap,secret,RoleBinding.rbac.authorization.k8s.io,ServiceAccount"
+    );
+    assert_eq!(deployment_env(&docs, "DENIED_KINDS"), "Pod,Job.batch");
+    let six = ["create", "delete", "get", "list", "update", "watch"];
+    let added: BTreeSet<Grant> = all_grants(&docs).difference(&base).cloned().collect();
+    let want: BTreeSet<Grant> = [
+        ("rbac.authorization.k8s.io", "rolebindings"),
+        ("", "serviceaccounts"),
+    ]
+    .iter()
+    .flat_map(|(group, resource)| six.iter().map(|verb| Grant::new(group, resource, verb)))
+    .collect();
+    assert_eq!(added, want, "what extraKinds adds to the chart's RBAC");
+    assert!(
+        base.is_subset(&all_grants(&docs)),
+        "extraKinds takes nothing away"
+    );
+
+    for (set, verbs) in [
+        (vec!["rbacCopy.bind=true"], vec!["bind"]),
+        (vec!["rbacCopy.escalate=true"], vec!["escalate"]),
+        (
+            vec!["rbacCopy.bind=true", "rbacCopy.escalate=true"],
+            vec!["bind", "escalate"],
+        ),
+    ] {
+        let args: Vec<&str> = set.iter().flat_map(|s| ["--set", *s]).collect();
+        let added: BTreeSet<Grant> = all_grants(&render(&args))
+            .difference(&base)
+            .cloned()
+            .collect();
+        let want: BTreeSet<Grant> = ["roles", "clusterroles"]
+            .iter()
+            .flat_map(|resource| {
+                verbs
+                    .iter()
+                    .map(|verb| Grant::new("rbac.authorization.k8s.io", resource, verb))
+            })
+            .collect();
+        assert_eq!(added, want, "with {set:?}");
+    }
+
+    // A release upgraded with --reuse-values from a chart without these
+    // values: no extra grant, and the operator's own default deny-list.
+    let docs = render(&[
+        "--set",
+        "extraKinds=null",
+        "--set",
+        "rbacCopy=null",
+        "--set",
+        "operator.deniedKinds=null",
+    ]);
+    assert_eq!(all_grants(&docs), base);
+    assert_eq!(deployment_env(&docs, "KINDS"), "configmap,secret");
+    let env = &find(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert!(
+        env.as_array()
+            .expect("env")
+            .iter()
+            .all(|e| e["name"] != "DENIED_KINDS"),
+        "DENIED_KINDS set without operator.deniedKinds: {env}"
+    );
+}
+
 // ===========================================================================
 // The job: what the operator must be able to do with the chart's RBAC
 

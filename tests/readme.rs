@@ -7,11 +7,142 @@
 mod common;
 
 use common::*;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
 const SECRET: Kind = Kind::Secret;
+const LABEL_SYNC_POLICY: &str = "copyrator.flant.com/sync-policy";
+
+/// `--kinds` for the examples of other kinds, as the README starts the
+/// operator for them.
+const KINDS: &str =
+    "configmap,secret,RoleBinding.rbac.authorization.k8s.io,NetworkPolicy.networking.k8s.io";
+
+fn role_bindings() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "RoleBinding"),
+        "rolebindings",
+    )
+}
+
+fn network_policies() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("networking.k8s.io", "v1", "NetworkPolicy"),
+        "networkpolicies",
+    )
+}
+
+fn objects(t: &TestNs, resource: &ApiResource, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(t.client.clone(), ns, resource)
+}
+
+/// Creates the example document `doc` (an object of `resource`, in the
+/// namespace its metadata names) as it is.
+async fn create_object(t: &TestNs, resource: &ApiResource, doc: &Value) -> DynamicObject {
+    let ns = doc["metadata"]["namespace"]
+        .as_str()
+        .expect("the example names its namespace");
+    let obj: DynamicObject = serde_json::from_value(doc.clone()).expect("an object");
+    objects(t, resource, ns)
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("creating {} in {ns}: {}", resource.kind, err_msg(&e)))
+}
+
+/// Waits until `ns/name` of `resource` exists and `check` accepts it.
+async fn wait_object(
+    t: &TestNs,
+    resource: &ApiResource,
+    ns: &str,
+    name: &str,
+    what: &str,
+    check: impl Fn(&DynamicObject) -> Result<(), String>,
+) -> DynamicObject {
+    let api = objects(t, resource, ns);
+    wait_until(
+        format!("{} {ns}/{name}: {what}", resource.kind),
+        TIMEOUT,
+        async || match api.get_opt(name).await.map_err(|e| err_msg(&e))? {
+            None => Err("it does not exist".into()),
+            Some(o) => check(&o).map(|()| o),
+        },
+    )
+    .await
+}
+
+/// JSON merge patch, as someone editing the object by hand.
+async fn patch_object(
+    t: &TestNs,
+    resource: &ApiResource,
+    ns: &str,
+    name: &str,
+    patch: &Value,
+) -> DynamicObject {
+    objects(t, resource, ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap_or_else(|e| panic!("patching {} {ns}/{name}: {}", resource.kind, err_msg(&e)))
+}
+
+/// `copy` carries `fields` of `source` as they are, and names its rule
+/// (`uid`) and its source.
+fn copy_of(
+    copy: &DynamicObject,
+    source: &DynamicObject,
+    fields: &[&str],
+    uid: &str,
+) -> Result<(), String> {
+    let at = format!(
+        "{}/{}",
+        copy.metadata.namespace.as_deref().unwrap_or_default(),
+        copy.metadata.name.as_deref().unwrap_or_default()
+    );
+    for field in fields {
+        if copy.data[field] != source.data[field] {
+            return Err(format!(
+                "{at}: {field} is {}, the source's is {}",
+                copy.data[field], source.data[field]
+            ));
+        }
+    }
+    let label = |k: &str| {
+        copy.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(k))
+            .cloned()
+    };
+    let annotation = |k: &str| {
+        copy.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(k))
+            .cloned()
+    };
+    if label(LABEL_RULE_UID).as_deref() != Some(uid) {
+        return Err(format!("{at}: labels {:?}", copy.metadata.labels));
+    }
+    let source_ref = format!(
+        "{}/{}",
+        source.metadata.namespace.as_deref().unwrap_or_default(),
+        source.metadata.name.as_deref().unwrap_or_default()
+    );
+    if annotation(ANNOTATION_SOURCE).as_deref() != Some(source_ref.as_str()) {
+        return Err(format!("{at}: annotations {:?}", copy.metadata.annotations));
+    }
+    for (k, v) in source.metadata.labels.iter().flatten() {
+        if label(k).as_ref() != Some(v) {
+            return Err(format!(
+                "{at}: the source's label {k}={v:?} is missing: {:?}",
+                copy.metadata.labels
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// The YAML documents of the README example `name`, with each namespace
 /// name of `renames` replaced by the test's own.
@@ -179,5 +310,176 @@ async fn the_pull_example_brings_the_ca_bundle_home() {
             _ => Err(short_status(r)),
         }
     })
+    .await;
+}
+
+/// `README: Copying RBAC objects`: the RoleBinding lands, with the same
+/// roleRef and subjects, in every namespace labelled `team: "true"`, and
+/// not in one without the label.
+#[tokio::test]
+async fn the_rolebinding_example_reaches_the_labelled_namespaces() {
+    let t = TestNs::new("readme-rolebinding").await;
+    let op = t.ns("op").await;
+    let platform = t.ns("platform").await;
+    let team_a = t.ns_labelled("team-a", &[("team", "true")]).await;
+    let team_b = t.ns_labelled("team-b", &[("team", "true")]).await;
+    let other = t.ns("other").await;
+    let docs = example(
+        "rolebinding-teams",
+        &[
+            ("namespace: copyrator", &format!("namespace: {op}")),
+            ("namespace: platform", &format!("namespace: {platform}")),
+        ],
+    );
+    let binding = of_kind(&docs, "RoleBinding");
+    assert_eq!(binding["metadata"]["namespace"], json!(platform));
+    let source = create_object(&t, &role_bindings(), binding).await;
+    let source_name = source.metadata.name.clone().expect("a name");
+    let rule = of_kind(&docs, "CopyratorRule");
+    assert_eq!(rule["metadata"]["namespace"], json!(op));
+    let name = rule["metadata"]["name"].as_str().expect("the rule's name");
+    // The selector alone would reach every namespace labelled team=true in
+    // the shared test cluster; the test's glob keeps the rule to its own
+    // namespaces (every target filter must match).
+    let body = with(
+        json!({"spec": rule["spec"]}),
+        "/spec/targets/include",
+        json!([t.glob("")]),
+    );
+    t.create_rule(&op, name, body).await;
+    // The test's client, which the operator uses too, holds every
+    // permission, so the API server lets it bind `view`.
+    let _operator = Operator::start(&t, &op, &["--kinds", KINDS]);
+    let uid = t.rule_uid(&op, name).await;
+    for ns in [&team_a, &team_b] {
+        wait_object(
+            &t,
+            &role_bindings(),
+            ns,
+            &source_name,
+            "a copy with the source's roleRef and subjects",
+            |o| copy_of(o, &source, &["roleRef", "subjects"], &uid),
+        )
+        .await;
+    }
+    t.wait_rule(&op, name, "Ready, two copies", |r| {
+        is_ready(r)?;
+        match status_u64(r, "copies") {
+            Some(2) => Ok(()),
+            _ => Err(short_status(r)),
+        }
+    })
+    .await;
+    let api = objects(&t, &role_bindings(), &other);
+    assert_for(
+        format!("no RoleBinding {other}/{source_name} (the namespace has no team label)"),
+        QUIET,
+        async || match api.get_opt(&source_name).await.map_err(|e| err_msg(&e))? {
+            None => Ok(()),
+            Some(o) => Err(format!("it exists: {:?}", o.metadata.labels)),
+        },
+    )
+    .await;
+}
+
+/// `README: Any namespaced kind`: the NetworkPolicy is copied once into
+/// the team namespace and handed over; the team's edit of it stays. A
+/// `Sync` rule over the same source, whose copy gets the same edit and has
+/// it undone, shows that the operator saw the edit.
+#[tokio::test]
+async fn the_networkpolicy_example_hands_its_copy_over() {
+    let t = TestNs::new("readme-netpol").await;
+    let op = t.ns("op").await;
+    let templates = t.ns("templates").await;
+    let team = t.ns("team-a").await;
+    let synced = t.ns("sync1").await;
+    let team_glob = t.glob("team-");
+    let docs = example(
+        "networkpolicy-default-deny",
+        &[
+            ("namespace: copyrator", &format!("namespace: {op}")),
+            ("namespace: templates", &format!("namespace: {templates}")),
+            ("team-*", &team_glob),
+        ],
+    );
+    let policy = of_kind(&docs, "NetworkPolicy");
+    assert_eq!(policy["metadata"]["namespace"], json!(templates));
+    let source = create_object(&t, &network_policies(), policy).await;
+    let source_name = source.metadata.name.clone().expect("a name");
+    let rule = of_kind(&docs, "CopyratorRule");
+    assert_eq!(rule["spec"]["syncPolicy"], "CreateOnly");
+    let name = rule["metadata"]["name"].as_str().expect("the rule's name");
+    t.create_rule(&op, name, json!({"spec": rule["spec"]}))
+        .await;
+    let witness = with(
+        with(
+            json!({"spec": rule["spec"]}),
+            "/spec/syncPolicy",
+            json!("Sync"),
+        ),
+        "/spec/targets",
+        json!({"include": [t.glob("sync")]}),
+    );
+    t.create_rule(&op, "witness", witness).await;
+    let _operator = Operator::start(&t, &op, &["--kinds", KINDS]);
+    let uid = t.rule_uid(&op, name).await;
+    let witness_uid = t.rule_uid(&op, "witness").await;
+    wait_object(
+        &t,
+        &network_policies(),
+        &team,
+        &source_name,
+        "a copy handed over (CreateOnly)",
+        |o| {
+            copy_of(o, &source, &["spec"], &uid)?;
+            let policy = o
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_SYNC_POLICY));
+            match policy.map(String::as_str) {
+                Some("CreateOnly") => Ok(()),
+                other => Err(format!("label {LABEL_SYNC_POLICY}={other:?}")),
+            }
+        },
+    )
+    .await;
+    wait_object(
+        &t,
+        &network_policies(),
+        &synced,
+        &source_name,
+        "the witness's copy",
+        |o| copy_of(o, &source, &["spec"], &witness_uid),
+    )
+    .await;
+
+    // The team denies egress too; someone makes the same edit to the
+    // witness's copy.
+    let edit = json!({"spec": {"policyTypes": ["Ingress", "Egress"]}});
+    let edited = patch_object(&t, &network_policies(), &team, &source_name, &edit).await;
+    patch_object(&t, &network_policies(), &synced, &source_name, &edit).await;
+    wait_object(
+        &t,
+        &network_policies(),
+        &synced,
+        &source_name,
+        "the witness's copy put back (Sync)",
+        |o| copy_of(o, &source, &["spec"], &witness_uid),
+    )
+    .await;
+    let rv = edited.metadata.resource_version.clone().expect("a version");
+    let api = objects(&t, &network_policies(), &team);
+    assert_for(
+        format!("{team}/{source_name} as the team left it (CreateOnly)"),
+        QUIET,
+        async || match api.get_opt(&source_name).await.map_err(|e| err_msg(&e))? {
+            None => Err("it was deleted".into()),
+            Some(o) if o.metadata.resource_version.as_deref() != Some(rv.as_str()) => {
+                Err(format!("changed: spec {}", o.data["spec"]))
+            }
+            Some(_) => Ok(()),
+        },
+    )
     .await;
 }

@@ -46,9 +46,33 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
-The kinds the operator copies, comma-separated. A release upgraded with
---reuse-values from a chart without the `kinds` value keeps both kinds.
+The kinds the operator copies, comma-separated: `kinds`, then each of
+`extraKinds` as `Kind.group` (a bare `Kind` for the core group). A release
+upgraded with --reuse-values from a chart without the `kinds` value keeps
+both kinds.
 */}}
 {{- define "copyrator.kinds" -}}
-{{- .Values.kinds | default (list "configmap" "secret") | join "," }}
+{{- $kinds := .Values.kinds | default (list "configmap" "secret") }}
+{{- range .Values.extraKinds }}
+{{- if .apiGroup }}
+{{- $kinds = append $kinds (printf "%s.%s" .kind .apiGroup) }}
+{{- else }}
+{{- $kinds = append $kinds .kind }}
+{{- end }}
+{{- end }}
+{{- $kinds | join "," }}
+{{- end }}
+
+{{/*
+The verbs `rbacCopy` grants on roles and clusterroles, as a JSON list; empty
+when it grants none (also for a release upgraded with --reuse-values from a
+chart without the value).
+*/}}
+{{- define "copyrator.rbacCopyVerbs" -}}
+{{- $verbs := list }}
+{{- with .Values.rbacCopy }}
+{{- if .bind }}{{ $verbs = append $verbs "bind" }}{{ end }}
+{{- if .escalate }}{{ $verbs = append $verbs "escalate" }}{{ end }}
+{{- end }}
+{{- if $verbs }}{{ toJson $verbs }}{{ end }}
 {{- end }}
