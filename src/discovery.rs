@@ -11,7 +11,7 @@ use kube::discovery::{Scope, verbs};
 
 use crate::Error;
 use crate::kinds::{Discovered, Kind};
-use crate::rule::{CopyratorRule, InvalidRule, ObjectType};
+use crate::rule::{CopyratorRule, InvalidRule, ObjectType, RuleKey};
 use crate::state::{Shared, lock, read, write};
 
 /// How soon a rule whose kind the API server does not serve looks again:
@@ -43,8 +43,14 @@ pub enum KindReadiness {
 }
 
 /// Resolve the kind `rule` names, register it and start watching its
-/// copies. Only a failure to reach the API server is an error.
-pub async fn prepare(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<KindReadiness, Error> {
+/// copies; a rule of the view (not one `copyrator plan` reads from a file)
+/// only while it is in the view. Only a failure to reach the API server is
+/// an error.
+pub async fn prepare(
+    shared: &Arc<Shared>,
+    rule: &CopyratorRule,
+    in_view: bool,
+) -> Result<KindReadiness, Error> {
     let Some(object_type) = rule.object_type() else {
         return Ok(KindReadiness::NothingToPrepare);
     };
@@ -77,7 +83,10 @@ pub async fn prepare(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<KindR
     {
         return Ok(refused);
     }
-    watch_copies(shared, kind);
+    if !watch_copies(shared, kind, in_view.then(|| rule.key())) {
+        // The rule went meanwhile: nothing to watch for it.
+        return Ok(KindReadiness::Listing);
+    }
     Ok(if shared.synced.copies_of(kind) {
         KindReadiness::Ready
     } else {
@@ -95,8 +104,7 @@ async fn discover(
 ) -> Result<Result<Kind, KindReadiness>, Error> {
     let gvk = GroupVersionKind::gvk(group, version, &object_type.kind);
     let name = object_type.name();
-    let (resource, capabilities) = match kube::discovery::pinned_kind(&shared.client, &gvk).await
-    {
+    let (resource, capabilities) = match kube::discovery::pinned_kind(&shared.client, &gvk).await {
         Ok(found) => found,
         Err(kube::Error::Api(status)) if status.code == 404 => {
             return Ok(Err(unknown(object_type)));
@@ -200,15 +208,24 @@ fn unknown(object_type: &ObjectType) -> KindReadiness {
     )
 }
 
-/// Start watching the copies of `kind` unless they are watched already.
-fn watch_copies(shared: &Arc<Shared>, kind: Kind) {
+/// Start watching the copies of `kind` for `rule` (of the view) unless they are watched
+/// already; false when the rule has left the view. Checked under the lock
+/// [`release_unused`] takes after a rule leaves: a pass that began before
+/// never starts a watch nothing would stop.
+fn watch_copies(shared: &Arc<Shared>, kind: Kind, rule: Option<RuleKey>) -> bool {
     let mut watches = lock(&shared.kind_watches);
+    if let Some(key) = &rule
+        && !read(&shared.rules).contains_key(key)
+    {
+        return false;
+    }
     if watches.contains_key(&kind) {
-        return;
+        return true;
     }
     shared.synced.set_copies_of(kind, false);
     watches.insert(kind, crate::watch::spawn_copy_watch(shared.clone(), kind));
     shared.metrics.kind_watches.set(watches.len() as i64);
+    true
 }
 
 /// The kind `rule` names by `objectType`, if it is registered.
@@ -219,8 +236,9 @@ pub fn named_kind(rule: &CopyratorRule) -> Option<Kind> {
 }
 
 /// Stop the copy watches of kinds no rule names any more and of which no
-/// copy is left (a rule that changed its kind still has copies of the old
-/// one to delete).
+/// rule here has a copy left (a rule that changed its kind still has
+/// copies of the old one to delete). Copies of rules that are not ours
+/// (another operator's, or orphans) keep no watch running.
 pub fn release_unused(shared: &Shared) {
     let mut watches = lock(&shared.kind_watches);
     if watches.is_empty() {
@@ -231,7 +249,10 @@ pub fn release_unused(shared: &Shared) {
         .filter_map(|rule| named_kind(rule))
         .collect();
     watches.retain(|kind, task| {
-        let keep = named.contains(kind) || !read(shared.copies(*kind)).is_empty();
+        let keep = named.contains(kind)
+            || read(shared.copies(*kind))
+                .rule_uids()
+                .any(|uid| shared.is_live_rule(uid));
         if !keep {
             task.abort();
             write(shared.copies(*kind)).replace_all(Vec::new());
@@ -245,7 +266,7 @@ pub fn release_unused(shared: &Shared) {
 
 /// The rules that name `kind` by `objectType`: queued once its copies
 /// have listed, since they waited for that.
-pub fn rules_naming(shared: &Shared, kind: Kind) -> Vec<crate::rule::RuleKey> {
+pub fn rules_naming(shared: &Shared, kind: Kind) -> Vec<RuleKey> {
     read(&shared.rules)
         .iter()
         .filter(|(_, rule)| named_kind(rule) == Some(kind))

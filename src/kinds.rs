@@ -86,9 +86,8 @@ static BUILTIN: [KindInfo; 2] = [
 ];
 
 /// Fields of well-known kinds that the API server never lets change.
-const KNOWN_IMMUTABLE: &[(&str, &str, &[&str])] = &[
-    ("rbac.authorization.k8s.io", "RoleBinding", &["roleRef"]),
-];
+const KNOWN_IMMUTABLE: &[(&str, &str, &[&str])] =
+    &[("rbac.authorization.k8s.io", "RoleBinding", &["roleRef"])];
 
 /// The registry of kinds beyond the built-in ones, in registration order.
 struct Registry {
@@ -331,7 +330,9 @@ impl EnabledKinds {
             enabled.builtin = Kind::builtin().collect();
         }
         if enabled.builtin.is_empty() && enabled.named.is_empty() {
-            return Err("--kinds must name at least one kind (configmap, secret, Kind.group or *)".into());
+            return Err(
+                "--kinds must name at least one kind (configmap, secret, Kind.group or *)".into(),
+            );
         }
         Ok(enabled)
     }
@@ -352,7 +353,9 @@ impl EnabledKinds {
 
     /// Whether kind `kind` of API group `group` is copied.
     pub fn enables(&self, group: &str, kind: &str) -> bool {
-        if let Some(builtin) = Kind::builtin().find(|k| k.info().group == group && k.info().api_kind == kind) {
+        if let Some(builtin) =
+            Kind::builtin().find(|k| k.info().group == group && k.info().api_kind == kind)
+        {
             return self.has_builtin(builtin);
         }
         self.any
@@ -375,7 +378,8 @@ pub struct DeniedKinds(Vec<KindPattern>);
 
 /// `--denied-kinds` by default: objects that belong to a controller or a
 /// node, or that make no sense twice.
-pub const DENIED_KINDS: &str = "Pod,Event,Endpoints,EndpointSlice,Lease,ReplicaSet,ControllerRevision,Job";
+pub const DENIED_KINDS: &str =
+    "Pod,Event,Endpoints,EndpointSlice,Lease,ReplicaSet,ControllerRevision,Job";
 
 impl DeniedKinds {
     /// Entries: `Kind` (in every group) or `Kind.group`.
@@ -396,9 +400,10 @@ impl DeniedKinds {
 
     pub fn denies(&self, group: &str, kind: &str) -> bool {
         (group == crate::rule::GROUP && kind == crate::rule::KIND)
-            || self.0.iter().any(|p| {
-                p.matches_kind(kind) && p.group.as_deref().is_none_or(|g| g == group)
-            })
+            || self
+                .0
+                .iter()
+                .any(|p| p.matches_kind(kind) && p.group.as_deref().is_none_or(|g| g == group))
     }
 }
 
@@ -439,8 +444,15 @@ mod tests {
             version: "v1beta1".into(),
             ..found
         };
-        assert_eq!(Kind::register(&other_version), Ok(kind), "one version per kind");
-        assert_eq!(Kind::find("rbac.authorization.k8s.io", "RoleBinding"), Some(kind));
+        assert_eq!(
+            Kind::register(&other_version),
+            Ok(kind),
+            "one version per kind"
+        );
+        assert_eq!(
+            Kind::find("rbac.authorization.k8s.io", "RoleBinding"),
+            Some(kind)
+        );
         assert_eq!(Kind::find("", "RoleBinding"), None);
         assert!(Kind::all().any(|k| k == kind));
         let info = kind.info();
@@ -480,7 +492,10 @@ mod tests {
         assert!(!enabled.enables("", "Secret"));
         assert!(enabled.enables("", "ConfigMap"));
         assert!(enabled.enables("rbac.authorization.k8s.io", "RoleBinding"));
-        assert!(!enabled.enables("", "RoleBinding"), "a bare kind is the core group");
+        assert!(
+            !enabled.enables("", "RoleBinding"),
+            "a bare kind is the core group"
+        );
         assert!(enabled.enables("", "ServiceAccount"));
         assert!(!enabled.enables("networking.k8s.io", "NetworkPolicy"));
         let any = EnabledKinds::parse(&entries("*")).expect("valid");
@@ -499,7 +514,10 @@ mod tests {
         assert!(denied.denies("coordination.k8s.io", "Lease"));
         assert!(!denied.denies("rbac.authorization.k8s.io", "RoleBinding"));
         let none = DeniedKinds::parse(&[]).expect("valid");
-        assert!(none.denies("flant.com", "CopyratorRule"), "whatever the setting");
+        assert!(
+            none.denies("flant.com", "CopyratorRule"),
+            "whatever the setting"
+        );
         assert!(!none.denies("", "Pod"));
         let grouped = DeniedKinds::parse(&entries("Widget.example.com")).expect("valid");
         assert!(grouped.denies("example.com", "Widget"));

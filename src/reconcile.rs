@@ -14,8 +14,8 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::discovery::KindReadiness;
 use crate::backoff::{Admission, CopyKey, Failure, FailureClass, Waiting};
+use crate::discovery::KindReadiness;
 use crate::finalizer::{cleanup, set_finalizer};
 use crate::index::{Object, ObjectKey};
 use crate::kinds::Kind;
@@ -89,7 +89,7 @@ pub async fn reconcile(
     };
     let uid = rule.uid().unwrap_or_default().to_owned();
     // The kind first: a deleted rule's copies are found through its watch.
-    let kind_refused = match crate::discovery::prepare(shared, &rule).await? {
+    let kind_refused = match crate::discovery::prepare(shared, &rule, true).await? {
         KindReadiness::Listing => {
             shared.queue.carry(key, scope);
             return Ok(None);
@@ -302,7 +302,7 @@ pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Previ
     let key = rule.key();
     let rule_name = key.to_string();
     let uid = rule.uid().unwrap_or_default();
-    let kind_refused = match crate::discovery::prepare(shared, rule).await? {
+    let kind_refused = match crate::discovery::prepare(shared, rule, false).await? {
         // Its copies are listed before anything is said of them.
         KindReadiness::Listing => return Ok(Preview::WaitingForSources),
         KindReadiness::Refused(invalid, _) => Some(invalid),
@@ -750,7 +750,8 @@ fn plan_pass(
     };
     let mut other_kind_deletions = Vec::new();
     if resolved.prune {
-        for kind in Kind::all().filter(|k| *k != resolved.kind && resolved.policy.kinds.copies(*k)) {
+        for kind in Kind::all().filter(|k| *k != resolved.kind && resolved.policy.kinds.copies(*k))
+        {
             for action in plan::cleanup(&resolved.uid, &namespaces, &read(shared.copies(kind))) {
                 other_kind_deletions.push((kind, action));
             }

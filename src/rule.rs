@@ -1153,7 +1153,8 @@ mod tests {
                 "spec": {"objectType": {"apiVersion": api_version, "kind": kind}, "selector": {"a": "b"}}
             }))
         };
-        let reason = |r: &CopyratorRule, trust: &Trust| r.resolve(trust).map(|_| ()).unwrap_err().reason;
+        let reason =
+            |r: &CopyratorRule, trust: &Trust| r.resolve(trust).map(|_| ()).unwrap_err().reason;
         assert_eq!(reason(&named("v1", "Pod"), &with_kinds("*")), "DeniedKind");
         assert_eq!(
             reason(&named("flant.com/v1", "CopyratorRule"), &with_kinds("*")),
@@ -1167,14 +1168,21 @@ mod tests {
             reason(&named("example.com/v1", "Unregistered"), &with_kinds("*")),
             "UnknownKind"
         );
-        assert_eq!(reason(&named("", "Widget"), &with_kinds("*")), "InvalidRule");
+        assert_eq!(
+            reason(&named("", "Widget"), &with_kinds("*")),
+            "InvalidRule"
+        );
         let both = rule(json!({
             "metadata": {"name": "r", "namespace": "copyrator"},
             "ruleType": "configmap",
             "spec": {"objectType": {"apiVersion": "v1", "kind": "ConfigMap"}, "selector": {"a": "b"}}
         }));
         let err = both.resolve(&with_kinds("*")).unwrap_err();
-        assert!(err.message.contains("mutually exclusive"), "{}", err.message);
+        assert!(
+            err.message.contains("mutually exclusive"),
+            "{}",
+            err.message
+        );
         // The built-in kinds by objectType: the same kind, the same rules.
         let secret = named("v1", "Secret").resolve(&trust()).expect("resolves");
         assert_eq!(secret.kind, Kind::Secret);

@@ -279,6 +279,13 @@ impl Shared {
     /// As [`Shared::set_rule`], without queueing the rule (for the answer to
     /// our own status write); returns whether the rule was taken.
     pub fn set_rule_quietly(&self, key: RuleKey, rule: Arc<CopyratorRule>) -> bool {
+        if rule.is_deleting() && rule.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
+            // The API server let it go with its last finalizer: the answer
+            // to that write, arriving after the watch's delete, must not
+            // bring it back.
+            self.forget_rule(&key);
+            return false;
+        }
         {
             let mut rules = write(&self.rules);
             if let Some(previous) = rules.get(&key) {

@@ -460,7 +460,10 @@ mod tests {
         );
         let said = describe(&err);
         assert!(said.starts_with("RBAC escalation: "), "{said}");
-        assert!(!said.contains("APIGroups"), "the permission list is left out: {said}");
+        assert!(
+            !said.contains("APIGroups"),
+            "the permission list is left out: {said}"
+        );
         assert!(said.contains("`bind`"), "{said}");
         // Any other refusal is said in the API server's words.
         let other = describe(&refusal(403, "configmaps are frozen"));
