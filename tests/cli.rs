@@ -316,3 +316,78 @@ async fn run_serves_probes_and_stops_cleanly_on_sigterm() {
         operator.logs()
     );
 }
+
+/// A rule from a file that names another kind by `objectType`: the plan
+/// resolves the kind, lists the copies it would create, exits 2 and
+/// writes nothing; an operator whose `--kinds` leaves the kind out
+/// refuses the rule (exit 1) with the status's reason.
+#[tokio::test]
+async fn plan_of_an_object_type_rule_lists_its_creates() {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use kube::core::ApiResource;
+    let t = TestNs::new("plan-kind").await;
+    let op = t.ns("op").await;
+    let (t1, t2) = (t.ns("t1").await, t.ns("t2").await);
+    let policies = ApiResource::erase::<NetworkPolicy>(&());
+    t.create_dyn_source(
+        &policies,
+        &op,
+        "deny",
+        &[],
+        &[],
+        json!({"spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}),
+    )
+    .await;
+    let rule = common::dynamic::object_rule_spec(&policies, t.selector(), &[t.glob("t")]);
+    let file = t.rule_file("kind", &[TestNs::rule_manifest(None, "np", &rule)]);
+
+    let kinds = "configmap,secret,NetworkPolicy.networking.k8s.io";
+    let plan = copyrator_plan(
+        &[
+            "--namespace",
+            &op,
+            "--kinds",
+            kinds,
+            "-f",
+            &file,
+            "-o",
+            "json",
+        ],
+        None,
+    )
+    .await;
+    plan.assert_exit(2);
+    let (rule_name, source) = (format!("{op}/np"), format!("{op}/deny"));
+    let create = |ns: &str| {
+        (
+            "create".to_owned(),
+            "NetworkPolicy".to_owned(),
+            ns.to_owned(),
+            "deny".to_owned(),
+            rule_name.clone(),
+            Some(source.clone()),
+        )
+    };
+    assert_eq!(
+        plan.changes(),
+        [create(&t1), create(&t2)],
+        "{}",
+        plan.stdout
+    );
+    for ns in [&t1, &t2] {
+        assert!(
+            matches!(t.try_get_dyn(&policies, ns, "deny").await, Ok(None)),
+            "plan created a copy in {ns}"
+        );
+    }
+
+    let refused = copyrator_plan(&["--namespace", &op, "-f", &file, "-o", "json"], None).await;
+    refused.assert_exit(1);
+    assert_eq!(
+        refused.json()["rules"],
+        json!([{"rule": rule_name, "valid": false, "reason": "KindNotEnabled",
+                "message": "this operator does not copy NetworkPolicy.networking.k8s.io: add it to --kinds (the chart's extraKinds, which also grants the RBAC)"}]),
+        "{}",
+        refused.stdout
+    );
+}
