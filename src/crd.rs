@@ -45,6 +45,36 @@ pub fn namespace_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// Schema of `spec.objectType`: both parts required, each in the form the
+/// API server gives them, so that a typo is refused at once.
+pub fn object_type_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "Any namespaced kind to copy, instead of ruleType: its apiVersion (group/version, or v1 for the core group) and kind, as in an object's own header, such as rbac.authorization.k8s.io/v1 and RoleBinding. The kind is resolved by API discovery; an unknown, cluster-scoped or denied kind, or one --kinds leaves out, is reported in the status.",
+        "type": "object",
+        "required": ["apiVersion", "kind"],
+        "properties": {
+            "apiVersion": {
+                "description": "group/version, or v1 for the core group.",
+                "type": "string",
+                "maxLength": 317,
+                "x-kubernetes-validations": [{
+                    "rule": "self.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[a-z0-9]+$')",
+                    "message": "apiVersion must be group/version (such as rbac.authorization.k8s.io/v1), or v1 for the core group"
+                }]
+            },
+            "kind": {
+                "description": "The kind, such as RoleBinding or NetworkPolicy.",
+                "type": "string",
+                "maxLength": 63,
+                "x-kubernetes-validations": [{
+                    "rule": "self.matches('^[A-Za-z][A-Za-z0-9]*$')",
+                    "message": "kind must be a kind name such as RoleBinding: letters and digits, starting with a letter"
+                }]
+            }
+        }
+    })
+}
+
 /// A qualified name (label and annotation keys), as the API server checks
 /// it: an optional DNS-subdomain prefix and `/`, then a name of 1-63
 /// characters. The prefix's length is checked apart (`indexOf`).

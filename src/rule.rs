@@ -171,7 +171,10 @@ pub struct RuleSpec {
     pub rule_type: Option<RuleType>,
     /// Any namespaced kind to copy, instead of `ruleType`: its `apiVersion`
     /// and `kind`, such as `rbac.authorization.k8s.io/v1` and `RoleBinding`.
+    /// Resolved by API discovery; an unknown, cluster-scoped or denied kind,
+    /// or one `--kinds` leaves out, is reported in the status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::crd::object_type_schema")]
     pub object_type: Option<ObjectType>,
     /// Labels a source must carry, all of them (`{copyrator: "true"}`), or a
     /// label selector with `matchLabels` and `matchExpressions`. Wins over the

@@ -590,9 +590,9 @@ async fn refused(t: &TestNs, ns: &str, name: &str, body: Value, mentions: &[&str
 /// No operator runs: the API server alone decides. A rule with
 /// `spec.objectType` alone is accepted (the control); with `ruleType` as
 /// well, at the top level or in `spec`, or with an `objectType` missing
-/// `kind` or `apiVersion`, it is refused.
+/// `kind` or `apiVersion`, or with either malformed, it is refused.
 #[tokio::test]
-async fn admission_refuses_rule_type_with_object_type_and_an_incomplete_object_type() {
+async fn admission_refuses_rule_type_with_object_type_and_a_malformed_object_type() {
     let t = TestNs::new("kinds-admission").await;
     let ns = t.ns("op").await;
     let sel = t.selector();
@@ -633,6 +633,22 @@ async fn admission_refuses_rule_type_with_object_type_and_an_incomplete_object_t
         "missing-other",
         json!({"spec": {"objectType": {"kind": "RoleBinding"}, "selector": sel}}),
         &["objectType", "apiVersion"],
+    )
+    .await;
+    refused(
+        &t,
+        &ns,
+        "bad-api-version",
+        json!({"spec": {"objectType": {"apiVersion": "rbac/v1/extra", "kind": "RoleBinding"}, "selector": sel}}),
+        &["objectType.apiVersion", "group/version"],
+    )
+    .await;
+    refused(
+        &t,
+        &ns,
+        "bad-kind",
+        json!({"spec": {"objectType": {"apiVersion": "v1", "kind": "Role Binding"}, "selector": sel}}),
+        &["objectType.kind", "kind name"],
     )
     .await;
 }
