@@ -34,9 +34,7 @@ use common::*;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
@@ -118,42 +116,7 @@ async fn ensure_widget_crd(client: &Client) {
 }
 
 async fn install_widget_crd(client: Client) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let pp = PatchParams::apply("copyrator-tests-kinds").force();
-    let crd = widget_crd();
-    wait_until("the Widget CRD to be applied", TIMEOUT, async || {
-        api.patch(WIDGET_CRD, &pp, &Patch::Apply(&crd))
-            .await
-            .map(|_| ())
-            .map_err(|e| err_msg(&e))
-    })
-    .await;
-    wait_until("the Widget CRD to be Established", TIMEOUT, async || {
-        let crd = api.get(WIDGET_CRD).await.map_err(|e| err_msg(&e))?;
-        let established = crd
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| {
-                c.iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            });
-        if established {
-            Ok(())
-        } else {
-            Err(format!("{:?}", crd.status))
-        }
-    })
-    .await;
-    let served: Api<DynamicObject> = Api::namespaced_with(client, "default", &widgets());
-    wait_until("widgets to be served", TIMEOUT, async || {
-        served
-            .list(&ListParams::default().limit(1))
-            .await
-            .map(|_| ())
-            .map_err(|e| err_msg(&e))
-    })
-    .await;
+    apply_crd(client, &widget_crd(), &widgets()).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -565,27 +528,6 @@ async fn kinds_not_copied_are_reported_and_other_rules_still_copy() {
 
 // ---------------------------------------------------------------------------
 // admission
-
-/// Creates the rule and asserts the API server refuses it (422 Invalid)
-/// with a message that mentions every word of `mentions`.
-async fn refused(t: &TestNs, ns: &str, name: &str, body: Value, mentions: &[&str]) {
-    match t.try_create_rule(ns, name, body.clone()).await {
-        Ok(r) => panic!("the API server accepted the invalid rule {body}: {r}"),
-        Err(e) => {
-            let msg = err_msg(&e);
-            assert!(
-                matches!(&e, kube::Error::Api(s) if s.code == 422),
-                "expected 422 Invalid for {body}, got {msg}"
-            );
-            for word in mentions {
-                assert!(
-                    msg.contains(word),
-                    "the refusal of {body} does not mention {word:?}: {msg}"
-                );
-            }
-        }
-    }
-}
 
 /// No operator runs: the API server alone decides. A rule with
 /// `spec.objectType` alone is accepted (the control); with `ruleType` as

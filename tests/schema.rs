@@ -6,27 +6,6 @@ mod common;
 use common::*;
 use serde_json::{Value, json};
 
-/// Creates the rule and asserts the API server refuses it (422) with a
-/// message that mentions every word of `mentions`.
-async fn refused(t: &TestNs, ns: &str, name: &str, body: Value, mentions: &[&str]) {
-    match t.try_create_rule(ns, name, body.clone()).await {
-        Ok(r) => panic!("the API server accepted the invalid rule {body}: {r}"),
-        Err(e) => {
-            let msg = err_msg(&e);
-            assert!(
-                matches!(&e, kube::Error::Api(s) if s.code == 422),
-                "expected 422 Invalid for {body}, got {msg}"
-            );
-            for word in mentions {
-                assert!(
-                    msg.contains(word),
-                    "the refusal of {body} does not mention {word:?}: {msg}"
-                );
-            }
-        }
-    }
-}
-
 #[tokio::test]
 async fn schema_refuses_an_unknown_rule_type() {
     let t = TestNs::new("schema-ruletype").await;

@@ -224,41 +224,84 @@ async fn install_crd(client: Client) {
         crd["metadata"]["name"], CRD_NAME,
         "`copyrator crd` output names the CRD"
     );
+    apply_crd(client, &crd, &rule_resource()).await;
+}
+
+/// Applies the CustomResourceDefinition `crd` and waits until it is
+/// Established and `served`, its resource, answers a list.
+pub async fn apply_crd(client: Client, crd: &Value, served: &ApiResource) {
+    let name = crd["metadata"]["name"]
+        .as_str()
+        .expect("the CRD has a name")
+        .to_owned();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let pp = PatchParams::apply("copyrator-tests").force();
-    wait_until("the CRD to be applied", TIMEOUT, async || {
-        api.patch(CRD_NAME, &pp, &Patch::Apply(&crd))
-            .await
-            .map(|_| ())
-            .map_err(|e| err_msg(&e))
-    })
+    wait_until(
+        format!("the CRD {name} to be applied"),
+        TIMEOUT,
+        async || {
+            api.patch(&name, &pp, &Patch::Apply(crd))
+                .await
+                .map(|_| ())
+                .map_err(|e| err_msg(&e))
+        },
+    )
     .await;
-    wait_until("the CRD to be Established", TIMEOUT, async || {
-        let crd = api.get(CRD_NAME).await.map_err(|e| err_msg(&e))?;
-        let established = crd
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| {
-                c.iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            });
-        if established {
-            Ok(())
-        } else {
-            Err(format!("{:?}", crd.status))
+    wait_until(
+        format!("the CRD {name} to be Established"),
+        TIMEOUT,
+        async || {
+            let crd = api.get(&name).await.map_err(|e| err_msg(&e))?;
+            let established = crd
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                });
+            if established {
+                Ok(())
+            } else {
+                Err(format!("{:?}", crd.status))
+            }
+        },
+    )
+    .await;
+    let objects: Api<DynamicObject> = Api::namespaced_with(client, "default", served);
+    wait_until(
+        format!("{} to be served", served.plural),
+        TIMEOUT,
+        async || {
+            objects
+                .list(&ListParams::default().limit(1))
+                .await
+                .map(|_| ())
+                .map_err(|e| err_msg(&e))
+        },
+    )
+    .await;
+}
+
+/// Creates the rule and asserts the API server refuses it (422 Invalid)
+/// with a message that mentions every word of `mentions`.
+pub async fn refused(t: &TestNs, ns: &str, name: &str, body: Value, mentions: &[&str]) {
+    match t.try_create_rule(ns, name, body.clone()).await {
+        Ok(r) => panic!("the API server accepted the invalid rule {body}: {r}"),
+        Err(e) => {
+            let msg = err_msg(&e);
+            assert!(
+                matches!(&e, kube::Error::Api(s) if s.code == 422),
+                "expected 422 Invalid for {body}, got {msg}"
+            );
+            for word in mentions {
+                assert!(
+                    msg.contains(word),
+                    "the refusal of {body} does not mention {word:?}: {msg}"
+                );
+            }
         }
-    })
-    .await;
-    let rules: Api<DynamicObject> = Api::namespaced_with(client, "default", &rule_resource());
-    wait_until("copyrators.flant.com to be served", TIMEOUT, async || {
-        rules
-            .list(&ListParams::default().limit(1))
-            .await
-            .map(|_| ())
-            .map_err(|e| err_msg(&e))
-    })
-    .await;
+    }
 }
 
 // ---------------------------------------------------------------------------
