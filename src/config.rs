@@ -228,9 +228,9 @@ impl Settings {
             &self.strip_keys,
             &self.secret_types,
         )?;
-        policy.kinds = self.enabled_kinds()?;
         policy.denied_kinds =
             DeniedKinds::parse(&self.denied_kinds).map_err(|e| format!("--denied-kinds: {e}"))?;
+        policy.kinds = self.enabled_kinds()?.without_denied(&policy.denied_kinds);
         Ok(policy)
     }
 

@@ -139,6 +139,8 @@ pub async fn run_resync(
             }
         }
         crate::finalizer::collect_orphans(&shared).await;
+        // A kind no rule needs any more (one changed its kind, orphans went).
+        crate::discovery::release_unused(&shared);
         let keys: Vec<RuleKey> = read(&shared.rules).keys().cloned().collect();
         debug!(rules = keys.len(), "reconciling every rule");
         shared.queue.add_all(keys, Touch::All);

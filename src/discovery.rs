@@ -5,7 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{Api, DynamicObject, ListParams};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, verbs};
 
@@ -63,25 +66,65 @@ pub async fn prepare(
     let Some((group, version)) = object_type.group_version() else {
         return Ok(KindReadiness::NothingToPrepare);
     };
-    let kind = match Kind::find(group, &object_type.kind) {
-        Some(kind) => kind,
-        None => match discover(shared, object_type, group, version).await? {
-            Ok(kind) => kind,
-            Err(refused) => return Ok(refused),
-        },
-    };
-    if !kind.info().generic {
-        // Watched from the start.
-        return Ok(if shared.synced.copies_of(kind) {
-            KindReadiness::Ready
-        } else {
-            KindReadiness::Listing
-        });
+    let builtin = group.is_empty() && matches!(object_type.kind.as_str(), "ConfigMap" | "Secret");
+    if !builtin && rule.is_tenant(&shared.trust) {
+        return Ok(KindReadiness::Refused(
+            crate::rule::tenant_kind_refusal(&shared.trust),
+            None,
+        ));
     }
-    if !lock(&shared.kind_watches).contains_key(&kind)
-        && let Some(refused) = refused_access(shared, kind).await?
-    {
-        return Ok(refused);
+    let known = Kind::find(group, &object_type.kind);
+    let kind = match known {
+        // Built-in kinds are served in v1 alone, and watched from the start.
+        Some(kind) if !kind.info().generic => {
+            return Ok(if shared.synced.copies_of(kind) {
+                KindReadiness::Ready
+            } else {
+                KindReadiness::Listing
+            });
+        }
+        Some(kind) if kind.info().version == version => kind,
+        // Unknown, or another version of a known kind: is it served?
+        _ => {
+            let found = match discover(shared, object_type, group, version).await? {
+                Ok(found) => found,
+                Err(refused) => return Ok(refused),
+            };
+            match known {
+                // One version per kind: the first registered serves them all.
+                Some(kind) => kind,
+                None => {
+                    if let Some(refused) = refused_access(shared, &found).await? {
+                        return Ok(refused);
+                    }
+                    match Kind::register(&found) {
+                        Ok(kind) => kind,
+                        Err(e) => {
+                            return Ok(KindReadiness::Refused(
+                                InvalidRule {
+                                    reason: "UnsupportedKind",
+                                    message: e.to_string(),
+                                },
+                                Some(UNKNOWN_KIND_RETRY),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    };
+    // RBAC may have changed since the kind's watch last stopped.
+    if !lock(&shared.kind_watches).contains_key(&kind) {
+        let info = kind.info();
+        let found = Discovered {
+            group: info.group.to_owned(),
+            version: info.version.to_owned(),
+            kind: info.api_kind.to_owned(),
+            plural: info.plural.to_owned(),
+        };
+        if let Some(refused) = refused_access(shared, &found).await? {
+            return Ok(refused);
+        }
     }
     if !watch_copies(shared, kind, in_view.then(|| rule.key())) {
         // The rule went meanwhile: nothing to watch for it.
@@ -94,14 +137,14 @@ pub async fn prepare(
     })
 }
 
-/// Ask the API server what `object_type` is, and register it when it can
-/// be copied.
+/// Ask the API server what `object_type` is: what registering it needs,
+/// or why it cannot be copied.
 async fn discover(
     shared: &Shared,
     object_type: &ObjectType,
     group: &str,
     version: &str,
-) -> Result<Result<Kind, KindReadiness>, Error> {
+) -> Result<Result<Discovered, KindReadiness>, Error> {
     let gvk = GroupVersionKind::gvk(group, version, &object_type.kind);
     let name = object_type.name();
     let (resource, capabilities) = match kube::discovery::pinned_kind(&shared.client, &gvk).await {
@@ -144,20 +187,11 @@ async fn discover(
             None,
         )));
     }
-    let found = Discovered {
+    Ok(Ok(Discovered {
         group: resource.group,
         version: resource.version,
         kind: resource.kind,
         plural: resource.plural,
-    };
-    Ok(Kind::register(&found).map_err(|e| {
-        KindReadiness::Refused(
-            InvalidRule {
-                reason: "UnsupportedKind",
-                message: e.to_string(),
-            },
-            Some(UNKNOWN_KIND_RETRY),
-        )
     }))
 }
 
@@ -165,32 +199,56 @@ async fn discover(
 /// RBAC may be granted meanwhile.
 pub const FORBIDDEN_KIND_RETRY: Duration = Duration::from_secs(60);
 
-/// Whether RBAC lets the operator list `kind` cluster-wide, asked before
-/// its copy watch starts: a watch refused for good would keep failing
-/// until the liveness probe restarts the operator.
-async fn refused_access(shared: &Shared, kind: Kind) -> Result<Option<KindReadiness>, Error> {
-    let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &kind.api_resource());
-    let probe = ListParams::default().labels(crate::LABEL_RULE_UID).limit(1);
-    match api.list_metadata(&probe).await {
-        Ok(_) => Ok(None),
-        Err(kube::Error::Api(status)) if status.code == 403 => Ok(Some(KindReadiness::Refused(
-            InvalidRule {
-                reason: "Forbidden",
-                message: format!(
-                    "the operator may not list {} cluster-wide (RBAC): grant it get, list, watch, \
-                     create, update and delete on {} (the chart's extraKinds); looked at again every {} s",
-                    kind.info().rule_type,
-                    kind.info().plural,
-                    FORBIDDEN_KIND_RETRY.as_secs()
-                ),
+/// Whether RBAC lets the operator list and watch `found` cluster-wide,
+/// asked before its copy watch starts: a watch refused for good would keep
+/// failing until the liveness probe restarts the operator.
+async fn refused_access(
+    shared: &Shared,
+    found: &Discovered,
+) -> Result<Option<KindReadiness>, Error> {
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(shared.client.clone());
+    let mut refused = Vec::new();
+    for verb in [verbs::LIST, verbs::WATCH] {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some(found.group.clone()),
+                    resource: Some(found.plural.clone()),
+                    verb: Some(verb.to_owned()),
+                    ..Default::default()
+                }),
+                ..Default::default()
             },
-            Some(FORBIDDEN_KIND_RETRY),
-        ))),
-        Err(e) => Err(Error::Lookup {
-            what: format!("the copies of kind {}", kind.info().rule_type),
-            message: crate::writer::describe(&e),
-        }),
+            ..Default::default()
+        };
+        let answer = reviews
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| Error::Lookup {
+                what: format!("whether the operator may {verb} {}", found.plural),
+                message: crate::writer::describe(&e),
+            })?;
+        if !answer.status.is_some_and(|s| s.allowed) {
+            refused.push(verb);
+        }
     }
+    if refused.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(KindReadiness::Refused(
+        InvalidRule {
+            reason: "Forbidden",
+            message: format!(
+                "the operator may not {} {} cluster-wide (RBAC): grant it get, list, watch, create, \
+                 update and delete on {} (the chart's extraKinds); looked at again every {} s",
+                refused.join(" or "),
+                crate::kinds::kind_name(&found.group, &found.kind),
+                found.plural,
+                FORBIDDEN_KIND_RETRY.as_secs()
+            ),
+        },
+        Some(FORBIDDEN_KIND_RETRY),
+    )))
 }
 
 fn unknown(object_type: &ObjectType) -> KindReadiness {
@@ -228,6 +286,92 @@ fn watch_copies(shared: &Arc<Shared>, kind: Kind, rule: Option<RuleKey>) -> bool
     true
 }
 
+/// Watch the copies of each kind `--kinds` names by `Kind.group` (or a
+/// bare core `Kind`) from the start, as ConfigMaps and Secrets are: so
+/// that the copies of a rule deleted while no operator ran are found and
+/// collected. Each watch stops once no rule needs it and no such copy is
+/// left. A kind that cannot be watched is said in the log and left out.
+pub async fn watch_named_kinds(shared: Arc<Shared>) {
+    let named: Vec<(String, String)> = shared
+        .trust
+        .policy
+        .kinds
+        .named_kinds()
+        .map(|(group, kind)| (group.to_owned(), kind.to_owned()))
+        .collect();
+    for (group, kind_name) in named {
+        let name = crate::kinds::kind_name(&group, &kind_name);
+        match watch_named_kind(&shared, &group, &kind_name).await {
+            Ok(None) => {}
+            Ok(Some(why)) => {
+                tracing::warn!(
+                    kind = name.as_str(),
+                    why = why.as_str(),
+                    "a kind --kinds names is not watched"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(kind = name.as_str(), error = %e, "a kind --kinds names is not watched");
+            }
+        }
+    }
+}
+
+/// [`watch_named_kinds`] for one kind; `Some(why)` when it is not watched.
+async fn watch_named_kind(
+    shared: &Arc<Shared>,
+    group: &str,
+    kind_name: &str,
+) -> Result<Option<String>, Error> {
+    if shared.trust.policy.denied_kinds.denies(group, kind_name) {
+        return Ok(Some("it is denied (--denied-kinds)".into()));
+    }
+    let kind = match Kind::find(group, kind_name) {
+        Some(kind) => kind,
+        None => {
+            let lookup = |e: kube::Error| Error::Lookup {
+                what: format!("the API group {group:?} (API discovery)"),
+                message: crate::writer::describe(&e),
+            };
+            let api_group = match kube::discovery::group(&shared.client, group).await {
+                Ok(api_group) => api_group,
+                Err(kube::Error::Discovery(_)) => {
+                    return Ok(Some("no such API group is served".into()));
+                }
+                Err(e) => return Err(lookup(e)),
+            };
+            let Some((resource, capabilities)) = api_group.recommended_kind(kind_name) else {
+                return Ok(Some("the API server serves no such kind".into()));
+            };
+            if capabilities.scope == Scope::Cluster {
+                return Ok(Some("it is cluster-scoped".into()));
+            }
+            if !NEEDED_VERBS
+                .into_iter()
+                .all(|verb| capabilities.supports_operation(verb))
+            {
+                return Ok(Some("it does not serve every verb a copy needs".into()));
+            }
+            let found = Discovered {
+                group: resource.group,
+                version: resource.version,
+                kind: resource.kind,
+                plural: resource.plural,
+            };
+            if let Some(KindReadiness::Refused(refused, _)) = refused_access(shared, &found).await?
+            {
+                return Ok(Some(refused.message));
+            }
+            match Kind::register(&found) {
+                Ok(kind) => kind,
+                Err(e) => return Ok(Some(e.to_string())),
+            }
+        }
+    };
+    watch_copies(shared, kind, None);
+    Ok(None)
+}
+
 /// The kind `rule` names by `objectType`, if it is registered.
 pub fn named_kind(rule: &CopyratorRule) -> Option<Kind> {
     let object_type = rule.object_type()?;
@@ -237,8 +381,8 @@ pub fn named_kind(rule: &CopyratorRule) -> Option<Kind> {
 
 /// Stop the copy watches of kinds no rule names any more and of which no
 /// rule here has a copy left (a rule that changed its kind still has
-/// copies of the old one to delete). Copies of rules that are not ours
-/// (another operator's, or orphans) keep no watch running.
+/// copies of the old one to delete), nor an orphan to collect. Copies of
+/// another operator's rules keep no watch running.
 pub fn release_unused(shared: &Shared) {
     let mut watches = lock(&shared.kind_watches);
     if watches.is_empty() {
@@ -249,10 +393,12 @@ pub fn release_unused(shared: &Shared) {
         .filter_map(|rule| named_kind(rule))
         .collect();
     watches.retain(|kind, task| {
+        // Orphans are kept watched until they are collected.
         let keep = named.contains(kind)
             || read(shared.copies(*kind))
                 .rule_uids()
-                .any(|uid| shared.is_live_rule(uid));
+                .any(|uid| shared.is_live_rule(uid))
+            || !crate::finalizer::orphans(shared, *kind).is_empty();
         if !keep {
             task.abort();
             write(shared.copies(*kind)).replace_all(Vec::new());

@@ -92,6 +92,8 @@ pub fn normalize_payload(
                 && match value {
                     Value::Null => false,
                     Value::Bool(false) => generic,
+                    // A CRD may require `spec: {}`.
+                    Value::Object(_) if generic => true,
                     Value::Object(map) => !map.is_empty(),
                     _ => true,
                 }

@@ -323,6 +323,12 @@ impl EnabledKinds {
             match builtin {
                 Some(kind) if !enabled.builtin.contains(&kind) => enabled.builtin.push(kind),
                 Some(_) => {}
+                // `configmaps` is no kind: kinds are named as in `kind:`.
+                None if !pattern.kind.starts_with(|c: char| c.is_ascii_uppercase()) => {
+                    return Err(format!(
+                        "{entry:?} is not a kind: configmap, secret, or a kind as objects name it (RoleBinding.rbac.authorization.k8s.io, ServiceAccount)"
+                    ));
+                }
                 None => enabled.named.push(pattern),
             }
         }
@@ -335,6 +341,21 @@ impl EnabledKinds {
             );
         }
         Ok(enabled)
+    }
+
+    /// Leave out the built-in kinds `denied` denies: `--denied-kinds`
+    /// holds whatever `--kinds` says.
+    pub fn without_denied(mut self, denied: &DeniedKinds) -> Self {
+        self.builtin
+            .retain(|kind| !denied.denies(kind.info().group, kind.info().api_kind));
+        self
+    }
+
+    /// The kinds named beyond ConfigMap and Secret: `(group, kind)`.
+    pub fn named_kinds(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.named
+            .iter()
+            .map(|p| (p.group.as_deref().unwrap_or_default(), p.kind.as_str()))
     }
 
     /// Only these built-in kinds.
@@ -377,7 +398,8 @@ impl EnabledKinds {
 pub struct DeniedKinds(Vec<KindPattern>);
 
 /// `--denied-kinds` by default: objects that belong to a controller or a
-/// node, or that make no sense twice.
+/// node, that make no sense twice, or whose fields the cluster allocates
+/// (a Service's cluster IP, a claim's volume).
 pub const DENIED_KINDS: &str =
     "Pod,Event,Endpoints,EndpointSlice,Lease,ReplicaSet,ControllerRevision,Job";
 
@@ -503,6 +525,16 @@ mod tests {
         assert!(any.enables("example.com", "Widget"));
         assert!(EnabledKinds::parse(&entries("")).is_err());
         assert!(EnabledKinds::parse(&entries("Role/binding")).is_err());
+        assert!(
+            EnabledKinds::parse(&entries("configmaps")).is_err(),
+            "a plural is no kind"
+        );
+        let without_secrets = EnabledKinds::parse(&entries("configmap,secret"))
+            .expect("valid")
+            .without_denied(&DeniedKinds::parse(&entries("Secret")).expect("valid"));
+        assert!(without_secrets.has_builtin(Kind::ConfigMap));
+        assert!(!without_secrets.has_builtin(Kind::Secret));
+        assert!(!without_secrets.enables("", "Secret"));
     }
 
     #[test]

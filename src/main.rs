@@ -215,6 +215,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     }
     health.ready.store(true, Ordering::Release);
     info!("caches synced");
+    tokio::spawn(copyrator::discovery::watch_named_kinds(shared.clone()));
 
     let workers = tokio::spawn(controller::run_workers(
         shared.clone(),

@@ -741,6 +741,20 @@ impl InvalidRule {
     }
 }
 
+/// Why a tenant rule may not name a kind beyond ConfigMaps and Secrets:
+/// consent is given per namespace, not per kind, and a Role, a RoleBinding
+/// or a workload copied where a namespace accepted ConfigMaps would grant
+/// or run what that namespace never agreed to.
+pub fn tenant_kind_refusal(trust: &Trust) -> InvalidRule {
+    InvalidRule {
+        reason: "Forbidden",
+        message: format!(
+            "a rule outside the operator's namespace {:?} may copy only ConfigMaps and Secrets",
+            trust.operator_namespace
+        ),
+    }
+}
+
 /// The kind `objectType` names, once discovery has registered it.
 fn object_type_kind(object_type: &ObjectType, policy: &CopyPolicy) -> Result<Kind, InvalidRule> {
     if let Some(refusal) = object_type.refusal(policy) {
@@ -788,6 +802,11 @@ impl CopyratorRule {
             .any(|f| f == crate::FINALIZER)
     }
 
+    /// A rule outside the operator's namespace under `--all-namespaces`.
+    pub fn is_tenant(&self, trust: &Trust) -> bool {
+        trust.all_namespaces && self.key().namespace != trust.operator_namespace
+    }
+
     /// `spec.objectType`, if the rule names its kind that way.
     pub fn object_type(&self) -> Option<&ObjectType> {
         self.spec.as_ref().and_then(|s| s.object_type.as_ref())
@@ -831,7 +850,7 @@ impl CopyratorRule {
                 let kind = rule_type.kind();
                 if !trust.policy.kinds.has_builtin(kind) {
                     return Err(InvalidRule::invalid(format!(
-                        "this operator does not copy {kind}s (its --kinds setting leaves them out)"
+                        "this operator does not copy {kind}s (its --kinds setting leaves them out, or --denied-kinds denies them)"
                     )));
                 }
                 kind
@@ -858,7 +877,10 @@ impl CopyratorRule {
         // A tenant rule may name other source namespaces: what it finds
         // there is copied only with the source's consent, and only into
         // its own namespace (see `plan::is_pulled`).
-        let tenant = trust.all_namespaces && key.namespace != trust.operator_namespace;
+        let tenant = self.is_tenant(trust);
+        if tenant && kind.info().generic {
+            return Err(tenant_kind_refusal(trust));
+        }
         if tenant && spec.conflict_policy == Some(ConflictPolicy::Overwrite) {
             return Err(InvalidRule {
                 reason: "Forbidden",
@@ -1201,6 +1223,19 @@ mod tests {
             .resolve(&with_kinds("Widget.example.com"))
             .expect("resolves once registered");
         assert_eq!(resolved.kind, widget);
+        // A tenant (a rule elsewhere under --all-namespaces) copies only
+        // ConfigMaps and Secrets.
+        let mut tenants = with_kinds("*");
+        tenants.all_namespaces = true;
+        let mut tenant_rule = named("example.com/v1", "Widget");
+        tenant_rule.metadata.namespace = Some("team-a".into());
+        assert_eq!(reason(&tenant_rule, &tenants), "Forbidden");
+        let mut tenant_secret = named("v1", "Secret");
+        tenant_secret.metadata.namespace = Some("team-a".into());
+        assert!(
+            tenant_secret.resolve(&tenants).is_ok(),
+            "a tenant's Secret rule"
+        );
         let mut keyed = named("example.com/v1", "Widget");
         if let Some(spec) = keyed.spec.as_mut() {
             spec.transform = serde_json::from_value(json!({"keys": {"include": ["a"]}})).ok();

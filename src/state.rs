@@ -282,8 +282,13 @@ impl Shared {
         if rule.is_deleting() && rule.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
             // The API server let it go with its last finalizer: the answer
             // to that write, arriving after the watch's delete, must not
-            // bring it back.
-            self.forget_rule(&key);
+            // bring it back (nor forget a new rule of the same name).
+            let held_uid = read(&self.rules)
+                .get(&key)
+                .map(|held| held.uid().map(str::to_owned));
+            if held_uid.is_none_or(|uid| uid.as_deref() == rule.uid()) {
+                self.forget_rule(&key);
+            }
             return false;
         }
         {

@@ -278,6 +278,12 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
                             for key in crate::discovery::rules_naming(&shared, kind) {
                                 shared.queue.add(key, Touch::All);
                             }
+                            // Copies of rules gone while no operator ran.
+                            let shared = shared.clone();
+                            tokio::spawn(async move {
+                                crate::finalizer::collect_orphans(&shared).await;
+                                crate::discovery::release_unused(&shared);
+                            });
                         }
                         (touched.into_iter().collect(), Touch::All)
                     }

@@ -243,7 +243,7 @@ fn rendered_rbac_follows_extra_kinds_and_rbac_copy() {
     let base = all_grants(&defaults);
     assert_eq!(
         deployment_env(&defaults, "DENIED_KINDS"),
-        "Pod,Event,Endpoints,EndpointSlice,Lease,ReplicaSet,ControllerRevision,Job"
+        "Pod,Event,Endpoints,EndpointSlice,Lease,ReplicaSet,ControllerRevision,Job,Service,PersistentVolumeClaim"
     );
     assert!(
         !base

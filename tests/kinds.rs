@@ -263,10 +263,10 @@ async fn copies_follow_the_source(case: KindCase) {
     let targets = [t.ns("t1").await, t.ns("t2").await];
     let mut operator = Operator::start(&t, &op, &["--kinds", kinds]);
     operator.wait_ready().await;
-    let watches_before = wait_until(format!("{KIND_WATCHES} on /metrics"), TIMEOUT, async || {
-        kind_watches(&operator).await
-    })
-    .await;
+    // A kind `--kinds` names is watched at start until it is clear that
+    // no copy of a gone rule is left; with no rule, none stays watched.
+    let watches_before = 0.0;
+    wait_kind_watches(&operator, watches_before, "no rule yet").await;
 
     let labels = [("tier", "web")];
     let annotations = [("example.com/note", "carried to copies")];
@@ -938,4 +938,121 @@ async fn create_only_network_policy_is_copied_once_and_left_to_its_namespace() {
         }
     })
     .await;
+}
+
+/// A rule of a kind named by `objectType` force-deleted (its finalizer
+/// removed) while no operator ran leaves copies nobody owns: an operator
+/// whose `--kinds` names the kind watches it from the start, collects
+/// them, and then stops watching it.
+#[tokio::test]
+async fn copies_of_a_force_deleted_rule_of_another_kind_are_collected_at_start() {
+    let t = TestNs::new("kinds-orphans").await;
+    let op = t.ns("op").await;
+    let targets = [t.ns("t1").await, t.ns("t2").await];
+    let ar = roles();
+    let kinds = ["--kinds", "configmap,secret,Role.rbac.authorization.k8s.io"];
+    let mut operator = Operator::start(&t, &op, &kinds);
+    operator.wait_ready().await;
+    let source = t
+        .create_dyn_source(
+            &ar,
+            &op,
+            "reader",
+            &[],
+            &[],
+            json!({"rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]}),
+        )
+        .await;
+    t.create_rule(
+        &op,
+        "r",
+        object_rule_spec(&ar, t.selector(), &[t.glob("t")]),
+    )
+    .await;
+    for ns in &targets {
+        t.wait_dyn(&ar, ns, "reader", "a copy of the Role", |o| {
+            if o.payload() == source.payload() {
+                Ok(())
+            } else {
+                Err(format!("payload {:?}", o.payload()))
+            }
+        })
+        .await;
+    }
+    operator.crash();
+    t.patch_rule(&op, "r", json!({"metadata": {"finalizers": null}}))
+        .await;
+    t.delete_rule(&op, "r").await;
+    t.wait_rule_gone(&op, "r", "force-deleted").await;
+    for ns in &targets {
+        assert!(
+            matches!(t.try_get_dyn(&ar, ns, "reader").await, Ok(Some(_))),
+            "the copy in {ns} outlives the force-deleted rule while no operator runs"
+        );
+    }
+
+    let restarted = Operator::start(&t, &op, &kinds);
+    for ns in &targets {
+        t.wait_dyn_gone(&ar, ns, "reader", "its rule is gone").await;
+    }
+    wait_kind_watches(&restarted, 0.0, "the orphans are collected").await;
+}
+
+/// Under `--all-namespaces`, a rule outside the operator's namespace (a
+/// tenant's) copies ConfigMaps and Secrets only: consent is given per
+/// namespace, not per kind, so a Role copied where a namespace accepted
+/// ConfigMaps would grant what it never agreed to. The same rule in the
+/// operator's namespace copies the Role.
+#[tokio::test]
+async fn a_tenant_rule_may_not_copy_another_kind() {
+    // The rule's name, unique to the test, keeps the operator to its rules.
+    let t = TestNs::new("kinds-tenant").await;
+    let rule = t.prefix.clone();
+    let op = t.ns("op").await;
+    let tenant = t.ns("tenant").await;
+    let t1 = t.ns("t1").await;
+    let ar = roles();
+    let payload =
+        json!({"rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]});
+    t.create_dyn_source(&ar, &tenant, "reader", &[], &[], payload.clone())
+        .await;
+    t.create_dyn_source(&ar, &op, "op-reader", &[], &[], payload)
+        .await;
+    // t1 accepts copies from the tenant: the kind alone refuses them.
+    t.namespaces()
+        .patch(
+            &t1,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+                "copyrator.flant.com/accept-from": tenant,
+            }}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("annotating namespace {t1}: {}", err_msg(&e)));
+    let spec = object_rule_spec(&ar, t.selector(), &[t.glob("t")]);
+    t.create_rule(&tenant, &rule, spec.clone()).await;
+    t.create_rule(&op, &rule, spec).await;
+    let _operator = Operator::start(
+        &t,
+        &op,
+        &[
+            "--all-namespaces",
+            "--rule-name",
+            &rule,
+            "--kinds",
+            "configmap,secret,*",
+        ],
+    );
+    t.wait_rule(&tenant, &rule, "Ready False, Forbidden", |r| {
+        not_ready_because(r, "Forbidden")
+    })
+    .await;
+    t.wait_dyn(&ar, &t1, "op-reader", "the operator's rule's copy", |_| {
+        Ok(())
+    })
+    .await;
+    assert!(
+        matches!(t.try_get_dyn(&ar, &t1, "reader").await, Ok(None)),
+        "the tenant's Role was copied into {t1}"
+    );
 }
