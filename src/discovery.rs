@@ -2,8 +2,9 @@
 //! registered once, and its copies watched from the first rule that needs
 //! them to the last.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
@@ -73,40 +74,74 @@ pub async fn prepare(
             None,
         ));
     }
+    // A refusal stands for its retry interval: a namespace event queues
+    // every unresolved rule, and each must not cost a lookup.
+    let refusal_key = format!("{group}/{version}/{}", object_type.kind);
+    if let Some(refused) = remembered_refusal(&refusal_key) {
+        return Ok(refused);
+    }
+    let kind = match kind_to_watch(shared, object_type, group, version).await? {
+        Ok(kind) => kind,
+        Err(readiness) => {
+            if let KindReadiness::Refused(invalid, again) = &readiness {
+                remember_refusal(refusal_key, invalid, *again);
+            }
+            return Ok(readiness);
+        }
+    };
+    if !watch_copies(shared, kind, in_view.then(|| rule.key())) {
+        // The rule went meanwhile: nothing to watch for it.
+        return Ok(KindReadiness::Listing);
+    }
+    Ok(if shared.synced.copies_of(kind) {
+        KindReadiness::Ready
+    } else {
+        KindReadiness::Listing
+    })
+}
+
+/// The registered kind `object_type` names, once the API server serves it
+/// and RBAC lets the operator read it; otherwise where the rule stands.
+async fn kind_to_watch(
+    shared: &Shared,
+    object_type: &ObjectType,
+    group: &str,
+    version: &str,
+) -> Result<Result<Kind, KindReadiness>, Error> {
     let known = Kind::find(group, &object_type.kind);
     let kind = match known {
         // Built-in kinds are served in v1 alone, and watched from the start.
         Some(kind) if !kind.info().generic => {
-            return Ok(if shared.synced.copies_of(kind) {
+            return Ok(Err(if shared.synced.copies_of(kind) {
                 KindReadiness::Ready
             } else {
                 KindReadiness::Listing
-            });
+            }));
         }
         Some(kind) if kind.info().version == version => kind,
         // Unknown, or another version of a known kind: is it served?
         _ => {
             let found = match discover(shared, object_type, group, version).await? {
                 Ok(found) => found,
-                Err(refused) => return Ok(refused),
+                Err(refused) => return Ok(Err(refused)),
             };
             match known {
                 // One version per kind: the first registered serves them all.
                 Some(kind) => kind,
                 None => {
                     if let Some(refused) = refused_access(shared, &found).await? {
-                        return Ok(refused);
+                        return Ok(Err(refused));
                     }
                     match Kind::register(&found) {
                         Ok(kind) => kind,
                         Err(e) => {
-                            return Ok(KindReadiness::Refused(
+                            return Ok(Err(KindReadiness::Refused(
                                 InvalidRule {
                                     reason: "UnsupportedKind",
                                     message: e.to_string(),
                                 },
                                 Some(UNKNOWN_KIND_RETRY),
-                            ));
+                            )));
                         }
                     }
                 }
@@ -123,18 +158,49 @@ pub async fn prepare(
             plural: info.plural.to_owned(),
         };
         if let Some(refused) = refused_access(shared, &found).await? {
-            return Ok(refused);
+            return Ok(Err(refused));
         }
     }
-    if !watch_copies(shared, kind, in_view.then(|| rule.key())) {
-        // The rule went meanwhile: nothing to watch for it.
-        return Ok(KindReadiness::Listing);
-    }
-    Ok(if shared.synced.copies_of(kind) {
-        KindReadiness::Ready
-    } else {
-        KindReadiness::Listing
+    Ok(Ok(kind))
+}
+
+/// How long a refusal without a retry interval of its own stands.
+const REFUSAL_STANDS: Duration = Duration::from_secs(60);
+/// Refusals remembered at most: beyond, the oldest are forgotten.
+const MAX_REFUSALS: usize = 1024;
+
+/// A refusal: until when it stands, what it says, its retry interval.
+type Refusal = (Instant, InvalidRule, Option<Duration>);
+
+/// Refusals of kinds, by `group/version/kind`, until they stand no more.
+static REFUSALS: Mutex<BTreeMap<String, Refusal>> = Mutex::new(BTreeMap::new());
+
+fn remembered_refusal(key: &str) -> Option<KindReadiness> {
+    let refusals = REFUSALS.lock().unwrap_or_else(PoisonError::into_inner);
+    let (until, invalid, again) = refusals.get(key)?;
+    (Instant::now() < *until).then(|| {
+        KindReadiness::Refused(
+            invalid.clone(),
+            again.map(|_| until.saturating_duration_since(Instant::now())),
+        )
     })
+}
+
+fn remember_refusal(key: String, invalid: &InvalidRule, again: Option<Duration>) {
+    let now = Instant::now();
+    let mut refusals = REFUSALS.lock().unwrap_or_else(PoisonError::into_inner);
+    refusals.retain(|_, (until, _, _)| *until > now);
+    if refusals.len() >= MAX_REFUSALS {
+        refusals.clear();
+    }
+    refusals.insert(
+        key,
+        (
+            now + again.unwrap_or(REFUSAL_STANDS),
+            invalid.clone(),
+            again,
+        ),
+    );
 }
 
 /// Ask the API server what `object_type` is: what registering it needs,
@@ -418,4 +484,43 @@ pub fn rules_naming(shared: &Shared, kind: Kind) -> Vec<RuleKey> {
         .filter(|(_, rule)| named_kind(rule) == Some(kind))
         .map(|(key, _)| key.clone())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_stands_for_its_retry_interval_and_no_longer() {
+        let unknown = InvalidRule {
+            reason: "UnknownKind",
+            message: "the API server serves no kind Nope".into(),
+        };
+        remember_refusal(
+            "example.com/v1/Nope".into(),
+            &unknown,
+            Some(UNKNOWN_KIND_RETRY),
+        );
+        match remembered_refusal("example.com/v1/Nope") {
+            Some(KindReadiness::Refused(invalid, Some(again))) => {
+                assert_eq!(invalid, unknown);
+                assert!(again <= UNKNOWN_KIND_RETRY, "{again:?}");
+            }
+            other => panic!("not remembered: {other:?}"),
+        }
+        assert_eq!(remembered_refusal("example.com/v2/Nope"), None);
+        // A retry interval of nothing: looked at again at once.
+        remember_refusal("example.com/v1/Gone".into(), &unknown, Some(Duration::ZERO));
+        assert_eq!(remembered_refusal("example.com/v1/Gone"), None);
+        // No retry interval of its own: it stands a while, and says no retry.
+        remember_refusal(
+            "rbac.authorization.k8s.io/v1/ClusterRole".into(),
+            &unknown,
+            None,
+        );
+        assert!(matches!(
+            remembered_refusal("rbac.authorization.k8s.io/v1/ClusterRole"),
+            Some(KindReadiness::Refused(_, None))
+        ));
+    }
 }
