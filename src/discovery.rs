@@ -451,7 +451,8 @@ pub fn named_kind(rule: &CopyratorRule) -> Option<Kind> {
 /// another operator's rules keep no watch running.
 pub fn release_unused(shared: &Shared) {
     let mut watches = lock(&shared.kind_watches);
-    if watches.is_empty() {
+    // `copyrator plan` plans rules that are in no view: it keeps what it starts.
+    if watches.is_empty() || shared.dry_run {
         return;
     }
     let named: Vec<Kind> = read(&shared.rules)
