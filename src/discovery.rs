@@ -67,7 +67,7 @@ pub async fn prepare(
     let Some((group, version)) = object_type.group_version() else {
         return Ok(KindReadiness::NothingToPrepare);
     };
-    let builtin = group.is_empty() && matches!(object_type.kind.as_str(), "ConfigMap" | "Secret");
+    let builtin = Kind::find(group, &object_type.kind).is_some_and(|k| !k.info().generic);
     if !builtin && rule.is_tenant(&shared.trust) {
         return Ok(KindReadiness::Refused(
             crate::rule::tenant_kind_refusal(&shared.trust),
@@ -93,11 +93,16 @@ pub async fn prepare(
         // The rule went meanwhile: nothing to watch for it.
         return Ok(KindReadiness::Listing);
     }
-    Ok(if shared.synced.copies_of(kind) {
+    Ok(listed(shared, kind))
+}
+
+/// Ready once the copies of `kind` are listed.
+fn listed(shared: &Shared, kind: Kind) -> KindReadiness {
+    if shared.synced.copies_of(kind) {
         KindReadiness::Ready
     } else {
         KindReadiness::Listing
-    })
+    }
 }
 
 /// The registered kind `object_type` names, once the API server serves it
@@ -112,11 +117,7 @@ async fn kind_to_watch(
     let kind = match known {
         // Built-in kinds are served in v1 alone, and watched from the start.
         Some(kind) if !kind.info().generic => {
-            return Ok(Err(if shared.synced.copies_of(kind) {
-                KindReadiness::Ready
-            } else {
-                KindReadiness::Listing
-            }));
+            return Ok(Err(listed(shared, kind)));
         }
         Some(kind) if kind.info().version == version => kind,
         // Unknown, or another version of a known kind: is it served?
@@ -129,7 +130,9 @@ async fn kind_to_watch(
                 // One version per kind: the first registered serves them all.
                 Some(kind) => kind,
                 None => {
-                    if let Some(refused) = refused_access(shared, &found).await? {
+                    if let Some(refused) =
+                        refused_access(shared, &found.group, &found.kind, &found.plural).await?
+                    {
                         return Ok(Err(refused));
                     }
                     match Kind::register(&found) {
@@ -151,13 +154,9 @@ async fn kind_to_watch(
     // RBAC may have changed since the kind's watch last stopped.
     if !lock(&shared.kind_watches).contains_key(&kind) {
         let info = kind.info();
-        let found = Discovered {
-            group: info.group.to_owned(),
-            version: info.version.to_owned(),
-            kind: info.api_kind.to_owned(),
-            plural: info.plural.to_owned(),
-        };
-        if let Some(refused) = refused_access(shared, &found).await? {
+        if let Some(refused) =
+            refused_access(shared, info.group, info.api_kind, info.plural).await?
+        {
             return Ok(Err(refused));
         }
     }
@@ -265,12 +264,15 @@ async fn discover(
 /// RBAC may be granted meanwhile.
 pub const FORBIDDEN_KIND_RETRY: Duration = Duration::from_secs(60);
 
-/// Whether RBAC lets the operator list and watch `found` cluster-wide,
+/// Whether RBAC lets the operator list and watch `kind` (of `group`,
+/// served as `plural`) cluster-wide,
 /// asked before its copy watch starts: a watch refused for good would keep
 /// failing until the liveness probe restarts the operator.
 async fn refused_access(
     shared: &Shared,
-    found: &Discovered,
+    group: &str,
+    kind: &str,
+    plural: &str,
 ) -> Result<Option<KindReadiness>, Error> {
     let reviews: Api<SelfSubjectAccessReview> = Api::all(shared.client.clone());
     let mut refused = Vec::new();
@@ -278,8 +280,8 @@ async fn refused_access(
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
                 resource_attributes: Some(ResourceAttributes {
-                    group: Some(found.group.clone()),
-                    resource: Some(found.plural.clone()),
+                    group: Some(group.to_owned()),
+                    resource: Some(plural.to_owned()),
                     verb: Some(verb.to_owned()),
                     ..Default::default()
                 }),
@@ -291,7 +293,7 @@ async fn refused_access(
             .create(&PostParams::default(), &review)
             .await
             .map_err(|e| Error::Lookup {
-                what: format!("whether the operator may {verb} {}", found.plural),
+                what: format!("whether the operator may {verb} {plural}"),
                 message: crate::writer::describe(&e),
             })?;
         if !answer.status.is_some_and(|s| s.allowed) {
@@ -308,8 +310,8 @@ async fn refused_access(
                 "the operator may not {} {} cluster-wide (RBAC): grant it get, list, watch, create, \
                  update and delete on {} (the chart's extraKinds); looked at again every {} s",
                 refused.join(" or "),
-                crate::kinds::kind_name(&found.group, &found.kind),
-                found.plural,
+                crate::kinds::kind_name(group, kind),
+                plural,
                 FORBIDDEN_KIND_RETRY.as_secs()
             ),
         },
@@ -424,7 +426,8 @@ async fn watch_named_kind(
                 kind: resource.kind,
                 plural: resource.plural,
             };
-            if let Some(KindReadiness::Refused(refused, _)) = refused_access(shared, &found).await?
+            if let Some(KindReadiness::Refused(refused, _)) =
+                refused_access(shared, &found.group, &found.kind, &found.plural).await?
             {
                 return Ok(Some(refused.message));
             }
