@@ -2222,8 +2222,12 @@ mod tests {
         w.copies.upsert(Arc::new(other));
         let r = simple_rule();
         let mut tally = Tally::default();
+        let basis = crate::tally::Basis {
+            uid: r.uid.clone(),
+            generation: Some(1),
+        };
         let first = w.plan(&r);
-        tally.record(&Scope::everything(), &first);
+        tally.record(&basis, &Scope::everything(), &first);
         w.apply(&first);
         for (namespace, name) in first.actions.iter().map(Action::target) {
             tally.settle(namespace, name);
@@ -2291,7 +2295,12 @@ mod tests {
                 scoped.examined,
                 full.examined
             );
-            tally.record(&scope, &scoped);
+            let scope = tally.scope_for(&basis, scope);
+            assert!(
+                !scope.is_everything(),
+                "{what}: the tally describes this rule"
+            );
+            tally.record(&basis, &scope, &scoped);
             assert_eq!(
                 tally.in_place(scoped.places),
                 full.in_place,

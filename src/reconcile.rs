@@ -28,7 +28,7 @@ use crate::scope::{Scope, Touch};
 use crate::sources::Sources;
 use crate::state::{Shared, lock, read, write};
 use crate::status::{self, Observed};
-use crate::tally::Unsettled;
+use crate::tally::{Basis, Unsettled};
 use crate::writer::Outcome;
 use crate::{Error, FIELD_MANAGER};
 
@@ -765,11 +765,21 @@ async fn run_plan(
     rule: &CopyratorRule,
     resolved: &ResolvedRule,
     sources: &[Arc<Object>],
-    mut scope: Scope,
+    scope: Scope,
 ) -> Pass {
-    let known_conflicts = {
+    let basis = Basis {
+        uid: resolved.uid.clone(),
+        generation: rule.metadata.generation,
+    };
+    let (scope, known_conflicts) = {
         let memory = lock(&shared.memory);
         let memory = memory.get(&resolved.key);
+        // Counts kept from another generation's passes describe targets
+        // the rule may no longer have: such a pass looks at everything.
+        let mut scope = match memory {
+            Some(memory) => memory.tally.scope_for(&basis, scope),
+            None => Scope::everything(),
+        };
         if scope.retries()
             && let Some(memory) = memory
         {
@@ -777,9 +787,10 @@ async fn run_plan(
                 scope.add(Touch::Copy(namespace.to_owned(), name.to_owned()));
             }
         }
-        memory
+        let known_conflicts = memory
             .map(|m| m.known_conflicts.clone())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        (scope, known_conflicts)
     };
     let (mut plan, other_kind_deletions) =
         plan_pass(shared, resolved, sources, &scope, &known_conflicts);
@@ -794,7 +805,7 @@ async fn run_plan(
             .entry(resolved.key.clone())
             .or_default()
             .tally
-            .record(&scope, &plan);
+            .record(&basis, &scope, &plan);
     }
     let mut pass = Pass::default();
     let actions: Vec<(Kind, Action)> = std::mem::take(&mut plan.actions)
@@ -966,23 +977,15 @@ async fn run_plan(
 /// The rule's counts and conflicts after a pass, from its tally: exact
 /// whatever part of the rule the pass looked at.
 fn finish(shared: &Shared, resolved: &ResolvedRule, pass: &mut Pass, plan: Plan) {
-    {
-        let memory = lock(&shared.memory);
-        if let Some(tally) = memory.get(&resolved.key).map(|m| &m.tally) {
-            pass.copies = tally.in_place(plan.places);
-            pass.conflicts = tally
-                .conflicts()
-                .map(|(namespace, name, reason)| ConflictEntry {
-                    namespace: namespace.to_owned(),
-                    name: name.to_owned(),
-                    reason: reason.to_owned(),
-                })
-                .collect();
-        }
+    let counts = lock(&shared.memory)
+        .get(&resolved.key)
+        .map(|m| m.tally.counts(&plan));
+    if let Some(counts) = counts {
+        pass.copies = counts.copies;
+        pass.conflicts = counts.conflicts;
+    } else {
+        pass.conflicts = plan.shadowed.clone();
     }
-    pass.conflicts.extend(plan.shadowed.iter().cloned());
-    pass.conflicts.sort();
-    pass.conflicts.dedup();
     pass.plan = plan;
 }
 
@@ -1035,7 +1038,7 @@ pub async fn publish_status(
     log_transition(&key, rule.status.as_ref(), &next);
     // The rule as it is now, so the next pass compares with what we wrote
     // (older than what the watch holds is ignored).
-    shared.set_rule_quietly(key, Arc::new(updated));
+    shared.take_status_answer(key, Arc::new(updated));
     Ok(Published::Written)
 }
 

@@ -276,9 +276,24 @@ impl Shared {
         }
     }
 
-    /// As [`Shared::set_rule`], without queueing the rule (for the answer to
-    /// our own status write); returns whether the rule was taken.
-    pub fn set_rule_quietly(&self, key: RuleKey, rule: Arc<CopyratorRule>) -> bool {
+    /// Take the answer to our own status write: the rule as the API server
+    /// holds it now. That may be a newer spec than the pass read (a change
+    /// made while the pass ran), and its watch event, older than this
+    /// answer, will be ignored: so a changed spec is queued here, as its
+    /// watch event would have queued it. An unchanged one queues nothing
+    /// (the pass that wrote the status has said all there is).
+    pub fn take_status_answer(&self, key: RuleKey, rule: Arc<CopyratorRule>) {
+        let asks_the_same = read(&self.rules)
+            .get(&key)
+            .is_some_and(|held| asks_the_same(held, &rule));
+        if self.set_rule_quietly(key.clone(), rule) && !asks_the_same {
+            self.queue.add(key, Touch::All);
+        }
+    }
+
+    /// As [`Shared::set_rule`], without queueing the rule; returns whether
+    /// the rule was taken.
+    fn set_rule_quietly(&self, key: RuleKey, rule: Arc<CopyratorRule>) -> bool {
         if rule.is_deleting() && rule.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
             // The API server let it go with its last finalizer: the answer
             // to that write, arriving after the watch's delete, must not

@@ -6,7 +6,16 @@
 use std::collections::HashMap;
 
 use crate::plan::{Action, Plan};
+use crate::rule::ConflictEntry;
 use crate::scope::Scope;
+
+/// A rule's counts for its status, as a pass leaves them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Copies in place, of every place the rule reaches.
+    pub copies: u32,
+    pub conflicts: Vec<ConflictEntry>,
+}
 
 /// Why a place that should hold a copy does not (yet).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,8 +31,18 @@ pub enum Unsettled {
 /// `(namespace, name)` of a copy.
 type Place = (String, String);
 
+/// The rule a tally describes: its UID and the generation its last pass
+/// over everything planned. Places a partial pass did not look at were
+/// judged by that generation's targets, so they say nothing of another.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Basis {
+    pub uid: String,
+    pub generation: Option<i64>,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Tally {
+    basis: Option<Basis>,
     places: HashMap<Place, Unsettled>,
     conflicts: usize,
     unwritten: usize,
@@ -31,6 +50,19 @@ pub struct Tally {
 }
 
 impl Tally {
+    /// The scope a pass of the rule as `basis` describes it must look at:
+    /// `scope` when this tally was built for that rule and generation,
+    /// everything otherwise (a new rule, a changed spec that reached this
+    /// pass without its own full pass), so that no count survives from
+    /// targets the rule no longer has.
+    pub fn scope_for(&self, basis: &Basis, scope: Scope) -> Scope {
+        if self.basis.as_ref() == Some(basis) {
+            scope
+        } else {
+            Scope::everything()
+        }
+    }
+
     /// Forget what `scope` covers: the pass that looks at it says anew.
     pub fn clear(&mut self, scope: &Scope) {
         if scope.is_everything() {
@@ -44,8 +76,13 @@ impl Tally {
 
     /// Take what a pass over `scope` planned: its conflicts and its writes
     /// replace whatever was held for the places it looked at.
-    pub fn record(&mut self, scope: &Scope, plan: &Plan) {
+    /// `basis` is the rule the pass planned for; a pass over everything
+    /// makes it this tally's.
+    pub fn record(&mut self, basis: &Basis, scope: &Scope, plan: &Plan) {
         self.clear(scope);
+        if scope.is_everything() {
+            self.basis = Some(basis.clone());
+        }
         for conflict in &plan.conflicts {
             self.set(
                 &conflict.namespace,
@@ -77,6 +114,27 @@ impl Tally {
     pub fn settle(&mut self, namespace: &str, name: &str) {
         if let Some(previous) = self.places.remove(&(namespace.to_owned(), name.to_owned())) {
             self.count(&previous, -1);
+        }
+    }
+
+    /// What the rule's status counts after a pass that planned `plan`:
+    /// the copies in place wherever the rule reaches, and every conflict
+    /// (those held here and the sources `plan` found shadowed), sorted.
+    pub fn counts(&self, plan: &Plan) -> Counts {
+        let mut conflicts: Vec<ConflictEntry> = self
+            .conflicts()
+            .map(|(namespace, name, reason)| ConflictEntry {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .chain(plan.shadowed.iter().cloned())
+            .collect();
+        conflicts.sort();
+        conflicts.dedup();
+        Counts {
+            copies: self.in_place(plan.places),
+            conflicts,
         }
     }
 
@@ -192,5 +250,47 @@ mod tests {
         assert!(!tally.has_unwritten());
         tally.clear(&Scope::everything());
         assert!(tally.is_empty());
+    }
+
+    /// The status bug this pins: a rule whose targets changed (generation
+    /// 2) reached a status-only pass without a pass over everything; the
+    /// tally, holding only generation 1's places, had no conflict in the new
+    /// target, and the status counted the foreign object there as a copy.
+    #[test]
+    fn a_pass_for_another_generation_or_rule_looks_at_everything() {
+        let basis = |uid: &str, generation| Basis {
+            uid: uid.into(),
+            generation: Some(generation),
+        };
+        let mut touched = Scope::default();
+        touched.add(Touch::Nothing);
+        let mut tally = Tally::default();
+        assert!(
+            tally
+                .scope_for(&basis("u", 1), touched.clone())
+                .is_everything(),
+            "a tally no pass over everything has built says nothing"
+        );
+        tally.record(&basis("u", 1), &Scope::everything(), &Plan::default());
+        assert_eq!(
+            tally.scope_for(&basis("u", 1), touched.clone()),
+            touched,
+            "the same rule and generation: the partial pass stands"
+        );
+        assert!(
+            tally
+                .scope_for(&basis("u", 2), touched.clone())
+                .is_everything(),
+            "a changed spec"
+        );
+        assert!(
+            tally
+                .scope_for(&basis("v", 1), touched.clone())
+                .is_everything(),
+            "a rule recreated under the same name"
+        );
+        // A partial pass does not make a tally describe a new generation.
+        tally.record(&basis("u", 2), &touched, &Plan::default());
+        assert!(tally.scope_for(&basis("u", 2), touched).is_everything());
     }
 }
