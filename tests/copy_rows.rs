@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 
 use chrono::Utc;
 use common::audit::{Audit, Query, WRITE_VERBS};
+use common::cluster_objects::{ClusterObjects, refuse_configmap_writes, stop_refusing};
+use common::proxy::Proxy;
 use common::*;
 use serde_json::{Value, json};
 
@@ -812,6 +814,116 @@ async fn rule_targets_changed_converges() {
     t.wait_gone(CM, &t1, "s", "targets.exclude matches its namespace")
         .await;
     assert!(t.get(CM, &t3, "s").await.is_some(), "copy in t3 lost");
+}
+
+/// A rule change made while a pass writes the rule's status is not lost.
+/// The API server's answer to that status write already holds the new
+/// spec, and the change's own watch event, older than that answer, is then
+/// ignored: the change must be taken from the answer. A proxy holds back
+/// the operator's watches (its HTTP/2 connection) while its writes (HTTP/1)
+/// go through, so that a retry's status write lands between the change and
+/// its event every time. The new target holds a foreign object: a status
+/// that never looked at it would count it as a copy.
+#[tokio::test]
+async fn a_rule_change_made_while_its_status_is_written_is_not_lost() {
+    const REFUSED: &str = "no ConfigMaps in this namespace for now";
+    let t = TestNs::new("change-in-status").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    let u3 = t.ns("u3").await;
+    let cluster = ClusterObjects::new();
+    let foreign = t.create_plain(CM, &u3, "s", &[], &[("k", "foreign")]).await;
+    let s = t.create_source(CM, &op, "s", &[], &[("k", "v")]).await;
+    let policy = format!("{}-refuse", t.prefix);
+    refuse_configmap_writes(
+        &t,
+        &cluster,
+        &policy,
+        &t1,
+        &["CREATE"],
+        "Forbidden",
+        REFUSED,
+    )
+    .await;
+    let proxy = Proxy::start(faults::api_server_address().await).await;
+    let kubeconfig = operator_kubeconfig(&t, Some(&proxy.url()), None);
+    let args = ["run", "--namespace", &op, "--log-level", "debug"].map(String::from);
+    let _operator = Operator::start_with_env(
+        &t,
+        args.to_vec(),
+        &[("KUBECONFIG", &kubeconfig.display().to_string())],
+    );
+    t.create_rule(
+        &op,
+        "r",
+        rule_spec(CM, t.selector(), std::slice::from_ref(&t1)),
+    )
+    .await;
+    t.wait_rule(&op, "r", "SyncFailed: the copy in t1 is refused", |r| {
+        not_ready_because(r, "SyncFailed")
+    })
+    .await;
+
+    proxy.hold_h2_replies();
+    let changed = t
+        .patch_rule(
+            &op,
+            "r",
+            json!({"spec": {"targets": {"include": [&t1, &u3]}}}),
+        )
+        .await;
+    let generation = changed["metadata"]["generation"].as_i64();
+    stop_refusing(&t, &cluster, &policy).await;
+    // The next retry writes the copy, then the status, while the operator
+    // has not seen the change.
+    t.wait_copy(CM, &t1, &s, &op, "r").await;
+    t.wait_rule(
+        &op,
+        "r",
+        "a status written after the copy",
+        |r| match ready_condition(r).map(|c| c["reason"].clone()) {
+            Some(reason) if reason != "SyncFailed" => Ok(()),
+            _ => Err(short_status(r)),
+        },
+    )
+    .await;
+    proxy.release_h2_replies();
+
+    t.wait_rule(
+        &op,
+        "r",
+        "generation 2 observed, with u3's foreign object as a conflict and 1 copy",
+        |r| {
+            let observed = r
+                .pointer("/status/observedGeneration")
+                .and_then(Value::as_i64);
+            let listed = r
+                .pointer("/status/conflicts")
+                .and_then(Value::as_array)
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["namespace"] == u3.as_str() && c["name"] == "s")
+                });
+            if observed == generation
+                && listed
+                && status_u64(r, "conflictCount") == Some(1)
+                && status_u64(r, "copies") == Some(1)
+            {
+                Ok(())
+            } else {
+                Err(short_status(r))
+            }
+        },
+    )
+    .await;
+    t.assert_unchanged(
+        CM,
+        &u3,
+        "s",
+        &foreign.resource_version,
+        "a foreign object is left alone",
+    )
+    .await;
 }
 
 // --- a rule is deleted ---------------------------------------------------------------

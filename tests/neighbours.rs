@@ -21,23 +21,21 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use common::audit::{Audit, Query, WRITE_VERBS, service_account_user};
+use common::cluster_objects::{ClusterObjects, ar, refuse_configmap_writes, stop_refusing};
 use common::*;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding,
+    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::ApiResource;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
@@ -53,83 +51,6 @@ const MAX_LOG_LINES: usize = 10;
 
 // ===========================================================================
 // helpers of this file
-
-/// Cluster-scoped objects a test made (RBAC, admission policies, flow
-/// control); deleted in reverse order when the guard drops, also on panic.
-struct ClusterObjects {
-    items: Mutex<Vec<(ApiResource, String)>>,
-}
-
-impl ClusterObjects {
-    fn new() -> ClusterObjects {
-        ClusterObjects {
-            items: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Creates `body` (with apiVersion and kind) as a cluster-scoped object
-    /// of resource `ar`, to be deleted when the guard drops.
-    async fn create(&self, client: &Client, ar: ApiResource, body: Value) -> DynamicObject {
-        let name = body["metadata"]["name"]
-            .as_str()
-            .expect("metadata.name")
-            .to_string();
-        let object: DynamicObject =
-            serde_json::from_value(body.clone()).expect("a Kubernetes object");
-        self.items.lock().unwrap().push((ar.clone(), name.clone()));
-        Api::<DynamicObject>::all_with(client.clone(), &ar)
-            .create(&PostParams::default(), &object)
-            .await
-            .unwrap_or_else(|e| panic!("creating {} {name}: {}\n{body}", ar.kind, err_msg(&e)))
-    }
-
-    /// Deletes one of the objects now (the guard forgets it).
-    async fn delete(&self, client: &Client, ar: &ApiResource, name: &str) {
-        self.items
-            .lock()
-            .unwrap()
-            .retain(|(a, n)| !(a.kind == ar.kind && n == name));
-        match Api::<DynamicObject>::all_with(client.clone(), ar)
-            .delete(name, &DeleteParams::default())
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => panic!("deleting {} {name}: {}", ar.kind, err_msg(&e)),
-        }
-    }
-}
-
-impl Drop for ClusterObjects {
-    fn drop(&mut self) {
-        let items = std::mem::take(&mut *self.items.lock().unwrap());
-        if items.is_empty() {
-            return;
-        }
-        // The test's runtime may be shutting down (or panicking).
-        let handle = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let Ok(client) = Client::try_default().await else {
-                    return;
-                };
-                for (ar, name) in items.iter().rev() {
-                    let _ = Api::<DynamicObject>::all_with(client.clone(), ar)
-                        .delete(name, &DeleteParams::default())
-                        .await;
-                }
-            });
-        });
-        let _ = handle.join();
-    }
-}
-
-fn ar<K: kube::Resource<DynamicType = ()>>() -> ApiResource {
-    ApiResource::erase::<K>(&())
-}
 
 /// Everything the operator uses (the chart's ClusterRole, plus the verbs a
 /// newer operator may use: patch on copies, get and update on rules,
@@ -1037,76 +958,21 @@ async fn writes_refused_by_an_admission_policy_are_reported_and_retried_without_
     t.wait_rule_ready(&op, "cfgs").await;
 
     let policy = format!("{}-freeze", t.prefix);
-    cluster
-        .create(
-            &t.client,
-            ar::<ValidatingAdmissionPolicy>(),
-            json!({
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicy",
-                "metadata": {"name": policy},
-                "spec": {
-                    "failurePolicy": "Fail",
-                    "matchConstraints": {"resourceRules": [{
-                        "apiGroups": [""], "apiVersions": ["v1"],
-                        "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"],
-                    }]},
-                    "validations": [{"expression": "false", "message": FROZEN}],
-                },
-            }),
-        )
-        .await;
-    cluster
-        .create(
-            &t.client,
-            ar::<ValidatingAdmissionPolicyBinding>(),
-            json!({
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicyBinding",
-                "metadata": {"name": policy},
-                "spec": {
-                    "policyName": policy,
-                    "validationActions": ["Deny"],
-                    "matchResources": {"namespaceSelector": {"matchLabels": {
-                        "kubernetes.io/metadata.name": frozen,
-                    }}},
-                },
-            }),
-        )
-        .await;
-    // Policies become active a moment after they are made: probe with a
-    // dry-run create of the test's own until it is refused.
-    let probe: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "probe"}})).unwrap();
-    let dry_run = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    wait_until(
-        format!("the policy to refuse a probe ConfigMap in {frozen}"),
-        TIMEOUT,
-        async || match t.cms(&frozen).create(&dry_run, &probe).await {
-            Err(kube::Error::Api(s)) if s.message.contains(FROZEN) => Ok(()),
-            other => Err(format!(
-                "{:?}",
-                other.map(|_| "accepted").map_err(|e| err_msg(&e))
-            )),
-        },
+    refuse_configmap_writes(
+        &t,
+        &cluster,
+        &policy,
+        &frozen,
+        &["CREATE", "UPDATE"],
+        "Invalid",
+        FROZEN,
     )
     .await;
 
     let (minute, a, b) =
         refused_minute(&t, &audit, &operator, &id, &op, &targets, &uid, FROZEN).await;
 
-    cluster
-        .delete(
-            &t.client,
-            &ar::<ValidatingAdmissionPolicyBinding>(),
-            &policy,
-        )
-        .await;
-    cluster
-        .delete(&t.client, &ar::<ValidatingAdmissionPolicy>(), &policy)
-        .await;
+    stop_refusing(&t, &cluster, &policy).await;
     converge_after_refusal(
         TEST,
         &t,

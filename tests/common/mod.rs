@@ -21,6 +21,7 @@
 
 pub mod apf;
 pub mod audit;
+pub mod cluster_objects;
 pub mod dynamic;
 pub mod fault;
 pub mod logs;

@@ -1,0 +1,177 @@
+//! Cluster-scoped objects a test makes (RBAC, admission policies, flow
+//! control), deleted when the test ends, and admission policies that refuse
+//! the writes a test names.
+
+use std::sync::Mutex;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Client;
+use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use kube::core::ApiResource;
+use serde_json::{Value, json};
+
+use super::{TIMEOUT, TestNs, err_msg, wait_until};
+
+/// Cluster-scoped objects a test made (RBAC, admission policies, flow
+/// control); deleted in reverse order when the guard drops, also on panic.
+pub struct ClusterObjects {
+    items: Mutex<Vec<(ApiResource, String)>>,
+}
+
+impl ClusterObjects {
+    pub fn new() -> ClusterObjects {
+        ClusterObjects {
+            items: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Creates `body` (with apiVersion and kind) as a cluster-scoped object
+    /// of resource `ar`, to be deleted when the guard drops.
+    pub async fn create(&self, client: &Client, ar: ApiResource, body: Value) -> DynamicObject {
+        let name = body["metadata"]["name"]
+            .as_str()
+            .expect("metadata.name")
+            .to_string();
+        let object: DynamicObject =
+            serde_json::from_value(body.clone()).expect("a Kubernetes object");
+        self.items.lock().unwrap().push((ar.clone(), name.clone()));
+        Api::<DynamicObject>::all_with(client.clone(), &ar)
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("creating {} {name}: {}\n{body}", ar.kind, err_msg(&e)))
+    }
+
+    /// Deletes one of the objects now (the guard forgets it).
+    pub async fn delete(&self, client: &Client, ar: &ApiResource, name: &str) {
+        self.items
+            .lock()
+            .unwrap()
+            .retain(|(a, n)| !(a.kind == ar.kind && n == name));
+        match Api::<DynamicObject>::all_with(client.clone(), ar)
+            .delete(name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => panic!("deleting {} {name}: {}", ar.kind, err_msg(&e)),
+        }
+    }
+}
+
+impl Drop for ClusterObjects {
+    fn drop(&mut self) {
+        let items = std::mem::take(&mut *self.items.lock().unwrap());
+        if items.is_empty() {
+            return;
+        }
+        // The test's runtime may be shutting down (or panicking).
+        let handle = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let Ok(client) = Client::try_default().await else {
+                    return;
+                };
+                for (ar, name) in items.iter().rev() {
+                    let _ = Api::<DynamicObject>::all_with(client.clone(), ar)
+                        .delete(name, &DeleteParams::default())
+                        .await;
+                }
+            });
+        });
+        let _ = handle.join();
+    }
+}
+
+pub fn ar<K: kube::Resource<DynamicType = ()>>() -> ApiResource {
+    ApiResource::erase::<K>(&())
+}
+
+/// A ValidatingAdmissionPolicy (and its binding, both named `name`) that
+/// refuses ConfigMap writes of `operations` in `namespace` with `message`
+/// and the HTTP reason `reason` (`Forbidden`: 403, `Invalid`: 422); returns
+/// once the API server refuses a dry-run create of the test's own there.
+pub async fn refuse_configmap_writes(
+    t: &TestNs,
+    cluster: &ClusterObjects,
+    name: &str,
+    namespace: &str,
+    operations: &[&str],
+    reason: &str,
+    message: &str,
+) {
+    cluster
+        .create(
+            &t.client,
+            ar::<ValidatingAdmissionPolicy>(),
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [{
+                        "apiGroups": [""], "apiVersions": ["v1"],
+                        "operations": operations, "resources": ["configmaps"],
+                    }]},
+                    "validations": [{"expression": "false", "message": message, "reason": reason}],
+                },
+            }),
+        )
+        .await;
+    cluster
+        .create(
+            &t.client,
+            ar::<ValidatingAdmissionPolicyBinding>(),
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": name},
+                "spec": {
+                    "policyName": name,
+                    "validationActions": ["Deny"],
+                    "matchResources": {"namespaceSelector": {"matchLabels": {
+                        "kubernetes.io/metadata.name": namespace,
+                    }}},
+                },
+            }),
+        )
+        .await;
+    if !operations.contains(&"CREATE") {
+        return;
+    }
+    // Policies become active a moment after they are made.
+    let probe: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "probe"}})).expect("a ConfigMap");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_until(
+        format!("the policy {name} to refuse a probe ConfigMap in {namespace}"),
+        TIMEOUT,
+        async || match t.cms(namespace).create(&dry_run, &probe).await {
+            Err(kube::Error::Api(s)) if s.message.contains(message) => Ok(()),
+            other => Err(format!(
+                "{:?}",
+                other.map(|_| "accepted").map_err(|e| err_msg(&e))
+            )),
+        },
+    )
+    .await;
+}
+
+/// Deletes the policy and binding [`refuse_configmap_writes`] made.
+pub async fn stop_refusing(t: &TestNs, cluster: &ClusterObjects, name: &str) {
+    cluster
+        .delete(&t.client, &ar::<ValidatingAdmissionPolicyBinding>(), name)
+        .await;
+    cluster
+        .delete(&t.client, &ar::<ValidatingAdmissionPolicy>(), name)
+        .await;
+}
