@@ -300,7 +300,13 @@ pub fn crd() -> Result<CustomResourceDefinition> {
                 list_kind: Some(format!("{KIND}List")),
                 plural: PLURAL.into(),
                 singular: Some("copyrator".into()),
-                short_names: Some(vec!["copyr".into()]),
+                // The kind's own name, singular and plural, besides the
+                // original API's plural (`copyrators`) and singular.
+                short_names: Some(vec![
+                    "copyr".into(),
+                    "copyratorrule".into(),
+                    "copyratorrules".into(),
+                ]),
                 categories: None,
             },
             scope: "Namespaced".into(),

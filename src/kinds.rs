@@ -400,8 +400,8 @@ pub struct DeniedKinds(Vec<KindPattern>);
 /// `--denied-kinds` by default: objects that belong to a controller or a
 /// node, that make no sense twice, or whose fields the cluster allocates
 /// (a Service's cluster IP, a claim's volume).
-pub const DENIED_KINDS: &str =
-    "Pod,Event,Endpoints,EndpointSlice,Lease,ReplicaSet,ControllerRevision,Job";
+pub const DENIED_KINDS: &str = "Pod,Event,Endpoints,EndpointSlice,Lease,ReplicaSet,\
+     ControllerRevision,Job,Service,PersistentVolumeClaim";
 
 impl DeniedKinds {
     /// Entries: `Kind` (in every group) or `Kind.group`.
@@ -544,6 +544,9 @@ mod tests {
         assert!(denied.denies("events.k8s.io", "Event"));
         assert!(denied.denies("batch", "Job"));
         assert!(denied.denies("coordination.k8s.io", "Lease"));
+        // Fields the cluster allocates (a cluster IP, a bound volume).
+        assert!(denied.denies("", "Service"));
+        assert!(denied.denies("", "PersistentVolumeClaim"));
         assert!(!denied.denies("rbac.authorization.k8s.io", "RoleBinding"));
         let none = DeniedKinds::parse(&[]).expect("valid");
         assert!(

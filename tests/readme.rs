@@ -477,3 +477,193 @@ async fn the_networkpolicy_example_hands_its_copy_over() {
     )
     .await;
 }
+
+/// The rule's resource names, as kubectl resolves them: its plural and
+/// singular (the original API's), its short names and the kind's own names.
+const RULE_NAMES: &[&str] = &[
+    "copyrators",
+    "copyrator",
+    "copyr",
+    "copyratorrules",
+    "copyratorrule",
+];
+
+/// Every `kubectl` command README.md shows, in code spans and code blocks
+/// (a span may wrap over lines), with its words.
+fn readme_kubectl_commands() -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let mut commands = Vec::new();
+    let mut in_block = false;
+    let mut prose = String::new();
+    let mut block_command: Option<String> = None;
+    for line in readme.lines() {
+        if line.trim_start().starts_with("```") {
+            in_block = !in_block;
+            continue;
+        }
+        if in_block {
+            let line = line.trim();
+            match block_command.take() {
+                Some(mut command) => {
+                    command.push(' ');
+                    command.push_str(line.trim_end_matches('\\').trim());
+                    if line.ends_with('\\') {
+                        block_command = Some(command);
+                    } else {
+                        commands.push(command);
+                    }
+                }
+                None if line.starts_with("kubectl ") => {
+                    let command = line.trim_end_matches('\\').trim().to_owned();
+                    if line.ends_with('\\') {
+                        block_command = Some(command);
+                    } else {
+                        commands.push(command);
+                    }
+                }
+                None => {}
+            }
+        } else {
+            prose.push_str(line);
+            prose.push('\n');
+        }
+    }
+    // Inline code: every other piece between backticks.
+    for span in prose.split('`').skip(1).step_by(2) {
+        let span = span.split_whitespace().collect::<Vec<_>>().join(" ");
+        if span.starts_with("kubectl ") {
+            commands.push(span);
+        }
+    }
+    commands
+}
+
+/// The resource a kubectl command names: its first word after the verb
+/// that is neither a flag nor a flag's value; for `explain`, the part
+/// before the first dot.
+fn resource_named(command: &str) -> Option<String> {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let with_value = [
+        "-n",
+        "--namespace",
+        "-o",
+        "--type",
+        "-p",
+        "-l",
+        "-f",
+        "--selector",
+    ];
+    let mut positional = Vec::new();
+    let mut i = 1;
+    while i < words.len() {
+        let word = words[i];
+        if with_value.contains(&word) {
+            i += 2;
+            continue;
+        }
+        if !word.starts_with('-') {
+            positional.push(word);
+        }
+        i += 1;
+    }
+    let resource = positional.get(1)?;
+    Some(resource.split('.').next().unwrap_or(resource).to_owned())
+}
+
+/// Each README command that names the rule's resource runs as written
+/// (`NS` and `NAME` stand for a rule's namespace and name), from a kubeconfig
+/// whose namespace is the rule's, and its output names the rule (or, for
+/// `explain`, the fields it documents). A name kubectl does not resolve
+/// fails with "the server doesn't have a resource type".
+#[tokio::test]
+async fn every_readme_command_that_names_a_rule_works_as_written() {
+    let t = TestNs::new("readme-kubectl").await;
+    let ns = t.ns("rules").await;
+    t.create_rule(&ns, "r1", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let commands: Vec<String> = readme_kubectl_commands()
+        .into_iter()
+        .filter(|c| resource_named(c).is_some_and(|r| RULE_NAMES.contains(&r.as_str())))
+        .collect();
+    for name in RULE_NAMES {
+        assert!(
+            commands
+                .iter()
+                .any(|c| resource_named(c).as_deref() == Some(*name)),
+            "README.md shows no kubectl command naming {name:?}: {commands:#?}"
+        );
+    }
+    assert!(
+        commands.iter().any(|c| c.starts_with("kubectl explain ")),
+        "README.md shows no kubectl explain: {commands:#?}"
+    );
+    let kubeconfig = operator_kubeconfig(&t, None, None);
+    // A discovery cache of its own: names cached by an earlier run against
+    // another CRD must not answer for this one.
+    let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("kubectl-cache-{}", t.prefix));
+    let set_namespace = std::process::Command::new("kubectl")
+        .args(["config", "set-context", "--current", "--namespace", &ns])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("KUBECACHEDIR", &cache)
+        .output()
+        .expect("kubectl config set-context runs");
+    assert!(set_namespace.status.success(), "{set_namespace:?}");
+    let mut failures = Vec::new();
+    for command in &commands {
+        let written = command.replace("NS", &ns).replace("NAME", "r1");
+        let words = shell_words(&written);
+        let out = std::process::Command::new(&words[0])
+            .args(&words[1..])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("KUBECACHEDIR", &cache)
+            .output()
+            .unwrap_or_else(|e| panic!("{written}: cannot run: {e}"));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let expected = if command.starts_with("kubectl explain ") {
+            "FIELDS:"
+        } else {
+            "r1"
+        };
+        if !out.status.success() || !stdout.contains(expected) {
+            failures.push(format!(
+                "{written}: {} (expected {expected:?} in its output)\n{stdout}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The words of a command line as a POSIX shell splits them (single
+/// quotes only: the README's commands use no other quoting).
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut quoted = false;
+    let mut started = false;
+    for c in line.chars() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                started = true;
+            }
+            c if c.is_whitespace() && !quoted => {
+                if started {
+                    words.push(std::mem::take(&mut word));
+                    started = false;
+                }
+            }
+            c => {
+                word.push(c);
+                started = true;
+            }
+        }
+    }
+    if started {
+        words.push(word);
+    }
+    words
+}
