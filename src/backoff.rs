@@ -6,10 +6,16 @@
 //! when what should be written changes (the source, the rule, the target
 //! namespace). A restore of a copy that someone changed back is allowed at
 //! once the first time and then with doubling delays, so that two writers
-//! that disagree settle into a slow exchange instead of a hot loop.
+//! that disagree settle into a slow exchange instead of a hot loop; only a
+//! restore that was written counts (a refused one fought nobody).
+//!
+//! Refused writes (403, an admission policy, a quota) of one rule share a
+//! gate: while it is shut, one of them at a time (a probe, taken in turn)
+//! is tried on a short doubling schedule; when a probe goes through, the
+//! cause is lifted and every refused copy of the rule goes at once.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -72,6 +78,9 @@ pub struct Policy {
     pub max: Duration,
     /// How long an invalid copy waits when nothing changes.
     pub invalid_hold: Duration,
+    /// The longest wait between two probes of a rule's refused writes:
+    /// how soon a lifted refusal is noticed, whatever its age.
+    pub refusal_probe_max: Duration,
 }
 
 impl Default for Policy {
@@ -81,6 +90,7 @@ impl Default for Policy {
             refusal_base: Duration::from_secs(2),
             max: Duration::from_secs(300),
             invalid_hold: Duration::from_secs(3600),
+            refusal_probe_max: Duration::from_secs(6),
         }
     }
 }
@@ -88,8 +98,13 @@ impl Default for Policy {
 impl Policy {
     /// The `n`th delay (n >= 1) from `base`, jittered by ±20 %.
     fn delay(&self, base: Duration, n: u32, key: &CopyKey) -> Duration {
+        self.delay_up_to(base, self.max, n, key)
+    }
+
+    /// As [`Policy::delay`], up to `max`.
+    fn delay_up_to(&self, base: Duration, max: Duration, n: u32, key: &impl Hash) -> Duration {
         let exponent = n.saturating_sub(1).min(20);
-        let plain = base.saturating_mul(1 << exponent).min(self.max);
+        let plain = base.saturating_mul(1 << exponent).min(max);
         plain.mul_f64(jitter(key, n))
     }
 
@@ -103,8 +118,8 @@ impl Policy {
     }
 }
 
-/// A factor in [0.8, 1.2), different per copy and per step.
-fn jitter(key: &CopyKey, n: u32) -> f64 {
+/// A factor in [0.8, 1.2), different per copy (or rule) and per step.
+fn jitter(key: &impl Hash, n: u32) -> f64 {
     let random = std::collections::hash_map::RandomState::new().hash_one((key, n));
     0.8 + (random % 4000) as f64 / 10_000.0
 }
@@ -124,6 +139,9 @@ pub enum Admission {
 pub enum Waiting {
     /// The last write failed with this.
     Failed(Failure),
+    /// The last write was refused (this) and the rule's refusal gate is
+    /// shut: the copy may become the next probe ([`Backoffs::pick_probe`]).
+    Refused(Failure),
     /// Another writer keeps changing the copy back.
     Contested { writer: String },
 }
@@ -141,6 +159,9 @@ struct Entry {
     deleted_for: Option<u64>,
     next_restore_at: Option<Instant>,
     last_restore: Option<Instant>,
+    /// The write admitted last restores what this writer changed back; it
+    /// counts as a restore once it is written.
+    restoring: Option<String>,
     writer: String,
     announced: bool,
 }
@@ -157,6 +178,7 @@ impl Entry {
             deleted_for: None,
             next_restore_at: None,
             last_restore: None,
+            restoring: None,
             writer: String::new(),
             announced: false,
         }
@@ -165,6 +187,24 @@ impl Entry {
     fn is_contested(&self) -> bool {
         self.restores >= CONTESTED_AFTER
     }
+
+    fn is_refused(&self) -> bool {
+        self.failures > 0
+            && self
+                .last_failure
+                .as_ref()
+                .is_some_and(|f| f.class == FailureClass::Refused)
+    }
+}
+
+/// A rule's refused writes: when the next probe may go, and which copy
+/// went last (probes are taken in turn, so that a refusal lifted in one
+/// namespace is found even while another namespace still refuses).
+#[derive(Clone, Debug)]
+struct RefusalGate {
+    probes: u32,
+    probe_at: Instant,
+    last_probe: Option<CopyKey>,
 }
 
 /// A contested copy, for the status and the Event.
@@ -182,6 +222,7 @@ pub struct Contest {
 pub struct Backoffs {
     policy: Policy,
     entries: HashMap<CopyKey, Entry>,
+    gates: HashMap<RuleKey, RefusalGate>,
 }
 
 impl Backoffs {
@@ -189,6 +230,7 @@ impl Backoffs {
         Self {
             policy,
             entries: HashMap::new(),
+            gates: HashMap::new(),
         }
     }
 
@@ -215,6 +257,19 @@ impl Backoffs {
             && entry.failures > 0
         {
             {
+                if entry.failed_for == wanted
+                    && entry.is_refused()
+                    && let Some(gate) = self.gates.get(rule)
+                {
+                    return Admission::Wait {
+                        until: gate.probe_at,
+                        why: Waiting::Refused(entry.last_failure.clone().unwrap_or(Failure {
+                            class: FailureClass::Refused,
+                            message: "an earlier write was refused".into(),
+                            retry_after: None,
+                        })),
+                    };
+                }
                 if entry.failed_for == wanted && now < entry.retry_at {
                     return Admission::Wait {
                         until: entry.retry_at,
@@ -258,16 +313,50 @@ impl Backoffs {
                 },
             };
         }
-        entry.restores += 1;
-        entry.last_restore = Some(now);
-        // The first change back may be a person's edit: the next restore
-        // goes at once too; from then on the delays double.
-        entry.next_restore_at = Some(match entry.restores {
-            1 => now,
-            n => now + policy.delay(policy.base, n - 1, key),
-        });
-        writer.clone_into(&mut entry.writer);
+        entry.restoring = Some(writer.to_owned());
         Admission::Go
+    }
+
+    /// Of `candidates`, the copies of `rule` that wait behind its refusal
+    /// gate in this pass ([`Waiting::Refused`]), the one to try now as the
+    /// gate's probe, if a probe is due: the next after the last one tried,
+    /// in key order. The next probe is due one step later, unless this one
+    /// goes through ([`Backoffs::succeeded`] opens the gate).
+    pub fn pick_probe(
+        &mut self,
+        rule: &RuleKey,
+        candidates: &[CopyKey],
+        now: Instant,
+    ) -> Option<CopyKey> {
+        let policy = self.policy;
+        let gate = self.gates.get_mut(rule)?;
+        if now < gate.probe_at {
+            return None;
+        }
+        let next = match &gate.last_probe {
+            Some(last) => candidates
+                .iter()
+                .filter(|c| *c > last)
+                .min()
+                .or_else(|| candidates.iter().min()),
+            None => candidates.iter().min(),
+        }?
+        .clone();
+        gate.probes += 1;
+        gate.probe_at = now
+            + policy.delay_up_to(
+                policy.refusal_base,
+                policy.refusal_probe_max,
+                gate.probes,
+                rule,
+            );
+        gate.last_probe = Some(next.clone());
+        Some(next)
+    }
+
+    /// When `rule`'s next refusal probe is due, while its gate is shut.
+    pub fn next_probe(&self, rule: &RuleKey) -> Option<Instant> {
+        self.gates.get(rule).map(|g| g.probe_at)
     }
 
     /// Someone else deleted the copy Copyrator wrote for `written_for`.
@@ -291,9 +380,65 @@ impl Backoffs {
             .is_some_and(|e| e.deleted_for == Some(wanted))
     }
 
-    /// The write went through: its failure backoff is over (a contest is
-    /// not: it ends when the copy stays quiet).
-    pub fn succeeded(&mut self, key: &CopyKey) {
+    /// The write went through at `now`: its failure backoff is over (a
+    /// contest is not: it ends when the copy stays quiet), and a restore
+    /// counts. A refused write that went through means the refusal is
+    /// lifted: every refused copy of its rule may go now. Returns whether
+    /// that released copies (the rule wants a pass at once).
+    pub fn succeeded(&mut self, key: &CopyKey, now: Instant) -> bool {
+        let policy = self.policy;
+        let Some(entry) = self.entries.get_mut(key) else {
+            return false;
+        };
+        let was_refused = entry.is_refused();
+        if let Some(writer) = entry.restoring.take() {
+            if entry
+                .last_restore
+                .is_some_and(|last| now.duration_since(last) > policy.quiet_after(entry.restores))
+            {
+                // The last contest is long over: this is a new one.
+                entry.restores = 0;
+                entry.announced = false;
+            }
+            entry.restores += 1;
+            entry.last_restore = Some(now);
+            // The first change back may be a person's edit: the next
+            // restore goes at once too; from then on the delays double.
+            entry.next_restore_at = Some(match entry.restores {
+                1 => now,
+                n => now + policy.delay(policy.base, n - 1, key),
+            });
+            entry.writer = writer;
+        }
+        let rule = entry.rule.clone();
+        self.settle(key);
+        if !was_refused {
+            return false;
+        }
+        self.gates.remove(&rule);
+        let mut released = false;
+        for entry in self.entries.values_mut() {
+            if entry.rule == rule && entry.is_refused() {
+                entry.failures = 0;
+                entry.last_failure = None;
+                released = true;
+            }
+        }
+        self.entries
+            .retain(|_, e| e.failures > 0 || e.restores > 0 || e.deleted_for.is_some());
+        released
+    }
+
+    /// No write is owed at `key` any more (the place turned out to hold a
+    /// foreign object): an earlier failure is moot, and no restore was made.
+    pub fn no_longer_owed(&mut self, key: &CopyKey) {
+        if let Some(entry) = self.entries.get_mut(key) {
+            entry.restoring = None;
+        }
+        self.settle(key);
+    }
+
+    fn settle(&mut self, key: &CopyKey) {
         if let Some(entry) = self.entries.get_mut(key) {
             entry.failures = 0;
             entry.last_failure = None;
@@ -323,6 +468,29 @@ impl Backoffs {
         }
         entry.failures += 1;
         entry.failed_for = wanted;
+        entry.restoring = None;
+        if failure.class == FailureClass::Refused {
+            // Refused writes wait behind their rule's gate; a refusal that
+            // finds no gate (the first, or one after the gate opened) shuts it.
+            let rule = rule.clone();
+            let gate = self
+                .gates
+                .entry(rule.clone())
+                .or_insert_with(|| RefusalGate {
+                    probes: 0,
+                    probe_at: now,
+                    last_probe: None,
+                });
+            if gate.probes == 0 && gate.probe_at <= now {
+                gate.probes = 1;
+                gate.probe_at = now
+                    + policy.delay_up_to(policy.refusal_base, policy.refusal_probe_max, 1, &rule);
+            }
+            let probe_at = gate.probe_at;
+            entry.retry_at = probe_at;
+            entry.last_failure = Some(failure);
+            return probe_at;
+        }
         let base = match failure.class {
             FailureClass::Refused => policy.refusal_base,
             _ => policy.base,
@@ -342,13 +510,18 @@ impl Backoffs {
     /// Copies of `rule` whose last write failed, with the failure and when
     /// they may be tried again.
     pub fn failures(&self, rule: &RuleKey) -> Vec<(CopyKey, Failure, Instant)> {
+        let probe_at = self.next_probe(rule);
         self.entries
             .iter()
             .filter(|(_, e)| e.rule == *rule)
             .filter_map(|(key, e)| {
+                let retry_at = match probe_at {
+                    Some(at) if e.is_refused() => at,
+                    _ => e.retry_at,
+                };
                 e.last_failure
                     .clone()
-                    .map(|failure| (key.clone(), failure, e.retry_at))
+                    .map(|failure| (key.clone(), failure, retry_at))
             })
             .collect()
     }
@@ -396,6 +569,7 @@ impl Backoffs {
     /// The rule changed or went away: everything it waited for may go now.
     pub fn forget_rule(&mut self, rule: &RuleKey) {
         self.entries.retain(|_, e| e.rule != *rule);
+        self.gates.remove(rule);
     }
 
     /// A namespace changed: failed writes into it may go now.
@@ -421,6 +595,9 @@ impl Backoffs {
                 .is_some_and(|last| now.duration_since(last) <= policy.quiet_after(e.restores));
             failing || contesting
         });
+        let entries = &self.entries;
+        self.gates
+            .retain(|rule, _| entries.values().any(|e| e.rule == *rule && e.is_refused()));
     }
 }
 
@@ -637,45 +814,6 @@ mod tests {
     }
 
     #[test]
-    fn refusals_back_off_doubling_to_the_maximum() {
-        let mut b = Backoffs::default();
-        let start = Instant::now();
-        let mut now = start;
-        let mut attempts = 0;
-        // A write refused for ten minutes, tried whenever it is admitted.
-        while now < start + Duration::from_secs(600) {
-            if b.admit(&key("a"), &rule(), 7, None, now) == Admission::Go {
-                attempts += 1;
-                b.failed(&key("a"), &rule(), 7, refused(), now);
-            }
-            now += Duration::from_millis(100);
-        }
-        // 2, 4, 8, ... 256, then 300 s: about 10 tries in ten minutes.
-        assert!((8..=12).contains(&attempts), "{attempts} attempts");
-        let Admission::Wait { until, why } = b.admit(&key("a"), &rule(), 7, None, now) else {
-            panic!("still refused");
-        };
-        assert!(until <= now + Duration::from_secs(360));
-        assert_eq!(why, Waiting::Failed(refused()));
-    }
-
-    #[test]
-    fn refusals_in_the_first_minute_stay_few() {
-        let mut b = Backoffs::default();
-        let start = Instant::now();
-        let mut now = start;
-        let mut attempts = 0;
-        while now < start + Duration::from_secs(60) {
-            if b.admit(&key("a"), &rule(), 7, None, now) == Admission::Go {
-                attempts += 1;
-                b.failed(&key("a"), &rule(), 7, refused(), now);
-            }
-            now += Duration::from_millis(50);
-        }
-        assert!((4..=6).contains(&attempts), "{attempts} attempts");
-    }
-
-    #[test]
     fn new_content_or_a_namespace_change_goes_at_once() {
         let mut b = Backoffs::default();
         let now = Instant::now();
@@ -717,7 +855,7 @@ mod tests {
         let mut b = Backoffs::default();
         let now = Instant::now();
         b.failed(&key("a"), &rule(), 7, refused(), now);
-        b.succeeded(&key("a"));
+        b.succeeded(&key("a"), now);
         assert!(b.is_empty());
         assert_eq!(b.admit(&key("a"), &rule(), 7, None, now), Admission::Go);
     }
@@ -737,6 +875,7 @@ mod tests {
             }
             if changed_back && b.admit(&key("a"), &rule(), 7, Some("fighter"), now) == Admission::Go
             {
+                b.succeeded(&key("a"), now);
                 restores += 1;
                 changed_back = false;
             }
@@ -765,7 +904,7 @@ mod tests {
             !b.was_deleted_by_others(&key("a"), 8),
             "other content is no restore"
         );
-        b.succeeded(&key("a"));
+        b.succeeded(&key("a"), now);
         assert!(!b.was_deleted_by_others(&key("a"), 7));
     }
 
@@ -779,7 +918,122 @@ mod tests {
                 b.admit(&key("a"), &rule(), 7, Some("person"), now),
                 Admission::Go
             );
+            b.succeeded(&key("a"), now);
         }
         assert!(b.contested(&rule()).is_empty());
+    }
+
+    /// One refused write in flight at a time for the whole rule: refused
+    /// writes of a copy deleted by someone, retried and refused again,
+    /// fought nobody.
+    #[test]
+    fn restores_that_are_refused_are_no_contest() {
+        let mut b = Backoffs::default();
+        let start = Instant::now();
+        let mut now = start;
+        b.deleted_by_others(&key("a"), &rule(), 7, now);
+        let mut attempts = 0;
+        while now < start + Duration::from_secs(120) {
+            let wait = b.admit(&key("a"), &rule(), 7, Some("whoever deleted it"), now);
+            let probe = matches!(
+                wait,
+                Admission::Wait {
+                    why: Waiting::Refused(_),
+                    ..
+                }
+            )
+            .then(|| b.pick_probe(&rule(), &[key("a")], now))
+            .flatten();
+            if wait == Admission::Go || probe.is_some() {
+                attempts += 1;
+                b.failed(&key("a"), &rule(), 7, refused(), now);
+            }
+            now += Duration::from_millis(100);
+        }
+        assert!(attempts > CONTESTED_AFTER as usize, "{attempts} attempts");
+        assert!(b.contested(&rule()).is_empty(), "refused, not contested");
+        assert!(b.take_unannounced(&rule()).is_empty());
+        // Written at last: one restore, still no contest, the gate open.
+        b.succeeded(&key("a"), now);
+        assert!(b.contested(&rule()).is_empty());
+        assert_eq!(b.next_probe(&rule()), None);
+    }
+
+    /// Every refused copy of a rule waits behind one gate: a single probe
+    /// write every few seconds, taken in turn; once one goes through, every
+    /// refused copy goes at once.
+    #[test]
+    fn a_rules_refused_writes_are_probed_one_at_a_time_and_released_together() {
+        let mut b = Backoffs::default();
+        let start = Instant::now();
+        let copies: Vec<CopyKey> = (0..55).map(|i| key(&format!("c{i:02}"))).collect();
+        for copy in &copies {
+            assert_eq!(b.admit(copy, &rule(), 7, None, start), Admission::Go);
+            b.failed(copy, &rule(), 7, refused(), start);
+        }
+        // Refused for a minute: passes every 100 ms, each probing at most one.
+        let mut now = start;
+        let mut probed = Vec::new();
+        while now < start + Duration::from_secs(60) {
+            let waiting: Vec<CopyKey> = copies
+                .iter()
+                .filter(|c| {
+                    matches!(
+                        b.admit(c, &rule(), 7, None, now),
+                        Admission::Wait {
+                            why: Waiting::Refused(_),
+                            ..
+                        }
+                    )
+                })
+                .cloned()
+                .collect();
+            assert_eq!(waiting.len(), 55, "all wait behind the gate");
+            if let Some(probe) = b.pick_probe(&rule(), &waiting, now) {
+                probed.push(probe.clone());
+                b.failed(&probe, &rule(), 7, refused(), now);
+            }
+            now += Duration::from_millis(100);
+        }
+        // 2 s, 4 s, then every 6 s (±20 %): about 10 writes in the minute.
+        assert!((8..=13).contains(&probed.len()), "{} probes", probed.len());
+        let distinct: std::collections::HashSet<_> = probed.iter().collect();
+        assert_eq!(distinct.len(), probed.len(), "taken in turn: {probed:?}");
+        // No more than the longest step, plus jitter, between two probes.
+        let due = b.next_probe(&rule()).expect("the gate is shut");
+        assert!(due <= now + Duration::from_millis(7200));
+        // The cause is lifted: the next probe goes through, the others go at once.
+        let waiting = copies.clone();
+        let probe = b
+            .pick_probe(&rule(), &waiting, due)
+            .expect("a probe is due");
+        assert!(b.succeeded(&probe, due), "the others are released");
+        for copy in copies.iter().filter(|c| **c != probe) {
+            assert_eq!(b.admit(copy, &rule(), 7, None, due), Admission::Go);
+        }
+        assert_eq!(b.next_probe(&rule()), None, "the gate is open");
+    }
+
+    /// A refusal in one namespace does not hold back the copies of another
+    /// rule, and a copy whose content changed goes at once past the gate.
+    #[test]
+    fn the_gate_holds_one_rules_refused_writes_only() {
+        let mut b = Backoffs::default();
+        let now = Instant::now();
+        let other = RuleKey {
+            namespace: "ops".into(),
+            name: "other".into(),
+        };
+        b.failed(&key("a"), &rule(), 7, refused(), now);
+        assert!(matches!(
+            b.admit(&key("a"), &rule(), 7, None, now),
+            Admission::Wait {
+                why: Waiting::Refused(_),
+                ..
+            }
+        ));
+        assert_eq!(b.admit(&key("b"), &other, 7, None, now), Admission::Go);
+        assert_eq!(b.admit(&key("a"), &rule(), 8, None, now), Admission::Go);
+        assert_eq!(b.pick_probe(&other, &[key("b")], now), None, "no gate");
     }
 }

@@ -43,8 +43,16 @@ pub struct Object {
     /// [`meta_entry_hash`] of every label and annotation Copyrator's field
     /// manager owns, sorted (shared: the copies of one source hold the same).
     pub owned_meta: Arc<[u64]>,
-    /// The `copyrator.flant.com/rule-uid` label: set on copies.
+    /// The `copyrator.flant.com/rule-uid` label: set on copies. Left out
+    /// when the object is not [`Object::authored`]: a label anyone may set
+    /// makes no object a copy.
     pub rule_uid: Option<Arc<str>>,
+    /// Copyrator wrote this object: per `managedFields`, its field manager
+    /// set the rule-UID label or the rule annotation (so a copy stays one
+    /// when someone strips its label, and a foreign object carrying
+    /// Copyrator's labels and annotations is none). True for an object
+    /// without `managedFields` (as for ownership, see [`owned_meta_keys`]).
+    pub authored: bool,
     /// The `copyrator.flant.com/rule` annotation: the rule that made a copy.
     pub rule_ref: Option<Arc<str>>,
     /// The `copyrator.flant.com/source` annotation: a copy's source.
@@ -227,6 +235,7 @@ impl Object {
             payload_hash: 0,
             owned_meta: Arc::new([]),
             rule_uid: None,
+            authored: true,
             rule_ref: None,
             source_ref: None,
             create_only: false,
@@ -273,9 +282,23 @@ impl Object {
                 .map(|owner| format!("{}/{}", owner.kind, owner.name).into());
         }
         if let Some(owned) = owned {
+            object.authored = owned.contains(&(MetaMap::Label, crate::LABEL_RULE_UID.to_owned()))
+                || owned.contains(&(MetaMap::Annotation, crate::ANNOTATION_RULE.to_owned()));
+            if !object.authored {
+                object.rule_uid = None;
+            }
             object.set_owned(|map, key| owned.contains(&(map, key.to_owned())));
         }
         object
+    }
+
+    /// Whether this object is a copy Copyrator wrote for rule `rule`
+    /// (`namespace/name`) whose rule-UID label someone removed.
+    pub fn is_unlabelled_copy_of(&self, rule: &str) -> bool {
+        self.authored
+            && self.rule_uid.is_none()
+            && !self.create_only
+            && self.rule_ref.as_deref() == Some(rule)
     }
 
     /// Recompute the hashes and references after changing labels,
@@ -494,6 +517,17 @@ impl CopyIndex {
 
     /// Insert or replace; returns the rule UIDs whose copies changed.
     /// An older version than the one held (our own write landed first) is ignored.
+    /// Take the API server's answer to Copyrator's own write: the object
+    /// exists, even if its UID was seen going (the copy watch selects by the
+    /// rule-UID label, so a copy whose label someone removed is reported
+    /// deleted, and comes back once the write puts the label back).
+    pub fn upsert_written(&mut self, object: Arc<Object>) -> Vec<String> {
+        if self.gone_set.remove(object.uid.as_str()) {
+            self.gone.retain(|uid| **uid != *object.uid);
+        }
+        self.upsert(object)
+    }
+
     pub fn upsert(&mut self, mut object: Arc<Object>) -> Vec<String> {
         let key: SharedKey = (object.namespace.clone(), object.name.clone());
         let mut touched = Vec::new();
@@ -738,6 +772,50 @@ pub(crate) mod tests {
         assert!(object.annotations.is_empty());
         assert_eq!(object.other_writer.as_deref(), Some("neighbour"));
         assert_eq!(object.rule_uid(), Some("r"));
+    }
+
+    /// Who wrote an object is read from `managedFields`, not from labels
+    /// and annotations that anyone may set.
+    #[test]
+    fn a_copy_is_recognised_by_who_wrote_it_not_by_its_labels() {
+        let rule = "ops/r";
+        // A copy whose rule-UID label a neighbour removed: Copyrator's
+        // manager still owns its rule annotation.
+        let mut stripped = watched_copy(serde_json::json!({}), &[("app", "web")]);
+        stripped.metadata.annotations = Some(BTreeMap::from([(
+            crate::ANNOTATION_RULE.to_string(),
+            rule.to_string(),
+        )]));
+        stripped.metadata.managed_fields = Some(vec![managed(
+            crate::FIELD_MANAGER,
+            "2026-01-01T00:00:00Z",
+            serde_json::json!({"f:metadata": {"f:annotations": {
+                "f:copyrator.flant.com/rule": {}}}}),
+        )]);
+        let object = Object::from_dynamic(Kind::ConfigMap, stripped);
+        assert!(object.authored);
+        assert!(object.is_unlabelled_copy_of(rule));
+        assert!(!object.is_unlabelled_copy_of("ops/other"));
+        // The same labels and annotations set by someone else: no copy.
+        let mut forged = watched_copy(
+            serde_json::json!({}),
+            &[(crate::LABEL_RULE_UID, "r"), ("app", "web")],
+        );
+        forged.metadata.annotations = Some(BTreeMap::from([(
+            crate::ANNOTATION_RULE.to_string(),
+            rule.to_string(),
+        )]));
+        forged.metadata.managed_fields = Some(vec![managed(
+            "kubectl-client-side-apply",
+            "2026-01-01T00:00:00Z",
+            serde_json::json!({"f:metadata": {
+                "f:labels": {"f:copyrator.flant.com/rule-uid": {}, "f:app": {}},
+                "f:annotations": {"f:copyrator.flant.com/rule": {}}}}),
+        )]);
+        let object = Object::from_dynamic(Kind::ConfigMap, forged);
+        assert!(!object.authored);
+        assert_eq!(object.rule_uid(), None, "a forged label makes no copy");
+        assert!(!object.is_unlabelled_copy_of(rule));
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod intern;
 pub mod kinds;
 pub mod leader;
 pub mod metrics;
+pub mod pass_log;
 pub mod plan;
 pub mod probe;
 pub mod queue;

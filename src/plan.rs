@@ -610,6 +610,28 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                         reason: handed_over_reason(current.rule_ref.as_deref()),
                     });
                 }
+                // Copyrator's labels set by someone else: a foreign object.
+                Some(current) if !current.authored => match rule.conflict_policy {
+                    ConflictPolicy::Skip => out.conflicts.push(ConflictEntry {
+                        namespace: namespace.clone(),
+                        name: (*name).to_owned(),
+                        reason: foreign_reason(rule.kind, current),
+                    }),
+                    ConflictPolicy::Overwrite => {
+                        out.desired += 1;
+                        out.actions.push(if desired.needs_recreate(current) {
+                            Action::Recreate {
+                                desired: desired.clone(),
+                                current: current.clone(),
+                            }
+                        } else {
+                            Action::Update {
+                                desired: desired.clone(),
+                                current: current.clone(),
+                            }
+                        });
+                    }
+                },
                 Some(current) if is_ours(rule, current, inputs.live_rule_uids) => {
                     out.desired += 1;
                     if desired.is_satisfied_by(current) {
@@ -767,6 +789,15 @@ pub fn occupied(
     policy: ConflictPolicy,
     rule: &str,
 ) -> Occupied {
+    if existing.is_unlabelled_copy_of(rule) {
+        // Ours, its rule-UID label removed by someone: put back like any
+        // other key Copyrator owns.
+        return if desired.needs_recreate(existing) {
+            Occupied::Recreate
+        } else {
+            Occupied::Update
+        };
+    }
     if let Some(uid) = existing.rule_uid() {
         if desired.labels.get(LABEL_RULE_UID).map(String::as_str) == Some(uid) {
             // Ours and right; ours but stale (the cache was behind) is updated.
@@ -789,12 +820,24 @@ pub fn occupied(
             return Occupied::Conflict(format!("a copy made by rule {owner} is there"));
         }
     } else if policy == ConflictPolicy::Skip {
-        return Occupied::Conflict(format!("a {} not made by Copyrator is there", desired.kind));
+        return Occupied::Conflict(foreign_reason(desired.kind, existing));
     }
     if desired.needs_recreate(existing) {
         Occupied::Recreate
     } else {
         Occupied::Update
+    }
+}
+
+/// Why a foreign object is left alone; one that carries Copyrator's labels
+/// or annotations without Copyrator having written them is said to.
+fn foreign_reason(kind: Kind, existing: &Object) -> String {
+    if existing.authored {
+        format!("a {kind} not made by Copyrator is there")
+    } else {
+        format!(
+            "a {kind} not made by Copyrator is there (its Copyrator labels were set by another writer)"
+        )
     }
 }
 
@@ -1359,6 +1402,60 @@ mod tests {
             ),
             Occupied::Update
         );
+        // This rule's copy whose rule-UID label someone removed (Copyrator
+        // wrote it: `authored`): its label is put back.
+        let mut stripped = crate::index::tests::object("a", "cm", "c", 1, &[]);
+        stripped
+            .annotations
+            .insert(ANNOTATION_RULE.into(), "src/r".into());
+        stripped.rehash();
+        assert_eq!(
+            occupied(&desired, &stripped, ConflictPolicy::Skip, "src/r"),
+            Occupied::Update
+        );
+        // Copyrator's labels and annotation on an object Copyrator did not
+        // write: a foreign object, however it is labelled.
+        let mut forged = copy_of("rule-1", "src/r");
+        forged.authored = false;
+        forged.rule_uid = None;
+        assert_eq!(
+            occupied(&desired, &forged, ConflictPolicy::Skip, "src/r"),
+            Occupied::Conflict(
+                "a ConfigMap not made by Copyrator is there (its Copyrator labels were set by another writer)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            occupied(&desired, &forged, ConflictPolicy::Overwrite, "src/r"),
+            Occupied::Update
+        );
+    }
+
+    /// An object carrying this rule's labels that Copyrator did not write
+    /// is no copy: a conflict where a copy belongs, never pruned.
+    #[test]
+    fn a_forged_copy_is_neither_counted_nor_pruned() {
+        let mut w = World::new(&["src", "a", "b"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = simple_rule();
+        let forged = |name: &str| {
+            let mut o =
+                crate::index::tests::object("a", name, "f", 1, &[(LABEL_RULE_UID, r.uid.as_str())]);
+            o.annotations
+                .insert(ANNOTATION_RULE.into(), r.key.to_string());
+            o.rehash();
+            o.authored = false;
+            o.rule_uid = None;
+            Arc::new(o)
+        };
+        w.copies.upsert(forged("cm"));
+        w.copies.upsert(forged("gone-source"));
+        let p = w.plan(&r);
+        assert_eq!(verbs(&p), vec![("b".into(), "cm".into(), "create")]);
+        assert_eq!(p.conflicts.len(), 1, "{:?}", p.conflicts);
+        assert_eq!(p.conflicts[0].namespace, "a");
+        assert!(p.conflicts[0].reason.contains("not made by Copyrator"));
+        assert_eq!(p.in_place, 0, "the forged object is not counted");
     }
 
     #[test]

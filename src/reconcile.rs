@@ -19,6 +19,7 @@ use crate::discovery::KindReadiness;
 use crate::finalizer::{cleanup, set_finalizer};
 use crate::index::{Object, ObjectKey};
 use crate::kinds::Kind;
+use crate::pass_log::{self, Line, Written};
 use crate::plan::{self, Action, DeleteReason, Inputs, Occupied, Plan};
 use crate::report::{Change, Preview, Skip};
 use crate::rule::{
@@ -31,9 +32,6 @@ use crate::status::{self, Observed};
 use crate::tally::{Basis, Unsettled};
 use crate::writer::Outcome;
 use crate::{Error, FIELD_MANAGER};
-
-/// An unchanged failure is logged again after this long, not on every retry.
-const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// What a rule's pass did, for its status, its log line and its requeue.
 #[derive(Default)]
@@ -61,10 +59,6 @@ struct Pass {
 }
 
 impl Pass {
-    fn written(&self) -> u32 {
-        self.created + self.updated + self.pruned + self.deleted
-    }
-
     fn retry_no_later_than(&mut self, at: Instant) {
         self.retry_at = Some(self.retry_at.map_or(at, |r| r.min(at)));
     }
@@ -464,60 +458,61 @@ async fn take_over_or_skip(
     Ok(out)
 }
 
-/// One line per pass that wrote or failed; an unchanged failure only once a minute.
+/// One line per pass that wrote or started failing; a failure that stays
+/// the same once a minute, with the writes made meanwhile, and one line
+/// when it ends ([`crate::pass_log`]).
 fn log_pass(shared: &Shared, key: &RuleKey, pass: &Pass, failing: usize, took: Duration) {
-    let first_error = pass
-        .failing()
-        .next()
+    let first = pass.failing().next();
+    let first_error = first
         .map(|(what, f)| format!("{what}: {}", f.message))
         .unwrap_or_default();
-    let now = Instant::now();
-    let failure_summary = format!(
-        "{failing}|{}",
-        pass.failing().next().map_or("", |(_, f)| f.class.label())
-    );
-    let log_failure = failing > 0 && {
+    let written = Written {
+        created: pass.created,
+        updated: pass.updated,
+        deleted: pass.pruned + pass.deleted,
+    };
+    let line = {
         let mut memory = lock(&shared.memory);
         let memory = memory.entry(key.clone()).or_default();
-        let repeat = memory.logged_failure.as_ref().is_some_and(|(summary, at)| {
-            *summary == failure_summary && now.duration_since(*at) < FAILURE_LOG_EVERY
-        });
-        if !repeat {
-            memory.logged_failure = Some((failure_summary, now));
-        }
-        !repeat
+        pass_log::line(
+            &mut memory.failure_log,
+            first.map(|(_, f)| f.class.label()),
+            written,
+            Instant::now(),
+        )
     };
-    if failing == 0 {
-        lock(&shared.memory)
-            .entry(key.clone())
-            .or_default()
-            .logged_failure = None;
-    }
     let contested = lock(&shared.backoffs).contested(key).len();
-    if pass.written() > 0 || log_failure {
-        info!(
-            rule = %key,
-            created = pass.created,
-            updated = pass.updated,
-            deleted = pass.pruned + pass.deleted,
-            failed = failing,
-            conflicts = pass.conflicts.len(),
-            contested,
-            first_error = first_error.as_str(),
-            took_ms = took.as_millis() as u64,
-            "rule pass"
-        );
-    } else {
-        debug!(
-            rule = %key,
-            in_place = pass.plan.in_place,
-            deferred = pass.deferred.len() + pass.contest_waits as usize,
-            failed = failing,
-            contested,
-            took_ms = took.as_millis() as u64,
-            "rule pass, nothing written"
-        );
-    }
+    let conflicts = pass.conflicts.len();
+    let took_ms = took.as_millis() as u64;
+    let (message, told) = match line {
+        Line::Pass(told) | Line::Failing(told) => ("rule pass", told),
+        Line::StillFailing(told) => ("rule still failing", told),
+        Line::Recovered(told) => ("rule recovered", told),
+        Line::Quiet => {
+            debug!(
+                rule = %key,
+                in_place = pass.plan.in_place,
+                deferred = pass.deferred.len() + pass.contest_waits as usize,
+                failed = failing,
+                contested,
+                took_ms,
+                "rule pass, nothing new to log"
+            );
+            return;
+        }
+    };
+    info!(
+        rule = %key,
+        created = told.created,
+        updated = told.updated,
+        deleted = told.deleted,
+        failed = failing,
+        conflicts,
+        contested,
+        first_error = first_error.as_str(),
+        took_ms,
+        "{message}"
+    );
 }
 
 /// Events for what changed: new conflicts, prunes, failures, contests.
@@ -823,6 +818,7 @@ async fn run_plan(
     // Each copy's backoff decides whether it is written in this pass.
     let now = Instant::now();
     let mut admitted = Vec::with_capacity(actions.len());
+    let mut refused = Vec::new();
     {
         let mut backoffs = lock(&shared.backoffs);
         for (kind, action) in actions {
@@ -841,15 +837,35 @@ async fn run_plan(
                 now,
             ) {
                 Admission::Go => admitted.push((copy, kind, action)),
+                // Behind the rule's refusal gate: one of them may probe.
+                Admission::Wait {
+                    why: Waiting::Refused(failure),
+                    ..
+                } => refused.push((copy, kind, action, failure)),
                 Admission::Wait { until, why } => {
                     pass.retry_no_later_than(until);
                     match why {
-                        Waiting::Failed(failure) => pass
+                        Waiting::Failed(failure) | Waiting::Refused(failure) => pass
                             .deferred
                             .push((describe_target(kind, &action), failure)),
                         Waiting::Contested { .. } => pass.contest_waits += 1,
                     }
                 }
+            }
+        }
+        if !refused.is_empty() {
+            let keys: Vec<CopyKey> = refused.iter().map(|(copy, ..)| copy.clone()).collect();
+            let probe = backoffs.pick_probe(&resolved.key, &keys, now);
+            for (copy, kind, action, failure) in refused {
+                if probe.as_ref() == Some(&copy) {
+                    admitted.push((copy, kind, action));
+                } else {
+                    pass.deferred
+                        .push((describe_target(kind, &action), failure));
+                }
+            }
+            if let Some(at) = backoffs.next_probe(&resolved.key) {
+                pass.retry_no_later_than(at);
             }
         }
     }
@@ -911,12 +927,16 @@ async fn run_plan(
         }
         match outcome {
             Outcome::Written(object) => {
-                lock(&shared.backoffs).succeeded(&copy);
+                if lock(&shared.backoffs).succeeded(&copy, Instant::now()) {
+                    // A refusal was lifted: the rule's other refused copies
+                    // go in the next pass, at once.
+                    pass.retry_no_later_than(Instant::now());
+                }
                 // Write-through: the next pass sees our write even before its watch event.
                 let mut index = write(shared.copies(kind));
                 match (object, &action) {
                     (Some(object), _) => {
-                        index.upsert(object);
+                        index.upsert_written(object);
                     }
                     (None, Action::Delete { current, .. }) => {
                         index.remove(namespace, name, &current.uid);
@@ -935,7 +955,7 @@ async fn run_plan(
             }
             Outcome::Conflict(reason) => {
                 // No write is owed there any more: an earlier failure is moot.
-                lock(&shared.backoffs).succeeded(&copy);
+                lock(&shared.backoffs).no_longer_owed(&copy);
                 new_conflicts.push(((namespace.to_owned(), name.to_owned()), reason));
             }
             Outcome::Failed(failure) => {

@@ -128,9 +128,9 @@ pub struct RuleMemory {
     pub waiting_since: Option<tokio::time::Instant>,
     /// Consecutive failed passes, for the retry backoff.
     pub failures: u32,
-    /// What the last failure summary said and when it was logged, so that
-    /// an unchanged failure is not logged on every retry.
-    pub logged_failure: Option<(String, tokio::time::Instant)>,
+    /// What the rule's last failure line said, so that an unchanged
+    /// failure is not logged on every pass.
+    pub failure_log: Option<crate::pass_log::FailureLog>,
     pub copies: i64,
     pub conflicts: i64,
     /// What the rule's passes left unsettled, place by place.

@@ -1028,6 +1028,125 @@ async fn rule_deleted_finalizer_removes_copies_then_lets_go() {
 
 // --- a copy is edited or deleted by someone else --------------------------------------
 
+/// A copy whose rule-UID label someone removes is still Copyrator's copy:
+/// `managedFields` say Copyrator wrote it. The label comes back, the copy
+/// keeps following its source, the rule stays Synced (no conflict, no
+/// contest), and deleting the rule deletes the copy. An object that carries
+/// the same labels and annotations but that Copyrator did not write is
+/// never taken: a conflict, left as it is, also when the rule goes.
+#[tokio::test]
+async fn a_copy_stripped_of_its_label_stays_a_copy_and_a_forged_one_is_refused() {
+    let t = TestNs::new("stripped-label").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    let rule = t
+        .create_rule(
+            &op,
+            "r",
+            rule_spec(CM, t.selector(), std::slice::from_ref(&t1)),
+        )
+        .await;
+    let uid = rule["metadata"]["uid"]
+        .as_str()
+        .expect("a rule UID")
+        .to_string();
+    let _operator = Operator::start(&t, &op, &[]);
+    let s = t.create_source(CM, &op, "s", &[], &[("k", "v1")]).await;
+    t.wait_copy(CM, &t1, &s, &op, "r").await;
+
+    // A neighbour removes the rule-UID label.
+    let neighbour = kube::api::PatchParams {
+        field_manager: Some("neighbour".into()),
+        ..Default::default()
+    };
+    t.cms(&t1)
+        .patch(
+            "s",
+            &neighbour,
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {LABEL_RULE_UID: null}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("removing the label: {}", err_msg(&e)));
+    wait_until("the rule-UID label back on t1/s", TIMEOUT, async || match t
+        .try_get(CM, &t1, "s")
+        .await?
+    {
+        Some(copy) if copy.label(LABEL_RULE_UID) == Some(uid.as_str()) => Ok(()),
+        Some(copy) => Err(format!("labels {:?}", copy.labels)),
+        None => Err("the copy is gone".into()),
+    })
+    .await;
+    let s = t.set_data(CM, &op, "s", &[("k", Some("v2"))]).await;
+    t.wait_copy(CM, &t1, &s, &op, "r").await;
+
+    // The same labels and annotations on an object the test writes.
+    let forged = t
+        .create_json(
+            CM,
+            &t1,
+            "forged",
+            json!({
+                "metadata": {
+                    "labels": {LABEL_RULE_UID: uid, LABEL_MANAGED_BY: "copyrator"},
+                    "annotations": {
+                        ANNOTATION_RULE: format!("{op}/r"),
+                        ANNOTATION_SOURCE: format!("{op}/forged"),
+                    },
+                },
+                "data": {"k": "not a copy"},
+            }),
+        )
+        .await;
+    t.create_source(CM, &op, "forged", &[], &[("k", "source")])
+        .await;
+    t.wait_rule(
+        &op,
+        "r",
+        "t1/forged reported as a conflict, t1/s in place",
+        |r| {
+            let conflict = r
+                .pointer("/status/conflicts")
+                .and_then(Value::as_array)
+                .is_some_and(|c| {
+                    c.iter().any(|c| {
+                        c["namespace"] == t1.as_str()
+                            && c["name"] == "forged"
+                            && c["reason"]
+                                .as_str()
+                                .is_some_and(|r| r.contains("not made by Copyrator"))
+                    })
+                });
+            if conflict
+                && status_u64(r, "copies") == Some(1)
+                && status_u64(r, "contestedCount") == Some(0)
+            {
+                Ok(())
+            } else {
+                Err(short_status(r))
+            }
+        },
+    )
+    .await;
+    t.assert_unchanged(
+        CM,
+        &t1,
+        "forged",
+        &forged.resource_version,
+        "an object Copyrator did not write is left alone",
+    )
+    .await;
+
+    t.delete_rule(&op, "r").await;
+    t.wait_rule_gone(&op, "r", "its finalizer cleaned up").await;
+    t.wait_gone(CM, &t1, "s", "the rule's copy goes with the rule")
+        .await;
+    let left = t.must_get(CM, &t1, "forged").await;
+    assert_eq!(
+        left.resource_version, forged.resource_version,
+        "the forged object is left as it was: {left:?}"
+    );
+}
+
 async fn copy_edited(kind: Kind, test: &str) {
     let t = TestNs::new(test).await;
     let op = t.ns("op").await;

@@ -1068,6 +1068,192 @@ async fn writes_forbidden_by_rbac_are_reported_and_retried_without_a_storm() {
     operator.assert_running();
 }
 
+/// The operator loses its ConfigMap writes cluster-wide (its
+/// ClusterRoleBinding is deleted) and someone deletes its 55 copies: each
+/// restore is refused (403). That is a refusal, not a contest: for a minute
+/// the rule reads SyncFailed in the API server's words and never
+/// CopiesContested (status, Event and metric), its refused writes stay few
+/// (each copy's first restore, then one probe at a time for the whole rule,
+/// not a backoff per copy) and so do its log lines. Once the binding is back, the 55 copies return
+/// together, well within a deadline that one copy per backoff step (the
+/// behaviour this replaces, 77 s) cannot meet.
+#[tokio::test]
+async fn copies_deleted_while_writes_are_forbidden_are_refused_not_contested_and_return_together() {
+    const TEST: &str = "rbac-revoked";
+    const SOURCES: usize = 11;
+    const TARGETS: usize = 5;
+    /// Refused writes allowed in the minute for all 55 copies together:
+    /// each deleted copy's first restore, then about one probe every 6 s.
+    const MAX_REFUSED_WRITES: usize = SOURCES * TARGETS + 15;
+    /// From the binding's return to all 55 copies back (the probe runs at
+    /// least every 6 s, +20 % jitter; then one pass writes the rest).
+    const RETURN_DEADLINE: Duration = Duration::from_secs(20);
+    let audit = Audit::start();
+    let t = TestNs::new("nb-revoked").await;
+    let cluster = ClusterObjects::new();
+    let op = t.ns("op").await;
+    let mut targets = Vec::new();
+    for i in 1..=TARGETS {
+        targets.push(t.ns(&format!("t{i}")).await);
+    }
+    let account = "copyrator-revoked";
+    let id = operator_identity(&t, &cluster, &op, account, reader_rules()).await;
+    let writer = format!("{}-writer", t.prefix);
+    cluster
+        .create(
+            &t.client,
+            ar::<ClusterRole>(),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": writer},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                           "verbs": ["create", "update", "patch", "delete"]}],
+            }),
+        )
+        .await;
+    let grant = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": writer},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": writer},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": op}],
+    });
+    cluster
+        .create(&t.client, ar::<ClusterRoleBinding>(), grant.clone())
+        .await;
+    wait_access(&t, &id, "create", Some(&targets[0]), true).await;
+    let mut sources = Vec::new();
+    for i in 0..SOURCES {
+        let v = format!("v{i}");
+        sources.push(
+            t.create_source(CM, &op, &format!("src-{i:02}"), &[], &[("k", &v)])
+                .await,
+        );
+    }
+    let sources: Vec<&Obj> = sources.iter().collect();
+    let mut operator = start_operator(&t, &op, &id);
+    operator.wait_ready().await;
+    let rule = t
+        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    wait_until("55 copies right", MINUTE, async || {
+        copies_right(&t, (&op, "cfgs", &uid), &targets, &sources).await
+    })
+    .await;
+    t.wait_rule_ready(&op, "cfgs").await;
+
+    cluster
+        .delete(&t.client, &ar::<ClusterRoleBinding>(), &writer)
+        .await;
+    wait_access(&t, &id, "create", Some(&targets[0]), false).await;
+    let start = Instant::now();
+    let start_utc = Utc::now();
+    for ns in &targets {
+        for source in &sources {
+            t.delete(CM, ns, &source.name).await;
+        }
+    }
+    // A minute of refusal, the status read all along.
+    let mut contested_seen = Vec::new();
+    let mut refused_seen = None;
+    while start.elapsed() < MINUTE {
+        let rule = t.get_rule(&op, "cfgs").await;
+        let (_, message) = ready_of(&rule);
+        let reason = ready_condition(&rule)
+            .and_then(|c| c["reason"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        if reason == "CopiesContested" || status_u64(&rule, "contestedCount").unwrap_or(0) > 0 {
+            contested_seen.push(format!("{reason}: {message}"));
+        }
+        if refused_seen.is_none()
+            && reason == "SyncFailed"
+            && refused_status(&rule, "forbidden").is_ok()
+        {
+            refused_seen = Some((start.elapsed(), message));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let end_utc = start_utc + utc(MINUTE);
+    audit.settle(&t.client, end_utc).await;
+    let refused_writes = audit.count(
+        &Query::user(&id.user)
+            .verbs(WRITE_VERBS)
+            .resource("configmaps")
+            .code(403)
+            .between(start_utc, end_utc),
+    );
+    let lines = log_lines(&operator, start_utc, end_utc);
+    let contested_events: Vec<String> = t
+        .events_regarding(&op, "cfgs")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("CopyContested"))
+        .map(|e| e.note.unwrap_or_default())
+        .collect();
+    let (code, metrics) = http_get(operator.port, "/metrics")
+        .await
+        .unwrap_or_else(|e| panic!("/metrics: {e}"));
+    assert_eq!(code, 200, "/metrics: {metrics}");
+    let contested_gauge = metric_family(&metrics, "copyrator_copies_contested");
+
+    cluster
+        .create(&t.client, ar::<ClusterRoleBinding>(), grant)
+        .await;
+    wait_access(&t, &id, "create", Some(&targets[0]), true).await;
+    let restored = Instant::now();
+    let returned = poll(RETURN_DEADLINE, POLL, async || {
+        copies_right(&t, (&op, "cfgs", &uid), &targets, &sources).await
+    })
+    .await
+    .map(|((), d)| d);
+    println!(
+        "{TEST}: refused writes for 55 copies in 60 s: {refused_writes}; INFO+ log lines: {} {:?}; \
+         the status said why at {:?}; all 55 copies back {:?} after the binding returned",
+        lines.info_plus,
+        lines.by_message,
+        refused_seen.as_ref().map(|(at, _)| secs(*at)),
+        returned.as_ref().map(|d| secs(*d))
+    );
+    let mut failures = Vec::new();
+    if !contested_seen.is_empty() {
+        failures.push(format!(
+            "the status called refused writes contested: {:?}",
+            &contested_seen[..contested_seen.len().min(3)]
+        ));
+    }
+    if !contested_events.is_empty() {
+        failures.push(format!("CopyContested Events: {contested_events:?}"));
+    }
+    if contested_gauge != Some(0.0) {
+        failures.push(format!(
+            "copyrator_copies_contested is {contested_gauge:?}, not 0"
+        ));
+    }
+    if refused_seen.is_none() {
+        failures.push("the status never read SyncFailed with \"forbidden\" in the minute".into());
+    }
+    if refused_writes == 0 || refused_writes > MAX_REFUSED_WRITES {
+        failures.push(format!(
+            "{refused_writes} refused writes in the minute (expected 1 to {MAX_REFUSED_WRITES})"
+        ));
+    }
+    if lines.info_plus > MAX_LOG_LINES {
+        failures.push(format!(
+            "{} INFO+ log lines in the minute (at most {MAX_LOG_LINES}): {:?}",
+            lines.info_plus, lines.by_message
+        ));
+    }
+    if let Err(e) = &returned {
+        failures.push(format!(
+            "not all 55 copies were back within {RETURN_DEADLINE:?} of the binding's return ({:?} so far): {e}",
+            restored.elapsed()
+        ));
+    }
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+    operator.assert_running();
+}
+
 // ===========================================================================
 // 5. API Priority and Fairness
 
