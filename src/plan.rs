@@ -832,12 +832,14 @@ pub fn occupied(
 /// Why a foreign object is left alone; one that carries Copyrator's labels
 /// or annotations without Copyrator having written them is said to.
 fn foreign_reason(kind: Kind, existing: &Object) -> String {
-    if existing.authored {
-        format!("a {kind} not made by Copyrator is there")
-    } else {
+    let looks_like_a_copy =
+        existing.rule_ref.is_some() || existing.labels.contains_key(LABEL_RULE_UID);
+    if looks_like_a_copy && !existing.authored {
         format!(
             "a {kind} not made by Copyrator is there (its Copyrator labels were set by another writer)"
         )
+    } else {
+        format!("a {kind} not made by Copyrator is there")
     }
 }
 
