@@ -119,7 +119,13 @@ async fn kind_to_watch(
         Some(kind) if !kind.info().generic => {
             return Ok(Err(listed(shared, kind)));
         }
-        Some(kind) if kind.info().version == version => kind,
+        // Watched: the API server serves it. Not watched (its last watch
+        // stopped because its CRD went, or no rule needed it): ask again.
+        Some(kind)
+            if kind.info().version == version && lock(&shared.kind_watches).contains_key(&kind) =>
+        {
+            kind
+        }
         // Unknown, or another version of a known kind: is it served?
         _ => {
             let found = match discover(shared, object_type, group, version).await? {
@@ -478,6 +484,23 @@ pub fn release_unused(shared: &Shared) {
         keep
     });
     shared.metrics.kind_watches.set(watches.len() as i64);
+}
+
+/// The API server stopped serving `kind` (its CustomResourceDefinition
+/// was deleted) and its copy watch ended: forget the watch and its copies,
+/// and queue the rules that name it, which then read `UnknownKind` until
+/// the kind is served again (they look every [`UNKNOWN_KIND_RETRY`]).
+pub fn kind_unserved(shared: &Shared, kind: Kind) {
+    {
+        let mut watches = lock(&shared.kind_watches);
+        watches.remove(&kind);
+        shared.metrics.kind_watches.set(watches.len() as i64);
+    }
+    write(shared.copies(kind)).replace_all(Vec::new());
+    shared.synced.set_copies_of(kind, true);
+    for key in rules_naming(shared, kind) {
+        shared.queue.add(key, crate::scope::Touch::All);
+    }
 }
 
 /// The rules that name `kind` by `objectType`: queued once its copies

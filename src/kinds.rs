@@ -537,6 +537,18 @@ mod tests {
         assert!(!without_secrets.enables("", "Secret"));
     }
 
+    /// `*` with a named kind: every kind not denied, and that one watched
+    /// from the start (so its orphans are collected after a restart).
+    #[test]
+    fn any_kind_and_a_named_one_together() {
+        let enabled = EnabledKinds::parse(&entries("*,Widget.example.com")).expect("valid");
+        assert!(enabled.enables("rbac.authorization.k8s.io", "RoleBinding"));
+        assert_eq!(
+            enabled.named_kinds().collect::<Vec<_>>(),
+            vec![("example.com", "Widget")]
+        );
+    }
+
     #[test]
     fn denied_kinds_match_a_bare_kind_in_every_group_and_always_the_rules() {
         let denied = DeniedKinds::defaults();

@@ -104,6 +104,28 @@ fn throttled(error: &watcher::Error) -> Option<Option<std::time::Duration>> {
     })
 }
 
+/// Whether a failed watch request says the API server does not serve the
+/// resource (404: the CustomResourceDefinition of the kind was deleted).
+fn unserved(error: &watcher::Error) -> bool {
+    let code = match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code,
+        watcher::Error::WatchError(status) => status.code,
+        _ => return false,
+    };
+    code == 404
+}
+
+/// How a followed watch ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Followed {
+    /// Its stream ended.
+    Ended,
+    /// The API server no longer serves the resource.
+    Unserved,
+}
+
 /// After a failed watch request: report it, and when the API server
 /// throttles reads, wait with every other watch (see [`ReadPause`]) on top
 /// of this watch's own backoff.
@@ -127,15 +149,19 @@ pub async fn wait_out(pause: &ReadPause) {
 /// Follow one watch until it ends, handing each change to `handle`.
 /// Objects are converted as they come (`convert`), so that a long list is
 /// held in its compact form. Failed requests are retried with
-/// [`WatchBackoff`] and [`cool_down`].
+/// [`WatchBackoff`] and [`cool_down`]; with `stop_if_unserved`, a request
+/// the API server answers 404 (the resource is not served) ends the watch
+/// instead, its failure forgotten by the health check.
 pub async fn follow<K, T>(
     api: Api<K>,
     config: watcher::Config,
     name: &str,
     shared: &Shared,
+    stop_if_unserved: bool,
     convert: impl Fn(K) -> T,
     mut handle: impl FnMut(Change<T>),
-) where
+) -> Followed
+where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let mut stream = watcher::watcher(api, config)
@@ -156,7 +182,12 @@ pub async fn follow<K, T>(
                     handle(change);
                 }
             }
-            Ok(None) => return,
+            Ok(None) => return Followed::Ended,
+            Err(e) if stop_if_unserved && unserved(&e) => {
+                tracing::warn!(watch = name, error = %e, "the API server no longer serves this kind; its watch stops");
+                shared.health.watch_ok(name);
+                return Followed::Unserved;
+            }
             Err(e) => cool_down(&shared.health, &shared.read_pause, name, &e).await,
         }
     }
@@ -180,6 +211,7 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
             config,
             "copyratorrules",
             &shared,
+            false,
             convert,
             |change| match change {
                 Change::Listed(rules) => {
@@ -226,6 +258,7 @@ pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
             watch_config(),
             "namespaces",
             &shared,
+            false,
             convert,
             |change| match change {
                 Change::Listed(listed) => {
@@ -261,11 +294,12 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
         let config = watch_config().labels(crate::LABEL_RULE_UID);
         let index = shared.copies(kind);
         let convert = |object| Arc::new(Object::from_dynamic(kind, object).into_compact());
-        follow(
+        let followed = follow(
             api,
             config,
             kind.info().plural,
             &shared,
+            kind.info().generic,
             convert,
             |change| {
                 // The rules a change concerns, and what of theirs it touched.
@@ -335,5 +369,8 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
             },
         )
         .await;
+        if followed == Followed::Unserved {
+            crate::discovery::kind_unserved(&shared, kind);
+        }
     })
 }

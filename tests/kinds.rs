@@ -28,13 +28,18 @@ mod common;
 
 use std::collections::BTreeSet;
 
+use std::time::Duration;
+
+use common::cluster_objects::ClusterObjects;
 use common::dynamic::*;
 use common::rbac::{ClusterScoped, Grant, Identity, grants_of};
 use common::*;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
+use kube::api::Api;
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
@@ -996,6 +1001,92 @@ async fn copies_of_a_force_deleted_rule_of_another_kind_are_collected_at_start()
         t.wait_dyn_gone(&ar, ns, "reader", "its rule is gone").await;
     }
     wait_kind_watches(&restarted, 0.0, "the orphans are collected").await;
+}
+
+/// A kind whose CustomResourceDefinition is deleted while its copies are
+/// watched: the watch stops, the rule reads `UnknownKind`, and the operator
+/// stays healthy (a watch failing for good would fail its liveness probe,
+/// here after 5 s), with no restart. Once the CRD is back, the rule finds
+/// the kind again (it looks every 30 s) and copies anew.
+#[tokio::test]
+async fn a_kind_whose_crd_goes_reads_unknown_kind_and_recovers_without_a_restart() {
+    let t = TestNs::new("kinds-crd-gone").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    let group = format!("{}.copyrator.test", t.prefix);
+    let ar =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(&group, "v1", "Gizmo"), "gizmos");
+    let mut crd = widget_crd();
+    crd["metadata"]["name"] = json!(format!("gizmos.{group}"));
+    crd["spec"]["group"] = json!(group);
+    crd["spec"]["names"] =
+        json!({"kind": "Gizmo", "listKind": "GizmoList", "plural": "gizmos", "singular": "gizmo"});
+    let cluster = ClusterObjects::new();
+    let crds = ApiResource::erase::<CustomResourceDefinition>(&());
+    let install = async || {
+        cluster.create(&t.client, crds.clone(), crd.clone()).await;
+        apply_crd(t.client.clone(), &crd, &ar).await;
+    };
+    install().await;
+    let mut operator = Operator::start(&t, &op, &["--kinds", "*", "--stuck-after", "5"]);
+    operator.wait_ready().await;
+    let payload = json!({"spec": {"size": 1}, "colour": "red"});
+    t.create_dyn_source(&ar, &op, "g", &[], &[], payload.clone())
+        .await;
+    t.create_rule(
+        &op,
+        "r",
+        object_rule_spec(&ar, t.selector(), std::slice::from_ref(&t1)),
+    )
+    .await;
+    t.wait_dyn(&ar, &t1, "g", "the Gizmo's copy", |_| Ok(()))
+        .await;
+    t.wait_rule(&op, "r", "Ready with 1 copy", |r| ready_with(r, 1, 1))
+        .await;
+
+    cluster
+        .delete(&t.client, &crds, &format!("gizmos.{group}"))
+        .await;
+    t.wait_rule(&op, "r", "UnknownKind once the CRD is gone", |r| {
+        not_ready_saying(r, "UnknownKind", &["Gizmo"])
+    })
+    .await;
+    // Longer than --stuck-after: a watch still failing would show by now.
+    assert_for(
+        "the operator stays healthy without its CRD",
+        Duration::from_secs(8),
+        async || match http_get(operator.port, "/healthz").await {
+            Ok((200, _)) => Ok(()),
+            Ok((code, body)) => Err(format!("/healthz answers {code}: {body}")),
+            Err(e) => Err(e),
+        },
+    )
+    .await;
+    operator.assert_running();
+
+    let crd_api: Api<CustomResourceDefinition> = Api::all(t.client.clone());
+    wait_until("the CRD gone", TIMEOUT, async || {
+        match crd_api.get_opt(&format!("gizmos.{group}")).await {
+            Ok(None) => Ok(()),
+            Ok(Some(_)) => Err("still there (its objects are being deleted)".into()),
+            Err(e) => Err(err_msg(&e)),
+        }
+    })
+    .await;
+    install().await;
+    t.create_dyn_source(&ar, &op, "g", &[], &[], payload).await;
+    wait_until(
+        "the copy back once the CRD is (the rule looks every 30 s)",
+        Duration::from_secs(90),
+        async || match t.try_get_dyn(&ar, &t1, "g").await? {
+            Some(_) => Ok(()),
+            None => Err("no copy in t1".into()),
+        },
+    )
+    .await;
+    t.wait_rule(&op, "r", "Ready with 1 copy again", |r| ready_with(r, 1, 1))
+        .await;
+    operator.assert_running();
 }
 
 /// Under `--all-namespaces`, a rule outside the operator's namespace (a
