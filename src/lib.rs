@@ -39,6 +39,7 @@ pub mod status;
 pub mod tally;
 pub mod telemetry;
 pub mod watch;
+pub mod write_limit;
 pub mod writer;
 
 pub use error::{Error, Result};

@@ -45,6 +45,7 @@ pub struct Metrics {
     pub leader: Gauge,
     pub source_watches: Gauge,
     pub kind_watches: Gauge,
+    pub write_concurrency: Gauge,
     pub rule_ready: Family<RuleLabels, Gauge>,
 }
 
@@ -123,6 +124,13 @@ impl Default for Metrics {
             "Kinds named by objectType whose copies are watched: each from its first rule to its last",
             kind_watches.clone(),
         );
+        let write_concurrency = Gauge::default();
+        registry.register(
+            "write_concurrency",
+            "Copy writes allowed in flight now: --write-concurrency, halved when the API server \
+             throttles (429) and grown back by one per round of writes that go through",
+            write_concurrency.clone(),
+        );
         let rule_ready = Family::<RuleLabels, Gauge>::default();
         registry.register(
             "rule_ready",
@@ -167,6 +175,7 @@ impl Default for Metrics {
             leader,
             source_watches,
             kind_watches,
+            write_concurrency,
             rule_ready,
         }
     }

@@ -16,8 +16,6 @@ use std::time::Duration;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
 use serde_json::Value;
-use tokio::sync::Semaphore;
-use tokio::time::Instant;
 use tracing::debug;
 
 use crate::FIELD_MANAGER;
@@ -29,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::plan::{Action, Desired, Occupied, occupied};
 use crate::ratelimit::RateLimiter;
 use crate::rule::ConflictPolicy;
+use crate::write_limit::{WriteLimit, WritePermit};
 
 /// What became of one action.
 #[derive(Debug)]
@@ -48,12 +47,11 @@ pub enum Outcome {
 pub struct Writer {
     client: Client,
     limiter: RateLimiter,
-    permits: Semaphore,
+    /// The writes in flight: fewer while the API server throttles them.
+    in_flight: WriteLimit,
     metrics: Arc<Metrics>,
     leader: LeaderGate,
     health: Arc<crate::http::Health>,
-    /// While the API server throttles us (429), nothing is sent before this.
-    throttled_until: std::sync::Mutex<Option<Instant>>,
 }
 
 fn is_status(err: &kube::Error, code: u16) -> bool {
@@ -181,45 +179,26 @@ impl Writer {
         leader: LeaderGate,
         health: Arc<crate::http::Health>,
     ) -> Self {
+        metrics.write_concurrency.set(i64::from(concurrency));
         Self {
             client,
             limiter,
-            permits: Semaphore::new(concurrency as usize),
+            in_flight: WriteLimit::new(concurrency as usize),
             metrics,
             leader,
             health,
-            throttled_until: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// Slow the whole writer down while the API server throttles us.
-    fn throttled(&self, failure: &Failure) {
-        if failure.class != FailureClass::Throttled {
-            return;
-        }
-        let pause = failure
-            .retry_after
-            .unwrap_or(Duration::from_secs(1))
-            .min(Duration::from_secs(60));
-        let until = Instant::now() + pause;
-        let mut held = crate::state::lock(&self.throttled_until);
-        if held.is_none_or(|h| h < until) {
-            *held = Some(until);
-        }
-    }
-
-    async fn wait_while_throttled(&self) {
-        let until = *crate::state::lock(&self.throttled_until);
-        if let Some(until) = until {
-            tokio::time::sleep_until(until).await;
         }
     }
 
     fn failure(&self, err: &kube::Error) -> Failure {
         let failure = classify(err);
         self.metrics.write_failed(failure.class.label());
-        self.throttled(&failure);
         failure
+    }
+
+    /// Writes allowed in flight now (the limit throttling moves).
+    pub fn concurrency(&self) -> usize {
+        self.in_flight.allowed()
     }
 
     fn api(&self, desired_kind: Kind, namespace: &str) -> Api<DynamicObject> {
@@ -228,7 +207,6 @@ impl Writer {
 
     /// Wait for a rate token.
     async fn pace(&self) {
-        self.wait_while_throttled().await;
         self.limiter.acquire().await;
     }
 
@@ -237,20 +215,20 @@ impl Writer {
     /// count against `--write-concurrency` too, so the writes in flight,
     /// and the connections they take, stay bounded however many rules
     /// are reconciled at once.
-    pub async fn other_slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        let permit = self.permits.acquire().await.ok()?;
+    pub async fn other_slot(&self) -> WritePermit<'_> {
+        let permit = self.in_flight.acquire().await;
         self.pace().await;
-        Some(permit)
+        permit
     }
 
     /// Wait for a write slot and a rate token; refuse when not the leader,
     /// before waiting as well as after, so that a process that stopped
     /// leading (or is shutting down) drains its backlog at once.
-    async fn slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+    async fn slot(&self) -> Option<WritePermit<'_>> {
         if !self.leader.is_leader() {
             return None;
         }
-        let permit = self.permits.acquire().await.ok()?;
+        let permit = self.in_flight.acquire().await;
         if !self.leader.is_leader() {
             return None;
         }
@@ -265,7 +243,7 @@ impl Writer {
         policy: ConflictPolicy,
         rule: &str,
     ) -> Outcome {
-        let Some(_permit) = self.slot().await else {
+        let Some(permit) = self.slot().await else {
             return Outcome::NotLeader;
         };
         let work = async {
@@ -288,6 +266,17 @@ impl Writer {
                 .unwrap_or(Outcome::NotLeader),
             None => work.await,
         };
+        match &outcome {
+            Outcome::Failed(failure) if failure.class == FailureClass::Throttled => {
+                permit.throttled();
+            }
+            Outcome::Written(_) | Outcome::Conflict(_) | Outcome::Ignored(_) => permit.succeeded(),
+            Outcome::Failed(_) | Outcome::NotLeader => {}
+        }
+        drop(permit);
+        self.metrics
+            .write_concurrency
+            .set(self.in_flight.allowed() as i64);
         self.health.progressed();
         // Per copy at debug only: the rule's pass logs one summary line.
         let (namespace, name) = action.target();
