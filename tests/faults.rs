@@ -21,9 +21,10 @@
 //!
 //! These tests stop the API server and etcd, so they run on a control plane
 //! of their own (`COPYRATOR_FAULT_STATE`, see `common::fault`), one at a
-//! time (`--test-threads=1`, and [`SERIAL`]). Without that variable each
-//! test returns at once with a note: the main `cargo test` run skips them,
-//! and `hack/test` runs this binary on its own control plane beside it. The
+//! time (`--test-threads=1`, and [`SERIAL`]). They are `#[ignore]`d, so
+//! the main `cargo test` run reports them as ignored, and `hack/test` runs
+//! this binary with `--ignored` on its own control plane beside it; run
+//! without that variable, a test fails saying so. The
 //! operator runs as a ServiceAccount of its own, so that the audit log
 //! (`COPYRATOR_FAULT_AUDIT_LOG`) names its requests.
 
@@ -103,14 +104,20 @@ struct Fault {
     _turn: tokio::sync::MutexGuard<'static, ()>,
 }
 
-async fn begin(test: &str) -> Option<Fault> {
-    let plane = FaultPlane::from_env(test)?;
+async fn begin(test: &str) -> Fault {
+    let Some(plane) = FaultPlane::from_env() else {
+        panic!(
+            "faults::{test}: COPYRATOR_FAULT_STATE is unset. This test kills the API server and \
+             etcd, so it runs only on a control plane of its own: hack/test runs \
+             `cargo test --test faults -- --ignored` on one"
+        );
+    };
     let turn = SERIAL.lock().await;
-    Some(Fault {
+    Fault {
         _restart: plane.restart_on_drop(),
         plane,
         _turn: turn,
-    })
+    }
 }
 
 // ===========================================================================
@@ -345,11 +352,10 @@ fn fmt_map<K: std::fmt::Display, V: std::fmt::Display>(m: &BTreeMap<K, V>) -> St
 /// writes the rest from the cluster's state: every copy right, none lost,
 /// none written twice (each copy created exactly once, none recreated).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills the API server and etcd: runs on a control plane of its own (hack/test: --ignored)"]
 async fn operator_sigkilled_mid_fan_out_converges_after_restart_without_duplicates() {
     const TEST: &str = "operator_sigkilled_mid_fan_out";
-    let Some(fault) = begin(TEST).await else {
-        return;
-    };
+    let fault = begin(TEST).await;
     let f = FanOut::new("sigkill").await;
     let requests = Requests::start(&fault.plane);
     let start = Utc::now();
@@ -454,11 +460,10 @@ async fn operator_sigkilled_mid_fan_out_converges_after_restart_without_duplicat
 /// as it answers, a source changes and a copy is deleted. Every copy is
 /// right within seconds of the API server being ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills the API server and etcd: runs on a control plane of its own (hack/test: --ignored)"]
 async fn api_server_down_a_minute_then_changes_converge_within_seconds_of_its_return() {
     const TEST: &str = "api_server_down_a_minute";
-    let Some(fault) = begin(TEST).await else {
-        return;
-    };
+    let fault = begin(TEST).await;
     let mut f = FanOut::new("apiserver-down").await;
     // Through a proxy that only counts: the connections it accepts while the
     // API server is down are the operator's attempts to reach it.
@@ -529,11 +534,10 @@ async fn api_server_down_a_minute_then_changes_converge_within_seconds_of_its_re
 /// etcd is killed under a running API server and started again; then a
 /// source changes. The copies follow within seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills the API server and etcd: runs on a control plane of its own (hack/test: --ignored)"]
 async fn etcd_killed_and_restarted_then_a_source_change_converges() {
     const TEST: &str = "etcd_killed_and_restarted";
-    let Some(fault) = begin(TEST).await else {
-        return;
-    };
+    let fault = begin(TEST).await;
     let mut f = FanOut::new("etcd-restart").await;
     let mut op = f.operator(f.id.kubeconfig_str(), &[]);
     f.wait_converged(TEST).await;
@@ -689,11 +693,10 @@ async fn churn_until_watch_gone(t: &TestNs, rv: &str) -> usize {
 /// the cache answers 410 to a watch from the resourceVersion of the cut:
 /// every resourceVersion the operator can hold is at most that one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills the API server and etcd: runs on a control plane of its own (hack/test: --ignored)"]
 async fn watches_resuming_from_a_compacted_resource_version_relist_and_converge() {
     const TEST: &str = "compacted_resource_version";
-    let Some(fault) = begin(TEST).await else {
-        return;
-    };
+    let fault = begin(TEST).await;
     let mut f = FanOut::new("compacted").await;
     let proxy = Proxy::start(api_server_address(&fault.plane.kubeconfig).await).await;
     let kubeconfig = kubeconfig_with_server(&f.id.kubeconfig, &proxy.url());
@@ -774,11 +777,10 @@ async fn watches_resuming_from_a_compacted_resource_version_relist_and_converge(
 /// deadlines, opens only a few new ones meanwhile, and once the network
 /// heals the copies converge without a burst of requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills the API server and etcd: runs on a control plane of its own (hack/test: --ignored)"]
 async fn a_half_dead_network_for_30s_causes_no_storm_and_converges_after() {
     const TEST: &str = "half_dead_network";
-    let Some(fault) = begin(TEST).await else {
-        return;
-    };
+    let fault = begin(TEST).await;
     let mut f = FanOut::new("half-dead").await;
     let proxy = Proxy::start(api_server_address(&fault.plane.kubeconfig).await).await;
     let kubeconfig = kubeconfig_with_server(&f.id.kubeconfig, &proxy.url());
@@ -853,12 +855,11 @@ async fn a_half_dead_network_for_30s_causes_no_storm_and_converges_after() {
 /// the dying namespace only the few writes already on their way, and gets
 /// no storm of errors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills the API server and etcd: runs on a control plane of its own (hack/test: --ignored)"]
 async fn a_target_namespace_deleted_mid_fan_out_leaves_the_rest_right_and_the_rule_ready() {
     const TEST: &str = "namespace_deleted_mid_fan_out";
     const HOLD_FINALIZER: &str = "copyrator-test/hold";
-    let Some(fault) = begin(TEST).await else {
-        return;
-    };
+    let fault = begin(TEST).await;
     let mut f = FanOut::new("ns-deleted").await;
     let requests = Requests::start(&fault.plane);
     let start = Utc::now();
@@ -1000,4 +1001,202 @@ async fn a_target_namespace_deleted_mid_fan_out_leaves_the_rest_right_and_the_ru
         errors <= MAX_ERRORS_NS_DELETED,
         "{TEST}: {errors} error answers; the bound is {MAX_ERRORS_NS_DELETED}"
     );
+}
+
+// ===========================================================================
+// throttled writes use the capacity they are given
+
+/// Creates `count` ConfigMaps spread over `namespaces`, `concurrency` at a
+/// time, each retried after its `Retry-After` (1 s when none) when the API
+/// server throttles it: a plain client at a fixed concurrency. Returns how
+/// long it took and how many answers were 429.
+async fn plain_creates(
+    client: &kube::Client,
+    namespaces: &[String],
+    prefix: &str,
+    concurrency: usize,
+    count: usize,
+) -> (Duration, usize) {
+    let started = Instant::now();
+    let throttled = std::sync::atomic::AtomicUsize::new(0);
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let api: Api<ConfigMap> =
+                Api::namespaced(client.clone(), &namespaces[i % namespaces.len()]);
+            let throttled = &throttled;
+            let cm: ConfigMap = serde_json::from_value(json!({
+                "metadata": {"name": format!("{prefix}-{i:04}")},
+                "data": {"k": "v"},
+            }))
+            .expect("a ConfigMap");
+            async move {
+                loop {
+                    match api.create(&Default::default(), &cm).await {
+                        Ok(_) => return,
+                        Err(kube::Error::Api(s)) if s.code == 429 => {
+                            throttled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let wait = s
+                                .details
+                                .as_ref()
+                                .map(|d| d.retry_after_seconds)
+                                .filter(|s| *s > 0)
+                                .map_or(Duration::from_secs(1), |s| {
+                                    Duration::from_secs(u64::from(s))
+                                });
+                            tokio::time::sleep(wait).await;
+                        }
+                        Err(e) => panic!("the plain client's create: {}", err_msg(&e)),
+                    }
+                }
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect::<Vec<()>>()
+        .await;
+    (
+        started.elapsed(),
+        throttled.load(std::sync::atomic::Ordering::Relaxed),
+    )
+}
+
+/// The operator's ServiceAccount is throttled by API Priority and Fairness:
+/// a priority level of 3 concurrency shares that rejects (429) what it
+/// cannot seat. A plain client as that ServiceAccount creates 1,000
+/// ConfigMaps at each of several fixed concurrencies; then a rule of 1,000
+/// copies must converge within 3 times the plain client's best time, with
+/// at most 10 % of the operator's requests answered 429: its writes in
+/// flight shrink on 429 and grow back on success, and each throttled copy
+/// waits its own `Retry-After` (a writer that paused on every refusal took
+/// 205 s with 62 % of requests refused on a level like this one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills the API server and etcd: runs on a control plane of its own (hack/test: --ignored)"]
+async fn writes_throttled_by_priority_and_fairness_use_the_capacity_they_are_given() {
+    const TEST: &str = "apf_capacity";
+    const SOURCES_N: usize = 50;
+    const TARGETS_N: usize = 20;
+    const COPIES: usize = SOURCES_N * TARGETS_N;
+    const FIXED: [usize; 5] = [1, 2, 4, 8, 16];
+    const MAX_SLOWDOWN: f64 = 3.0;
+    const MAX_THROTTLED_SHARE: f64 = 0.10;
+    let fault = begin(TEST).await;
+    let t = TestNs::new("apf-capacity").await;
+    let op = t.ns("op").await;
+    let suffixes: Vec<String> = (0..TARGETS_N).map(|i| format!("t{i:02}")).collect();
+    let targets: Vec<String> = futures::future::join_all(suffixes.iter().map(|s| t.ns(s))).await;
+    let id = OperatorIdentity::new(&t, &op, "copyrator").await;
+    let cluster = common::cluster_objects::ClusterObjects::new();
+    let level = t.prefix.clone();
+    cluster
+        .create(
+            &t.client,
+            common::cluster_objects::ar::<
+                k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration,
+            >(),
+            common::apf::rejecting_level(&level, 1),
+        )
+        .await;
+    cluster
+        .create(
+            &t.client,
+            common::cluster_objects::ar::<k8s_openapi::api::flowcontrol::v1::FlowSchema>(),
+            common::apf::flow_schema_for(&level, &op, "copyrator"),
+        )
+        .await;
+    common::apf::wait_flow_schema_taken(&t.client, &level).await;
+    for i in 0..SOURCES_N {
+        t.create_source(CM, &op, &format!("s{i:02}"), &[], &[("k", "v")])
+            .await;
+    }
+
+    let kubeconfig = kube::config::Kubeconfig::read_from(&id.kubeconfig)
+        .expect("the ServiceAccount's kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("a client config for the ServiceAccount");
+    let plain = kube::Client::try_from(config).expect("a client for the ServiceAccount");
+    let mut best: Option<(usize, Duration)> = None;
+    let mut baseline = Vec::new();
+    for concurrency in FIXED {
+        let (took, throttled) = plain_creates(
+            &plain,
+            &targets,
+            &format!("plain-{concurrency:02}"),
+            concurrency,
+            COPIES,
+        )
+        .await;
+        baseline.push(format!(
+            "{concurrency} at once: {} ({throttled} × 429)",
+            secs(took)
+        ));
+        if best.is_none_or(|(_, b)| took < b) {
+            best = Some((concurrency, took));
+        }
+    }
+    let (best_concurrency, best_time) = best.expect("at least one fixed concurrency");
+
+    let mut operator = Operator::start_with_env(
+        &t,
+        ["run", "--namespace", &op, "--log-level", "info"]
+            .map(String::from)
+            .to_vec(),
+        &[("KUBECONFIG", id.kubeconfig_str())],
+    );
+    operator.wait_ready().await;
+    let requests = Requests::start(&fault.plane);
+    let from = Utc::now();
+    let started = Instant::now();
+    t.create_rule(&op, RULE, rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let uid = t.rule_uid(&op, RULE).await;
+    let all: Api<ConfigMap> = Api::all(t.client.clone());
+    let copies = ListParams::default().labels(&format!("{LABEL_RULE_UID}={uid}"));
+    wait_until(
+        format!("{COPIES} copies of rule {RULE}"),
+        Duration::from_secs(600),
+        async || {
+            let listed = all.list_metadata(&copies).await.map_err(|e| err_msg(&e))?;
+            if listed.items.len() == COPIES {
+                Ok(())
+            } else {
+                Err(format!("{} of {COPIES} copies", listed.items.len()))
+            }
+        },
+    )
+    .await;
+    let converged = started.elapsed();
+    let to = Utc::now();
+    requests.settle(&t.client, to).await;
+    let query = Query::user(&id.user).between(from, to);
+    let sent = requests.count(&query);
+    let throttled = requests.count(&query.clone().code(429));
+    let share = throttled as f64 / sent.max(1) as f64;
+    println!(
+        "{TEST}: a plain client creating {COPIES} ConfigMaps: {}",
+        baseline.join("; ")
+    );
+    println!(
+        "{TEST}: the operator: {COPIES} copies in {} (best plain: {} at {best_concurrency} at once); \
+         {sent} requests, {throttled} answered 429 ({:.1} %)",
+        secs(converged),
+        secs(best_time),
+        share * 100.0
+    );
+    let mut failures = Vec::new();
+    if converged.as_secs_f64() > MAX_SLOWDOWN * best_time.as_secs_f64() {
+        failures.push(format!(
+            "{} to converge, more than {MAX_SLOWDOWN}× the plain client's best {}",
+            secs(converged),
+            secs(best_time)
+        ));
+    }
+    if share > MAX_THROTTLED_SHARE {
+        failures.push(format!(
+            "{throttled} of {sent} requests answered 429 ({:.1} %, at most {:.0} %)",
+            share * 100.0,
+            MAX_THROTTLED_SHARE * 100.0
+        ));
+    }
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+    operator.assert_running();
 }

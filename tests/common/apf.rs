@@ -14,12 +14,19 @@ use super::{TIMEOUT, err_msg, wait_until};
 /// A PriorityLevelConfiguration named `level`: one seat, nothing lent,
 /// requests that do not fit are rejected with 429.
 pub fn one_seat_level(level: &str) -> Value {
+    rejecting_level(level, 1)
+}
+
+/// A PriorityLevelConfiguration named `level` of `shares` nominal
+/// concurrency shares (seats in proportion to the other levels' shares),
+/// nothing lent, requests that do not fit rejected with 429.
+pub fn rejecting_level(level: &str, shares: u32) -> Value {
     json!({
         "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
         "kind": "PriorityLevelConfiguration",
         "metadata": {"name": level},
         "spec": {"type": "Limited", "limited": {
-            "nominalConcurrencyShares": 1,
+            "nominalConcurrencyShares": shares,
             "lendablePercent": 0,
             "limitResponse": {"type": "Reject"},
         }},
