@@ -75,6 +75,10 @@ pub struct Policy {
     pub base: Duration,
     /// First delay after a refusal (403, 422, quota, policy).
     pub refusal_base: Duration,
+    /// First delay after a 429 that gave no `Retry-After` (API Priority
+    /// and Fairness gives none a client can read): short, since the writes
+    /// in flight shrink with every burst of 429s (see `write_limit`).
+    pub throttled_base: Duration,
     pub max: Duration,
     /// How long an invalid copy waits when nothing changes.
     pub invalid_hold: Duration,
@@ -88,6 +92,7 @@ impl Default for Policy {
         Self {
             base: Duration::from_secs(1),
             refusal_base: Duration::from_secs(2),
+            throttled_base: Duration::from_millis(250),
             max: Duration::from_secs(300),
             invalid_hold: Duration::from_secs(3600),
             refusal_probe_max: Duration::from_secs(6),
@@ -493,6 +498,7 @@ impl Backoffs {
         }
         let base = match failure.class {
             FailureClass::Refused => policy.refusal_base,
+            FailureClass::Throttled => policy.throttled_base,
             _ => policy.base,
         };
         let mut delay = match failure.class {
