@@ -23,6 +23,8 @@ pub mod intern;
 pub mod kinds;
 pub mod leader;
 pub mod metrics;
+#[cfg(test)]
+mod partial_passes;
 pub mod pass_log;
 pub mod plan;
 pub mod probe;

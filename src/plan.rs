@@ -902,20 +902,22 @@ pub fn cleanup(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::rule::{CopyratorRule, Trust};
     use serde_json::json;
 
-    struct World {
-        namespaces: BTreeMap<String, NamespaceInfo>,
-        sources: Vec<Arc<Object>>,
-        copies: CopyIndex,
-        known_conflicts: HashMap<ObjectKey, String>,
+    /// A cluster as a rule's plan sees it: its namespaces, the rule's
+    /// candidate sources, the copy cache and the rule's known conflicts.
+    pub(crate) struct World {
+        pub(crate) namespaces: BTreeMap<String, NamespaceInfo>,
+        pub(crate) sources: Vec<Arc<Object>>,
+        pub(crate) copies: CopyIndex,
+        pub(crate) known_conflicts: HashMap<ObjectKey, String>,
     }
 
     impl World {
-        fn new(namespaces: &[&str]) -> Self {
+        pub(crate) fn new(namespaces: &[&str]) -> Self {
             Self {
                 namespaces: namespaces
                     .iter()
@@ -927,7 +929,13 @@ mod tests {
             }
         }
 
-        fn source(&mut self, ns: &str, name: &str, labels: &[(&str, &str)], data: Value) -> Object {
+        pub(crate) fn source(
+            &mut self,
+            ns: &str,
+            name: &str,
+            labels: &[(&str, &str)],
+            data: Value,
+        ) -> Object {
             let mut o =
                 crate::index::tests::object(ns, name, &format!("uid-{ns}-{name}"), 1, labels);
             o.payload.insert("data".into(), data);
@@ -936,11 +944,11 @@ mod tests {
             o
         }
 
-        fn plan(&self, rule: &ResolvedRule) -> Plan {
+        pub(crate) fn plan(&self, rule: &ResolvedRule) -> Plan {
             self.plan_within(rule, &Scope::everything())
         }
 
-        fn plan_within(&self, rule: &ResolvedRule, scope: &Scope) -> Plan {
+        pub(crate) fn plan_within(&self, rule: &ResolvedRule, scope: &Scope) -> Plan {
             let live = |uid: &str| uid == rule.uid;
             plan(&Inputs {
                 rule,
@@ -985,7 +993,7 @@ mod tests {
         }
     }
 
-    fn rule(body: Value) -> ResolvedRule {
+    pub(crate) fn rule(body: Value) -> ResolvedRule {
         let mut value = body;
         value["metadata"] = json!({"name": "r", "namespace": "src", "uid": "rule-1"});
         let r: CopyratorRule = serde_json::from_value(value).unwrap();
@@ -996,7 +1004,7 @@ mod tests {
         rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"}}))
     }
 
-    fn verbs(plan: &Plan) -> Vec<(String, String, &'static str)> {
+    pub(crate) fn verbs(plan: &Plan) -> Vec<(String, String, &'static str)> {
         plan.actions
             .iter()
             .map(|a| (a.target().0.to_owned(), a.target().1.to_owned(), a.verb()))

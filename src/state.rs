@@ -388,14 +388,15 @@ impl Shared {
 
     /// A copy at `(namespace, name)` changed or went: the rules that skipped
     /// that place as a conflict (another rule's copy was there, or one
-    /// handed over) look at it again.
+    /// handed over), and those that still owe a write there (another
+    /// rule's copy that came is a conflict now), look at it again.
     pub fn copy_place_changed(&self, namespace: &str, name: &str) {
-        let conflicting: Vec<RuleKey> = lock(&self.memory)
+        let concerned: Vec<RuleKey> = lock(&self.memory)
             .iter()
-            .filter(|(_, memory)| memory.tally.is_conflict(namespace, name))
+            .filter(|(_, memory)| memory.tally.is_unsettled(namespace, name))
             .map(|(key, _)| key.clone())
             .collect();
-        for key in conflicting {
+        for key in concerned {
             self.queue
                 .add(key, Touch::Copy(namespace.to_owned(), name.to_owned()));
         }

@@ -172,6 +172,17 @@ impl Tally {
             )
     }
 
+    /// Whether anything is held at `(namespace, name)`: a conflict, or a
+    /// write still to be made. A change of the object there may change
+    /// either (another rule's copy that appears where a create is still to
+    /// be made is a conflict now).
+    pub fn is_unsettled(&self, namespace: &str, name: &str) -> bool {
+        !self.places.is_empty()
+            && self
+                .places
+                .contains_key(&(namespace.to_owned(), name.to_owned()))
+    }
+
     /// Whether any write is still to be made.
     pub fn has_unwritten(&self) -> bool {
         self.unwritten + self.unwritten_deletes > 0
@@ -250,6 +261,22 @@ mod tests {
         assert!(!tally.has_unwritten());
         tally.clear(&Scope::everything());
         assert!(tally.is_empty());
+    }
+
+    /// A change at a place where a write is still owed or a conflict is
+    /// held concerns the rule; one at a settled place does not.
+    #[test]
+    fn owed_writes_and_conflicts_are_unsettled_places() {
+        let mut tally = Tally::default();
+        assert!(!tally.is_unsettled("a", "cm"));
+        tally.set("a", "cm", Unsettled::Unwritten);
+        tally.set("b", "cm", Unsettled::Conflict("another rule's copy".into()));
+        tally.set("c", "old", Unsettled::UnwrittenDelete);
+        assert!(tally.is_unsettled("a", "cm") && tally.is_unsettled("b", "cm"));
+        assert!(tally.is_unsettled("c", "old"));
+        assert!(!tally.is_unsettled("b", "other"));
+        tally.settle("a", "cm");
+        assert!(!tally.is_unsettled("a", "cm"), "written now");
     }
 
     /// The status bug this pins: a rule whose targets changed (generation
