@@ -306,8 +306,9 @@ impl Shared {
             }
             return false;
         }
-        {
+        let replaced_uid = {
             let mut rules = write(&self.rules);
+            let mut replaced_uid = None;
             if let Some(previous) = rules.get(&key) {
                 let same_object = previous.uid() == rule.uid();
                 if same_object && is_older(&rule, previous) {
@@ -316,8 +317,18 @@ impl Shared {
                 if !same_object || previous.metadata.generation != rule.metadata.generation {
                     lock(&self.backoffs).forget_rule(&key);
                 }
+                if !same_object {
+                    // Deleted and made again while no delete event reached
+                    // us (a relist): the old UID is no live rule any more,
+                    // so its copies are adopted, not taken for another's.
+                    replaced_uid = previous.uid().map(str::to_owned);
+                }
             }
             rules.insert(key.clone(), rule.clone());
+            replaced_uid
+        };
+        if let Some(old) = replaced_uid {
+            write(&self.rule_uids).remove(&old);
         }
         self.metrics
             .rule_readiness(&key.namespace, &key.name, Some(rule.is_ready()));
