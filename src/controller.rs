@@ -115,11 +115,12 @@ pub async fn run_resync(
     let mut leading = shared.leader.subscribe();
     let mut election_running = true;
     // Copies of rules deleted while no operator ran.
-    crate::finalizer::collect_orphans(&shared).await;
+    crate::finalizer::collect_orphans(&shared, "start").await;
+    shared.metrics.resynced("start");
     loop {
         // The select only decides; awaiting inside it would hold the stop
         // signal's guard across the await.
-        tokio::select! {
+        let cause = tokio::select! {
             _ = stop.wait_for(|s| *s) => return,
             _ = ticker.tick() => {
                 for memory in lock(&shared.memory).values_mut() {
@@ -128,6 +129,7 @@ pub async fn run_resync(
                 lock(&shared.backoffs).sweep(Instant::now());
                 // Names of namespaces and sources that are gone.
                 crate::intern::sweep();
+                "interval"
             }
             changed = leading.changed(), if election_running => {
                 // A closed channel means the election ended (shutdown).
@@ -136,9 +138,11 @@ pub async fn run_resync(
                 if !now_leading {
                     continue;
                 }
+                "leading"
             }
-        }
-        crate::finalizer::collect_orphans(&shared).await;
+        };
+        crate::finalizer::collect_orphans(&shared, cause).await;
+        shared.metrics.resynced(cause);
         // A kind no rule needs any more (one changed its kind, orphans went).
         crate::discovery::release_unused(&shared);
         let keys: Vec<RuleKey> = read(&shared.rules).keys().cloned().collect();

@@ -106,8 +106,9 @@ pub fn orphans(shared: &Shared, kind: Kind) -> Vec<Action> {
 }
 
 /// Delete the copies of rules that are gone without their finalizer having
-/// run (see [`orphans`]); returns how many were deleted.
-pub async fn collect_orphans(shared: &Arc<Shared>) -> usize {
+/// run (see [`orphans`]); returns how many were deleted. `cause` (start,
+/// interval, leading, a kind listed) is said in the log line.
+pub async fn collect_orphans(shared: &Arc<Shared>, cause: &'static str) -> usize {
     if shared.dry_run || !shared.leader.is_leader() || !shared.synced.all() {
         return 0;
     }
@@ -134,7 +135,7 @@ pub async fn collect_orphans(shared: &Arc<Shared>) -> usize {
     if deleted + failed > 0 {
         info!(
             deleted,
-            failed, "collected the copies of rules that are gone"
+            failed, cause, "collected the copies of rules that are gone"
         );
     }
     deleted

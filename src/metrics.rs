@@ -46,7 +46,13 @@ pub struct Metrics {
     pub source_watches: Gauge,
     pub kind_watches: Gauge,
     pub write_concurrency: Gauge,
+    pub resyncs: Family<CauseLabels, Counter>,
     pub rule_ready: Family<RuleLabels, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabels {
+    pub cause: &'static str,
 }
 
 impl Default for Metrics {
@@ -131,6 +137,15 @@ impl Default for Metrics {
              throttles (429) and grown back by one per round of writes that go through",
             write_concurrency.clone(),
         );
+        let resyncs = Family::<CauseLabels, Counter>::default();
+        registry.register(
+            "resyncs",
+            "Passes over every rule, with orphans collected first, by cause (start, interval, leading)",
+            resyncs.clone(),
+        );
+        for cause in ["start", "interval", "leading"] {
+            drop(resyncs.get_or_create(&CauseLabels { cause }));
+        }
         let rule_ready = Family::<RuleLabels, Gauge>::default();
         registry.register(
             "rule_ready",
@@ -176,6 +191,7 @@ impl Default for Metrics {
             source_watches,
             kind_watches,
             write_concurrency,
+            resyncs,
             rule_ready,
         }
     }
@@ -192,6 +208,11 @@ impl Metrics {
         self.write_failures
             .get_or_create(&FailureLabels { class })
             .inc();
+    }
+
+    /// A pass over every rule began (its orphans collected), for `cause`.
+    pub fn resynced(&self, cause: &'static str) {
+        self.resyncs.get_or_create(&CauseLabels { cause }).inc();
     }
 
     pub fn reconciled(&self, result: &'static str) {

@@ -315,7 +315,7 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
                             // Copies of rules gone while no operator ran.
                             let shared = shared.clone();
                             tokio::spawn(async move {
-                                crate::finalizer::collect_orphans(&shared).await;
+                                crate::finalizer::collect_orphans(&shared, "kind listed").await;
                                 crate::discovery::release_unused(&shared);
                             });
                         }

@@ -229,12 +229,20 @@ async fn resync_of_a_correct_state_writes_nothing() {
     assert_eq!(before.len(), 11, "snapshot: {before:#?}");
     let mut second = Operator::start(&t, &op, &["--resync-interval", "2"]);
     second.wait_ready().await;
+    let resyncs_before = resyncs(&second, "interval").await;
     assert_for(
         "no write by a restarted operator over ~4 resyncs of a correct state",
         Duration::from_secs(8),
         async || diff(&before, &snapshot(&t, &op, &rules).await),
     )
     .await;
+    // The window saw resyncs: what it proves rests on them.
+    let resyncs_after = resyncs(&second, "interval").await;
+    assert!(
+        resyncs_after >= resyncs_before + 2.0,
+        "only {} resyncs ran in the window (from {resyncs_before} to {resyncs_after})",
+        resyncs_after - resyncs_before
+    );
     second.assert_running();
 
     // The second operator was live all along: it puts back a deleted copy.
@@ -363,6 +371,125 @@ fn process_footprint(operator: &Operator) -> (u64, usize) {
         })
         .count();
     (rss, sockets)
+}
+
+/// `copyrator_resyncs_total{cause}`: passes over every rule so far.
+async fn resyncs(operator: &Operator, cause: &str) -> f64 {
+    gauge(
+        operator,
+        &format!("copyrator_resyncs_total{{cause=\"{cause}\"}}"),
+    )
+    .await
+}
+
+/// Rule `op/r` copies a source into t1 and t2 (an operator runs); returns
+/// the rule's UID.
+async fn rule_with_two_copies(t: &TestNs, op: &str) -> String {
+    let t1 = t.ns("t1").await;
+    let t2 = t.ns("t2").await;
+    t.create_rule(op, "r", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let s = t.create_source(CM, op, "s", &[], &[("k", "v")]).await;
+    for ns in [&t1, &t2] {
+        t.wait_copy(CM, ns, &s, op, "r").await;
+    }
+    t.rule_uid(op, "r").await
+}
+
+/// Strips the rule's finalizer and deletes it: its copies have no owner.
+async fn force_delete(t: &TestNs, op: &str) {
+    t.patch_rule(op, "r", json!({"metadata": {"finalizers": null}}))
+        .await;
+    t.delete_rule(op, "r").await;
+    t.wait_rule_gone(op, "r", "force-deleted").await;
+}
+
+/// The operator's JSON log line saying it collected `deleted` orphans for
+/// `cause`.
+fn collected(operator: &Operator, cause: &str, deleted: u64) -> Result<(), String> {
+    let lines = operator.json_log();
+    let found = lines.iter().any(|l| {
+        l.message == "collected the copies of rules that are gone"
+            && l.str("cause") == Some(cause)
+            && l.u64("deleted") == Some(deleted)
+    });
+    if found {
+        Ok(())
+    } else {
+        let said: Vec<String> = lines
+            .iter()
+            .filter(|l| l.message == "collected the copies of rules that are gone")
+            .map(|l| format!("{:?}", l.fields))
+            .collect();
+        Err(format!("no such line; collections logged: {said:?}"))
+    }
+}
+
+/// A rule force-deleted while the operator runs: its copies are collected
+/// by the next resync (the operator's log says so, with that cause).
+#[tokio::test]
+async fn copies_of_a_rule_force_deleted_under_a_running_operator_are_collected_on_resync() {
+    let t = TestNs::new("orphans-resync").await;
+    let op = t.ns("op").await;
+    let operator = Operator::start(&t, &op, &["--resync-interval", "3", "--log-format", "json"]);
+    let uid = rule_with_two_copies(&t, &op).await;
+    force_delete(&t, &op).await;
+    wait_until(
+        "the copies of the force-deleted rule to be collected",
+        TIMEOUT,
+        async || match t.list_labelled(CM, LABEL_RULE_UID, &uid).await.len() {
+            0 => Ok(()),
+            n => Err(format!("{n} copies left")),
+        },
+    )
+    .await;
+    wait_until(
+        "the log to say a resync collected them",
+        TIMEOUT,
+        async || collected(&operator, "interval", 2),
+    )
+    .await;
+}
+
+/// A rule force-deleted while its leader is down: the standby collects its
+/// copies when it takes the Lease (its log says so, with that cause), not
+/// only at its own start.
+#[tokio::test]
+async fn copies_of_a_rule_force_deleted_while_no_leader_runs_are_collected_on_taking_the_lease() {
+    let t = TestNs::new("orphans-lease").await;
+    let op = t.ns("op").await;
+    let lease = format!("{}-lease", t.prefix);
+    let flags = [
+        "--leader-election",
+        "--lease-name",
+        &lease,
+        "--lease-duration",
+        "4",
+        "--log-format",
+        "json",
+    ];
+    let mut leader = Operator::start(&t, &op, &flags);
+    leader.wait_ready().await;
+    let uid = rule_with_two_copies(&t, &op).await;
+    let mut standby = Operator::start(&t, &op, &flags);
+    standby.wait_ready().await;
+    leader.crash();
+    force_delete(&t, &op).await;
+    wait_until(
+        "the copies of the force-deleted rule to be collected",
+        TIMEOUT,
+        async || match t.list_labelled(CM, LABEL_RULE_UID, &uid).await.len() {
+            0 => Ok(()),
+            n => Err(format!("{n} copies left")),
+        },
+    )
+    .await;
+    wait_until(
+        "the standby's log to say it collected them on taking the Lease",
+        TIMEOUT,
+        async || collected(&standby, "leading", 2),
+    )
+    .await;
 }
 
 /// The value of an unlabelled gauge on the operator's /metrics.
