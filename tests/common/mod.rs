@@ -1374,12 +1374,49 @@ pub struct Operator {
     pub args: Vec<String>,
 }
 
+/// A port that nothing listens on (for a test that needs a refused
+/// connection; nothing binds it afterwards).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The port an operator started with `--listen-address 127.0.0.1:0` bound,
+/// from its log line `serving /metrics, /healthz and /readyz` (text or
+/// JSON); 0 when the process ends first (a test of a refused start). It
+/// binds before it talks to the API server, so the line comes at once.
+fn bound_port(log_path: &std::path::Path, child: &mut Child) -> u16 {
+    const SERVING: &str = "serving /metrics, /healthz and /readyz";
+    let start = Instant::now();
+    loop {
+        let log = std::fs::read_to_string(log_path).unwrap_or_default();
+        let address = log
+            .lines()
+            .filter_map(|line| {
+                logs::LogLine::parse_json(line)
+                    .or_else(|_| logs::LogLine::parse_text(line))
+                    .ok()
+            })
+            .find(|line| line.message == SERVING)
+            .and_then(|line| line.str("address").map(str::to_owned));
+        if let Some(address) = address {
+            return address
+                .parse::<std::net::SocketAddr>()
+                .unwrap_or_else(|e| panic!("the operator's address {address:?}: {e}"))
+                .port();
+        }
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return 0;
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "the operator did not say which port it bound within {TIMEOUT:?}; its log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Environment variables of the operator's flags, removed from the child's
@@ -1418,7 +1455,10 @@ impl Operator {
         Operator::start_with(t, args)
     }
 
-    /// The binary with exactly `args` plus `--listen-address 127.0.0.1:<free>`.
+    /// The binary with exactly `args` plus `--listen-address 127.0.0.1:0`:
+    /// it binds a port the kernel picks, and [`Operator::port`] is the one
+    /// its log says it bound (a port chosen here and freed for the
+    /// operator to bind could be taken by someone else meanwhile).
     pub fn start_with(t: &TestNs, args: Vec<String>) -> Operator {
         Operator::start_with_env(t, args, &[])
     }
@@ -1426,8 +1466,7 @@ impl Operator {
     /// As [`Operator::start_with`], with extra environment variables (e.g.
     /// a KUBECONFIG of another identity).
     pub fn start_with_env(t: &TestNs, mut args: Vec<String>, env: &[(&str, &str)]) -> Operator {
-        let port = free_port();
-        args.extend(["--listen-address".into(), format!("127.0.0.1:{port}")]);
+        args.extend(["--listen-address".into(), "127.0.0.1:0".into()]);
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("operator-logs");
         std::fs::create_dir_all(&dir).unwrap();
         let log_path = dir.join(format!("{}-{}.log", t.prefix, t.next_operator_id()));
@@ -1443,9 +1482,10 @@ impl Operator {
         for (key, value) in env {
             cmd.env(key, value);
         }
-        let child = cmd
+        let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("starting {} {args:?}: {e}", bin()));
+        let port = bound_port(&log_path, &mut child);
         Operator {
             child: Some(child),
             log_path,
