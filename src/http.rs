@@ -4,7 +4,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use axum::Router;
 use axum::extract::State;
@@ -194,14 +196,14 @@ pub async fn serve(
 mod tests {
     use super::*;
 
-    #[test]
-    fn pending_work_without_progress_is_stuck_and_progress_heals_it() {
+    #[tokio::test(start_paused = true)]
+    async fn pending_work_without_progress_is_stuck_and_progress_heals_it() {
         let health = Health::new(Duration::from_millis(50));
         health.alive.store(true, Ordering::Relaxed);
         let pending = Arc::new(AtomicBool::new(false));
         let seen = pending.clone();
         health.watch_work(move || seen.load(Ordering::Relaxed));
-        std::thread::sleep(Duration::from_millis(80));
+        tokio::time::advance(Duration::from_millis(80)).await;
         assert_eq!(health.stuck(), None, "idle without work is fine");
         pending.store(true, Ordering::Relaxed);
         assert!(health.stuck().is_some_and(|why| why.contains("pending")));
@@ -209,32 +211,32 @@ mod tests {
         assert_eq!(health.stuck(), None);
     }
 
-    #[test]
-    fn a_watch_failing_for_long_is_stuck_until_it_recovers() {
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_failing_for_long_is_stuck_until_it_recovers() {
         let health = Health::new(Duration::from_millis(30));
         health.alive.store(true, Ordering::Relaxed);
         health.watch_failed("namespaces");
         assert_eq!(health.stuck(), None, "a short failure is fine");
-        std::thread::sleep(Duration::from_millis(50));
+        tokio::time::advance(Duration::from_millis(50)).await;
         assert!(health.stuck().is_some_and(|why| why.contains("namespaces")));
         health.watch_ok("namespaces");
         assert_eq!(health.stuck(), None);
     }
 
-    #[test]
-    fn a_watch_that_resumed_quietly_counts_as_recovered() {
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_resumed_quietly_counts_as_recovered() {
         let mut health = Health::new(Duration::from_millis(30));
         health.watch_recovered_after = Duration::from_millis(60);
         health.alive.store(true, Ordering::Relaxed);
         health.watch_failed("copyratorrules");
-        std::thread::sleep(Duration::from_millis(40));
+        tokio::time::advance(Duration::from_millis(40)).await;
         health.watch_failed("copyratorrules");
         assert!(
             health.stuck().is_some(),
             "failing for longer than stuck_after"
         );
         // No error since, and no event either (nothing to report).
-        std::thread::sleep(Duration::from_millis(80));
+        tokio::time::advance(Duration::from_millis(80)).await;
         assert_eq!(health.stuck(), None);
         // A new failure starts a new streak.
         health.watch_failed("copyratorrules");
