@@ -250,6 +250,34 @@ async fn lease_holder(t: &TestNs, ns: &str, name: &str) -> Result<Option<String>
         .filter(|h| !h.is_empty()))
 }
 
+/// The Lease `ns/name`: (holder, acquireTime, renewTime, leaseDurationSeconds).
+async fn lease_times(
+    t: &TestNs,
+    ns: &str,
+    name: &str,
+) -> (
+    Option<String>,
+    Option<chrono::DateTime<Utc>>,
+    Option<chrono::DateTime<Utc>>,
+    i64,
+) {
+    let spec = Api::<Lease>::namespaced(t.client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap_or_else(|e| panic!("reading the Lease {ns}/{name}: {}", err_msg(&e)))
+        .spec
+        .unwrap_or_default();
+    let time = |t: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime>| {
+        t.and_then(|t| chrono::DateTime::from_timestamp_micros(t.0.as_microsecond()))
+    };
+    (
+        spec.holder_identity.filter(|h| !h.is_empty()),
+        time(spec.acquire_time),
+        time(spec.renew_time),
+        i64::from(spec.lease_duration_seconds.unwrap_or_default()),
+    )
+}
+
 /// `copyrator_leader` of each operator.
 async fn leader_gauges(ops: &[Operator]) -> Result<Vec<f64>, String> {
     let mut out = Vec::new();
@@ -1274,6 +1302,9 @@ async fn one_replica_leads_and_a_killed_leader_is_replaced_within_the_lease() {
     let killed_pid = ops[leader].pid().unwrap();
     let killed_at = Instant::now();
     ops[leader].crash();
+    // The dead leader's last renewal (it renews no more).
+    let (_, _, last_renewal, duration) = lease_times(&t, &op, &lease).await;
+    let last_renewal = last_renewal.expect("the Lease was renewed");
     t.set_data(CM, &op, "shared", &[("v", Some("3"))]).await;
     let limit = Duration::from_secs(LEASE_SECONDS + 10);
     let mut took_over = None;
@@ -1311,10 +1342,14 @@ async fn one_replica_leads_and_a_killed_leader_is_replaced_within_the_lease() {
     println!(
         "SIGKILL of the leader (lease {LEASE_SECONDS} s): standby leads after {took_over:?}, the changed source is converged after {converged:?}"
     );
-    // The standby waited for the Lease to expire: it never takes a live one.
+    // The standby waited for the Lease to expire: it never takes a live one
+    // (the API server's own timestamps, not the test's clock).
+    let (_, acquired, _, _) = lease_times(&t, &op, &lease).await;
+    let expired = last_renewal + chrono::Duration::seconds(duration);
     assert!(
-        took_over >= Duration::from_secs(3),
-        "the standby took over {took_over:?} after the kill, before a {LEASE_SECONDS} s Lease could expire"
+        acquired.is_some_and(|a| a >= expired),
+        "the standby acquired the Lease at {acquired:?}, before the dead leader's (renewed at \
+         {last_renewal}, for {duration} s) expired at {expired}"
     );
     let holder = lease_holder(&t, &op, &lease).await.unwrap();
     let survivor = ops[standby].pid().unwrap();
@@ -1362,6 +1397,9 @@ async fn sigterm_hands_the_lease_over_within_seconds() {
     let standby = 1 - leader;
     small_scenario(&t, &op, [&t1, &t2]).await;
 
+    // A renewal of the leader's: the Lease could expire no sooner than this plus its duration.
+    let (_, _, renewed, duration) = lease_times(&t, &op, &lease).await;
+    let renewed = renewed.expect("the Lease was renewed");
     let signalled = Instant::now();
     send_signal(&ops[leader], "TERM");
     let mut exited: Option<(ExitStatus, Duration)> = None;
@@ -1395,13 +1433,14 @@ async fn sigterm_hands_the_lease_over_within_seconds() {
         "the leader's exit status {status}; log:\n{}",
         ops[leader].logs()
     );
+    // Handed over, not left to expire: the standby acquired the Lease
+    // before the leader's last renewal could have run out.
+    let (_, acquired, _, _) = lease_times(&t, &op, &lease).await;
+    let would_expire = renewed + chrono::Duration::seconds(duration);
     assert!(
-        exit_after <= Duration::from_secs(10),
-        "exit took {exit_after:?}"
-    );
-    assert!(
-        after_exit < Duration::from_secs(5),
-        "the standby took {after_exit:?} after the leader exited"
+        acquired.is_some_and(|a| a < would_expire),
+        "the standby acquired the Lease at {acquired:?}, not before the leader's renewal at \
+         {renewed} would have expired ({would_expire}): it was not handed over"
     );
     let lease_ref = format!("{op}/{lease}");
     let released: Vec<String> = ops[leader]
