@@ -265,15 +265,8 @@ async fn a_rule_naming_1000_source_namespaces_costs_a_few_watches() {
         rss_before / 1024,
         peak_rss / 1024,
     );
-    assert!(
-        first_status.0 <= Duration::from_secs(5),
-        "the first status came after {:?}",
-        first_status.0
-    );
-    assert!(
-        ready_after <= TIMEOUT,
-        "Ready with its copies only after {ready_after:?}"
-    );
+    // How soon the status and the copies came is printed above, not
+    // asserted: the waits' deadlines say only that they came.
     assert!(
         peak_connections <= 20,
         "{peak_connections} connections to the API server"

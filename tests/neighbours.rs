@@ -896,11 +896,11 @@ async fn a_copy_rewritten_every_2s_is_contested_backed_off_and_reported() {
     );
 
     let mut failures = Vec::new();
-    if first_restored.is_none_or(|d| d > Duration::from_secs(5)) {
-        failures.push(format!(
-            "the first change was not undone within 5 s ({:?})",
-            first_restored
-        ));
+    // Restored, not how soon: that a first change back goes at once (no
+    // backoff) is the backoff's unit test
+    // (an_occasional_edit_is_restored_at_once_and_is_no_contest).
+    if first_restored.is_none() {
+        failures.push("the first change was never undone".to_string());
     }
     if writes > 15 {
         failures.push(format!(
