@@ -86,6 +86,16 @@ impl Health {
         entry.1 = now;
     }
 
+    /// A guard for a watch's task: when the task ends or is aborted (its
+    /// future dropped), the watch is no failing watch any more, whatever
+    /// it last reported.
+    pub fn watch_guard(self: &Arc<Self>, watch: &str) -> WatchGuard {
+        WatchGuard {
+            health: self.clone(),
+            watch: watch.to_owned(),
+        }
+    }
+
     pub fn watch_ok(&self, watch: &str) {
         let mut failing = crate::state::lock(&self.failing_watches);
         if !failing.is_empty() {
@@ -121,6 +131,18 @@ impl Health {
             ));
         }
         None
+    }
+}
+
+/// See [`Health::watch_guard`].
+pub struct WatchGuard {
+    health: Arc<Health>,
+    watch: String,
+}
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        self.health.watch_ok(&self.watch);
     }
 }
 
@@ -220,6 +242,20 @@ mod tests {
         tokio::time::advance(Duration::from_millis(50)).await;
         assert!(health.stuck().is_some_and(|why| why.contains("namespaces")));
         health.watch_ok("namespaces");
+        assert_eq!(health.stuck(), None);
+    }
+
+    /// A watch stopped while failing (its task aborted) fails no probe.
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_stops_is_no_failing_watch() {
+        let health = Arc::new(Health::new(Duration::from_millis(30)));
+        health.alive.store(true, Ordering::Relaxed);
+        let guard = health.watch_guard("Widget sources in ops");
+        health.watch_failed("Widget sources in ops");
+        tokio::time::advance(Duration::from_millis(40)).await;
+        health.watch_failed("Widget sources in ops");
+        assert!(health.stuck().is_some());
+        drop(guard);
         assert_eq!(health.stuck(), None);
     }
 

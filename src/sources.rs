@@ -240,7 +240,6 @@ struct WatchState {
 struct Watch {
     state: Arc<WatchState>,
     task: JoinHandle<()>,
-    name: String,
 }
 
 /// What the hub has for a rule's sources.
@@ -320,9 +319,8 @@ impl SourceHub {
             .collect();
         for key in stale {
             if let Some(watch) = self.watches.remove(&key) {
+                // Its task forgets its failures as it ends (a guard).
                 watch.task.abort();
-                // A watch that is gone is no failing watch.
-                self.health.watch_ok(&watch.name);
             }
         }
         self.served.clear();
@@ -416,18 +414,17 @@ impl SourceHub {
             listed: AtomicU64::new(0),
             wanted,
         });
-        let name = key.name();
         let task = tokio::spawn(run_watch(
             self.client.clone(),
             key.clone(),
-            name.clone(),
+            key.name(),
             state.clone(),
             wanted_rx,
             self.health.clone(),
             self.pause.clone(),
             self.on_change.clone(),
         ));
-        Watch { state, task, name }
+        Watch { state, task }
     }
 }
 
@@ -450,6 +447,8 @@ async fn run_watch(
     pause: Arc<ReadPause>,
     on_change: OnChange,
 ) {
+    // Stopped (its rules went, or refused its kind): no failing watch.
+    let _forget_on_stop = health.watch_guard(&name);
     let kind = key.kind;
     let api: Api<DynamicObject> = match &key.scope {
         Scope::Namespace(ns) => Api::namespaced_with(client, ns, &kind.api_resource()),

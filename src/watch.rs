@@ -164,6 +164,8 @@ pub async fn follow<K, T>(
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
+    // Stopped or aborted (a kind no rule needs): no failing watch.
+    let _forget_on_stop = shared.health.watch_guard(name);
     let mut stream = watcher::watcher(api, config)
         .backoff(WatchBackoff::default())
         .boxed();
@@ -185,7 +187,6 @@ where
             Ok(None) => return Followed::Ended,
             Err(e) if stop_if_unserved && unserved(&e) => {
                 tracing::warn!(watch = name, error = %e, "the API server no longer serves this kind; its watch stops");
-                shared.health.watch_ok(name);
                 return Followed::Unserved;
             }
             Err(e) => cool_down(&shared.health, &shared.read_pause, name, &e).await,
