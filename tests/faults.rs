@@ -1059,7 +1059,7 @@ async fn writes_throttled_by_priority_and_fairness_use_the_capacity_they_are_giv
     cluster
         .create(
             &t.client,
-            common::cluster_objects::ar::<
+            &common::cluster_objects::ar::<
                 k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration,
             >(),
             common::apf::rejecting_level(&level, 1),
@@ -1068,7 +1068,7 @@ async fn writes_throttled_by_priority_and_fairness_use_the_capacity_they_are_giv
     cluster
         .create(
             &t.client,
-            common::cluster_objects::ar::<k8s_openapi::api::flowcontrol::v1::FlowSchema>(),
+            &common::cluster_objects::ar::<k8s_openapi::api::flowcontrol::v1::FlowSchema>(),
             common::apf::flow_schema_for(&level, &op, "copyrator"),
         )
         .await;

@@ -1024,7 +1024,7 @@ async fn a_kind_whose_crd_goes_reads_unknown_kind_and_recovers_without_a_restart
     let cluster = ClusterObjects::new();
     let crds = ApiResource::erase::<CustomResourceDefinition>(&());
     let install = async || {
-        cluster.create(&t.client, crds.clone(), crd.clone()).await;
+        cluster.create(&t.client, &crds, crd.clone()).await;
         apply_crd(t.client.clone(), &crd, &ar).await;
     };
     install().await;

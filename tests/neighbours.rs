@@ -148,7 +148,7 @@ async fn operator_identity(
     cluster
         .create(
             &t.client,
-            ar::<ClusterRole>(),
+            &ar::<ClusterRole>(),
             json!({
                 "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
                 "metadata": {"name": role}, "rules": rules,
@@ -158,7 +158,7 @@ async fn operator_identity(
     cluster
         .create(
             &t.client,
-            ar::<ClusterRoleBinding>(),
+            &ar::<ClusterRoleBinding>(),
             json!({
                 "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                 "metadata": {"name": role},
@@ -436,6 +436,25 @@ fn as_manager(manager: &str) -> PatchParams {
         field_manager: Some(manager.into()),
         ..Default::default()
     }
+}
+
+/// A ClusterRole that lets its holder write ConfigMaps (not read them);
+/// returns its name.
+async fn configmap_writer_role(t: &TestNs, cluster: &ClusterObjects) -> String {
+    let name = format!("{}-writer", t.prefix);
+    cluster
+        .create(
+            &t.client,
+            &ar::<ClusterRole>(),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": name},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                           "verbs": ["create", "update", "patch", "delete"]}],
+            }),
+        )
+        .await;
+    name
 }
 
 /// Setup shared by the refused-write tests: the operator's namespace, three
@@ -1002,19 +1021,7 @@ async fn writes_forbidden_by_rbac_are_reported_and_retried_without_a_storm() {
     let account = "copyrator-rbac";
     let (op, targets, src, id) = refused_setup(&t, &cluster, account, reader_rules()).await;
     let cut = targets[0].clone();
-    let writer_role = format!("{}-writer", t.prefix);
-    cluster
-        .create(
-            &t.client,
-            ar::<ClusterRole>(),
-            json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                "metadata": {"name": writer_role},
-                "rules": [{"apiGroups": [""], "resources": ["configmaps"],
-                           "verbs": ["create", "update", "patch", "delete"]}],
-            }),
-        )
-        .await;
+    let writer_role = configmap_writer_role(&t, &cluster).await;
     let binding = |ns: &str| -> RoleBinding {
         serde_json::from_value(json!({
             "metadata": {"name": "copyrator-write", "namespace": ns},
@@ -1098,19 +1105,7 @@ async fn copies_deleted_while_writes_are_forbidden_are_refused_not_contested_and
     }
     let account = "copyrator-revoked";
     let id = operator_identity(&t, &cluster, &op, account, reader_rules()).await;
-    let writer = format!("{}-writer", t.prefix);
-    cluster
-        .create(
-            &t.client,
-            ar::<ClusterRole>(),
-            json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                "metadata": {"name": writer},
-                "rules": [{"apiGroups": [""], "resources": ["configmaps"],
-                           "verbs": ["create", "update", "patch", "delete"]}],
-            }),
-        )
-        .await;
+    let writer = configmap_writer_role(&t, &cluster).await;
     let grant = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": writer},
@@ -1118,7 +1113,7 @@ async fn copies_deleted_while_writes_are_forbidden_are_refused_not_contested_and
         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": op}],
     });
     cluster
-        .create(&t.client, ar::<ClusterRoleBinding>(), grant.clone())
+        .create(&t.client, &ar::<ClusterRoleBinding>(), grant.clone())
         .await;
     wait_access(&t, &id, "create", Some(&targets[0]), true).await;
     let mut sources = Vec::new();
@@ -1198,7 +1193,7 @@ async fn copies_deleted_while_writes_are_forbidden_are_refused_not_contested_and
     let contested_gauge = metric_family(&metrics, "copyrator_copies_contested");
 
     cluster
-        .create(&t.client, ar::<ClusterRoleBinding>(), grant)
+        .create(&t.client, &ar::<ClusterRoleBinding>(), grant)
         .await;
     wait_access(&t, &id, "create", Some(&targets[0]), true).await;
     let restored = Instant::now();
@@ -1293,14 +1288,14 @@ async fn throttled_by_priority_and_fairness_the_operator_converges_without_a_sto
     cluster
         .create(
             &t.client,
-            ar::<PriorityLevelConfiguration>(),
+            &ar::<PriorityLevelConfiguration>(),
             apf::one_seat_level(&level),
         )
         .await;
     cluster
         .create(
             &t.client,
-            ar::<FlowSchema>(),
+            &ar::<FlowSchema>(),
             apf::flow_schema_for(&level, &op, account),
         )
         .await;
@@ -1503,7 +1498,7 @@ async fn a_mutating_policy_adding_a_label_to_every_write_draws_no_loop() {
     cluster
         .create(
             &t.client,
-            ar::<MutatingAdmissionPolicy>(),
+            &ar::<MutatingAdmissionPolicy>(),
             json!({
                 "apiVersion": "admissionregistration.k8s.io/v1",
                 "kind": "MutatingAdmissionPolicy",
@@ -1528,7 +1523,7 @@ async fn a_mutating_policy_adding_a_label_to_every_write_draws_no_loop() {
     cluster
         .create(
             &t.client,
-            ar::<MutatingAdmissionPolicyBinding>(),
+            &ar::<MutatingAdmissionPolicyBinding>(),
             json!({
                 "apiVersion": "admissionregistration.k8s.io/v1",
                 "kind": "MutatingAdmissionPolicyBinding",

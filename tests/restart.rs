@@ -331,15 +331,7 @@ async fn copies_of_a_force_deleted_rule_are_collected_at_start() {
     );
 
     let _operator = Operator::start(&t, &op, &[]);
-    wait_until(
-        "the copies of the force-deleted rule to be collected",
-        TIMEOUT,
-        async || match t.list_labelled(CM, LABEL_RULE_UID, &uid).await.len() {
-            0 => Ok(()),
-            n => Err(format!("{n} copies left")),
-        },
-    )
-    .await;
+    wait_collected(&t, &uid).await;
     // The other operator's rule is alive but its operator is down: its copies stay.
     assert_for(
         "the other operator's copies to stay",
@@ -404,6 +396,19 @@ async fn force_delete(t: &TestNs, op: &str) {
     t.wait_rule_gone(op, "r", "force-deleted").await;
 }
 
+/// Waits until no copy of the rule of `uid` is left.
+async fn wait_collected(t: &TestNs, uid: &str) {
+    wait_until(
+        "the copies of the force-deleted rule to be collected",
+        TIMEOUT,
+        async || match t.list_labelled(CM, LABEL_RULE_UID, uid).await.len() {
+            0 => Ok(()),
+            n => Err(format!("{n} copies left")),
+        },
+    )
+    .await;
+}
+
 /// The operator's JSON log line saying it collected `deleted` orphans for
 /// `cause`.
 fn collected(operator: &Operator, cause: &str, deleted: u64) -> Result<(), String> {
@@ -425,24 +430,20 @@ fn collected(operator: &Operator, cause: &str, deleted: u64) -> Result<(), Strin
     }
 }
 
-/// A rule force-deleted while the operator runs: its copies are collected
-/// by the next resync (the operator's log says so, with that cause).
+/// A rule force-deleted while the operator is paused (SIGSTOP: a running
+/// operator would put its finalizer back, or clean up as the rule goes):
+/// resumed, it learns the rule is gone, and its copies are collected by the
+/// next resync (the operator's log says so, with that cause).
 #[tokio::test]
-async fn copies_of_a_rule_force_deleted_under_a_running_operator_are_collected_on_resync() {
+async fn copies_of_a_rule_force_deleted_under_a_paused_operator_are_collected_on_resync() {
     let t = TestNs::new("orphans-resync").await;
     let op = t.ns("op").await;
     let operator = Operator::start(&t, &op, &["--resync-interval", "3", "--log-format", "json"]);
     let uid = rule_with_two_copies(&t, &op).await;
+    common::faults::signal(&operator, "STOP");
     force_delete(&t, &op).await;
-    wait_until(
-        "the copies of the force-deleted rule to be collected",
-        TIMEOUT,
-        async || match t.list_labelled(CM, LABEL_RULE_UID, &uid).await.len() {
-            0 => Ok(()),
-            n => Err(format!("{n} copies left")),
-        },
-    )
-    .await;
+    common::faults::signal(&operator, "CONT");
+    wait_collected(&t, &uid).await;
     wait_until(
         "the log to say a resync collected them",
         TIMEOUT,
@@ -475,15 +476,7 @@ async fn copies_of_a_rule_force_deleted_while_no_leader_runs_are_collected_on_ta
     standby.wait_ready().await;
     leader.crash();
     force_delete(&t, &op).await;
-    wait_until(
-        "the copies of the force-deleted rule to be collected",
-        TIMEOUT,
-        async || match t.list_labelled(CM, LABEL_RULE_UID, &uid).await.len() {
-            0 => Ok(()),
-            n => Err(format!("{n} copies left")),
-        },
-    )
-    .await;
+    wait_collected(&t, &uid).await;
     wait_until(
         "the standby's log to say it collected them on taking the Lease",
         TIMEOUT,

@@ -30,7 +30,7 @@ impl ClusterObjects {
 
     /// Creates `body` (with apiVersion and kind) as a cluster-scoped object
     /// of resource `ar`, to be deleted when the guard drops.
-    pub async fn create(&self, client: &Client, ar: ApiResource, body: Value) -> DynamicObject {
+    pub async fn create(&self, client: &Client, ar: &ApiResource, body: Value) -> DynamicObject {
         let name = body["metadata"]["name"]
             .as_str()
             .expect("metadata.name")
@@ -38,7 +38,7 @@ impl ClusterObjects {
         let object: DynamicObject =
             serde_json::from_value(body.clone()).expect("a Kubernetes object");
         self.items.lock().unwrap().push((ar.clone(), name.clone()));
-        Api::<DynamicObject>::all_with(client.clone(), &ar)
+        Api::<DynamicObject>::all_with(client.clone(), ar)
             .create(&PostParams::default(), &object)
             .await
             .unwrap_or_else(|e| panic!("creating {} {name}: {}\n{body}", ar.kind, err_msg(&e)))
@@ -108,7 +108,7 @@ pub async fn refuse_configmap_writes(
     cluster
         .create(
             &t.client,
-            ar::<ValidatingAdmissionPolicy>(),
+            &ar::<ValidatingAdmissionPolicy>(),
             json!({
                 "apiVersion": "admissionregistration.k8s.io/v1",
                 "kind": "ValidatingAdmissionPolicy",
@@ -127,7 +127,7 @@ pub async fn refuse_configmap_writes(
     cluster
         .create(
             &t.client,
-            ar::<ValidatingAdmissionPolicyBinding>(),
+            &ar::<ValidatingAdmissionPolicyBinding>(),
             json!({
                 "apiVersion": "admissionregistration.k8s.io/v1",
                 "kind": "ValidatingAdmissionPolicyBinding",

@@ -12,12 +12,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
 use serde_json::{Value, json};
 
@@ -111,63 +110,7 @@ pub fn rules_of(grants: &BTreeSet<Grant>) -> Value {
 
 /// Cluster-scoped objects a test made; deleted when the guard drops (also
 /// on panic).
-pub struct ClusterScoped {
-    items: Mutex<Vec<(ApiResource, String)>>,
-}
-
-impl Default for ClusterScoped {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl ClusterScoped {
-    pub fn new() -> ClusterScoped {
-        ClusterScoped {
-            items: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Creates `body` (with apiVersion, kind and metadata.name) as a
-    /// cluster-scoped object of resource `ar`.
-    pub async fn create(&self, client: &Client, ar: &ApiResource, body: Value) {
-        let name = body["metadata"]["name"]
-            .as_str()
-            .expect("metadata.name")
-            .to_string();
-        self.items.lock().unwrap().push((ar.clone(), name.clone()));
-        create(client, ar, None, body).await;
-    }
-}
-
-impl Drop for ClusterScoped {
-    fn drop(&mut self) {
-        let items = std::mem::take(&mut *self.items.lock().unwrap());
-        if items.is_empty() {
-            return;
-        }
-        // The test's runtime may be shutting down (or panicking).
-        let handle = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let Ok(client) = Client::try_default().await else {
-                    return;
-                };
-                let deletes = items.iter().rev().map(|(ar, name)| {
-                    let api = Api::<DynamicObject>::all_with(client.clone(), ar);
-                    async move {
-                        let _ = api.delete(name, &DeleteParams::default()).await;
-                    }
-                });
-                futures::future::join_all(deletes).await;
-            });
-        });
-        let _ = handle.join();
-    }
-}
+pub use super::cluster_objects::ClusterObjects as ClusterScoped;
 
 fn rbac(kind: &str, plural: &str) -> ApiResource {
     ApiResource {
