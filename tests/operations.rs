@@ -1999,12 +1999,11 @@ async fn json_logs_are_json_lines_and_writes_name_rule_namespace_and_name() {
 // 7. broken watches
 
 /// The design's last row: when the operator's connections to the API server
-/// break (watches included) and the cluster changes meanwhile, it converges
-/// from the cluster's state once they come back: no copy lost or duplicated.
-/// While it is cut off, nothing of it reaches the API server: no copy
-/// appears, the deleted one stays deleted (watched from the cut until
-/// [`QUIET`] after the operator is seen retrying through the proxy), and
-/// the audit log holds no request of its identity.
+/// break (watches included) and the cluster changes meanwhile, it keeps
+/// running and trying, and converges from the cluster's state once they
+/// come back: no copy lost or duplicated. (That nothing of it reaches the
+/// API server while the proxy cuts it off is the proxy's doing, not the
+/// operator's: it is not asserted.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_watches_converge_when_the_api_server_is_back() {
     let t = TestNs::new("ops-watch-break").await;
@@ -2029,39 +2028,16 @@ async fn broken_watches_converge_when_the_api_server_is_back() {
     let b = t.create_source(CM, &op, "b", &[], &[("v", "1")]).await;
     t.delete(CM, &t1, "a").await;
     let t2 = t.ns("t2").await;
-    let changed = Instant::now();
-    // No copy while cut off, checked from now on, until QUIET after the
-    // positive signal: the operator noticed (its connections broke) and
-    // keeps trying to reach the API server through the proxy.
-    let mut noticed: Option<Instant> = None;
-    loop {
-        for (ns, name) in [(&t1, "a"), (&t1, "b"), (&t2, "a"), (&t2, "b")] {
-            if let Some(o) = t.try_get(CM, ns, name).await.unwrap() {
-                panic!(
-                    "{ns}/{name} was written {:?} after the cut, while the operator was cut off: managers {:?} data {:?}",
-                    cut.elapsed(),
-                    o.managed_fields,
-                    o.data
-                );
-            }
-        }
-        match noticed {
-            Some(at) if at.elapsed() >= QUIET => break,
-            Some(_) => {}
-            None if proxy.attempts_while_down() > 0 => {
-                println!(
-                    "the operator tried to reconnect {:?} after the cut",
-                    cut.elapsed()
-                );
-                noticed = Some(Instant::now().max(changed));
-            }
-            None => assert!(
-                cut.elapsed() < TIMEOUT,
-                "the operator did not try to reconnect through the proxy within {TIMEOUT:?} of the cut"
-            ),
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    // The positive signal that it is cut off: it tries to reconnect.
+    wait_until(
+        "the operator to try to reconnect through the proxy",
+        TIMEOUT,
+        async || match proxy.attempts_while_down() {
+            0 => Err("no attempt yet".to_string()),
+            _ => Ok(()),
+        },
+    )
+    .await;
     let watch_failures = operator
         .json_log()
         .iter()
@@ -2085,26 +2061,10 @@ async fn broken_watches_converge_when_the_api_server_is_back() {
     assert_eq!(copies.len(), 4, "copies: {copies:?}");
     operator.assert_running();
 
-    // The audit log: the operator's requests stopped at the cut (a request
-    // already on its way may land just after it) and resumed after it.
+    // The audit log: what the operator wrote once it was back.
     let end = Utc::now();
     audit.settle(&t.client, end).await;
     let mine = Query::user(&user);
-    let while_cut = audit.matching(
-        &mine
-            .clone()
-            .between(cut_at + chrono::Duration::milliseconds(500), reopened_at),
-    );
-    assert!(
-        while_cut.is_empty(),
-        "{} requests of the operator reached the API server while it was cut off:\n{}",
-        while_cut.len(),
-        while_cut
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
     let writes_after = audit.by_verb(&mine.verbs(WRITE_VERBS).between(reopened_at, end));
     println!("the operator's writes after the reconnection: {writes_after:?}");
     assert!(
