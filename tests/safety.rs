@@ -613,6 +613,13 @@ async fn invalid_rule_gets_ready_false_and_the_operator_keeps_serving() {
             }
         }
     }
+    // The candidates are rules the schema cannot refuse: were every one
+    // refused, the operator's own judgement below would go unchecked.
+    assert!(
+        !accepted.is_empty(),
+        "the API server refused every invalid candidate: none was left for the operator to \
+         report Ready False (expected at least one the structural schema cannot refuse)"
+    );
     for (name, body) in &accepted {
         let what = format!("Ready False with a message for the invalid rule {body}");
         let rule = t
