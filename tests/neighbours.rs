@@ -1304,7 +1304,8 @@ async fn copies_deleted_while_writes_are_forbidden_are_refused_not_contested_and
 /// 100 copies still converges within 180 s, in at most 500 requests and
 /// never more than 120 in one second: each copy written once in a second
 /// and the reads are fine when the API server seats them; a retry storm
-/// goes far past that.
+/// goes far past that. At least one request must be answered 429, or
+/// nothing was throttled.
 #[tokio::test]
 async fn throttled_by_priority_and_fairness_the_operator_converges_without_a_storm() {
     const TEST: &str = "apf-throttle";
@@ -1408,6 +1409,11 @@ async fn throttled_by_priority_and_fairness_the_operator_converges_without_a_sto
     assert!(
         dispatched + apf_rejected > 0.0,
         "the FlowSchema {level} matched none of the operator's requests: the test proves nothing"
+    );
+    assert!(
+        rejected > 0,
+        "no request of the operator was answered 429 (by verb {by_verb:?}): it was never \
+         throttled, so the test proves nothing about throttling"
     );
 
     let mut failures = Vec::new();
