@@ -1731,22 +1731,19 @@ async fn two_sources_with_one_name_first_source_namespace_wins() {
     t.create_rule(&op, "r", spec).await;
     let _operator = Operator::start(&t, &op, &[]);
     let copy = t.wait_copy(CM, &t1, &winner, &op, "r").await;
-    t.wait_rule(
-        &op,
-        "r",
-        "the losing source reported in status.conflicts",
-        |r| {
-            let c = r
-                .pointer("/status/conflicts")
-                .cloned()
-                .unwrap_or(Value::Null);
-            if c.to_string().contains("dup") {
-                Ok(())
-            } else {
-                Err(short_status(r))
-            }
-        },
-    )
+    // One conflict, where the copy goes: sb's source loses to sa's.
+    let conflicts = json!([{
+        "namespace": t1,
+        "name": "dup",
+        "reason": format!("source {sb}/dup has the same name as {sa}/dup, which wins"),
+    }]);
+    t.wait_rule(&op, "r", &format!("status.conflicts {conflicts}"), |r| {
+        if r.pointer("/status/conflicts") == Some(&conflicts) {
+            Ok(())
+        } else {
+            Err(short_status(r))
+        }
+    })
     .await;
     t.assert_unchanged(
         CM,
