@@ -191,6 +191,23 @@ pub fn b64(bytes: &[u8]) -> String {
     out
 }
 
+/// The forms in which a secret value could leak into a log line, an Event
+/// or a status: the text itself, its base64 (as a Secret's `data` holds
+/// it), and the Rust Debug form of its bytes, `[104, 105]` for "hi", also
+/// without the brackets (`104, 105`), as a `Vec<u8>` or a `ByteString`
+/// prints inside a larger value. The value must be long and unique enough
+/// not to occur by chance in any of these forms.
+pub fn secret_forms(value: &str) -> Vec<String> {
+    let bytes: Vec<String> = value.bytes().map(|b| b.to_string()).collect();
+    let byte_list = bytes.join(", ");
+    vec![
+        value.to_string(),
+        b64(value.as_bytes()),
+        format!("[{byte_list}]"),
+        byte_list,
+    ]
+}
+
 // ---------------------------------------------------------------------------
 // CRD
 
