@@ -1437,8 +1437,10 @@ fn bound_port(log_path: &std::path::Path, child: &mut Child) -> u16 {
 }
 
 /// Environment variables of the operator's flags, removed from the child's
-/// environment so that only the flags the test passes count.
-const OPERATOR_ENV: &[&str] = &[
+/// environment so that only the flags the test passes count (tests/cli.rs
+/// checks that every variable `copyrator --help` names is here), and of
+/// its libraries' debugging switches.
+pub const OPERATOR_ENV: &[&str] = &[
     "NAMESPACE",
     "RULE_NAME",
     "ALL_NAMESPACES",
@@ -1449,12 +1451,17 @@ const OPERATOR_ENV: &[&str] = &[
     "LEASE_NAME",
     "LEASE_DURATION",
     "WRITE_CONCURRENCY",
+    "MAX_SOURCE_WATCHES",
+    "API_TRANSPORT",
     "API_QPS",
     "API_BURST",
     "RESYNC_INTERVAL",
     "STUCK_AFTER",
     "KINDS",
     "DENIED_KINDS",
+    "PROTECTED_NAMESPACES",
+    "SECRET_TYPES",
+    "STRIP_KEYS",
     "RUST_LOG",
     "KUBE_RS_DEBUG_IMPERSONATE_USER",
     "KUBE_RS_DEBUG_IMPERSONATE_GROUP",
