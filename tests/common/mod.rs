@@ -1373,6 +1373,18 @@ pub fn operator_kubeconfig(t: &TestNs, server: Option<&str>, act_as: Option<&str
     path
 }
 
+/// A client that acts as `kubeconfig` says (e.g. as the user an
+/// [`operator_kubeconfig`] impersonates), for requests made as the operator.
+pub async fn client_of(kubeconfig: &std::path::Path) -> Client {
+    let file = kube::config::Kubeconfig::read_from(kubeconfig)
+        .unwrap_or_else(|e| panic!("reading the kubeconfig {}: {e}", kubeconfig.display()));
+    let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("the kubeconfig {}: {e}", kubeconfig.display()));
+    Client::try_from(config)
+        .unwrap_or_else(|e| panic!("a client for {}: {e}", kubeconfig.display()))
+}
+
 /// A user name for an operator of this test to act as (see [`operator_kubeconfig`]).
 pub fn operator_user(t: &TestNs) -> String {
     format!("copyrator-test-operator:{}", t.prefix)
