@@ -1494,11 +1494,15 @@ async fn operator_limited_to_configmaps_never_touches_secrets() {
 }
 /// `helm upgrade` changes the Deployment; `helm uninstall` removes what
 /// the release made and keeps the CRD (Helm never deletes `crds/`), so
-/// rules and copies survive an uninstall.
+/// rules and copies survive an uninstall. The release's Pod cannot run on
+/// this control plane (it has no node): an operator of the test's own, in
+/// the release's namespace, makes the copy and is stopped with the
+/// uninstall, as the release's Pod would be.
 #[tokio::test]
 async fn helm_upgrade_and_uninstall() {
     let t = TestNs::new("chart-upgrade").await;
     let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
     let release = format!("copyrator-{}", random5());
     let mut install = helm();
     install.args(["install", &release, &chart_dir(), "--namespace", &op]);
@@ -1507,6 +1511,12 @@ async fn helm_upgrade_and_uninstall() {
         name: release.clone(),
         namespace: op.clone(),
     };
+    let rule = t
+        .create_rule(&op, "cms", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let source = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    let mut operator = Operator::start(&t, &op, &[]);
+    let copy = t.wait_copy(CM, &t1, &source, &op, "cms").await;
 
     let mut upgrade = helm();
     upgrade.args([
@@ -1551,6 +1561,7 @@ async fn helm_upgrade_and_uninstall() {
     assert_eq!(revisions.as_array().map(Vec::len), Some(2));
 
     drop(guard);
+    operator.stop();
     for (kind, name) in [
         ("deployment", release.clone()),
         ("serviceaccount", release.clone()),
@@ -1580,6 +1591,21 @@ async fn helm_upgrade_and_uninstall() {
         run(crd, "kubectl get crd").trim(),
         format!("customresourcedefinition.apiextensions.k8s.io/{CRD_NAME}"),
         "helm uninstall must keep the CRD"
+    );
+    // Kept, and not being deleted (with no operator left, a deleted rule
+    // would linger on its finalizer).
+    let kept = t.try_get_rule(&op, "cms").await;
+    let kept_rule = kept.as_ref().ok().and_then(Option::as_ref);
+    assert!(
+        kept_rule.is_some_and(|r| r["metadata"]["uid"] == rule["metadata"]["uid"]
+            && r["metadata"]["deletionTimestamp"].is_null()),
+        "the rule did not survive helm uninstall: {kept:?}"
+    );
+    let kept_copy = t.get(CM, &t1, "cfg").await;
+    assert_eq!(
+        kept_copy.as_ref().map(|c| &c.resource_version),
+        Some(&copy.resource_version),
+        "the copy {t1}/cfg did not survive helm uninstall untouched: {kept_copy:?}"
     );
 }
 

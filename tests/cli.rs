@@ -1,8 +1,11 @@
 //! The binary's other faces: `plan` (of the live rules, or of rules in a
 //! file) says what `run` would do and changes nothing, `run` stops cleanly
-//! on SIGTERM and serves its probes.
+//! on SIGTERM and serves its probes, and every setting's environment
+//! variable is one the tests clear from an operator's environment.
 
 mod common;
+
+use std::collections::BTreeSet;
 
 use common::*;
 use serde_json::{Value, json};
@@ -235,13 +238,16 @@ async fn plan_of_a_rule_with_nothing_to_do_says_no_changes() {
 
 /// A rule the operator refuses (a target pattern that is no namespace
 /// glob): the plan exits 1 and says, for the live rule and for a new rule
-/// alike, exactly the reason and message that the operator put into the
-/// live rule's status.
+/// alike, the reason and message that the operator put into the live
+/// rule's status, and both are the README's words for such a pattern.
 #[tokio::test]
 async fn plan_of_an_invalid_rule_fails_with_its_status_message() {
     let t = TestNs::new("plan-invalid").await;
     let op = t.ns("op").await;
     let bad = rule_spec(CM, t.selector(), &["Not-A-Namespace*"]);
+    // As the README's plan example words a pattern with capitals.
+    let message = "targets.include: pattern \"Not-A-Namespace*\" may only hold lowercase letters, \
+                   digits, '-', '.', '*' and '?'";
     t.create_rule(&op, "bad", bad.clone()).await;
     let mut operator = Operator::start(&t, &op, &[]);
     let refused = t
@@ -250,10 +256,12 @@ async fn plan_of_an_invalid_rule_fails_with_its_status_message() {
         })
         .await;
     operator.stop();
-    let message = ready_condition(&refused).expect("a Ready condition")["message"]
-        .as_str()
-        .expect("a message")
-        .to_owned();
+    assert_eq!(
+        ready_condition(&refused).expect("a Ready condition")["message"].as_str(),
+        Some(message),
+        "the live rule's status: {}",
+        short_status(&refused)
+    );
     let file = t.rule_file(
         "invalid",
         &[
@@ -389,5 +397,62 @@ async fn plan_of_an_object_type_rule_lists_its_creates() {
                 "message": "this operator does not copy NetworkPolicy.networking.k8s.io: add it to --kinds (the chart's extraKinds, which also grants the RBAC)"}]),
         "{}",
         refused.stdout
+    );
+}
+
+/// The environment variables a `copyrator --help` text names, as clap
+/// shows them: `[env: NAMESPACE=]`, or `[env: NAMESPACE=value]` when set.
+fn env_names_in_help(help: &str) -> BTreeSet<String> {
+    help.split("[env: ")
+        .skip(1)
+        .filter_map(|rest| rest.split(['=', ']']).next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every environment variable a setting of the binary reads is one that
+/// the tests clear from an operator's environment (`OPERATOR_ENV`): a
+/// variable left out would let the shell that runs the tests change what
+/// a test's operator does, behind the flags the test passes.
+#[test]
+fn every_settings_environment_variable_is_cleared_for_tested_operators() {
+    let mut named = BTreeSet::new();
+    for args in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["plan", "--help"],
+        &["probe", "--help"],
+        &["crd", "--help"],
+    ] {
+        let out = std::process::Command::new(bin())
+            .args(args)
+            .env_clear()
+            .output()
+            .unwrap_or_else(|e| panic!("running {} {args:?}: {e}", bin()));
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{} {args:?} failed ({}): {}",
+            bin(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        named.extend(env_names_in_help(&help));
+    }
+    // Read from the help text: without the variables it is known to name,
+    // the comparison below would prove nothing.
+    for known in ["NAMESPACE", "LOG_LEVEL"] {
+        assert!(
+            named.contains(known),
+            "`copyrator --help` names no {known}: the help text's form changed? {named:?}"
+        );
+    }
+    let missing: Vec<&String> = named
+        .iter()
+        .filter(|name| !OPERATOR_ENV.contains(&name.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the binary reads {missing:?}, which tests/common/mod.rs OPERATOR_ENV does not clear"
     );
 }

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 
 use chrono::Utc;
 use common::audit::{Audit, Query, WRITE_VERBS};
-use common::cluster_objects::{ClusterObjects, refuse_configmap_writes, stop_refusing};
+use common::cluster_objects::{
+    ClusterObjects, confine_configmap_writes, refuse_configmap_writes, stop_refusing,
+};
 use common::proxy::Proxy;
 use common::*;
 use serde_json::{Value, json};
@@ -167,14 +169,50 @@ async fn secret_source_change_updates_copies() {
 /// The published example of the original Python Copyrator, unchanged: top
 /// level `ruleType`, `selector`, `namespace: default`, and no targets (so
 /// every namespace but `default` and the protected ones receives the copy;
-/// a protected namespace only when the rule names it exactly). The rule is deleted at
-/// the end so that its copies leave the other namespaces of the cluster.
+/// a protected namespace only when the rule names it exactly). The rule is
+/// deleted at the end, and its copies with it.
+///
+/// Such a rule reaches every namespace of the shared cluster, those of
+/// other tests too. So that it cannot disturb them, the operator acts as a
+/// user of its own whose ConfigMap writes an admission policy refuses
+/// outside the namespaces this test looks at: its own, `default` and the
+/// protected ones (where no copy may land, so that a wrong write there is
+/// seen, not refused). The rule still reaches every namespace: the audit
+/// log shows the operator's refused create of the copy in `x`, a namespace
+/// of the test's own that nothing names; and it shows that the operator
+/// wrote ConfigMaps nowhere but in t1, t2 and (named) kube-public.
 #[tokio::test]
 async fn original_form_example_rule_works_unchanged() {
     let t = TestNs::new("original-form").await;
     let op = t.ns("op").await;
     let t1 = t.ns("t1").await;
     let t2 = t.ns("t2").await;
+    let x = t.ns("x").await;
+    let user = operator_user(&t);
+    let kubeconfig = operator_kubeconfig(&t, None, Some(&user));
+    let as_operator = client_of(&kubeconfig).await;
+    let cluster = ClusterObjects::new();
+    let looked_at = [
+        t1.as_str(),
+        t2.as_str(),
+        op.as_str(),
+        "default",
+        "kube-system",
+        "kube-public",
+        "kube-node-lease",
+    ];
+    confine_configmap_writes(
+        &t,
+        &cluster,
+        &format!("{}-own-namespaces", t.prefix),
+        &user,
+        &looked_at,
+        &as_operator,
+        &x,
+    )
+    .await;
+    let audit = Audit::start();
+    let start_utc = Utc::now();
     let rule = t
         .create_rule(
             &op,
@@ -191,7 +229,15 @@ async fn original_form_example_rule_works_unchanged() {
         rule.get("spec").is_none_or(Value::is_null),
         "the original form has no spec: {rule}"
     );
-    let _operator = Operator::start(&t, &op, &[]);
+    let uid = rule["metadata"]["uid"]
+        .as_str()
+        .expect("the rule has a UID")
+        .to_owned();
+    let _operator = Operator::start_with_env(
+        &t,
+        vec!["run".into(), "--namespace".into(), op.clone()],
+        &[("KUBECONFIG", &kubeconfig.to_string_lossy())],
+    );
 
     let name = format!("{}-example", t.prefix);
     t.cleanup_later(CM, "default", &name);
@@ -207,6 +253,22 @@ async fn original_form_example_rule_works_unchanged() {
     for ns in [&t1, &t2] {
         t.wait_copy(CM, ns, &source, &op, "main-rule").await;
     }
+    // Every namespace, not only those of this test that receive one.
+    let refused_in_x = Query::user(&user)
+        .verbs(&["create"])
+        .resource("configmaps")
+        .namespace(&x)
+        .name(&name)
+        .code(403);
+    wait_until(
+        format!("the operator's create of {x}/{name}, refused, in the audit log"),
+        TIMEOUT,
+        async || match audit.count(&refused_in_x) {
+            0 => Err("none yet".to_string()),
+            _ => Ok(()),
+        },
+    )
+    .await;
     t.assert_unchanged(
         CM,
         "default",
@@ -255,31 +317,35 @@ async fn original_form_example_rule_works_unchanged() {
         "the finalizer removes the copies, then lets the rule go",
     )
     .await;
-    for ns in ["kube-public", t1.as_str(), t2.as_str()] {
-        assert!(
-            t.get(CM, ns, &name).await.is_none(),
-            "copy in {ns} left after the rule was deleted"
-        );
-    }
-    // Copies in namespaces that are terminating (those of tests that just
-    // ended) are the namespace controller's to delete, not the operator's.
-    let mut left = Vec::new();
-    for copy in t
-        .list_labelled(
-            CM,
-            LABEL_RULE_UID,
-            rule["metadata"]["uid"].as_str().unwrap(),
-        )
+    let left: Vec<String> = t
+        .list_labelled(CM, LABEL_RULE_UID, &uid)
         .await
-    {
-        let ns = t.namespaces().get_opt(&copy.namespace).await.unwrap();
-        if ns.is_some_and(|ns| ns.metadata.deletion_timestamp.is_none()) {
-            left.push(copy.namespace);
-        }
-    }
+        .into_iter()
+        .map(|copy| format!("{}/{}", copy.namespace, copy.name))
+        .collect();
+    assert!(left.is_empty(), "copies of the deleted rule left: {left:?}");
+    let end_utc = Utc::now();
+    audit.settle(&t.client, end_utc).await;
+    let elsewhere: Vec<String> = audit
+        .matching(
+            &Query::user(&user)
+                .verbs(WRITE_VERBS)
+                .resource("configmaps")
+                .between(start_utc, end_utc),
+        )
+        .into_iter()
+        .filter(|e| e.code.is_some_and(|code| (200..300).contains(&code)))
+        .filter(|e| {
+            !e.namespace
+                .as_deref()
+                .is_some_and(|ns| [t1.as_str(), t2.as_str(), "kube-public"].contains(&ns))
+        })
+        .map(|e| e.to_string())
+        .collect();
     assert!(
-        left.is_empty(),
-        "copies of the deleted rule left in active namespaces: {left:?}"
+        elsewhere.is_empty(),
+        "the operator wrote ConfigMaps outside t1, t2 and kube-public:\n{}",
+        elsewhere.join("\n")
     );
     t.delete(CM, "default", &name).await;
 }
@@ -1731,22 +1797,19 @@ async fn two_sources_with_one_name_first_source_namespace_wins() {
     t.create_rule(&op, "r", spec).await;
     let _operator = Operator::start(&t, &op, &[]);
     let copy = t.wait_copy(CM, &t1, &winner, &op, "r").await;
-    t.wait_rule(
-        &op,
-        "r",
-        "the losing source reported in status.conflicts",
-        |r| {
-            let c = r
-                .pointer("/status/conflicts")
-                .cloned()
-                .unwrap_or(Value::Null);
-            if c.to_string().contains("dup") {
-                Ok(())
-            } else {
-                Err(short_status(r))
-            }
-        },
-    )
+    // One conflict, where the copy goes: sb's source loses to sa's.
+    let conflicts = json!([{
+        "namespace": t1,
+        "name": "dup",
+        "reason": format!("source {sb}/dup has the same name as {sa}/dup, which wins"),
+    }]);
+    t.wait_rule(&op, "r", &format!("status.conflicts {conflicts}"), |r| {
+        if r.pointer("/status/conflicts") == Some(&conflicts) {
+            Ok(())
+        } else {
+            Err(short_status(r))
+        }
+    })
     .await;
     t.assert_unchanged(
         CM,

@@ -166,6 +166,84 @@ pub async fn refuse_configmap_writes(
     .await;
 }
 
+/// A ValidatingAdmissionPolicy (and its binding, both named `name`) that
+/// refuses every ConfigMap write of `user` outside `namespaces` (403), and
+/// nobody else's; returns once the API server refuses a dry-run create of
+/// `user`'s (through `as_user`, a client acting as `user`) in
+/// `refused_namespace`. An operator of a rule that reaches the whole
+/// cluster then writes only where its test looks.
+pub async fn confine_configmap_writes(
+    t: &TestNs,
+    cluster: &ClusterObjects,
+    name: &str,
+    user: &str,
+    namespaces: &[&str],
+    as_user: &Client,
+    refused_namespace: &str,
+) {
+    let message = format!("{user} may write ConfigMaps only in {namespaces:?}");
+    cluster
+        .create(
+            &t.client,
+            &ar::<ValidatingAdmissionPolicy>(),
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [{
+                        "apiGroups": [""], "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["configmaps"],
+                    }]},
+                    // JSON strings and lists are CEL literals.
+                    "matchConditions": [{
+                        "name": "the-confined-user",
+                        "expression": format!("request.userInfo.username == {}", json!(user)),
+                    }],
+                    "validations": [{
+                        "expression": format!("request.namespace in {}", json!(namespaces)),
+                        "message": message,
+                        "reason": "Forbidden",
+                    }],
+                },
+            }),
+        )
+        .await;
+    cluster
+        .create(
+            &t.client,
+            &ar::<ValidatingAdmissionPolicyBinding>(),
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": name},
+                "spec": {"policyName": name, "validationActions": ["Deny"]},
+            }),
+        )
+        .await;
+    // Policies become active a moment after they are made.
+    let probe: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "probe"}})).expect("a ConfigMap");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let api = Api::<ConfigMap>::namespaced(as_user.clone(), refused_namespace);
+    wait_until(
+        format!("the policy {name} to refuse {user} a probe ConfigMap in {refused_namespace}"),
+        TIMEOUT,
+        async || match api.create(&dry_run, &probe).await {
+            Err(kube::Error::Api(s)) if s.message.contains(&message) => Ok(()),
+            other => Err(format!(
+                "{:?}",
+                other.map(|_| "accepted").map_err(|e| err_msg(&e))
+            )),
+        },
+    )
+    .await;
+}
+
 /// Deletes the policy and binding [`refuse_configmap_writes`] made.
 pub async fn stop_refusing(t: &TestNs, cluster: &ClusterObjects, name: &str) {
     cluster

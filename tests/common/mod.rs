@@ -191,6 +191,23 @@ pub fn b64(bytes: &[u8]) -> String {
     out
 }
 
+/// The forms in which a secret value could leak into a log line, an Event
+/// or a status: the text itself, its base64 (as a Secret's `data` holds
+/// it), and the Rust Debug form of its bytes, `[104, 105]` for "hi", also
+/// without the brackets (`104, 105`), as a `Vec<u8>` or a `ByteString`
+/// prints inside a larger value. The value must be long and unique enough
+/// not to occur by chance in any of these forms.
+pub fn secret_forms(value: &str) -> Vec<String> {
+    let bytes: Vec<String> = value.bytes().map(|b| b.to_string()).collect();
+    let byte_list = bytes.join(", ");
+    vec![
+        value.to_string(),
+        b64(value.as_bytes()),
+        format!("[{byte_list}]"),
+        byte_list,
+    ]
+}
+
 // ---------------------------------------------------------------------------
 // CRD
 
@@ -1356,6 +1373,18 @@ pub fn operator_kubeconfig(t: &TestNs, server: Option<&str>, act_as: Option<&str
     path
 }
 
+/// A client that acts as `kubeconfig` says (e.g. as the user an
+/// [`operator_kubeconfig`] impersonates), for requests made as the operator.
+pub async fn client_of(kubeconfig: &std::path::Path) -> Client {
+    let file = kube::config::Kubeconfig::read_from(kubeconfig)
+        .unwrap_or_else(|e| panic!("reading the kubeconfig {}: {e}", kubeconfig.display()));
+    let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("the kubeconfig {}: {e}", kubeconfig.display()));
+    Client::try_from(config)
+        .unwrap_or_else(|e| panic!("a client for {}: {e}", kubeconfig.display()))
+}
+
 /// A user name for an operator of this test to act as (see [`operator_kubeconfig`]).
 pub fn operator_user(t: &TestNs) -> String {
     format!("copyrator-test-operator:{}", t.prefix)
@@ -1420,8 +1449,10 @@ fn bound_port(log_path: &std::path::Path, child: &mut Child) -> u16 {
 }
 
 /// Environment variables of the operator's flags, removed from the child's
-/// environment so that only the flags the test passes count.
-const OPERATOR_ENV: &[&str] = &[
+/// environment so that only the flags the test passes count (tests/cli.rs
+/// checks that every variable `copyrator --help` names is here), and of
+/// its libraries' debugging switches.
+pub const OPERATOR_ENV: &[&str] = &[
     "NAMESPACE",
     "RULE_NAME",
     "ALL_NAMESPACES",
@@ -1432,12 +1463,17 @@ const OPERATOR_ENV: &[&str] = &[
     "LEASE_NAME",
     "LEASE_DURATION",
     "WRITE_CONCURRENCY",
+    "MAX_SOURCE_WATCHES",
+    "API_TRANSPORT",
     "API_QPS",
     "API_BURST",
     "RESYNC_INTERVAL",
     "STUCK_AFTER",
     "KINDS",
     "DENIED_KINDS",
+    "PROTECTED_NAMESPACES",
+    "SECRET_TYPES",
+    "STRIP_KEYS",
     "RUST_LOG",
     "KUBE_RS_DEBUG_IMPERSONATE_USER",
     "KUBE_RS_DEBUG_IMPERSONATE_GROUP",

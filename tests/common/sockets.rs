@@ -33,7 +33,8 @@ pub fn proc_net_address(text: &str) -> Option<(IpAddr, u16)> {
 
 /// The process's established TCP connections whose remote end `wanted`
 /// accepts: its socket inodes (from `/proc/<pid>/fd`) looked up in the
-/// `tcp` and `tcp6` tables of its network namespace.
+/// `tcp` and `tcp6` tables of its network namespace; an error when its
+/// descriptors or both tables cannot be read.
 pub fn established(pid: u32, wanted: impl Fn(IpAddr, u16) -> bool) -> std::io::Result<usize> {
     let mut inodes = HashSet::new();
     for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
@@ -50,11 +51,13 @@ pub fn established(pid: u32, wanted: impl Fn(IpAddr, u16) -> bool) -> std::io::R
         }
     }
     let mut count = 0;
+    let mut tables_read = 0;
     for table in ["tcp", "tcp6"] {
         // tcp6 is absent on a kernel without IPv6.
         let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
             continue;
         };
+        tables_read += 1;
         for line in text.lines().skip(1) {
             // sl, local, remote, state, tx:rx queues, timer, retransmits,
             // uid, timeout, inode.
@@ -68,6 +71,13 @@ pub fn established(pid: u32, wanted: impl Fn(IpAddr, u16) -> bool) -> std::io::R
                 count += 1;
             }
         }
+    }
+    // Neither table: the count would be 0 whatever the process holds.
+    if tables_read == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("neither /proc/{pid}/net/tcp nor /proc/{pid}/net/tcp6 can be read"),
+        ));
     }
     Ok(count)
 }
