@@ -1716,6 +1716,23 @@ async fn a_copy_deleted_again_and_again_is_put_back_with_growing_delays() {
             }
         }
     }
+    // Reported as contested, as a copy changed back is: the status names
+    // the copy and its other writer, an Event says so, and the gauge counts it.
+    let rule_now = t.get_rule(&op, "cfgs").await;
+    let listed = rule_now
+        .pointer("/status/contested")
+        .and_then(Value::as_array)
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c["namespace"] == target.as_str() && c["name"] == "cfg")
+        });
+    let contested_events = t
+        .events_regarding(&op, "cfgs")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("CopyContested"))
+        .count();
+    let gauge = metric(&operator, "copyrator_copies_contested").await;
     let end_utc = start_utc + utc(PERIOD);
     let back = poll(
         Duration::from_secs(330),
@@ -1750,6 +1767,16 @@ async fn a_copy_deleted_again_and_again_is_put_back_with_growing_delays() {
         put_back >= fewest as usize,
         "the copy was put back {put_back} times after {deletions} deletions in {} s (at least {fewest}; by code {by_code:?})",
         PERIOD.as_secs()
+    );
+    assert!(
+        listed && status_u64(&rule_now, "contestedCount").is_some_and(|n| n >= 1),
+        "the status does not report t1/cfg as contested: {}",
+        short_status(&rule_now)
+    );
+    assert!(contested_events >= 1, "no CopyContested Event on the rule");
+    assert!(
+        gauge.as_ref().is_ok_and(|g| g.is_some_and(|g| g >= 1.0)),
+        "copyrator_copies_contested is {gauge:?}"
     );
     assert!(back.is_ok(), "the copy is not back: {back:?}");
     operator.assert_running();
