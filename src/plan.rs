@@ -902,7 +902,7 @@ pub fn cleanup(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+pub mod tests {
     use super::*;
     use crate::rule::{CopyratorRule, Trust};
     use serde_json::json;
@@ -2318,7 +2318,7 @@ pub(crate) mod tests {
     #[test]
     fn a_pass_over_what_changed_plans_what_a_full_pass_would() {
         use crate::scope::Touch;
-        use crate::tally::Tally;
+        use crate::tally::{Basis, Tally};
         let mut w = World::new(&["src", "a", "b", "c", "d"]);
         w.source("src", "cm1", &[("copy", "yes")], json!({"k": "1"}));
         w.source("src", "cm2", &[("copy", "yes")], json!({"k": "2"}));
@@ -2329,7 +2329,7 @@ pub(crate) mod tests {
         w.copies.upsert(Arc::new(other));
         let r = simple_rule();
         let mut tally = Tally::default();
-        let basis = crate::tally::Basis {
+        let basis = Basis {
             uid: r.uid.clone(),
             generation: Some(1),
         };

@@ -6,11 +6,16 @@
 //! refusals. Only writes sent after the last cut can cut it again: the
 //! refusals of one burst count once.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
 
-use crate::state::lock;
+/// The state behind its lock; a panic elsewhere while it was held leaves
+/// plain numbers, still usable. (Local, so that this module depends on
+/// nothing of the operator's state: the writer, below it, uses it.)
+fn lock(state: &Mutex<LimitState>) -> MutexGuard<'_, LimitState> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// The limit's state; plain data, tested without a runtime.
 #[derive(Debug)]
