@@ -647,9 +647,11 @@ async fn invalid_rule_gets_ready_false_and_the_operator_keeps_serving() {
     operator.assert_running();
 }
 
-/// Only the listed Secret types are copied; every other type is refused
-/// with its reason in the rule's status and an Event, unless a setting adds
-/// it.
+/// The six Secret types of the default list (`Opaque`, `kubernetes.io/tls`,
+/// `kubernetes.io/dockerconfigjson`, `kubernetes.io/dockercfg`,
+/// `kubernetes.io/basic-auth`, `kubernetes.io/ssh-auth`) are copied; every
+/// other type is refused with its reason in the rule's status and an Event,
+/// unless a setting adds it.
 #[tokio::test]
 async fn only_listed_secret_types_are_copied_and_the_rest_are_reported() {
     let t = TestNs::new("secret-types").await;
@@ -669,6 +671,11 @@ async fn only_listed_secret_types_are_copied_and_the_rest_are_reported() {
             "pull",
             "kubernetes.io/dockerconfigjson",
             json!({".dockerconfigjson": "{\"auths\":{}}"}),
+        ),
+        (
+            "legacy-pull",
+            "kubernetes.io/dockercfg",
+            json!({".dockercfg": "{}"}),
         ),
         (
             "basic",
