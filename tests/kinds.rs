@@ -10,6 +10,8 @@
 //!   gauge `copyrator_kind_watches` counts the kind while a rule needs it.
 //!   The operator's `--kinds` names each kind in another of its forms
 //!   (`Kind.group`, a bare core `Kind`, `*`).
+//! * a RoleBinding copy whose `roleRef` must change (immutable) is deleted
+//!   and created again;
 //! * kinds the operator cannot or may not copy (denied, cluster-scoped,
 //!   unknown, not enabled) are `Ready=False` with their reason, while a
 //!   ConfigMap rule of the same operator still copies;
@@ -372,6 +374,70 @@ async fn role_binding_copies_follow_their_source() {
         ]}),
     })
     .await;
+}
+
+/// A RoleBinding whose `roleRef` changes is a new object (the API server
+/// never lets `roleRef` change, on the source as on a copy): the source is
+/// deleted and made again bound to another role. The rule keeps copies of
+/// gone sources (`prune: false`), so nothing but a recreate can bring the
+/// new `roleRef` to the copies: each ends with it, and with a new UID.
+#[tokio::test]
+async fn a_role_binding_copy_whose_role_ref_changes_is_recreated() {
+    let t = TestNs::new("kinds-roleref").await;
+    let ar = role_bindings();
+    let op = t.ns("op").await;
+    let targets = [t.ns("t1").await, t.ns("t2").await];
+    let mut operator = Operator::start(
+        &t,
+        &op,
+        &[
+            "--kinds",
+            "configmap,secret,RoleBinding.rbac.authorization.k8s.io",
+        ],
+    );
+    operator.wait_ready().await;
+    let bound_to = |role: &str| {
+        json!({
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "readers"}],
+        })
+    };
+    let viewers = t
+        .create_dyn_source(&ar, &op, "readers", &[], &[], bound_to("view"))
+        .await;
+    t.create_rule(
+        &op,
+        "r",
+        with(
+            object_rule_spec(&ar, t.selector(), &[t.glob("t")]),
+            "/spec/prune",
+            json!(false),
+        ),
+    )
+    .await;
+    let mut first = Vec::new();
+    for ns in &targets {
+        first.push(t.wait_dyn_copy(&ar, ns, &viewers, &op, "r").await);
+    }
+
+    t.delete_dyn(&ar, &op, "readers").await;
+    let editors = t
+        .create_dyn_source(&ar, &op, "readers", &[], &[], bound_to("edit"))
+        .await;
+    for (ns, before) in targets.iter().zip(&first) {
+        let after = t.wait_dyn_copy(&ar, ns, &editors, &op, "r").await;
+        assert_eq!(after.json["roleRef"]["name"], "edit", "copy {ns}/readers");
+        assert_ne!(
+            after.uid(),
+            before.uid(),
+            "copy {ns}/readers has the new roleRef but was not made again"
+        );
+    }
+    t.wait_rule(&op, "r", "Ready, 1 source, 2 copies", |r| {
+        ready_with(r, 1, 2)
+    })
+    .await;
+    operator.assert_running();
 }
 
 /// A core kind, named bare in `--kinds`.

@@ -1,5 +1,7 @@
-//! What is never copied, what a copy carries and what it does not, immutable
-//! objects, secrets out of logs, and rules only the operator can judge.
+//! What is never copied, where copies never go (a source's own namespace,
+//! protected namespaces), what a copy carries and what it does not,
+//! immutable objects, secrets out of logs, and rules only the operator can
+//! judge.
 
 mod common;
 
@@ -179,6 +181,153 @@ async fn a_source_is_never_copied_onto_its_own_namespace() {
         !in_source_namespace,
         "the source namespace is reported as a conflict: {conflicts}"
     );
+}
+
+/// Ready at the current generation, with `targets` target namespaces and
+/// `protected` protected ones left out.
+fn ready_counting(rule: &Value, targets: u64, protected: u64) -> Result<(), String> {
+    is_ready(rule)?;
+    let counts = (
+        status_u64(rule, "targetNamespaces").unwrap_or(0),
+        status_u64(rule, "protectedNamespaces").unwrap_or(0),
+    );
+    if counts == (targets, protected) {
+        Ok(())
+    } else {
+        Err(format!(
+            "targetNamespaces and protectedNamespaces {counts:?}, want {:?}: {}",
+            (targets, protected),
+            short_status(rule)
+        ))
+    }
+}
+
+/// `--protected-namespaces` names namespaces, by name or by glob, that no
+/// glob, namespace selector or "all namespaces" default reaches: only an
+/// exact name in `targets.include` does, and the status counts the others
+/// in `protectedNamespaces`. The flag replaces the default list, so it
+/// names the system namespaces again.
+#[tokio::test]
+async fn protected_namespaces_are_reached_only_by_their_exact_name() {
+    let t = TestNs::new("protected-flag").await;
+    let op = t.ns("op").await;
+    let team = [("team", t.prefix.as_str())];
+    let open = t.ns_labelled("open", &team).await;
+    let vault = t.ns_labelled("vault", &team).await;
+    let guard = t.ns_labelled("guard-1", &team).await;
+    let protected = format!(
+        "kube-system,kube-public,kube-node-lease,{vault},{}",
+        t.glob("guard-")
+    );
+    let _operator = Operator::start(&t, &op, &["--protected-namespaces", &protected]);
+    let route = |r: &str| json!({TEST_LABEL: t.prefix, "route": r});
+    let by_glob = t
+        .create_source(CM, &op, "by-glob", &[("route", "glob")], &[("k", "v")])
+        .await;
+    let by_selector = t
+        .create_source(
+            CM,
+            &op,
+            "by-selector",
+            &[("route", "selector")],
+            &[("k", "v")],
+        )
+        .await;
+    // It reaches every namespace of the cluster: a name of the test's own,
+    // and taken out of the namespaces that outlive the test should it fail
+    // before the rule's finalizer does so.
+    let everywhere_name = format!("{}-everywhere", t.prefix);
+    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        t.cleanup_later(CM, ns, &everywhere_name);
+    }
+    let everywhere = t
+        .create_source(
+            CM,
+            &op,
+            &everywhere_name,
+            &[("route", "everywhere")],
+            &[("k", "v")],
+        )
+        .await;
+    let by_name = t
+        .create_source(CM, &op, "by-name", &[("route", "name")], &[("k", "v")])
+        .await;
+    t.create_rule(&op, "glob", rule_spec(CM, route("glob"), &[t.glob("")]))
+        .await;
+    t.create_rule(
+        &op,
+        "selector",
+        json!({"spec": {"ruleType": "configmap", "selector": route("selector"),
+            "targets": {"namespaceSelector": {"matchLabels": {"team": t.prefix}}}}}),
+    )
+    .await;
+    t.create_rule(
+        &op,
+        "everywhere",
+        json!({"spec": {"ruleType": "configmap", "selector": route("everywhere")}}),
+    )
+    .await;
+    t.create_rule(
+        &op,
+        "named",
+        rule_spec(CM, route("name"), &[&open, &vault, &guard]),
+    )
+    .await;
+
+    // An exact name reaches both protected namespaces.
+    for ns in [&open, &vault, &guard] {
+        t.wait_copy(CM, ns, &by_name, &op, "named").await;
+    }
+    t.wait_rule(&op, "named", "Ready, 3 targets, none protected", |r| {
+        ready_counting(r, 3, 0)
+    })
+    .await;
+    // A glob and a selector reach the open namespace alone, and count both
+    // protected ones (the operator's own namespace holds the sources, so it
+    // is no target of theirs and not counted).
+    for (rule, copy) in [("glob", &by_glob), ("selector", &by_selector)] {
+        t.wait_copy(CM, &open, copy, &op, rule).await;
+        t.wait_rule(&op, rule, "Ready, 1 target, 2 protected", |r| {
+            ready_counting(r, 1, 2)
+        })
+        .await;
+    }
+    // No targets: every namespace of the cluster but the five protected.
+    t.wait_copy(CM, &open, &everywhere, &op, "everywhere").await;
+    t.wait_rule(&op, "everywhere", "Ready, 5 protected", |r| {
+        is_ready(r)?;
+        match status_u64(r, "protectedNamespaces") {
+            Some(5) => Ok(()),
+            other => Err(format!(
+                "protectedNamespaces {other:?}: {}",
+                short_status(r)
+            )),
+        }
+    })
+    .await;
+    let mut kept_out: Vec<(&str, &str)> = Vec::new();
+    for ns in [&vault, &guard] {
+        for copy in [&by_glob, &by_selector, &everywhere] {
+            kept_out.push((ns, &copy.name));
+        }
+    }
+    for ns in ["kube-system", "kube-public", "kube-node-lease"] {
+        kept_out.push((ns, &everywhere.name));
+    }
+    assert_for("no copy in a protected namespace", QUIET, async || {
+        for (ns, name) in &kept_out {
+            if t.try_get(CM, ns, name).await?.is_some() {
+                return Err(format!("a copy reached {ns}/{name}"));
+            }
+        }
+        Ok(())
+    })
+    .await;
+
+    // Its finalizer takes the copies out of every other namespace.
+    t.delete_rule(&op, "everywhere").await;
+    t.wait_rule_gone(&op, "everywhere", "its finalizer removes its copies")
+        .await;
 }
 
 #[tokio::test]
@@ -654,9 +803,11 @@ async fn invalid_rule_gets_ready_false_and_the_operator_keeps_serving() {
     operator.assert_running();
 }
 
-/// Only the listed Secret types are copied; every other type is refused
-/// with its reason in the rule's status and an Event, unless a setting adds
-/// it.
+/// The six Secret types of the default list (`Opaque`, `kubernetes.io/tls`,
+/// `kubernetes.io/dockerconfigjson`, `kubernetes.io/dockercfg`,
+/// `kubernetes.io/basic-auth`, `kubernetes.io/ssh-auth`) are copied; every
+/// other type is refused with its reason in the rule's status and an Event,
+/// unless a setting adds it.
 #[tokio::test]
 async fn only_listed_secret_types_are_copied_and_the_rest_are_reported() {
     let t = TestNs::new("secret-types").await;
@@ -676,6 +827,11 @@ async fn only_listed_secret_types_are_copied_and_the_rest_are_reported() {
             "pull",
             "kubernetes.io/dockerconfigjson",
             json!({".dockerconfigjson": "{\"auths\":{}}"}),
+        ),
+        (
+            "legacy-pull",
+            "kubernetes.io/dockercfg",
+            json!({".dockercfg": "{}"}),
         ),
         (
             "basic",

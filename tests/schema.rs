@@ -323,3 +323,111 @@ async fn schema_accepts_a_rule_at_the_limits() {
         .await
         .unwrap_or_else(|e| panic!("the rule at the limits was refused: {}", err_msg(&e)));
 }
+
+/// `n` items made by `item`, as a JSON list.
+fn list_of(n: usize, item: impl Fn(usize) -> String) -> Value {
+    (0..n).map(|i| json!(item(i))).collect()
+}
+
+/// `n` entries made by `entry`, as a JSON object.
+fn map_of(n: usize, entry: impl Fn(usize) -> (String, String)) -> Value {
+    Value::Object((0..n).map(entry).map(|(k, v)| (k, json!(v))).collect())
+}
+
+/// A bounded field of a rule: where it is, how a refusal names it, and `n`
+/// entries of it.
+struct Bounded {
+    /// The name of the rules that try it.
+    name: &'static str,
+    path: &'static str,
+    field: &'static str,
+    entries: fn(usize) -> Value,
+}
+
+/// Every list and map of a rule that the operator matches against every
+/// namespace, key or source is bounded by the schema: 64 entries are
+/// taken, 65 are refused at admission with a message that names the field
+/// and the limit.
+#[tokio::test]
+async fn schema_refuses_65_entries_where_64_is_the_limit() {
+    let t = TestNs::new("schema-64").await;
+    let ns = t.ns("op").await;
+    let cases = [
+        Bounded {
+            name: "include",
+            path: "/spec/targets/include",
+            field: "spec.targets.include",
+            entries: |n| list_of(n, |i| format!("team-{i}-*")),
+        },
+        Bounded {
+            name: "exclude",
+            path: "/spec/targets/exclude",
+            field: "spec.targets.exclude",
+            entries: |n| list_of(n, |i| format!("team-{i}-?")),
+        },
+        Bounded {
+            name: "strip-labels",
+            path: "/spec/transform/stripLabels",
+            field: "spec.transform.stripLabels",
+            entries: |n| list_of(n, |i| format!("l{i}.example.com/*")),
+        },
+        Bounded {
+            name: "strip-annotations",
+            path: "/spec/transform/stripAnnotations",
+            field: "spec.transform.stripAnnotations",
+            entries: |n| list_of(n, |i| format!("a{i}.example.com/*")),
+        },
+        Bounded {
+            name: "keys-include",
+            path: "/spec/transform/keys/include",
+            field: "spec.transform.keys.include",
+            entries: |n| list_of(n, |i| format!("k{i}.*")),
+        },
+        Bounded {
+            name: "keys-exclude",
+            path: "/spec/transform/keys/exclude",
+            field: "spec.transform.keys.exclude",
+            entries: |n| list_of(n, |i| format!("x{i}.*")),
+        },
+        Bounded {
+            name: "keys-rename",
+            path: "/spec/transform/keys/rename",
+            field: "spec.transform.keys.rename",
+            entries: |n| map_of(n, |i| (format!("k{i}"), format!("renamed-{i}"))),
+        },
+        Bounded {
+            name: "spec-selector",
+            path: "/spec/selector",
+            field: "spec.selector",
+            entries: |n| map_of(n, |i| (format!("l{i}"), "v".into())),
+        },
+        // The original form, at the top level.
+        Bounded {
+            name: "top-selector",
+            path: "/selector",
+            field: "selector",
+            entries: |n| map_of(n, |i| (format!("l{i}"), "v".into())),
+        },
+    ];
+    for Bounded {
+        name,
+        path,
+        field,
+        entries,
+    } in cases
+    {
+        let rule = |n: usize| {
+            let base = json!({"ruleType": "configmap", "selector": {"copyrator": "true"}});
+            let base = if path.starts_with("/spec/") {
+                json!({ "spec": base })
+            } else {
+                base
+            };
+            with(base, path, entries(n))
+        };
+        t.try_create_rule(&ns, &format!("{name}-64"), rule(64))
+            .await
+            .unwrap_or_else(|e| panic!("{field} with 64 entries was refused: {}", err_msg(&e)));
+        refused(&t, &ns, &format!("{name}-65"), rule(65), &[field, "64"]).await;
+    }
+}

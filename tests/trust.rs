@@ -8,10 +8,12 @@
 
 mod common;
 
+use common::rule_versions::RuleVersions;
 use common::*;
 use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
+const SECRET: Kind = Kind::Secret;
 
 fn has_finalizer(rule: &Value) -> bool {
     rule["metadata"]["finalizers"]
@@ -331,5 +333,160 @@ async fn a_tenant_rule_writes_only_where_accepted_and_never_overwrites() {
         })
         .await;
     println!("overwrite: {}", ready_condition(&refused).unwrap());
+    operator.assert_running();
+}
+
+/// A tenant rule pushes into two namespaces, one of which does not accept
+/// it, and pulls from a namespace where only one object consents. What does
+/// not consent is never named in the rule's status, in any version of it:
+/// the namespace that does not accept it (which holds an object that would
+/// be a conflict), and the objects that do not allow it (one that would be
+/// a refused source, one that would share a name with a source). The
+/// namespace is counted in `notAcceptingNamespaces`; the objects are not
+/// counted at all. The same things where consent is given are named: a
+/// conflict in the accepting namespace, a refused source at home.
+#[tokio::test]
+async fn what_does_not_consent_is_counted_but_never_named_in_a_tenant_rules_status() {
+    let _exclusive = CLUSTER_WIDE.write().await;
+    let t = TestNs::new("unnamed").await;
+    let rule = t.prefix.clone();
+    let op = t.ns("op").await;
+    let home = t.ns("home").await;
+    let elsewhere = t.ns("sx").await;
+    let open = t.ns("t-open").await;
+    let closed = t.ns("t-closed").await;
+    accept_from(&t, &open, &home).await;
+
+    let labels = json!({TEST_LABEL: t.prefix});
+    let secret = |type_: &str, annotations: Value| {
+        json!({"metadata": {"labels": labels, "annotations": annotations},
+               "type": type_, "stringData": {"k": "v"}})
+    };
+    let token = "bootstrap.kubernetes.io/token";
+    let consents = json!({"copyrator.flant.com/allow-to": home});
+    // At home: copied, in conflict where an object holds its name, refused
+    // for its type.
+    let cfg = t
+        .create_json(SECRET, &home, "cfg", secret("Opaque", json!({})))
+        .await;
+    t.create_json(SECRET, &home, "clash", secret("Opaque", json!({})))
+        .await;
+    t.create_json(SECRET, &home, "home-token", secret(token, json!({})))
+        .await;
+    for ns in [&open, &closed] {
+        t.create_plain(SECRET, ns, "clash", &[], &[("k", "theirs")])
+            .await;
+    }
+    // Elsewhere: one object consents; one shares a name with a source at
+    // home and one is of a type never copied, and neither consents.
+    let pulled = t
+        .create_json(SECRET, &elsewhere, "pulled", secret("Opaque", consents))
+        .await;
+    t.create_json(SECRET, &elsewhere, "cfg", secret("Opaque", json!({})))
+        .await;
+    t.create_json(SECRET, &elsewhere, "hidden-token", secret(token, json!({})))
+        .await;
+
+    let versions = RuleVersions::start(&t, &home, &rule).await;
+    t.create_rule(
+        &home,
+        &rule,
+        json!({"spec": {
+            "ruleType": "secret",
+            "selector": t.selector(),
+            "namespace": [home, elsewhere],
+            "targets": {"include": [t.glob("t-"), home]},
+        }}),
+    )
+    .await;
+    let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
+    t.wait_copy(SECRET, &open, &cfg, &home, &rule).await;
+    // (The consent itself does not travel: no full check of the copy.)
+    let rule_uid = t.rule_uid(&home, &rule).await;
+    t.wait_obj(SECRET, &home, &pulled.name, "the pulled copy", |o| {
+        o.data_is(&[("k", "v")])?;
+        match o.label(LABEL_RULE_UID) {
+            Some(uid) if uid == rule_uid => Ok(()),
+            other => Err(format!("rule uid {other:?}")),
+        }
+    })
+    .await;
+    let named = |r: &Value, list: &str| -> Vec<String> {
+        r["status"][list]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|e| {
+                        format!(
+                            "{}/{}",
+                            e["namespace"].as_str().unwrap_or_default(),
+                            e["name"].as_str().unwrap_or_default()
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let status = t
+        .wait_rule(&home, &rule, "what consents counted and named", |r| {
+            let generation = r.pointer("/metadata/generation");
+            let counts = [
+                "sources",
+                "copies",
+                "conflictCount",
+                "refusedSourceCount",
+                "notAcceptingNamespaces",
+            ]
+            .map(|field| status_u64(r, field).unwrap_or(0));
+            let seen = (counts, named(r, "conflicts"), named(r, "refusedSources"));
+            // home's cfg and clash, and the object that consents; cfg in
+            // the open namespace and the pulled one at home.
+            let want = (
+                [3, 2, 1, 1, 1],
+                vec![format!("{open}/clash")],
+                vec![format!("{home}/home-token")],
+            );
+            if generation.is_some()
+                && generation == r.pointer("/status/observedGeneration")
+                && seen == want
+            {
+                Ok(())
+            } else {
+                Err(format!("{seen:?}, want {want:?}: {}", short_status(r)))
+            }
+        })
+        .await;
+    println!("unnamed: {}", status["status"]);
+
+    // Nothing else happens in the namespace that does not accept the rule.
+    t.assert_absent(
+        SECRET,
+        &closed,
+        "cfg",
+        "the namespace does not accept the rule",
+    )
+    .await;
+    let theirs = t.must_get(SECRET, &closed, "clash").await;
+    assert!(!theirs.is_copy(), "the object in {closed} was taken over");
+
+    let never_named = [closed.as_str(), elsewhere.as_str(), "hidden-token"];
+    let versions = versions.seen().unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        versions.iter().any(|r| r.get("status").is_some()),
+        "no version of the rule with a status was seen"
+    );
+    for version in &versions {
+        let said = version
+            .get("status")
+            .map(Value::to_string)
+            .unwrap_or_default();
+        for name in never_named {
+            assert!(
+                !said.contains(name),
+                "the status names {name}, which does not consent: {said}"
+            );
+        }
+    }
+    println!("unnamed: {} versions of the rule seen", versions.len());
     operator.assert_running();
 }

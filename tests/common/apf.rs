@@ -1,6 +1,7 @@
 //! API Priority and Fairness for a test: a priority level with one seat that
 //! rejects what does not fit, and a FlowSchema that puts every request of one
-//! ServiceAccount in it. The caller creates both with its own guard for
+//! ServiceAccount in it (or only its reads of one resource within
+//! namespaces). The caller creates both with its own guard for
 //! cluster-scoped objects, then waits until the API server has taken the
 //! FlowSchema in.
 
@@ -50,6 +51,34 @@ pub fn flow_schema_for(level: &str, namespace: &str, account: &str) -> Value {
                 "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
                                    "namespaces": ["*"], "clusterScope": true}],
                 "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+            }],
+        },
+    })
+}
+
+/// A FlowSchema named `level` that sends the LIST and WATCH requests of
+/// the ServiceAccount `namespace/account` for `resource` (core group)
+/// within a namespace (any, but not across all of them) to the priority
+/// level `level`; its other requests go where they would go anyway.
+pub fn flow_schema_for_namespaced_reads(
+    level: &str,
+    namespace: &str,
+    account: &str,
+    resource: &str,
+) -> Value {
+    json!({
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "FlowSchema",
+        "metadata": {"name": level},
+        "spec": {
+            "priorityLevelConfiguration": {"name": level},
+            "matchingPrecedence": 500,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{
+                "subjects": [{"kind": "ServiceAccount",
+                              "serviceAccount": {"name": account, "namespace": namespace}}],
+                "resourceRules": [{"verbs": ["list", "watch"], "apiGroups": [""],
+                                   "resources": [resource], "namespaces": ["*"]}],
             }],
         },
     })

@@ -13,6 +13,8 @@
 //! * [`logs`]: the operator's log as structured lines (level, message,
 //!   fields); [`operator_kubeconfig`] gives the operator an identity of its
 //!   own (impersonation) and optionally another API server address.
+//! * [`rule_versions`]: every version of a rule as a watch delivers them,
+//!   for what a status must never say, or what it said first.
 //!
 //! Tests run in parallel against one cluster, so every test names its own
 //! namespaces, selects its sources by a label value unique to the test and
@@ -27,6 +29,7 @@ pub mod fault;
 pub mod logs;
 pub mod proxy;
 pub mod rbac;
+pub mod rule_versions;
 pub mod sockets;
 
 use std::collections::BTreeMap;
