@@ -760,17 +760,23 @@ impl<'a> Job<'a> {
                 Ok("the rules have no finalizer, no status; nothing copied".into())
             }
             Evidence::RuleChangeUnseen => {
-                let r = self.rule("cms").await?;
-                let generation = r.pointer("/metadata/generation").and_then(Value::as_i64);
-                let observed = r
-                    .pointer("/status/observedGeneration")
-                    .and_then(Value::as_i64);
-                match (generation, observed) {
-                    (Some(g), Some(o)) if o < g => Ok(format!(
-                        "rule cms changed to generation {g}; its status still observes {o}"
-                    )),
-                    _ => Err(format!("the change was seen: {}", short_status(&r))),
+                let mut seen = Vec::new();
+                for (rule, _) in RULES {
+                    let r = self.rule(rule).await?;
+                    let generation = r.pointer("/metadata/generation").and_then(Value::as_i64);
+                    let observed = r
+                        .pointer("/status/observedGeneration")
+                        .and_then(Value::as_i64);
+                    match (generation, observed) {
+                        (Some(g), Some(o)) if o < g => {
+                            return Ok(format!(
+                                "rule {rule} changed to generation {g}; its status still observes {o}"
+                            ));
+                        }
+                        _ => seen.push(short_status(&r)),
+                    }
                 }
+                Err(format!("every change was seen: {}", seen.join("; ")))
             }
             Evidence::NoStatus => {
                 for (rule, _) in RULES {
@@ -893,7 +899,7 @@ enum Evidence {
     NothingDone,
     /// The rules get no finalizer (hence no copy, no status).
     NoFinalizer,
-    /// A change of rule cms is never seen: its status observes an older
+    /// A rule's change is never seen: its status observes an older
     /// generation.
     RuleChangeUnseen,
     /// Copies are made, but no rule has a status.
@@ -928,11 +934,16 @@ fn expectations() -> BTreeMap<Grant, (String, Evidence)> {
         );
     };
     expect("flant.com", "copyrators", "list", "ready", NothingDone);
+    // A rule change reaches the operator without its watch only through
+    // the answer to a status write that happens to follow it: the job stops
+    // at the first change (a rule's new targets, or its deletion) that no
+    // such answer carried, whichever that is.
     expect(
         "flant.com",
         "copyrators",
         "watch",
-        "ConfigMap conflict reported",
+        "ConfigMap conflict reported|Secret conflict reported|\
+         ConfigMap rule deleted with its copies|Secret rule deleted with its copies",
         RuleChangeUnseen,
     );
     expect(
@@ -1201,7 +1212,7 @@ async fn each_verb_the_chart_grants_is_needed() {
                         "removing {grant} changed nothing: the operator does not need it, \
                          so the chart must not grant it"
                     )),
-                    Err(s) if s.step != *step => Some(format!(
+                    Err(s) if !step.split('|').any(|one| one == s.step) => Some(format!(
                         "without {grant} the job stopped at \"{}\" ({}), expected at \"{step}\"",
                         s.step, s.last
                     )),
