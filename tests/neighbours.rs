@@ -7,7 +7,9 @@
 //! * A copy someone keeps changing back is contested: restored, then backed
 //!   off, and reported in the status, in an Event and in a metric.
 //! * A write refused by an admission policy, by RBAC or by API Priority and
-//!   Fairness is reported and retried on a schedule, never in a storm.
+//!   Fairness is reported and retried on a schedule, never in a storm; a
+//!   refused copy is written at once when its rule, its source or its
+//!   target namespace changes.
 //! * A neighbour that keeps the copies' resourceVersions moving (409 on
 //!   every update) does not make the operator write in a loop.
 //!
@@ -25,7 +27,11 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use common::audit::{Audit, Query, WRITE_VERBS, service_account_user};
-use common::cluster_objects::{ClusterObjects, ar, refuse_configmap_writes, stop_refusing};
+use common::cluster_objects::{
+    ClusterObjects, ar, refuse_configmap_writes, refuse_configmap_writes_unless, stop_refusing,
+    wait_admitted,
+};
+use common::rule_versions::RuleVersions;
 use common::*;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
@@ -1780,4 +1786,306 @@ async fn a_copy_deleted_again_and_again_is_put_back_with_growing_delays() {
     );
     assert!(back.is_ok(), "the copy is not back: {back:?}");
     operator.assert_running();
+}
+
+// ===========================================================================
+// 9. a refused copy goes at once when what it waits for changes
+//
+// A rule's refused copies wait behind one gate, which tries one of them at
+// a time, in turn, every few seconds; a change of the rule, of a copy's
+// source or of its target namespace lets that copy go at once. Each test
+// makes one copy (the witness) the last in turn and waits until its turn
+// has passed; then the API server would take the witness (its policy is
+// gone, or the change itself makes it acceptable), and the change is made:
+// the witness is written before the gate tries another copy (but for one
+// try that may fall due at that very moment), where waiting its turn would
+// have taken three tries of the others first. No timing is asserted: the
+// audit log gives the order.
+
+const REFUSED: &str = "configmaps are refused here";
+
+/// The operator's ConfigMap writes that were refused (403).
+fn refused_writes(user: &str) -> Query {
+    Query::user(user)
+        .verbs(&["create", "update"])
+        .resource("configmaps")
+        .code(403)
+}
+
+/// Waits until the operator has tried to write the copy `namespace/name`
+/// twice and was refused both times: its first write, then its turn among
+/// the rule's refused copies.
+async fn wait_turn_passed(audit: &Audit, user: &str, namespace: &str, name: &str) {
+    let q = refused_writes(user).namespace(namespace).name(name);
+    wait_until(
+        format!("the copy {namespace}/{name} to be refused twice"),
+        MINUTE,
+        async || match audit.count(&q) {
+            n if n >= 2 => Ok(()),
+            n => Err(format!("refused {n} times")),
+        },
+    )
+    .await;
+}
+
+/// When the API server received the operator's first write of the copy
+/// `namespace/name` that it took.
+async fn wait_written(audit: &Audit, user: &str, namespace: &str, name: &str) -> DateTime<Utc> {
+    let q = Query::user(user)
+        .verbs(&["create", "update"])
+        .resource("configmaps")
+        .namespace(namespace)
+        .name(name);
+    wait_until(
+        format!("the operator's write of {namespace}/{name} in the audit log"),
+        TIMEOUT,
+        async || {
+            audit
+                .matching(&q)
+                .into_iter()
+                .filter(|e| matches!(e.code, Some(200 | 201)))
+                .map(|e| e.received)
+                .min()
+                .ok_or_else(|| "none yet".to_string())
+        },
+    )
+    .await
+}
+
+/// The operator's refused writes of copies other than `namespace/name`,
+/// received in `[from, to)`: the gate's tries of the others.
+async fn tries_of_others(
+    t: &TestNs,
+    audit: &Audit,
+    user: &str,
+    (namespace, name): (&str, &str),
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Vec<String> {
+    audit.settle(&t.client, to).await;
+    audit
+        .matching(&refused_writes(user).between(from, to))
+        .into_iter()
+        .filter(|e| !(e.namespace.as_deref() == Some(namespace) && e.name.as_deref() == Some(name)))
+        .map(|e| e.to_string())
+        .collect()
+}
+
+/// A rule copying one source into four namespaces, each of which refuses
+/// the copy (403): the first three whatever it holds, the last in turn
+/// (the witness) until [`GatedRule::let_witness_through`].
+struct GatedRule {
+    op: String,
+    witness: String,
+    source: Obj,
+    id: Identity,
+    operator: Operator,
+    policy: String,
+}
+
+impl GatedRule {
+    async fn start(
+        t: &TestNs,
+        cluster: &ClusterObjects,
+        audit: &Audit,
+        account: &str,
+    ) -> GatedRule {
+        let op = t.ns("op").await;
+        let mut others = Vec::new();
+        for i in 1..=3 {
+            others.push(t.ns(&format!("t{i}")).await);
+        }
+        // Last in turn: the copies are tried in the order of their namespaces.
+        let witness = t.ns("tz").await;
+        let id = operator_identity(t, cluster, &op, account, operator_rules()).await;
+        let source = t.create_source(CM, &op, "z", &[], &[("k", "v")]).await;
+        let others: Vec<&str> = others.iter().map(String::as_str).collect();
+        refuse_configmap_writes_unless(
+            t,
+            cluster,
+            &format!("{}-others", t.prefix),
+            &others,
+            &["CREATE", "UPDATE"],
+            "Forbidden",
+            REFUSED,
+            "false",
+        )
+        .await;
+        let policy = format!("{}-witness", t.prefix);
+        refuse_configmap_writes(
+            t,
+            cluster,
+            &policy,
+            &witness,
+            &["CREATE", "UPDATE"],
+            "Forbidden",
+            REFUSED,
+        )
+        .await;
+        let mut operator = start_operator(t, &op, &id);
+        operator.wait_ready().await;
+        t.create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
+            .await;
+        wait_turn_passed(audit, &id.user, &witness, "z").await;
+        GatedRule {
+            op,
+            witness,
+            source,
+            id,
+            operator,
+            policy,
+        }
+    }
+
+    /// The witness's policy goes (the operator cannot see that): its copy
+    /// would go through, were it tried.
+    async fn let_witness_through(&self, t: &TestNs, cluster: &ClusterObjects) {
+        stop_refusing(t, cluster, &self.policy).await;
+        wait_admitted(t, &self.witness).await;
+    }
+}
+
+/// A copy refused until its source changes: the witness `z` is refused
+/// until its data is new, three copies before it in turn (`a1` to `a3`)
+/// whatever they hold. Right after `z`'s turn its source changes, and the
+/// copy is written at once.
+#[tokio::test]
+async fn a_refused_copy_is_written_at_once_when_its_source_changes() {
+    const TEST: &str = "at-once-source";
+    let audit = Audit::start();
+    let t = TestNs::new("nb-at-once-source").await;
+    let cluster = ClusterObjects::new();
+    let op = t.ns("op").await;
+    let target = t.ns("t").await;
+    let id = operator_identity(&t, &cluster, &op, "copyrator-at-once", operator_rules()).await;
+    for name in ["a1", "a2", "a3", "z"] {
+        t.create_source(CM, &op, name, &[], &[("v", "old")]).await;
+    }
+    refuse_configmap_writes_unless(
+        &t,
+        &cluster,
+        &format!("{}-refuse", t.prefix),
+        &[&target],
+        &["CREATE", "UPDATE"],
+        "Forbidden",
+        REFUSED,
+        "object.metadata.name == 'z' && has(object.data) && 'v' in object.data \
+         && object.data['v'] == 'new'",
+    )
+    .await;
+    let mut operator = start_operator(&t, &op, &id);
+    operator.wait_ready().await;
+    t.create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[&target]))
+        .await;
+    wait_turn_passed(&audit, &id.user, &target, "z").await;
+
+    let changed = Utc::now();
+    let z = t.set_data(CM, &op, "z", &[("v", Some("new"))]).await;
+    t.wait_copy(CM, &target, &z, &op, "cfgs").await;
+    let written = wait_written(&audit, &id.user, &target, "z").await;
+    let between = tries_of_others(&t, &audit, &id.user, (&target, "z"), changed, written).await;
+    println!(
+        "{TEST}: the copy was written {:.3} s after its source changed; refused tries of other copies between: {between:?}",
+        (written - changed).as_seconds_f64()
+    );
+    assert!(
+        between.len() <= 1,
+        "{TEST}: the copy waited its turn behind the rule's refusal gate: {between:?}"
+    );
+    operator.assert_running();
+}
+
+/// A copy refused until its target namespace changes: right after the
+/// witness namespace's turn, its policy goes and the namespace gets a
+/// label; the copy there is written at once.
+#[tokio::test]
+async fn a_refused_copy_is_written_at_once_when_its_target_namespace_changes() {
+    const TEST: &str = "at-once-namespace";
+    let audit = Audit::start();
+    let t = TestNs::new("nb-at-once-ns").await;
+    let cluster = ClusterObjects::new();
+    let mut gated = GatedRule::start(&t, &cluster, &audit, "copyrator-at-once").await;
+    gated.let_witness_through(&t, &cluster).await;
+
+    let changed = Utc::now();
+    t.namespaces()
+        .patch(
+            &gated.witness,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"example.com/changed": "yes"}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("labelling {}: {}", gated.witness, err_msg(&e)));
+    t.wait_copy(CM, &gated.witness, &gated.source, &gated.op, "cfgs")
+        .await;
+    let written = wait_written(&audit, &gated.id.user, &gated.witness, "z").await;
+    let between = tries_of_others(
+        &t,
+        &audit,
+        &gated.id.user,
+        (&gated.witness, "z"),
+        changed,
+        written,
+    )
+    .await;
+    println!(
+        "{TEST}: the copy was written {:.3} s after its namespace changed; refused tries of other copies between: {between:?}",
+        (written - changed).as_seconds_f64()
+    );
+    assert!(
+        between.len() <= 1,
+        "{TEST}: the copy waited its turn behind the rule's refusal gate: {between:?}"
+    );
+    gated.operator.assert_running();
+}
+
+/// A copy refused until its rule changes (in a way that changes no copy:
+/// an exclude that matches nothing): right after the witness namespace's
+/// turn, its policy goes and the rule changes. The pass for the new
+/// generation writes every copy at once, so the first status of that
+/// generation already counts the witness's copy; waiting its turn, it
+/// would count none.
+#[tokio::test]
+async fn a_refused_copy_is_written_at_once_when_its_rule_changes() {
+    const TEST: &str = "at-once-rule";
+    let audit = Audit::start();
+    let t = TestNs::new("nb-at-once-rule").await;
+    let cluster = ClusterObjects::new();
+    let mut gated = GatedRule::start(&t, &cluster, &audit, "copyrator-at-once").await;
+    gated.let_witness_through(&t, &cluster).await;
+
+    let versions = RuleVersions::start(&t, &gated.op, "cfgs").await;
+    let changed = t
+        .patch_rule(
+            &gated.op,
+            "cfgs",
+            json!({"spec": {"targets": {"exclude": [t.name("none")]}}}),
+        )
+        .await;
+    let generation = changed["metadata"]["generation"].clone();
+    t.wait_copy(CM, &gated.witness, &gated.source, &gated.op, "cfgs")
+        .await;
+    let first = wait_until(
+        "the first status of the rule's new generation",
+        TIMEOUT,
+        async || {
+            versions
+                .seen()?
+                .into_iter()
+                .find(|r| r.pointer("/status/observedGeneration") == Some(&generation))
+                .ok_or_else(|| format!("none at generation {generation} yet"))
+        },
+    )
+    .await;
+    println!(
+        "{TEST}: the first status of generation {generation}: {}",
+        first["status"]
+    );
+    assert_eq!(
+        status_u64(&first, "copies"),
+        Some(1),
+        "{TEST}: the first pass of the changed rule did not write the copy: {}",
+        first["status"]
+    );
+    gated.operator.assert_running();
 }

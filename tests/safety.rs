@@ -293,9 +293,10 @@ async fn protected_namespaces_are_reached_only_by_their_exact_name() {
         .await;
     }
     // No targets: every namespace of the cluster but the five protected.
+    // (Not asked to be Ready: namespaces of tests running beside this one
+    // come and go, and a write into one that is going may be refused.)
     t.wait_copy(CM, &open, &everywhere, &op, "everywhere").await;
-    t.wait_rule(&op, "everywhere", "Ready, 5 protected", |r| {
-        is_ready(r)?;
+    t.wait_rule(&op, "everywhere", "5 protected", |r| {
         match status_u64(r, "protectedNamespaces") {
             Some(5) => Ok(()),
             other => Err(format!(

@@ -105,6 +105,34 @@ pub async fn refuse_configmap_writes(
     reason: &str,
     message: &str,
 ) {
+    refuse_configmap_writes_unless(
+        t,
+        cluster,
+        name,
+        &[namespace],
+        operations,
+        reason,
+        message,
+        "false",
+    )
+    .await;
+}
+
+/// As [`refuse_configmap_writes`], in each of `namespaces`, for every
+/// ConfigMap but those for which the CEL expression `admitted` (on
+/// `object`) is true; the dry-run create of the test's own (`probe`, no
+/// data) must be refused.
+#[allow(clippy::too_many_arguments)]
+pub async fn refuse_configmap_writes_unless(
+    t: &TestNs,
+    cluster: &ClusterObjects,
+    name: &str,
+    namespaces: &[&str],
+    operations: &[&str],
+    reason: &str,
+    message: &str,
+    admitted: &str,
+) {
     cluster
         .create(
             &t.client,
@@ -119,7 +147,7 @@ pub async fn refuse_configmap_writes(
                         "apiGroups": [""], "apiVersions": ["v1"],
                         "operations": operations, "resources": ["configmaps"],
                     }]},
-                    "validations": [{"expression": "false", "message": message, "reason": reason}],
+                    "validations": [{"expression": admitted, "message": message, "reason": reason}],
                 },
             }),
         )
@@ -135,9 +163,11 @@ pub async fn refuse_configmap_writes(
                 "spec": {
                     "policyName": name,
                     "validationActions": ["Deny"],
-                    "matchResources": {"namespaceSelector": {"matchLabels": {
-                        "kubernetes.io/metadata.name": namespace,
-                    }}},
+                    "matchResources": {"namespaceSelector": {"matchExpressions": [{
+                        "key": "kubernetes.io/metadata.name",
+                        "operator": "In",
+                        "values": namespaces,
+                    }]}},
                 },
             }),
         )
@@ -146,21 +176,44 @@ pub async fn refuse_configmap_writes(
         return;
     }
     // Policies become active a moment after they are made.
+    for namespace in namespaces {
+        wait_until(
+            format!("the policy {name} to refuse a probe ConfigMap in {namespace}"),
+            TIMEOUT,
+            async || match dry_run_create(t, namespace).await {
+                Err(kube::Error::Api(s)) if s.message.contains(message) => Ok(()),
+                other => Err(format!(
+                    "{:?}",
+                    other.map(|_| "accepted").map_err(|e| err_msg(&e))
+                )),
+            },
+        )
+        .await;
+    }
+}
+
+/// A dry-run create of a ConfigMap `probe` (no data) in `namespace`.
+async fn dry_run_create(t: &TestNs, namespace: &str) -> Result<ConfigMap, kube::Error> {
     let probe: ConfigMap =
         serde_json::from_value(json!({"metadata": {"name": "probe"}})).expect("a ConfigMap");
     let dry_run = PostParams {
         dry_run: true,
         ..Default::default()
     };
+    t.cms(namespace).create(&dry_run, &probe).await
+}
+
+/// Waits until the API server takes a dry-run create of a ConfigMap in
+/// `namespace` again (the policies that refused it are gone).
+pub async fn wait_admitted(t: &TestNs, namespace: &str) {
     wait_until(
-        format!("the policy {name} to refuse a probe ConfigMap in {namespace}"),
+        format!("a probe ConfigMap to be admitted in {namespace}"),
         TIMEOUT,
-        async || match t.cms(namespace).create(&dry_run, &probe).await {
-            Err(kube::Error::Api(s)) if s.message.contains(message) => Ok(()),
-            other => Err(format!(
-                "{:?}",
-                other.map(|_| "accepted").map_err(|e| err_msg(&e))
-            )),
+        async || {
+            dry_run_create(t, namespace)
+                .await
+                .map(|_| ())
+                .map_err(|e| err_msg(&e))
         },
     )
     .await;
