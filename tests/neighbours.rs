@@ -1308,9 +1308,10 @@ async fn copies_deleted_while_writes_are_forbidden_are_refused_not_contested_and
 /// The operator's ServiceAccount is throttled by a priority level of one
 /// concurrency share that rejects what it cannot seat (429): a rule with
 /// 100 copies still converges within 180 s, in at most 500 requests and
-/// never more than 120 in one second: each copy written once in a second
-/// and the reads are fine when the API server seats them; a retry storm
-/// goes far past that. At least one request must be answered 429, or
+/// never more than 220 in one second: each copy written once in a second,
+/// each write refused at most once more in that burst (the writes in
+/// flight halve on a 429 and retry as soon as they may, to use the seats
+/// they are given), and the reads; a retry storm goes far past that. At least one request must be answered 429, or
 /// nothing was throttled.
 #[tokio::test]
 async fn throttled_by_priority_and_fairness_the_operator_converges_without_a_storm() {
@@ -1431,7 +1432,7 @@ async fn throttled_by_priority_and_fairness_the_operator_converges_without_a_sto
             "{total} requests until convergence (at most {max_limit})"
         ));
     }
-    let busiest_limit = COPIES + 20;
+    let busiest_limit = 2 * COPIES + 20;
     if let Some((second, n)) = busiest
         && n > busiest_limit
     {
