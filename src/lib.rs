@@ -9,40 +9,14 @@
 //! reads from files, what it prints and its exit code.
 #![forbid(unsafe_code)]
 
-pub mod backoff;
-pub mod client;
-pub mod config;
+pub mod api;
+pub mod cache;
+pub mod cli;
+pub mod cluster;
 pub mod controller;
-pub mod crd;
-pub mod discovery;
+pub mod core;
 pub mod error;
-pub mod finalizer;
-pub mod http;
-pub mod index;
-pub mod intern;
-pub mod kinds;
-pub mod leader;
-pub mod metrics;
-#[cfg(test)]
-mod partial_passes;
-pub mod pass_log;
-pub mod plan;
-pub mod probe;
-pub mod queue;
-pub mod ratelimit;
-pub mod reconcile;
-pub mod report;
-pub mod rule;
-pub mod scope;
-pub mod selector;
-pub mod sources;
-pub mod state;
-pub mod status;
-pub mod tally;
-pub mod telemetry;
-pub mod watch;
-pub mod write_limit;
-pub mod writer;
+pub mod ops;
 
 pub use error::{Error, Result};
 

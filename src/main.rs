@@ -11,16 +11,16 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info};
 
-use copyrator::client::{Clients, Transport};
-use copyrator::config::{Cli, Command, PlanArgs, PlanOutput, Settings};
-use copyrator::controller;
-use copyrator::http::{self, Health};
-use copyrator::leader::{self, LeaderGate};
-use copyrator::metrics::Metrics;
-use copyrator::plan::Action;
-use copyrator::report::{self, Change, FileRule, Followed, PlanError, Preview, Report};
-use copyrator::state::Shared;
-use copyrator::{kinds::Kind, watch as watches};
+use copyrator::cluster::client::{Clients, Transport};
+use copyrator::cli::settings::{Cli, Command, PlanArgs, PlanOutput, Settings};
+use copyrator::ops::http::{self, Health};
+use copyrator::cluster::leader::{self, LeaderGate};
+use copyrator::ops::metrics::Metrics;
+use copyrator::core::plan::Action;
+use copyrator::cli::report::{self, Change, FileRule, Followed, PlanError, Preview, Report};
+use copyrator::controller::state::Shared;
+use copyrator::api::kinds::Kind;
+use copyrator::controller::watches;
 
 /// Reconcile loops: one per write in flight (within these bounds), so that
 /// a thousand rules with a few copies each keep the writer as busy as one
@@ -50,7 +50,7 @@ fn main() -> ExitCode {
         return ExitCode::from(if planning { report::EXIT_FAILED } else { 2 });
     }
     match cli.command {
-        Some(Command::Crd) => match copyrator::crd::crd_yaml() {
+        Some(Command::Crd) => match copyrator::api::crd::crd_yaml() {
             Ok(yaml) => {
                 print!("{yaml}");
                 ExitCode::SUCCESS
@@ -119,15 +119,15 @@ async fn api_clients(transport: Transport, writes_in_flight: usize) -> anyhow::R
     let mut config = kube::Config::infer().await.context(
         "cannot find the Kubernetes API configuration (in-cluster, KUBECONFIG or ~/.kube/config)",
     )?;
-    let deadline = Duration::from_secs(u64::from(copyrator::state::WATCH_TIMEOUT_SECONDS) + 5);
-    config.connect_timeout = Some(copyrator::client::CONNECT_TIMEOUT);
+    let deadline = Duration::from_secs(u64::from(copyrator::controller::state::WATCH_TIMEOUT_SECONDS) + 5);
+    config.connect_timeout = Some(copyrator::cluster::client::CONNECT_TIMEOUT);
     config.read_timeout = Some(deadline);
     config.reset_reader_on_write = true;
     config.write_timeout = Some(Duration::from_secs(10));
     // kube's own retry of 429/503 (up to 15 times, hidden from us) would
     // multiply requests; failures come back to the per-copy backoff instead.
     config.default_retry = false;
-    Ok(copyrator::client::build_clients(
+    Ok(copyrator::cluster::client::build_clients(
         config,
         transport,
         deadline,
@@ -136,7 +136,7 @@ async fn api_clients(transport: Transport, writes_in_flight: usize) -> anyhow::R
 }
 
 async fn run(settings: Settings) -> anyhow::Result<()> {
-    copyrator::telemetry::init(&settings.log_level, settings.log_format)?;
+    copyrator::ops::telemetry::init(&settings.log_level, settings.log_format)?;
     let clients = api_clients(settings.api_transport, settings.write_concurrency as usize).await?;
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::new(settings.stuck_after()));
@@ -215,14 +215,14 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     }
     health.ready.store(true, Ordering::Release);
     info!("caches synced");
-    tokio::spawn(copyrator::discovery::watch_named_kinds(shared.clone()));
+    tokio::spawn(copyrator::controller::kinds::watch_named_kinds(shared.clone()));
 
-    let workers = tokio::spawn(controller::run_workers(
+    let workers = tokio::spawn(copyrator::controller::workers::run_workers(
         shared.clone(),
         workers(settings.write_concurrency),
         stop_receiver.clone(),
     ));
-    let resync = tokio::spawn(controller::run_resync(
+    let resync = tokio::spawn(copyrator::controller::workers::run_resync(
         shared.clone(),
         settings.resync_interval(),
         stop_receiver.clone(),
@@ -368,7 +368,7 @@ fn read_rule_files(files: &[PathBuf], settings: &Settings) -> Result<Vec<FileRul
 /// them, each rule waits for its sources, and nothing is written (the
 /// gate is shut, and previews write nothing anyway).
 async fn plan(settings: Settings, from_files: Option<Vec<FileRule>>) -> anyhow::Result<Report> {
-    copyrator::telemetry::init(&settings.log_level, settings.log_format)?;
+    copyrator::ops::telemetry::init(&settings.log_level, settings.log_format)?;
     let clients = api_clients(settings.api_transport, settings.write_concurrency as usize).await?;
     // One request first, so that an API server out of reach is said at once.
     tokio::time::timeout(PLAN_REACH_WITHIN, clients.read.apiserver_version())
@@ -415,7 +415,7 @@ async fn plan_with_views(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let every_live_rule = from_files.is_none();
-    let live = copyrator::state::read(&shared.rules).clone();
+    let live = copyrator::controller::state::read(&shared.rules).clone();
     let mut pending = report::rules_to_plan(from_files, &live);
     let mut report = Report::default();
     // Every rule registers its sources in the first round, so that their
@@ -424,7 +424,7 @@ async fn plan_with_views(
     while !pending.is_empty() {
         let mut waiting = Vec::new();
         for rule in pending {
-            match copyrator::reconcile::preview(shared, &rule).await? {
+            match copyrator::controller::reconcile::preview(shared, &rule).await? {
                 Preview::WaitingForSources => waiting.push(rule),
                 preview => report.add(&rule.key(), preview),
             }
@@ -445,7 +445,7 @@ async fn plan_with_views(
     if every_live_rule {
         // `run` deletes these at start.
         for kind in Kind::all() {
-            for action in copyrator::finalizer::orphans(shared, kind) {
+            for action in copyrator::controller::finalizer::orphans(shared, kind) {
                 if let Action::Delete { current, .. } = &action {
                     let rule = current.rule_ref.as_deref().unwrap_or_default();
                     report.changes.push(Change::of(rule, kind, &action));
@@ -472,7 +472,7 @@ fn probe(url: &str, timeout: Duration) -> ExitCode {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
-    match runtime.block_on(copyrator::probe::probe(url, timeout)) {
+    match runtime.block_on(copyrator::cli::probe::probe(url, timeout)) {
         Ok(()) => {
             println!("{url}: ok");
             ExitCode::SUCCESS

@@ -249,7 +249,7 @@ fn rendered_rbac_follows_extra_kinds_and_rbac_copy() {
     // One default deny-list: the chart's is the binary's own.
     assert_eq!(
         deployment_env(&defaults, "DENIED_KINDS"),
-        copyrator::kinds::DENIED_KINDS
+        copyrator::api::kinds::DENIED_KINDS
     );
     assert!(
         !base

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::kinds::Kind;
-use crate::rule::RuleKey;
+use crate::api::kinds::Kind;
+use crate::api::rule::RuleKey;
 
 /// `(kind, namespace, name)` of a copy.
 pub type CopyKey = (Kind, String, String);

@@ -25,13 +25,13 @@ use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::backoff::{ReadPause, WatchBackoff};
-use crate::http::Health;
-use crate::index::{NamespaceInfo, Object};
-use crate::kinds::Kind;
-use crate::rule::{CopyratorRule, RuleKey};
-use crate::scope::Touch;
-use crate::state::{Shared, lock, log_watch_error, read, watch_config, write};
+use crate::core::backoff::{ReadPause, WatchBackoff};
+use crate::ops::http::Health;
+use crate::cache::index::{NamespaceInfo, Object};
+use crate::api::kinds::Kind;
+use crate::api::rule::{CopyratorRule, RuleKey};
+use crate::core::scope::Touch;
+use crate::controller::state::{Shared, lock, log_watch_error, read, watch_config, write};
 
 /// What a watch event means for a cache: a complete list replaces it.
 pub enum Change<K> {
@@ -310,14 +310,14 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
                         shared.synced.set_copies_of(kind, true);
                         if kind.info().generic {
                             // Its rules waited for this list, copies or not.
-                            for key in crate::discovery::rules_naming(&shared, kind) {
+                            for key in crate::controller::kinds::rules_naming(&shared, kind) {
                                 shared.queue.add(key, Touch::All);
                             }
                             // Copies of rules gone while no operator ran.
                             let shared = shared.clone();
                             tokio::spawn(async move {
-                                crate::finalizer::collect_orphans(&shared, "kind listed").await;
-                                crate::discovery::release_unused(&shared);
+                                crate::controller::finalizer::collect_orphans(&shared, "kind listed").await;
+                                crate::controller::kinds::release_unused(&shared);
                             });
                         }
                         (touched.into_iter().collect(), Touch::All)
@@ -371,7 +371,7 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
         )
         .await;
         if followed == Followed::Unserved {
-            crate::discovery::kind_unserved(&shared, kind);
+            crate::controller::kinds::kind_unserved(&shared, kind);
         }
     })
 }

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntr
 use kube::api::DynamicObject;
 use serde_json::Value;
 
-use crate::kinds::Kind;
+use crate::api::kinds::Kind;
 
 /// `(namespace, name)` of a namespaced object.
 pub type ObjectKey = (String, String);
@@ -217,7 +217,7 @@ fn last_other_writer(managed_fields: Option<&[ManagedFieldsEntry]>) -> Option<Ar
         })
         .max_by_key(|e| e.time.as_ref().map(|t| t.0))
         .and_then(|e| e.manager.as_deref())
-        .map(crate::intern::string)
+        .map(crate::cache::intern::string)
 }
 
 impl Object {
@@ -239,8 +239,8 @@ impl Object {
             rule_ref: None,
             source_ref: None,
             create_only: false,
-            namespace: crate::intern::string(namespace.as_ref()),
-            name: crate::intern::string(name.as_ref()),
+            namespace: crate::cache::intern::string(namespace.as_ref()),
+            name: crate::cache::intern::string(name.as_ref()),
             uid,
             resource_version,
             labels,
@@ -305,7 +305,7 @@ impl Object {
     /// annotations or payload; every label and annotation counts as owned.
     pub fn rehash(&mut self) {
         self.payload_hash = payload_hash(&self.payload);
-        let shared = |value: Option<&String>| value.map(|v| crate::intern::string(v));
+        let shared = |value: Option<&String>| value.map(|v| crate::cache::intern::string(v));
         self.rule_uid = shared(self.labels.get(crate::LABEL_RULE_UID));
         self.rule_ref = shared(self.annotations.get(crate::ANNOTATION_RULE));
         self.source_ref = shared(self.annotations.get(crate::ANNOTATION_SOURCE));
@@ -332,7 +332,7 @@ impl Object {
             .collect();
         owned.sort_unstable();
         owned.dedup();
-        self.owned_meta = crate::intern::hashes(&owned);
+        self.owned_meta = crate::cache::intern::hashes(&owned);
     }
 
     /// Whether Copyrator owns `key` with exactly `value`.
@@ -363,7 +363,7 @@ impl Object {
             .collect();
         self.payload = std::mem::take(&mut self.payload)
             .into_iter()
-            .filter(|(k, _)| crate::kinds::decides_recreate(k))
+            .filter(|(k, _)| crate::api::kinds::decides_recreate(k))
             .collect();
         self
     }
@@ -409,14 +409,14 @@ pub struct NamespaceInfo {
     pub terminating: bool,
     /// The `copyrator.flant.com/accept-from` annotation, split: namespaces
     /// (names or globs) whose tenant rules may write here.
-    pub accept_from: Vec<crate::selector::Glob>,
+    pub accept_from: Vec<crate::api::selector::Glob>,
 }
 
 impl NamespaceInfo {
     /// Parse the `accept-from` annotation; entries that are no valid glob
     /// are ignored (they accept nothing).
-    pub fn accept_from(annotation: Option<&str>) -> Vec<crate::selector::Glob> {
-        crate::selector::glob_list(annotation)
+    pub fn accept_from(annotation: Option<&str>) -> Vec<crate::api::selector::Glob> {
+        crate::api::selector::glob_list(annotation)
     }
 
     /// Whether this namespace accepts copies from tenant rules of `namespace`.

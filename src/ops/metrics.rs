@@ -157,7 +157,7 @@ impl Default for Metrics {
         for result in ["success", "error", "invalid"] {
             drop(reconciles.get_or_create(&ResultLabels { result }));
         }
-        for kind in crate::kinds::Kind::all() {
+        for kind in crate::api::kinds::Kind::all() {
             for verb in ["create", "update", "delete"] {
                 drop(api_writes.get_or_create(&WriteLabels {
                     verb,

@@ -11,19 +11,19 @@ use kube::runtime::watcher;
 use kube::{Client, Resource};
 use tracing::warn;
 
-use crate::backoff::Backoffs;
-use crate::backoff::ReadPause;
-use crate::config::Settings;
-use crate::http::Health;
-use crate::index::{CopyIndex, NamespaceInfo, ObjectKey};
-use crate::kinds::{Kind, MAX_KINDS};
-use crate::leader::LeaderGate;
-use crate::metrics::Metrics;
-use crate::queue::Queue;
-use crate::rule::{ConflictEntry, CopyPolicy, CopyratorRule, ResolvedRule, RuleKey, Trust};
-use crate::scope::Touch;
-use crate::sources::SourceHub;
-use crate::writer::Writer;
+use crate::core::backoff::Backoffs;
+use crate::core::backoff::ReadPause;
+use crate::cli::settings::Settings;
+use crate::ops::http::Health;
+use crate::cache::index::{CopyIndex, NamespaceInfo, ObjectKey};
+use crate::api::kinds::{Kind, MAX_KINDS};
+use crate::cluster::leader::LeaderGate;
+use crate::ops::metrics::Metrics;
+use crate::controller::queue::Queue;
+use crate::api::rule::{ConflictEntry, CopyPolicy, CopyratorRule, ResolvedRule, RuleKey, Trust};
+use crate::core::scope::Touch;
+use crate::cluster::sources::SourceHub;
+use crate::cluster::writer::Writer;
 
 /// Read through a lock that a panicking writer may have poisoned: the data
 /// is plain maps, still consistent enough to serve.
@@ -130,11 +130,11 @@ pub struct RuleMemory {
     pub failures: u32,
     /// What the rule's last failure line said, so that an unchanged
     /// failure is not logged on every pass.
-    pub failure_log: Option<crate::pass_log::FailureLog>,
+    pub failure_log: Option<crate::core::pass_log::FailureLog>,
     pub copies: i64,
     pub conflicts: i64,
     /// What the rule's passes left unsettled, place by place.
-    pub tally: crate::tally::Tally,
+    pub tally: crate::core::tally::Tally,
 }
 
 /// State shared by the watches, the workers and the HTTP server.
@@ -175,15 +175,15 @@ pub struct Shared {
 
 impl Shared {
     pub fn new(
-        clients: crate::client::Clients,
+        clients: crate::cluster::client::Clients,
         settings: Settings,
         metrics: Arc<Metrics>,
         leader: LeaderGate,
         health: Arc<Health>,
         dry_run: bool,
     ) -> Arc<Self> {
-        let limiter = crate::ratelimit::RateLimiter::new(settings.api_qps, settings.api_burst);
-        let crate::client::Clients {
+        let limiter = crate::cluster::ratelimit::RateLimiter::new(settings.api_qps, settings.api_burst);
+        let crate::cluster::client::Clients {
             read: client,
             write: write_client,
         } = clients;
@@ -356,7 +356,7 @@ impl Shared {
         self.metrics
             .copies_contested
             .set(lock(&self.backoffs).contested_total() as i64);
-        crate::discovery::release_unused(self);
+        crate::controller::kinds::release_unused(self);
     }
 
     /// Drop what is held for a rule that is gone: its memory (with its share
@@ -387,7 +387,7 @@ impl Shared {
                 Some(rule) if rule.source_namespaces.iter().any(|ns| ns == name) => {
                     Some((key.clone(), Touch::All))
                 }
-                Some(rule) => crate::plan::concerns_namespace(rule, name, before, after)
+                Some(rule) => crate::core::plan::concerns_namespace(rule, name, before, after)
                     .then(|| (key.clone(), Touch::Namespace(name.to_owned()))),
             })
             .collect();
@@ -440,7 +440,7 @@ impl Shared {
         let _slot = self.writer.other_slot().await;
         self.metrics.write("create", "Event");
         if let Err(e) = self.recorder.publish(&event, &reference).await {
-            warn!(error = %crate::writer::describe(&e), reason = event.reason.as_str(), "recording an event failed");
+            warn!(error = %crate::cluster::writer::describe(&e), reason = event.reason.as_str(), "recording an event failed");
         }
     }
 }

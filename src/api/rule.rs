@@ -17,8 +17,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::kinds::{DeniedKinds, EnabledKinds, Kind, kind_name};
-use crate::selector::{Glob, KeyGlob, LabelSelector, validate_data_key};
+use crate::api::kinds::{DeniedKinds, EnabledKinds, Kind, kind_name};
+use crate::api::selector::{Glob, KeyGlob, LabelSelector, validate_data_key};
 
 pub const GROUP: &str = "flant.com";
 pub const VERSION: &str = "v1";
@@ -174,18 +174,18 @@ pub struct RuleSpec {
     /// Resolved by API discovery; an unknown, cluster-scoped or denied kind,
     /// or one `--kinds` leaves out, is reported in the status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::crd::object_type_schema")]
+    #[schemars(schema_with = "crate::api::crd::object_type_schema")]
     pub object_type: Option<ObjectType>,
     /// Labels a source must carry, all of them (`{copyrator: "true"}`), or a
     /// label selector with `matchLabels` and `matchExpressions`. Wins over the
     /// top-level `selector`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::crd::selector_schema")]
+    #[schemars(schema_with = "crate::api::crd::selector_schema")]
     pub selector: Option<serde_json::Map<String, Value>>,
     /// Source namespace, one name or a list of names. Defaults to the rule's
     /// own namespace. Wins over the top-level `namespace`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::crd::namespace_schema")]
+    #[schemars(schema_with = "crate::api::crd::namespace_schema")]
     pub namespace: Option<Value>,
     /// Namespaces that receive copies. Defaults to every namespace but the source's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -265,11 +265,11 @@ pub enum SyncPolicy {
 pub struct Transform {
     /// Labels set on every copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::crd::add_labels_schema")]
+    #[schemars(schema_with = "crate::api::crd::add_labels_schema")]
     pub add_labels: Option<BTreeMap<String, String>>,
     /// Annotations set on every copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::crd::add_annotations_schema")]
+    #[schemars(schema_with = "crate::api::crd::add_annotations_schema")]
     pub add_annotations: Option<BTreeMap<String, String>>,
     /// Source labels not carried to copies: keys or glob patterns (`example.com/*`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -294,19 +294,19 @@ pub struct KeyTransform {
     /// Glob patterns (`*`, `?`) on the source's data keys; copies carry only
     /// the keys that match one. At most 64. Default: every key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::crd::data_key_globs_schema")]
+    #[schemars(schema_with = "crate::api::crd::data_key_globs_schema")]
     pub include: Option<Vec<String>>,
     /// Glob patterns (`*`, `?`) on the source's data keys that copies never
     /// carry; exclude wins over include. At most 64. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::crd::data_key_globs_schema")]
+    #[schemars(schema_with = "crate::api::crd::data_key_globs_schema")]
     pub exclude: Option<Vec<String>>,
     /// Data keys renamed on copies: source key to the key on copies, for the
     /// keys that include and exclude select. No two keys may get one name,
     /// and no key may be renamed onto a key that copies keep as it is
     /// (exclude that key, or rename it too). At most 64. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::crd::rename_keys_schema")]
+    #[schemars(schema_with = "crate::api::crd::rename_keys_schema")]
     pub rename: Option<BTreeMap<String, String>>,
 }
 
@@ -569,7 +569,7 @@ impl CopyPolicy {
 
     /// Why `source`, an object of `kind`, is not copied, if it is not: its
     /// `type`, or (of a kind named by `objectType`) its controller.
-    pub fn refuses_source(&self, kind: Kind, source: &crate::index::Object) -> Option<String> {
+    pub fn refuses_source(&self, kind: Kind, source: &crate::cache::index::Object) -> Option<String> {
         if let Some(controller) = &source.controller {
             return Some(format!(
                 "it belongs to its controller {controller}, which keeps it"
@@ -928,9 +928,9 @@ impl CopyratorRule {
         let add_labels = transform.add_labels.unwrap_or_default();
         check_transform_entries("addLabels", add_labels.len())?;
         for (label, value) in &add_labels {
-            crate::selector::validate_label_key(label)
+            crate::api::selector::validate_label_key(label)
                 .and_then(|()| {
-                    crate::selector::validate_label_value(value)
+                    crate::api::selector::validate_label_value(value)
                         .map_err(|e| format!("label {label:?}: value {value:?} {e}"))
                 })
                 .map_err(|e| InvalidRule::invalid(format!("transform.addLabels: {e}")))?;
@@ -993,7 +993,7 @@ fn check_annotations(annotations: &BTreeMap<String, String>) -> Result<(), Inval
     let mut bytes = 0;
     for (key, value) in annotations {
         // The API server lowercases annotation keys before it checks them.
-        crate::selector::validate_qualified_name(&key.to_ascii_lowercase()).map_err(|e| {
+        crate::api::selector::validate_qualified_name(&key.to_ascii_lowercase()).map_err(|e| {
             InvalidRule::invalid(format!(
                 "transform.addAnnotations: annotation key {key:?}: {e}"
             ))
@@ -1212,7 +1212,7 @@ mod tests {
         let secret = named("v1", "Secret").resolve(&trust()).expect("resolves");
         assert_eq!(secret.kind, Kind::Secret);
         assert_eq!(named("v1", "Secret").kind_name().as_deref(), Some("secret"));
-        let widget = Kind::register(&crate::kinds::Discovered {
+        let widget = Kind::register(&crate::api::kinds::Discovered {
             group: "example.com".into(),
             version: "v1".into(),
             kind: "Widget".into(),

@@ -1,5 +1,5 @@
 //! The CustomResourceDefinition of `CopyratorRule`, generated from the Rust
-//! types in [`crate::rule`]. `copyrator crd` prints it; `crd/` holds that output.
+//! types in [`crate::api::rule`]. `copyrator crd` prints it; `crd/` holds that output.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceColumnDefinition, CustomResourceDefinition, CustomResourceDefinitionNames,
@@ -11,11 +11,11 @@ use schemars::generate::{SchemaGenerator, SchemaSettings};
 use schemars::{JsonSchema, Schema, json_schema};
 use serde_json::{Value, json};
 
-use crate::rule::{
+use crate::api::rule::{
     GROUP, KIND, MAX_ANNOTATION_BYTES, MAX_TRANSFORM_ENTRIES, PLURAL, RuleSpec, RuleStatus,
     RuleType, SyncPolicy, VERSION,
 };
-use crate::selector::MAX_DATA_KEY;
+use crate::api::selector::MAX_DATA_KEY;
 use crate::{Error, Result};
 
 pub const CRD_NAME: &str = "copyrators.flant.com";

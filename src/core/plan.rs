@@ -7,15 +7,12 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::index::{CopyIndex, MetaMap, NamespaceInfo, Object, ObjectKey, meta_entry_hash};
-use crate::kinds::Kind;
-use crate::rule::{ConflictEntry, ConflictPolicy, ResolvedKeys, ResolvedRule, SyncPolicy};
-use crate::scope::Scope;
-use crate::selector::KeyGlob;
-use crate::{
-    ANNOTATION_ALLOW_TO, ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, CREATE_ONLY,
-    LABEL_MANAGED_BY, LABEL_RULE_UID, LABEL_SYNC_POLICY,
-};
+use crate::cache::index::{CopyIndex, MetaMap, NamespaceInfo, Object, ObjectKey, meta_entry_hash};
+use crate::api::kinds::Kind;
+use crate::api::rule::{ConflictEntry, ConflictPolicy, ResolvedKeys, ResolvedRule, SyncPolicy};
+use crate::core::scope::Scope;
+use crate::api::selector::KeyGlob;
+use crate::{ANNOTATION_ALLOW_TO, ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, CREATE_ONLY, LABEL_MANAGED_BY, LABEL_RULE_UID, LABEL_SYNC_POLICY};
 
 /// Labels and annotations that would make another tool believe it owns a
 /// copy (kubectl, Argo CD, Helm, kapp, Flux, Fleet, Kustomize), and
@@ -268,7 +265,7 @@ pub fn is_pulled(rule: &ResolvedRule, source: &Object) -> bool {
 /// `copyrator.flant.com/allow-to` annotation lists the namespace or a glob
 /// that matches it.
 pub fn allows_to(source: &Object, namespace: &str) -> bool {
-    crate::selector::glob_list(
+    crate::api::selector::glob_list(
         source
             .annotations
             .get(ANNOTATION_ALLOW_TO)
@@ -355,7 +352,7 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
         (source.payload.clone(), source.payload_hash)
     } else {
         let payload = selected_payload(rule.kind, &transform.keys, &source.payload);
-        let hash = crate::index::payload_hash(&payload);
+        let hash = crate::cache::index::payload_hash(&payload);
         (payload, hash)
     };
     let mut meta_entries: Vec<u64> = labels
@@ -370,10 +367,10 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
     meta_entries.sort_unstable();
     meta_entries.dedup();
     Desired {
-        meta_entries: crate::intern::hashes(&meta_entries),
+        meta_entries: crate::cache::intern::hashes(&meta_entries),
         kind: rule.kind,
         name: source.name.to_string(),
-        content_hash: crate::index::content_hash(&labels, &annotations, payload_hash),
+        content_hash: crate::cache::index::content_hash(&labels, &annotations, payload_hash),
         payload_hash,
         labels,
         annotations,
@@ -904,7 +901,7 @@ pub fn cleanup(
 #[cfg(test)]
 pub mod tests {
     use super::*;
-    use crate::rule::{CopyratorRule, Trust};
+    use crate::api::rule::{CopyratorRule, Trust};
     use serde_json::json;
 
     /// A cluster as a rule's plan sees it: its namespaces, the rule's
@@ -937,7 +934,7 @@ pub mod tests {
             data: Value,
         ) -> Object {
             let mut o =
-                crate::index::tests::object(ns, name, &format!("uid-{ns}-{name}"), 1, labels);
+                crate::cache::index::tests::object(ns, name, &format!("uid-{ns}-{name}"), 1, labels);
             o.payload.insert("data".into(), data);
             o.rehash();
             self.sources.push(Arc::new(o.clone()));
@@ -1212,7 +1209,7 @@ pub mod tests {
         let tenant = r.resolve(&Trust::new("ops", true)).unwrap();
         let allow = |to: &str| {
             let mut o =
-                crate::index::tests::object("shared", "ca", "uid-ca", 1, &[("copy", "yes")]);
+                crate::cache::index::tests::object("shared", "ca", "uid-ca", 1, &[("copy", "yes")]);
             o.annotations.insert(ANNOTATION_ALLOW_TO.into(), to.into());
             o.payload.insert("data".into(), json!({"ca.crt": "x"}));
             o.rehash();
@@ -1269,7 +1266,7 @@ pub mod tests {
     fn a_tenant_rule_names_no_object_of_a_namespace_without_its_consent() {
         let mut w = World::new(&["team-a", "kube-system"]);
         let mut token =
-            crate::index::tests::object("kube-system", "token", "uid-t", 1, &[("a", "b")]);
+            crate::cache::index::tests::object("kube-system", "token", "uid-t", 1, &[("a", "b")]);
         token
             .payload
             .insert("type".into(), json!("kubernetes.io/service-account-token"));
@@ -1355,11 +1352,11 @@ pub mod tests {
     #[test]
     fn a_create_takes_over_a_foreign_object_only_under_overwrite() {
         let r = simple_rule();
-        let mut source = crate::index::tests::object("src", "cm", "uid-src", 1, &[("copy", "yes")]);
+        let mut source = crate::cache::index::tests::object("src", "cm", "uid-src", 1, &[("copy", "yes")]);
         source.payload.insert("data".into(), json!({"k": "v"}));
         source.rehash();
         let desired = desired_copy(&r, &source);
-        let foreign = crate::index::tests::object("a", "cm", "f", 1, &[]);
+        let foreign = crate::cache::index::tests::object("a", "cm", "f", 1, &[]);
         assert_eq!(
             occupied(&desired, &foreign, ConflictPolicy::Skip, "src/r"),
             Occupied::Conflict("a ConfigMap not made by Copyrator is there".into())
@@ -1377,7 +1374,7 @@ pub mod tests {
         );
 
         let copy_of = |uid: &str, rule: &str| {
-            let mut copy = crate::index::tests::object("a", "cm", "c", 1, &[(LABEL_RULE_UID, uid)]);
+            let mut copy = crate::cache::index::tests::object("a", "cm", "c", 1, &[(LABEL_RULE_UID, uid)]);
             copy.annotations.insert(ANNOTATION_RULE.into(), rule.into());
             copy.rehash();
             copy
@@ -1414,7 +1411,7 @@ pub mod tests {
         );
         // This rule's copy whose rule-UID label someone removed (Copyrator
         // wrote it: `authored`): its label is put back.
-        let mut stripped = crate::index::tests::object("a", "cm", "c", 1, &[]);
+        let mut stripped = crate::cache::index::tests::object("a", "cm", "c", 1, &[]);
         stripped
             .annotations
             .insert(ANNOTATION_RULE.into(), "src/r".into());
@@ -1450,7 +1447,7 @@ pub mod tests {
         let r = simple_rule();
         let forged = |name: &str| {
             let mut o =
-                crate::index::tests::object("a", name, "f", 1, &[(LABEL_RULE_UID, r.uid.as_str())]);
+                crate::cache::index::tests::object("a", name, "f", 1, &[(LABEL_RULE_UID, r.uid.as_str())]);
             o.annotations
                 .insert(ANNOTATION_RULE.into(), r.key.to_string());
             o.rehash();
@@ -1498,12 +1495,12 @@ pub mod tests {
         // A setting adds a type; service-account tokens stay refused whatever it says.
         let mut with_custom = r.clone();
         with_custom.policy = Arc::new(
-            crate::rule::CopyPolicy::new("src", &[], &[], &["example.com/custom".into()]).unwrap(),
+            crate::api::rule::CopyPolicy::new("src", &[], &[], &["example.com/custom".into()]).unwrap(),
         );
         let p = w.plan(&with_custom);
         assert_eq!(p.actions.len(), 3);
         assert!(
-            crate::rule::CopyPolicy::new(
+            crate::api::rule::CopyPolicy::new(
                 "src",
                 &[],
                 &[],
@@ -1518,7 +1515,7 @@ pub mod tests {
         let mut w = World::new(&["src", "a"]);
         let mut r = simple_rule();
         r.policy = Arc::new(
-            crate::rule::CopyPolicy::new("src", &[], &["example.com/*".into()], &[]).unwrap(),
+            crate::api::rule::CopyPolicy::new("src", &[], &["example.com/*".into()], &[]).unwrap(),
         );
         let source = w.source(
             "src",
@@ -2125,7 +2122,7 @@ pub mod tests {
         let r = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
             "spec": {"transform": {"addLabels": {"team": "x"}, "addAnnotations": {"note": "copied"},
                      "stripLabels": ["private/*"], "stripAnnotations": ["secret-note"]}}}));
-        let mut source = crate::index::tests::object(
+        let mut source = crate::cache::index::tests::object(
             "src",
             "cm",
             "u-src",
@@ -2181,7 +2178,7 @@ pub mod tests {
             "a ConfigMap not made by Copyrator is there".into(),
         );
         let mut other =
-            crate::index::tests::object("b", "cm", "x", 1, &[(LABEL_RULE_UID, "rule-2")]);
+            crate::cache::index::tests::object("b", "cm", "x", 1, &[(LABEL_RULE_UID, "rule-2")]);
         other
             .annotations
             .insert(ANNOTATION_RULE.into(), "src/other".into());
@@ -2228,7 +2225,7 @@ pub mod tests {
         let mut w = World::new(&["src", "a"]);
         w.source("src", "cm", &[("copy", "yes")], json!({}));
         let mut old =
-            crate::index::tests::object("a", "cm", "x", 1, &[(LABEL_RULE_UID, "old-uid")]);
+            crate::cache::index::tests::object("a", "cm", "x", 1, &[(LABEL_RULE_UID, "old-uid")]);
         old.annotations
             .insert(ANNOTATION_RULE.into(), "src/r".into());
         old.rehash();
@@ -2317,14 +2314,14 @@ pub mod tests {
     /// pass over everything would.
     #[test]
     fn a_pass_over_what_changed_plans_what_a_full_pass_would() {
-        use crate::scope::Touch;
-        use crate::tally::{Basis, Tally};
+        use crate::core::scope::Touch;
+        use crate::core::tally::{Basis, Tally};
         let mut w = World::new(&["src", "a", "b", "c", "d"]);
         w.source("src", "cm1", &[("copy", "yes")], json!({"k": "1"}));
         w.source("src", "cm2", &[("copy", "yes")], json!({"k": "2"}));
         // Another rule's copy at d/cm2: a conflict from the start.
         let mut other =
-            crate::index::tests::object("d", "cm2", "x", 1, &[(LABEL_RULE_UID, "rule-2")]);
+            crate::cache::index::tests::object("d", "cm2", "x", 1, &[(LABEL_RULE_UID, "rule-2")]);
         other.rehash();
         w.copies.upsert(Arc::new(other));
         let r = simple_rule();

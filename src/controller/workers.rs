@@ -7,10 +7,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info_span, warn};
 
-use crate::rule::RuleKey;
-use crate::scope::{Scope, Touch};
-use crate::sources::Sources;
-use crate::state::{Shared, lock, read};
+use crate::api::rule::RuleKey;
+use crate::core::scope::{Scope, Touch};
+use crate::cluster::sources::Sources;
+use crate::controller::state::{Shared, lock, read};
 
 /// Backoff of a rule whose pass failed as a whole (status or finalizer write).
 fn rule_retry_delay(failures: u32) -> Duration {
@@ -54,7 +54,7 @@ pub async fn run_workers(
 async fn work_on(shared: &Arc<Shared>, key: RuleKey, scope: Scope) {
     let started = Instant::now();
     let span = info_span!("reconcile", rule = %key);
-    let result = crate::reconcile::reconcile(shared, &key, scope)
+    let result = crate::controller::reconcile::reconcile(shared, &key, scope)
         .instrument(span)
         .await;
     shared
@@ -115,7 +115,7 @@ pub async fn run_resync(
     let mut leading = shared.leader.subscribe();
     let mut election_running = true;
     // Copies of rules deleted while no operator ran.
-    crate::finalizer::collect_orphans(&shared, "start").await;
+    crate::controller::finalizer::collect_orphans(&shared, "start").await;
     shared.metrics.resynced("start");
     loop {
         // The select only decides; awaiting inside it would hold the stop
@@ -128,7 +128,7 @@ pub async fn run_resync(
                 }
                 lock(&shared.backoffs).sweep(Instant::now());
                 // Names of namespaces and sources that are gone.
-                crate::intern::sweep();
+                crate::cache::intern::sweep();
                 "interval"
             }
             changed = leading.changed(), if election_running => {
@@ -141,10 +141,10 @@ pub async fn run_resync(
                 "leading"
             }
         };
-        crate::finalizer::collect_orphans(&shared, cause).await;
+        crate::controller::finalizer::collect_orphans(&shared, cause).await;
         shared.metrics.resynced(cause);
         // A kind no rule needs any more (one changed its kind, orphans went).
-        crate::discovery::release_unused(&shared);
+        crate::controller::kinds::release_unused(&shared);
         let keys: Vec<RuleKey> = read(&shared.rules).keys().cloned().collect();
         debug!(rules = keys.len(), "reconciling every rule");
         shared.queue.add_all(keys, Touch::All);

@@ -5,9 +5,9 @@
 
 use std::collections::HashMap;
 
-use crate::plan::{Action, Plan};
-use crate::rule::ConflictEntry;
-use crate::scope::Scope;
+use crate::core::plan::{Action, Plan};
+use crate::api::rule::ConflictEntry;
+use crate::core::scope::Scope;
 
 /// A rule's counts for its status, as a pass leaves them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -234,7 +234,7 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scope::Touch;
+    use crate::core::scope::Touch;
 
     #[test]
     fn a_partial_pass_replaces_only_what_it_covers() {

@@ -37,7 +37,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::FIELD_MANAGER;
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 
 /// The instant this process's leadership runs out; shared by the election
 /// and every gate. `None`: not leading.

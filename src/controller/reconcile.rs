@@ -14,23 +14,23 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::backoff::{Admission, CopyKey, Failure, FailureClass, Waiting};
-use crate::discovery::KindReadiness;
-use crate::finalizer::{cleanup, set_finalizer};
-use crate::index::{Object, ObjectKey};
-use crate::kinds::Kind;
-use crate::pass_log::{self, Line, Written};
-use crate::plan::{self, Action, DeleteReason, Inputs, Occupied, Plan};
-use crate::report::{Change, Preview, Skip};
-use crate::rule::{
+use crate::core::backoff::{Admission, CopyKey, Failure, FailureClass, Waiting};
+use crate::controller::kinds::KindReadiness;
+use crate::controller::finalizer::{cleanup, set_finalizer};
+use crate::cache::index::{Object, ObjectKey};
+use crate::api::kinds::Kind;
+use crate::core::pass_log::{self, Line, Written};
+use crate::core::plan::{self, Action, DeleteReason, Inputs, Occupied, Plan};
+use crate::cli::report::{Change, Preview, Skip};
+use crate::api::rule::{
     ConflictEntry, ContestedEntry, CopyratorRule, InvalidRule, ResolvedRule, RuleKey, RuleStatus,
 };
-use crate::scope::{Scope, Touch};
-use crate::sources::Sources;
-use crate::state::{Shared, lock, read, write};
-use crate::status::{self, Observed};
-use crate::tally::{Basis, Unsettled};
-use crate::writer::Outcome;
+use crate::core::scope::{Scope, Touch};
+use crate::cluster::sources::Sources;
+use crate::controller::state::{Shared, lock, read, write};
+use crate::core::status::{self, Observed};
+use crate::core::tally::{Basis, Unsettled};
+use crate::cluster::writer::Outcome;
 use crate::{Error, FIELD_MANAGER};
 
 /// What a rule's pass did, for its status, its log line and its requeue.
@@ -83,7 +83,7 @@ pub async fn reconcile(
     };
     let uid = rule.uid().unwrap_or_default().to_owned();
     // The kind first: a deleted rule's copies are found through its watch.
-    let kind_refused = match crate::discovery::prepare(shared, &rule, true).await? {
+    let kind_refused = match crate::controller::kinds::prepare(shared, &rule, true).await? {
         KindReadiness::Listing => {
             shared.queue.carry(key, scope);
             return Ok(None);
@@ -296,7 +296,7 @@ pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Previ
     let key = rule.key();
     let rule_name = key.to_string();
     let uid = rule.uid().unwrap_or_default();
-    let kind_refused = match crate::discovery::prepare(shared, rule, false).await? {
+    let kind_refused = match crate::controller::kinds::prepare(shared, rule, false).await? {
         // Its copies are listed before anything is said of them.
         KindReadiness::Listing => return Ok(Preview::WaitingForSources),
         KindReadiness::Refused(invalid, _) => Some(invalid),
@@ -416,7 +416,7 @@ async fn take_over_or_skip(
     while let Some((name, listed)) = lists.next().await {
         let listed = listed.map_err(|source| Error::Lookup {
             what: format!("the {kind}s named {name}"),
-            message: crate::writer::describe(&source),
+            message: crate::cluster::writer::describe(&source),
         })?;
         // Compact at once: a Secret's data is not kept.
         for object in listed.items {
@@ -460,7 +460,7 @@ async fn take_over_or_skip(
 
 /// One line per pass that wrote or started failing; a failure that stays
 /// the same once a minute, with the writes made meanwhile, and one line
-/// when it ends ([`crate::pass_log`]).
+/// when it ends ([`crate::core::pass_log`]).
 fn log_pass(shared: &Shared, key: &RuleKey, pass: &Pass, failing: usize, took: Duration) {
     let first = pass.failing().next();
     let first_error = first
@@ -1038,8 +1038,8 @@ pub async fn publish_status(
     }
     let api: Api<CopyratorRule> = Api::namespaced(shared.write_client.clone(), &key.namespace);
     let body = json!({
-        "apiVersion": format!("{}/{}", crate::rule::GROUP, crate::rule::VERSION),
-        "kind": crate::rule::KIND,
+        "apiVersion": format!("{}/{}", crate::api::rule::GROUP, crate::api::rule::VERSION),
+        "kind": crate::api::rule::KIND,
         "status": next,
     });
     let _slot = shared.writer.other_slot().await;
@@ -1053,7 +1053,7 @@ pub async fn publish_status(
         .await
         .map_err(|source| Error::Status {
             rule: key.to_string(),
-            message: crate::writer::describe(&source),
+            message: crate::cluster::writer::describe(&source),
         })?;
     log_transition(&key, rule.status.as_ref(), &next);
     // The rule as it is now, so the next pass compares with what we wrote
@@ -1077,7 +1077,7 @@ enum StatusTiming {
 /// after its copies, not one before each next rule's copies; anything else
 /// new goes out at once. Keeps the rule's due time in its memory.
 fn status_timing(
-    memory: &mut HashMap<RuleKey, crate::state::RuleMemory>,
+    memory: &mut HashMap<RuleKey, crate::controller::state::RuleMemory>,
     key: &RuleKey,
     unchanged: bool,
     counts_only: bool,
@@ -1160,7 +1160,7 @@ mod tests {
 
     #[test]
     fn new_counts_wait_a_moment_and_anything_else_goes_at_once() {
-        let mut memory: HashMap<RuleKey, crate::state::RuleMemory> = HashMap::new();
+        let mut memory: HashMap<RuleKey, crate::controller::state::RuleMemory> = HashMap::new();
         let key = RuleKey {
             namespace: "ns".into(),
             name: "r".into(),

@@ -14,9 +14,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::metrics::Metrics;
-use crate::rule::RuleKey;
-use crate::scope::{Scope, Touch};
+use crate::ops::metrics::Metrics;
+use crate::api::rule::RuleKey;
+use crate::core::scope::{Scope, Touch};
 
 pub struct Queue {
     state: Mutex<QueueState>,

@@ -27,15 +27,15 @@ use tokio::sync::watch as signal;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use crate::backoff::{ReadPause, WatchBackoff};
-use crate::http::Health;
-use crate::index::Object;
-use crate::kinds::Kind;
-use crate::rule::{ResolvedRule, RuleKey};
-use crate::scope::Touch;
-use crate::selector::LabelSelector;
-use crate::state::{read, watch_config, write};
-use crate::watch::{Change, Folder, cool_down, map_event, wait_out};
+use crate::core::backoff::{ReadPause, WatchBackoff};
+use crate::ops::http::Health;
+use crate::cache::index::Object;
+use crate::api::kinds::Kind;
+use crate::api::rule::{ResolvedRule, RuleKey};
+use crate::core::scope::Touch;
+use crate::api::selector::LabelSelector;
+use crate::controller::state::{read, watch_config, write};
+use crate::controller::watches::{Change, Folder, cool_down, map_event, wait_out};
 
 /// Called with each rule whose sources changed.
 pub type OnChange = Arc<dyn Fn(&RuleKey, Touch) + Send + Sync>;
@@ -609,7 +609,7 @@ fn apply(state: &WatchState, change: Change<Object>) -> Option<Vec<RuleKey>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::selector::Requirement;
+    use crate::api::selector::Requirement;
 
     fn rule(name: &str) -> RuleKey {
         RuleKey {

@@ -9,11 +9,11 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 use tracing::info;
 
-use crate::kinds::Kind;
-use crate::plan::{self, Action};
-use crate::rule::{ConflictPolicy, CopyratorRule};
-use crate::state::{Shared, read, write};
-use crate::writer::{Outcome, describe};
+use crate::api::kinds::Kind;
+use crate::core::plan::{self, Action};
+use crate::api::rule::{ConflictPolicy, CopyratorRule};
+use crate::controller::state::{Shared, read, write};
+use crate::cluster::writer::{Outcome, describe};
 use crate::{Error, FINALIZER};
 
 /// Add or remove our finalizer, as a compare-and-swap on the rule's version.
@@ -94,7 +94,7 @@ pub fn orphans(shared: &Shared, kind: Kind) -> Vec<Action> {
             .rule_name
             .as_deref()
             .is_none_or(|only| only == name);
-        let key = crate::rule::RuleKey {
+        let key = crate::api::rule::RuleKey {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
         };

@@ -1,6 +1,6 @@
 //! A rule's status from what its reconcile saw and did (pure).
 
-use crate::rule::{Condition, ConflictEntry, ContestedEntry, RuleStatus};
+use crate::api::rule::{Condition, ConflictEntry, ContestedEntry, RuleStatus};
 
 /// Conflicts listed in the status; the count says how many there are in all.
 pub const MAX_LISTED_CONFLICTS: usize = 20;

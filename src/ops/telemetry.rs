@@ -2,7 +2,7 @@
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+use crate::cli::settings::LogFormat;
 use crate::{Error, Result};
 
 /// kube's HTTP layer logs an ERROR line of its own for every failed

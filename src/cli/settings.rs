@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::client::Transport;
-use crate::kinds::{DeniedKinds, EnabledKinds};
-use crate::rule::CopyPolicy;
+use crate::cluster::client::Transport;
+use crate::api::kinds::{DeniedKinds, EnabledKinds};
+use crate::api::rule::CopyPolicy;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -167,7 +167,7 @@ pub struct Settings {
         long,
         env = "DENIED_KINDS",
         value_delimiter = ',',
-        default_value = crate::kinds::DENIED_KINDS,
+        default_value = crate::api::kinds::DENIED_KINDS,
         global = true
     )]
     pub denied_kinds: Vec<String>,

@@ -19,15 +19,15 @@ use serde_json::Value;
 use tracing::debug;
 
 use crate::FIELD_MANAGER;
-use crate::backoff::{Failure, FailureClass};
-use crate::index::Object;
-use crate::kinds::Kind;
-use crate::leader::LeaderGate;
-use crate::metrics::Metrics;
-use crate::plan::{Action, Desired, Occupied, occupied};
-use crate::ratelimit::RateLimiter;
-use crate::rule::ConflictPolicy;
-use crate::write_limit::{WriteLimit, WritePermit};
+use crate::core::backoff::{Failure, FailureClass};
+use crate::cache::index::Object;
+use crate::api::kinds::Kind;
+use crate::cluster::leader::LeaderGate;
+use crate::ops::metrics::Metrics;
+use crate::core::plan::{Action, Desired, Occupied, occupied};
+use crate::cluster::ratelimit::RateLimiter;
+use crate::api::rule::ConflictPolicy;
+use crate::cluster::write_limit::{WriteLimit, WritePermit};
 
 /// What became of one action.
 #[derive(Debug)]
@@ -51,7 +51,7 @@ pub struct Writer {
     in_flight: WriteLimit,
     metrics: Arc<Metrics>,
     leader: LeaderGate,
-    health: Arc<crate::http::Health>,
+    health: Arc<crate::ops::http::Health>,
 }
 
 fn is_status(err: &kube::Error, code: u16) -> bool {
@@ -177,7 +177,7 @@ impl Writer {
         concurrency: u32,
         metrics: Arc<Metrics>,
         leader: LeaderGate,
-        health: Arc<crate::http::Health>,
+        health: Arc<crate::ops::http::Health>,
     ) -> Self {
         metrics.write_concurrency.set(i64::from(concurrency));
         Self {

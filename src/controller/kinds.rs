@@ -14,9 +14,9 @@ use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, verbs};
 
 use crate::Error;
-use crate::kinds::{Discovered, Kind};
-use crate::rule::{CopyratorRule, InvalidRule, ObjectType, RuleKey};
-use crate::state::{Shared, lock, read, write};
+use crate::api::kinds::{Discovered, Kind};
+use crate::api::rule::{CopyratorRule, InvalidRule, ObjectType, RuleKey};
+use crate::controller::state::{Shared, lock, read, write};
 
 /// How soon a rule whose kind the API server does not serve looks again:
 /// its CustomResourceDefinition may be installed after it.
@@ -70,7 +70,7 @@ pub async fn prepare(
     let builtin = Kind::find(group, &object_type.kind).is_some_and(|k| !k.info().generic);
     if !builtin && rule.is_tenant(&shared.trust) {
         return Ok(KindReadiness::Refused(
-            crate::rule::tenant_kind_refusal(&shared.trust),
+            crate::api::rule::tenant_kind_refusal(&shared.trust),
             None,
         ));
     }
@@ -227,7 +227,7 @@ async fn discover(
         Err(e) => {
             return Err(Error::Lookup {
                 what: format!("the kind {name} (API discovery)"),
-                message: crate::writer::describe(&e),
+                message: crate::cluster::writer::describe(&e),
             });
         }
     };
@@ -300,7 +300,7 @@ async fn refused_access(
             .await
             .map_err(|e| Error::Lookup {
                 what: format!("whether the operator may {verb} {plural}"),
-                message: crate::writer::describe(&e),
+                message: crate::cluster::writer::describe(&e),
             })?;
         if !answer.status.is_some_and(|s| s.allowed) {
             refused.push(verb);
@@ -316,7 +316,7 @@ async fn refused_access(
                 "the operator may not {} {} cluster-wide (RBAC): grant it get, list, watch, create, \
                  update and delete on {} (the chart's extraKinds); looked at again every {} s",
                 refused.join(" or "),
-                crate::kinds::kind_name(group, kind),
+                crate::api::kinds::kind_name(group, kind),
                 plural,
                 FORBIDDEN_KIND_RETRY.as_secs()
             ),
@@ -355,7 +355,7 @@ fn watch_copies(shared: &Arc<Shared>, kind: Kind, rule: Option<RuleKey>) -> bool
         return true;
     }
     shared.synced.set_copies_of(kind, false);
-    watches.insert(kind, crate::watch::spawn_copy_watch(shared.clone(), kind));
+    watches.insert(kind, crate::controller::watches::spawn_copy_watch(shared.clone(), kind));
     shared.metrics.kind_watches.set(watches.len() as i64);
     true
 }
@@ -374,7 +374,7 @@ pub async fn watch_named_kinds(shared: Arc<Shared>) {
         .map(|(group, kind)| (group.to_owned(), kind.to_owned()))
         .collect();
     for (group, kind_name) in named {
-        let name = crate::kinds::kind_name(&group, &kind_name);
+        let name = crate::api::kinds::kind_name(&group, &kind_name);
         match watch_named_kind(&shared, &group, &kind_name).await {
             Ok(None) => {}
             Ok(Some(why)) => {
@@ -405,7 +405,7 @@ async fn watch_named_kind(
         None => {
             let lookup = |e: kube::Error| Error::Lookup {
                 what: format!("the API group {group:?} (API discovery)"),
-                message: crate::writer::describe(&e),
+                message: crate::cluster::writer::describe(&e),
             };
             let api_group = match kube::discovery::group(&shared.client, group).await {
                 Ok(api_group) => api_group,
@@ -474,7 +474,7 @@ pub fn release_unused(shared: &Shared) {
             || read(shared.copies(*kind))
                 .rule_uids()
                 .any(|uid| shared.is_live_rule(uid))
-            || !crate::finalizer::orphans(shared, *kind).is_empty();
+            || !crate::controller::finalizer::orphans(shared, *kind).is_empty();
         if !keep {
             task.abort();
             write(shared.copies(*kind)).replace_all(Vec::new());
@@ -499,7 +499,7 @@ pub fn kind_unserved(shared: &Shared, kind: Kind) {
     write(shared.copies(kind)).replace_all(Vec::new());
     shared.synced.set_copies_of(kind, true);
     for key in rules_naming(shared, kind) {
-        shared.queue.add(key, crate::scope::Touch::All);
+        shared.queue.add(key, crate::core::scope::Touch::All);
     }
 }
 

@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::kinds::Kind;
-use crate::plan::{Action, Exclusion};
-use crate::rule::{ConflictEntry, CopyratorRule, GROUP, KIND, RuleKey, VERSION};
+use crate::api::kinds::Kind;
+use crate::core::plan::{Action, Exclusion};
+use crate::api::rule::{ConflictEntry, CopyratorRule, GROUP, KIND, RuleKey, VERSION};
 
 /// Exit code when nothing would change.
 pub const EXIT_NO_CHANGES: u8 = 0;
@@ -507,8 +507,8 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::Object;
-    use crate::plan::DeleteReason;
+    use crate::cache::index::Object;
+    use crate::core::plan::DeleteReason;
     use serde_json::json;
     use std::collections::BTreeMap;
 

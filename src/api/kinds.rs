@@ -421,7 +421,7 @@ impl DeniedKinds {
     }
 
     pub fn denies(&self, group: &str, kind: &str) -> bool {
-        (group == crate::rule::GROUP && kind == crate::rule::KIND)
+        (group == crate::api::rule::GROUP && kind == crate::api::rule::KIND)
             || self
                 .0
                 .iter()

@@ -1,0 +1,11 @@
+//! The operator's loop: the views the watches keep, the queue and its
+//! workers, a rule's pass (plan, write, status, Events), the finalizer, and
+//! the copy watches of the kinds rules name.
+
+pub mod finalizer;
+pub mod kinds;
+pub mod queue;
+pub mod reconcile;
+pub mod state;
+pub mod watches;
+pub mod workers;

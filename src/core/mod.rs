@@ -1,0 +1,12 @@
+//! The decisions, pure: a rule resolved under the trust policy, the plan of
+//! copies, backoff, the status, what a change concerns, and the tally of what
+//! is unsettled. No client, no task, no clock but what is passed in.
+
+pub mod backoff;
+pub mod pass_log;
+pub mod plan;
+pub mod scope;
+pub mod status;
+pub mod tally;
+#[cfg(test)]
+mod partial_passes;
