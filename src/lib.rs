@@ -17,6 +17,7 @@ pub mod controller;
 pub mod core;
 pub mod error;
 pub mod ops;
+pub mod sync;
 
 pub use error::{Error, Result};
 

@@ -11,16 +11,17 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info};
 
-use copyrator::cluster::client::{Clients, Transport};
-use copyrator::cli::settings::{Cli, Command, PlanArgs, PlanOutput, Settings};
-use copyrator::ops::http::{self, Health};
-use copyrator::cluster::leader::{self, LeaderGate};
-use copyrator::ops::metrics::Metrics;
-use copyrator::core::plan::Action;
-use copyrator::cli::report::{self, Change, FileRule, Followed, PlanError, Preview, Report};
-use copyrator::controller::state::Shared;
 use copyrator::api::kinds::Kind;
+use copyrator::cli::report::{self, FileRule, Followed, PlanError, Report};
+use copyrator::cli::settings::{Cli, Command, PlanArgs, PlanOutput, Settings};
+use copyrator::cluster::client::{Clients, Transport};
+use copyrator::cluster::leader::{self, LeaderGate};
+use copyrator::controller::state::Shared;
 use copyrator::controller::watches;
+use copyrator::core::plan::Action;
+use copyrator::core::preview::{PlannedChange, Preview};
+use copyrator::ops::http::{self, Health};
+use copyrator::ops::metrics::Metrics;
 
 /// Reconcile loops: one per write in flight (within these bounds), so that
 /// a thousand rules with a few copies each keep the writer as busy as one
@@ -119,7 +120,8 @@ async fn api_clients(transport: Transport, writes_in_flight: usize) -> anyhow::R
     let mut config = kube::Config::infer().await.context(
         "cannot find the Kubernetes API configuration (in-cluster, KUBECONFIG or ~/.kube/config)",
     )?;
-    let deadline = Duration::from_secs(u64::from(copyrator::controller::state::WATCH_TIMEOUT_SECONDS) + 5);
+    let deadline =
+        Duration::from_secs(u64::from(copyrator::cluster::watch::WATCH_TIMEOUT_SECONDS) + 5);
     config.connect_timeout = Some(copyrator::cluster::client::CONNECT_TIMEOUT);
     config.read_timeout = Some(deadline);
     config.reset_reader_on_write = true;
@@ -159,7 +161,8 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
 
     let shared = Shared::new(
         clients,
-        settings.clone(),
+        settings.trust(),
+        settings.options(),
         metrics.clone(),
         gate,
         health.clone(),
@@ -215,7 +218,9 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     }
     health.ready.store(true, Ordering::Release);
     info!("caches synced");
-    tokio::spawn(copyrator::controller::kinds::watch_named_kinds(shared.clone()));
+    tokio::spawn(copyrator::controller::kinds::watch_named_kinds(
+        shared.clone(),
+    ));
 
     let workers = tokio::spawn(copyrator::controller::workers::run_workers(
         shared.clone(),
@@ -260,10 +265,16 @@ fn spawn_watches(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
     let mut tasks = vec![
         watches::spawn_rule_watch(shared.clone()),
         watches::spawn_namespace_watch(shared.clone()),
+        tokio::spawn(copyrator::controller::kinds::release_on_rules_gone(
+            shared.clone(),
+        )),
     ];
     for kind in Kind::builtin() {
         if shared.trust.policy.kinds.has_builtin(kind) {
-            tasks.push(watches::spawn_copy_watch(shared.clone(), kind));
+            tasks.push(copyrator::controller::kinds::spawn_copy_watch(
+                shared.clone(),
+                kind,
+            ));
         } else {
             // Never watched, never written: nothing to wait for.
             shared.synced.set_copies_of(kind, true);
@@ -384,7 +395,8 @@ async fn plan(settings: Settings, from_files: Option<Vec<FileRule>>) -> anyhow::
     let _ = shut.send(false);
     let shared = Shared::new(
         clients,
-        settings.clone(),
+        settings.trust(),
+        settings.options(),
         Arc::new(Metrics::default()),
         gate,
         Arc::new(Health::new(settings.stuck_after())),
@@ -415,7 +427,7 @@ async fn plan_with_views(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let every_live_rule = from_files.is_none();
-    let live = copyrator::controller::state::read(&shared.rules).clone();
+    let live = copyrator::sync::read(&shared.rules).clone();
     let mut pending = report::rules_to_plan(from_files, &live);
     let mut report = Report::default();
     // Every rule registers its sources in the first round, so that their
@@ -448,7 +460,7 @@ async fn plan_with_views(
             for action in copyrator::controller::finalizer::orphans(shared, kind) {
                 if let Action::Delete { current, .. } = &action {
                     let rule = current.rule_ref.as_deref().unwrap_or_default();
-                    report.changes.push(Change::of(rule, kind, &action));
+                    report.changes.push(PlannedChange::of(rule, kind, &action));
                 }
             }
         }

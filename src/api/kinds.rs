@@ -5,7 +5,7 @@
 //! is a small copyable handle and its [`KindInfo`] lives for the process.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, OnceLock};
 
 use kube::core::{ApiResource, GroupVersionKind};
 use serde::{Serialize, Serializer};
@@ -161,10 +161,7 @@ impl Kind {
     /// Register a kind discovery resolved; a kind already known (in any
     /// version: one version per kind, the first) is returned as it is.
     pub fn register(found: &Discovered) -> Result<Kind, TooManyKinds> {
-        let _adding = REGISTRY
-            .adding
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _adding = crate::sync::lock(&REGISTRY.adding);
         if let Some(known) = Kind::find(&found.group, &found.kind) {
             return Ok(known);
         }
@@ -421,7 +418,7 @@ impl DeniedKinds {
     }
 
     pub fn denies(&self, group: &str, kind: &str) -> bool {
-        (group == crate::api::rule::GROUP && kind == crate::api::rule::KIND)
+        (group == crate::api::GROUP && kind == crate::api::KIND)
             || self
                 .0
                 .iter()

@@ -7,7 +7,7 @@
 use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::Hash;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex};
 
 /// A set of shared values; [`Interner::sweep`] lets go of those nobody
 /// else holds any more, so names of deleted namespaces do not accumulate.
@@ -30,7 +30,7 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
         Arc<T>: Borrow<Q> + for<'a> From<&'a Q>,
         Q: ?Sized + Hash + Eq,
     {
-        let mut values = self.values.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut values = crate::sync::lock(&self.values);
         if let Some(held) = values.get(value) {
             return held.clone();
         }
@@ -41,17 +41,14 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
 
     /// Drop the values only this set holds; returns how many remain.
     pub fn sweep(&self) -> usize {
-        let mut values = self.values.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut values = crate::sync::lock(&self.values);
         values.retain(|v| Arc::strong_count(v) > 1);
         values.shrink_to_fit();
         values.len()
     }
 
     pub fn len(&self) -> usize {
-        self.values
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        crate::sync::lock(&self.values).len()
     }
 
     pub fn is_empty(&self) -> bool {

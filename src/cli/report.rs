@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::api::kinds::Kind;
-use crate::core::plan::{Action, Exclusion};
-use crate::api::rule::{ConflictEntry, CopyratorRule, GROUP, KIND, RuleKey, VERSION};
+use crate::api::rule::{CopyratorRule, RuleKey};
+use crate::api::{GROUP, KIND, VERSION};
+use crate::core::preview::{PlannedChange, Preview, Skip};
 
 /// Exit code when nothing would change.
 pub const EXIT_NO_CHANGES: u8 = 0;
@@ -262,116 +262,6 @@ pub fn rules_to_plan(
     rules
 }
 
-/// One write a pass would make.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Change {
-    /// `create`, `update`, `recreate` or `delete`.
-    pub action: &'static str,
-    pub kind: String,
-    pub namespace: String,
-    pub name: String,
-    /// `namespace/name` of the rule.
-    pub rule: String,
-    /// `namespace/name` of the copy's source, where known.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub source: Option<String>,
-}
-
-impl Change {
-    pub fn of(rule: &str, kind: Kind, action: &Action) -> Self {
-        let (namespace, name) = action.target();
-        let source = action.source();
-        Self {
-            action: action.verb(),
-            kind: kind.to_string(),
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            rule: rule.to_owned(),
-            source: (!source.is_empty()).then(|| source.to_owned()),
-        }
-    }
-
-    fn order(&self) -> (&str, &str, &str, &str, &str) {
-        (
-            &self.rule,
-            &self.kind,
-            &self.namespace,
-            &self.name,
-            self.action,
-        )
-    }
-}
-
-/// Something a pass would leave out, and why.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Skip {
-    /// The kind copied, or `Namespace` for a target namespace left out.
-    pub kind: String,
-    /// Absent for a namespace.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    pub name: String,
-    pub rule: String,
-    pub reason: String,
-}
-
-impl Skip {
-    /// A copy not written: another object holds its name, or another
-    /// source of the name wins.
-    pub fn copy(rule: &str, kind: Kind, conflict: &ConflictEntry) -> Self {
-        Self {
-            kind: kind.to_string(),
-            namespace: Some(conflict.namespace.clone()),
-            name: conflict.name.clone(),
-            rule: rule.to_owned(),
-            reason: conflict.reason.clone(),
-        }
-    }
-
-    /// A source not copied for its type; `source` is `namespace/name`.
-    pub fn source(rule: &str, kind: Kind, source: &str, why: &str) -> Self {
-        let (namespace, name) = source.split_once('/').unwrap_or(("", source));
-        Self {
-            kind: kind.to_string(),
-            namespace: Some(namespace.to_owned()),
-            name: name.to_owned(),
-            rule: rule.to_owned(),
-            reason: format!("not copied as a source: {why}"),
-        }
-    }
-
-    /// A namespace the rule's targets match that receives nothing.
-    pub fn namespace(rule: &RuleKey, namespace: &str, exclusion: Exclusion) -> Self {
-        let reason = match exclusion {
-            Exclusion::Protected => {
-                "protected: only its exact name in targets.include reaches it".to_owned()
-            }
-            Exclusion::NotAccepting => format!(
-                "does not accept copies from namespace {}: its annotation {} does not name it",
-                rule.namespace,
-                crate::ANNOTATION_ACCEPT_FROM
-            ),
-        };
-        Self {
-            kind: "Namespace".into(),
-            namespace: None,
-            name: namespace.to_owned(),
-            rule: rule.to_string(),
-            reason,
-        }
-    }
-
-    fn order(&self) -> (&str, &str, &str, &str, &str) {
-        (
-            &self.rule,
-            &self.kind,
-            self.namespace.as_deref().unwrap_or_default(),
-            &self.name,
-            &self.reason,
-        )
-    }
-}
-
 /// Whether the operator would follow a rule, and if not, what its status
 /// would say.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -386,24 +276,10 @@ pub struct RuleVerdict {
     pub message: Option<String>,
 }
 
-/// What a pass over one rule would do now.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Preview {
-    /// Its sources are still being listed: ask again.
-    WaitingForSources,
-    /// Refused, with the reason and message its status would show; it
-    /// changes nothing.
-    Refused { reason: String, message: String },
-    Planned {
-        changes: Vec<Change>,
-        skipped: Vec<Skip>,
-    },
-}
-
 /// What `copyrator plan` found, printed as text or JSON.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Report {
-    pub changes: Vec<Change>,
+    pub changes: Vec<PlannedChange>,
     pub skipped: Vec<Skip>,
     pub rules: Vec<RuleVerdict>,
 }
@@ -507,8 +383,10 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::kinds::Kind;
+    use crate::api::rule::ConflictEntry;
     use crate::cache::index::Object;
-    use crate::core::plan::DeleteReason;
+    use crate::core::plan::{Action, DeleteReason, Exclusion};
     use serde_json::json;
     use std::collections::BTreeMap;
 
@@ -740,12 +618,12 @@ items:
             &rule,
             Preview::Planned {
                 changes: vec![
-                    Change::of(
+                    PlannedChange::of(
                         "ops/r",
                         Kind::Secret,
                         &delete("t2", "pull", Some("ops/pull")),
                     ),
-                    Change::of("ops/r", Kind::Secret, &delete("t1", "old", None)),
+                    PlannedChange::of("ops/r", Kind::Secret, &delete("t1", "old", None)),
                 ],
                 skipped: vec![
                     Skip::namespace(&rule, "kube-system", Exclusion::Protected),
@@ -850,14 +728,14 @@ items:
 
     #[test]
     fn a_change_names_its_target_and_source() {
-        let change = Change::of(
+        let change = PlannedChange::of(
             "ops/r",
             Kind::ConfigMap,
             &delete("t1", "cfg", Some("ops/cfg")),
         );
         assert_eq!(
             change,
-            Change {
+            PlannedChange {
                 action: "delete",
                 kind: "ConfigMap".into(),
                 namespace: "t1".into(),

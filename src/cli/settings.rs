@@ -5,9 +5,12 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::cluster::client::Transport;
 use crate::api::kinds::{DeniedKinds, EnabledKinds};
-use crate::api::rule::CopyPolicy;
+use crate::cluster::client::Transport;
+use crate::controller::state::Options;
+use crate::core::resolve::{CopyPolicy, Trust};
+pub use crate::ops::telemetry::LogFormat;
+use std::sync::Arc;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -61,12 +64,6 @@ pub struct PlanArgs {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PlanOutput {
-    Text,
-    Json,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
     Text,
     Json,
 }
@@ -208,6 +205,31 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// Which rules the operator follows and where they may copy from.
+    /// Settings that passed [`Settings::validate`] always give a policy;
+    /// the defaults stand in otherwise.
+    pub fn trust(&self) -> Trust {
+        Trust {
+            policy: Arc::new(
+                self.copy_policy()
+                    .unwrap_or_else(|_| CopyPolicy::defaults(&self.namespace)),
+            ),
+            operator_namespace: self.namespace.clone(),
+            all_namespaces: self.all_namespaces,
+        }
+    }
+
+    /// What the controller reads of the settings, besides the trust policy.
+    pub fn options(&self) -> Options {
+        Options {
+            rule_name: self.rule_name.clone(),
+            write_concurrency: self.write_concurrency,
+            api_qps: self.api_qps,
+            api_burst: self.api_burst,
+            max_source_watches: self.max_source_watches,
+        }
+    }
+
     pub fn lease_duration(&self) -> Duration {
         Duration::from_secs(self.lease_duration)
     }

@@ -22,7 +22,7 @@
 //! write before any of its tasks has run.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -47,11 +47,11 @@ struct Deadline(Arc<Mutex<Option<Instant>>>);
 impl Deadline {
     fn get(&self) -> Option<Instant> {
         // An Instant is Copy: a poisoned lock cannot hold a torn value.
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        *crate::sync::lock(&self.0)
     }
 
     fn set(&self, until: Option<Instant>) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = until;
+        *crate::sync::lock(&self.0) = until;
     }
 
     fn holds_at(&self, now: Instant) -> bool {
@@ -645,7 +645,7 @@ mod tests {
 
     impl Fake {
         fn state(&self) -> std::sync::MutexGuard<'_, FakeState> {
-            self.0.lock().unwrap_or_else(PoisonError::into_inner)
+            crate::sync::lock(&self.0)
         }
 
         fn hang(&self, hang: bool) {

@@ -5,5 +5,6 @@ pub mod client;
 pub mod leader;
 pub mod ratelimit;
 pub mod sources;
+pub mod watch;
 pub mod write_limit;
 pub mod writer;

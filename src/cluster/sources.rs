@@ -27,15 +27,16 @@ use tokio::sync::watch as signal;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use crate::core::backoff::{ReadPause, WatchBackoff};
-use crate::ops::http::Health;
-use crate::cache::index::Object;
 use crate::api::kinds::Kind;
-use crate::api::rule::{ResolvedRule, RuleKey};
-use crate::core::scope::Touch;
+use crate::api::rule::RuleKey;
 use crate::api::selector::LabelSelector;
-use crate::controller::state::{read, watch_config, write};
-use crate::controller::watches::{Change, Folder, cool_down, map_event, wait_out};
+use crate::cache::index::Object;
+use crate::cluster::watch::{Change, Folder, cool_down, map_event, wait_out, watch_config};
+use crate::core::backoff::{ReadPause, WatchBackoff};
+use crate::core::resolve::ResolvedRule;
+use crate::core::scope::Touch;
+use crate::ops::http::Health;
+use crate::sync::{read, write};
 
 /// Called with each rule whose sources changed.
 pub type OnChange = Arc<dyn Fn(&RuleKey, Touch) + Send + Sync>;

@@ -6,7 +6,7 @@
 //! refusals. Only writes sent after the last cut can cut it again: the
 //! refusals of one burst count once.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 /// plain numbers, still usable. (Local, so that this module depends on
 /// nothing of the operator's state: the writer, below it, uses it.)
 fn lock(state: &Mutex<LimitState>) -> MutexGuard<'_, LimitState> {
-    state.lock().unwrap_or_else(PoisonError::into_inner)
+    crate::sync::lock(state)
 }
 
 /// The limit's state; plain data, tested without a runtime.

@@ -19,15 +19,15 @@ use serde_json::Value;
 use tracing::debug;
 
 use crate::FIELD_MANAGER;
-use crate::core::backoff::{Failure, FailureClass};
-use crate::cache::index::Object;
 use crate::api::kinds::Kind;
-use crate::cluster::leader::LeaderGate;
-use crate::ops::metrics::Metrics;
-use crate::core::plan::{Action, Desired, Occupied, occupied};
-use crate::cluster::ratelimit::RateLimiter;
 use crate::api::rule::ConflictPolicy;
+use crate::cache::index::Object;
+use crate::cluster::leader::LeaderGate;
+use crate::cluster::ratelimit::RateLimiter;
 use crate::cluster::write_limit::{WriteLimit, WritePermit};
+use crate::core::backoff::{Failure, FailureClass};
+use crate::core::plan::{Action, Desired, Occupied, occupied};
+use crate::ops::metrics::Metrics;
 
 /// What became of one action.
 #[derive(Debug)]

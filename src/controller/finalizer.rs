@@ -10,10 +10,11 @@ use serde_json::json;
 use tracing::info;
 
 use crate::api::kinds::Kind;
-use crate::core::plan::{self, Action};
 use crate::api::rule::{ConflictPolicy, CopyratorRule};
-use crate::controller::state::{Shared, read, write};
 use crate::cluster::writer::{Outcome, describe};
+use crate::controller::state::Shared;
+use crate::core::plan::{self, Action};
+use crate::sync::{read, write};
 use crate::{Error, FINALIZER};
 
 /// Add or remove our finalizer, as a compare-and-swap on the rule's version.
@@ -74,7 +75,7 @@ async fn delete_all(
                 .await;
             (action, outcome)
         })
-        .buffer_unordered(shared.settings.write_concurrency as usize)
+        .buffer_unordered(shared.options.write_concurrency as usize)
         .collect()
         .await
 }
@@ -88,9 +89,9 @@ pub fn orphans(shared: &Shared, kind: Kind) -> Vec<Action> {
             return false;
         };
         let watched_namespace =
-            shared.settings.all_namespaces || namespace == shared.settings.namespace;
+            shared.trust.all_namespaces || namespace == shared.trust.operator_namespace;
         let watched_name = shared
-            .settings
+            .options
             .rule_name
             .as_deref()
             .is_none_or(|only| only == name);

@@ -3,20 +3,26 @@
 //! them to the last.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, verbs};
+use tokio::task::JoinHandle;
 
 use crate::Error;
 use crate::api::kinds::{Discovered, Kind};
-use crate::api::rule::{CopyratorRule, InvalidRule, ObjectType, RuleKey};
-use crate::controller::state::{Shared, lock, read, write};
+use crate::api::rule::{CopyratorRule, ObjectType, RuleKey};
+use crate::cache::index::Object;
+use crate::cluster::watch::{Change, Followed, Watching, follow, watch_config};
+use crate::controller::state::Shared;
+use crate::core::resolve::InvalidRule;
+use crate::core::scope::Touch;
+use crate::sync::{lock, read, write};
 
 /// How soon a rule whose kind the API server does not serve looks again:
 /// its CustomResourceDefinition may be installed after it.
@@ -70,7 +76,7 @@ pub async fn prepare(
     let builtin = Kind::find(group, &object_type.kind).is_some_and(|k| !k.info().generic);
     if !builtin && rule.is_tenant(&shared.trust) {
         return Ok(KindReadiness::Refused(
-            crate::api::rule::tenant_kind_refusal(&shared.trust),
+            crate::core::resolve::tenant_kind_refusal(&shared.trust),
             None,
         ));
     }
@@ -181,7 +187,7 @@ type Refusal = (Instant, InvalidRule, Option<Duration>);
 static REFUSALS: Mutex<BTreeMap<String, Refusal>> = Mutex::new(BTreeMap::new());
 
 fn remembered_refusal(key: &str) -> Option<KindReadiness> {
-    let refusals = REFUSALS.lock().unwrap_or_else(PoisonError::into_inner);
+    let refusals = crate::sync::lock(&REFUSALS);
     let (until, invalid, again) = refusals.get(key)?;
     (Instant::now() < *until).then(|| {
         KindReadiness::Refused(
@@ -193,7 +199,7 @@ fn remembered_refusal(key: &str) -> Option<KindReadiness> {
 
 fn remember_refusal(key: String, invalid: &InvalidRule, again: Option<Duration>) {
     let now = Instant::now();
-    let mut refusals = REFUSALS.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut refusals = crate::sync::lock(&REFUSALS);
     refusals.retain(|_, (until, _, _)| *until > now);
     if refusals.len() >= MAX_REFUSALS {
         refusals.clear();
@@ -355,7 +361,7 @@ fn watch_copies(shared: &Arc<Shared>, kind: Kind, rule: Option<RuleKey>) -> bool
         return true;
     }
     shared.synced.set_copies_of(kind, false);
-    watches.insert(kind, crate::controller::watches::spawn_copy_watch(shared.clone(), kind));
+    watches.insert(kind, spawn_copy_watch(shared.clone(), kind));
     shared.metrics.kind_watches.set(watches.len() as i64);
     true
 }
@@ -454,6 +460,15 @@ pub fn named_kind(rule: &CopyratorRule) -> Option<Kind> {
     Kind::find(group, &object_type.kind)
 }
 
+/// Stop unused copy watches each time a rule leaves the view (see
+/// [`release_unused`]); runs for the operator's life.
+pub async fn release_on_rules_gone(shared: Arc<Shared>) {
+    loop {
+        shared.rules_gone.notified().await;
+        release_unused(&shared);
+    }
+}
+
 /// Stop the copy watches of kinds no rule names any more and of which no
 /// rule here has a copy left (a rule that changed its kind still has
 /// copies of the old one to delete), nor an orphan to collect. Copies of
@@ -511,6 +526,100 @@ pub fn rules_naming(shared: &Shared, kind: Kind) -> Vec<RuleKey> {
         .filter(|(_, rule)| named_kind(rule) == Some(kind))
         .map(|(key, _)| key.clone())
         .collect()
+}
+
+pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &kind.api_resource());
+        let config = watch_config().labels(crate::LABEL_RULE_UID);
+        let index = shared.copies(kind);
+        let convert = |object| Arc::new(Object::from_dynamic(kind, object).into_compact());
+        let followed = follow(
+            api,
+            config,
+            Watching {
+                name: kind.info().plural,
+                health: &shared.health,
+                pause: &shared.read_pause,
+                stop_if_unserved: kind.info().generic,
+            },
+            convert,
+            |change| {
+                // The rules a change concerns, and what of theirs it touched.
+                let (touched, touch): (Vec<String>, Touch) = match change {
+                    Change::Listed(listed) => {
+                        let touched = write(index).replace_all(listed);
+                        shared.synced.set_copies_of(kind, true);
+                        if kind.info().generic {
+                            // Its rules waited for this list, copies or not.
+                            for key in rules_naming(&shared, kind) {
+                                shared.queue.add(key, Touch::All);
+                            }
+                            // Copies of rules gone while no operator ran.
+                            let shared = shared.clone();
+                            tokio::spawn(async move {
+                                crate::controller::finalizer::collect_orphans(
+                                    &shared,
+                                    "kind listed",
+                                )
+                                .await;
+                                release_unused(&shared);
+                            });
+                        }
+                        (touched.into_iter().collect(), Touch::All)
+                    }
+                    Change::Applied(object) => {
+                        let touch =
+                            Touch::Copy(object.namespace.to_string(), object.name.to_string());
+                        (write(index).upsert(object), touch)
+                    }
+                    Change::Deleted(object) => {
+                        let namespace = object.namespace.clone();
+                        let name = object.name.clone();
+                        let removed = write(index).deleted(&namespace, &name, &object.uid);
+                        // Our own deletes left the cache already: this one was
+                        // someone else's. A copy we wrote that keeps being deleted
+                        // is contested like one that keeps being changed back.
+                        if let Some(removed) = &removed
+                            && let (Some(written_for), Some(rule)) = (
+                                removed.written_for,
+                                removed.rule_uid().and_then(|uid| shared.rule_by_uid(uid)),
+                            )
+                        {
+                            lock(&shared.backoffs).deleted_by_others(
+                                &(kind, namespace.to_string(), name.to_string()),
+                                &rule,
+                                written_for,
+                                tokio::time::Instant::now(),
+                            );
+                        }
+                        // Not in the cache yet (the answer to our own create
+                        // is still on its way): its rule must still hear of it.
+                        let owner = removed
+                            .as_ref()
+                            .unwrap_or(&object)
+                            .rule_uid()
+                            .map(str::to_owned)
+                            .into_iter()
+                            .collect();
+                        (owner, Touch::Copy(namespace.to_string(), name.to_string()))
+                    }
+                };
+                for uid in touched {
+                    if let Some(key) = shared.rule_by_uid(&uid) {
+                        shared.queue.add(key, touch.clone());
+                    }
+                }
+                if let Touch::Copy(namespace, name) = &touch {
+                    shared.copy_place_changed(namespace, name);
+                }
+            },
+        )
+        .await;
+        if followed == Followed::Unserved {
+            crate::controller::kinds::kind_unserved(&shared, kind);
+        }
+    })
 }
 
 #[cfg(test)]

@@ -8,15 +8,15 @@
 //! pass looks only at that.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::ops::metrics::Metrics;
 use crate::api::rule::RuleKey;
 use crate::core::scope::{Scope, Touch};
+use crate::ops::metrics::Metrics;
 
 pub struct Queue {
     state: Mutex<QueueState>,
@@ -54,7 +54,7 @@ impl Queue {
     }
 
     fn lock(&self) -> MutexGuard<'_, QueueState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.state)
     }
 
     /// Queue `key` for what `touch` changed.

@@ -14,23 +14,23 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::core::backoff::{Admission, CopyKey, Failure, FailureClass, Waiting};
-use crate::controller::kinds::KindReadiness;
-use crate::controller::finalizer::{cleanup, set_finalizer};
-use crate::cache::index::{Object, ObjectKey};
 use crate::api::kinds::Kind;
+use crate::api::rule::{ConflictEntry, ContestedEntry, CopyratorRule, RuleKey, RuleStatus};
+use crate::cache::index::{Object, ObjectKey};
+use crate::cluster::sources::Sources;
+use crate::cluster::writer::Outcome;
+use crate::controller::finalizer::{cleanup, set_finalizer};
+use crate::controller::kinds::KindReadiness;
+use crate::controller::state::Shared;
+use crate::core::backoff::{Admission, CopyKey, Failure, FailureClass, Waiting};
 use crate::core::pass_log::{self, Line, Written};
 use crate::core::plan::{self, Action, DeleteReason, Inputs, Occupied, Plan};
-use crate::cli::report::{Change, Preview, Skip};
-use crate::api::rule::{
-    ConflictEntry, ContestedEntry, CopyratorRule, InvalidRule, ResolvedRule, RuleKey, RuleStatus,
-};
+use crate::core::preview::{PlannedChange, Preview, Skip};
+use crate::core::resolve::{InvalidRule, ResolvedRule};
 use crate::core::scope::{Scope, Touch};
-use crate::cluster::sources::Sources;
-use crate::controller::state::{Shared, lock, read, write};
 use crate::core::status::{self, Observed};
 use crate::core::tally::{Basis, Unsettled};
-use crate::cluster::writer::Outcome;
+use crate::sync::{lock, read, write};
 use crate::{Error, FIELD_MANAGER};
 
 /// What a rule's pass did, for its status, its log line and its requeue.
@@ -310,7 +310,7 @@ pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Previ
             let namespaces = read(&shared.namespaces);
             for kind in Kind::all() {
                 for action in plan::cleanup(uid, &namespaces, &read(shared.copies(kind))) {
-                    changes.push(Change::of(&rule_name, kind, &action));
+                    changes.push(PlannedChange::of(&rule_name, kind, &action));
                 }
             }
         }
@@ -359,7 +359,7 @@ pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Previ
         .iter()
         .map(|action| (resolved.kind, action))
         .chain(other_kind_deletions.iter().map(|(kind, a)| (*kind, a)))
-        .map(|(kind, action)| Change::of(&rule_name, kind, action))
+        .map(|(kind, action)| PlannedChange::of(&rule_name, kind, action))
         .collect();
     let mut skipped: Vec<Skip> = plan
         .conflicts
@@ -896,7 +896,7 @@ async fn run_plan(
 
     let rule_name = resolved.key.to_string();
     let policy = resolved.conflict_policy;
-    let concurrency = shared.settings.write_concurrency as usize;
+    let concurrency = shared.options.write_concurrency as usize;
     // Outcomes are taken as they come, so a pass of 100,000 writes never
     // holds them all at once.
     let mut results = futures::stream::iter(admitted)
@@ -1038,8 +1038,8 @@ pub async fn publish_status(
     }
     let api: Api<CopyratorRule> = Api::namespaced(shared.write_client.clone(), &key.namespace);
     let body = json!({
-        "apiVersion": format!("{}/{}", crate::api::rule::GROUP, crate::api::rule::VERSION),
-        "kind": crate::api::rule::KIND,
+        "apiVersion": format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
+        "kind": crate::api::KIND,
         "status": next,
     });
     let _slot = shared.writer.other_slot().await;

@@ -4,55 +4,27 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::sync::{lock, read, write};
 
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use kube::runtime::watcher;
 use kube::{Client, Resource};
 use tracing::warn;
 
-use crate::core::backoff::Backoffs;
-use crate::core::backoff::ReadPause;
-use crate::cli::settings::Settings;
-use crate::ops::http::Health;
-use crate::cache::index::{CopyIndex, NamespaceInfo, ObjectKey};
 use crate::api::kinds::{Kind, MAX_KINDS};
+use crate::api::rule::{ConflictEntry, CopyratorRule, RuleKey};
+use crate::cache::index::{CopyIndex, NamespaceInfo, ObjectKey};
 use crate::cluster::leader::LeaderGate;
-use crate::ops::metrics::Metrics;
-use crate::controller::queue::Queue;
-use crate::api::rule::{ConflictEntry, CopyPolicy, CopyratorRule, ResolvedRule, RuleKey, Trust};
-use crate::core::scope::Touch;
 use crate::cluster::sources::SourceHub;
 use crate::cluster::writer::Writer;
-
-/// Read through a lock that a panicking writer may have poisoned: the data
-/// is plain maps, still consistent enough to serve.
-pub fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub fn log_watch_error(health: &Health, what: &str, error: &watcher::Error) {
-    health.watch_failed(what);
-    // Secret payloads are never part of a watch error; only the request is.
-    warn!(watch = what, error = %error, "watch failed; retrying with backoff");
-}
-
-/// Seconds after which the API server ends a watch (it is then resumed
-/// from its last version); the watcher also gives up on a watch that has
-/// been silent a few seconds longer, so a hung connection is replaced.
-pub const WATCH_TIMEOUT_SECONDS: u32 = 15;
-
-pub fn watch_config() -> watcher::Config {
-    watcher::Config::default().timeout(WATCH_TIMEOUT_SECONDS)
-}
+use crate::controller::queue::Queue;
+use crate::core::backoff::Backoffs;
+use crate::core::backoff::ReadPause;
+use crate::core::resolve::{ResolvedRule, Trust};
+use crate::core::scope::Touch;
+use crate::ops::http::Health;
+use crate::ops::metrics::Metrics;
 
 /// Which caches have their first full list.
 pub struct Synced {
@@ -113,6 +85,21 @@ impl Synced {
     }
 }
 
+/// The part of the settings the controller reads, besides the trust
+/// policy ([`Shared::trust`]).
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Follow only the rule of this name (`--rule-name`).
+    pub rule_name: Option<String>,
+    /// Writes in flight at most (`--write-concurrency`).
+    pub write_concurrency: u32,
+    /// Client-side pacing of requests (`--api-qps`, `--api-burst`).
+    pub api_qps: f64,
+    pub api_burst: u32,
+    /// Source watches at most (`--max-source-watches`).
+    pub max_source_watches: u32,
+}
+
 /// A rule's memory between reconciles.
 #[derive(Default)]
 pub struct RuleMemory {
@@ -144,7 +131,7 @@ pub struct Shared {
     /// For statuses and finalizers (copies and Events go through the
     /// writer and the recorder, which hold it too).
     pub write_client: Client,
-    pub settings: Settings,
+    pub options: Options,
     pub trust: Trust,
     pub rules: RwLock<HashMap<RuleKey, Arc<CopyratorRule>>>,
     /// Each valid rule as its last pass resolved it: which namespaces
@@ -169,6 +156,9 @@ pub struct Shared {
     recorder: Recorder,
     pub leader: LeaderGate,
     pub health: Arc<Health>,
+    /// Rung when a rule leaves the view, for the task that stops the copy
+    /// watches no rule needs.
+    pub rules_gone: tokio::sync::Notify,
     /// Only plan; never write (the `plan` subcommand).
     pub dry_run: bool,
 }
@@ -176,13 +166,15 @@ pub struct Shared {
 impl Shared {
     pub fn new(
         clients: crate::cluster::client::Clients,
-        settings: Settings,
+        trust: Trust,
+        options: Options,
         metrics: Arc<Metrics>,
         leader: LeaderGate,
         health: Arc<Health>,
         dry_run: bool,
     ) -> Arc<Self> {
-        let limiter = crate::cluster::ratelimit::RateLimiter::new(settings.api_qps, settings.api_burst);
+        let limiter =
+            crate::cluster::ratelimit::RateLimiter::new(options.api_qps, options.api_burst);
         let crate::cluster::client::Clients {
             read: client,
             write: write_client,
@@ -190,7 +182,7 @@ impl Shared {
         let writer = Writer::new(
             write_client.clone(),
             limiter,
-            settings.write_concurrency,
+            options.write_concurrency,
             metrics.clone(),
             leader.clone(),
             health.clone(),
@@ -208,7 +200,7 @@ impl Shared {
                 client.clone(),
                 health.clone(),
                 read_pause.clone(),
-                settings.max_source_watches as usize,
+                options.max_source_watches as usize,
                 Arc::new(move |key: &RuleKey, touch: Touch| {
                     if let Some(shared) = weak.upgrade() {
                         shared.queue.add(key.clone(), touch);
@@ -217,18 +209,10 @@ impl Shared {
             );
             Self {
                 recorder: Recorder::new(write_client.clone(), reporter),
-                trust: Trust {
-                    policy: Arc::new(
-                        settings
-                            .copy_policy()
-                            .unwrap_or_else(|_| CopyPolicy::defaults(&settings.namespace)),
-                    ),
-                    operator_namespace: settings.namespace.clone(),
-                    all_namespaces: settings.all_namespaces,
-                },
+                trust,
                 client,
                 write_client,
-                settings,
+                options,
                 rules: RwLock::default(),
                 resolved: RwLock::default(),
                 rule_uids: RwLock::default(),
@@ -245,6 +229,7 @@ impl Shared {
                 writer,
                 leader,
                 health,
+                rules_gone: tokio::sync::Notify::new(),
                 dry_run,
             }
         })
@@ -356,7 +341,9 @@ impl Shared {
         self.metrics
             .copies_contested
             .set(lock(&self.backoffs).contested_total() as i64);
-        crate::controller::kinds::release_unused(self);
+        // The copy watches of kinds no rule needs any more stop: a message
+        // to their task (kinds::release_on_rules_gone), which sits above this view.
+        self.rules_gone.notify_one();
     }
 
     /// Drop what is held for a rule that is gone: its memory (with its share

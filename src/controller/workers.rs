@@ -8,9 +8,10 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info_span, warn};
 
 use crate::api::rule::RuleKey;
-use crate::core::scope::{Scope, Touch};
 use crate::cluster::sources::Sources;
-use crate::controller::state::{Shared, lock, read};
+use crate::controller::state::Shared;
+use crate::core::scope::{Scope, Touch};
+use crate::sync::{lock, read};
 
 /// Backoff of a rule whose pass failed as a whole (status or finalizer write).
 fn rule_retry_delay(failures: u32) -> Duration {

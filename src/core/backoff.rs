@@ -15,7 +15,7 @@
 //! cause is lifted and every refused copy of the rule goes at once.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -125,8 +125,7 @@ impl Policy {
 
 /// A factor in [0.8, 1.2), different per copy (or rule) and per step.
 fn jitter(key: &impl Hash, n: u32) -> f64 {
-    let random = std::collections::hash_map::RandomState::new().hash_one((key, n));
-    0.8 + (random % 4000) as f64 / 10_000.0
+    0.8 + 0.4 * crate::core::jitter::fraction(&(key, n))
 }
 
 /// Whether a write may go now.
@@ -632,8 +631,7 @@ impl Iterator for WatchBackoff {
     fn next(&mut self) -> Option<Duration> {
         let plain = self.next;
         self.next = (self.next * 2).min(Self::MAX);
-        let random = std::collections::hash_map::RandomState::new().hash_one(plain);
-        Some(plain.mul_f64(0.8 + (random % 4000) as f64 / 10_000.0))
+        Some(plain.mul_f64(0.8 + 0.4 * crate::core::jitter::fraction(&plain)))
     }
 }
 
@@ -663,9 +661,7 @@ impl ReadPause {
     pub const MAX: Duration = Duration::from_secs(30);
 
     fn state(&self) -> std::sync::MutexGuard<'_, ReadPauseState> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.state)
     }
 
     /// A read was throttled at `now`; returns when reads may go again.
@@ -684,9 +680,8 @@ impl ReadPause {
         let grown = asked
             .saturating_mul(1 << state.in_a_row.saturating_sub(1).min(10))
             .min(Self::MAX.max(asked));
-        let random = std::collections::hash_map::RandomState::new().hash_one(state.in_a_row);
         // Jitter only lengthens: the asked time is a floor.
-        let delay = grown.mul_f64(1.0 + (random % 2000) as f64 / 10_000.0);
+        let delay = grown.mul_f64(1.0 + 0.2 * crate::core::jitter::fraction(&state.in_a_row));
         let until = now + delay;
         state.until = Some(state.until.map_or(until, |u| u.max(until)));
         until

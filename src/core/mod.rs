@@ -3,10 +3,13 @@
 //! is unsettled. No client, no task, no clock but what is passed in.
 
 pub mod backoff;
+pub mod jitter;
+#[cfg(test)]
+mod partial_passes;
 pub mod pass_log;
 pub mod plan;
+pub mod preview;
+pub mod resolve;
 pub mod scope;
 pub mod status;
 pub mod tally;
-#[cfg(test)]
-mod partial_passes;

@@ -12,13 +12,17 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
+use crate::api::rule::ConflictEntry;
 use crate::cache::index::{NamespaceInfo, Object, ObjectKey};
 use crate::core::plan::tests::{World, rule, verbs};
 use crate::core::plan::{Action, Desired, Occupied, Plan, concerns_namespace, occupied};
-use crate::api::rule::{ConflictEntry, ResolvedRule};
+use crate::core::resolve::ResolvedRule;
 use crate::core::scope::{Scope, Touch};
 use crate::core::tally::{Basis, Counts, Tally, Unsettled};
-use crate::{ANNOTATION_RULE, ANNOTATION_SOURCE, CREATE_ONLY, LABEL_MANAGED_BY, LABEL_RULE_UID, LABEL_SYNC_POLICY};
+use crate::{
+    ANNOTATION_RULE, ANNOTATION_SOURCE, CREATE_ONLY, LABEL_MANAGED_BY, LABEL_RULE_UID,
+    LABEL_SYNC_POLICY,
+};
 
 /// The rule's own namespace, where its sources are.
 const SOURCE_NAMESPACE: &str = "src";

@@ -7,12 +7,16 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::cache::index::{CopyIndex, MetaMap, NamespaceInfo, Object, ObjectKey, meta_entry_hash};
 use crate::api::kinds::Kind;
-use crate::api::rule::{ConflictEntry, ConflictPolicy, ResolvedKeys, ResolvedRule, SyncPolicy};
-use crate::core::scope::Scope;
+use crate::api::rule::{ConflictEntry, ConflictPolicy, SyncPolicy};
 use crate::api::selector::KeyGlob;
-use crate::{ANNOTATION_ALLOW_TO, ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, CREATE_ONLY, LABEL_MANAGED_BY, LABEL_RULE_UID, LABEL_SYNC_POLICY};
+use crate::cache::index::{CopyIndex, MetaMap, NamespaceInfo, Object, ObjectKey, meta_entry_hash};
+use crate::core::resolve::{ResolvedKeys, ResolvedRule};
+use crate::core::scope::Scope;
+use crate::{
+    ANNOTATION_ALLOW_TO, ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, CREATE_ONLY,
+    LABEL_MANAGED_BY, LABEL_RULE_UID, LABEL_SYNC_POLICY,
+};
 
 /// Labels and annotations that would make another tool believe it owns a
 /// copy (kubectl, Argo CD, Helm, kapp, Flux, Fleet, Kustomize), and
@@ -901,7 +905,8 @@ pub fn cleanup(
 #[cfg(test)]
 pub mod tests {
     use super::*;
-    use crate::api::rule::{CopyratorRule, Trust};
+    use crate::api::rule::CopyratorRule;
+    use crate::core::resolve::Trust;
     use serde_json::json;
 
     /// A cluster as a rule's plan sees it: its namespaces, the rule's
@@ -933,8 +938,13 @@ pub mod tests {
             labels: &[(&str, &str)],
             data: Value,
         ) -> Object {
-            let mut o =
-                crate::cache::index::tests::object(ns, name, &format!("uid-{ns}-{name}"), 1, labels);
+            let mut o = crate::cache::index::tests::object(
+                ns,
+                name,
+                &format!("uid-{ns}-{name}"),
+                1,
+                labels,
+            );
             o.payload.insert("data".into(), data);
             o.rehash();
             self.sources.push(Arc::new(o.clone()));
@@ -1352,7 +1362,8 @@ pub mod tests {
     #[test]
     fn a_create_takes_over_a_foreign_object_only_under_overwrite() {
         let r = simple_rule();
-        let mut source = crate::cache::index::tests::object("src", "cm", "uid-src", 1, &[("copy", "yes")]);
+        let mut source =
+            crate::cache::index::tests::object("src", "cm", "uid-src", 1, &[("copy", "yes")]);
         source.payload.insert("data".into(), json!({"k": "v"}));
         source.rehash();
         let desired = desired_copy(&r, &source);
@@ -1374,7 +1385,8 @@ pub mod tests {
         );
 
         let copy_of = |uid: &str, rule: &str| {
-            let mut copy = crate::cache::index::tests::object("a", "cm", "c", 1, &[(LABEL_RULE_UID, uid)]);
+            let mut copy =
+                crate::cache::index::tests::object("a", "cm", "c", 1, &[(LABEL_RULE_UID, uid)]);
             copy.annotations.insert(ANNOTATION_RULE.into(), rule.into());
             copy.rehash();
             copy
@@ -1446,8 +1458,13 @@ pub mod tests {
         w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
         let r = simple_rule();
         let forged = |name: &str| {
-            let mut o =
-                crate::cache::index::tests::object("a", name, "f", 1, &[(LABEL_RULE_UID, r.uid.as_str())]);
+            let mut o = crate::cache::index::tests::object(
+                "a",
+                name,
+                "f",
+                1,
+                &[(LABEL_RULE_UID, r.uid.as_str())],
+            );
             o.annotations
                 .insert(ANNOTATION_RULE.into(), r.key.to_string());
             o.rehash();
@@ -1495,12 +1512,13 @@ pub mod tests {
         // A setting adds a type; service-account tokens stay refused whatever it says.
         let mut with_custom = r.clone();
         with_custom.policy = Arc::new(
-            crate::api::rule::CopyPolicy::new("src", &[], &[], &["example.com/custom".into()]).unwrap(),
+            crate::core::resolve::CopyPolicy::new("src", &[], &[], &["example.com/custom".into()])
+                .unwrap(),
         );
         let p = w.plan(&with_custom);
         assert_eq!(p.actions.len(), 3);
         assert!(
-            crate::api::rule::CopyPolicy::new(
+            crate::core::resolve::CopyPolicy::new(
                 "src",
                 &[],
                 &[],
@@ -1515,7 +1533,8 @@ pub mod tests {
         let mut w = World::new(&["src", "a"]);
         let mut r = simple_rule();
         r.policy = Arc::new(
-            crate::api::rule::CopyPolicy::new("src", &[], &["example.com/*".into()], &[]).unwrap(),
+            crate::core::resolve::CopyPolicy::new("src", &[], &["example.com/*".into()], &[])
+                .unwrap(),
         );
         let source = w.source(
             "src",

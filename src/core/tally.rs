@@ -5,8 +5,8 @@
 
 use std::collections::HashMap;
 
-use crate::core::plan::{Action, Plan};
 use crate::api::rule::ConflictEntry;
+use crate::core::plan::{Action, Plan};
 use crate::core::scope::Scope;
 
 /// A rule's counts for its status, as a pass leaves them.

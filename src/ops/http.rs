@@ -77,7 +77,7 @@ impl Health {
 
     pub fn watch_failed(&self, watch: &str) {
         let now = Instant::now();
-        let mut failing = crate::controller::state::lock(&self.failing_watches);
+        let mut failing = crate::sync::lock(&self.failing_watches);
         let entry = failing.entry(watch.to_owned()).or_insert((now, now));
         if now.duration_since(entry.1) > self.watch_recovered_after {
             // The last streak ended quietly (a resumed watch says nothing).
@@ -97,7 +97,7 @@ impl Health {
     }
 
     pub fn watch_ok(&self, watch: &str) {
-        let mut failing = crate::controller::state::lock(&self.failing_watches);
+        let mut failing = crate::sync::lock(&self.failing_watches);
         if !failing.is_empty() {
             failing.remove(watch);
         }
@@ -108,7 +108,7 @@ impl Health {
         if !self.alive.load(Ordering::Relaxed) {
             return Some("not running".into());
         }
-        let failing = crate::controller::state::lock(&self.failing_watches)
+        let failing = crate::sync::lock(&self.failing_watches)
             .iter()
             .filter(|(_, (since, last))| {
                 last.elapsed() <= self.watch_recovered_after && since.elapsed() > self.stuck_after

@@ -2,8 +2,14 @@
 
 use tracing_subscriber::EnvFilter;
 
-use crate::cli::settings::LogFormat;
 use crate::{Error, Result};
+
+/// How log lines are written: text for people, JSON for collectors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
 /// kube's HTTP layer logs an ERROR line of its own for every failed
 /// request; the operator reports failures aggregated per rule instead, so

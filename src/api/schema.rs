@@ -1,0 +1,183 @@
+//! The schemas of the rule's fields that need more than their Rust types
+//! say (`#[schemars(schema_with = ...)]` on the types in [`crate::api::rule`]),
+//! and the limits they enforce: the API server refuses a rule over a limit
+//! before the operator sees it.
+
+use schemars::generate::SchemaGenerator;
+use schemars::{Schema, json_schema};
+
+use crate::api::selector::MAX_DATA_KEY;
+
+/// Entries allowed in `transform.addLabels` and in `transform.addAnnotations`.
+pub const MAX_TRANSFORM_ENTRIES: usize = 64;
+/// The API server's own limit on all annotations of one object: keys plus
+/// values, in bytes. A rule that adds more could never write a copy.
+pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
+/// Source namespaces one rule may name: each is a watch of its own.
+pub const MAX_SOURCE_NAMESPACES: usize = 1000;
+
+pub const SELECTOR_DESCRIPTION: &str = "Labels a source must carry, all of them (`{copyrator: \"true\"}`), or a label selector with `matchLabels` and `matchExpressions`.";
+
+/// Schema of `selector`: a plain map of labels or a full label selector.
+/// Structural schemas cannot say "map of strings, or these two properties",
+/// and CEL cannot look into an open object, so the schema refuses an empty
+/// selector and the operator checks the rest (reported in the rule's status).
+pub fn selector_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": SELECTOR_DESCRIPTION,
+        "type": "object",
+        "minProperties": 1,
+        "maxProperties": 64,
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// Schema of `namespace`: a namespace name or a list of them. A structural
+/// schema cannot say "string or list"; the operator checks it.
+pub fn namespace_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "Source namespace: one name or a list of names. Default: the rule's own namespace.",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// Schema of `spec.objectType`: both parts required, each in the form the
+/// API server gives them, so that a typo is refused at once.
+pub fn object_type_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "Any namespaced kind to copy, instead of ruleType: its apiVersion (group/version, or v1 for the core group) and kind, as in an object's own header, such as rbac.authorization.k8s.io/v1 and RoleBinding. The kind is resolved by API discovery; an unknown, cluster-scoped or denied kind, or one --kinds leaves out, is reported in the status.",
+        "type": "object",
+        "required": ["apiVersion", "kind"],
+        "properties": {
+            "apiVersion": {
+                "description": "group/version, or v1 for the core group.",
+                "type": "string",
+                "maxLength": 317,
+                "x-kubernetes-validations": [{
+                    "rule": "self.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[a-z0-9]+$')",
+                    "message": "apiVersion must be group/version (such as rbac.authorization.k8s.io/v1), or v1 for the core group"
+                }]
+            },
+            "kind": {
+                "description": "The kind, such as RoleBinding or NetworkPolicy.",
+                "type": "string",
+                "maxLength": 63,
+                "x-kubernetes-validations": [{
+                    "rule": "self.matches('^[A-Za-z][A-Za-z0-9]*$')",
+                    "message": "kind must be a kind name such as RoleBinding: letters and digits, starting with a letter"
+                }]
+            }
+        }
+    })
+}
+
+/// A qualified name (label and annotation keys), as the API server checks
+/// it: an optional DNS-subdomain prefix and `/`, then a name of 1-63
+/// characters. The prefix's length is checked apart (`indexOf`).
+const QUALIFIED_NAME_RE: &str = "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
+const KEY_RULE: &str = "an optional prefix (a DNS subdomain of at most 253 characters: lowercase letters, digits, '-' and '.') and '/', then a name of 1-63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit";
+/// A label value; its length (at most 63) is the schema's `maxLength`.
+const LABEL_VALUE_RE: &str = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
+
+/// Schema of `transform.addLabels`: what the API server would refuse on
+/// every copy is refused on the rule. Keys are a map's, which only CEL on
+/// the map itself can check.
+pub fn add_labels_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "Labels set on every copy.",
+        "type": "object",
+        "nullable": true,
+        "maxProperties": MAX_TRANSFORM_ENTRIES,
+        "additionalProperties": {
+            "type": "string",
+            "maxLength": 63,
+            "x-kubernetes-validations": [{
+                "rule": format!("self.matches('{LABEL_VALUE_RE}')"),
+                "message": "a label value must be empty or at most 63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+            }]
+        },
+        "x-kubernetes-validations": [{
+            "rule": format!("self.all(k, k.indexOf('/') <= 253 && k.matches('{QUALIFIED_NAME_RE}'))"),
+            "message": format!("every key must be a label key: {KEY_RULE}")
+        }]
+    })
+}
+
+/// Schema of `transform.addAnnotations`. The total is the API server's own
+/// limit for all annotations of an object, counted in bytes as it counts
+/// them. The `maxLength` of a value (no value can exceed the total alone)
+/// bounds the CEL cost estimate, which the API server checks against its
+/// budget when the CRD is applied.
+pub fn add_annotations_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "Annotations set on every copy.",
+        "type": "object",
+        "nullable": true,
+        "maxProperties": MAX_TRANSFORM_ENTRIES,
+        "additionalProperties": {
+            "type": "string",
+            "maxLength": MAX_ANNOTATION_BYTES
+        },
+        "x-kubernetes-validations": [
+            {
+                // The API server lowercases annotation keys before it checks them.
+                "rule": format!("self.all(k, k.indexOf('/') <= 253 && k.lowerAscii().matches('{QUALIFIED_NAME_RE}'))"),
+                "message": format!("every key must be an annotation key: {KEY_RULE}")
+            },
+            {
+                "rule": format!("self.map(k, size(bytes(k)) + size(bytes(self[k]))).sum() <= {MAX_ANNOTATION_BYTES}"),
+                "message": format!("keys and values together must not exceed {MAX_ANNOTATION_BYTES} bytes (256 KiB), the API server's limit for all annotations of an object")
+            }
+        ]
+    })
+}
+
+/// A data key of a ConfigMap or Secret; the API server's other rules
+/// (not `.` or `..`) are the operator's to check.
+const DATA_KEY_RE: &str = "^[-._a-zA-Z0-9]+$";
+/// A glob on data keys.
+const DATA_KEY_GLOB_RE: &str = "^[-._a-zA-Z0-9*?]+$";
+
+/// Schema of `transform.keys.include` and `.exclude`.
+pub fn data_key_globs_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "nullable": true,
+        "maxItems": MAX_TRANSFORM_ENTRIES,
+        "items": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_DATA_KEY,
+            "pattern": DATA_KEY_GLOB_RE
+        }
+    })
+}
+
+/// Schema of `transform.keys.rename`: keys and values are data keys, and no
+/// two keys are renamed to one. Whether a key is renamed onto one that
+/// copies keep needs the globs of include and exclude: the operator checks it.
+pub fn rename_keys_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "nullable": true,
+        "maxProperties": MAX_TRANSFORM_ENTRIES,
+        "additionalProperties": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_DATA_KEY,
+            "pattern": DATA_KEY_RE
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": format!("self.all(k, size(k) <= {MAX_DATA_KEY} && k.matches('{DATA_KEY_RE}'))"),
+                "message": format!("every key must be a data key: 1-{MAX_DATA_KEY} letters, digits, '-', '_' or '.'")
+            },
+            {
+                // Values alone are compared: their maxLength bounds the
+                // cost estimate, where keys of a map have no bound.
+                "rule": "self.all(k, self.exists_one(j, self[j] == self[k]))",
+                "message": "two keys may not be renamed to the same key: a copy holds each key once"
+            }
+        ]
+    })
+}

@@ -1,0 +1,214 @@
+//! Following one watch of the API server: the watcher's events folded
+//! into changes of a cache, its failures retried with backoff (and every
+//! watch paused while the API server throttles reads), and an unserved
+//! resource told apart from a failure.
+//!
+//! kube's watcher resumes from the last resourceVersion after a break and
+//! lists again only when the API server says that version is gone.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+use tracing::warn;
+
+use crate::core::backoff::{ReadPause, WatchBackoff};
+use crate::ops::http::Health;
+
+/// Seconds after which the API server ends a watch (it is then resumed
+/// from its last version); the watcher also gives up on a watch that has
+/// been silent a few seconds longer, so a hung connection is replaced.
+pub const WATCH_TIMEOUT_SECONDS: u32 = 15;
+
+pub fn watch_config() -> watcher::Config {
+    watcher::Config::default().timeout(WATCH_TIMEOUT_SECONDS)
+}
+
+pub fn log_watch_error(health: &Health, what: &str, error: &watcher::Error) {
+    health.watch_failed(what);
+    // Secret payloads are never part of a watch error; only the request is.
+    warn!(watch = what, error = %error, "watch failed; retrying with backoff");
+}
+
+/// What a watch event means for a cache: a complete list replaces it.
+pub enum Change<K> {
+    Listed(Vec<K>),
+    Applied(K),
+    Deleted(K),
+}
+
+/// Gathers the objects of a list (`Init`, `InitApply`…, `InitDone`) so
+/// that a cache is replaced at once, never left half-listed.
+pub struct Folder<K> {
+    pending: Option<Vec<K>>,
+}
+
+impl<K> Default for Folder<K> {
+    fn default() -> Self {
+        Self { pending: None }
+    }
+}
+
+impl<K> Folder<K> {
+    pub fn fold(&mut self, event: Event<K>) -> Option<Change<K>> {
+        match event {
+            Event::Init => {
+                self.pending = Some(Vec::new());
+                None
+            }
+            Event::InitApply(object) => {
+                if let Some(pending) = self.pending.as_mut() {
+                    pending.push(object);
+                }
+                None
+            }
+            Event::InitDone => Some(Change::Listed(self.pending.take().unwrap_or_default())),
+            Event::Apply(object) => Some(Change::Applied(object)),
+            Event::Delete(object) => Some(Change::Deleted(object)),
+        }
+    }
+}
+
+pub fn map_event<K, T>(event: Event<K>, convert: impl Fn(K) -> T) -> Event<T> {
+    match event {
+        Event::Init => Event::Init,
+        Event::InitApply(object) => Event::InitApply(convert(object)),
+        Event::InitDone => Event::InitDone,
+        Event::Apply(object) => Event::Apply(convert(object)),
+        Event::Delete(object) => Event::Delete(convert(object)),
+    }
+}
+
+/// The retry wait a throttled read (429) asks for, if it was one.
+fn throttled(error: &watcher::Error) -> Option<Option<std::time::Duration>> {
+    let status = match error {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => match e {
+            kube::Error::Api(status) => status.as_ref(),
+            _ => return None,
+        },
+        watcher::Error::WatchError(status) => status.as_ref(),
+        watcher::Error::NoResourceVersion => return None,
+    };
+    (status.code == 429).then(|| {
+        status
+            .details
+            .as_ref()
+            .map(|d| d.retry_after_seconds)
+            .filter(|s| *s > 0)
+            .map(|s| std::time::Duration::from_secs(u64::from(s)))
+    })
+}
+
+/// Whether a failed watch request says the API server does not serve the
+/// resource (404: the CustomResourceDefinition of the kind was deleted).
+fn unserved(error: &watcher::Error) -> bool {
+    let code = match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code,
+        watcher::Error::WatchError(status) => status.code,
+        _ => return false,
+    };
+    code == 404
+}
+
+/// How a followed watch ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Followed {
+    /// Its stream ended.
+    Ended,
+    /// The API server no longer serves the resource.
+    Unserved,
+}
+
+/// After a failed watch request: report it, and when the API server
+/// throttles reads, wait with every other watch (see [`ReadPause`]) on top
+/// of this watch's own backoff.
+pub async fn cool_down(health: &Health, pause: &ReadPause, name: &str, error: &watcher::Error) {
+    log_watch_error(health, name, error);
+    if let Some(retry_after) = throttled(error) {
+        pause.throttled(Instant::now(), retry_after);
+    }
+    wait_out(pause).await;
+}
+
+/// While reads are paused, wait; each watch then waits a random part of a
+/// second more, so that they do not all come back in the same instant.
+pub async fn wait_out(pause: &ReadPause) {
+    while let Some(until) = pause.until(Instant::now()) {
+        let spread =
+            std::time::Duration::from_secs(1).mul_f64(crate::core::jitter::fraction(&until));
+        tokio::time::sleep_until(until + spread).await;
+    }
+}
+
+/// One watch as [`follow`] runs it: its name (for the health check and
+/// the log), what it reports to, and whether a resource the API server
+/// stops serving ends it.
+pub struct Watching<'a> {
+    pub name: &'a str,
+    pub health: &'a Arc<Health>,
+    /// Shared by every watch of the API server: a throttled read pauses them all.
+    pub pause: &'a ReadPause,
+    pub stop_if_unserved: bool,
+}
+
+/// Follow one watch until it ends, handing each change to `handle`.
+/// Objects are converted as they come (`convert`), so that a long list is
+/// held in its compact form. Failed requests are retried with
+/// [`WatchBackoff`] and [`cool_down`]; with `stop_if_unserved`, a request
+/// the API server answers 404 (the resource is not served) ends the watch
+/// instead, its failure forgotten by the health check.
+pub async fn follow<K, T>(
+    api: Api<K>,
+    config: watcher::Config,
+    watching: Watching<'_>,
+    convert: impl Fn(K) -> T,
+    mut handle: impl FnMut(Change<T>),
+) -> Followed
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let Watching {
+        name,
+        health,
+        pause,
+        stop_if_unserved,
+    } = watching;
+    // Stopped or aborted (a kind no rule needs): no failing watch.
+    let _forget_on_stop = health.watch_guard(name);
+    let mut stream = watcher::watcher(api, config)
+        .backoff(WatchBackoff::default())
+        .boxed();
+    let mut folder = Folder::default();
+    loop {
+        // No request starts while the API server throttles reads.
+        wait_out(pause).await;
+        match stream.try_next().await {
+            Ok(Some(event)) => {
+                // `Init` comes before every list attempt, failed ones too.
+                if !matches!(event, Event::Init) {
+                    health.watch_ok(name);
+                    pause.succeeded();
+                }
+                if let Some(change) = folder.fold(map_event(event, &convert)) {
+                    handle(change);
+                }
+            }
+            Ok(None) => return Followed::Ended,
+            Err(e) if stop_if_unserved && unserved(&e) => {
+                tracing::warn!(watch = name, error = %e, "the API server no longer serves this kind; its watch stops");
+                return Followed::Unserved;
+            }
+            Err(e) => cool_down(health, pause, name, &e).await,
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! What a pass over one rule would do now, as `copyrator plan` reports it:
+//! the writes it would make and what it would leave out, and why.
+
+use serde::Serialize;
+
+use crate::api::kinds::Kind;
+use crate::api::rule::{ConflictEntry, RuleKey};
+use crate::core::plan::{Action, Exclusion};
+
+/// One write a pass would make.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlannedChange {
+    /// `create`, `update`, `recreate` or `delete`.
+    pub action: &'static str,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    /// `namespace/name` of the rule.
+    pub rule: String,
+    /// `namespace/name` of the copy's source, where known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+impl PlannedChange {
+    pub fn of(rule: &str, kind: Kind, action: &Action) -> Self {
+        let (namespace, name) = action.target();
+        let source = action.source();
+        Self {
+            action: action.verb(),
+            kind: kind.to_string(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            rule: rule.to_owned(),
+            source: (!source.is_empty()).then(|| source.to_owned()),
+        }
+    }
+
+    pub fn order(&self) -> (&str, &str, &str, &str, &str) {
+        (
+            &self.rule,
+            &self.kind,
+            &self.namespace,
+            &self.name,
+            self.action,
+        )
+    }
+}
+
+/// Something a pass would leave out, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Skip {
+    /// The kind copied, or `Namespace` for a target namespace left out.
+    pub kind: String,
+    /// Absent for a namespace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    pub rule: String,
+    pub reason: String,
+}
+
+impl Skip {
+    /// A copy not written: another object holds its name, or another
+    /// source of the name wins.
+    pub fn copy(rule: &str, kind: Kind, conflict: &ConflictEntry) -> Self {
+        Self {
+            kind: kind.to_string(),
+            namespace: Some(conflict.namespace.clone()),
+            name: conflict.name.clone(),
+            rule: rule.to_owned(),
+            reason: conflict.reason.clone(),
+        }
+    }
+
+    /// A source not copied for its type; `source` is `namespace/name`.
+    pub fn source(rule: &str, kind: Kind, source: &str, why: &str) -> Self {
+        let (namespace, name) = source.split_once('/').unwrap_or(("", source));
+        Self {
+            kind: kind.to_string(),
+            namespace: Some(namespace.to_owned()),
+            name: name.to_owned(),
+            rule: rule.to_owned(),
+            reason: format!("not copied as a source: {why}"),
+        }
+    }
+
+    /// A namespace the rule's targets match that receives nothing.
+    pub fn namespace(rule: &RuleKey, namespace: &str, exclusion: Exclusion) -> Self {
+        let reason = match exclusion {
+            Exclusion::Protected => {
+                "protected: only its exact name in targets.include reaches it".to_owned()
+            }
+            Exclusion::NotAccepting => format!(
+                "does not accept copies from namespace {}: its annotation {} does not name it",
+                rule.namespace,
+                crate::ANNOTATION_ACCEPT_FROM
+            ),
+        };
+        Self {
+            kind: "Namespace".into(),
+            namespace: None,
+            name: namespace.to_owned(),
+            rule: rule.to_string(),
+            reason,
+        }
+    }
+
+    pub fn order(&self) -> (&str, &str, &str, &str, &str) {
+        (
+            &self.rule,
+            &self.kind,
+            self.namespace.as_deref().unwrap_or_default(),
+            &self.name,
+            &self.reason,
+        )
+    }
+}
+
+/// What a pass over one rule would do now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Preview {
+    /// Its sources are still being listed: ask again.
+    WaitingForSources,
+    /// Refused, with the reason and message its status would show; it
+    /// changes nothing.
+    Refused { reason: String, message: String },
+    Planned {
+        changes: Vec<PlannedChange>,
+        skipped: Vec<Skip>,
+    },
+}

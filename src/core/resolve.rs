@@ -1,0 +1,1039 @@
+//! A `CopyratorRule` resolved into a validated [`ResolvedRule`] under the
+//! operator's trust policy: which rules it honours, which kinds, Secret
+//! types and namespaces they may copy, and what a rule's fields mean once
+//! both of the resource's shapes are merged and defaults applied.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::api::kinds::{DeniedKinds, EnabledKinds, Kind};
+use crate::api::rule::*;
+use crate::api::schema::{MAX_ANNOTATION_BYTES, MAX_SOURCE_NAMESPACES, MAX_TRANSFORM_ENTRIES};
+use crate::api::selector::{Glob, KeyGlob, LabelSelector, validate_data_key};
+
+/// Which rules this operator honours, and where they may copy from.
+#[derive(Clone, Debug)]
+pub struct Trust {
+    /// The operator's own namespace.
+    pub operator_namespace: String,
+    /// Honour rules in every namespace (those of other namespaces as tenants).
+    pub all_namespaces: bool,
+    /// What the settings allow every rule.
+    pub policy: Arc<CopyPolicy>,
+}
+
+impl Trust {
+    /// The defaults: protected namespaces, tracking keys and Secret types as shipped.
+    pub fn new(operator_namespace: &str, all_namespaces: bool) -> Self {
+        Self {
+            operator_namespace: operator_namespace.to_owned(),
+            all_namespaces,
+            policy: Arc::new(CopyPolicy::defaults(operator_namespace)),
+        }
+    }
+}
+
+/// Namespaces that only an exact name in `targets.include` reaches, by default.
+pub const PROTECTED_NAMESPACES: &[&str] = &["kube-system", "kube-public", "kube-node-lease"];
+
+/// Secret types copied by default; `--secret-types` adds more.
+pub const SECRET_TYPES: &[&str] = &[
+    "Opaque",
+    "kubernetes.io/tls",
+    "kubernetes.io/dockerconfigjson",
+    "kubernetes.io/dockercfg",
+    "kubernetes.io/basic-auth",
+    "kubernetes.io/ssh-auth",
+];
+
+/// What the operator's settings allow every rule: which namespaces only an
+/// exact name reaches, which metadata never travels, which Secret types
+/// are copied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CopyPolicy {
+    /// Reached by no glob, selector or default: only by an exact
+    /// `targets.include` entry. Always holds the operator's own namespace.
+    pub protected_namespaces: Vec<Glob>,
+    /// Labels and annotations never carried to copies, beyond the built-in
+    /// tracking keys of other tools.
+    pub strip_keys: Vec<KeyGlob>,
+    /// Secret types that are copied.
+    pub secret_types: Vec<String>,
+    /// Kinds the operator copies (`--kinds`); a rule of another is refused.
+    pub kinds: EnabledKinds,
+    /// Kinds never copied, whatever `--kinds` says (`--denied-kinds`).
+    pub denied_kinds: DeniedKinds,
+}
+
+impl CopyPolicy {
+    pub fn defaults(operator_namespace: &str) -> Self {
+        Self::new(
+            operator_namespace,
+            &PROTECTED_NAMESPACES
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>(),
+            &[],
+            &[],
+        )
+        .unwrap_or_else(|_| Self {
+            protected_namespaces: Vec::new(),
+            strip_keys: Vec::new(),
+            secret_types: SECRET_TYPES.iter().map(|s| s.to_string()).collect(),
+            kinds: EnabledKinds::builtin_only(&Kind::builtin().collect::<Vec<_>>()),
+            denied_kinds: DeniedKinds::defaults(),
+        })
+    }
+
+    /// From the settings: the protected namespaces (globs; the operator's
+    /// own is always added), extra keys never carried, extra Secret types.
+    pub fn new(
+        operator_namespace: &str,
+        protected: &[String],
+        strip_keys: &[String],
+        extra_secret_types: &[String],
+    ) -> Result<Self, String> {
+        let mut protected_namespaces = protected
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| Glob::new(p).map_err(|e| format!("protected namespace {p:?}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        protected_namespaces
+            .push(Glob::new(operator_namespace).map_err(|e| format!("--namespace: {e}"))?);
+        let strip_keys = strip_keys
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| KeyGlob::new(p).map_err(|e| format!("strip key {p:?}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut secret_types: Vec<String> = SECRET_TYPES.iter().map(|s| s.to_string()).collect();
+        for extra in extra_secret_types.iter().filter(|t| !t.is_empty()) {
+            if let Some(why) = Kind::Secret.never_copied_reason(Some(extra)) {
+                return Err(format!(
+                    "Secret type {extra:?} is never copied ({why}), whatever the settings"
+                ));
+            }
+            if !secret_types.contains(extra) {
+                secret_types.push(extra.clone());
+            }
+        }
+        Ok(Self {
+            protected_namespaces,
+            strip_keys,
+            secret_types,
+            kinds: EnabledKinds::builtin_only(&Kind::builtin().collect::<Vec<_>>()),
+            denied_kinds: DeniedKinds::defaults(),
+        })
+    }
+
+    pub fn is_protected(&self, namespace: &str) -> bool {
+        self.protected_namespaces
+            .iter()
+            .any(|g| g.matches(namespace))
+    }
+
+    /// Why `source`, an object of `kind`, is not copied, if it is not: its
+    /// `type`, or (of a kind named by `objectType`) its controller.
+    pub fn refuses_source(
+        &self,
+        kind: Kind,
+        source: &crate::cache::index::Object,
+    ) -> Option<String> {
+        if let Some(controller) = &source.controller {
+            return Some(format!(
+                "it belongs to its controller {controller}, which keeps it"
+            ));
+        }
+        self.refuses_type(kind, source.object_type())
+    }
+
+    /// Why an object of `kind` with this `type` is not copied, if it is not.
+    pub fn refuses_type(&self, kind: Kind, object_type: Option<&str>) -> Option<String> {
+        if let Some(why) = kind.never_copied_reason(object_type) {
+            return Some(why.to_owned());
+        }
+        match (kind, object_type) {
+            (Kind::Secret, Some(t)) if !self.secret_types.iter().any(|s| s == t) => Some(format!(
+                "Secret type {t:?} is not copied (copied: {}; --secret-types adds more)",
+                self.secret_types.join(", ")
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Target namespaces of a rule, validated.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TargetSelector {
+    pub namespace_selector: Option<LabelSelector>,
+    pub include: Vec<Glob>,
+    pub exclude: Vec<Glob>,
+}
+
+impl TargetSelector {
+    pub fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+        (self.include.is_empty() || self.include.iter().any(|g| g.matches(name)))
+            && !self.exclude.iter().any(|g| g.matches(name))
+            && self
+                .namespace_selector
+                .as_ref()
+                .is_none_or(|s| s.matches(labels))
+    }
+
+    /// Whether `targets.include` names `name` exactly (no wildcard).
+    pub fn names_exactly(&self, name: &str) -> bool {
+        self.include.iter().any(|g| g.is_exactly(name))
+    }
+}
+
+/// Label, annotation and data key changes, validated.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ResolvedTransform {
+    pub add_labels: BTreeMap<String, String>,
+    pub add_annotations: BTreeMap<String, String>,
+    pub strip_labels: Vec<KeyGlob>,
+    pub strip_annotations: Vec<KeyGlob>,
+    pub keys: ResolvedKeys,
+}
+
+/// Which data keys copies carry, under which names, validated: no two
+/// keys a copy carries share a name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ResolvedKeys {
+    pub include: Vec<KeyGlob>,
+    pub exclude: Vec<KeyGlob>,
+    pub rename: BTreeMap<String, String>,
+}
+
+impl ResolvedKeys {
+    /// Every key under its own name: copies carry the source's payload as it is.
+    pub fn is_identity(&self) -> bool {
+        self.include.is_empty()
+            && self.exclude.is_empty()
+            && self.rename.iter().all(|(from, to)| from == to)
+    }
+
+    /// Whether copies carry the source key `key` (under some name).
+    pub fn selects(&self, key: &str) -> bool {
+        (self.include.is_empty() || self.include.iter().any(|g| g.matches(key)))
+            && !self.exclude.iter().any(|g| g.matches(key))
+    }
+
+    /// The name the source key `key` has on copies, if they carry it.
+    pub fn name_on_copies<'a>(&'a self, key: &'a str) -> Option<&'a str> {
+        self.selects(key)
+            .then(|| self.rename.get(key).map_or(key, String::as_str))
+    }
+
+    fn resolve(keys: KeyTransform) -> Result<Self, InvalidRule> {
+        let globs = |field: &str, patterns: Option<Vec<String>>| {
+            let patterns = patterns.unwrap_or_default();
+            check_transform_entries(&format!("keys.{field}"), patterns.len())?;
+            patterns
+                .iter()
+                .map(|p| {
+                    KeyGlob::data_key(p)
+                        .map_err(|e| InvalidRule::invalid(format!("transform.keys.{field}: {e}")))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let resolved = Self {
+            include: globs("include", keys.include)?,
+            exclude: globs("exclude", keys.exclude)?,
+            rename: keys.rename.unwrap_or_default(),
+        };
+        check_transform_entries("keys.rename", resolved.rename.len())?;
+        let invalid = |e: String| InvalidRule::invalid(format!("transform.keys.rename: {e}"));
+        let mut renamed_to: BTreeMap<&str, &str> = BTreeMap::new();
+        for (from, to) in &resolved.rename {
+            validate_data_key(from).map_err(invalid)?;
+            validate_data_key(to).map_err(invalid)?;
+            if let Some(other) = renamed_to.insert(to, from) {
+                return Err(invalid(format!(
+                    "{other:?} and {from:?} are both renamed to {to:?}; a copy holds each key once"
+                )));
+            }
+        }
+        // A key renamed onto one that copies keep as it is would hold two
+        // values whenever a source has both.
+        for (from, to) in &resolved.rename {
+            if from != to
+                && resolved.selects(from)
+                && resolved.selects(to)
+                && !resolved.rename.contains_key(to)
+            {
+                return Err(invalid(format!(
+                    "{from:?} is renamed to {to:?}, a key that copies keep as it is; exclude {to:?} or rename it too"
+                )));
+            }
+        }
+        Ok(resolved)
+    }
+}
+
+/// A rule with both shapes merged, defaults applied, and everything checked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedRule {
+    pub key: RuleKey,
+    pub uid: String,
+    pub kind: Kind,
+    pub selector: LabelSelector,
+    /// Sorted; the first source namespace wins when two sources share a name.
+    pub source_namespaces: Vec<String>,
+    pub targets: TargetSelector,
+    pub prune: bool,
+    pub conflict_policy: ConflictPolicy,
+    pub sync_policy: SyncPolicy,
+    pub transform: ResolvedTransform,
+    /// The operator-wide settings the rule is followed under.
+    pub policy: Arc<CopyPolicy>,
+    /// A rule outside the operator's namespace under `--all-namespaces`:
+    /// it writes only into namespaces that accept its namespace.
+    pub tenant: bool,
+}
+
+/// Why a rule cannot be followed; shown in its status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidRule {
+    /// `InvalidRule`, `Forbidden`, or why its kind is not copied:
+    /// `DeniedKind`, `KindNotEnabled`, `UnknownKind`, `ClusterScopedKind`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl InvalidRule {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self {
+            reason: "InvalidRule",
+            message: message.into(),
+        }
+    }
+}
+
+/// Why a tenant rule may not name a kind beyond ConfigMaps and Secrets:
+/// consent is given per namespace, not per kind, and a Role, a RoleBinding
+/// or a workload copied where a namespace accepted ConfigMaps would grant
+/// or run what that namespace never agreed to.
+pub fn tenant_kind_refusal(trust: &Trust) -> InvalidRule {
+    InvalidRule {
+        reason: "Forbidden",
+        message: format!(
+            "a rule outside the operator's namespace {:?} may copy only ConfigMaps and Secrets",
+            trust.operator_namespace
+        ),
+    }
+}
+
+/// The kind `objectType` names, once discovery has registered it.
+fn object_type_kind(object_type: &ObjectType, policy: &CopyPolicy) -> Result<Kind, InvalidRule> {
+    if let Some(refusal) = object_type.refusal(policy) {
+        return Err(refusal);
+    }
+    let group = object_type.group_version().map_or("", |(g, _)| g);
+    Kind::find(group, &object_type.kind).ok_or_else(|| InvalidRule {
+        reason: "UnknownKind",
+        message: format!(
+            "the API server serves no kind {} ({})",
+            object_type.kind, object_type.api_version
+        ),
+    })
+}
+
+impl CopyratorRule {
+    /// A rule outside the operator's namespace under `--all-namespaces`.
+    pub fn is_tenant(&self, trust: &Trust) -> bool {
+        trust.all_namespaces && self.key().namespace != trust.operator_namespace
+    }
+
+    /// Merge both shapes, apply defaults, validate, and apply the trust rules.
+    pub fn resolve(&self, trust: &Trust) -> Result<ResolvedRule, InvalidRule> {
+        let key = self.key();
+        let spec = self.spec.clone().unwrap_or_default();
+        let kind = match (self.effective_rule_type(), spec.object_type.as_ref()) {
+            (Some(_), Some(_)) => {
+                return Err(InvalidRule::invalid(
+                    "ruleType and objectType are mutually exclusive",
+                ));
+            }
+            (Some(rule_type), None) => {
+                let kind = rule_type.kind();
+                if !trust.policy.kinds.has_builtin(kind) {
+                    return Err(InvalidRule::invalid(format!(
+                        "this operator does not copy {kind}s (its --kinds setting leaves them out, or --denied-kinds denies them)"
+                    )));
+                }
+                kind
+            }
+            (None, Some(object_type)) => object_type_kind(object_type, &trust.policy)?,
+            (None, None) => {
+                return Err(InvalidRule::invalid(
+                    "ruleType is required (configmap or secret), or spec.objectType",
+                ));
+            }
+        };
+        let raw_selector = spec
+            .selector
+            .as_ref()
+            .or(self.selector.as_ref())
+            .ok_or_else(|| InvalidRule::invalid("selector is required"))?;
+        let selector =
+            LabelSelector::from_rule_selector(raw_selector).map_err(InvalidRule::invalid)?;
+
+        let source_namespaces = match spec.namespace.as_ref().or(self.namespace.as_ref()) {
+            None | Some(Value::Null) => vec![key.namespace.clone()],
+            Some(value) => parse_namespaces(value).map_err(InvalidRule::invalid)?,
+        };
+        // A tenant rule may name other source namespaces: what it finds
+        // there is copied only with the source's consent, and only into
+        // its own namespace (see `plan::is_pulled`).
+        let tenant = self.is_tenant(trust);
+        if tenant && kind.info().generic {
+            return Err(tenant_kind_refusal(trust));
+        }
+        if tenant && spec.conflict_policy == Some(ConflictPolicy::Overwrite) {
+            return Err(InvalidRule {
+                reason: "Forbidden",
+                message: format!(
+                    "a rule outside the operator's namespace {:?} may not use conflictPolicy Overwrite",
+                    trust.operator_namespace
+                ),
+            });
+        }
+        let targets = spec.targets.unwrap_or_default();
+        let globs = |field: &str,
+                     patterns: Option<Vec<String>>|
+         -> Result<Vec<Glob>, InvalidRule> {
+            patterns
+                .unwrap_or_default()
+                .iter()
+                .map(|p| {
+                    Glob::new(p).map_err(|e| InvalidRule::invalid(format!("targets.{field}: {e}")))
+                })
+                .collect()
+        };
+        let targets = TargetSelector {
+            namespace_selector: match targets.namespace_selector {
+                Some(s) => Some(LabelSelector::from_k8s(&s).map_err(|e| {
+                    InvalidRule::invalid(format!("targets.namespaceSelector: {e}"))
+                })?),
+                None => None,
+            },
+            include: globs("include", targets.include)?,
+            exclude: globs("exclude", targets.exclude)?,
+        };
+
+        let transform = spec.transform.unwrap_or_default();
+        let key_globs =
+            |field: &str, patterns: Option<Vec<String>>| -> Result<Vec<KeyGlob>, InvalidRule> {
+                patterns
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|p| {
+                        KeyGlob::new(p)
+                            .map_err(|e| InvalidRule::invalid(format!("transform.{field}: {e}")))
+                    })
+                    .collect()
+            };
+        let add_labels = transform.add_labels.unwrap_or_default();
+        check_transform_entries("addLabels", add_labels.len())?;
+        for (label, value) in &add_labels {
+            crate::api::selector::validate_label_key(label)
+                .and_then(|()| {
+                    crate::api::selector::validate_label_value(value)
+                        .map_err(|e| format!("label {label:?}: value {value:?} {e}"))
+                })
+                .map_err(|e| InvalidRule::invalid(format!("transform.addLabels: {e}")))?;
+            if is_reserved_key(label) {
+                return Err(InvalidRule::invalid(format!(
+                    "transform.addLabels: {label:?} is set by Copyrator itself"
+                )));
+            }
+        }
+        let add_annotations = transform.add_annotations.unwrap_or_default();
+        check_annotations(&add_annotations)?;
+        if transform.keys.is_some() && kind.info().data_fields.is_empty() {
+            return Err(InvalidRule::invalid(format!(
+                "transform.keys selects ConfigMap and Secret data keys; {} has none",
+                kind.info().rule_type
+            )));
+        }
+        let transform = ResolvedTransform {
+            add_labels,
+            add_annotations,
+            strip_labels: key_globs("stripLabels", transform.strip_labels)?,
+            strip_annotations: key_globs("stripAnnotations", transform.strip_annotations)?,
+            keys: ResolvedKeys::resolve(transform.keys.unwrap_or_default())?,
+        };
+
+        Ok(ResolvedRule {
+            uid: self.metadata.uid.clone().unwrap_or_default(),
+            key,
+            kind,
+            selector,
+            source_namespaces,
+            targets,
+            prune: spec.prune.unwrap_or(true),
+            conflict_policy: spec.conflict_policy.unwrap_or_default(),
+            sync_policy: spec.sync_policy.or(self.sync_policy).unwrap_or_default(),
+            transform,
+            policy: trust.policy.clone(),
+            tenant,
+        })
+    }
+}
+
+impl ObjectType {
+    /// Why this kind is not copied whatever the API server serves, if it
+    /// is not: a malformed name, the deny-list, `--kinds`.
+    pub fn refusal(&self, policy: &CopyPolicy) -> Option<InvalidRule> {
+        let Some((group, _)) = self.group_version() else {
+            return Some(InvalidRule::invalid(format!(
+                "objectType.apiVersion {:?} is not group/version or v1",
+                self.api_version
+            )));
+        };
+        if policy.denied_kinds.denies(group, &self.kind) {
+            return Some(InvalidRule {
+                reason: "DeniedKind",
+                message: format!(
+                    "{} is never copied: it is on the deny-list (--denied-kinds; CopyratorRules always are)",
+                    self.name()
+                ),
+            });
+        }
+        if !policy.kinds.enables(group, &self.kind) {
+            return Some(InvalidRule {
+                reason: "KindNotEnabled",
+                message: format!(
+                    "this operator does not copy {}: add it to --kinds (the chart's extraKinds, which also grants the RBAC)",
+                    self.name()
+                ),
+            });
+        }
+        None
+    }
+}
+
+fn is_reserved_key(key: &str) -> bool {
+    key == crate::LABEL_MANAGED_BY || key.starts_with("copyrator.flant.com/")
+}
+
+fn check_transform_entries(field: &str, entries: usize) -> Result<(), InvalidRule> {
+    if entries > MAX_TRANSFORM_ENTRIES {
+        return Err(InvalidRule::invalid(format!(
+            "transform.{field}: {entries} entries; at most {MAX_TRANSFORM_ENTRIES} are allowed"
+        )));
+    }
+    Ok(())
+}
+
+/// The checks the API server applies to the annotations of every copy, so
+/// that a rule that could never be written is reported as invalid instead.
+fn check_annotations(annotations: &BTreeMap<String, String>) -> Result<(), InvalidRule> {
+    check_transform_entries("addAnnotations", annotations.len())?;
+    let mut bytes = 0;
+    for (key, value) in annotations {
+        // The API server lowercases annotation keys before it checks them.
+        crate::api::selector::validate_qualified_name(&key.to_ascii_lowercase()).map_err(|e| {
+            InvalidRule::invalid(format!(
+                "transform.addAnnotations: annotation key {key:?}: {e}"
+            ))
+        })?;
+        if is_reserved_key(key) {
+            return Err(InvalidRule::invalid(format!(
+                "transform.addAnnotations: {key:?} is set by Copyrator itself"
+            )));
+        }
+        bytes += key.len() + value.len();
+    }
+    if bytes > MAX_ANNOTATION_BYTES {
+        return Err(InvalidRule::invalid(format!(
+            "transform.addAnnotations: keys and values total {bytes} bytes; at most {MAX_ANNOTATION_BYTES} (256 KiB) are allowed"
+        )));
+    }
+    Ok(())
+}
+
+fn parse_namespaces(value: &Value) -> Result<Vec<String>, String> {
+    let names: Vec<String> = match value {
+        Value::String(name) => vec![name.clone()],
+        Value::Array(items) => items
+            .iter()
+            .map(|item| match item {
+                Value::String(name) => Ok(name.clone()),
+                other => Err(format!("namespace: {other} is not a namespace name")),
+            })
+            .collect::<Result<_, _>>()?,
+        other => {
+            return Err(format!(
+                "namespace must be a name or a list of names, not {other}"
+            ));
+        }
+    };
+    if names.is_empty() {
+        return Err(
+            "namespace: the list is empty; omit it to copy from the rule's own namespace".into(),
+        );
+    }
+    if names.len() > MAX_SOURCE_NAMESPACES {
+        return Err(format!(
+            "namespace: the list holds {} names; at most {MAX_SOURCE_NAMESPACES} are allowed",
+            names.len()
+        ));
+    }
+    for name in &names {
+        let valid = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !name.starts_with('-')
+            && !name.ends_with('-');
+        if !valid {
+            return Err(format!("namespace: {name:?} is not a valid namespace name"));
+        }
+    }
+    let mut names = names;
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn trust() -> Trust {
+        Trust::new("copyrator", false)
+    }
+
+    fn rule(value: Value) -> CopyratorRule {
+        serde_json::from_value(value).expect("test rule parses")
+    }
+
+    #[test]
+    fn original_example_resolves() {
+        let r = rule(json!({
+            "apiVersion": "flant.com/v1", "kind": "CopyratorRule",
+            "metadata": {"name": "main-rule", "namespace": "copyrator", "uid": "u1", "labels": {"module": "copyrator"}},
+            "ruleType": "configmap",
+            "selector": {"copyrator": "true"},
+            "namespace": "default"
+        }));
+        let resolved = r.resolve(&trust()).unwrap();
+        assert_eq!(resolved.kind, Kind::ConfigMap);
+        assert_eq!(resolved.source_namespaces, vec!["default"]);
+        assert_eq!(resolved.selector.to_query(), "copyrator=true");
+        assert!(resolved.prune);
+        assert_eq!(resolved.conflict_policy, ConflictPolicy::Skip);
+        assert_eq!(resolved.uid, "u1");
+    }
+
+    #[test]
+    fn spec_wins_over_top_level_and_lists_work() {
+        let r = rule(json!({
+            "metadata": {"name": "r", "namespace": "copyrator"},
+            "ruleType": "configmap",
+            "selector": {"a": "b"},
+            "namespace": ["x", "y"],
+            "spec": {
+                "ruleType": "secret",
+                "namespace": ["z", "a", "z"],
+                "prune": false,
+                "conflictPolicy": "Overwrite",
+                "targets": {"include": ["team-*"], "exclude": ["team-x"]}
+            }
+        }));
+        let resolved = r.resolve(&trust()).unwrap();
+        assert_eq!(resolved.kind, Kind::Secret);
+        assert_eq!(resolved.source_namespaces, vec!["a", "z"]);
+        assert_eq!(
+            resolved.selector.to_query(),
+            "a=b",
+            "top-level selector used when spec has none"
+        );
+        assert!(!resolved.prune);
+        assert_eq!(resolved.conflict_policy, ConflictPolicy::Overwrite);
+        let empty = BTreeMap::new();
+        assert!(resolved.targets.matches("team-a", &empty));
+        assert!(!resolved.targets.matches("team-x", &empty), "exclude wins");
+        assert!(!resolved.targets.matches("other", &empty));
+    }
+
+    #[test]
+    fn sync_policy_defaults_to_sync_and_spec_wins() {
+        let with = |top: Option<&str>, spec: Option<&str>| {
+            let mut body = json!({
+                "metadata": {"name": "r", "namespace": "copyrator"},
+                "ruleType": "configmap", "selector": {"a": "b"}, "spec": {}
+            });
+            if let Some(top) = top {
+                body["syncPolicy"] = json!(top);
+            }
+            if let Some(spec) = spec {
+                body["spec"]["syncPolicy"] = json!(spec);
+            }
+            rule(body).resolve(&trust()).unwrap().sync_policy
+        };
+        assert_eq!(with(None, None), SyncPolicy::Sync);
+        assert_eq!(with(Some("CreateOnly"), None), SyncPolicy::CreateOnly);
+        assert_eq!(with(None, Some("CreateOnly")), SyncPolicy::CreateOnly);
+        assert_eq!(with(Some("CreateOnly"), Some("Sync")), SyncPolicy::Sync);
+        assert_eq!(
+            with(Some("Sync"), Some("CreateOnly")),
+            SyncPolicy::CreateOnly
+        );
+        // Only the two values exist (the CRD's enum refuses others first).
+        for bad in ["createOnly", "Always", ""] {
+            let parsed = serde_json::from_value::<CopyratorRule>(json!({
+                "ruleType": "configmap", "selector": {"a": "b"}, "spec": {"syncPolicy": bad}
+            }));
+            assert!(parsed.is_err(), "{bad:?} was taken");
+        }
+    }
+
+    #[test]
+    fn namespace_defaults_to_the_rules_own() {
+        let r = rule(
+            json!({"metadata": {"name": "r", "namespace": "copyrator"}, "spec": {"ruleType": "secret", "selector": {"a": "b"}}}),
+        );
+        assert_eq!(
+            r.resolve(&trust()).unwrap().source_namespaces,
+            vec!["copyrator"]
+        );
+    }
+
+    #[test]
+    fn an_object_type_is_refused_for_its_kind_before_any_discovery() {
+        let with_kinds = |kinds: &str| {
+            let mut trust = trust();
+            let entries: Vec<String> = kinds.split(',').map(str::to_owned).collect();
+            let policy = Arc::make_mut(&mut trust.policy);
+            policy.kinds = EnabledKinds::parse(&entries).expect("valid kinds");
+            trust
+        };
+        let named = |api_version: &str, kind: &str| {
+            rule(json!({
+                "metadata": {"name": "r", "namespace": "copyrator"},
+                "spec": {"objectType": {"apiVersion": api_version, "kind": kind}, "selector": {"a": "b"}}
+            }))
+        };
+        let reason =
+            |r: &CopyratorRule, trust: &Trust| r.resolve(trust).map(|_| ()).unwrap_err().reason;
+        assert_eq!(reason(&named("v1", "Pod"), &with_kinds("*")), "DeniedKind");
+        assert_eq!(
+            reason(&named("flant.com/v1", "CopyratorRule"), &with_kinds("*")),
+            "DeniedKind"
+        );
+        assert_eq!(
+            reason(&named("networking.k8s.io/v1", "NetworkPolicy"), &trust()),
+            "KindNotEnabled"
+        );
+        assert_eq!(
+            reason(&named("example.com/v1", "Unregistered"), &with_kinds("*")),
+            "UnknownKind"
+        );
+        assert_eq!(
+            reason(&named("", "Widget"), &with_kinds("*")),
+            "InvalidRule"
+        );
+        let both = rule(json!({
+            "metadata": {"name": "r", "namespace": "copyrator"},
+            "ruleType": "configmap",
+            "spec": {"objectType": {"apiVersion": "v1", "kind": "ConfigMap"}, "selector": {"a": "b"}}
+        }));
+        let err = both.resolve(&with_kinds("*")).unwrap_err();
+        assert!(
+            err.message.contains("mutually exclusive"),
+            "{}",
+            err.message
+        );
+        // The built-in kinds by objectType: the same kind, the same rules.
+        let secret = named("v1", "Secret").resolve(&trust()).expect("resolves");
+        assert_eq!(secret.kind, Kind::Secret);
+        assert_eq!(named("v1", "Secret").kind_name().as_deref(), Some("secret"));
+        let widget = Kind::register(&crate::api::kinds::Discovered {
+            group: "example.com".into(),
+            version: "v1".into(),
+            kind: "Widget".into(),
+            plural: "widgets".into(),
+        })
+        .expect("room for a kind");
+        let resolved = named("example.com/v1", "Widget")
+            .resolve(&with_kinds("Widget.example.com"))
+            .expect("resolves once registered");
+        assert_eq!(resolved.kind, widget);
+        // A tenant (a rule elsewhere under --all-namespaces) copies only
+        // ConfigMaps and Secrets.
+        let mut tenants = with_kinds("*");
+        tenants.all_namespaces = true;
+        let mut tenant_rule = named("example.com/v1", "Widget");
+        tenant_rule.metadata.namespace = Some("team-a".into());
+        assert_eq!(reason(&tenant_rule, &tenants), "Forbidden");
+        let mut tenant_secret = named("v1", "Secret");
+        tenant_secret.metadata.namespace = Some("team-a".into());
+        assert!(
+            tenant_secret.resolve(&tenants).is_ok(),
+            "a tenant's Secret rule"
+        );
+        let mut keyed = named("example.com/v1", "Widget");
+        if let Some(spec) = keyed.spec.as_mut() {
+            spec.transform = serde_json::from_value(json!({"keys": {"include": ["a"]}})).ok();
+        }
+        let err = keyed
+            .resolve(&with_kinds("Widget.example.com"))
+            .unwrap_err();
+        assert!(err.message.contains("transform.keys"), "{}", err.message);
+    }
+
+    #[test]
+    fn invalid_rules_say_why() {
+        let cases = [
+            (json!({"selector": {"a": "b"}}), "ruleType is required"),
+            (json!({"ruleType": "secret"}), "selector is required"),
+            (
+                json!({"ruleType": "secret", "selector": {"a": "b"}, "namespace": 3}),
+                "namespace must be",
+            ),
+            (
+                json!({"ruleType": "secret", "selector": {"a": "b"}, "namespace": []}),
+                "empty",
+            ),
+            (
+                json!({"ruleType": "secret", "selector": {"a": "b"}, "namespace": "Bad_NS"}),
+                "not a valid namespace",
+            ),
+            (
+                json!({"ruleType": "secret", "selector": {"a": "b"}, "spec": {"targets": {"include": ["A*"]}}}),
+                "targets.include",
+            ),
+            (
+                json!({"ruleType": "secret", "selector": {"a": "b"}, "spec": {"transform": {"addLabels": {"copyrator.flant.com/rule-uid": "x"}}}}),
+                "set by Copyrator",
+            ),
+            (
+                json!({"ruleType": "secret", "selector": {"a": "b"}, "spec": {"targets": {"namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}}}),
+                "targets.namespaceSelector",
+            ),
+        ];
+        for (body, expected) in cases {
+            let mut value = body.clone();
+            value["metadata"] = json!({"name": "r", "namespace": "copyrator"});
+            let err = rule(value).resolve(&trust()).unwrap_err();
+            assert!(
+                err.message.contains(expected),
+                "{body}: {} lacks {expected:?}",
+                err.message
+            );
+            assert_eq!(err.reason, "InvalidRule");
+        }
+    }
+
+    fn with_transform(transform: Value) -> CopyratorRule {
+        rule(json!({
+            "metadata": {"name": "r", "namespace": "copyrator"},
+            "spec": {"ruleType": "configmap", "selector": {"a": "b"}, "transform": transform}
+        }))
+    }
+
+    fn refusal(r: &CopyratorRule) -> String {
+        let err = r.resolve(&trust()).expect_err("the rule is refused");
+        assert_eq!(err.reason, "InvalidRule");
+        err.message
+    }
+
+    #[test]
+    fn added_labels_must_be_labels_the_api_server_takes() {
+        let prefix = format!("{}.example.com", "a".repeat(253 - ".example.com".len()));
+        let longest_key = format!("{prefix}/{}", "n".repeat(63));
+        let longest_value = "v".repeat(63);
+        let at_limit: serde_json::Map<String, Value> = (1..MAX_TRANSFORM_ENTRIES)
+            .map(|i| (format!("k{i}"), json!("")))
+            .chain([(longest_key.clone(), json!(longest_value))])
+            .collect();
+        assert_eq!(at_limit.len(), MAX_TRANSFORM_ENTRIES);
+        let resolved = with_transform(json!({"addLabels": at_limit}))
+            .resolve(&trust())
+            .expect("labels at the limits are taken");
+        assert_eq!(resolved.transform.add_labels[&longest_key], longest_value);
+
+        let cases = [
+            (json!({"bad key!": "x"}), "label key \"bad key!\""),
+            (json!({"a": "-bad-"}), "value \"-bad-\""),
+            (json!({"a": "v".repeat(64)}), "1-63 characters"),
+            (json!({"n".repeat(64): "x"}), "1-63 characters"),
+            (
+                json!({format!("a{prefix}/n"): "x"}),
+                "at most 253 characters",
+            ),
+            (json!({"Example.com/n": "x"}), "prefix must be"),
+        ];
+        for (labels, expected) in cases {
+            let message = refusal(&with_transform(json!({"addLabels": labels})));
+            assert!(
+                message.starts_with("transform.addLabels: ") && message.contains(expected),
+                "{labels}: {message} lacks {expected:?}"
+            );
+        }
+        let too_many: serde_json::Map<String, Value> = (0..=MAX_TRANSFORM_ENTRIES)
+            .map(|i| (format!("k{i}"), json!("")))
+            .collect();
+        let message = refusal(&with_transform(json!({"addLabels": too_many})));
+        assert!(message.contains("at most 64"), "{message}");
+    }
+
+    #[test]
+    fn added_annotations_must_fit_what_the_api_server_takes() {
+        // One key of 8 bytes and a value that fills the rest, to the byte.
+        let at_limit = json!({"note/abc": "x".repeat(MAX_ANNOTATION_BYTES - 8)});
+        assert!(
+            with_transform(json!({"addAnnotations": at_limit}))
+                .resolve(&trust())
+                .is_ok(),
+            "annotations of exactly 256 KiB are taken"
+        );
+        // Bytes count, not characters: 'é' is two.
+        let over = json!({"note/abc": "é".repeat((MAX_ANNOTATION_BYTES - 8) / 2 + 1)});
+        let message = refusal(&with_transform(json!({"addAnnotations": over})));
+        assert!(
+            message.starts_with("transform.addAnnotations: ")
+                && message.contains("262146 bytes")
+                && message.contains("at most 262144"),
+            "{message}"
+        );
+        let split = json!({"a": "x".repeat(MAX_ANNOTATION_BYTES / 2), "b": "x".repeat(MAX_ANNOTATION_BYTES / 2)});
+        let message = refusal(&with_transform(json!({"addAnnotations": split})));
+        assert!(message.contains("at most 262144"), "{message}");
+
+        // The API server lowercases annotation keys before checking them.
+        assert!(
+            with_transform(json!({"addAnnotations": {"Example.COM/Note": "x"}}))
+                .resolve(&trust())
+                .is_ok()
+        );
+        let message = refusal(&with_transform(json!({"addAnnotations": {"bad key": "x"}})));
+        assert!(message.contains("annotation key \"bad key\""), "{message}");
+        let message = refusal(&with_transform(
+            json!({"addAnnotations": {"copyrator.flant.com/rule": "x"}}),
+        ));
+        assert!(message.contains("set by Copyrator"), "{message}");
+        let too_many: serde_json::Map<String, Value> = (0..=MAX_TRANSFORM_ENTRIES)
+            .map(|i| (format!("k{i}"), json!("")))
+            .collect();
+        let message = refusal(&with_transform(json!({"addAnnotations": too_many})));
+        assert!(message.contains("at most 64"), "{message}");
+    }
+
+    #[test]
+    fn key_selection_and_renames_resolve() {
+        let resolved = with_transform(json!({"keys": {
+            "include": ["*.crt", "tls.*"], "exclude": ["tls.key"],
+            "rename": {"ca.crt": "root.pem", "tls.crt": "ca.crt", "same": "same"}
+        }}))
+        .resolve(&trust())
+        .expect("a rename chain and an identity are no collision");
+        let keys = &resolved.transform.keys;
+        assert!(!keys.is_identity());
+        assert_eq!(keys.name_on_copies("ca.crt"), Some("root.pem"));
+        assert_eq!(keys.name_on_copies("tls.crt"), Some("ca.crt"));
+        assert_eq!(keys.name_on_copies("tls.key"), None, "exclude wins");
+        assert_eq!(keys.name_on_copies("notes"), None, "not included");
+        let plain = with_transform(json!({"keys": {"rename": {"a": "a"}}}))
+            .resolve(&trust())
+            .unwrap();
+        assert!(plain.transform.keys.is_identity());
+        assert!(
+            with_transform(json!({"keys": {"rename": {"a": "b"}, "exclude": ["b"]}}))
+                .resolve(&trust())
+                .is_ok(),
+            "renamed onto a key copies never keep"
+        );
+    }
+
+    #[test]
+    fn rename_collisions_and_bad_keys_are_refused() {
+        let cases = [
+            (
+                json!({"rename": {"a": "c", "b": "c"}}),
+                "\"a\" and \"b\" are both renamed to \"c\"",
+            ),
+            (
+                json!({"rename": {"a": "a", "b": "a"}}),
+                "both renamed to \"a\"",
+            ),
+            (
+                json!({"rename": {"a": "b"}}),
+                "\"a\" is renamed to \"b\", a key that copies keep as it is",
+            ),
+            (
+                json!({"include": ["a", "b"], "rename": {"a": "b"}}),
+                "keep as it is",
+            ),
+            (json!({"rename": {"a": "x/y"}}), "not a data key"),
+            (json!({"rename": {"..": "x"}}), "not a data key"),
+            (json!({"include": ["a/*"]}), "transform.keys.include"),
+            (json!({"exclude": [""]}), "transform.keys.exclude"),
+        ];
+        for (keys, expected) in cases {
+            let message = refusal(&with_transform(json!({ "keys": keys })));
+            assert!(
+                message.starts_with("transform.keys.") && message.contains(expected),
+                "{keys}: {message} lacks {expected:?}"
+            );
+        }
+        let too_many: serde_json::Map<String, Value> = (0..=MAX_TRANSFORM_ENTRIES)
+            .map(|i| (format!("k{i}"), json!(format!("n{i}"))))
+            .collect();
+        let message = refusal(&with_transform(
+            json!({"keys": {"rename": too_many, "exclude": ["n*"]}}),
+        ));
+        assert!(message.contains("at most 64"), "{message}");
+    }
+
+    #[test]
+    fn source_namespaces_are_bounded() {
+        let names = |n: usize| -> Vec<String> { (0..n).map(|i| format!("ns-{i}")).collect() };
+        let at_limit = rule(json!({
+            "metadata": {"name": "r", "namespace": "copyrator"},
+            "ruleType": "secret", "selector": {"a": "b"},
+            "namespace": names(MAX_SOURCE_NAMESPACES)
+        }));
+        assert_eq!(
+            at_limit.resolve(&trust()).unwrap().source_namespaces.len(),
+            MAX_SOURCE_NAMESPACES
+        );
+        let over = rule(json!({
+            "metadata": {"name": "r", "namespace": "copyrator"},
+            "spec": {"ruleType": "secret", "selector": {"a": "b"}, "namespace": names(MAX_SOURCE_NAMESPACES + 1)}
+        }));
+        assert_eq!(
+            refusal(&over),
+            "namespace: the list holds 1001 names; at most 1000 are allowed"
+        );
+    }
+
+    #[test]
+    fn rules_elsewhere_may_name_other_source_namespaces_as_tenants() {
+        let all = Trust::new("copyrator", true);
+        let foreign = rule(
+            json!({"metadata": {"name": "r", "namespace": "team-a"}, "ruleType": "secret", "selector": {"a": "b"}, "namespace": "kube-system"}),
+        );
+        // Valid: what it finds there needs the source's consent (plan.rs).
+        let pulling = foreign.resolve(&all).unwrap();
+        assert!(pulling.tenant);
+        assert_eq!(pulling.source_namespaces, vec!["kube-system"]);
+        let own = rule(
+            json!({"metadata": {"name": "r", "namespace": "team-a"}, "ruleType": "secret", "selector": {"a": "b"}}),
+        );
+        assert_eq!(own.resolve(&all).unwrap().source_namespaces, vec!["team-a"]);
+        let operator_rule = rule(
+            json!({"metadata": {"name": "r", "namespace": "copyrator"}, "ruleType": "secret", "selector": {"a": "b"}, "namespace": "kube-system"}),
+        );
+        assert!(
+            operator_rule.resolve(&all).is_ok(),
+            "the operator's namespace may copy from anywhere"
+        );
+    }
+}
