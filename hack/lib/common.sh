@@ -6,7 +6,9 @@
 
 K8S_VERSION=1.37.2
 # The API server's Service range; 10.0.0.1 is the `kubernetes` Service.
+# shellcheck disable=SC2034 # used by control-plane.sh and node.sh
 SERVICE_RANGE=10.0.0.0/24
+# shellcheck disable=SC2034 # used by control-plane.sh and node.sh
 SERVICE_IP=10.0.0.1
 
 CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/copyrator"
@@ -80,7 +82,7 @@ etcd_url() { echo "http://127.0.0.1:$(cat "$STATE/etcd.port")"; }
 # A key and a certificate signed by the cluster's CA, in $STATE/pki.
 cert() { # name subject [extensions]
   (
-    cd "$STATE/pki"
+    cd "$STATE/pki" || exit
     openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
     printf '%s\n' "${3:-extendedKeyUsage=clientAuth}" >"$1.ext"
     openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 365 \

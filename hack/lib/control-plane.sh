@@ -29,7 +29,7 @@ build_kubernetes() { # command...: the ones to build
   local src="$CACHE/src/kubernetes" proxy minor
   minor=$(echo "$K8S_VERSION" | cut -d. -f2)
   mkdir -p "$src" "$BIN"
-  proxy=$(go env GOPROXY | tr ',|' '\n\n' | grep -E '^https?://' | head -n1)
+  proxy=$(go env GOPROXY | tr ',|' '\n' | grep -E '^https?://' | head -n1)
   [ -n "$proxy" ] || proxy=https://proxy.golang.org
   # k8s.io/kubernetes replaces its staging modules with local paths, so it
   # cannot be built as a dependency as it stands. A wrapper module replaces
@@ -113,7 +113,7 @@ make_certs() {
   local d="$STATE/pki"
   mkdir -p "$d"
   (
-    cd "$d"
+    cd "$d" || exit
     openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 365 \
       -subj "/CN=copyrator-test-ca" 2>/dev/null
     openssl genrsa -out sa.key 2048 2>/dev/null
@@ -311,6 +311,6 @@ cmd_down() {
 }
 
 cmd_env() {
-  alive kube-apiserver && api_ready || die "no running control plane; run: hack/cluster up"
+  { alive kube-apiserver && api_ready; } || die "no running control plane; run: hack/cluster up"
   print_env
 }

@@ -531,7 +531,7 @@ mounts_under() { # dir
 cmd_node_down() {
   [ -d "$NODE_DIR" ] || return 0
   log "stopping the node $NODE_NAME"
-  local id pid f table chain hook key value dir sockdir deadline attempt left cmd
+  local id pid f table chain hook key value dir sockdir deadline left cmd
   sockdir=$(shim_socket_dir)
   # 1. Drain through the API while the kubelet runs: it stops every Pod
   #    (and the CNI plugin releases its network) as a deletion would.
@@ -575,6 +575,7 @@ cmd_node_down() {
   done
   # 4. Processes left in our containers' cgroups.
   for dir in $(node_cgroups); do
+    # shellcheck disable=SC2013 # one PID a line: the words are the lines
     for pid in $(cat "$dir/cgroup.procs" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
   done
   # 5. Mounts: the kubelet's root (bound on itself), volumes, root file
@@ -583,7 +584,7 @@ cmd_node_down() {
     umount "$dir" 2>/dev/null || umount -l "$dir" 2>/dev/null || log "could not unmount $dir"
   done
   # 6. Our (by now empty) cgroups.
-  for attempt in 1 2 3 4 5; do
+  for _ in 1 2 3 4 5; do
     left=0
     for dir in $(node_cgroups); do rmdir "$dir" 2>/dev/null || left=1; done
     [ "$left" = 0 ] && break
