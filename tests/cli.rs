@@ -239,13 +239,13 @@ async fn plan_of_a_rule_with_nothing_to_do_says_no_changes() {
 /// A rule the operator refuses (a target pattern that is no namespace
 /// glob): the plan exits 1 and says, for the live rule and for a new rule
 /// alike, the reason and message that the operator put into the live
-/// rule's status, and both are the README's words for such a pattern.
+/// rule's status, and both are docs/plan.md's words for such a pattern.
 #[tokio::test]
 async fn plan_of_an_invalid_rule_fails_with_its_status_message() {
     let t = TestNs::new("plan-invalid").await;
     let op = t.ns("op").await;
     let bad = rule_spec(CM, t.selector(), &["Not-A-Namespace*"]);
-    // As the README's plan example words a pattern with capitals.
+    // As docs/plan.md's example words a pattern with capitals.
     let message = "targets.include: pattern \"Not-A-Namespace*\" may only hold lowercase letters, \
                    digits, '-', '.', '*' and '?'";
     t.create_rule(&op, "bad", bad.clone()).await;

@@ -1774,8 +1774,9 @@ async fn spec_wins_over_top_level_fields() {
 
 // --- conflicts between sources, and many conflicts ----------------------------------
 
-/// README: two sources of one rule with one name: the one in the first
-/// source namespace (sorted by name) wins, the other is reported.
+/// docs/rules.md, "What happens when": two sources of one rule with one
+/// name: the one in the first source namespace (sorted by name) wins, the
+/// other is reported.
 #[tokio::test]
 async fn two_sources_with_one_name_first_source_namespace_wins() {
     let t = TestNs::new("same-name").await;

@@ -888,7 +888,7 @@ async fn a_role_binding_the_operator_may_not_grant_fails_as_rbac_escalation() {
 // ---------------------------------------------------------------------------
 // syncPolicy: CreateOnly
 
-/// The README's "NetworkPolicy default-deny copied once": rule `once`
+/// The NetworkPolicy default-deny copied once (docs/kinds.md): rule `once`
 /// (CreateOnly) fills `once1`, rule `sync` (Sync) fills `sync1` from the
 /// same source, as a witness that each change was seen. The copy made once
 /// carries the label that hands it over; an edit of it stays, a change of

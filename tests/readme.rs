@@ -1,8 +1,10 @@
-//! The README's examples, applied as they are written: each example marked
-//! `<!-- tests/readme.rs applies this example: NAME -->` is read from
-//! README.md, its namespace names are made the test's own (nothing else
-//! changes), and it is applied to a real control plane with the real
-//! binary, then checked to do what the README says.
+//! The documentation's examples, applied as they are written: each example
+//! marked `<!-- tests/readme.rs applies this example: NAME -->` is read from
+//! README.md or the page of `docs/` that holds it, its namespace names are
+//! made the test's own (nothing else changes), and it is applied to a real
+//! control plane with the real binary, then checked to do what the page
+//! says. The `kubectl` commands the pages show that name a rule run as
+//! written.
 
 mod common;
 
@@ -16,7 +18,7 @@ const CM: Kind = Kind::ConfigMap;
 const SECRET: Kind = Kind::Secret;
 const LABEL_SYNC_POLICY: &str = "copyrator.flant.com/sync-policy";
 
-/// `--kinds` for the examples of other kinds, as the README starts the
+/// `--kinds` for the examples of other kinds, as docs/kinds.md starts the
 /// operator for them.
 const KINDS: &str =
     "configmap,secret,RoleBinding.rbac.authorization.k8s.io,NetworkPolicy.networking.k8s.io";
@@ -144,30 +146,128 @@ fn copy_of(
     Ok(())
 }
 
-/// The YAML documents of the README example `name`, with each namespace
-/// name of `renames` replaced by the test's own.
+/// The marker that precedes an example this file applies.
+const MARKER: &str = "<!-- tests/readme.rs applies this example: ";
+
+/// The examples this file applies, by the name their marker gives.
+const APPLIED: &[&str] = &[
+    "create-only",
+    "data-keys",
+    "pull-ca",
+    "rolebinding-teams",
+    "networkpolicy-default-deny",
+];
+
+/// The documentation: README.md and every Markdown page of `docs/`, each
+/// with its path relative to the repository, in a stable order.
+fn doc_pages() -> Vec<(String, String)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut paths = vec!["README.md".to_owned()];
+    let mut pages: Vec<String> = std::fs::read_dir(root.join("docs"))
+        .expect("reading docs/")
+        .map(|entry| entry.expect("an entry of docs/").file_name())
+        .filter_map(|name| name.to_str().map(str::to_owned))
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/{name}"))
+        .collect();
+    pages.sort();
+    paths.extend(pages);
+    paths
+        .into_iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(root.join(&path))
+                .unwrap_or_else(|e| panic!("reading {path}: {e}"));
+            (path, text)
+        })
+        .collect()
+}
+
+/// Every marked example of the documentation: its name, the page that
+/// holds it and the text after its marker.
+fn marked_examples() -> Vec<(String, String, String)> {
+    let mut found = Vec::new();
+    for (path, text) in doc_pages() {
+        for (at, _) in text.match_indices(MARKER) {
+            let rest = &text[at + MARKER.len()..];
+            let (name, after) = rest
+                .split_once(" -->")
+                .unwrap_or_else(|| panic!("{path}: an example marker is not closed by \" -->\""));
+            found.push((name.trim().to_owned(), path.clone(), after.to_owned()));
+        }
+    }
+    found
+}
+
+/// The YAML documents of the example `name`, wherever in the documentation
+/// it is, with each namespace name of `renames` replaced by the test's own.
 fn example(name: &str, renames: &[(&str, &str)]) -> Vec<Value> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let marker = format!("<!-- tests/readme.rs applies this example: {name} -->");
-    let after = readme
-        .split_once(&marker)
-        .unwrap_or_else(|| panic!("README.md has no example {name:?}"))
-        .1;
+    let examples = marked_examples();
+    let holding: Vec<&(String, String, String)> =
+        examples.iter().filter(|(n, _, _)| n == name).collect();
+    let (_, path, after) = match holding.as_slice() {
+        [one] => *one,
+        [] => panic!("no page of README.md and docs/*.md marks an example {name:?}"),
+        many => panic!(
+            "the example {name:?} is marked {} times, in {}: names must be unique",
+            many.len(),
+            many.iter()
+                .map(|(_, path, _)| path.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
     let block = after
         .trim_start()
         .strip_prefix("```yaml\n")
         .and_then(|rest| rest.split_once("\n```"))
-        .unwrap_or_else(|| panic!("example {name:?} is not followed by a ```yaml block"))
+        .unwrap_or_else(|| panic!("{path}: example {name:?} is not followed by a ```yaml block"))
         .0;
     let mut text = block.to_owned();
     for (from, to) in renames {
         text = text.replace(from, to);
     }
     serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("example {name:?}: {e}")))
+        .map(|doc| {
+            Value::deserialize(doc).unwrap_or_else(|e| panic!("{path}: example {name:?}: {e}"))
+        })
         .filter(|doc| !doc.is_null())
         .collect()
+}
+
+/// Each example this file applies is marked exactly once in README.md and
+/// docs/*.md, and every marked example is one this file applies: a marked
+/// example that no test applies would promise what nothing checks. Needs
+/// no cluster.
+#[test]
+fn every_marked_example_is_applied_and_marked_once() {
+    let examples = marked_examples();
+    let mut problems = Vec::new();
+    for name in APPLIED {
+        let pages: Vec<&str> = examples
+            .iter()
+            .filter(|(n, _, _)| n == name)
+            .map(|(_, path, _)| path.as_str())
+            .collect();
+        match pages.len() {
+            1 => {}
+            0 => problems.push(format!(
+                "the example {name:?} is marked in no page of README.md and docs/*.md"
+            )),
+            n => problems.push(format!(
+                "the example {name:?} is marked {n} times, in {}: names must be unique",
+                pages.join(", ")
+            )),
+        }
+    }
+    for (name, path, _) in &examples {
+        if !APPLIED.contains(&name.as_str()) {
+            problems.push(format!(
+                "{path}: the example {name:?} is marked, but tests/readme.rs applies no such \
+                 example (APPLIED)"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
 /// The one document of `docs` of this kind.
@@ -177,7 +277,7 @@ fn of_kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} in the example"))
 }
 
-/// `README: Copies made once`: the rule creates each missing copy and
+/// docs/rules.md, "Copies made once": the rule creates each missing copy and
 /// hands it over (the `sync-policy` label).
 #[tokio::test]
 async fn the_create_only_example_hands_its_copies_over() {
@@ -222,7 +322,7 @@ async fn the_create_only_example_hands_its_copies_over() {
     .await;
 }
 
-/// `README: Choosing data keys`: the copy carries the selected keys under
+/// docs/rules.md, "Choosing data keys": the copy carries the selected keys under
 /// their new names and nothing else.
 #[tokio::test]
 async fn the_data_keys_example_selects_and_renames() {
@@ -264,7 +364,7 @@ async fn the_data_keys_example_selects_and_renames() {
     .await;
 }
 
-/// `README: Trust`: a tenant pulls a CA bundle that consents to its
+/// docs/trust.md, "Trust": a tenant pulls a CA bundle that consents to its
 /// namespace, into its own namespace.
 #[tokio::test]
 async fn the_pull_example_brings_the_ca_bundle_home() {
@@ -313,7 +413,7 @@ async fn the_pull_example_brings_the_ca_bundle_home() {
     .await;
 }
 
-/// `README: Copying RBAC objects`: the RoleBinding lands, with the same
+/// docs/kinds.md, "Copying RBAC objects": the RoleBinding lands, with the same
 /// roleRef and subjects, in every namespace labelled `team: "true"`, and
 /// not in one without the label.
 #[tokio::test]
@@ -376,7 +476,7 @@ async fn the_rolebinding_example_reaches_the_labelled_namespaces() {
     .await;
 }
 
-/// `README: Any namespaced kind`: the NetworkPolicy is copied once into
+/// docs/kinds.md, "Any namespaced kind": the NetworkPolicy is copied once into
 /// the team namespace and handed over; the team's edit of it stays. A
 /// `Sync` rule over the same source, whose copy gets the same edit and has
 /// it undone, shows that the operator saw the edit.
@@ -488,16 +588,22 @@ const RULE_NAMES: &[&str] = &[
     "copyratorrule",
 ];
 
-/// Every `kubectl` command README.md shows, in code spans and code blocks
-/// (a span may wrap over lines), with its words.
-fn readme_kubectl_commands() -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+/// Every `kubectl` command that README.md and docs/*.md show, in code
+/// spans and code blocks (a span may wrap over lines), with its words.
+fn documented_kubectl_commands() -> Vec<String> {
+    doc_pages()
+        .iter()
+        .flat_map(|(_, text)| kubectl_commands(text))
+        .collect()
+}
+
+/// Every `kubectl` command one Markdown page shows.
+fn kubectl_commands(page: &str) -> Vec<String> {
     let mut commands = Vec::new();
     let mut in_block = false;
     let mut prose = String::new();
     let mut block_command: Option<String> = None;
-    for line in readme.lines() {
+    for line in page.lines() {
         if line.trim_start().starts_with("```") {
             in_block = !in_block;
             continue;
@@ -571,18 +677,18 @@ fn resource_named(command: &str) -> Option<String> {
     Some(resource.split('.').next().unwrap_or(resource).to_owned())
 }
 
-/// Each README command that names the rule's resource runs as written
+/// Each documented command that names the rule's resource runs as written
 /// (`NS` and `NAME` stand for a rule's namespace and name), from a kubeconfig
 /// whose namespace is the rule's, and its output names the rule (or, for
 /// `explain`, the fields it documents). A name kubectl does not resolve
 /// fails with "the server doesn't have a resource type".
 #[tokio::test]
-async fn every_readme_command_that_names_a_rule_works_as_written() {
+async fn every_documented_command_that_names_a_rule_works_as_written() {
     let t = TestNs::new("readme-kubectl").await;
     let ns = t.ns("rules").await;
     t.create_rule(&ns, "r1", rule_spec(CM, t.selector(), &[t.glob("t")]))
         .await;
-    let commands: Vec<String> = readme_kubectl_commands()
+    let commands: Vec<String> = documented_kubectl_commands()
         .into_iter()
         .filter(|c| resource_named(c).is_some_and(|r| RULE_NAMES.contains(&r.as_str())))
         .collect();
@@ -591,12 +697,12 @@ async fn every_readme_command_that_names_a_rule_works_as_written() {
             commands
                 .iter()
                 .any(|c| resource_named(c).as_deref() == Some(*name)),
-            "README.md shows no kubectl command naming {name:?}: {commands:#?}"
+            "README.md and docs/*.md show no kubectl command naming {name:?}: {commands:#?}"
         );
     }
     assert!(
         commands.iter().any(|c| c.starts_with("kubectl explain ")),
-        "README.md shows no kubectl explain: {commands:#?}"
+        "README.md and docs/*.md show no kubectl explain: {commands:#?}"
     );
     let kubeconfig = operator_kubeconfig(&t, None, None);
     // A discovery cache of its own: names cached by an earlier run against
@@ -638,7 +744,7 @@ async fn every_readme_command_that_names_a_rule_works_as_written() {
 }
 
 /// The words of a command line as a POSIX shell splits them (single
-/// quotes only: the README's commands use no other quoting).
+/// quotes only: the documented commands use no other quoting).
 fn shell_words(line: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut word = String::new();

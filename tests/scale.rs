@@ -45,7 +45,7 @@ const SLOT: &str = "copyrator-test/slot";
 const LISTED: usize = 25;
 
 // ---------------------------------------------------------------------------
-// the model: label selectors and targets, as the README defines them
+// the model: label selectors and targets, as docs/rules.md defines them
 
 #[derive(Clone, Debug)]
 enum Req {
