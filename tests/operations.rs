@@ -1487,6 +1487,41 @@ fn assert_shutdown_logged(operator: &Operator, signal: &str) {
         stopped.len() == 1 && stopped[0].timestamp >= shutting[0].timestamp,
         "one \"stopped\" line after the shutdown began: {stopped:?}"
     );
+    assert_start_and_shutdown_order(&lines);
+}
+
+/// The operator's life in the order its log says it, read from the lines
+/// in the order they were written: started, caches synced, then on
+/// shutdown writes stop first, in-flight work finishes next, every other
+/// task stops last, then "stopped".
+fn assert_start_and_shutdown_order(lines: &[LogLine]) {
+    let said: Vec<String> = lines
+        .iter()
+        .filter_map(|line| match line.message.as_str() {
+            "shutdown step" => Some(format!(
+                "step {}: {}",
+                line.u64("step").unwrap_or(0),
+                line.str("done").unwrap_or_default()
+            )),
+            "copyrator started" | "caches synced" | "shutting down" | "stopped" => {
+                Some(line.message.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    let expected = [
+        "copyrator started",
+        "caches synced",
+        "shutting down",
+        "step 1: writes stopped",
+        "step 2: in-flight work finished",
+        "step 3: every other task stopped",
+        "stopped",
+    ];
+    assert_eq!(
+        said, expected,
+        "the operator's start and shutdown, in log order"
+    );
 }
 
 async fn shutdown_when_idle(test: &str, signal: &str) {

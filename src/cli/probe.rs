@@ -94,6 +94,31 @@ pub async fn probe(url: &str, timeout: Duration) -> Result<(), ProbeError> {
     }
 }
 
+/// `copyrator probe URL`: a current-thread runtime, one request; exit 0
+/// on 200, 1 otherwise (said on standard error).
+pub fn run(url: &str, timeout: Duration) -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(probe(url, timeout)) {
+        Ok(()) => {
+            println!("{url}: ok");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -227,6 +227,7 @@ impl Settings {
             api_qps: self.api_qps,
             api_burst: self.api_burst,
             max_source_watches: self.max_source_watches,
+            keep_kind_watches: false,
         }
     }
 

@@ -561,7 +561,9 @@ impl Election {
     /// Stop leading and release the Lease so that a standby takes over at once.
     pub async fn stop(self, within: Duration) {
         let _ = self.stop.send(true);
-        if tokio::time::timeout(within, self.task).await.is_err() {
+        let mut task = self.task;
+        if tokio::time::timeout(within, &mut task).await.is_err() {
+            task.abort();
             warn!(lease = self.lease.as_str(), "releasing the Lease timed out");
         }
     }

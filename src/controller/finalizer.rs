@@ -110,7 +110,7 @@ pub fn orphans(shared: &Shared, kind: Kind) -> Vec<Action> {
 /// run (see [`orphans`]); returns how many were deleted. `cause` (start,
 /// interval, leading, a kind listed) is said in the log line.
 pub async fn collect_orphans(shared: &Arc<Shared>, cause: &'static str) -> usize {
-    if shared.dry_run || !shared.leader.is_leader() || !shared.synced.all() {
+    if !shared.leader.is_leader() || !shared.synced.all() {
         return 0;
     }
     let mut deleted = 0;
@@ -144,11 +144,6 @@ pub async fn collect_orphans(shared: &Arc<Shared>, cause: &'static str) -> usize
 
 /// A deleted rule: delete every copy it made, then let the rule go.
 pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> Result<(), Error> {
-    // A planning process never writes (`copyrator plan` lists these
-    // deletions through `reconcile::preview`).
-    if shared.dry_run {
-        return Ok(());
-    }
     let key = rule.key();
     let mut deleted = 0;
     // Copies handed over to their namespaces (syncPolicy CreateOnly) stay.

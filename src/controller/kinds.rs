@@ -476,7 +476,7 @@ pub async fn release_on_rules_gone(shared: Arc<Shared>) {
 pub fn release_unused(shared: &Shared) {
     let mut watches = lock(&shared.kind_watches);
     // `copyrator plan` plans rules that are in no view: it keeps what it starts.
-    if watches.is_empty() || shared.dry_run {
+    if watches.is_empty() || shared.options.keep_kind_watches {
         return;
     }
     let named: Vec<Kind> = read(&shared.rules)

@@ -97,7 +97,7 @@ pub async fn reconcile(
         }
         return Ok(None);
     }
-    if !rule.has_finalizer() && !shared.dry_run {
+    if !rule.has_finalizer() {
         set_finalizer(shared, &rule, true).await?;
     }
 
@@ -808,12 +808,6 @@ async fn run_plan(
         .map(|a| (resolved.kind, a))
         .chain(other_kind_deletions)
         .collect();
-    // A planning process never writes (`copyrator plan` reports through
-    // [`preview`], not through passes).
-    if shared.dry_run {
-        finish(shared, resolved, &mut pass, plan);
-        return pass;
-    }
 
     // Each copy's backoff decides whether it is written in this pass.
     let now = Instant::now();
@@ -1019,7 +1013,7 @@ pub async fn publish_status(
     let next = status::compute(rule.status.as_ref(), observed, &now);
     let key = rule.key();
     let current = rule.status.as_ref();
-    let unchanged = current.is_some_and(|s| status::same_content(s, &next)) || shared.dry_run;
+    let unchanged = current.is_some_and(|s| status::same_content(s, &next));
     let counts_only = current.is_some_and(|s| status::counts_only(s, &next));
     let timing = status_timing(
         &mut lock(&shared.memory),

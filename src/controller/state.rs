@@ -28,11 +28,13 @@ use crate::ops::metrics::Metrics;
 
 /// Which caches have their first full list.
 pub struct Synced {
-    pub rules: AtomicBool,
-    pub namespaces: AtomicBool,
+    rules: AtomicBool,
+    namespaces: AtomicBool,
     /// By kind: false while the kind's copy watch has yet to list; true
     /// once it has, or while the kind is not watched (nothing to wait for).
     copies: [AtomicBool; MAX_KINDS],
+    /// Rung on every change, for [`Synced::wait_all`].
+    changed: tokio::sync::Notify,
 }
 
 impl Default for Synced {
@@ -46,6 +48,7 @@ impl Default for Synced {
             rules: AtomicBool::new(false),
             namespaces: AtomicBool::new(false),
             copies,
+            changed: tokio::sync::Notify::new(),
         }
     }
 }
@@ -65,6 +68,29 @@ impl Synced {
 
     pub fn set_copies_of(&self, kind: Kind, listed: bool) {
         self.copies[kind.index()].store(listed, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    pub fn set_rules_listed(&self) {
+        self.rules.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    pub fn set_namespaces_listed(&self) {
+        self.namespaces.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    /// Returns once every cache a pass needs has its first list.
+    pub async fn wait_all(&self) {
+        loop {
+            // Registered before the check, so that no change in between is missed.
+            let changed = self.changed.notified();
+            if self.all() {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// What has not been listed yet, for messages.
@@ -98,6 +124,9 @@ pub struct Options {
     pub api_burst: u32,
     /// Source watches at most (`--max-source-watches`).
     pub max_source_watches: u32,
+    /// Keep every copy watch started, needed or not: `copyrator plan`
+    /// plans rules that are in no view.
+    pub keep_kind_watches: bool,
 }
 
 /// A rule's memory between reconciles.
@@ -159,8 +188,6 @@ pub struct Shared {
     /// Rung when a rule leaves the view, for the task that stops the copy
     /// watches no rule needs.
     pub rules_gone: tokio::sync::Notify,
-    /// Only plan; never write (the `plan` subcommand).
-    pub dry_run: bool,
 }
 
 impl Shared {
@@ -171,7 +198,6 @@ impl Shared {
         metrics: Arc<Metrics>,
         leader: LeaderGate,
         health: Arc<Health>,
-        dry_run: bool,
     ) -> Arc<Self> {
         let limiter =
             crate::cluster::ratelimit::RateLimiter::new(options.api_qps, options.api_burst);
@@ -230,7 +256,6 @@ impl Shared {
                 leader,
                 health,
                 rules_gone: tokio::sync::Notify::new(),
-                dry_run,
             }
         })
     }
@@ -413,7 +438,7 @@ impl Shared {
         action: &str,
         note: String,
     ) {
-        if self.dry_run || !self.leader.is_leader() {
+        if !self.leader.is_leader() {
             return;
         }
         let reference = rule.object_ref(&());

@@ -9,7 +9,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
@@ -60,7 +59,7 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
                     for (key, rule) in listed {
                         shared.set_rule(key, rule);
                     }
-                    shared.synced.rules.store(true, Ordering::Release);
+                    shared.synced.set_rules_listed();
                     shared
                         .queue
                         .add_all(read(&shared.rules).keys().cloned(), Touch::All);
@@ -99,7 +98,7 @@ pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
             |change| match change {
                 Change::Listed(listed) => {
                     *write(&shared.namespaces) = listed.into_iter().collect::<BTreeMap<_, _>>();
-                    shared.synced.namespaces.store(true, Ordering::Release);
+                    shared.synced.set_namespaces_listed();
                     shared
                         .queue
                         .add_all(read(&shared.rules).keys().cloned(), Touch::All);

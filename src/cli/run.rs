@@ -1,0 +1,256 @@
+//! `copyrator run`: the operator's wiring. The order is the contract:
+//! caches list before any pass (a pass on a half-listed cache would prune
+//! what it has not seen); on shutdown writes stop first, then the Lease is
+//! handed over, then in-flight work finishes within a deadline, then every
+//! task still running is aborted. Each shutdown step is logged as it ends
+//! (`shutdown step`, with `step` and `done`), and a test reads that order.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::info;
+
+use crate::api::kinds::Kind;
+use crate::cli::settings::Settings;
+use crate::cluster::client::{Clients, Transport};
+use crate::cluster::leader::{self, LeaderGate};
+use crate::controller::state::Shared;
+use crate::controller::{kinds, watches, workers};
+use crate::ops::http::{self, Health};
+use crate::ops::metrics::Metrics;
+
+/// Reconcile loops: one per write in flight (within these bounds), so that
+/// a thousand rules with a few copies each keep the writer as busy as one
+/// rule with thousands; writes stay bounded by `--write-concurrency`.
+fn workers_for(write_concurrency: u32) -> usize {
+    (write_concurrency as usize).clamp(4, 64)
+}
+
+/// Shutdown must finish well within Kubernetes' default 30 s grace period.
+const SHUTDOWN_WITHIN: Duration = Duration::from_secs(8);
+
+/// SIGINT or SIGTERM, whichever comes first; its name.
+pub async fn shutdown_signal() -> &'static str {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => "SIGINT",
+        _ = term => "SIGTERM",
+    }
+}
+
+/// A client whose every request has a deadline: a hung or half-open
+/// connection fails the request (and is dropped) instead of stalling a
+/// worker. Watches end on the server after `WATCH_TIMEOUT_SECONDS`, well
+/// within the deadline, and resume from where they were.
+pub async fn api_clients(transport: Transport, writes_in_flight: usize) -> anyhow::Result<Clients> {
+    let mut config = kube::Config::infer().await.context(
+        "cannot find the Kubernetes API configuration (in-cluster, KUBECONFIG or ~/.kube/config)",
+    )?;
+    let deadline = Duration::from_secs(u64::from(crate::cluster::watch::WATCH_TIMEOUT_SECONDS) + 5);
+    config.connect_timeout = Some(crate::cluster::client::CONNECT_TIMEOUT);
+    config.read_timeout = Some(deadline);
+    config.reset_reader_on_write = true;
+    config.write_timeout = Some(Duration::from_secs(10));
+    // kube's own retry of 429/503 (up to 15 times, hidden from us) would
+    // multiply requests; failures come back to the per-copy backoff instead.
+    config.default_retry = false;
+    Ok(crate::cluster::client::build_clients(
+        config,
+        transport,
+        deadline,
+        writes_in_flight,
+    )?)
+}
+
+/// The watches that fill the views (rules, namespaces, the copies of every
+/// built-in kind the operator copies) and the task that stops the copy
+/// watches no rule needs.
+pub fn spawn_watches(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
+    let mut tasks = vec![
+        watches::spawn_rule_watch(shared.clone()),
+        watches::spawn_namespace_watch(shared.clone()),
+        tokio::spawn(kinds::release_on_rules_gone(shared.clone())),
+    ];
+    for kind in Kind::builtin() {
+        if shared.trust.policy.kinds.has_builtin(kind) {
+            tasks.push(kinds::spawn_copy_watch(shared.clone(), kind));
+        } else {
+            // Never watched, never written: nothing to wait for.
+            shared.synced.set_copies_of(kind, true);
+        }
+    }
+    tasks
+}
+
+/// Who may write: the Lease holder under leader election, else this
+/// process alone (its gate is closed again at shutdown).
+struct Leadership {
+    gate: LeaderGate,
+    always: Option<watch::Sender<bool>>,
+    election: Option<leader::Election>,
+}
+
+fn leadership(settings: &Settings, clients: &Clients, metrics: &Arc<Metrics>) -> Leadership {
+    if settings.leader_election {
+        let (gate, election) = leader::start(
+            clients.read.clone(),
+            &settings.namespace,
+            &settings.lease_name,
+            settings.lease_duration(),
+            metrics.clone(),
+        );
+        Leadership {
+            gate,
+            always: None,
+            election: Some(election),
+        }
+    } else {
+        let (gate, sender) = LeaderGate::always();
+        metrics.leader.set(1);
+        Leadership {
+            gate,
+            always: Some(sender),
+            election: None,
+        }
+    }
+}
+
+fn shutdown_step(step: u8, done: &str) {
+    info!(step, done, "shutdown step");
+}
+
+/// Runs the operator until `shutdown` resolves (to the name of what asked,
+/// such as a signal), then stops it in order.
+pub async fn run(
+    settings: Settings,
+    shutdown: impl Future<Output = &'static str> + Send + 'static,
+) -> anyhow::Result<()> {
+    crate::ops::telemetry::init(&settings.log_level, settings.log_format)?;
+    let clients = api_clients(settings.api_transport, settings.write_concurrency as usize).await?;
+    let metrics = Arc::new(Metrics::default());
+    let health = Arc::new(Health::new(settings.stuck_after()));
+    let (stop, stopped) = watch::channel(false);
+    let Leadership {
+        gate,
+        always,
+        election,
+    } = leadership(&settings, &clients, &metrics);
+    let shared = Shared::new(
+        clients,
+        settings.trust(),
+        settings.options(),
+        metrics.clone(),
+        gate,
+        health.clone(),
+    );
+    {
+        // Work pending counts only where this process should do it: the leader.
+        let shared = Arc::downgrade(&shared);
+        health.watch_work(move || {
+            shared
+                .upgrade()
+                .is_some_and(|s| s.leader.is_leader() && !s.queue.is_empty())
+        });
+    }
+    let mut tasks = spawn_watches(&shared);
+    let server = {
+        let mut stopped = stopped.clone();
+        let until_stopped = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        http::serve(
+            settings.listen_address,
+            health.clone(),
+            metrics,
+            until_stopped,
+        )
+        .await?
+    };
+    health.alive.store(true, Ordering::Release);
+    info!(
+        namespace = settings.namespace.as_str(),
+        all_namespaces = settings.all_namespaces,
+        rule_name = settings.rule_name.as_deref().unwrap_or(""),
+        leader_election = settings.leader_election,
+        "copyrator started"
+    );
+
+    let mut signal = tokio::spawn(shutdown);
+    // Caches first: a pass on a half-listed cache would prune what it has not seen yet.
+    tokio::select! {
+        () = shared.synced.wait_all() => {}
+        which = &mut signal => {
+            info!(signal = which.unwrap_or("signal"), "stopping before the caches synced");
+            for task in tasks {
+                task.abort();
+            }
+            let _ = stop.send(true);
+            let _ = server.await;
+            return Ok(());
+        }
+    }
+    health.ready.store(true, Ordering::Release);
+    info!("caches synced");
+    tasks.push(tokio::spawn(kinds::watch_named_kinds(shared.clone())));
+    let working = [
+        tokio::spawn(workers::run_workers(
+            shared.clone(),
+            workers_for(settings.write_concurrency),
+            stopped.clone(),
+        )),
+        tokio::spawn(workers::run_resync(
+            shared.clone(),
+            settings.resync_interval(),
+            stopped.clone(),
+        )),
+        server,
+    ];
+
+    let which = signal.await.unwrap_or("signal");
+    info!(signal = which, "shutting down");
+    // Writes stop first; a Lease holder then hands the Lease over, so that
+    // a standby leads at once.
+    if let Some(sender) = always {
+        let _ = sender.send(false);
+        shutdown_step(1, "writes stopped");
+    }
+    if let Some(election) = election {
+        election.stop(Duration::from_secs(3)).await;
+        shutdown_step(1, "writes stopped, Lease released");
+    }
+    let _ = stop.send(true);
+    let finished = tokio::time::timeout(SHUTDOWN_WITHIN, async {
+        for task in working {
+            let _ = task.await;
+        }
+    })
+    .await;
+    if finished.is_err() {
+        info!("in-flight work abandoned after the shutdown deadline");
+    }
+    shutdown_step(2, "in-flight work finished");
+    for task in tasks {
+        task.abort();
+    }
+    shutdown_step(3, "every other task stopped");
+    info!("stopped");
+    Ok(())
+}
