@@ -11,7 +11,7 @@ use tracing::info;
 
 use crate::api::kinds::Kind;
 use crate::api::rule::{ConflictPolicy, CopyratorRule};
-use crate::cluster::writer::{Outcome, describe};
+use crate::cluster::writer::Outcome;
 use crate::controller::state::Shared;
 use crate::core::plan::{self, Action};
 use crate::sync::{read, write};
@@ -55,7 +55,7 @@ pub async fn set_finalizer(
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
         Err(source) => Err(Error::Finalizer {
             rule: key.to_string(),
-            message: describe(&source),
+            source,
         }),
     }
 }

@@ -233,7 +233,7 @@ async fn discover(
         Err(e) => {
             return Err(Error::Lookup {
                 what: format!("the kind {name} (API discovery)"),
-                message: crate::cluster::writer::describe(&e),
+                source: e,
             });
         }
     };
@@ -306,7 +306,7 @@ async fn refused_access(
             .await
             .map_err(|e| Error::Lookup {
                 what: format!("whether the operator may {verb} {plural}"),
-                message: crate::cluster::writer::describe(&e),
+                source: e,
             })?;
         if !answer.status.is_some_and(|s| s.allowed) {
             refused.push(verb);
@@ -411,7 +411,7 @@ async fn watch_named_kind(
         None => {
             let lookup = |e: kube::Error| Error::Lookup {
                 what: format!("the API group {group:?} (API discovery)"),
-                message: crate::cluster::writer::describe(&e),
+                source: e,
             };
             let api_group = match kube::discovery::group(&shared.client, group).await {
                 Ok(api_group) => api_group,

@@ -416,7 +416,7 @@ async fn take_over_or_skip(
     while let Some((name, listed)) = lists.next().await {
         let listed = listed.map_err(|source| Error::Lookup {
             what: format!("the {kind}s named {name}"),
-            message: crate::cluster::writer::describe(&source),
+            source,
         })?;
         // Compact at once: a Secret's data is not kept.
         for object in listed.items {
@@ -1047,7 +1047,7 @@ pub async fn publish_status(
         .await
         .map_err(|source| Error::Status {
             rule: key.to_string(),
-            message: crate::cluster::writer::describe(&source),
+            source,
         })?;
     log_transition(&key, rule.status.as_ref(), &next);
     // The rule as it is now, so the next pass compares with what we wrote

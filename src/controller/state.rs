@@ -452,7 +452,7 @@ impl Shared {
         let _slot = self.writer.other_slot().await;
         self.metrics.write("create", "Event");
         if let Err(e) = self.recorder.publish(&event, &reference).await {
-            warn!(error = %crate::cluster::writer::describe(&e), reason = event.reason.as_str(), "recording an event failed");
+            warn!(error = %crate::error::describe(&e), reason = event.reason.as_str(), "recording an event failed");
         }
     }
 }
