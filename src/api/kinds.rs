@@ -96,6 +96,9 @@ struct Registry {
     adding: Mutex<()>,
 }
 
+/// Process-wide on purpose: a [`Kind`] is an index into it, copied freely
+/// into every cache; each slot is written once and never changed, so it is
+/// a table that grows, not state that changes under a reader.
 static REGISTRY: Registry = Registry {
     extra: [const { OnceLock::new() }; MAX_KINDS - 2],
     count: AtomicUsize::new(2),

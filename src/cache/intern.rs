@@ -56,6 +56,9 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
     }
 }
 
+/// Process-wide on purpose: a value interned by one cluster's views is the
+/// same value in another's, and nothing here is state a decision reads (an
+/// interned string equals the string it stands for).
 static STRINGS: LazyLock<Interner<str>> = LazyLock::new(Interner::default);
 static HASH_SETS: LazyLock<Interner<[u64]>> = LazyLock::new(Interner::default);
 

@@ -2,8 +2,7 @@
 //! registered once, and its copies watched from the first rule that needs
 //! them to the last.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authorization::v1::{
@@ -83,14 +82,15 @@ pub async fn prepare(
     // A refusal stands for its retry interval: a namespace event queues
     // every unresolved rule, and each must not cost a lookup.
     let refusal_key = format!("{group}/{version}/{}", object_type.kind);
-    if let Some(refused) = remembered_refusal(&refusal_key) {
-        return Ok(refused);
+    let standing = lock(&shared.kind_refusals).standing(&refusal_key, Instant::now());
+    if let Some((invalid, again)) = standing {
+        return Ok(KindReadiness::Refused(invalid, again));
     }
     let kind = match kind_to_watch(shared, object_type, group, version).await? {
         Ok(kind) => kind,
         Err(readiness) => {
             if let KindReadiness::Refused(invalid, again) = &readiness {
-                remember_refusal(refusal_key, invalid, *again);
+                lock(&shared.kind_refusals).remember(refusal_key, invalid, *again, Instant::now());
             }
             return Ok(readiness);
         }
@@ -173,45 +173,6 @@ async fn kind_to_watch(
         }
     }
     Ok(Ok(kind))
-}
-
-/// How long a refusal without a retry interval of its own stands.
-const REFUSAL_STANDS: Duration = Duration::from_secs(60);
-/// Refusals remembered at most: beyond, the oldest are forgotten.
-const MAX_REFUSALS: usize = 1024;
-
-/// A refusal: until when it stands, what it says, its retry interval.
-type Refusal = (Instant, InvalidRule, Option<Duration>);
-
-/// Refusals of kinds, by `group/version/kind`, until they stand no more.
-static REFUSALS: Mutex<BTreeMap<String, Refusal>> = Mutex::new(BTreeMap::new());
-
-fn remembered_refusal(key: &str) -> Option<KindReadiness> {
-    let refusals = crate::sync::lock(&REFUSALS);
-    let (until, invalid, again) = refusals.get(key)?;
-    (Instant::now() < *until).then(|| {
-        KindReadiness::Refused(
-            invalid.clone(),
-            again.map(|_| until.saturating_duration_since(Instant::now())),
-        )
-    })
-}
-
-fn remember_refusal(key: String, invalid: &InvalidRule, again: Option<Duration>) {
-    let now = Instant::now();
-    let mut refusals = crate::sync::lock(&REFUSALS);
-    refusals.retain(|_, (until, _, _)| *until > now);
-    if refusals.len() >= MAX_REFUSALS {
-        refusals.clear();
-    }
-    refusals.insert(
-        key,
-        (
-            now + again.unwrap_or(REFUSAL_STANDS),
-            invalid.clone(),
-            again,
-        ),
-    );
 }
 
 /// Ask the API server what `object_type` is: what registering it needs,
@@ -617,46 +578,7 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
         )
         .await;
         if followed == Followed::Unserved {
-            crate::controller::kinds::kind_unserved(&shared, kind);
+            kind_unserved(&shared, kind);
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_refusal_stands_for_its_retry_interval_and_no_longer() {
-        let unknown = InvalidRule {
-            reason: "UnknownKind",
-            message: "the API server serves no kind Nope".into(),
-        };
-        remember_refusal(
-            "example.com/v1/Nope".into(),
-            &unknown,
-            Some(UNKNOWN_KIND_RETRY),
-        );
-        match remembered_refusal("example.com/v1/Nope") {
-            Some(KindReadiness::Refused(invalid, Some(again))) => {
-                assert_eq!(invalid, unknown);
-                assert!(again <= UNKNOWN_KIND_RETRY, "{again:?}");
-            }
-            other => panic!("not remembered: {other:?}"),
-        }
-        assert_eq!(remembered_refusal("example.com/v2/Nope"), None);
-        // A retry interval of nothing: looked at again at once.
-        remember_refusal("example.com/v1/Gone".into(), &unknown, Some(Duration::ZERO));
-        assert_eq!(remembered_refusal("example.com/v1/Gone"), None);
-        // No retry interval of its own: it stands a while, and says no retry.
-        remember_refusal(
-            "rbac.authorization.k8s.io/v1/ClusterRole".into(),
-            &unknown,
-            None,
-        );
-        assert!(matches!(
-            remembered_refusal("rbac.authorization.k8s.io/v1/ClusterRole"),
-            Some(KindReadiness::Refused(_, None))
-        ));
-    }
 }

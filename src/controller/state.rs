@@ -21,6 +21,7 @@ use crate::cluster::writer::Writer;
 use crate::controller::queue::Queue;
 use crate::core::backoff::Backoffs;
 use crate::core::backoff::ReadPause;
+use crate::core::kind_refusals::KindRefusals;
 use crate::core::resolve::{ResolvedRule, Trust};
 use crate::core::scope::Touch;
 use crate::ops::http::Health;
@@ -173,6 +174,8 @@ pub struct Shared {
     /// The copy watches of kinds named by `objectType`, started with the
     /// first rule that needs one and stopped after the last.
     pub kind_watches: Mutex<HashMap<Kind, tokio::task::JoinHandle<()>>>,
+    /// Kinds refused for their retry interval (see [`KindRefusals`]).
+    pub kind_refusals: Mutex<KindRefusals>,
     pub sources: Mutex<SourceHub>,
     /// Shared by every watch: a throttled read pauses them all.
     pub read_pause: Arc<ReadPause>,
@@ -245,6 +248,7 @@ impl Shared {
                 namespaces: RwLock::default(),
                 copies: (0..MAX_KINDS).map(|_| RwLock::default()).collect(),
                 kind_watches: Mutex::default(),
+                kind_refusals: Mutex::default(),
                 sources: Mutex::new(sources),
                 read_pause,
                 memory: Mutex::default(),

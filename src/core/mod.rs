@@ -4,6 +4,7 @@
 
 pub mod backoff;
 pub mod jitter;
+pub mod kind_refusals;
 #[cfg(test)]
 mod partial_passes;
 pub mod pass_log;
