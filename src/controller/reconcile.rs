@@ -82,63 +82,166 @@ pub async fn reconcile(
         return Ok(None);
     };
     let uid = rule.uid().unwrap_or_default().to_owned();
-    // The kind first: a deleted rule's copies are found through its watch.
-    let kind_refused = match crate::controller::kinds::prepare(shared, &rule, true).await? {
-        KindReadiness::Listing => {
+    let (resolved, sources) = match prepare(shared, &rule, true).await? {
+        Prepared::KindListing => {
             shared.queue.carry(key, scope);
             return Ok(None);
         }
+        Prepared::Deleting => {
+            if rule.has_finalizer() {
+                cleanup(shared, &rule, &uid).await?;
+            }
+            return Ok(None);
+        }
+        Prepared::Refused { invalid, retry_in } => {
+            ensure_finalizer(shared, &rule).await?;
+            return report_invalid(shared, &rule, &uid, invalid, retry_in).await;
+        }
+        Prepared::Resolved { resolved, sources } => {
+            ensure_finalizer(shared, &rule).await?;
+            write(&shared.resolved).insert(key.clone(), Arc::new((*resolved).clone()));
+            (*resolved, sources)
+        }
+    };
+    let (sources, scope) =
+        match wait_for_sources(shared, &rule, &resolved, sources, &uid, scope).await? {
+            SourcesWait::Listed(sources, scope) => (sources, scope),
+            SourcesWait::Again(again) => return Ok(again),
+        };
+    let started = Instant::now();
+    let pass = carry_out(shared, &rule, &resolved, &sources, scope).await;
+    let failing = pass.failing().count();
+    let observed = observed_after(shared, &rule, &resolved, &pass, &uid);
+    let published = publish_status(shared, &rule, &observed).await?;
+    log_pass(shared, key, &pass, failing, started.elapsed());
+    announce(shared, &rule, &resolved, &pass, &observed).await;
+    shared
+        .metrics
+        .copies_contested
+        .set(lock(&shared.backoffs).contested_total() as i64);
+    let retry = pass
+        .retry_at
+        .map(|at| at.saturating_duration_since(Instant::now()));
+    Ok(sooner(retry, published.again_in()))
+}
+
+/// The sooner of two times to look again, where there is one.
+fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// How far a rule gets through the steps that a pass and a preview share:
+/// its kind prepared, the rule resolved under the trust policy, its
+/// sources asked of the shared source watches.
+enum Prepared {
+    /// The copies of its kind are still being listed.
+    KindListing,
+    /// Deleted: what happens to its copies is the caller's.
+    Deleting,
+    /// Not followed (invalid, or its kind refused), and when to look again.
+    Refused {
+        invalid: InvalidRule,
+        retry_in: Option<Duration>,
+    },
+    /// Followed; its sources as far as the watches have listed them.
+    Resolved {
+        resolved: Box<ResolvedRule>,
+        sources: Sources,
+    },
+}
+
+/// The steps a pass and a preview share: prepare the kind (for a rule of
+/// the view, `in_view`, only while it is there; a deleted rule's copies
+/// are found through its kind's watch), resolve, and ask for the sources.
+async fn prepare(
+    shared: &Arc<Shared>,
+    rule: &CopyratorRule,
+    in_view: bool,
+) -> Result<Prepared, Error> {
+    let kind_refused = match crate::controller::kinds::prepare(shared, rule, in_view).await? {
+        KindReadiness::Listing => return Ok(Prepared::KindListing),
         KindReadiness::Refused(invalid, again) => Some((invalid, again)),
         KindReadiness::Ready | KindReadiness::NothingToPrepare => None,
     };
     if rule.is_deleting() {
-        if rule.has_finalizer() {
-            cleanup(shared, &rule, &uid).await?;
-        }
-        return Ok(None);
+        return Ok(Prepared::Deleting);
     }
-    if !rule.has_finalizer() {
-        set_finalizer(shared, &rule, true).await?;
-    }
-
-    let retry_kind_in = kind_refused.as_ref().and_then(|(_, again)| *again);
     let resolution = match kind_refused {
-        Some((invalid, _)) => Err(invalid),
-        None => rule.resolve(&shared.trust),
+        Some((invalid, retry_in)) => Err((invalid, retry_in)),
+        None => rule
+            .resolve(&shared.trust)
+            .map_err(|invalid| (invalid, None)),
     };
-    let resolved = match resolution {
+    Ok(match resolution {
         Ok(resolved) => {
-            write(&shared.resolved).insert(key.clone(), Arc::new(resolved.clone()));
-            resolved
-        }
-        Err(invalid) => {
-            // An invalid rule changes nothing: a typo must not prune copies cluster-wide.
-            write(&shared.resolved).remove(key);
-            lock(&shared.sources).remove(key);
-            shared.metrics.reconciled("invalid");
-            let observed = invalid_observed(shared, &rule, &uid, &invalid);
-            let published = publish_status(shared, &rule, &observed).await?;
-            if published == Published::Written {
-                shared
-                    .event(
-                        &rule,
-                        EventType::Warning,
-                        invalid.reason,
-                        "Validate",
-                        invalid.message,
-                    )
-                    .await;
+            let sources = sources_of(shared, &resolved);
+            Prepared::Resolved {
+                resolved: Box::new(resolved),
+                sources,
             }
-            return Ok(match (retry_kind_in, published.again_in()) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            });
         }
-    };
+        Err((invalid, retry_in)) => Prepared::Refused { invalid, retry_in },
+    })
+}
 
-    // Sources: the shared watches serve this rule once they have listed
-    // what it needs; until then its status says how far the listing is.
-    let sources = sources_of(shared, &resolved);
+/// Our finalizer goes on before the rule's first copy is written.
+async fn ensure_finalizer(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<(), Error> {
+    if rule.has_finalizer() {
+        return Ok(());
+    }
+    set_finalizer(shared, rule, true).await
+}
+
+/// An invalid rule changes nothing (a typo must not prune copies
+/// cluster-wide): its status and a Warning Event say why.
+async fn report_invalid(
+    shared: &Arc<Shared>,
+    rule: &CopyratorRule,
+    uid: &str,
+    invalid: InvalidRule,
+    retry_in: Option<Duration>,
+) -> Result<Option<Duration>, Error> {
+    let key = rule.key();
+    write(&shared.resolved).remove(&key);
+    lock(&shared.sources).remove(&key);
+    shared.metrics.reconciled("invalid");
+    let observed = invalid_observed(shared, rule, uid, &invalid);
+    let published = publish_status(shared, rule, &observed).await?;
+    if published == Published::Written {
+        shared
+            .event(
+                rule,
+                EventType::Warning,
+                invalid.reason,
+                "Validate",
+                invalid.message,
+            )
+            .await;
+    }
+    Ok(sooner(retry_in, published.again_in()))
+}
+
+/// Whether a pass can go on: its sources listed (with the scope it
+/// carries on), or when to look again (the scope is carried by the queue).
+enum SourcesWait {
+    Listed(Vec<Arc<Object>>, Scope),
+    Again(Option<Duration>),
+}
+
+/// Sources: the shared watches serve this rule once they have listed
+/// what it needs; until then its status says how far the listing is.
+async fn wait_for_sources(
+    shared: &Arc<Shared>,
+    rule: &CopyratorRule,
+    resolved: &ResolvedRule,
+    sources: Sources,
+    uid: &str,
+    scope: Scope,
+) -> Result<SourcesWait, Error> {
+    let key = &resolved.key;
     let waited = {
         let mut memory = lock(&shared.memory);
         let memory = memory.entry(key.clone()).or_default();
@@ -153,44 +256,46 @@ pub async fn reconcile(
                 .elapsed(),
         }
     };
-    let sources = match sources {
-        Sources::Listed(sources) => sources,
+    let again = match sources {
+        Sources::Listed(sources) => return Ok(SourcesWait::Listed(sources, scope)),
         // Most listings take a moment: a status write per rule for those
         // would be 1,000 writes when 1,000 rules start together.
         Sources::Waiting { .. } if waited < WAITING_STATUS_AFTER => {
-            shared.queue.carry(key, scope);
-            return Ok(Some(WAITING_STATUS_AFTER - waited));
+            Some(WAITING_STATUS_AFTER - waited)
         }
-        Sources::Waiting { listed, of } if waiting_worth_saying(&rule) => {
-            shared.queue.carry(key, scope);
+        Sources::Waiting { listed, of } if waiting_worth_saying(rule) => {
             let observed = Observed {
                 generation: rule.metadata.generation,
                 rule_type: Some(resolved.kind.info().rule_type.to_string()),
-                copies: read(shared.copies(resolved.kind)).count_owned_by(&uid) as u32,
+                copies: read(shared.copies(resolved.kind)).count_owned_by(uid) as u32,
                 waiting_for_sources: Some((listed, of)),
                 ..Default::default()
             };
-            let published = publish_status(shared, &rule, &observed).await?;
+            shared.queue.carry(key, scope);
+            let published = publish_status(shared, rule, &observed).await?;
             // The watches queue the rule again once they have listed.
-            return Ok(published.again_in());
+            return Ok(SourcesWait::Again(published.again_in()));
         }
         // Said a moment ago (the counts are not worth a write per watch),
         // or the status already describes this generation: a restarted
         // operator relisting a synced rule has nothing new to say.
-        Sources::Waiting { .. } => {
-            shared.queue.carry(key, scope);
-            return Ok(Some(WAITING_STATUS_EVERY));
-        }
-        Sources::Unknown => {
-            shared.queue.carry(key, scope);
-            return Ok(None);
-        }
+        Sources::Waiting { .. } => Some(WAITING_STATUS_EVERY),
+        Sources::Unknown => None,
     };
+    shared.queue.carry(key, scope);
+    Ok(SourcesWait::Again(again))
+}
 
-    let started = Instant::now();
-    let pass = run_plan(shared, &rule, &resolved, &sources, scope).await;
+/// What a pass saw and did, as its status says it.
+fn observed_after(
+    shared: &Shared,
+    rule: &CopyratorRule,
+    resolved: &ResolvedRule,
+    pass: &Pass,
+    uid: &str,
+) -> Observed {
     let contested: Vec<ContestedEntry> = lock(&shared.backoffs)
-        .contested(key)
+        .contested(&resolved.key)
         .into_iter()
         .map(|c| ContestedEntry {
             namespace: c.namespace,
@@ -209,13 +314,13 @@ pub async fn reconcile(
             ),
         )
     });
-    let observed = Observed {
+    Observed {
         generation: rule.metadata.generation,
         rule_type: Some(resolved.kind.info().rule_type.to_string()),
         sources: pass.plan.sources,
         target_namespaces: pass.plan.target_namespaces,
         copies: pass.copies,
-        create_only_copies: read(shared.copies(resolved.kind)).count_create_only(&uid) as u32,
+        create_only_copies: read(shared.copies(resolved.kind)).count_create_only(uid) as u32,
         conflicts: pass.conflicts.clone(),
         problem,
         pending: pass.not_leader,
@@ -236,21 +341,7 @@ pub async fn reconcile(
             })
             .collect(),
         waiting_for_sources: None,
-    };
-    let published = publish_status(shared, &rule, &observed).await?;
-    log_pass(shared, key, &pass, failing, started.elapsed());
-    announce(shared, &rule, &resolved, &pass, &observed).await;
-    shared
-        .metrics
-        .copies_contested
-        .set(lock(&shared.backoffs).contested_total() as i64);
-    let retry = pass
-        .retry_at
-        .map(|at| at.saturating_duration_since(Instant::now()));
-    Ok(match (retry, published.again_in()) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    })
+    }
 }
 
 /// What a refused rule's status says: the refusal, and the copies it
@@ -293,39 +384,12 @@ const LOOKUPS_IN_FLIGHT: usize = 8;
 /// copy cache holds copies only), a refusal as the rule's status would
 /// word it. Writes nothing, not even the rule's memory.
 pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Preview, Error> {
-    let key = rule.key();
-    let rule_name = key.to_string();
     let uid = rule.uid().unwrap_or_default();
-    let kind_refused = match crate::controller::kinds::prepare(shared, rule, false).await? {
+    match prepare(shared, rule, false).await? {
         // Its copies are listed before anything is said of them.
-        KindReadiness::Listing => return Ok(Preview::WaitingForSources),
-        KindReadiness::Refused(invalid, _) => Some(invalid),
-        KindReadiness::Ready | KindReadiness::NothingToPrepare => None,
-    };
-    if rule.is_deleting() {
-        // Without our finalizer a deleted rule goes at once, and its copies
-        // are left to the collection of orphans.
-        let mut changes = Vec::new();
-        if rule.has_finalizer() {
-            let namespaces = read(&shared.namespaces);
-            for kind in Kind::all() {
-                for action in plan::cleanup(uid, &namespaces, &read(shared.copies(kind))) {
-                    changes.push(PlannedChange::of(&rule_name, kind, &action));
-                }
-            }
-        }
-        return Ok(Preview::Planned {
-            changes,
-            skipped: Vec::new(),
-        });
-    }
-    let resolution = match kind_refused {
-        Some(invalid) => Err(invalid),
-        None => rule.resolve(&shared.trust),
-    };
-    let resolved = match resolution {
-        Ok(resolved) => resolved,
-        Err(invalid) => {
+        Prepared::KindListing => Ok(Preview::WaitingForSources),
+        Prepared::Deleting => Ok(preview_deletion(shared, rule, uid)),
+        Prepared::Refused { invalid, .. } => {
             let observed = invalid_observed(shared, rule, uid, &invalid);
             let said = status::compute(None, &observed, "")
                 .conditions
@@ -334,23 +398,55 @@ pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Previ
                 .map(|c| (c.reason, c.message));
             let (reason, message) =
                 said.unwrap_or_else(|| (invalid.reason.to_owned(), invalid.message));
-            return Ok(Preview::Refused { reason, message });
+            Ok(Preview::Refused { reason, message })
         }
-    };
-    let Sources::Listed(sources) = sources_of(shared, &resolved) else {
-        return Ok(Preview::WaitingForSources);
-    };
+        Prepared::Resolved {
+            sources: Sources::Listed(sources),
+            resolved,
+        } => preview_plan(shared, &resolved, &sources).await,
+        Prepared::Resolved { .. } => Ok(Preview::WaitingForSources),
+    }
+}
+
+/// Without our finalizer a deleted rule goes at once, and its copies are
+/// left to the collection of orphans; with it, its copies are deleted.
+fn preview_deletion(shared: &Shared, rule: &CopyratorRule, uid: &str) -> Preview {
+    let rule_name = rule.key().to_string();
+    let mut changes = Vec::new();
+    if rule.has_finalizer() {
+        let namespaces = read(&shared.namespaces);
+        for kind in Kind::all() {
+            for action in plan::cleanup(uid, &namespaces, &read(shared.copies(kind))) {
+                changes.push(PlannedChange::of(&rule_name, kind, &action));
+            }
+        }
+    }
+    Preview::Planned {
+        changes,
+        skipped: Vec::new(),
+    }
+}
+
+/// The plan of a pass over everything, as a preview: what it would write
+/// and what it would leave out.
+async fn preview_plan(
+    shared: &Arc<Shared>,
+    resolved: &ResolvedRule,
+    sources: &[Arc<Object>],
+) -> Result<Preview, Error> {
+    let key = &resolved.key;
+    let rule_name = key.to_string();
     // A fresh process knows no conflict yet: the lookup below finds them.
     let (mut plan, other_kind_deletions) = plan_pass(
         shared,
-        &resolved,
-        &sources,
+        resolved,
+        sources,
         &Scope::everything(),
         &HashMap::new(),
     );
     let actions = take_over_or_skip(
         shared,
-        &resolved,
+        resolved,
         std::mem::take(&mut plan.actions),
         &mut plan.conflicts,
     )
@@ -373,9 +469,9 @@ pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Previ
         )
         .collect();
     skipped.extend(
-        plan::left_out_namespaces(&resolved, &read(&shared.namespaces))
+        plan::left_out_namespaces(resolved, &read(&shared.namespaces))
             .into_iter()
-            .map(|(namespace, exclusion)| Skip::namespace(&key, namespace, exclusion)),
+            .map(|(namespace, exclusion)| Skip::namespace(key, namespace, exclusion)),
     );
     Ok(Preview::Planned { changes, skipped })
 }
@@ -755,7 +851,9 @@ fn plan_pass(
     (plan, other_kind_deletions)
 }
 
-async fn run_plan(
+/// A rule's pass: plan what its scope concerns, then write what each
+/// copy's backoff admits, and take the outcomes into the rule's tally.
+async fn carry_out(
     shared: &Arc<Shared>,
     rule: &CopyratorRule,
     resolved: &ResolvedRule,
@@ -766,27 +864,7 @@ async fn run_plan(
         uid: resolved.uid.clone(),
         generation: rule.metadata.generation,
     };
-    let (scope, known_conflicts) = {
-        let memory = lock(&shared.memory);
-        let memory = memory.get(&resolved.key);
-        // Counts kept from another generation's passes describe targets
-        // the rule may no longer have: such a pass looks at everything.
-        let mut scope = match memory {
-            Some(memory) => memory.tally.scope_for(&basis, scope),
-            None => Scope::everything(),
-        };
-        if scope.retries()
-            && let Some(memory) = memory
-        {
-            for (namespace, name) in memory.tally.places() {
-                scope.add(Touch::Copy(namespace.to_owned(), name.to_owned()));
-            }
-        }
-        let known_conflicts = memory
-            .map(|m| m.known_conflicts.clone())
-            .unwrap_or_default();
-        (scope, known_conflicts)
-    };
+    let (scope, known_conflicts) = pass_scope(shared, resolved, &basis, scope);
     let (mut plan, other_kind_deletions) =
         plan_pass(shared, resolved, sources, &scope, &known_conflicts);
     shared
@@ -794,78 +872,127 @@ async fn run_plan(
         .copies_examined
         .inc_by(u64::from(plan.examined));
     // What this pass looked at replaces what the rule's tally held there.
-    {
-        let mut memory = lock(&shared.memory);
-        memory
-            .entry(resolved.key.clone())
-            .or_default()
-            .tally
-            .record(&basis, &scope, &plan);
-    }
+    lock(&shared.memory)
+        .entry(resolved.key.clone())
+        .or_default()
+        .tally
+        .record(&basis, &scope, &plan);
     let mut pass = Pass::default();
     let actions: Vec<(Kind, Action)> = std::mem::take(&mut plan.actions)
         .into_iter()
         .map(|a| (resolved.kind, a))
         .chain(other_kind_deletions)
         .collect();
+    let admitted = admit(shared, resolved, actions, &mut pass);
+    defer_failed_elsewhere(shared, resolved, &scope, &mut pass);
+    let new_conflicts = write_admitted(shared, resolved, admitted, &mut pass).await;
+    remember_conflicts(shared, rule, resolved, new_conflicts);
+    finish(shared, resolved, &mut pass, plan);
+    pass
+}
 
-    // Each copy's backoff decides whether it is written in this pass.
+/// What a pass looks at, and the conflicts the rule knows of. Counts kept
+/// from another generation's passes describe targets the rule may no
+/// longer have: such a pass looks at everything; a pass that retries
+/// looks again at every place left unsettled.
+fn pass_scope(
+    shared: &Shared,
+    resolved: &ResolvedRule,
+    basis: &Basis,
+    scope: Scope,
+) -> (Scope, HashMap<ObjectKey, String>) {
+    let memory = lock(&shared.memory);
+    let memory = memory.get(&resolved.key);
+    let mut scope = match memory {
+        Some(memory) => memory.tally.scope_for(basis, scope),
+        None => Scope::everything(),
+    };
+    if scope.retries()
+        && let Some(memory) = memory
+    {
+        for (namespace, name) in memory.tally.places() {
+            scope.add(Touch::Copy(namespace.to_owned(), name.to_owned()));
+        }
+    }
+    let known_conflicts = memory
+        .map(|m| m.known_conflicts.clone())
+        .unwrap_or_default();
+    (scope, known_conflicts)
+}
+
+/// A write admitted into this pass: the copy, its kind, the action.
+type Admitted = (CopyKey, Kind, Action);
+
+/// Each copy's backoff decides whether it is written in this pass; of the
+/// copies behind the rule's refusal gate, one may probe.
+fn admit(
+    shared: &Shared,
+    resolved: &ResolvedRule,
+    actions: Vec<(Kind, Action)>,
+    pass: &mut Pass,
+) -> Vec<Admitted> {
     let now = Instant::now();
     let mut admitted = Vec::with_capacity(actions.len());
     let mut refused = Vec::new();
-    {
-        let mut backoffs = lock(&shared.backoffs);
-        for (kind, action) in actions {
-            let (namespace, name) = action.target();
-            let copy: CopyKey = (kind, namespace.to_owned(), name.to_owned());
-            let restore = changed_back_by(&action).or_else(|| {
-                (matches!(action, Action::Create { .. })
-                    && backoffs.was_deleted_by_others(&copy, wanted_hash(&action)))
-                .then(|| "whoever deleted it".to_owned())
-            });
-            match backoffs.admit(
-                &copy,
-                &resolved.key,
-                wanted_hash(&action),
-                restore.as_deref(),
-                now,
-            ) {
-                Admission::Go => admitted.push((copy, kind, action)),
-                // Behind the rule's refusal gate: one of them may probe.
-                Admission::Wait {
-                    why: Waiting::Refused(failure),
-                    ..
-                } => refused.push((copy, kind, action, failure)),
-                Admission::Wait { until, why } => {
-                    pass.retry_no_later_than(until);
-                    match why {
-                        Waiting::Failed(failure) | Waiting::Refused(failure) => pass
-                            .deferred
-                            .push((describe_target(kind, &action), failure)),
-                        Waiting::Contested { .. } => pass.contest_waits += 1,
-                    }
+    let mut backoffs = lock(&shared.backoffs);
+    for (kind, action) in actions {
+        let (namespace, name) = action.target();
+        let copy: CopyKey = (kind, namespace.to_owned(), name.to_owned());
+        let restore = changed_back_by(&action).or_else(|| {
+            (matches!(action, Action::Create { .. })
+                && backoffs.was_deleted_by_others(&copy, wanted_hash(&action)))
+            .then(|| "whoever deleted it".to_owned())
+        });
+        match backoffs.admit(
+            &copy,
+            &resolved.key,
+            wanted_hash(&action),
+            restore.as_deref(),
+            now,
+        ) {
+            Admission::Go => admitted.push((copy, kind, action)),
+            // Behind the rule's refusal gate: one of them may probe.
+            Admission::Wait {
+                why: Waiting::Refused(failure),
+                ..
+            } => refused.push((copy, kind, action, failure)),
+            Admission::Wait { until, why } => {
+                pass.retry_no_later_than(until);
+                match why {
+                    Waiting::Failed(failure) | Waiting::Refused(failure) => pass
+                        .deferred
+                        .push((describe_target(kind, &action), failure)),
+                    Waiting::Contested { .. } => pass.contest_waits += 1,
                 }
-            }
-        }
-        if !refused.is_empty() {
-            let keys: Vec<CopyKey> = refused.iter().map(|(copy, ..)| copy.clone()).collect();
-            let probe = backoffs.pick_probe(&resolved.key, &keys, now);
-            for (copy, kind, action, failure) in refused {
-                if probe.as_ref() == Some(&copy) {
-                    admitted.push((copy, kind, action));
-                } else {
-                    pass.deferred
-                        .push((describe_target(kind, &action), failure));
-                }
-            }
-            if let Some(at) = backoffs.next_probe(&resolved.key) {
-                pass.retry_no_later_than(at);
             }
         }
     }
+    if !refused.is_empty() {
+        let keys: Vec<CopyKey> = refused.iter().map(|(copy, ..)| copy.clone()).collect();
+        let probe = backoffs.pick_probe(&resolved.key, &keys, now);
+        for (copy, kind, action, failure) in refused {
+            if probe.as_ref() == Some(&copy) {
+                admitted.push((copy, kind, action));
+            } else {
+                pass.deferred
+                    .push((describe_target(kind, &action), failure));
+            }
+        }
+        if let Some(at) = backoffs.next_probe(&resolved.key) {
+            pass.retry_no_later_than(at);
+        }
+    }
+    admitted
+}
 
-    // Copies that failed before, where this pass did not look: they still
-    // wait, and the status says so as a pass over everything would.
+/// Copies that failed before, where this pass did not look: they still
+/// wait, and the status says so as a pass over everything would.
+fn defer_failed_elsewhere(
+    shared: &Shared,
+    resolved: &ResolvedRule,
+    scope: &Scope,
+    pass: &mut Pass,
+) {
     let failed_before = if scope.is_everything()
         || !lock(&shared.memory)
             .get(&resolved.key)
@@ -875,24 +1002,33 @@ async fn run_plan(
     } else {
         lock(&shared.backoffs).failures(&resolved.key)
     };
-    if !failed_before.is_empty() {
-        let memory = lock(&shared.memory);
-        let tally = memory.get(&resolved.key).map(|m| &m.tally);
-        for ((kind, namespace, name), failure, retry_at) in failed_before {
-            let still_unwritten = tally.is_some_and(|t| t.is_unwritten(&namespace, &name));
-            if kind == resolved.kind && !scope.covers(&namespace, &name) && still_unwritten {
-                pass.retry_no_later_than(retry_at);
-                pass.deferred
-                    .push((format!("{kind} {namespace}/{name}"), failure));
-            }
+    if failed_before.is_empty() {
+        return;
+    }
+    let memory = lock(&shared.memory);
+    let tally = memory.get(&resolved.key).map(|m| &m.tally);
+    for ((kind, namespace, name), failure, retry_at) in failed_before {
+        let still_unwritten = tally.is_some_and(|t| t.is_unwritten(&namespace, &name));
+        if kind == resolved.kind && !scope.covers(&namespace, &name) && still_unwritten {
+            pass.retry_no_later_than(retry_at);
+            pass.deferred
+                .push((format!("{kind} {namespace}/{name}"), failure));
         }
     }
+}
 
+/// Write the admitted copies, `--write-concurrency` at a time, taking
+/// each outcome as it comes (a pass of 100,000 writes never holds them all
+/// at once); returns the conflicts the writes met.
+async fn write_admitted(
+    shared: &Arc<Shared>,
+    resolved: &ResolvedRule,
+    admitted: Vec<Admitted>,
+    pass: &mut Pass,
+) -> Vec<(ObjectKey, String)> {
     let rule_name = resolved.key.to_string();
     let policy = resolved.conflict_policy;
     let concurrency = shared.options.write_concurrency as usize;
-    // Outcomes are taken as they come, so a pass of 100,000 writes never
-    // holds them all at once.
     let mut results = futures::stream::iter(admitted)
         .map(|(copy, kind, action)| {
             let shared = shared.clone();
@@ -906,86 +1042,108 @@ async fn run_plan(
             }
         })
         .buffer_unordered(concurrency);
-
     let mut new_conflicts = Vec::new();
     while let Some((copy, kind, action, outcome)) = results.next().await {
-        let (namespace, name) = action.target();
-        let settles =
-            kind == resolved.kind && matches!(outcome, Outcome::Written(_) | Outcome::Ignored(_));
-        if settles {
-            lock(&shared.memory)
-                .entry(resolved.key.clone())
-                .or_default()
-                .tally
-                .settle(namespace, name);
-        }
-        match outcome {
-            Outcome::Written(object) => {
-                if lock(&shared.backoffs).succeeded(&copy, Instant::now()) {
-                    // A refusal was lifted: the rule's other refused copies
-                    // go in the next pass, at once.
-                    pass.retry_no_later_than(Instant::now());
-                }
-                // Write-through: the next pass sees our write even before its watch event.
-                let mut index = write(shared.copies(kind));
-                match (object, &action) {
-                    (Some(object), _) => {
-                        index.upsert_written(object);
-                    }
-                    (None, Action::Delete { current, .. }) => {
-                        index.remove(namespace, name, &current.uid);
-                    }
-                    (None, _) => {}
-                }
-                match action {
-                    Action::Create { .. } => pass.created += 1,
-                    Action::Update { .. } | Action::Recreate { .. } => pass.updated += 1,
-                    Action::Delete {
-                        reason: DeleteReason::Pruned,
-                        ..
-                    } => pass.pruned += 1,
-                    Action::Delete { .. } => pass.deleted += 1,
-                }
-            }
-            Outcome::Conflict(reason) => {
-                // No write is owed there any more: an earlier failure is moot.
-                lock(&shared.backoffs).no_longer_owed(&copy);
-                new_conflicts.push(((namespace.to_owned(), name.to_owned()), reason));
-            }
-            Outcome::Failed(failure) => {
-                let at = lock(&shared.backoffs).failed(
-                    &copy,
-                    &resolved.key,
-                    wanted_hash(&action),
-                    failure.clone(),
-                    Instant::now(),
-                );
-                pass.retry_no_later_than(at);
-                pass.failed.push((describe_target(kind, &action), failure));
-            }
-            Outcome::NotLeader => pass.not_leader += 1,
-            Outcome::Ignored(_) => {}
+        if let Some(conflict) = take_outcome(shared, resolved, pass, (copy, kind, action), outcome)
+        {
+            new_conflicts.push(conflict);
         }
     }
-    {
-        let mut memory = lock(&shared.memory);
-        let memory = memory.entry(resolved.key.clone()).or_default();
-        for (key, reason) in new_conflicts {
-            memory
-                .tally
-                .set(&key.0, &key.1, Unsettled::Conflict(reason.clone()));
-            memory.known_conflicts.insert(key, reason);
-        }
-        // A target that is ours now is no conflict any more.
-        let copies = read(shared.copies(resolved.kind));
-        memory.known_conflicts.retain(|(ns, name), _| {
-            copies
-                .get(ns, name)
-                .is_none_or(|c| c.rule_uid() != rule.uid())
-        });
+    new_conflicts
+}
+
+/// One write's outcome into the rule's tally, the copy's backoff, the
+/// view of copies (write-through) and the pass's counts; a conflict met
+/// is returned.
+fn take_outcome(
+    shared: &Shared,
+    resolved: &ResolvedRule,
+    pass: &mut Pass,
+    (copy, kind, action): Admitted,
+    outcome: Outcome,
+) -> Option<(ObjectKey, String)> {
+    let (namespace, name) = action.target();
+    let settles =
+        kind == resolved.kind && matches!(outcome, Outcome::Written(_) | Outcome::Ignored(_));
+    if settles {
+        lock(&shared.memory)
+            .entry(resolved.key.clone())
+            .or_default()
+            .tally
+            .settle(namespace, name);
     }
-    finish(shared, resolved, &mut pass, plan);
-    pass
+    match outcome {
+        Outcome::Written(object) => {
+            if lock(&shared.backoffs).succeeded(&copy, Instant::now()) {
+                // A refusal was lifted: the rule's other refused copies
+                // go in the next pass, at once.
+                pass.retry_no_later_than(Instant::now());
+            }
+            // Write-through: the next pass sees our write even before its watch event.
+            let mut index = write(shared.copies(kind));
+            match (object, &action) {
+                (Some(object), _) => {
+                    index.upsert_written(object);
+                }
+                (None, Action::Delete { current, .. }) => {
+                    index.remove(namespace, name, &current.uid);
+                }
+                (None, _) => {}
+            }
+            match action {
+                Action::Create { .. } => pass.created += 1,
+                Action::Update { .. } | Action::Recreate { .. } => pass.updated += 1,
+                Action::Delete {
+                    reason: DeleteReason::Pruned,
+                    ..
+                } => pass.pruned += 1,
+                Action::Delete { .. } => pass.deleted += 1,
+            }
+        }
+        Outcome::Conflict(reason) => {
+            // No write is owed there any more: an earlier failure is moot.
+            lock(&shared.backoffs).no_longer_owed(&copy);
+            return Some(((namespace.to_owned(), name.to_owned()), reason));
+        }
+        Outcome::Failed(failure) => {
+            let at = lock(&shared.backoffs).failed(
+                &copy,
+                &resolved.key,
+                wanted_hash(&action),
+                failure.clone(),
+                Instant::now(),
+            );
+            pass.retry_no_later_than(at);
+            pass.failed.push((describe_target(kind, &action), failure));
+        }
+        Outcome::NotLeader => pass.not_leader += 1,
+        Outcome::Ignored(_) => {}
+    }
+    None
+}
+
+/// The conflicts the writes met join the rule's tally and memory; a
+/// target that is ours now is no conflict any more.
+fn remember_conflicts(
+    shared: &Shared,
+    rule: &CopyratorRule,
+    resolved: &ResolvedRule,
+    new_conflicts: Vec<(ObjectKey, String)>,
+) {
+    let mut memory = lock(&shared.memory);
+    let memory = memory.entry(resolved.key.clone()).or_default();
+    for (key, reason) in new_conflicts {
+        memory
+            .tally
+            .set(&key.0, &key.1, Unsettled::Conflict(reason.clone()));
+        memory.known_conflicts.insert(key, reason);
+    }
+    let copies = read(shared.copies(resolved.kind));
+    memory.known_conflicts.retain(|(ns, name), _| {
+        copies
+            .get(ns, name)
+            .is_none_or(|c| c.rule_uid() != rule.uid())
+    });
 }
 
 /// The rule's counts and conflicts after a pass, from its tally: exact
