@@ -161,15 +161,7 @@ pub async fn run(
         gate,
         health.clone(),
     );
-    {
-        // Work pending counts only where this process should do it: the leader.
-        let shared = Arc::downgrade(&shared);
-        health.watch_work(move || {
-            shared
-                .upgrade()
-                .is_some_and(|s| s.leader.is_leader() && !s.queue.is_empty())
-        });
-    }
+    watch_pending_work(&health, &shared);
     let mut tasks = spawn_watches(&shared);
     let server = {
         let mut stopped = stopped.clone();
@@ -226,8 +218,21 @@ pub async fn run(
 
     let which = signal.await.unwrap_or("signal");
     info!(signal = which, "shutting down");
-    // Writes stop first; a Lease holder then hands the Lease over, so that
-    // a standby leads at once.
+    shut_down(always, election, stop, working, tasks).await;
+    info!("stopped");
+    Ok(())
+}
+
+/// Writes stop first; a Lease holder then hands the Lease over, so that a
+/// standby leads at once; in-flight work finishes within the deadline;
+/// every other task is aborted.
+async fn shut_down(
+    always: Option<watch::Sender<bool>>,
+    election: Option<leader::Election>,
+    stop: watch::Sender<bool>,
+    working: [JoinHandle<()>; 3],
+    tasks: Vec<JoinHandle<()>>,
+) {
     if let Some(sender) = always {
         let _ = sender.send(false);
         shutdown_step(1, "writes stopped");
@@ -251,6 +256,15 @@ pub async fn run(
         task.abort();
     }
     shutdown_step(3, "every other task stopped");
-    info!("stopped");
-    Ok(())
+}
+
+/// Work pending counts for the health check only where this process
+/// should do it: the leader.
+fn watch_pending_work(health: &Health, shared: &Arc<Shared>) {
+    let shared = Arc::downgrade(shared);
+    health.watch_work(move || {
+        shared
+            .upgrade()
+            .is_some_and(|s| s.leader.is_leader() && !s.queue.is_empty())
+    });
 }

@@ -508,63 +508,13 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
             |change| {
                 // The rules a change concerns, and what of theirs it touched.
                 let (touched, touch): (Vec<String>, Touch) = match change {
-                    Change::Listed(listed) => {
-                        let touched = write(index).replace_all(listed);
-                        shared.synced.set_copies_of(kind, true);
-                        if kind.info().generic {
-                            // Its rules waited for this list, copies or not.
-                            for key in rules_naming(&shared, kind) {
-                                shared.queue.add(key, Touch::All);
-                            }
-                            // Copies of rules gone while no operator ran.
-                            let shared = shared.clone();
-                            tokio::spawn(async move {
-                                crate::controller::finalizer::collect_orphans(
-                                    &shared,
-                                    "kind listed",
-                                )
-                                .await;
-                                release_unused(&shared);
-                            });
-                        }
-                        (touched.into_iter().collect(), Touch::All)
-                    }
+                    Change::Listed(listed) => copies_listed(&shared, kind, listed),
                     Change::Applied(object) => {
                         let touch =
                             Touch::Copy(object.namespace.to_string(), object.name.to_string());
                         (write(index).upsert(object), touch)
                     }
-                    Change::Deleted(object) => {
-                        let namespace = object.namespace.clone();
-                        let name = object.name.clone();
-                        let removed = write(index).deleted(&namespace, &name, &object.uid);
-                        // Our own deletes left the cache already: this one was
-                        // someone else's. A copy we wrote that keeps being deleted
-                        // is contested like one that keeps being changed back.
-                        if let Some(removed) = &removed
-                            && let (Some(written_for), Some(rule)) = (
-                                removed.written_for,
-                                removed.rule_uid().and_then(|uid| shared.rule_by_uid(uid)),
-                            )
-                        {
-                            lock(&shared.backoffs).deleted_by_others(
-                                &(kind, namespace.to_string(), name.to_string()),
-                                &rule,
-                                written_for,
-                                tokio::time::Instant::now(),
-                            );
-                        }
-                        // Not in the cache yet (the answer to our own create
-                        // is still on its way): its rule must still hear of it.
-                        let owner = removed
-                            .as_ref()
-                            .unwrap_or(&object)
-                            .rule_uid()
-                            .map(str::to_owned)
-                            .into_iter()
-                            .collect();
-                        (owner, Touch::Copy(namespace.to_string(), name.to_string()))
-                    }
+                    Change::Deleted(object) => copy_deleted(&shared, kind, &object),
                 };
                 for uid in touched {
                     if let Some(key) = shared.rule_by_uid(&uid) {
@@ -581,4 +531,65 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
             kind_unserved(&shared, kind);
         }
     })
+}
+
+/// A full list of `kind`'s copies: the view replaced; the rules that
+/// name a kind of their own waited for it; copies of rules gone while no
+/// operator ran are collected.
+fn copies_listed(
+    shared: &Arc<Shared>,
+    kind: Kind,
+    listed: Vec<Arc<Object>>,
+) -> (Vec<String>, Touch) {
+    let index = shared.copies(kind);
+    let touched = write(index).replace_all(listed);
+    shared.synced.set_copies_of(kind, true);
+    if kind.info().generic {
+        // Its rules waited for this list, copies or not.
+        for key in rules_naming(shared, kind) {
+            shared.queue.add(key, Touch::All);
+        }
+        // Copies of rules gone while no operator ran.
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            crate::controller::finalizer::collect_orphans(&shared, "kind listed").await;
+            release_unused(&shared);
+        });
+    }
+    (touched.into_iter().collect(), Touch::All)
+}
+
+/// A copy of `kind` deleted: out of the view; deleted by someone else, a
+/// copy we wrote counts towards its contest.
+fn copy_deleted(shared: &Shared, kind: Kind, object: &Arc<Object>) -> (Vec<String>, Touch) {
+    let index = shared.copies(kind);
+    let namespace = object.namespace.clone();
+    let name = object.name.clone();
+    let removed = write(index).deleted(&namespace, &name, &object.uid);
+    // Our own deletes left the cache already: this one was
+    // someone else's. A copy we wrote that keeps being deleted
+    // is contested like one that keeps being changed back.
+    if let Some(removed) = &removed
+        && let (Some(written_for), Some(rule)) = (
+            removed.written_for,
+            removed.rule_uid().and_then(|uid| shared.rule_by_uid(uid)),
+        )
+    {
+        lock(&shared.backoffs).deleted_by_others(
+            &(kind, namespace.to_string(), name.to_string()),
+            &rule,
+            written_for,
+            tokio::time::Instant::now(),
+        );
+    }
+    // Not in the cache yet (the answer to our own create
+    // is still on its way): its rule must still hear of it.
+    let owner = removed
+        .as_ref()
+        .unwrap_or(object)
+        .rule_uid()
+        .map(str::to_owned)
+        .into_iter()
+        .collect();
+    (owner, Touch::Copy(namespace.to_string(), name.to_string()))
 }

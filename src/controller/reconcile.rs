@@ -619,116 +619,118 @@ async fn announce(
     pass: &Pass,
     observed: &Observed,
 ) {
-    let key = &resolved.key;
-    let (new_conflicts, new_refusals): (Vec<ConflictEntry>, Vec<ConflictEntry>) = {
-        let mut memory = lock(&shared.memory);
-        let memory = memory.entry(key.clone()).or_default();
-        let current: HashSet<ConflictEntry> = pass.conflicts.iter().cloned().collect();
-        let fresh = current.difference(&memory.announced).cloned().collect();
-        memory.announced = current;
-        let refused: HashSet<ConflictEntry> = observed.refused_sources.iter().cloned().collect();
-        let fresh_refusals = refused
-            .difference(&memory.announced_refusals)
-            .cloned()
-            .collect();
-        memory.announced_refusals = refused;
-        let copies = i64::from(observed.copies);
-        let conflicts = pass.conflicts.len() as i64;
-        shared.metrics.copies_managed.inc_by(copies - memory.copies);
-        shared
-            .metrics
-            .conflicts_skipped
-            .inc_by(conflicts - memory.conflicts);
-        memory.copies = copies;
-        memory.conflicts = conflicts;
-        (fresh, fresh_refusals)
-    };
-    // One Event for all new refusals: the recorder folds Events of one
-    // reason into a series, which would keep only the last note.
-    if !new_refusals.is_empty() {
-        let mut sorted = new_refusals;
-        sorted.sort();
-        let listed: Vec<String> = sorted
-            .iter()
+    let (new_conflicts, new_refusals) = note_announced(shared, &resolved.key, pass, observed);
+    let contests = lock(&shared.backoffs).take_unannounced(&resolved.key);
+    let said = Said {
+        kind: resolved.kind,
+        new_conflicts,
+        new_refusals,
+        contests: contests
+            .into_iter()
             .take(5)
-            .map(|r| {
-                format!(
-                    "{} {}/{} ({})",
-                    resolved.kind, r.namespace, r.name, r.reason
-                )
-            })
-            .collect();
-        shared
-            .event(
-                rule,
-                EventType::Warning,
-                "SourceRefused",
-                "Copy",
-                format!(
-                    "{} sources are not copied: {}",
-                    sorted.len(),
-                    listed.join("; ")
-                ),
-            )
-            .await;
+            .map(|c| (c.kind, c.namespace, c.name, c.writer))
+            .collect(),
+    };
+    for (type_, reason, action, note) in said.events(pass) {
+        shared.event(rule, type_, reason, action, note).await;
     }
-    for conflict in new_conflicts.iter().take(5) {
-        shared
-            .event(
-                rule,
-                EventType::Warning,
-                "ConflictSkipped",
-                "Copy",
-                format!(
-                    "{} {}/{} not written: {}",
-                    resolved.kind, conflict.namespace, conflict.name, conflict.reason
-                ),
-            )
-            .await;
-    }
-    if pass.pruned > 0 {
-        shared
-            .event(
-                rule,
-                EventType::Normal,
-                "Pruned",
-                "Delete",
-                format!("deleted {} copies that no longer belong", pass.pruned),
-            )
-            .await;
-    }
-    // Only for writes tried in this pass: a copy waiting out its backoff
-    // was announced when it failed.
-    if let Some((what, failure)) = pass.failed.first() {
-        shared
-            .event(
-                rule,
-                EventType::Warning,
-                "SyncFailed",
-                "Copy",
-                format!(
-                    "{} writes failed; first: {what}: {}; {}",
-                    pass.failed.len(),
-                    failure.message,
-                    retry_note(failure.class)
-                ),
-            )
-            .await;
-    }
-    let contests = lock(&shared.backoffs).take_unannounced(key);
-    for contest in contests.iter().take(5) {
-        shared
-            .event(
-                rule,
-                EventType::Warning,
-                "CopyContested",
-                "Copy",
-                format!(
-                    "{} {}/{} keeps being changed back by {}; Copyrator restores it with growing delays (up to 5 min)",
-                    contest.kind, contest.namespace, contest.name, contest.writer
-                ),
-            )
-            .await;
+}
+
+/// What this pass has to say that earlier passes have not said, taken
+/// into the rule's memory (with the gauges of copies and conflicts):
+/// the new conflicts, and the sources newly refused for their type.
+fn note_announced(
+    shared: &Shared,
+    key: &RuleKey,
+    pass: &Pass,
+    observed: &Observed,
+) -> (Vec<ConflictEntry>, Vec<ConflictEntry>) {
+    let mut memory = lock(&shared.memory);
+    let memory = memory.entry(key.clone()).or_default();
+    let current: HashSet<ConflictEntry> = pass.conflicts.iter().cloned().collect();
+    let fresh = current.difference(&memory.announced).cloned().collect();
+    memory.announced = current;
+    let refused: HashSet<ConflictEntry> = observed.refused_sources.iter().cloned().collect();
+    let fresh_refusals = refused
+        .difference(&memory.announced_refusals)
+        .cloned()
+        .collect();
+    memory.announced_refusals = refused;
+    let copies = i64::from(observed.copies);
+    let conflicts = pass.conflicts.len() as i64;
+    shared.metrics.copies_managed.inc_by(copies - memory.copies);
+    shared
+        .metrics
+        .conflicts_skipped
+        .inc_by(conflicts - memory.conflicts);
+    memory.copies = copies;
+    memory.conflicts = conflicts;
+    (fresh, fresh_refusals)
+}
+
+/// The news of a pass, for its Events.
+struct Said {
+    kind: Kind,
+    new_conflicts: Vec<ConflictEntry>,
+    new_refusals: Vec<ConflictEntry>,
+    /// Copies newly contested: kind, namespace, name, and by whom.
+    contests: Vec<(Kind, String, String, String)>,
+}
+
+/// An Event: its type, reason, action and note.
+type EventNote = (EventType, &'static str, &'static str, String);
+
+impl Said {
+    /// The Events, in order: refused sources (one Event for all: the
+    /// recorder folds Events of one reason into a series, which would keep
+    /// only the last note), up to five conflicts, the prunes, the failed
+    /// writes (only those tried in this pass: a copy waiting out its
+    /// backoff was announced when it failed), up to five contests.
+    fn events(mut self, pass: &Pass) -> Vec<EventNote> {
+        let kind = self.kind;
+        let mut events = Vec::new();
+        if !self.new_refusals.is_empty() {
+            self.new_refusals.sort();
+            let listed: Vec<String> = self
+                .new_refusals
+                .iter()
+                .take(5)
+                .map(|r| format!("{kind} {}/{} ({})", r.namespace, r.name, r.reason))
+                .collect();
+            let note = format!(
+                "{} sources are not copied: {}",
+                self.new_refusals.len(),
+                listed.join("; ")
+            );
+            events.push((EventType::Warning, "SourceRefused", "Copy", note));
+        }
+        for conflict in self.new_conflicts.iter().take(5) {
+            let note = format!(
+                "{kind} {}/{} not written: {}",
+                conflict.namespace, conflict.name, conflict.reason
+            );
+            events.push((EventType::Warning, "ConflictSkipped", "Copy", note));
+        }
+        if pass.pruned > 0 {
+            let note = format!("deleted {} copies that no longer belong", pass.pruned);
+            events.push((EventType::Normal, "Pruned", "Delete", note));
+        }
+        if let Some((what, failure)) = pass.failed.first() {
+            let note = format!(
+                "{} writes failed; first: {what}: {}; {}",
+                pass.failed.len(),
+                failure.message,
+                retry_note(failure.class)
+            );
+            events.push((EventType::Warning, "SyncFailed", "Copy", note));
+        }
+        for (kind, namespace, name, writer) in self.contests {
+            let note = format!(
+                "{kind} {namespace}/{name} keeps being changed back by {writer}; Copyrator restores it with growing delays (up to 5 min)"
+            );
+            events.push((EventType::Warning, "CopyContested", "Copy", note));
+        }
+        events
     }
 }
 
@@ -1308,6 +1310,55 @@ fn log_transition(key: &RuleKey, previous: Option<&RuleStatus>, next: &RuleStatu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entry(n: usize) -> ConflictEntry {
+        ConflictEntry {
+            namespace: format!("t{n}"),
+            name: "cfg".into(),
+            reason: "another object holds the name".into(),
+        }
+    }
+
+    #[test]
+    fn a_pass_says_its_news_in_few_events_and_in_order() {
+        let pass = Pass {
+            pruned: 2,
+            ..Pass::default()
+        };
+        let said = Said {
+            kind: Kind::ConfigMap,
+            new_conflicts: (0..7).map(entry).collect(),
+            new_refusals: (0..7).rev().map(entry).collect(),
+            contests: vec![(Kind::ConfigMap, "t1".into(), "cfg".into(), "kubectl".into())],
+        };
+        let events = said.events(&pass);
+        let reasons: Vec<&str> = events.iter().map(|(_, reason, ..)| *reason).collect();
+        assert_eq!(
+            reasons,
+            [
+                "SourceRefused",
+                "ConflictSkipped",
+                "ConflictSkipped",
+                "ConflictSkipped",
+                "ConflictSkipped",
+                "ConflictSkipped",
+                "Pruned",
+                "CopyContested"
+            ],
+            "seven refusals in one Event, five of seven conflicts, no failure to tell"
+        );
+        let refused = &events[0].3;
+        assert!(
+            refused.starts_with("7 sources are not copied: ConfigMap t0/cfg"),
+            "{refused}"
+        );
+        assert_eq!(
+            refused.matches("ConfigMap t").count(),
+            5,
+            "five named: {refused}"
+        );
+        assert_eq!(events[6].3, "deleted 2 copies that no longer belong");
+    }
     use serde_json::{Value, json};
 
     #[test]
