@@ -1031,6 +1031,8 @@ pub mod tests {
     use super::*;
     use crate::api::rule::CopyratorRule;
     use crate::core::resolve::Trust;
+    use crate::core::scope::Touch;
+    use crate::core::tally::{Basis, Tally};
     use serde_json::json;
 
     /// A cluster as a rule's plan sees it: its namespaces, the rule's
@@ -2457,8 +2459,6 @@ pub mod tests {
     /// pass over everything would.
     #[test]
     fn a_pass_over_what_changed_plans_what_a_full_pass_would() {
-        use crate::core::scope::Touch;
-        use crate::core::tally::{Basis, Tally};
         let mut w = World::new(&["src", "a", "b", "c", "d"]);
         w.source("src", "cm1", &[("copy", "yes")], json!({"k": "1"}));
         w.source("src", "cm2", &[("copy", "yes")], json!({"k": "2"}));
@@ -2468,24 +2468,34 @@ pub mod tests {
         other.rehash();
         w.copies.upsert(Arc::new(other));
         let r = simple_rule();
-        let mut tally = Tally::default();
         let basis = Basis {
             uid: r.uid.clone(),
             generation: Some(1),
         };
+        let mut tally = Tally::default();
         let first = w.plan(&r);
         tally.record(&basis, &Scope::everything(), &first);
-        w.apply(&first);
-        for (namespace, name) in first.actions.iter().map(Action::target) {
-            tally.settle(namespace, name);
-        }
+        apply_and_settle(&mut w, &mut tally, &first);
         let full = w.plan(&r);
         assert_eq!(tally.in_place(full.places), full.in_place);
         assert_eq!(full.in_place, 7, "4 targets × 2 sources, one place taken");
 
-        // Each change, with the touch its watch reports.
-        type Change = Box<dyn Fn(&mut World)>;
-        let changes: Vec<(&str, Change, Touch)> = vec![
+        for (what, change, touch) in watched_changes() {
+            // Left untouched: an edit nobody reported must not be seen by
+            // the scoped pass (it is what the tally does not cover either).
+            change(&mut w);
+            check_a_pass_over(touch, what, &mut w, &r, &mut tally, &basis);
+        }
+        assert_eq!(w.plan(&r).in_place, 4, "cm1 in a, b, d and e");
+    }
+
+    /// A change to the world, what it is, and the touch its watch reports.
+    type WatchedChange = (&'static str, Box<dyn Fn(&mut World)>, Touch);
+
+    /// One change of each sort a watch reports, in an order each can follow
+    /// the one before.
+    fn watched_changes() -> Vec<WatchedChange> {
+        vec![
             (
                 "a new namespace",
                 Box::new(|w| {
@@ -2526,46 +2536,59 @@ pub mod tests {
                 }),
                 Touch::Source("cm2".into()),
             ),
-        ];
-        for (what, change, touch) in changes {
-            // Left untouched: an edit nobody reported must not be seen by
-            // the scoped pass (it is what the tally does not cover either).
-            change(&mut w);
-            let mut scope = Scope::default();
-            scope.add(touch);
-            let scoped = w.plan_within(&r, &scope);
-            let full = w.plan(&r);
-            assert_eq!(verbs(&scoped), verbs(&full), "{what}: the same writes");
-            assert!(
-                scoped.examined < full.examined,
-                "{what}: the scoped pass looked at less ({} of {})",
-                scoped.examined,
-                full.examined
-            );
-            let scope = tally.scope_for(&basis, scope);
-            assert!(
-                !scope.is_everything(),
-                "{what}: the tally describes this rule"
-            );
-            tally.record(&basis, &scope, &scoped);
-            assert_eq!(
-                tally.in_place(scoped.places),
-                full.in_place,
-                "{what}: counts before the writes"
-            );
-            assert_eq!(tally.conflict_count(), full.conflicts.len(), "{what}");
-            w.apply(&scoped);
-            for (namespace, name) in scoped.actions.iter().map(Action::target) {
-                tally.settle(namespace, name);
-            }
-            let after = w.plan(&r);
-            assert!(after.actions.is_empty(), "{what}: converged");
-            assert_eq!(
-                tally.in_place(after.places),
-                after.in_place,
-                "{what}: counts after"
-            );
+        ]
+    }
+
+    /// Carry out `plan`'s writes, and settle them in `tally` as their
+    /// watch events would.
+    fn apply_and_settle(w: &mut World, tally: &mut Tally, plan: &Plan) {
+        w.apply(plan);
+        for (namespace, name) in plan.actions.iter().map(Action::target) {
+            tally.settle(namespace, name);
         }
-        assert_eq!(w.plan(&r).in_place, 4, "cm1 in a, b, d and e");
+    }
+
+    /// After the change `what`, a pass over `touch` plans the writes of a
+    /// pass over everything, for less, and leaves `tally` with its counts,
+    /// before its writes and after them.
+    fn check_a_pass_over(
+        touch: Touch,
+        what: &str,
+        w: &mut World,
+        r: &ResolvedRule,
+        tally: &mut Tally,
+        basis: &Basis,
+    ) {
+        let mut scope = Scope::default();
+        scope.add(touch);
+        let scoped = w.plan_within(r, &scope);
+        let full = w.plan(r);
+        assert_eq!(verbs(&scoped), verbs(&full), "{what}: the same writes");
+        assert!(
+            scoped.examined < full.examined,
+            "{what}: the scoped pass looked at less ({} of {})",
+            scoped.examined,
+            full.examined
+        );
+        let scope = tally.scope_for(basis, scope);
+        assert!(
+            !scope.is_everything(),
+            "{what}: the tally describes this rule"
+        );
+        tally.record(basis, &scope, &scoped);
+        assert_eq!(
+            tally.in_place(scoped.places),
+            full.in_place,
+            "{what}: counts before the writes"
+        );
+        assert_eq!(tally.conflict_count(), full.conflicts.len(), "{what}");
+        apply_and_settle(w, tally, &scoped);
+        let after = w.plan(r);
+        assert!(after.actions.is_empty(), "{what}: converged");
+        assert_eq!(
+            tally.in_place(after.places),
+            after.in_place,
+            "{what}: counts after"
+        );
     }
 }
