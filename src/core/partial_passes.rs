@@ -371,254 +371,49 @@ impl Cluster {
         self.source_event(name, before.as_deref(), after.as_deref())
     }
 
-    /// Make `change`; the touches its watch events bring this rule.
+    /// Make `change` (each kind by the method of its name); the touches its
+    /// watch events bring this rule.
     fn change(&mut self, change: &Change) -> Vec<Touch> {
-        let rule_uid = self.rule.uid.clone();
         let touch = match *change {
-            Change::NamespaceAppears { namespace, env } => {
-                let name = NAMESPACES[namespace];
-                if self.world.namespaces.contains_key(name) {
-                    return Vec::new();
-                }
-                let info = NamespaceInfo {
-                    labels: env_labels(env),
-                    ..NamespaceInfo::default()
-                };
-                self.world.namespaces.insert(name.to_owned(), info.clone());
-                self.namespace_event(name, None, Some(&info))
-            }
+            Change::NamespaceAppears { namespace, env } => self.namespace_appears(namespace, env),
             Change::NamespaceLabelled { namespace, env } => {
                 self.edit_namespace(namespace, |info| info.labels = env_labels(env))
             }
             Change::NamespaceTerminates { namespace } => {
                 self.edit_namespace(namespace, |info| info.terminating = true)
             }
-            Change::NamespaceGoes { namespace } => {
-                let name = NAMESPACES[namespace];
-                let Some(before) = self.world.namespaces.get(name).cloned() else {
-                    return Vec::new();
-                };
-                // Its objects go first, each with its own watch event.
-                let held: Vec<Arc<Object>> = self
-                    .world
-                    .copies
-                    .in_namespace(name)
-                    .map(|copies| copies.values().cloned().collect())
-                    .unwrap_or_default();
-                let mut touches = Vec::new();
-                for copy in held {
-                    self.leaves_copy_watch(&copy);
-                    touches.extend(self.copy_event(&copy.key(), copy.rule_uid(), None));
-                }
-                self.foreign.retain(|(ns, _), _| ns != name);
-                self.world.namespaces.remove(name);
-                touches.extend(self.namespace_event(name, Some(&before), None));
-                return touches;
-            }
-            Change::SourceWritten { name, data } => {
-                let version = self.next_version();
-                let before = self.source(name).cloned();
-                let (uid, labels) = match &before {
-                    Some(source) => (source.uid.clone(), source.labels.clone()),
-                    None => (
-                        format!("source-{version}"),
-                        BTreeMap::from([("copy".to_owned(), "yes".to_owned())]),
-                    ),
-                };
-                let source = Object::new(
-                    SOURCE_NAMESPACE,
-                    SOURCE_NAMES[name],
-                    uid,
-                    version.to_string(),
-                    labels,
-                    BTreeMap::new(),
-                    BTreeMap::from([("data".to_owned(), json!({ "k": data.to_string() }))]),
-                );
-                self.put_source(name, Some(source))
-            }
+            Change::NamespaceGoes { namespace } => return self.namespace_goes(namespace),
+            Change::SourceWritten { name, data } => self.source_written(name, data),
             Change::SourceGoes { name } => self.put_source(name, None),
-            Change::SourceLabelled { name, matches } => {
-                let Some(before) = self.source(name).cloned() else {
-                    return Vec::new();
-                };
-                let mut source = (*before).clone();
-                source.resource_version = self.next_version().to_string();
-                source
-                    .labels
-                    .insert("copy".into(), if matches { "yes" } else { "no" }.into());
-                source.rehash();
-                self.put_source(name, Some(source))
-            }
+            Change::SourceLabelled { name, matches } => self.source_labelled(name, matches),
             Change::ForeignAppears { namespace, name } => {
-                let at = place(namespace, name);
-                if !self.is_open(&at.0) || !self.is_free(&at) {
-                    return Vec::new();
-                }
-                let version = self.next_version();
-                let foreign = Object::new(
-                    &at.0,
-                    &at.1,
-                    format!("foreign-{version}"),
-                    version.to_string(),
-                    BTreeMap::new(),
-                    BTreeMap::new(),
-                    BTreeMap::from([("data".to_owned(), json!({"k": "foreign"}))]),
-                );
-                self.foreign.insert(at, Arc::new(foreign));
-                // Nothing watches it: the rule learns of it when it writes there.
-                None
+                self.foreign_appears(place(namespace, name))
             }
             Change::ForeignGoes { namespace, name } => {
                 self.foreign.remove(&place(namespace, name));
                 None
             }
             Change::OtherRulesCopyAppears { namespace, name } => {
-                let at = place(namespace, name);
-                if !self.is_open(&at.0) || !self.is_free(&at) {
-                    return Vec::new();
-                }
-                let version = self.next_version();
-                let copy = Object::new(
-                    &at.0,
-                    &at.1,
-                    format!("other-{version}"),
-                    version.to_string(),
-                    BTreeMap::from([
-                        (LABEL_RULE_UID.to_owned(), OTHER_RULE_UID.to_owned()),
-                        (LABEL_MANAGED_BY.to_owned(), "copyrator".to_owned()),
-                    ]),
-                    BTreeMap::from([(ANNOTATION_RULE.to_owned(), "src/other".to_owned())]),
-                    BTreeMap::new(),
-                )
-                .into_compact();
-                self.world.copies.upsert(Arc::new(copy));
-                self.copy_event(&at, None, Some(OTHER_RULE_UID))
+                self.other_rules_copy_appears(place(namespace, name))
             }
             Change::ForgedCopyAppears { namespace, name } => {
-                let at = place(namespace, name);
-                if !self.is_open(&at.0) || !self.is_free(&at) {
-                    return Vec::new();
-                }
-                let version = self.next_version();
-                let mut forged = Object::new(
-                    &at.0,
-                    &at.1,
-                    format!("forged-{version}"),
-                    version.to_string(),
-                    BTreeMap::from([
-                        (LABEL_RULE_UID.to_owned(), rule_uid.clone()),
-                        (LABEL_MANAGED_BY.to_owned(), "copyrator".to_owned()),
-                    ]),
-                    BTreeMap::from([(ANNOTATION_RULE.to_owned(), self.rule.key.to_string())]),
-                    BTreeMap::from([("data".to_owned(), json!({"k": "forged"}))]),
-                );
-                // As the copy watch reads it: managedFields name another writer.
-                forged.authored = false;
-                forged.rule_uid = None;
-                forged.set_owned(|_, _| false);
-                self.world.copies.upsert(Arc::new(forged.into_compact()));
-                self.copy_event(&at, None, None)
+                self.forged_copy_appears(place(namespace, name))
             }
             Change::LabelledForeignGoes { namespace, name } => {
-                let at = place(namespace, name);
-                let Some(object) = self
-                    .world
-                    .copies
-                    .get(&at.0, &at.1)
-                    .filter(|object| object.rule_uid() != Some(rule_uid.as_str()))
-                    .cloned()
-                else {
-                    return Vec::new();
-                };
-                self.leaves_copy_watch(&object);
-                self.copy_event(&at, object.rule_uid(), None)
+                self.labelled_foreign_goes(&place(namespace, name))
             }
-            Change::CopyEdited { namespace, name } => {
-                let at = place(namespace, name);
-                let Some(copy) = self.own_copy(&at) else {
-                    return Vec::new();
-                };
-                // A new version by another writer: its data differs, and it
-                // is no answer to a write of ours.
-                let mut edited = (*copy).clone();
-                edited.payload_hash = edited.payload_hash.wrapping_add(1);
-                edited.resource_version = self.next_version().to_string();
-                edited.written_for = None;
-                edited.settled = false;
-                self.world.copies.upsert(Arc::new(edited));
-                self.copy_event(&at, Some(rule_uid.as_str()), Some(rule_uid.as_str()))
-            }
-            Change::CopyDeleted { namespace, name } => {
-                let at = place(namespace, name);
-                let Some(copy) = self.own_copy(&at) else {
-                    return Vec::new();
-                };
-                self.leaves_copy_watch(&copy);
-                self.copy_event(&at, Some(rule_uid.as_str()), None)
-            }
+            Change::CopyEdited { namespace, name } => self.copy_edited(&place(namespace, name)),
+            Change::CopyDeleted { namespace, name } => self.copy_deleted(&place(namespace, name)),
             Change::CopyUnlabelled { namespace, name } => {
-                let at = place(namespace, name);
-                let Some(copy) = self.own_copy(&at) else {
-                    return Vec::new();
-                };
-                self.leaves_copy_watch(&copy);
-                let version = self.next_version();
-                // What stays is Copyrator's: the other labels, the annotations.
-                let mut labels =
-                    BTreeMap::from([(LABEL_MANAGED_BY.to_owned(), "copyrator".to_owned())]);
-                if copy.create_only {
-                    labels.insert(LABEL_SYNC_POLICY.to_owned(), CREATE_ONLY.to_owned());
-                }
-                let annotations = [
-                    (ANNOTATION_RULE, &copy.rule_ref),
-                    (ANNOTATION_SOURCE, &copy.source_ref),
-                ]
-                .into_iter()
-                .filter_map(|(key, value)| Some((key.to_owned(), value.as_deref()?.to_owned())))
-                .collect();
-                let unlabelled = Object::new(
-                    &at.0,
-                    &at.1,
-                    copy.uid.clone(),
-                    version.to_string(),
-                    labels,
-                    annotations,
-                    copy.payload.clone(),
-                );
-                self.foreign.insert(at.clone(), Arc::new(unlabelled));
-                self.copy_event(&at, Some(rule_uid.as_str()), None)
+                self.copy_unlabelled(place(namespace, name))
             }
             Change::CopyTakenOver { namespace, name } => {
-                let at = place(namespace, name);
-                let Some(copy) = self.own_copy(&at) else {
-                    return Vec::new();
-                };
-                // The copy watch selects by label: to it, the copy is deleted.
-                self.leaves_copy_watch(&copy);
-                let version = self.next_version();
-                let foreign = Object::new(
-                    &at.0,
-                    &at.1,
-                    copy.uid.clone(),
-                    version.to_string(),
-                    BTreeMap::new(),
-                    BTreeMap::new(),
-                    BTreeMap::from([("data".to_owned(), json!({"k": "taken"}))]),
-                );
-                self.foreign.insert(at.clone(), Arc::new(foreign));
-                self.copy_event(&at, Some(rule_uid.as_str()), None)
+                self.copy_taken_over(place(namespace, name))
             }
             Change::RuleChanged {
                 spec: variant,
                 delivered,
-            } => {
-                self.rule = rule(spec(variant));
-                self.generation += 1;
-                Some(match delivered {
-                    Delivered::AsChangedSpec => Touch::All,
-                    Delivered::ThroughStatusPass => Touch::Nothing,
-                })
-            }
+            } => self.rule_changed(variant, delivered),
             Change::Resync => {
                 self.world.known_conflicts.clear();
                 Some(Touch::All)
@@ -631,6 +426,238 @@ impl Cluster {
             }
         };
         touch.into_iter().collect()
+    }
+
+    fn namespace_appears(&mut self, namespace: usize, env: Option<&str>) -> Option<Touch> {
+        let name = NAMESPACES[namespace];
+        if self.world.namespaces.contains_key(name) {
+            return None;
+        }
+        let info = NamespaceInfo {
+            labels: env_labels(env),
+            ..NamespaceInfo::default()
+        };
+        self.world.namespaces.insert(name.to_owned(), info.clone());
+        self.namespace_event(name, None, Some(&info))
+    }
+
+    /// The namespace goes, and each object in it with its own watch event
+    /// first.
+    fn namespace_goes(&mut self, namespace: usize) -> Vec<Touch> {
+        let name = NAMESPACES[namespace];
+        let Some(before) = self.world.namespaces.get(name).cloned() else {
+            return Vec::new();
+        };
+        let held: Vec<Arc<Object>> = self
+            .world
+            .copies
+            .in_namespace(name)
+            .map(|copies| copies.values().cloned().collect())
+            .unwrap_or_default();
+        let mut touches = Vec::new();
+        for copy in held {
+            self.leaves_copy_watch(&copy);
+            touches.extend(self.copy_event(&copy.key(), copy.rule_uid(), None));
+        }
+        self.foreign.retain(|(ns, _), _| ns != name);
+        self.world.namespaces.remove(name);
+        touches.extend(self.namespace_event(name, Some(&before), None));
+        touches
+    }
+
+    /// The source `name` appears (matching the rule's selector), or its
+    /// data becomes `data`.
+    fn source_written(&mut self, name: usize, data: u8) -> Option<Touch> {
+        let version = self.next_version();
+        let before = self.source(name).cloned();
+        let (uid, labels) = match &before {
+            Some(source) => (source.uid.clone(), source.labels.clone()),
+            None => (
+                format!("source-{version}"),
+                BTreeMap::from([("copy".to_owned(), "yes".to_owned())]),
+            ),
+        };
+        let source = Object::new(
+            SOURCE_NAMESPACE,
+            SOURCE_NAMES[name],
+            uid,
+            version.to_string(),
+            labels,
+            BTreeMap::new(),
+            BTreeMap::from([("data".to_owned(), json!({ "k": data.to_string() }))]),
+        );
+        self.put_source(name, Some(source))
+    }
+
+    fn source_labelled(&mut self, name: usize, matches: bool) -> Option<Touch> {
+        let before = self.source(name).cloned()?;
+        let mut source = (*before).clone();
+        source.resource_version = self.next_version().to_string();
+        source
+            .labels
+            .insert("copy".into(), if matches { "yes" } else { "no" }.into());
+        source.rehash();
+        self.put_source(name, Some(source))
+    }
+
+    /// Whether an object can be created at `place`: its namespace is open
+    /// and nothing holds the name.
+    fn can_create(&self, place: &ObjectKey) -> bool {
+        self.is_open(&place.0) && self.is_free(place)
+    }
+
+    fn foreign_appears(&mut self, at: ObjectKey) -> Option<Touch> {
+        if !self.can_create(&at) {
+            return None;
+        }
+        let version = self.next_version();
+        let foreign = Object::new(
+            &at.0,
+            &at.1,
+            format!("foreign-{version}"),
+            version.to_string(),
+            BTreeMap::new(),
+            BTreeMap::new(),
+            BTreeMap::from([("data".to_owned(), json!({"k": "foreign"}))]),
+        );
+        self.foreign.insert(at, Arc::new(foreign));
+        // Nothing watches it: the rule learns of it when it writes there.
+        None
+    }
+
+    fn other_rules_copy_appears(&mut self, at: ObjectKey) -> Option<Touch> {
+        if !self.can_create(&at) {
+            return None;
+        }
+        let version = self.next_version();
+        let copy = Object::new(
+            &at.0,
+            &at.1,
+            format!("other-{version}"),
+            version.to_string(),
+            BTreeMap::from([
+                (LABEL_RULE_UID.to_owned(), OTHER_RULE_UID.to_owned()),
+                (LABEL_MANAGED_BY.to_owned(), "copyrator".to_owned()),
+            ]),
+            BTreeMap::from([(ANNOTATION_RULE.to_owned(), "src/other".to_owned())]),
+            BTreeMap::new(),
+        )
+        .into_compact();
+        self.world.copies.upsert(Arc::new(copy));
+        self.copy_event(&at, None, Some(OTHER_RULE_UID))
+    }
+
+    fn forged_copy_appears(&mut self, at: ObjectKey) -> Option<Touch> {
+        if !self.can_create(&at) {
+            return None;
+        }
+        let version = self.next_version();
+        let mut forged = Object::new(
+            &at.0,
+            &at.1,
+            format!("forged-{version}"),
+            version.to_string(),
+            BTreeMap::from([
+                (LABEL_RULE_UID.to_owned(), self.rule.uid.clone()),
+                (LABEL_MANAGED_BY.to_owned(), "copyrator".to_owned()),
+            ]),
+            BTreeMap::from([(ANNOTATION_RULE.to_owned(), self.rule.key.to_string())]),
+            BTreeMap::from([("data".to_owned(), json!({"k": "forged"}))]),
+        );
+        // As the copy watch reads it: managedFields name another writer.
+        forged.authored = false;
+        forged.rule_uid = None;
+        forged.set_owned(|_, _| false);
+        self.world.copies.upsert(Arc::new(forged.into_compact()));
+        self.copy_event(&at, None, None)
+    }
+
+    fn labelled_foreign_goes(&mut self, at: &ObjectKey) -> Option<Touch> {
+        let object = self
+            .world
+            .copies
+            .get(&at.0, &at.1)
+            .filter(|object| object.rule_uid() != Some(self.rule.uid.as_str()))
+            .cloned()?;
+        self.leaves_copy_watch(&object);
+        self.copy_event(at, object.rule_uid(), None)
+    }
+
+    fn copy_edited(&mut self, at: &ObjectKey) -> Option<Touch> {
+        let copy = self.own_copy(at)?;
+        // A new version by another writer: its data differs, and it is no
+        // answer to a write of ours.
+        let mut edited = (*copy).clone();
+        edited.payload_hash = edited.payload_hash.wrapping_add(1);
+        edited.resource_version = self.next_version().to_string();
+        edited.written_for = None;
+        edited.settled = false;
+        self.world.copies.upsert(Arc::new(edited));
+        let ours = Some(self.rule.uid.as_str());
+        self.copy_event(at, ours, ours)
+    }
+
+    fn copy_deleted(&mut self, at: &ObjectKey) -> Option<Touch> {
+        let copy = self.own_copy(at)?;
+        self.leaves_copy_watch(&copy);
+        self.copy_event(at, Some(self.rule.uid.as_str()), None)
+    }
+
+    fn copy_unlabelled(&mut self, at: ObjectKey) -> Option<Touch> {
+        let copy = self.own_copy(&at)?;
+        self.leaves_copy_watch(&copy);
+        let version = self.next_version();
+        // What stays is Copyrator's: the other labels, the annotations.
+        let mut labels = BTreeMap::from([(LABEL_MANAGED_BY.to_owned(), "copyrator".to_owned())]);
+        if copy.create_only {
+            labels.insert(LABEL_SYNC_POLICY.to_owned(), CREATE_ONLY.to_owned());
+        }
+        let annotations = [
+            (ANNOTATION_RULE, &copy.rule_ref),
+            (ANNOTATION_SOURCE, &copy.source_ref),
+        ]
+        .into_iter()
+        .filter_map(|(key, value)| Some((key.to_owned(), value.as_deref()?.to_owned())))
+        .collect();
+        let unlabelled = Object::new(
+            &at.0,
+            &at.1,
+            copy.uid.clone(),
+            version.to_string(),
+            labels,
+            annotations,
+            copy.payload.clone(),
+        );
+        self.foreign.insert(at.clone(), Arc::new(unlabelled));
+        self.copy_event(&at, Some(self.rule.uid.as_str()), None)
+    }
+
+    fn copy_taken_over(&mut self, at: ObjectKey) -> Option<Touch> {
+        let copy = self.own_copy(&at)?;
+        // The copy watch selects by label: to it, the copy is deleted.
+        self.leaves_copy_watch(&copy);
+        let version = self.next_version();
+        let foreign = Object::new(
+            &at.0,
+            &at.1,
+            copy.uid.clone(),
+            version.to_string(),
+            BTreeMap::new(),
+            BTreeMap::new(),
+            BTreeMap::from([("data".to_owned(), json!({"k": "taken"}))]),
+        );
+        self.foreign.insert(at.clone(), Arc::new(foreign));
+        self.copy_event(&at, Some(self.rule.uid.as_str()), None)
+    }
+
+    /// The rule's next generation, of the spec `variant`.
+    fn rule_changed(&mut self, variant: usize, delivered: Delivered) -> Option<Touch> {
+        self.rule = rule(spec(variant));
+        self.generation += 1;
+        Some(match delivered {
+            Delivered::AsChangedSpec => Touch::All,
+            Delivered::ThroughStatusPass => Touch::Nothing,
+        })
     }
 
     /// `object` leaves what the copy watch selects (deleted, or its

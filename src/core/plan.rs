@@ -474,215 +474,257 @@ pub fn concerns_namespace(
 
 /// Compute what `inputs.rule` needs.
 pub fn plan(inputs: &Inputs<'_>) -> Plan {
-    let rule = inputs.rule;
     let mut out = Plan::default();
-
-    // Sources by name, in source-namespace order: the first namespace wins a name.
-    let mut sources: BTreeMap<&str, Vec<&Object>> = BTreeMap::new();
-    for source in inputs.sources.iter() {
-        match source_rejection(rule, source) {
-            None => {}
-            // A source the rule would copy but for its type (never one that
-            // a tenant rule may not see: that is rejected before).
-            Some(NOT_COPIED_TYPE) => {
-                if let Some(why) = rule.policy.refuses_source(rule.kind, source) {
-                    out.refused_sources
-                        .push((format!("{}/{}", source.namespace, source.name), why));
-                }
-                continue;
-            }
-            Some(_) => continue,
-        }
-        sources.entry(&source.name).or_default().push(source);
-        out.sources += 1;
-    }
-    for candidates in sources.values_mut() {
-        candidates.sort_by_key(|s| {
-            rule.source_namespaces
-                .iter()
-                .position(|ns| **ns == *s.namespace)
-        });
-    }
-    let from_namespace = |candidates: &[&Object], namespace: &str| {
-        candidates.iter().any(|s| &*s.namespace == namespace)
-    };
-    // Names whose winning source is pulled from another namespace: they
-    // land in the rule's own namespace alone.
-    let pulled = |candidates: &[&Object]| is_pulled(rule, candidates[0]);
-    let pulled_names = sources.values().filter(|c| pulled(c)).count() as u32;
-    let lands_in = |candidates: &[&Object], namespace: &str| {
-        !from_namespace(candidates, namespace)
-            && (namespace == rule.key.namespace || !pulled(candidates))
-    };
-    let shadowing: Vec<(&str, &[&Object])> = sources
-        .iter()
-        .filter(|(_, candidates)| candidates.len() > 1)
-        .map(|(name, candidates)| (*name, candidates.as_slice()))
-        .collect();
-
-    // One desired copy per source name, shared by every target namespace;
-    // made only when a place in scope needs it.
-    let mut desired_by_name: HashMap<&str, Arc<Desired>> = HashMap::new();
-    let scope = inputs.scope;
-    let (targets, left_out) = target_namespaces(rule, inputs.namespaces);
+    let sources = Sources::gather(inputs.rule, inputs.sources, &mut out);
+    let (targets, left_out) = target_namespaces(inputs.rule, inputs.namespaces);
     out.protected_namespaces = left_out.protected;
     out.not_accepting_namespaces = left_out.not_accepted;
-    // Targets that receive writes; a terminating namespace receives
-    // nothing, and what is there of ours is kept out of pruning too.
-    let mut live_targets: HashSet<&str> = HashSet::with_capacity(targets.len());
+    let mut planner = Planner {
+        inputs,
+        sources: &sources,
+        shadowing: sources.shadowing(),
+        desired_by_name: HashMap::new(),
+        live_targets: HashSet::with_capacity(targets.len()),
+        out,
+    };
     for (namespace, info) in targets {
-        if info.terminating {
-            continue;
+        // A terminating namespace receives nothing, and what is there of
+        // ours is kept out of pruning too.
+        if !info.terminating {
+            planner.plan_target(namespace);
         }
-        live_targets.insert(namespace);
-        let receivable = if rule.source_namespaces.contains(namespace) {
-            sources.values().filter(|c| lands_in(c, namespace)).count() as u32
-        } else if *namespace == rule.key.namespace {
-            sources.len() as u32
+    }
+    if inputs.rule.prune {
+        planner.plan_prunes();
+    }
+    planner.finish()
+}
+
+/// A plan's sources by name, those of one name in the order of the rule's
+/// source namespaces: the first namespace wins a name.
+struct Sources<'a> {
+    rule: &'a ResolvedRule,
+    by_name: BTreeMap<&'a str, Vec<&'a Object>>,
+    /// Names whose winning source is pulled from another namespace: they
+    /// land in the rule's own namespace alone.
+    pulled_names: u32,
+}
+
+impl<'a> Sources<'a> {
+    /// The `candidates` that are sources of `rule`, counted in `out`, which
+    /// also names those refused for their type alone.
+    fn gather(rule: &'a ResolvedRule, candidates: &'a [Arc<Object>], out: &mut Plan) -> Self {
+        let mut by_name: BTreeMap<&str, Vec<&Object>> = BTreeMap::new();
+        for source in candidates {
+            match source_rejection(rule, source) {
+                None => {}
+                // A source the rule would copy but for its type (never one that
+                // a tenant rule may not see: that is rejected before).
+                Some(NOT_COPIED_TYPE) => {
+                    if let Some(why) = rule.policy.refuses_source(rule.kind, source) {
+                        out.refused_sources
+                            .push((format!("{}/{}", source.namespace, source.name), why));
+                    }
+                    continue;
+                }
+                Some(_) => continue,
+            }
+            by_name.entry(&source.name).or_default().push(source);
+            out.sources += 1;
+        }
+        for same_name in by_name.values_mut() {
+            same_name.sort_by_key(|s| {
+                rule.source_namespaces
+                    .iter()
+                    .position(|ns| **ns == *s.namespace)
+            });
+        }
+        let pulled_names = by_name
+            .values()
+            .filter(|same_name| is_pulled(rule, same_name[0]))
+            .count() as u32;
+        Self {
+            rule,
+            by_name,
+            pulled_names,
+        }
+    }
+
+    /// Whether the winner among `same_name` (the sources of one name) is
+    /// pulled from another namespace.
+    fn winner_is_pulled(&self, same_name: &[&Object]) -> bool {
+        is_pulled(self.rule, same_name[0])
+    }
+
+    /// Whether the winner among `same_name` lands in `namespace`: never
+    /// where a source of its name is (the object of that name there is the
+    /// source itself), and a pulled one only in the rule's namespace.
+    fn lands_in(&self, same_name: &[&Object], namespace: &str) -> bool {
+        !same_name.iter().any(|s| &*s.namespace == namespace)
+            && (namespace == self.rule.key.namespace || !self.winner_is_pulled(same_name))
+    }
+
+    /// How many names land in `namespace`, in scope or not.
+    fn landing_in(&self, namespace: &str) -> u32 {
+        if is_source_namespace(self.rule, namespace) {
+            self.by_name
+                .values()
+                .filter(|same_name| self.lands_in(same_name, namespace))
+                .count() as u32
+        } else if namespace == self.rule.key.namespace {
+            self.by_name.len() as u32
         } else {
-            sources.len() as u32 - pulled_names
-        };
-        out.places += receivable;
-        // A source namespace counts as a target only where it receives
-        // copies of other namespaces' sources.
-        if !rule.source_namespaces.contains(namespace) || receivable > 0 {
-            out.target_namespaces += 1;
+            self.by_name.len() as u32 - self.pulled_names
         }
-        for (name, candidates) in &shadowing {
-            if !lands_in(candidates, namespace) {
+    }
+
+    /// The names that more than one source holds, with their sources.
+    fn shadowing(&self) -> Vec<(&'a str, &[&'a Object])> {
+        self.by_name
+            .iter()
+            .filter(|(_, same_name)| same_name.len() > 1)
+            .map(|(name, same_name)| (*name, same_name.as_slice()))
+            .collect()
+    }
+}
+
+/// Whether `rule` takes sources from `namespace`.
+fn is_source_namespace(rule: &ResolvedRule, namespace: &str) -> bool {
+    rule.source_namespaces.iter().any(|ns| ns == namespace)
+}
+
+/// A plan under way: what it has found so far, and what it keeps from one
+/// target namespace to the next.
+struct Planner<'a> {
+    inputs: &'a Inputs<'a>,
+    sources: &'a Sources<'a>,
+    /// Computed once: see [`Sources::shadowing`].
+    shadowing: Vec<(&'a str, &'a [&'a Object])>,
+    /// One desired copy per source name, shared by every target namespace;
+    /// made only when a place in scope needs it.
+    desired_by_name: HashMap<&'a str, Arc<Desired>>,
+    /// Targets that receive writes: pruning leaves what they want.
+    live_targets: HashSet<&'a str>,
+    out: Plan,
+}
+
+/// What one place in scope that a source lands in needs.
+enum Outcome {
+    /// The copy there is right (or handed over, to a rule that only creates).
+    InPlace,
+    /// A copy should be there; this write makes it so.
+    Write(Action),
+    /// Another object holds the place and is left alone, for this reason.
+    Conflict(String),
+}
+
+impl<'a> Planner<'a> {
+    /// Plan the live target `namespace`: count its places, name the
+    /// sources shadowed there, and decide each place in scope.
+    fn plan_target(&mut self, namespace: &'a str) {
+        self.live_targets.insert(namespace);
+        self.count_places(namespace);
+        self.name_shadowed(namespace);
+        let names = self.names_in_scope(namespace);
+        if names.is_empty() {
+            return;
+        }
+        let rule = self.inputs.rule;
+        let copies_here = self.inputs.copies.in_namespace(namespace);
+        for name in names {
+            let Some((name, same_name)) = self.sources.by_name.get_key_value(name) else {
+                continue;
+            };
+            self.out.examined += 1;
+            // A source never lands on its own namespace (in a source namespace
+            // the object of that name is the source itself), and a pulled one
+            // only on the rule's namespace.
+            if !self.sources.lands_in(same_name, namespace) {
                 continue;
             }
-            for shadowed in &candidates[1..] {
-                out.shadowed.push(ConflictEntry {
-                    namespace: namespace.clone(),
+            let desired = self
+                .desired_by_name
+                .entry(name)
+                .or_insert_with(|| Arc::new(desired_copy(rule, same_name[0])));
+            let current = copies_here.and_then(|copies| copies.get(*name));
+            let outcome = decide(self.inputs, namespace, name, desired, current);
+            self.record(namespace, name, outcome);
+        }
+    }
+
+    /// Count the places in `namespace` that should hold a copy, whatever
+    /// the scope, and `namespace` as a target if it is one.
+    fn count_places(&mut self, namespace: &str) {
+        let receivable = self.sources.landing_in(namespace);
+        self.out.places += receivable;
+        // A source namespace counts as a target only where it receives
+        // copies of other namespaces' sources.
+        if !is_source_namespace(self.inputs.rule, namespace) || receivable > 0 {
+            self.out.target_namespaces += 1;
+        }
+    }
+
+    /// Name every source shadowed at `namespace` by another of its name,
+    /// whatever the scope.
+    fn name_shadowed(&mut self, namespace: &str) {
+        for (name, same_name) in &self.shadowing {
+            if !self.sources.lands_in(same_name, namespace) {
+                continue;
+            }
+            for shadowed in &same_name[1..] {
+                self.out.shadowed.push(ConflictEntry {
+                    namespace: namespace.to_owned(),
                     name: (*name).to_owned(),
                     reason: format!(
                         "source {}/{} has the same name as {}/{}, which wins",
-                        shadowed.namespace, name, candidates[0].namespace, name
+                        shadowed.namespace, name, same_name[0].namespace, name
                     ),
                 });
             }
         }
-        let names: Vec<&str> = if scope.covers_namespace(namespace) {
-            sources.keys().copied().collect()
-        } else {
-            let mut names: Vec<&str> = scope
-                .names()
-                .chain(scope.copies_in(namespace))
-                .filter(|name| sources.contains_key(name))
-                .collect();
-            names.sort_unstable();
-            names.dedup();
-            names
-        };
-        if names.is_empty() {
-            continue;
+    }
+
+    /// The source names whose places in `namespace` the scope covers, in
+    /// name order.
+    fn names_in_scope(&self, namespace: &str) -> Vec<&'a str> {
+        let scope = self.inputs.scope;
+        if scope.covers_namespace(namespace) {
+            return self.sources.by_name.keys().copied().collect();
         }
-        let copies_here = inputs.copies.in_namespace(namespace);
-        for name in names {
-            let Some((name, candidates)) = sources.get_key_value(name) else {
-                continue;
-            };
-            out.examined += 1;
-            // A source never lands on its own namespace (in a source namespace
-            // the object of that name is the source itself), and a pulled one
-            // only on the rule's namespace.
-            if !lands_in(candidates, namespace) {
-                continue;
+        let mut names: Vec<&str> = scope
+            .names()
+            .chain(scope.copies_in(namespace))
+            .filter(|name| self.sources.by_name.contains_key(name))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
+    /// Add what the place `namespace/name` needs to the plan.
+    fn record(&mut self, namespace: &str, name: &str, outcome: Outcome) {
+        match outcome {
+            Outcome::InPlace => {
+                self.out.desired += 1;
+                self.out.in_place += 1;
             }
-            let desired = desired_by_name
-                .entry(name)
-                .or_insert_with(|| Arc::new(desired_copy(rule, candidates[0])));
-            match copies_here.and_then(|copies| copies.get(*name)) {
-                // Handed over to its namespace: never written again. For a
-                // rule that only creates, it is the copy it made.
-                Some(current)
-                    if current.create_only
-                        && rule.sync_policy == SyncPolicy::CreateOnly
-                        && current.rule_uid() == Some(rule.uid.as_str()) =>
-                {
-                    out.desired += 1;
-                    out.in_place += 1;
-                }
-                Some(current) if current.create_only => {
-                    out.conflicts.push(ConflictEntry {
-                        namespace: namespace.clone(),
-                        name: (*name).to_owned(),
-                        reason: handed_over_reason(current.rule_ref.as_deref()),
-                    });
-                }
-                // Copyrator's labels set by someone else: a foreign object.
-                Some(current) if !current.authored => match rule.conflict_policy {
-                    ConflictPolicy::Skip => out.conflicts.push(ConflictEntry {
-                        namespace: namespace.clone(),
-                        name: (*name).to_owned(),
-                        reason: foreign_reason(rule.kind, current),
-                    }),
-                    ConflictPolicy::Overwrite => {
-                        out.desired += 1;
-                        out.actions.push(if desired.needs_recreate(current) {
-                            Action::Recreate {
-                                desired: desired.clone(),
-                                current: current.clone(),
-                            }
-                        } else {
-                            Action::Update {
-                                desired: desired.clone(),
-                                current: current.clone(),
-                            }
-                        });
-                    }
-                },
-                Some(current) if is_ours(rule, current, inputs.live_rule_uids) => {
-                    out.desired += 1;
-                    if desired.is_satisfied_by(current) {
-                        out.in_place += 1;
-                    } else if desired.needs_recreate(current) {
-                        out.actions.push(Action::Recreate {
-                            desired: desired.clone(),
-                            current: current.clone(),
-                        });
-                    } else {
-                        out.actions.push(Action::Update {
-                            desired: desired.clone(),
-                            current: current.clone(),
-                        });
-                    }
-                }
-                Some(current) => {
-                    let owner = current.rule_ref.as_deref().unwrap_or("another rule");
-                    out.conflicts.push(ConflictEntry {
-                        namespace: namespace.clone(),
-                        name: (*name).to_owned(),
-                        reason: format!("a copy made by rule {owner} is there"),
-                    });
-                }
-                None => match inputs
-                    .known_conflicts
-                    .get(&(namespace.clone(), (*name).to_owned()))
-                {
-                    Some(reason) if rule.conflict_policy == ConflictPolicy::Skip => {
-                        out.conflicts.push(ConflictEntry {
-                            namespace: namespace.clone(),
-                            name: (*name).to_owned(),
-                            reason: reason.clone(),
-                        });
-                    }
-                    _ => {
-                        out.desired += 1;
-                        out.actions.push(Action::Create {
-                            desired: desired.clone(),
-                            namespace: namespace.clone(),
-                        });
-                    }
-                },
+            Outcome::Write(action) => {
+                self.out.desired += 1;
+                self.out.actions.push(action);
             }
+            Outcome::Conflict(reason) => self.out.conflicts.push(ConflictEntry {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                reason,
+            }),
         }
     }
 
-    if rule.prune {
-        for current in copies_in_scope(rule, inputs, scope) {
-            out.examined += 1;
+    /// Delete the rule's copies in scope that no live target wants.
+    fn plan_prunes(&mut self) {
+        let inputs = self.inputs;
+        for current in copies_in_scope(inputs.rule, inputs, inputs.scope) {
+            self.out.examined += 1;
             // A namespace the cache has not seen yet may well be a target:
             // its copies wait until it has been seen.
             let prunable = inputs
@@ -690,26 +732,108 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 .get(&*current.namespace)
                 .is_some_and(|ns| !ns.terminating);
             // Ours at a live target with a source of its name from elsewhere:
-            // the loop above wants it.
-            let wanted = live_targets.contains(&*current.namespace)
-                && sources
+            // `plan_target` wants it.
+            let wanted = self.live_targets.contains(&*current.namespace)
+                && self
+                    .sources
+                    .by_name
                     .get(&*current.name)
-                    .is_some_and(|candidates| lands_in(candidates, &current.namespace));
+                    .is_some_and(|same_name| self.sources.lands_in(same_name, &current.namespace));
             // A copy handed over to its namespace is never pruned.
             if prunable && !wanted && !current.create_only {
-                out.actions.push(Action::Delete {
+                self.out.actions.push(Action::Delete {
                     current: current.clone(),
                     reason: DeleteReason::Pruned,
                 });
             }
         }
     }
-    out.actions.sort_by(|a, b| a.target().cmp(&b.target()));
-    out.conflicts.sort();
-    out.conflicts.dedup();
-    out.shadowed.sort();
-    out.shadowed.dedup();
-    out
+
+    /// The plan, its writes in the order of their targets, its conflicts
+    /// and shadowed sources sorted and each named once.
+    fn finish(self) -> Plan {
+        let mut out = self.out;
+        out.actions.sort_by(|a, b| a.target().cmp(&b.target()));
+        out.conflicts.sort();
+        out.conflicts.dedup();
+        out.shadowed.sort();
+        out.shadowed.dedup();
+        out
+    }
+}
+
+/// What the place `namespace/name` needs for `desired` to be there, with
+/// `current` there if anything the copy cache holds is.
+fn decide(
+    inputs: &Inputs<'_>,
+    namespace: &str,
+    name: &str,
+    desired: &Arc<Desired>,
+    current: Option<&Arc<Object>>,
+) -> Outcome {
+    if let Some(current) = current {
+        return decide_over(inputs, desired, current);
+    }
+    match inputs
+        .known_conflicts
+        .get(&(namespace.to_owned(), name.to_owned()))
+    {
+        Some(reason) if inputs.rule.conflict_policy == ConflictPolicy::Skip => {
+            Outcome::Conflict(reason.clone())
+        }
+        _ => Outcome::Write(Action::Create {
+            desired: desired.clone(),
+            namespace: namespace.to_owned(),
+        }),
+    }
+}
+
+/// What a place that `current` holds needs for `desired` to be there.
+fn decide_over(inputs: &Inputs<'_>, desired: &Arc<Desired>, current: &Arc<Object>) -> Outcome {
+    let rule = inputs.rule;
+    if current.create_only {
+        // Handed over to its namespace: never written again. For a rule
+        // that only creates, it is the copy it made.
+        let made_here = rule.sync_policy == SyncPolicy::CreateOnly
+            && current.rule_uid() == Some(rule.uid.as_str());
+        return if made_here {
+            Outcome::InPlace
+        } else {
+            Outcome::Conflict(handed_over_reason(current.rule_ref.as_deref()))
+        };
+    }
+    if !current.authored {
+        // Copyrator's labels set by someone else: a foreign object.
+        return match rule.conflict_policy {
+            ConflictPolicy::Skip => Outcome::Conflict(foreign_reason(rule.kind, current)),
+            ConflictPolicy::Overwrite => Outcome::Write(rewrite(desired, current)),
+        };
+    }
+    if !is_ours(rule, current, inputs.live_rule_uids) {
+        let owner = current.rule_ref.as_deref().unwrap_or("another rule");
+        return Outcome::Conflict(format!("a copy made by rule {owner} is there"));
+    }
+    if desired.is_satisfied_by(current) {
+        Outcome::InPlace
+    } else {
+        Outcome::Write(rewrite(desired, current))
+    }
+}
+
+/// The write that turns `current` into `desired`: an update, or a recreate
+/// where `current` cannot be updated into it.
+fn rewrite(desired: &Arc<Desired>, current: &Arc<Object>) -> Action {
+    if desired.needs_recreate(current) {
+        Action::Recreate {
+            desired: desired.clone(),
+            current: current.clone(),
+        }
+    } else {
+        Action::Update {
+            desired: desired.clone(),
+            current: current.clone(),
+        }
+    }
 }
 
 /// The rule's own copies that `scope` covers: every one for a pass over
@@ -907,6 +1031,8 @@ pub mod tests {
     use super::*;
     use crate::api::rule::CopyratorRule;
     use crate::core::resolve::Trust;
+    use crate::core::scope::Touch;
+    use crate::core::tally::{Basis, Tally};
     use serde_json::json;
 
     /// A cluster as a rule's plan sees it: its namespaces, the rule's
@@ -2333,8 +2459,6 @@ pub mod tests {
     /// pass over everything would.
     #[test]
     fn a_pass_over_what_changed_plans_what_a_full_pass_would() {
-        use crate::core::scope::Touch;
-        use crate::core::tally::{Basis, Tally};
         let mut w = World::new(&["src", "a", "b", "c", "d"]);
         w.source("src", "cm1", &[("copy", "yes")], json!({"k": "1"}));
         w.source("src", "cm2", &[("copy", "yes")], json!({"k": "2"}));
@@ -2344,24 +2468,34 @@ pub mod tests {
         other.rehash();
         w.copies.upsert(Arc::new(other));
         let r = simple_rule();
-        let mut tally = Tally::default();
         let basis = Basis {
             uid: r.uid.clone(),
             generation: Some(1),
         };
+        let mut tally = Tally::default();
         let first = w.plan(&r);
         tally.record(&basis, &Scope::everything(), &first);
-        w.apply(&first);
-        for (namespace, name) in first.actions.iter().map(Action::target) {
-            tally.settle(namespace, name);
-        }
+        apply_and_settle(&mut w, &mut tally, &first);
         let full = w.plan(&r);
         assert_eq!(tally.in_place(full.places), full.in_place);
         assert_eq!(full.in_place, 7, "4 targets × 2 sources, one place taken");
 
-        // Each change, with the touch its watch reports.
-        type Change = Box<dyn Fn(&mut World)>;
-        let changes: Vec<(&str, Change, Touch)> = vec![
+        for (what, change, touch) in watched_changes() {
+            // Left untouched: an edit nobody reported must not be seen by
+            // the scoped pass (it is what the tally does not cover either).
+            change(&mut w);
+            check_a_pass_over(touch, what, &mut w, &r, &mut tally, &basis);
+        }
+        assert_eq!(w.plan(&r).in_place, 4, "cm1 in a, b, d and e");
+    }
+
+    /// A change to the world, what it is, and the touch its watch reports.
+    type WatchedChange = (&'static str, Box<dyn Fn(&mut World)>, Touch);
+
+    /// One change of each sort a watch reports, in an order each can follow
+    /// the one before.
+    fn watched_changes() -> Vec<WatchedChange> {
+        vec![
             (
                 "a new namespace",
                 Box::new(|w| {
@@ -2402,46 +2536,59 @@ pub mod tests {
                 }),
                 Touch::Source("cm2".into()),
             ),
-        ];
-        for (what, change, touch) in changes {
-            // Left untouched: an edit nobody reported must not be seen by
-            // the scoped pass (it is what the tally does not cover either).
-            change(&mut w);
-            let mut scope = Scope::default();
-            scope.add(touch);
-            let scoped = w.plan_within(&r, &scope);
-            let full = w.plan(&r);
-            assert_eq!(verbs(&scoped), verbs(&full), "{what}: the same writes");
-            assert!(
-                scoped.examined < full.examined,
-                "{what}: the scoped pass looked at less ({} of {})",
-                scoped.examined,
-                full.examined
-            );
-            let scope = tally.scope_for(&basis, scope);
-            assert!(
-                !scope.is_everything(),
-                "{what}: the tally describes this rule"
-            );
-            tally.record(&basis, &scope, &scoped);
-            assert_eq!(
-                tally.in_place(scoped.places),
-                full.in_place,
-                "{what}: counts before the writes"
-            );
-            assert_eq!(tally.conflict_count(), full.conflicts.len(), "{what}");
-            w.apply(&scoped);
-            for (namespace, name) in scoped.actions.iter().map(Action::target) {
-                tally.settle(namespace, name);
-            }
-            let after = w.plan(&r);
-            assert!(after.actions.is_empty(), "{what}: converged");
-            assert_eq!(
-                tally.in_place(after.places),
-                after.in_place,
-                "{what}: counts after"
-            );
+        ]
+    }
+
+    /// Carry out `plan`'s writes, and settle them in `tally` as their
+    /// watch events would.
+    fn apply_and_settle(w: &mut World, tally: &mut Tally, plan: &Plan) {
+        w.apply(plan);
+        for (namespace, name) in plan.actions.iter().map(Action::target) {
+            tally.settle(namespace, name);
         }
-        assert_eq!(w.plan(&r).in_place, 4, "cm1 in a, b, d and e");
+    }
+
+    /// After the change `what`, a pass over `touch` plans the writes of a
+    /// pass over everything, for less, and leaves `tally` with its counts,
+    /// before its writes and after them.
+    fn check_a_pass_over(
+        touch: Touch,
+        what: &str,
+        w: &mut World,
+        r: &ResolvedRule,
+        tally: &mut Tally,
+        basis: &Basis,
+    ) {
+        let mut scope = Scope::default();
+        scope.add(touch);
+        let scoped = w.plan_within(r, &scope);
+        let full = w.plan(r);
+        assert_eq!(verbs(&scoped), verbs(&full), "{what}: the same writes");
+        assert!(
+            scoped.examined < full.examined,
+            "{what}: the scoped pass looked at less ({} of {})",
+            scoped.examined,
+            full.examined
+        );
+        let scope = tally.scope_for(basis, scope);
+        assert!(
+            !scope.is_everything(),
+            "{what}: the tally describes this rule"
+        );
+        tally.record(basis, &scope, &scoped);
+        assert_eq!(
+            tally.in_place(scoped.places),
+            full.in_place,
+            "{what}: counts before the writes"
+        );
+        assert_eq!(tally.conflict_count(), full.conflicts.len(), "{what}");
+        apply_and_settle(w, tally, &scoped);
+        let after = w.plan(r);
+        assert!(after.actions.is_empty(), "{what}: converged");
+        assert_eq!(
+            tally.in_place(after.places),
+            after.in_place,
+            "{what}: counts after"
+        );
     }
 }

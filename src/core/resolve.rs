@@ -181,6 +181,31 @@ impl TargetSelector {
                 .is_none_or(|s| s.matches(labels))
     }
 
+    /// `targets` with its globs and its namespace selector parsed.
+    fn resolve(targets: Targets) -> Result<Self, InvalidRule> {
+        let globs = |field: &str,
+                     patterns: Option<Vec<String>>|
+         -> Result<Vec<Glob>, InvalidRule> {
+            patterns
+                .unwrap_or_default()
+                .iter()
+                .map(|p| {
+                    Glob::new(p).map_err(|e| InvalidRule::invalid(format!("targets.{field}: {e}")))
+                })
+                .collect()
+        };
+        Ok(Self {
+            namespace_selector: match targets.namespace_selector {
+                Some(s) => Some(LabelSelector::from_k8s(&s).map_err(|e| {
+                    InvalidRule::invalid(format!("targets.namespaceSelector: {e}"))
+                })?),
+                None => None,
+            },
+            include: globs("include", targets.include)?,
+            exclude: globs("exclude", targets.exclude)?,
+        })
+    }
+
     /// Whether `targets.include` names `name` exactly (no wildcard).
     pub fn names_exactly(&self, name: &str) -> bool {
         self.include.iter().any(|g| g.is_exactly(name))
@@ -195,6 +220,41 @@ pub struct ResolvedTransform {
     pub strip_labels: Vec<KeyGlob>,
     pub strip_annotations: Vec<KeyGlob>,
     pub keys: ResolvedKeys,
+}
+
+impl ResolvedTransform {
+    /// `transform` validated for a rule of `kind`: only what the API server
+    /// accepts on every copy, and nothing Copyrator sets itself.
+    fn resolve(transform: Transform, kind: Kind) -> Result<Self, InvalidRule> {
+        let key_globs =
+            |field: &str, patterns: Option<Vec<String>>| -> Result<Vec<KeyGlob>, InvalidRule> {
+                patterns
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|p| {
+                        KeyGlob::new(p)
+                            .map_err(|e| InvalidRule::invalid(format!("transform.{field}: {e}")))
+                    })
+                    .collect()
+            };
+        let add_labels = transform.add_labels.unwrap_or_default();
+        check_labels(&add_labels)?;
+        let add_annotations = transform.add_annotations.unwrap_or_default();
+        check_annotations(&add_annotations)?;
+        if transform.keys.is_some() && kind.info().data_fields.is_empty() {
+            return Err(InvalidRule::invalid(format!(
+                "transform.keys selects ConfigMap and Secret data keys; {} has none",
+                kind.info().rule_type
+            )));
+        }
+        Ok(Self {
+            add_labels,
+            add_annotations,
+            strip_labels: key_globs("stripLabels", transform.strip_labels)?,
+            strip_annotations: key_globs("stripAnnotations", transform.strip_annotations)?,
+            keys: ResolvedKeys::resolve(transform.keys.unwrap_or_default())?,
+        })
+    }
 }
 
 /// Which data keys copies carry, under which names, validated: no two
@@ -325,6 +385,25 @@ pub fn tenant_kind_refusal(trust: &Trust) -> InvalidRule {
     }
 }
 
+/// What a tenant rule may not ask for, beyond what no rule may: a kind
+/// beyond ConfigMaps and Secrets (see [`tenant_kind_refusal`]), or to take
+/// over objects of the namespaces that accept it.
+fn check_tenant_spec(kind: Kind, spec: &RuleSpec, trust: &Trust) -> Result<(), InvalidRule> {
+    if kind.info().generic {
+        return Err(tenant_kind_refusal(trust));
+    }
+    if spec.conflict_policy == Some(ConflictPolicy::Overwrite) {
+        return Err(InvalidRule {
+            reason: "Forbidden",
+            message: format!(
+                "a rule outside the operator's namespace {:?} may not use conflictPolicy Overwrite",
+                trust.operator_namespace
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The kind `objectType` names, once discovery has registered it.
 fn object_type_kind(object_type: &ObjectType, policy: &CopyPolicy) -> Result<Kind, InvalidRule> {
     if let Some(refusal) = object_type.refusal(policy) {
@@ -350,28 +429,7 @@ impl CopyratorRule {
     pub fn resolve(&self, trust: &Trust) -> Result<ResolvedRule, InvalidRule> {
         let key = self.key();
         let spec = self.spec.clone().unwrap_or_default();
-        let kind = match (self.effective_rule_type(), spec.object_type.as_ref()) {
-            (Some(_), Some(_)) => {
-                return Err(InvalidRule::invalid(
-                    "ruleType and objectType are mutually exclusive",
-                ));
-            }
-            (Some(rule_type), None) => {
-                let kind = rule_type.kind();
-                if !trust.policy.kinds.has_builtin(kind) {
-                    return Err(InvalidRule::invalid(format!(
-                        "this operator does not copy {kind}s (its --kinds setting leaves them out, or --denied-kinds denies them)"
-                    )));
-                }
-                kind
-            }
-            (None, Some(object_type)) => object_type_kind(object_type, &trust.policy)?,
-            (None, None) => {
-                return Err(InvalidRule::invalid(
-                    "ruleType is required (configmap or secret), or spec.objectType",
-                ));
-            }
-        };
+        let kind = self.resolve_kind(&spec, trust)?;
         let raw_selector = spec
             .selector
             .as_ref()
@@ -388,83 +446,11 @@ impl CopyratorRule {
         // there is copied only with the source's consent, and only into
         // its own namespace (see `plan::is_pulled`).
         let tenant = self.is_tenant(trust);
-        if tenant && kind.info().generic {
-            return Err(tenant_kind_refusal(trust));
+        if tenant {
+            check_tenant_spec(kind, &spec, trust)?;
         }
-        if tenant && spec.conflict_policy == Some(ConflictPolicy::Overwrite) {
-            return Err(InvalidRule {
-                reason: "Forbidden",
-                message: format!(
-                    "a rule outside the operator's namespace {:?} may not use conflictPolicy Overwrite",
-                    trust.operator_namespace
-                ),
-            });
-        }
-        let targets = spec.targets.unwrap_or_default();
-        let globs = |field: &str,
-                     patterns: Option<Vec<String>>|
-         -> Result<Vec<Glob>, InvalidRule> {
-            patterns
-                .unwrap_or_default()
-                .iter()
-                .map(|p| {
-                    Glob::new(p).map_err(|e| InvalidRule::invalid(format!("targets.{field}: {e}")))
-                })
-                .collect()
-        };
-        let targets = TargetSelector {
-            namespace_selector: match targets.namespace_selector {
-                Some(s) => Some(LabelSelector::from_k8s(&s).map_err(|e| {
-                    InvalidRule::invalid(format!("targets.namespaceSelector: {e}"))
-                })?),
-                None => None,
-            },
-            include: globs("include", targets.include)?,
-            exclude: globs("exclude", targets.exclude)?,
-        };
-
-        let transform = spec.transform.unwrap_or_default();
-        let key_globs =
-            |field: &str, patterns: Option<Vec<String>>| -> Result<Vec<KeyGlob>, InvalidRule> {
-                patterns
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|p| {
-                        KeyGlob::new(p)
-                            .map_err(|e| InvalidRule::invalid(format!("transform.{field}: {e}")))
-                    })
-                    .collect()
-            };
-        let add_labels = transform.add_labels.unwrap_or_default();
-        check_transform_entries("addLabels", add_labels.len())?;
-        for (label, value) in &add_labels {
-            crate::api::selector::validate_label_key(label)
-                .and_then(|()| {
-                    crate::api::selector::validate_label_value(value)
-                        .map_err(|e| format!("label {label:?}: value {value:?} {e}"))
-                })
-                .map_err(|e| InvalidRule::invalid(format!("transform.addLabels: {e}")))?;
-            if is_reserved_key(label) {
-                return Err(InvalidRule::invalid(format!(
-                    "transform.addLabels: {label:?} is set by Copyrator itself"
-                )));
-            }
-        }
-        let add_annotations = transform.add_annotations.unwrap_or_default();
-        check_annotations(&add_annotations)?;
-        if transform.keys.is_some() && kind.info().data_fields.is_empty() {
-            return Err(InvalidRule::invalid(format!(
-                "transform.keys selects ConfigMap and Secret data keys; {} has none",
-                kind.info().rule_type
-            )));
-        }
-        let transform = ResolvedTransform {
-            add_labels,
-            add_annotations,
-            strip_labels: key_globs("stripLabels", transform.strip_labels)?,
-            strip_annotations: key_globs("stripAnnotations", transform.strip_annotations)?,
-            keys: ResolvedKeys::resolve(transform.keys.unwrap_or_default())?,
-        };
+        let targets = TargetSelector::resolve(spec.targets.unwrap_or_default())?;
+        let transform = ResolvedTransform::resolve(spec.transform.unwrap_or_default(), kind)?;
 
         Ok(ResolvedRule {
             uid: self.metadata.uid.clone().unwrap_or_default(),
@@ -480,6 +466,29 @@ impl CopyratorRule {
             policy: trust.policy.clone(),
             tenant,
         })
+    }
+
+    /// The kind the rule copies, named by `ruleType` (either shape) or by
+    /// `spec.objectType`, never both, and one the operator copies.
+    fn resolve_kind(&self, spec: &RuleSpec, trust: &Trust) -> Result<Kind, InvalidRule> {
+        match (self.effective_rule_type(), spec.object_type.as_ref()) {
+            (Some(_), Some(_)) => Err(InvalidRule::invalid(
+                "ruleType and objectType are mutually exclusive",
+            )),
+            (Some(rule_type), None) => {
+                let kind = rule_type.kind();
+                if !trust.policy.kinds.has_builtin(kind) {
+                    return Err(InvalidRule::invalid(format!(
+                        "this operator does not copy {kind}s (its --kinds setting leaves them out, or --denied-kinds denies them)"
+                    )));
+                }
+                Ok(kind)
+            }
+            (None, Some(object_type)) => object_type_kind(object_type, &trust.policy),
+            (None, None) => Err(InvalidRule::invalid(
+                "ruleType is required (configmap or secret), or spec.objectType",
+            )),
+        }
     }
 }
 
@@ -524,6 +533,27 @@ fn check_transform_entries(field: &str, entries: usize) -> Result<(), InvalidRul
         return Err(InvalidRule::invalid(format!(
             "transform.{field}: {entries} entries; at most {MAX_TRANSFORM_ENTRIES} are allowed"
         )));
+    }
+    Ok(())
+}
+
+/// The checks the API server applies to the labels of every copy, so that
+/// a rule that could never be written is reported as invalid instead; the
+/// labels Copyrator sets are its own.
+fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), InvalidRule> {
+    check_transform_entries("addLabels", labels.len())?;
+    for (label, value) in labels {
+        crate::api::selector::validate_label_key(label)
+            .and_then(|()| {
+                crate::api::selector::validate_label_value(value)
+                    .map_err(|e| format!("label {label:?}: value {value:?} {e}"))
+            })
+            .map_err(|e| InvalidRule::invalid(format!("transform.addLabels: {e}")))?;
+        if is_reserved_key(label) {
+            return Err(InvalidRule::invalid(format!(
+                "transform.addLabels: {label:?} is set by Copyrator itself"
+            )));
+        }
     }
     Ok(())
 }

@@ -34,68 +34,15 @@ pub struct Observed {
 
 /// The status to publish, keeping transition times when nothing transitioned.
 pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) -> RuleStatus {
-    let (status, reason, message) = match (&observed.problem, observed.waiting_for_sources) {
-        (Some((reason, message)), _) => ("False", reason.clone(), message.clone()),
-        (None, Some((listed, of))) => (
-            "Unknown",
-            "WaitingForSources".to_string(),
-            format!("listing the sources: {listed} of {of} source namespaces listed"),
-        ),
-        (None, None) if observed.pending > 0 => (
-            "False",
-            "Progressing".to_string(),
-            format!("{} copies still to be written", observed.pending),
-        ),
-        (None, None) if !observed.contested.is_empty() => {
-            let first = &observed.contested[0];
-            (
-                "False",
-                "CopiesContested".to_string(),
-                format!(
-                    "{} copies are changed back by another writer (first: {}/{} by {}); Copyrator restores them with growing delays",
-                    observed.contested.len(),
-                    first.namespace,
-                    first.name,
-                    first.writer
-                ),
-            )
-        }
-        (None, None) if !observed.conflicts.is_empty() => (
-            "True",
-            "SyncedWithConflicts".to_string(),
-            format!(
-                "{} copies in place in {} namespaces; {} skipped because another object holds the name",
-                observed.copies,
-                observed.target_namespaces,
-                observed.conflicts.len()
-            ),
-        ),
-        (None, None) => (
-            "True",
-            "Synced".to_string(),
-            format!(
-                "{} copies of {} sources in place in {} namespaces",
-                observed.copies, observed.sources, observed.target_namespaces
-            ),
-        ),
-    };
+    let (status, reason, message) = readiness(observed);
     let previous_ready = previous.and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
     let last_transition_time = match previous_ready {
         Some(c) if c.status == status => c.last_transition_time.clone(),
         _ => Some(now.to_string()),
     };
-    let mut conflicts = observed.conflicts.clone();
-    conflicts.sort();
-    let conflict_count = conflicts.len() as i64;
-    conflicts.truncate(MAX_LISTED_CONFLICTS);
-    let mut contested = observed.contested.clone();
-    contested.sort();
-    let contested_count = contested.len() as i64;
-    contested.truncate(MAX_LISTED_CONFLICTS);
-    let mut refused_sources = observed.refused_sources.clone();
-    refused_sources.sort();
-    let refused_source_count = refused_sources.len() as i64;
-    refused_sources.truncate(MAX_LISTED_CONFLICTS);
+    let (conflicts, conflict_count) = listed(&observed.conflicts);
+    let (contested, contested_count) = listed(&observed.contested);
+    let (refused_sources, refused_source_count) = listed(&observed.refused_sources);
     let mut next = RuleStatus {
         observed_generation: observed.generation,
         rule_type: observed.rule_type.clone(),
@@ -125,6 +72,72 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
         next.last_sync_time = Some(now.to_string());
     }
     next
+}
+
+/// The Ready condition's `(status, reason, message)`, from the first that
+/// holds of: a problem, the sources still being listed, writes still owed,
+/// copies contested, conflicts; else the rule is synced.
+fn readiness(observed: &Observed) -> (&'static str, String, String) {
+    if let Some((reason, message)) = &observed.problem {
+        return ("False", reason.clone(), message.clone());
+    }
+    if let Some((listed, of)) = observed.waiting_for_sources {
+        return (
+            "Unknown",
+            "WaitingForSources".to_string(),
+            format!("listing the sources: {listed} of {of} source namespaces listed"),
+        );
+    }
+    if observed.pending > 0 {
+        return (
+            "False",
+            "Progressing".to_string(),
+            format!("{} copies still to be written", observed.pending),
+        );
+    }
+    if let Some(first) = observed.contested.first() {
+        return (
+            "False",
+            "CopiesContested".to_string(),
+            format!(
+                "{} copies are changed back by another writer (first: {}/{} by {}); Copyrator restores them with growing delays",
+                observed.contested.len(),
+                first.namespace,
+                first.name,
+                first.writer
+            ),
+        );
+    }
+    if !observed.conflicts.is_empty() {
+        return (
+            "True",
+            "SyncedWithConflicts".to_string(),
+            format!(
+                "{} copies in place in {} namespaces; {} skipped because another object holds the name",
+                observed.copies,
+                observed.target_namespaces,
+                observed.conflicts.len()
+            ),
+        );
+    }
+    (
+        "True",
+        "Synced".to_string(),
+        format!(
+            "{} copies of {} sources in place in {} namespaces",
+            observed.copies, observed.sources, observed.target_namespaces
+        ),
+    )
+}
+
+/// The first [`MAX_LISTED_CONFLICTS`] of `entries` in order, and how many
+/// there are in all: a status stays small however many there are.
+fn listed<T: Clone + Ord>(entries: &[T]) -> (Vec<T>, i64) {
+    let mut listed = entries.to_vec();
+    listed.sort();
+    let count = listed.len() as i64;
+    listed.truncate(MAX_LISTED_CONFLICTS);
+    (listed, count)
 }
 
 /// Equal but for timestamps: nothing worth a write.
