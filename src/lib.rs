@@ -8,6 +8,7 @@
 //! cluster. `report` is the pure side of the `plan` subcommand: the rules it
 //! reads from files, what it prints and its exit code.
 #![forbid(unsafe_code)]
+#![warn(clippy::too_many_lines)]
 
 pub mod api;
 pub mod cache;
