@@ -4,3 +4,4 @@
 
 pub mod index;
 pub mod intern;
+pub mod views;

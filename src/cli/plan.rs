@@ -168,12 +168,12 @@ async fn plan_with_views(
     from_files: Option<Vec<FileRule>>,
 ) -> anyhow::Result<Report> {
     // A plan on half-listed caches would miss copies and prune nothing.
-    if tokio::time::timeout(PLAN_LISTS_WITHIN, shared.synced.wait_all())
+    if tokio::time::timeout(PLAN_LISTS_WITHIN, shared.cluster.views.synced.wait_all())
         .await
         .is_err()
     {
         return Err(PlanError::CachesNotListed {
-            missing: shared.synced.missing().join(", "),
+            missing: shared.cluster.views.synced.missing().join(", "),
             seconds: PLAN_LISTS_WITHIN.as_secs(),
         }
         .into());

@@ -94,7 +94,7 @@ pub fn spawn_watches(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
             tasks.push(kinds::spawn_copy_watch(shared.clone(), kind));
         } else {
             // Never watched, never written: nothing to wait for.
-            shared.synced.set_copies_of(kind, true);
+            shared.cluster.views.synced.set_copies_of(kind, true);
         }
     }
     tasks
@@ -188,7 +188,7 @@ pub async fn run(
     let mut signal = tokio::spawn(shutdown);
     // Caches first: a pass on a half-listed cache would prune what it has not seen yet.
     tokio::select! {
-        () = shared.synced.wait_all() => {}
+        () = shared.cluster.views.synced.wait_all() => {}
         which = &mut signal => {
             info!(signal = which.unwrap_or("signal"), "stopping before the caches synced");
             for task in tasks {

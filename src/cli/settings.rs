@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::api::kinds::{DeniedKinds, EnabledKinds};
 use crate::cluster::client::Transport;
+use crate::cluster::context::Limits;
 use crate::controller::state::Options;
 use crate::core::resolve::{CopyPolicy, Trust};
 pub use crate::ops::telemetry::LogFormat;
@@ -223,10 +224,12 @@ impl Settings {
     pub fn options(&self) -> Options {
         Options {
             rule_name: self.rule_name.clone(),
-            write_concurrency: self.write_concurrency,
-            api_qps: self.api_qps,
-            api_burst: self.api_burst,
-            max_source_watches: self.max_source_watches,
+            limits: Limits {
+                write_concurrency: self.write_concurrency,
+                api_qps: self.api_qps,
+                api_burst: self.api_burst,
+                max_source_watches: self.max_source_watches,
+            },
             keep_kind_watches: false,
         }
     }

@@ -2,6 +2,7 @@
 //! writer, the Lease, and the shared source watches.
 
 pub mod client;
+pub mod context;
 pub mod leader;
 pub mod ratelimit;
 pub mod sources;

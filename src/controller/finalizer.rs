@@ -38,10 +38,11 @@ pub async fn set_finalizer(
     if !shared.leader.is_leader() {
         return Ok(());
     }
-    let api: Api<CopyratorRule> = Api::namespaced(shared.write_client.clone(), &key.namespace);
+    let api: Api<CopyratorRule> =
+        Api::namespaced(shared.cluster.write_client.clone(), &key.namespace);
     // The resourceVersion makes this a compare-and-swap of the whole list.
     let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": rule.metadata.resource_version}});
-    let _slot = shared.writer.other_slot().await;
+    let _slot = shared.cluster.writer.other_slot().await;
     shared.metrics.write("patch", "CopyratorRule");
     match api
         .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -70,12 +71,13 @@ async fn delete_all(
     futures::stream::iter(actions)
         .map(|action| async move {
             let outcome = shared
+                .cluster
                 .writer
                 .execute(kind, &action, ConflictPolicy::Skip, rule)
                 .await;
             (action, outcome)
         })
-        .buffer_unordered(shared.options.write_concurrency as usize)
+        .buffer_unordered(shared.options.limits.write_concurrency as usize)
         .collect()
         .await
 }
@@ -101,7 +103,7 @@ pub fn orphans(shared: &Shared, kind: Kind) -> Vec<Action> {
         };
         watched_namespace && watched_name && !read(&shared.rules).contains_key(&key)
     };
-    let namespaces = read(&shared.namespaces);
+    let namespaces = read(&shared.cluster.views.namespaces);
     let live = |uid: &str| shared.is_live_rule(uid);
     plan::orphans(&read(shared.copies(kind)), &namespaces, &live, &responsible)
 }
@@ -110,7 +112,7 @@ pub fn orphans(shared: &Shared, kind: Kind) -> Vec<Action> {
 /// run (see [`orphans`]); returns how many were deleted. `cause` (start,
 /// interval, leading, a kind listed) is said in the log line.
 pub async fn collect_orphans(shared: &Arc<Shared>, cause: &'static str) -> usize {
-    if !shared.leader.is_leader() || !shared.synced.all() {
+    if !shared.leader.is_leader() || !shared.cluster.views.synced.all() {
         return 0;
     }
     let mut deleted = 0;
@@ -152,7 +154,7 @@ pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> R
     let mut retry = false;
     for kind in Kind::all() {
         let actions = {
-            let namespaces = read(&shared.namespaces);
+            let namespaces = read(&shared.cluster.views.namespaces);
             let copies = read(shared.copies(kind));
             left += copies.count_create_only(uid);
             plan::cleanup(uid, &namespaces, &copies)

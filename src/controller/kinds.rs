@@ -82,7 +82,7 @@ pub async fn prepare(
     // A refusal stands for its retry interval: a namespace event queues
     // every unresolved rule, and each must not cost a lookup.
     let refusal_key = format!("{group}/{version}/{}", object_type.kind);
-    let standing = lock(&shared.kind_refusals).standing(&refusal_key, Instant::now());
+    let standing = lock(&shared.cluster.kind_refusals).standing(&refusal_key, Instant::now());
     if let Some((invalid, again)) = standing {
         return Ok(KindReadiness::Refused(invalid, again));
     }
@@ -90,7 +90,12 @@ pub async fn prepare(
         Ok(kind) => kind,
         Err(readiness) => {
             if let KindReadiness::Refused(invalid, again) = &readiness {
-                lock(&shared.kind_refusals).remember(refusal_key, invalid, *again, Instant::now());
+                lock(&shared.cluster.kind_refusals).remember(
+                    refusal_key,
+                    invalid,
+                    *again,
+                    Instant::now(),
+                );
             }
             return Ok(readiness);
         }
@@ -104,7 +109,7 @@ pub async fn prepare(
 
 /// Ready once the copies of `kind` are listed.
 fn listed(shared: &Shared, kind: Kind) -> KindReadiness {
-    if shared.synced.copies_of(kind) {
+    if shared.cluster.views.synced.copies_of(kind) {
         KindReadiness::Ready
     } else {
         KindReadiness::Listing
@@ -128,7 +133,8 @@ async fn kind_to_watch(
         // Watched: the API server serves it. Not watched (its last watch
         // stopped because its CRD went, or no rule needed it): ask again.
         Some(kind)
-            if kind.info().version == version && lock(&shared.kind_watches).contains_key(&kind) =>
+            if kind.info().version == version
+                && lock(&shared.cluster.kind_watches).contains_key(&kind) =>
         {
             kind
         }
@@ -164,7 +170,7 @@ async fn kind_to_watch(
         }
     };
     // RBAC may have changed since the kind's watch last stopped.
-    if !lock(&shared.kind_watches).contains_key(&kind) {
+    if !lock(&shared.cluster.kind_watches).contains_key(&kind) {
         let info = kind.info();
         if let Some(refused) =
             refused_access(shared, info.group, info.api_kind, info.plural).await?
@@ -185,19 +191,20 @@ async fn discover(
 ) -> Result<Result<Discovered, KindReadiness>, Error> {
     let gvk = GroupVersionKind::gvk(group, version, &object_type.kind);
     let name = object_type.name();
-    let (resource, capabilities) = match kube::discovery::pinned_kind(&shared.client, &gvk).await {
-        Ok(found) => found,
-        Err(kube::Error::Api(status)) if status.code == 404 => {
-            return Ok(Err(unknown(object_type)));
-        }
-        Err(kube::Error::Discovery(_)) => return Ok(Err(unknown(object_type))),
-        Err(e) => {
-            return Err(Error::Lookup {
-                what: format!("the kind {name} (API discovery)"),
-                source: e,
-            });
-        }
-    };
+    let (resource, capabilities) =
+        match kube::discovery::pinned_kind(&shared.cluster.client, &gvk).await {
+            Ok(found) => found,
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Ok(Err(unknown(object_type)));
+            }
+            Err(kube::Error::Discovery(_)) => return Ok(Err(unknown(object_type))),
+            Err(e) => {
+                return Err(Error::Lookup {
+                    what: format!("the kind {name} (API discovery)"),
+                    source: e,
+                });
+            }
+        };
     if capabilities.scope == Scope::Cluster {
         return Ok(Err(KindReadiness::Refused(
             InvalidRule {
@@ -247,7 +254,7 @@ async fn refused_access(
     kind: &str,
     plural: &str,
 ) -> Result<Option<KindReadiness>, Error> {
-    let reviews: Api<SelfSubjectAccessReview> = Api::all(shared.client.clone());
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(shared.cluster.client.clone());
     let mut refused = Vec::new();
     for verb in [verbs::LIST, verbs::WATCH] {
         let review = SelfSubjectAccessReview {
@@ -312,7 +319,7 @@ fn unknown(object_type: &ObjectType) -> KindReadiness {
 /// [`release_unused`] takes after a rule leaves: a pass that began before
 /// never starts a watch nothing would stop.
 fn watch_copies(shared: &Arc<Shared>, kind: Kind, rule: Option<RuleKey>) -> bool {
-    let mut watches = lock(&shared.kind_watches);
+    let mut watches = lock(&shared.cluster.kind_watches);
     if let Some(key) = &rule
         && !read(&shared.rules).contains_key(key)
     {
@@ -321,7 +328,7 @@ fn watch_copies(shared: &Arc<Shared>, kind: Kind, rule: Option<RuleKey>) -> bool
     if watches.contains_key(&kind) {
         return true;
     }
-    shared.synced.set_copies_of(kind, false);
+    shared.cluster.views.synced.set_copies_of(kind, false);
     watches.insert(kind, spawn_copy_watch(shared.clone(), kind));
     shared.metrics.kind_watches.set(watches.len() as i64);
     true
@@ -374,7 +381,7 @@ async fn watch_named_kind(
                 what: format!("the API group {group:?} (API discovery)"),
                 source: e,
             };
-            let api_group = match kube::discovery::group(&shared.client, group).await {
+            let api_group = match kube::discovery::group(&shared.cluster.client, group).await {
                 Ok(api_group) => api_group,
                 Err(kube::Error::Discovery(_)) => {
                     return Ok(Some("no such API group is served".into()));
@@ -435,7 +442,7 @@ pub async fn release_on_rules_gone(shared: Arc<Shared>) {
 /// copies of the old one to delete), nor an orphan to collect. Copies of
 /// another operator's rules keep no watch running.
 pub fn release_unused(shared: &Shared) {
-    let mut watches = lock(&shared.kind_watches);
+    let mut watches = lock(&shared.cluster.kind_watches);
     // `copyrator plan` plans rules that are in no view: it keeps what it starts.
     if watches.is_empty() || shared.options.keep_kind_watches {
         return;
@@ -455,7 +462,7 @@ pub fn release_unused(shared: &Shared) {
             task.abort();
             write(shared.copies(*kind)).replace_all(Vec::new());
             // Not watched: nothing to wait for.
-            shared.synced.set_copies_of(*kind, true);
+            shared.cluster.views.synced.set_copies_of(*kind, true);
         }
         keep
     });
@@ -468,12 +475,12 @@ pub fn release_unused(shared: &Shared) {
 /// the kind is served again (they look every [`UNKNOWN_KIND_RETRY`]).
 pub fn kind_unserved(shared: &Shared, kind: Kind) {
     {
-        let mut watches = lock(&shared.kind_watches);
+        let mut watches = lock(&shared.cluster.kind_watches);
         watches.remove(&kind);
         shared.metrics.kind_watches.set(watches.len() as i64);
     }
     write(shared.copies(kind)).replace_all(Vec::new());
-    shared.synced.set_copies_of(kind, true);
+    shared.cluster.views.synced.set_copies_of(kind, true);
     for key in rules_naming(shared, kind) {
         shared.queue.add(key, crate::core::scope::Touch::All);
     }
@@ -491,7 +498,8 @@ pub fn rules_naming(shared: &Shared, kind: Kind) -> Vec<RuleKey> {
 
 pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &kind.api_resource());
+        let api: Api<DynamicObject> =
+            Api::all_with(shared.cluster.client.clone(), &kind.api_resource());
         let config = watch_config().labels(crate::LABEL_RULE_UID);
         let index = shared.copies(kind);
         let convert = |object| Arc::new(Object::from_dynamic(kind, object).into_compact());
@@ -501,7 +509,7 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
             Watching {
                 name: kind.info().plural,
                 health: &shared.health,
-                pause: &shared.read_pause,
+                pause: &shared.cluster.read_pause,
                 stop_if_unserved: kind.info().generic,
             },
             convert,
@@ -543,7 +551,7 @@ fn copies_listed(
 ) -> (Vec<String>, Touch) {
     let index = shared.copies(kind);
     let touched = write(index).replace_all(listed);
-    shared.synced.set_copies_of(kind, true);
+    shared.cluster.views.synced.set_copies_of(kind, true);
     if kind.info().generic {
         // Its rules waited for this list, copies or not.
         for key in rules_naming(shared, kind) {

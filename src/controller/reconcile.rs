@@ -78,7 +78,7 @@ pub async fn reconcile(
     scope: Scope,
 ) -> Result<Option<Duration>, Error> {
     let Some(rule) = read(&shared.rules).get(key).cloned() else {
-        lock(&shared.sources).remove(key);
+        lock(&shared.cluster.sources).remove(key);
         return Ok(None);
     };
     let uid = rule.uid().unwrap_or_default().to_owned();
@@ -206,7 +206,7 @@ async fn report_invalid(
 ) -> Result<Option<Duration>, Error> {
     let key = rule.key();
     write(&shared.resolved).remove(&key);
-    lock(&shared.sources).remove(&key);
+    lock(&shared.cluster.sources).remove(&key);
     shared.metrics.reconciled("invalid");
     let observed = invalid_observed(shared, rule, uid, &invalid);
     let published = publish_status(shared, rule, &observed).await?;
@@ -369,7 +369,7 @@ fn invalid_observed(
 /// The rule's sources, once the shared watches have listed what it needs;
 /// registering the need starts those watches.
 fn sources_of(shared: &Shared, resolved: &ResolvedRule) -> Sources {
-    let mut hub = lock(&shared.sources);
+    let mut hub = lock(&shared.cluster.sources);
     hub.set(resolved);
     shared.metrics.source_watches.set(hub.watch_count() as i64);
     hub.sources(&resolved.key)
@@ -414,7 +414,7 @@ fn preview_deletion(shared: &Shared, rule: &CopyratorRule, uid: &str) -> Preview
     let rule_name = rule.key().to_string();
     let mut changes = Vec::new();
     if rule.has_finalizer() {
-        let namespaces = read(&shared.namespaces);
+        let namespaces = read(&shared.cluster.views.namespaces);
         for kind in Kind::all() {
             for action in plan::cleanup(uid, &namespaces, &read(shared.copies(kind))) {
                 changes.push(PlannedChange::of(&rule_name, kind, &action));
@@ -469,7 +469,7 @@ async fn preview_plan(
         )
         .collect();
     skipped.extend(
-        plan::left_out_namespaces(resolved, &read(&shared.namespaces))
+        plan::left_out_namespaces(resolved, &read(&shared.cluster.views.namespaces))
             .into_iter()
             .map(|(namespace, exclusion)| Skip::namespace(key, namespace, exclusion)),
     );
@@ -498,7 +498,8 @@ async fn take_over_or_skip(
         return Ok(actions);
     }
     let kind = resolved.kind;
-    let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &kind.api_resource());
+    let api: Api<DynamicObject> =
+        Api::all_with(shared.cluster.client.clone(), &kind.api_resource());
     let mut lists = futures::stream::iter(names)
         .map(|name| {
             let api = api.clone();
@@ -827,7 +828,7 @@ fn plan_pass(
     scope: &Scope,
     known_conflicts: &HashMap<ObjectKey, String>,
 ) -> (Plan, Vec<(Kind, Action)>) {
-    let namespaces = read(&shared.namespaces);
+    let namespaces = read(&shared.cluster.views.namespaces);
     let plan = {
         let copies = read(shared.copies(resolved.kind));
         let live = |uid: &str| shared.is_live_rule(uid);
@@ -1030,13 +1031,14 @@ async fn write_admitted(
 ) -> Vec<(ObjectKey, String)> {
     let rule_name = resolved.key.to_string();
     let policy = resolved.conflict_policy;
-    let concurrency = shared.options.write_concurrency as usize;
+    let concurrency = shared.options.limits.write_concurrency as usize;
     let mut results = futures::stream::iter(admitted)
         .map(|(copy, kind, action)| {
             let shared = shared.clone();
             let rule_name = rule_name.clone();
             async move {
                 let outcome = shared
+                    .cluster
                     .writer
                     .execute(kind, &action, policy, &rule_name)
                     .await;
@@ -1190,13 +1192,14 @@ pub async fn publish_status(
     if !shared.leader.is_leader() {
         return Ok(Published::Unchanged);
     }
-    let api: Api<CopyratorRule> = Api::namespaced(shared.write_client.clone(), &key.namespace);
+    let api: Api<CopyratorRule> =
+        Api::namespaced(shared.cluster.write_client.clone(), &key.namespace);
     let body = json!({
         "apiVersion": format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
         "kind": crate::api::KIND,
         "status": next,
     });
-    let _slot = shared.writer.other_slot().await;
+    let _slot = shared.cluster.writer.other_slot().await;
     shared.metrics.write("patch", "CopyratorRule");
     let updated = api
         .patch_status(

@@ -2,115 +2,26 @@
 //! in-memory views of the cluster, the work queue, per-rule memory and
 //! per-copy backoff.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 
+use crate::cluster::context::{Cluster, Limits};
 use crate::sync::{lock, read, write};
 
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use kube::{Client, Resource};
+use kube::Resource;
+use kube::runtime::events::{Event as KubeEvent, EventType};
 use tracing::warn;
 
-use crate::api::kinds::{Kind, MAX_KINDS};
+use crate::api::kinds::Kind;
 use crate::api::rule::{ConflictEntry, CopyratorRule, RuleKey};
 use crate::cache::index::{CopyIndex, NamespaceInfo, ObjectKey};
 use crate::cluster::leader::LeaderGate;
-use crate::cluster::sources::SourceHub;
-use crate::cluster::writer::Writer;
 use crate::controller::queue::Queue;
 use crate::core::backoff::Backoffs;
-use crate::core::backoff::ReadPause;
-use crate::core::kind_refusals::KindRefusals;
 use crate::core::resolve::{ResolvedRule, Trust};
 use crate::core::scope::Touch;
 use crate::ops::http::Health;
 use crate::ops::metrics::Metrics;
-
-/// Which caches have their first full list.
-pub struct Synced {
-    rules: AtomicBool,
-    namespaces: AtomicBool,
-    /// By kind: false while the kind's copy watch has yet to list; true
-    /// once it has, or while the kind is not watched (nothing to wait for).
-    copies: [AtomicBool; MAX_KINDS],
-    /// Rung on every change, for [`Synced::wait_all`].
-    changed: tokio::sync::Notify,
-}
-
-impl Default for Synced {
-    fn default() -> Self {
-        let copies = [const { AtomicBool::new(true) }; MAX_KINDS];
-        // The built-in kinds are watched from the start, unless disabled.
-        for kind in Kind::builtin() {
-            copies[kind.index()].store(false, Ordering::Release);
-        }
-        Self {
-            rules: AtomicBool::new(false),
-            namespaces: AtomicBool::new(false),
-            copies,
-            changed: tokio::sync::Notify::new(),
-        }
-    }
-}
-
-impl Synced {
-    /// The caches every pass needs: rules, namespaces, built-in kinds'
-    /// copies (another kind's copy watch starts with its first rule).
-    pub fn all(&self) -> bool {
-        self.rules.load(Ordering::Acquire)
-            && self.namespaces.load(Ordering::Acquire)
-            && Kind::builtin().all(|kind| self.copies_of(kind))
-    }
-
-    pub fn copies_of(&self, kind: Kind) -> bool {
-        self.copies[kind.index()].load(Ordering::Acquire)
-    }
-
-    pub fn set_copies_of(&self, kind: Kind, listed: bool) {
-        self.copies[kind.index()].store(listed, Ordering::Release);
-        self.changed.notify_waiters();
-    }
-
-    pub fn set_rules_listed(&self) {
-        self.rules.store(true, Ordering::Release);
-        self.changed.notify_waiters();
-    }
-
-    pub fn set_namespaces_listed(&self) {
-        self.namespaces.store(true, Ordering::Release);
-        self.changed.notify_waiters();
-    }
-
-    /// Returns once every cache a pass needs has its first list.
-    pub async fn wait_all(&self) {
-        loop {
-            // Registered before the check, so that no change in between is missed.
-            let changed = self.changed.notified();
-            if self.all() {
-                return;
-            }
-            changed.await;
-        }
-    }
-
-    /// What has not been listed yet, for messages.
-    pub fn missing(&self) -> Vec<String> {
-        let mut missing = Vec::new();
-        if !self.rules.load(Ordering::Acquire) {
-            missing.push("the CopyratorRules".to_owned());
-        }
-        if !self.namespaces.load(Ordering::Acquire) {
-            missing.push("the namespaces".to_owned());
-        }
-        for kind in Kind::all() {
-            if !self.copies_of(kind) {
-                missing.push(format!("the {kind} copies"));
-            }
-        }
-        missing
-    }
-}
 
 /// The part of the settings the controller reads, besides the trust
 /// policy ([`Shared::trust`]).
@@ -118,13 +29,8 @@ impl Synced {
 pub struct Options {
     /// Follow only the rule of this name (`--rule-name`).
     pub rule_name: Option<String>,
-    /// Writes in flight at most (`--write-concurrency`).
-    pub write_concurrency: u32,
-    /// Client-side pacing of requests (`--api-qps`, `--api-burst`).
-    pub api_qps: f64,
-    pub api_burst: u32,
-    /// Source watches at most (`--max-source-watches`).
-    pub max_source_watches: u32,
+    /// How hard the operator may push the API server.
+    pub limits: Limits,
     /// Keep every copy watch started, needed or not: `copyrator plan`
     /// plans rules that are in no view.
     pub keep_kind_watches: bool,
@@ -154,38 +60,70 @@ pub struct RuleMemory {
     pub tally: crate::core::tally::Tally,
 }
 
-/// State shared by the watches, the workers and the HTTP server.
+/// The rules as watched, by key and by UID, kept together under one lock
+/// so that the two never disagree. Reads see the map by key.
+#[derive(Default)]
+pub struct RuleView {
+    by_key: HashMap<RuleKey, Arc<CopyratorRule>>,
+    by_uid: HashMap<String, RuleKey>,
+}
+
+impl std::ops::Deref for RuleView {
+    type Target = HashMap<RuleKey, Arc<CopyratorRule>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.by_key
+    }
+}
+
+impl RuleView {
+    /// Takes `rule` at `key`; a rule of another UID it replaces (deleted and
+    /// made again while no delete event reached us) is no live rule any more.
+    fn insert(&mut self, key: RuleKey, rule: Arc<CopyratorRule>) {
+        if let Some(previous) = self.by_key.get(&key)
+            && previous.uid() != rule.uid()
+            && let Some(old) = previous.uid()
+        {
+            self.by_uid.remove(old);
+        }
+        if let Some(uid) = rule.uid() {
+            self.by_uid.insert(uid.to_owned(), key.clone());
+        }
+        self.by_key.insert(key, rule);
+    }
+
+    fn remove(&mut self, key: &RuleKey) -> Option<Arc<CopyratorRule>> {
+        let rule = self.by_key.remove(key)?;
+        if let Some(uid) = rule.uid() {
+            self.by_uid.remove(uid);
+        }
+        Some(rule)
+    }
+}
+
+/// The controller's state, shared by the watches, the workers and the HTTP
+/// server: the cluster it serves, what it follows, the rules, and what it
+/// remembers of each rule and each copy between passes.
+///
+/// Lock order. Where one lock is held while another is taken, they come in
+/// this order, never the reverse: the cluster's `kind_watches`, then
+/// `resolved`, `memory`, the views' `namespaces`, the views' `copies` (one
+/// kind at a time), `rules`, `backoffs`. (A plan reads the views and asks
+/// `rules` whether a copy's rule is alive; a rule taken in asks `backoffs`
+/// to forget it.) The cluster's `sources` and `kind_refusals`, and the
+/// queue's own lock, are never held while another is taken.
 pub struct Shared {
-    /// For watches and lists.
-    pub client: Client,
-    /// For statuses and finalizers (copies and Events go through the
-    /// writer and the recorder, which hold it too).
-    pub write_client: Client,
+    pub cluster: Cluster,
     pub options: Options,
     pub trust: Trust,
-    pub rules: RwLock<HashMap<RuleKey, Arc<CopyratorRule>>>,
+    pub rules: RwLock<RuleView>,
     /// Each valid rule as its last pass resolved it: which namespaces
     /// concern it, so that a namespace event queues only those rules.
     pub resolved: RwLock<HashMap<RuleKey, Arc<ResolvedRule>>>,
-    rule_uids: RwLock<HashMap<String, RuleKey>>,
-    pub namespaces: RwLock<BTreeMap<String, NamespaceInfo>>,
-    /// By kind: the copies cluster-wide (only of kinds being watched).
-    copies: Box<[RwLock<CopyIndex>]>,
-    /// The copy watches of kinds named by `objectType`, started with the
-    /// first rule that needs one and stopped after the last.
-    pub kind_watches: Mutex<HashMap<Kind, tokio::task::JoinHandle<()>>>,
-    /// Kinds refused for their retry interval (see [`KindRefusals`]).
-    pub kind_refusals: Mutex<KindRefusals>,
-    pub sources: Mutex<SourceHub>,
-    /// Shared by every watch: a throttled read pauses them all.
-    pub read_pause: Arc<ReadPause>,
     pub memory: Mutex<HashMap<RuleKey, RuleMemory>>,
     pub backoffs: Mutex<Backoffs>,
-    pub synced: Synced,
     pub queue: Queue,
     pub metrics: Arc<Metrics>,
-    pub writer: Writer,
-    recorder: Recorder,
     pub leader: LeaderGate,
     pub health: Arc<Health>,
     /// Rung when a rule leaves the view, for the task that stops the copy
@@ -202,61 +140,32 @@ impl Shared {
         leader: LeaderGate,
         health: Arc<Health>,
     ) -> Arc<Self> {
-        let limiter =
-            crate::cluster::ratelimit::RateLimiter::new(options.api_qps, options.api_burst);
-        let crate::cluster::client::Clients {
-            read: client,
-            write: write_client,
-        } = clients;
-        let writer = Writer::new(
-            write_client.clone(),
-            limiter,
-            options.write_concurrency,
-            metrics.clone(),
-            leader.clone(),
-            health.clone(),
-        );
-        let reporter = Reporter {
-            controller: "copyrator".into(),
-            instance: std::env::var("POD_NAME")
-                .or_else(|_| std::env::var("HOSTNAME"))
-                .ok(),
-        };
-        let read_pause = Arc::new(ReadPause::default());
         Arc::new_cyclic(|weak: &std::sync::Weak<Self>| {
             let weak = weak.clone();
-            let sources = SourceHub::new(
-                client.clone(),
-                health.clone(),
-                read_pause.clone(),
-                options.max_source_watches as usize,
-                Arc::new(move |key: &RuleKey, touch: Touch| {
-                    if let Some(shared) = weak.upgrade() {
-                        shared.queue.add(key.clone(), touch);
-                    }
-                }),
-            );
+            // A source event queues the rules it concerns: a message to
+            // the controller, which sits above the cluster's watches.
+            let queue_rule = Arc::new(move |key: &RuleKey, touch: Touch| {
+                if let Some(shared) = weak.upgrade() {
+                    shared.queue.add(key.clone(), touch);
+                }
+            });
             Self {
-                recorder: Recorder::new(write_client.clone(), reporter),
+                cluster: Cluster::new(
+                    clients,
+                    options.limits,
+                    metrics.clone(),
+                    leader.clone(),
+                    health.clone(),
+                    queue_rule,
+                ),
                 trust,
-                client,
-                write_client,
                 options,
                 rules: RwLock::default(),
                 resolved: RwLock::default(),
-                rule_uids: RwLock::default(),
-                namespaces: RwLock::default(),
-                copies: (0..MAX_KINDS).map(|_| RwLock::default()).collect(),
-                kind_watches: Mutex::default(),
-                kind_refusals: Mutex::default(),
-                sources: Mutex::new(sources),
-                read_pause,
                 memory: Mutex::default(),
                 backoffs: Mutex::default(),
-                synced: Synced::default(),
                 queue: Queue::new(metrics.clone()),
                 metrics,
-                writer,
                 leader,
                 health,
                 rules_gone: tokio::sync::Notify::new(),
@@ -265,11 +174,11 @@ impl Shared {
     }
 
     pub fn copies(&self, kind: Kind) -> &RwLock<CopyIndex> {
-        &self.copies[kind.index()]
+        self.cluster.views.copies(kind)
     }
 
     pub fn rule_by_uid(&self, uid: &str) -> Option<RuleKey> {
-        read(&self.rule_uids).get(uid).cloned()
+        read(&self.rules).by_uid.get(uid).cloned()
     }
 
     /// Take a rule as watched or as returned by our own write. A version
@@ -320,9 +229,8 @@ impl Shared {
             }
             return false;
         }
-        let replaced_uid = {
+        {
             let mut rules = write(&self.rules);
-            let mut replaced_uid = None;
             if let Some(previous) = rules.get(&key) {
                 let same_object = previous.uid() == rule.uid();
                 if same_object && is_older(&rule, previous) {
@@ -331,40 +239,26 @@ impl Shared {
                 if !same_object || previous.metadata.generation != rule.metadata.generation {
                     lock(&self.backoffs).forget_rule(&key);
                 }
-                if !same_object {
-                    // Deleted and made again while no delete event reached
-                    // us (a relist): the old UID is no live rule any more,
-                    // so its copies are adopted, not taken for another's.
-                    replaced_uid = previous.uid().map(str::to_owned);
-                }
             }
+            // A rule of another UID replaced here (deleted and made again
+            // while no delete event reached us, as on a relist) is no live
+            // rule any more: its copies are adopted, not taken for another's.
             rules.insert(key.clone(), rule.clone());
-            replaced_uid
-        };
-        if let Some(old) = replaced_uid {
-            write(&self.rule_uids).remove(&old);
         }
         self.metrics
             .rule_readiness(&key.namespace, &key.name, Some(rule.is_ready()));
-        if let Some(uid) = rule.uid() {
-            write(&self.rule_uids).insert(uid.to_owned(), key);
-        }
         true
     }
 
     /// Forget a rule and everything held for it.
     pub fn forget_rule(&self, key: &RuleKey) {
-        if let Some(rule) = write(&self.rules).remove(key)
-            && let Some(uid) = rule.uid()
-        {
-            write(&self.rule_uids).remove(uid);
-        }
+        write(&self.rules).remove(key);
         self.metrics.rule_readiness(&key.namespace, &key.name, None);
         write(&self.resolved).remove(key);
-        lock(&self.sources).remove(key);
+        lock(&self.cluster.sources).remove(key);
         self.metrics
             .source_watches
-            .set(lock(&self.sources).watch_count() as i64);
+            .set(lock(&self.cluster.sources).watch_count() as i64);
         lock(&self.backoffs).forget_rule(key);
         self.drop_memory(key);
         self.metrics
@@ -430,7 +324,7 @@ impl Shared {
     }
 
     pub fn is_live_rule(&self, uid: &str) -> bool {
-        read(&self.rule_uids).contains_key(uid)
+        read(&self.rules).by_uid.contains_key(uid)
     }
 
     /// Publish an Event on a rule (only the leader does).
@@ -453,9 +347,9 @@ impl Shared {
             action: action.into(),
             secondary: None,
         };
-        let _slot = self.writer.other_slot().await;
+        let _slot = self.cluster.writer.other_slot().await;
         self.metrics.write("create", "Event");
-        if let Err(e) = self.recorder.publish(&event, &reference).await {
+        if let Err(e) = self.cluster.recorder.publish(&event, &reference).await {
             warn!(error = %crate::error::describe(&e), reason = event.reason.as_str(), "recording an event failed");
         }
     }

@@ -26,9 +26,12 @@ use crate::sync::{lock, read, write};
 pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<CopyratorRule> = if shared.trust.all_namespaces {
-            Api::all(shared.client.clone())
+            Api::all(shared.cluster.client.clone())
         } else {
-            Api::namespaced(shared.client.clone(), &shared.trust.operator_namespace)
+            Api::namespaced(
+                shared.cluster.client.clone(),
+                &shared.trust.operator_namespace,
+            )
         };
         let mut config = watch_config();
         if let Some(name) = &shared.options.rule_name {
@@ -41,7 +44,7 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
             Watching {
                 name: "copyratorrules",
                 health: &shared.health,
-                pause: &shared.read_pause,
+                pause: &shared.cluster.read_pause,
                 stop_if_unserved: false,
             },
             convert,
@@ -59,7 +62,7 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
                     for (key, rule) in listed {
                         shared.set_rule(key, rule);
                     }
-                    shared.synced.set_rules_listed();
+                    shared.cluster.views.synced.set_rules_listed();
                     shared
                         .queue
                         .add_all(read(&shared.rules).keys().cloned(), Touch::All);
@@ -74,7 +77,7 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
 
 pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let api: Api<PartialObjectMeta<Namespace>> = Api::all(shared.client.clone());
+        let api: Api<PartialObjectMeta<Namespace>> = Api::all(shared.cluster.client.clone());
         let info = |meta: &PartialObjectMeta<Namespace>| NamespaceInfo {
             labels: meta.labels().clone(),
             terminating: meta.metadata.deletion_timestamp.is_some(),
@@ -91,20 +94,22 @@ pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
             Watching {
                 name: "namespaces",
                 health: &shared.health,
-                pause: &shared.read_pause,
+                pause: &shared.cluster.read_pause,
                 stop_if_unserved: false,
             },
             convert,
             |change| match change {
                 Change::Listed(listed) => {
-                    *write(&shared.namespaces) = listed.into_iter().collect::<BTreeMap<_, _>>();
-                    shared.synced.set_namespaces_listed();
+                    *write(&shared.cluster.views.namespaces) =
+                        listed.into_iter().collect::<BTreeMap<_, _>>();
+                    shared.cluster.views.synced.set_namespaces_listed();
                     shared
                         .queue
                         .add_all(read(&shared.rules).keys().cloned(), Touch::All);
                 }
                 Change::Applied((name, next)) => {
-                    let previous = write(&shared.namespaces).insert(name.clone(), next.clone());
+                    let previous =
+                        write(&shared.cluster.views.namespaces).insert(name.clone(), next.clone());
                     if previous.as_ref() != Some(&next) {
                         // A refused write into it may succeed now.
                         lock(&shared.backoffs).forget_namespace(&name);
@@ -112,7 +117,7 @@ pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
                     }
                 }
                 Change::Deleted((name, _)) => {
-                    let previous = write(&shared.namespaces).remove(&name);
+                    let previous = write(&shared.cluster.views.namespaces).remove(&name);
                     if previous.is_some() {
                         shared.namespace_changed(&name, previous.as_ref(), None);
                     }

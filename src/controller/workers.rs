@@ -154,7 +154,10 @@ pub async fn run_resync(
 
 /// Whether a rule's sources are listed (for `plan`, which waits for them).
 pub fn sources_ready(shared: &Shared, key: &RuleKey) -> bool {
-    matches!(lock(&shared.sources).sources(key), Sources::Listed(_))
+    matches!(
+        lock(&shared.cluster.sources).sources(key),
+        Sources::Listed(_)
+    )
 }
 
 #[cfg(test)]

@@ -1,0 +1,114 @@
+//! One cluster as one unit: everything the operator holds for one API
+//! server, its clients, its writer and Event recorder, the pause a
+//! throttled read puts on its watches, the views its watches fill, its
+//! shared source watches, and the copy watches and refusals of the kinds
+//! its API server serves. The controller holds one; more clusters would
+//! each be one of these.
+//!
+//! Its locks take their place in the controller's lock order
+//! (`controller::state::Shared`): `kind_watches` first of all (a kind
+//! watch is kept while a rule names it or a copy needs it), the views'
+//! `namespaces` and `copies` in the middle; `sources` and `kind_refusals`
+//! are never held while another lock is taken.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kube::Client;
+use kube::runtime::events::{Recorder, Reporter};
+use tokio::task::JoinHandle;
+
+use crate::api::kinds::Kind;
+use crate::cache::views::Views;
+use crate::cluster::client::Clients;
+use crate::cluster::leader::LeaderGate;
+use crate::cluster::ratelimit::RateLimiter;
+use crate::cluster::sources::{OnChange, SourceHub};
+use crate::cluster::writer::Writer;
+use crate::core::backoff::ReadPause;
+use crate::core::kind_refusals::KindRefusals;
+use crate::ops::http::Health;
+use crate::ops::metrics::Metrics;
+
+/// How hard the operator may push one API server.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Writes in flight at most (`--write-concurrency`).
+    pub write_concurrency: u32,
+    /// Client-side pacing of requests (`--api-qps`, `--api-burst`).
+    pub api_qps: f64,
+    pub api_burst: u32,
+    /// Source watches at most (`--max-source-watches`).
+    pub max_source_watches: u32,
+}
+
+pub struct Cluster {
+    /// For watches and lists.
+    pub client: Client,
+    /// For statuses and finalizers (copies and Events go through the
+    /// writer and the recorder, which hold it too).
+    pub write_client: Client,
+    pub writer: Writer,
+    pub recorder: Recorder,
+    /// Shared by every watch: a throttled read pauses them all.
+    pub read_pause: Arc<ReadPause>,
+    pub views: Views,
+    pub sources: Mutex<SourceHub>,
+    /// The copy watches of kinds named by `objectType`, started with the
+    /// first rule that needs one and stopped after the last.
+    pub kind_watches: Mutex<HashMap<Kind, JoinHandle<()>>>,
+    /// Kinds refused for their retry interval (see [`KindRefusals`]).
+    pub kind_refusals: Mutex<KindRefusals>,
+}
+
+impl Cluster {
+    /// `on_source_change` is told of each rule a source event concerns (the
+    /// controller queues it: a message up, not a call).
+    pub fn new(
+        clients: Clients,
+        limits: Limits,
+        metrics: Arc<Metrics>,
+        leader: LeaderGate,
+        health: Arc<Health>,
+        on_source_change: OnChange,
+    ) -> Self {
+        let Clients {
+            read: client,
+            write: write_client,
+        } = clients;
+        let limiter = RateLimiter::new(limits.api_qps, limits.api_burst);
+        let writer = Writer::new(
+            write_client.clone(),
+            limiter,
+            limits.write_concurrency,
+            metrics,
+            leader,
+            health.clone(),
+        );
+        let reporter = Reporter {
+            controller: "copyrator".into(),
+            instance: std::env::var("POD_NAME")
+                .or_else(|_| std::env::var("HOSTNAME"))
+                .ok(),
+        };
+        let read_pause = Arc::new(ReadPause::default());
+        let sources = SourceHub::new(
+            client.clone(),
+            health,
+            read_pause.clone(),
+            limits.max_source_watches as usize,
+            on_source_change,
+        );
+        Self {
+            recorder: Recorder::new(write_client.clone(), reporter),
+            client,
+            write_client,
+            writer,
+            read_pause,
+            views: Views::default(),
+            sources: Mutex::new(sources),
+            kind_watches: Mutex::default(),
+            kind_refusals: Mutex::default(),
+        }
+    }
+}
