@@ -1,12 +1,13 @@
 //! Copyrator: keeps copies of ConfigMaps and Secrets in the namespaces that
 //! `CopyratorRule` resources target.
 //!
-//! The pure core (`rule`, `selector`, `kinds`, `plan`, `backoff`, `status`)
-//! decides which copies should exist, what they contain and when a copy may
-//! be written again; `index`, `state`, `watch`, `sources`, `queue`,
-//! `reconcile`, `finalizer`, `writer` and `controller` connect it to the
-//! cluster. `report` is the pure side of the `plan` subcommand: the rules it
-//! reads from files, what it prints and its exit code.
+//! The source is in layers, one folder each, and a folder uses only the
+//! ones below it: `api` (the rule resource and its CRD), `ops` (health,
+//! metrics, logging), `cache` (the in-memory views), `core` (the pure
+//! decisions: resolve, plan, backoff, status, tally), `cluster` (all that
+//! talks to one API server), `controller` (the queue, the workers and a
+//! rule's pass) and `cli` (settings, `run`, `plan`, `probe`).
+//! ARCHITECTURE.md at the repository's root tells more.
 #![forbid(unsafe_code)]
 #![warn(clippy::too_many_lines)]
 

@@ -289,7 +289,7 @@ fn secs(d: Duration) -> String {
 
 /// The fewest restores the operator must make, within `window`, of a copy
 /// that a neighbour changes back (or deletes) every `neighbour_period`.
-/// The contest backoff (src/backoff.rs): the first two restores go at once,
+/// The contest backoff (src/core/backoff.rs): the first two restores go at once,
 /// then the delays double from 1 s, each at most 20 % longer by its jitter.
 /// Each restore also waits for the neighbour's next change, and is allowed
 /// `RESTORE_LATENCY` besides (the watch event, the pass and the write on a

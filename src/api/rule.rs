@@ -1,5 +1,5 @@
-//! The `CopyratorRule` resource (flant.com/v1) and its resolution into a
-//! validated [`ResolvedRule`].
+//! The `CopyratorRule` resource (flant.com/v1): its types as the API
+//! server stores them (`core::resolve` validates them).
 //!
 //! The resource keeps the original Python Copyrator's shape, with `ruleType`,
 //! `selector` and `namespace` at the top level, and also takes them under

@@ -1,4 +1,5 @@
-//! The command line: settings, the `plan` subcommand's report, and `probe`.
+//! The command line: settings, `run` (the operator's wiring), `plan` and
+//! its report, and `probe`.
 
 pub mod plan;
 pub mod probe;

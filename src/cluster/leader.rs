@@ -20,6 +20,17 @@
 //! gate closes at its deadline even while a request hangs. `is_leader`
 //! checks the deadline itself: a process resumed after SIGSTOP refuses to
 //! write before any of its tasks has run.
+//!
+//! Why not a crate: kube ships no Lease election, and this module first
+//! wrapped kube-lease-manager 0.13, whose state reached us as a flag. It
+//! was replaced so that a released Lease wakes the standby within one
+//! retry period; since then leadership is a deadline, which closes the
+//! write gate before any standby may take the Lease, even while a renewal
+//! hangs. No measurement compared the two: the reasons are behaviour, which
+//! the tests bound (`tests/operations.rs`: takeover after SIGKILL and after
+//! SIGTERM; `tests/leader.rs`: a leader paused or cut off writes nothing
+//! beside the new one). Documented, not benchmarked: after SIGTERM a
+//! standby takes over within a second or two (docs/operations.md).
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};

@@ -6,6 +6,18 @@
 //! copy in backoff); the earliest time asked for wins. Each rule carries
 //! what touched it since its last pass (its [`Scope`]), so that its next
 //! pass looks only at that.
+//!
+//! Why not kube-runtime's `Controller` and its scheduler: the scheduler
+//! keeps one request per object (the reason for a request is no part of
+//! its key) and the reconciler is handed the object alone, never what
+//! changed. This queue keeps, for each rule, what touched it since its last
+//! pass (its [`Scope`]), and holds a failing rule off even against events.
+//! It was never measured against `Controller`; the measured figures are
+//! those of the scope it carries (BENCHMARKS.md, "passes that look at what
+//! changed"): operator CPU from cold start through idle 4.23 → 3.13 s at
+//! 10,000 copies, 26.10 → 21.14 s at 100,000, 12.06 → 7.76 s at 1,000
+//! rules; new-namespace fill p99 at 100,000 copies 84 ms, against 337 ms
+//! when each new namespace cost a pass over every copy.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};

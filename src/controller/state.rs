@@ -1,6 +1,7 @@
-//! The state shared by the watches, the workers and the HTTP server: the
-//! in-memory views of the cluster, the work queue, per-rule memory and
-//! per-copy backoff.
+//! The controller's state, shared by the watches, the workers and the HTTP
+//! server: the cluster it serves (`cluster::context::Cluster`), the rules
+//! as watched and resolved, the work queue, per-rule memory and per-copy
+//! backoff, and the order in which their locks may be taken.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
