@@ -36,26 +36,7 @@ fn main() -> ExitCode {
             timeout_seconds,
         }) => copyrator::cli::probe::run(&url, Duration::from_secs(timeout_seconds)),
         Some(Command::Plan(args)) => plan::plan_command(cli.settings, args),
-        Some(Command::Run) | None => {
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(e) => {
-                    eprintln!("error: starting the async runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(run::run(cli.settings, run::shutdown_signal())) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    error!(error = format!("{e:#}"), "copyrator stopped");
-                    eprintln!("error: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Some(Command::Run) | None => run_operator(cli.settings),
     }
 }
 
@@ -76,6 +57,23 @@ fn print_crd() -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `copyrator run`: the operator, until SIGTERM or SIGINT.
+fn run_operator(settings: copyrator::cli::settings::Settings) -> ExitCode {
+    let builder = tokio::runtime::Builder::new_multi_thread();
+    let runtime = match copyrator::cli::start_runtime(builder, ExitCode::FAILURE) {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    match runtime.block_on(run::run(settings, run::shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = format!("{e:#}"), "copyrator stopped");
+            eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -6,3 +6,15 @@ pub mod probe;
 pub mod report;
 pub mod run;
 pub mod settings;
+
+/// An async runtime from `builder` (with I/O and time), or the exit code
+/// after saying on standard error why there is none.
+pub fn start_runtime(
+    mut builder: tokio::runtime::Builder,
+    failed: std::process::ExitCode,
+) -> Result<tokio::runtime::Runtime, std::process::ExitCode> {
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("error: starting the async runtime: {e}");
+        failed
+    })
+}

@@ -46,15 +46,10 @@ pub fn plan_command(settings: Settings, args: PlanArgs) -> ExitCode {
             }
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let builder = tokio::runtime::Builder::new_multi_thread();
+    let runtime = match crate::cli::start_runtime(builder, failed) {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
-            return failed;
-        }
+        Err(code) => return code,
     };
     let report = match runtime.block_on(plan(settings, from_files)) {
         Ok(report) => report.sorted(),

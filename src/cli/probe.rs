@@ -97,15 +97,10 @@ pub async fn probe(url: &str, timeout: Duration) -> Result<(), ProbeError> {
 /// `copyrator probe URL`: a current-thread runtime, one request; exit 0
 /// on 200, 1 otherwise (said on standard error).
 pub fn run(url: &str, timeout: Duration) -> std::process::ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let builder = tokio::runtime::Builder::new_current_thread();
+    let runtime = match crate::cli::start_runtime(builder, std::process::ExitCode::FAILURE) {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     match runtime.block_on(probe(url, timeout)) {
         Ok(()) => {
