@@ -327,7 +327,7 @@ impl LeaseStore for ApiStore {
 }
 
 /// What a candidate knows of the Lease between reads.
-struct Observed {
+struct LeaseSeen {
     resource_version: Option<String>,
     holder: Option<String>,
     /// When the record last changed, on our own clock.
@@ -335,7 +335,7 @@ struct Observed {
 }
 
 /// Whether `me` may take or keep the Lease, given what was observed.
-fn may_acquire(observed: &Observed, me: &str, lease_duration: Duration, now: Instant) -> bool {
+fn may_acquire(observed: &LeaseSeen, me: &str, lease_duration: Duration, now: Instant) -> bool {
     match observed.holder.as_deref() {
         None | Some("") => true,
         Some(holder) if holder == me => true,
@@ -350,7 +350,7 @@ struct Candidate<S> {
     lease: String,
     identity: String,
     timing: Timing,
-    observed: Option<Observed>,
+    observed: Option<LeaseSeen>,
 }
 
 impl<S: LeaseStore> Candidate<S> {
@@ -448,7 +448,7 @@ impl<S: LeaseStore> Candidate<S> {
             .as_ref()
             .is_some_and(|o| o.resource_version == resource_version);
         if !unchanged {
-            self.observed = Some(Observed {
+            self.observed = Some(LeaseSeen {
                 resource_version,
                 holder,
                 changed_at: Instant::now(),
@@ -585,10 +585,10 @@ mod tests {
     use super::*;
     use kube::core::Status;
 
-    fn observed(holder: Option<&str>, age: Duration) -> (Observed, Instant) {
+    fn observed(holder: Option<&str>, age: Duration) -> (LeaseSeen, Instant) {
         let now = Instant::now();
         (
-            Observed {
+            LeaseSeen {
                 resource_version: Some("1".into()),
                 holder: holder.map(str::to_owned),
                 changed_at: now.checked_sub(age).unwrap_or(now),

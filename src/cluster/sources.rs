@@ -69,7 +69,7 @@ impl SourceNeed {
 
 /// Where a watch looks.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Scope {
+pub enum WatchScope {
     Namespace(String),
     AllNamespaces,
 }
@@ -79,7 +79,7 @@ pub enum Scope {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WatchKey {
     pub kind: Kind,
-    pub scope: Scope,
+    pub scope: WatchScope,
     pub selector: String,
 }
 
@@ -91,8 +91,10 @@ impl WatchKey {
             self.selector.as_str()
         };
         match &self.scope {
-            Scope::Namespace(ns) => format!("{} sources in {ns} ({selector})", self.kind),
-            Scope::AllNamespaces => format!("{} sources in all namespaces ({selector})", self.kind),
+            WatchScope::Namespace(ns) => format!("{} sources in {ns} ({selector})", self.kind),
+            WatchScope::AllNamespaces => {
+                format!("{} sources in all namespaces ({selector})", self.kind)
+            }
         }
     }
 }
@@ -206,13 +208,13 @@ pub fn plan_watches(
             let key = if across.contains(&need.kind) {
                 WatchKey {
                     kind: need.kind,
-                    scope: Scope::AllNamespaces,
+                    scope: WatchScope::AllNamespaces,
                     selector: common_selector(need.kind),
                 }
             } else {
                 WatchKey {
                     kind: need.kind,
-                    scope: Scope::Namespace(ns.clone()),
+                    scope: WatchScope::Namespace(ns.clone()),
                     selector: need.selector.to_query(),
                 }
             };
@@ -330,7 +332,7 @@ impl SourceHub {
                 Some(watch) => {
                     let grew = interest.wants_more_than(&read(&watch.state.interest));
                     *write(&watch.state.interest) = interest;
-                    if grew && key.scope == Scope::AllNamespaces {
+                    if grew && key.scope == WatchScope::AllNamespaces {
                         watch.state.wanted.send_modify(|g| *g += 1);
                     } else {
                         // Objects no rule wants any more are dropped.
@@ -374,8 +376,8 @@ impl SourceHub {
                 .iter()
                 .filter(|w| listed(w))
                 .map(|(k, _)| match k.scope {
-                    Scope::Namespace(_) => 1,
-                    Scope::AllNamespaces => need.namespaces.len(),
+                    WatchScope::Namespace(_) => 1,
+                    WatchScope::AllNamespaces => need.namespaces.len(),
                 })
                 .sum::<usize>();
             return Sources::Waiting {
@@ -390,8 +392,8 @@ impl SourceHub {
             };
             let store = read(&watch.state.store);
             let namespaces: &[String] = match &watch_key.scope {
-                Scope::Namespace(ns) => std::slice::from_ref(ns),
-                Scope::AllNamespaces => &need.namespaces,
+                WatchScope::Namespace(ns) => std::slice::from_ref(ns),
+                WatchScope::AllNamespaces => &need.namespaces,
             };
             for ns in namespaces {
                 if let Some(in_namespace) = store.get(ns.as_str()) {
@@ -452,8 +454,8 @@ async fn run_watch(
     let _forget_on_stop = health.watch_guard(&name);
     let kind = key.kind;
     let api: Api<DynamicObject> = match &key.scope {
-        Scope::Namespace(ns) => Api::namespaced_with(client, ns, &kind.api_resource()),
-        Scope::AllNamespaces => Api::all_with(client, &kind.api_resource()),
+        WatchScope::Namespace(ns) => Api::namespaced_with(client, ns, &kind.api_resource()),
+        WatchScope::AllNamespaces => Api::all_with(client, &kind.api_resource()),
     };
     // Copies are never sources.
     let labels = if key.selector.is_empty() {
@@ -643,7 +645,7 @@ mod tests {
         let planned = plan_watches(&needs, 8);
         assert_eq!(planned.len(), 1);
         let (key, interest) = planned.iter().next().expect("one watch");
-        assert_eq!(key.scope, Scope::Namespace("ops".into()));
+        assert_eq!(key.scope, WatchScope::Namespace("ops".into()));
         assert_eq!(key.selector, "copy=true");
         assert_eq!(interest.rules(), BTreeSet::from([&rule("a"), &rule("b")]));
     }
@@ -674,14 +676,14 @@ mod tests {
             .keys()
             .find(|k| k.kind == Kind::ConfigMap)
             .expect("a configmap watch");
-        assert_eq!(across.scope, Scope::AllNamespaces);
+        assert_eq!(across.scope, WatchScope::AllNamespaces);
         // Every rule of the kind uses the same selector: still filtered on the server.
         assert_eq!(across.selector, "copy=true");
         let secrets = planned
             .keys()
             .find(|k| k.kind == Kind::Secret)
             .expect("a secret watch");
-        assert_eq!(secrets.scope, Scope::Namespace("ops".into()));
+        assert_eq!(secrets.scope, WatchScope::Namespace("ops".into()));
     }
 
     #[test]
@@ -696,7 +698,7 @@ mod tests {
         let planned = plan_watches(&needs, 8);
         assert_eq!(planned.len(), 1);
         let (key, interest) = planned.iter().next().expect("one watch");
-        assert_eq!(key.scope, Scope::AllNamespaces);
+        assert_eq!(key.scope, WatchScope::AllNamespaces);
         // Different selectors: the server cannot filter, memory does.
         assert_eq!(key.selector, "");
         assert!(interest.wants("src-7", &labels(&[("rule-7", "true")])));
@@ -721,7 +723,7 @@ mod tests {
         assert!(
             planned
                 .keys()
-                .all(|k| matches!(k.scope, Scope::Namespace(_)))
+                .all(|k| matches!(k.scope, WatchScope::Namespace(_)))
         );
         assert_eq!(plan_watches(&needs, 2).len(), 1);
     }

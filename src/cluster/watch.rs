@@ -122,7 +122,7 @@ fn unserved(error: &watcher::Error) -> bool {
 
 /// How a followed watch ended.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Followed {
+pub enum WatchEnd {
     /// Its stream ended.
     Ended,
     /// The API server no longer serves the resource.
@@ -173,7 +173,7 @@ pub async fn follow<K, T>(
     watching: Watching<'_>,
     convert: impl Fn(K) -> T,
     mut handle: impl FnMut(Change<T>),
-) -> Followed
+) -> WatchEnd
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
@@ -203,10 +203,10 @@ where
                     handle(change);
                 }
             }
-            Ok(None) => return Followed::Ended,
+            Ok(None) => return WatchEnd::Ended,
             Err(e) if stop_if_unserved && unserved(&e) => {
                 tracing::warn!(watch = name, error = %e, "the API server no longer serves this kind; its watch stops");
-                return Followed::Unserved;
+                return WatchEnd::Unserved;
             }
             Err(e) => cool_down(health, pause, name, &e).await,
         }

@@ -17,7 +17,7 @@ use crate::Error;
 use crate::api::kinds::{Discovered, Kind};
 use crate::api::rule::{CopyratorRule, ObjectType, RuleKey};
 use crate::cache::index::Object;
-use crate::cluster::watch::{Change, Followed, Watching, follow, watch_config};
+use crate::cluster::watch::{Change, WatchEnd, Watching, follow, watch_config};
 use crate::controller::state::Shared;
 use crate::core::resolve::InvalidRule;
 use crate::core::scope::Touch;
@@ -535,7 +535,7 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
             },
         )
         .await;
-        if followed == Followed::Unserved {
+        if followed == WatchEnd::Unserved {
             kind_unserved(&shared, kind);
         }
     })

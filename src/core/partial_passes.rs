@@ -61,7 +61,7 @@ enum Delivered {
 
 /// One change to the cluster.
 #[derive(Clone, Debug)]
-enum Change {
+enum ModelChange {
     NamespaceAppears {
         namespace: usize,
         env: Option<&'static str>,
@@ -165,7 +165,7 @@ enum WriteOutcome {
 
 /// The cluster, the rule, and what Copyrator keeps of the rule between
 /// passes (its tally; its known conflicts are the world's).
-struct Cluster {
+struct ModelCluster {
     world: World,
     /// Objects without the rule-UID label: the copy watch does not see
     /// them; a write meets them.
@@ -225,7 +225,7 @@ fn owed_places(tally: &Tally) -> BTreeSet<ObjectKey> {
         .collect()
 }
 
-impl Cluster {
+impl ModelCluster {
     /// Four of the namespaces, two matching sources, the rule at generation 1.
     fn new(spec_variant: usize) -> Self {
         let mut world = World::new(&[SOURCE_NAMESPACE]);
@@ -251,7 +251,7 @@ impl Cluster {
             versions: 0,
         };
         for name in 0..2 {
-            cluster.change(&Change::SourceWritten { name, data: 0 });
+            cluster.change(&ModelChange::SourceWritten { name, data: 0 });
         }
         cluster
     }
@@ -323,7 +323,7 @@ impl Cluster {
             .then(|| Touch::Namespace(namespace.to_owned()))
     }
 
-    /// Change the namespace `namespace` with `edit`; the touch of its event.
+    /// ModelChange the namespace `namespace` with `edit`; the touch of its event.
     fn edit_namespace(
         &mut self,
         namespace: usize,
@@ -373,54 +373,60 @@ impl Cluster {
 
     /// Make `change` (each kind by the method of its name); the touches its
     /// watch events bring this rule.
-    fn change(&mut self, change: &Change) -> Vec<Touch> {
+    fn change(&mut self, change: &ModelChange) -> Vec<Touch> {
         let touch = match *change {
-            Change::NamespaceAppears { namespace, env } => self.namespace_appears(namespace, env),
-            Change::NamespaceLabelled { namespace, env } => {
+            ModelChange::NamespaceAppears { namespace, env } => {
+                self.namespace_appears(namespace, env)
+            }
+            ModelChange::NamespaceLabelled { namespace, env } => {
                 self.edit_namespace(namespace, |info| info.labels = env_labels(env))
             }
-            Change::NamespaceTerminates { namespace } => {
+            ModelChange::NamespaceTerminates { namespace } => {
                 self.edit_namespace(namespace, |info| info.terminating = true)
             }
-            Change::NamespaceGoes { namespace } => return self.namespace_goes(namespace),
-            Change::SourceWritten { name, data } => self.source_written(name, data),
-            Change::SourceGoes { name } => self.put_source(name, None),
-            Change::SourceLabelled { name, matches } => self.source_labelled(name, matches),
-            Change::ForeignAppears { namespace, name } => {
+            ModelChange::NamespaceGoes { namespace } => return self.namespace_goes(namespace),
+            ModelChange::SourceWritten { name, data } => self.source_written(name, data),
+            ModelChange::SourceGoes { name } => self.put_source(name, None),
+            ModelChange::SourceLabelled { name, matches } => self.source_labelled(name, matches),
+            ModelChange::ForeignAppears { namespace, name } => {
                 self.foreign_appears(place(namespace, name))
             }
-            Change::ForeignGoes { namespace, name } => {
+            ModelChange::ForeignGoes { namespace, name } => {
                 self.foreign.remove(&place(namespace, name));
                 None
             }
-            Change::OtherRulesCopyAppears { namespace, name } => {
+            ModelChange::OtherRulesCopyAppears { namespace, name } => {
                 self.other_rules_copy_appears(place(namespace, name))
             }
-            Change::ForgedCopyAppears { namespace, name } => {
+            ModelChange::ForgedCopyAppears { namespace, name } => {
                 self.forged_copy_appears(place(namespace, name))
             }
-            Change::LabelledForeignGoes { namespace, name } => {
+            ModelChange::LabelledForeignGoes { namespace, name } => {
                 self.labelled_foreign_goes(&place(namespace, name))
             }
-            Change::CopyEdited { namespace, name } => self.copy_edited(&place(namespace, name)),
-            Change::CopyDeleted { namespace, name } => self.copy_deleted(&place(namespace, name)),
-            Change::CopyUnlabelled { namespace, name } => {
+            ModelChange::CopyEdited { namespace, name } => {
+                self.copy_edited(&place(namespace, name))
+            }
+            ModelChange::CopyDeleted { namespace, name } => {
+                self.copy_deleted(&place(namespace, name))
+            }
+            ModelChange::CopyUnlabelled { namespace, name } => {
                 self.copy_unlabelled(place(namespace, name))
             }
-            Change::CopyTakenOver { namespace, name } => {
+            ModelChange::CopyTakenOver { namespace, name } => {
                 self.copy_taken_over(place(namespace, name))
             }
-            Change::RuleChanged {
+            ModelChange::RuleChanged {
                 spec: variant,
                 delivered,
             } => self.rule_changed(variant, delivered),
-            Change::Resync => {
+            ModelChange::Resync => {
                 self.world.known_conflicts.clear();
                 Some(Touch::All)
             }
-            Change::Retry => Some(Touch::Retry),
-            Change::StatusWritten => Some(Touch::Nothing),
-            Change::CopyWritten { namespace, name } => {
+            ModelChange::Retry => Some(Touch::Retry),
+            ModelChange::StatusWritten => Some(Touch::Nothing),
+            ModelChange::CopyWritten { namespace, name } => {
                 let (namespace, name) = place(namespace, name);
                 Some(Touch::Copy(namespace, name))
             }
@@ -725,7 +731,7 @@ impl Cluster {
         WriteOutcome::Written
     }
 
-    /// One pass over what `touches` changed, as `reconcile::run_plan` and
+    /// One pass over what `touches` changed, as `reconcile::carry_out` and
     /// `finish` make it; its n-th write (in place order) fails when bit n
     /// of `failing` is set. Checks the pass against a pass over everything.
     fn pass(&mut self, touches: Vec<Touch>, failing: u32) -> Result<(), TestCaseError> {
@@ -831,46 +837,47 @@ fn failing() -> impl Strategy<Value = u32> {
     prop_oneof![3 => Just(0), 1 => any::<u32>()]
 }
 
-fn change() -> impl Strategy<Value = Change> {
+fn change() -> impl Strategy<Value = ModelChange> {
     let delivered = prop_oneof![
         Just(Delivered::AsChangedSpec),
         Just(Delivered::ThroughStatusPass)
     ];
     prop_oneof![
         (namespace(), env())
-            .prop_map(|(namespace, env)| Change::NamespaceAppears { namespace, env }),
+            .prop_map(|(namespace, env)| ModelChange::NamespaceAppears { namespace, env }),
         (namespace(), env())
-            .prop_map(|(namespace, env)| Change::NamespaceLabelled { namespace, env }),
-        namespace().prop_map(|namespace| Change::NamespaceTerminates { namespace }),
-        namespace().prop_map(|namespace| Change::NamespaceGoes { namespace }),
-        (source_name(), 0..3u8).prop_map(|(name, data)| Change::SourceWritten { name, data }),
-        source_name().prop_map(|name| Change::SourceGoes { name }),
+            .prop_map(|(namespace, env)| ModelChange::NamespaceLabelled { namespace, env }),
+        namespace().prop_map(|namespace| ModelChange::NamespaceTerminates { namespace }),
+        namespace().prop_map(|namespace| ModelChange::NamespaceGoes { namespace }),
+        (source_name(), 0..3u8).prop_map(|(name, data)| ModelChange::SourceWritten { name, data }),
+        source_name().prop_map(|name| ModelChange::SourceGoes { name }),
         (source_name(), any::<bool>())
-            .prop_map(|(name, matches)| Change::SourceLabelled { name, matches }),
+            .prop_map(|(name, matches)| ModelChange::SourceLabelled { name, matches }),
         (namespace(), source_name())
-            .prop_map(|(namespace, name)| Change::ForeignAppears { namespace, name }),
+            .prop_map(|(namespace, name)| ModelChange::ForeignAppears { namespace, name }),
         (namespace(), source_name())
-            .prop_map(|(namespace, name)| Change::ForeignGoes { namespace, name }),
+            .prop_map(|(namespace, name)| ModelChange::ForeignGoes { namespace, name }),
         (namespace(), source_name())
-            .prop_map(|(namespace, name)| Change::OtherRulesCopyAppears { namespace, name }),
+            .prop_map(|(namespace, name)| ModelChange::OtherRulesCopyAppears { namespace, name }),
         (namespace(), source_name())
-            .prop_map(|(namespace, name)| Change::ForgedCopyAppears { namespace, name }),
+            .prop_map(|(namespace, name)| ModelChange::ForgedCopyAppears { namespace, name }),
         (namespace(), source_name())
-            .prop_map(|(namespace, name)| Change::LabelledForeignGoes { namespace, name }),
+            .prop_map(|(namespace, name)| ModelChange::LabelledForeignGoes { namespace, name }),
         (namespace(), source_name())
-            .prop_map(|(namespace, name)| Change::CopyEdited { namespace, name }),
+            .prop_map(|(namespace, name)| ModelChange::CopyEdited { namespace, name }),
         (namespace(), source_name())
-            .prop_map(|(namespace, name)| Change::CopyDeleted { namespace, name }),
+            .prop_map(|(namespace, name)| ModelChange::CopyDeleted { namespace, name }),
         (namespace(), source_name())
-            .prop_map(|(namespace, name)| Change::CopyUnlabelled { namespace, name }),
+            .prop_map(|(namespace, name)| ModelChange::CopyUnlabelled { namespace, name }),
         (namespace(), source_name())
-            .prop_map(|(namespace, name)| Change::CopyTakenOver { namespace, name }),
-        (0..SPECS, delivered).prop_map(|(spec, delivered)| Change::RuleChanged { spec, delivered }),
-        Just(Change::Resync),
-        Just(Change::Retry),
-        Just(Change::StatusWritten),
+            .prop_map(|(namespace, name)| ModelChange::CopyTakenOver { namespace, name }),
+        (0..SPECS, delivered)
+            .prop_map(|(spec, delivered)| ModelChange::RuleChanged { spec, delivered }),
+        Just(ModelChange::Resync),
+        Just(ModelChange::Retry),
+        Just(ModelChange::StatusWritten),
         (namespace(), source_name())
-            .prop_map(|(namespace, name)| Change::CopyWritten { namespace, name }),
+            .prop_map(|(namespace, name)| ModelChange::CopyWritten { namespace, name }),
     ]
 }
 
@@ -889,7 +896,7 @@ proptest! {
         first_failing in failing(),
         steps in prop::collection::vec((change(), failing()), 1..40),
     ) {
-        let mut cluster = Cluster::new(first_spec);
+        let mut cluster = ModelCluster::new(first_spec);
         cluster.pass(vec![Touch::All], first_failing)?;
         for (change, failing) in &steps {
             let touches = cluster.change(change);
@@ -902,8 +909,8 @@ proptest! {
 }
 
 /// The cluster once the rule's first pass (over everything) made every write.
-fn started(spec_variant: usize) -> Cluster {
-    let mut cluster = Cluster::new(spec_variant);
+fn started(spec_variant: usize) -> ModelCluster {
+    let mut cluster = ModelCluster::new(spec_variant);
     cluster
         .pass(vec![Touch::All], 0)
         .unwrap_or_else(|failed| panic!("the first pass: {failed}"));
@@ -912,7 +919,7 @@ fn started(spec_variant: usize) -> Cluster {
 
 /// Run `cluster` through `changes`, each followed by its pass, every write
 /// made; panics with the check that failed.
-fn replay(cluster: &mut Cluster, changes: &[Change]) {
+fn replay(cluster: &mut ModelCluster, changes: &[ModelChange]) {
     for change in changes {
         let touches = cluster.change(change);
         if !touches.is_empty() {
@@ -929,13 +936,13 @@ fn replay(cluster: &mut Cluster, changes: &[Change]) {
 /// after the failed create's backoff.
 #[test]
 fn another_rules_copy_where_a_create_is_owed_is_a_conflict_at_once() {
-    let mut cluster = Cluster::new(0);
+    let mut cluster = ModelCluster::new(0);
     // Writes go in place order: ops-d's two, then team-a/cm1.
     cluster
         .pass(vec![Touch::All], 1 << 2)
         .expect("the first pass counts as a pass over everything");
     assert!(cluster.tally.is_unwritten("team-a", "cm1"));
-    let appears = Change::OtherRulesCopyAppears {
+    let appears = ModelChange::OtherRulesCopyAppears {
         namespace: 0,
         name: 0,
     };
@@ -947,7 +954,7 @@ fn another_rules_copy_where_a_create_is_owed_is_a_conflict_at_once() {
     cluster
         .pass(vec![Touch::Copy("team-a".into(), "cm1".into())], 0)
         .expect("the pass over the place counts the conflict");
-    replay(&mut cluster, &[Change::StatusWritten]);
+    replay(&mut cluster, &[ModelChange::StatusWritten]);
     assert!(cluster.tally.is_conflict("team-a", "cm1"));
 }
 
@@ -961,11 +968,11 @@ fn a_copy_taken_back_under_overwrite_is_held_and_counted() {
     replay(
         &mut cluster,
         &[
-            Change::CopyTakenOver {
+            ModelChange::CopyTakenOver {
                 namespace: 0,
                 name: 0,
             },
-            Change::RuleChanged {
+            ModelChange::RuleChanged {
                 spec: 4,
                 delivered: Delivered::AsChangedSpec,
             },
@@ -986,11 +993,11 @@ fn new_targets_reaching_a_status_pass_are_looked_at() {
     replay(
         &mut cluster,
         &[
-            Change::OtherRulesCopyAppears {
+            ModelChange::OtherRulesCopyAppears {
                 namespace: 3,
                 name: 0,
             },
-            Change::RuleChanged {
+            ModelChange::RuleChanged {
                 spec: 0,
                 delivered: Delivered::ThroughStatusPass,
             },

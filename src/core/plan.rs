@@ -475,7 +475,7 @@ pub fn concerns_namespace(
 /// Compute what `inputs.rule` needs.
 pub fn plan(inputs: &Inputs<'_>) -> Plan {
     let mut out = Plan::default();
-    let sources = Sources::gather(inputs.rule, inputs.sources, &mut out);
+    let sources = SourcesByName::gather(inputs.rule, inputs.sources, &mut out);
     let (targets, left_out) = target_namespaces(inputs.rule, inputs.namespaces);
     out.protected_namespaces = left_out.protected;
     out.not_accepting_namespaces = left_out.not_accepted;
@@ -502,7 +502,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
 
 /// A plan's sources by name, those of one name in the order of the rule's
 /// source namespaces: the first namespace wins a name.
-struct Sources<'a> {
+struct SourcesByName<'a> {
     rule: &'a ResolvedRule,
     by_name: BTreeMap<&'a str, Vec<&'a Object>>,
     /// Names whose winning source is pulled from another namespace: they
@@ -510,7 +510,7 @@ struct Sources<'a> {
     pulled_names: u32,
 }
 
-impl<'a> Sources<'a> {
+impl<'a> SourcesByName<'a> {
     /// The `candidates` that are sources of `rule`, counted in `out`, which
     /// also names those refused for their type alone.
     fn gather(rule: &'a ResolvedRule, candidates: &'a [Arc<Object>], out: &mut Plan) -> Self {
@@ -597,8 +597,8 @@ fn is_source_namespace(rule: &ResolvedRule, namespace: &str) -> bool {
 /// target namespace to the next.
 struct Planner<'a> {
     inputs: &'a Inputs<'a>,
-    sources: &'a Sources<'a>,
-    /// Computed once: see [`Sources::shadowing`].
+    sources: &'a SourcesByName<'a>,
+    /// Computed once: see [`SourcesByName::shadowing`].
     shadowing: Vec<(&'a str, &'a [&'a Object])>,
     /// One desired copy per source name, shared by every target namespace;
     /// made only when a place in scope needs it.
@@ -609,7 +609,7 @@ struct Planner<'a> {
 }
 
 /// What one place in scope that a source lands in needs.
-enum Outcome {
+enum Placement {
     /// The copy there is right (or handed over, to a rule that only creates).
     InPlace,
     /// A copy should be there; this write makes it so.
@@ -702,17 +702,17 @@ impl<'a> Planner<'a> {
     }
 
     /// Add what the place `namespace/name` needs to the plan.
-    fn record(&mut self, namespace: &str, name: &str, outcome: Outcome) {
+    fn record(&mut self, namespace: &str, name: &str, outcome: Placement) {
         match outcome {
-            Outcome::InPlace => {
+            Placement::InPlace => {
                 self.out.desired += 1;
                 self.out.in_place += 1;
             }
-            Outcome::Write(action) => {
+            Placement::Write(action) => {
                 self.out.desired += 1;
                 self.out.actions.push(action);
             }
-            Outcome::Conflict(reason) => self.out.conflicts.push(ConflictEntry {
+            Placement::Conflict(reason) => self.out.conflicts.push(ConflictEntry {
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
                 reason,
@@ -770,7 +770,7 @@ fn decide(
     name: &str,
     desired: &Arc<Desired>,
     current: Option<&Arc<Object>>,
-) -> Outcome {
+) -> Placement {
     if let Some(current) = current {
         return decide_over(inputs, desired, current);
     }
@@ -779,9 +779,9 @@ fn decide(
         .get(&(namespace.to_owned(), name.to_owned()))
     {
         Some(reason) if inputs.rule.conflict_policy == ConflictPolicy::Skip => {
-            Outcome::Conflict(reason.clone())
+            Placement::Conflict(reason.clone())
         }
-        _ => Outcome::Write(Action::Create {
+        _ => Placement::Write(Action::Create {
             desired: desired.clone(),
             namespace: namespace.to_owned(),
         }),
@@ -789,7 +789,7 @@ fn decide(
 }
 
 /// What a place that `current` holds needs for `desired` to be there.
-fn decide_over(inputs: &Inputs<'_>, desired: &Arc<Desired>, current: &Arc<Object>) -> Outcome {
+fn decide_over(inputs: &Inputs<'_>, desired: &Arc<Desired>, current: &Arc<Object>) -> Placement {
     let rule = inputs.rule;
     if current.create_only {
         // Handed over to its namespace: never written again. For a rule
@@ -797,26 +797,26 @@ fn decide_over(inputs: &Inputs<'_>, desired: &Arc<Desired>, current: &Arc<Object
         let made_here = rule.sync_policy == SyncPolicy::CreateOnly
             && current.rule_uid() == Some(rule.uid.as_str());
         return if made_here {
-            Outcome::InPlace
+            Placement::InPlace
         } else {
-            Outcome::Conflict(handed_over_reason(current.rule_ref.as_deref()))
+            Placement::Conflict(handed_over_reason(current.rule_ref.as_deref()))
         };
     }
     if !current.authored {
         // Copyrator's labels set by someone else: a foreign object.
         return match rule.conflict_policy {
-            ConflictPolicy::Skip => Outcome::Conflict(foreign_reason(rule.kind, current)),
-            ConflictPolicy::Overwrite => Outcome::Write(rewrite(desired, current)),
+            ConflictPolicy::Skip => Placement::Conflict(foreign_reason(rule.kind, current)),
+            ConflictPolicy::Overwrite => Placement::Write(rewrite(desired, current)),
         };
     }
     if !is_ours(rule, current, inputs.live_rule_uids) {
         let owner = current.rule_ref.as_deref().unwrap_or("another rule");
-        return Outcome::Conflict(format!("a copy made by rule {owner} is there"));
+        return Placement::Conflict(format!("a copy made by rule {owner} is there"));
     }
     if desired.is_satisfied_by(current) {
-        Outcome::InPlace
+        Placement::InPlace
     } else {
-        Outcome::Write(rewrite(desired, current))
+        Placement::Write(rewrite(desired, current))
     }
 }
 
