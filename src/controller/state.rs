@@ -377,3 +377,150 @@ fn is_older(rule: &CopyratorRule, held: &CopyratorRule) -> bool {
     };
     matches!((version(rule), version(held)), (Some(new), Some(old)) if new < old)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::client::Clients;
+    use crate::core::scope::Scope;
+    use kube::api::ObjectMeta;
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    /// The controller's state over a client that is never asked anything:
+    /// these tests read and change the views alone.
+    fn shared() -> Arc<Shared> {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+        let client = kube::Client::try_from(config).expect("a client");
+        let clients = Clients {
+            read: client.clone(),
+            write: client,
+        };
+        let (gate, _always) = LeaderGate::always();
+        Shared::new(
+            clients,
+            Trust::new("ops", false),
+            Options {
+                rule_name: None,
+                limits: Limits {
+                    write_concurrency: 4,
+                    api_qps: 0.0,
+                    api_burst: 1,
+                    max_source_watches: 10,
+                },
+                keep_kind_watches: false,
+            },
+            Arc::new(Metrics::default()),
+            gate,
+            Arc::new(Health::new(Duration::from_secs(60))),
+        )
+    }
+
+    fn rule(uid: &str, generation: i64, version: u64) -> Arc<CopyratorRule> {
+        Arc::new(CopyratorRule {
+            metadata: ObjectMeta {
+                namespace: Some("ops".into()),
+                name: Some("r".into()),
+                uid: Some(uid.into()),
+                generation: Some(generation),
+                resource_version: Some(version.to_string()),
+                ..ObjectMeta::default()
+            },
+            ..CopyratorRule::default()
+        })
+    }
+
+    fn key() -> RuleKey {
+        RuleKey {
+            namespace: "ops".into(),
+            name: "r".into(),
+        }
+    }
+
+    /// What is queued now, rule by rule (the queue is emptied).
+    async fn queued(shared: &Shared) -> Vec<(RuleKey, Scope)> {
+        let mut out = Vec::new();
+        while !shared.queue.is_empty() {
+            let next = tokio::time::timeout(Duration::from_secs(1), shared.queue.next()).await;
+            let (key, scope) = next.expect("a queued rule is handed out");
+            shared.queue.done(&key);
+            out.push((key, scope));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_new_spec_is_a_pass_over_everything_and_a_new_status_one_over_nothing() {
+        let shared = shared();
+        shared.set_rule(key(), rule("u1", 1, 10));
+        let first = queued(&shared).await;
+        assert!(first.len() == 1 && first[0].1.is_everything(), "{first:?}");
+        // Its status written (same generation): a pass that looks at no copy.
+        shared.set_rule(key(), rule("u1", 1, 11));
+        let status = queued(&shared).await;
+        assert!(status.len() == 1 && status[0].1.is_empty(), "{status:?}");
+        // An older version than the one held is ignored.
+        shared.set_rule(key(), rule("u1", 2, 9));
+        assert!(queued(&shared).await.is_empty());
+        assert_eq!(read(&shared.rules)[&key()].metadata.generation, Some(1));
+    }
+
+    #[tokio::test]
+    async fn a_status_answer_with_a_new_spec_queues_the_pass_its_event_would() {
+        let shared = shared();
+        shared.set_rule(key(), rule("u1", 1, 10));
+        queued(&shared).await;
+        shared.take_status_answer(key(), rule("u1", 1, 12));
+        assert!(
+            queued(&shared).await.is_empty(),
+            "the same spec: nothing more to say"
+        );
+        shared.take_status_answer(key(), rule("u1", 2, 14));
+        let changed = queued(&shared).await;
+        assert!(
+            changed.len() == 1 && changed[0].1.is_everything(),
+            "{changed:?}"
+        );
+        // The watch event of that change, older than the answer, changes nothing.
+        shared.set_rule(key(), rule("u1", 2, 13));
+        assert!(queued(&shared).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_rule_made_again_under_its_name_leaves_no_live_old_uid() {
+        let shared = shared();
+        shared.set_rule(key(), rule("u1", 1, 10));
+        assert!(shared.is_live_rule("u1"));
+        shared.set_rule(key(), rule("u2", 1, 20));
+        assert!(
+            !shared.is_live_rule("u1"),
+            "the old rule's copies are orphans to adopt"
+        );
+        assert_eq!(shared.rule_by_uid("u2"), Some(key()));
+        shared.forget_rule(&key());
+        assert!(!shared.is_live_rule("u2"));
+        assert!(read(&shared.rules).is_empty());
+        // The copy watches hear that a rule left.
+        tokio::time::timeout(Duration::from_secs(1), shared.rules_gone.notified())
+            .await
+            .expect("rules_gone rung");
+    }
+
+    #[tokio::test]
+    async fn a_namespace_change_reaches_an_unresolved_rule_as_a_pass_over_everything() {
+        let shared = shared();
+        shared.set_rule(key(), rule("u1", 1, 10));
+        queued(&shared).await;
+        let info = NamespaceInfo {
+            labels: BTreeMap::new(),
+            terminating: false,
+            accept_from: Vec::new(),
+        };
+        shared.namespace_changed("t1", None, Some(&info));
+        let touched = queued(&shared).await;
+        assert!(
+            touched.len() == 1 && touched[0].1.is_everything(),
+            "{touched:?}"
+        );
+    }
+}
