@@ -212,3 +212,50 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn folded(events: Vec<Event<u32>>) -> Vec<String> {
+        let mut folder = Folder::default();
+        events
+            .into_iter()
+            .filter_map(|event| folder.fold(event))
+            .map(|change| match change {
+                Change::Listed(all) => format!("listed {all:?}"),
+                Change::Applied(one) => format!("applied {one}"),
+                Change::Deleted(one) => format!("deleted {one}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_list_replaces_the_cache_at_once_and_only_when_complete() {
+        let changes = folded(vec![
+            Event::Init,
+            Event::InitApply(1),
+            Event::InitApply(2),
+            Event::InitDone,
+            Event::Apply(3),
+            Event::Delete(1),
+            // A relist that breaks off before its end says nothing; the
+            // next complete one replaces the cache.
+            Event::Init,
+            Event::InitApply(7),
+            Event::Init,
+            Event::InitApply(8),
+            Event::InitDone,
+        ]);
+        assert_eq!(
+            changes,
+            ["listed [1, 2]", "applied 3", "deleted 1", "listed [8]"]
+        );
+    }
+
+    #[test]
+    fn events_are_converted_as_they_come() {
+        let doubled = map_event(Event::InitApply(4_u32), |n| n * 2);
+        assert!(matches!(doubled, Event::InitApply(8)));
+    }
+}
