@@ -627,15 +627,28 @@ impl CopyIndex {
         Some(previous)
     }
 
-    /// Replace everything (after a full list); returns every rule UID seen before or after.
+    /// Replace everything (after a full list); returns every rule UID seen
+    /// before or after. A list that began before one of our own writes can
+    /// arrive after it: where it holds an older version of an object held
+    /// here, the held one stays (a pass would otherwise write it again
+    /// with a stale version, and meet 409s).
     pub fn replace_all(&mut self, objects: Vec<Arc<Object>>) -> HashSet<String> {
         let mut touched: HashSet<String> = self.by_rule.keys().map(|k| k.to_string()).collect();
-        self.by_namespace.clear();
+        let before = std::mem::take(&mut self.by_namespace);
+        let held: HashMap<&str, &Arc<Object>> = before
+            .values()
+            .flat_map(HashMap::values)
+            .map(|object| (object.uid.as_str(), object))
+            .collect();
         self.by_rule.clear();
         self.create_only_by_rule.clear();
         self.len = 0;
         for object in objects {
-            touched.extend(self.upsert(object));
+            let newest = match held.get(object.uid.as_str()) {
+                Some(held) if !object.is_not_older_than(held) => Arc::clone(held),
+                _ => object,
+            };
+            touched.extend(self.upsert(newest));
         }
         self.by_namespace.shrink_to_fit();
         self.by_rule.shrink_to_fit();
@@ -660,6 +673,27 @@ pub(crate) mod tests {
             BTreeMap::new(),
             BTreeMap::new(),
         )
+    }
+
+    #[test]
+    fn a_list_older_than_our_own_write_keeps_the_write() {
+        let mut index = CopyIndex::default();
+        let labels = [(crate::LABEL_RULE_UID, "rule-1")];
+        index.upsert_written(Arc::new(object("t1", "c", "copy-1", 20, &labels)));
+        index.upsert(Arc::new(object("t2", "c", "copy-2", 12, &labels)));
+        // The list began before the write at 20, and holds copy-2 as it is.
+        index.replace_all(vec![
+            Arc::new(object("t1", "c", "copy-1", 10, &labels)),
+            Arc::new(object("t2", "c", "copy-2", 12, &labels)),
+        ]);
+        let kept = index.get("t1", "c").map(|o| o.resource_version.to_string());
+        assert_eq!(kept.as_deref(), Some("20"), "our write stays");
+        assert_eq!(index.len(), 2);
+        // A copy the list no longer holds is gone, whatever was held.
+        index.replace_all(vec![Arc::new(object("t2", "c", "copy-2", 15, &labels))]);
+        assert!(index.get("t1", "c").is_none());
+        let newer = index.get("t2", "c").map(|o| o.resource_version.to_string());
+        assert_eq!(newer.as_deref(), Some("15"), "a newer list wins");
     }
 
     #[test]
