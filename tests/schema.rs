@@ -431,3 +431,135 @@ async fn schema_refuses_65_entries_where_64_is_the_limit() {
         refused(&t, &ns, &format!("{name}-65"), rule(65), &[field, "64"]).await;
     }
 }
+
+/// A rule whose spec holds `targets.clusters: clusters`.
+fn with_clusters(clusters: Value) -> Value {
+    json!({"spec": {
+        "ruleType": "secret",
+        "selector": {"copyrator": "true"},
+        "targets": {"include": ["team-*"], "clusters": clusters},
+    }})
+}
+
+/// `targets.clusters.names` are member names, DNS-1123 labels as the API
+/// server takes for names, at most 100 of them; `local: false` needs a
+/// member named or selected, or the rule would keep its copies nowhere
+/// (and prune every copy it has: refused before it can).
+#[tokio::test]
+async fn schema_refuses_target_clusters_that_name_nothing_valid() {
+    let t = TestNs::new("schema-clusters").await;
+    let ns = t.ns("op").await;
+    let bad_names = [
+        ("upper", "East".to_owned()),
+        ("underscore", "eu_west".to_owned()),
+        ("dot", "eu.west".to_owned()),
+        ("dash-start", "-east".to_owned()),
+        ("dash-end", "east-".to_owned()),
+        ("space", "east 1".to_owned()),
+        ("empty", String::new()),
+    ];
+    for (name, bad) in bad_names {
+        refused(
+            &t,
+            &ns,
+            &format!("name-{name}"),
+            with_clusters(json!({"names": ["ok", bad]})),
+            &["spec.targets.clusters.names[1]", "DNS-1123 label"],
+        )
+        .await;
+    }
+    refused(
+        &t,
+        &ns,
+        "name-64",
+        with_clusters(json!({"names": ["x".repeat(64)]})),
+        &["spec.targets.clusters.names[0]", "63"],
+    )
+    .await;
+    refused(
+        &t,
+        &ns,
+        "names-101",
+        with_clusters(json!({ "names": list_of(101, |i| format!("member-{i}")) })),
+        &["spec.targets.clusters.names", "100"],
+    )
+    .await;
+    for (name, clusters) in [
+        ("nowhere", json!({"local": false})),
+        ("nowhere-empty", json!({"local": false, "names": []})),
+    ] {
+        refused(
+            &t,
+            &ns,
+            name,
+            with_clusters(clusters),
+            &[
+                "spec.targets.clusters",
+                "local: false needs names or a selector",
+            ],
+        )
+        .await;
+    }
+    for (name, clusters, field) in [
+        (
+            "names-string",
+            json!({"names": "east"}),
+            "spec.targets.clusters.names",
+        ),
+        (
+            "local-string",
+            json!({"local": "no"}),
+            "spec.targets.clusters.local",
+        ),
+        (
+            "selector-value",
+            json!({"selector": {"matchLabels": {"region": 1}}}),
+            "spec.targets.clusters.selector.matchLabels",
+        ),
+        (
+            "selector-expressions",
+            json!({"selector": {"matchExpressions": {"key": "region"}}}),
+            "spec.targets.clusters.selector.matchExpressions",
+        ),
+    ] {
+        refused(&t, &ns, name, with_clusters(clusters), &[field]).await;
+    }
+}
+
+/// What `targets.clusters` takes: names at their limits, a label selector,
+/// both together, `local: false` beside a member, and an empty object.
+#[tokio::test]
+async fn schema_accepts_target_clusters_at_the_limits() {
+    let t = TestNs::new("schema-clusters-ok").await;
+    let ns = t.ns("op").await;
+    let mut names = list_of(99, |i| format!("member-{i}"));
+    if let Value::Array(names) = &mut names {
+        names.push(json!(format!("a{}9", "-".repeat(61))));
+    }
+    let selector = json!({
+        "matchLabels": {"region": "eu"},
+        "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["test"]}],
+    });
+    for (name, clusters) in [
+        ("names-100", json!({ "names": names })),
+        ("single-letter", json!({"names": ["a", "0"]})),
+        ("selector", json!({ "selector": selector })),
+        (
+            "union",
+            json!({"names": ["east"], "selector": selector, "local": true}),
+        ),
+        ("away-by-name", json!({"names": ["east"], "local": false})),
+        ("away-every-member", json!({"selector": {}, "local": false})),
+        ("home", json!({"local": true})),
+        ("empty", json!({})),
+    ] {
+        t.try_create_rule(&ns, name, with_clusters(clusters.clone()))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "the valid clusters {clusters} were refused: {}",
+                    err_msg(&e)
+                )
+            });
+    }
+}

@@ -308,4 +308,33 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn target_clusters_are_bounded() {
+        let schema = root_schema();
+        let clusters =
+            &schema["properties"]["spec"]["properties"]["targets"]["properties"]["clusters"];
+        let names = &clusters["properties"]["names"];
+        assert_eq!(names["maxItems"], json!(100));
+        assert_eq!(names["items"]["maxLength"], json!(63));
+        assert_eq!(
+            names["items"]["x-kubernetes-validations"]
+                .as_array()
+                .map(Vec::len),
+            Some(1),
+            "a DNS-1123 label"
+        );
+        assert_eq!(clusters["properties"]["local"]["type"], json!("boolean"));
+        assert!(
+            clusters["properties"]["selector"]["properties"]["matchExpressions"].is_object(),
+            "a label selector"
+        );
+        assert_eq!(
+            clusters["x-kubernetes-validations"]
+                .as_array()
+                .map(Vec::len),
+            Some(1),
+            "local: false needs a member"
+        );
+    }
 }

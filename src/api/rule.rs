@@ -183,6 +183,34 @@ pub struct Targets {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub exclude: Option<Vec<String>>,
+    /// Clusters that receive copies: this (home) cluster, and member
+    /// clusters by name or label. Default: this cluster alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusters: Option<TargetClusters>,
+}
+
+/// Which clusters receive copies, in the namespaces the other target
+/// fields select there. Sources are always read in this (home) cluster.
+/// A member is a target when `names` lists it or `selector` matches its
+/// labels (the union of both).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.local) || self.local || (has(self.names) && size(self.names) > 0) || has(self.selector)",
+    "message": "local: false needs names or a selector: a rule must keep its copies somewhere"
+}]))]
+pub struct TargetClusters {
+    /// Member clusters by name (DNS-1123 labels). At most 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::api::schema::cluster_names_schema")]
+    pub names: Option<Vec<String>>,
+    /// Label selector on member clusters (`matchLabels`, `matchExpressions`);
+    /// `{}` selects every member. Default: none by label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<K8sLabelSelector>,
+    /// This (home) cluster receives copies too. Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<bool>,
 }
 
 /// What a rule does when a target already has a foreign object of the same name.

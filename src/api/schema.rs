@@ -16,6 +16,9 @@ pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
 /// Source namespaces one rule may name: each is a watch of its own.
 pub const MAX_SOURCE_NAMESPACES: usize = 1000;
 
+/// Member clusters one rule may name in `targets.clusters.names`.
+pub const MAX_CLUSTER_NAMES: usize = 100;
+
 pub const SELECTOR_DESCRIPTION: &str = "Labels a source must carry, all of them (`{copyrator: \"true\"}`), or a label selector with `matchLabels` and `matchExpressions`.";
 
 /// Schema of `selector`: a plain map of labels or a full label selector.
@@ -179,5 +182,28 @@ pub fn rename_keys_schema(_: &mut SchemaGenerator) -> Schema {
                 "message": "two keys may not be renamed to the same key: a copy holds each key once"
             }
         ]
+    })
+}
+
+/// A DNS-1123 label, the form of a member cluster's name (and of a
+/// namespace's); its length (at most 63) is the schema's `maxLength`.
+const DNS_LABEL_RE: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+
+/// Schema of `targets.clusters.names`: member names as the operator knows
+/// its members, each a DNS-1123 label, so that a typo is refused at once.
+pub fn cluster_names_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": format!("Member clusters by name (DNS-1123 labels). At most {MAX_CLUSTER_NAMES}."),
+        "type": "array",
+        "nullable": true,
+        "maxItems": MAX_CLUSTER_NAMES,
+        "items": {
+            "type": "string",
+            "maxLength": 63,
+            "x-kubernetes-validations": [{
+                "rule": format!("self.matches('{DNS_LABEL_RE}')"),
+                "message": "a member cluster name must be a DNS-1123 label: 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit"
+            }]
+        }
     })
 }
