@@ -209,6 +209,12 @@ pub fn crd() -> Result<CustomResourceDefinition> {
                         "Copies another writer keeps changing back",
                     ),
                     wide_column(
+                        "Clusters",
+                        "string",
+                        ".status.clustersReady",
+                        "Member clusters ready, of those targeted (for a rule that names members)",
+                    ),
+                    wide_column(
                         "Reason",
                         "string",
                         ".status.conditions[?(@.type==\"Ready\")].reason",
@@ -310,7 +316,7 @@ mod tests {
     }
 
     #[test]
-    fn target_clusters_are_bounded() {
+    fn target_clusters_are_bounded_and_shown_wide() {
         let schema = root_schema();
         let clusters =
             &schema["properties"]["spec"]["properties"]["targets"]["properties"]["clusters"];
@@ -335,6 +341,30 @@ mod tests {
                 .map(Vec::len),
             Some(1),
             "local: false needs a member"
+        );
+        let status = &schema["properties"]["status"]["properties"];
+        assert_eq!(status["clustersReady"]["type"], json!("string"));
+        let cluster = &status["clusters"]["items"];
+        assert_eq!(cluster["required"], json!(["name", "ready"]));
+        for count in ["targetNamespaces", "copies", "conflicts"] {
+            assert_eq!(
+                cluster["properties"][count]["format"],
+                json!("int64"),
+                "{count}"
+            );
+        }
+        let crd = crd().unwrap();
+        let columns = crd.spec.versions[0]
+            .additional_printer_columns
+            .clone()
+            .unwrap_or_default();
+        let column = columns
+            .iter()
+            .find(|c| c.name == "Clusters")
+            .expect("a Clusters column");
+        assert_eq!(
+            (column.json_path.as_str(), column.priority),
+            (".status.clustersReady", Some(1))
         );
     }
 }

@@ -354,6 +354,43 @@ pub struct RuleStatus {
     /// When the operator last changed a copy or this status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync_time: Option<String>,
+    /// For a rule whose `targets.clusters` names member clusters: each
+    /// member it targets, and how its copies there stand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusters: Option<Vec<ClusterStatus>>,
+    /// For a rule whose `targets.clusters` names member clusters: the
+    /// targeted members that are ready, of all targeted (`2/3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusters_ready: Option<String>,
+}
+
+/// How a rule's copies stand in one member cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    /// The member cluster's name.
+    pub name: String,
+    /// Whether every copy the rule asks for there is in place.
+    pub ready: bool,
+    /// One word for why it is not ready (or how it is), as the `Ready`
+    /// condition's reasons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What happened there, for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Namespaces there that receive copies.
+    #[serde(default)]
+    #[schemars(schema_with = "crate::api::schema::count_schema")]
+    pub target_namespaces: u32,
+    /// Copies there in place and up to date.
+    #[serde(default)]
+    #[schemars(schema_with = "crate::api::schema::count_schema")]
+    pub copies: u32,
+    /// Copies there not made because of a conflict.
+    #[serde(default)]
+    #[schemars(schema_with = "crate::api::schema::count_schema")]
+    pub conflicts: u32,
 }
 
 fn is_zero(n: &i64) -> bool {

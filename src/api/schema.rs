@@ -207,3 +207,14 @@ pub fn cluster_names_schema(_: &mut SchemaGenerator) -> Schema {
         }
     })
 }
+
+/// Schema of a count kept as `u32`: an `int64` that fits one, the format
+/// the API server knows (it warns of `uint32`).
+pub fn count_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "integer",
+        "format": "int64",
+        "minimum": 0,
+        "maximum": u32::MAX
+    })
+}

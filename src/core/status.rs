@@ -67,6 +67,8 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
         refused_source_count,
         refused_sources,
         last_sync_time: previous.and_then(|s| s.last_sync_time.clone()),
+        clusters: None,
+        clusters_ready: None,
     };
     if previous.is_none_or(|p| !same_content(p, &next)) {
         next.last_sync_time = Some(now.to_string());
