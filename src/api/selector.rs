@@ -163,6 +163,19 @@ fn is_name_segment(s: &str, max: usize) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
+/// A DNS-1123 label: 1-63 lowercase letters, digits or `-`, starting and
+/// ending with a letter or digit (a namespace's name, a member cluster's).
+pub fn is_dns_label(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    !s.is_empty()
+        && s.len() <= 63
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+}
+
 fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
@@ -476,5 +489,15 @@ mod tests {
         let g = KeyGlob::new("argocd.argoproj.io/*").unwrap();
         assert!(g.matches("argocd.argoproj.io/instance"));
         assert!(!g.matches("argocd.argoproj.io"));
+    }
+
+    #[test]
+    fn dns_labels_are_what_the_api_server_takes_as_names() {
+        for good in ["a", "team-a", "0", "a1-b2", &"x".repeat(63)] {
+            assert!(is_dns_label(good), "{good:?}");
+        }
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", "é", &"x".repeat(64)] {
+            assert!(!is_dns_label(bad), "{bad:?}");
+        }
     }
 }

@@ -86,6 +86,18 @@ pub struct Settings {
     #[arg(long, env = "ALL_NAMESPACES", default_value_t = false, global = true)]
     pub all_namespaces: bool,
 
+    /// Let a tenant rule (one outside the operator's namespace, under
+    /// --all-namespaces) keep copies in member clusters
+    /// (`targets.clusters.names` or `.selector`); without it such a rule is
+    /// refused (`Forbidden`).
+    #[arg(
+        long,
+        env = "ALLOW_TENANT_CLUSTERS",
+        default_value_t = false,
+        global = true
+    )]
+    pub allow_tenant_clusters: bool,
+
     /// Log filter: a level (error, warn, info, debug, trace) or tracing
     /// env-filter directives such as `copyrator=debug,kube=info`.
     #[arg(long, env = "LOG_LEVEL", default_value = "info", global = true)]
@@ -217,6 +229,7 @@ impl Settings {
             ),
             operator_namespace: self.namespace.clone(),
             all_namespaces: self.all_namespaces,
+            allow_tenant_clusters: self.allow_tenant_clusters,
         }
     }
 
@@ -307,6 +320,10 @@ mod tests {
         ));
         assert_eq!(cli.settings.namespace, "ops");
         assert!(cli.settings.all_namespaces);
+        assert!(!cli.settings.allow_tenant_clusters);
+        assert!(!cli.settings.trust().allow_tenant_clusters);
+        let cli = Cli::try_parse_from(["copyrator", "--allow-tenant-clusters"]).unwrap();
+        assert!(cli.settings.trust().allow_tenant_clusters);
         let cli = Cli::try_parse_from([
             "copyrator",
             "plan",

@@ -3,15 +3,17 @@
 //! types and namespaces they may copy, and what a rule's fields mean once
 //! both of the resource's shapes are merged and defaults applied.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde_json::Value;
 
 use crate::api::kinds::{DeniedKinds, EnabledKinds, Kind};
 use crate::api::rule::*;
-use crate::api::schema::{MAX_ANNOTATION_BYTES, MAX_SOURCE_NAMESPACES, MAX_TRANSFORM_ENTRIES};
-use crate::api::selector::{Glob, KeyGlob, LabelSelector, validate_data_key};
+use crate::api::schema::{
+    MAX_ANNOTATION_BYTES, MAX_CLUSTER_NAMES, MAX_SOURCE_NAMESPACES, MAX_TRANSFORM_ENTRIES,
+};
+use crate::api::selector::{Glob, KeyGlob, LabelSelector, is_dns_label, validate_data_key};
 
 /// Which rules this operator honours, and where they may copy from.
 #[derive(Clone, Debug)]
@@ -22,15 +24,21 @@ pub struct Trust {
     pub all_namespaces: bool,
     /// What the settings allow every rule.
     pub policy: Arc<CopyPolicy>,
+    /// Let tenant rules keep copies in member clusters
+    /// (`--allow-tenant-clusters`); without it, a tenant rule that names
+    /// members is `Forbidden`.
+    pub allow_tenant_clusters: bool,
 }
 
 impl Trust {
-    /// The defaults: protected namespaces, tracking keys and Secret types as shipped.
+    /// The defaults: protected namespaces, tracking keys and Secret types
+    /// as shipped; tenant rules keep to the home cluster.
     pub fn new(operator_namespace: &str, all_namespaces: bool) -> Self {
         Self {
             operator_namespace: operator_namespace.to_owned(),
             all_namespaces,
             policy: Arc::new(CopyPolicy::defaults(operator_namespace)),
+            allow_tenant_clusters: false,
         }
     }
 }
@@ -212,6 +220,91 @@ impl TargetSelector {
     }
 }
 
+/// The clusters a rule keeps copies in, validated: its home cluster (the
+/// one it lives in, where its sources are read) when `local`, and the
+/// member clusters that `names` lists or `selector` matches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterTargets {
+    /// Members by name.
+    pub names: BTreeSet<String>,
+    /// Members by label; an empty selector matches every member.
+    pub selector: Option<LabelSelector>,
+    /// The home cluster receives copies too.
+    pub local: bool,
+}
+
+impl Default for ClusterTargets {
+    fn default() -> Self {
+        Self::home_only()
+    }
+}
+
+impl ClusterTargets {
+    /// The home cluster alone: a rule without `targets.clusters`.
+    pub fn home_only() -> Self {
+        Self {
+            names: BTreeSet::new(),
+            selector: None,
+            local: true,
+        }
+    }
+
+    /// Whether the member `member_name`, with these labels, is a target:
+    /// `names` lists it or `selector` matches it. Says nothing of the home
+    /// cluster, which `local` decides.
+    pub fn selects(&self, member_name: &str, member_labels: &BTreeMap<String, String>) -> bool {
+        self.names.contains(member_name)
+            || self
+                .selector
+                .as_ref()
+                .is_some_and(|s| s.matches(member_labels))
+    }
+
+    /// Whether any member can be a target: the rule names members or
+    /// selects them by label.
+    pub fn names_members(&self) -> bool {
+        !self.names.is_empty() || self.selector.is_some()
+    }
+
+    /// `targets.clusters`, its names and selector checked; absent, the
+    /// home cluster alone.
+    fn resolve(clusters: Option<TargetClusters>) -> Result<Self, InvalidRule> {
+        let Some(clusters) = clusters else {
+            return Ok(Self::home_only());
+        };
+        let names = clusters.names.unwrap_or_default();
+        if names.len() > MAX_CLUSTER_NAMES {
+            return Err(InvalidRule::invalid(format!(
+                "targets.clusters.names: the list holds {} names; at most {MAX_CLUSTER_NAMES} are allowed",
+                names.len()
+            )));
+        }
+        if let Some(bad) = names.iter().find(|name| !is_dns_label(name)) {
+            return Err(InvalidRule::invalid(format!(
+                "targets.clusters.names: {bad:?} is not a member cluster name (a DNS-1123 label: 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit)"
+            )));
+        }
+        let selector = match clusters.selector {
+            Some(s) => Some(
+                LabelSelector::from_k8s(&s)
+                    .map_err(|e| InvalidRule::invalid(format!("targets.clusters.selector: {e}")))?,
+            ),
+            None => None,
+        };
+        let resolved = Self {
+            names: names.into_iter().collect(),
+            selector,
+            local: clusters.local.unwrap_or(true),
+        };
+        if !resolved.local && !resolved.names_members() {
+            return Err(InvalidRule::invalid(
+                "targets.clusters: local is false and no member is named or selected: the rule would keep its copies nowhere",
+            ));
+        }
+        Ok(resolved)
+    }
+}
+
 /// Label, annotation and data key changes, validated.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ResolvedTransform {
@@ -342,6 +435,8 @@ pub struct ResolvedRule {
     /// Sorted; the first source namespace wins when two sources share a name.
     pub source_namespaces: Vec<String>,
     pub targets: TargetSelector,
+    /// The clusters that receive copies, in the namespaces `targets` selects.
+    pub clusters: ClusterTargets,
     pub prune: bool,
     pub conflict_policy: ConflictPolicy,
     pub sync_policy: SyncPolicy,
@@ -404,6 +499,22 @@ fn check_tenant_spec(kind: Kind, spec: &RuleSpec, trust: &Trust) -> Result<(), I
     Ok(())
 }
 
+/// Why a tenant rule may not keep copies in member clusters unless the
+/// operator allows it (`--allow-tenant-clusters`): consent is given by
+/// the namespaces of the home cluster, and a member's owners gave none.
+fn check_tenant_clusters(clusters: &ClusterTargets, trust: &Trust) -> Result<(), InvalidRule> {
+    if clusters.names_members() && !trust.allow_tenant_clusters {
+        return Err(InvalidRule {
+            reason: "Forbidden",
+            message: format!(
+                "a rule outside the operator's namespace {:?} may not copy into member clusters (targets.clusters.names or .selector); the operator's --allow-tenant-clusters setting allows it",
+                trust.operator_namespace
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The kind `objectType` names, once discovery has registered it.
 fn object_type_kind(object_type: &ObjectType, policy: &CopyPolicy) -> Result<Kind, InvalidRule> {
     if let Some(refusal) = object_type.refusal(policy) {
@@ -449,7 +560,12 @@ impl CopyratorRule {
         if tenant {
             check_tenant_spec(kind, &spec, trust)?;
         }
-        let targets = TargetSelector::resolve(spec.targets.unwrap_or_default())?;
+        let mut targets = spec.targets.unwrap_or_default();
+        let clusters = ClusterTargets::resolve(targets.clusters.take())?;
+        if tenant {
+            check_tenant_clusters(&clusters, trust)?;
+        }
+        let targets = TargetSelector::resolve(targets)?;
         let transform = ResolvedTransform::resolve(spec.transform.unwrap_or_default(), kind)?;
 
         Ok(ResolvedRule {
@@ -459,6 +575,7 @@ impl CopyratorRule {
             selector,
             source_namespaces,
             targets,
+            clusters,
             prune: spec.prune.unwrap_or(true),
             conflict_policy: spec.conflict_policy.unwrap_or_default(),
             sync_policy: spec.sync_policy.or(self.sync_policy).unwrap_or_default(),
@@ -612,17 +729,8 @@ fn parse_namespaces(value: &Value) -> Result<Vec<String>, String> {
             names.len()
         ));
     }
-    for name in &names {
-        let valid = !name.is_empty()
-            && name.len() <= 63
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !name.starts_with('-')
-            && !name.ends_with('-');
-        if !valid {
-            return Err(format!("namespace: {name:?} is not a valid namespace name"));
-        }
+    if let Some(name) = names.iter().find(|name| !is_dns_label(name)) {
+        return Err(format!("namespace: {name:?} is not a valid namespace name"));
     }
     let mut names = names;
     names.sort();
@@ -1065,5 +1173,184 @@ mod tests {
             operator_rule.resolve(&all).is_ok(),
             "the operator's namespace may copy from anywhere"
         );
+    }
+
+    /// A rule in `namespace` whose spec holds `targets.clusters: clusters`.
+    fn with_clusters(namespace: &str, clusters: Value) -> CopyratorRule {
+        rule(json!({
+            "metadata": {"name": "r", "namespace": namespace},
+            "spec": {"ruleType": "secret", "selector": {"a": "b"}, "targets": {"include": ["team-*"], "clusters": clusters}}
+        }))
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn without_clusters_a_rule_keeps_to_its_home_cluster() {
+        let r = rule(json!({
+            "metadata": {"name": "r", "namespace": "copyrator"},
+            "ruleType": "secret", "selector": {"a": "b"}
+        }));
+        let resolved = r.resolve(&trust()).unwrap();
+        assert_eq!(resolved.clusters, ClusterTargets::home_only());
+        assert_eq!(ClusterTargets::default(), ClusterTargets::home_only());
+        assert!(resolved.clusters.local);
+        assert!(!resolved.clusters.names_members());
+        assert!(
+            !resolved
+                .clusters
+                .selects("east", &labels(&[("region", "eu")]))
+        );
+        // An empty clusters object, or one that only says local, is the same.
+        for clusters in [json!({}), json!({"local": true}), json!({"names": []})] {
+            let resolved = with_clusters("copyrator", clusters.clone())
+                .resolve(&trust())
+                .unwrap();
+            assert_eq!(resolved.clusters, ClusterTargets::home_only(), "{clusters}");
+            assert_eq!(
+                resolved.targets.include.len(),
+                1,
+                "the namespace targets stay"
+            );
+        }
+    }
+
+    #[test]
+    fn clusters_by_name_and_by_label_are_a_union() {
+        let resolved = with_clusters(
+            "copyrator",
+            json!({
+                "names": ["west", "east", "west"],
+                "selector": {"matchLabels": {"region": "eu"}, "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["test"]}]}
+            }),
+        )
+        .resolve(&trust())
+        .unwrap();
+        let clusters = &resolved.clusters;
+        assert_eq!(
+            clusters.names.iter().collect::<Vec<_>>(),
+            ["east", "west"],
+            "sorted, once each"
+        );
+        assert!(clusters.local, "local defaults to true");
+        assert!(clusters.names_members());
+        let none = labels(&[]);
+        assert!(
+            clusters.selects("west", &none),
+            "by name, whatever its labels"
+        );
+        assert!(clusters.selects("north", &labels(&[("region", "eu")])));
+        assert!(!clusters.selects("north", &labels(&[("region", "eu"), ("tier", "test")])));
+        assert!(!clusters.selects("south", &labels(&[("region", "us")])));
+        // `{}` selects every member; a selector alone names members.
+        let every = with_clusters("copyrator", json!({"selector": {}, "local": false}))
+            .resolve(&trust())
+            .unwrap()
+            .clusters;
+        assert!(every.names_members() && !every.local);
+        assert!(every.selects("any", &none));
+    }
+
+    #[test]
+    fn bad_clusters_are_invalid() {
+        let too_many: Vec<String> = (0..=MAX_CLUSTER_NAMES).map(|i| format!("m{i}")).collect();
+        let cases = [
+            (
+                json!({"names": ["Bad_Name"]}),
+                "targets.clusters.names: \"Bad_Name\" is not a member cluster name",
+            ),
+            (json!({"names": [""]}), "is not a member cluster name"),
+            (
+                json!({"names": ["x".repeat(64)]}),
+                "is not a member cluster name",
+            ),
+            (
+                json!({"names": too_many}),
+                "the list holds 101 names; at most 100",
+            ),
+            (
+                json!({"selector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}),
+                "targets.clusters.selector: matchExpressions",
+            ),
+            (
+                json!({"selector": {"matchLabels": {"bad key": "x"}}}),
+                "targets.clusters.selector",
+            ),
+            (json!({"local": false}), "keep its copies nowhere"),
+            (
+                json!({"local": false, "names": []}),
+                "keep its copies nowhere",
+            ),
+        ];
+        for (clusters, expected) in cases {
+            let err = with_clusters("copyrator", clusters.clone())
+                .resolve(&trust())
+                .unwrap_err();
+            assert_eq!(err.reason, "InvalidRule", "{clusters}");
+            assert!(
+                err.message.contains(expected),
+                "{clusters}: {} lacks {expected:?}",
+                err.message
+            );
+        }
+        let at_limit: Vec<String> = (0..MAX_CLUSTER_NAMES).map(|i| format!("m{i}")).collect();
+        let resolved = with_clusters("copyrator", json!({"names": at_limit}))
+            .resolve(&trust())
+            .unwrap();
+        assert_eq!(resolved.clusters.names.len(), MAX_CLUSTER_NAMES);
+    }
+
+    #[test]
+    fn a_tenant_rule_reaches_member_clusters_only_when_allowed() {
+        let tenants = Trust::new("copyrator", true);
+        let mut allowing = tenants.clone();
+        allowing.allow_tenant_clusters = true;
+        let naming = [
+            json!({"names": ["east"]}),
+            json!({"selector": {"matchLabels": {"region": "eu"}}}),
+            json!({"selector": {}, "local": false}),
+        ];
+        for clusters in &naming {
+            let err = with_clusters("team-a", clusters.clone())
+                .resolve(&tenants)
+                .unwrap_err();
+            assert_eq!(err.reason, "Forbidden", "{clusters}");
+            assert!(
+                err.message.contains("may not copy into member clusters")
+                    && err.message.contains("--allow-tenant-clusters")
+                    && err.message.contains("\"copyrator\""),
+                "{}",
+                err.message
+            );
+            let resolved = with_clusters("team-a", clusters.clone())
+                .resolve(&allowing)
+                .expect("allowed by the setting");
+            assert!(resolved.tenant && resolved.clusters.names_members());
+        }
+        // Home alone is no member: a tenant may say so.
+        for clusters in [json!({}), json!({"local": true})] {
+            let resolved = with_clusters("team-a", clusters).resolve(&tenants).unwrap();
+            assert_eq!(resolved.clusters, ClusterTargets::home_only());
+        }
+        // The operator's own namespace, or any rule without
+        // --all-namespaces, is no tenant.
+        for (namespace, trust) in [("copyrator", &tenants), ("team-a", &trust())] {
+            assert!(
+                with_clusters(namespace, naming[0].clone())
+                    .resolve(trust)
+                    .is_ok(),
+                "{namespace}"
+            );
+        }
+        // What is invalid is said before what is forbidden.
+        let err = with_clusters("team-a", json!({"names": ["Bad"]}))
+            .resolve(&tenants)
+            .unwrap_err();
+        assert_eq!(err.reason, "InvalidRule");
     }
 }

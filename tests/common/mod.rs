@@ -1459,6 +1459,7 @@ pub const OPERATOR_ENV: &[&str] = &[
     "NAMESPACE",
     "RULE_NAME",
     "ALL_NAMESPACES",
+    "ALLOW_TENANT_CLUSTERS",
     "LOG_LEVEL",
     "LOG_FORMAT",
     "LISTEN_ADDRESS",
