@@ -413,6 +413,16 @@ fn exclusion(rule: &ResolvedRule, name: &str, info: &NamespaceInfo) -> Option<Ex
     (!allowed).then_some(Exclusion::Protected)
 }
 
+/// Whether `rule` targets the home namespace `name`, with these labels:
+/// its targets match it and the rule keeps copies at home at all
+/// (`targets.clusters.local`). Under `local: false` no home namespace is a
+/// target, so the rule's home copies are pruned as in namespaces that
+/// stopped matching (when `prune`), and none counts as left out: the rule
+/// never asked for them, and naming each would be noise.
+fn targets_at_home(rule: &ResolvedRule, name: &str, labels: &BTreeMap<String, String>) -> bool {
+    rule.clusters.local && rule.targets.matches(name, labels)
+}
+
 /// The namespaces a rule targets (terminating ones included), and how many
 /// more it would target but for their protection or their consent.
 pub fn target_namespaces<'a>(
@@ -422,7 +432,7 @@ pub fn target_namespaces<'a>(
     let mut left_out = LeftOut::default();
     let targets = namespaces
         .iter()
-        .filter(|(name, info)| rule.targets.matches(name, &info.labels))
+        .filter(|(name, info)| targets_at_home(rule, name, &info.labels))
         .filter(|(name, info)| {
             let Some(exclusion) = exclusion(rule, name, info) else {
                 return true;
@@ -449,7 +459,7 @@ pub fn left_out_namespaces<'a>(
     namespaces
         .iter()
         .filter(|(name, info)| {
-            rule.targets.matches(name, &info.labels) && !rule.source_namespaces.contains(name)
+            targets_at_home(rule, name, &info.labels) && !rule.source_namespaces.contains(name)
         })
         .filter_map(|(name, info)| exclusion(rule, name, info).map(|e| (name.as_str(), e)))
         .collect()
@@ -459,6 +469,8 @@ pub fn left_out_namespaces<'a>(
 /// either absent when it was created or deleted) may change what `rule`
 /// does: it holds the rule's sources, or the rule targets it before or
 /// after (its labels or consent changed). Other rules need no pass.
+/// Under `targets.clusters.local: false` a namespace the targets match
+/// still concerns the rule: a pass there prunes what the rule left in it.
 pub fn concerns_namespace(
     rule: &ResolvedRule,
     name: &str,
@@ -2452,6 +2464,140 @@ pub mod tests {
             verbs(&w.plan(&narrow)),
             vec![("team-b".into(), "cm".into(), "delete")]
         );
+    }
+
+    /// A rule whose spec holds `extra` and `targets.clusters: clusters`.
+    fn rule_with_clusters(extra: Value, clusters: Value) -> ResolvedRule {
+        let mut spec = extra;
+        spec["targets"] = json!({ "clusters": clusters });
+        rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": spec}))
+    }
+
+    /// A world whose two ordinary namespaces hold a copy of `src/cm` each,
+    /// made by `simple_rule`, and which has a protected namespace too.
+    fn world_with_home_copies() -> World {
+        let mut w = World::new(&["src", "a", "b", "kube-system"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let p = w.plan(&simple_rule());
+        w.apply(&p);
+        w
+    }
+
+    #[test]
+    fn a_rule_that_keeps_its_home_cluster_plans_as_before() {
+        let w = world_with_home_copies();
+        for clusters in [
+            json!({}),
+            json!({"local": true}),
+            json!({"names": ["east"]}),
+            json!({"selector": {"matchLabels": {"region": "eu"}}, "local": true}),
+        ] {
+            let r = rule_with_clusters(json!({}), clusters.clone());
+            assert!(r.clusters.local, "{clusters}");
+            let p = w.plan(&r);
+            assert!(p.actions.is_empty(), "{clusters}: {:?}", p.actions);
+            assert_eq!(
+                (
+                    p.target_namespaces,
+                    p.places,
+                    p.in_place,
+                    p.protected_namespaces
+                ),
+                (2, 2, 2, 1),
+                "{clusters}"
+            );
+            assert_eq!(
+                left_out_namespaces(&r, &w.namespaces),
+                [("kube-system", Exclusion::Protected)],
+                "{clusters}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_rule_that_leaves_its_home_cluster_prunes_its_copies_there() {
+        let mut w = world_with_home_copies();
+        let away = rule_with_clusters(json!({}), json!({"local": false, "names": ["east"]}));
+        let p = w.plan(&away);
+        assert_eq!(
+            verbs(&p),
+            vec![
+                ("a".into(), "cm".into(), "delete"),
+                ("b".into(), "cm".into(), "delete")
+            ]
+        );
+        assert!(
+            p.actions.iter().all(|a| matches!(
+                a,
+                Action::Delete {
+                    reason: DeleteReason::Pruned,
+                    ..
+                }
+            )),
+            "{:?}",
+            p.actions
+        );
+        // Its sources are still home; no home namespace is a target, and
+        // none is named as left out.
+        assert_eq!(
+            (
+                p.sources,
+                p.target_namespaces,
+                p.places,
+                p.desired,
+                p.protected_namespaces,
+                p.not_accepting_namespaces
+            ),
+            (1, 0, 0, 0, 0, 0)
+        );
+        assert!(left_out_namespaces(&away, &w.namespaces).is_empty());
+        // A pass over one namespace prunes there alone.
+        let mut scope = Scope::default();
+        scope.add(Touch::Namespace("a".into()));
+        assert_eq!(
+            verbs(&w.plan_within(&away, &scope)),
+            vec![("a".into(), "cm".into(), "delete")]
+        );
+        w.apply(&p);
+        assert!(w.plan(&away).actions.is_empty());
+        // Back home, the copies are made again.
+        assert_eq!(
+            verbs(&w.plan(&simple_rule())),
+            vec![
+                ("a".into(), "cm".into(), "create"),
+                ("b".into(), "cm".into(), "create")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_rule_that_leaves_its_home_cluster_without_prune_keeps_its_copies_there() {
+        let w = world_with_home_copies();
+        let keep = rule_with_clusters(
+            json!({"prune": false}),
+            json!({"local": false, "selector": {}}),
+        );
+        let p = w.plan(&keep);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!((p.target_namespaces, p.desired), (0, 0));
+    }
+
+    #[test]
+    fn a_tenant_rule_away_from_home_counts_no_namespace_as_not_accepting() {
+        let w = World::new(&["team-a", "closed", "other"]);
+        let mut value = json!({"ruleType": "configmap", "selector": {"copy": "yes"}});
+        value["metadata"] = json!({"name": "r", "namespace": "team-a", "uid": "rule-1"});
+        let mut trust = Trust::new("ops", true);
+        trust.allow_tenant_clusters = true;
+        let home: CopyratorRule = serde_json::from_value(value.clone()).unwrap();
+        let home = home.resolve(&trust).unwrap();
+        assert_eq!(w.plan(&home).not_accepting_namespaces, 2);
+        value["spec"] = json!({"targets": {"clusters": {"local": false, "names": ["east"]}}});
+        let away: CopyratorRule = serde_json::from_value(value).unwrap();
+        let away = away.resolve(&trust).unwrap();
+        assert!(away.tenant);
+        assert_eq!(w.plan(&away).not_accepting_namespaces, 0);
+        assert!(left_out_namespaces(&away, &w.namespaces).is_empty());
     }
 
     /// A pass over what a change touched plans exactly the writes a pass
