@@ -29,6 +29,9 @@ pub const FIELD_MANAGER: &str = "copyrator";
 pub const FINALIZER: &str = "copyrator.flant.com/cleanup";
 /// Label on every copy; `managed-by` is the convention other tools read.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// On a Secret in the operator's namespace that holds a member cluster's
+/// kubeconfig (Cluster API's layout): the member's name.
+pub const LABEL_CLUSTER: &str = "copyrator.flant.com/cluster";
 /// Ties a copy to the rule that made it (the rule's UID).
 pub const LABEL_RULE_UID: &str = "copyrator.flant.com/rule-uid";
 /// On a copy created under `syncPolicy: CreateOnly`, with the value

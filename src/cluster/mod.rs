@@ -1,8 +1,10 @@
 //! All that talks to one API server: the clients and their pacing, the
-//! writer, the Lease, and the shared source watches.
+//! writer, the Lease, and the shared source watches; and the inventory of
+//! member clusters, read into what their clients are built from.
 
 pub mod client;
 pub mod context;
+pub mod inventory;
 pub mod leader;
 pub mod ratelimit;
 pub mod sources;

@@ -1,0 +1,1473 @@
+//! The inventory of member clusters, read without a client: each member's
+//! name, labels and connection (a `kube::Config`) from one of two layouts
+//! in the operator's namespace, and a fingerprint of that connection.
+//!
+//! - Cluster API's: a Secret labelled `copyrator.flant.com/cluster: NAME`
+//!   ([`crate::LABEL_CLUSTER`]) holding a kubeconfig under the data key
+//!   `value` ([`from_cluster_secret`]).
+//! - SIG Multicluster's: a ClusterProfile (KEP-4322,
+//!   `multicluster.x-k8s.io/v1alpha1`) whose `status.accessProviders`
+//!   give the server and CA, and a Secret holding the bearer token under
+//!   the data key `token`, as KEP-5339's secret reader keeps it
+//!   ([`from_cluster_profile`], [`token_secret_name`]).
+//!
+//! Only what a kubeconfig holds inline is used. A user that gets its
+//! credentials from a command (`exec`) or a plugin (`auth-provider`) is
+//! refused before kube sees it, so nothing an inventory names ever runs;
+//! so is anything that names a file (the operator's Pod has none of
+//! them) and a proxy (the operator's client does not use one). Credential
+//! values never reach a message or `Debug`: a parser's words are withheld
+//! where they could quote the data.
+//!
+//! Which Secrets and profiles to read, and what to do with a member whose
+//! fingerprint changed, is the watcher's business; this module reads one.
+
+use std::collections::BTreeMap;
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::OnceLock;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{ApiResource, DynamicObject};
+use kube::client::{ConfigExt, RustlsTlsError};
+use kube::config::{
+    AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, KubeconfigError, LoadDataError,
+    NamedAuthInfo, NamedCluster, NamedContext,
+};
+use kube::core::GroupVersionKind;
+use secrecy::{ExposeSecret, SecretString};
+use serde_json::Value;
+
+/// The data key of a cluster Secret that holds the kubeconfig (Cluster
+/// API's `<cluster>-kubeconfig` Secrets use the same key).
+pub const KUBECONFIG_KEY: &str = "value";
+/// The data key of a token Secret (KEP-5339's secret reader).
+pub const TOKEN_KEY: &str = "token";
+/// The access provider KEP-5339's secret reader serves; a profile's
+/// provider of that name is preferred (see [`from_cluster_profile`]).
+pub const SECRET_READER: &str = "secretreader";
+/// The cluster extension that carries an exec plugin's per-cluster
+/// configuration; the secret reader takes the Secret's name from its
+/// `clusterName`.
+pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
+
+pub const CLUSTER_PROFILE_GROUP: &str = "multicluster.x-k8s.io";
+pub const CLUSTER_PROFILE_VERSION: &str = "v1alpha1";
+pub const CLUSTER_PROFILE_KIND: &str = "ClusterProfile";
+pub const CLUSTER_PROFILE_PLURAL: &str = "clusterprofiles";
+
+/// The ClusterProfile resource, for an `Api<DynamicObject>`.
+pub fn cluster_profile_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            CLUSTER_PROFILE_GROUP,
+            CLUSTER_PROFILE_VERSION,
+            CLUSTER_PROFILE_KIND,
+        ),
+        CLUSTER_PROFILE_PLURAL,
+    )
+}
+
+/// Which layout of the inventory a member was read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InventorySource {
+    /// A Secret labelled [`crate::LABEL_CLUSTER`] holding a kubeconfig.
+    Secret,
+    /// A ClusterProfile and its token Secret.
+    ClusterProfile,
+}
+
+/// Why a member cannot be reached: `reason` is a word for a condition or
+/// an Event, `message` a sentence for the user. Neither holds a credential.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unusable {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Unusable {
+    /// The member's name is empty (the label's value, or the profile's name).
+    pub const NAME_INVALID: &'static str = "NameInvalid";
+    /// The cluster Secret has no data key `value`.
+    pub const KUBECONFIG_MISSING: &'static str = "KubeconfigMissing";
+    /// The kubeconfig does not parse, names no usable context, or what it
+    /// holds (server, CA, client certificate) cannot be used.
+    pub const KUBECONFIG_INVALID: &'static str = "KubeconfigInvalid";
+    /// The user gets its credentials from `exec` or `auth-provider`.
+    pub const EXEC_CREDENTIALS_UNSUPPORTED: &'static str = "ExecCredentialsUnsupported";
+    /// A file is named where only inline data is accepted.
+    pub const FILE_REFERENCE_UNSUPPORTED: &'static str = "FileReferenceUnsupported";
+    /// The cluster entry names a `proxy-url`.
+    pub const PROXY_UNSUPPORTED: &'static str = "ProxyUnsupported";
+    /// The profile lists no access provider with a `cluster.server`.
+    pub const NO_ACCESS_PROVIDER: &'static str = "NoAccessProvider";
+    /// The chosen access provider's cluster (server, CA) cannot be used.
+    pub const ACCESS_PROVIDER_INVALID: &'static str = "AccessProviderInvalid";
+    /// No token Secret, or one without a non-empty data key `token`.
+    pub const TOKEN_MISSING: &'static str = "TokenMissing";
+    /// A token that an HTTP header cannot carry (not text, a line break).
+    pub const TOKEN_INVALID: &'static str = "TokenInvalid";
+
+    fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Unusable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.reason, self.message)
+    }
+}
+
+impl std::error::Error for Unusable {}
+
+/// One member of the inventory, as read from its source.
+#[derive(Clone)]
+pub struct MemberAccess {
+    /// The member's name: the label's value, or the profile's name.
+    pub name: String,
+    /// Its labels, for rules' cluster selectors: the Secret's or the profile's.
+    pub labels: BTreeMap<String, String>,
+    pub from: InventorySource,
+    /// What a client for the member is built from, or why there is none.
+    pub config: Result<kube::Config, Unusable>,
+    /// A hash of all that the connection depends on (server, CA, TLS
+    /// settings, credentials) and nothing else: a watcher that sees it
+    /// unchanged keeps its client through a change of labels, and one that
+    /// sees it change builds a new one, without holding the credentials to
+    /// compare. Its keys are drawn once per process, so it is comparable
+    /// only within one process, and a logged fingerprint cannot be used to
+    /// test guesses of a password.
+    pub fingerprint: u64,
+}
+
+impl MemberAccess {
+    fn new(
+        name: String,
+        labels: BTreeMap<String, String>,
+        from: InventorySource,
+        config: Result<kube::Config, Unusable>,
+    ) -> Self {
+        let fingerprint = fingerprint(&config);
+        Self {
+            name,
+            labels,
+            from,
+            config,
+            fingerprint,
+        }
+    }
+}
+
+// Credentials never reach a log line: the connection shows where it leads
+// and which kinds of credentials it carries, never their values.
+impl fmt::Debug for MemberAccess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = f.debug_struct("MemberAccess");
+        out.field("name", &self.name)
+            .field("labels", &self.labels)
+            .field("from", &self.from);
+        match &self.config {
+            Ok(config) => out.field("config", &Ok::<_, ()>(Connection(config))),
+            Err(unusable) => out.field("config", &Err::<(), _>(unusable)),
+        };
+        out.field("fingerprint", &format_args!("{:016x}", self.fingerprint))
+            .finish()
+    }
+}
+
+/// A `kube::Config` shown without its credentials.
+struct Connection<'a>(&'a kube::Config);
+
+impl fmt::Debug for Connection<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let config = self.0;
+        let uri = &config.cluster_url;
+        // Only scheme, host and port: a URL could carry a user and password.
+        let server = format!(
+            "{}://{}{}",
+            uri.scheme_str().unwrap_or_default(),
+            uri.host().unwrap_or_default(),
+            uri.port_u16().map(|p| format!(":{p}")).unwrap_or_default()
+        );
+        f.debug_struct("Config")
+            .field("server", &server)
+            .field("tls_server_name", &config.tls_server_name)
+            .field("accept_invalid_certs", &config.accept_invalid_certs)
+            .field("root_certs", &config.root_cert.as_ref().map_or(0, Vec::len))
+            .field("credentials", &credential_kinds(&config.auth_info))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The kinds of credentials a user carries, by name.
+fn credential_kinds(user: &AuthInfo) -> Vec<&'static str> {
+    let mut kinds = Vec::new();
+    if user.token.is_some() {
+        kinds.push("token");
+    }
+    if user.username.is_some() && user.password.is_some() {
+        kinds.push("basic");
+    }
+    if user.client_certificate_data.is_some() {
+        kinds.push("client certificate");
+    }
+    kinds
+}
+
+/// The member a cluster Secret describes: `None` when it lacks the label
+/// [`crate::LABEL_CLUSTER`]; with an [`Unusable`] config when its
+/// kubeconfig is missing, bad or asks for what is refused.
+///
+/// The kubeconfig's `current-context` is used, or its only context when it
+/// names none. The context's cluster and user are checked (no `exec`, no
+/// `auth-provider`, no file, no proxy) before kube builds the config.
+pub async fn from_cluster_secret(secret: &Secret) -> Option<MemberAccess> {
+    let name = secret
+        .metadata
+        .labels
+        .as_ref()?
+        .get(crate::LABEL_CLUSTER)?
+        .clone();
+    let labels = secret.metadata.labels.clone().unwrap_or_default();
+    let config = cluster_secret_config(secret, &name).await;
+    Some(MemberAccess::new(
+        name,
+        labels,
+        InventorySource::Secret,
+        config,
+    ))
+}
+
+async fn cluster_secret_config(secret: &Secret, name: &str) -> Result<kube::Config, Unusable> {
+    if name.is_empty() {
+        return Err(Unusable::new(
+            Unusable::NAME_INVALID,
+            format!(
+                "the label {} is empty: its value is the member's name",
+                crate::LABEL_CLUSTER
+            ),
+        ));
+    }
+    let data = secret
+        .data
+        .as_ref()
+        .and_then(|data| data.get(KUBECONFIG_KEY))
+        .ok_or_else(|| {
+            Unusable::new(
+                Unusable::KUBECONFIG_MISSING,
+                format!("the Secret has no data key `{KUBECONFIG_KEY}` holding a kubeconfig"),
+            )
+        })?;
+    let text = std::str::from_utf8(&data.0).map_err(|_| {
+        Unusable::new(
+            Unusable::KUBECONFIG_INVALID,
+            format!("the data key `{KUBECONFIG_KEY}` is not text, so no kubeconfig"),
+        )
+    })?;
+    let kubeconfig = Kubeconfig::from_yaml(text)
+        .map_err(|err| Unusable::new(Unusable::KUBECONFIG_INVALID, describe_parse_error(&err)))?;
+    let entries = chosen_entries(&kubeconfig)?;
+    build_config(entries, Unusable::KUBECONFIG_INVALID).await
+}
+
+/// Why a kubeconfig does not parse. The YAML parser's own message can
+/// quote the text around the fault, which may be a token or a key, so
+/// only where the fault is is said.
+fn describe_parse_error(err: &KubeconfigError) -> String {
+    match err {
+        KubeconfigError::Parse(parse) => {
+            let at = parse
+                .location()
+                .map(|at| format!(" (line {}, column {})", at.line(), at.column()))
+                .unwrap_or_default();
+            format!(
+                "the data key `{KUBECONFIG_KEY}` does not parse as a kubeconfig{at}; the parser's \
+                 words are withheld, as they may quote the Secret's data"
+            )
+        }
+        other => format!("the data key `{KUBECONFIG_KEY}` holds no usable kubeconfig: {other}"),
+    }
+}
+
+/// The cluster and user entries a member is reached with, and how
+/// messages name them.
+struct Entries {
+    cluster_is: String,
+    cluster: Cluster,
+    user_is: String,
+    user: AuthInfo,
+    namespace: Option<String>,
+}
+
+/// The entries of the kubeconfig's current context, or of its only one.
+fn chosen_entries(kubeconfig: &Kubeconfig) -> Result<Entries, Unusable> {
+    let invalid = |message: String| Unusable::new(Unusable::KUBECONFIG_INVALID, message);
+    let named = match kubeconfig.current_context.as_deref() {
+        Some(current) if !current.is_empty() => kubeconfig
+            .contexts
+            .iter()
+            .find(|context| context.name == current)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "the kubeconfig's current-context {current:?} names no context"
+                ))
+            })?,
+        _ => match kubeconfig.contexts.as_slice() {
+            [only] => only,
+            [] => return Err(invalid("the kubeconfig has no context".to_owned())),
+            many => {
+                return Err(invalid(format!(
+                    "the kubeconfig has {} contexts and no current-context to choose one",
+                    many.len()
+                )));
+            }
+        },
+    };
+    let context = named.context.as_ref().ok_or_else(|| {
+        invalid(format!(
+            "the kubeconfig's context {:?} is empty",
+            named.name
+        ))
+    })?;
+    let cluster = kubeconfig
+        .clusters
+        .iter()
+        .find(|cluster| cluster.name == context.cluster)
+        .and_then(|cluster| cluster.cluster.clone())
+        .ok_or_else(|| {
+            invalid(format!(
+                "the kubeconfig's context {:?} names the cluster {:?}, which it does not hold",
+                named.name, context.cluster
+            ))
+        })?;
+    let user = match &context.user {
+        None => AuthInfo::default(),
+        Some(user) => kubeconfig
+            .auth_infos
+            .iter()
+            .find(|named_user| &named_user.name == user)
+            .map(|named_user| named_user.auth_info.clone().unwrap_or_default())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "the kubeconfig's context {:?} names the user {user:?}, which it does not hold",
+                    named.name
+                ))
+            })?,
+    };
+    Ok(Entries {
+        cluster_is: format!("the cluster {:?}", context.cluster),
+        cluster,
+        user_is: format!("the user {:?}", context.user.as_deref().unwrap_or_default()),
+        user,
+        namespace: context.namespace.clone(),
+    })
+}
+
+/// The name the entries go by in the kubeconfig kube is given.
+const MEMBER: &str = "member";
+
+/// The config for the entries, after refusing what is not supported;
+/// `invalid` is the reason for what kube or TLS cannot use.
+async fn build_config(entries: Entries, invalid: &'static str) -> Result<kube::Config, Unusable> {
+    refuse_commands(&entries)?;
+    refuse_files(&entries)?;
+    refuse_proxy(&entries)?;
+    check_token(&entries)?;
+    let Entries {
+        cluster_is,
+        cluster,
+        user,
+        namespace,
+        ..
+    } = entries;
+    // Only the chosen entries, so kube reads nothing else.
+    let kubeconfig = Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: MEMBER.to_owned(),
+            cluster: Some(cluster),
+            ..NamedCluster::default()
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: MEMBER.to_owned(),
+            auth_info: Some(user),
+            ..NamedAuthInfo::default()
+        }],
+        contexts: vec![NamedContext {
+            name: MEMBER.to_owned(),
+            context: Some(Context {
+                cluster: MEMBER.to_owned(),
+                user: Some(MEMBER.to_owned()),
+                namespace,
+                ..Context::default()
+            }),
+            ..NamedContext::default()
+        }],
+        current_context: Some(MEMBER.to_owned()),
+        ..Kubeconfig::default()
+    };
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|err| Unusable::new(invalid, describe_config_error(&cluster_is, &err)))?;
+    check_server(&config, &cluster_is, invalid)?;
+    if config.root_cert.as_ref().is_some_and(Vec::is_empty) {
+        return Err(Unusable::new(
+            invalid,
+            format!("the certificate-authority-data of {cluster_is} holds no PEM certificate"),
+        ));
+    }
+    check_tls(&config, invalid)?;
+    config.extra_headers_layer().map_err(|err| {
+        Unusable::new(
+            invalid,
+            format!("the user's impersonation (`as`) cannot be sent: {err}"),
+        )
+    })?;
+    Ok(config)
+}
+
+/// Refuses a user whose credentials come from running something.
+fn refuse_commands(entries: &Entries) -> Result<(), Unusable> {
+    let refused = |message: String| Unusable::new(Unusable::EXEC_CREDENTIALS_UNSUPPORTED, message);
+    if entries.user.exec.is_some() {
+        return Err(refused(format!(
+            "{} gets its credentials by running a command (`exec`), and Copyrator never runs \
+             what an inventory names: give the user a `token`, or `client-certificate-data` and \
+             `client-key-data`",
+            entries.user_is
+        )));
+    }
+    if let Some(provider) = &entries.user.auth_provider {
+        return Err(refused(format!(
+            "{} gets its credentials from the auth-provider {:?}, a plugin Copyrator does not \
+             run: give the user a `token`, or `client-certificate-data` and `client-key-data`",
+            entries.user_is, provider.name
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses entries that name files: the operator's Pod does not have them.
+fn refuse_files(entries: &Entries) -> Result<(), Unusable> {
+    let named: Vec<&str> = [
+        (
+            entries.cluster.certificate_authority.is_some(),
+            "certificate-authority",
+        ),
+        (
+            entries.user.client_certificate.is_some(),
+            "client-certificate",
+        ),
+        (entries.user.client_key.is_some(), "client-key"),
+        (entries.user.token_file.is_some(), "tokenFile"),
+    ]
+    .into_iter()
+    .filter_map(|(set, field)| set.then_some(field))
+    .collect();
+    if named.is_empty() {
+        return Ok(());
+    }
+    Err(Unusable::new(
+        Unusable::FILE_REFERENCE_UNSUPPORTED,
+        format!(
+            "{} or {} names a file (`{}`), and the operator's Pod has no such file: only inline \
+             data is read (`certificate-authority-data`, `client-certificate-data`, \
+             `client-key-data`, `token`)",
+            entries.cluster_is,
+            entries.user_is,
+            named.join("`, `")
+        ),
+    ))
+}
+
+/// Refuses a proxy: the operator's client connects directly, and would
+/// otherwise ignore it without a word.
+fn refuse_proxy(entries: &Entries) -> Result<(), Unusable> {
+    if entries
+        .cluster
+        .proxy_url
+        .as_deref()
+        .is_some_and(|url| !url.is_empty())
+    {
+        return Err(Unusable::new(
+            Unusable::PROXY_UNSUPPORTED,
+            format!(
+                "{} names a proxy (`proxy-url`), which Copyrator's client does not use: the \
+                 operator must reach the API server directly",
+                entries.cluster_is
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A token must fit an HTTP header: kube's client would panic on one that
+/// does not (a line break, say) when it is built.
+fn check_token(entries: &Entries) -> Result<(), Unusable> {
+    let Some(token) = &entries.user.token else {
+        return Ok(());
+    };
+    let token = token.expose_secret();
+    if token.is_empty() {
+        return Err(Unusable::new(
+            Unusable::TOKEN_MISSING,
+            format!("the token of {} is empty", entries.user_is),
+        ));
+    }
+    if http::HeaderValue::from_str(&format!("Bearer {token}")).is_err() {
+        return Err(Unusable::new(
+            Unusable::TOKEN_INVALID,
+            format!(
+                "the token of {} holds characters an HTTP header cannot carry (a line break, or \
+                 other than visible ASCII)",
+                entries.user_is
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// What kube could not build, in words that quote no credential.
+fn describe_config_error(cluster_is: &str, err: &KubeconfigError) -> String {
+    match err {
+        KubeconfigError::MissingClusterUrl => format!("{cluster_is} has no server"),
+        KubeconfigError::ParseClusterUrl(err) => {
+            format!("the server of {cluster_is} is not a URL: {err}")
+        }
+        KubeconfigError::LoadCertificateAuthority(err) => {
+            format!("the certificate-authority-data of {cluster_is} cannot be read: {err}")
+        }
+        KubeconfigError::ParseCertificates(err) => format!(
+            "the certificate-authority-data of {cluster_is} holds no PEM certificate: {err}"
+        ),
+        KubeconfigError::LoadClientCertificate(_) | KubeconfigError::LoadClientKey(_) => {
+            "the client certificate or key cannot be read".to_owned()
+        }
+        // The others name contexts, clusters, files or settings, not data.
+        other => other.to_string(),
+    }
+}
+
+/// The server must be an http(s) URL with a host: the client takes
+/// anything else for plain http to nowhere.
+fn check_server(
+    config: &kube::Config,
+    cluster_is: &str,
+    invalid: &'static str,
+) -> Result<(), Unusable> {
+    let uri = &config.cluster_url;
+    if matches!(uri.scheme_str(), Some("https" | "http")) && uri.host().is_some() {
+        return Ok(());
+    }
+    Err(Unusable::new(
+        invalid,
+        format!("the server of {cluster_is} is not an https:// (or http://) URL with a host"),
+    ))
+}
+
+/// The CA and the client certificate and key, checked as the client's TLS
+/// setup will use them.
+fn check_tls(config: &kube::Config, invalid: &'static str) -> Result<(), Unusable> {
+    let mut probe = config.clone();
+    // With no CA of its own the client trusts the platform's roots; an
+    // empty set here checks the rest without reading those.
+    if probe.root_cert.is_none() {
+        probe.root_cert = Some(Vec::new());
+    }
+    match probe.rustls_client_config() {
+        Ok(_) => Ok(()),
+        Err(err) => Err(Unusable::new(invalid, describe_tls_error(&err))),
+    }
+}
+
+/// A TLS setup error in words; those about the client's identity never
+/// carry the parser's, which could quote a byte of the key.
+fn describe_tls_error(err: &kube::Error) -> String {
+    use KubeconfigError::{LoadClientCertificate, LoadClientKey};
+    match err {
+        kube::Error::InferKubeconfig(LoadClientKey(LoadDataError::NoBase64DataOrFile)) => {
+            "the user has client-certificate-data but no client-key-data".to_owned()
+        }
+        kube::Error::InferKubeconfig(LoadClientCertificate(LoadDataError::NoBase64DataOrFile)) => {
+            "the user has client-key-data but no client-certificate-data".to_owned()
+        }
+        kube::Error::InferKubeconfig(LoadClientCertificate(_)) => {
+            "the user's client-certificate-data is not base64".to_owned()
+        }
+        kube::Error::InferKubeconfig(LoadClientKey(_)) => {
+            "the user's client-key-data is not base64".to_owned()
+        }
+        kube::Error::RustlsTls(RustlsTlsError::AddRootCertificate(err)) => {
+            format!("the certificate-authority-data holds a certificate that cannot be a CA: {err}")
+        }
+        kube::Error::RustlsTls(
+            RustlsTlsError::InvalidIdentityPem(_) | RustlsTlsError::UnknownPrivateKeyFormat,
+        ) => "the user's client-certificate-data and client-key-data are not a PEM certificate \
+              and a PEM private key"
+            .to_owned(),
+        // rustls says what is wrong with the pair in its own fixed words.
+        kube::Error::RustlsTls(RustlsTlsError::InvalidPrivateKey(err)) => {
+            format!("the user's client certificate and key cannot be used together: {err}")
+        }
+        kube::Error::RustlsTls(err) => format!("the client's TLS cannot be set up: {err}"),
+        _ => "the client's TLS cannot be set up".to_owned(),
+    }
+}
+
+/// The member a ClusterProfile describes, with the Secret that holds its
+/// token ([`token_secret_name`] says which; `None` if there is none).
+///
+/// Server and CA come from the `cluster` of one of its access providers:
+/// the one named `secretreader` (the provider whose token this reads) if
+/// it has a `cluster.server`, otherwise the first that has one, in
+/// `status.accessProviders` and then the deprecated
+/// `status.credentialProviders` (those of a name not in the first). The
+/// token is the Secret's data key `token`, whitespace around it trimmed.
+pub async fn from_cluster_profile(
+    profile: &DynamicObject,
+    token_secret: Option<&Secret>,
+) -> MemberAccess {
+    let name = profile.metadata.name.clone().unwrap_or_default();
+    let labels = profile.metadata.labels.clone().unwrap_or_default();
+    let config = cluster_profile_config(profile, &name, token_secret).await;
+    MemberAccess::new(name, labels, InventorySource::ClusterProfile, config)
+}
+
+async fn cluster_profile_config(
+    profile: &DynamicObject,
+    name: &str,
+    token_secret: Option<&Secret>,
+) -> Result<kube::Config, Unusable> {
+    if name.is_empty() {
+        return Err(Unusable::new(
+            Unusable::NAME_INVALID,
+            "the ClusterProfile has no name",
+        ));
+    }
+    let provider = chosen_provider(profile)?;
+    let secret_name = exec_cluster_name(&provider.cluster).unwrap_or_else(|| name.to_owned());
+    let token = token_from(token_secret, &secret_name)?;
+    let entries = Entries {
+        cluster_is: format!("the access provider {:?}", provider.name),
+        cluster: provider.cluster,
+        user_is: format!("the Secret {secret_name:?}"),
+        user: AuthInfo {
+            token: Some(token),
+            ..AuthInfo::default()
+        },
+        namespace: None,
+    };
+    build_config(entries, Unusable::ACCESS_PROVIDER_INVALID).await
+}
+
+/// The name of the Secret, in the operator's namespace, that holds the
+/// profile's token. KEP-5339's secret reader takes it from the `clusterName`
+/// of the chosen provider's cluster extension [`EXEC_EXTENSION`]; without
+/// one, it is the profile's name.
+pub fn token_secret_name(profile: &DynamicObject) -> String {
+    chosen_provider(profile)
+        .ok()
+        .and_then(|provider| exec_cluster_name(&provider.cluster))
+        .unwrap_or_else(|| profile.metadata.name.clone().unwrap_or_default())
+}
+
+/// An access provider of a profile.
+struct Provider {
+    name: String,
+    cluster: Cluster,
+}
+
+/// The provider a profile is reached through (see [`from_cluster_profile`]).
+fn chosen_provider(profile: &DynamicObject) -> Result<Provider, Unusable> {
+    let status = profile.data.get("status");
+    let listed = |field: &str| {
+        status
+            .and_then(|status| status.get(field))
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    };
+    let current = listed("accessProviders");
+    let deprecated = listed("credentialProviders")
+        .iter()
+        .filter(|old| !current.iter().any(|new| new.get("name") == old.get("name")));
+    let mut usable = Vec::new();
+    let mut unreadable = None;
+    for entry in current.iter().chain(deprecated) {
+        let name = entry
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let Some(cluster) = entry.get("cluster") else {
+            continue;
+        };
+        match serde_json::from_value::<Cluster>(cluster.clone()) {
+            Ok(cluster) if cluster.server.as_deref().is_some_and(|s| !s.is_empty()) => {
+                usable.push(Provider { name, cluster });
+            }
+            Ok(_) => {}
+            // A profile's status holds no secret (KEP-5339), so serde's words may quote it.
+            Err(err) => {
+                unreadable.get_or_insert(Unusable::new(
+                    Unusable::ACCESS_PROVIDER_INVALID,
+                    format!("the cluster of the access provider {name:?} cannot be read: {err}"),
+                ));
+            }
+        }
+    }
+    let at = usable
+        .iter()
+        .position(|provider| provider.name == SECRET_READER)
+        .unwrap_or(0);
+    if at < usable.len() {
+        return Ok(usable.swap_remove(at));
+    }
+    Err(unreadable.unwrap_or_else(|| {
+        Unusable::new(
+            Unusable::NO_ACCESS_PROVIDER,
+            "the ClusterProfile's status lists no access provider with a cluster.server \
+             (status.accessProviders)",
+        )
+    }))
+}
+
+/// The `clusterName` of a cluster's [`EXEC_EXTENSION`], if it has one.
+fn exec_cluster_name(cluster: &Cluster) -> Option<String> {
+    cluster
+        .extensions
+        .as_ref()?
+        .iter()
+        .find(|extension| extension.name == EXEC_EXTENSION)?
+        .extension
+        .get("clusterName")?
+        .as_str()
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+}
+
+/// The token of the Secret named `wanted`, from `secret`.
+fn token_from(secret: Option<&Secret>, wanted: &str) -> Result<SecretString, Unusable> {
+    let missing = |message: String| Unusable::new(Unusable::TOKEN_MISSING, message);
+    let Some(secret) = secret else {
+        return Err(missing(format!(
+            "no Secret {wanted:?} in the operator's namespace holds the token (data key \
+             `{TOKEN_KEY}`, KEP-5339's secret reader)"
+        )));
+    };
+    let given = secret.metadata.name.as_deref().unwrap_or_default();
+    if given != wanted {
+        return Err(missing(format!(
+            "the token is in the Secret {wanted:?}, not in {given:?}"
+        )));
+    }
+    let data = secret
+        .data
+        .as_ref()
+        .and_then(|data| data.get(TOKEN_KEY))
+        .ok_or_else(|| {
+            missing(format!(
+                "the Secret {wanted:?} has no data key `{TOKEN_KEY}`"
+            ))
+        })?;
+    let token = std::str::from_utf8(&data.0).map_err(|_| {
+        Unusable::new(
+            Unusable::TOKEN_INVALID,
+            format!("the token in the Secret {wanted:?} is not text"),
+        )
+    })?;
+    // `kubectl create secret --from-file` keeps a file's last line break.
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(missing(format!(
+            "the data key `{TOKEN_KEY}` of the Secret {wanted:?} is empty"
+        )));
+    }
+    Ok(SecretString::from(token.to_owned()))
+}
+
+/// The hasher's keys, drawn once per process: fingerprints stay comparable
+/// for the process's life, and one that is logged cannot be used offline
+/// to test guesses of a password (with fixed keys it could).
+fn fingerprint_keys() -> &'static RandomState {
+    static KEYS: OnceLock<RandomState> = OnceLock::new();
+    KEYS.get_or_init(RandomState::new)
+}
+
+/// See [`MemberAccess::fingerprint`]. Everything of the config the client
+/// is built from is hashed.
+fn fingerprint(config: &Result<kube::Config, Unusable>) -> u64 {
+    let mut state = fingerprint_keys().build_hasher();
+    match config {
+        Ok(config) => {
+            "usable".hash(&mut state);
+            config.cluster_url.hash(&mut state);
+            config.default_namespace.hash(&mut state);
+            config.root_cert.hash(&mut state);
+            config.accept_invalid_certs.hash(&mut state);
+            config.tls_server_name.hash(&mut state);
+            config.proxy_url.hash(&mut state);
+            config.disable_compression.hash(&mut state);
+            hash_user(&config.auth_info, &mut state);
+        }
+        Err(unusable) => {
+            "unusable".hash(&mut state);
+            unusable.reason.hash(&mut state);
+            unusable.message.hash(&mut state);
+        }
+    }
+    state.finish()
+}
+
+fn exposed(secret: &Option<SecretString>) -> Option<&str> {
+    secret.as_ref().map(ExposeSecret::expose_secret)
+}
+
+fn hash_user(user: &AuthInfo, state: &mut impl Hasher) {
+    user.username.hash(state);
+    exposed(&user.password).hash(state);
+    exposed(&user.token).hash(state);
+    user.client_certificate_data.hash(state);
+    exposed(&user.client_key_data).hash(state);
+    user.impersonate.hash(state);
+    user.impersonate_uid.hash(state);
+    user.impersonate_groups.hash(state);
+    user.impersonate_user_extra
+        .as_ref()
+        .map(|extra| extra.iter().collect::<BTreeMap<_, _>>())
+        .hash(state);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+    use kube::api::ObjectMeta;
+    use serde_json::json;
+
+    // A CA and a client certificate it signed, with the client's key: made
+    // for these tests alone, valid until 2126.
+    const CA: &str = "-----BEGIN CERTIFICATE-----
+MIIBfzCCASWgAwIBAgIUCLJk1BmlGvqdszSyQfH8OfO3eqUwCgYIKoZIzj0EAwIw
+FDESMBAGA1UEAwwJbWVtYmVyLWNhMCAXDTI2MTEyNDIxMzIxMFoYDzIxMjYxMDMx
+MjEzMjEwWjAUMRIwEAYDVQQDDAltZW1iZXItY2EwWTATBgcqhkjOPQIBBggqhkjO
+PQMBBwNCAAQTseXWiojxzMiHRy5+m/wcdAlbT7xe+HdzXizv/SFhQ0I/8m0GLB6J
+sTB9n0AvO+ErgxVoqdi0YIHzgxCyS4nwo1MwUTAdBgNVHQ4EFgQUW0pgFMIgqNyG
+fC9uNZlzl+VGtUAwHwYDVR0jBBgwFoAUW0pgFMIgqNyGfC9uNZlzl+VGtUAwDwYD
+VR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNIADBFAiEAtp5DldMUIGppfk3wi6wU
+xZV5Fc1Wx2W+ErZgcLH6hC4CIBA+qR1wKGGTPy0uAQ0KUyWCrZfejE1FQEoSd2aL
+XVMc
+-----END CERTIFICATE-----
+";
+    const CLIENT_CERT: &str = "-----BEGIN CERTIFICATE-----
+MIIBqjCCAVCgAwIBAgIUKbyMH58jx0IKHAy5OhCWDmz5/t8wCgYIKoZIzj0EAwIw
+FDESMBAGA1UEAwwJbWVtYmVyLWNhMCAXDTI2MTEyNDIxNDAxN1oYDzIxMjYxMDMx
+MjE0MDE3WjAjMRIwEAYDVQQDDAljb3B5cmF0b3IxDTALBgNVBAoMBHRlc3QwWTAT
+BgcqhkjOPQIBBggqhkjOPQMBBwNCAATCGMg8bNK7dN18xxPShCdrPiEdIvrCqZQ7
+j70Qkdu+L1fn9HJ26hXWz8k0XGi5beUYBufwfEEhRpVLm1FPD9J7o28wbTAJBgNV
+HRMEAjAAMAsGA1UdDwQEAwIHgDATBgNVHSUEDDAKBggrBgEFBQcDAjAdBgNVHQ4E
+FgQUqRvOcWzT+PxpiLGUZQ2GY2f9lu8wHwYDVR0jBBgwFoAUW0pgFMIgqNyGfC9u
+NZlzl+VGtUAwCgYIKoZIzj0EAwIDSAAwRQIgYhZ7YfCma5QV1olBQdPd2gyuLkzz
+CCRmykpx1B8ILd0CIQCH/G0oIUG1dFp09GdagSy0MxJR45YwZbi7Lx9Uw7LWOA==
+-----END CERTIFICATE-----
+";
+    const CLIENT_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgqo8lFfMLrdDb/9UU
+i7Z1392gHOzuvqes8v/fn6w2rvKhRANCAATCGMg8bNK7dN18xxPShCdrPiEdIvrC
+qZQ7j70Qkdu+L1fn9HJ26hXWz8k0XGi5beUYBufwfEEhRpVLm1FPD9J7
+-----END PRIVATE KEY-----
+";
+    const TOKEN: &str = "s3cr3t-token-0123456789abcdef";
+    const SERVER: &str = "https://member-a.example:6443";
+
+    fn base64(text: &str) -> String {
+        let encoded = serde_json::to_value(ByteString(text.as_bytes().to_vec())).expect("encodes");
+        encoded.as_str().expect("a string").to_owned()
+    }
+
+    /// The DER of a PEM certificate: its body, decoded.
+    fn der(pem: &str) -> Vec<u8> {
+        let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+        serde_json::from_value::<ByteString>(json!(body))
+            .expect("base64")
+            .0
+    }
+
+    /// A kubeconfig with one cluster (the test CA) and the user `user`.
+    fn kubeconfig(user: &str) -> String {
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: kind-member-a
+  cluster:
+    server: {SERVER}
+    certificate-authority-data: {}
+users:
+- name: admin
+  user:
+{user}
+contexts:
+- name: member-a
+  context:
+    cluster: kind-member-a
+    user: admin
+    namespace: tenants
+current-context: member-a
+",
+            base64(CA)
+        )
+    }
+
+    fn token_user(token: &str) -> String {
+        format!("    token: {token}")
+    }
+
+    fn cluster_secret(labels: &[(&str, &str)], data: Option<&str>) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("member-a-kubeconfig".to_owned()),
+                namespace: Some("copyrator".to_owned()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            data: data.map(|text| {
+                BTreeMap::from([(
+                    KUBECONFIG_KEY.to_owned(),
+                    ByteString(text.as_bytes().to_vec()),
+                )])
+            }),
+            ..Secret::default()
+        }
+    }
+
+    async fn member(kubeconfig: &str) -> MemberAccess {
+        from_cluster_secret(&cluster_secret(
+            &[(crate::LABEL_CLUSTER, "member-a")],
+            Some(kubeconfig),
+        ))
+        .await
+        .expect("a labelled Secret is a member")
+    }
+
+    async fn refusal(kubeconfig: &str) -> Unusable {
+        match member(kubeconfig).await.config {
+            Ok(config) => panic!("accepted, leading to {}", config.cluster_url),
+            Err(unusable) => unusable,
+        }
+    }
+
+    fn bearer(config: &kube::Config) -> Option<&str> {
+        exposed(&config.auth_info.token)
+    }
+
+    #[tokio::test]
+    async fn a_token_user_gives_its_server_ca_and_token() {
+        let member = member(&kubeconfig(&token_user(TOKEN))).await;
+        assert_eq!(member.name, "member-a");
+        assert_eq!(member.from, InventorySource::Secret);
+        assert_eq!(
+            member.labels.get(crate::LABEL_CLUSTER).map(String::as_str),
+            Some("member-a")
+        );
+        let config = member.config.expect("usable");
+        assert_eq!(config.cluster_url.to_string(), format!("{SERVER}/"));
+        assert_eq!(config.root_cert, Some(vec![der(CA)]));
+        assert_eq!(bearer(&config), Some(TOKEN));
+        assert_eq!(config.default_namespace, "tenants");
+        assert!(!config.accept_invalid_certs);
+    }
+
+    #[tokio::test]
+    async fn a_client_certificate_user_gives_its_certificate_and_key() {
+        let user = format!(
+            "    client-certificate-data: {}\n    client-key-data: {}",
+            base64(CLIENT_CERT),
+            base64(CLIENT_KEY)
+        );
+        let config = member(&kubeconfig(&user)).await.config.expect("usable");
+        assert_eq!(config.cluster_url.to_string(), format!("{SERVER}/"));
+        assert_eq!(config.root_cert, Some(vec![der(CA)]));
+        assert_eq!(
+            config.auth_info.client_certificate_data,
+            Some(base64(CLIENT_CERT))
+        );
+        assert_eq!(
+            exposed(&config.auth_info.client_key_data),
+            Some(base64(CLIENT_KEY).as_str())
+        );
+        assert_eq!(bearer(&config), None);
+    }
+
+    #[tokio::test]
+    async fn a_client_certificate_without_its_key_or_not_pem_is_refused() {
+        let alone = format!("    client-certificate-data: {}", base64(CLIENT_CERT));
+        let refused = refusal(&kubeconfig(&alone)).await;
+        assert_eq!(refused.reason, Unusable::KUBECONFIG_INVALID);
+        assert!(refused.message.contains("no client-key-data"), "{refused}");
+
+        let not_pem = format!(
+            "    client-certificate-data: {}\n    client-key-data: {}",
+            base64(CLIENT_CERT),
+            base64("not a key")
+        );
+        let refused = refusal(&kubeconfig(&not_pem)).await;
+        assert_eq!(refused.reason, Unusable::KUBECONFIG_INVALID);
+    }
+
+    #[tokio::test]
+    async fn the_only_context_serves_without_a_current_context() {
+        let text = kubeconfig(&token_user(TOKEN)).replace("current-context: member-a\n", "");
+        let config = member(&text).await.config.expect("usable");
+        assert_eq!(bearer(&config), Some(TOKEN));
+
+        let two = text.replace(
+            "contexts:\n",
+            "contexts:\n- name: other\n  context:\n    cluster: kind-member-a\n",
+        );
+        let refused = refusal(&two).await;
+        assert_eq!(refused.reason, Unusable::KUBECONFIG_INVALID);
+        assert!(refused.message.contains("no current-context"), "{refused}");
+    }
+
+    #[tokio::test]
+    async fn an_exec_user_is_refused_and_its_command_never_runs() {
+        let marker =
+            std::env::temp_dir().join(format!("copyrator-exec-ran-{}", std::process::id()));
+        let user = format!(
+            "    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: /bin/sh
+      args: [\"-c\", \"touch {}\"]
+      interactiveMode: Never
+      provideClusterInfo: true",
+            marker.display()
+        );
+        let refused = refusal(&kubeconfig(&user)).await;
+        assert_eq!(refused.reason, Unusable::EXEC_CREDENTIALS_UNSUPPORTED);
+        assert!(refused.message.contains("`exec`"), "{refused}");
+        assert!(!marker.exists(), "the exec command ran");
+
+        // Beside a token too: the user is refused, not half used.
+        let both = format!("{}\n{user}", token_user(TOKEN));
+        let refused = refusal(&kubeconfig(&both)).await;
+        assert_eq!(refused.reason, Unusable::EXEC_CREDENTIALS_UNSUPPORTED);
+        assert!(!marker.exists(), "the exec command ran");
+    }
+
+    #[tokio::test]
+    async fn an_auth_provider_user_is_refused() {
+        let user = "    auth-provider:
+      name: oidc
+      config:
+        id-token: eyJhbGciOi.s3cr3t
+        idp-issuer-url: https://issuer.example";
+        let refused = refusal(&kubeconfig(user)).await;
+        assert_eq!(refused.reason, Unusable::EXEC_CREDENTIALS_UNSUPPORTED);
+        assert!(refused.message.contains("\"oidc\""), "{refused}");
+        assert!(!refused.message.contains("s3cr3t"), "{refused}");
+    }
+
+    #[tokio::test]
+    async fn files_are_refused_even_beside_inline_data() {
+        let token_file = format!("{}\n    tokenFile: /var/run/token", token_user(TOKEN));
+        let refused = refusal(&kubeconfig(&token_file)).await;
+        assert_eq!(refused.reason, Unusable::FILE_REFERENCE_UNSUPPORTED);
+        assert!(refused.message.contains("`tokenFile`"), "{refused}");
+
+        let cert_files =
+            "    client-certificate: /etc/member/tls.crt\n    client-key: /etc/member/tls.key";
+        let refused = refusal(&kubeconfig(cert_files)).await;
+        assert_eq!(refused.reason, Unusable::FILE_REFERENCE_UNSUPPORTED);
+        assert!(
+            refused
+                .message
+                .contains("`client-certificate`, `client-key`"),
+            "{refused}"
+        );
+
+        let ca_file = kubeconfig(&token_user(TOKEN)).replace(
+            "    server:",
+            "    certificate-authority: /etc/member/ca.crt\n    server:",
+        );
+        let refused = refusal(&ca_file).await;
+        assert_eq!(refused.reason, Unusable::FILE_REFERENCE_UNSUPPORTED);
+        assert!(
+            refused.message.contains("`certificate-authority`"),
+            "{refused}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_proxy_is_refused() {
+        let text = kubeconfig(&token_user(TOKEN)).replace(
+            "    server:",
+            "    proxy-url: http://proxy.example:3128\n    server:",
+        );
+        assert_eq!(refusal(&text).await.reason, Unusable::PROXY_UNSUPPORTED);
+    }
+
+    #[tokio::test]
+    async fn a_token_that_no_header_can_carry_is_refused() {
+        let text = kubeconfig("    token: \"two\\nlines\"");
+        assert_eq!(refusal(&text).await.reason, Unusable::TOKEN_INVALID);
+    }
+
+    #[tokio::test]
+    async fn a_server_that_is_no_url_is_refused() {
+        for server in ["member-a.example:6443", "ftp://member-a.example"] {
+            let text = kubeconfig(&token_user(TOKEN)).replace(SERVER, server);
+            let refused = refusal(&text).await;
+            assert_eq!(refused.reason, Unusable::KUBECONFIG_INVALID, "{server}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_secret_without_the_label_is_no_member() {
+        let secret = cluster_secret(&[("app", "x")], Some(&kubeconfig(&token_user(TOKEN))));
+        assert!(from_cluster_secret(&secret).await.is_none());
+        let mut unlabelled = secret;
+        unlabelled.metadata.labels = None;
+        assert!(from_cluster_secret(&unlabelled).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn an_empty_label_or_a_missing_value_key_is_unusable() {
+        let empty = cluster_secret(
+            &[(crate::LABEL_CLUSTER, "")],
+            Some(&kubeconfig(&token_user(TOKEN))),
+        );
+        let member = from_cluster_secret(&empty).await.expect("a member");
+        assert_eq!(
+            member.config.expect_err("unusable").reason,
+            Unusable::NAME_INVALID
+        );
+
+        let no_value = cluster_secret(&[(crate::LABEL_CLUSTER, "member-a")], None);
+        let member = from_cluster_secret(&no_value).await.expect("a member");
+        assert_eq!(member.name, "member-a");
+        assert_eq!(
+            member.config.expect_err("unusable").reason,
+            Unusable::KUBECONFIG_MISSING
+        );
+    }
+
+    #[tokio::test]
+    async fn garbage_is_refused_without_quoting_it() {
+        for garbage in [
+            format!("users:\n- name: a\n  user:\n    token: [{TOKEN}\n"),
+            format!("users: {TOKEN}\n"),
+            format!("clusters:\n- name: a\n  cluster:\n    server: {{{TOKEN}: 1}}\n"),
+            format!("\t{TOKEN}: : :\n"),
+            String::new(),
+        ] {
+            let refused = refusal(&garbage).await;
+            assert_eq!(refused.reason, Unusable::KUBECONFIG_INVALID, "{garbage:?}");
+            assert!(
+                !refused.message.contains("s3cr3t"),
+                "{garbage:?} quoted: {refused}"
+            );
+        }
+        let not_text = cluster_secret(&[(crate::LABEL_CLUSTER, "member-a")], None);
+        let mut not_text = not_text;
+        not_text.data = Some(BTreeMap::from([(
+            KUBECONFIG_KEY.to_owned(),
+            ByteString(vec![0xff, 0xfe, 0x00]),
+        )]));
+        let member = from_cluster_secret(&not_text).await.expect("a member");
+        assert_eq!(
+            member.config.expect_err("unusable").reason,
+            Unusable::KUBECONFIG_INVALID
+        );
+    }
+
+    #[tokio::test]
+    async fn a_label_change_keeps_the_fingerprint_and_a_token_change_changes_it() {
+        let text = kubeconfig(&token_user(TOKEN));
+        let before = member(&text).await;
+        let relabelled = from_cluster_secret(&cluster_secret(
+            &[(crate::LABEL_CLUSTER, "member-a"), ("region", "eu")],
+            Some(&text),
+        ))
+        .await
+        .expect("a member");
+        assert_ne!(before.labels, relabelled.labels);
+        assert_eq!(before.fingerprint, relabelled.fingerprint);
+
+        let rotated = member(&kubeconfig(&token_user("s3cr3t-token-rotated"))).await;
+        assert_ne!(before.fingerprint, rotated.fingerprint);
+        let moved = member(&text.replace(SERVER, "https://member-b.example:6443")).await;
+        assert_ne!(before.fingerprint, moved.fingerprint);
+        let refused = member(&kubeconfig("    tokenFile: /t")).await;
+        assert_ne!(before.fingerprint, refused.fingerprint);
+    }
+
+    #[tokio::test]
+    async fn debug_shows_no_credential() {
+        let user = format!(
+            "{}\n    client-certificate-data: {}\n    client-key-data: {}",
+            token_user(TOKEN),
+            base64(CLIENT_CERT),
+            base64(CLIENT_KEY)
+        );
+        let member = member(&kubeconfig(&user)).await;
+        let shown = format!("{member:?}");
+        assert!(shown.contains("member-a"), "{shown}");
+        assert!(shown.contains("member-a.example:6443"), "{shown}");
+        assert!(shown.contains("client certificate"), "{shown}");
+        for secret in [TOKEN, &base64(CLIENT_KEY), "MIGHAgEAMBMG"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        // kube's own Debug of the config redacts them too.
+        let config = format!("{:?}", member.config);
+        assert!(!config.contains(TOKEN) && !config.contains(&base64(CLIENT_KEY)));
+
+        let profile = from_cluster_profile(
+            &profile(providers()),
+            Some(&token_secret("member-a", TOKEN)),
+        )
+        .await;
+        let shown = format!("{profile:?}");
+        assert!(shown.contains("token") && !shown.contains(TOKEN), "{shown}");
+    }
+
+    fn providers() -> Value {
+        json!([{
+            "name": SECRET_READER,
+            "cluster": {
+                "server": SERVER,
+                "certificate-authority-data": base64(CA),
+            },
+        }])
+    }
+
+    fn profile(access_providers: Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "multicluster.x-k8s.io/v1alpha1",
+            "kind": "ClusterProfile",
+            "metadata": {
+                "name": "member-a",
+                "namespace": "copyrator",
+                "labels": {"x-k8s.io/cluster-manager": "fleet", "region": "eu"},
+            },
+            "spec": {"displayName": "member-a", "clusterManager": {"name": "fleet"}},
+            "status": {"accessProviders": access_providers},
+        }))
+        .expect("a ClusterProfile")
+    }
+
+    fn token_secret(name: &str, token: &str) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some("copyrator".to_owned()),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([(
+                TOKEN_KEY.to_owned(),
+                ByteString(token.as_bytes().to_vec()),
+            )])),
+            ..Secret::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_profile_with_server_ca_and_token_secret_gives_a_config() {
+        let profile = profile(providers());
+        assert_eq!(token_secret_name(&profile), "member-a");
+        let member = from_cluster_profile(
+            &profile,
+            Some(&token_secret("member-a", &format!("{TOKEN}\n"))),
+        )
+        .await;
+        assert_eq!(member.name, "member-a");
+        assert_eq!(member.from, InventorySource::ClusterProfile);
+        assert_eq!(member.labels.get("region").map(String::as_str), Some("eu"));
+        let config = member.config.expect("usable");
+        assert_eq!(config.cluster_url.to_string(), format!("{SERVER}/"));
+        assert_eq!(config.root_cert, Some(vec![der(CA)]));
+        // The line break `--from-file` keeps is trimmed.
+        assert_eq!(bearer(&config), Some(TOKEN));
+    }
+
+    #[tokio::test]
+    async fn a_profile_without_its_token_secret_is_unusable() {
+        let profile = profile(providers());
+        let member = from_cluster_profile(&profile, None).await;
+        let refused = member.config.expect_err("unusable");
+        assert_eq!(refused.reason, Unusable::TOKEN_MISSING);
+        assert!(refused.message.contains("\"member-a\""), "{refused}");
+
+        for secret in [
+            token_secret("member-b", TOKEN),
+            token_secret("member-a", " \n"),
+            Secret {
+                data: None,
+                ..token_secret("member-a", TOKEN)
+            },
+        ] {
+            let member = from_cluster_profile(&profile, Some(&secret)).await;
+            assert_eq!(
+                member.config.expect_err("unusable").reason,
+                Unusable::TOKEN_MISSING
+            );
+        }
+        let two_lines = token_secret("member-a", "two\nlines");
+        let member = from_cluster_profile(&profile, Some(&two_lines)).await;
+        assert_eq!(
+            member.config.expect_err("unusable").reason,
+            Unusable::TOKEN_INVALID
+        );
+    }
+
+    #[tokio::test]
+    async fn a_profile_without_access_providers_is_unusable() {
+        let secret = token_secret("member-a", TOKEN);
+        for providers in [
+            json!([]),
+            json!([{"name": "google", "cluster": {}}]),
+            json!([{"name": SECRET_READER}]),
+        ] {
+            let member = from_cluster_profile(&profile(providers), Some(&secret)).await;
+            assert_eq!(
+                member.config.expect_err("unusable").reason,
+                Unusable::NO_ACCESS_PROVIDER
+            );
+        }
+        let mut no_status = profile(json!([]));
+        no_status.data = json!({"spec": {"clusterManager": {"name": "fleet"}}});
+        let member = from_cluster_profile(&no_status, Some(&secret)).await;
+        assert_eq!(
+            member.config.expect_err("unusable").reason,
+            Unusable::NO_ACCESS_PROVIDER
+        );
+    }
+
+    #[tokio::test]
+    async fn the_secret_reader_is_preferred_and_its_extension_names_the_token_secret() {
+        let profile = profile(json!([
+            {"name": "google", "cluster": {"server": "https://gateway.example/v1/member-a"}},
+            {"name": SECRET_READER, "cluster": {
+                "server": SERVER,
+                "certificate-authority-data": base64(CA),
+                "extensions": [{"name": EXEC_EXTENSION, "extension": {"clusterName": "spoke-1"}}],
+            }},
+        ]));
+        assert_eq!(token_secret_name(&profile), "spoke-1");
+        let member = from_cluster_profile(&profile, Some(&token_secret("spoke-1", TOKEN))).await;
+        let config = member.config.expect("usable");
+        assert_eq!(config.cluster_url.to_string(), format!("{SERVER}/"));
+
+        // Without a secret reader, the first provider with a server.
+        let first = self::profile(json!([
+            {"name": "empty", "cluster": {}},
+            {"name": "google", "cluster": {"server": "https://gateway.example/v1/member-a"}},
+            {"name": "other", "cluster": {"server": SERVER}},
+        ]));
+        let member = from_cluster_profile(&first, Some(&token_secret("member-a", TOKEN))).await;
+        assert_eq!(
+            member.config.expect("usable").cluster_url.to_string(),
+            "https://gateway.example/v1/member-a"
+        );
+    }
+
+    #[tokio::test]
+    async fn deprecated_credential_providers_are_read_after_access_providers() {
+        let mut old = profile(json!([]));
+        old.data["status"] = json!({"credentialProviders": providers()});
+        let member = from_cluster_profile(&old, Some(&token_secret("member-a", TOKEN))).await;
+        assert_eq!(
+            member.config.expect("usable").cluster_url.to_string(),
+            format!("{SERVER}/")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_profile_is_refused_a_ca_file_a_proxy_or_a_bad_ca() {
+        let secret = token_secret("member-a", TOKEN);
+        for (cluster, reason) in [
+            (
+                json!({"server": SERVER, "certificate-authority": "/ca.crt"}),
+                Unusable::FILE_REFERENCE_UNSUPPORTED,
+            ),
+            (
+                json!({"server": SERVER, "proxy-url": "http://proxy.example:3128"}),
+                Unusable::PROXY_UNSUPPORTED,
+            ),
+            (
+                json!({"server": SERVER, "certificate-authority-data": base64("not a certificate")}),
+                Unusable::ACCESS_PROVIDER_INVALID,
+            ),
+            (
+                json!({"server": SERVER, "insecure-skip-tls-verify": "yes"}),
+                Unusable::ACCESS_PROVIDER_INVALID,
+            ),
+        ] {
+            let profile = profile(json!([{"name": SECRET_READER, "cluster": cluster}]));
+            let member = from_cluster_profile(&profile, Some(&secret)).await;
+            assert_eq!(
+                member.config.expect_err("unusable").reason,
+                reason,
+                "{cluster}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_profile_token_change_changes_the_fingerprint_and_a_label_change_does_not() {
+        let secret = token_secret("member-a", TOKEN);
+        let before = from_cluster_profile(&profile(providers()), Some(&secret)).await;
+        let mut relabelled = profile(providers());
+        relabelled.metadata.labels = Some(BTreeMap::from([("tier".to_owned(), "gold".to_owned())]));
+        let after = from_cluster_profile(&relabelled, Some(&secret)).await;
+        assert_eq!(before.fingerprint, after.fingerprint);
+        let rotated = token_secret("member-a", "s3cr3t-token-rotated");
+        let after = from_cluster_profile(&profile(providers()), Some(&rotated)).await;
+        assert_ne!(before.fingerprint, after.fingerprint);
+    }
+
+    #[test]
+    fn the_cluster_profile_crd_serves_what_is_read() {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let text = include_str!("../../crd/clusterprofile.multicluster.x-k8s.io.yaml");
+        let crd: CustomResourceDefinition = serde_yaml::from_str(text).expect("a CRD");
+        let resource = cluster_profile_resource();
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("clusterprofiles.multicluster.x-k8s.io")
+        );
+        assert_eq!(crd.spec.group, resource.group);
+        assert_eq!(crd.spec.names.kind, resource.kind);
+        assert_eq!(crd.spec.names.plural, resource.plural);
+        assert_eq!(crd.spec.scope, "Namespaced");
+        let [version] = crd.spec.versions.as_slice() else {
+            panic!("one version");
+        };
+        assert_eq!(version.name, resource.version);
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+        let schema = serde_json::to_value(&version.schema).expect("a schema");
+        let status = &schema["openAPIV3Schema"]["properties"]["status"]["properties"];
+        for providers in ["accessProviders", "credentialProviders"] {
+            let cluster = &status[providers]["items"]["properties"]["cluster"];
+            assert_eq!(
+                cluster["properties"]["server"]["type"], "string",
+                "{providers}"
+            );
+        }
+    }
+}
