@@ -72,6 +72,11 @@ runs() { # pid name
 
 alive() { [ -f "$STATE/$1.pid" ] && runs "$(cat "$STATE/$1.pid")" "$1"; }
 
+# Whether the control plane in $STATE is a member one (no kube-scheduler,
+# no node): `up` records it there, so that every later command (stop,
+# start, env, down) follows the state, not the environment.
+is_member() { [ -f "$STATE/member" ]; }
+
 api_ready() {
   [ -f "$STATE/admin.kubeconfig" ] &&
     "$BIN/kubectl" --kubeconfig "$STATE/admin.kubeconfig" get --raw /readyz >/dev/null 2>&1

@@ -110,7 +110,7 @@ print_env() {
 }
 
 make_certs() {
-  local d="$STATE/pki"
+  local d="$STATE/pki" member=$1
   mkdir -p "$d"
   (
     cd "$d" || exit
@@ -123,7 +123,7 @@ make_certs() {
 extendedKeyUsage=serverAuth"
     cert admin "/O=system:masters/CN=kubernetes-admin"
     cert controller-manager "/CN=system:kube-controller-manager"
-    cert scheduler "/CN=system:kube-scheduler"
+    [ "$member" = 1 ] || cert scheduler "/CN=system:kube-scheduler"
     # How the API server proves itself to a kubelet (logs, exec, port-forward).
     cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
   )
@@ -233,10 +233,31 @@ retry_on_other_port() { # name port-file attempt
   free_ports 1 >"$STATE/$2"
 }
 
+# COPYRATOR_MEMBER: 1 for a member control plane, else a home one.
+requested_member() {
+  case "${COPYRATOR_MEMBER:-}" in
+  "" | 0) echo 0 ;;
+  1) echo 1 ;;
+  *) die "COPYRATOR_MEMBER is '$COPYRATOR_MEMBER'; set it to 1 (a member control plane) or leave it unset" ;;
+  esac
+}
+
+# Every component of the kind of control plane asked for runs, and the
+# API server answers; a control plane of the other kind is never reused.
+control_plane_running() { # member: 1 or 0
+  if [ "$1" = 1 ]; then is_member; else ! is_member; fi &&
+    alive etcd && alive kube-apiserver && alive kube-controller-manager &&
+    { [ "$1" = 1 ] || alive kube-scheduler; } && api_ready
+}
+
 cmd_up() {
+  local member started=$SECONDS
+  member=$(requested_member) || exit
+  if [ "$member" = 1 ] && [ "${COPYRATOR_NODE:-}" = 1 ]; then
+    die "a member control plane has no node: unset COPYRATOR_NODE or COPYRATOR_MEMBER"
+  fi
   cmd_build
-  if alive etcd && alive kube-apiserver && alive kube-controller-manager && alive kube-scheduler &&
-    api_ready; then
+  if control_plane_running "$member"; then
     log "reusing the control plane in $STATE"
     if [ "${COPYRATOR_NODE:-}" = 1 ]; then cmd_node_up; fi
     print_env
@@ -244,7 +265,8 @@ cmd_up() {
   fi
   cmd_down >/dev/null 2>&1 || true
   mkdir -p "$STATE"
-  make_certs
+  if [ "$member" = 1 ]; then : >"$STATE/member"; fi
+  make_certs "$member"
   local etcd_port peer_port api_port cm_port sched_port attempt
   echo "$ETCD_DATA" >"$STATE/etcd.data"
   # A port chosen free can be taken before etcd binds it: try again with others.
@@ -254,7 +276,8 @@ cmd_up() {
     echo "$peer_port" >"$STATE/etcd-peer.port"
     echo "$api_port" >"$STATE/api.port"
     echo "$cm_port" >"$STATE/cm.port"
-    echo "$sched_port" >"$STATE/sched.port"
+    # A member has no scheduler: no port of its own either.
+    if [ "$member" = 0 ]; then echo "$sched_port" >"$STATE/sched.port"; fi
     rm -rf "$ETCD_DATA"
     start_etcd
     if wait_etcd; then
@@ -276,7 +299,7 @@ cmd_up() {
     start_kube_apiserver
     write_kubeconfig "$STATE/admin.kubeconfig" admin
     write_kubeconfig "$STATE/controller-manager.kubeconfig" controller-manager
-    write_kubeconfig "$STATE/scheduler.kubeconfig" scheduler
+    if [ "$member" = 0 ]; then write_kubeconfig "$STATE/scheduler.kubeconfig" scheduler; fi
     if wait_kube_apiserver; then break; fi
     retry_on_other_port kube-apiserver api.port "$attempt"
   done
@@ -285,12 +308,19 @@ cmd_up() {
     if wait_kube_controller_manager; then break; fi
     retry_on_other_port kube-controller-manager cm.port "$attempt"
   done
-  for attempt in 1 2 3; do
-    start_kube_scheduler
-    if wait_kube_scheduler; then break; fi
-    retry_on_other_port kube-scheduler sched.port "$attempt"
-  done
+  if [ "$member" = 0 ]; then
+    for attempt in 1 2 3; do
+      start_kube_scheduler
+      if wait_kube_scheduler; then break; fi
+      retry_on_other_port kube-scheduler sched.port "$attempt"
+    done
+  fi
   if [ "${COPYRATOR_NODE:-}" = 1 ]; then cmd_node_up; fi
+  if [ "$member" = 1 ]; then
+    log "member control plane up in $((SECONDS - started)) s (builds included)"
+  else
+    log "control plane up in $((SECONDS - started)) s (builds included)"
+  fi
   print_env
 }
 

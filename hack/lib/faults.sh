@@ -11,6 +11,9 @@ component() { # name: one that `up` starts, with a recorded PID file
   esac
   [ -f "$STATE/api.port" ] || die "no control plane in $STATE; run: hack/cluster up"
   [ -f "$STATE/etcd.port" ] || die "the control plane in $STATE predates fault controls; run: hack/cluster down; hack/cluster up"
+  if [ "$1" = kube-scheduler ] && is_member; then
+    die "the member control plane in $STATE has no kube-scheduler"
+  fi
   [ "$1" != kube-scheduler ] || [ -f "$STATE/sched.port" ] ||
     die "the control plane in $STATE has no scheduler; run: hack/cluster down; hack/cluster up"
 }

@@ -447,6 +447,7 @@ EOF
 cmd_node_up() {
   local started=$SECONDS node_ip kubelet_port healthz_port proxy_healthz_port proxy_metrics_port sockdir
   api_ready || die "no running control plane in $STATE; run: hack/cluster up"
+  ! is_member || die "the control plane in $STATE is a member one, which has no node"
   if alive containerd && alive kubelet && node_ready; then
     log "reusing the node $NODE_NAME in $STATE"
     return 0

@@ -15,6 +15,10 @@
 //!   own (impersonation) and optionally another API server address.
 //! * [`rule_versions`]: every version of a rule as a watch delivers them,
 //!   for what a status must never say, or what it said first.
+//! * [`members`]: the member clusters of the multi-cluster tests
+//!   (`COPYRATOR_MEMBERS`), their kubeconfig Secrets in the home cluster,
+//!   namespaces of a test in them, and their API servers stopped and
+//!   started.
 //!
 //! Tests run in parallel against one cluster, so every test names its own
 //! namespaces, selects its sources by a label value unique to the test and
@@ -27,6 +31,7 @@ pub mod cluster_objects;
 pub mod dynamic;
 pub mod fault;
 pub mod logs;
+pub mod members;
 pub mod proxy;
 pub mod rbac;
 pub mod rule_versions;
@@ -663,6 +668,9 @@ pub struct TestNs {
     pub prefix: String,
     namespaces: Mutex<Vec<String>>,
     extra_cleanup: Mutex<Vec<(Kind, String, String)>>,
+    /// Namespaces the test made in member clusters (see [`members`]): the
+    /// member's kubeconfig and the name.
+    member_namespaces: Mutex<Vec<(PathBuf, String)>>,
     operators: AtomicUsize,
 }
 
@@ -685,6 +693,7 @@ impl TestNs {
             prefix,
             namespaces: Mutex::new(Vec::new()),
             extra_cleanup: Mutex::new(Vec::new()),
+            member_namespaces: Mutex::new(Vec::new()),
             operators: AtomicUsize::new(0),
         }
     }
@@ -736,6 +745,15 @@ impl TestNs {
             .lock()
             .unwrap()
             .push((kind, ns.into(), name.into()));
+    }
+
+    /// Deletes the namespace `name` of the member cluster of `kubeconfig`
+    /// when the test ends, as the test's own namespaces are.
+    pub fn cleanup_member_namespace_later(&self, kubeconfig: PathBuf, name: &str) {
+        self.member_namespaces
+            .lock()
+            .unwrap()
+            .push((kubeconfig, name.into()));
     }
 
     pub fn namespaces(&self) -> Api<Namespace> {
@@ -1200,7 +1218,8 @@ impl Drop for TestNs {
     fn drop(&mut self) {
         let namespaces = std::mem::take(&mut *self.namespaces.lock().unwrap());
         let extra = std::mem::take(&mut *self.extra_cleanup.lock().unwrap());
-        if namespaces.is_empty() && extra.is_empty() {
+        let member_namespaces = std::mem::take(&mut *self.member_namespaces.lock().unwrap());
+        if namespaces.is_empty() && extra.is_empty() && member_namespaces.is_empty() {
             return;
         }
         // The test's runtime may be shutting down (or panicking): clean up on
@@ -1210,18 +1229,25 @@ impl Drop for TestNs {
                 .enable_all()
                 .build()
                 .unwrap();
-            rt.block_on(cleanup(namespaces, extra));
+            rt.block_on(async {
+                if let Ok(client) = Client::try_default().await {
+                    cleanup(&client, namespaces, extra).await;
+                }
+                for (kubeconfig, ns) in member_namespaces {
+                    if let Ok(client) = members::client_of_file(&kubeconfig).await {
+                        cleanup(&client, vec![ns], Vec::new()).await;
+                    }
+                }
+            });
         });
         let _ = handle.join();
     }
 }
 
 /// Best effort: remove the finalizers that would keep the namespaces
-/// terminating once no operator runs, delete the rules, then the namespaces.
-async fn cleanup(namespaces: Vec<String>, extra: Vec<(Kind, String, String)>) {
-    let Ok(client) = Client::try_default().await else {
-        return;
-    };
+/// terminating once no operator runs, delete the rules, then the namespaces
+/// (on the cluster of `client`: the home one, or a member without rules).
+async fn cleanup(client: &Client, namespaces: Vec<String>, extra: Vec<(Kind, String, String)>) {
     let dp = DeleteParams::default();
     let pp = PatchParams::default();
     let strip = json!({"metadata": {"finalizers": null}});
