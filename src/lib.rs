@@ -46,6 +46,9 @@ pub const ANNOTATION_RULE: &str = "copyrator.flant.com/rule";
 pub const ANNOTATION_SOURCE: &str = "copyrator.flant.com/source";
 /// UID of a copy's source.
 pub const ANNOTATION_SOURCE_UID: &str = "copyrator.flant.com/source-uid";
+/// On a copy in a member cluster: the name of the cluster its source is in
+/// (`--cluster-name`).
+pub const ANNOTATION_SOURCE_CLUSTER: &str = "copyrator.flant.com/source-cluster";
 /// On a source object: namespaces (names or globs, comma-separated) whose
 /// tenant rules may pull it into their own namespace.
 pub const ANNOTATION_ALLOW_TO: &str = "copyrator.flant.com/allow-to";

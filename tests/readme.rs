@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::members::{OUTAGE, members};
 use common::*;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -156,6 +157,7 @@ const APPLIED: &[&str] = &[
     "pull-ca",
     "rolebinding-teams",
     "networkpolicy-default-deny",
+    "pull-secret-to-members",
 ];
 
 /// The documentation: README.md and every Markdown page of `docs/`, each
@@ -772,4 +774,81 @@ fn shell_words(line: &str) -> Vec<String> {
         words.push(word);
     }
     words
+}
+
+/// README.md, "Many clusters": the member's Secret (with a real kubeconfig
+/// in place of the placeholder) and the rule; a labelled pull secret
+/// reaches the teams' namespaces here and in the member its labels select.
+#[tokio::test]
+async fn the_member_clusters_example_reaches_the_member() {
+    let t = TestNs::new("readme-members").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let team = t.ns("team-a").await;
+    let member = members().await.into_iter().next().expect("a member");
+    let member_team = member.ns(&t, "team-a").await;
+    let team_glob = t.glob("team-");
+    let docs = example(
+        "pull-secret-to-members",
+        &[
+            ("namespace: copyrator", &format!("namespace: {op}")),
+            ("team-*", &team_glob),
+        ],
+    );
+    let mut inventory = of_kind(&docs, "Secret").clone();
+    inventory["stringData"]["value"] = Value::String(member.kubeconfig_yaml());
+    let inventory: k8s_openapi::api::core::v1::Secret =
+        serde_json::from_value(inventory).expect("the example's Secret");
+    t.secrets(&op)
+        .create(&PostParams::default(), &inventory)
+        .await
+        .unwrap_or_else(|e| panic!("creating the member's Secret: {}", err_msg(&e)));
+    let rule = of_kind(&docs, "CopyratorRule");
+    let name = rule["metadata"]["name"].as_str().expect("the rule's name");
+    t.create_rule(&op, name, json!({"spec": rule["spec"]}))
+        .await;
+    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
+    let source = t
+        .create_plain(
+            SECRET,
+            &op,
+            "registry",
+            &[("pull-secret", "true")],
+            &[("token", "s3cret")],
+        )
+        .await;
+    t.wait_copy(SECRET, &team, &source, &op, name).await;
+    let copies: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(member.client.clone(), &member_team);
+    wait_until(
+        format!("the copy in {member_team} of member {}", member.name),
+        TIMEOUT,
+        async || {
+            let copy = copies
+                .get_opt(&source.name)
+                .await
+                .map_err(|e| err_msg(&e))?
+                .ok_or("not there yet")?;
+            let cluster = copy
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .remove("copyrator.flant.com/source-cluster");
+            match cluster.as_deref() {
+                Some("home") => Ok(()),
+                other => Err(format!("source-cluster {other:?}")),
+            }
+        },
+    )
+    .await;
+    t.wait_rule(
+        &op,
+        name,
+        "the member listed, ready",
+        |r| match r["status"]["clustersReady"].as_str() {
+            Some("1/1") => Ok(()),
+            _ => Err(format!("{}", r["status"])),
+        },
+    )
+    .await;
 }

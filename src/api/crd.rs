@@ -209,16 +209,16 @@ pub fn crd() -> Result<CustomResourceDefinition> {
                         "Copies another writer keeps changing back",
                     ),
                     wide_column(
-                        "Clusters",
-                        "string",
-                        ".status.clustersReady",
-                        "Member clusters ready, of those targeted (for a rule that names members)",
-                    ),
-                    wide_column(
                         "Reason",
                         "string",
                         ".status.conditions[?(@.type==\"Ready\")].reason",
                         "Why the rule is or is not ready",
+                    ),
+                    wide_column(
+                        "Clusters",
+                        "string",
+                        ".status.clustersReady",
+                        "Member clusters ready, of those targeted (empty for a rule of this cluster alone)",
                     ),
                 ]),
                 ..Default::default()

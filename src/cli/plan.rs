@@ -163,12 +163,15 @@ async fn plan_with_views(
     from_files: Option<Vec<FileRule>>,
 ) -> anyhow::Result<Report> {
     // A plan on half-listed caches would miss copies and prune nothing.
-    if tokio::time::timeout(PLAN_LISTS_WITHIN, shared.cluster.views.synced.wait_all())
-        .await
-        .is_err()
+    if tokio::time::timeout(
+        PLAN_LISTS_WITHIN,
+        shared.home.cluster.views.synced.wait_all(),
+    )
+    .await
+    .is_err()
     {
         return Err(PlanError::CachesNotListed {
-            missing: shared.cluster.views.synced.missing().join(", "),
+            missing: shared.home.cluster.views.synced.missing().join(", "),
             seconds: PLAN_LISTS_WITHIN.as_secs(),
         }
         .into());

@@ -56,26 +56,14 @@ pub async fn shutdown_signal() -> &'static str {
     }
 }
 
-/// A client whose every request has a deadline: a hung or half-open
-/// connection fails the request (and is dropped) instead of stalling a
-/// worker. Watches end on the server after `WATCH_TIMEOUT_SECONDS`, well
-/// within the deadline, and resume from where they were.
+/// The home cluster's clients, from the usual configuration.
 pub async fn api_clients(transport: Transport, writes_in_flight: usize) -> anyhow::Result<Clients> {
-    let mut config = kube::Config::infer().await.context(
+    let config = kube::Config::infer().await.context(
         "cannot find the Kubernetes API configuration (in-cluster, KUBECONFIG or ~/.kube/config)",
     )?;
-    let deadline = Duration::from_secs(u64::from(crate::cluster::watch::WATCH_TIMEOUT_SECONDS) + 5);
-    config.connect_timeout = Some(crate::cluster::client::CONNECT_TIMEOUT);
-    config.read_timeout = Some(deadline);
-    config.reset_reader_on_write = true;
-    config.write_timeout = Some(Duration::from_secs(10));
-    // kube's own retry of 429/503 (up to 15 times, hidden from us) would
-    // multiply requests; failures come back to the per-copy backoff instead.
-    config.default_retry = false;
-    Ok(crate::cluster::client::build_clients(
+    Ok(crate::cluster::client::clients_with_deadlines(
         config,
         transport,
-        deadline,
         writes_in_flight,
     )?)
 }
@@ -86,16 +74,32 @@ pub async fn api_clients(transport: Transport, writes_in_flight: usize) -> anyho
 pub fn spawn_watches(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
     let mut tasks = vec![
         watches::spawn_rule_watch(shared.clone()),
-        watches::spawn_namespace_watch(shared.clone()),
+        watches::spawn_namespace_watch(shared.clone(), shared.home.clone()),
         tokio::spawn(kinds::release_on_rules_gone(shared.clone())),
     ];
     for kind in Kind::builtin() {
         if shared.trust.policy.kinds.has_builtin(kind) {
-            tasks.push(kinds::spawn_copy_watch(shared.clone(), kind));
+            tasks.push(kinds::spawn_copy_watch(
+                shared.clone(),
+                shared.home.clone(),
+                kind,
+            ));
         } else {
             // Never watched, never written: nothing to wait for.
-            shared.cluster.views.synced.set_copies_of(kind, true);
+            shared.home.cluster.views.synced.set_copies_of(kind, true);
         }
+    }
+    tasks
+}
+
+/// What starts once home's caches have listed: the watches of the kinds
+/// rules name, and the members (their passes read the rules' view).
+fn spawn_after_sync(shared: &Arc<Shared>, member_clusters: bool) -> Vec<JoinHandle<()>> {
+    let mut tasks = vec![tokio::spawn(kinds::watch_named_kinds(shared.clone()))];
+    if member_clusters {
+        tasks.push(tokio::spawn(crate::controller::fleet::follow_inventory(
+            shared.clone(),
+        )));
     }
     tasks
 }
@@ -188,7 +192,7 @@ pub async fn run(
     let mut signal = tokio::spawn(shutdown);
     // Caches first: a pass on a half-listed cache would prune what it has not seen yet.
     tokio::select! {
-        () = shared.cluster.views.synced.wait_all() => {}
+        () = shared.home.cluster.views.synced.wait_all() => {}
         which = &mut signal => {
             info!(signal = which.unwrap_or("signal"), "stopping before the caches synced");
             for task in tasks {
@@ -201,7 +205,7 @@ pub async fn run(
     }
     health.ready.store(true, Ordering::Release);
     info!("caches synced");
-    tasks.push(tokio::spawn(kinds::watch_named_kinds(shared.clone())));
+    tasks.extend(spawn_after_sync(&shared, settings.member_clusters));
     let working = [
         tokio::spawn(workers::run_workers(
             shared.clone(),
@@ -218,7 +222,7 @@ pub async fn run(
 
     let which = signal.await.unwrap_or("signal");
     info!(signal = which, "shutting down");
-    shut_down(always, election, stop, working, tasks).await;
+    shut_down(&shared, always, election, stop, working, tasks).await;
     info!("stopped");
     Ok(())
 }
@@ -227,6 +231,7 @@ pub async fn run(
 /// standby leads at once; in-flight work finishes within the deadline;
 /// every other task is aborted.
 async fn shut_down(
+    shared: &Shared,
     always: Option<watch::Sender<bool>>,
     election: Option<leader::Election>,
     stop: watch::Sender<bool>,
@@ -242,6 +247,9 @@ async fn shut_down(
         shutdown_step(1, "writes stopped, Lease released");
     }
     let _ = stop.send(true);
+    // Members' work loops stop with home's; what they have in flight
+    // finishes, or is abandoned at the deadline with the rest.
+    shared.stop_work();
     let finished = tokio::time::timeout(SHUTDOWN_WITHIN, async {
         for task in working {
             let _ = task.await;
@@ -255,6 +263,7 @@ async fn shut_down(
     for task in tasks {
         task.abort();
     }
+    shared.members.stop_all();
     shutdown_step(3, "every other task stopped");
 }
 
@@ -265,6 +274,6 @@ fn watch_pending_work(health: &Health, shared: &Arc<Shared>) {
     health.watch_work(move || {
         shared
             .upgrade()
-            .is_some_and(|s| s.leader.is_leader() && !s.queue.is_empty())
+            .is_some_and(|s| s.leader.is_leader() && !s.home.queue.is_empty())
     });
 }

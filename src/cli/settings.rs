@@ -128,6 +128,17 @@ pub struct Settings {
     #[arg(long, env = "LEASE_DURATION", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=600), global = true)]
     pub lease_duration: u64,
 
+    /// Keep copies in member clusters: read the inventory (cluster Secrets
+    /// and ClusterProfiles) in the operator's namespace. Off, a rule that
+    /// targets members is `Ready=False`, reason `MemberClustersDisabled`.
+    #[arg(long, env = "MEMBER_CLUSTERS", default_value_t = false, global = true)]
+    pub member_clusters: bool,
+
+    /// This cluster's name, as copies in member clusters name it (annotation
+    /// `copyrator.flant.com/source-cluster`) and as rule statuses list it.
+    #[arg(long, env = "CLUSTER_NAME", default_value = "home", global = true)]
+    pub cluster_name: String,
+
     /// Writes (create, update, delete) in flight at once.
     #[arg(long, env = "WRITE_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024), global = true)]
     pub write_concurrency: u32,
@@ -244,6 +255,8 @@ impl Settings {
                 max_source_watches: self.max_source_watches,
             },
             keep_kind_watches: false,
+            cluster_name: self.cluster_name.clone(),
+            member_clusters: self.member_clusters,
         }
     }
 

@@ -82,6 +82,27 @@ pub struct Clients {
 /// `writes_in_flight` bounds the idle HTTP/1 connections kept for writes:
 /// a connection handed back a moment after the next write started is
 /// closed rather than kept beside the one that write opened.
+/// The clients of one API server, every request with a deadline: a hung
+/// or half-open connection fails the request (and is dropped) instead of
+/// stalling a worker. Watches end on the server after
+/// `WATCH_TIMEOUT_SECONDS`, well within the deadline, and resume from
+/// where they were.
+pub fn clients_with_deadlines(
+    mut config: kube::Config,
+    transport: Transport,
+    writes_in_flight: usize,
+) -> Result<Clients, BuildError> {
+    let deadline = Duration::from_secs(u64::from(crate::cluster::watch::WATCH_TIMEOUT_SECONDS) + 5);
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config.read_timeout = Some(deadline);
+    config.reset_reader_on_write = true;
+    config.write_timeout = Some(Duration::from_secs(10));
+    // kube's own retry of 429/503 (up to 15 times, hidden from us) would
+    // multiply requests; failures come back to the per-copy backoff instead.
+    config.default_retry = false;
+    build_clients(config, transport, deadline, writes_in_flight)
+}
+
 pub fn build_clients(
     config: kube::Config,
     transport: Transport,

@@ -59,6 +59,10 @@ pub struct Cluster {
     pub kind_watches: Mutex<HashMap<Kind, JoinHandle<()>>>,
     /// Kinds refused for their retry interval (see [`KindRefusals`]).
     pub kind_refusals: Mutex<KindRefusals>,
+    /// What its watches report: the process's own for the home cluster
+    /// (liveness, readiness), one of its own for a member, whose troubles
+    /// never fail the operator's probes.
+    pub health: Arc<Health>,
 }
 
 impl Cluster {
@@ -94,7 +98,7 @@ impl Cluster {
         let read_pause = Arc::new(ReadPause::default());
         let sources = SourceHub::new(
             client.clone(),
-            health,
+            health.clone(),
             read_pause.clone(),
             limits.max_source_watches as usize,
             on_source_change,
@@ -109,6 +113,7 @@ impl Cluster {
             sources: Mutex::new(sources),
             kind_watches: Mutex::default(),
             kind_refusals: Mutex::default(),
+            health,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! once every copy of a deleted rule is gone.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -10,11 +11,14 @@ use serde_json::json;
 use tracing::info;
 
 use crate::api::kinds::Kind;
-use crate::api::rule::{ConflictPolicy, CopyratorRule};
+use crate::api::rule::{ConflictPolicy, CopyratorRule, RuleKey};
 use crate::cluster::writer::Outcome;
+use crate::controller::members::Reach;
+use crate::controller::site::Site;
 use crate::controller::state::Shared;
 use crate::core::plan::{self, Action};
-use crate::sync::{read, write};
+use crate::core::scope::Touch;
+use crate::sync::{lock, read, write};
 use crate::{Error, FINALIZER};
 
 /// Add or remove our finalizer, as a compare-and-swap on the rule's version.
@@ -39,10 +43,10 @@ pub async fn set_finalizer(
         return Ok(());
     }
     let api: Api<CopyratorRule> =
-        Api::namespaced(shared.cluster.write_client.clone(), &key.namespace);
+        Api::namespaced(shared.home.cluster.write_client.clone(), &key.namespace);
     // The resourceVersion makes this a compare-and-swap of the whole list.
     let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": rule.metadata.resource_version}});
-    let _slot = shared.cluster.writer.other_slot().await;
+    let _slot = shared.home.cluster.writer.other_slot().await;
     shared.metrics.write("patch", "CopyratorRule");
     match api
         .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -62,22 +66,22 @@ pub async fn set_finalizer(
 }
 
 /// Carry out deletions, as many at once as writes may be in flight.
-async fn delete_all(
-    shared: &Arc<Shared>,
+pub(crate) async fn delete_all(
+    site: &Site,
     kind: Kind,
     actions: Vec<Action>,
     rule: &str,
 ) -> Vec<(Action, Outcome)> {
     futures::stream::iter(actions)
         .map(|action| async move {
-            let outcome = shared
+            let outcome = site
                 .cluster
                 .writer
                 .execute(kind, &action, ConflictPolicy::Skip, rule)
                 .await;
             (action, outcome)
         })
-        .buffer_unordered(shared.options.limits.write_concurrency as usize)
+        .buffer_unordered(site.cluster.writer.concurrency())
         .collect()
         .await
 }
@@ -86,6 +90,11 @@ async fn delete_all(
 /// finalizer having run, among the rules this operator follows (see
 /// `plan::orphans`).
 pub fn orphans(shared: &Shared, kind: Kind) -> Vec<Action> {
+    orphans_in(shared, &shared.home, kind)
+}
+
+/// [`orphans`] in one site (home, or a member cluster).
+pub fn orphans_in(shared: &Shared, site: &Site, kind: Kind) -> Vec<Action> {
     let responsible = |rule: &str| {
         let Some((namespace, name)) = rule.split_once('/') else {
             return false;
@@ -103,27 +112,43 @@ pub fn orphans(shared: &Shared, kind: Kind) -> Vec<Action> {
         };
         watched_namespace && watched_name && !read(&shared.rules).contains_key(&key)
     };
-    let namespaces = read(&shared.cluster.views.namespaces);
+    let namespaces = read(&site.cluster.views.namespaces);
     let live = |uid: &str| shared.is_live_rule(uid);
-    plan::orphans(&read(shared.copies(kind)), &namespaces, &live, &responsible)
+    plan::orphans(
+        &read(site.cluster.views.copies(kind)),
+        &namespaces,
+        &live,
+        &responsible,
+    )
 }
 
 /// Delete the copies of rules that are gone without their finalizer having
 /// run (see [`orphans`]); returns how many were deleted. `cause` (start,
 /// interval, leading, a kind listed) is said in the log line.
 pub async fn collect_orphans(shared: &Arc<Shared>, cause: &'static str) -> usize {
-    if !shared.leader.is_leader() || !shared.cluster.views.synced.all() {
+    let mut deleted = collect_orphans_in(shared, &shared.home, cause).await;
+    for member in shared.members.all() {
+        if member.is_reachable() {
+            deleted += collect_orphans_in(shared, &member.site, cause).await;
+        }
+    }
+    deleted
+}
+
+/// [`collect_orphans`] in one site.
+pub async fn collect_orphans_in(shared: &Shared, site: &Site, cause: &'static str) -> usize {
+    if !shared.leader.is_leader() || !site.cluster.views.synced.all() {
         return 0;
     }
     let mut deleted = 0;
     let mut failed = 0;
     for kind in Kind::all() {
-        let actions = orphans(shared, kind);
-        let outcomes = delete_all(shared, kind, actions, "(rule gone)").await;
+        let actions = orphans_in(shared, site, kind);
+        let outcomes = delete_all(site, kind, actions, "(rule gone)").await;
         for (action, outcome) in outcomes {
             match (outcome, &action) {
                 (Outcome::Written(_) | Outcome::Ignored(_), Action::Delete { current, .. }) => {
-                    write(shared.copies(kind)).remove(
+                    write(site.cluster.views.copies(kind)).remove(
                         &current.namespace,
                         &current.name,
                         &current.uid,
@@ -138,14 +163,88 @@ pub async fn collect_orphans(shared: &Arc<Shared>, cause: &'static str) -> usize
     if deleted + failed > 0 {
         info!(
             deleted,
-            failed, cause, "collected the copies of rules that are gone"
+            failed,
+            cause,
+            cluster = %site.name,
+            "collected the copies of rules that are gone"
         );
     }
     deleted
 }
 
-/// A deleted rule: delete every copy it made, then let the rule go.
-pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> Result<(), Error> {
+/// How long a deleted rule waits for an unreachable member before it lets
+/// go and leaves that member's copies to its collection of orphans, which
+/// runs when the member answers again.
+pub const MEMBER_CLEANUP_GIVES_UP_AFTER: Duration = Duration::from_secs(600);
+
+/// A deleted rule's copies in member clusters: the members that still hold
+/// some get their passes (which delete them); returns the names of those
+/// the rule still waits for, and of those given up (unreachable for
+/// longer than [`MEMBER_CLEANUP_GIVES_UP_AFTER`]).
+fn members_holding(shared: &Shared, key: &RuleKey, uid: &str) -> (Vec<String>, Vec<String>) {
+    let mut waiting = Vec::new();
+    let mut given_up = Vec::new();
+    for member in shared.members.all() {
+        let left = Kind::all().any(|kind| {
+            let copies = read(member.site.cluster.views.copies(kind));
+            copies.count_owned_by(uid) > copies.count_create_only(uid)
+        });
+        if !left {
+            continue;
+        }
+        let unreachable_for = match &*lock(&member.reach) {
+            Reach::Unreachable { since, .. } => since.elapsed(),
+            _ => Duration::ZERO,
+        };
+        if unreachable_for > MEMBER_CLEANUP_GIVES_UP_AFTER {
+            given_up.push(member.name().to_owned());
+        } else {
+            member.site.queue.add(key.clone(), Touch::All);
+            waiting.push(member.name().to_owned());
+        }
+    }
+    (waiting, given_up)
+}
+
+/// Whether a deleted rule still waits for members to delete its copies
+/// (and when to look again); members given up are said in an Event.
+async fn wait_for_members(
+    shared: &Shared,
+    rule: &CopyratorRule,
+    key: &RuleKey,
+    uid: &str,
+) -> Option<Duration> {
+    let (waiting, given_up) = members_holding(shared, key, uid);
+    if !waiting.is_empty() {
+        info!(rule = %key, members = ?waiting, "rule deleted; waiting for member clusters to delete its copies");
+        return Some(Duration::from_secs(2));
+    }
+    if !given_up.is_empty() {
+        shared
+            .event(
+                rule,
+                EventType::Warning,
+                "ClusterUnreachable",
+                "Delete",
+                format!(
+                    "the rule is being deleted; member clusters unreachable for more than {} minutes still hold its copies, which are deleted when they answer again: {}",
+                    MEMBER_CLEANUP_GIVES_UP_AFTER.as_secs() / 60,
+                    given_up.join(", ")
+                ),
+            )
+            .await;
+    }
+    None
+}
+
+/// A deleted rule: delete every copy it made, here and in every member,
+/// then let the rule go; returns when to look again while members still
+/// hold copies.
+pub async fn cleanup(
+    shared: &Arc<Shared>,
+    rule: &CopyratorRule,
+    uid: &str,
+) -> Result<Option<Duration>, Error> {
     let key = rule.key();
     let mut deleted = 0;
     // Copies handed over to their namespaces (syncPolicy CreateOnly) stay.
@@ -154,12 +253,12 @@ pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> R
     let mut retry = false;
     for kind in Kind::all() {
         let actions = {
-            let namespaces = read(&shared.cluster.views.namespaces);
+            let namespaces = read(&shared.home.cluster.views.namespaces);
             let copies = read(shared.copies(kind));
             left += copies.count_create_only(uid);
             plan::cleanup(uid, &namespaces, &copies)
         };
-        let outcomes = delete_all(shared, kind, actions, &key.to_string()).await;
+        let outcomes = delete_all(&shared.home, kind, actions, &key.to_string()).await;
         for (action, outcome) in outcomes {
             let (namespace, name) = action.target();
             match outcome {
@@ -178,7 +277,7 @@ pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> R
     }
     if retry {
         // Not the leader: the next leader finishes the cleanup.
-        return Ok(());
+        return Ok(None);
     }
     if let Some(first) = errors.first() {
         shared
@@ -199,6 +298,9 @@ pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> R
             first: first.clone(),
         });
     }
+    if let Some(again) = wait_for_members(shared, rule, &key, uid).await {
+        return Ok(Some(again));
+    }
     shared
         .event(
             rule,
@@ -215,5 +317,5 @@ pub async fn cleanup(shared: &Arc<Shared>, rule: &CopyratorRule, uid: &str) -> R
         )
         .await;
     info!(rule = %key, deleted, left, "rule deleted; its copies are cleaned up");
-    set_finalizer(shared, rule, false).await
+    set_finalizer(shared, rule, false).await.map(|()| None)
 }

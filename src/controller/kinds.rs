@@ -18,6 +18,7 @@ use crate::api::kinds::{Discovered, Kind};
 use crate::api::rule::{CopyratorRule, ObjectType, RuleKey};
 use crate::cache::index::Object;
 use crate::cluster::watch::{Change, WatchEnd, Watching, follow, watch_config};
+use crate::controller::site::{Site, SiteName};
 use crate::controller::state::Shared;
 use crate::core::resolve::InvalidRule;
 use crate::core::scope::Touch;
@@ -82,7 +83,7 @@ pub async fn prepare(
     // A refusal stands for its retry interval: a namespace event queues
     // every unresolved rule, and each must not cost a lookup.
     let refusal_key = format!("{group}/{version}/{}", object_type.kind);
-    let standing = lock(&shared.cluster.kind_refusals).standing(&refusal_key, Instant::now());
+    let standing = lock(&shared.home.cluster.kind_refusals).standing(&refusal_key, Instant::now());
     if let Some((invalid, again)) = standing {
         return Ok(KindReadiness::Refused(invalid, again));
     }
@@ -90,7 +91,7 @@ pub async fn prepare(
         Ok(kind) => kind,
         Err(readiness) => {
             if let KindReadiness::Refused(invalid, again) = &readiness {
-                lock(&shared.cluster.kind_refusals).remember(
+                lock(&shared.home.cluster.kind_refusals).remember(
                     refusal_key,
                     invalid,
                     *again,
@@ -109,7 +110,7 @@ pub async fn prepare(
 
 /// Ready once the copies of `kind` are listed.
 fn listed(shared: &Shared, kind: Kind) -> KindReadiness {
-    if shared.cluster.views.synced.copies_of(kind) {
+    if shared.home.cluster.views.synced.copies_of(kind) {
         KindReadiness::Ready
     } else {
         KindReadiness::Listing
@@ -134,7 +135,7 @@ async fn kind_to_watch(
         // stopped because its CRD went, or no rule needed it): ask again.
         Some(kind)
             if kind.info().version == version
-                && lock(&shared.cluster.kind_watches).contains_key(&kind) =>
+                && lock(&shared.home.cluster.kind_watches).contains_key(&kind) =>
         {
             kind
         }
@@ -170,7 +171,7 @@ async fn kind_to_watch(
         }
     };
     // RBAC may have changed since the kind's watch last stopped.
-    if !lock(&shared.cluster.kind_watches).contains_key(&kind) {
+    if !lock(&shared.home.cluster.kind_watches).contains_key(&kind) {
         let info = kind.info();
         if let Some(refused) =
             refused_access(shared, info.group, info.api_kind, info.plural).await?
@@ -192,7 +193,7 @@ async fn discover(
     let gvk = GroupVersionKind::gvk(group, version, &object_type.kind);
     let name = object_type.name();
     let (resource, capabilities) =
-        match kube::discovery::pinned_kind(&shared.cluster.client, &gvk).await {
+        match kube::discovery::pinned_kind(&shared.home.cluster.client, &gvk).await {
             Ok(found) => found,
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 return Ok(Err(unknown(object_type)));
@@ -254,7 +255,7 @@ async fn refused_access(
     kind: &str,
     plural: &str,
 ) -> Result<Option<KindReadiness>, Error> {
-    let reviews: Api<SelfSubjectAccessReview> = Api::all(shared.cluster.client.clone());
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(shared.home.cluster.client.clone());
     let mut refused = Vec::new();
     for verb in [verbs::LIST, verbs::WATCH] {
         let review = SelfSubjectAccessReview {
@@ -319,7 +320,7 @@ fn unknown(object_type: &ObjectType) -> KindReadiness {
 /// [`release_unused`] takes after a rule leaves: a pass that began before
 /// never starts a watch nothing would stop.
 fn watch_copies(shared: &Arc<Shared>, kind: Kind, rule: Option<RuleKey>) -> bool {
-    let mut watches = lock(&shared.cluster.kind_watches);
+    let mut watches = lock(&shared.home.cluster.kind_watches);
     if let Some(key) = &rule
         && !read(&shared.rules).contains_key(key)
     {
@@ -328,8 +329,11 @@ fn watch_copies(shared: &Arc<Shared>, kind: Kind, rule: Option<RuleKey>) -> bool
     if watches.contains_key(&kind) {
         return true;
     }
-    shared.cluster.views.synced.set_copies_of(kind, false);
-    watches.insert(kind, spawn_copy_watch(shared.clone(), kind));
+    shared.home.cluster.views.synced.set_copies_of(kind, false);
+    watches.insert(
+        kind,
+        spawn_copy_watch(shared.clone(), shared.home.clone(), kind),
+    );
     shared.metrics.kind_watches.set(watches.len() as i64);
     true
 }
@@ -381,7 +385,7 @@ async fn watch_named_kind(
                 what: format!("the API group {group:?} (API discovery)"),
                 source: e,
             };
-            let api_group = match kube::discovery::group(&shared.cluster.client, group).await {
+            let api_group = match kube::discovery::group(&shared.home.cluster.client, group).await {
                 Ok(api_group) => api_group,
                 Err(kube::Error::Discovery(_)) => {
                     return Ok(Some("no such API group is served".into()));
@@ -442,7 +446,7 @@ pub async fn release_on_rules_gone(shared: Arc<Shared>) {
 /// copies of the old one to delete), nor an orphan to collect. Copies of
 /// another operator's rules keep no watch running.
 pub fn release_unused(shared: &Shared) {
-    let mut watches = lock(&shared.cluster.kind_watches);
+    let mut watches = lock(&shared.home.cluster.kind_watches);
     // `copyrator plan` plans rules that are in no view: it keeps what it starts.
     if watches.is_empty() || shared.options.keep_kind_watches {
         return;
@@ -462,7 +466,7 @@ pub fn release_unused(shared: &Shared) {
             task.abort();
             write(shared.copies(*kind)).replace_all(Vec::new());
             // Not watched: nothing to wait for.
-            shared.cluster.views.synced.set_copies_of(*kind, true);
+            shared.home.cluster.views.synced.set_copies_of(*kind, true);
         }
         keep
     });
@@ -475,14 +479,14 @@ pub fn release_unused(shared: &Shared) {
 /// the kind is served again (they look every [`UNKNOWN_KIND_RETRY`]).
 pub fn kind_unserved(shared: &Shared, kind: Kind) {
     {
-        let mut watches = lock(&shared.cluster.kind_watches);
+        let mut watches = lock(&shared.home.cluster.kind_watches);
         watches.remove(&kind);
         shared.metrics.kind_watches.set(watches.len() as i64);
     }
     write(shared.copies(kind)).replace_all(Vec::new());
-    shared.cluster.views.synced.set_copies_of(kind, true);
+    shared.home.cluster.views.synced.set_copies_of(kind, true);
     for key in rules_naming(shared, kind) {
-        shared.queue.add(key, crate::core::scope::Touch::All);
+        shared.home.queue.add(key, crate::core::scope::Touch::All);
     }
 }
 
@@ -496,46 +500,46 @@ pub fn rules_naming(shared: &Shared, kind: Kind) -> Vec<RuleKey> {
         .collect()
 }
 
-pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
+pub fn spawn_copy_watch(shared: Arc<Shared>, site: Arc<Site>, kind: Kind) -> JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<DynamicObject> =
-            Api::all_with(shared.cluster.client.clone(), &kind.api_resource());
+            Api::all_with(site.cluster.client.clone(), &kind.api_resource());
         let config = watch_config().labels(crate::LABEL_RULE_UID);
-        let index = shared.copies(kind);
+        let index = site.cluster.views.copies(kind);
         let convert = |object| Arc::new(Object::from_dynamic(kind, object).into_compact());
         let followed = follow(
             api,
             config,
             Watching {
                 name: kind.info().plural,
-                health: &shared.health,
-                pause: &shared.cluster.read_pause,
+                health: &site.cluster.health,
+                pause: &site.cluster.read_pause,
                 stop_if_unserved: kind.info().generic,
             },
             convert,
             |change| {
                 // The rules a change concerns, and what of theirs it touched.
                 let (touched, touch): (Vec<String>, Touch) = match change {
-                    Change::Listed(listed) => copies_listed(&shared, kind, listed),
+                    Change::Listed(listed) => copies_listed(&shared, &site, kind, listed),
                     Change::Applied(object) => {
                         let touch =
                             Touch::Copy(object.namespace.to_string(), object.name.to_string());
                         (write(index).upsert(object), touch)
                     }
-                    Change::Deleted(object) => copy_deleted(&shared, kind, &object),
+                    Change::Deleted(object) => copy_deleted(&shared, &site, kind, &object),
                 };
                 for uid in touched {
                     if let Some(key) = shared.rule_by_uid(&uid) {
-                        shared.queue.add(key, touch.clone());
+                        site.queue.add(key, touch.clone());
                     }
                 }
                 if let Touch::Copy(namespace, name) = &touch {
-                    shared.copy_place_changed(namespace, name);
+                    shared.copy_place_changed(&site, namespace, name);
                 }
             },
         )
         .await;
-        if followed == WatchEnd::Unserved {
+        if followed == WatchEnd::Unserved && site.name == SiteName::Home {
             kind_unserved(&shared, kind);
         }
     })
@@ -546,16 +550,17 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, kind: Kind) -> JoinHandle<()> {
 /// operator ran are collected.
 fn copies_listed(
     shared: &Arc<Shared>,
+    site: &Site,
     kind: Kind,
     listed: Vec<Arc<Object>>,
 ) -> (Vec<String>, Touch) {
-    let index = shared.copies(kind);
+    let index = site.cluster.views.copies(kind);
     let touched = write(index).replace_all(listed);
-    shared.cluster.views.synced.set_copies_of(kind, true);
-    if kind.info().generic {
+    site.cluster.views.synced.set_copies_of(kind, true);
+    if kind.info().generic && site.name == SiteName::Home {
         // Its rules waited for this list, copies or not.
         for key in rules_naming(shared, kind) {
-            shared.queue.add(key, Touch::All);
+            shared.home.queue.add(key, Touch::All);
         }
         // Copies of rules gone while no operator ran.
         let shared = shared.clone();
@@ -569,8 +574,13 @@ fn copies_listed(
 
 /// A copy of `kind` deleted: out of the view; deleted by someone else, a
 /// copy we wrote counts towards its contest.
-fn copy_deleted(shared: &Shared, kind: Kind, object: &Arc<Object>) -> (Vec<String>, Touch) {
-    let index = shared.copies(kind);
+fn copy_deleted(
+    shared: &Shared,
+    site: &Site,
+    kind: Kind,
+    object: &Arc<Object>,
+) -> (Vec<String>, Touch) {
+    let index = site.cluster.views.copies(kind);
     let namespace = object.namespace.clone();
     let name = object.name.clone();
     let removed = write(index).deleted(&namespace, &name, &object.uid);
@@ -583,7 +593,7 @@ fn copy_deleted(shared: &Shared, kind: Kind, object: &Arc<Object>) -> (Vec<Strin
             removed.rule_uid().and_then(|uid| shared.rule_by_uid(uid)),
         )
     {
-        lock(&shared.backoffs).deleted_by_others(
+        lock(&site.backoffs).deleted_by_others(
             &(kind, namespace.to_string(), name.to_string()),
             &rule,
             written_for,

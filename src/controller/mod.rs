@@ -3,9 +3,13 @@
 //! the copy watches of the kinds rules name.
 
 pub mod finalizer;
+pub mod fleet;
 pub mod kinds;
+pub mod member_pass;
+pub mod members;
 pub mod queue;
 pub mod reconcile;
+pub mod site;
 pub mod state;
 pub mod watches;
 pub mod workers;

@@ -15,12 +15,15 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::api::kinds::Kind;
-use crate::api::rule::{ConflictEntry, ContestedEntry, CopyratorRule, RuleKey, RuleStatus};
+use crate::api::rule::{
+    ClusterStatus, ConflictEntry, ContestedEntry, CopyratorRule, RuleKey, RuleStatus,
+};
 use crate::cache::index::{Object, ObjectKey};
 use crate::cluster::sources::Sources;
 use crate::cluster::writer::Outcome;
 use crate::controller::finalizer::{cleanup, set_finalizer};
 use crate::controller::kinds::KindReadiness;
+use crate::controller::site::Site;
 use crate::controller::state::Shared;
 use crate::core::backoff::{Admission, CopyKey, Failure, FailureClass, Waiting};
 use crate::core::pass_log::{self, Line, Written};
@@ -35,27 +38,27 @@ use crate::{Error, FIELD_MANAGER};
 
 /// What a rule's pass did, for its status, its log line and its requeue.
 #[derive(Default)]
-struct Pass {
-    plan: Plan,
+pub(crate) struct Pass {
+    pub(crate) plan: Plan,
     /// Every conflict of the rule, from this pass and the earlier ones
     /// whose places it did not look at.
-    conflicts: Vec<ConflictEntry>,
+    pub(crate) conflicts: Vec<ConflictEntry>,
     /// Copies of the rule in place after this pass, wherever they are.
-    copies: u32,
-    created: u32,
-    updated: u32,
-    pruned: u32,
-    deleted: u32,
+    pub(crate) copies: u32,
+    pub(crate) created: u32,
+    pub(crate) updated: u32,
+    pub(crate) pruned: u32,
+    pub(crate) deleted: u32,
     /// Not written because this process does not lead.
-    not_leader: u32,
+    pub(crate) not_leader: u32,
     /// Writes that failed in this pass: `(what, failure)`.
-    failed: Vec<(String, Failure)>,
+    pub(crate) failed: Vec<(String, Failure)>,
     /// Writes waiting out the backoff of an earlier failure.
-    deferred: Vec<(String, Failure)>,
+    pub(crate) deferred: Vec<(String, Failure)>,
     /// Restores of contested copies waiting out their backoff.
-    contest_waits: u32,
+    pub(crate) contest_waits: u32,
     /// When the earliest copy in backoff may be written.
-    retry_at: Option<Instant>,
+    pub(crate) retry_at: Option<Instant>,
 }
 
 impl Pass {
@@ -64,7 +67,7 @@ impl Pass {
     }
 
     /// Every copy that is not written because of a failure, this pass or before.
-    fn failing(&self) -> impl Iterator<Item = &(String, Failure)> {
+    pub(crate) fn failing(&self) -> impl Iterator<Item = &(String, Failure)> {
         self.failed.iter().chain(&self.deferred)
     }
 }
@@ -78,18 +81,18 @@ pub async fn reconcile(
     scope: Scope,
 ) -> Result<Option<Duration>, Error> {
     let Some(rule) = read(&shared.rules).get(key).cloned() else {
-        lock(&shared.cluster.sources).remove(key);
+        lock(&shared.home.cluster.sources).remove(key);
         return Ok(None);
     };
     let uid = rule.uid().unwrap_or_default().to_owned();
     let (resolved, sources) = match prepare(shared, &rule, true).await? {
         Prepared::KindListing => {
-            shared.queue.carry(key, scope);
+            shared.home.queue.carry(key, scope);
             return Ok(None);
         }
         Prepared::Deleting => {
             if rule.has_finalizer() {
-                cleanup(shared, &rule, &uid).await?;
+                return cleanup(shared, &rule, &uid).await;
             }
             return Ok(None);
         }
@@ -109,7 +112,7 @@ pub async fn reconcile(
             SourcesWait::Again(again) => return Ok(again),
         };
     let started = Instant::now();
-    let pass = carry_out(shared, &rule, &resolved, &sources, scope).await;
+    let pass = carry_out(shared, &shared.home, &rule, &resolved, &sources, scope).await;
     let failing = pass.failing().count();
     let observed = observed_after(shared, &rule, &resolved, &pass, &uid);
     let published = publish_status(shared, &rule, &observed).await?;
@@ -118,7 +121,7 @@ pub async fn reconcile(
     shared
         .metrics
         .copies_contested
-        .set(lock(&shared.backoffs).contested_total() as i64);
+        .set(lock(&shared.home.backoffs).contested_total() as i64);
     let retry = pass
         .retry_at
         .map(|at| at.saturating_duration_since(Instant::now()));
@@ -206,7 +209,7 @@ async fn report_invalid(
 ) -> Result<Option<Duration>, Error> {
     let key = rule.key();
     write(&shared.resolved).remove(&key);
-    lock(&shared.cluster.sources).remove(&key);
+    lock(&shared.home.cluster.sources).remove(&key);
     shared.metrics.reconciled("invalid");
     let observed = invalid_observed(shared, rule, uid, &invalid);
     let published = publish_status(shared, rule, &observed).await?;
@@ -243,7 +246,7 @@ async fn wait_for_sources(
 ) -> Result<SourcesWait, Error> {
     let key = &resolved.key;
     let waited = {
-        let mut memory = lock(&shared.memory);
+        let mut memory = lock(&shared.home.memory);
         let memory = memory.entry(key.clone()).or_default();
         match sources {
             Sources::Listed(_) => {
@@ -271,7 +274,7 @@ async fn wait_for_sources(
                 waiting_for_sources: Some((listed, of)),
                 ..Default::default()
             };
-            shared.queue.carry(key, scope);
+            shared.home.queue.carry(key, scope);
             let published = publish_status(shared, rule, &observed).await?;
             // The watches queue the rule again once they have listed.
             return Ok(SourcesWait::Again(published.again_in()));
@@ -282,9 +285,11 @@ async fn wait_for_sources(
         Sources::Waiting { .. } => Some(WAITING_STATUS_EVERY),
         Sources::Unknown => None,
     };
-    shared.queue.carry(key, scope);
+    shared.home.queue.carry(key, scope);
     Ok(SourcesWait::Again(again))
 }
+
+const MEMBERS_OFF: &str = "the rule targets member clusters (targets.clusters), and the operator runs without --member-clusters";
 
 /// What a pass saw and did, as its status says it.
 fn observed_after(
@@ -294,7 +299,11 @@ fn observed_after(
     pass: &Pass,
     uid: &str,
 ) -> Observed {
-    let contested: Vec<ContestedEntry> = lock(&shared.backoffs)
+    // The counts cover every cluster: home's, and each member's as its
+    // last pass there reported.
+    let clusters = crate::controller::members::statuses(&shared.members, resolved);
+    let in_members = |count: fn(&ClusterStatus) -> u32| clusters.iter().map(count).sum::<u32>();
+    let contested: Vec<ContestedEntry> = lock(&shared.home.backoffs)
         .contested(&resolved.key)
         .into_iter()
         .map(|c| ContestedEntry {
@@ -304,22 +313,31 @@ fn observed_after(
         })
         .collect();
     let failing = pass.failing().count();
-    let problem = pass.failing().next().map(|(what, failure)| {
-        (
-            "SyncFailed".to_string(),
-            format!(
-                "{failing} copies could not be written; first: {what}: {}; {}",
-                failure.message,
-                retry_note(failure.class)
-            ),
-        )
+    let members_off =
+        (!shared.options.member_clusters && resolved.clusters.names_members()).then(|| {
+            (
+                "MemberClustersDisabled".to_string(),
+                MEMBERS_OFF.to_string(),
+            )
+        });
+    let problem = members_off.or_else(|| {
+        pass.failing().next().map(|(what, failure)| {
+            (
+                "SyncFailed".to_string(),
+                format!(
+                    "{failing} copies could not be written; first: {what}: {}; {}",
+                    failure.message,
+                    retry_note(failure.class)
+                ),
+            )
+        })
     });
     Observed {
         generation: rule.metadata.generation,
         rule_type: Some(resolved.kind.info().rule_type.to_string()),
         sources: pass.plan.sources,
-        target_namespaces: pass.plan.target_namespaces,
-        copies: pass.copies,
+        target_namespaces: pass.plan.target_namespaces + in_members(|c| c.target_namespaces),
+        copies: pass.copies + in_members(|c| c.copies),
         create_only_copies: read(shared.copies(resolved.kind)).count_create_only(uid) as u32,
         conflicts: pass.conflicts.clone(),
         problem,
@@ -341,6 +359,7 @@ fn observed_after(
             })
             .collect(),
         waiting_for_sources: None,
+        clusters,
     }
 }
 
@@ -368,8 +387,8 @@ fn invalid_observed(
 
 /// The rule's sources, once the shared watches have listed what it needs;
 /// registering the need starts those watches.
-fn sources_of(shared: &Shared, resolved: &ResolvedRule) -> Sources {
-    let mut hub = lock(&shared.cluster.sources);
+pub(crate) fn sources_of(shared: &Shared, resolved: &ResolvedRule) -> Sources {
+    let mut hub = lock(&shared.home.cluster.sources);
     hub.set(resolved);
     shared.metrics.source_watches.set(hub.watch_count() as i64);
     hub.sources(&resolved.key)
@@ -414,7 +433,7 @@ fn preview_deletion(shared: &Shared, rule: &CopyratorRule, uid: &str) -> Preview
     let rule_name = rule.key().to_string();
     let mut changes = Vec::new();
     if rule.has_finalizer() {
-        let namespaces = read(&shared.cluster.views.namespaces);
+        let namespaces = read(&shared.home.cluster.views.namespaces);
         for kind in Kind::all() {
             for action in plan::cleanup(uid, &namespaces, &read(shared.copies(kind))) {
                 changes.push(PlannedChange::of(&rule_name, kind, &action));
@@ -439,6 +458,7 @@ async fn preview_plan(
     // A fresh process knows no conflict yet: the lookup below finds them.
     let (mut plan, other_kind_deletions) = plan_pass(
         shared,
+        &shared.home,
         resolved,
         sources,
         &Scope::everything(),
@@ -469,7 +489,7 @@ async fn preview_plan(
         )
         .collect();
     skipped.extend(
-        plan::left_out_namespaces(resolved, &read(&shared.cluster.views.namespaces))
+        plan::left_out_namespaces(resolved, &read(&shared.home.cluster.views.namespaces))
             .into_iter()
             .map(|(namespace, exclusion)| Skip::namespace(key, namespace, exclusion)),
     );
@@ -499,7 +519,7 @@ async fn take_over_or_skip(
     }
     let kind = resolved.kind;
     let api: Api<DynamicObject> =
-        Api::all_with(shared.cluster.client.clone(), &kind.api_resource());
+        Api::all_with(shared.home.cluster.client.clone(), &kind.api_resource());
     let mut lists = futures::stream::iter(names)
         .map(|name| {
             let api = api.clone();
@@ -569,7 +589,7 @@ fn log_pass(shared: &Shared, key: &RuleKey, pass: &Pass, failing: usize, took: D
         deleted: pass.pruned + pass.deleted,
     };
     let line = {
-        let mut memory = lock(&shared.memory);
+        let mut memory = lock(&shared.home.memory);
         let memory = memory.entry(key.clone()).or_default();
         pass_log::line(
             &mut memory.failure_log,
@@ -578,7 +598,7 @@ fn log_pass(shared: &Shared, key: &RuleKey, pass: &Pass, failing: usize, took: D
             Instant::now(),
         )
     };
-    let contested = lock(&shared.backoffs).contested(key).len();
+    let contested = lock(&shared.home.backoffs).contested(key).len();
     let conflicts = pass.conflicts.len();
     let took_ms = took.as_millis() as u64;
     let (message, told) = match line {
@@ -621,7 +641,7 @@ async fn announce(
     observed: &Observed,
 ) {
     let (new_conflicts, new_refusals) = note_announced(shared, &resolved.key, pass, observed);
-    let contests = lock(&shared.backoffs).take_unannounced(&resolved.key);
+    let contests = lock(&shared.home.backoffs).take_unannounced(&resolved.key);
     let said = Said {
         kind: resolved.kind,
         new_conflicts,
@@ -646,7 +666,7 @@ fn note_announced(
     pass: &Pass,
     observed: &Observed,
 ) -> (Vec<ConflictEntry>, Vec<ConflictEntry>) {
-    let mut memory = lock(&shared.memory);
+    let mut memory = lock(&shared.home.memory);
     let memory = memory.entry(key.clone()).or_default();
     let current: HashSet<ConflictEntry> = pass.conflicts.iter().cloned().collect();
     let fresh = current.difference(&memory.announced).cloned().collect();
@@ -775,7 +795,7 @@ fn waiting_worth_saying(rule: &CopyratorRule) -> bool {
 }
 
 /// When a failed write is tried again, for status and Event messages.
-fn retry_note(class: FailureClass) -> &'static str {
+pub(crate) fn retry_note(class: FailureClass) -> &'static str {
     match class {
         FailureClass::Invalid => {
             "not written again until the source or the rule changes (or after an hour)"
@@ -823,14 +843,15 @@ fn changed_back_by(action: &Action) -> Option<String> {
 /// and the deletions of its copies of another kind (its type changed).
 fn plan_pass(
     shared: &Shared,
+    site: &Site,
     resolved: &ResolvedRule,
     sources: &[Arc<Object>],
     scope: &Scope,
     known_conflicts: &HashMap<ObjectKey, String>,
 ) -> (Plan, Vec<(Kind, Action)>) {
-    let namespaces = read(&shared.cluster.views.namespaces);
+    let namespaces = read(&site.cluster.views.namespaces);
     let plan = {
-        let copies = read(shared.copies(resolved.kind));
+        let copies = read(site.cluster.views.copies(resolved.kind));
         let live = |uid: &str| shared.is_live_rule(uid);
         plan::plan(&Inputs {
             rule: resolved,
@@ -846,7 +867,11 @@ fn plan_pass(
     if resolved.prune {
         for kind in Kind::all().filter(|k| *k != resolved.kind && resolved.policy.kinds.copies(*k))
         {
-            for action in plan::cleanup(&resolved.uid, &namespaces, &read(shared.copies(kind))) {
+            for action in plan::cleanup(
+                &resolved.uid,
+                &namespaces,
+                &read(site.cluster.views.copies(kind)),
+            ) {
                 other_kind_deletions.push((kind, action));
             }
         }
@@ -856,8 +881,9 @@ fn plan_pass(
 
 /// A rule's pass: plan what its scope concerns, then write what each
 /// copy's backoff admits, and take the outcomes into the rule's tally.
-async fn carry_out(
+pub(crate) async fn carry_out(
     shared: &Arc<Shared>,
+    site: &Site,
     rule: &CopyratorRule,
     resolved: &ResolvedRule,
     sources: &[Arc<Object>],
@@ -867,15 +893,15 @@ async fn carry_out(
         uid: resolved.uid.clone(),
         generation: rule.metadata.generation,
     };
-    let (scope, known_conflicts) = pass_scope(shared, resolved, &basis, scope);
+    let (scope, known_conflicts) = pass_scope(site, resolved, &basis, scope);
     let (mut plan, other_kind_deletions) =
-        plan_pass(shared, resolved, sources, &scope, &known_conflicts);
+        plan_pass(shared, site, resolved, sources, &scope, &known_conflicts);
     shared
         .metrics
         .copies_examined
         .inc_by(u64::from(plan.examined));
     // What this pass looked at replaces what the rule's tally held there.
-    lock(&shared.memory)
+    lock(&site.memory)
         .entry(resolved.key.clone())
         .or_default()
         .tally
@@ -886,11 +912,11 @@ async fn carry_out(
         .map(|a| (resolved.kind, a))
         .chain(other_kind_deletions)
         .collect();
-    let admitted = admit(shared, resolved, actions, &mut pass);
-    defer_failed_elsewhere(shared, resolved, &scope, &mut pass);
-    let new_conflicts = write_admitted(shared, resolved, admitted, &mut pass).await;
-    remember_conflicts(shared, rule, resolved, new_conflicts);
-    finish(shared, resolved, &mut pass, plan);
+    let admitted = admit(site, resolved, actions, &mut pass);
+    defer_failed_elsewhere(site, resolved, &scope, &mut pass);
+    let new_conflicts = write_admitted(site, resolved, admitted, &mut pass).await;
+    remember_conflicts(site, rule, resolved, new_conflicts);
+    finish(site, resolved, &mut pass, plan);
     pass
 }
 
@@ -899,12 +925,12 @@ async fn carry_out(
 /// longer have: such a pass looks at everything; a pass that retries
 /// looks again at every place left unsettled.
 fn pass_scope(
-    shared: &Shared,
+    site: &Site,
     resolved: &ResolvedRule,
     basis: &Basis,
     scope: Scope,
 ) -> (Scope, HashMap<ObjectKey, String>) {
-    let memory = lock(&shared.memory);
+    let memory = lock(&site.memory);
     let memory = memory.get(&resolved.key);
     let mut scope = match memory {
         Some(memory) => memory.tally.scope_for(basis, scope),
@@ -929,7 +955,7 @@ type Admitted = (CopyKey, Kind, Action);
 /// Each copy's backoff decides whether it is written in this pass; of the
 /// copies behind the rule's refusal gate, one may probe.
 fn admit(
-    shared: &Shared,
+    site: &Site,
     resolved: &ResolvedRule,
     actions: Vec<(Kind, Action)>,
     pass: &mut Pass,
@@ -937,7 +963,7 @@ fn admit(
     let now = Instant::now();
     let mut admitted = Vec::with_capacity(actions.len());
     let mut refused = Vec::new();
-    let mut backoffs = lock(&shared.backoffs);
+    let mut backoffs = lock(&site.backoffs);
     for (kind, action) in actions {
         let (namespace, name) = action.target();
         let copy: CopyKey = (kind, namespace.to_owned(), name.to_owned());
@@ -990,25 +1016,20 @@ fn admit(
 
 /// Copies that failed before, where this pass did not look: they still
 /// wait, and the status says so as a pass over everything would.
-fn defer_failed_elsewhere(
-    shared: &Shared,
-    resolved: &ResolvedRule,
-    scope: &Scope,
-    pass: &mut Pass,
-) {
+fn defer_failed_elsewhere(site: &Site, resolved: &ResolvedRule, scope: &Scope, pass: &mut Pass) {
     let failed_before = if scope.is_everything()
-        || !lock(&shared.memory)
+        || !lock(&site.memory)
             .get(&resolved.key)
             .is_some_and(|m| m.tally.has_unwritten())
     {
         Vec::new()
     } else {
-        lock(&shared.backoffs).failures(&resolved.key)
+        lock(&site.backoffs).failures(&resolved.key)
     };
     if failed_before.is_empty() {
         return;
     }
-    let memory = lock(&shared.memory);
+    let memory = lock(&site.memory);
     let tally = memory.get(&resolved.key).map(|m| &m.tally);
     for ((kind, namespace, name), failure, retry_at) in failed_before {
         let still_unwritten = tally.is_some_and(|t| t.is_unwritten(&namespace, &name));
@@ -1024,20 +1045,19 @@ fn defer_failed_elsewhere(
 /// each outcome as it comes (a pass of 100,000 writes never holds them all
 /// at once); returns the conflicts the writes met.
 async fn write_admitted(
-    shared: &Arc<Shared>,
+    site: &Site,
     resolved: &ResolvedRule,
     admitted: Vec<Admitted>,
     pass: &mut Pass,
 ) -> Vec<(ObjectKey, String)> {
     let rule_name = resolved.key.to_string();
     let policy = resolved.conflict_policy;
-    let concurrency = shared.options.limits.write_concurrency as usize;
+    let concurrency = site.cluster.writer.concurrency();
     let mut results = futures::stream::iter(admitted)
         .map(|(copy, kind, action)| {
-            let shared = shared.clone();
             let rule_name = rule_name.clone();
             async move {
-                let outcome = shared
+                let outcome = site
                     .cluster
                     .writer
                     .execute(kind, &action, policy, &rule_name)
@@ -1048,8 +1068,7 @@ async fn write_admitted(
         .buffer_unordered(concurrency);
     let mut new_conflicts = Vec::new();
     while let Some((copy, kind, action, outcome)) = results.next().await {
-        if let Some(conflict) = take_outcome(shared, resolved, pass, (copy, kind, action), outcome)
-        {
+        if let Some(conflict) = take_outcome(site, resolved, pass, (copy, kind, action), outcome) {
             new_conflicts.push(conflict);
         }
     }
@@ -1060,7 +1079,7 @@ async fn write_admitted(
 /// view of copies (write-through) and the pass's counts; a conflict met
 /// is returned.
 fn take_outcome(
-    shared: &Shared,
+    site: &Site,
     resolved: &ResolvedRule,
     pass: &mut Pass,
     (copy, kind, action): Admitted,
@@ -1070,7 +1089,7 @@ fn take_outcome(
     let settles =
         kind == resolved.kind && matches!(outcome, Outcome::Written(_) | Outcome::Ignored(_));
     if settles {
-        lock(&shared.memory)
+        lock(&site.memory)
             .entry(resolved.key.clone())
             .or_default()
             .tally
@@ -1078,13 +1097,13 @@ fn take_outcome(
     }
     match outcome {
         Outcome::Written(object) => {
-            if lock(&shared.backoffs).succeeded(&copy, Instant::now()) {
+            if lock(&site.backoffs).succeeded(&copy, Instant::now()) {
                 // A refusal was lifted: the rule's other refused copies
                 // go in the next pass, at once.
                 pass.retry_no_later_than(Instant::now());
             }
             // Write-through: the next pass sees our write even before its watch event.
-            let mut index = write(shared.copies(kind));
+            let mut index = write(site.cluster.views.copies(kind));
             match (object, &action) {
                 (Some(object), _) => {
                     index.upsert_written(object);
@@ -1106,11 +1125,11 @@ fn take_outcome(
         }
         Outcome::Conflict(reason) => {
             // No write is owed there any more: an earlier failure is moot.
-            lock(&shared.backoffs).no_longer_owed(&copy);
+            lock(&site.backoffs).no_longer_owed(&copy);
             return Some(((namespace.to_owned(), name.to_owned()), reason));
         }
         Outcome::Failed(failure) => {
-            let at = lock(&shared.backoffs).failed(
+            let at = lock(&site.backoffs).failed(
                 &copy,
                 &resolved.key,
                 wanted_hash(&action),
@@ -1129,12 +1148,12 @@ fn take_outcome(
 /// The conflicts the writes met join the rule's tally and memory; a
 /// target that is ours now is no conflict any more.
 fn remember_conflicts(
-    shared: &Shared,
+    site: &Site,
     rule: &CopyratorRule,
     resolved: &ResolvedRule,
     new_conflicts: Vec<(ObjectKey, String)>,
 ) {
-    let mut memory = lock(&shared.memory);
+    let mut memory = lock(&site.memory);
     let memory = memory.entry(resolved.key.clone()).or_default();
     for (key, reason) in new_conflicts {
         memory
@@ -1142,7 +1161,7 @@ fn remember_conflicts(
             .set(&key.0, &key.1, Unsettled::Conflict(reason.clone()));
         memory.known_conflicts.insert(key, reason);
     }
-    let copies = read(shared.copies(resolved.kind));
+    let copies = read(site.cluster.views.copies(resolved.kind));
     memory.known_conflicts.retain(|(ns, name), _| {
         copies
             .get(ns, name)
@@ -1152,8 +1171,8 @@ fn remember_conflicts(
 
 /// The rule's counts and conflicts after a pass, from its tally: exact
 /// whatever part of the rule the pass looked at.
-fn finish(shared: &Shared, resolved: &ResolvedRule, pass: &mut Pass, plan: Plan) {
-    let counts = lock(&shared.memory)
+fn finish(site: &Site, resolved: &ResolvedRule, pass: &mut Pass, plan: Plan) {
+    let counts = lock(&site.memory)
         .get(&resolved.key)
         .map(|m| m.tally.counts(&plan));
     if let Some(counts) = counts {
@@ -1178,7 +1197,7 @@ pub async fn publish_status(
     let unchanged = current.is_some_and(|s| status::same_content(s, &next));
     let counts_only = current.is_some_and(|s| status::counts_only(s, &next));
     let timing = status_timing(
-        &mut lock(&shared.memory),
+        &mut lock(&shared.home.memory),
         &key,
         unchanged,
         counts_only,
@@ -1193,13 +1212,13 @@ pub async fn publish_status(
         return Ok(Published::Unchanged);
     }
     let api: Api<CopyratorRule> =
-        Api::namespaced(shared.cluster.write_client.clone(), &key.namespace);
+        Api::namespaced(shared.home.cluster.write_client.clone(), &key.namespace);
     let body = json!({
         "apiVersion": format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
         "kind": crate::api::KIND,
         "status": next,
     });
-    let _slot = shared.cluster.writer.other_slot().await;
+    let _slot = shared.home.cluster.writer.other_slot().await;
     shared.metrics.write("patch", "CopyratorRule");
     let updated = api
         .patch_status(
@@ -1234,7 +1253,7 @@ enum StatusTiming {
 /// after its copies, not one before each next rule's copies; anything else
 /// new goes out at once. Keeps the rule's due time in its memory.
 fn status_timing(
-    memory: &mut HashMap<RuleKey, crate::controller::state::RuleMemory>,
+    memory: &mut HashMap<RuleKey, crate::controller::site::RuleMemory>,
     key: &RuleKey,
     unchanged: bool,
     counts_only: bool,
@@ -1366,7 +1385,7 @@ mod tests {
 
     #[test]
     fn new_counts_wait_a_moment_and_anything_else_goes_at_once() {
-        let mut memory: HashMap<RuleKey, crate::controller::state::RuleMemory> = HashMap::new();
+        let mut memory: HashMap<RuleKey, crate::controller::site::RuleMemory> = HashMap::new();
         let key = RuleKey {
             namespace: "ns".into(),
             name: "r".into(),

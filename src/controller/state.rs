@@ -4,7 +4,7 @@
 //! backoff, and the order in which their locks may be taken.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use crate::cluster::context::{Cluster, Limits};
 use crate::sync::{lock, read, write};
@@ -14,11 +14,11 @@ use kube::runtime::events::{Event as KubeEvent, EventType};
 use tracing::warn;
 
 use crate::api::kinds::Kind;
-use crate::api::rule::{ConflictEntry, CopyratorRule, RuleKey};
-use crate::cache::index::{CopyIndex, NamespaceInfo, ObjectKey};
+use crate::api::rule::{CopyratorRule, RuleKey};
+use crate::cache::index::{CopyIndex, NamespaceInfo};
 use crate::cluster::leader::LeaderGate;
-use crate::controller::queue::Queue;
-use crate::core::backoff::Backoffs;
+use crate::controller::members::{Member, Members};
+use crate::controller::site::{Site, SiteName};
 use crate::core::resolve::{ResolvedRule, Trust};
 use crate::core::scope::Touch;
 use crate::ops::http::Health;
@@ -35,30 +35,11 @@ pub struct Options {
     /// Keep every copy watch started, needed or not: `copyrator plan`
     /// plans rules that are in no view.
     pub keep_kind_watches: bool,
-}
-
-/// A rule's memory between reconciles.
-#[derive(Default)]
-pub struct RuleMemory {
-    /// Targets that hold a foreign object of the copy's name.
-    pub known_conflicts: HashMap<ObjectKey, String>,
-    /// Conflicts already announced by an Event.
-    pub announced: HashSet<ConflictEntry>,
-    /// Sources refused for their type, already announced by an Event.
-    pub announced_refusals: HashSet<ConflictEntry>,
-    /// When a status that only brings new counts is written.
-    pub counts_due: Option<tokio::time::Instant>,
-    /// Since when the rule waits for its source watches to list.
-    pub waiting_since: Option<tokio::time::Instant>,
-    /// Consecutive failed passes, for the retry backoff.
-    pub failures: u32,
-    /// What the rule's last failure line said, so that an unchanged
-    /// failure is not logged on every pass.
-    pub failure_log: Option<crate::core::pass_log::FailureLog>,
-    pub copies: i64,
-    pub conflicts: i64,
-    /// What the rule's passes left unsettled, place by place.
-    pub tally: crate::core::tally::Tally,
+    /// This cluster's name in copies kept in member clusters
+    /// (`--cluster-name`).
+    pub cluster_name: String,
+    /// Read the inventory of member clusters (`--member-clusters`).
+    pub member_clusters: bool,
 }
 
 /// The rules as watched, by key and by UID, kept together under one lock
@@ -102,6 +83,15 @@ impl RuleView {
     }
 }
 
+/// Whether a rule's spec says anything of clusters (its resolution, which
+/// may not have run yet, says which).
+fn names_clusters(rule: &CopyratorRule) -> bool {
+    rule.spec
+        .as_ref()
+        .and_then(|spec| spec.targets.as_ref())
+        .is_some_and(|targets| targets.clusters.is_some())
+}
+
 /// The controller's state, shared by the watches, the workers and the HTTP
 /// server: the cluster it serves, what it follows, the rules, and what it
 /// remembers of each rule and each copy between passes.
@@ -114,22 +104,24 @@ impl RuleView {
 /// to forget it.) The cluster's `sources` and `kind_refusals`, and the
 /// queue's own lock, are never held while another is taken.
 pub struct Shared {
-    pub cluster: Cluster,
+    /// The cluster the operator runs in: its rules, sources and copies.
+    pub home: Arc<Site>,
     pub options: Options,
     pub trust: Trust,
     pub rules: RwLock<RuleView>,
     /// Each valid rule as its last pass resolved it: which namespaces
     /// concern it, so that a namespace event queues only those rules.
     pub resolved: RwLock<HashMap<RuleKey, Arc<ResolvedRule>>>,
-    pub memory: Mutex<HashMap<RuleKey, RuleMemory>>,
-    pub backoffs: Mutex<Backoffs>,
-    pub queue: Queue,
     pub metrics: Arc<Metrics>,
     pub leader: LeaderGate,
     pub health: Arc<Health>,
     /// Rung when a rule leaves the view, for the task that stops the copy
     /// watches no rule needs.
     pub rules_gone: tokio::sync::Notify,
+    /// The member clusters of the inventory.
+    pub members: Members,
+    /// Set once at shutdown: work loops (home's and every member's) stop.
+    stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -147,35 +139,104 @@ impl Shared {
             // the controller, which sits above the cluster's watches.
             let queue_rule = Arc::new(move |key: &RuleKey, touch: Touch| {
                 if let Some(shared) = weak.upgrade() {
-                    shared.queue.add(key.clone(), touch);
+                    shared.queue_everywhere(key, touch);
                 }
             });
+            let cluster = Cluster::new(
+                clients,
+                options.limits,
+                metrics.clone(),
+                leader.clone(),
+                health.clone(),
+                queue_rule,
+            );
             Self {
-                cluster: Cluster::new(
-                    clients,
-                    options.limits,
-                    metrics.clone(),
-                    leader.clone(),
-                    health.clone(),
-                    queue_rule,
-                ),
+                home: Arc::new(Site::new(SiteName::Home, cluster, metrics.clone())),
                 trust,
                 options,
                 rules: RwLock::default(),
                 resolved: RwLock::default(),
-                memory: Mutex::default(),
-                backoffs: Mutex::default(),
-                queue: Queue::new(metrics.clone()),
                 metrics,
                 leader,
                 health,
                 rules_gone: tokio::sync::Notify::new(),
+                members: Members::default(),
+                stop: tokio::sync::watch::Sender::new(false),
             }
         })
     }
 
+    /// Told when the work loops are to stop.
+    pub fn stopping(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.stop.subscribe()
+    }
+
+    /// Stop the work loops, home's and every member's.
+    pub fn stop_work(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// The rules a site has passes for: every rule at home; in a member,
+    /// those whose targets select it and those that still hold copies or
+    /// state there.
+    pub fn rules_for(&self, site: &SiteName) -> Vec<RuleKey> {
+        let rules = read(&self.rules);
+        let Some(name) = site.member() else {
+            return rules.keys().cloned().collect();
+        };
+        let Some(member) = self.members.get(name) else {
+            return Vec::new();
+        };
+        let held = lock(&member.site.memory)
+            .keys()
+            .cloned()
+            .collect::<HashSet<_>>();
+        rules
+            .iter()
+            .filter(|(key, rule)| {
+                held.contains(*key)
+                    || self.names_member(key, &member)
+                    || rule.uid().is_some_and(|uid| member.holds_copies_of(uid))
+            })
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
+    /// Whether a rule's targets (as last resolved) select a member.
+    pub fn names_member(&self, key: &RuleKey, member: &Member) -> bool {
+        let labels = read(&member.labels);
+        read(&self.resolved)
+            .get(key)
+            .is_some_and(|rule| rule.clusters.selects(member.name(), &labels))
+    }
+
+    /// Members that left the inventory and hold no copy of a rule any more go.
+    pub fn retire_left_members(&self) {
+        let uids: Vec<String> = read(&self.rules)
+            .values()
+            .filter_map(|rule| rule.uid().map(str::to_owned))
+            .collect();
+        self.members.retire_left(&uids);
+    }
+
+    /// Queue a rule's pass at home, and in every member where it has one.
+    pub fn queue_everywhere(&self, key: &RuleKey, touch: Touch) {
+        self.home.queue.add(key.clone(), touch.clone());
+        let rule = read(&self.rules).get(key).cloned();
+        for member in self.members.all() {
+            let concerned = lock(&member.site.memory).contains_key(key)
+                || rule.as_ref().is_some_and(|rule| {
+                    names_clusters(rule)
+                        || rule.uid().is_some_and(|uid| member.holds_copies_of(uid))
+                });
+            if concerned {
+                member.site.queue.add(key.clone(), touch.clone());
+            }
+        }
+    }
+
     pub fn copies(&self, kind: Kind) -> &RwLock<CopyIndex> {
-        self.cluster.views.copies(kind)
+        self.home.cluster.views.copies(kind)
     }
 
     pub fn rule_by_uid(&self, uid: &str) -> Option<RuleKey> {
@@ -193,9 +254,9 @@ impl Shared {
             .is_some_and(|held| asks_the_same(held, &rule));
         if self.set_rule_quietly(key.clone(), rule) {
             if asks_the_same {
-                self.queue.add(key, Touch::Nothing);
+                self.home.queue.add(key, Touch::Nothing);
             } else {
-                self.queue.add(key, Touch::All);
+                self.queue_everywhere(&key, Touch::All);
             }
         }
     }
@@ -211,7 +272,7 @@ impl Shared {
             .get(&key)
             .is_some_and(|held| asks_the_same(held, &rule));
         if self.set_rule_quietly(key.clone(), rule) && !asks_the_same {
-            self.queue.add(key, Touch::All);
+            self.queue_everywhere(&key, Touch::All);
         }
     }
 
@@ -238,7 +299,7 @@ impl Shared {
                     return false;
                 }
                 if !same_object || previous.metadata.generation != rule.metadata.generation {
-                    lock(&self.backoffs).forget_rule(&key);
+                    lock(&self.home.backoffs).forget_rule(&key);
                 }
             }
             // A rule of another UID replaced here (deleted and made again
@@ -256,15 +317,15 @@ impl Shared {
         write(&self.rules).remove(key);
         self.metrics.rule_readiness(&key.namespace, &key.name, None);
         write(&self.resolved).remove(key);
-        lock(&self.cluster.sources).remove(key);
+        lock(&self.home.cluster.sources).remove(key);
         self.metrics
             .source_watches
-            .set(lock(&self.cluster.sources).watch_count() as i64);
-        lock(&self.backoffs).forget_rule(key);
+            .set(lock(&self.home.cluster.sources).watch_count() as i64);
+        lock(&self.home.backoffs).forget_rule(key);
         self.drop_memory(key);
         self.metrics
             .copies_contested
-            .set(lock(&self.backoffs).contested_total() as i64);
+            .set(lock(&self.home.backoffs).contested_total() as i64);
         // The copy watches of kinds no rule needs any more stop: a message
         // to their task (kinds::release_on_rules_gone), which sits above this view.
         self.rules_gone.notify_one();
@@ -274,10 +335,16 @@ impl Shared {
     /// of the gauges) and anything queued for it. A pass that was under way
     /// when the rule went may have brought its memory back.
     pub fn drop_memory(&self, key: &RuleKey) {
-        self.queue.forget(key);
-        if let Some(memory) = lock(&self.memory).remove(key) {
+        self.home.queue.forget(key);
+        if let Some(memory) = lock(&self.home.memory).remove(key) {
             self.metrics.copies_managed.dec_by(memory.copies);
             self.metrics.conflicts_skipped.dec_by(memory.conflicts);
+        }
+        for member in self.members.all() {
+            member.site.queue.forget(key);
+            lock(&member.site.memory).remove(key);
+            lock(&member.site.backoffs).forget_rule(key);
+            member.report(key, None);
         }
     }
 
@@ -286,6 +353,7 @@ impl Shared {
     /// taking sources from it, looks at everything, to be safe.
     pub fn namespace_changed(
         &self,
+        site: &Site,
         name: &str,
         before: Option<&NamespaceInfo>,
         after: Option<&NamespaceInfo>,
@@ -304,7 +372,7 @@ impl Shared {
             .collect();
         drop(resolved);
         for (key, touch) in concerned {
-            self.queue.add(key, touch);
+            site.queue.add(key, touch);
         }
     }
 
@@ -312,14 +380,14 @@ impl Shared {
     /// that place as a conflict (another rule's copy was there, or one
     /// handed over), and those that still owe a write there (another
     /// rule's copy that came is a conflict now), look at it again.
-    pub fn copy_place_changed(&self, namespace: &str, name: &str) {
-        let concerned: Vec<RuleKey> = lock(&self.memory)
+    pub fn copy_place_changed(&self, site: &Site, namespace: &str, name: &str) {
+        let concerned: Vec<RuleKey> = lock(&site.memory)
             .iter()
             .filter(|(_, memory)| memory.tally.is_unsettled(namespace, name))
             .map(|(key, _)| key.clone())
             .collect();
         for key in concerned {
-            self.queue
+            site.queue
                 .add(key, Touch::Copy(namespace.to_owned(), name.to_owned()));
         }
     }
@@ -348,9 +416,9 @@ impl Shared {
             action: action.into(),
             secondary: None,
         };
-        let _slot = self.cluster.writer.other_slot().await;
+        let _slot = self.home.cluster.writer.other_slot().await;
         self.metrics.write("create", "Event");
-        if let Err(e) = self.cluster.recorder.publish(&event, &reference).await {
+        if let Err(e) = self.home.cluster.recorder.publish(&event, &reference).await {
             warn!(error = %crate::error::describe(&e), reason = event.reason.as_str(), "recording an event failed");
         }
     }
@@ -409,6 +477,8 @@ mod tests {
                     max_source_watches: 10,
                 },
                 keep_kind_watches: false,
+                cluster_name: "home".to_owned(),
+                member_clusters: false,
             },
             Arc::new(Metrics::default()),
             gate,
@@ -440,10 +510,10 @@ mod tests {
     /// What is queued now, rule by rule (the queue is emptied).
     async fn queued(shared: &Shared) -> Vec<(RuleKey, Scope)> {
         let mut out = Vec::new();
-        while !shared.queue.is_empty() {
-            let next = tokio::time::timeout(Duration::from_secs(1), shared.queue.next()).await;
+        while !shared.home.queue.is_empty() {
+            let next = tokio::time::timeout(Duration::from_secs(1), shared.home.queue.next()).await;
             let (key, scope) = next.expect("a queued rule is handed out");
-            shared.queue.done(&key);
+            shared.home.queue.done(&key);
             out.push((key, scope));
         }
         out
@@ -516,7 +586,7 @@ mod tests {
             terminating: false,
             accept_from: Vec::new(),
         };
-        shared.namespace_changed("t1", None, Some(&info));
+        shared.namespace_changed(&shared.home, "t1", None, Some(&info));
         let touched = queued(&shared).await;
         assert!(
             touched.len() == 1 && touched[0].1.is_everything(),

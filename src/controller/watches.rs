@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use crate::api::rule::{CopyratorRule, RuleKey};
 use crate::cache::index::NamespaceInfo;
 use crate::cluster::watch::{Change, Watching, follow, watch_config};
+use crate::controller::site::Site;
 use crate::controller::state::Shared;
 use crate::core::scope::Touch;
 use crate::sync::{lock, read, write};
@@ -26,10 +27,10 @@ use crate::sync::{lock, read, write};
 pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<CopyratorRule> = if shared.trust.all_namespaces {
-            Api::all(shared.cluster.client.clone())
+            Api::all(shared.home.cluster.client.clone())
         } else {
             Api::namespaced(
-                shared.cluster.client.clone(),
+                shared.home.cluster.client.clone(),
                 &shared.trust.operator_namespace,
             )
         };
@@ -44,7 +45,7 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
             Watching {
                 name: "copyratorrules",
                 health: &shared.health,
-                pause: &shared.cluster.read_pause,
+                pause: &shared.home.cluster.read_pause,
                 stop_if_unserved: false,
             },
             convert,
@@ -62,8 +63,9 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
                     for (key, rule) in listed {
                         shared.set_rule(key, rule);
                     }
-                    shared.cluster.views.synced.set_rules_listed();
+                    shared.home.cluster.views.synced.set_rules_listed();
                     shared
+                        .home
                         .queue
                         .add_all(read(&shared.rules).keys().cloned(), Touch::All);
                 }
@@ -75,9 +77,9 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     })
 }
 
-pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
+pub fn spawn_namespace_watch(shared: Arc<Shared>, site: Arc<Site>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let api: Api<PartialObjectMeta<Namespace>> = Api::all(shared.cluster.client.clone());
+        let api: Api<PartialObjectMeta<Namespace>> = Api::all(site.cluster.client.clone());
         let info = |meta: &PartialObjectMeta<Namespace>| NamespaceInfo {
             labels: meta.labels().clone(),
             terminating: meta.metadata.deletion_timestamp.is_some(),
@@ -93,33 +95,31 @@ pub fn spawn_namespace_watch(shared: Arc<Shared>) -> JoinHandle<()> {
             watch_config(),
             Watching {
                 name: "namespaces",
-                health: &shared.health,
-                pause: &shared.cluster.read_pause,
+                health: &site.cluster.health,
+                pause: &site.cluster.read_pause,
                 stop_if_unserved: false,
             },
             convert,
             |change| match change {
                 Change::Listed(listed) => {
-                    *write(&shared.cluster.views.namespaces) =
+                    *write(&site.cluster.views.namespaces) =
                         listed.into_iter().collect::<BTreeMap<_, _>>();
-                    shared.cluster.views.synced.set_namespaces_listed();
-                    shared
-                        .queue
-                        .add_all(read(&shared.rules).keys().cloned(), Touch::All);
+                    site.cluster.views.synced.set_namespaces_listed();
+                    site.queue.add_all(shared.rules_for(&site.name), Touch::All);
                 }
                 Change::Applied((name, next)) => {
                     let previous =
-                        write(&shared.cluster.views.namespaces).insert(name.clone(), next.clone());
+                        write(&site.cluster.views.namespaces).insert(name.clone(), next.clone());
                     if previous.as_ref() != Some(&next) {
                         // A refused write into it may succeed now.
-                        lock(&shared.backoffs).forget_namespace(&name);
-                        shared.namespace_changed(&name, previous.as_ref(), Some(&next));
+                        lock(&site.backoffs).forget_namespace(&name);
+                        shared.namespace_changed(&site, &name, previous.as_ref(), Some(&next));
                     }
                 }
                 Change::Deleted((name, _)) => {
-                    let previous = write(&shared.cluster.views.namespaces).remove(&name);
+                    let previous = write(&site.cluster.views.namespaces).remove(&name);
                     if previous.is_some() {
-                        shared.namespace_changed(&name, previous.as_ref(), None);
+                        shared.namespace_changed(&site, &name, previous.as_ref(), None);
                     }
                 }
             },

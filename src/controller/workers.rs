@@ -9,6 +9,8 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use crate::api::rule::RuleKey;
 use crate::cluster::sources::Sources;
+use crate::controller::members::Member;
+use crate::controller::site::Site;
 use crate::controller::state::Shared;
 use crate::core::scope::{Scope, Touch};
 use crate::sync::{lock, read};
@@ -18,15 +20,26 @@ fn rule_retry_delay(failures: u32) -> Duration {
     Duration::from_millis(500 * 2u64.saturating_pow(failures.min(9))).min(Duration::from_secs(300))
 }
 
-/// Run `workers` reconcile loops until `stop` fires.
+/// Run `workers` reconcile loops at home until `stop` fires.
 pub async fn run_workers(
     shared: Arc<Shared>,
+    workers: usize,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let home = shared.home.clone();
+    run_site_workers(shared, home, workers, stop).await;
+}
+
+/// Run `workers` loops over a site's queue until `stop` fires.
+pub async fn run_site_workers(
+    shared: Arc<Shared>,
+    site: Arc<Site>,
     workers: usize,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let timer = tokio::spawn({
-        let shared = shared.clone();
-        async move { shared.queue.run_timer().await }
+        let site = site.clone();
+        async move { site.queue.run_timer().await }
     });
     let mut handles = Vec::new();
     // A standby works too: its passes write nothing (every write asks the
@@ -34,14 +47,18 @@ pub async fn run_workers(
     // every cache warm, so a takeover writes at once.
     for _ in 0..workers {
         let shared = shared.clone();
+        let site = site.clone();
         let mut stop = stop.clone();
         handles.push(tokio::spawn(async move {
             loop {
                 let (key, scope) = tokio::select! {
                     _ = stop.wait_for(|s| *s) => return,
-                    next = shared.queue.next() => next,
+                    next = site.queue.next() => next,
                 };
-                work_on(&shared, key, scope).await;
+                match site.name.member().and_then(|name| shared.members.get(name)) {
+                    Some(member) => work_on_member(&shared, &member, key, scope).await,
+                    None => work_on(&shared, key, scope).await,
+                }
             }
         }));
     }
@@ -50,6 +67,41 @@ pub async fn run_workers(
         let _ = handle.await;
     }
     timer.abort();
+}
+
+/// A rule's pass in a member; a pass that fails as a whole (the member
+/// does not answer) waits as a home pass would, in the member's queue.
+async fn work_on_member(shared: &Arc<Shared>, member: &Arc<Member>, key: RuleKey, scope: Scope) {
+    let site = &member.site;
+    let span = info_span!("member pass", rule = %key, member = member.name());
+    let result = crate::controller::member_pass::member_pass(shared, member, &key, scope)
+        .instrument(span)
+        .await;
+    site.queue.done(&key);
+    let failures = {
+        let mut memory = lock(&site.memory);
+        let entry = memory.entry(key.clone()).or_default();
+        entry.failures = if result.is_ok() {
+            0
+        } else {
+            entry.failures + 1
+        };
+        entry.failures
+    };
+    match result {
+        Ok(requeue) => {
+            site.queue.release(&key);
+            if let Some(delay) = requeue {
+                site.queue.add_after(key, delay);
+            }
+        }
+        Err(error) => {
+            let delay = rule_retry_delay(failures);
+            debug!(rule = %key, member = member.name(), error = %error, retry_in = ?delay, "member pass failed");
+            site.queue.carry(&key, Scope::everything());
+            site.queue.hold(key, delay);
+        }
+    }
 }
 
 async fn work_on(shared: &Arc<Shared>, key: RuleKey, scope: Scope) {
@@ -62,10 +114,10 @@ async fn work_on(shared: &Arc<Shared>, key: RuleKey, scope: Scope) {
         .metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
-    shared.queue.done(&key);
+    shared.home.queue.done(&key);
     shared.health.progressed();
     let failures = {
-        let mut memory = lock(&shared.memory);
+        let mut memory = lock(&shared.home.memory);
         match (&result, memory.get_mut(&key)) {
             (Ok(_), Some(memory)) => {
                 memory.failures = 0;
@@ -87,9 +139,9 @@ async fn work_on(shared: &Arc<Shared>, key: RuleKey, scope: Scope) {
     match result {
         Ok(requeue) => {
             shared.metrics.reconciled("success");
-            shared.queue.release(&key);
+            shared.home.queue.release(&key);
             if let Some(delay) = requeue {
-                shared.queue.add_after(key, delay);
+                shared.home.queue.add_after(key, delay);
             }
         }
         Err(error) => {
@@ -98,8 +150,8 @@ async fn work_on(shared: &Arc<Shared>, key: RuleKey, scope: Scope) {
             let delay = rule_retry_delay(failures);
             warn!(rule = %key, error = %error, retry_in = ?delay, "reconcile failed");
             // What the failed pass was to look at is not known to be done.
-            shared.queue.carry(&key, Scope::everything());
-            shared.queue.hold(key, delay);
+            shared.home.queue.carry(&key, Scope::everything());
+            shared.home.queue.hold(key, delay);
         }
     }
 }
@@ -124,10 +176,13 @@ pub async fn run_resync(
         let cause = tokio::select! {
             _ = stop.wait_for(|s| *s) => return,
             _ = ticker.tick() => {
-                for memory in lock(&shared.memory).values_mut() {
-                    memory.known_conflicts.clear();
+                let members = shared.members.all();
+                for site in std::iter::once(&shared.home).chain(members.iter().map(|m| &m.site)) {
+                    for memory in lock(&site.memory).values_mut() {
+                        memory.known_conflicts.clear();
+                    }
+                    lock(&site.backoffs).sweep(Instant::now());
                 }
-                lock(&shared.backoffs).sweep(Instant::now());
                 // Names of namespaces and sources that are gone.
                 crate::cache::intern::sweep();
                 "interval"
@@ -148,14 +203,17 @@ pub async fn run_resync(
         crate::controller::kinds::release_unused(&shared);
         let keys: Vec<RuleKey> = read(&shared.rules).keys().cloned().collect();
         debug!(rules = keys.len(), "reconciling every rule");
-        shared.queue.add_all(keys, Touch::All);
+        for key in &keys {
+            shared.queue_everywhere(key, Touch::All);
+        }
+        shared.retire_left_members();
     }
 }
 
 /// Whether a rule's sources are listed (for `plan`, which waits for them).
 pub fn sources_ready(shared: &Shared, key: &RuleKey) -> bool {
     matches!(
-        lock(&shared.cluster.sources).sources(key),
+        lock(&shared.home.cluster.sources).sources(key),
         Sources::Listed(_)
     )
 }

@@ -1,6 +1,6 @@
 //! A rule's status from what its reconcile saw and did (pure).
 
-use crate::api::rule::{Condition, ConflictEntry, ContestedEntry, RuleStatus};
+use crate::api::rule::{ClusterStatus, Condition, ConflictEntry, ContestedEntry, RuleStatus};
 
 /// Conflicts listed in the status; the count says how many there are in all.
 pub const MAX_LISTED_CONFLICTS: usize = 20;
@@ -30,6 +30,9 @@ pub struct Observed {
     pub refused_sources: Vec<ConflictEntry>,
     /// The sources are still being listed: `(namespaces listed, of)`.
     pub waiting_for_sources: Option<(usize, usize)>,
+    /// How the rule stands in each member cluster it targets (none for a
+    /// rule of this cluster alone).
+    pub clusters: Vec<ClusterStatus>,
 }
 
 /// The status to publish, keeping transition times when nothing transitioned.
@@ -67,8 +70,11 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
         refused_source_count,
         refused_sources,
         last_sync_time: previous.and_then(|s| s.last_sync_time.clone()),
-        clusters: None,
-        clusters_ready: None,
+        clusters: (!observed.clusters.is_empty()).then(|| observed.clusters.clone()),
+        clusters_ready: (!observed.clusters.is_empty()).then(|| {
+            let ready = observed.clusters.iter().filter(|c| c.ready).count();
+            format!("{ready}/{}", observed.clusters.len())
+        }),
     };
     if previous.is_none_or(|p| !same_content(p, &next)) {
         next.last_sync_time = Some(now.to_string());
@@ -82,6 +88,9 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
 fn readiness(observed: &Observed) -> (&'static str, String, String) {
     if let Some((reason, message)) = &observed.problem {
         return ("False", reason.clone(), message.clone());
+    }
+    if let Some(reason) = members_not_ready(&observed.clusters) {
+        return reason;
     }
     if let Some((listed, of)) = observed.waiting_for_sources {
         return (
@@ -130,6 +139,47 @@ fn readiness(observed: &Observed) -> (&'static str, String, String) {
             observed.copies, observed.sources, observed.target_namespaces
         ),
     )
+}
+
+/// The Ready condition when member clusters are not ready: unreachable
+/// ones first (`ClusterUnreachable`, naming them), else the first other
+/// reason, naming the members it holds for.
+fn members_not_ready(clusters: &[ClusterStatus]) -> Option<(&'static str, String, String)> {
+    let not_ready: Vec<&ClusterStatus> = clusters.iter().filter(|c| !c.ready).collect();
+    let first = not_ready.first()?;
+    let unreachable: Vec<&str> = not_ready
+        .iter()
+        .filter(|c| c.reason.as_deref() == Some("ClusterUnreachable"))
+        .map(|c| c.name.as_str())
+        .collect();
+    if !unreachable.is_empty() {
+        return Some((
+            "False",
+            "ClusterUnreachable".to_owned(),
+            format!(
+                "member clusters unreachable: {}; their copies are written when they answer again",
+                unreachable.join(", ")
+            ),
+        ));
+    }
+    let reason = first
+        .reason
+        .clone()
+        .unwrap_or_else(|| "ClusterNotReady".to_owned());
+    let names: Vec<&str> = not_ready
+        .iter()
+        .filter(|c| c.reason == first.reason)
+        .map(|c| c.name.as_str())
+        .collect();
+    Some((
+        "False",
+        reason,
+        format!(
+            "member clusters not ready: {} ({})",
+            names.join(", "),
+            first.message.as_deref().unwrap_or_default()
+        ),
+    ))
 }
 
 /// The first [`MAX_LISTED_CONFLICTS`] of `entries` in order, and how many

@@ -48,6 +48,16 @@ pub struct Metrics {
     pub write_concurrency: Gauge,
     pub resyncs: Family<CauseLabels, Counter>,
     pub rule_ready: Family<RuleLabels, Gauge>,
+    /// 1 while a member cluster's API server answers, 0 while it does not;
+    /// one series per member of the inventory.
+    pub member_reachable: Family<ClusterLabels, Gauge>,
+}
+
+/// A member cluster, by its name in the inventory (the cardinality is the
+/// inventory's).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterLabels {
+    pub cluster: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -150,6 +160,12 @@ impl Default for Metrics {
         for cause in ["start", "interval", "leading"] {
             drop(resyncs.get_or_create(&CauseLabels { cause }));
         }
+        let member_reachable = Family::<ClusterLabels, Gauge>::default();
+        registry.register(
+            "member_cluster_reachable",
+            "Whether a member cluster's API server answers (1) or not (0)",
+            member_reachable.clone(),
+        );
         let rule_ready = Family::<RuleLabels, Gauge>::default();
         registry.register(
             "rule_ready",
@@ -197,6 +213,7 @@ impl Default for Metrics {
             write_concurrency,
             resyncs,
             rule_ready,
+            member_reachable,
         }
     }
 }
@@ -237,6 +254,23 @@ impl Metrics {
             }
             None => {
                 self.rule_ready.remove(&labels);
+            }
+        }
+    }
+
+    /// A member's reachability; `None` when it left the inventory.
+    pub fn member_reachable(&self, cluster: &str, reachable: Option<bool>) {
+        let labels = ClusterLabels {
+            cluster: cluster.to_owned(),
+        };
+        match reachable {
+            Some(reachable) => {
+                self.member_reachable
+                    .get_or_create(&labels)
+                    .set(i64::from(reachable));
+            }
+            None => {
+                self.member_reachable.remove(&labels);
             }
         }
     }

@@ -1486,6 +1486,8 @@ pub const OPERATOR_ENV: &[&str] = &[
     "RULE_NAME",
     "ALL_NAMESPACES",
     "ALLOW_TENANT_CLUSTERS",
+    "CLUSTER_NAME",
+    "MEMBER_CLUSTERS",
     "LOG_LEVEL",
     "LOG_FORMAT",
     "LISTEN_ADDRESS",

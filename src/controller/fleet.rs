@@ -1,0 +1,513 @@
+//! The inventory of member clusters, read from the operator's namespace:
+//! Secrets labelled `copyrator.flant.com/cluster` holding a kubeconfig
+//! (Cluster API's layout), and SIG Multicluster `ClusterProfile`s with the
+//! Secret of their token (KEP-5339's secret reader). Members appear, go
+//! and have their credentials rotated while the operator runs: each
+//! change of the inventory is compared with the members started, by name
+//! and by the fingerprint of their credentials (`cluster::inventory`).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::events::EventType;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::api::kinds::Kind;
+use crate::api::rule::RuleKey;
+use crate::cluster::client::{Transport, clients_with_deadlines};
+use crate::cluster::context::{Cluster, Limits};
+use crate::cluster::inventory::{self, MemberAccess};
+use crate::cluster::watch::{Change, WatchEnd, Watching, follow, watch_config};
+use crate::controller::members::{Member, Reach, UnusableMember};
+use crate::controller::site::{Site, SiteName};
+use crate::controller::state::Shared;
+use crate::core::scope::Touch;
+use crate::ops::http::Health;
+use crate::sync::{lock, read, write};
+
+/// How soon the ClusterProfile watch is tried again where the resource is
+/// not served (its CRD is not installed).
+const PROFILES_UNSERVED_RETRY: Duration = Duration::from_secs(60);
+
+/// How often a member's API server is asked whether it answers, and how
+/// long it has to answer: an unreachable member shows in its rules'
+/// statuses within two rounds (well within 30 s).
+pub const PROBE_EVERY: Duration = Duration::from_secs(5);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Passes at once per member: enough to keep its share of the writes busy.
+const WORKERS_PER_MEMBER: usize = 2;
+
+/// What a member is started from: its name and labels in the inventory,
+/// its API configuration, and the fingerprint of its credentials.
+pub struct MemberStart {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub fingerprint: u64,
+    pub config: kube::Config,
+}
+
+/// A member's share of the operator's limits: a fraction of the writes in
+/// flight and of the request rate, so that members together stay within
+/// what the settings allow per API server.
+fn member_limits(limits: Limits) -> Limits {
+    Limits {
+        write_concurrency: (limits.write_concurrency / 4).max(2),
+        api_qps: limits.api_qps / 4.0,
+        api_burst: (limits.api_burst / 4).max(1),
+        max_source_watches: 0,
+    }
+}
+
+/// Start a member: its site, watches, workers and probe.
+pub fn start_member(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Member>, String> {
+    let limits = member_limits(shared.options.limits);
+    let clients = clients_with_deadlines(
+        start.config,
+        Transport::Mixed,
+        limits.write_concurrency as usize,
+    )
+    .map_err(|e| e.to_string())?;
+    // Its watches report to a health of their own: a member's trouble is
+    // said in its rules' statuses, never by failing the operator's probes.
+    let health = Arc::new(Health::new(Duration::from_secs(3600)));
+    let cluster = Cluster::new(
+        clients,
+        limits,
+        shared.metrics.clone(),
+        shared.leader.clone(),
+        health,
+        // Sources stay home: a member has no source watch to report.
+        Arc::new(|_: &RuleKey, _: Touch| {}),
+    );
+    // The gauge of writes in flight at once speaks of the home cluster's
+    // setting, which a member's writer, built with its share, must not replace.
+    shared
+        .metrics
+        .write_concurrency
+        .set(i64::from(shared.options.limits.write_concurrency));
+    let site = Arc::new(Site::new(
+        SiteName::Member(start.name.clone()),
+        cluster,
+        shared.metrics.clone(),
+    ));
+    let member = Arc::new(Member {
+        site: site.clone(),
+        labels: RwLock::new(start.labels),
+        fingerprint: start.fingerprint,
+        reach: Mutex::new(Reach::Connecting),
+        reports: Mutex::default(),
+        leaving: AtomicBool::new(false),
+        tasks: Mutex::default(),
+    });
+    let mut tasks = vec![crate::controller::watches::spawn_namespace_watch(
+        shared.clone(),
+        site.clone(),
+    )];
+    for kind in Kind::builtin() {
+        if shared.trust.policy.kinds.has_builtin(kind) {
+            tasks.push(crate::controller::kinds::spawn_copy_watch(
+                shared.clone(),
+                site.clone(),
+                kind,
+            ));
+        } else {
+            site.cluster.views.synced.set_copies_of(kind, true);
+        }
+    }
+    // Members copy the built-in kinds: no other kind is watched there.
+    for kind in Kind::all().filter(|k| k.info().generic) {
+        site.cluster.views.synced.set_copies_of(kind, true);
+    }
+    site.cluster.views.synced.set_rules_listed();
+    tasks.push(tokio::spawn(crate::controller::workers::run_site_workers(
+        shared.clone(),
+        site.clone(),
+        WORKERS_PER_MEMBER,
+        shared.stopping(),
+    )));
+    tasks.push(tokio::spawn(probe(
+        Arc::downgrade(shared),
+        Arc::downgrade(&member),
+    )));
+    *lock(&member.tasks) = tasks;
+    info!(member = start.name.as_str(), "member cluster started");
+    Ok(member)
+}
+
+/// Ask the member's API server, every [`PROBE_EVERY`], whether it answers;
+/// a change is said in the log and in the statuses of the rules that
+/// select the member, and a member that answers again gets every pass.
+async fn probe(shared: std::sync::Weak<Shared>, member: std::sync::Weak<Member>) {
+    loop {
+        let Some(client) = member.upgrade().map(|m| m.site.cluster.client.clone()) else {
+            return;
+        };
+        let answer = tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await;
+        let (Some(shared), Some(member)) = (shared.upgrade(), member.upgrade()) else {
+            return;
+        };
+        let next = match answer {
+            Ok(Ok(_)) => Reach::Reachable,
+            Ok(Err(error)) => unreachable_since(&member, crate::error::describe(&error)),
+            Err(_) => unreachable_since(
+                &member,
+                format!("no answer within {} s", PROBE_TIMEOUT.as_secs()),
+            ),
+        };
+        let previous = std::mem::replace(&mut *lock(&member.reach), next.clone());
+        let changed = std::mem::discriminant(&previous) != std::mem::discriminant(&next);
+        if changed {
+            reach_changed(&shared, &member, &next);
+            announce_reach(&shared, &member, &previous, &next).await;
+        }
+        drop((shared, member));
+        tokio::time::sleep(PROBE_EVERY).await;
+    }
+}
+
+fn unreachable_since(member: &Member, message: String) -> Reach {
+    let since = match &*lock(&member.reach) {
+        Reach::Unreachable { since, .. } => *since,
+        _ => Instant::now(),
+    };
+    Reach::Unreachable { message, since }
+}
+
+fn reach_changed(shared: &Arc<Shared>, member: &Arc<Member>, reach: &Reach) {
+    let name = member.name();
+    match reach {
+        Reach::Reachable => {
+            info!(member = name, "member cluster reachable");
+            shared.metrics.member_reachable(name, Some(true));
+            // Whatever waited for it goes now; copies of rules deleted
+            // while it did not answer go too (once its copies are listed).
+            member
+                .site
+                .queue
+                .add_all(shared.rules_for(&member.site.name), Touch::All);
+            let (shared, site) = (shared.clone(), member.site.clone());
+            let mut tasks = lock(&member.tasks);
+            tasks.retain(|task| !task.is_finished());
+            tasks.push(tokio::spawn(async move {
+                site.cluster.views.synced.wait_all().await;
+                crate::controller::finalizer::collect_orphans_in(
+                    &shared,
+                    &site,
+                    "member reachable",
+                )
+                .await;
+            }));
+        }
+        Reach::Unreachable { message, .. } => {
+            warn!(
+                member = name,
+                error = message.as_str(),
+                "member cluster unreachable"
+            );
+            shared.metrics.member_reachable(name, Some(false));
+        }
+        Reach::Connecting => {}
+    }
+    // The statuses that name it say so.
+    shared.home.queue.add_all(
+        read(&shared.rules)
+            .keys()
+            .filter(|key| shared.names_member(key, member))
+            .cloned(),
+        Touch::Nothing,
+    );
+}
+
+/// An Event on each rule that targets the member when it stops answering,
+/// and when it answers again (not when it first connects).
+async fn announce_reach(shared: &Shared, member: &Member, previous: &Reach, next: &Reach) {
+    let (type_, reason, note) = match (previous, next) {
+        (_, Reach::Unreachable { message, .. }) => (
+            EventType::Warning,
+            "ClusterUnreachable",
+            format!(
+                "member cluster {} does not answer: {message}; its copies are written when it answers again",
+                member.name()
+            ),
+        ),
+        (Reach::Unreachable { since, .. }, Reach::Reachable) => (
+            EventType::Normal,
+            "ClusterReachable",
+            format!(
+                "member cluster {} answers again, after {} s",
+                member.name(),
+                since.elapsed().as_secs()
+            ),
+        ),
+        _ => return,
+    };
+    let rules: Vec<_> = read(&shared.rules)
+        .iter()
+        .filter(|(key, _)| shared.names_member(key, member))
+        .map(|(_, rule)| rule.clone())
+        .collect();
+    for rule in rules {
+        shared
+            .event(&rule, type_, reason, "Connect", note.clone())
+            .await;
+    }
+}
+
+/// What the inventory watches hold: the operator namespace's Secrets and
+/// ClusterProfiles, by name.
+#[derive(Default)]
+struct Inventory {
+    secrets: std::sync::Mutex<BTreeMap<String, Secret>>,
+    profiles: std::sync::Mutex<BTreeMap<String, DynamicObject>>,
+    changed: Notify,
+}
+
+/// Follow the inventory until aborted: two watches, and the task that
+/// starts, restarts and retires members as it changes.
+pub async fn follow_inventory(shared: Arc<Shared>) {
+    let inventory = Arc::new(Inventory::default());
+    // The inventory's watches report to a health of their own: an operator
+    // that may not read Secrets here still serves its home cluster.
+    let health = Arc::new(Health::new(Duration::from_secs(3600)));
+    let secrets = tokio::spawn(watch_secrets(
+        shared.clone(),
+        inventory.clone(),
+        health.clone(),
+    ));
+    let profiles = tokio::spawn(watch_profiles(shared.clone(), inventory.clone(), health));
+    let _abort_on_stop = AbortOnDrop(vec![secrets, profiles]);
+    loop {
+        inventory.changed.notified().await;
+        let wanted = read_inventory(&inventory).await;
+        apply(&shared, wanted);
+    }
+}
+
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+async fn watch_secrets(shared: Arc<Shared>, inventory: Arc<Inventory>, health: Arc<Health>) {
+    let api: Api<Secret> = Api::namespaced(
+        shared.home.cluster.client.clone(),
+        &shared.trust.operator_namespace,
+    );
+    follow(
+        api,
+        watch_config(),
+        Watching {
+            name: "inventory secrets",
+            health: &health,
+            pause: &shared.home.cluster.read_pause,
+            stop_if_unserved: false,
+        },
+        |secret: Secret| (secret.name_any(), secret),
+        |change| {
+            let mut secrets = lock(&inventory.secrets);
+            match change {
+                Change::Listed(listed) => *secrets = listed.into_iter().collect(),
+                Change::Applied((name, secret)) => {
+                    secrets.insert(name, secret);
+                }
+                Change::Deleted((name, _)) => {
+                    secrets.remove(&name);
+                }
+            }
+            drop(secrets);
+            inventory.changed.notify_one();
+        },
+    )
+    .await;
+}
+
+async fn watch_profiles(shared: Arc<Shared>, inventory: Arc<Inventory>, health: Arc<Health>) {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        shared.home.cluster.client.clone(),
+        &shared.trust.operator_namespace,
+        &inventory::cluster_profile_resource(),
+    );
+    loop {
+        let followed = follow(
+            api.clone(),
+            watch_config(),
+            Watching {
+                name: "clusterprofiles",
+                health: &health,
+                pause: &shared.home.cluster.read_pause,
+                stop_if_unserved: true,
+            },
+            |profile: DynamicObject| (profile.name_any(), profile),
+            |change| {
+                let mut profiles = lock(&inventory.profiles);
+                match change {
+                    Change::Listed(listed) => *profiles = listed.into_iter().collect(),
+                    Change::Applied((name, profile)) => {
+                        profiles.insert(name, profile);
+                    }
+                    Change::Deleted((name, _)) => {
+                        profiles.remove(&name);
+                    }
+                }
+                drop(profiles);
+                inventory.changed.notify_one();
+            },
+        )
+        .await;
+        if followed == WatchEnd::Unserved && !lock(&inventory.profiles).is_empty() {
+            lock(&inventory.profiles).clear();
+            inventory.changed.notify_one();
+        }
+        tokio::time::sleep(PROFILES_UNSERVED_RETRY).await;
+    }
+}
+
+/// The members the inventory describes now, by name: cluster Secrets
+/// first, then profiles (a profile of a name a Secret took is left out,
+/// with a warning).
+async fn read_inventory(inventory: &Inventory) -> BTreeMap<String, MemberAccess> {
+    let secrets = lock(&inventory.secrets).clone();
+    let profiles = lock(&inventory.profiles).clone();
+    let mut wanted = BTreeMap::new();
+    for secret in secrets.values() {
+        if let Some(access) = inventory::from_cluster_secret(secret).await {
+            wanted.insert(access.name.clone(), access);
+        }
+    }
+    for profile in profiles.values() {
+        let token = secrets.get(&inventory::token_secret_name(profile));
+        let access = inventory::from_cluster_profile(profile, token).await;
+        if wanted.contains_key(&access.name) {
+            warn!(
+                member = access.name.as_str(),
+                "a cluster Secret and a ClusterProfile name the same member: the Secret is used"
+            );
+            continue;
+        }
+        wanted.insert(access.name.clone(), access);
+    }
+    wanted
+}
+
+/// Start, restart or retire members to match the inventory.
+fn apply(shared: &Arc<Shared>, wanted: BTreeMap<String, MemberAccess>) {
+    let started_names: HashSet<String> = read(&shared.members.started).keys().cloned().collect();
+    let mut unusable = BTreeMap::new();
+    for (name, access) in &wanted {
+        if let Err(why) = take(shared, name, access) {
+            unusable.insert(
+                name.clone(),
+                UnusableMember {
+                    labels: access.labels.clone(),
+                    reason: why.0.to_owned(),
+                    message: why.1,
+                },
+            );
+        }
+    }
+    for name in started_names.difference(&wanted.keys().cloned().collect()) {
+        if let Some(member) = shared.members.get(name)
+            && !member.leaving.swap(true, Ordering::AcqRel)
+        {
+            info!(
+                member = name.as_str(),
+                "member cluster left the inventory: deleting its copies there"
+            );
+            member_changed(shared, &member.site.name);
+        }
+    }
+    *write(&shared.members.unusable) = unusable;
+    // The statuses list every member a rule names, usable or not.
+    shared
+        .home
+        .queue
+        .add_all(read(&shared.rules).keys().cloned(), Touch::Nothing);
+}
+
+/// Take one member of the inventory: start it, restart it with new
+/// credentials, or take its new labels; or say why it cannot be used.
+fn take(
+    shared: &Arc<Shared>,
+    name: &str,
+    access: &MemberAccess,
+) -> Result<(), (&'static str, String)> {
+    if name == shared.options.cluster_name {
+        return Err((
+            "NameInvalid",
+            format!("{name:?} is this cluster's own name (--cluster-name)"),
+        ));
+    }
+    let held = shared.members.get(name);
+    let config = match &access.config {
+        Ok(config) => config.clone(),
+        Err(why) => {
+            if held.is_some() {
+                retire(shared, name);
+            }
+            return Err((why.reason, why.message.clone()));
+        }
+    };
+    if let Some(member) = &held
+        && member.fingerprint == access.fingerprint
+        && !member.is_leaving()
+    {
+        if *read(&member.labels) != access.labels {
+            *write(&member.labels) = access.labels.clone();
+            member_changed(shared, &member.site.name);
+        }
+        return Ok(());
+    }
+    let start = MemberStart {
+        name: name.to_owned(),
+        labels: access.labels.clone(),
+        fingerprint: access.fingerprint,
+        config,
+    };
+    let member = start_member(shared, start).map_err(|message| ("ClientInvalid", message))?;
+    if held.is_some() {
+        info!(
+            member = name,
+            "member cluster credentials changed: reconnected"
+        );
+    }
+    write(&shared.members.started).insert(name.to_owned(), member);
+    member_changed(shared, &SiteName::Member(name.to_owned()));
+    Ok(())
+}
+
+/// A member whose credentials can no longer be used: its tasks stop; its
+/// rules' statuses say why.
+fn retire(shared: &Shared, name: &str) {
+    if write(&shared.members.started).remove(name).is_some() {
+        shared.metrics.member_reachable(name, None);
+        warn!(
+            member = name,
+            "member cluster credentials unusable: disconnected"
+        );
+    }
+}
+
+/// A member started or its labels changed: every rule that concerns it
+/// gets a pass there.
+fn member_changed(shared: &Shared, site: &SiteName) {
+    let Some(member) = site.member().and_then(|name| shared.members.get(name)) else {
+        return;
+    };
+    member
+        .site
+        .queue
+        .add_all(shared.rules_for(site), Touch::All);
+}

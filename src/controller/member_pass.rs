@@ -1,0 +1,215 @@
+//! One pass over one rule in one member cluster: the same plan and writes
+//! as at home (`reconcile::carry_out`), with the home cluster's sources
+//! and the member's namespaces and copies; or, where the rule no longer
+//! selects the member (or is deleted, or the member leaves the
+//! inventory), the deletion of its copies there. What the pass found is
+//! the member's report, which the rule's status at home lists.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::api::kinds::Kind;
+use crate::api::rule::{CopyratorRule, RuleKey};
+use crate::cluster::sources::Sources;
+use crate::cluster::writer::Outcome;
+use crate::controller::finalizer::delete_all;
+use crate::controller::members::{Member, MemberReport};
+use crate::controller::reconcile::{carry_out, retry_note, sources_of};
+use crate::controller::state::Shared;
+use crate::core::plan::{self, Action};
+use crate::core::resolve::ResolvedRule;
+use crate::core::scope::{Scope, Touch};
+use crate::sync::{lock, read, write};
+use crate::{ANNOTATION_SOURCE_CLUSTER, Error};
+
+/// How soon a pass that waits (for the member's first lists, for the
+/// rule's sources) looks again.
+const WAIT_AGAIN: Duration = Duration::from_secs(1);
+
+pub async fn member_pass(
+    shared: &Arc<Shared>,
+    member: &Arc<Member>,
+    key: &RuleKey,
+    scope: Scope,
+) -> Result<Option<Duration>, Error> {
+    let site = &member.site;
+    if !member.is_synced() {
+        // A pass on a half-listed view would prune what it has not seen.
+        site.queue.carry(key, scope);
+        return Ok(Some(WAIT_AGAIN));
+    }
+    let Some(rule) = read(&shared.rules).get(key).cloned() else {
+        tell(shared, member, key, None);
+        return Ok(None);
+    };
+    let resolved = if rule.is_deleting() {
+        None
+    } else {
+        match rule.resolve(&shared.trust) {
+            Ok(resolved) => Some(resolved),
+            // An invalid rule changes nothing, here as at home.
+            Err(_) => return Ok(None),
+        }
+    };
+    let selected = resolved.as_ref().filter(|resolved| {
+        !member.is_leaving()
+            && resolved
+                .clusters
+                .selects(member.name(), &read(&member.labels))
+    });
+    let Some(resolved) = selected else {
+        let prune = resolved.as_ref().is_none_or(|r| r.prune) || member.is_leaving();
+        return withdraw(shared, member, &rule, prune).await;
+    };
+    if resolved.kind.info().generic {
+        let problem = (
+            "KindNotCopiedToMembers".to_owned(),
+            format!(
+                "member clusters receive ConfigMaps and Secrets; this rule copies {}",
+                resolved.kind.info().rule_type
+            ),
+        );
+        tell(
+            shared,
+            member,
+            key,
+            Some(MemberReport {
+                problem: Some(problem),
+                ..MemberReport::default()
+            }),
+        );
+        return Ok(None);
+    }
+    let Sources::Listed(sources) = sources_of(shared, resolved) else {
+        site.queue.carry(key, scope);
+        return Ok(Some(WAIT_AGAIN));
+    };
+    let here = in_member(resolved, &shared.options.cluster_name);
+    let pass = carry_out(shared, site, &rule, &here, &sources, scope).await;
+    let failing = pass.failing().count();
+    let problem = pass.failing().next().map(|(what, failure)| {
+        (
+            "SyncFailed".to_owned(),
+            format!(
+                "{failing} copies could not be written; first: {what}: {}; {}",
+                failure.message,
+                retry_note(failure.class)
+            ),
+        )
+    });
+    let report = MemberReport {
+        target_namespaces: pass.plan.target_namespaces,
+        copies: pass.copies,
+        conflicts: pass.conflicts.len() as u32,
+        problem,
+    };
+    tell(shared, member, key, Some(report));
+    Ok(pass
+        .retry_at
+        .map(|at| at.saturating_duration_since(Instant::now())))
+}
+
+/// The rule as a member's pass follows it: every target is in the member
+/// (`local` speaks of the home cluster), and each copy names the cluster
+/// its source is in.
+pub fn in_member(resolved: &ResolvedRule, home_name: &str) -> ResolvedRule {
+    let mut here = resolved.clone();
+    here.clusters.local = true;
+    here.transform
+        .add_annotations
+        .insert(ANNOTATION_SOURCE_CLUSTER.to_owned(), home_name.to_owned());
+    here
+}
+
+/// A rule's report from a member; a changed one is said in the rule's
+/// status at home.
+fn tell(shared: &Shared, member: &Member, key: &RuleKey, report: Option<MemberReport>) {
+    if member.report(key, report) {
+        shared.home.queue.add(key.clone(), Touch::Nothing);
+    }
+}
+
+/// The rule no longer has copies in the member: deleted, its targets no
+/// longer select the member, or the member left the inventory. Its copies
+/// there are deleted (unless `prune` is off); copies handed over
+/// (`syncPolicy: CreateOnly`) stay, as at home.
+async fn withdraw(
+    shared: &Arc<Shared>,
+    member: &Arc<Member>,
+    rule: &CopyratorRule,
+    prune: bool,
+) -> Result<Option<Duration>, Error> {
+    let site = &member.site;
+    let key = rule.key();
+    let uid = rule.uid().unwrap_or_default().to_owned();
+    let mut failed = Vec::new();
+    let mut retry = false;
+    if prune {
+        for kind in Kind::all() {
+            let actions = {
+                let namespaces = read(&site.cluster.views.namespaces);
+                plan::cleanup(&uid, &namespaces, &read(site.cluster.views.copies(kind)))
+            };
+            for (action, outcome) in delete_all(site, kind, actions, &key.to_string()).await {
+                let (namespace, name) = action.target();
+                match outcome {
+                    Outcome::Written(_) | Outcome::Ignored(_) => {
+                        if let Action::Delete { current, .. } = &action {
+                            write(site.cluster.views.copies(kind)).remove(
+                                namespace,
+                                name,
+                                &current.uid,
+                            );
+                        }
+                    }
+                    Outcome::NotLeader | Outcome::Conflict(_) => retry = true,
+                    Outcome::Failed(failure) => {
+                        failed.push(format!("{kind} {namespace}/{name}: {}", failure.message));
+                    }
+                }
+            }
+        }
+    }
+    let left = Kind::all()
+        .map(|kind| {
+            let copies = read(site.cluster.views.copies(kind));
+            copies.count_owned_by(&uid) - copies.count_create_only(&uid)
+        })
+        .sum::<usize>() as u32;
+    if left == 0 || !prune {
+        lock(&site.memory).remove(&key);
+        lock(&site.backoffs).forget_rule(&key);
+        tell(shared, member, &key, None);
+        if member.is_leaving() {
+            shared.retire_left_members();
+        }
+        return Ok(None);
+    }
+    let problem = failed.first().map(|first| {
+        (
+            "CleanupFailed".to_owned(),
+            format!(
+                "{} copies could not be deleted; first: {first}",
+                failed.len()
+            ),
+        )
+    });
+    tell(
+        shared,
+        member,
+        &key,
+        Some(MemberReport {
+            copies: left,
+            problem,
+            ..MemberReport::default()
+        }),
+    );
+    let again = if retry {
+        WAIT_AGAIN
+    } else {
+        Duration::from_secs(5)
+    };
+    Ok(Some(again))
+}

@@ -1,0 +1,246 @@
+//! Member clusters: a site per member of the inventory, started when the
+//! member appears, restarted when its credentials change, and kept after
+//! it leaves the inventory until the copies it holds are deleted.
+//!
+//! Each member runs on its own: its own clients (one HTTP/2 connection for
+//! watches and reads, its share of the write connections), its own
+//! namespace and copy watches, queue, workers, backoffs and request
+//! deadlines, and a probe that tells whether its API server answers. A
+//! member that is down, slow or refusing holds up only its own passes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::info;
+
+use crate::api::kinds::Kind;
+use crate::api::rule::{ClusterStatus, RuleKey};
+use crate::controller::site::Site;
+use crate::core::resolve::ResolvedRule;
+use crate::sync::{lock, read, write};
+
+/// Whether a member's API server answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// Not asked yet, or its first answer is on its way.
+    Connecting,
+    Reachable,
+    /// Its last probe failed: why, and since when it has not answered.
+    Unreachable {
+        message: String,
+        since: Instant,
+    },
+}
+
+/// What a rule's last pass in a member found there, for the rule's status.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemberReport {
+    pub target_namespaces: u32,
+    pub copies: u32,
+    pub conflicts: u32,
+    /// `(reason, message)` when the rule is not synced there.
+    pub problem: Option<(String, String)>,
+}
+
+pub struct Member {
+    pub site: Arc<Site>,
+    /// The member's labels in the inventory, for rules' cluster selectors.
+    pub labels: RwLock<BTreeMap<String, String>>,
+    /// What identifies its credentials: a change restarts the member.
+    pub fingerprint: u64,
+    pub reach: Mutex<Reach>,
+    pub reports: Mutex<HashMap<RuleKey, MemberReport>>,
+    /// Gone from the inventory: its copies are deleted, then it goes too.
+    pub leaving: AtomicBool,
+    /// Its watches, workers and probe, aborted when it goes.
+    pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        for task in lock(&self.tasks).drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl Member {
+    pub fn name(&self) -> &str {
+        self.site.name.member().unwrap_or_default()
+    }
+
+    pub fn is_reachable(&self) -> bool {
+        *lock(&self.reach) == Reach::Reachable
+    }
+
+    pub fn is_leaving(&self) -> bool {
+        self.leaving.load(Ordering::Acquire)
+    }
+
+    /// Whether the member holds copies of the rule of `uid`, of any kind.
+    pub fn holds_copies_of(&self, uid: &str) -> bool {
+        Kind::all().any(|kind| read(self.site.cluster.views.copies(kind)).count_owned_by(uid) > 0)
+    }
+
+    /// Whether its namespaces and copies are listed: before that, no pass
+    /// runs there (a pass on a half-listed view would prune what it has
+    /// not seen).
+    pub fn is_synced(&self) -> bool {
+        self.site.cluster.views.synced.all()
+    }
+
+    /// Take a rule's report; returns whether it changed.
+    pub fn report(&self, key: &RuleKey, report: Option<MemberReport>) -> bool {
+        let mut reports = lock(&self.reports);
+        match report {
+            Some(report) => reports.insert(key.clone(), report.clone()) != Some(report),
+            None => reports.remove(key).is_some(),
+        }
+    }
+}
+
+/// An entry of the inventory that cannot be used: its labels (rules may
+/// select it) and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnusableMember {
+    pub labels: BTreeMap<String, String>,
+    pub reason: String,
+    pub message: String,
+}
+
+/// The inventory as last read: the members started, and the entries that
+/// cannot be used (with why), by name.
+#[derive(Default)]
+pub struct Members {
+    pub started: RwLock<BTreeMap<String, Arc<Member>>>,
+    pub unusable: RwLock<BTreeMap<String, UnusableMember>>,
+}
+
+impl Members {
+    pub fn get(&self, name: &str) -> Option<Arc<Member>> {
+        read(&self.started).get(name).cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<Member>> {
+        read(&self.started).values().cloned().collect()
+    }
+
+    /// A member gone from the inventory stays until it holds no copy of a
+    /// rule (`live_rule_uids`); then it goes.
+    pub fn retire_left(&self, live_rule_uids: &[String]) {
+        write(&self.started).retain(|name, member| {
+            let keep = !member.is_leaving()
+                || live_rule_uids.iter().any(|uid| member.holds_copies_of(uid));
+            if !keep {
+                info!(
+                    member = name.as_str(),
+                    "member cluster left the inventory and holds no copies: disconnected"
+                );
+            }
+            keep
+        });
+    }
+
+    /// Stop every member (shutdown): their tasks are aborted as they go.
+    pub fn stop_all(&self) {
+        write(&self.started).clear();
+    }
+}
+
+/// How a rule stands in each member its targets select, for its status:
+/// the members started, the inventory's entries that cannot be used, and
+/// names found nowhere in the inventory.
+pub fn statuses(members: &Members, resolved: &ResolvedRule) -> Vec<ClusterStatus> {
+    let targets = &resolved.clusters;
+    let mut statuses = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for member in members.all() {
+        if member.is_leaving() || !targets.selects(member.name(), &read(&member.labels)) {
+            continue;
+        }
+        seen.insert(member.name().to_owned());
+        let report = lock(&member.reports).get(&resolved.key).cloned();
+        statuses.push(member_status(member.name(), &lock(&member.reach), report));
+    }
+    for (name, entry) in read(&members.unusable).iter() {
+        if targets.selects(name, &entry.labels) && seen.insert(name.clone()) {
+            statuses.push(not_ready(name, &entry.reason, entry.message.clone()));
+        }
+    }
+    for name in &targets.names {
+        if seen.insert(name.clone()) {
+            statuses.push(not_ready(
+                name,
+                "ClusterNotFound",
+                format!(
+                    "no cluster Secret or ClusterProfile in the operator's namespace names the member {name:?}"
+                ),
+            ));
+        }
+    }
+    statuses.sort_by(|a, b| a.name.cmp(&b.name));
+    statuses
+}
+
+fn not_ready(name: &str, reason: &str, message: String) -> ClusterStatus {
+    ClusterStatus {
+        name: name.to_owned(),
+        ready: false,
+        reason: Some(reason.to_owned()),
+        message: Some(message),
+        ..ClusterStatus::default()
+    }
+}
+
+fn member_status(name: &str, reach: &Reach, report: Option<MemberReport>) -> ClusterStatus {
+    let counts = |status: ClusterStatus, report: &MemberReport| ClusterStatus {
+        target_namespaces: report.target_namespaces,
+        copies: report.copies,
+        conflicts: report.conflicts,
+        ..status
+    };
+    match (reach, report) {
+        (Reach::Unreachable { message, .. }, report) => {
+            let status = not_ready(
+                name,
+                "ClusterUnreachable",
+                format!("its API server does not answer: {message}"),
+            );
+            match report {
+                Some(report) => counts(status, &report),
+                None => status,
+            }
+        }
+        (Reach::Connecting, _) | (Reach::Reachable, None) => not_ready(
+            name,
+            "Progressing",
+            "connecting; its namespaces and copies are being listed".to_owned(),
+        ),
+        (Reach::Reachable, Some(report)) => {
+            let status = match &report.problem {
+                Some((reason, message)) => not_ready(name, reason, message.clone()),
+                None => ClusterStatus {
+                    name: name.to_owned(),
+                    ready: true,
+                    reason: Some(
+                        if report.conflicts > 0 {
+                            "SyncedWithConflicts"
+                        } else {
+                            "Synced"
+                        }
+                        .to_owned(),
+                    ),
+                    message: Some(format!(
+                        "{} copies in place in {} namespaces",
+                        report.copies, report.target_namespaces
+                    )),
+                    ..ClusterStatus::default()
+                },
+            };
+            counts(status, &report)
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! A site: one cluster where copies live, the home cluster or a member.
+//! Its API server's unit (`cluster::context::Cluster`: views, watches,
+//! writer), the passes queued for it, and what each rule's passes there
+//! remember (tally, conflicts, backoffs). Each site has its own queue and
+//! workers, so that a member that is down, slow or refusing never delays
+//! the passes of another site.
+//!
+//! Its locks take the places of the controller's `memory` and `backoffs`
+//! in the lock order (`controller::state::Shared`); no two sites' locks
+//! are ever held at once.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use crate::api::rule::{ConflictEntry, RuleKey};
+use crate::cache::index::ObjectKey;
+use crate::cluster::context::Cluster;
+use crate::controller::queue::Queue;
+use crate::core::backoff::Backoffs;
+use crate::ops::metrics::Metrics;
+
+/// Which cluster a site is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SiteName {
+    /// The cluster the operator runs in, which holds the rules and sources.
+    Home,
+    /// A member cluster of the inventory, by its name there.
+    Member(String),
+}
+
+impl SiteName {
+    pub fn member(&self) -> Option<&str> {
+        match self {
+            SiteName::Home => None,
+            SiteName::Member(name) => Some(name),
+        }
+    }
+}
+
+impl fmt::Display for SiteName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SiteName::Home => f.write_str("home"),
+            SiteName::Member(name) => f.write_str(name),
+        }
+    }
+}
+
+/// A rule's memory between reconciles.
+#[derive(Default)]
+pub struct RuleMemory {
+    /// Targets that hold a foreign object of the copy's name.
+    pub known_conflicts: HashMap<ObjectKey, String>,
+    /// Conflicts already announced by an Event.
+    pub announced: HashSet<ConflictEntry>,
+    /// Sources refused for their type, already announced by an Event.
+    pub announced_refusals: HashSet<ConflictEntry>,
+    /// When a status that only brings new counts is written.
+    pub counts_due: Option<tokio::time::Instant>,
+    /// Since when the rule waits for its source watches to list.
+    pub waiting_since: Option<tokio::time::Instant>,
+    /// Consecutive failed passes, for the retry backoff.
+    pub failures: u32,
+    /// What the rule's last failure line said, so that an unchanged
+    /// failure is not logged on every pass.
+    pub failure_log: Option<crate::core::pass_log::FailureLog>,
+    pub copies: i64,
+    pub conflicts: i64,
+    /// What the rule's passes left unsettled, place by place.
+    pub tally: crate::core::tally::Tally,
+}
+
+pub struct Site {
+    pub name: SiteName,
+    pub cluster: Cluster,
+    pub queue: Queue,
+    pub memory: Mutex<HashMap<RuleKey, RuleMemory>>,
+    pub backoffs: Mutex<Backoffs>,
+}
+
+impl Site {
+    pub fn new(name: SiteName, cluster: Cluster, metrics: Arc<Metrics>) -> Self {
+        Self {
+            name,
+            cluster,
+            queue: Queue::new(metrics),
+            memory: Mutex::default(),
+            backoffs: Mutex::default(),
+        }
+    }
+}

@@ -1,0 +1,517 @@
+//! Many clusters: a rule at home keeps copies in member clusters, with the
+//! guarantees it gives at home. A home control plane and two member
+//! control planes (`hack/test` starts them; see tests/common/members.rs).
+
+mod common;
+
+use std::time::Duration;
+
+use common::members::{Member, OUTAGE, members};
+use common::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::{Value, json};
+
+const CM: Kind = Kind::ConfigMap;
+const SOURCE_CLUSTER: &str = "copyrator.flant.com/source-cluster";
+/// Within this a change reaches every member that answers.
+const CONVERGE: Duration = Duration::from_secs(30);
+
+fn member_rule(t: &TestNs, clusters: Value) -> Value {
+    with(
+        rule_spec(CM, t.selector(), &[t.glob("t")]),
+        "/spec/targets/clusters",
+        clusters,
+    )
+}
+
+/// The data of `ns/name` in a member, or why not yet as `want`.
+async fn member_copy(member: &Member, ns: &str, name: &str) -> Result<ConfigMap, String> {
+    Api::<ConfigMap>::namespaced(member.client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(|e| err_msg(&e))?
+        .ok_or_else(|| format!("no {ns}/{name} in member {}", member.name))
+}
+
+async fn wait_member_copy(
+    member: &Member,
+    ns: &str,
+    name: &str,
+    data: &[(&str, &str)],
+) -> ConfigMap {
+    let want = map(data);
+    wait_until(
+        format!("{ns}/{name} in member {} with {want:?}", member.name),
+        CONVERGE,
+        async || {
+            let copy = member_copy(member, ns, name).await?;
+            let labels = copy.metadata.labels.clone().unwrap_or_default();
+            if !labels.contains_key("copyrator.flant.com/rule-uid") {
+                return Err("not labelled as a copy".into());
+            }
+            let annotations = copy.metadata.annotations.clone().unwrap_or_default();
+            if annotations.get(SOURCE_CLUSTER).map(String::as_str) != Some("home") {
+                return Err(format!(
+                    "{SOURCE_CLUSTER} is {:?}",
+                    annotations.get(SOURCE_CLUSTER)
+                ));
+            }
+            match copy.data.clone().unwrap_or_default() == want {
+                true => Ok(copy),
+                false => Err(format!("data {:?}", copy.data)),
+            }
+        },
+    )
+    .await
+}
+
+async fn wait_member_gone(member: &Member, ns: &str, name: &str, why: &str) {
+    wait_until(
+        format!("{ns}/{name} gone from member {} ({why})", member.name),
+        CONVERGE,
+        async || match member_copy(member, ns, name).await {
+            Ok(_) => Err("still there".into()),
+            Err(e) if e.starts_with("no ") => Ok(()),
+            Err(e) => Err(e),
+        },
+    )
+    .await;
+}
+
+/// The rule's `status.clusters` entry of a member.
+fn cluster_entry<'a>(rule: &'a Value, name: &str) -> Option<&'a Value> {
+    rule["status"]["clusters"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+}
+
+async fn wait_member_status(
+    t: &TestNs,
+    op: &str,
+    member: &str,
+    ready: bool,
+    reason: &str,
+) -> Value {
+    t.wait_rule(
+        op,
+        "r",
+        &format!("member {member} ready={ready} ({reason})"),
+        |rule| {
+            let entry = cluster_entry(rule, member).ok_or_else(|| short_status(rule))?;
+            if entry["ready"] == ready && entry["reason"] == reason {
+                Ok(())
+            } else {
+                Err(format!("{entry}"))
+            }
+        },
+    )
+    .await
+}
+
+/// A source reaches a member by name and one by label, next to home;
+/// follows the source, is repaired when edited there, fills a new
+/// namespace there, and the status lists each member with its counts.
+#[tokio::test]
+async fn copies_reach_members_and_stay_true() {
+    let t = TestNs::new("members-reach").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let home_t1 = t.ns("t1").await;
+    let [a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let a_t1 = a.ns(&t, "t1").await;
+    let b_t1 = b.ns(&t, "t1").await;
+    a.register(&t.client, &op, &[]).await;
+    b.register(&t.client, &op, &[("env", "prod")]).await;
+    t.create_rule(
+        &op,
+        "r",
+        member_rule(
+            &t,
+            json!({"names": [a.name], "selector": {"matchLabels": {"env": "prod"}}}),
+        ),
+    )
+    .await;
+    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
+
+    let source = t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
+    t.wait_copy(CM, &home_t1, &source, &op, "r").await;
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v1")]).await;
+    wait_member_copy(&b, &b_t1, "cfg", &[("k", "v1")]).await;
+
+    // Updates propagate.
+    t.set_data(CM, &op, "cfg", &[("k", Some("v2"))]).await;
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v2")]).await;
+    wait_member_copy(&b, &b_t1, "cfg", &[("k", "v2")]).await;
+
+    // Drift in a member is repaired.
+    Api::<ConfigMap>::namespaced(a.client.clone(), &a_t1)
+        .patch(
+            "cfg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": "edited"}})),
+        )
+        .await
+        .expect("edit the copy in member a");
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v2")]).await;
+
+    // A new namespace in a member is filled.
+    let b_t2 = b.ns(&t, "t2").await;
+    wait_member_copy(&b, &b_t2, "cfg", &[("k", "v2")]).await;
+
+    // The status lists both, with their copies; the counts cover all.
+    let rule = t
+        .wait_rule(&op, "r", "both members synced with their copies", |rule| {
+            let a_ok = cluster_entry(rule, &a.name)
+                .is_some_and(|c| c["ready"] == true && c["copies"] == 1);
+            let b_ok = cluster_entry(rule, &b.name)
+                .is_some_and(|c| c["ready"] == true && c["copies"] == 2);
+            match a_ok && b_ok && rule["status"]["clustersReady"] == "2/2" {
+                true => Ok(()),
+                false => Err(format!("{}", rule["status"])),
+            }
+        })
+        .await;
+    assert_eq!(
+        status_u64(&rule, "copies"),
+        Some(4),
+        "1 at home + 1 in a + 2 in b: {}",
+        rule["status"]
+    );
+}
+
+/// Copies go from a member that leaves the rule's selection, from one that
+/// leaves the inventory, and from every cluster when the rule is deleted.
+#[tokio::test]
+async fn copies_leave_members_that_leave() {
+    let t = TestNs::new("members-leave").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let home_t1 = t.ns("t1").await;
+    let [a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let a_t1 = a.ns(&t, "t1").await;
+    let b_t1 = b.ns(&t, "t1").await;
+    a.register(&t.client, &op, &[("env", "prod")]).await;
+    b.register(&t.client, &op, &[("env", "prod")]).await;
+    t.create_rule(
+        &op,
+        "r",
+        member_rule(&t, json!({"selector": {"matchLabels": {"env": "prod"}}})),
+    )
+    .await;
+    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
+    let source = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    t.wait_copy(CM, &home_t1, &source, &op, "r").await;
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
+    wait_member_copy(&b, &b_t1, "cfg", &[("k", "v")]).await;
+
+    // b leaves the selection: its copy goes; a's stays.
+    b.register(&t.client, &op, &[("env", "dev")]).await;
+    wait_member_gone(
+        &b,
+        &b_t1,
+        "cfg",
+        "b no longer matches the rule's cluster selector",
+    )
+    .await;
+    member_copy(&a, &a_t1, "cfg")
+        .await
+        .expect("a still selected");
+
+    // a leaves the inventory: its copy goes too.
+    a.unregister(&t.client, &op).await;
+    wait_member_gone(&a, &a_t1, "cfg", "a left the inventory").await;
+    t.must_get(CM, &home_t1, "cfg").await;
+
+    // Back in the inventory, then the rule goes: every copy goes with it.
+    a.register(&t.client, &op, &[("env", "prod")]).await;
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
+    t.delete_rule(&op, "r").await;
+    t.wait_rule_gone(&op, "r", "its finalizer deleted every copy")
+        .await;
+    wait_member_gone(&a, &a_t1, "cfg", "the rule was deleted").await;
+    t.wait_gone(CM, &home_t1, "cfg", "the rule was deleted")
+        .await;
+}
+
+/// A rule with `local: false` keeps copies in members only.
+#[tokio::test]
+async fn local_false_keeps_copies_in_members_only() {
+    let t = TestNs::new("members-nolocal").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let home_t1 = t.ns("t1").await;
+    let [a, _b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let a_t1 = a.ns(&t, "t1").await;
+    a.register(&t.client, &op, &[]).await;
+    t.create_rule(
+        &op,
+        "r",
+        member_rule(&t, json!({"names": [a.name], "local": false})),
+    )
+    .await;
+    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
+    t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
+    t.wait_rule_ready(&op, "r").await;
+    t.assert_absent(CM, &home_t1, "cfg", "local: false").await;
+}
+
+/// A member whose API server is down is reported within 30 s, never
+/// delays the others, and converges once it answers again.
+#[tokio::test]
+async fn an_unreachable_member_is_reported_and_holds_up_no_one() {
+    let t = TestNs::new("members-down").await;
+    let _down = OUTAGE.write().await;
+    let op = t.ns("op").await;
+    let home_t1 = t.ns("t1").await;
+    let [a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let a_t1 = a.ns(&t, "t1").await;
+    let b_t1 = b.ns(&t, "t1").await;
+    a.register(&t.client, &op, &[]).await;
+    b.register(&t.client, &op, &[]).await;
+    t.create_rule(
+        &op,
+        "r",
+        member_rule(&t, json!({"names": [a.name, b.name]})),
+    )
+    .await;
+    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
+    let source = t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v1")]).await;
+    wait_member_copy(&b, &b_t1, "cfg", &[("k", "v1")]).await;
+
+    let _restart = a.start_api_server_on_drop();
+    a.stop_api_server();
+    let rule = wait_member_status(&t, &op, &a.name, false, "ClusterUnreachable").await;
+    let ready = ready_condition(&rule).cloned().unwrap_or_default();
+    assert_eq!(ready["reason"], "ClusterUnreachable", "{ready}");
+    assert!(
+        ready["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&a.name)),
+        "the Ready message names the member: {ready}"
+    );
+
+    wait_until(
+        "a ClusterUnreachable Event on the rule",
+        CONVERGE,
+        async || {
+            let events = t.events_regarding(&op, "r").await;
+            match events
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("ClusterUnreachable"))
+            {
+                true => Ok(()),
+                false => Err(format!("{} Events, none ClusterUnreachable", events.len())),
+            }
+        },
+    )
+    .await;
+
+    // Home and b follow a change while a is down.
+    t.set_data(CM, &op, "cfg", &[("k", Some("v2"))]).await;
+    let source = t.must_get(CM, &op, &source.name).await;
+    t.wait_copy(CM, &home_t1, &source, &op, "r").await;
+    wait_member_copy(&b, &b_t1, "cfg", &[("k", "v2")]).await;
+
+    a.start_api_server();
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v2")]).await;
+    wait_member_status(&t, &op, &a.name, true, "Synced").await;
+}
+
+/// A name the inventory does not hold is reported, not fatal.
+#[tokio::test]
+async fn a_member_not_in_the_inventory_is_reported() {
+    let t = TestNs::new("members-unknown").await;
+    let op = t.ns("op").await;
+    t.ns("t1").await;
+    t.create_rule(&op, "r", member_rule(&t, json!({"names": ["nowhere"]})))
+        .await;
+    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
+    t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    let rule = wait_member_status(&t, &op, "nowhere", false, "ClusterNotFound").await;
+    assert_eq!(rule["status"]["clustersReady"], "0/1", "{}", rule["status"]);
+}
+
+/// Without `--member-clusters` a rule that targets members says so, and
+/// its copies at home are kept as ever.
+#[tokio::test]
+async fn members_off_is_reported_and_home_is_kept() {
+    let t = TestNs::new("members-off").await;
+    let op = t.ns("op").await;
+    let home_t1 = t.ns("t1").await;
+    t.create_rule(&op, "r", member_rule(&t, json!({"names": ["a"]})))
+        .await;
+    let _operator = Operator::start(&t, &op, &[]);
+    let source = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    t.wait_copy(CM, &home_t1, &source, &op, "r").await;
+    t.wait_rule(&op, "r", "Ready=False, MemberClustersDisabled", |rule| {
+        not_ready_because(rule, "MemberClustersDisabled")
+    })
+    .await;
+}
+
+/// The server and CA of a member's admin kubeconfig, for a ClusterProfile's
+/// access provider.
+fn server_and_ca(member: &Member) -> (String, String) {
+    let config = kube::config::Kubeconfig::from_yaml(&member.kubeconfig_yaml())
+        .expect("the member's kubeconfig");
+    let cluster = config.clusters[0]
+        .cluster
+        .clone()
+        .expect("the member's cluster entry");
+    (
+        cluster.server.expect("a server"),
+        cluster.certificate_authority_data.expect("the CA, inline"),
+    )
+}
+
+/// A token of a new ServiceAccount of member `b` (bound to cluster-admin:
+/// what a member needs at least is tests/member_side.rs's matter).
+fn member_token(member: &Member, ns: &str, account: &str) -> String {
+    let kubectl = |args: &[&str]| {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&member.kubeconfig_path)
+            .args(args)
+            .output()
+            .expect("running kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    kubectl(&["-n", ns, "create", "serviceaccount", account]);
+    kubectl(&[
+        "create",
+        "clusterrolebinding",
+        &format!("{ns}-{account}"),
+        "--clusterrole=cluster-admin",
+        &format!("--serviceaccount={ns}:{account}"),
+    ]);
+    kubectl(&["-n", ns, "create", "token", account, "--duration=1h"])
+}
+
+/// A ClusterProfile (server and CA in its access provider) and the Secret
+/// of its name holding a token make a member; a new token in that Secret is
+/// taken without a restart.
+#[tokio::test]
+async fn a_cluster_profile_makes_a_member_and_its_token_rotates() {
+    let t = TestNs::new("members-profile").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let [_a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let b_t1 = b.ns(&t, "t1").await;
+    let crd: Value = serde_yaml::from_str(include_str!(
+        "../crd/clusterprofile.multicluster.x-k8s.io.yaml"
+    ))
+    .expect("the ClusterProfile CRD");
+    let profiles_resource = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("multicluster.x-k8s.io", "v1alpha1", "ClusterProfile"),
+        "clusterprofiles",
+    );
+    apply_crd(t.client.clone(), &crd, &profiles_resource).await;
+    let profile_name = format!("{}-prof", t.prefix);
+    let (server, ca) = server_and_ca(&b);
+    let token = member_token(&b, &b_t1, "copyrator");
+    let token_secret = |token: &str| {
+        serde_json::from_value::<k8s_openapi::api::core::v1::Secret>(json!({
+            "metadata": {"name": profile_name, "namespace": op},
+            "stringData": {"token": token},
+        }))
+        .expect("a Secret")
+    };
+    t.secrets(&op)
+        .create(&Default::default(), &token_secret(&token))
+        .await
+        .expect("the token Secret");
+    let profiles: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(t.client.clone(), &op, &profiles_resource);
+    let profile: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "multicluster.x-k8s.io/v1alpha1",
+        "kind": "ClusterProfile",
+        "metadata": {"name": profile_name, "labels": {"tier": "edge"}},
+        "spec": {"displayName": "b", "clusterManager": {"name": "tests"}},
+    }))
+    .expect("a ClusterProfile");
+    profiles
+        .create(&Default::default(), &profile)
+        .await
+        .expect("the ClusterProfile");
+    profiles
+        .patch_status(
+            &profile_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"accessProviders": [
+                {"name": "secretreader", "cluster": {"server": server, "certificate-authority-data": ca}}
+            ]}})),
+        )
+        .await
+        .expect("the ClusterProfile's access provider");
+    t.create_rule(
+        &op,
+        "r",
+        member_rule(
+            &t,
+            json!({"selector": {"matchLabels": {"tier": "edge"}}, "local": false}),
+        ),
+    )
+    .await;
+    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
+    t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
+    wait_member_copy(&b, &b_t1, "cfg", &[("k", "v1")]).await;
+    wait_member_status(&t, &op, &profile_name, true, "Synced").await;
+
+    // A new token: the member is reconnected with it and keeps up.
+    let rotated = member_token(&b, &b_t1, "copyrator-next");
+    t.secrets(&op)
+        .patch(
+            &profile_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"token": rotated}})),
+        )
+        .await
+        .expect("the rotated token");
+    // The old token stops working: only the new one can write from now on.
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&b.kubeconfig_path)
+        .args(["-n", &b_t1, "delete", "serviceaccount", "copyrator"])
+        .output()
+        .expect("running kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The API server caches a token it accepted for a few seconds: from
+    // when it refuses the old one, only the new one can write.
+    wait_until("the old token refused", CONVERGE, async || {
+        let out = std::process::Command::new("kubectl")
+            .args(["--kubeconfig", "/dev/null", "--insecure-skip-tls-verify"])
+            .args([
+                "--server", &server, "--token", &token, "get", "--raw", "/api",
+            ])
+            .output()
+            .map_err(|e| e.to_string())?;
+        match out.status.success() {
+            true => Err("the old token is still accepted".into()),
+            false => Ok(()),
+        }
+    })
+    .await;
+    t.set_data(CM, &op, "cfg", &[("k", Some("v2"))]).await;
+    wait_member_copy(&b, &b_t1, "cfg", &[("k", "v2")]).await;
+    for account in ["copyrator", "copyrator-next"] {
+        let _ = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&b.kubeconfig_path)
+            .args(["delete", "clusterrolebinding", &format!("{b_t1}-{account}")])
+            .output();
+    }
+}
