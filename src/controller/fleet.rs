@@ -217,13 +217,10 @@ fn reach_changed(shared: &Arc<Shared>, member: &Arc<Member>, reach: &Reach) {
         Reach::Connecting => {}
     }
     // The statuses that name it say so.
-    shared.home.queue.add_all(
-        read(&shared.rules)
-            .keys()
-            .filter(|key| shared.names_member(key, member))
-            .cloned(),
-        Touch::Nothing,
-    );
+    shared
+        .home
+        .queue
+        .add_all(shared.rules_naming(member), Touch::Nothing);
 }
 
 /// An Event on each rule that targets the member when it stops answering,
@@ -249,10 +246,10 @@ async fn announce_reach(shared: &Shared, member: &Member, previous: &Reach, next
         ),
         _ => return,
     };
-    let rules: Vec<_> = read(&shared.rules)
-        .iter()
-        .filter(|(key, _)| shared.names_member(key, member))
-        .map(|(_, rule)| rule.clone())
+    let rules: Vec<_> = shared
+        .rules_naming(member)
+        .into_iter()
+        .filter_map(|key| read(&shared.rules).get(&key).cloned())
         .collect();
     for rule in rules {
         shared

@@ -102,7 +102,12 @@ fn names_clusters(rule: &CopyratorRule) -> bool {
 /// kind at a time), `rules`, `backoffs`. (A plan reads the views and asks
 /// `rules` whether a copy's rule is alive; a rule taken in asks `backoffs`
 /// to forget it.) The cluster's `sources` and `kind_refusals`, and the
-/// queue's own lock, are never held while another is taken.
+/// queue's own lock, are never held while another is taken. With members:
+/// `memory`, `backoffs` and the views are each site's own, and no two
+/// sites' locks are held at once; the members' `started` comes before
+/// the views (a member that left is let go when it holds no copy); a
+/// member's `labels`, `reach` and `reports` are never held while another
+/// lock is taken.
 pub struct Shared {
     /// The cluster the operator runs in: its rules, sources and copies.
     pub home: Arc<Site>,
@@ -180,9 +185,14 @@ impl Shared {
     /// those whose targets select it and those that still hold copies or
     /// state there.
     pub fn rules_for(&self, site: &SiteName) -> Vec<RuleKey> {
-        let rules = read(&self.rules);
+        // The rules are read first and let go: the checks below take locks
+        // that come before `rules` in the lock order.
+        let rules: Vec<(RuleKey, Option<String>)> = read(&self.rules)
+            .iter()
+            .map(|(key, rule)| (key.clone(), rule.uid().map(str::to_owned)))
+            .collect();
         let Some(name) = site.member() else {
-            return rules.keys().cloned().collect();
+            return rules.into_iter().map(|(key, _)| key).collect();
         };
         let Some(member) = self.members.get(name) else {
             return Vec::new();
@@ -192,19 +202,29 @@ impl Shared {
             .cloned()
             .collect::<HashSet<_>>();
         rules
-            .iter()
-            .filter(|(key, rule)| {
-                held.contains(*key)
+            .into_iter()
+            .filter(|(key, uid)| {
+                held.contains(key)
                     || self.names_member(key, &member)
-                    || rule.uid().is_some_and(|uid| member.holds_copies_of(uid))
+                    || uid
+                        .as_deref()
+                        .is_some_and(|uid| member.holds_copies_of(uid))
             })
-            .map(|(key, _)| key.clone())
+            .map(|(key, _)| key)
+            .collect()
+    }
+
+    /// The rules whose targets (as last resolved) select a member.
+    pub fn rules_naming(&self, member: &Member) -> Vec<RuleKey> {
+        let keys: Vec<RuleKey> = read(&self.rules).keys().cloned().collect();
+        keys.into_iter()
+            .filter(|key| self.names_member(key, member))
             .collect()
     }
 
     /// Whether a rule's targets (as last resolved) select a member.
     pub fn names_member(&self, key: &RuleKey, member: &Member) -> bool {
-        let labels = read(&member.labels);
+        let labels = read(&member.labels).clone();
         read(&self.resolved)
             .get(key)
             .is_some_and(|rule| rule.clusters.selects(member.name(), &labels))
