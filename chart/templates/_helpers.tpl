@@ -76,3 +76,18 @@ chart without the value).
 {{- end }}
 {{- if $verbs }}{{ toJson $verbs }}{{ end }}
 {{- end }}
+
+{{/*
+"true" when the release is the member side (`memberSide.enabled`): only the
+objects a member cluster holds for the operator of another cluster, none of
+the operator's own. Empty otherwise, also for a release upgraded with
+--reuse-values from a chart without the value.
+*/}}
+{{- define "copyrator.memberSide" -}}
+{{- with .Values.memberSide }}{{ if .enabled }}true{{ end }}{{ end }}
+{{- end }}
+
+{{/* The name of the member side's token Secret. */}}
+{{- define "copyrator.memberTokenSecret" -}}
+{{- printf "%s-token" (include "copyrator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
