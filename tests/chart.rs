@@ -14,82 +14,15 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use common::audit::{Audit, AuditEvent, Query, WRITE_VERBS, service_account_user};
+use common::helm::{Release, chart_dir, find, helm, render, run};
 use common::rbac::{ClusterScoped, Grant, Identity, grants_of};
+use common::steps::{Steps, Stopped};
 use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use serde_json::{Value, json};
 const CM: Kind = Kind::ConfigMap;
 const SECRET: Kind = Kind::Secret;
-
-fn chart_dir() -> String {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/chart").to_string()
-}
-
-/// The pinned helm: on PATH after `eval "$(hack/cluster up)"`, or in the cache.
-fn helm() -> Command {
-    let on_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join("helm").is_file()))
-        .unwrap_or(false);
-    if on_path {
-        return Command::new("helm");
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .expect("HOME or XDG_CACHE_HOME is set");
-    let cached = cache.join("copyrator/k8s-1.37.2/bin/helm");
-    assert!(
-        cached.is_file(),
-        "helm is neither on PATH nor at {}; run hack/cluster build",
-        cached.display()
-    );
-    Command::new(cached)
-}
-
-fn run(mut cmd: Command, what: &str) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn render(args: &[&str]) -> Vec<Value> {
-    let mut cmd = helm();
-    cmd.args([
-        "template",
-        "copyrator",
-        &chart_dir(),
-        "--namespace",
-        "copyrator",
-    ])
-    .args(args);
-    let yaml = run(cmd, "helm template");
-    // A document that does not parse fails the test: dropping it would
-    // hide what it renders from every check.
-    serde_yaml::Deserializer::from_str(&yaml)
-        .enumerate()
-        .filter_map(|(i, doc)| {
-            let value: Value = serde::Deserialize::deserialize(doc).unwrap_or_else(|e| {
-                panic!("helm template {args:?}: document {i} is not YAML: {e}\n{yaml}")
-            });
-            (!value.is_null()).then_some(value)
-        })
-        .collect()
-}
-
-fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
-    docs.iter()
-        .find(|d| d["kind"] == kind)
-        .unwrap_or_else(|| panic!("the chart renders no {kind}"))
-}
 
 #[test]
 fn deployment_runs_locked_down_with_probes() {
@@ -131,20 +64,6 @@ fn deployment_runs_locked_down_with_probes() {
         leader["value"], "true",
         "leader election is on by default in the chart"
     );
-}
-
-/// Uninstalls the release when the test ends, passed or not.
-struct Release {
-    name: String,
-    namespace: String,
-}
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        let _ = helm()
-            .args(["uninstall", &self.name, "--namespace", &self.namespace])
-            .output();
-    }
 }
 
 /// The value of an env var of the rendered Deployment's container.
@@ -433,14 +352,6 @@ impl Stage {
     }
 }
 
-/// The step at which the job stopped: it did not happen within its budget.
-#[derive(Debug)]
-struct Stopped {
-    step: String,
-    /// What the step saw last.
-    last: String,
-}
-
 /// The operator's whole job, step by step, each step within a budget; it
 /// stops at the first step that does not happen.
 struct Job<'a> {
@@ -449,10 +360,7 @@ struct Job<'a> {
     /// The operator's process id (its Lease identity ends with it) and port.
     pid: u32,
     port: u16,
-    budget: Duration,
-    /// The steps that happened, with when (since the job started).
-    passed: std::sync::Mutex<Vec<(String, Duration)>>,
-    started: Instant,
+    steps: Steps,
 }
 
 impl<'a> Job<'a> {
@@ -462,9 +370,7 @@ impl<'a> Job<'a> {
             s,
             pid: operator.pid().expect("the operator runs"),
             port: operator.port,
-            budget,
-            passed: std::sync::Mutex::new(Vec::new()),
-            started: Instant::now(),
+            steps: Steps::new(budget),
         }
     }
 
@@ -475,26 +381,9 @@ impl<'a> Job<'a> {
     async fn step(
         &self,
         name: impl Into<String>,
-        mut check: impl AsyncFnMut() -> Result<(), String>,
+        check: impl AsyncFnMut() -> Result<(), String>,
     ) -> Result<(), Stopped> {
-        let name = name.into();
-        let start = Instant::now();
-        loop {
-            let last = match check().await {
-                Ok(()) => {
-                    self.passed
-                        .lock()
-                        .unwrap()
-                        .push((name, self.started.elapsed()));
-                    return Ok(());
-                }
-                Err(last) => last,
-            };
-            if start.elapsed() >= self.budget {
-                return Err(Stopped { step: name, last });
-            }
-            tokio::time::sleep(POLL).await;
-        }
+        self.steps.step(name, check).await
     }
 
     async fn rule(&self, name: &str) -> Result<Value, String> {
@@ -1094,7 +983,7 @@ async fn run_case(
         (Some(removed), Some(evidence), Err(_)) => job.evidence(evidence, removed).await,
         _ => Ok("-".to_string()),
     };
-    let passed = job.passed.lock().unwrap().clone();
+    let passed = job.steps.passed();
     let log = operator.log_path.clone();
     drop(operator);
     Case {
@@ -1301,6 +1190,7 @@ async fn operator_as_the_charts_service_account_does_its_whole_job() {
     let _release = Release {
         name: release.clone(),
         namespace: op.clone(),
+        kubeconfig: None,
     };
     // No kubelet runs here, so the Deployment exists but no pod starts.
     let mut get = Command::new("kubectl");
@@ -1334,7 +1224,9 @@ async fn operator_as_the_charts_service_account_does_its_whole_job() {
     if let Err(stopped) = job.run().await {
         panic!(
             "the job stopped at \"{}\" after {:?}: {}",
-            stopped.step, job.passed, stopped.last
+            stopped.step,
+            job.steps.passed(),
+            stopped.last
         );
     }
     operator.assert_running();
@@ -1521,6 +1413,7 @@ async fn helm_upgrade_and_uninstall() {
     let guard = Release {
         name: release.clone(),
         namespace: op.clone(),
+        kubeconfig: None,
     };
     let rule = t
         .create_rule(&op, "cms", rule_spec(CM, t.selector(), &[t.glob("t")]))

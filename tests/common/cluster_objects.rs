@@ -2,6 +2,7 @@
 //! control), deleted when the test ends, and admission policies that refuse
 //! the writes a test names.
 
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -19,12 +20,25 @@ use super::{TIMEOUT, TestNs, err_msg, wait_until};
 /// control); deleted in reverse order when the guard drops, also on panic.
 pub struct ClusterObjects {
     items: Mutex<Vec<(ApiResource, String)>>,
+    /// The kubeconfig of the cluster they are in; None: `$KUBECONFIG`.
+    kubeconfig: Option<PathBuf>,
 }
 
 impl ClusterObjects {
+    /// Objects of the home cluster (`$KUBECONFIG`).
     pub fn new() -> ClusterObjects {
         ClusterObjects {
             items: Mutex::new(Vec::new()),
+            kubeconfig: None,
+        }
+    }
+
+    /// Objects of the cluster of `kubeconfig` (a member's admin
+    /// kubeconfig): pass [`ClusterObjects::create`] that cluster's client.
+    pub fn in_cluster_of(kubeconfig: PathBuf) -> ClusterObjects {
+        ClusterObjects {
+            items: Mutex::new(Vec::new()),
+            kubeconfig: Some(kubeconfig),
         }
     }
 
@@ -67,6 +81,7 @@ impl Drop for ClusterObjects {
         if items.is_empty() {
             return;
         }
+        let kubeconfig = self.kubeconfig.clone();
         // The test's runtime may be shutting down (or panicking).
         let handle = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -74,7 +89,11 @@ impl Drop for ClusterObjects {
                 .build()
                 .unwrap();
             rt.block_on(async {
-                let Ok(client) = Client::try_default().await else {
+                let client = match &kubeconfig {
+                    None => Client::try_default().await.map_err(|e| e.to_string()),
+                    Some(path) => super::members::client_of_file(path).await,
+                };
+                let Ok(client) = client else {
                     return;
                 };
                 for (ar, name) in items.iter().rev() {

@@ -23,7 +23,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -31,7 +32,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::json;
 use tokio::sync::RwLock;
 
-use super::{TIMEOUT, TestNs, b64, err_msg, is_not_found, map, wait_until};
+use super::{
+    Kind, Obj, TIMEOUT, TestNs, b64, create_obj, data_patch, err_msg, is_not_found, map, patch_obj,
+    plain_body, try_get_obj, wait_until,
+};
 
 /// The members' kubeconfigs: `name=path,...`.
 pub const MEMBERS_ENV: &str = "COPYRATOR_MEMBERS";
@@ -246,6 +250,103 @@ impl Member {
         self_contained_kubeconfig(&self.kubeconfig_path)
     }
 
+    /// Its API server's address and the CA that signs its certificate
+    /// (PEM, base64-encoded as a kubeconfig's `certificate-authority-data`),
+    /// from the current context of its admin kubeconfig.
+    pub fn server_and_ca(&self) -> (String, String) {
+        let config = Kubeconfig::from_yaml(&self.kubeconfig_yaml())
+            .unwrap_or_else(|e| panic!("member {}: its kubeconfig: {e}", self.name));
+        let context = config
+            .current_context
+            .as_ref()
+            .and_then(|current| config.contexts.iter().find(|c| &c.name == current))
+            .and_then(|c| c.context.as_ref())
+            .unwrap_or_else(|| panic!("member {}: no current context", self.name));
+        let cluster = config
+            .clusters
+            .iter()
+            .find(|c| c.name == context.cluster)
+            .and_then(|c| c.cluster.as_ref())
+            .unwrap_or_else(|| panic!("member {}: no cluster {}", self.name, context.cluster));
+        let server = cluster.server.clone().expect("a server");
+        let ca = cluster
+            .certificate_authority_data
+            .clone()
+            .expect("certificate-authority-data");
+        (server, ca)
+    }
+
+    /// A self-contained kubeconfig for its API server (address and CA as in
+    /// its admin kubeconfig) with `token` as the credentials: what a
+    /// kubeconfig Secret of the inventory holds for a ServiceAccount of the
+    /// member.
+    pub fn kubeconfig_with_token(&self, token: &str) -> String {
+        let (server, ca) = self.server_and_ca();
+        let config = json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": self.name, "cluster": {
+                "server": server,
+                "certificate-authority-data": ca,
+            }}],
+            "users": [{"name": "copyrator", "user": {"token": token}}],
+            "contexts": [{"name": self.name, "context": {"cluster": self.name, "user": "copyrator"}}],
+            "current-context": self.name,
+        });
+        serde_yaml::to_string(&config).expect("a kubeconfig as YAML")
+    }
+
+    /// A token of the ServiceAccount `namespace/account` of the member,
+    /// valid for an hour (TokenRequest).
+    pub async fn token(&self, namespace: &str, account: &str) -> String {
+        let request: TokenRequest =
+            serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))
+                .unwrap();
+        Api::<ServiceAccount>::namespaced(self.client.clone(), namespace)
+            .create_token_request(account, &PostParams::default(), &request)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "a token of {namespace}/{account} in member {}: {}",
+                    self.name,
+                    err_msg(&e)
+                )
+            })
+            .status
+            .and_then(|status| status.token)
+            .expect("a TokenRequest answered with a token")
+    }
+
+    /// A ConfigMap or Secret of the member, if it exists.
+    pub async fn try_get(&self, kind: Kind, ns: &str, name: &str) -> Result<Option<Obj>, String> {
+        try_get_obj(&self.client, kind, ns, name)
+            .await
+            .map_err(|e| format!("member {}: {e}", self.name))
+    }
+
+    /// Creates, in the member, an object with exactly `labels` and `data`.
+    pub async fn create_plain(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+        labels: &[(&str, &str)],
+        data: &[(&str, &str)],
+    ) -> Obj {
+        create_obj(&self.client, kind, ns, name, plain_body(kind, labels, data)).await
+    }
+
+    /// Sets (`Some`) or removes (`None`) data keys of an object of the member.
+    pub async fn set_data(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+        changes: &[(&str, Option<&str>)],
+    ) -> Obj {
+        patch_obj(&self.client, kind, ns, name, data_patch(kind, changes)).await
+    }
+
     /// The name of its kubeconfig Secret in the home cluster.
     pub fn secret_name(&self) -> String {
         format!("cluster-{}", self.name)
@@ -261,6 +362,20 @@ impl Member {
         namespace: &str,
         labels: &[(&str, &str)],
     ) -> Secret {
+        self.register_kubeconfig(home, namespace, labels, &self.kubeconfig_yaml())
+            .await
+    }
+
+    /// As [`Member::register`], with the kubeconfig `kubeconfig` (YAML
+    /// text), e.g. [`Member::kubeconfig_with_token`]: the operator then
+    /// works in the member as whoever that kubeconfig names.
+    pub async fn register_kubeconfig(
+        &self,
+        home: &Client,
+        namespace: &str,
+        labels: &[(&str, &str)],
+        kubeconfig: &str,
+    ) -> Secret {
         let name = self.secret_name();
         let mut all_labels = map(labels);
         all_labels.insert(LABEL_CLUSTER.into(), self.name.clone());
@@ -273,7 +388,7 @@ impl Member {
             },
             data: Some(BTreeMap::from([(
                 KUBECONFIG_KEY.to_string(),
-                ByteString(self.kubeconfig_yaml().into_bytes()),
+                ByteString(kubeconfig.as_bytes().to_vec()),
             )])),
             ..Secret::default()
         };

@@ -15,6 +15,9 @@
 //!   own (impersonation) and optionally another API server address.
 //! * [`rule_versions`]: every version of a rule as a watch delivers them,
 //!   for what a status must never say, or what it said first.
+//! * [`helm`]: the chart rendered into objects, and releases installed
+//!   with the pinned helm, at home or in a member.
+//! * [`steps`]: a job of the operator as steps, each within a budget.
 //! * [`members`]: the member clusters of the multi-cluster tests
 //!   (`COPYRATOR_MEMBERS`), their kubeconfig Secrets in the home cluster,
 //!   namespaces of a test in them, and their API servers stopped and
@@ -30,12 +33,14 @@ pub mod audit;
 pub mod cluster_objects;
 pub mod dynamic;
 pub mod fault;
+pub mod helm;
 pub mod logs;
 pub mod members;
 pub mod proxy;
 pub mod rbac;
 pub mod rule_versions;
 pub mod sockets;
+pub mod steps;
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
@@ -657,6 +662,109 @@ pub fn is_ready(rule: &Value) -> Result<(), String> {
 }
 
 // ---------------------------------------------------------------------------
+// ConfigMaps and Secrets in any cluster (the home one, or a member)
+
+/// Creates a ConfigMap or Secret `ns/name` from `body` in the cluster of `client`.
+pub async fn create_obj(client: &Client, kind: Kind, ns: &str, name: &str, mut body: Value) -> Obj {
+    body["metadata"]["name"] = json!(name);
+    body["metadata"]["namespace"] = json!(ns);
+    let pp = PostParams::default();
+    let res = match kind {
+        Kind::ConfigMap => {
+            let cm: ConfigMap = serde_json::from_value(body).expect("a ConfigMap body");
+            Api::<ConfigMap>::namespaced(client.clone(), ns)
+                .create(&pp, &cm)
+                .await
+                .map(Obj::from_configmap)
+        }
+        Kind::Secret => {
+            let s: Secret = serde_json::from_value(body).expect("a Secret body");
+            Api::<Secret>::namespaced(client.clone(), ns)
+                .create(&pp, &s)
+                .await
+                .map(Obj::from_secret)
+        }
+    };
+    res.unwrap_or_else(|e| panic!("creating {kind:?} {ns}/{name}: {}", err_msg(&e)))
+}
+
+/// The body of an object with exactly `labels` and `data` (Secrets are Opaque).
+pub fn plain_body(kind: Kind, labels: &[(&str, &str)], data: &[(&str, &str)]) -> Value {
+    match kind {
+        Kind::ConfigMap => json!({"metadata": {"labels": map(labels)}, "data": map(data)}),
+        Kind::Secret => {
+            json!({"metadata": {"labels": map(labels)}, "type": "Opaque", "stringData": map(data)})
+        }
+    }
+}
+
+pub async fn try_get_obj(
+    client: &Client,
+    kind: Kind,
+    ns: &str,
+    name: &str,
+) -> Result<Option<Obj>, String> {
+    match kind {
+        Kind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await
+            .map(|o| o.map(Obj::from_configmap)),
+        Kind::Secret => Api::<Secret>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await
+            .map(|o| o.map(Obj::from_secret)),
+    }
+    .map_err(|e| err_msg(&e))
+}
+
+/// JSON merge patch.
+pub async fn patch_obj(client: &Client, kind: Kind, ns: &str, name: &str, patch: Value) -> Obj {
+    let pp = PatchParams::default();
+    let res = match kind {
+        Kind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), ns)
+            .patch(name, &pp, &Patch::Merge(&patch))
+            .await
+            .map(Obj::from_configmap),
+        Kind::Secret => Api::<Secret>::namespaced(client.clone(), ns)
+            .patch(name, &pp, &Patch::Merge(&patch))
+            .await
+            .map(Obj::from_secret),
+    };
+    res.unwrap_or_else(|e| {
+        panic!(
+            "patching {kind:?} {ns}/{name} with {patch}: {}",
+            err_msg(&e)
+        )
+    })
+}
+
+/// The merge patch that sets (`Some`) or removes (`None`) data keys of a
+/// ConfigMap or Secret.
+pub fn data_patch(kind: Kind, changes: &[(&str, Option<&str>)]) -> Value {
+    match kind {
+        Kind::ConfigMap => {
+            let data: serde_json::Map<String, Value> = changes
+                .iter()
+                .map(|(k, v)| (k.to_string(), json!(v)))
+                .collect();
+            json!({ "data": data })
+        }
+        Kind::Secret => {
+            let set: serde_json::Map<String, Value> = changes
+                .iter()
+                .filter_map(|(k, v)| v.map(|v| (k.to_string(), json!(v))))
+                .collect();
+            let del: serde_json::Map<String, Value> = changes
+                .iter()
+                .filter(|(_, v)| v.is_none())
+                .map(|(k, _)| (k.to_string(), Value::Null))
+                .collect();
+            json!({ "stringData": set, "data": del })
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
 // the per-test context
 
 /// One test's view of the cluster: a client, a unique prefix, the namespaces
@@ -776,21 +884,8 @@ impl TestNs {
 
     /// Creates a ConfigMap or Secret from a JSON body (`metadata.namespace`
     /// and `metadata.name` are filled in); Secrets may use `stringData`.
-    pub async fn create_json(&self, kind: Kind, ns: &str, name: &str, mut body: Value) -> Obj {
-        body["metadata"]["name"] = json!(name);
-        body["metadata"]["namespace"] = json!(ns);
-        let pp = PostParams::default();
-        let res = match kind {
-            Kind::ConfigMap => {
-                let cm: ConfigMap = serde_json::from_value(body).expect("a ConfigMap body");
-                self.cms(ns).create(&pp, &cm).await.map(Obj::from_configmap)
-            }
-            Kind::Secret => {
-                let s: Secret = serde_json::from_value(body).expect("a Secret body");
-                self.secrets(ns).create(&pp, &s).await.map(Obj::from_secret)
-            }
-        };
-        res.unwrap_or_else(|e| panic!("creating {kind:?} {ns}/{name}: {}", err_msg(&e)))
+    pub async fn create_json(&self, kind: Kind, ns: &str, name: &str, body: Value) -> Obj {
+        create_obj(&self.client, kind, ns, name, body).await
     }
 
     /// Creates a source carrying the test label plus `labels`, with `data`
@@ -822,29 +917,12 @@ impl TestNs {
         labels: &[(&str, &str)],
         data: &[(&str, &str)],
     ) -> Obj {
-        let body = match kind {
-            Kind::ConfigMap => json!({"metadata": {"labels": map(labels)}, "data": map(data)}),
-            Kind::Secret => {
-                json!({"metadata": {"labels": map(labels)}, "type": "Opaque", "stringData": map(data)})
-            }
-        };
-        self.create_json(kind, ns, name, body).await
+        self.create_json(kind, ns, name, plain_body(kind, labels, data))
+            .await
     }
 
     pub async fn try_get(&self, kind: Kind, ns: &str, name: &str) -> Result<Option<Obj>, String> {
-        match kind {
-            Kind::ConfigMap => self
-                .cms(ns)
-                .get_opt(name)
-                .await
-                .map(|o| o.map(Obj::from_configmap)),
-            Kind::Secret => self
-                .secrets(ns)
-                .get_opt(name)
-                .await
-                .map(|o| o.map(Obj::from_secret)),
-        }
-        .map_err(|e| err_msg(&e))
+        try_get_obj(&self.client, kind, ns, name).await
     }
 
     pub async fn get(&self, kind: Kind, ns: &str, name: &str) -> Option<Obj> {
@@ -861,25 +939,7 @@ impl TestNs {
 
     /// JSON merge patch.
     pub async fn patch(&self, kind: Kind, ns: &str, name: &str, patch: Value) -> Obj {
-        let pp = PatchParams::default();
-        let res = match kind {
-            Kind::ConfigMap => self
-                .cms(ns)
-                .patch(name, &pp, &Patch::Merge(&patch))
-                .await
-                .map(Obj::from_configmap),
-            Kind::Secret => self
-                .secrets(ns)
-                .patch(name, &pp, &Patch::Merge(&patch))
-                .await
-                .map(Obj::from_secret),
-        };
-        res.unwrap_or_else(|e| {
-            panic!(
-                "patching {kind:?} {ns}/{name} with {patch}: {}",
-                err_msg(&e)
-            )
-        })
+        patch_obj(&self.client, kind, ns, name, patch).await
     }
 
     /// Sets (`Some`) or removes (`None`) data keys of a ConfigMap or Secret.
@@ -890,28 +950,7 @@ impl TestNs {
         name: &str,
         changes: &[(&str, Option<&str>)],
     ) -> Obj {
-        let patch = match kind {
-            Kind::ConfigMap => {
-                let data: serde_json::Map<String, Value> = changes
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), json!(v)))
-                    .collect();
-                json!({ "data": data })
-            }
-            Kind::Secret => {
-                let set: serde_json::Map<String, Value> = changes
-                    .iter()
-                    .filter_map(|(k, v)| v.map(|v| (k.to_string(), json!(v))))
-                    .collect();
-                let del: serde_json::Map<String, Value> = changes
-                    .iter()
-                    .filter(|(_, v)| v.is_none())
-                    .map(|(k, _)| (k.to_string(), Value::Null))
-                    .collect();
-                json!({ "stringData": set, "data": del })
-            }
-        };
-        self.patch(kind, ns, name, patch).await
+        self.patch(kind, ns, name, data_patch(kind, changes)).await
     }
 
     /// Sets (`Some`) or removes (`None`) labels.

@@ -21,6 +21,7 @@ use kube::core::ApiResource;
 use serde_json::{Value, json};
 
 use super::audit::service_account_user;
+use super::members::Member;
 use super::{TIMEOUT, TestNs, err_msg, service_account_kubeconfig, wait_until};
 
 /// One verb on one resource of one API group, as a Role grants it.
@@ -155,72 +156,59 @@ impl Identity {
         cluster_grants: &BTreeSet<Grant>,
         namespaced_grants: &BTreeSet<Grant>,
     ) -> Identity {
-        let sa: ServiceAccount =
-            serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
-        Api::<ServiceAccount>::namespaced(t.client.clone(), namespace)
-            .create(&PostParams::default(), &sa)
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "creating ServiceAccount {namespace}/{account}: {}",
-                    err_msg(&e)
-                )
-            });
-        let subjects = json!([{"kind": "ServiceAccount", "name": account, "namespace": namespace}]);
+        bind(
+            t,
+            &t.client,
+            cluster,
+            namespace,
+            account,
+            cluster_grants,
+            namespaced_grants,
+        )
+        .await;
         let role = format!("{}-{account}", t.prefix);
-        cluster
-            .create(
-                &t.client,
-                &rbac("ClusterRole", "clusterroles"),
-                json!({
-                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                    "metadata": {"name": role}, "rules": rules_of(cluster_grants),
-                }),
-            )
-            .await;
-        cluster
-            .create(
-                &t.client,
-                &rbac("ClusterRoleBinding", "clusterrolebindings"),
-                json!({
-                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                    "metadata": {"name": role},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-                    "subjects": subjects,
-                }),
-            )
-            .await;
-        if !namespaced_grants.is_empty() {
-            create(
-                &t.client,
-                &rbac("Role", "roles"),
-                Some(namespace),
-                json!({
-                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                    "metadata": {"name": account, "namespace": namespace},
-                    "rules": rules_of(namespaced_grants),
-                }),
-            )
-            .await;
-            create(
-                &t.client,
-                &rbac("RoleBinding", "rolebindings"),
-                Some(namespace),
-                json!({
-                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                    "metadata": {"name": account, "namespace": namespace},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
-                    "subjects": subjects,
-                }),
-            )
-            .await;
-        }
         let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{role}.kubeconfig"));
         // `kubectl create token` blocks: not on the runtime's threads.
         let (ns, sa, file) = (namespace.to_string(), account.to_string(), path.clone());
         tokio::task::spawn_blocking(move || service_account_kubeconfig(&ns, &sa, &file))
             .await
             .expect("writing the ServiceAccount's kubeconfig");
+        Identity {
+            namespace: namespace.to_string(),
+            account: account.to_string(),
+            user: service_account_user(namespace, account),
+            kubeconfig: path.to_string_lossy().into_owned(),
+        }
+    }
+
+    /// As [`Identity::create`], in the member cluster `member`, bound to a
+    /// ClusterRole with exactly `cluster_grants` (`cluster` must be
+    /// [`ClusterScoped::in_cluster_of`] the member's kubeconfig). Its
+    /// kubeconfig is self-contained, a token inline, as the inventory's
+    /// kubeconfig Secret holds it ([`Member::register_kubeconfig`]).
+    pub async fn create_in_member(
+        t: &TestNs,
+        member: &Member,
+        cluster: &ClusterScoped,
+        namespace: &str,
+        account: &str,
+        cluster_grants: &BTreeSet<Grant>,
+    ) -> Identity {
+        bind(
+            t,
+            &member.client,
+            cluster,
+            namespace,
+            account,
+            cluster_grants,
+            &BTreeSet::new(),
+        )
+        .await;
+        let token = member.token(namespace, account).await;
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("{}-{account}-{}.kubeconfig", t.prefix, member.name));
+        std::fs::write(&path, member.kubeconfig_with_token(&token))
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
         Identity {
             namespace: namespace.to_string(),
             account: account.to_string(),
@@ -284,5 +272,80 @@ impl Identity {
             },
         )
         .await;
+    }
+}
+
+/// The ServiceAccount `namespace/account` in the cluster of `client`, bound
+/// to a ClusterRole `<prefix>-<account>` with exactly `cluster_grants` (in
+/// `cluster`, deleted when it drops) and to a Role in `namespace` with
+/// exactly `namespaced_grants` (none made when empty).
+async fn bind(
+    t: &TestNs,
+    client: &Client,
+    cluster: &ClusterScoped,
+    namespace: &str,
+    account: &str,
+    cluster_grants: &BTreeSet<Grant>,
+    namespaced_grants: &BTreeSet<Grant>,
+) {
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "creating ServiceAccount {namespace}/{account}: {}",
+                err_msg(&e)
+            )
+        });
+    let subjects = json!([{"kind": "ServiceAccount", "name": account, "namespace": namespace}]);
+    let role = format!("{}-{account}", t.prefix);
+    cluster
+        .create(
+            client,
+            &rbac("ClusterRole", "clusterroles"),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": role}, "rules": rules_of(cluster_grants),
+            }),
+        )
+        .await;
+    cluster
+            .create(
+                client,
+                &rbac("ClusterRoleBinding", "clusterrolebindings"),
+                json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": {"name": role},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                    "subjects": subjects,
+                }),
+            )
+            .await;
+    if !namespaced_grants.is_empty() {
+        create(
+            client,
+            &rbac("Role", "roles"),
+            Some(namespace),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": account, "namespace": namespace},
+                "rules": rules_of(namespaced_grants),
+            }),
+        )
+        .await;
+        create(
+                client,
+                &rbac("RoleBinding", "rolebindings"),
+                Some(namespace),
+                json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                    "metadata": {"name": account, "namespace": namespace},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+                    "subjects": subjects,
+                }),
+            )
+            .await;
     }
 }
