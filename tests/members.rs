@@ -507,6 +507,26 @@ async fn a_cluster_profile_makes_a_member_and_its_token_rotates() {
     .await;
     t.set_data(CM, &op, "cfg", &[("k", Some("v2"))]).await;
     wait_member_copy(&b, &b_t1, "cfg", &[("k", "v2")]).await;
+
+    // Revoked: the member is reported as refusing the credentials.
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&b.kubeconfig_path)
+        .args(["-n", &b_t1, "delete", "serviceaccount", "copyrator-next"])
+        .output()
+        .expect("running kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rule = wait_member_status(&t, &op, &profile_name, false, "CredentialsRefused").await;
+    assert_eq!(
+        ready_condition(&rule).map(|c| c["reason"].clone()),
+        Some(json!("CredentialsRefused")),
+        "{}",
+        rule["status"]
+    );
     for account in ["copyrator", "copyrator-next"] {
         let _ = std::process::Command::new("kubectl")
             .arg("--kubeconfig")

@@ -156,14 +156,19 @@ async fn probe(shared: std::sync::Weak<Shared>, member: std::sync::Weak<Member>)
         };
         let next = match answer {
             Ok(Ok(_)) => Reach::Reachable,
-            Ok(Err(error)) => unreachable_since(&member, crate::error::describe(&error)),
+            Ok(Err(error)) => {
+                let refused =
+                    matches!(&error, kube::Error::Api(status) if matches!(status.code, 401 | 403));
+                unreachable_since(&member, crate::error::describe(&error), refused)
+            }
             Err(_) => unreachable_since(
                 &member,
                 format!("no answer within {} s", PROBE_TIMEOUT.as_secs()),
+                false,
             ),
         };
         let previous = std::mem::replace(&mut *lock(&member.reach), next.clone());
-        let changed = std::mem::discriminant(&previous) != std::mem::discriminant(&next);
+        let changed = previous.reason() != next.reason();
         if changed {
             reach_changed(&shared, &member, &next);
             announce_reach(&shared, &member, &previous, &next).await;
@@ -173,12 +178,16 @@ async fn probe(shared: std::sync::Weak<Shared>, member: std::sync::Weak<Member>)
     }
 }
 
-fn unreachable_since(member: &Member, message: String) -> Reach {
+fn unreachable_since(member: &Member, message: String, refused: bool) -> Reach {
     let since = match &*lock(&member.reach) {
         Reach::Unreachable { since, .. } => *since,
         _ => Instant::now(),
     };
-    Reach::Unreachable { message, since }
+    Reach::Unreachable {
+        message,
+        since,
+        refused,
+    }
 }
 
 fn reach_changed(shared: &Arc<Shared>, member: &Arc<Member>, reach: &Reach) {
@@ -229,9 +238,9 @@ async fn announce_reach(shared: &Shared, member: &Member, previous: &Reach, next
     let (type_, reason, note) = match (previous, next) {
         (_, Reach::Unreachable { message, .. }) => (
             EventType::Warning,
-            "ClusterUnreachable",
+            next.reason(),
             format!(
-                "member cluster {} does not answer: {message}; its copies are written when it answers again",
+                "member cluster {}: {message}; its copies are written when it answers again",
                 member.name()
             ),
         ),

@@ -28,11 +28,25 @@ pub enum Reach {
     /// Not asked yet, or its first answer is on its way.
     Connecting,
     Reachable,
-    /// Its last probe failed: why, and since when it has not answered.
+    /// Its last probe failed: why, since when it has not answered, and
+    /// whether it answered but refused the credentials (401 or 403).
     Unreachable {
         message: String,
         since: Instant,
+        refused: bool,
     },
+}
+
+impl Reach {
+    /// The reason a rule's status gives for a member in this state.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Reach::Unreachable { refused: true, .. } => "CredentialsRefused",
+            Reach::Unreachable { .. } => "ClusterUnreachable",
+            Reach::Connecting => "Progressing",
+            Reach::Reachable => "Synced",
+        }
+    }
 }
 
 /// What a rule's last pass in a member found there, for the rule's status.
@@ -203,12 +217,18 @@ fn member_status(name: &str, reach: &Reach, report: Option<MemberReport>) -> Clu
         ..status
     };
     match (reach, report) {
-        (Reach::Unreachable { message, .. }, report) => {
-            let status = not_ready(
-                name,
-                "ClusterUnreachable",
-                format!("its API server does not answer: {message}"),
-            );
+        (
+            Reach::Unreachable {
+                message, refused, ..
+            },
+            report,
+        ) => {
+            let said = if *refused {
+                "its API server refuses the operator's credentials"
+            } else {
+                "its API server does not answer"
+            };
+            let status = not_ready(name, reach.reason(), format!("{said}: {message}"));
             match report {
                 Some(report) => counts(status, &report),
                 None => status,
