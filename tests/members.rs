@@ -285,7 +285,13 @@ async fn an_unreachable_member_is_reported_and_holds_up_no_one() {
 
     let _restart = a.start_api_server_on_drop();
     a.stop_api_server();
+    let stopped = std::time::Instant::now();
     let rule = wait_member_status(&t, &op, &a.name, false, "ClusterUnreachable").await;
+    // A figure for the record (the deadline above is what the test asserts).
+    eprintln!(
+        "member a unreachable in the rule's status {:.1} s after its API server stopped",
+        stopped.elapsed().as_secs_f64()
+    );
     let ready = ready_condition(&rule).cloned().unwrap_or_default();
     assert_eq!(ready["reason"], "ClusterUnreachable", "{ready}");
     assert!(
@@ -318,7 +324,12 @@ async fn an_unreachable_member_is_reported_and_holds_up_no_one() {
     wait_member_copy(&b, &b_t1, "cfg", &[("k", "v2")]).await;
 
     a.start_api_server();
+    let answering = std::time::Instant::now();
     wait_member_copy(&a, &a_t1, "cfg", &[("k", "v2")]).await;
+    eprintln!(
+        "member a converged {:.1} s after its API server answered again",
+        answering.elapsed().as_secs_f64()
+    );
     wait_member_status(&t, &op, &a.name, true, "Synced").await;
 }
 
