@@ -33,7 +33,6 @@ use common::logs::LogLine;
 use common::rbac::{ClusterScoped, Grant, Identity, grants_of};
 use common::rule_versions::RuleVersions;
 use common::*;
-use kube::core::ApiResource;
 use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
@@ -154,37 +153,6 @@ fn absent_namespaces(t: &TestNs, count: usize) -> Vec<String> {
     (0..count)
         .map(|i| format!("{}-absent-{i:04}", t.prefix))
         .collect()
-}
-
-fn flow_control(kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: "flowcontrol.apiserver.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "flowcontrol.apiserver.k8s.io/v1".into(),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
-}
-
-/// A priority level with one seat that rejects what does not fit, and a
-/// FlowSchema that puts every request of `id` in it.
-async fn throttle(t: &TestNs, cluster: &ClusterScoped, id: &Identity) {
-    let level = t.prefix.clone();
-    cluster
-        .create(
-            &t.client,
-            &flow_control("PriorityLevelConfiguration", "prioritylevelconfigurations"),
-            apf::one_seat_level(&level),
-        )
-        .await;
-    cluster
-        .create(
-            &t.client,
-            &flow_control("FlowSchema", "flowschemas"),
-            apf::flow_schema_for(&level, &id.namespace, &id.account),
-        )
-        .await;
-    apf::wait_flow_schema_taken(&t.client, &level).await;
 }
 
 fn info_lines(operator: &Operator) -> Vec<LogLine> {
@@ -346,7 +314,17 @@ async fn reads_throttled_by_priority_and_fairness_wait_and_the_rule_converges() 
         }}),
     )
     .await;
-    throttle(&t, &cluster, &id).await;
+    // A priority level with one seat that rejects what does not fit, and
+    // every request of the operator in it.
+    apf::one_seat_for(
+        &t.client,
+        &cluster,
+        &t.prefix,
+        &id.namespace,
+        &id.account,
+        apf::Throttled::All,
+    )
+    .await;
     let window_start = Utc::now();
     let started = Instant::now();
     let operator = Operator::start_with_env(
@@ -569,22 +547,15 @@ async fn a_rule_whose_sources_take_long_to_list_says_waiting_for_sources_then_co
     let account = "copyrator-waiting";
     let id = identity(&t, &cluster, &op, account).await;
     let source = t.create_source(CM, &op, "one", &[], &[("k", "1")]).await;
-    let level = t.prefix.clone();
-    cluster
-        .create(
-            &t.client,
-            &flow_control("PriorityLevelConfiguration", "prioritylevelconfigurations"),
-            apf::one_seat_level(&level),
-        )
-        .await;
-    cluster
-        .create(
-            &t.client,
-            &flow_control("FlowSchema", "flowschemas"),
-            apf::flow_schema_for_namespaced_reads(&level, &op, account, "configmaps"),
-        )
-        .await;
-    apf::wait_flow_schema_taken(&t.client, &level).await;
+    apf::one_seat_for(
+        &t.client,
+        &cluster,
+        &t.prefix,
+        &op,
+        account,
+        apf::Throttled::NamespacedReads("configmaps"),
+    )
+    .await;
     // A watch per source namespace (the budget allows them), all starting
     // at once.
     let mut operator = Operator::start_with_env(

@@ -1073,24 +1073,15 @@ async fn writes_throttled_by_priority_and_fairness_use_the_capacity_they_are_giv
     let targets: Vec<String> = futures::future::join_all(suffixes.iter().map(|s| t.ns(s))).await;
     let id = OperatorIdentity::new(&t, &op, "copyrator").await;
     let cluster = common::cluster_objects::ClusterObjects::new();
-    let level = t.prefix.clone();
-    cluster
-        .create(
-            &t.client,
-            &common::cluster_objects::ar::<
-                k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration,
-            >(),
-            common::apf::rejecting_level(&level, 1),
-        )
-        .await;
-    cluster
-        .create(
-            &t.client,
-            &common::cluster_objects::ar::<k8s_openapi::api::flowcontrol::v1::FlowSchema>(),
-            common::apf::flow_schema_for(&level, &op, "copyrator"),
-        )
-        .await;
-    common::apf::wait_flow_schema_taken(&t.client, &level).await;
+    common::apf::one_seat_for(
+        &t.client,
+        &cluster,
+        &t.prefix,
+        &op,
+        "copyrator",
+        common::apf::Throttled::All,
+    )
+    .await;
     for i in 0..SOURCES_N {
         t.create_source(CM, &op, &format!("s{i:02}"), &[], &[("k", "v")])
             .await;

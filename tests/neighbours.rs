@@ -38,7 +38,6 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
-use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -1340,21 +1339,15 @@ async fn throttled_by_priority_and_fairness_the_operator_converges_without_a_sto
     let sources: Vec<&Obj> = sources.iter().collect();
 
     let level = t.prefix.clone();
-    cluster
-        .create(
-            &t.client,
-            &ar::<PriorityLevelConfiguration>(),
-            apf::one_seat_level(&level),
-        )
-        .await;
-    cluster
-        .create(
-            &t.client,
-            &ar::<FlowSchema>(),
-            apf::flow_schema_for(&level, &op, account),
-        )
-        .await;
-    apf::wait_flow_schema_taken(&t.client, &level).await;
+    apf::one_seat_for(
+        &t.client,
+        &cluster,
+        &level,
+        &op,
+        account,
+        apf::Throttled::All,
+    )
+    .await;
 
     let start = Instant::now();
     let start_utc = Utc::now();
