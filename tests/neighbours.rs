@@ -368,51 +368,13 @@ async fn copies_right(
     }
 }
 
-/// The labels of a Prometheus sample, `a="x",b="y"` (values unescaped).
-fn parse_labels(mut s: &str) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::new();
-    loop {
-        s = s.trim_start_matches([',', ' ']);
-        let Some((key, rest)) = s.split_once('=') else {
-            return labels;
-        };
-        let rest = rest.strip_prefix('"').unwrap_or(rest);
-        let mut value = String::new();
-        let mut chars = rest.char_indices();
-        let mut end = rest.len();
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => {
-                    if let Some((_, e)) = chars.next() {
-                        value.push(if e == 'n' { '\n' } else { e });
-                    }
-                }
-                '"' => {
-                    end = i + 1;
-                    break;
-                }
-                c => value.push(c),
-            }
-        }
-        labels.insert(key.trim().to_string(), value);
-        s = &rest[end..];
-    }
-}
-
 /// The sum of the samples of `name` carrying `labels` in a Prometheus text
 /// exposition (None: no such sample).
 fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> Result<Option<f64>, String> {
     let mut sum = None;
     for line in text.lines().map(str::trim) {
-        if line.is_empty() || line.starts_with('#') {
+        let Some((series_name, series_labels, value)) = common::prometheus::sample(line)? else {
             continue;
-        }
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            return Err(format!("not a sample line: {line:?}"));
-        };
-        let (series_name, series_labels) = match series.split_once('{') {
-            Some((n, rest)) => (n, parse_labels(rest.trim_end_matches('}'))),
-            None => (series, BTreeMap::new()),
         };
         let wanted = series_name == name
             && labels

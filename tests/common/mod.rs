@@ -27,6 +27,7 @@ pub mod cluster_objects;
 pub mod dynamic;
 pub mod fault;
 pub mod logs;
+pub mod prometheus;
 pub mod proxy;
 pub mod rbac;
 pub mod rule_versions;
