@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use common::audit::{Audit, AuditEvent, Query, WRITE_VERBS};
 use common::logs::LogLine;
-use common::rbac::{ClusterScoped, Grant, Identity, grants_of};
+use common::rbac::{ClusterScoped, Grant, Identity, grants_of, operator_rules};
 use common::rule_versions::RuleVersions;
 use common::*;
 use serde_json::{Value, json};
@@ -42,22 +42,12 @@ const READ_VERBS: &[&str] = &["list", "watch"];
 // ===========================================================================
 // helpers of this file
 
-/// What the chart's ClusterRole grants the operator.
+/// The grants of [`operator_rules`].
 fn operator_grants() -> BTreeSet<Grant> {
-    grants_of(&json!({"rules": [
-        {"apiGroups": [""], "resources": ["configmaps", "secrets"],
-         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["flant.com"], "resources": ["copyrators"],
-         "verbs": ["get", "list", "watch", "patch", "update"]},
-        {"apiGroups": ["flant.com"], "resources": ["copyrators/status"], "verbs": ["patch", "update"]},
-        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-         "verbs": ["get", "create", "update"]},
-    ]}))
+    grants_of(&json!({ "rules": operator_rules() }))
 }
 
-/// A ServiceAccount of the test's own for the operator, with the chart's grants.
+/// A ServiceAccount of the test's own for the operator, with [`operator_grants`].
 async fn identity(t: &TestNs, cluster: &ClusterScoped, namespace: &str, account: &str) -> Identity {
     let granted = operator_grants();
     let id = Identity::create(t, cluster, namespace, account, &granted, &BTreeSet::new()).await;

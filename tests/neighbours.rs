@@ -31,6 +31,7 @@ use common::cluster_objects::{
     ClusterObjects, ar, refuse_configmap_writes, refuse_configmap_writes_unless, stop_refusing,
     wait_admitted,
 };
+use common::rbac::operator_rules;
 use common::rule_versions::RuleVersions;
 use common::*;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -56,23 +57,6 @@ const MAX_LOG_LINES: usize = 10;
 
 // ===========================================================================
 // helpers of this file
-
-/// Everything the operator uses (the chart's ClusterRole, plus the verbs a
-/// newer operator may use: patch on copies, get and update on rules,
-/// namespaces get, the Lease).
-fn operator_rules() -> Value {
-    json!([
-        {"apiGroups": [""], "resources": ["configmaps", "secrets"],
-         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["flant.com"], "resources": ["copyrators"],
-         "verbs": ["get", "list", "watch", "patch", "update"]},
-        {"apiGroups": ["flant.com"], "resources": ["copyrators/status"], "verbs": ["patch", "update"]},
-        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-         "verbs": ["get", "create", "update"]},
-    ])
-}
 
 /// As [`operator_rules`], but ConfigMaps and Secrets only read.
 fn reader_rules() -> Value {

@@ -108,6 +108,23 @@ pub fn rules_of(grants: &BTreeSet<Grant>) -> Value {
     )
 }
 
+/// Everything the operator uses (the chart's ClusterRole and Lease Role,
+/// plus the verbs a newer operator may use: patch on copies, get and
+/// update on rules, namespaces get), as the `rules` of a ClusterRole.
+pub fn operator_rules() -> Value {
+    json!([
+        {"apiGroups": [""], "resources": ["configmaps", "secrets"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["flant.com"], "resources": ["copyrators"],
+         "verbs": ["get", "list", "watch", "patch", "update"]},
+        {"apiGroups": ["flant.com"], "resources": ["copyrators/status"], "verbs": ["patch", "update"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "verbs": ["get", "create", "update"]},
+    ])
+}
+
 /// Cluster-scoped objects a test made; deleted when the guard drops (also
 /// on panic).
 pub use super::cluster_objects::ClusterObjects as ClusterScoped;
