@@ -13,7 +13,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::core::ApiResource;
 use serde_json::{Value, json};
 
-use super::{TIMEOUT, TestNs, err_msg, wait_until};
+use super::{TIMEOUT, TestNs, clean_up_apart, err_msg, wait_until};
 
 /// Cluster-scoped objects a test made (RBAC, admission policies, flow
 /// control); deleted in reverse order when the guard drops, also on panic.
@@ -67,24 +67,16 @@ impl Drop for ClusterObjects {
         if items.is_empty() {
             return;
         }
-        // The test's runtime may be shutting down (or panicking).
-        let handle = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let Ok(client) = Client::try_default().await else {
-                    return;
-                };
-                for (ar, name) in items.iter().rev() {
-                    let _ = Api::<DynamicObject>::all_with(client.clone(), ar)
-                        .delete(name, &DeleteParams::default())
-                        .await;
-                }
-            });
+        clean_up_apart(move || async move {
+            let Ok(client) = Client::try_default().await else {
+                return;
+            };
+            for (ar, name) in items.iter().rev() {
+                let _ = Api::<DynamicObject>::all_with(client.clone(), ar)
+                    .delete(name, &DeleteParams::default())
+                    .await;
+            }
         });
-        let _ = handle.join();
     }
 }
 

@@ -36,6 +36,7 @@ pub mod sockets;
 use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::fs::File;
+use std::future::Future;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -1204,17 +1205,23 @@ impl Drop for TestNs {
         if namespaces.is_empty() && extra.is_empty() {
             return;
         }
-        // The test's runtime may be shutting down (or panicking): clean up on
-        // a thread of our own with a runtime of our own.
-        let handle = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(cleanup(namespaces, extra));
-        });
-        let _ = handle.join();
+        clean_up_apart(move || cleanup(namespaces, extra));
     }
+}
+
+/// Runs the future `make` returns to its end on a thread of its own with
+/// a runtime of its own, and waits for it: a guard that cleans up when it
+/// drops may drop while the test's runtime is shutting down (or the test
+/// panics).
+pub fn clean_up_apart<F: Future<Output = ()>>(make: impl FnOnce() -> F + Send + 'static) {
+    let handle = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(make());
+    });
+    let _ = handle.join();
 }
 
 /// Best effort: remove the finalizers that would keep the namespaces
