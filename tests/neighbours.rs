@@ -38,7 +38,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -122,17 +122,7 @@ async fn operator_identity(
     account: &str,
     rules: Value,
 ) -> Identity {
-    let sa: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
-    Api::<ServiceAccount>::namespaced(t.client.clone(), namespace)
-        .create(&PostParams::default(), &sa)
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "creating ServiceAccount {namespace}/{account}: {}",
-                err_msg(&e)
-            )
-        });
+    create_service_account(&t.client, namespace, account).await;
     let role = format!("{}-{account}", t.prefix);
     cluster
         .create(

@@ -44,7 +44,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -1297,6 +1297,21 @@ async fn cleanup(namespaces: Vec<String>, extra: Vec<(Kind, String, String)>) {
 
 // ---------------------------------------------------------------------------
 // identities
+
+/// Creates the ServiceAccount `namespace/account`.
+pub async fn create_service_account(client: &Client, namespace: &str, account: &str) {
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "creating ServiceAccount {namespace}/{account}: {}",
+                err_msg(&e)
+            )
+        });
+}
 
 /// Writes a kubeconfig for the ServiceAccount `namespace/account` (a real
 /// token from `kubectl create token`, valid for an hour) to `path`, with the

@@ -14,14 +14,15 @@ use std::fmt;
 use std::path::PathBuf;
 
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
-use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::Client;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
 use serde_json::{Value, json};
 
 use super::audit::service_account_user;
-use super::{TIMEOUT, TestNs, err_msg, service_account_kubeconfig, wait_until};
+use super::{
+    TIMEOUT, TestNs, create_service_account, err_msg, service_account_kubeconfig, wait_until,
+};
 
 /// One verb on one resource of one API group, as a Role grants it.
 /// `resource` may name a subresource (`copyrators/status`).
@@ -172,17 +173,7 @@ impl Identity {
         cluster_grants: &BTreeSet<Grant>,
         namespaced_grants: &BTreeSet<Grant>,
     ) -> Identity {
-        let sa: ServiceAccount =
-            serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
-        Api::<ServiceAccount>::namespaced(t.client.clone(), namespace)
-            .create(&PostParams::default(), &sa)
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "creating ServiceAccount {namespace}/{account}: {}",
-                    err_msg(&e)
-                )
-            });
+        create_service_account(&t.client, namespace, account).await;
         let subjects = json!([{"kind": "ServiceAccount", "name": account, "namespace": namespace}]);
         let role = format!("{}-{account}", t.prefix);
         cluster
