@@ -31,13 +31,12 @@ use common::cluster_objects::{
     ClusterObjects, ar, refuse_configmap_writes, refuse_configmap_writes_unless, stop_refusing,
     wait_admitted,
 };
-use common::rbac::operator_rules;
+use common::rbac::{operator_rules, service_account_may};
 use common::rule_versions::RuleVersions;
 use common::*;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use kube::Client;
@@ -82,19 +81,9 @@ async fn can(
     resource: &str,
     namespace: Option<&str>,
 ) -> Result<bool, String> {
-    let review: SubjectAccessReview = serde_json::from_value(json!({
-        "spec": {
-            "user": id.user,
-            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{}", id.namespace), "system:authenticated"],
-            "resourceAttributes": {"group": "", "resource": resource, "verb": verb, "namespace": namespace},
-        }
-    }))
-    .unwrap();
-    let answer = Api::<SubjectAccessReview>::all(client.clone())
-        .create(&PostParams::default(), &review)
-        .await
-        .map_err(|e| err_msg(&e))?;
-    Ok(answer.status.is_some_and(|s| s.allowed))
+    let attributes =
+        json!({"group": "", "resource": resource, "verb": verb, "namespace": namespace});
+    service_account_may(client, &id.user, &id.namespace, attributes).await
 }
 
 async fn wait_access(t: &TestNs, id: &Identity, verb: &str, namespace: Option<&str>, want: bool) {

@@ -245,25 +245,14 @@ impl Identity {
         grant: &Grant,
         namespace: Option<&str>,
     ) -> Result<bool, String> {
-        let review: SubjectAccessReview = serde_json::from_value(json!({
-            "spec": {
-                "user": self.user,
-                "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{}", self.namespace), "system:authenticated"],
-                "resourceAttributes": {
-                    "group": grant.group,
-                    "resource": grant.base_resource(),
-                    "subresource": grant.subresource(),
-                    "verb": grant.verb,
-                    "namespace": namespace,
-                },
-            }
-        }))
-        .unwrap();
-        let answer = Api::<SubjectAccessReview>::all(client.clone())
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| err_msg(&e))?;
-        Ok(answer.status.is_some_and(|s| s.allowed))
+        let attributes = json!({
+            "group": grant.group,
+            "resource": grant.base_resource(),
+            "subresource": grant.subresource(),
+            "verb": grant.verb,
+            "namespace": namespace,
+        });
+        service_account_may(client, &self.user, &self.namespace, attributes).await
     }
 
     /// Waits until the API server's authorizer allows every grant of
@@ -293,4 +282,29 @@ impl Identity {
         )
         .await;
     }
+}
+
+/// Whether the API server lets the ServiceAccount whose user name is `user`
+/// (of the namespace `namespace`) do what `attributes` (the
+/// `resourceAttributes` of a SubjectAccessReview) say, by a
+/// SubjectAccessReview.
+pub async fn service_account_may(
+    client: &Client,
+    user: &str,
+    namespace: &str,
+    attributes: Value,
+) -> Result<bool, String> {
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "spec": {
+            "user": user,
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"), "system:authenticated"],
+            "resourceAttributes": attributes,
+        }
+    }))
+    .unwrap();
+    let answer = Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .map_err(|e| err_msg(&e))?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
 }
