@@ -30,10 +30,9 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use common::audit::{Audit, AuditEvent, Query, WRITE_VERBS};
 use common::logs::LogLine;
-use common::rbac::{ClusterScoped, Grant, Identity, grants_of};
+use common::rbac::{ClusterScoped, Grant, Identity, grants_of, operator_rules};
 use common::rule_versions::RuleVersions;
 use common::*;
-use kube::core::ApiResource;
 use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
@@ -43,22 +42,12 @@ const READ_VERBS: &[&str] = &["list", "watch"];
 // ===========================================================================
 // helpers of this file
 
-/// What the chart's ClusterRole grants the operator.
+/// The grants of [`operator_rules`].
 fn operator_grants() -> BTreeSet<Grant> {
-    grants_of(&json!({"rules": [
-        {"apiGroups": [""], "resources": ["configmaps", "secrets"],
-         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["flant.com"], "resources": ["copyrators"],
-         "verbs": ["get", "list", "watch", "patch", "update"]},
-        {"apiGroups": ["flant.com"], "resources": ["copyrators/status"], "verbs": ["patch", "update"]},
-        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-         "verbs": ["get", "create", "update"]},
-    ]}))
+    grants_of(&json!({ "rules": operator_rules() }))
 }
 
-/// A ServiceAccount of the test's own for the operator, with the chart's grants.
+/// A ServiceAccount of the test's own for the operator, with [`operator_grants`].
 async fn identity(t: &TestNs, cluster: &ClusterScoped, namespace: &str, account: &str) -> Identity {
     let granted = operator_grants();
     let id = Identity::create(t, cluster, namespace, account, &granted, &BTreeSet::new()).await;
@@ -67,22 +56,26 @@ async fn identity(t: &TestNs, cluster: &ClusterScoped, namespace: &str, account:
     id
 }
 
-/// The operator as `id`, JSON logs at the default level.
+/// The operator as `id`, JSON logs at the default level, once it is ready.
 async fn start_operator(t: &TestNs, namespace: &str, id: &Identity) -> Operator {
-    let mut operator = Operator::start_with_env(
-        t,
-        vec![
-            "run".into(),
-            "--namespace".into(),
-            namespace.into(),
-            "--log-format".into(),
-            "json".into(),
-        ],
-        &[("KUBECONFIG", &id.kubeconfig)],
-    );
+    let mut operator = launch_operator(t, namespace, id, &[]);
     operator.wait_ready().await;
     operator
 }
+
+/// The operator as `id`, JSON logs at the default level, with the
+/// arguments `extra` too; started, not yet ready.
+fn launch_operator(t: &TestNs, namespace: &str, id: &Identity, extra: &[&str]) -> Operator {
+    let mut args: Vec<String> = ["run", "--namespace", namespace, "--log-format", "json"]
+        .map(String::from)
+        .to_vec();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    Operator::start_with_env(t, args, &[("KUBECONFIG", &id.kubeconfig)])
+}
+
+/// Source watches enough for a watch per namespace of the 60 a rule names
+/// in the tests of API Priority and Fairness.
+const A_WATCH_PER_NAMESPACE: [&str; 2] = ["--max-source-watches", "100"];
 
 /// The operator's resident memory in KiB, from /proc. An unreadable value
 /// is an error: read as 0, it would pass every bound.
@@ -149,42 +142,54 @@ fn ready_status(rule: &Value) -> Option<(String, String, String)> {
     })
 }
 
-/// `count` names of namespaces that do not exist, unique to the test.
-fn absent_namespaces(t: &TestNs, count: usize) -> Vec<String> {
-    (0..count)
-        .map(|i| format!("{}-absent-{i:04}", t.prefix))
-        .collect()
+/// `count` source namespaces: `op`, then names of namespaces that do not
+/// exist, unique to the test.
+fn source_namespaces(t: &TestNs, op: &str, count: usize) -> Vec<String> {
+    let absent = (0..count - 1).map(|i| format!("{}-absent-{i:04}", t.prefix));
+    std::iter::once(op.to_owned()).chain(absent).collect()
 }
 
-fn flow_control(kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: "flowcontrol.apiserver.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "flowcontrol.apiserver.k8s.io/v1".into(),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
+/// A rule `name` in `op` that copies the test's ConfigMaps in each of
+/// `namespaces` into `targets`.
+async fn create_rule_over(
+    t: &TestNs,
+    op: &str,
+    name: &str,
+    namespaces: &[String],
+    targets: &[String],
+) -> Value {
+    t.create_rule(
+        op,
+        name,
+        json!({"spec": {
+            "ruleType": "configmap",
+            "selector": t.selector(),
+            "namespace": namespaces,
+            "targets": {"include": targets},
+        }}),
+    )
+    .await
 }
 
-/// A priority level with one seat that rejects what does not fit, and a
-/// FlowSchema that puts every request of `id` in it.
-async fn throttle(t: &TestNs, cluster: &ClusterScoped, id: &Identity) {
-    let level = t.prefix.clone();
-    cluster
-        .create(
-            &t.client,
-            &flow_control("PriorityLevelConfiguration", "prioritylevelconfigurations"),
-            apf::one_seat_level(&level),
-        )
-        .await;
-    cluster
-        .create(
-            &t.client,
-            &flow_control("FlowSchema", "flowschemas"),
-            apf::flow_schema_for(&level, &id.namespace, &id.account),
-        )
-        .await;
-    apf::wait_flow_schema_taken(&t.client, &level).await;
+/// Waits up to `within` until the rule `op/name` is Ready with `copies`
+/// copies; returns how long after `since` it was seen so.
+async fn wait_ready_with_copies(
+    t: &TestNs,
+    op: &str,
+    name: &str,
+    copies: u64,
+    since: Instant,
+    within: Duration,
+) -> Duration {
+    wait_until("the rule to be Ready with its copies", within, async || {
+        let rule = t.get_rule(op, name).await;
+        is_ready(&rule)?;
+        match status_u64(&rule, "copies") {
+            Some(n) if n == copies => Ok(since.elapsed()),
+            other => Err(format!("copies {other:?}: {}", short_status(&rule))),
+        }
+    })
+    .await
 }
 
 fn info_lines(operator: &Operator) -> Vec<LogLine> {
@@ -217,22 +222,11 @@ async fn a_rule_naming_1000_source_namespaces_costs_a_few_watches() {
     let connections_before =
         connections_to(pid, api_port).unwrap_or_else(|e| panic!("the operator's connections: {e}"));
 
-    let mut namespaces = vec![op.clone()];
-    namespaces.extend(absent_namespaces(&t, NAMESPACES - 1));
+    let namespaces = source_namespaces(&t, &op, NAMESPACES);
     let window_start = Utc::now();
     let created = Instant::now();
     let sampler = Sampler::start(pid, api_port);
-    t.create_rule(
-        &op,
-        "many",
-        json!({"spec": {
-            "ruleType": "configmap",
-            "selector": t.selector(),
-            "namespace": namespaces,
-            "targets": {"include": targets},
-        }}),
-    )
-    .await;
+    create_rule_over(&t, &op, "many", &namespaces, &targets).await;
     let first_status = wait_until("the rule to have a Ready condition", TIMEOUT, async || {
         let rule = t.get_rule(&op, "many").await;
         match ready_status(&rule) {
@@ -241,15 +235,7 @@ async fn a_rule_naming_1000_source_namespaces_costs_a_few_watches() {
         }
     })
     .await;
-    let ready_after = wait_until("the rule to be Ready with its copies", MINUTE, async || {
-        let rule = t.get_rule(&op, "many").await;
-        is_ready(&rule)?;
-        match status_u64(&rule, "copies") {
-            Some(6) => Ok(created.elapsed()),
-            other => Err(format!("copies {other:?}: {}", short_status(&rule))),
-        }
-    })
-    .await;
+    let ready_after = wait_ready_with_copies(&t, &op, "many", 6, created, MINUTE).await;
     for ns in &targets {
         t.must_get(CM, ns, "one").await;
         t.must_get(CM, ns, "two").await;
@@ -292,19 +278,8 @@ async fn a_rule_naming_1000_source_namespaces_costs_a_few_watches() {
     assert!(growth_mib <= 16.0, "memory grew by {growth_mib:.1} MiB");
 
     // 5,000 names: refused in the status at once, and nothing else changes.
-    let mut five_thousand = vec![op.clone()];
-    five_thousand.extend(absent_namespaces(&t, 4999));
-    t.create_rule(
-        &op,
-        "five-thousand",
-        json!({"spec": {
-            "ruleType": "configmap",
-            "selector": t.selector(),
-            "namespace": five_thousand,
-            "targets": {"include": targets},
-        }}),
-    )
-    .await;
+    let five_thousand = source_namespaces(&t, &op, 5000);
+    create_rule_over(&t, &op, "five-thousand", &five_thousand, &targets).await;
     t.wait_rule(
         &op,
         "five-thousand",
@@ -333,48 +308,23 @@ async fn reads_throttled_by_priority_and_fairness_wait_and_the_rule_converges() 
     t.create_source(CM, &op, "one", &[], &[("k", "1")]).await;
     // A watch per namespace (the budget allows them), all starting at
     // once against a priority level with one seat.
-    let mut namespaces = vec![op.clone()];
-    namespaces.extend(absent_namespaces(&t, 59));
-    t.create_rule(
-        &op,
-        "many",
-        json!({"spec": {
-            "ruleType": "configmap",
-            "selector": t.selector(),
-            "namespace": namespaces,
-            "targets": {"include": targets},
-        }}),
+    let namespaces = source_namespaces(&t, &op, 60);
+    create_rule_over(&t, &op, "many", &namespaces, &targets).await;
+    // A priority level with one seat that rejects what does not fit, and
+    // every request of the operator in it.
+    apf::one_seat_for(
+        &t.client,
+        &cluster,
+        &t.prefix,
+        &id.namespace,
+        &id.account,
+        apf::Throttled::All,
     )
     .await;
-    throttle(&t, &cluster, &id).await;
     let window_start = Utc::now();
     let started = Instant::now();
-    let operator = Operator::start_with_env(
-        &t,
-        vec![
-            "run".into(),
-            "--namespace".into(),
-            op.clone(),
-            "--log-format".into(),
-            "json".into(),
-            "--max-source-watches".into(),
-            "100".into(),
-        ],
-        &[("KUBECONFIG", &id.kubeconfig)],
-    );
-    let converged = wait_until(
-        "the rule to be Ready with its copies",
-        MINUTE * 2,
-        async || {
-            let rule = t.get_rule(&op, "many").await;
-            is_ready(&rule)?;
-            match status_u64(&rule, "copies") {
-                Some(2) => Ok(started.elapsed()),
-                other => Err(format!("copies {other:?}: {}", short_status(&rule))),
-            }
-        },
-    )
-    .await;
+    let operator = launch_operator(&t, &op, &id, &A_WATCH_PER_NAMESPACE);
+    let converged = wait_ready_with_copies(&t, &op, "many", 2, started, MINUTE * 2).await;
     let window_end = Utc::now();
     audit.settle(&t.client, window_end).await;
     let reads = Query::user(&id.user)
@@ -569,68 +519,26 @@ async fn a_rule_whose_sources_take_long_to_list_says_waiting_for_sources_then_co
     let account = "copyrator-waiting";
     let id = identity(&t, &cluster, &op, account).await;
     let source = t.create_source(CM, &op, "one", &[], &[("k", "1")]).await;
-    let level = t.prefix.clone();
-    cluster
-        .create(
-            &t.client,
-            &flow_control("PriorityLevelConfiguration", "prioritylevelconfigurations"),
-            apf::one_seat_level(&level),
-        )
-        .await;
-    cluster
-        .create(
-            &t.client,
-            &flow_control("FlowSchema", "flowschemas"),
-            apf::flow_schema_for_namespaced_reads(&level, &op, account, "configmaps"),
-        )
-        .await;
-    apf::wait_flow_schema_taken(&t.client, &level).await;
+    apf::one_seat_for(
+        &t.client,
+        &cluster,
+        &t.prefix,
+        &op,
+        account,
+        apf::Throttled::NamespacedReads("configmaps"),
+    )
+    .await;
     // A watch per source namespace (the budget allows them), all starting
     // at once.
-    let mut operator = Operator::start_with_env(
-        &t,
-        vec![
-            "run".into(),
-            "--namespace".into(),
-            op.clone(),
-            "--log-format".into(),
-            "json".into(),
-            "--max-source-watches".into(),
-            "100".into(),
-        ],
-        &[("KUBECONFIG", &id.kubeconfig)],
-    );
+    let mut operator = launch_operator(&t, &op, &id, &A_WATCH_PER_NAMESPACE);
     operator.wait_ready().await;
 
-    let mut namespaces = vec![op.clone()];
-    namespaces.extend(absent_namespaces(&t, NAMESPACES - 1));
+    let namespaces = source_namespaces(&t, &op, NAMESPACES);
     let window_start = Utc::now();
     let versions = RuleVersions::start(&t, &op, "many").await;
-    t.create_rule(
-        &op,
-        "many",
-        json!({"spec": {
-            "ruleType": "configmap",
-            "selector": t.selector(),
-            "namespace": namespaces,
-            "targets": {"include": [target]},
-        }}),
-    )
-    .await;
+    create_rule_over(&t, &op, "many", &namespaces, std::slice::from_ref(&target)).await;
     t.wait_copy(CM, &target, &source, &op, "many").await;
-    wait_until(
-        "the rule to be Ready with its copy",
-        MINUTE * 2,
-        async || {
-            let rule = t.get_rule(&op, "many").await;
-            is_ready(&rule)?;
-            match status_u64(&rule, "copies") {
-                Some(1) => Ok(()),
-                other => Err(format!("copies {other:?}: {}", short_status(&rule))),
-            }
-        },
-    )
-    .await;
+    wait_ready_with_copies(&t, &op, "many", 1, Instant::now(), MINUTE * 2).await;
     let window_end = Utc::now();
     audit.settle(&t.client, window_end).await;
     let throttled = audit.count(

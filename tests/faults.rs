@@ -213,6 +213,32 @@ impl FanOut {
         Operator::start_with_env(&self.t, args, &[("KUBECONFIG", kubeconfig)])
     }
 
+    /// The operator as the test's ServiceAccount, slowed down (10 writes a
+    /// second, one at a time), once a third of the copies are written; and
+    /// the copies then.
+    async fn slow_operator_a_third_in(&self) -> (Operator, Tally) {
+        let slow = [
+            "--api-qps",
+            "10",
+            "--api-burst",
+            "1",
+            "--write-concurrency",
+            "1",
+        ];
+        let operator = self.operator(self.id.kubeconfig_str(), &slow);
+        let third = self.expected() / 3;
+        let tally = wait_until(
+            format!("{third} of {} copies to be written", self.expected()),
+            TIMEOUT,
+            async || match self.tally().await? {
+                t if t.present() >= third => Ok(t),
+                t => Err(t.summary()),
+            },
+        )
+        .await;
+        (operator, tally)
+    }
+
     /// Every copy of the rule, in one list request.
     async fn tally(&self) -> Result<Tally, String> {
         let lp = ListParams::default().labels(&format!("{LABEL_RULE_UID}={}", self.rule_uid));
@@ -353,27 +379,8 @@ async fn operator_sigkilled_mid_fan_out_converges_after_restart_without_duplicat
     let f = FanOut::new("sigkill").await;
     let requests = Requests::start(&fault.plane);
     let start = Utc::now();
-    // Slowed down (10 writes a second, one at a time) so that the kill
-    // lands in the middle of the fan-out.
-    let slow = [
-        "--api-qps",
-        "10",
-        "--api-burst",
-        "1",
-        "--write-concurrency",
-        "1",
-    ];
-    let mut first = f.operator(f.id.kubeconfig_str(), &slow);
-    let third = f.expected() / 3;
-    wait_until(
-        format!("{third} of {} copies to be written", f.expected()),
-        TIMEOUT,
-        async || match f.tally().await? {
-            t if t.present() >= third => Ok(()),
-            t => Err(t.summary()),
-        },
-    )
-    .await;
+    // So that the kill lands in the middle of the fan-out.
+    let (mut first, _) = f.slow_operator_a_third_in().await;
     first.crash();
     let killed_at = Utc::now();
     // Every request the first operator sent has landed once the audit log
@@ -833,27 +840,8 @@ async fn a_target_namespace_deleted_mid_fan_out_leaves_the_rest_right_and_the_ru
     let mut f = FanOut::new("ns-deleted").await;
     let requests = Requests::start(&fault.plane);
     let start = Utc::now();
-    // Slowed down (10 writes a second, one at a time) so that the deletion
-    // lands in the middle of the fan-out.
-    let slow = [
-        "--api-qps",
-        "10",
-        "--api-burst",
-        "1",
-        "--write-concurrency",
-        "1",
-    ];
-    let mut op = f.operator(f.id.kubeconfig_str(), &slow);
-    let third = f.expected() / 3;
-    let at_delete = wait_until(
-        format!("{third} of {} copies to be written", f.expected()),
-        TIMEOUT,
-        async || match f.tally().await? {
-            t if t.present() >= third => Ok(t),
-            t => Err(t.summary()),
-        },
-    )
-    .await;
+    // So that the deletion lands in the middle of the fan-out.
+    let (mut op, at_delete) = f.slow_operator_a_third_in().await;
     // The target with the fewest copies: the operator still means to write there.
     let victim = f
         .targets
@@ -1073,24 +1061,15 @@ async fn writes_throttled_by_priority_and_fairness_use_the_capacity_they_are_giv
     let targets: Vec<String> = futures::future::join_all(suffixes.iter().map(|s| t.ns(s))).await;
     let id = OperatorIdentity::new(&t, &op, "copyrator").await;
     let cluster = common::cluster_objects::ClusterObjects::new();
-    let level = t.prefix.clone();
-    cluster
-        .create(
-            &t.client,
-            &common::cluster_objects::ar::<
-                k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration,
-            >(),
-            common::apf::rejecting_level(&level, 1),
-        )
-        .await;
-    cluster
-        .create(
-            &t.client,
-            &common::cluster_objects::ar::<k8s_openapi::api::flowcontrol::v1::FlowSchema>(),
-            common::apf::flow_schema_for(&level, &op, "copyrator"),
-        )
-        .await;
-    common::apf::wait_flow_schema_taken(&t.client, &level).await;
+    common::apf::one_seat_for(
+        &t.client,
+        &cluster,
+        &t.prefix,
+        &op,
+        "copyrator",
+        common::apf::Throttled::All,
+    )
+    .await;
     for i in 0..SOURCES_N {
         t.create_source(CM, &op, &format!("s{i:02}"), &[], &[("k", "v")])
             .await;

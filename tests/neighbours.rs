@@ -31,14 +31,13 @@ use common::cluster_objects::{
     ClusterObjects, ar, refuse_configmap_writes, refuse_configmap_writes_unless, stop_refusing,
     wait_admitted,
 };
+use common::rbac::{operator_rules, service_account_may};
 use common::rule_versions::RuleVersions;
 use common::*;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::authorization::v1::SubjectAccessReview;
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
-use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -57,23 +56,6 @@ const MAX_LOG_LINES: usize = 10;
 
 // ===========================================================================
 // helpers of this file
-
-/// Everything the operator uses (the chart's ClusterRole, plus the verbs a
-/// newer operator may use: patch on copies, get and update on rules,
-/// namespaces get, the Lease).
-fn operator_rules() -> Value {
-    json!([
-        {"apiGroups": [""], "resources": ["configmaps", "secrets"],
-         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["flant.com"], "resources": ["copyrators"],
-         "verbs": ["get", "list", "watch", "patch", "update"]},
-        {"apiGroups": ["flant.com"], "resources": ["copyrators/status"], "verbs": ["patch", "update"]},
-        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-         "verbs": ["get", "create", "update"]},
-    ])
-}
 
 /// As [`operator_rules`], but ConfigMaps and Secrets only read.
 fn reader_rules() -> Value {
@@ -99,19 +81,9 @@ async fn can(
     resource: &str,
     namespace: Option<&str>,
 ) -> Result<bool, String> {
-    let review: SubjectAccessReview = serde_json::from_value(json!({
-        "spec": {
-            "user": id.user,
-            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{}", id.namespace), "system:authenticated"],
-            "resourceAttributes": {"group": "", "resource": resource, "verb": verb, "namespace": namespace},
-        }
-    }))
-    .unwrap();
-    let answer = Api::<SubjectAccessReview>::all(client.clone())
-        .create(&PostParams::default(), &review)
-        .await
-        .map_err(|e| err_msg(&e))?;
-    Ok(answer.status.is_some_and(|s| s.allowed))
+    let attributes =
+        json!({"group": "", "resource": resource, "verb": verb, "namespace": namespace});
+    service_account_may(client, &id.user, &id.namespace, attributes).await
 }
 
 async fn wait_access(t: &TestNs, id: &Identity, verb: &str, namespace: Option<&str>, want: bool) {
@@ -139,17 +111,7 @@ async fn operator_identity(
     account: &str,
     rules: Value,
 ) -> Identity {
-    let sa: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
-    Api::<ServiceAccount>::namespaced(t.client.clone(), namespace)
-        .create(&PostParams::default(), &sa)
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "creating ServiceAccount {namespace}/{account}: {}",
-                err_msg(&e)
-            )
-        });
+    create_service_account(&t.client, namespace, account).await;
     let role = format!("{}-{account}", t.prefix);
     cluster
         .create(
@@ -184,8 +146,15 @@ async fn operator_identity(
     id
 }
 
-/// The operator as `id`, JSON logs at info.
-fn start_operator(t: &TestNs, namespace: &str, id: &Identity) -> Operator {
+/// The operator as `id`, JSON logs at info, once it is ready.
+async fn start_operator(t: &TestNs, namespace: &str, id: &Identity) -> Operator {
+    let mut operator = launch_operator(t, namespace, id);
+    operator.wait_ready().await;
+    operator
+}
+
+/// The operator as `id`, JSON logs at info; started, not yet ready.
+fn launch_operator(t: &TestNs, namespace: &str, id: &Identity) -> Operator {
     Operator::start_with_env(
         t,
         vec![
@@ -362,51 +331,13 @@ async fn copies_right(
     }
 }
 
-/// The labels of a Prometheus sample, `a="x",b="y"` (values unescaped).
-fn parse_labels(mut s: &str) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::new();
-    loop {
-        s = s.trim_start_matches([',', ' ']);
-        let Some((key, rest)) = s.split_once('=') else {
-            return labels;
-        };
-        let rest = rest.strip_prefix('"').unwrap_or(rest);
-        let mut value = String::new();
-        let mut chars = rest.char_indices();
-        let mut end = rest.len();
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => {
-                    if let Some((_, e)) = chars.next() {
-                        value.push(if e == 'n' { '\n' } else { e });
-                    }
-                }
-                '"' => {
-                    end = i + 1;
-                    break;
-                }
-                c => value.push(c),
-            }
-        }
-        labels.insert(key.trim().to_string(), value);
-        s = &rest[end..];
-    }
-}
-
 /// The sum of the samples of `name` carrying `labels` in a Prometheus text
 /// exposition (None: no such sample).
 fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> Result<Option<f64>, String> {
     let mut sum = None;
     for line in text.lines().map(str::trim) {
-        if line.is_empty() || line.starts_with('#') {
+        let Some((series_name, series_labels, value)) = common::prometheus::sample(line)? else {
             continue;
-        }
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            return Err(format!("not a sample line: {line:?}"));
-        };
-        let (series_name, series_labels) = match series.split_once('{') {
-            Some((n, rest)) => (n, parse_labels(rest.trim_end_matches('}'))),
-            None => (series, BTreeMap::new()),
         };
         let wanted = series_name == name
             && labels
@@ -470,6 +401,46 @@ fn refused_status(rule: &Value, needle: &str) -> Result<(), String> {
     }
 }
 
+/// The namespaces `t1` to `t{count}` of the test.
+async fn target_namespaces(t: &TestNs, count: usize) -> Vec<String> {
+    let mut targets = Vec::new();
+    for i in 1..=count {
+        targets.push(t.ns(&format!("t{i}")).await);
+    }
+    targets
+}
+
+/// Sources `src-00` to `src-{count - 1}` in `op`, each holding `k: v{i}`.
+async fn numbered_sources(t: &TestNs, op: &str, count: usize) -> Vec<Obj> {
+    let mut sources = Vec::new();
+    for i in 0..count {
+        let v = format!("v{i}");
+        sources.push(
+            t.create_source(CM, op, &format!("src-{i:02}"), &[], &[("k", &v)])
+                .await,
+        );
+    }
+    sources
+}
+
+/// The rule `cfgs` in `op`: the test's sources into every namespace
+/// `t*` of the test; returns its UID.
+async fn create_cfgs_rule(t: &TestNs, op: &str) -> String {
+    let rule = t
+        .create_rule(op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    rule["metadata"]["uid"].as_str().unwrap().to_string()
+}
+
+/// Waits until `src` is copied into each of `targets` and the rule `cfgs`
+/// is Ready.
+async fn wait_copied(t: &TestNs, op: &str, src: &Obj, targets: &[String]) {
+    for ns in targets {
+        t.wait_copy(CM, ns, src, op, "cfgs").await;
+    }
+    t.wait_rule_ready(op, "cfgs").await;
+}
+
 /// The neighbour's patch parameters.
 fn as_manager(manager: &str) -> PatchParams {
     PatchParams {
@@ -508,10 +479,7 @@ async fn refused_setup(
     rules: Value,
 ) -> (String, Vec<String>, Obj, Identity) {
     let op = t.ns("op").await;
-    let mut targets = Vec::new();
-    for i in 1..=3 {
-        targets.push(t.ns(&format!("t{i}")).await);
-    }
+    let targets = target_namespaces(t, 3).await;
     let id = operator_identity(t, cluster, &op, account, rules).await;
     let src = t.create_source(CM, &op, "a", &[], &[("k", "v1")]).await;
     (op, targets, src, id)
@@ -683,13 +651,9 @@ async fn neighbour_labels_and_annotations_cause_no_write_and_own_labels_come_bac
     let t = TestNs::new("nb-labels").await;
     let cluster = ClusterObjects::new();
     let op = t.ns("op").await;
-    let mut targets = Vec::new();
-    for i in 1..=5 {
-        targets.push(t.ns(&format!("t{i}")).await);
-    }
+    let targets = target_namespaces(&t, 5).await;
     let id = operator_identity(&t, &cluster, &op, "copyrator-labels", operator_rules()).await;
-    let mut operator = start_operator(&t, &op, &id);
-    operator.wait_ready().await;
+    let mut operator = start_operator(&t, &op, &id).await;
     let mut sources = Vec::new();
     for i in 1..=5 {
         let v = format!("v{i}");
@@ -698,10 +662,7 @@ async fn neighbour_labels_and_annotations_cause_no_write_and_own_labels_come_bac
                 .await,
         );
     }
-    let rule = t
-        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
-        .await;
-    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    let uid = create_cfgs_rule(&t, &op).await;
     let sources: Vec<&Obj> = sources.iter().collect();
     wait_until("25 copies right", MINUTE, async || {
         copies_right(&t, (&op, "cfgs", &uid), &targets, &sources).await
@@ -823,13 +784,9 @@ async fn a_copy_rewritten_every_2s_is_contested_backed_off_and_reported() {
     let t1 = t.ns("t1").await;
     let t2 = t.ns("t2").await;
     let id = operator_identity(&t, &cluster, &op, "copyrator-fight", operator_rules()).await;
-    let mut operator = start_operator(&t, &op, &id);
-    operator.wait_ready().await;
+    let mut operator = start_operator(&t, &op, &id).await;
     let src = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
-    let rule = t
-        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
-        .await;
-    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    let uid = create_cfgs_rule(&t, &op).await;
     for ns in [&t1, &t2] {
         t.wait_copy(CM, ns, &src, &op, "cfgs").await;
     }
@@ -1018,16 +975,9 @@ async fn writes_refused_by_an_admission_policy_are_reported_and_retried_without_
     let (op, targets, src, id) =
         refused_setup(&t, &cluster, "copyrator-policy", operator_rules()).await;
     let frozen = targets[0].clone();
-    let mut operator = start_operator(&t, &op, &id);
-    operator.wait_ready().await;
-    let rule = t
-        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
-        .await;
-    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
-    for ns in &targets {
-        t.wait_copy(CM, ns, &src, &op, "cfgs").await;
-    }
-    t.wait_rule_ready(&op, "cfgs").await;
+    let mut operator = start_operator(&t, &op, &id).await;
+    let uid = create_cfgs_rule(&t, &op).await;
+    wait_copied(&t, &op, &src, &targets).await;
 
     let policy = format!("{}-freeze", t.prefix);
     refuse_configmap_writes(
@@ -1091,16 +1041,9 @@ async fn writes_forbidden_by_rbac_are_reported_and_retried_without_a_storm() {
             .unwrap_or_else(|e| panic!("creating the RoleBinding in {ns}: {}", err_msg(&e)));
         wait_access(&t, &id, "create", Some(ns), true).await;
     }
-    let mut operator = start_operator(&t, &op, &id);
-    operator.wait_ready().await;
-    let rule = t
-        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
-        .await;
-    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
-    for ns in &targets {
-        t.wait_copy(CM, ns, &src, &op, "cfgs").await;
-    }
-    t.wait_rule_ready(&op, "cfgs").await;
+    let mut operator = start_operator(&t, &op, &id).await;
+    let uid = create_cfgs_rule(&t, &op).await;
+    wait_copied(&t, &op, &src, &targets).await;
 
     bindings(&cut)
         .delete("copyrator-write", &DeleteParams::default())
@@ -1152,10 +1095,7 @@ async fn copies_deleted_while_writes_are_forbidden_are_refused_not_contested_and
     let t = TestNs::new("nb-revoked").await;
     let cluster = ClusterObjects::new();
     let op = t.ns("op").await;
-    let mut targets = Vec::new();
-    for i in 1..=TARGETS {
-        targets.push(t.ns(&format!("t{i}")).await);
-    }
+    let targets = target_namespaces(&t, TARGETS).await;
     let account = "copyrator-revoked";
     let id = operator_identity(&t, &cluster, &op, account, reader_rules()).await;
     let writer = configmap_writer_role(&t, &cluster).await;
@@ -1169,21 +1109,10 @@ async fn copies_deleted_while_writes_are_forbidden_are_refused_not_contested_and
         .create(&t.client, &ar::<ClusterRoleBinding>(), grant.clone())
         .await;
     wait_access(&t, &id, "create", Some(&targets[0]), true).await;
-    let mut sources = Vec::new();
-    for i in 0..SOURCES {
-        let v = format!("v{i}");
-        sources.push(
-            t.create_source(CM, &op, &format!("src-{i:02}"), &[], &[("k", &v)])
-                .await,
-        );
-    }
+    let sources = numbered_sources(&t, &op, SOURCES).await;
     let sources: Vec<&Obj> = sources.iter().collect();
-    let mut operator = start_operator(&t, &op, &id);
-    operator.wait_ready().await;
-    let rule = t
-        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
-        .await;
-    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    let mut operator = start_operator(&t, &op, &id).await;
+    let uid = create_cfgs_rule(&t, &op).await;
     wait_until("55 copies right", MINUTE, async || {
         copies_right(&t, (&op, "cfgs", &uid), &targets, &sources).await
     })
@@ -1329,40 +1258,24 @@ async fn throttled_by_priority_and_fairness_the_operator_converges_without_a_sto
     }
     let account = "copyrator-apf";
     let id = operator_identity(&t, &cluster, &op, account, operator_rules()).await;
-    let mut sources = Vec::new();
-    for i in 0..SOURCES {
-        let v = format!("v{i}");
-        sources.push(
-            t.create_source(CM, &op, &format!("src-{i:02}"), &[], &[("k", &v)])
-                .await,
-        );
-    }
+    let sources = numbered_sources(&t, &op, SOURCES).await;
     let sources: Vec<&Obj> = sources.iter().collect();
 
     let level = t.prefix.clone();
-    cluster
-        .create(
-            &t.client,
-            &ar::<PriorityLevelConfiguration>(),
-            apf::one_seat_level(&level),
-        )
-        .await;
-    cluster
-        .create(
-            &t.client,
-            &ar::<FlowSchema>(),
-            apf::flow_schema_for(&level, &op, account),
-        )
-        .await;
-    apf::wait_flow_schema_taken(&t.client, &level).await;
+    apf::one_seat_for(
+        &t.client,
+        &cluster,
+        &level,
+        &op,
+        account,
+        apf::Throttled::All,
+    )
+    .await;
 
     let start = Instant::now();
     let start_utc = Utc::now();
-    let mut operator = start_operator(&t, &op, &id);
-    let rule = t
-        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
-        .await;
-    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    let mut operator = launch_operator(&t, &op, &id);
+    let uid = create_cfgs_rule(&t, &op).await;
     let converged = poll(
         Duration::from_secs(180),
         Duration::from_secs(1),
@@ -1383,20 +1296,13 @@ async fn throttled_by_priority_and_fairness_the_operator_converges_without_a_sto
     // the test would prove nothing.
     let apf = api_server_metrics();
     let schema = [("flow_schema", level.as_str())];
-    let dispatched = metric_sum(
-        &apf,
-        "apiserver_flowcontrol_dispatched_requests_total",
-        &schema,
-    )
-    .unwrap_or_else(|e| panic!("the API server's /metrics: {e}"))
-    .unwrap_or(0.0);
-    let apf_rejected = metric_sum(
-        &apf,
-        "apiserver_flowcontrol_rejected_requests_total",
-        &schema,
-    )
-    .unwrap_or_else(|e| panic!("the API server's /metrics: {e}"))
-    .unwrap_or(0.0);
+    let of_schema = |name: &str| {
+        metric_sum(&apf, name, &schema)
+            .unwrap_or_else(|e| panic!("the API server's /metrics: {e}"))
+            .unwrap_or(0.0)
+    };
+    let dispatched = of_schema("apiserver_flowcontrol_dispatched_requests_total");
+    let apf_rejected = of_schema("apiserver_flowcontrol_rejected_requests_total");
 
     println!(
         "{TEST}: {COPIES} copies right after: {:?}",
@@ -1462,22 +1368,12 @@ async fn a_neighbour_updating_copies_nonstop_causes_no_write_storm() {
     let t = TestNs::new("nb-storm").await;
     let cluster = ClusterObjects::new();
     let op = t.ns("op").await;
-    let mut targets = Vec::new();
-    for i in 1..=3 {
-        targets.push(t.ns(&format!("t{i}")).await);
-    }
+    let targets = target_namespaces(&t, 3).await;
     let id = operator_identity(&t, &cluster, &op, "copyrator-storm", operator_rules()).await;
-    let mut operator = start_operator(&t, &op, &id);
-    operator.wait_ready().await;
+    let mut operator = start_operator(&t, &op, &id).await;
     let src = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
-    let rule = t
-        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
-        .await;
-    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
-    for ns in &targets {
-        t.wait_copy(CM, ns, &src, &op, "cfgs").await;
-    }
-    t.wait_rule_ready(&op, "cfgs").await;
+    let uid = create_cfgs_rule(&t, &op).await;
+    wait_copied(&t, &op, &src, &targets).await;
 
     let neighbour = as_manager("storm-neighbour");
     let start = Instant::now();
@@ -1619,13 +1515,9 @@ async fn a_mutating_policy_adding_a_label_to_every_write_draws_no_loop() {
     })
     .await;
 
-    let mut operator = start_operator(&t, &op, &id);
-    operator.wait_ready().await;
+    let mut operator = start_operator(&t, &op, &id).await;
     let src = t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
-    let rule = t
-        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
-        .await;
-    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    let uid = create_cfgs_rule(&t, &op).await;
     let start_utc = Utc::now();
     let targets = [mutated.clone(), plain.clone()];
     wait_until("both copies right", MINUTE, async || {
@@ -1695,13 +1587,9 @@ async fn a_copy_deleted_again_and_again_is_put_back_with_growing_delays() {
     let op = t.ns("op").await;
     let target = t.ns("t1").await;
     let id = operator_identity(&t, &cluster, &op, "copyrator-deleted", operator_rules()).await;
-    let mut operator = start_operator(&t, &op, &id);
-    operator.wait_ready().await;
+    let mut operator = start_operator(&t, &op, &id).await;
     let src = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
-    let rule = t
-        .create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
-        .await;
-    let uid = rule["metadata"]["uid"].as_str().unwrap().to_string();
+    let uid = create_cfgs_rule(&t, &op).await;
     let targets = [target.clone()];
     wait_until("the copy", MINUTE, async || {
         copies_right(&t, (&op, "cfgs", &uid), &targets, &[&src]).await
@@ -1872,6 +1760,29 @@ async fn tries_of_others(
         .collect()
 }
 
+/// The copy `namespace/name` (refused until `changed`, when what the words
+/// say happened) is written by `user`, and at once: at most one refused
+/// try of another copy between the change and its write.
+async fn assert_written_at_once(
+    test: &str,
+    t: &TestNs,
+    audit: &Audit,
+    user: &str,
+    (namespace, name): (&str, &str),
+    (changed, what): (DateTime<Utc>, &str),
+) {
+    let written = wait_written(audit, user, namespace, name).await;
+    let between = tries_of_others(t, audit, user, (namespace, name), changed, written).await;
+    println!(
+        "{test}: the copy was written {:.3} s after {what}; refused tries of other copies between: {between:?}",
+        (written - changed).as_seconds_f64()
+    );
+    assert!(
+        between.len() <= 1,
+        "{test}: the copy waited its turn behind the rule's refusal gate: {between:?}"
+    );
+}
+
 /// A rule copying one source into four namespaces, each of which refuses
 /// the copy (403): the first three whatever it holds, the last in turn
 /// (the witness) until [`GatedRule::let_witness_through`].
@@ -1923,10 +1834,8 @@ impl GatedRule {
             REFUSED,
         )
         .await;
-        let mut operator = start_operator(t, &op, &id);
-        operator.wait_ready().await;
-        t.create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[t.glob("t")]))
-            .await;
+        let operator = start_operator(t, &op, &id).await;
+        create_cfgs_rule(t, &op).await;
         wait_turn_passed(audit, &id.user, &witness, "z").await;
         GatedRule {
             op,
@@ -1974,8 +1883,7 @@ async fn a_refused_copy_is_written_at_once_when_its_source_changes() {
          && object.data['v'] == 'new'",
     )
     .await;
-    let mut operator = start_operator(&t, &op, &id);
-    operator.wait_ready().await;
+    let mut operator = start_operator(&t, &op, &id).await;
     t.create_rule(&op, "cfgs", rule_spec(CM, t.selector(), &[&target]))
         .await;
     wait_turn_passed(&audit, &id.user, &target, "z").await;
@@ -1983,16 +1891,15 @@ async fn a_refused_copy_is_written_at_once_when_its_source_changes() {
     let changed = Utc::now();
     let z = t.set_data(CM, &op, "z", &[("v", Some("new"))]).await;
     t.wait_copy(CM, &target, &z, &op, "cfgs").await;
-    let written = wait_written(&audit, &id.user, &target, "z").await;
-    let between = tries_of_others(&t, &audit, &id.user, (&target, "z"), changed, written).await;
-    println!(
-        "{TEST}: the copy was written {:.3} s after its source changed; refused tries of other copies between: {between:?}",
-        (written - changed).as_seconds_f64()
-    );
-    assert!(
-        between.len() <= 1,
-        "{TEST}: the copy waited its turn behind the rule's refusal gate: {between:?}"
-    );
+    assert_written_at_once(
+        TEST,
+        &t,
+        &audit,
+        &id.user,
+        (&target, "z"),
+        (changed, "its source changed"),
+    )
+    .await;
     operator.assert_running();
 }
 
@@ -2019,24 +1926,15 @@ async fn a_refused_copy_is_written_at_once_when_its_target_namespace_changes() {
         .unwrap_or_else(|e| panic!("labelling {}: {}", gated.witness, err_msg(&e)));
     t.wait_copy(CM, &gated.witness, &gated.source, &gated.op, "cfgs")
         .await;
-    let written = wait_written(&audit, &gated.id.user, &gated.witness, "z").await;
-    let between = tries_of_others(
+    assert_written_at_once(
+        TEST,
         &t,
         &audit,
         &gated.id.user,
         (&gated.witness, "z"),
-        changed,
-        written,
+        (changed, "its namespace changed"),
     )
     .await;
-    println!(
-        "{TEST}: the copy was written {:.3} s after its namespace changed; refused tries of other copies between: {between:?}",
-        (written - changed).as_seconds_f64()
-    );
-    assert!(
-        between.len() <= 1,
-        "{TEST}: the copy waited its turn behind the rule's refusal gate: {between:?}"
-    );
     gated.operator.assert_running();
 }
 

@@ -52,53 +52,16 @@ struct Scrape {
     samples: Vec<(String, BTreeMap<String, String>, f64)>,
 }
 
-fn parse_labels(mut s: &str) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::new();
-    loop {
-        s = s.trim_start_matches([',', ' ']);
-        let Some((key, rest)) = s.split_once('=') else {
-            return labels;
-        };
-        let rest = rest.strip_prefix('"').unwrap_or(rest);
-        let mut value = String::new();
-        let mut chars = rest.char_indices();
-        let mut end = rest.len();
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => {
-                    if let Some((_, e)) = chars.next() {
-                        value.push(if e == 'n' { '\n' } else { e });
-                    }
-                }
-                '"' => {
-                    end = i + 1;
-                    break;
-                }
-                c => value.push(c),
-            }
-        }
-        labels.insert(key.trim().to_string(), value);
-        s = &rest[end..];
-    }
-}
-
 impl Scrape {
     fn parse(text: String) -> Result<Scrape, String> {
         let mut samples = Vec::new();
         for line in text.lines().map(str::trim) {
-            if line.is_empty() || line.starts_with('#') {
+            let Some((name, labels, value)) = common::prometheus::sample(line)? else {
                 continue;
-            }
-            let (series, value) = line
-                .rsplit_once(' ')
-                .ok_or_else(|| format!("not a sample line: {line:?}"))?;
+            };
             let value: f64 = value
                 .parse()
                 .map_err(|e| format!("sample value in {line:?}: {e}"))?;
-            let (name, labels) = match series.split_once('{') {
-                Some((name, rest)) => (name, parse_labels(rest.trim_end_matches('}'))),
-                None => (series, BTreeMap::new()),
-            };
             samples.push((name.to_string(), labels, value));
         }
         Ok(Scrape { text, samples })

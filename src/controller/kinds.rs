@@ -11,7 +11,7 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, verbs};
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 
 use crate::Error;
 use crate::api::kinds::{Discovered, Kind};
@@ -502,6 +502,10 @@ pub fn rules_naming(shared: &Shared, kind: Kind) -> Vec<RuleKey> {
 
 pub fn spawn_copy_watch(shared: Arc<Shared>, site: Arc<Site>, kind: Kind) -> JoinHandle<()> {
     tokio::spawn(async move {
+        // The orphan collections this watch's lists start: dropped with
+        // this task, which aborts them, whether it ends (its kind no longer
+        // served) or is aborted (at shutdown, or by `release_unused`).
+        let mut collections = JoinSet::new();
         let api: Api<DynamicObject> =
             Api::all_with(site.cluster.client.clone(), &kind.api_resource());
         let config = watch_config().labels(crate::LABEL_RULE_UID);
@@ -520,7 +524,9 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, site: Arc<Site>, kind: Kind) -> Joi
             |change| {
                 // The rules a change concerns, and what of theirs it touched.
                 let (touched, touch): (Vec<String>, Touch) = match change {
-                    Change::Listed(listed) => copies_listed(&shared, &site, kind, listed),
+                    Change::Listed(listed) => {
+                        copies_listed(&shared, &site, kind, listed, &mut collections)
+                    }
                     Change::Applied(object) => {
                         let touch =
                             Touch::Copy(object.namespace.to_string(), object.name.to_string());
@@ -547,12 +553,13 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, site: Arc<Site>, kind: Kind) -> Joi
 
 /// A full list of `kind`'s copies: the view replaced; the rules that
 /// name a kind of their own waited for it; copies of rules gone while no
-/// operator ran are collected.
+/// operator ran are collected, in a task of `collections`.
 fn copies_listed(
     shared: &Arc<Shared>,
     site: &Site,
     kind: Kind,
     listed: Vec<Arc<Object>>,
+    collections: &mut JoinSet<()>,
 ) -> (Vec<String>, Touch) {
     let index = site.cluster.views.copies(kind);
     let touched = write(index).replace_all(listed);
@@ -562,9 +569,13 @@ fn copies_listed(
         for key in rules_naming(shared, kind) {
             shared.home.queue.add(key, Touch::All);
         }
-        // Copies of rules gone while no operator ran.
+        // Copies of rules gone while no operator ran, in a task beside the
+        // watch: the deletes take a request each (longer while the API
+        // server throttles), and the watch must not stop taking events
+        // meanwhile. Finished collections are reaped first.
+        while collections.try_join_next().is_some() {}
         let shared = shared.clone();
-        tokio::spawn(async move {
+        collections.spawn(async move {
             crate::controller::finalizer::collect_orphans(&shared, "kind listed").await;
             release_unused(&shared);
         });

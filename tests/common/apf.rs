@@ -1,15 +1,16 @@
 //! API Priority and Fairness for a test: a priority level with one seat that
 //! rejects what does not fit, and a FlowSchema that puts every request of one
 //! ServiceAccount in it (or only its reads of one resource within
-//! namespaces). The caller creates both with its own guard for
-//! cluster-scoped objects, then waits until the API server has taken the
+//! namespaces). [`one_seat_for`] creates both with the test's guard for
+//! cluster-scoped objects and waits until the API server has taken the
 //! FlowSchema in.
 
-use k8s_openapi::api::flowcontrol::v1::FlowSchema;
+use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use kube::Client;
 use kube::api::Api;
 use serde_json::{Value, json};
 
+use super::cluster_objects::{ClusterObjects, ar};
 use super::{TIMEOUT, err_msg, wait_until};
 
 /// A PriorityLevelConfiguration named `level`: one seat, nothing lent,
@@ -34,9 +35,36 @@ pub fn rejecting_level(level: &str, shares: u32) -> Value {
     })
 }
 
-/// A FlowSchema named `level` that sends every request of the ServiceAccount
-/// `namespace/account` to the priority level `level`.
-pub fn flow_schema_for(level: &str, namespace: &str, account: &str) -> Value {
+/// Which requests of a ServiceAccount a FlowSchema of [`flow_schema_for`]
+/// sends to its priority level.
+#[derive(Clone, Copy)]
+pub enum Throttled<'a> {
+    /// Every request.
+    All,
+    /// The LIST and WATCH requests for this resource (core group) within a
+    /// namespace (any, but not across all of them); its other requests go
+    /// where they would go anyway.
+    NamespacedReads(&'a str),
+}
+
+/// A FlowSchema named `level` that sends the `requests` of the
+/// ServiceAccount `namespace/account` to the priority level `level`.
+pub fn flow_schema_for(level: &str, namespace: &str, account: &str, requests: Throttled) -> Value {
+    let mut rule = json!({
+        "subjects": [{"kind": "ServiceAccount",
+                      "serviceAccount": {"name": account, "namespace": namespace}}],
+    });
+    match requests {
+        Throttled::All => {
+            rule["resourceRules"] = json!([{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+                                            "namespaces": ["*"], "clusterScope": true}]);
+            rule["nonResourceRules"] = json!([{"verbs": ["*"], "nonResourceURLs": ["*"]}]);
+        }
+        Throttled::NamespacedReads(resource) => {
+            rule["resourceRules"] = json!([{"verbs": ["list", "watch"], "apiGroups": [""],
+                                            "resources": [resource], "namespaces": ["*"]}]);
+        }
+    }
     json!({
         "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
         "kind": "FlowSchema",
@@ -45,43 +73,39 @@ pub fn flow_schema_for(level: &str, namespace: &str, account: &str) -> Value {
             "priorityLevelConfiguration": {"name": level},
             "matchingPrecedence": 500,
             "distinguisherMethod": {"type": "ByUser"},
-            "rules": [{
-                "subjects": [{"kind": "ServiceAccount",
-                              "serviceAccount": {"name": account, "namespace": namespace}}],
-                "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
-                                   "namespaces": ["*"], "clusterScope": true}],
-                "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
-            }],
+            "rules": [rule],
         },
     })
 }
 
-/// A FlowSchema named `level` that sends the LIST and WATCH requests of
-/// the ServiceAccount `namespace/account` for `resource` (core group)
-/// within a namespace (any, but not across all of them) to the priority
-/// level `level`; its other requests go where they would go anyway.
-pub fn flow_schema_for_namespaced_reads(
+/// A priority level named `level` with one seat that rejects what does not
+/// fit ([`one_seat_level`]), and a FlowSchema of the same name that puts
+/// the `requests` of the ServiceAccount `namespace/account` in it, both
+/// made with `cluster` (deleted when it drops); returns once the API
+/// server has taken the FlowSchema in.
+pub async fn one_seat_for(
+    client: &Client,
+    cluster: &ClusterObjects,
     level: &str,
     namespace: &str,
     account: &str,
-    resource: &str,
-) -> Value {
-    json!({
-        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
-        "kind": "FlowSchema",
-        "metadata": {"name": level},
-        "spec": {
-            "priorityLevelConfiguration": {"name": level},
-            "matchingPrecedence": 500,
-            "distinguisherMethod": {"type": "ByUser"},
-            "rules": [{
-                "subjects": [{"kind": "ServiceAccount",
-                              "serviceAccount": {"name": account, "namespace": namespace}}],
-                "resourceRules": [{"verbs": ["list", "watch"], "apiGroups": [""],
-                                   "resources": [resource], "namespaces": ["*"]}],
-            }],
-        },
-    })
+    requests: Throttled<'_>,
+) {
+    cluster
+        .create(
+            client,
+            &ar::<PriorityLevelConfiguration>(),
+            one_seat_level(level),
+        )
+        .await;
+    cluster
+        .create(
+            client,
+            &ar::<FlowSchema>(),
+            flow_schema_for(level, namespace, account, requests),
+        )
+        .await;
+    wait_flow_schema_taken(client, level).await;
 }
 
 /// Waits until the API server has taken the FlowSchema `name` in (it sets

@@ -14,7 +14,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::core::ApiResource;
 use serde_json::{Value, json};
 
-use super::{TIMEOUT, TestNs, err_msg, wait_until};
+use super::{TIMEOUT, TestNs, clean_up_apart, err_msg, wait_until};
 
 /// Cluster-scoped objects a test made (RBAC, admission policies, flow
 /// control); deleted in reverse order when the guard drops, also on panic.
@@ -82,28 +82,20 @@ impl Drop for ClusterObjects {
             return;
         }
         let kubeconfig = self.kubeconfig.clone();
-        // The test's runtime may be shutting down (or panicking).
-        let handle = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let client = match &kubeconfig {
-                    None => Client::try_default().await.map_err(|e| e.to_string()),
-                    Some(path) => super::members::client_of_file(path).await,
-                };
-                let Ok(client) = client else {
-                    return;
-                };
-                for (ar, name) in items.iter().rev() {
-                    let _ = Api::<DynamicObject>::all_with(client.clone(), ar)
-                        .delete(name, &DeleteParams::default())
-                        .await;
-                }
-            });
+        clean_up_apart(move || async move {
+            let client = match &kubeconfig {
+                None => Client::try_default().await.map_err(|e| e.to_string()),
+                Some(path) => super::members::client_of_file(path).await,
+            };
+            let Ok(client) = client else {
+                return;
+            };
+            for (ar, name) in items.iter().rev() {
+                let _ = Api::<DynamicObject>::all_with(client.clone(), ar)
+                    .delete(name, &DeleteParams::default())
+                    .await;
+            }
         });
-        let _ = handle.join();
     }
 }
 
@@ -152,6 +144,53 @@ pub async fn refuse_configmap_writes_unless(
     message: &str,
     admitted: &str,
 ) {
+    let spec = json!({
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": [{
+            "apiGroups": [""], "apiVersions": ["v1"],
+            "operations": operations, "resources": ["configmaps"],
+        }]},
+        "validations": [{"expression": admitted, "message": message, "reason": reason}],
+    });
+    let where_bound = json!({"namespaceSelector": {"matchExpressions": [{
+        "key": "kubernetes.io/metadata.name",
+        "operator": "In",
+        "values": namespaces,
+    }]}});
+    // Only a create can be probed.
+    let probed = if operations.contains(&"CREATE") {
+        namespaces
+    } else {
+        &[]
+    };
+    deny_configmap_writes(
+        t,
+        cluster,
+        name,
+        spec,
+        Some(where_bound),
+        message,
+        &t.client,
+        probed,
+    )
+    .await;
+}
+
+/// A ValidatingAdmissionPolicy of `spec` and a binding of it that denies
+/// (in what `match_resources` selects; without it, everywhere), both
+/// named `name`; returns once the API server refuses a dry-run create of
+/// `prober`'s in each of `probed` with a message that contains `message`.
+#[allow(clippy::too_many_arguments)]
+async fn deny_configmap_writes(
+    t: &TestNs,
+    cluster: &ClusterObjects,
+    name: &str,
+    spec: Value,
+    match_resources: Option<Value>,
+    message: &str,
+    prober: &Client,
+    probed: &[&str],
+) {
     cluster
         .create(
             &t.client,
@@ -160,17 +199,14 @@ pub async fn refuse_configmap_writes_unless(
                 "apiVersion": "admissionregistration.k8s.io/v1",
                 "kind": "ValidatingAdmissionPolicy",
                 "metadata": {"name": name},
-                "spec": {
-                    "failurePolicy": "Fail",
-                    "matchConstraints": {"resourceRules": [{
-                        "apiGroups": [""], "apiVersions": ["v1"],
-                        "operations": operations, "resources": ["configmaps"],
-                    }]},
-                    "validations": [{"expression": admitted, "message": message, "reason": reason}],
-                },
+                "spec": spec,
             }),
         )
         .await;
+    let mut binding = json!({"policyName": name, "validationActions": ["Deny"]});
+    if let Some(match_resources) = match_resources {
+        binding["matchResources"] = match_resources;
+    }
     cluster
         .create(
             &t.client,
@@ -179,27 +215,16 @@ pub async fn refuse_configmap_writes_unless(
                 "apiVersion": "admissionregistration.k8s.io/v1",
                 "kind": "ValidatingAdmissionPolicyBinding",
                 "metadata": {"name": name},
-                "spec": {
-                    "policyName": name,
-                    "validationActions": ["Deny"],
-                    "matchResources": {"namespaceSelector": {"matchExpressions": [{
-                        "key": "kubernetes.io/metadata.name",
-                        "operator": "In",
-                        "values": namespaces,
-                    }]}},
-                },
+                "spec": binding,
             }),
         )
         .await;
-    if !operations.contains(&"CREATE") {
-        return;
-    }
     // Policies become active a moment after they are made.
-    for namespace in namespaces {
+    for namespace in probed {
         wait_until(
             format!("the policy {name} to refuse a probe ConfigMap in {namespace}"),
             TIMEOUT,
-            async || match dry_run_create(t, namespace).await {
+            async || match dry_run_create(prober, namespace).await {
                 Err(kube::Error::Api(s)) if s.message.contains(message) => Ok(()),
                 other => Err(format!(
                     "{:?}",
@@ -211,15 +236,18 @@ pub async fn refuse_configmap_writes_unless(
     }
 }
 
-/// A dry-run create of a ConfigMap `probe` (no data) in `namespace`.
-async fn dry_run_create(t: &TestNs, namespace: &str) -> Result<ConfigMap, kube::Error> {
+/// A dry-run create of a ConfigMap `probe` (no data) by `client` in
+/// `namespace`.
+async fn dry_run_create(client: &Client, namespace: &str) -> Result<ConfigMap, kube::Error> {
     let probe: ConfigMap =
         serde_json::from_value(json!({"metadata": {"name": "probe"}})).expect("a ConfigMap");
     let dry_run = PostParams {
         dry_run: true,
         ..Default::default()
     };
-    t.cms(namespace).create(&dry_run, &probe).await
+    Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .create(&dry_run, &probe)
+        .await
 }
 
 /// Waits until the API server takes a dry-run create of a ConfigMap in
@@ -229,7 +257,7 @@ pub async fn wait_admitted(t: &TestNs, namespace: &str) {
         format!("a probe ConfigMap to be admitted in {namespace}"),
         TIMEOUT,
         async || {
-            dry_run_create(t, namespace)
+            dry_run_create(&t.client, namespace)
                 .await
                 .map(|_| ())
                 .map_err(|e| err_msg(&e))
@@ -254,64 +282,32 @@ pub async fn confine_configmap_writes(
     refused_namespace: &str,
 ) {
     let message = format!("{user} may write ConfigMaps only in {namespaces:?}");
-    cluster
-        .create(
-            &t.client,
-            &ar::<ValidatingAdmissionPolicy>(),
-            json!({
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicy",
-                "metadata": {"name": name},
-                "spec": {
-                    "failurePolicy": "Fail",
-                    "matchConstraints": {"resourceRules": [{
-                        "apiGroups": [""], "apiVersions": ["v1"],
-                        "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["configmaps"],
-                    }]},
-                    // JSON strings and lists are CEL literals.
-                    "matchConditions": [{
-                        "name": "the-confined-user",
-                        "expression": format!("request.userInfo.username == {}", json!(user)),
-                    }],
-                    "validations": [{
-                        "expression": format!("request.namespace in {}", json!(namespaces)),
-                        "message": message,
-                        "reason": "Forbidden",
-                    }],
-                },
-            }),
-        )
-        .await;
-    cluster
-        .create(
-            &t.client,
-            &ar::<ValidatingAdmissionPolicyBinding>(),
-            json!({
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicyBinding",
-                "metadata": {"name": name},
-                "spec": {"policyName": name, "validationActions": ["Deny"]},
-            }),
-        )
-        .await;
-    // Policies become active a moment after they are made.
-    let probe: ConfigMap =
-        serde_json::from_value(json!({"metadata": {"name": "probe"}})).expect("a ConfigMap");
-    let dry_run = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    let api = Api::<ConfigMap>::namespaced(as_user.clone(), refused_namespace);
-    wait_until(
-        format!("the policy {name} to refuse {user} a probe ConfigMap in {refused_namespace}"),
-        TIMEOUT,
-        async || match api.create(&dry_run, &probe).await {
-            Err(kube::Error::Api(s)) if s.message.contains(&message) => Ok(()),
-            other => Err(format!(
-                "{:?}",
-                other.map(|_| "accepted").map_err(|e| err_msg(&e))
-            )),
-        },
+    let spec = json!({
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": [{
+            "apiGroups": [""], "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["configmaps"],
+        }]},
+        // JSON strings and lists are CEL literals.
+        "matchConditions": [{
+            "name": "the-confined-user",
+            "expression": format!("request.userInfo.username == {}", json!(user)),
+        }],
+        "validations": [{
+            "expression": format!("request.namespace in {}", json!(namespaces)),
+            "message": message,
+            "reason": "Forbidden",
+        }],
+    });
+    deny_configmap_writes(
+        t,
+        cluster,
+        name,
+        spec,
+        None,
+        &message,
+        as_user,
+        &[refused_namespace],
     )
     .await;
 }

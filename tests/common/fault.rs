@@ -25,14 +25,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
 use super::audit::{AuditEvent, Query, service_account_user};
-use super::{POLL, TestNs, err_msg, service_account_kubeconfig, wait_until};
+use super::{
+    POLL, TestNs, create_service_account, err_msg, service_account_kubeconfig, wait_until,
+};
 
 /// The state directory of the fault control plane (`hack/cluster` with
 /// `COPYRATOR_CLUSTER_STATE` set to it).
@@ -359,17 +360,7 @@ pub struct OperatorIdentity {
 
 impl OperatorIdentity {
     pub async fn new(t: &TestNs, namespace: &str, account: &str) -> OperatorIdentity {
-        let sa: ServiceAccount =
-            serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
-        Api::<ServiceAccount>::namespaced(t.client.clone(), namespace)
-            .create(&PostParams::default(), &sa)
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "creating ServiceAccount {namespace}/{account}: {}",
-                    err_msg(&e)
-                )
-            });
+        create_service_account(&t.client, namespace, account).await;
         let binding = format!("{}-{account}", t.prefix);
         let crb: ClusterRoleBinding = serde_json::from_value(json!({
             "metadata": {"name": binding},

@@ -36,6 +36,7 @@ pub mod fault;
 pub mod helm;
 pub mod logs;
 pub mod members;
+pub mod prometheus;
 pub mod proxy;
 pub mod rbac;
 pub mod rule_versions;
@@ -45,6 +46,7 @@ pub mod steps;
 use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::fs::File;
+use std::future::Future;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -52,7 +54,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -1261,26 +1263,32 @@ impl Drop for TestNs {
         if namespaces.is_empty() && extra.is_empty() && member_namespaces.is_empty() {
             return;
         }
-        // The test's runtime may be shutting down (or panicking): clean up on
-        // a thread of our own with a runtime of our own.
-        let handle = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok(client) = Client::try_default().await {
-                    cleanup(&client, namespaces, extra).await;
+        clean_up_apart(move || async move {
+            if let Ok(client) = Client::try_default().await {
+                cleanup(&client, namespaces, extra).await;
+            }
+            for (kubeconfig, ns) in member_namespaces {
+                if let Ok(client) = members::client_of_file(&kubeconfig).await {
+                    cleanup(&client, vec![ns], Vec::new()).await;
                 }
-                for (kubeconfig, ns) in member_namespaces {
-                    if let Ok(client) = members::client_of_file(&kubeconfig).await {
-                        cleanup(&client, vec![ns], Vec::new()).await;
-                    }
-                }
-            });
+            }
         });
-        let _ = handle.join();
     }
+}
+
+/// Runs the future `make` returns to its end on a thread of its own with
+/// a runtime of its own, and waits for it: a guard that cleans up when it
+/// drops may drop while the test's runtime is shutting down (or the test
+/// panics).
+pub fn clean_up_apart<F: Future<Output = ()>>(make: impl FnOnce() -> F + Send + 'static) {
+    let handle = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(make());
+    });
+    let _ = handle.join();
 }
 
 /// Best effort: remove the finalizers that would keep the namespaces
@@ -1354,6 +1362,21 @@ async fn cleanup(client: &Client, namespaces: Vec<String>, extra: Vec<(Kind, Str
 
 // ---------------------------------------------------------------------------
 // identities
+
+/// Creates the ServiceAccount `namespace/account`.
+pub async fn create_service_account(client: &Client, namespace: &str, account: &str) {
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "creating ServiceAccount {namespace}/{account}: {}",
+                err_msg(&e)
+            )
+        });
+}
 
 /// Writes a kubeconfig for the ServiceAccount `namespace/account` (a real
 /// token from `kubectl create token`, valid for an hour) to `path`, with the

@@ -14,7 +14,6 @@ use std::fmt;
 use std::path::PathBuf;
 
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
-use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::Client;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
@@ -22,7 +21,9 @@ use serde_json::{Value, json};
 
 use super::audit::service_account_user;
 use super::members::Member;
-use super::{TIMEOUT, TestNs, err_msg, service_account_kubeconfig, wait_until};
+use super::{
+    TIMEOUT, TestNs, create_service_account, err_msg, service_account_kubeconfig, wait_until,
+};
 
 /// One verb on one resource of one API group, as a Role grants it.
 /// `resource` may name a subresource (`copyrators/status`).
@@ -107,6 +108,23 @@ pub fn rules_of(grants: &BTreeSet<Grant>) -> Value {
             })
             .collect(),
     )
+}
+
+/// Everything the operator uses (the chart's ClusterRole and Lease Role,
+/// plus the verbs a newer operator may use: patch on copies, get and
+/// update on rules, namespaces get), as the `rules` of a ClusterRole.
+pub fn operator_rules() -> Value {
+    json!([
+        {"apiGroups": [""], "resources": ["configmaps", "secrets"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["flant.com"], "resources": ["copyrators"],
+         "verbs": ["get", "list", "watch", "patch", "update"]},
+        {"apiGroups": ["flant.com"], "resources": ["copyrators/status"], "verbs": ["patch", "update"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "verbs": ["get", "create", "update"]},
+    ])
 }
 
 /// Cluster-scoped objects a test made; deleted when the guard drops (also
@@ -225,25 +243,14 @@ impl Identity {
         grant: &Grant,
         namespace: Option<&str>,
     ) -> Result<bool, String> {
-        let review: SubjectAccessReview = serde_json::from_value(json!({
-            "spec": {
-                "user": self.user,
-                "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{}", self.namespace), "system:authenticated"],
-                "resourceAttributes": {
-                    "group": grant.group,
-                    "resource": grant.base_resource(),
-                    "subresource": grant.subresource(),
-                    "verb": grant.verb,
-                    "namespace": namespace,
-                },
-            }
-        }))
-        .unwrap();
-        let answer = Api::<SubjectAccessReview>::all(client.clone())
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| err_msg(&e))?;
-        Ok(answer.status.is_some_and(|s| s.allowed))
+        let attributes = json!({
+            "group": grant.group,
+            "resource": grant.base_resource(),
+            "subresource": grant.subresource(),
+            "verb": grant.verb,
+            "namespace": namespace,
+        });
+        service_account_may(client, &self.user, &self.namespace, attributes).await
     }
 
     /// Waits until the API server's authorizer allows every grant of
@@ -288,17 +295,7 @@ async fn bind(
     cluster_grants: &BTreeSet<Grant>,
     namespaced_grants: &BTreeSet<Grant>,
 ) {
-    let sa: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
-    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
-        .create(&PostParams::default(), &sa)
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "creating ServiceAccount {namespace}/{account}: {}",
-                err_msg(&e)
-            )
-        });
+    create_service_account(client, namespace, account).await;
     let subjects = json!([{"kind": "ServiceAccount", "name": account, "namespace": namespace}]);
     let role = format!("{}-{account}", t.prefix);
     cluster
@@ -348,4 +345,29 @@ async fn bind(
             )
             .await;
     }
+}
+
+/// Whether the API server lets the ServiceAccount whose user name is `user`
+/// (of the namespace `namespace`) do what `attributes` (the
+/// `resourceAttributes` of a SubjectAccessReview) say, by a
+/// SubjectAccessReview.
+pub async fn service_account_may(
+    client: &Client,
+    user: &str,
+    namespace: &str,
+    attributes: Value,
+) -> Result<bool, String> {
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "spec": {
+            "user": user,
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"), "system:authenticated"],
+            "resourceAttributes": attributes,
+        }
+    }))
+    .unwrap();
+    let answer = Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .map_err(|e| err_msg(&e))?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
 }

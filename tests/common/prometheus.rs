@@ -1,0 +1,55 @@
+//! The Prometheus text exposition (the operator's and the API server's
+//! `/metrics`), read one sample line at a time.
+
+use std::collections::BTreeMap;
+
+/// A sample line: its metric name, its labels and its value as written;
+/// None for a blank or `#` line.
+pub type Sample<'a> = (&'a str, BTreeMap<String, String>, &'a str);
+
+/// Reads one line of a text exposition (see [`Sample`]).
+pub fn sample(line: &str) -> Result<Option<Sample<'_>>, String> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return Ok(None);
+    }
+    let (series, value) = line
+        .rsplit_once(' ')
+        .ok_or_else(|| format!("not a sample line: {line:?}"))?;
+    let (name, labels) = match series.split_once('{') {
+        Some((name, rest)) => (name, labels(rest.trim_end_matches('}'))),
+        None => (series, BTreeMap::new()),
+    };
+    Ok(Some((name, labels, value)))
+}
+
+/// The labels of a sample, `a="x",b="y"` (values unescaped).
+fn labels(mut s: &str) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    loop {
+        s = s.trim_start_matches([',', ' ']);
+        let Some((key, rest)) = s.split_once('=') else {
+            return labels;
+        };
+        let rest = rest.strip_prefix('"').unwrap_or(rest);
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let mut end = rest.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, e)) = chars.next() {
+                        value.push(if e == 'n' { '\n' } else { e });
+                    }
+                }
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        labels.insert(key.trim().to_string(), value);
+        s = &rest[end..];
+    }
+}
