@@ -307,37 +307,52 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Follow one kind of the inventory into `held`, by name, telling
+/// `changed` of every change; returns how the watch ended.
+async fn follow_by_name<K>(
+    api: Api<K>,
+    watching: Watching<'_>,
+    held: &std::sync::Mutex<BTreeMap<String, K>>,
+    changed: &Notify,
+) -> WatchEnd
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    follow(
+        api,
+        watch_config(),
+        watching,
+        |object: K| (object.name_any(), object),
+        |change| {
+            let mut held = lock(held);
+            match change {
+                Change::Listed(listed) => *held = listed.into_iter().collect(),
+                Change::Applied((name, object)) => {
+                    held.insert(name, object);
+                }
+                Change::Deleted((name, _)) => {
+                    held.remove(&name);
+                }
+            }
+            drop(held);
+            changed.notify_one();
+        },
+    )
+    .await
+}
+
 async fn watch_secrets(shared: Arc<Shared>, inventory: Arc<Inventory>, health: Arc<Health>) {
     let api: Api<Secret> = Api::namespaced(
         shared.home.cluster.client.clone(),
         &shared.trust.operator_namespace,
     );
-    follow(
-        api,
-        watch_config(),
-        Watching {
-            name: "inventory secrets",
-            health: &health,
-            pause: &shared.home.cluster.read_pause,
-            stop_if_unserved: false,
-        },
-        |secret: Secret| (secret.name_any(), secret),
-        |change| {
-            let mut secrets = lock(&inventory.secrets);
-            match change {
-                Change::Listed(listed) => *secrets = listed.into_iter().collect(),
-                Change::Applied((name, secret)) => {
-                    secrets.insert(name, secret);
-                }
-                Change::Deleted((name, _)) => {
-                    secrets.remove(&name);
-                }
-            }
-            drop(secrets);
-            inventory.changed.notify_one();
-        },
-    )
-    .await;
+    let watching = Watching {
+        name: "inventory secrets",
+        health: &health,
+        pause: &shared.home.cluster.read_pause,
+        stop_if_unserved: false,
+    };
+    follow_by_name(api, watching, &inventory.secrets, &inventory.changed).await;
 }
 
 async fn watch_profiles(shared: Arc<Shared>, inventory: Arc<Inventory>, health: Arc<Health>) {
@@ -347,30 +362,17 @@ async fn watch_profiles(shared: Arc<Shared>, inventory: Arc<Inventory>, health: 
         &inventory::cluster_profile_resource(),
     );
     loop {
-        let followed = follow(
+        let watching = Watching {
+            name: "clusterprofiles",
+            health: &health,
+            pause: &shared.home.cluster.read_pause,
+            stop_if_unserved: true,
+        };
+        let followed = follow_by_name(
             api.clone(),
-            watch_config(),
-            Watching {
-                name: "clusterprofiles",
-                health: &health,
-                pause: &shared.home.cluster.read_pause,
-                stop_if_unserved: true,
-            },
-            |profile: DynamicObject| (profile.name_any(), profile),
-            |change| {
-                let mut profiles = lock(&inventory.profiles);
-                match change {
-                    Change::Listed(listed) => *profiles = listed.into_iter().collect(),
-                    Change::Applied((name, profile)) => {
-                        profiles.insert(name, profile);
-                    }
-                    Change::Deleted((name, _)) => {
-                        profiles.remove(&name);
-                    }
-                }
-                drop(profiles);
-                inventory.changed.notify_one();
-            },
+            watching,
+            &inventory.profiles,
+            &inventory.changed,
         )
         .await;
         if followed == WatchEnd::Unserved && !lock(&inventory.profiles).is_empty() {
