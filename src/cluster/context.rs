@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::task::JoinHandle;
 
 use crate::api::kinds::Kind;
@@ -67,7 +68,9 @@ pub struct Cluster {
 
 impl Cluster {
     /// `on_source_change` is told of each rule a source event concerns (the
-    /// controller queues it: a message up, not a call).
+    /// controller queues it: a message up, not a call). The writer reports
+    /// the writes it allows in flight to `concurrency_gauge` where given
+    /// (the home cluster's; a member's would overwrite it).
     pub fn new(
         clients: Clients,
         limits: Limits,
@@ -75,6 +78,7 @@ impl Cluster {
         leader: LeaderGate,
         health: Arc<Health>,
         on_source_change: OnChange,
+        concurrency_gauge: Option<Gauge>,
     ) -> Self {
         let Clients {
             read: client,
@@ -88,6 +92,7 @@ impl Cluster {
             metrics,
             leader,
             health.clone(),
+            concurrency_gauge,
         );
         let reporter = Reporter {
             controller: "copyrator".into(),

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
+use prometheus_client::metrics::gauge::Gauge;
 use serde_json::Value;
 use tracing::debug;
 
@@ -52,6 +53,9 @@ pub struct Writer {
     metrics: Arc<Metrics>,
     leader: LeaderGate,
     health: Arc<crate::ops::http::Health>,
+    /// `copyrator_write_concurrency`: the home cluster's writer reports the
+    /// writes it allows in flight; a member's writer reports nothing there.
+    concurrency_gauge: Option<Gauge>,
 }
 
 fn is_status(err: &kube::Error, code: u16) -> bool {
@@ -141,8 +145,11 @@ impl Writer {
         metrics: Arc<Metrics>,
         leader: LeaderGate,
         health: Arc<crate::ops::http::Health>,
+        concurrency_gauge: Option<Gauge>,
     ) -> Self {
-        metrics.write_concurrency.set(i64::from(concurrency));
+        if let Some(gauge) = &concurrency_gauge {
+            gauge.set(i64::from(concurrency));
+        }
         Self {
             client,
             limiter,
@@ -150,6 +157,7 @@ impl Writer {
             metrics,
             leader,
             health,
+            concurrency_gauge,
         }
     }
 
@@ -237,9 +245,9 @@ impl Writer {
             Outcome::Failed(_) | Outcome::NotLeader => {}
         }
         drop(permit);
-        self.metrics
-            .write_concurrency
-            .set(self.in_flight.allowed() as i64);
+        if let Some(gauge) = &self.concurrency_gauge {
+            gauge.set(self.in_flight.allowed() as i64);
+        }
         self.health.progressed();
         // Per copy at debug only: the rule's pass logs one summary line.
         let (namespace, name) = action.target();

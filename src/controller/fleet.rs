@@ -86,13 +86,9 @@ pub fn start_member(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Memb
         health,
         // Sources stay home: a member has no source watch to report.
         Arc::new(|_: &RuleKey, _: Touch| {}),
+        // The gauge of writes in flight speaks of the home cluster.
+        None,
     );
-    // The gauge of writes in flight at once speaks of the home cluster's
-    // setting, which a member's writer, built with its share, must not replace.
-    shared
-        .metrics
-        .write_concurrency
-        .set(i64::from(shared.options.limits.write_concurrency));
     let site = Arc::new(Site::new(
         SiteName::Member(start.name.clone()),
         cluster,

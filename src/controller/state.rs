@@ -154,6 +154,7 @@ impl Shared {
                 leader.clone(),
                 health.clone(),
                 queue_rule,
+                Some(metrics.write_concurrency.clone()),
             );
             Self {
                 home: Arc::new(Site::new(SiteName::Home, cluster, metrics.clone())),
@@ -217,8 +218,14 @@ impl Shared {
     /// The rules whose targets (as last resolved) select a member.
     pub fn rules_naming(&self, member: &Member) -> Vec<RuleKey> {
         let keys: Vec<RuleKey> = read(&self.rules).keys().cloned().collect();
+        let labels = read(&member.labels).clone();
+        let resolved = read(&self.resolved);
         keys.into_iter()
-            .filter(|key| self.names_member(key, member))
+            .filter(|key| {
+                resolved
+                    .get(key)
+                    .is_some_and(|rule| rule.clusters.selects(member.name(), &labels))
+            })
             .collect()
     }
 

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -33,8 +33,8 @@ use serde_json::json;
 use tokio::sync::RwLock;
 
 use super::{
-    Kind, Obj, TIMEOUT, TestNs, b64, create_obj, data_patch, err_msg, is_not_found, map, patch_obj,
-    plain_body, try_get_obj, wait_until,
+    Kind, Obj, TIMEOUT, TestNs, b64, create_namespace, create_obj, data_patch, err_msg,
+    is_not_found, map, patch_obj, plain_body, try_get_obj, wait_until,
 };
 
 /// The members' kubeconfigs: `name=path,...`.
@@ -440,20 +440,9 @@ impl Member {
     pub async fn ns_labelled(&self, t: &TestNs, suffix: &str, labels: &[(&str, &str)]) -> String {
         let name = t.name(suffix);
         t.cleanup_member_namespace_later(self.kubeconfig_path.clone(), &name);
-        let ns: Namespace = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": map(labels)}
-        }))
-        .unwrap();
-        Api::<Namespace>::all(self.client.clone())
-            .create(&PostParams::default(), &ns)
+        create_namespace(&self.client, &name, labels)
             .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "creating namespace {name} in member {}: {}",
-                    self.name,
-                    err_msg(&e)
-                )
-            });
+            .unwrap_or_else(|e| panic!("creating namespace {name} in member {}: {e}", self.name));
         name
     }
 

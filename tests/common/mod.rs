@@ -838,14 +838,9 @@ impl TestNs {
     pub async fn ns_labelled(&self, suffix: &str, labels: &[(&str, &str)]) -> String {
         let name = self.name(suffix);
         self.namespaces.lock().unwrap().push(name.clone());
-        let ns: Namespace = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": map(labels)}
-        }))
-        .unwrap();
-        Api::<Namespace>::all(self.client.clone())
-            .create(&PostParams::default(), &ns)
+        create_namespace(&self.client, &name, labels)
             .await
-            .unwrap_or_else(|e| panic!("creating namespace {name}: {}", err_msg(&e)));
+            .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
         name
     }
 
@@ -1274,6 +1269,23 @@ impl Drop for TestNs {
             }
         });
     }
+}
+
+/// Creates the namespace `name` with exactly `labels` in the cluster of `client`.
+pub async fn create_namespace(
+    client: &Client,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Result<(), String> {
+    let ns: Namespace = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": map(labels)}
+    }))
+    .map_err(|e| e.to_string())?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .map(|_| ())
+        .map_err(|e| err_msg(&e))
 }
 
 /// Runs the future `make` returns to its end on a thread of its own with
