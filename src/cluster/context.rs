@@ -29,7 +29,7 @@ use crate::cluster::writer::Writer;
 use crate::core::backoff::ReadPause;
 use crate::core::kind_refusals::KindRefusals;
 use crate::ops::http::Health;
-use crate::ops::metrics::Metrics;
+use crate::ops::metrics::ClusterMetrics;
 
 /// How hard the operator may push one API server.
 #[derive(Clone, Copy, Debug)]
@@ -74,7 +74,7 @@ impl Cluster {
     pub fn new(
         clients: Clients,
         limits: Limits,
-        metrics: Arc<Metrics>,
+        metrics: ClusterMetrics,
         leader: LeaderGate,
         health: Arc<Health>,
         on_source_change: OnChange,

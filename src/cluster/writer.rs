@@ -28,7 +28,7 @@ use crate::cluster::ratelimit::RateLimiter;
 use crate::cluster::write_limit::{WriteLimit, WritePermit};
 use crate::core::backoff::{Failure, FailureClass};
 use crate::core::plan::{Action, Desired, Occupied, occupied};
-use crate::ops::metrics::Metrics;
+use crate::ops::metrics::ClusterMetrics;
 
 /// What became of one action.
 #[derive(Debug)]
@@ -50,7 +50,7 @@ pub struct Writer {
     limiter: RateLimiter,
     /// The writes in flight: fewer while the API server throttles them.
     in_flight: WriteLimit,
-    metrics: Arc<Metrics>,
+    metrics: ClusterMetrics,
     leader: LeaderGate,
     health: Arc<crate::ops::http::Health>,
     /// `copyrator_write_concurrency`: the home cluster's writer reports the
@@ -142,7 +142,7 @@ impl Writer {
         client: Client,
         limiter: RateLimiter,
         concurrency: u32,
-        metrics: Arc<Metrics>,
+        metrics: ClusterMetrics,
         leader: LeaderGate,
         health: Arc<crate::ops::http::Health>,
         concurrency_gauge: Option<Gauge>,

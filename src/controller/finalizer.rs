@@ -13,7 +13,7 @@ use tracing::info;
 use crate::api::kinds::Kind;
 use crate::api::rule::{ConflictPolicy, CopyratorRule, RuleKey};
 use crate::cluster::writer::Outcome;
-use crate::controller::members::Reach;
+use crate::controller::members::{MEMBER_CLEANUP_GIVES_UP_AFTER, Reach};
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
 use crate::core::plan::{self, Action};
@@ -47,7 +47,9 @@ pub async fn set_finalizer(
     // The resourceVersion makes this a compare-and-swap of the whole list.
     let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": rule.metadata.resource_version}});
     let _slot = shared.home.cluster.writer.other_slot().await;
-    shared.metrics.write("patch", "CopyratorRule");
+    shared
+        .metrics
+        .write(&shared.options.cluster_name, "patch", "CopyratorRule");
     match api
         .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -171,11 +173,6 @@ pub async fn collect_orphans_in(shared: &Shared, site: &Site, cause: &'static st
     }
     deleted
 }
-
-/// How long a deleted rule waits for an unreachable member before it lets
-/// go and leaves that member's copies to its collection of orphans, which
-/// runs when the member answers again.
-pub const MEMBER_CLEANUP_GIVES_UP_AFTER: Duration = Duration::from_secs(600);
 
 /// A deleted rule's copies in member clusters: the members that still hold
 /// some get their passes (which delete them); returns the names of those

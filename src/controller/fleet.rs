@@ -30,6 +30,7 @@ use crate::controller::site::{Site, SiteName};
 use crate::controller::state::Shared;
 use crate::core::scope::Touch;
 use crate::ops::http::Health;
+use crate::ops::metrics::ClusterMetrics;
 use crate::sync::{lock, read, write};
 
 /// How soon the ClusterProfile watch is tried again where the resource is
@@ -78,10 +79,11 @@ pub fn start_member(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Memb
     // Its watches report to a health of their own: a member's trouble is
     // said in its rules' statuses, never by failing the operator's probes.
     let health = Arc::new(Health::new(Duration::from_secs(3600)));
+    shared.metrics.cluster_started(&start.name, false);
     let cluster = Cluster::new(
         clients,
         limits,
-        shared.metrics.clone(),
+        ClusterMetrics::new(shared.metrics.clone(), &start.name),
         shared.leader.clone(),
         health,
         // Sources stay home: a member has no source watch to report.
@@ -163,6 +165,13 @@ async fn probe(shared: std::sync::Weak<Shared>, member: std::sync::Weak<Member>)
                 false,
             ),
         };
+        // While it does not answer, its watches send nothing: the probe
+        // alone asks, and its answer lets them go again.
+        member
+            .site
+            .cluster
+            .read_pause
+            .hold(matches!(next, Reach::Unreachable { .. }));
         let previous = std::mem::replace(&mut *lock(&member.reach), next.clone());
         let changed = previous.reason() != next.reason();
         if changed {
@@ -496,7 +505,7 @@ fn take(
 /// rules' statuses say why.
 fn retire(shared: &Shared, name: &str) {
     if write(&shared.members.started).remove(name).is_some() {
-        shared.metrics.member_reachable(name, None);
+        shared.metrics.cluster_gone(name);
         warn!(
             member = name,
             "member cluster credentials unusable: disconnected"

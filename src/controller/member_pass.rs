@@ -35,6 +35,12 @@ pub async fn member_pass(
     scope: Scope,
 ) -> Result<Option<Duration>, Error> {
     let site = &member.site;
+    if member.is_unreachable() {
+        // Its writes would only fail: the pass runs when the probe finds
+        // the member answering again (which queues every rule there).
+        site.queue.carry(key, scope);
+        return Ok(None);
+    }
     if !member.is_synced() {
         // A pass on a half-listed view would prune what it has not seen.
         site.queue.carry(key, scope);
@@ -127,6 +133,10 @@ pub fn in_member(resolved: &ResolvedRule, home_name: &str) -> ResolvedRule {
 /// status at home.
 fn tell(shared: &Shared, member: &Member, key: &RuleKey, report: Option<MemberReport>) {
     if member.report(key, report) {
+        let (copies, conflicts) = member.totals();
+        shared
+            .metrics
+            .member_counts(member.name(), copies, conflicts);
         shared.home.queue.add(key.clone(), Touch::Nothing);
     }
 }

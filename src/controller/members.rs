@@ -22,6 +22,13 @@ use crate::controller::site::Site;
 use crate::core::resolve::ResolvedRule;
 use crate::sync::{lock, read, write};
 
+/// How long the deletion of copies waits for an unreachable member: a
+/// deleted rule then lets go and leaves that member's copies to its
+/// collection of orphans (which runs when the member answers again), and a
+/// member that left the inventory is disconnected with its copies left
+/// there.
+pub const MEMBER_CLEANUP_GIVES_UP_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Whether a member's API server answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reach {
@@ -90,6 +97,11 @@ impl Member {
         *lock(&self.reach) == Reach::Reachable
     }
 
+    /// Its last probe failed (no answer, or its credentials refused).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(*lock(&self.reach), Reach::Unreachable { .. })
+    }
+
     pub fn is_leaving(&self) -> bool {
         self.leaving.load(Ordering::Acquire)
     }
@@ -104,6 +116,18 @@ impl Member {
     /// not seen).
     pub fn is_synced(&self) -> bool {
         self.site.cluster.views.synced.all()
+    }
+
+    /// Copies and conflicts across the rules' last reports.
+    pub fn totals(&self) -> (u64, u64) {
+        lock(&self.reports)
+            .values()
+            .fold((0, 0), |(copies, conflicts), r| {
+                (
+                    copies + u64::from(r.copies),
+                    conflicts + u64::from(r.conflicts),
+                )
+            })
     }
 
     /// Take a rule's report; returns whether it changed.
@@ -143,19 +167,43 @@ impl Members {
     }
 
     /// A member gone from the inventory stays until it holds no copy of a
-    /// rule (`live_rule_uids`); then it goes.
-    pub fn retire_left(&self, live_rule_uids: &[String]) {
+    /// rule (`live_rule_uids`); then it goes. One that has not answered for
+    /// longer than `give_up_after` goes too: its copies stay there, and a
+    /// warning says so. Returns the names of those that went.
+    pub fn retire_left(
+        &self,
+        live_rule_uids: &[String],
+        give_up_after: std::time::Duration,
+    ) -> Vec<String> {
+        let mut gone = Vec::new();
         write(&self.started).retain(|name, member| {
-            let keep = !member.is_leaving()
-                || live_rule_uids.iter().any(|uid| member.holds_copies_of(uid));
-            if !keep {
+            if !member.is_leaving() {
+                return true;
+            }
+            if !live_rule_uids.iter().any(|uid| member.holds_copies_of(uid)) {
                 info!(
                     member = name.as_str(),
                     "member cluster left the inventory and holds no copies: disconnected"
                 );
+                gone.push(name.clone());
+                return false;
             }
-            keep
+            let unreachable_for = match &*lock(&member.reach) {
+                Reach::Unreachable { since, .. } => since.elapsed(),
+                _ => std::time::Duration::ZERO,
+            };
+            if unreachable_for > give_up_after {
+                tracing::warn!(
+                    member = name.as_str(),
+                    unreachable_seconds = unreachable_for.as_secs(),
+                    "member cluster left the inventory and has not answered since: disconnected, its copies there stay"
+                );
+                gone.push(name.clone());
+                return false;
+            }
+            true
         });
+        gone
     }
 
     /// Stop every member (shutdown): their tasks are aborted as they go.

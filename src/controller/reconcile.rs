@@ -1219,7 +1219,9 @@ pub async fn publish_status(
         "status": next,
     });
     let _slot = shared.home.cluster.writer.other_slot().await;
-    shared.metrics.write("patch", "CopyratorRule");
+    shared
+        .metrics
+        .write(&shared.options.cluster_name, "patch", "CopyratorRule");
     let updated = api
         .patch_status(
             &key.name,

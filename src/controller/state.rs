@@ -22,7 +22,7 @@ use crate::controller::site::{Site, SiteName};
 use crate::core::resolve::{ResolvedRule, Trust};
 use crate::core::scope::Touch;
 use crate::ops::http::Health;
-use crate::ops::metrics::Metrics;
+use crate::ops::metrics::{ClusterMetrics, Metrics};
 
 /// The part of the settings the controller reads, besides the trust
 /// policy ([`Shared::trust`]).
@@ -147,10 +147,11 @@ impl Shared {
                     shared.queue_everywhere(key, touch);
                 }
             });
+            metrics.cluster_started(&options.cluster_name, true);
             let cluster = Cluster::new(
                 clients,
                 options.limits,
-                metrics.clone(),
+                ClusterMetrics::new(metrics.clone(), &options.cluster_name),
                 leader.clone(),
                 health.clone(),
                 queue_rule,
@@ -243,7 +244,13 @@ impl Shared {
             .values()
             .filter_map(|rule| rule.uid().map(str::to_owned))
             .collect();
-        self.members.retire_left(&uids);
+        let gone = self.members.retire_left(
+            &uids,
+            crate::controller::members::MEMBER_CLEANUP_GIVES_UP_AFTER,
+        );
+        for name in gone {
+            self.metrics.cluster_gone(&name);
+        }
     }
 
     /// Queue a rule's pass at home, and in every member where it has one.
@@ -444,7 +451,8 @@ impl Shared {
             secondary: None,
         };
         let _slot = self.home.cluster.writer.other_slot().await;
-        self.metrics.write("create", "Event");
+        self.metrics
+            .write(&self.options.cluster_name, "create", "Event");
         if let Err(e) = self.home.cluster.recorder.publish(&event, &reference).await {
             warn!(error = %crate::error::describe(&e), reason = event.reason.as_str(), "recording an event failed");
         }

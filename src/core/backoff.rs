@@ -655,10 +655,18 @@ pub struct ReadPause {
 struct ReadPauseState {
     until: Option<Instant>,
     in_a_row: u32,
+    /// Set while the API server is known not to answer (a member's probe
+    /// says so): no watch sends a request that would only fail, and log.
+    held: bool,
 }
 
 impl ReadPause {
     pub const MAX: Duration = Duration::from_secs(30);
+    /// How often a held watch looks again whether it may go: a released
+    /// hold is followed within about this (plus [`wait_out`]'s spread).
+    ///
+    /// [`wait_out`]: crate::cluster::watch::wait_out
+    pub const HELD_RECHECK: Duration = Duration::from_millis(500);
 
     fn state(&self) -> std::sync::MutexGuard<'_, ReadPauseState> {
         crate::sync::lock(&self.state)
@@ -696,9 +704,21 @@ impl ReadPause {
         }
     }
 
+    /// Hold every read until released (`held` false).
+    pub fn hold(&self, held: bool) {
+        self.state().held = held;
+    }
+
     /// Until when reads wait, if they do at `now`.
     pub fn until(&self, now: Instant) -> Option<Instant> {
-        self.state().until.filter(|u| *u > now)
+        let state = self.state();
+        let throttled = state.until.filter(|u| *u > now);
+        if state.held {
+            return Some(throttled.map_or(now + Self::HELD_RECHECK, |u| {
+                u.max(now + Self::HELD_RECHECK)
+            }));
+        }
+        throttled
     }
 }
 
@@ -756,6 +776,24 @@ mod tests {
             b.admit(&key("a"), &rule(), 8, None, now + Duration::from_secs(61)),
             Admission::Go
         );
+    }
+
+    #[test]
+    fn held_reads_wait_until_released_and_a_throttle_still_counts() {
+        let pause = ReadPause::default();
+        let now = Instant::now();
+        pause.hold(true);
+        // Held: always a short wait ahead, so a watch keeps looking.
+        assert_eq!(pause.until(now), Some(now + ReadPause::HELD_RECHECK));
+        let later = now + Duration::from_secs(600);
+        assert_eq!(pause.until(later), Some(later + ReadPause::HELD_RECHECK));
+        // A throttle longer than the recheck is kept while held…
+        let throttled = pause.throttled(now, Some(Duration::from_secs(5)));
+        assert_eq!(pause.until(now), Some(throttled));
+        pause.hold(false);
+        // …and after the release, as before.
+        assert_eq!(pause.until(now), Some(throttled));
+        assert_eq!(pause.until(throttled), None);
     }
 
     #[test]

@@ -12,16 +12,23 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+/// A failed write, in the cluster it was sent to (the home cluster's name
+/// is `--cluster-name`; a member's, its inventory name).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FailureLabels {
     pub class: &'static str,
+    pub cluster: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
     pub verb: &'static str,
     pub kind: &'static str,
+    pub cluster: String,
 }
+
+/// The classes of [`Metrics::write_failures`].
+const FAILURE_CLASSES: [&str; 5] = ["conflict", "throttled", "refused", "invalid", "transient"];
 
 /// A rule, named apart from the `namespace` label that Prometheus gives
 /// every scraped target.
@@ -51,6 +58,11 @@ pub struct Metrics {
     /// 1 while a member cluster's API server answers, 0 while it does not;
     /// one series per member of the inventory.
     pub member_reachable: Family<ClusterLabels, Gauge>,
+    /// Copies in place in a member cluster, across its rules.
+    pub member_copies: Family<ClusterLabels, Gauge>,
+    /// Copies not made in a member cluster because a foreign object holds
+    /// the name, across its rules.
+    pub member_conflicts: Family<ClusterLabels, Gauge>,
 }
 
 /// A member cluster, by its name in the inventory (the cardinality is the
@@ -58,6 +70,31 @@ pub struct Metrics {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClusterLabels {
     pub cluster: String,
+}
+
+/// The metrics as one cluster's writer reports to them: each write
+/// labelled with the cluster's name.
+#[derive(Clone)]
+pub struct ClusterMetrics {
+    metrics: std::sync::Arc<Metrics>,
+    cluster: String,
+}
+
+impl ClusterMetrics {
+    pub fn new(metrics: std::sync::Arc<Metrics>, cluster: &str) -> Self {
+        Self {
+            metrics,
+            cluster: cluster.to_owned(),
+        }
+    }
+
+    pub fn write(&self, verb: &'static str, kind: &'static str) {
+        self.metrics.write(&self.cluster, verb, kind);
+    }
+
+    pub fn write_failed(&self, class: &'static str) {
+        self.metrics.write_failed(&self.cluster, class);
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -93,7 +130,7 @@ impl Default for Metrics {
         let api_writes = Family::<WriteLabels, Counter>::default();
         registry.register(
             "api_writes",
-            "Write requests sent to the API server by verb and kind",
+            "Write requests sent to an API server by verb, kind and cluster",
             api_writes.clone(),
         );
         let copies_managed = Gauge::default();
@@ -117,7 +154,7 @@ impl Default for Metrics {
         let write_failures = Family::<FailureLabels, Counter>::default();
         registry.register(
             "write_failures",
-            "Failed write requests by class (conflict, throttled, refused, invalid, transient)",
+            "Failed write requests by class (conflict, throttled, refused, invalid, transient) and cluster",
             write_failures.clone(),
         );
         let queue_depth = Gauge::default();
@@ -173,29 +210,23 @@ impl Default for Metrics {
             rule_ready.clone(),
         );
         // Every series exists from the start, so that a first error is an
-        // increase and not a new series that alerts cannot see.
+        // increase and not a new series that alerts cannot see (the write
+        // series come with each cluster: `cluster_started`).
         for result in ["success", "error", "invalid"] {
             drop(reconciles.get_or_create(&ResultLabels { result }));
         }
-        for kind in crate::api::kinds::Kind::all() {
-            for verb in ["create", "update", "delete"] {
-                drop(api_writes.get_or_create(&WriteLabels {
-                    verb,
-                    kind: kind.name(),
-                }));
-            }
-        }
-        drop(api_writes.get_or_create(&WriteLabels {
-            verb: "patch",
-            kind: "CopyratorRule",
-        }));
-        drop(api_writes.get_or_create(&WriteLabels {
-            verb: "create",
-            kind: "Event",
-        }));
-        for class in ["conflict", "throttled", "refused", "invalid", "transient"] {
-            drop(write_failures.get_or_create(&FailureLabels { class }));
-        }
+        let member_copies = Family::<ClusterLabels, Gauge>::default();
+        registry.register(
+            "member_copies",
+            "Copies in place in a member cluster, across all rules",
+            member_copies.clone(),
+        );
+        let member_conflicts = Family::<ClusterLabels, Gauge>::default();
+        registry.register(
+            "member_conflicts_skipped",
+            "Copies not made in a member cluster because a foreign object holds the name",
+            member_conflicts.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -214,21 +245,96 @@ impl Default for Metrics {
             resyncs,
             rule_ready,
             member_reachable,
+            member_copies,
+            member_conflicts,
         }
     }
 }
 
 impl Metrics {
-    pub fn write(&self, verb: &'static str, kind: &'static str) {
+    /// A write request sent to the API server of `cluster`.
+    pub fn write(&self, cluster: &str, verb: &'static str, kind: &'static str) {
         self.api_writes
-            .get_or_create(&WriteLabels { verb, kind })
+            .get_or_create(&WriteLabels {
+                verb,
+                kind,
+                cluster: cluster.to_owned(),
+            })
             .inc();
     }
 
-    pub fn write_failed(&self, class: &'static str) {
+    pub fn write_failed(&self, cluster: &str, class: &'static str) {
         self.write_failures
-            .get_or_create(&FailureLabels { class })
+            .get_or_create(&FailureLabels {
+                class,
+                cluster: cluster.to_owned(),
+            })
             .inc();
+    }
+
+    /// The series of a cluster's writes, at 0: the home cluster's (which
+    /// also writes its rules' statuses and Events) at start, a member's
+    /// when it joins the inventory.
+    pub fn cluster_started(&self, cluster: &str, home: bool) {
+        let kinds = crate::api::kinds::Kind::all().filter(|kind| home || !kind.info().generic);
+        let mut writes: Vec<(&'static str, &'static str)> = kinds
+            .flat_map(|kind| ["create", "update", "delete"].map(|verb| (verb, kind.name())))
+            .collect();
+        if home {
+            writes.extend([("patch", "CopyratorRule"), ("create", "Event")]);
+        }
+        for (verb, kind) in writes {
+            drop(self.api_writes.get_or_create(&WriteLabels {
+                verb,
+                kind,
+                cluster: cluster.to_owned(),
+            }));
+        }
+        for class in FAILURE_CLASSES {
+            drop(self.write_failures.get_or_create(&FailureLabels {
+                class,
+                cluster: cluster.to_owned(),
+            }));
+        }
+    }
+
+    /// A member left the inventory: its series go (the cardinality is the
+    /// inventory's).
+    pub fn cluster_gone(&self, cluster: &str) {
+        self.member_reachable(cluster, None);
+        let labels = ClusterLabels {
+            cluster: cluster.to_owned(),
+        };
+        self.member_copies.remove(&labels);
+        self.member_conflicts.remove(&labels);
+        for kind in crate::api::kinds::Kind::all() {
+            for verb in ["create", "update", "delete"] {
+                self.api_writes.remove(&WriteLabels {
+                    verb,
+                    kind: kind.name(),
+                    cluster: cluster.to_owned(),
+                });
+            }
+        }
+        for class in FAILURE_CLASSES {
+            self.write_failures.remove(&FailureLabels {
+                class,
+                cluster: cluster.to_owned(),
+            });
+        }
+    }
+
+    /// The copies and conflicts of a member, across its rules.
+    pub fn member_counts(&self, cluster: &str, copies: u64, conflicts: u64) {
+        let labels = ClusterLabels {
+            cluster: cluster.to_owned(),
+        };
+        self.member_copies
+            .get_or_create(&labels)
+            .set(i64::try_from(copies).unwrap_or(i64::MAX));
+        self.member_conflicts
+            .get_or_create(&labels)
+            .set(i64::try_from(conflicts).unwrap_or(i64::MAX));
     }
 
     /// A pass over every rule began (its orphans collected), for `cause`.
@@ -290,7 +396,8 @@ mod tests {
     #[test]
     fn every_family_is_exposed() {
         let m = Metrics::default();
-        m.write("create", "ConfigMap");
+        m.cluster_started("home", true);
+        m.write("home", "create", "ConfigMap");
         m.reconciled("success");
         m.reconcile_duration.observe(0.01);
         let text = m.encode();
@@ -299,17 +406,19 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("copyrator_api_writes_total{verb=\"delete\",kind=\"Secret\"} 0"),
+            text.contains(
+                "copyrator_api_writes_total{verb=\"delete\",kind=\"Secret\",cluster=\"home\"} 0"
+            ),
             "{text}"
         );
         for family in [
             "copyrator_reconciles_total{result=\"success\"} 1",
             "copyrator_reconcile_duration_seconds_count 1",
-            "copyrator_api_writes_total{verb=\"create\",kind=\"ConfigMap\"} 1",
+            "copyrator_api_writes_total{verb=\"create\",kind=\"ConfigMap\",cluster=\"home\"} 1",
             "copyrator_copies_managed 0",
             "copyrator_conflicts_skipped 0",
             "copyrator_copies_contested 0",
-            "copyrator_write_failures_total{class=\"refused\"} 0",
+            "copyrator_write_failures_total{class=\"refused\",cluster=\"home\"} 0",
             "copyrator_queue_depth 0",
             "copyrator_leader 0",
         ] {
@@ -339,5 +448,37 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("rule=\"other\""), "{text}");
+    }
+
+    #[test]
+    fn a_member_has_its_series_while_it_is_in_the_inventory() {
+        let m = Metrics::default();
+        m.cluster_started("home", true);
+        m.cluster_started("eu-1", false);
+        m.write("eu-1", "update", "Secret");
+        m.write_failed("eu-1", "refused");
+        m.member_reachable("eu-1", Some(true));
+        m.member_counts("eu-1", 12, 1);
+        let text = m.encode();
+        for series in [
+            "copyrator_api_writes_total{verb=\"update\",kind=\"Secret\",cluster=\"eu-1\"} 1",
+            "copyrator_api_writes_total{verb=\"create\",kind=\"ConfigMap\",cluster=\"eu-1\"} 0",
+            "copyrator_write_failures_total{class=\"refused\",cluster=\"eu-1\"} 1",
+            "copyrator_write_failures_total{class=\"refused\",cluster=\"home\"} 0",
+            "copyrator_member_cluster_reachable{cluster=\"eu-1\"} 1",
+            "copyrator_member_copies{cluster=\"eu-1\"} 12",
+            "copyrator_member_conflicts_skipped{cluster=\"eu-1\"} 1",
+        ] {
+            assert!(text.contains(series), "{series} missing from\n{text}");
+        }
+        // A member copies the built-in kinds only, and writes no statuses.
+        assert!(
+            !text.contains("kind=\"CopyratorRule\",cluster=\"eu-1\""),
+            "{text}"
+        );
+        m.cluster_gone("eu-1");
+        let text = m.encode();
+        assert!(!text.contains("eu-1"), "{text}");
+        assert!(text.contains("cluster=\"home\""), "{text}");
     }
 }
