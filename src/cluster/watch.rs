@@ -134,6 +134,7 @@ pub enum WatchEnd {
 /// of this watch's own backoff.
 pub async fn cool_down(health: &Health, pause: &ReadPause, name: &str, error: &watcher::Error) {
     log_watch_error(health, name, error);
+    pause.read_failed();
     if let Some(retry_after) = throttled(error) {
         pause.throttled(Instant::now(), retry_after);
     }
@@ -205,7 +206,9 @@ where
             }
             Ok(None) => return WatchEnd::Ended,
             Err(e) if stop_if_unserved && unserved(&e) => {
-                tracing::warn!(watch = name, error = %e, "the API server no longer serves this kind; its watch stops");
+                // The caller says what it means (a kind gone, or an
+                // optional resource never installed).
+                tracing::debug!(watch = name, error = %e, "not served; the watch stops");
                 return WatchEnd::Unserved;
             }
             Err(e) => cool_down(health, pause, name, &e).await,

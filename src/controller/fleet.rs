@@ -42,6 +42,9 @@ const PROFILES_UNSERVED_RETRY: Duration = Duration::from_secs(60);
 /// statuses within two rounds (well within 30 s).
 pub const PROBE_EVERY: Duration = Duration::from_secs(5);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A failed watch brings the next probe forward, but never closer than
+/// this to the last one.
+const PROBE_AT_MOST_EVERY: Duration = Duration::from_secs(1);
 
 /// Passes at once per member: enough to keep its share of the writes busy.
 const WORKERS_PER_MEMBER: usize = 2;
@@ -145,7 +148,12 @@ pub fn start_member(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Memb
 /// select the member, and a member that answers again gets every pass.
 async fn probe(shared: std::sync::Weak<Shared>, member: std::sync::Weak<Member>) {
     loop {
-        let Some(client) = member.upgrade().map(|m| m.site.cluster.client.clone()) else {
+        let Some((client, pause)) = member.upgrade().map(|m| {
+            (
+                m.site.cluster.client.clone(),
+                m.site.cluster.read_pause.clone(),
+            )
+        }) else {
             return;
         };
         let answer = tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await;
@@ -179,7 +187,13 @@ async fn probe(shared: std::sync::Weak<Shared>, member: std::sync::Weak<Member>)
             announce_reach(&shared, &member, &previous, &next).await;
         }
         drop((shared, member));
-        tokio::time::sleep(PROBE_EVERY).await;
+        // A watch that fails asks for the next probe now: a member that
+        // stops answering is held (and said) before its watches retry.
+        tokio::time::sleep(PROBE_AT_MOST_EVERY).await;
+        tokio::select! {
+            () = tokio::time::sleep(PROBE_EVERY.saturating_sub(PROBE_AT_MOST_EVERY)) => {}
+            () = pause.next_failure() => {}
+        }
     }
 }
 
@@ -366,6 +380,7 @@ async fn watch_profiles(shared: Arc<Shared>, inventory: Arc<Inventory>, health: 
         &shared.trust.operator_namespace,
         &inventory::cluster_profile_resource(),
     );
+    let mut said_unserved = false;
     loop {
         let watching = Watching {
             name: "clusterprofiles",
@@ -380,9 +395,21 @@ async fn watch_profiles(shared: Arc<Shared>, inventory: Arc<Inventory>, health: 
             &inventory.changed,
         )
         .await;
-        if followed == WatchEnd::Unserved && !lock(&inventory.profiles).is_empty() {
-            lock(&inventory.profiles).clear();
-            inventory.changed.notify_one();
+        if followed == WatchEnd::Unserved {
+            // Said once: most clusters never install the resource.
+            if !said_unserved {
+                info!(
+                    retry_seconds = PROFILES_UNSERVED_RETRY.as_secs(),
+                    "ClusterProfiles (multicluster.x-k8s.io) are not served: members come from cluster Secrets only; looking again now and then"
+                );
+                said_unserved = true;
+            }
+            if !lock(&inventory.profiles).is_empty() {
+                lock(&inventory.profiles).clear();
+                inventory.changed.notify_one();
+            }
+        } else {
+            said_unserved = false;
         }
         tokio::time::sleep(PROFILES_UNSERVED_RETRY).await;
     }

@@ -545,8 +545,11 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, site: Arc<Site>, kind: Kind) -> Joi
             },
         )
         .await;
-        if followed == WatchEnd::Unserved && site.name == SiteName::Home {
-            kind_unserved(&shared, kind);
+        if followed == WatchEnd::Unserved {
+            tracing::warn!(watch = kind.name(), cluster = %site.name, "the API server no longer serves this kind; its watch stops");
+            if site.name == SiteName::Home {
+                kind_unserved(&shared, kind);
+            }
         }
     })
 }

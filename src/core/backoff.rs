@@ -649,6 +649,9 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
 #[derive(Default)]
 pub struct ReadPause {
     state: std::sync::Mutex<ReadPauseState>,
+    /// Told of every failed read: a member's probe then asks at once
+    /// whether its API server answers, instead of at its next round.
+    failed: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -702,6 +705,17 @@ impl ReadPause {
         if state.in_a_row > 0 {
             state.in_a_row = 0;
         }
+    }
+
+    /// A read failed (of any cause).
+    pub fn read_failed(&self) {
+        self.failed.notify_one();
+    }
+
+    /// Returns at the next failed read (or at once, for one that failed
+    /// since the last call).
+    pub async fn next_failure(&self) {
+        self.failed.notified().await;
     }
 
     /// Hold every read until released (`held` false).

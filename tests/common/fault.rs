@@ -213,8 +213,8 @@ struct Seen {
     by_id: HashMap<String, usize>,
 }
 
-/// The fault control plane's audit log from the moment [`Requests::start`]
-/// was called; a request is counted once by its `auditID` (its final stage
+/// The fault control plane's audit log (or another, [`Requests::at`])
+/// from the moment [`Requests::start`] was called; a request is counted once by its `auditID` (its final stage
 /// when logged), as `audit::Audit` does.
 pub struct Requests {
     path: PathBuf,
@@ -223,7 +223,11 @@ pub struct Requests {
 
 impl Requests {
     pub fn start(plane: &FaultPlane) -> Requests {
-        let path = plane.audit_log.clone();
+        Requests::at(plane.audit_log.clone())
+    }
+
+    /// The audit log at `path` from now on (a member's, for instance).
+    pub fn at(path: PathBuf) -> Requests {
         let offset = std::fs::metadata(&path)
             .unwrap_or_else(|e| panic!("the audit log {} cannot be read: {e}", path.display()))
             .len();

@@ -25,6 +25,7 @@ use std::time::Duration;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -41,6 +42,9 @@ use super::{
 pub const MEMBERS_ENV: &str = "COPYRATOR_MEMBERS";
 /// The members' `hack/cluster` state directories: `name=path,...`.
 pub const MEMBER_STATES_ENV: &str = "COPYRATOR_MEMBER_STATES";
+/// The members' audit logs, where they keep one (the fault suite's
+/// members): `name=path,...`.
+pub const MEMBER_AUDIT_LOGS_ENV: &str = "COPYRATOR_MEMBER_AUDIT_LOGS";
 /// The label that names the member on its kubeconfig Secret.
 pub const LABEL_CLUSTER: &str = "copyrator.flant.com/cluster";
 /// The data key of the kubeconfig in that Secret (Cluster API's).
@@ -281,7 +285,14 @@ impl Member {
     /// kubeconfig Secret of the inventory holds for a ServiceAccount of the
     /// member.
     pub fn kubeconfig_with_token(&self, token: &str) -> String {
-        let (server, ca) = self.server_and_ca();
+        let (server, _) = self.server_and_ca();
+        self.kubeconfig_with(&server, token)
+    }
+
+    /// As [`Member::kubeconfig_with_token`], through `server` (a proxy in
+    /// front of its API server: TLS still names the API server).
+    pub fn kubeconfig_with(&self, server: &str, token: &str) -> String {
+        let (_, ca) = self.server_and_ca();
         let config = json!({
             "apiVersion": "v1",
             "kind": "Config",
@@ -315,6 +326,49 @@ impl Member {
             .status
             .and_then(|status| status.token)
             .expect("a TokenRequest answered with a token")
+    }
+
+    /// The ServiceAccount `namespace/account` of the member bound to
+    /// `cluster-admin` by the ClusterRoleBinding `binding` (the member side's
+    /// least privilege is proved in tests/member_side.rs; here the identity
+    /// names the operator's requests in the member's audit log); returns
+    /// its audit user name. Binding it again (after the account was
+    /// deleted and made anew) is fine.
+    pub async fn operator_account(&self, namespace: &str, account: &str, binding: &str) -> String {
+        super::create_service_account(&self.client, namespace, account).await;
+        let crb: ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": binding},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        }))
+        .expect("a ClusterRoleBinding");
+        match Api::<ClusterRoleBinding>::all(self.client.clone())
+            .create(&PostParams::default(), &crb)
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if matches!(&e, kube::Error::Api(s) if s.code == 409) => {}
+            Err(e) => panic!(
+                "creating ClusterRoleBinding {binding} in member {}: {}",
+                self.name,
+                err_msg(&e)
+            ),
+        }
+        super::audit::service_account_user(namespace, account)
+    }
+
+    /// Its audit log, from `COPYRATOR_MEMBER_AUDIT_LOGS`; panics, saying
+    /// how to get one, where it keeps none.
+    pub fn audit_log(&self) -> PathBuf {
+        let logs: BTreeMap<String, PathBuf> =
+            parse_list(MEMBER_AUDIT_LOGS_ENV).into_iter().collect();
+        logs.get(&self.name).cloned().unwrap_or_else(|| {
+            panic!(
+                "{MEMBER_AUDIT_LOGS_ENV} names no audit log for member {}: start the member with \
+                 COPYRATOR_AUDIT_LOG=<path> (hack/test does so for the fault suite's members)",
+                self.name
+            )
+        })
     }
 
     /// A ConfigMap or Secret of the member, if it exists.
