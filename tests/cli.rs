@@ -117,7 +117,7 @@ async fn plan_of_new_rules_from_a_file_lists_their_creates_and_writes_nothing() 
     let document = plan.json();
     assert_eq!(
         document["skipped"],
-        json!([{"kind": "ConfigMap", "namespace": t3, "name": "cfg", "rule": new,
+        json!([{"cluster": "home", "kind": "ConfigMap", "namespace": t3, "name": "cfg", "rule": new,
                 "reason": "a ConfigMap not made by Copyrator is there"}]),
         "{}",
         plan.stdout

@@ -548,3 +548,192 @@ async fn a_cluster_profile_makes_a_member_and_its_token_rotates() {
             .output();
     }
 }
+
+/// `(cluster, action, namespace, name)` of each change of a JSON plan, in
+/// its order.
+fn cluster_changes(plan: &PlanOutcome) -> Vec<(String, String, String, String)> {
+    let document = plan.json();
+    let field = |change: &Value, name: &str| {
+        change[name]
+            .as_str()
+            .unwrap_or_else(|| panic!("change {change} has no {name}: {}", plan.stdout))
+            .to_owned()
+    };
+    document["changes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no changes list in {document}"))
+        .iter()
+        .map(|c| {
+            (
+                field(c, "cluster"),
+                field(c, "action"),
+                field(c, "namespace"),
+                field(c, "name"),
+            )
+        })
+        .collect()
+}
+
+fn planned(cluster: &str, action: &str, ns: &str) -> (String, String, String, String) {
+    (cluster.into(), action.into(), ns.into(), "cfg".into())
+}
+
+/// `copyrator plan --member-clusters -f` covers the members: creates in a
+/// and b, each named by its cluster, and nothing written; once the
+/// operator has converged, the same file is no change, a file that drops
+/// b deletes in b only, one with `local: false` deletes at home only; and
+/// a member that cannot be reached is reported, fails the plan, and does
+/// not keep the others from being planned.
+#[tokio::test]
+async fn plan_says_what_each_member_would_get() {
+    let t = TestNs::new("members-plan").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let home_t1 = t.ns("t1").await;
+    let [a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let a_t1 = a.ns(&t, "t1").await;
+    let b_t1 = b.ns(&t, "t1").await;
+    a.register(&t.client, &op, &[]).await;
+    b.register(&t.client, &op, &[]).await;
+    t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    let rule = format!("{op}/r");
+    let file = |name: &str, clusters: Value| {
+        t.rule_file(
+            name,
+            &[TestNs::rule_manifest(None, "r", &member_rule(&t, clusters))],
+        )
+    };
+    let both = file("both", json!({"names": [a.name, b.name]}));
+    let plan_of = async |file: &str, output: &str| {
+        copyrator_plan(
+            &[
+                "--namespace",
+                &op,
+                "--member-clusters",
+                "-f",
+                file,
+                "-o",
+                output,
+            ],
+            None,
+        )
+        .await
+    };
+
+    let plan = plan_of(&both, "json").await;
+    plan.assert_exit(2);
+    assert_eq!(
+        cluster_changes(&plan),
+        [
+            planned("home", "create", &home_t1),
+            planned(&a.name, "create", &a_t1),
+            planned(&b.name, "create", &b_t1),
+        ],
+        "{}",
+        plan.stdout
+    );
+    assert_eq!(
+        plan.json()["clusters"],
+        json!([
+            {"cluster": "home", "planned": true},
+            {"cluster": a.name, "planned": true},
+            {"cluster": b.name, "planned": true},
+        ])
+    );
+    let text = plan_of(&both, "text").await;
+    text.assert_exit(2);
+    let line = |cluster: &str, ns: &str| {
+        format!("{cluster}: create ConfigMap {ns}/cfg (rule {rule}, source {op}/cfg)")
+    };
+    assert_eq!(
+        text.stdout.lines().collect::<Vec<_>>(),
+        [
+            line("home", &home_t1),
+            line(&a.name, &a_t1),
+            line(&b.name, &b_t1)
+        ],
+        "{}",
+        text.stderr
+    );
+    for (member, ns) in [(&a, &a_t1), (&b, &b_t1)] {
+        assert!(
+            member_copy(member, ns, "cfg").await.is_err(),
+            "plan wrote a copy in member {}",
+            member.name
+        );
+    }
+
+    // The rule applied as in the file, and converged.
+    t.create_rule(
+        &op,
+        "r",
+        member_rule(&t, json!({"names": [a.name, b.name]})),
+    )
+    .await;
+    let mut operator = Operator::start(&t, &op, &["--member-clusters"]);
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
+    wait_member_copy(&b, &b_t1, "cfg", &[("k", "v")]).await;
+    t.wait_rule_ready(&op, "r").await;
+    operator.stop();
+
+    let same = plan_of(&both, "json").await;
+    same.assert_exit(0);
+    assert_eq!(cluster_changes(&same), [], "{}", same.stdout);
+
+    let only_a = plan_of(&file("only-a", json!({"names": [a.name]})), "json").await;
+    only_a.assert_exit(2);
+    assert_eq!(
+        cluster_changes(&only_a),
+        [planned(&b.name, "delete", &b_t1)],
+        "{}",
+        only_a.stdout
+    );
+
+    let away = json!({"names": [a.name, b.name], "local": false});
+    let members_only = plan_of(&file("away", away), "json").await;
+    members_only.assert_exit(2);
+    assert_eq!(
+        cluster_changes(&members_only),
+        [planned("home", "delete", &home_t1)],
+        "{}",
+        members_only.stdout
+    );
+    member_copy(&b, &b_t1, "cfg")
+        .await
+        .expect("plan deleted the copy in b");
+
+    // A member whose API server does not answer: reported, exit 1, and
+    // the others are still planned.
+    let mut gone = a.clone();
+    gone.name = "gone".into();
+    let unreachable = a
+        .kubeconfig_with_token("not-a-token")
+        .replace(&a.server_and_ca().0, "https://127.0.0.1:9");
+    gone.register_kubeconfig(&t.client, &op, &[], &unreachable)
+        .await;
+    let partial = plan_of(&file("only-a-again", json!({"names": [a.name]})), "text").await;
+    partial.assert_exit(1);
+    let lines: Vec<&str> = partial.stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!(
+            "{}: delete ConfigMap {b_t1}/cfg (rule {rule}, source {op}/cfg)",
+            b.name
+        ),
+        "{}",
+        partial.stdout
+    );
+    assert!(
+        lines.len() == 2
+            && lines[1].starts_with("gone: not planned: its API server cannot be reached"),
+        "{}",
+        partial.stdout
+    );
+    assert!(
+        partial
+            .stderr
+            .contains("error: member cluster gone could not be planned: "),
+        "{}",
+        partial.stderr
+    );
+}

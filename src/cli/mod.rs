@@ -2,6 +2,7 @@
 //! its report, and `probe`.
 
 pub mod plan;
+pub mod plan_members;
 pub mod probe;
 pub mod report;
 pub mod run;

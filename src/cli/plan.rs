@@ -2,7 +2,8 @@
 //! and said by the exit code, for the rules of files or for every live
 //! rule. The views are filled as `run` fills them and each rule waits for
 //! its sources; nothing is written (the writer's gate is shut, and previews
-//! write nothing anyway).
+//! write nothing anyway). With `--member-clusters` the plan covers each
+//! member of the inventory too (`cli::plan_members`).
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -13,7 +14,9 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::api::kinds::Kind;
-use crate::cli::report::{self, FileRule, Followed, PlanError, Report};
+use crate::api::rule::CopyratorRule;
+use crate::cli::plan_members::PlanMembers;
+use crate::cli::report::{self, ClusterVerdict, FileRule, Followed, PlanError, Report};
 use crate::cli::settings::{PlanArgs, PlanOutput, Settings};
 use crate::cluster::leader::LeaderGate;
 use crate::controller::finalizer::orphans;
@@ -176,17 +179,63 @@ async fn plan_with_views(
         }
         .into());
     }
+    let mut members = if shared.options.member_clusters {
+        Some(PlanMembers::start(shared, PLAN_REACH_WITHIN, PLAN_LISTS_WITHIN).await?)
+    } else {
+        None
+    };
     let every_live_rule = from_files.is_none();
     let live = read(&shared.rules).clone();
-    let mut pending = report::rules_to_plan(from_files, &live);
-    let mut report = Report::default();
-    // Every rule registers its sources in the first round, so that their
-    // watches list together; later rounds ask only the rules still waiting.
+    let pending = report::rules_to_plan(from_files, &live);
+    let mut report = Report::new(&shared.options.cluster_name);
+    preview_rules(shared, pending, members.as_mut(), &mut report).await?;
+    if every_live_rule {
+        // `run` deletes these at start (in a member, once it answers).
+        for kind in Kind::all() {
+            for action in orphans(shared, kind) {
+                if let Action::Delete { current, .. } = &action {
+                    let rule = current.rule_ref.as_deref().unwrap_or_default();
+                    let home = &shared.options.cluster_name;
+                    report
+                        .changes
+                        .push(PlannedChange::of(home, rule, kind, &action));
+                }
+            }
+            if let Some(members) = &members {
+                report.changes.extend(members.orphans(shared, kind));
+            }
+        }
+    }
+    if let Some(members) = &members {
+        members.keep_planned(&mut report.changes, &mut report.skipped);
+        report.clusters = members.verdicts();
+        report
+            .clusters
+            .push(ClusterVerdict::planned(&shared.options.cluster_name));
+    }
+    Ok(report)
+}
+
+/// Each rule's preview at home and in each member planned. Every rule
+/// registers its sources in the first round, so that their watches list
+/// together; later rounds ask only the rules still waiting.
+async fn preview_rules(
+    shared: &Arc<Shared>,
+    mut pending: Vec<CopyratorRule>,
+    mut members: Option<&mut PlanMembers>,
+    report: &mut Report,
+) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + PLAN_LISTS_WITHIN;
     while !pending.is_empty() {
         let mut waiting = Vec::new();
         for rule in pending {
-            match preview(shared, &rule).await? {
+            let preview = match (preview(shared, &rule).await?, members.as_deref_mut()) {
+                (Preview::Planned { changes, skipped }, Some(members)) => {
+                    members.preview(shared, &rule, changes, skipped).await
+                }
+                (preview, _) => preview,
+            };
+            match preview {
                 Preview::WaitingForSources => waiting.push(rule),
                 preview => report.add(&rule.key(), preview),
             }
@@ -204,16 +253,5 @@ async fn plan_with_views(
         }
         pending = waiting;
     }
-    if every_live_rule {
-        // `run` deletes these at start.
-        for kind in Kind::all() {
-            for action in orphans(shared, kind) {
-                if let Action::Delete { current, .. } = &action {
-                    let rule = current.rule_ref.as_deref().unwrap_or_default();
-                    report.changes.push(PlannedChange::of(rule, kind, &action));
-                }
-            }
-        }
-    }
-    Ok(report)
+    Ok(())
 }

@@ -1,6 +1,7 @@
 //! `copyrator plan`: the rules it reads from files, which rules it plans,
 //! what it reports for them, how the report is printed, and its exit code.
-//! Pure; what a rule would do comes from `reconcile::preview`.
+//! Pure; what a rule would do comes from `reconcile::preview` (at home)
+//! and `member_pass::member_preview` (in each member).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -74,6 +75,20 @@ pub enum PlanError {
         "the API server did not list {missing} within {seconds} s (the warnings above say why)"
     )]
     CachesNotListed { missing: String, seconds: u64 },
+
+    #[error("its API server did not answer within {seconds} s")]
+    MemberSilent { seconds: u64 },
+
+    #[error("its API server cannot be reached: {0}")]
+    MemberUnreachable(String),
+
+    #[error(
+        "its API server did not list {missing} within {seconds} s (the warnings above say why)"
+    )]
+    MemberNotListed { missing: String, seconds: u64 },
+
+    #[error("its inventory entry cannot be used: {reason}: {message}")]
+    MemberUnusable { reason: String, message: String },
 
     #[error("the sources of these rules were not listed within {seconds} s: {rules}")]
     SourcesNotListed { rules: String, seconds: u64 },
@@ -276,15 +291,59 @@ pub struct RuleVerdict {
     pub message: Option<String>,
 }
 
+/// Whether the plan covers a cluster, and if not, why: a member that
+/// cannot be reached, used or listed is reported, not planned.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClusterVerdict {
+    pub cluster: String,
+    pub planned: bool,
+    /// Why it could not be planned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl ClusterVerdict {
+    pub fn planned(cluster: &str) -> Self {
+        Self {
+            cluster: cluster.to_owned(),
+            planned: true,
+            message: None,
+        }
+    }
+
+    pub fn not_planned(cluster: &str, why: String) -> Self {
+        Self {
+            cluster: cluster.to_owned(),
+            planned: false,
+            message: Some(why),
+        }
+    }
+}
+
 /// What `copyrator plan` found, printed as text or JSON.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Report {
+    /// The home cluster's name (`--cluster-name`): its entries come first.
+    #[serde(skip)]
+    pub home_cluster: String,
     pub changes: Vec<PlannedChange>,
     pub skipped: Vec<Skip>,
     pub rules: Vec<RuleVerdict>,
+    /// Each cluster the plan covers, home first, when it covers member
+    /// clusters (`--member-clusters`); empty, and left out, otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<ClusterVerdict>,
 }
 
 impl Report {
+    /// An empty report of the home cluster named `home_cluster`.
+    pub fn new(home_cluster: &str) -> Self {
+        Self {
+            home_cluster: home_cluster.to_owned(),
+            ..Self::default()
+        }
+    }
+
     /// Take a rule's preview (one that is no longer waiting for its sources).
     pub fn add(&mut self, rule: &RuleKey, preview: Preview) {
         let (valid, reason, message) = match preview {
@@ -304,19 +363,28 @@ impl Report {
         });
     }
 
-    /// The same report in a stable order.
+    /// The same report in a stable order: the home cluster first, then the
+    /// members by name; within a cluster, by rule, kind, namespace, name.
     pub fn sorted(mut self) -> Self {
-        self.changes.sort_by(|a, b| a.order().cmp(&b.order()));
+        let home = std::mem::take(&mut self.home_cluster);
+        let away = |cluster: &str| cluster != home;
+        self.changes
+            .sort_by(|a, b| (away(&a.cluster), a.order()).cmp(&(away(&b.cluster), b.order())));
         self.changes.dedup();
-        self.skipped.sort_by(|a, b| a.order().cmp(&b.order()));
+        self.skipped
+            .sort_by(|a, b| (away(&a.cluster), a.order()).cmp(&(away(&b.cluster), b.order())));
         self.skipped.dedup();
         self.rules.sort_by(|a, b| a.rule.cmp(&b.rule));
+        self.clusters
+            .sort_by(|a, b| (away(&a.cluster), &a.cluster).cmp(&(away(&b.cluster), &b.cluster)));
+        self.home_cluster = home;
         self
     }
 
-    /// 1 when a rule is refused, else 2 when something would change, else 0.
+    /// 1 when a rule is refused or a member cluster could not be planned,
+    /// else 2 when something would change, else 0.
     pub fn exit_code(&self) -> u8 {
-        if self.rules.iter().any(|r| !r.valid) {
+        if self.rules.iter().any(|r| !r.valid) || self.clusters.iter().any(|c| !c.planned) {
             EXIT_FAILED
         } else if self.changes.is_empty() {
             EXIT_NO_CHANGES
@@ -325,14 +393,29 @@ impl Report {
         }
     }
 
-    /// A line per change, then a line per skip, then `no changes` when
-    /// nothing would change.
+    /// A line per change, then a line per skip, then a line per cluster
+    /// not planned, then `no changes` when nothing would change. Where the
+    /// plan covers member clusters, each line starts with its cluster's
+    /// name (`a: create ...`).
     pub fn text(&self) -> String {
         let mut out = String::new();
+        let named = !self.clusters.is_empty();
+        let cluster = |name: &str| {
+            if named {
+                format!("{name}: ")
+            } else {
+                String::new()
+            }
+        };
         for change in &self.changes {
             out.push_str(&format!(
-                "{} {} {}/{} (rule {}",
-                change.action, change.kind, change.namespace, change.name, change.rule
+                "{}{} {} {}/{} (rule {}",
+                cluster(&change.cluster),
+                change.action,
+                change.kind,
+                change.namespace,
+                change.name,
+                change.rule
             ));
             if let Some(source) = &change.source {
                 out.push_str(&format!(", source {source}"));
@@ -345,12 +428,26 @@ impl Report {
                 None => skip.name.clone(),
             };
             out.push_str(&format!(
-                "skip {} {place} (rule {}): {}\n",
-                skip.kind, skip.rule, skip.reason
+                "{}skip {} {place} (rule {}): {}\n",
+                cluster(&skip.cluster),
+                skip.kind,
+                skip.rule,
+                skip.reason
             ));
         }
-        if self.changes.is_empty() {
-            out.push_str("no changes\n");
+        let not_planned: Vec<&ClusterVerdict> =
+            self.clusters.iter().filter(|c| !c.planned).collect();
+        for verdict in &not_planned {
+            out.push_str(&format!(
+                "{}not planned: {}\n",
+                cluster(&verdict.cluster),
+                verdict.message.as_deref().unwrap_or_default()
+            ));
+        }
+        match (self.changes.is_empty(), not_planned.is_empty()) {
+            (true, true) => out.push_str("no changes\n"),
+            (true, false) => out.push_str("no changes in the clusters planned\n"),
+            (false, _) => {}
         }
         out
     }
@@ -363,20 +460,25 @@ impl Report {
     }
 
     /// A line per refused rule, for standard error: its status's reason
-    /// and message, word for word.
+    /// and message, word for word; and a line per member cluster that
+    /// could not be planned, with why.
     pub fn refusals(&self) -> Vec<String> {
-        self.rules
-            .iter()
-            .filter(|r| !r.valid)
-            .map(|r| {
-                format!(
-                    "rule {} is refused: {}: {}",
-                    r.rule,
-                    r.reason.as_deref().unwrap_or_default(),
-                    r.message.as_deref().unwrap_or_default()
-                )
-            })
-            .collect()
+        let rules = self.rules.iter().filter(|r| !r.valid).map(|r| {
+            format!(
+                "rule {} is refused: {}: {}",
+                r.rule,
+                r.reason.as_deref().unwrap_or_default(),
+                r.message.as_deref().unwrap_or_default()
+            )
+        });
+        let clusters = self.clusters.iter().filter(|c| !c.planned).map(|c| {
+            format!(
+                "member cluster {} could not be planned: {}",
+                c.cluster,
+                c.message.as_deref().unwrap_or_default()
+            )
+        });
+        rules.chain(clusters).collect()
     }
 }
 
@@ -619,15 +721,17 @@ items:
             Preview::Planned {
                 changes: vec![
                     PlannedChange::of(
+                        "home",
                         "ops/r",
                         Kind::Secret,
                         &delete("t2", "pull", Some("ops/pull")),
                     ),
-                    PlannedChange::of("ops/r", Kind::Secret, &delete("t1", "old", None)),
+                    PlannedChange::of("home", "ops/r", Kind::Secret, &delete("t1", "old", None)),
                 ],
                 skipped: vec![
-                    Skip::namespace(&rule, "kube-system", Exclusion::Protected),
+                    Skip::namespace("home", &rule, "kube-system", Exclusion::Protected),
                     Skip::copy(
+                        "home",
                         "ops/r",
                         Kind::Secret,
                         &ConflictEntry {
@@ -669,7 +773,12 @@ items:
             &rule,
             Preview::Planned {
                 changes: Vec::new(),
-                skipped: vec![Skip::namespace(&rule, "kube-public", Exclusion::Protected)],
+                skipped: vec![Skip::namespace(
+                    "home",
+                    &rule,
+                    "kube-public",
+                    Exclusion::Protected,
+                )],
             },
         );
         assert_eq!(report.exit_code(), EXIT_NO_CHANGES);
@@ -684,12 +793,12 @@ items:
             serde_json::from_str(&report.json().expect("renders")).expect("one JSON document");
         assert_eq!(
             document["changes"][1],
-            json!({"action": "delete", "kind": "Secret", "namespace": "t2", "name": "pull", "rule": "ops/r", "source": "ops/pull"})
+            json!({"cluster": "home", "action": "delete", "kind": "Secret", "namespace": "t2", "name": "pull", "rule": "ops/r", "source": "ops/pull"})
         );
         assert_eq!(document["changes"][0].get("source"), None);
         assert_eq!(
             document["skipped"][0],
-            json!({"kind": "Namespace", "name": "kube-system", "rule": "ops/r", "reason": "protected: only its exact name in targets.include reaches it"})
+            json!({"cluster": "home", "kind": "Namespace", "name": "kube-system", "rule": "ops/r", "reason": "protected: only its exact name in targets.include reaches it"})
         );
         assert_eq!(
             document["rules"],
@@ -729,6 +838,7 @@ items:
     #[test]
     fn a_change_names_its_target_and_source() {
         let change = PlannedChange::of(
+            "home",
             "ops/r",
             Kind::ConfigMap,
             &delete("t1", "cfg", Some("ops/cfg")),
@@ -736,6 +846,7 @@ items:
         assert_eq!(
             change,
             PlannedChange {
+                cluster: "home".into(),
                 action: "delete",
                 kind: "ConfigMap".into(),
                 namespace: "t1".into(),
@@ -745,6 +856,7 @@ items:
             }
         );
         let skip = Skip::source(
+            "home",
             "ops/r",
             Kind::Secret,
             "ops/token",
@@ -754,11 +866,129 @@ items:
             (skip.namespace.as_deref(), skip.name.as_str()),
             (Some("ops"), "token")
         );
-        let tenant = Skip::namespace(&key("team", "r"), "t9", Exclusion::NotAccepting);
+        let tenant = Skip::namespace("home", &key("team", "r"), "t9", Exclusion::NotAccepting);
         assert!(
             tenant.reason.contains("namespace team"),
             "{}",
             tenant.reason
+        );
+    }
+
+    fn create(cluster: &str, namespace: &str) -> PlannedChange {
+        PlannedChange {
+            cluster: cluster.into(),
+            action: "create",
+            kind: "ConfigMap".into(),
+            namespace: namespace.into(),
+            name: "cfg".into(),
+            rule: "ops/r".into(),
+            source: Some("ops/cfg".into()),
+        }
+    }
+
+    /// A plan of one rule at home ("main") and in members a and b, member
+    /// c not planned; entries given out of order.
+    fn with_members() -> Report {
+        let rule = key("ops", "r");
+        let mut report = Report::new("main");
+        report.add(
+            &rule,
+            Preview::Planned {
+                changes: vec![
+                    create("b", "t1"),
+                    create("main", "t2"),
+                    create("a", "t1"),
+                    create("main", "t1"),
+                ],
+                skipped: vec![
+                    Skip::namespace("b", &rule, "kube-system", Exclusion::Protected),
+                    Skip::namespace("main", &rule, "kube-system", Exclusion::Protected),
+                ],
+            },
+        );
+        report.clusters = vec![
+            ClusterVerdict::planned("b"),
+            ClusterVerdict::not_planned("c", "its API server did not answer within 10 s".into()),
+            ClusterVerdict::planned("a"),
+            ClusterVerdict::planned("main"),
+        ];
+        report.sorted()
+    }
+
+    #[test]
+    fn with_members_each_line_names_its_cluster_home_first_then_members_by_name() {
+        let report = with_members();
+        assert_eq!(
+            report.text(),
+            "main: create ConfigMap t1/cfg (rule ops/r, source ops/cfg)\n\
+             main: create ConfigMap t2/cfg (rule ops/r, source ops/cfg)\n\
+             a: create ConfigMap t1/cfg (rule ops/r, source ops/cfg)\n\
+             b: create ConfigMap t1/cfg (rule ops/r, source ops/cfg)\n\
+             main: skip Namespace kube-system (rule ops/r): protected: only its exact name in targets.include reaches it\n\
+             b: skip Namespace kube-system (rule ops/r): protected: only its exact name in targets.include reaches it\n\
+             c: not planned: its API server did not answer within 10 s\n"
+        );
+        let clusters: Vec<&str> = report.clusters.iter().map(|c| c.cluster.as_str()).collect();
+        assert_eq!(clusters, ["main", "a", "b", "c"]);
+        let mut shuffled = report.clone();
+        shuffled.changes.reverse();
+        shuffled.skipped.reverse();
+        shuffled.clusters.reverse();
+        assert_eq!(shuffled.sorted(), report);
+    }
+
+    #[test]
+    fn with_members_json_names_the_cluster_of_each_entry_and_lists_the_clusters() {
+        let document: Value = serde_json::from_str(&with_members().json().expect("renders"))
+            .expect("one JSON document");
+        let clusters: Vec<&str> = document["changes"]
+            .as_array()
+            .expect("changes")
+            .iter()
+            .map(|c| c["cluster"].as_str().expect("a cluster on each change"))
+            .collect();
+        assert_eq!(clusters, ["main", "main", "a", "b"]);
+        assert_eq!(document["skipped"][1]["cluster"], "b");
+        assert_eq!(
+            document["clusters"],
+            json!([
+                {"cluster": "main", "planned": true},
+                {"cluster": "a", "planned": true},
+                {"cluster": "b", "planned": true},
+                {"cluster": "c", "planned": false, "message": "its API server did not answer within 10 s"}
+            ])
+        );
+        assert_eq!(document.get("home_cluster"), None);
+        // Without members the clusters are left out, and each entry still
+        // names its cluster.
+        let home_only: Value =
+            serde_json::from_str(&sample().json().expect("renders")).expect("one JSON document");
+        assert_eq!(home_only.get("clusters"), None);
+        assert_eq!(home_only["changes"][0]["cluster"], "home");
+    }
+
+    #[test]
+    fn a_member_not_planned_fails_the_plan_and_says_why() {
+        let report = with_members();
+        assert_eq!(report.exit_code(), EXIT_FAILED, "changes, but c unplanned");
+        assert_eq!(
+            report.refusals(),
+            ["member cluster c could not be planned: its API server did not answer within 10 s"]
+        );
+        let mut all_planned = report.clone();
+        all_planned.clusters.retain(|c| c.planned);
+        assert_eq!(all_planned.exit_code(), EXIT_CHANGES);
+        assert!(all_planned.refusals().is_empty());
+        all_planned.changes.clear();
+        assert_eq!(all_planned.exit_code(), EXIT_NO_CHANGES);
+        assert_eq!(all_planned.text().lines().last(), Some("no changes"));
+
+        let mut nothing_but_c = report;
+        nothing_but_c.changes.clear();
+        assert_eq!(nothing_but_c.exit_code(), EXIT_FAILED);
+        assert_eq!(
+            nothing_but_c.text().lines().last(),
+            Some("no changes in the clusters planned")
         );
     }
 }

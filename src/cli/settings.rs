@@ -131,6 +131,7 @@ pub struct Settings {
     /// Keep copies in member clusters: read the inventory (cluster Secrets
     /// and ClusterProfiles) in the operator's namespace. Off, a rule that
     /// targets members is `Ready=False`, reason `MemberClustersDisabled`.
+    /// With `plan`, plan each member too.
     #[arg(long, env = "MEMBER_CLUSTERS", default_value_t = false, global = true)]
     pub member_clusters: bool,
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, DynamicObject};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::events::EventType;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -29,6 +29,7 @@ use crate::controller::members::{Member, Reach, UnusableMember};
 use crate::controller::site::{Site, SiteName};
 use crate::controller::state::Shared;
 use crate::core::scope::Touch;
+use crate::error::Error;
 use crate::ops::http::Health;
 use crate::ops::metrics::ClusterMetrics;
 use crate::sync::{lock, read, write};
@@ -72,6 +73,29 @@ fn member_limits(limits: Limits) -> Limits {
 
 /// Start a member: its site, watches, workers and probe.
 pub fn start_member(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Member>, String> {
+    let name = start.name.clone();
+    let member = member_views(shared, start)?;
+    let site = member.site.clone();
+    let mut tasks = lock(&member.tasks);
+    tasks.push(tokio::spawn(crate::controller::workers::run_site_workers(
+        shared.clone(),
+        site,
+        WORKERS_PER_MEMBER,
+        shared.stopping(),
+    )));
+    tasks.push(tokio::spawn(probe(
+        Arc::downgrade(shared),
+        Arc::downgrade(&member),
+    )));
+    drop(tasks);
+    info!(member = name.as_str(), "member cluster started");
+    Ok(member)
+}
+
+/// A member with its site and the watches that fill its views (its
+/// namespaces and the copies there), and nothing that works on them:
+/// `copyrator plan` reads these views and writes nothing.
+pub fn member_views(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Member>, String> {
     let limits = member_limits(shared.options.limits);
     let clients = clients_with_deadlines(
         start.config,
@@ -128,18 +152,7 @@ pub fn start_member(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Memb
         site.cluster.views.synced.set_copies_of(kind, true);
     }
     site.cluster.views.synced.set_rules_listed();
-    tasks.push(tokio::spawn(crate::controller::workers::run_site_workers(
-        shared.clone(),
-        site.clone(),
-        WORKERS_PER_MEMBER,
-        shared.stopping(),
-    )));
-    tasks.push(tokio::spawn(probe(
-        Arc::downgrade(shared),
-        Arc::downgrade(&member),
-    )));
     *lock(&member.tasks) = tasks;
-    info!(member = start.name.as_str(), "member cluster started");
     Ok(member)
 }
 
@@ -415,12 +428,20 @@ async fn watch_profiles(shared: Arc<Shared>, inventory: Arc<Inventory>, health: 
     }
 }
 
-/// The members the inventory describes now, by name: cluster Secrets
-/// first, then profiles (a profile of a name a Secret took is left out,
-/// with a warning).
+/// The members the inventory describes now, by name (see [`members_in`]).
 async fn read_inventory(inventory: &Inventory) -> BTreeMap<String, MemberAccess> {
     let secrets = lock(&inventory.secrets).clone();
     let profiles = lock(&inventory.profiles).clone();
+    members_in(&secrets, &profiles).await
+}
+
+/// The members that the operator namespace's Secrets and ClusterProfiles
+/// describe, by name: cluster Secrets first, then profiles (a profile of a
+/// name a Secret took is left out, with a warning).
+async fn members_in(
+    secrets: &BTreeMap<String, Secret>,
+    profiles: &BTreeMap<String, DynamicObject>,
+) -> BTreeMap<String, MemberAccess> {
     let mut wanted = BTreeMap::new();
     for secret in secrets.values() {
         if let Some(access) = inventory::from_cluster_secret(secret).await {
@@ -440,6 +461,62 @@ async fn read_inventory(inventory: &Inventory) -> BTreeMap<String, MemberAccess>
         wanted.insert(access.name.clone(), access);
     }
     wanted
+}
+
+/// The inventory as it is now, read once (for `copyrator plan`, which
+/// follows nothing): the members it describes, by name. Where the
+/// ClusterProfile resource is not served, there are no profiles.
+pub async fn list_inventory(shared: &Shared) -> Result<BTreeMap<String, MemberAccess>, Error> {
+    let namespace = &shared.trust.operator_namespace;
+    let client = shared.home.cluster.client.clone();
+    let lookup = |what: &str| {
+        let what = format!("the {what} of the member clusters' inventory in namespace {namespace}");
+        move |source| Error::Lookup { what, source }
+    };
+    let secrets: BTreeMap<String, Secret> = Api::<Secret>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .map_err(lookup("Secrets"))?
+        .items
+        .into_iter()
+        .map(|secret| (secret.name_any(), secret))
+        .collect();
+    let profiles_api: Api<DynamicObject> =
+        Api::namespaced_with(client, namespace, &inventory::cluster_profile_resource());
+    let profiles = match profiles_api.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .map(|profile| (profile.name_any(), profile))
+            .collect(),
+        Err(kube::Error::Api(status)) if status.code == 404 => BTreeMap::new(),
+        Err(source) => return Err(lookup("ClusterProfiles")(source)),
+    };
+    Ok(members_in(&secrets, &profiles).await)
+}
+
+/// How an entry of the inventory can be started, or the reason and message
+/// that say why it cannot be used.
+pub fn member_start(
+    shared: &Shared,
+    access: &MemberAccess,
+) -> Result<MemberStart, (&'static str, String)> {
+    let name = &access.name;
+    if *name == shared.options.cluster_name {
+        return Err((
+            "NameInvalid",
+            format!("{name:?} is this cluster's own name (--cluster-name)"),
+        ));
+    }
+    match &access.config {
+        Ok(config) => Ok(MemberStart {
+            name: name.clone(),
+            labels: access.labels.clone(),
+            fingerprint: access.fingerprint,
+            config: config.clone(),
+        }),
+        Err(why) => Err((why.reason, why.message.clone())),
+    }
 }
 
 /// Start, restart or retire members to match the inventory.
@@ -484,20 +561,14 @@ fn take(
     name: &str,
     access: &MemberAccess,
 ) -> Result<(), (&'static str, String)> {
-    if name == shared.options.cluster_name {
-        return Err((
-            "NameInvalid",
-            format!("{name:?} is this cluster's own name (--cluster-name)"),
-        ));
-    }
     let held = shared.members.get(name);
-    let config = match &access.config {
-        Ok(config) => config.clone(),
+    let start = match member_start(shared, access) {
+        Ok(start) => start,
         Err(why) => {
             if held.is_some() {
                 retire(shared, name);
             }
-            return Err((why.reason, why.message.clone()));
+            return Err(why);
         }
     };
     if let Some(member) = &held
@@ -510,12 +581,6 @@ fn take(
         }
         return Ok(());
     }
-    let start = MemberStart {
-        name: name.to_owned(),
-        labels: access.labels.clone(),
-        fingerprint: access.fingerprint,
-        config,
-    };
     let member = start_member(shared, start).map_err(|message| ("ClientInvalid", message))?;
     if held.is_some() {
         info!(

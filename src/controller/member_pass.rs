@@ -4,6 +4,8 @@
 //! selects the member (or is deleted, or the member leaves the
 //! inventory), the deletion of its copies there. What the pass found is
 //! the member's report, which the rule's status at home lists.
+//! [`member_preview`] decides the same way for `copyrator plan`, and
+//! writes nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,9 +18,11 @@ use crate::cluster::sources::Sources;
 use crate::cluster::writer::Outcome;
 use crate::controller::finalizer::delete_all;
 use crate::controller::members::{Member, MemberReport};
-use crate::controller::reconcile::{carry_out, retry_note, sources_of};
+use crate::controller::reconcile::{carry_out, preview_plan, retry_note, sources_of};
+use crate::controller::site::Site;
 use crate::controller::state::Shared;
 use crate::core::plan::{self, Action};
+use crate::core::preview::{PlannedChange, Preview, Skip};
 use crate::core::resolve::ResolvedRule;
 use crate::core::scope::{Scope, Touch};
 use crate::sync::{lock, read, write};
@@ -50,49 +54,29 @@ pub async fn member_pass(
         tell(shared, member, key, None);
         return Ok(None);
     };
-    let resolved = if rule.is_deleting() {
-        None
-    } else {
-        match rule.resolve(&shared.trust) {
-            Ok(resolved) => Some(resolved),
-            // An invalid rule changes nothing, here as at home.
-            Err(_) => return Ok(None),
+    let resolved = match asks_of(shared, member, &rule) {
+        Asks::Nothing => return Ok(None),
+        Asks::Withdraw { prune } => return withdraw(shared, member, &rule, prune).await,
+        Asks::KindNotCopied(message) => {
+            let problem = ("KindNotCopiedToMembers".to_owned(), message);
+            tell(
+                shared,
+                member,
+                key,
+                Some(MemberReport {
+                    problem: Some(problem),
+                    ..MemberReport::default()
+                }),
+            );
+            return Ok(None);
         }
+        Asks::Copies(resolved) => resolved,
     };
-    let selected = resolved.as_ref().filter(|resolved| {
-        !member.is_leaving()
-            && resolved
-                .clusters
-                .selects(member.name(), &read(&member.labels))
-    });
-    let Some(resolved) = selected else {
-        let prune = resolved.as_ref().is_none_or(|r| r.prune) || member.is_leaving();
-        return withdraw(shared, member, &rule, prune).await;
-    };
-    if resolved.kind.info().generic {
-        let problem = (
-            "KindNotCopiedToMembers".to_owned(),
-            format!(
-                "member clusters receive ConfigMaps and Secrets; this rule copies {}",
-                resolved.kind.info().rule_type
-            ),
-        );
-        tell(
-            shared,
-            member,
-            key,
-            Some(MemberReport {
-                problem: Some(problem),
-                ..MemberReport::default()
-            }),
-        );
-        return Ok(None);
-    }
-    let Sources::Listed(sources) = sources_of(shared, resolved) else {
+    let Sources::Listed(sources) = sources_of(shared, &resolved) else {
         site.queue.carry(key, scope);
         return Ok(Some(WAIT_AGAIN));
     };
-    let here = in_member(resolved, &shared.options.cluster_name);
+    let here = in_member(&resolved, &shared.options.cluster_name);
     let pass = carry_out(shared, site, &rule, &here, &sources, scope).await;
     let failing = pass.failing().count();
     let problem = pass.failing().next().map(|(what, failure)| {
@@ -115,6 +99,95 @@ pub async fn member_pass(
     Ok(pass
         .retry_at
         .map(|at| at.saturating_duration_since(Instant::now())))
+}
+
+/// What a rule asks of a member, as its passes there and its preview
+/// (`copyrator plan`) both decide it.
+enum Asks {
+    /// Invalid: it changes nothing, here as at home.
+    Nothing,
+    /// Deleted, or its targets do not select the member (or the member
+    /// left the inventory): its copies there go, unless `prune` is off.
+    Withdraw { prune: bool },
+    /// The member is selected, but the rule copies a kind members do not
+    /// receive: why.
+    KindNotCopied(String),
+    /// Copies there, as the rule resolves.
+    Copies(Box<ResolvedRule>),
+}
+
+fn asks_of(shared: &Shared, member: &Member, rule: &CopyratorRule) -> Asks {
+    let resolved = if rule.is_deleting() {
+        None
+    } else {
+        match rule.resolve(&shared.trust) {
+            Ok(resolved) => Some(resolved),
+            Err(_) => return Asks::Nothing,
+        }
+    };
+    let selected = !member.is_leaving()
+        && resolved.as_ref().is_some_and(|resolved| {
+            resolved
+                .clusters
+                .selects(member.name(), &read(&member.labels))
+        });
+    match resolved {
+        Some(resolved) if selected => {
+            if resolved.kind.info().generic {
+                Asks::KindNotCopied(format!(
+                    "member clusters receive ConfigMaps and Secrets; this rule copies {}",
+                    resolved.kind.info().rule_type
+                ))
+            } else {
+                Asks::Copies(Box::new(resolved))
+            }
+        }
+        resolved => Asks::Withdraw {
+            prune: resolved.is_none_or(|r| r.prune) || member.is_leaving(),
+        },
+    }
+}
+
+/// What a pass over `rule` would write and leave out now in `member`, for
+/// `copyrator plan`: the plan of a pass there (or of its withdrawal), from
+/// the member's views and the home cluster's sources. Writes nothing.
+pub async fn member_preview(
+    shared: &Arc<Shared>,
+    member: &Member,
+    rule: &CopyratorRule,
+) -> Result<Preview, Error> {
+    let site = &member.site;
+    let cluster = member.name();
+    let rule_name = rule.key().to_string();
+    let mut changes = Vec::new();
+    let mut skipped = Vec::new();
+    match asks_of(shared, member, rule) {
+        Asks::Nothing | Asks::Withdraw { prune: false } => {}
+        Asks::Withdraw { prune: true } => {
+            let uid = rule.uid().unwrap_or_default();
+            for kind in Kind::all() {
+                for action in withdrawals(site, uid, kind) {
+                    changes.push(PlannedChange::of(cluster, &rule_name, kind, &action));
+                }
+            }
+        }
+        Asks::KindNotCopied(why) => skipped.push(Skip::member(cluster, &rule_name, &why)),
+        Asks::Copies(resolved) => {
+            let Sources::Listed(sources) = sources_of(shared, &resolved) else {
+                return Ok(Preview::WaitingForSources);
+            };
+            let here = in_member(&resolved, &shared.options.cluster_name);
+            return preview_plan(shared, site, &here, &sources).await;
+        }
+    }
+    Ok(Preview::Planned { changes, skipped })
+}
+
+/// The deletions of the copies of `kind` that the rule of `uid` holds in a
+/// site it withdraws from (those handed over stay).
+fn withdrawals(site: &Site, uid: &str, kind: Kind) -> Vec<Action> {
+    let namespaces = read(&site.cluster.views.namespaces);
+    plan::cleanup(uid, &namespaces, &read(site.cluster.views.copies(kind)))
 }
 
 /// The rule as a member's pass follows it: every target is in the member
@@ -158,10 +231,7 @@ async fn withdraw(
     let mut retry = false;
     if prune {
         for kind in Kind::all() {
-            let actions = {
-                let namespaces = read(&site.cluster.views.namespaces);
-                plan::cleanup(&uid, &namespaces, &read(site.cluster.views.copies(kind)))
-            };
+            let actions = withdrawals(site, &uid, kind);
             for (action, outcome) in delete_all(site, kind, actions, &key.to_string()).await {
                 let (namespace, name) = action.target();
                 match outcome {

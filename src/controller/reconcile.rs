@@ -397,11 +397,12 @@ pub(crate) fn sources_of(shared: &Shared, resolved: &ResolvedRule) -> Sources {
 /// Name lookups in flight at once while a preview checks its creates.
 const LOOKUPS_IN_FLIGHT: usize = 8;
 
-/// What a pass over `rule` would write and leave out now, for `copyrator
-/// plan`: computed from the views as a pass over everything computes it,
-/// each create checked against whatever may already hold its name (the
-/// copy cache holds copies only), a refusal as the rule's status would
-/// word it. Writes nothing, not even the rule's memory.
+/// What a pass over `rule` would write and leave out now in the home
+/// cluster, for `copyrator plan`: computed from the views as a pass over
+/// everything computes it, each create checked against whatever may
+/// already hold its name (the copy cache holds copies only), a refusal as
+/// the rule's status would word it. Writes nothing, not even the rule's
+/// memory. What it would do in members is `member_pass::member_preview`'s.
 pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Preview, Error> {
     let uid = rule.uid().unwrap_or_default();
     match prepare(shared, rule, false).await? {
@@ -422,7 +423,7 @@ pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Previ
         Prepared::Resolved {
             sources: Sources::Listed(sources),
             resolved,
-        } => preview_plan(shared, &resolved, &sources).await,
+        } => preview_plan(shared, &shared.home, &resolved, &sources).await,
         Prepared::Resolved { .. } => Ok(Preview::WaitingForSources),
     }
 }
@@ -431,12 +432,13 @@ pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Previ
 /// left to the collection of orphans; with it, its copies are deleted.
 fn preview_deletion(shared: &Shared, rule: &CopyratorRule, uid: &str) -> Preview {
     let rule_name = rule.key().to_string();
+    let cluster = shared.cluster_name(&shared.home.name);
     let mut changes = Vec::new();
     if rule.has_finalizer() {
         let namespaces = read(&shared.home.cluster.views.namespaces);
         for kind in Kind::all() {
             for action in plan::cleanup(uid, &namespaces, &read(shared.copies(kind))) {
-                changes.push(PlannedChange::of(&rule_name, kind, &action));
+                changes.push(PlannedChange::of(cluster, &rule_name, kind, &action));
             }
         }
     }
@@ -446,26 +448,28 @@ fn preview_deletion(shared: &Shared, rule: &CopyratorRule, uid: &str) -> Preview
     }
 }
 
-/// The plan of a pass over everything, as a preview: what it would write
-/// and what it would leave out.
-async fn preview_plan(
+/// The plan of a pass over everything in `site`, as a preview: what it
+/// would write and what it would leave out there.
+pub(crate) async fn preview_plan(
     shared: &Arc<Shared>,
+    site: &Site,
     resolved: &ResolvedRule,
     sources: &[Arc<Object>],
 ) -> Result<Preview, Error> {
     let key = &resolved.key;
     let rule_name = key.to_string();
+    let cluster = shared.cluster_name(&site.name);
     // A fresh process knows no conflict yet: the lookup below finds them.
     let (mut plan, other_kind_deletions) = plan_pass(
         shared,
-        &shared.home,
+        site,
         resolved,
         sources,
         &Scope::everything(),
         &HashMap::new(),
     );
     let actions = take_over_or_skip(
-        shared,
+        site,
         resolved,
         std::mem::take(&mut plan.actions),
         &mut plan.conflicts,
@@ -475,23 +479,23 @@ async fn preview_plan(
         .iter()
         .map(|action| (resolved.kind, action))
         .chain(other_kind_deletions.iter().map(|(kind, a)| (*kind, a)))
-        .map(|(kind, action)| PlannedChange::of(&rule_name, kind, action))
+        .map(|(kind, action)| PlannedChange::of(cluster, &rule_name, kind, action))
         .collect();
     let mut skipped: Vec<Skip> = plan
         .conflicts
         .iter()
         .chain(&plan.shadowed)
-        .map(|conflict| Skip::copy(&rule_name, resolved.kind, conflict))
+        .map(|conflict| Skip::copy(cluster, &rule_name, resolved.kind, conflict))
         .chain(
             plan.refused_sources
                 .iter()
-                .map(|(source, why)| Skip::source(&rule_name, resolved.kind, source, why)),
+                .map(|(source, why)| Skip::source(cluster, &rule_name, resolved.kind, source, why)),
         )
         .collect();
     skipped.extend(
-        plan::left_out_namespaces(resolved, &read(&shared.home.cluster.views.namespaces))
+        plan::left_out_namespaces(resolved, &read(&site.cluster.views.namespaces))
             .into_iter()
-            .map(|(namespace, exclusion)| Skip::namespace(key, namespace, exclusion)),
+            .map(|(namespace, exclusion)| Skip::namespace(cluster, key, namespace, exclusion)),
     );
     Ok(Preview::Planned { changes, skipped })
 }
@@ -502,7 +506,7 @@ async fn preview_plan(
 /// (the cache was behind), as [`plan::occupied`] decides. One list per
 /// name, across namespaces, so the cost follows the sources, not the targets.
 async fn take_over_or_skip(
-    shared: &Shared,
+    site: &Site,
     resolved: &ResolvedRule,
     actions: Vec<Action>,
     conflicts: &mut Vec<ConflictEntry>,
@@ -518,8 +522,7 @@ async fn take_over_or_skip(
         return Ok(actions);
     }
     let kind = resolved.kind;
-    let api: Api<DynamicObject> =
-        Api::all_with(shared.home.cluster.client.clone(), &kind.api_resource());
+    let api: Api<DynamicObject> = Api::all_with(site.cluster.client.clone(), &kind.api_resource());
     let mut lists = futures::stream::iter(names)
         .map(|name| {
             let api = api.clone();

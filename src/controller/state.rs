@@ -253,6 +253,12 @@ impl Shared {
         }
     }
 
+    /// A site's name as copies and `copyrator plan` name it: the home
+    /// cluster's `--cluster-name`, or the member's name in the inventory.
+    pub fn cluster_name<'a>(&'a self, site: &'a SiteName) -> &'a str {
+        site.member().unwrap_or(&self.options.cluster_name)
+    }
+
     /// Queue a rule's pass at home, and in every member where it has one.
     pub fn queue_everywhere(&self, key: &RuleKey, touch: Touch) {
         self.home.queue.add(key.clone(), touch.clone());

@@ -1,5 +1,6 @@
 //! What a pass over one rule would do now, as `copyrator plan` reports it:
-//! the writes it would make and what it would leave out, and why.
+//! the writes it would make and what it would leave out, and why, each in
+//! the cluster it concerns (the home cluster or a member).
 
 use serde::Serialize;
 
@@ -10,6 +11,9 @@ use crate::core::plan::{Action, Exclusion};
 /// One write a pass would make.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PlannedChange {
+    /// The cluster written: the home cluster's name (`--cluster-name`) or
+    /// a member's name in the inventory.
+    pub cluster: String,
     /// `create`, `update`, `recreate` or `delete`.
     pub action: &'static str,
     pub kind: String,
@@ -23,10 +27,11 @@ pub struct PlannedChange {
 }
 
 impl PlannedChange {
-    pub fn of(rule: &str, kind: Kind, action: &Action) -> Self {
+    pub fn of(cluster: &str, rule: &str, kind: Kind, action: &Action) -> Self {
         let (namespace, name) = action.target();
         let source = action.source();
         Self {
+            cluster: cluster.to_owned(),
             action: action.verb(),
             kind: kind.to_string(),
             namespace: namespace.to_owned(),
@@ -36,8 +41,9 @@ impl PlannedChange {
         }
     }
 
-    pub fn order(&self) -> (&str, &str, &str, &str, &str) {
+    pub fn order(&self) -> (&str, &str, &str, &str, &str, &str) {
         (
+            &self.cluster,
             &self.rule,
             &self.kind,
             &self.namespace,
@@ -50,6 +56,8 @@ impl PlannedChange {
 /// Something a pass would leave out, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Skip {
+    /// The cluster it concerns, as in [`PlannedChange::cluster`].
+    pub cluster: String,
     /// The kind copied, or `Namespace` for a target namespace left out.
     pub kind: String,
     /// Absent for a namespace.
@@ -63,8 +71,9 @@ pub struct Skip {
 impl Skip {
     /// A copy not written: another object holds its name, or another
     /// source of the name wins.
-    pub fn copy(rule: &str, kind: Kind, conflict: &ConflictEntry) -> Self {
+    pub fn copy(cluster: &str, rule: &str, kind: Kind, conflict: &ConflictEntry) -> Self {
         Self {
+            cluster: cluster.to_owned(),
             kind: kind.to_string(),
             namespace: Some(conflict.namespace.clone()),
             name: conflict.name.clone(),
@@ -74,9 +83,10 @@ impl Skip {
     }
 
     /// A source not copied for its type; `source` is `namespace/name`.
-    pub fn source(rule: &str, kind: Kind, source: &str, why: &str) -> Self {
+    pub fn source(cluster: &str, rule: &str, kind: Kind, source: &str, why: &str) -> Self {
         let (namespace, name) = source.split_once('/').unwrap_or(("", source));
         Self {
+            cluster: cluster.to_owned(),
             kind: kind.to_string(),
             namespace: Some(namespace.to_owned()),
             name: name.to_owned(),
@@ -86,7 +96,7 @@ impl Skip {
     }
 
     /// A namespace the rule's targets match that receives nothing.
-    pub fn namespace(rule: &RuleKey, namespace: &str, exclusion: Exclusion) -> Self {
+    pub fn namespace(cluster: &str, rule: &RuleKey, namespace: &str, exclusion: Exclusion) -> Self {
         let reason = match exclusion {
             Exclusion::Protected => {
                 "protected: only its exact name in targets.include reaches it".to_owned()
@@ -98,6 +108,7 @@ impl Skip {
             ),
         };
         Self {
+            cluster: cluster.to_owned(),
             kind: "Namespace".into(),
             namespace: None,
             name: namespace.to_owned(),
@@ -106,8 +117,22 @@ impl Skip {
         }
     }
 
-    pub fn order(&self) -> (&str, &str, &str, &str, &str) {
+    /// A member the rule selects that cannot hold its copies: members
+    /// receive ConfigMaps and Secrets only.
+    pub fn member(cluster: &str, rule: &str, why: &str) -> Self {
+        Self {
+            cluster: cluster.to_owned(),
+            kind: "Cluster".into(),
+            namespace: None,
+            name: cluster.to_owned(),
+            rule: rule.to_owned(),
+            reason: why.to_owned(),
+        }
+    }
+
+    pub fn order(&self) -> (&str, &str, &str, &str, &str, &str) {
         (
+            &self.cluster,
             &self.rule,
             &self.kind,
             self.namespace.as_deref().unwrap_or_default(),
