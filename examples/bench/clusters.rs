@@ -46,6 +46,9 @@ const MEMBER_LABEL: (&str, &str) = ("bench", "member");
 /// The member-side ClusterRole (and its binding) in each member.
 const MEMBER_ROLE: &str = "copyrator-bench-member";
 
+/// An API server's addresses and port.
+type Endpoints = HashSet<(IpAddr, u16)>;
+
 /// A member control plane as `--members` names it.
 #[derive(Clone, Debug)]
 pub struct MemberArg {
@@ -99,7 +102,7 @@ struct Site {
     /// An admin client of it (the benchmark's own requests).
     client: Client,
     /// Its API server's addresses, to count the operator's connections.
-    endpoints: HashSet<(IpAddr, u16)>,
+    endpoints: Endpoints,
     audit_log: Option<PathBuf>,
     /// The operator's copies there, seen through a watch.
     copies: Arc<Copies>,
@@ -349,7 +352,7 @@ async fn operator_run(
     // The connections to each API server, sampled until the end of idle.
     let sampler = {
         let pid = operator.child.id();
-        let watched: Vec<(HashSet<(IpAddr, u16)>, Arc<AtomicUsize>)> = sites
+        let watched: Vec<(Endpoints, Arc<AtomicUsize>)> = sites
             .iter()
             .map(|s| (s.endpoints.clone(), s.peak.clone()))
             .collect();
