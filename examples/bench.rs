@@ -10,7 +10,12 @@
 //!
 //! At the end a run prints one line `BENCH-RESULT <json>` with its size,
 //! every figure and every verdict, for `hack/bench-matrix`.
+//!
+//! With `--members` (from `hack/bench --clusters C`) it runs the cluster
+//! mode instead: see `bench/clusters.rs`.
 
+#[path = "bench/clusters.rs"]
+mod clusters;
 #[path = "../tests/common/sockets.rs"]
 mod sockets;
 
@@ -67,6 +72,8 @@ struct Args {
     /// A smoke run: too small for its timings to mean anything, so a
     /// missed target is printed but does not fail the run.
     smoke: bool,
+    /// Member control planes: the cluster mode (see `bench/clusters.rs`).
+    members: Vec<clusters::MemberArg>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -82,6 +89,7 @@ fn parse_args() -> Result<Args> {
         concurrency: 16,
         resync_seconds: 15,
         smoke: false,
+        members: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -98,6 +106,7 @@ fn parse_args() -> Result<Args> {
             "--write-concurrency" => args.concurrency = value()?.parse()?,
             "--resync-interval" => args.resync_seconds = value()?.parse()?,
             "--smoke" => args.smoke = true,
+            "--members" => args.members = clusters::parse_members(&value()?)?,
             other => bail!("unknown flag {other}; see hack/bench"),
         }
     }
@@ -106,6 +115,10 @@ fn parse_args() -> Result<Args> {
         "--audit-log is required"
     );
     ensure!(args.rules >= 1, "--rules must be at least 1");
+    ensure!(
+        args.members.is_empty() || args.rules == 1,
+        "--members runs one rule; leave --rules out"
+    );
     Ok(args)
 }
 
@@ -350,7 +363,13 @@ impl Operator {
 
     fn start(args: &Args, kubeconfig: &str, port: u16, run: u32) -> Result<Self> {
         let log = std::fs::File::create(Self::log_path(run))?;
-        let child = Command::new(&args.operator)
+        let mut command = Command::new(&args.operator);
+        if !args.members.is_empty() {
+            // In both of the cluster mode's runs, the one without members
+            // included: they differ by the members alone.
+            command.arg("--member-clusters");
+        }
+        let child = command
             .args([
                 "run",
                 "--namespace",
@@ -643,27 +662,8 @@ fn writes_of(counts: &BTreeMap<String, u64>) -> u64 {
         .sum()
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
-    let args = parse_args()?;
-    let client = Client::try_default()
-        .await
-        .context("connecting to the control plane (KUBECONFIG)")?;
-    let (n, m, r, k) = (
-        args.namespaces,
-        args.sources,
-        args.rules,
-        args.new_namespaces,
-    );
-    let layout = Layout { rules: r };
-    eprintln!(
-        "bench: N={n} namespaces, M={m} sources, R={r} rules, K={k} new namespaces, U={} unrelated ConfigMaps",
-        args.unrelated
-    );
-    let limit = Duration::from_secs(600);
-    let ticks_per_second = clock_ticks()?;
-
-    // Setup: the CRD, namespaces, sources, the rules, the operator's identity.
+/// Installs (or updates) the CopyratorRule CRD as the operator prints it.
+async fn install_crd(args: &Args, client: &Client) -> Result<()> {
     let crd_yaml = Command::new(&args.operator)
         .arg("crd")
         .output()
@@ -687,7 +687,48 @@ async fn main() -> Result<()> {
     )
     .await
     .context("installing the CRD")?;
+    // Let the API server start serving the new resource.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(())
+}
+
+/// The API of the CopyratorRules in the operator's namespace.
+fn rules_api(client: &Client) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        OPERATOR_NS,
+        &ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("flant.com", "v1", "CopyratorRule"),
+            "copyrators",
+        ),
+    )
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = parse_args()?;
+    let client = Client::try_default()
+        .await
+        .context("connecting to the control plane (KUBECONFIG)")?;
+    if !args.members.is_empty() {
+        return clusters::run(args, client).await;
+    }
+    let (n, m, r, k) = (
+        args.namespaces,
+        args.sources,
+        args.rules,
+        args.new_namespaces,
+    );
+    let layout = Layout { rules: r };
+    eprintln!(
+        "bench: N={n} namespaces, M={m} sources, R={r} rules, K={k} new namespaces, U={} unrelated ConfigMaps",
+        args.unrelated
+    );
+    let limit = Duration::from_secs(600);
+    let ticks_per_second = clock_ticks()?;
+
+    // Setup: the CRD, namespaces, sources, the rules, the operator's identity.
+    install_crd(&args, &client).await?;
     for ns in [OPERATOR_NS, UNRELATED_NS] {
         create_namespace(&client, ns).await?;
     }
@@ -722,14 +763,7 @@ async fn main() -> Result<()> {
     .await?;
     let (kubeconfig, server) = operator_kubeconfig(&client).await?;
     let endpoints = api_server_endpoints(&server)?;
-    let rules: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        OPERATOR_NS,
-        &ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk("flant.com", "v1", "CopyratorRule"),
-            "copyrators",
-        ),
-    );
+    let rules = rules_api(&client);
     in_parallel(r, args.concurrency, |rule| {
         let rules = rules.clone();
         let name = layout.rule_name(rule);
