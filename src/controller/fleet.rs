@@ -59,14 +59,16 @@ pub struct MemberStart {
     pub config: kube::Config,
 }
 
-/// A member's share of the operator's limits: a fraction of the writes in
-/// flight and of the request rate, so that members together stay within
-/// what the settings allow per API server.
+/// A member's limits. The request rate is per API server, and a member is
+/// one of its own: it gets the whole `--api-qps` and `--api-burst`. The
+/// writes in flight are connections of this process: a member gets a
+/// quarter of `--write-concurrency` (at least 2), so that many members do
+/// not multiply the operator's sockets.
 fn member_limits(limits: Limits) -> Limits {
     Limits {
         write_concurrency: (limits.write_concurrency / 4).max(2),
-        api_qps: limits.api_qps / 4.0,
-        api_burst: (limits.api_burst / 4).max(1),
+        api_qps: limits.api_qps,
+        api_burst: limits.api_burst,
         max_source_watches: 0,
     }
 }

@@ -136,7 +136,7 @@ impl Default for Metrics {
         let copies_managed = Gauge::default();
         registry.register(
             "copies_managed",
-            "Copies in place across all rules",
+            "Copies in place across all rules in the home cluster",
             copies_managed.clone(),
         );
         let conflicts_skipped = Gauge::default();
