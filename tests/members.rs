@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::members::{Member, OUTAGE, members};
 use common::*;
+use common::prometheus;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -233,6 +234,152 @@ async fn copies_leave_members_that_leave() {
         .await;
     wait_member_gone(&a, &a_t1, "cfg", "the rule was deleted").await;
     t.wait_gone(CM, &home_t1, "cfg", "the rule was deleted")
+        .await;
+}
+
+/// The operator's `copyrator_api_writes_total` for ConfigMaps of `verb`
+/// sent to `cluster`, from its /metrics.
+async fn writes_to(operator: &Operator, cluster: &str, verb: &str) -> Result<f64, String> {
+    let (code, body) = http_get(operator.port, "/metrics").await?;
+    if code != 200 {
+        return Err(format!("GET /metrics answered {code}"));
+    }
+    let mut sum = None;
+    for line in body.lines() {
+        let Some((name, labels, value)) = prometheus::sample(line)? else {
+            continue;
+        };
+        let wanted = [("cluster", cluster), ("verb", verb), ("kind", "ConfigMap")];
+        if name == "copyrator_api_writes_total"
+            && wanted
+                .iter()
+                .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v))
+        {
+            let v: f64 = value.parse().map_err(|e| format!("{line:?}: {e}"))?;
+            sum = Some(sum.unwrap_or(0.0) + v);
+        }
+    }
+    sum.ok_or_else(|| format!("no copyrator_api_writes_total series for cluster {cluster}"))
+}
+
+/// A neighbour in member a rewrites the copy's data every 2 s for a
+/// minute: the operator restores it and then backs off (its updates to a,
+/// counted by the `cluster` label of `copyrator_api_writes_total`, stay
+/// well below the neighbour's 30 changes), b is untouched, and once the
+/// neighbour stops, a's copy is right again.
+#[tokio::test]
+async fn a_copy_contested_in_a_member_is_backed_off_there() {
+    const FIGHT_FOR: Duration = Duration::from_secs(60);
+    const FIGHT_EVERY: Duration = Duration::from_secs(2);
+    /// The backoff allows about 10 restores in the minute (tests/neighbours.rs
+    /// holds the home cluster to 15); without it, every change is one.
+    const MAX_UPDATES: f64 = 15.0;
+    let t = TestNs::new("members-contest").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let [a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let a_t1 = a.ns(&t, "t1").await;
+    let b_t1 = b.ns(&t, "t1").await;
+    t.ns("t1").await;
+    a.register(&t.client, &op, &[]).await;
+    b.register(&t.client, &op, &[]).await;
+    t.create_rule(&op, "r", member_rule(&t, json!({"names": [a.name, b.name]})))
+        .await;
+    let operator = Operator::start(&t, &op, &["--member-clusters"]);
+    t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
+    wait_member_copy(&b, &b_t1, "cfg", &[("k", "v")]).await;
+    let b_before = member_copy(&b, &b_t1, "cfg").await.expect("b's copy");
+    let before = writes_to(&operator, &a.name, "update")
+        .await
+        .expect("the operator's writes to a");
+
+    let neighbour = PatchParams {
+        field_manager: Some("neighbour".into()),
+        ..PatchParams::default()
+    };
+    let copies = Api::<ConfigMap>::namespaced(a.client.clone(), &a_t1);
+    let start = std::time::Instant::now();
+    let mut changes = 0u32;
+    while start.elapsed() < FIGHT_FOR {
+        copies
+            .patch(
+                "cfg",
+                &neighbour,
+                &Patch::Merge(json!({"data": {"k": format!("neighbour-{changes}")}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("the neighbour's change {changes}: {}", err_msg(&e)));
+        changes += 1;
+        tokio::time::sleep(FIGHT_EVERY).await;
+    }
+    let updates = writes_to(&operator, &a.name, "update")
+        .await
+        .expect("the operator's writes to a")
+        - before;
+    let b_updates = writes_to(&operator, &b.name, "update")
+        .await
+        .expect("the operator's writes to b");
+    println!(
+        "the neighbour changed a's copy {changes} times in {FIGHT_FOR:?}; the operator updated it \
+         {updates} times, and b's copy {b_updates} times"
+    );
+    assert!(
+        (1.0..=MAX_UPDATES).contains(&updates),
+        "the operator updated a's contested copy {updates} times for {changes} changes \
+         (between 1 and {MAX_UPDATES})"
+    );
+    assert_eq!(b_updates, 0.0, "b's copy was never changed, nor written");
+    let b_after = member_copy(&b, &b_t1, "cfg").await.expect("b's copy");
+    assert_eq!(
+        b_after.metadata.resource_version, b_before.metadata.resource_version,
+        "b's copy is untouched"
+    );
+    // The neighbour stopped: a's copy is restored within the backoff's
+    // longest wait (5 min).
+    wait_until(
+        "a's copy restored once the neighbour stopped",
+        Duration::from_secs(330),
+        async || match member_copy(&a, &a_t1, "cfg").await?.data {
+            Some(data) if data.get("k").map(String::as_str) == Some("v") => Ok(()),
+            data => Err(format!("data {data:?}")),
+        },
+    )
+    .await;
+}
+
+/// Copies of a rule deleted while no operator ran (its finalizer removed
+/// by hand) are orphans in a member too: the next operator collects them
+/// there, by their rule-UID label, as it does at home.
+#[tokio::test]
+async fn orphans_in_a_member_are_collected() {
+    let t = TestNs::new("members-orphans").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let a = members().await.remove(0);
+    let a_t1 = a.ns(&t, "t1").await;
+    let home_t1 = t.ns("t1").await;
+    a.register(&t.client, &op, &[]).await;
+    t.create_rule(&op, "r", member_rule(&t, json!({"names": [a.name]})))
+        .await;
+    let mut operator = Operator::start(&t, &op, &["--member-clusters"]);
+    let source = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    t.wait_copy(CM, &home_t1, &source, &op, "r").await;
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
+    operator.crash();
+
+    // The rule goes without its finalizer running.
+    t.patch_rule(&op, "r", json!({"metadata": {"finalizers": null}}))
+        .await;
+    t.delete_rule(&op, "r").await;
+    t.wait_rule_gone(&op, "r", "deleted with no finalizer").await;
+    member_copy(&a, &a_t1, "cfg")
+        .await
+        .expect("no operator ran: a's copy is still there");
+
+    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
+    wait_member_gone(&a, &a_t1, "cfg", "its rule is gone: an orphan").await;
+    t.wait_gone(CM, &home_t1, "cfg", "its rule is gone: an orphan")
         .await;
 }
 
