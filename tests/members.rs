@@ -7,8 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::members::{Member, OUTAGE, members};
-use common::*;
 use common::prometheus;
+use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -283,8 +283,12 @@ async fn a_copy_contested_in_a_member_is_backed_off_there() {
     t.ns("t1").await;
     a.register(&t.client, &op, &[]).await;
     b.register(&t.client, &op, &[]).await;
-    t.create_rule(&op, "r", member_rule(&t, json!({"names": [a.name, b.name]})))
-        .await;
+    t.create_rule(
+        &op,
+        "r",
+        member_rule(&t, json!({"names": [a.name, b.name]})),
+    )
+    .await;
     let operator = Operator::start(&t, &op, &["--member-clusters"]);
     t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
     wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
@@ -372,7 +376,8 @@ async fn orphans_in_a_member_are_collected() {
     t.patch_rule(&op, "r", json!({"metadata": {"finalizers": null}}))
         .await;
     t.delete_rule(&op, "r").await;
-    t.wait_rule_gone(&op, "r", "deleted with no finalizer").await;
+    t.wait_rule_gone(&op, "r", "deleted with no finalizer")
+        .await;
     member_copy(&a, &a_t1, "cfg")
         .await
         .expect("no operator ran: a's copy is still there");
@@ -699,23 +704,14 @@ async fn a_cluster_profile_makes_a_member_and_its_token_rotates() {
 /// `(cluster, action, namespace, name)` of each change of a JSON plan, in
 /// its order.
 fn cluster_changes(plan: &PlanOutcome) -> Vec<(String, String, String, String)> {
-    let document = plan.json();
-    let field = |change: &Value, name: &str| {
-        change[name]
-            .as_str()
-            .unwrap_or_else(|| panic!("change {change} has no {name}: {}", plan.stdout))
-            .to_owned()
-    };
-    document["changes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no changes list in {document}"))
+    plan.change_values()
         .iter()
         .map(|c| {
             (
-                field(c, "cluster"),
-                field(c, "action"),
-                field(c, "namespace"),
-                field(c, "name"),
+                change_field(c, "cluster"),
+                change_field(c, "action"),
+                change_field(c, "namespace"),
+                change_field(c, "name"),
             )
         })
         .collect()

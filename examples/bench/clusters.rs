@@ -886,14 +886,5 @@ pub async fn run(args: Args, home: Client) -> Result<()> {
             .collect::<serde_json::Map<String, Value>>(),
         "missed": missed,
     });
-    println!();
-    println!("BENCH-RESULT {result}");
-
-    if missed.is_empty() || args.smoke {
-        Ok(())
-    } else {
-        // A verdict, not a failure of the benchmark itself: no backtrace.
-        eprintln!("bench: targets missed: {}", missed.join(", "));
-        std::process::exit(1)
-    }
+    finish(&result, &missed, args.smoke)
 }

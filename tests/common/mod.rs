@@ -1742,7 +1742,6 @@ impl Operator {
         }
     }
 
-    /// SIGTERM, then SIGKILL after 10 s.
     /// SIGTERM, then SIGKILL after 10 s. Returns how the process ended
     /// (`None` when it had to be killed or was not running).
     pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
@@ -1846,6 +1845,15 @@ pub async fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
 /// caches, the sources), so that its own error is what a test sees.
 pub const PLAN_DEADLINE: Duration = Duration::from_secs(90);
 
+/// A string field of a change of a JSON plan; panics naming the change
+/// when it has none.
+pub fn change_field(change: &Value, field: &str) -> String {
+    change[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("change {change} has no {field}"))
+        .to_owned()
+}
+
 /// What `copyrator plan` printed and how it exited.
 pub struct PlanOutcome {
     pub args: Vec<String>,
@@ -1882,26 +1890,26 @@ impl PlanOutcome {
         })
     }
 
-    /// The document's `changes`, in the order printed.
-    pub fn changes(&self) -> Vec<PlannedChange> {
+    /// The document's `changes` as printed, each a JSON object.
+    pub fn change_values(&self) -> Vec<Value> {
         let document = self.json();
-        let text = |change: &Value, field: &str| {
-            change[field]
-                .as_str()
-                .unwrap_or_else(|| panic!("change {change} has no {field}"))
-                .to_owned()
-        };
         document["changes"]
             .as_array()
             .unwrap_or_else(|| panic!("no changes list in {document}"))
+            .clone()
+    }
+
+    /// The document's `changes`, in the order printed.
+    pub fn changes(&self) -> Vec<PlannedChange> {
+        self.change_values()
             .iter()
             .map(|c| {
                 (
-                    text(c, "action"),
-                    text(c, "kind"),
-                    text(c, "namespace"),
-                    text(c, "name"),
-                    text(c, "rule"),
+                    change_field(c, "action"),
+                    change_field(c, "kind"),
+                    change_field(c, "namespace"),
+                    change_field(c, "name"),
+                    change_field(c, "rule"),
                     c.get("source").and_then(Value::as_str).map(str::to_owned),
                 )
             })
