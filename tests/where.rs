@@ -253,6 +253,19 @@ async fn a_create_only_copy_is_shown_as_such_and_not_stale() {
             "home: {t1}/seed create-only (rule {op}/once)\nConfigMap {source_ref}: 1 places, 1 current, 0 not\n"
         )
     );
+    // Errors exit 1, usage errors too (clap's own 2 would say "not current").
+    let missing = copyrator_where(&[&format!("{op}/nothing"), "--namespace", &op]).await;
+    missing.assert_exit(1);
+    assert!(
+        missing
+            .stderr
+            .contains(&format!("ConfigMap {op}/nothing does not exist")),
+        "{}",
+        missing.stderr
+    );
+    copyrator_where(&["not-a-source"]).await.assert_exit(1);
+    copyrator_where(&[]).await.assert_exit(1);
+    copyrator_where(&["a/b", "-o", "yaml"]).await.assert_exit(1);
 }
 
 #[tokio::test]

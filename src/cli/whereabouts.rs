@@ -507,7 +507,7 @@ async fn bounded_inventory(
 /// (`--cluster-name`), or no copy at all (a foreign object stays in view:
 /// it may hold a target's name).
 fn from_home(object: &Object, home: &str) -> bool {
-    object.rule_uid().is_none() && !object.create_only
+    (object.rule_uid().is_none() && !object.create_only)
         || object
             .annotations
             .get(crate::ANNOTATION_SOURCE_CLUSTER)
