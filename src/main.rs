@@ -4,27 +4,28 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{CommandFactory, Parser};
+use clap::{CommandFactory, FromArgMatches};
 use tracing::error;
 
 use copyrator::cli::report::EXIT_FAILED;
 use copyrator::cli::settings::{Cli, Command};
-use copyrator::cli::{plan, run};
+use copyrator::cli::{plan, run, whereabouts};
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match parse() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            // clap's usage errors exit 2, which for `plan` would say "changes".
-            return if e.use_stderr() && asks_for_plan() {
+            // clap's usage errors exit 2, which for `plan` would say
+            // "changes" and for `where` "not current".
+            return if e.use_stderr() && asks_for_a_report() {
                 ExitCode::from(EXIT_FAILED)
             } else {
                 ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
             };
         }
     };
-    let planning = matches!(cli.command, Some(Command::Plan(_)));
+    let planning = matches!(cli.command, Some(Command::Plan(_) | Command::Where(_)));
     if let Err(message) = cli.settings.validate() {
         eprintln!("error: {message}");
         return ExitCode::from(if planning { EXIT_FAILED } else { 2 });
@@ -36,16 +37,35 @@ fn main() -> ExitCode {
             timeout_seconds,
         }) => copyrator::cli::probe::run(&url, Duration::from_secs(timeout_seconds)),
         Some(Command::Plan(args)) => plan::plan_command(cli.settings, args),
+        Some(Command::Where(args)) => whereabouts::where_command(cli.settings, args),
         Some(Command::Run) | None => run_operator(cli.settings),
     }
 }
 
-/// Whether the command line asks for `plan`, even one that clap refuses.
-fn asks_for_plan() -> bool {
-    Cli::command()
+/// The command line, named as it was called: as a kubectl plugin
+/// (`kubectl-copyrator`, which `kubectl copyrator ...` runs with the
+/// arguments after `copyrator`) its help and errors say `kubectl copyrator`.
+fn parse() -> Result<Cli, clap::Error> {
+    let matches = command().try_get_matches()?;
+    Cli::from_arg_matches(&matches)
+}
+
+fn command() -> clap::Command {
+    let command = Cli::command();
+    if copyrator::cli::settings::is_kubectl_plugin(std::env::args_os().next().as_deref()) {
+        command.bin_name(copyrator::cli::settings::KUBECTL_PLUGIN_BIN_NAME)
+    } else {
+        command
+    }
+}
+
+/// Whether the command line asks for `plan` or `where`, even one that
+/// clap refuses.
+fn asks_for_a_report() -> bool {
+    command()
         .ignore_errors(true)
         .try_get_matches()
-        .is_ok_and(|matches| matches.subcommand_name() == Some("plan"))
+        .is_ok_and(|matches| matches!(matches.subcommand_name(), Some("plan" | "where")))
 }
 
 /// `copyrator crd`: the CustomResourceDefinition, from the Rust types.

@@ -1,5 +1,5 @@
 //! The command line: settings, `run` (the operator's wiring), `plan` and
-//! its report, and `probe`.
+//! its report, `where` (the copies of one source) and `probe`.
 
 pub mod plan;
 pub mod plan_members;
@@ -7,6 +7,7 @@ pub mod probe;
 pub mod report;
 pub mod run;
 pub mod settings;
+pub mod whereabouts;
 
 /// An async runtime from `builder` (with I/O and time), or the exit code
 /// after saying on standard error why there is none.

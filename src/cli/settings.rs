@@ -26,6 +26,22 @@ pub struct Cli {
     pub settings: Settings,
 }
 
+/// How `kubectl copyrator ...` names this binary: kubectl runs a plugin
+/// found on the PATH as `kubectl-copyrator`, with the arguments after
+/// `copyrator`.
+pub const KUBECTL_PLUGIN_FILE: &str = "kubectl-copyrator";
+/// The command help and errors show when run as a kubectl plugin.
+pub const KUBECTL_PLUGIN_BIN_NAME: &str = "kubectl copyrator";
+
+/// Whether the binary was started under the kubectl plugin's file name
+/// (`argv[0]`, a path or a name).
+pub fn is_kubectl_plugin(argv0: Option<&std::ffi::OsStr>) -> bool {
+    argv0
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_stem)
+        .is_some_and(|stem| stem == KUBECTL_PLUGIN_FILE)
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the operator (the default).
@@ -36,6 +52,11 @@ pub enum Command {
     /// what it would leave out, changing nothing; exit 0 when nothing would
     /// change, 2 when something would, 1 on an error or a refused rule.
     Plan(PlanArgs),
+    /// Every copy of one source, in every namespace and cluster, with its
+    /// state (in place, stale, missing, contested, conflict, refused,
+    /// create-only, unwanted), read from the live clusters; exit 0 when
+    /// every copy is current, 2 when some are not, 1 on an error.
+    Where(WhereArgs),
     /// Ask a running operator's /healthz or /readyz; exit 0 on 200, 1
     /// otherwise (for a `helm test` Pod, which has this binary alone).
     Probe {
@@ -59,6 +80,23 @@ pub struct PlanArgs {
 
     /// `text`: a line per change and per skip, `no changes` when nothing
     /// would change; `json`: one document with `changes`, `skipped` and `rules`.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = PlanOutput::Text)]
+    pub output: PlanOutput,
+}
+
+/// What `copyrator where` looks for and how it prints it.
+#[derive(Debug, Args)]
+pub struct WhereArgs {
+    /// The source, `NAMESPACE/NAME`.
+    #[arg(value_name = "NAMESPACE/NAME")]
+    pub source: String,
+
+    /// The source's kind: `configmap` or `secret`.
+    #[arg(long, default_value = "configmap")]
+    pub kind: String,
+
+    /// `text`: a line per copy and a summary; `json`: one document with
+    /// `source`, `kind`, `copies` and `clusters`.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = PlanOutput::Text)]
     pub output: PlanOutput,
 }
@@ -362,5 +400,41 @@ mod tests {
         assert!(Cli::try_parse_from(["copyrator", "plan", "-o", "yaml"]).is_err());
         assert!(Cli::try_parse_from(["copyrator", "--write-concurrency", "0"]).is_err());
         assert!(Cli::try_parse_from(["copyrator", "--log-format", "xml"]).is_err());
+    }
+
+    #[test]
+    fn where_takes_a_source_a_kind_and_an_output_and_answers_as_a_kubectl_plugin() {
+        // kubectl runs `kubectl-copyrator where x/y` for `kubectl copyrator where x/y`.
+        let cli = Cli::try_parse_from(["kubectl-copyrator", "where", "shared/ca", "-o", "json"])
+            .expect("parses");
+        match cli.command {
+            Some(Command::Where(args)) => {
+                assert_eq!(args.source, "shared/ca");
+                assert_eq!(args.kind, "configmap");
+                assert_eq!(args.output, PlanOutput::Json);
+            }
+            other => panic!("not a where: {other:?}"),
+        }
+        let cli =
+            Cli::try_parse_from(["copyrator", "where", "--kind", "secret", "a/b"]).expect("parses");
+        assert!(matches!(cli.command, Some(Command::Where(ref a)) if a.kind == "secret"));
+        assert!(Cli::try_parse_from(["copyrator", "where"]).is_err());
+        for plugin in [
+            "kubectl-copyrator",
+            "/home/me/bin/kubectl-copyrator",
+            "kubectl-copyrator.exe",
+        ] {
+            assert!(
+                is_kubectl_plugin(Some(std::ffi::OsStr::new(plugin))),
+                "{plugin}"
+            );
+        }
+        for other in ["copyrator", "/usr/bin/copyrator", "kubectl"] {
+            assert!(
+                !is_kubectl_plugin(Some(std::ffi::OsStr::new(other))),
+                "{other}"
+            );
+        }
+        assert!(!is_kubectl_plugin(None));
     }
 }

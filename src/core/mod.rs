@@ -14,3 +14,4 @@ pub mod resolve;
 pub mod scope;
 pub mod status;
 pub mod tally;
+pub mod whereabouts;

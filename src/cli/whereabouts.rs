@@ -1,0 +1,661 @@
+//! `copyrator where NAMESPACE/NAME`: every copy of one source, in every
+//! namespace of this cluster and (with `--member-clusters`) of each member,
+//! with its state, read from the live clusters and written to standard
+//! output; the exit code says whether every copy is current. Nothing is
+//! written and nothing is watched: a few lists per cluster. What a place's
+//! state is comes from `core::whereabouts` (pure).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DynamicObject, ListParams, PartialObjectMeta};
+use kube::{Client, ResourceExt};
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::api::kinds::Kind;
+use crate::api::rule::CopyratorRule;
+use crate::cache::index::{NamespaceInfo, Object};
+use crate::cli::settings::{PlanOutput, Settings, WhereArgs};
+use crate::cluster::leader::LeaderGate;
+use crate::controller::fleet;
+use crate::controller::member_pass::in_member;
+use crate::controller::state::Shared;
+use crate::core::plan::source_rejection;
+use crate::core::resolve::ResolvedRule;
+use crate::core::whereabouts::{CopyState, Follower, Place, places};
+use crate::ops::http::Health;
+use crate::ops::metrics::Metrics;
+
+/// Exit code when every copy is current.
+pub const EXIT_CURRENT: u8 = 0;
+/// Exit code on an error, a member out of reach among them.
+pub const EXIT_FAILED: u8 = 1;
+/// Exit code when some copy is not current.
+pub const EXIT_NOT_CURRENT: u8 = 2;
+
+/// How long a cluster has to answer at all, and then to each list.
+const REACH_WITHIN: Duration = Duration::from_secs(10);
+
+/// Why `copyrator where` cannot say where the copies are.
+#[derive(Debug, Error)]
+pub enum WhereError {
+    #[error("{0:?} is not NAMESPACE/NAME")]
+    NotASource(String),
+
+    #[error("--kind {0:?}: `where` looks up configmap or secret")]
+    UnknownKind(String),
+
+    #[error("{kind} {place} does not exist")]
+    NoSource { kind: Kind, place: String },
+
+    #[error("{what}: its API server did not answer within {seconds} s")]
+    Silent { what: String, seconds: u64 },
+
+    #[error("{what}: {message}")]
+    Lookup { what: String, message: String },
+
+    #[error("printing the copies as JSON: {0}")]
+    Json(#[source] serde_json::Error),
+}
+
+/// One copy, or one place that should hold one, as printed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Row {
+    pub cluster: String,
+    pub namespace: String,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// `in place`, `create-only`, `stale`, `missing`, `contested`,
+    /// `conflict`, `refused` or `unwanted`.
+    pub state: &'static str,
+    pub current: bool,
+    /// The other writer of a contested copy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writer: Option<String>,
+    /// Why, for a conflict, a refusal or an unwanted copy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Row {
+    fn of(cluster: &str, place: Place) -> Self {
+        let detail = place.state.detail().map(str::to_owned);
+        let (writer, reason) = match place.state {
+            CopyState::Contested { .. } => (detail, None),
+            _ => (None, detail),
+        };
+        Self {
+            cluster: cluster.to_owned(),
+            namespace: place.namespace,
+            name: place.name,
+            rule: place.rule,
+            state: place.state.word(),
+            current: place.state.is_current(),
+            writer,
+            reason,
+        }
+    }
+}
+
+/// Whether a cluster was read, and if not, why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClusterRead {
+    pub cluster: String,
+    pub reached: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// What `copyrator where` found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Found {
+    /// `namespace/name`.
+    pub source: String,
+    pub kind: String,
+    /// Rules that copy the source, `namespace/name`, sorted.
+    pub rules: Vec<String>,
+    /// Home's first, then the members' by name; by namespace within one.
+    pub copies: Vec<Row>,
+    /// Every cluster looked at, home first.
+    pub clusters: Vec<ClusterRead>,
+}
+
+impl Found {
+    /// 1 when a cluster could not be read, else 2 when a copy is not
+    /// current, else 0.
+    pub fn exit_code(&self) -> u8 {
+        if self.clusters.iter().any(|c| !c.reached) {
+            EXIT_FAILED
+        } else if self.copies.iter().any(|c| !c.current) {
+            EXIT_NOT_CURRENT
+        } else {
+            EXIT_CURRENT
+        }
+    }
+
+    /// A line per copy (`cluster: namespace/name state (rule r): why`), a
+    /// line per cluster not read, then a summary.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for row in &self.copies {
+            out.push_str(&format!(
+                "{}: {}/{} {}",
+                row.cluster, row.namespace, row.name, row.state
+            ));
+            if let Some(rule) = &row.rule {
+                out.push_str(&format!(" (rule {rule})"));
+            }
+            if let Some(writer) = &row.writer {
+                out.push_str(&format!(": changed back by {writer}"));
+            }
+            if let Some(reason) = &row.reason {
+                out.push_str(&format!(": {reason}"));
+            }
+            out.push('\n');
+        }
+        for cluster in self.clusters.iter().filter(|c| !c.reached) {
+            let why = cluster.message.as_deref().unwrap_or("not read");
+            out.push_str(&format!("{}: not read: {why}\n", cluster.cluster));
+        }
+        let source = format!("{} {}", self.kind, self.source);
+        if self.copies.is_empty() && self.rules.is_empty() {
+            out.push_str(&format!("no rule copies {source}\n"));
+        } else {
+            let current = self.copies.iter().filter(|c| c.current).count();
+            out.push_str(&format!(
+                "{source}: {} places, {current} current, {} not\n",
+                self.copies.len(),
+                self.copies.len() - current
+            ));
+        }
+        out
+    }
+
+    pub fn json(&self) -> Result<String, WhereError> {
+        let mut text = serde_json::to_string_pretty(self).map_err(WhereError::Json)?;
+        text.push('\n');
+        Ok(text)
+    }
+}
+
+/// `copyrator where`: the report on standard output, errors and clusters
+/// not read on standard error, and the exit code.
+pub fn where_command(settings: Settings, args: WhereArgs) -> ExitCode {
+    let failed = ExitCode::from(EXIT_FAILED);
+    let builder = tokio::runtime::Builder::new_multi_thread();
+    let runtime = match crate::cli::start_runtime(builder, failed) {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    let found = match runtime.block_on(find(settings, &args)) {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return failed;
+        }
+    };
+    let printed = match args.output {
+        PlanOutput::Text => Ok(found.text()),
+        PlanOutput::Json => found.json(),
+    };
+    let written = printed.map_err(anyhow::Error::from).and_then(|text| {
+        let mut stdout = std::io::stdout().lock();
+        stdout
+            .write_all(text.as_bytes())
+            .and_then(|()| stdout.flush())
+            .context("writing the copies to standard output")
+    });
+    if let Err(e) = written {
+        eprintln!("error: {e:#}");
+        return failed;
+    }
+    for cluster in found.clusters.iter().filter(|c| !c.reached) {
+        let why = cluster.message.as_deref().unwrap_or("not read");
+        eprintln!(
+            "error: cluster {} could not be read: {why}",
+            cluster.cluster
+        );
+    }
+    ExitCode::from(found.exit_code())
+}
+
+/// The kind and `(namespace, name)` that `args` names.
+fn parse_args(args: &WhereArgs) -> Result<(Kind, String, String), WhereError> {
+    let kind = Kind::from_rule_type(&args.kind.to_ascii_lowercase())
+        .ok_or_else(|| WhereError::UnknownKind(args.kind.clone()))?;
+    match args.source.split_once('/') {
+        Some((namespace, name))
+            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+        {
+            Ok((kind, namespace.to_owned(), name.to_owned()))
+        }
+        _ => Err(WhereError::NotASource(args.source.clone())),
+    }
+}
+
+/// A request to a cluster, bounded by [`REACH_WITHIN`].
+async fn bounded<T>(
+    what: &str,
+    request: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, WhereError> {
+    match tokio::time::timeout(REACH_WITHIN, request).await {
+        Err(_) => Err(WhereError::Silent {
+            what: what.to_owned(),
+            seconds: REACH_WITHIN.as_secs(),
+        }),
+        Ok(Err(e)) => Err(WhereError::Lookup {
+            what: what.to_owned(),
+            message: crate::error::describe(&e),
+        }),
+        Ok(Ok(answer)) => Ok(answer),
+    }
+}
+
+/// The source and the rules that copy it, then the places in each cluster.
+async fn find(settings: Settings, args: &WhereArgs) -> anyhow::Result<Found> {
+    let (kind, namespace, name) = parse_args(args)?;
+    crate::ops::telemetry::init(&settings.log_level, settings.log_format)?;
+    let clients = crate::cli::run::api_clients(settings.api_transport, 1).await?;
+    let client = clients.read.clone();
+    let resource = kind.api_resource();
+    let source_ref = format!("{namespace}/{name}");
+    let source = bounded(
+        &format!("reading {kind} {source_ref}"),
+        Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &resource).get_opt(&name),
+    )
+    .await?
+    .ok_or_else(|| WhereError::NoSource {
+        kind,
+        place: source_ref.clone(),
+    })?;
+    let source = Object::from_dynamic(kind, source);
+    let rules = live_rules(&client, &settings).await?;
+    let trust = settings.trust();
+    let live_uids: Vec<String> = rules
+        .iter()
+        .filter_map(|r| r.uid().map(str::to_owned))
+        .collect();
+    let followed: Vec<(ResolvedRule, &CopyratorRule)> = rules
+        .iter()
+        .filter(|rule| {
+            settings
+                .rule_name
+                .as_deref()
+                .is_none_or(|only| rule.key().name == only)
+        })
+        .filter_map(|rule| rule.resolve(&trust).ok().map(|resolved| (resolved, rule)))
+        .filter(|(resolved, _)| {
+            resolved.kind == kind && source_rejection(resolved, &source).is_none()
+        })
+        .collect();
+    let home = &settings.cluster_name;
+    let is_live = |uid: &str| live_uids.iter().any(|u| u == uid);
+    let at_home: Vec<Follower<'_>> = followed
+        .iter()
+        .map(|(rule, live)| Follower {
+            rule,
+            status: live.status.as_ref(),
+        })
+        .collect();
+    let (namespaces, copies) = read_cluster(&client, kind, &name).await?;
+    let mut rows: Vec<Row> = places(&source, &at_home, &namespaces, &copies, &is_live)
+        .into_iter()
+        .map(|place| Row::of(home, place))
+        .collect();
+    rows.extend(refused_source(home, &rules, &source_ref));
+    let mut clusters = vec![ClusterRead {
+        cluster: home.clone(),
+        reached: true,
+        message: None,
+    }];
+    if settings.member_clusters {
+        let (member_rows, member_reads) =
+            in_members(clients, &settings, (kind, &source), &followed, &is_live).await?;
+        rows.extend(member_rows);
+        clusters.extend(member_reads);
+    }
+    let mut rule_names: Vec<String> = followed.iter().map(|(r, _)| r.key.to_string()).collect();
+    rule_names.sort();
+    Ok(Found {
+        source: source_ref,
+        kind: kind.to_string(),
+        rules: rule_names,
+        copies: rows,
+        clusters,
+    })
+}
+
+/// The rules the operator follows: in `--namespace`, or everywhere with
+/// `--all-namespaces`.
+async fn live_rules(
+    client: &Client,
+    settings: &Settings,
+) -> Result<Vec<CopyratorRule>, WhereError> {
+    let api: Api<CopyratorRule> = if settings.all_namespaces {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), &settings.namespace)
+    };
+    Ok(bounded(
+        "listing the CopyratorRules",
+        api.list(&ListParams::default()),
+    )
+    .await?
+    .items)
+}
+
+/// A source that a rule refuses for its type: one row at the source, with
+/// why (from the rule's status).
+fn refused_source(cluster: &str, rules: &[CopyratorRule], source_ref: &str) -> Vec<Row> {
+    rules
+        .iter()
+        .filter_map(|rule| {
+            let status = rule.status.as_ref()?;
+            let entry = status
+                .refused_sources
+                .iter()
+                .find(|e| format!("{}/{}", e.namespace, e.name) == source_ref)?;
+            Some(Row {
+                cluster: cluster.to_owned(),
+                namespace: entry.namespace.clone(),
+                name: entry.name.clone(),
+                rule: Some(rule.key().to_string()),
+                state: "refused",
+                current: false,
+                writer: None,
+                reason: Some(format!("the source is not copied: {}", entry.reason)),
+            })
+        })
+        .collect()
+}
+
+/// One cluster's namespaces, and its objects of `kind` named `name`, by
+/// namespace.
+async fn read_cluster(
+    client: &Client,
+    kind: Kind,
+    name: &str,
+) -> Result<(BTreeMap<String, NamespaceInfo>, BTreeMap<String, Object>), WhereError> {
+    let namespaces: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
+    let namespaces = bounded(
+        "listing the namespaces",
+        namespaces.list_metadata(&ListParams::default()),
+    )
+    .await?
+    .items
+    .into_iter()
+    .map(|meta| {
+        let info = NamespaceInfo {
+            labels: meta.labels().clone(),
+            terminating: meta.metadata.deletion_timestamp.is_some(),
+            accept_from: NamespaceInfo::accept_from(
+                meta.annotations()
+                    .get(crate::ANNOTATION_ACCEPT_FROM)
+                    .map(String::as_str),
+            ),
+        };
+        (meta.name_any(), info)
+    })
+    .collect();
+    let objects: Api<DynamicObject> = Api::all_with(client.clone(), &kind.api_resource());
+    let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+    let copies = bounded(
+        &format!("listing the {kind}s named {name}"),
+        objects.list(&by_name),
+    )
+    .await?
+    .items
+    .into_iter()
+    .map(|object| {
+        let object = Object::from_dynamic(kind, object);
+        (object.namespace.to_string(), object)
+    })
+    .collect();
+    Ok((namespaces, copies))
+}
+
+/// The places in each member of the inventory: each rule that selects the
+/// member, as a member's pass follows it (its copies name this cluster as
+/// their source's). A member that cannot be used or read is reported, not
+/// read; the inventory itself unreadable is an error.
+async fn in_members(
+    clients: crate::cluster::client::Clients,
+    settings: &Settings,
+    (kind, source): (Kind, &Object),
+    followed: &[(ResolvedRule, &CopyratorRule)],
+    is_live: &dyn Fn(&str) -> bool,
+) -> anyhow::Result<(Vec<Row>, Vec<ClusterRead>)> {
+    // Nothing is written: the gate is shut, as for `plan`.
+    let (gate, shut) = LeaderGate::always();
+    let _ = shut.send(false);
+    let shared = Shared::new(
+        clients,
+        settings.trust(),
+        settings.options(),
+        Arc::new(Metrics::default()),
+        gate,
+        Arc::new(Health::new(settings.stuck_after())),
+    );
+    let inventory = bounded_inventory(&shared).await?;
+    let home = &settings.cluster_name;
+    let mut rows = Vec::new();
+    let mut reads = Vec::new();
+    for (member, access) in &inventory {
+        let read = async {
+            let start = fleet::member_start(&shared, access).map_err(|(reason, message)| {
+                format!("its inventory entry cannot be used: {reason}: {message}")
+            })?;
+            let client = Client::try_from(start.config).map_err(|e| e.to_string())?;
+            let here: Vec<ResolvedRule> = followed
+                .iter()
+                .filter(|(rule, _)| rule.clusters.selects(member, &start.labels))
+                .map(|(rule, _)| in_member(rule, home))
+                .collect();
+            let followers: Vec<Follower<'_>> = here
+                .iter()
+                .map(|rule| Follower { rule, status: None })
+                .collect();
+            let (namespaces, copies) = read_cluster(&client, kind, &source.name)
+                .await
+                .map_err(|e| e.to_string())?;
+            let copies = copies
+                .into_iter()
+                .filter(|(_, copy)| from_home(copy, home))
+                .collect();
+            Ok::<_, String>(places(source, &followers, &namespaces, &copies, is_live))
+        };
+        match read.await {
+            Ok(found) => {
+                rows.extend(found.into_iter().map(|place| Row::of(member, place)));
+                reads.push(ClusterRead {
+                    cluster: member.clone(),
+                    reached: true,
+                    message: None,
+                });
+            }
+            Err(why) => reads.push(ClusterRead {
+                cluster: member.clone(),
+                reached: false,
+                message: Some(why),
+            }),
+        }
+    }
+    Ok((rows, reads))
+}
+
+/// The inventory, within [`REACH_WITHIN`].
+async fn bounded_inventory(
+    shared: &Shared,
+) -> anyhow::Result<BTreeMap<String, crate::cluster::inventory::MemberAccess>> {
+    tokio::time::timeout(REACH_WITHIN, fleet::list_inventory(shared))
+        .await
+        .map_err(|_| WhereError::Silent {
+            what: "reading the member clusters' inventory".into(),
+            seconds: REACH_WITHIN.as_secs(),
+        })?
+        .context("reading the member clusters' inventory")
+}
+
+/// Whether an object in a member is a copy of a source of this cluster
+/// (`--cluster-name`), or no copy at all (a foreign object stays in view:
+/// it may hold a target's name).
+fn from_home(object: &Object, home: &str) -> bool {
+    (object.rule_uid().is_none() && !object.create_only)
+        || object
+            .annotations
+            .get(crate::ANNOTATION_SOURCE_CLUSTER)
+            .is_some_and(|c| c == home)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(cluster: &str, namespace: &str, state: CopyState) -> Row {
+        Row::of(
+            cluster,
+            Place {
+                namespace: namespace.into(),
+                name: "ca".into(),
+                rule: Some("ops/r".into()),
+                state,
+            },
+        )
+    }
+
+    fn found(copies: Vec<Row>, clusters: Vec<ClusterRead>) -> Found {
+        Found {
+            source: "shared/ca".into(),
+            kind: "ConfigMap".into(),
+            rules: vec!["ops/r".into()],
+            copies,
+            clusters,
+        }
+    }
+
+    fn reached(cluster: &str) -> ClusterRead {
+        ClusterRead {
+            cluster: cluster.into(),
+            reached: true,
+            message: None,
+        }
+    }
+
+    #[test]
+    fn text_is_a_line_per_copy_then_a_summary_and_the_exit_code_says_whether_all_are_current() {
+        let all_current = found(
+            vec![
+                row("home", "t1", CopyState::InPlace),
+                row("home", "t2", CopyState::CreateOnly),
+            ],
+            vec![reached("home")],
+        );
+        assert_eq!(all_current.exit_code(), EXIT_CURRENT);
+        assert_eq!(
+            all_current.text(),
+            "home: t1/ca in place (rule ops/r)\n\
+             home: t2/ca create-only (rule ops/r)\n\
+             ConfigMap shared/ca: 2 places, 2 current, 0 not\n"
+        );
+        let some_not = found(
+            vec![
+                row("home", "t1", CopyState::Stale),
+                row(
+                    "a",
+                    "t1",
+                    CopyState::Contested {
+                        writer: "kubectl-edit".into(),
+                    },
+                ),
+            ],
+            vec![reached("home"), reached("a")],
+        );
+        assert_eq!(some_not.exit_code(), EXIT_NOT_CURRENT);
+        assert!(
+            some_not
+                .text()
+                .contains("a: t1/ca contested (rule ops/r): changed back by kubectl-edit\n"),
+            "{}",
+            some_not.text()
+        );
+        let mut member_down = all_current.clone();
+        member_down.clusters.push(ClusterRead {
+            cluster: "b".into(),
+            reached: false,
+            message: Some("listing the namespaces: connection refused".into()),
+        });
+        assert_eq!(member_down.exit_code(), EXIT_FAILED);
+        assert!(
+            member_down
+                .text()
+                .contains("b: not read: listing the namespaces: connection refused\n")
+        );
+        let nothing = found(Vec::new(), vec![reached("home")]);
+        let nothing = Found {
+            rules: Vec::new(),
+            ..nothing
+        };
+        assert_eq!(nothing.text(), "no rule copies ConfigMap shared/ca\n");
+        assert_eq!(nothing.exit_code(), EXIT_CURRENT);
+    }
+
+    #[test]
+    fn json_names_cluster_state_and_why_of_each_copy() {
+        let report = found(
+            vec![row(
+                "home",
+                "t3",
+                CopyState::Conflict {
+                    reason: "a ConfigMap not made by Copyrator is there".into(),
+                },
+            )],
+            vec![reached("home")],
+        );
+        let document: serde_json::Value =
+            serde_json::from_str(&report.json().expect("renders")).expect("one document");
+        assert_eq!(
+            document["copies"][0],
+            serde_json::json!({"cluster": "home", "namespace": "t3", "name": "ca", "rule": "ops/r",
+                "state": "conflict", "current": false,
+                "reason": "a ConfigMap not made by Copyrator is there"})
+        );
+        assert_eq!(document["source"], "shared/ca");
+        assert_eq!(
+            document["clusters"],
+            serde_json::json!([{"cluster": "home", "reached": true}])
+        );
+    }
+
+    #[test]
+    fn a_source_is_namespace_slash_name_of_a_configmap_or_secret() {
+        let args = |source: &str, kind: &str| WhereArgs {
+            source: source.into(),
+            kind: kind.into(),
+            output: PlanOutput::Text,
+        };
+        assert!(matches!(
+            parse_args(&args("shared/ca", "Secret")),
+            Ok((Kind::Secret, ref ns, ref n)) if ns == "shared" && n == "ca"
+        ));
+        for bad in ["ca", "/ca", "shared/", "a/b/c"] {
+            assert!(
+                matches!(
+                    parse_args(&args(bad, "configmap")),
+                    Err(WhereError::NotASource(_))
+                ),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            parse_args(&args("a/b", "pod")),
+            Err(WhereError::UnknownKind(_))
+        ));
+    }
+}

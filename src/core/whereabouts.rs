@@ -1,0 +1,589 @@
+//! `copyrator where`: the state of one place that a source's copy should
+//! hold, or does hold, under one rule. Pure: the copy's content is judged
+//! against [`desired_copy`](crate::core::plan::desired_copy) with the same
+//! comparison a pass makes, so "stale" means exactly "a pass would write".
+
+use std::collections::{BTreeMap, HashSet};
+
+use crate::api::rule::{ConflictPolicy, RuleStatus};
+use crate::cache::index::{NamespaceInfo, Object};
+use crate::core::plan::{Desired, Occupied, desired_copy, occupied, target_namespaces};
+use crate::core::resolve::ResolvedRule;
+
+/// How one copy of a source stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CopyState {
+    /// The copy is what the rule would write now.
+    InPlace,
+    /// Created under `syncPolicy: CreateOnly` and handed over to its
+    /// namespace: never written again, so its content is not judged.
+    CreateOnly,
+    /// The copy differs from what the rule would write now (the source, the
+    /// rule or the copy changed since the last write).
+    Stale,
+    /// A target namespace without the copy.
+    Missing,
+    /// Another writer keeps changing the copy back (the rule's status
+    /// names it).
+    Contested { writer: String },
+    /// Another object holds the name and is left alone.
+    Conflict { reason: String },
+    /// The API server refuses the rule's writes (its status says why), and
+    /// this copy is one still owed.
+    Refused { reason: String },
+    /// A copy of this source that the rule no longer targets (or whose rule
+    /// is gone): a pass deletes it.
+    Unwanted { reason: String },
+}
+
+impl CopyState {
+    /// Whether the copy is as it should be: in place, or handed over.
+    pub fn is_current(&self) -> bool {
+        matches!(self, CopyState::InPlace | CopyState::CreateOnly)
+    }
+
+    /// One word (two for "in place") for the state, as printed.
+    pub fn word(&self) -> &'static str {
+        match self {
+            CopyState::InPlace => "in place",
+            CopyState::CreateOnly => "create-only",
+            CopyState::Stale => "stale",
+            CopyState::Missing => "missing",
+            CopyState::Contested { .. } => "contested",
+            CopyState::Conflict { .. } => "conflict",
+            CopyState::Refused { .. } => "refused",
+            CopyState::Unwanted { .. } => "unwanted",
+        }
+    }
+
+    /// Who or what the state is about: the other writer, or why.
+    pub fn detail(&self) -> Option<&str> {
+        match self {
+            CopyState::Contested { writer } => Some(writer),
+            CopyState::Conflict { reason }
+            | CopyState::Refused { reason }
+            | CopyState::Unwanted { reason } => Some(reason),
+            _ => None,
+        }
+    }
+}
+
+/// What a rule's status says of one place: its entries name a namespace
+/// and name (contested copies with their writer, conflicts with why), and
+/// its Ready condition says when writes are refused. A member's places
+/// have no entries of their own in the status (it counts them only).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatusFacts {
+    /// The other writer, when the place is listed as contested.
+    pub contested_by: Option<String>,
+    /// Why, when the place is listed as a conflict.
+    pub conflict: Option<String>,
+    /// The Ready condition's message, when its reason is `SyncFailed`.
+    pub writes_refused: Option<String>,
+}
+
+impl StatusFacts {
+    /// What `status` says of the place `namespace/name`.
+    pub fn of(status: Option<&RuleStatus>, namespace: &str, name: &str) -> Self {
+        let Some(status) = status else {
+            return Self::default();
+        };
+        let at = |ns: &str, n: &str| ns == namespace && n == name;
+        Self {
+            contested_by: status
+                .contested
+                .iter()
+                .find(|c| at(&c.namespace, &c.name))
+                .map(|c| c.writer.clone()),
+            conflict: status
+                .conflicts
+                .iter()
+                .find(|c| at(&c.namespace, &c.name))
+                .map(|c| c.reason.clone()),
+            writes_refused: status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "SyncFailed")
+                .map(|c| c.message.clone()),
+        }
+    }
+}
+
+/// The rule a place is judged under.
+#[derive(Clone, Copy, Debug)]
+pub struct Judge<'a> {
+    /// `namespace/name` of the rule.
+    pub rule: &'a str,
+    pub uid: &'a str,
+    pub conflict_policy: ConflictPolicy,
+}
+
+/// The state of a target place of `desired` (the copy the rule would write
+/// now), holding `current` (absent: nothing of that name is there).
+pub fn target_state(
+    judge: Judge<'_>,
+    desired: &Desired,
+    current: Option<&Object>,
+    facts: &StatusFacts,
+) -> CopyState {
+    let Some(current) = current else {
+        return owed(CopyState::Missing, facts);
+    };
+    let ours = current.rule_uid() == Some(judge.uid) || current.is_unlabelled_copy_of(judge.rule);
+    if ours && current.create_only {
+        return CopyState::CreateOnly;
+    }
+    if ours && current.source_ref.as_deref() != Some(desired.source.as_str()) {
+        // Two sources of one name: the other one wins this place.
+        let other = current.source_ref.as_deref().unwrap_or("another source");
+        return CopyState::Conflict {
+            reason: facts
+                .conflict
+                .clone()
+                .unwrap_or_else(|| format!("the copy of {other} holds the name")),
+        };
+    }
+    if let Some(writer) = &facts.contested_by {
+        return CopyState::Contested {
+            writer: writer.clone(),
+        };
+    }
+    match occupied(desired, current, judge.conflict_policy, judge.rule) {
+        Occupied::Ours => CopyState::InPlace,
+        Occupied::Conflict(reason) => CopyState::Conflict { reason },
+        // Ours but different, or a foreign object `Overwrite` takes over.
+        Occupied::Update | Occupied::Recreate => owed(CopyState::Stale, facts),
+    }
+}
+
+/// The state of a copy of the source at a place the rule does not target
+/// (or whose rule is gone): handed over copies stay, others are deleted.
+pub fn leftover_state(current: &Object, why: &str) -> CopyState {
+    if current.create_only {
+        CopyState::CreateOnly
+    } else {
+        CopyState::Unwanted {
+            reason: why.to_owned(),
+        }
+    }
+}
+
+/// One place of one cluster that holds, or should hold, a copy of the source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub namespace: String,
+    pub name: String,
+    /// `namespace/name` of the rule the copy is judged under (or that the
+    /// copy names).
+    pub rule: Option<String>,
+    pub state: CopyState,
+}
+
+/// A rule that selects the source, as it is followed in one cluster (for a
+/// member, as a member's pass follows it), with its status
+/// entries where they speak of this cluster.
+pub struct Follower<'a> {
+    pub rule: &'a ResolvedRule,
+    pub status: Option<&'a RuleStatus>,
+}
+
+/// Every place of one cluster where a copy of `source` is or should be:
+/// each target namespace of each rule in `followers` (a terminating one
+/// only where something is there), then every other object there that is
+/// a copy of `source` (`copies`: the objects of the source's name, by
+/// namespace). `live_rule_uid` tells the UIDs of the rules that exist, so
+/// that a copy whose rule is gone says so.
+pub fn places(
+    source: &Object,
+    followers: &[Follower<'_>],
+    namespaces: &BTreeMap<String, NamespaceInfo>,
+    copies: &BTreeMap<String, Object>,
+    live_rule_uid: &dyn Fn(&str) -> bool,
+) -> Vec<Place> {
+    let mut out = Vec::new();
+    let mut judged: HashSet<&str> = HashSet::new();
+    for follower in followers {
+        let rule = follower.rule;
+        let desired = desired_copy(rule, source);
+        let rule_name = rule.key.to_string();
+        let judge = Judge {
+            rule: &rule_name,
+            uid: &rule.uid,
+            conflict_policy: rule.conflict_policy,
+        };
+        let (targets, _) = target_namespaces(rule, namespaces);
+        for (namespace, info) in targets {
+            // A source namespace receives nothing of its own.
+            if rule.source_namespaces.contains(namespace) || judged.contains(namespace.as_str()) {
+                continue;
+            }
+            let current = copies.get(namespace);
+            if current.is_none() && info.terminating {
+                continue;
+            }
+            let facts = StatusFacts::of(follower.status, namespace, &desired.name);
+            judged.insert(namespace);
+            out.push(Place {
+                namespace: namespace.clone(),
+                name: desired.name.clone(),
+                rule: Some(rule_name.clone()),
+                state: target_state(judge, &desired, current, &facts),
+            });
+        }
+    }
+    let source_ref = format!("{}/{}", source.namespace, source.name);
+    for (namespace, copy) in copies {
+        let is_copy = copy.rule_uid().is_some() || copy.create_only;
+        if judged.contains(namespace.as_str())
+            || !is_copy
+            || copy.source_ref.as_deref() != Some(source_ref.as_str())
+        {
+            continue;
+        }
+        let rule = copy.rule_ref.as_deref().unwrap_or("(unknown)");
+        let why = match copy.rule_uid() {
+            Some(uid) if followers.iter().any(|f| f.rule.uid == uid) => {
+                "the rule does not target this namespace; its next pass deletes the copy (unless prune is off)".to_owned()
+            }
+            Some(uid) if live_rule_uid(uid) => format!(
+                "rule {rule} no longer copies the source; its next pass deletes the copy (unless prune is off)"
+            ),
+            _ => format!("its rule {rule} is gone; the operator deletes the copy at start and on resync"),
+        };
+        out.push(Place {
+            namespace: namespace.clone(),
+            name: copy.name.to_string(),
+            rule: copy.rule_ref.as_deref().map(str::to_owned),
+            state: leftover_state(copy, &why),
+        });
+    }
+    out.sort_by(|a, b| a.namespace.cmp(&b.namespace));
+    out
+}
+
+/// A write still owed is refused when the rule's writes are.
+fn owed(state: CopyState, facts: &StatusFacts) -> CopyState {
+    match &facts.writes_refused {
+        Some(reason) => CopyState::Refused {
+            reason: reason.clone(),
+        },
+        None => state,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::rule::{Condition, ConflictEntry, ContestedEntry};
+
+    const RULE: &str = "ops/r";
+    const UID: &str = "uid-r";
+
+    fn judge(policy: ConflictPolicy) -> Judge<'static> {
+        Judge {
+            rule: RULE,
+            uid: UID,
+            conflict_policy: policy,
+        }
+    }
+
+    fn source(value: &str) -> Object {
+        Object::new(
+            "shared",
+            "cfg",
+            "uid-source".into(),
+            "1".into(),
+            [("copy".to_owned(), "true".to_owned())].into(),
+            BTreeMap::new(),
+            [("data".to_owned(), json!({"k": value}))].into(),
+        )
+    }
+
+    fn desired(value: &str) -> Desired {
+        let policy = crate::core::resolve::CopyPolicy::defaults("ops");
+        let mut rule = crate::api::rule::CopyratorRule::default();
+        rule.metadata.namespace = Some("ops".into());
+        rule.metadata.name = Some("r".into());
+        rule.metadata.uid = Some(UID.into());
+        rule.rule_type = Some(crate::api::rule::RuleType::ConfigMap);
+        rule.selector = Some(serde_json::from_value(json!({"copy": "true"})).expect("a map"));
+        rule.namespace = Some(json!("shared"));
+        let trust = crate::core::resolve::Trust {
+            policy: std::sync::Arc::new(policy),
+            operator_namespace: "ops".into(),
+            all_namespaces: false,
+            allow_tenant_clusters: false,
+        };
+        let resolved = rule.resolve(&trust).expect("a valid rule");
+        crate::core::plan::desired_copy(&resolved, &source(value))
+    }
+
+    /// The copy a pass writes for `desired`, in namespace `ns`.
+    fn copy_of(desired: &Desired, ns: &str) -> Object {
+        Object::new(
+            ns,
+            &desired.name,
+            "uid-copy".into(),
+            "7".into(),
+            desired.labels.clone(),
+            desired.annotations.clone(),
+            desired.payload.clone(),
+        )
+    }
+
+    fn foreign(ns: &str) -> Object {
+        Object::new(
+            ns,
+            "cfg",
+            "uid-foreign".into(),
+            "3".into(),
+            BTreeMap::new(),
+            BTreeMap::new(),
+            [("data".to_owned(), json!({"k": "mine"}))].into(),
+        )
+    }
+
+    fn none() -> StatusFacts {
+        StatusFacts::default()
+    }
+
+    #[test]
+    fn a_copy_as_the_rule_writes_it_is_in_place_and_one_of_older_content_is_stale() {
+        let now = desired("v2");
+        let fresh = copy_of(&now, "t1");
+        let state = target_state(judge(ConflictPolicy::Skip), &now, Some(&fresh), &none());
+        assert_eq!(state, CopyState::InPlace);
+        assert!(state.is_current());
+        let old = copy_of(&desired("v1"), "t1");
+        let state = target_state(judge(ConflictPolicy::Skip), &now, Some(&old), &none());
+        assert_eq!(state, CopyState::Stale);
+        assert!(!state.is_current());
+        // A label another tool added does not make it stale.
+        let mut labelled = copy_of(&now, "t1");
+        labelled.labels.insert("team".into(), "x".into());
+        labelled.set_owned(|_, key| key != "team");
+        assert_eq!(
+            target_state(judge(ConflictPolicy::Skip), &now, Some(&labelled), &none()),
+            CopyState::InPlace
+        );
+    }
+
+    #[test]
+    fn nothing_there_is_missing_and_refused_when_the_status_says_writes_are() {
+        let now = desired("v");
+        assert_eq!(
+            target_state(judge(ConflictPolicy::Skip), &now, None, &none()),
+            CopyState::Missing
+        );
+        let refused = StatusFacts {
+            writes_refused: Some("1 write refused: quota exceeded".into()),
+            ..none()
+        };
+        let state = target_state(judge(ConflictPolicy::Skip), &now, None, &refused);
+        assert_eq!(state.word(), "refused");
+        assert_eq!(state.detail(), Some("1 write refused: quota exceeded"));
+        // A copy in place is in place whatever else is refused.
+        let fresh = copy_of(&now, "t1");
+        assert_eq!(
+            target_state(judge(ConflictPolicy::Skip), &now, Some(&fresh), &refused),
+            CopyState::InPlace
+        );
+    }
+
+    #[test]
+    fn a_foreign_object_is_a_conflict_unless_overwrite_takes_it() {
+        let now = desired("v");
+        let state = target_state(
+            judge(ConflictPolicy::Skip),
+            &now,
+            Some(&foreign("t1")),
+            &none(),
+        );
+        assert_eq!(
+            state,
+            CopyState::Conflict {
+                reason: "a ConfigMap not made by Copyrator is there".into()
+            }
+        );
+        assert_eq!(
+            target_state(
+                judge(ConflictPolicy::Overwrite),
+                &now,
+                Some(&foreign("t1")),
+                &none()
+            ),
+            CopyState::Stale
+        );
+        // Another rule's copy is never taken.
+        let mut other = copy_of(&now, "t1");
+        other
+            .labels
+            .insert(crate::LABEL_RULE_UID.into(), "uid-other".into());
+        other
+            .annotations
+            .insert(crate::ANNOTATION_RULE.into(), "ops/other".into());
+        other.rehash();
+        let state = target_state(
+            judge(ConflictPolicy::Overwrite),
+            &now,
+            Some(&other),
+            &none(),
+        );
+        assert_eq!(state.word(), "conflict");
+        assert!(state.detail().is_some_and(|d| d.contains("ops/other")));
+    }
+
+    #[test]
+    fn a_create_only_copy_is_shown_as_such_whatever_its_content() {
+        let mut old = copy_of(&desired("v1"), "t1");
+        old.labels
+            .insert(crate::LABEL_SYNC_POLICY.into(), crate::CREATE_ONLY.into());
+        old.rehash();
+        let state = target_state(
+            judge(ConflictPolicy::Skip),
+            &desired("v2"),
+            Some(&old),
+            &none(),
+        );
+        assert_eq!(state, CopyState::CreateOnly);
+        assert!(state.is_current());
+        assert_eq!(leftover_state(&old, "not targeted"), CopyState::CreateOnly);
+        let plain = copy_of(&desired("v1"), "t9");
+        assert_eq!(
+            leftover_state(&plain, "not targeted"),
+            CopyState::Unwanted {
+                reason: "not targeted".into()
+            }
+        );
+    }
+
+    #[test]
+    fn the_status_names_the_other_writer_of_a_contested_copy_and_why_of_a_conflict() {
+        let now = desired("v");
+        let status = RuleStatus {
+            contested: vec![ContestedEntry {
+                namespace: "t1".into(),
+                name: "cfg".into(),
+                writer: "kubectl-edit".into(),
+            }],
+            conflicts: vec![ConflictEntry {
+                namespace: "t2".into(),
+                name: "cfg".into(),
+                reason: "shadowed by shared2/cfg".into(),
+            }],
+            conditions: vec![Condition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                reason: "CopiesContested".into(),
+                ..Condition::default()
+            }],
+            ..RuleStatus::default()
+        };
+        let t1 = StatusFacts::of(Some(&status), "t1", "cfg");
+        assert_eq!(t1.contested_by.as_deref(), Some("kubectl-edit"));
+        assert_eq!(t1.writes_refused, None, "contested is no refusal");
+        let stale = copy_of(&desired("v0"), "t1");
+        assert_eq!(
+            target_state(judge(ConflictPolicy::Skip), &now, Some(&stale), &t1),
+            CopyState::Contested {
+                writer: "kubectl-edit".into()
+            }
+        );
+        // The copy of another source of the same name holds t2/cfg.
+        let mut shadow = copy_of(&now, "t2");
+        shadow
+            .annotations
+            .insert(crate::ANNOTATION_SOURCE.into(), "shared2/cfg".into());
+        shadow.rehash();
+        let t2 = StatusFacts::of(Some(&status), "t2", "cfg");
+        assert_eq!(
+            target_state(judge(ConflictPolicy::Skip), &now, Some(&shadow), &t2),
+            CopyState::Conflict {
+                reason: "shadowed by shared2/cfg".into()
+            }
+        );
+        assert_eq!(StatusFacts::of(None, "t1", "cfg"), none());
+    }
+
+    fn namespaces(names: &[&str]) -> BTreeMap<String, NamespaceInfo> {
+        names
+            .iter()
+            .map(|n| ((*n).to_owned(), NamespaceInfo::default()))
+            .collect()
+    }
+
+    #[test]
+    fn places_lists_each_target_then_the_copies_no_rule_targets() {
+        let trust = crate::core::resolve::Trust {
+            policy: std::sync::Arc::new(crate::core::resolve::CopyPolicy::defaults("ops")),
+            operator_namespace: "ops".into(),
+            all_namespaces: false,
+            allow_tenant_clusters: false,
+        };
+        let mut rule = crate::api::rule::CopyratorRule::default();
+        rule.metadata.namespace = Some("ops".into());
+        rule.metadata.name = Some("r".into());
+        rule.metadata.uid = Some(UID.into());
+        rule.rule_type = Some(crate::api::rule::RuleType::ConfigMap);
+        rule.selector = Some(serde_json::from_value(json!({"copy": "true"})).expect("a map"));
+        rule.namespace = Some(json!("shared"));
+        rule.spec = Some(crate::api::rule::RuleSpec {
+            targets: Some(crate::api::rule::Targets {
+                include: Some(vec!["t*".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let resolved = rule.resolve(&trust).expect("a valid rule");
+        let now = desired("v2");
+        let mut copies = BTreeMap::new();
+        copies.insert("t1".to_owned(), copy_of(&now, "t1"));
+        copies.insert("t2".to_owned(), copy_of(&desired("v1"), "t2"));
+        copies.insert("t3".to_owned(), foreign("t3"));
+        // Left in a namespace the rule no longer targets.
+        copies.insert("x1".to_owned(), copy_of(&now, "x1"));
+        // Someone else's object of that name, elsewhere: not listed.
+        copies.insert("x2".to_owned(), foreign("x2"));
+        let followers = [Follower {
+            rule: &resolved,
+            status: None,
+        }];
+        let found = places(
+            &source("v2"),
+            &followers,
+            &namespaces(&["shared", "t1", "t2", "t3", "t4", "x1", "x2"]),
+            &copies,
+            &|uid| uid == UID,
+        );
+        let states: Vec<(&str, &str)> = found
+            .iter()
+            .map(|p| (p.namespace.as_str(), p.state.word()))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                ("t1", "in place"),
+                ("t2", "stale"),
+                ("t3", "conflict"),
+                ("t4", "missing"),
+                ("x1", "unwanted")
+            ]
+        );
+        assert!(found.iter().all(|p| p.rule.as_deref() == Some(RULE)));
+        // Copies whose rule is gone say so; foreign objects stay out.
+        let gone = places(&source("v2"), &[], &namespaces(&["x1"]), &copies, &|_| {
+            false
+        });
+        let where_gone: Vec<&str> = gone.iter().map(|p| p.namespace.as_str()).collect();
+        assert_eq!(where_gone, ["t1", "t2", "x1"]);
+        assert!(
+            gone.iter()
+                .all(|p| p.state.detail().is_some_and(|d| d.contains("is gone"))),
+            "{gone:?}"
+        );
+    }
+}
