@@ -30,18 +30,21 @@ pub async fn run_workers(
     run_site_workers(shared, home, workers, stop).await;
 }
 
-/// Run `workers` loops over a site's queue until `stop` fires.
+/// Run `workers` loops over a site's queue until `stop` fires. Its tasks
+/// belong to this future: a member's site that goes (its future aborted)
+/// takes its workers and timer with it.
 pub async fn run_site_workers(
     shared: Arc<Shared>,
     site: Arc<Site>,
     workers: usize,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let timer = tokio::spawn({
+    let mut timer = tokio::task::JoinSet::new();
+    timer.spawn({
         let site = site.clone();
         async move { site.queue.run_timer().await }
     });
-    let mut handles = Vec::new();
+    let mut loops = tokio::task::JoinSet::new();
     // A standby works too: its passes write nothing (every write asks the
     // Lease first), but they start each rule's source watches and keep
     // every cache warm, so a takeover writes at once.
@@ -49,24 +52,31 @@ pub async fn run_site_workers(
         let shared = shared.clone();
         let site = site.clone();
         let mut stop = stop.clone();
-        handles.push(tokio::spawn(async move {
+        loops.spawn(async move {
             loop {
                 let (key, scope) = tokio::select! {
                     _ = stop.wait_for(|s| *s) => return,
                     next = site.queue.next() => next,
                 };
-                match site.name.member().and_then(|name| shared.members.get(name)) {
-                    Some(member) => work_on_member(&shared, &member, key, scope).await,
+                match site.name.member() {
                     None => work_on(&shared, key, scope).await,
+                    Some(name) => match shared.members.get(name) {
+                        Some(member) if Arc::ptr_eq(&member.site, &site) => {
+                            work_on_member(&shared, &member, key, scope).await;
+                        }
+                        // Gone from the inventory, or started again with new
+                        // credentials (a site of its own): this site's
+                        // passes end with it.
+                        _ => return,
+                    },
                 }
             }
-        }));
+        });
     }
     let _ = stop.wait_for(|s| *s).await;
-    for handle in handles {
-        let _ = handle.await;
-    }
-    timer.abort();
+    // Each loop finishes the pass it is in.
+    while loops.join_next().await.is_some() {}
+    timer.abort_all();
 }
 
 /// A rule's pass in a member; a pass that fails as a whole (the member
