@@ -131,6 +131,7 @@ pub fn member_views(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Memb
         fingerprint: start.fingerprint,
         reach: Mutex::new(Reach::Connecting),
         reports: Mutex::default(),
+        metrics: shared.metrics.clone(),
         leaving: AtomicBool::new(false),
         tasks: Mutex::default(),
     });

@@ -206,10 +206,6 @@ pub fn in_member(resolved: &ResolvedRule, home_name: &str) -> ResolvedRule {
 /// status at home.
 fn tell(shared: &Shared, member: &Member, key: &RuleKey, report: Option<MemberReport>) {
     if member.report(key, report) {
-        let (copies, conflicts) = member.totals();
-        shared
-            .metrics
-            .member_counts(member.name(), copies, conflicts);
         shared.home.queue.add(key.clone(), Touch::Nothing);
     }
 }

@@ -20,6 +20,7 @@ use crate::api::kinds::Kind;
 use crate::api::rule::{ClusterStatus, RuleKey};
 use crate::controller::site::Site;
 use crate::core::resolve::ResolvedRule;
+use crate::ops::metrics::Metrics;
 use crate::sync::{lock, read, write};
 
 /// How long the deletion of copies waits for an unreachable member: a
@@ -74,6 +75,8 @@ pub struct Member {
     pub fingerprint: u64,
     pub reach: Mutex<Reach>,
     pub reports: Mutex<HashMap<RuleKey, MemberReport>>,
+    /// Where its reports' totals are said (`copyrator_member_copies`).
+    pub metrics: Arc<Metrics>,
     /// Gone from the inventory: its copies are deleted, then it goes too.
     pub leaving: AtomicBool,
     /// Its watches, workers and probe, aborted when it goes.
@@ -118,25 +121,25 @@ impl Member {
         self.site.cluster.views.synced.all()
     }
 
-    /// Copies and conflicts across the rules' last reports.
-    pub fn totals(&self) -> (u64, u64) {
-        lock(&self.reports)
-            .values()
-            .fold((0, 0), |(copies, conflicts), r| {
+    /// Take a rule's report; returns whether it changed. The member's
+    /// gauges of copies and conflicts follow, set under the same lock, so
+    /// that two passes at once cannot leave an older total behind.
+    pub fn report(&self, key: &RuleKey, report: Option<MemberReport>) -> bool {
+        let mut reports = lock(&self.reports);
+        let changed = match report {
+            Some(report) => reports.insert(key.clone(), report.clone()) != Some(report),
+            None => reports.remove(key).is_some(),
+        };
+        if changed {
+            let (copies, conflicts) = reports.values().fold((0, 0), |(copies, conflicts), r| {
                 (
                     copies + u64::from(r.copies),
                     conflicts + u64::from(r.conflicts),
                 )
-            })
-    }
-
-    /// Take a rule's report; returns whether it changed.
-    pub fn report(&self, key: &RuleKey, report: Option<MemberReport>) -> bool {
-        let mut reports = lock(&self.reports);
-        match report {
-            Some(report) => reports.insert(key.clone(), report.clone()) != Some(report),
-            None => reports.remove(key).is_some(),
+            });
+            self.metrics.member_counts(self.name(), copies, conflicts);
         }
+        changed
     }
 }
 
