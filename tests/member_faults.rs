@@ -59,7 +59,9 @@ const MAX_CONNECTIONS_MEMBER_DOWN: usize = 30;
 /// failures bring forward. A namespace that refuses writes at home may get
 /// 15 a minute (tests/neighbours.rs).
 const MAX_REQUESTS_REFUSING: usize = 20;
-/// INFO and louder lines the operator may log in that minute.
+/// INFO and louder lines the operator may log in that minute, all of
+/// them counted: a's watches failing once each, and the passes the
+/// source change brings at home and in b.
 const MAX_LOG_LINES_REFUSING: usize = 10;
 /// Requests beyond the writes a member's convergence needs: its watches'
 /// lists and watches again, probes.
@@ -565,10 +567,19 @@ async fn a_member_removed_from_the_inventory_has_its_copies_pruned_and_is_let_go
     })
     .await;
     let done = Utc::now();
-    // Let go: its probe asked every 5 s; nothing is sent after this.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let quiet_from = Utc::now();
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    // Let go, as its log says; nothing is sent to a after that (its probe
+    // asked every 5 s: a 12 s window would see two).
+    let let_go = f
+        .operator()
+        .wait_log_line("a let go", CONVERGE_WAIT, |line| {
+            line.is(
+                "member cluster left the inventory and holds no copies: disconnected",
+                &[("member", a.name.as_str())],
+            )
+        })
+        .await;
+    let quiet_from = let_go.timestamp.max(Utc::now()) + chrono::Duration::milliseconds(500);
+    tokio::time::sleep(Duration::from_secs(13)).await;
     let end = Utc::now();
     requests.settle(&a.client, end).await;
     let window = f.requests_of(&a, from, done);

@@ -107,6 +107,23 @@ fn throttled(error: &watcher::Error) -> Option<Option<std::time::Duration>> {
     })
 }
 
+/// Whether a failed watch request got no answer from the API server (a
+/// connection refused, reset or timed out), or had its credentials
+/// refused (401): the server itself may be gone, or shut to us. A 403 or
+/// 404 for one resource says nothing about the server as a whole.
+fn unanswered(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => match e {
+            kube::Error::Api(status) => status.code == 401,
+            _ => true,
+        },
+        watcher::Error::WatchError(status) => status.code == 401,
+        watcher::Error::NoResourceVersion => false,
+    }
+}
+
 /// Whether a failed watch request says the API server does not serve the
 /// resource (404: the CustomResourceDefinition of the kind was deleted).
 fn unserved(error: &watcher::Error) -> bool {
@@ -134,7 +151,9 @@ pub enum WatchEnd {
 /// of this watch's own backoff.
 pub async fn cool_down(health: &Health, pause: &ReadPause, name: &str, error: &watcher::Error) {
     log_watch_error(health, name, error);
-    pause.read_failed();
+    if unanswered(error) {
+        pause.read_failed();
+    }
     if let Some(retry_after) = throttled(error) {
         pause.throttled(Instant::now(), retry_after);
     }

@@ -13,12 +13,12 @@ use tracing::info;
 use crate::api::kinds::Kind;
 use crate::api::rule::{ConflictPolicy, CopyratorRule, RuleKey};
 use crate::cluster::writer::Outcome;
-use crate::controller::members::{MEMBER_CLEANUP_GIVES_UP_AFTER, Reach};
+use crate::controller::members::MEMBER_CLEANUP_GIVES_UP_AFTER;
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
 use crate::core::plan::{self, Action};
 use crate::core::scope::Touch;
-use crate::sync::{lock, read, write};
+use crate::sync::{read, write};
 use crate::{Error, FINALIZER};
 
 /// Add or remove our finalizer, as a compare-and-swap on the rule's version.
@@ -189,11 +189,7 @@ fn members_holding(shared: &Shared, key: &RuleKey, uid: &str) -> (Vec<String>, V
         if !left {
             continue;
         }
-        let unreachable_for = match &*lock(&member.reach) {
-            Reach::Unreachable { since, .. } => since.elapsed(),
-            _ => Duration::ZERO,
-        };
-        if unreachable_for > MEMBER_CLEANUP_GIVES_UP_AFTER {
+        if member.unreachable_for() > MEMBER_CLEANUP_GIVES_UP_AFTER {
             given_up.push(member.name().to_owned());
         } else {
             member.site.queue.add(key.clone(), Touch::All);

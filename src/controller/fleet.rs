@@ -43,9 +43,9 @@ const PROFILES_UNSERVED_RETRY: Duration = Duration::from_secs(60);
 /// statuses within two rounds (well within 30 s).
 pub const PROBE_EVERY: Duration = Duration::from_secs(5);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-/// A failed watch brings the next probe forward, but never closer than
-/// this to the last one.
-const PROBE_AT_MOST_EVERY: Duration = Duration::from_secs(1);
+/// A watch request that gets no answer brings the next probe forward,
+/// but never closer than this to the last one.
+const PROBE_MIN_GAP: Duration = Duration::from_secs(1);
 
 /// Passes at once per member: enough to keep its share of the writes busy.
 const WORKERS_PER_MEMBER: usize = 2;
@@ -76,6 +76,7 @@ fn member_limits(limits: Limits) -> Limits {
 /// Start a member: its site, watches, workers and probe.
 pub fn start_member(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Member>, String> {
     let name = start.name.clone();
+    shared.metrics.cluster_started(&name, false);
     let member = member_views(shared, start)?;
     let site = member.site.clone();
     let mut tasks = lock(&member.tasks);
@@ -108,7 +109,6 @@ pub fn member_views(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Memb
     // Its watches report to a health of their own: a member's trouble is
     // said in its rules' statuses, never by failing the operator's probes.
     let health = Arc::new(Health::new(Duration::from_secs(3600)));
-    shared.metrics.cluster_started(&start.name, false);
     let cluster = Cluster::new(
         clients,
         limits,
@@ -195,7 +195,7 @@ async fn probe(shared: std::sync::Weak<Shared>, member: std::sync::Weak<Member>)
             .site
             .cluster
             .read_pause
-            .hold(matches!(next, Reach::Unreachable { .. }));
+            .set_held(matches!(next, Reach::Unreachable { .. }));
         let previous = std::mem::replace(&mut *lock(&member.reach), next.clone());
         let changed = previous.reason() != next.reason();
         if changed {
@@ -205,9 +205,9 @@ async fn probe(shared: std::sync::Weak<Shared>, member: std::sync::Weak<Member>)
         drop((shared, member));
         // A watch that fails asks for the next probe now: a member that
         // stops answering is held (and said) before its watches retry.
-        tokio::time::sleep(PROBE_AT_MOST_EVERY).await;
+        tokio::time::sleep(PROBE_MIN_GAP).await;
         tokio::select! {
-            () = tokio::time::sleep(PROBE_EVERY.saturating_sub(PROBE_AT_MOST_EVERY)) => {}
+            () = tokio::time::sleep(PROBE_EVERY.saturating_sub(PROBE_MIN_GAP)) => {}
             () = pause.next_failure() => {}
         }
     }

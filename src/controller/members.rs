@@ -100,6 +100,14 @@ impl Member {
         *lock(&self.reach) == Reach::Reachable
     }
 
+    /// How long it has not answered (zero while it does, or is connecting).
+    pub fn unreachable_for(&self) -> std::time::Duration {
+        match &*lock(&self.reach) {
+            Reach::Unreachable { since, .. } => since.elapsed(),
+            _ => std::time::Duration::ZERO,
+        }
+    }
+
     /// Its last probe failed (no answer, or its credentials refused).
     pub fn is_unreachable(&self) -> bool {
         matches!(*lock(&self.reach), Reach::Unreachable { .. })
@@ -191,10 +199,7 @@ impl Members {
                 gone.push(name.clone());
                 return false;
             }
-            let unreachable_for = match &*lock(&member.reach) {
-                Reach::Unreachable { since, .. } => since.elapsed(),
-                _ => std::time::Duration::ZERO,
-            };
+            let unreachable_for = member.unreachable_for();
             if unreachable_for > give_up_after {
                 tracing::warn!(
                     member = name.as_str(),

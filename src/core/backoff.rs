@@ -649,8 +649,8 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
 #[derive(Default)]
 pub struct ReadPause {
     state: std::sync::Mutex<ReadPauseState>,
-    /// Told of every failed read: a member's probe then asks at once
-    /// whether its API server answers, instead of at its next round.
+    /// Told of a failed watch request that got no answer from the API
+    /// server (or a 401): whoever checks its health may look at once.
     failed: tokio::sync::Notify,
 }
 
@@ -658,17 +658,15 @@ pub struct ReadPause {
 struct ReadPauseState {
     until: Option<Instant>,
     in_a_row: u32,
-    /// Set while the API server is known not to answer (a member's probe
-    /// says so): no watch sends a request that would only fail, and log.
+    /// Set while the API server is known not to answer: no watch sends a
+    /// request that would only fail, and log.
     held: bool,
 }
 
 impl ReadPause {
     pub const MAX: Duration = Duration::from_secs(30);
     /// How often a held watch looks again whether it may go: a released
-    /// hold is followed within about this (plus [`wait_out`]'s spread).
-    ///
-    /// [`wait_out`]: crate::cluster::watch::wait_out
+    /// hold is followed within about this (plus the waiter's spread).
     pub const HELD_RECHECK: Duration = Duration::from_millis(500);
 
     fn state(&self) -> std::sync::MutexGuard<'_, ReadPauseState> {
@@ -707,7 +705,7 @@ impl ReadPause {
         }
     }
 
-    /// A read failed (of any cause).
+    /// A read failed without an answer (see `failed`).
     pub fn read_failed(&self) {
         self.failed.notify_one();
     }
@@ -718,8 +716,8 @@ impl ReadPause {
         self.failed.notified().await;
     }
 
-    /// Hold every read until released (`held` false).
-    pub fn hold(&self, held: bool) {
+    /// Hold every read (`true`) until released (`false`).
+    pub fn set_held(&self, held: bool) {
         self.state().held = held;
     }
 
@@ -796,7 +794,7 @@ mod tests {
     fn held_reads_wait_until_released_and_a_throttle_still_counts() {
         let pause = ReadPause::default();
         let now = Instant::now();
-        pause.hold(true);
+        pause.set_held(true);
         // Held: always a short wait ahead, so a watch keeps looking.
         assert_eq!(pause.until(now), Some(now + ReadPause::HELD_RECHECK));
         let later = now + Duration::from_secs(600);
@@ -804,7 +802,7 @@ mod tests {
         // A throttle longer than the recheck is kept while held…
         let throttled = pause.throttled(now, Some(Duration::from_secs(5)));
         assert_eq!(pause.until(now), Some(throttled));
-        pause.hold(false);
+        pause.set_held(false);
         // …and after the release, as before.
         assert_eq!(pause.until(now), Some(throttled));
         assert_eq!(pause.until(throttled), None);

@@ -298,8 +298,9 @@ impl Metrics {
         }
     }
 
-    /// A member left the inventory: its series go (the cardinality is the
-    /// inventory's).
+    /// A member was disconnected (it left the inventory, or its entry can
+    /// no longer be used): its series go, so the cardinality is the
+    /// inventory's.
     pub fn cluster_gone(&self, cluster: &str) {
         self.member_reachable(cluster, None);
         let labels = ClusterLabels {
