@@ -588,10 +588,11 @@ async fn a_member_removed_from_the_inventory_has_its_copies_pruned_and_is_let_go
     let after = requests.count(&f.requests_of(&a, quiet_from, end));
     println!(
         "{TEST}: a's copies gone {} after its Secret was deleted; the operator's requests to a \
-         meanwhile: {sent} ({:?}), of which {deletes} deletes; in the 12 s after it was let go: \
+         meanwhile: {sent} ({:?}), of which {deletes} deletes; in the {} after it was let go: \
          {after}",
         secs(pruned),
         requests.by_verb_resource(&window),
+        secs((end - quiet_from).to_std().unwrap_or_default()),
     );
     assert_eq!(
         f.check(&f.home()).await.expect("home right"),
