@@ -303,8 +303,9 @@ mod tests {
         )
     }
 
-    fn desired(value: &str) -> Desired {
-        let policy = crate::core::resolve::CopyPolicy::defaults("ops");
+    /// The rule `ops/r` copying ConfigMaps labelled `copy: true` from
+    /// `shared`, with `spec` where given, resolved.
+    fn resolved_rule(spec: Option<crate::api::rule::RuleSpec>) -> ResolvedRule {
         let mut rule = crate::api::rule::CopyratorRule::default();
         rule.metadata.namespace = Some("ops".into());
         rule.metadata.name = Some("r".into());
@@ -312,14 +313,18 @@ mod tests {
         rule.rule_type = Some(crate::api::rule::RuleType::ConfigMap);
         rule.selector = Some(serde_json::from_value(json!({"copy": "true"})).expect("a map"));
         rule.namespace = Some(json!("shared"));
+        rule.spec = spec;
         let trust = crate::core::resolve::Trust {
-            policy: std::sync::Arc::new(policy),
+            policy: std::sync::Arc::new(crate::core::resolve::CopyPolicy::defaults("ops")),
             operator_namespace: "ops".into(),
             all_namespaces: false,
             allow_tenant_clusters: false,
         };
-        let resolved = rule.resolve(&trust).expect("a valid rule");
-        crate::core::plan::desired_copy(&resolved, &source(value))
+        rule.resolve(&trust).expect("a valid rule")
+    }
+
+    fn desired(value: &str) -> Desired {
+        crate::core::plan::desired_copy(&resolved_rule(None), &source(value))
     }
 
     /// The copy a pass writes for `desired`, in namespace `ns`.
@@ -518,27 +523,13 @@ mod tests {
 
     #[test]
     fn places_lists_each_target_then_the_copies_no_rule_targets() {
-        let trust = crate::core::resolve::Trust {
-            policy: std::sync::Arc::new(crate::core::resolve::CopyPolicy::defaults("ops")),
-            operator_namespace: "ops".into(),
-            all_namespaces: false,
-            allow_tenant_clusters: false,
-        };
-        let mut rule = crate::api::rule::CopyratorRule::default();
-        rule.metadata.namespace = Some("ops".into());
-        rule.metadata.name = Some("r".into());
-        rule.metadata.uid = Some(UID.into());
-        rule.rule_type = Some(crate::api::rule::RuleType::ConfigMap);
-        rule.selector = Some(serde_json::from_value(json!({"copy": "true"})).expect("a map"));
-        rule.namespace = Some(json!("shared"));
-        rule.spec = Some(crate::api::rule::RuleSpec {
+        let resolved = resolved_rule(Some(crate::api::rule::RuleSpec {
             targets: Some(crate::api::rule::Targets {
                 include: Some(vec!["t*".into()]),
                 ..Default::default()
             }),
             ..Default::default()
-        });
-        let resolved = rule.resolve(&trust).expect("a valid rule");
+        }));
         let now = desired("v2");
         let mut copies = BTreeMap::new();
         copies.insert("t1".to_owned(), copy_of(&now, "t1"));
