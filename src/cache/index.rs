@@ -413,6 +413,21 @@ pub struct NamespaceInfo {
 }
 
 impl NamespaceInfo {
+    /// What a namespace's metadata says: its labels, whether it is
+    /// terminating, and whom it accepts copies from.
+    pub fn of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Self {
+        Self {
+            labels: meta.labels.clone().unwrap_or_default(),
+            terminating: meta.deletion_timestamp.is_some(),
+            accept_from: Self::accept_from(
+                meta.annotations
+                    .as_ref()
+                    .and_then(|a| a.get(crate::ANNOTATION_ACCEPT_FROM))
+                    .map(String::as_str),
+            ),
+        }
+    }
+
     /// Parse the `accept-from` annotation; entries that are no valid glob
     /// are ignored (they accept nothing).
     pub fn accept_from(annotation: Option<&str>) -> Vec<crate::api::selector::Glob> {

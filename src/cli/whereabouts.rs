@@ -391,18 +391,7 @@ async fn read_cluster(
     .await?
     .items
     .into_iter()
-    .map(|meta| {
-        let info = NamespaceInfo {
-            labels: meta.labels().clone(),
-            terminating: meta.metadata.deletion_timestamp.is_some(),
-            accept_from: NamespaceInfo::accept_from(
-                meta.annotations()
-                    .get(crate::ANNOTATION_ACCEPT_FROM)
-                    .map(String::as_str),
-            ),
-        };
-        (meta.name_any(), info)
-    })
+    .map(|meta| (meta.name_any(), NamespaceInfo::of(&meta.metadata)))
     .collect();
     let objects: Api<DynamicObject> = Api::all_with(client.clone(), &kind.api_resource());
     let by_name = ListParams::default().fields(&format!("metadata.name={name}"));

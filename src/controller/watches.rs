@@ -80,16 +80,9 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
 pub fn spawn_namespace_watch(shared: Arc<Shared>, site: Arc<Site>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<PartialObjectMeta<Namespace>> = Api::all(site.cluster.client.clone());
-        let info = |meta: &PartialObjectMeta<Namespace>| NamespaceInfo {
-            labels: meta.labels().clone(),
-            terminating: meta.metadata.deletion_timestamp.is_some(),
-            accept_from: NamespaceInfo::accept_from(
-                meta.annotations()
-                    .get(crate::ANNOTATION_ACCEPT_FROM)
-                    .map(String::as_str),
-            ),
+        let convert = |meta: PartialObjectMeta<Namespace>| {
+            (meta.name_any(), NamespaceInfo::of(&meta.metadata))
         };
-        let convert = |meta: PartialObjectMeta<Namespace>| (meta.name_any(), info(&meta));
         follow(
             api,
             watch_config(),
