@@ -40,6 +40,12 @@ pub const LABEL_RULE_UID: &str = "copyrator.flant.com/rule-uid";
 pub const LABEL_SYNC_POLICY: &str = "copyrator.flant.com/sync-policy";
 /// The value of [`LABEL_SYNC_POLICY`] that hands a copy over.
 pub const CREATE_ONLY: &str = "CreateOnly";
+/// On the copies of a rule with `deletionPolicy.ruleDeleted: Orphan`, with
+/// the value [`ORPHAN`]: they are handed over, not deleted, when their rule
+/// is gone, even when it went without its finalizer.
+pub const LABEL_ON_RULE_DELETED: &str = "copyrator.flant.com/on-rule-deleted";
+/// The value of [`LABEL_ON_RULE_DELETED`] that keeps copies.
+pub const ORPHAN: &str = "Orphan";
 /// `namespace/name` of the rule that made a copy.
 pub const ANNOTATION_RULE: &str = "copyrator.flant.com/rule";
 /// `namespace/name` of a copy's source.

@@ -81,6 +81,10 @@ fn root_schema() -> Value {
             {
                 "rule": "has(self.selector) || (has(self.spec) && has(self.spec.selector))",
                 "message": "selector is required: set selector (or spec.selector) to the labels a source must carry"
+            },
+            {
+                "rule": "!(has(self.spec) && has(self.spec.prune) && !self.spec.prune && has(self.spec.deletionPolicy) && (has(self.spec.deletionPolicy.sourceGone) || has(self.spec.deletionPolicy.targetLeft)))",
+                "message": "prune: false keeps copies that no longer belong, and deletionPolicy.sourceGone or targetLeft says what becomes of them: set one or the other"
             }
         ]
     })

@@ -164,6 +164,42 @@ pub struct RuleSpec {
     /// keys they carry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transform: Option<Transform>,
+    /// What becomes of a copy that no longer belongs: deleted, or orphaned
+    /// (handed over to its namespace, as `syncPolicy: CreateOnly` copies
+    /// are, and never written again). Default: deleted in every case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_policy: Option<DeletionPolicy>,
+}
+
+/// What becomes of copies when their rule is deleted, when their source
+/// goes or stops matching, and when their namespace leaves the targets.
+/// Each is `Delete` (the default) or `Orphan`. `prune: false` keeps such
+/// copies as they are instead (still the rule's, deleted with it), and
+/// cannot be combined with `sourceGone` or `targetLeft`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeletionPolicy {
+    /// When the rule is deleted. Default Delete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule_deleted: Option<Disposal>,
+    /// When a copy's source is deleted or stops matching the rule. Default Delete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_gone: Option<Disposal>,
+    /// When a copy's namespace (or cluster) leaves the rule's targets. Default Delete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_left: Option<Disposal>,
+}
+
+/// What becomes of a copy that no longer belongs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Disposal {
+    /// The copy is deleted.
+    #[default]
+    Delete,
+    /// The copy stays, handed over to its namespace: it gets the label
+    /// `copyrator.flant.com/sync-policy: CreateOnly` and is never written
+    /// or deleted by Copyrator again.
+    Orphan,
 }
 
 /// Which namespaces receive copies. A namespace is a target when it matches
@@ -480,6 +516,17 @@ impl CopyratorRule {
 
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
+    }
+
+    /// What becomes of the rule's copies when it is deleted
+    /// (`deletionPolicy.ruleDeleted`), read without resolving the rule: a
+    /// rule that no longer resolves is still cleaned up after.
+    pub fn on_deletion(&self) -> Disposal {
+        self.spec
+            .as_ref()
+            .and_then(|spec| spec.deletion_policy.as_ref())
+            .and_then(|policy| policy.rule_deleted)
+            .unwrap_or_default()
     }
 
     /// Whether the rule's status says Ready=True (for the generation it

@@ -60,6 +60,9 @@ pub struct Object {
     /// The label `copyrator.flant.com/sync-policy: CreateOnly`: a copy
     /// handed over to its namespace, which Copyrator never writes again.
     pub create_only: bool,
+    /// The label `copyrator.flant.com/on-rule-deleted: Orphan`: handed over,
+    /// not deleted, when its rule is gone.
+    pub orphan_with_rule: bool,
     /// The field manager other than Copyrator that wrote last (from `managedFields`).
     pub other_writer: Option<Arc<str>>,
     /// `Kind/name` of the controller that owns this object (an owner
@@ -239,6 +242,7 @@ impl Object {
             rule_ref: None,
             source_ref: None,
             create_only: false,
+            orphan_with_rule: false,
             namespace: crate::cache::intern::string(namespace.as_ref()),
             name: crate::cache::intern::string(name.as_ref()),
             uid,
@@ -313,6 +317,10 @@ impl Object {
             .labels
             .get(crate::LABEL_SYNC_POLICY)
             .is_some_and(|v| v == crate::CREATE_ONLY);
+        self.orphan_with_rule = self
+            .labels
+            .get(crate::LABEL_ON_RULE_DELETED)
+            .is_some_and(|v| v == crate::ORPHAN);
         self.set_owned(|_, _| true);
     }
 

@@ -702,7 +702,7 @@ items:
     fn delete(namespace: &str, name: &str, source: Option<&str>) -> Action {
         Action::Delete {
             current: object(namespace, name, source),
-            reason: DeleteReason::Pruned,
+            reason: DeleteReason::SourceGone,
         }
     }
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::Value;
 use tracing::debug;
@@ -227,6 +227,7 @@ impl Writer {
                     self.recreate(desired, current, policy, rule).await
                 }
                 Action::Delete { current, .. } => self.delete(kind, current).await,
+                Action::HandOver { current, .. } => self.hand_over(kind, current).await,
             }
         };
         // A write must not outlive this process's leadership: one stuck on
@@ -372,6 +373,35 @@ impl Writer {
                 message: "the copy became immutable meanwhile".into(),
                 retry_after: None,
             }),
+            Err(e) if is_namespace_terminating(&e) => {
+                Outcome::Ignored("the namespace is going away")
+            }
+            Err(e) => Outcome::Failed(self.failure(&e)),
+        }
+    }
+
+    /// Orphan the copy: label exactly the version the plan saw as handed
+    /// over to its namespace, leaving everything else of it as it is.
+    pub async fn hand_over(&self, kind: Kind, current: &Object) -> Outcome {
+        let api = self.api(kind, &current.namespace);
+        // The resourceVersion makes the merge patch conditional.
+        let patch = serde_json::json!({"metadata": {
+            "labels": {crate::LABEL_SYNC_POLICY: crate::CREATE_ONLY},
+            "resourceVersion": current.resource_version,
+        }});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        self.metrics.write("patch", kind.name());
+        match api
+            .patch(&current.name, &params, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(patched) => Outcome::Written(Some(Arc::new(
+                Object::from_dynamic(kind, patched).into_compact(),
+            ))),
+            Err(e) if is_status(&e, 404) => Outcome::Ignored("already gone"),
             Err(e) if is_namespace_terminating(&e) => {
                 Outcome::Ignored("the namespace is going away")
             }

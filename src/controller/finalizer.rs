@@ -11,12 +11,13 @@ use serde_json::json;
 use tracing::info;
 
 use crate::api::kinds::Kind;
+use crate::api::rule::Disposal;
 use crate::api::rule::{ConflictPolicy, CopyratorRule, RuleKey};
 use crate::cluster::writer::Outcome;
 use crate::controller::members::MEMBER_CLEANUP_GIVES_UP_AFTER;
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
-use crate::core::plan::{self, Action};
+use crate::core::plan::{self, Action, DeleteReason};
 use crate::core::scope::Touch;
 use crate::sync::{read, write};
 use crate::{Error, FINALIZER};
@@ -86,6 +87,68 @@ pub(crate) async fn delete_all(
         .buffer_unordered(site.cluster.writer.concurrency())
         .collect()
         .await
+}
+
+/// What a cleanup's writes came to.
+#[derive(Default)]
+pub(crate) struct Cleared {
+    /// Copies deleted or handed over (or found gone already).
+    pub(crate) done: usize,
+    /// Some were not written: this process does not lead (or a name was taken).
+    pub(crate) retry: bool,
+    /// `Kind namespace/name: why` of each write that failed.
+    pub(crate) failed: Vec<String>,
+}
+
+impl Cleared {
+    /// Carry out a cleanup's `actions` on the copies of `kind` in `site`,
+    /// each written through to the site's copy view.
+    pub(crate) async fn carry_out(
+        &mut self,
+        site: &Site,
+        kind: Kind,
+        actions: Vec<Action>,
+        rule: &str,
+    ) {
+        for (action, outcome) in delete_all(site, kind, actions, rule).await {
+            let (namespace, name) = action.target();
+            match outcome {
+                Outcome::Written(object) => {
+                    write_through(site, kind, &action, object);
+                    self.done += 1;
+                }
+                Outcome::Ignored(_) => {
+                    write_through(site, kind, &action, None);
+                    self.done += 1;
+                }
+                Outcome::NotLeader | Outcome::Conflict(_) => self.retry = true,
+                Outcome::Failed(failure) => self
+                    .failed
+                    .push(format!("{kind} {namespace}/{name}: {}", failure.message)),
+            }
+        }
+    }
+}
+
+/// Take a cleanup's write into the site's copy view at once, so that the
+/// copies it deleted or handed over no longer count as the rule's before
+/// their watch events arrive: `object` as written, or none.
+pub(crate) fn write_through(
+    site: &Site,
+    kind: Kind,
+    action: &Action,
+    object: Option<Arc<crate::cache::index::Object>>,
+) {
+    let mut copies = write(site.cluster.views.copies(kind));
+    match (object, action) {
+        (Some(object), _) => {
+            copies.upsert_written(object);
+        }
+        (None, Action::Delete { current, .. }) => {
+            copies.remove(&current.namespace, &current.name, &current.uid);
+        }
+        (None, _) => {}
+    }
 }
 
 /// The deletions of the copies of `kind` whose rule is gone without its
@@ -230,7 +293,25 @@ async fn wait_for_members(
     None
 }
 
-/// A deleted rule: delete every copy it made, here and in every member,
+/// What a deleted rule's cleanup did, for its Event: `done` copies deleted
+/// or handed over under `disposal`, and `left` handed over before.
+fn deletion_note(disposal: Disposal, done: usize, left: usize) -> String {
+    let done = match disposal {
+        Disposal::Delete => format!("the rule is being deleted: deleted its {done} copies"),
+        Disposal::Orphan => format!(
+            "the rule is being deleted: handed its {done} copies over to their namespaces (deletionPolicy.ruleDeleted Orphan)"
+        ),
+    };
+    if left == 0 {
+        done
+    } else {
+        format!(
+            "{done}; left the {left} it had handed over before (syncPolicy CreateOnly or Orphan) to their namespaces"
+        )
+    }
+}
+
+/// A deleted rule: delete (or hand over) every copy it made, here and in every member,
 /// then let the rule go; returns when to look again while members still
 /// hold copies.
 pub async fn cleanup(
@@ -239,35 +320,27 @@ pub async fn cleanup(
     uid: &str,
 ) -> Result<Option<Duration>, Error> {
     let key = rule.key();
-    let mut deleted = 0;
-    // Copies handed over to their namespaces (syncPolicy CreateOnly) stay.
+    let disposal = rule.on_deletion();
+    // Copies handed over to their namespaces before (syncPolicy CreateOnly) stay.
     let mut left = 0;
-    let mut errors = Vec::new();
-    let mut retry = false;
+    let mut cleared = Cleared::default();
     for kind in Kind::all() {
         let actions = {
             let namespaces = read(&shared.home.cluster.views.namespaces);
             let copies = read(shared.copies(kind));
             left += copies.count_create_only(uid);
-            plan::cleanup(uid, &namespaces, &copies)
+            let why = DeleteReason::RuleDeleted;
+            plan::cleanup(uid, why, disposal, &namespaces, &copies)
         };
-        let outcomes = delete_all(&shared.home, kind, actions, &key.to_string()).await;
-        for (action, outcome) in outcomes {
-            let (namespace, name) = action.target();
-            match outcome {
-                Outcome::Written(_) | Outcome::Ignored(_) => {
-                    if let Action::Delete { current, .. } = &action {
-                        write(shared.copies(kind)).remove(namespace, name, &current.uid);
-                    }
-                    deleted += 1;
-                }
-                Outcome::NotLeader | Outcome::Conflict(_) => retry = true,
-                Outcome::Failed(failure) => {
-                    errors.push(format!("{kind} {namespace}/{name}: {}", failure.message))
-                }
-            }
-        }
+        cleared
+            .carry_out(&shared.home, kind, actions, &key.to_string())
+            .await;
     }
+    let Cleared {
+        done: deleted,
+        retry,
+        failed: errors,
+    } = cleared;
     if retry {
         // Not the leader: the next leader finishes the cleanup.
         return Ok(None);
@@ -300,15 +373,16 @@ pub async fn cleanup(
             EventType::Normal,
             "CopiesDeleted",
             "Delete",
-            if left == 0 {
-                format!("the rule is being deleted: deleted its {deleted} copies")
-            } else {
-                format!(
-                    "the rule is being deleted: deleted its {deleted} copies; left the {left} it created once (syncPolicy CreateOnly) to their namespaces"
-                )
-            },
+            deletion_note(disposal, deleted, left),
         )
         .await;
-    info!(rule = %key, deleted, left, "rule deleted; its copies are cleaned up");
+    match disposal {
+        Disposal::Delete => {
+            info!(rule = %key, deleted, left, "rule deleted; its copies are cleaned up")
+        }
+        Disposal::Orphan => {
+            info!(rule = %key, handed_over = deleted, left, "rule deleted; its copies are handed over to their namespaces")
+        }
+    }
     set_finalizer(shared, rule, false).await.map(|()| None)
 }

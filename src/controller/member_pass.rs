@@ -13,19 +13,18 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::api::kinds::Kind;
-use crate::api::rule::{CopyratorRule, RuleKey};
+use crate::api::rule::{CopyratorRule, Disposal, RuleKey};
 use crate::cluster::sources::Sources;
-use crate::cluster::writer::Outcome;
-use crate::controller::finalizer::delete_all;
+use crate::controller::finalizer::Cleared;
 use crate::controller::members::{Member, MemberReport};
 use crate::controller::reconcile::{carry_out, preview_plan, retry_note, sources_of};
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
-use crate::core::plan::{self, Action};
+use crate::core::plan::{self, Action, DeleteReason};
 use crate::core::preview::{PlannedChange, Preview, Skip};
 use crate::core::resolve::ResolvedRule;
 use crate::core::scope::{Scope, Touch};
-use crate::sync::{lock, read, write};
+use crate::sync::{lock, read};
 use crate::{ANNOTATION_SOURCE_CLUSTER, Error};
 
 /// How soon a pass that waits (for the member's first lists, for the
@@ -56,7 +55,14 @@ pub async fn member_pass(
     };
     let resolved = match asks_of(shared, member, &rule) {
         Asks::Nothing => return Ok(None),
-        Asks::Withdraw { prune } => return withdraw(shared, member, &rule, prune).await,
+        Asks::Withdraw {
+            prune,
+            why,
+            disposal,
+        } => {
+            let how = prune.then_some((why, disposal));
+            return withdraw(shared, member, &rule, how).await;
+        }
         Asks::KindNotCopied(message) => {
             let problem = ("KindNotCopiedToMembers".to_owned(), message);
             tell(
@@ -107,8 +113,13 @@ enum Asks {
     /// Invalid: it changes nothing, here as at home.
     Nothing,
     /// Deleted, or its targets do not select the member (or the member
-    /// left the inventory): its copies there go, unless `prune` is off.
-    Withdraw { prune: bool },
+    /// left the inventory): its copies there are deleted or handed over
+    /// (`disposal`, for `why`), unless `prune` is off.
+    Withdraw {
+        prune: bool,
+        why: DeleteReason,
+        disposal: Disposal,
+    },
     /// The member is selected, but the rule copies a kind members do not
     /// receive: why.
     KindNotCopied(String),
@@ -142,8 +153,16 @@ fn asks_of(shared: &Shared, member: &Member, rule: &CopyratorRule) -> Asks {
                 Asks::Copies(Box::new(resolved))
             }
         }
-        resolved => Asks::Withdraw {
-            prune: resolved.is_none_or(|r| r.prune) || member.is_leaving(),
+        Some(resolved) => Asks::Withdraw {
+            // A member that leaves the inventory is let go clean.
+            prune: resolved.prune || member.is_leaving(),
+            why: DeleteReason::TargetLeft,
+            disposal: resolved.deletion.target_left,
+        },
+        None => Asks::Withdraw {
+            prune: true,
+            why: DeleteReason::RuleDeleted,
+            disposal: rule.on_deletion(),
         },
     }
 }
@@ -162,11 +181,15 @@ pub async fn member_preview(
     let mut changes = Vec::new();
     let mut skipped = Vec::new();
     match asks_of(shared, member, rule) {
-        Asks::Nothing | Asks::Withdraw { prune: false } => {}
-        Asks::Withdraw { prune: true } => {
+        Asks::Nothing | Asks::Withdraw { prune: false, .. } => {}
+        Asks::Withdraw {
+            prune: true,
+            why,
+            disposal,
+        } => {
             let uid = rule.uid().unwrap_or_default();
             for kind in Kind::all() {
-                for action in withdrawals(site, uid, kind) {
+                for action in withdrawals(site, uid, kind, why, disposal) {
                     changes.push(PlannedChange::of(cluster, &rule_name, kind, &action));
                 }
             }
@@ -183,11 +206,18 @@ pub async fn member_preview(
     Ok(Preview::Planned { changes, skipped })
 }
 
-/// The deletions of the copies of `kind` that the rule of `uid` holds in a
-/// site it withdraws from (those handed over stay).
-fn withdrawals(site: &Site, uid: &str, kind: Kind) -> Vec<Action> {
+/// The deletions (or hand-overs) of the copies of `kind` that the rule of
+/// `uid` holds in a site it withdraws from (those handed over before stay).
+fn withdrawals(
+    site: &Site,
+    uid: &str,
+    kind: Kind,
+    why: DeleteReason,
+    disposal: Disposal,
+) -> Vec<Action> {
     let namespaces = read(&site.cluster.views.namespaces);
-    plan::cleanup(uid, &namespaces, &read(site.cluster.views.copies(kind)))
+    let copies = read(site.cluster.views.copies(kind));
+    plan::cleanup(uid, why, disposal, &namespaces, &copies)
 }
 
 /// The rule as a member's pass follows it: every target is in the member
@@ -212,49 +242,34 @@ fn tell(shared: &Shared, member: &Member, key: &RuleKey, report: Option<MemberRe
 
 /// The rule no longer has copies in the member: deleted, its targets no
 /// longer select the member, or the member left the inventory. Its copies
-/// there are deleted (unless `prune` is off); copies handed over
-/// (`syncPolicy: CreateOnly`) stay, as at home.
+/// there are deleted or handed over (`how`: why, and what becomes of them;
+/// none when `prune` is off); copies handed over before stay, as at home.
 async fn withdraw(
     shared: &Arc<Shared>,
     member: &Arc<Member>,
     rule: &CopyratorRule,
-    prune: bool,
+    how: Option<(DeleteReason, Disposal)>,
 ) -> Result<Option<Duration>, Error> {
     let site = &member.site;
     let key = rule.key();
     let uid = rule.uid().unwrap_or_default().to_owned();
-    let mut failed = Vec::new();
-    let mut retry = false;
-    if prune {
+    let mut cleared = Cleared::default();
+    if let Some((why, disposal)) = how {
         for kind in Kind::all() {
-            let actions = withdrawals(site, &uid, kind);
-            for (action, outcome) in delete_all(site, kind, actions, &key.to_string()).await {
-                let (namespace, name) = action.target();
-                match outcome {
-                    Outcome::Written(_) | Outcome::Ignored(_) => {
-                        if let Action::Delete { current, .. } = &action {
-                            write(site.cluster.views.copies(kind)).remove(
-                                namespace,
-                                name,
-                                &current.uid,
-                            );
-                        }
-                    }
-                    Outcome::NotLeader | Outcome::Conflict(_) => retry = true,
-                    Outcome::Failed(failure) => {
-                        failed.push(format!("{kind} {namespace}/{name}: {}", failure.message));
-                    }
-                }
-            }
+            let actions = withdrawals(site, &uid, kind, why, disposal);
+            cleared
+                .carry_out(site, kind, actions, &key.to_string())
+                .await;
         }
     }
+    let Cleared { retry, failed, .. } = cleared;
     let left = Kind::all()
         .map(|kind| {
             let copies = read(site.cluster.views.copies(kind));
             copies.count_owned_by(&uid) - copies.count_create_only(&uid)
         })
         .sum::<usize>() as u32;
-    if left == 0 || !prune {
+    if left == 0 || how.is_none() {
         lock(&site.memory).remove(&key);
         lock(&site.backoffs).forget_rule(&key);
         tell(shared, member, &key, None);

@@ -21,7 +21,7 @@ use crate::api::rule::{
 use crate::cache::index::{Object, ObjectKey};
 use crate::cluster::sources::Sources;
 use crate::cluster::writer::Outcome;
-use crate::controller::finalizer::{cleanup, set_finalizer};
+use crate::controller::finalizer::{cleanup, set_finalizer, write_through};
 use crate::controller::kinds::KindReadiness;
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
@@ -49,6 +49,8 @@ pub(crate) struct Pass {
     pub(crate) updated: u32,
     pub(crate) pruned: u32,
     pub(crate) deleted: u32,
+    /// Copies orphaned: handed over to their namespaces (`deletionPolicy`).
+    pub(crate) handed_over: u32,
     /// Not written because this process does not lead.
     pub(crate) not_leader: u32,
     /// Writes that failed in this pass: `(what, failure)`.
@@ -437,7 +439,9 @@ fn preview_deletion(shared: &Shared, rule: &CopyratorRule, uid: &str) -> Preview
     if rule.has_finalizer() {
         let namespaces = read(&shared.home.cluster.views.namespaces);
         for kind in Kind::all() {
-            for action in plan::cleanup(uid, &namespaces, &read(shared.copies(kind))) {
+            let copies = read(shared.copies(kind));
+            let why = DeleteReason::RuleDeleted;
+            for action in plan::cleanup(uid, why, rule.on_deletion(), &namespaces, &copies) {
                 changes.push(PlannedChange::of(cluster, &rule_name, kind, &action));
             }
         }
@@ -590,6 +594,7 @@ fn log_pass(shared: &Shared, key: &RuleKey, pass: &Pass, failing: usize, took: D
         created: pass.created,
         updated: pass.updated,
         deleted: pass.pruned + pass.deleted,
+        orphaned: pass.handed_over,
     };
     let line = {
         let mut memory = lock(&shared.home.memory);
@@ -626,6 +631,7 @@ fn log_pass(shared: &Shared, key: &RuleKey, pass: &Pass, failing: usize, took: D
         created = told.created,
         updated = told.updated,
         deleted = told.deleted,
+        orphaned = told.orphaned,
         failed = failing,
         conflicts,
         contested,
@@ -739,6 +745,13 @@ impl Said {
             let note = format!("deleted {} copies that no longer belong", pass.pruned);
             events.push((EventType::Normal, "Pruned", "Delete", note));
         }
+        if pass.handed_over > 0 {
+            let note = format!(
+                "handed {} copies that no longer belong over to their namespaces (deletionPolicy Orphan): they are never written again",
+                pass.handed_over
+            );
+            events.push((EventType::Normal, "Orphaned", "Orphan", note));
+        }
         if let Some((what, failure)) = pass.failed.first() {
             let note = format!(
                 "{} writes failed; first: {what}: {}; {}",
@@ -820,7 +833,7 @@ fn wanted_hash(action: &Action) -> u64 {
         Action::Create { desired, .. }
         | Action::Update { desired, .. }
         | Action::Recreate { desired, .. } => desired.content_hash,
-        Action::Delete { .. } => 0,
+        Action::Delete { .. } | Action::HandOver { .. } => 0,
     }
 }
 
@@ -870,8 +883,11 @@ fn plan_pass(
     if resolved.prune {
         for kind in Kind::all().filter(|k| *k != resolved.kind && resolved.policy.kinds.copies(*k))
         {
+            // The rule no longer copies this kind: as if its sources were gone.
             for action in plan::cleanup(
                 &resolved.uid,
+                DeleteReason::SourceGone,
+                resolved.deletion.source_gone,
                 &namespaces,
                 &read(site.cluster.views.copies(kind)),
             ) {
@@ -1106,24 +1122,13 @@ fn take_outcome(
                 pass.retry_no_later_than(Instant::now());
             }
             // Write-through: the next pass sees our write even before its watch event.
-            let mut index = write(site.cluster.views.copies(kind));
-            match (object, &action) {
-                (Some(object), _) => {
-                    index.upsert_written(object);
-                }
-                (None, Action::Delete { current, .. }) => {
-                    index.remove(namespace, name, &current.uid);
-                }
-                (None, _) => {}
-            }
+            write_through(site, kind, &action, object);
             match action {
                 Action::Create { .. } => pass.created += 1,
                 Action::Update { .. } | Action::Recreate { .. } => pass.updated += 1,
-                Action::Delete {
-                    reason: DeleteReason::Pruned,
-                    ..
-                } => pass.pruned += 1,
+                Action::Delete { reason, .. } if reason.is_prune() => pass.pruned += 1,
                 Action::Delete { .. } => pass.deleted += 1,
+                Action::HandOver { .. } => pass.handed_over += 1,
             }
         }
         Outcome::Conflict(reason) => {

@@ -727,6 +727,12 @@ impl ModelCluster {
                     .copies
                     .remove(&current.namespace, &current.name, &current.uid);
             }
+            Action::HandOver { current, .. } => {
+                let mut handed = (**current).clone();
+                handed.create_only = true;
+                handed.resource_version = self.next_version().to_string();
+                self.world.copies.upsert_written(Arc::new(handed));
+            }
         }
         WriteOutcome::Written
     }

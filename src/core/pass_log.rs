@@ -17,17 +17,20 @@ pub struct Written {
     pub created: u32,
     pub updated: u32,
     pub deleted: u32,
+    /// Handed over to their namespaces (`deletionPolicy` Orphan).
+    pub orphaned: u32,
 }
 
 impl Written {
     pub fn any(self) -> bool {
-        self.created + self.updated + self.deleted > 0
+        self.created + self.updated + self.deleted + self.orphaned > 0
     }
 
     fn add(&mut self, other: Written) {
         self.created += other.created;
         self.updated += other.updated;
         self.deleted += other.deleted;
+        self.orphaned += other.orphaned;
     }
 }
 
@@ -102,6 +105,7 @@ mod tests {
         created: 1,
         updated: 0,
         deleted: 0,
+        orphaned: 0,
     };
 
     #[test]

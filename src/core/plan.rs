@@ -8,14 +8,14 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::api::kinds::Kind;
-use crate::api::rule::{ConflictEntry, ConflictPolicy, SyncPolicy};
+use crate::api::rule::{ConflictEntry, ConflictPolicy, Disposal, SyncPolicy};
 use crate::api::selector::KeyGlob;
 use crate::cache::index::{CopyIndex, MetaMap, NamespaceInfo, Object, ObjectKey, meta_entry_hash};
-use crate::core::resolve::{ResolvedKeys, ResolvedRule};
+use crate::core::resolve::{Deletion, ResolvedKeys, ResolvedRule};
 use crate::core::scope::Scope;
 use crate::{
     ANNOTATION_ALLOW_TO, ANNOTATION_RULE, ANNOTATION_SOURCE, ANNOTATION_SOURCE_UID, CREATE_ONLY,
-    LABEL_MANAGED_BY, LABEL_RULE_UID, LABEL_SYNC_POLICY,
+    LABEL_MANAGED_BY, LABEL_ON_RULE_DELETED, LABEL_RULE_UID, LABEL_SYNC_POLICY, ORPHAN,
 };
 
 /// Labels and annotations that would make another tool believe it owns a
@@ -127,13 +127,32 @@ impl Desired {
     }
 }
 
-/// Why a copy is deleted.
+/// Why a copy no longer belongs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeleteReason {
-    /// Its source is gone or no longer matches, or its namespace is no longer a target.
-    Pruned,
-    /// The rule is being deleted.
+    /// Its source is gone or no longer matches.
+    SourceGone,
+    /// Its namespace (or cluster) is no longer a target.
+    TargetLeft,
+    /// The rule is being deleted, or is gone.
     RuleDeleted,
+}
+
+impl DeleteReason {
+    /// Whether the rule's pass found the copy no longer belongs (its
+    /// `prune`), rather than the rule going.
+    pub fn is_prune(self) -> bool {
+        self != DeleteReason::RuleDeleted
+    }
+
+    /// What `deletion` says becomes of a copy for this reason.
+    pub fn disposal(self, deletion: &Deletion) -> Disposal {
+        match self {
+            DeleteReason::SourceGone => deletion.source_gone,
+            DeleteReason::TargetLeft => deletion.target_left,
+            DeleteReason::RuleDeleted => deletion.rule_deleted,
+        }
+    }
 }
 
 /// One write.
@@ -155,6 +174,12 @@ pub enum Action {
         current: Arc<Object>,
         reason: DeleteReason,
     },
+    /// Orphan the copy: hand it over to its namespace (the label
+    /// `copyrator.flant.com/sync-policy: CreateOnly`), never to be written again.
+    HandOver {
+        current: Arc<Object>,
+        reason: DeleteReason,
+    },
 }
 
 impl Action {
@@ -164,6 +189,16 @@ impl Action {
             Action::Update { .. } => "update",
             Action::Recreate { .. } => "recreate",
             Action::Delete { .. } => "delete",
+            Action::HandOver { .. } => "orphan",
+        }
+    }
+
+    /// What becomes of `current`, which no longer belongs for `reason`,
+    /// under `disposal`.
+    pub fn dispose(current: Arc<Object>, reason: DeleteReason, disposal: Disposal) -> Self {
+        match disposal {
+            Disposal::Delete => Action::Delete { current, reason },
+            Disposal::Orphan => Action::HandOver { current, reason },
         }
     }
 
@@ -173,7 +208,8 @@ impl Action {
             Action::Create { desired, namespace } => (namespace, &desired.name),
             Action::Update { current, .. }
             | Action::Recreate { current, .. }
-            | Action::Delete { current, .. } => (&current.namespace, &current.name),
+            | Action::Delete { current, .. }
+            | Action::HandOver { current, .. } => (&current.namespace, &current.name),
         }
     }
 
@@ -183,7 +219,9 @@ impl Action {
             Action::Create { desired, .. }
             | Action::Update { desired, .. }
             | Action::Recreate { desired, .. } => &desired.source,
-            Action::Delete { current, .. } => current.source_ref.as_deref().unwrap_or_default(),
+            Action::Delete { current, .. } | Action::HandOver { current, .. } => {
+                current.source_ref.as_deref().unwrap_or_default()
+            }
         }
     }
 }
@@ -339,6 +377,11 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
         // Kept with the copy, so that it stays its namespace's after the
         // rule changes or goes (finalizer, orphan collection, adoption).
         labels.insert(LABEL_SYNC_POLICY.into(), CREATE_ONLY.into());
+    }
+    if rule.deletion.rule_deleted == Disposal::Orphan {
+        // Kept with the copy, so that it is handed over even when its rule
+        // goes without its finalizer (orphan collection reads it).
+        labels.insert(LABEL_ON_RULE_DELETED.into(), ORPHAN.into());
     }
     let mut annotations = stripped(
         &source.annotations,
@@ -753,10 +796,15 @@ impl<'a> Planner<'a> {
                     .is_some_and(|same_name| self.sources.lands_in(same_name, &current.namespace));
             // A copy handed over to its namespace is never pruned.
             if prunable && !wanted && !current.create_only {
-                self.out.actions.push(Action::Delete {
-                    current: current.clone(),
-                    reason: DeleteReason::Pruned,
-                });
+                let reason = if self.live_targets.contains(&*current.namespace) {
+                    DeleteReason::SourceGone
+                } else {
+                    DeleteReason::TargetLeft
+                };
+                let disposal = reason.disposal(&inputs.rule.deletion);
+                self.out
+                    .actions
+                    .push(Action::dispose(current.clone(), reason, disposal));
             }
         }
     }
@@ -883,7 +931,7 @@ fn copies_in_scope<'a>(
 pub fn handed_over_reason(rule_ref: Option<&str>) -> String {
     let rule = rule_ref.unwrap_or("(unknown)");
     format!(
-        "a copy that rule {rule} created once (syncPolicy CreateOnly) is there and belongs to its namespace; delete it, or remove its label {LABEL_SYNC_POLICY}, to let this rule write it"
+        "a copy that rule {rule} handed over (syncPolicy CreateOnly, or deletionPolicy Orphan) is there and belongs to its namespace; delete it, or remove its label {LABEL_SYNC_POLICY}, to let this rule write it"
     )
 }
 
@@ -1006,20 +1054,29 @@ pub fn orphans(
                     .get(&*c.namespace)
                     .is_some_and(|ns| !ns.terminating)
         })
-        .map(|c| Action::Delete {
-            current: c.clone(),
-            reason: DeleteReason::RuleDeleted,
+        .map(|c| {
+            // Its rule is gone: the label is all that is left of its policy.
+            let disposal = if c.orphan_with_rule {
+                Disposal::Orphan
+            } else {
+                Disposal::Delete
+            };
+            Action::dispose(c.clone(), DeleteReason::RuleDeleted, disposal)
         })
         .collect();
     out.sort_by(|a, b| a.target().cmp(&b.target()));
     out
 }
 
-/// The deletions that clean up after a deleted rule: every copy it made,
+/// What clears a site of a rule's copies, all of which no longer belong for
+/// `why` (the rule is deleted, or no longer targets the site, or no longer
+/// copies their kind): each is deleted or handed over under `disposal`,
 /// except in terminating namespaces (their deletion takes the copies along)
-/// and those it handed over to their namespaces (`syncPolicy: CreateOnly`).
+/// and those already handed over to their namespaces.
 pub fn cleanup(
     rule_uid: &str,
+    why: DeleteReason,
+    disposal: Disposal,
     namespaces: &BTreeMap<String, NamespaceInfo>,
     copies: &CopyIndex,
 ) -> Vec<Action> {
@@ -1031,10 +1088,7 @@ pub fn cleanup(
                     .get(&*c.namespace)
                     .is_some_and(|ns| ns.terminating)
         })
-        .map(|c| Action::Delete {
-            current: c.clone(),
-            reason: DeleteReason::RuleDeleted,
-        })
+        .map(|c| Action::dispose(c.clone(), why, disposal))
         .collect()
 }
 
@@ -1132,6 +1186,11 @@ pub mod tests {
                     }
                     Action::Delete { current, .. } => {
                         self.copies.remove(&namespace, &name, &current.uid);
+                    }
+                    Action::HandOver { current, .. } => {
+                        let mut handed = (**current).clone();
+                        handed.create_only = true;
+                        self.copies.upsert(Arc::new(handed));
                     }
                 }
             }
@@ -1919,6 +1978,102 @@ pub mod tests {
         assert!(w2.plan(&keep_uid).actions.is_empty());
     }
 
+    /// `(namespace, verb, reason)` of each action that takes a copy away.
+    fn disposals(plan: &Plan) -> Vec<(String, &'static str, DeleteReason)> {
+        plan.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Delete { current, reason } | Action::HandOver { current, reason } => {
+                    Some((current.namespace.to_string(), a.verb(), *reason))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_deletion_policy_deletes_or_orphans_by_why_a_copy_no_longer_belongs() {
+        let mut w = World::new(&["src", "a", "b"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let orphan_left = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "spec": {"deletionPolicy": {"targetLeft": "Orphan"}}}));
+        let p = w.plan(&orphan_left);
+        w.apply(&p);
+        // b leaves the targets: its copy is orphaned, not deleted.
+        let mut narrowed = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "spec": {"targets": {"exclude": ["b"]}, "deletionPolicy": {"targetLeft": "Orphan"}}}));
+        narrowed.uid = orphan_left.uid.clone();
+        let p = w.plan(&narrowed);
+        assert_eq!(
+            disposals(&p),
+            vec![("b".into(), "orphan", DeleteReason::TargetLeft)]
+        );
+        w.apply(&p);
+        assert!(w.copies.get("b", "cm").unwrap().create_only);
+        assert!(w.plan(&narrowed).actions.is_empty(), "never written again");
+        // The source stops matching: sourceGone is Delete (the default).
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "no")], json!({"k": "v"}));
+        assert_eq!(
+            disposals(&w.plan(&narrowed)),
+            vec![("a".into(), "delete", DeleteReason::SourceGone)]
+        );
+        // Under sourceGone: Orphan it is handed over instead.
+        let mut orphan_gone = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "spec": {"deletionPolicy": {"sourceGone": "Orphan"}}}));
+        orphan_gone.uid = orphan_left.uid.clone();
+        assert_eq!(
+            disposals(&w.plan(&orphan_gone)),
+            vec![("a".into(), "orphan", DeleteReason::SourceGone)]
+        );
+    }
+
+    #[test]
+    fn a_rule_deleted_under_orphan_hands_its_copies_over_even_without_its_finalizer() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let keep = rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "spec": {"deletionPolicy": {"ruleDeleted": "Orphan"}}}));
+        let p = w.plan(&keep);
+        let Action::Create { desired, .. } = &p.actions[0] else {
+            panic!("{p:?}")
+        };
+        assert_eq!(desired.labels[LABEL_ON_RULE_DELETED], ORPHAN);
+        w.apply(&p);
+        assert!(w.copies.get("a", "cm").unwrap().orphan_with_rule);
+        let by_finalizer = cleanup(
+            &keep.uid,
+            DeleteReason::RuleDeleted,
+            Disposal::Orphan,
+            &w.namespaces,
+            &w.copies,
+        );
+        assert_eq!(
+            disposals(&Plan {
+                actions: by_finalizer,
+                ..Plan::default()
+            }),
+            vec![("a".into(), "orphan", DeleteReason::RuleDeleted)]
+        );
+        // Gone without its finalizer: the label says what to do.
+        let collected = orphans(&w.copies, &w.namespaces, &|_| false, &|_| true);
+        assert_eq!(
+            disposals(&Plan {
+                actions: collected,
+                ..Plan::default()
+            }),
+            vec![("a".into(), "orphan", DeleteReason::RuleDeleted)]
+        );
+        // A rule under the default policy marks nothing, and is collected.
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let p = w.plan(&simple_rule());
+        w.apply(&p);
+        assert!(!w.copies.get("a", "cm").unwrap().orphan_with_rule);
+        let collected = orphans(&w.copies, &w.namespaces, &|_| false, &|_| true);
+        assert_eq!(collected[0].verb(), "delete");
+    }
+
     fn create_only_rule() -> ResolvedRule {
         rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"},
             "spec": {"syncPolicy": "CreateOnly"}}))
@@ -2002,7 +2157,16 @@ pub mod tests {
         assert!(p.actions.is_empty(), "{:?}", p.actions);
         assert_eq!(w.copies.count_create_only("rule-1"), 4);
         // The rule is deleted: its finalizer leaves them.
-        assert!(cleanup(&r.uid, &w.namespaces, &w.copies).is_empty());
+        assert!(
+            cleanup(
+                &r.uid,
+                DeleteReason::RuleDeleted,
+                Disposal::Delete,
+                &w.namespaces,
+                &w.copies
+            )
+            .is_empty()
+        );
         // The rule vanished without its finalizer: no orphans either.
         let gone = |_: &str| false;
         let mine = |rule: &str| rule == "src/r";
@@ -2085,7 +2249,16 @@ pub mod tests {
         assert_eq!(desired.labels[LABEL_SYNC_POLICY], CREATE_ONLY);
         w.apply(&p);
         assert!(w.plan(&r).actions.is_empty());
-        assert!(cleanup(&r.uid, &w.namespaces, &w.copies).is_empty());
+        assert!(
+            cleanup(
+                &r.uid,
+                DeleteReason::RuleDeleted,
+                Disposal::Delete,
+                &w.namespaces,
+                &w.copies
+            )
+            .is_empty()
+        );
     }
 
     fn keys_rule(kind: &str, keys: Value) -> ResolvedRule {
@@ -2245,9 +2418,15 @@ pub mod tests {
         let p = w.plan(&r);
         assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "delete")]);
         assert!(
-            cleanup(&r.uid, &w.namespaces, &w.copies)
-                .iter()
-                .all(|a| a.target().0 != "dying")
+            cleanup(
+                &r.uid,
+                DeleteReason::RuleDeleted,
+                Disposal::Delete,
+                &w.namespaces,
+                &w.copies
+            )
+            .iter()
+            .all(|a| a.target().0 != "dying")
         );
     }
 
@@ -2530,7 +2709,7 @@ pub mod tests {
             p.actions.iter().all(|a| matches!(
                 a,
                 Action::Delete {
-                    reason: DeleteReason::Pruned,
+                    reason: DeleteReason::TargetLeft,
                     ..
                 }
             )),

@@ -441,11 +441,41 @@ pub struct ResolvedRule {
     pub conflict_policy: ConflictPolicy,
     pub sync_policy: SyncPolicy,
     pub transform: ResolvedTransform,
+    pub deletion: Deletion,
     /// The operator-wide settings the rule is followed under.
     pub policy: Arc<CopyPolicy>,
     /// A rule outside the operator's namespace under `--all-namespaces`:
     /// it writes only into namespaces that accept its namespace.
     pub tenant: bool,
+}
+
+/// What becomes of copies that no longer belong (`spec.deletionPolicy`,
+/// defaults applied).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deletion {
+    pub rule_deleted: Disposal,
+    pub source_gone: Disposal,
+    pub target_left: Disposal,
+}
+
+impl Deletion {
+    /// `spec.deletionPolicy` with its defaults, refused where it says
+    /// the opposite of `prune: false` (which keeps such copies as they are).
+    fn resolve(policy: Option<&DeletionPolicy>, prune: bool) -> Result<Self, InvalidRule> {
+        let Some(policy) = policy else {
+            return Ok(Self::default());
+        };
+        if !prune && (policy.source_gone.is_some() || policy.target_left.is_some()) {
+            return Err(InvalidRule::invalid(
+                "prune: false keeps copies that no longer belong, and deletionPolicy.sourceGone or targetLeft says what becomes of them: set one or the other",
+            ));
+        }
+        Ok(Self {
+            rule_deleted: policy.rule_deleted.unwrap_or_default(),
+            source_gone: policy.source_gone.unwrap_or_default(),
+            target_left: policy.target_left.unwrap_or_default(),
+        })
+    }
 }
 
 /// Why a rule cannot be followed; shown in its status.
@@ -567,6 +597,8 @@ impl CopyratorRule {
         }
         let targets = TargetSelector::resolve(targets)?;
         let transform = ResolvedTransform::resolve(spec.transform.unwrap_or_default(), kind)?;
+        let prune = spec.prune.unwrap_or(true);
+        let deletion = Deletion::resolve(spec.deletion_policy.as_ref(), prune)?;
 
         Ok(ResolvedRule {
             uid: self.metadata.uid.clone().unwrap_or_default(),
@@ -576,10 +608,11 @@ impl CopyratorRule {
             source_namespaces,
             targets,
             clusters,
-            prune: spec.prune.unwrap_or(true),
+            prune,
             conflict_policy: spec.conflict_policy.unwrap_or_default(),
             sync_policy: spec.sync_policy.or(self.sync_policy).unwrap_or_default(),
             transform,
+            deletion,
             policy: trust.policy.clone(),
             tenant,
         })
@@ -798,6 +831,30 @@ mod tests {
         assert!(resolved.targets.matches("team-a", &empty));
         assert!(!resolved.targets.matches("team-x", &empty), "exclude wins");
         assert!(!resolved.targets.matches("other", &empty));
+    }
+
+    #[test]
+    fn prune_false_and_a_deletion_policy_for_what_it_keeps_are_refused() {
+        let both = |policy: Value| -> CopyratorRule {
+            serde_json::from_value(json!({
+                "metadata": {"name": "r", "namespace": "ops"},
+                "ruleType": "configmap",
+                "selector": {"a": "b"},
+                "spec": {"prune": false, "deletionPolicy": policy},
+            }))
+            .unwrap()
+        };
+        let trust = Trust::new("ops", false);
+        for field in ["sourceGone", "targetLeft"] {
+            let err = both(json!({field: "Orphan"})).resolve(&trust).unwrap_err();
+            assert!(err.message.contains("prune: false"), "{err:?}");
+        }
+        // What happens when the rule is deleted is another question.
+        let ok = both(json!({"ruleDeleted": "Orphan"}))
+            .resolve(&trust)
+            .unwrap();
+        assert_eq!(ok.deletion.rule_deleted, Disposal::Orphan);
+        assert_eq!(ok.deletion.source_gone, Disposal::Delete);
     }
 
     #[test]

@@ -93,7 +93,7 @@ impl Tally {
         for action in &plan.actions {
             let (namespace, name) = action.target();
             let state = match action {
-                Action::Delete { .. } => Unsettled::UnwrittenDelete,
+                Action::Delete { .. } | Action::HandOver { .. } => Unsettled::UnwrittenDelete,
                 _ => Unsettled::Unwritten,
             };
             self.set(namespace, name, state);
