@@ -9,7 +9,7 @@ use tracing::error;
 
 use copyrator::cli::report::EXIT_FAILED;
 use copyrator::cli::settings::{Cli, Command};
-use copyrator::cli::{plan, run, whereabouts};
+use copyrator::cli::{plan, release, run, whereabouts};
 
 fn main() -> ExitCode {
     let cli = match parse() {
@@ -38,6 +38,7 @@ fn main() -> ExitCode {
         }) => copyrator::cli::probe::run(&url, Duration::from_secs(timeout_seconds)),
         Some(Command::Plan(args)) => plan::plan_command(cli.settings, args),
         Some(Command::Where(args)) => whereabouts::where_command(cli.settings, args),
+        Some(Command::Release(args)) => release::release_command(cli.settings, args),
         Some(Command::Run) | None => run_operator(cli.settings),
     }
 }

@@ -1,9 +1,11 @@
 //! The command line: settings, `run` (the operator's wiring), `plan` and
-//! its report, `where` (the copies of one source) and `probe`.
+//! its report, `where` (the copies of one source), `release` (the chart's
+//! pre-delete hook) and `probe`.
 
 pub mod plan;
 pub mod plan_members;
 pub mod probe;
+pub mod release;
 pub mod report;
 pub mod run;
 pub mod settings;

@@ -57,6 +57,11 @@ pub enum Command {
     /// create-only, unwanted), read from the live clusters; exit 0 when
     /// every copy is current, 2 when some are not, 1 on an error.
     Where(WhereArgs),
+    /// Let go of the rules before the operator goes (the chart's
+    /// pre-delete hook): stop the operator's Deployment, delete the copies
+    /// when asked to, and remove every rule's finalizer, so that no rule
+    /// holds a namespace once no operator runs. Exit 0 when done, 1 on an error.
+    Release(ReleaseArgs),
     /// Ask a running operator's /healthz or /readyz; exit 0 on 200, 1
     /// otherwise (for a `helm test` Pod, which has this binary alone).
     Probe {
@@ -99,6 +104,32 @@ pub struct WhereArgs {
     /// `source`, `kind`, `copies` and `clusters`.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = PlanOutput::Text)]
     pub output: PlanOutput,
+}
+
+/// What `copyrator release` does.
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// `keep`: the copies stay as they are; `delete`: the copies of the
+    /// rules go, here and (with --member-clusters) in every member, but
+    /// those handed over to their namespaces.
+    #[arg(long, value_enum, default_value_t = CopiesOnRelease::Keep)]
+    pub copies: CopiesOnRelease,
+
+    /// Scale this Deployment of --namespace (the operator's) to 0 first and
+    /// wait until its Pods are gone: a running operator puts finalizers back.
+    #[arg(long, value_name = "NAME")]
+    pub stop_deployment: Option<String>,
+
+    /// Give up waiting for the Deployment's Pods after this many seconds.
+    #[arg(long, default_value_t = 120)]
+    pub wait_seconds: u64,
+}
+
+/// What becomes of the copies when the operator is released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CopiesOnRelease {
+    Keep,
+    Delete,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -334,7 +334,7 @@ async fn find(settings: Settings, args: &WhereArgs) -> anyhow::Result<Found> {
 
 /// The rules the operator follows: in `--namespace`, or everywhere with
 /// `--all-namespaces`.
-async fn live_rules(
+pub(crate) async fn live_rules(
     client: &Client,
     settings: &Settings,
 ) -> Result<Vec<CopyratorRule>, WhereError> {
@@ -421,30 +421,15 @@ async fn in_members(
     followed: &[(ResolvedRule, &CopyratorRule)],
     is_live: &dyn Fn(&str) -> bool,
 ) -> anyhow::Result<(Vec<Row>, Vec<ClusterRead>)> {
-    // Nothing is written: the gate is shut, as for `plan`.
-    let (gate, shut) = LeaderGate::always();
-    let _ = shut.send(false);
-    let shared = Shared::new(
-        clients,
-        settings.trust(),
-        settings.options(),
-        Arc::new(Metrics::default()),
-        gate,
-        Arc::new(Health::new(settings.stuck_after())),
-    );
-    let inventory = bounded_inventory(&shared).await?;
     let home = &settings.cluster_name;
     let mut rows = Vec::new();
     let mut reads = Vec::new();
-    for (member, access) in &inventory {
+    for (member, reached) in member_clients(clients, settings).await? {
         let read = async {
-            let start = fleet::member_start(&shared, access).map_err(|(reason, message)| {
-                format!("its inventory entry cannot be used: {reason}: {message}")
-            })?;
-            let client = Client::try_from(start.config).map_err(|e| e.to_string())?;
+            let (client, labels) = reached?;
             let here: Vec<ResolvedRule> = followed
                 .iter()
-                .filter(|(rule, _)| rule.clusters.selects(member, &start.labels))
+                .filter(|(rule, _)| rule.clusters.selects(&member, &labels))
                 .map(|(rule, _)| in_member(rule, home))
                 .collect();
             let followers: Vec<Follower<'_>> = here
@@ -462,7 +447,7 @@ async fn in_members(
         };
         match read.await {
             Ok(found) => {
-                rows.extend(found.into_iter().map(|place| Row::of(member, place)));
+                rows.extend(found.into_iter().map(|place| Row::of(&member, place)));
                 reads.push(ClusterRead {
                     cluster: member.clone(),
                     reached: true,
@@ -477,6 +462,40 @@ async fn in_members(
         }
     }
     Ok((rows, reads))
+}
+
+/// A client and the labels of each member cluster in the inventory, by
+/// name, or why that member cannot be used. Nothing is started or written.
+pub(crate) async fn member_clients(
+    clients: crate::cluster::client::Clients,
+    settings: &Settings,
+) -> anyhow::Result<Vec<(String, Result<(Client, BTreeMap<String, String>), String>)>> {
+    // Nothing is written: the gate is shut, as for `plan`.
+    let (gate, shut) = LeaderGate::always();
+    let _ = shut.send(false);
+    let shared = Shared::new(
+        clients,
+        settings.trust(),
+        settings.options(),
+        Arc::new(Metrics::default()),
+        gate,
+        Arc::new(Health::new(settings.stuck_after())),
+    );
+    let inventory = bounded_inventory(&shared).await?;
+    Ok(inventory
+        .iter()
+        .map(|(member, access)| {
+            let reached = fleet::member_start(&shared, access)
+                .map_err(|(reason, message)| {
+                    format!("its inventory entry cannot be used: {reason}: {message}")
+                })
+                .and_then(|start| {
+                    let client = Client::try_from(start.config).map_err(|e| e.to_string())?;
+                    Ok((client, start.labels))
+                });
+            (member.clone(), reached)
+        })
+        .collect())
 }
 
 /// The inventory, within [`REACH_WITHIN`].

@@ -1,0 +1,287 @@
+//! `copyrator release`: let go of every rule before the operator goes, so
+//! that nothing it leaves behind holds a namespace. Run by the chart's
+//! pre-delete hook: it stops the operator's Deployment (a running operator
+//! would put its finalizers back), deletes the copies when asked to (here
+//! and in every member cluster), then removes each rule's finalizer. Copies
+//! handed over to their namespaces always stay.
+
+use std::collections::BTreeSet;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions};
+use kube::core::GroupVersionKind;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::time::Instant;
+use tracing::info;
+
+use crate::api::kinds::{Discovered, Kind};
+use crate::api::rule::CopyratorRule;
+use crate::cache::index::Object;
+use crate::cli::settings::{CopiesOnRelease, ReleaseArgs, Settings};
+use crate::cli::whereabouts::member_clients;
+use crate::{FIELD_MANAGER, FINALIZER, LABEL_RULE_UID};
+
+/// How often a wait looks again.
+const POLL: Duration = Duration::from_millis(500);
+
+pub fn release_command(settings: Settings, args: ReleaseArgs) -> ExitCode {
+    let builder = tokio::runtime::Builder::new_multi_thread();
+    let runtime = match crate::cli::start_runtime(builder, ExitCode::FAILURE) {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    match runtime.block_on(release(settings, args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn release(settings: Settings, args: ReleaseArgs) -> anyhow::Result<()> {
+    crate::ops::telemetry::init(&settings.log_level, settings.log_format)?;
+    let clients = crate::cli::run::api_clients(settings.api_transport, 1).await?;
+    let client = clients.write.clone();
+    let wait = Duration::from_secs(args.wait_seconds);
+    if let Some(deployment) = &args.stop_deployment {
+        stop_deployment(&client, &settings.namespace, deployment, wait).await?;
+    }
+    let rules = rules_in_scope(&client, &settings).await?;
+    let uids: BTreeSet<String> = rules
+        .iter()
+        .filter_map(|r| r.uid().map(str::to_owned))
+        .collect();
+    if args.copies == CopiesOnRelease::Delete {
+        let kinds = kinds_of(&client, &rules).await?;
+        let deleted = delete_copies(&client, &kinds, &uids).await?;
+        info!(cluster = %settings.cluster_name, deleted, "deleted the copies of the rules");
+        println!("{}: deleted {deleted} copies", settings.cluster_name);
+        if settings.member_clusters {
+            for (member, reached) in member_clients(clients.clone(), &settings).await? {
+                let (member_client, _) = reached
+                    .map_err(anyhow::Error::msg)
+                    .with_context(|| format!("member cluster {member}"))?;
+                let deleted = delete_copies(&member_client, &kinds, &uids)
+                    .await
+                    .with_context(|| format!("member cluster {member}"))?;
+                info!(cluster = %member, deleted, "deleted the copies of the rules");
+                println!("{member}: deleted {deleted} copies");
+            }
+        }
+    }
+    let mut released = 0;
+    for rule in &rules {
+        if remove_finalizer(&client, rule).await? {
+            released += 1;
+        }
+    }
+    info!(rules = rules.len(), released, "released the rules");
+    println!(
+        "released {released} of {} rules (their finalizers removed)",
+        rules.len()
+    );
+    Ok(())
+}
+
+/// Scale the operator's Deployment to nothing and wait until none of its
+/// Pods is left: a running operator would put the finalizers back.
+async fn stop_deployment(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    wait: Duration,
+) -> anyhow::Result<()> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    let scaled = deployments
+        .patch(
+            name,
+            &params,
+            &Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await
+        .with_context(|| format!("scaling Deployment {namespace}/{name} to 0"))?;
+    let selector = scaled
+        .spec
+        .selector
+        .match_labels
+        .filter(|labels| !labels.is_empty())
+        .with_context(|| format!("Deployment {namespace}/{name} has no matchLabels"))?
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let started = Instant::now();
+    loop {
+        let left = pods
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await
+            .with_context(|| format!("listing the Pods of Deployment {namespace}/{name}"))?
+            .items
+            .len();
+        if left == 0 {
+            break;
+        }
+        if started.elapsed() > wait {
+            bail!(
+                "{left} Pods of Deployment {namespace}/{name} still run after {} s",
+                wait.as_secs()
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let took = started.elapsed().as_secs_f64();
+    info!(deployment = %format!("{namespace}/{name}"), took_s = took, "the operator is stopped");
+    println!("stopped Deployment {namespace}/{name} in {took:.1} s");
+    Ok(())
+}
+
+/// The rules this operator follows: in its namespace (or every namespace
+/// with `--all-namespaces`), of `--rule-name` when set.
+async fn rules_in_scope(
+    client: &Client,
+    settings: &Settings,
+) -> anyhow::Result<Vec<CopyratorRule>> {
+    let api: Api<CopyratorRule> = if settings.all_namespaces {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), &settings.namespace)
+    };
+    let rules = api
+        .list(&ListParams::default())
+        .await
+        .context("listing the CopyratorRules")?
+        .items;
+    Ok(rules
+        .into_iter()
+        .filter(|rule| {
+            settings
+                .rule_name
+                .as_deref()
+                .is_none_or(|only| rule.key().name == only)
+        })
+        .collect())
+}
+
+/// The kinds the rules copy: ConfigMaps and Secrets, and each kind a rule
+/// names by `objectType` that the API server serves.
+async fn kinds_of(client: &Client, rules: &[CopyratorRule]) -> anyhow::Result<Vec<Kind>> {
+    let mut kinds: Vec<Kind> = Kind::builtin().collect();
+    for object_type in rules
+        .iter()
+        .filter_map(|r| r.spec.as_ref()?.object_type.as_ref())
+    {
+        let Some((group, version)) = object_type.group_version() else {
+            continue;
+        };
+        let gvk = GroupVersionKind::gvk(group, version, &object_type.kind);
+        let Ok((resource, _)) = kube::discovery::pinned_kind(client, &gvk).await else {
+            // Not served: nothing of it to delete.
+            continue;
+        };
+        let kind = Kind::register(&Discovered {
+            group: resource.group,
+            version: resource.version,
+            kind: resource.kind,
+            plural: resource.plural,
+        })?;
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    Ok(kinds)
+}
+
+/// Delete every copy of the rules of `uids` in the cluster of `client`,
+/// but those handed over to their namespaces; returns how many went.
+async fn delete_copies(
+    client: &Client,
+    kinds: &[Kind],
+    uids: &BTreeSet<String>,
+) -> anyhow::Result<usize> {
+    let mut deleted = 0;
+    for &kind in kinds {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.api_resource());
+        let listed = api
+            .list(&ListParams::default().labels(LABEL_RULE_UID))
+            .await
+            .with_context(|| format!("listing the {kind} copies"))?;
+        for object in listed.items {
+            let copy = Object::from_dynamic(kind, object);
+            let ours = copy.rule_uid().is_some_and(|uid| uids.contains(uid));
+            if !ours || copy.create_only {
+                continue;
+            }
+            let namespaced: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), &copy.namespace, &kind.api_resource());
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(copy.uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match namespaced.delete(&copy.name, &params).await {
+                Ok(_) => deleted += 1,
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("deleting {kind} {}/{}", copy.namespace, copy.name)
+                    });
+                }
+            }
+        }
+    }
+    Ok(deleted)
+}
+
+/// Remove our finalizer from `rule`, retrying on a newer version; returns
+/// whether it had one.
+async fn remove_finalizer(client: &Client, rule: &CopyratorRule) -> anyhow::Result<bool> {
+    let key = rule.key();
+    let api: Api<CopyratorRule> = Api::namespaced(client.clone(), &key.namespace);
+    let mut current = rule.clone();
+    for _ in 0..5 {
+        if !current.finalizers().iter().any(|f| f == FINALIZER) {
+            return Ok(false);
+        }
+        let kept: Vec<&String> = current
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .collect();
+        // The resourceVersion makes this a compare-and-swap of the list.
+        let patch = json!({"metadata": {
+            "finalizers": kept,
+            "resourceVersion": current.resource_version(),
+        }});
+        match api
+            .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                match api.get_opt(&key.name).await {
+                    Ok(Some(newer)) => current = newer,
+                    Ok(None) => return Ok(false),
+                    Err(e) => return Err(e).with_context(|| format!("reading rule {key}")),
+                }
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("removing the finalizer of rule {key}"));
+            }
+        }
+    }
+    bail!("rule {key} kept changing; its finalizer is still there")
+}
