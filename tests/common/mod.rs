@@ -1952,9 +1952,17 @@ pub fn change(
 /// Runs `copyrator plan <args>` with `stdin` on its standard input (none
 /// when `None`), killed after [`PLAN_DEADLINE`].
 pub async fn copyrator_plan(args: &[&str], stdin: Option<&str>) -> PlanOutcome {
+    let mut all = vec!["plan"];
+    all.extend(args);
+    copyrator(&all, stdin).await
+}
+
+/// Runs `copyrator <args>` (a subcommand and its arguments) without the
+/// operator's environment variables, with `stdin` on its standard input
+/// (none when `None`), killed after [`PLAN_DEADLINE`].
+pub async fn copyrator(args: &[&str], stdin: Option<&str>) -> PlanOutcome {
     use tokio::io::AsyncWriteExt;
-    let mut all: Vec<String> = vec!["plan".into()];
-    all.extend(args.iter().map(|a| a.to_string()));
+    let all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let mut command = tokio::process::Command::new(bin());
     command
         .args(&all)
