@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use common::audit::{Audit, AuditEvent, Query, WRITE_VERBS, service_account_user};
-use common::helm::{Release, chart_dir, find, helm, render, run};
+use common::helm::{Release, chart_dir, find, helm, render, render_hooks, run};
 use common::rbac::{ClusterScoped, Grant, Identity, grants_of};
 use common::steps::{Steps, Stopped};
 use common::*;
@@ -153,6 +153,72 @@ fn rendered_rbac_follows_kinds_and_leader_election() {
     // Without leader election there is no Lease to grant.
     let docs = render(&["--set", "leaderElection.enabled=false"]);
     assert!(docs.iter().all(|d| d["kind"] != "Role"));
+}
+
+/// The uninstall hook: a pre-delete Job of the operator's image runs
+/// `copyrator release` as the operator's ServiceAccount, stopping the
+/// operator's Deployment first; its Role grants that Deployment (by name)
+/// and listing Pods, nothing else. `uninstall.copies` reaches the command;
+/// `uninstall.release: false` renders no hook. What the Job does is proved
+/// on a node by `make e2e`, and `copyrator release` itself by
+/// tests/deletion_policy.rs.
+#[test]
+fn the_uninstall_hook_releases_the_rules_with_least_privilege() {
+    let hooks = render_hooks(&[]);
+    let job = find(&hooks, "Job");
+    assert_eq!(job["metadata"]["annotations"]["helm.sh/hook"], "pre-delete");
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "copyrator");
+    assert_eq!(
+        pod["containers"][0]["args"],
+        json!(["release", "--copies=keep", "--stop-deployment=copyrator"])
+    );
+    let deployment = render(&[]);
+    assert_eq!(
+        pod["containers"][0]["image"],
+        find(&deployment, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"],
+        "the operator's own image"
+    );
+    let role = find(&hooks, "Role");
+    assert_eq!(
+        grants_of(role),
+        [
+            Grant::new("apps", "deployments", "get"),
+            Grant::new("apps", "deployments", "patch"),
+            Grant::new("", "pods", "list"),
+        ]
+        .into_iter()
+        .collect::<BTreeSet<_>>()
+    );
+    assert_eq!(role["rules"][0]["resourceNames"], json!(["copyrator"]));
+    let binding = find(&hooks, "RoleBinding");
+    assert_eq!(binding["subjects"][0]["name"], "copyrator");
+    // Hooks come before the release goes: the Role and its binding first.
+    let weight = |doc: &Value| -> i64 {
+        doc["metadata"]["annotations"]["helm.sh/hook-weight"]
+            .as_str()
+            .and_then(|w| w.parse().ok())
+            .expect("a hook weight")
+    };
+    assert!(weight(role) < weight(job) && weight(binding) < weight(job));
+
+    let deleting = render_hooks(&["--set", "uninstall.copies=delete"]);
+    assert_eq!(
+        find(&deleting, "Job")["spec"]["template"]["spec"]["containers"][0]["args"][1],
+        "--copies=delete"
+    );
+    // An older release upgraded with --reuse-values has no `uninstall`: the hook runs, keeping copies.
+    let reused = render_hooks(&["--set", "uninstall=null"]);
+    assert_eq!(
+        find(&reused, "Job")["spec"]["template"]["spec"]["containers"][0]["args"][1],
+        "--copies=keep"
+    );
+    let off = render_hooks(&["--set", "uninstall.release=false"]);
+    assert!(
+        off.iter()
+            .all(|d| d["kind"] != "Job" && d["kind"] != "Role"),
+        "{off:?}"
+    );
 }
 
 /// `extraKinds` adds each kind to KINDS (`Kind.group`, a bare `Kind` for

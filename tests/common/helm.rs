@@ -74,6 +74,33 @@ pub fn render(args: &[&str]) -> Vec<Value> {
     .args(args);
     let yaml = run(cmd, "helm template");
     documents(&yaml, &format!("helm template {args:?}"))
+        .into_iter()
+        .filter(|doc| !is_hook(doc))
+        .collect()
+}
+
+/// The Helm hooks `helm template copyrator ./chart --namespace copyrator
+/// <args>` renders: objects made around an install, a test or an
+/// uninstall, not kept with the release (so left out of [`render`]).
+pub fn render_hooks(args: &[&str]) -> Vec<Value> {
+    let mut cmd = helm();
+    cmd.args([
+        "template",
+        "copyrator",
+        &chart_dir(),
+        "--namespace",
+        "copyrator",
+    ])
+    .args(args);
+    let yaml = run(cmd, "helm template");
+    documents(&yaml, &format!("helm template {args:?}"))
+        .into_iter()
+        .filter(is_hook)
+        .collect()
+}
+
+fn is_hook(doc: &Value) -> bool {
+    !doc["metadata"]["annotations"]["helm.sh/hook"].is_null()
 }
 
 pub fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
@@ -110,7 +137,10 @@ impl Drop for Release {
     fn drop(&mut self) {
         let _ = self
             .helm()
+            // No node runs the pre-delete hook's Job on the test control
+            // planes (`make e2e` runs it on one): helm would wait for it.
             .args(["uninstall", &self.name, "--namespace", &self.namespace])
+            .arg("--no-hooks")
             .output();
     }
 }
