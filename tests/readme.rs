@@ -153,6 +153,7 @@ const MARKER: &str = "<!-- tests/readme.rs applies this example: ";
 /// The examples this file applies, by the name their marker gives.
 const APPLIED: &[&str] = &[
     "create-only",
+    "deletion-policy",
     "data-keys",
     "pull-ca",
     "rolebinding-teams",
@@ -322,6 +323,64 @@ async fn the_create_only_example_hands_its_copies_over() {
         }
     })
     .await;
+}
+
+/// docs/rules.md, "Deletion you choose": a namespace that leaves the mesh
+/// keeps its copy (handed over), a deleted source's copies go, and the
+/// rule's deletion hands its copies over.
+#[tokio::test]
+async fn the_deletion_policy_example_orphans_and_deletes_as_it_says() {
+    let t = TestNs::new("readme-deletion").await;
+    let op = t.ns("op").await;
+    let mesh = [("mesh", "enabled")];
+    let kept = t.ns_labelled("kept", &mesh).await;
+    let leaving = t.ns_labelled("leaving", &mesh).await;
+    let docs = example(
+        "deletion-policy",
+        &[("namespace: copyrator", &format!("namespace: {op}"))],
+    );
+    let rule = of_kind(&docs, "CopyratorRule");
+    let name = rule["metadata"]["name"].as_str().expect("the rule's name");
+    t.create_rule(&op, name, json!({"spec": rule["spec"]}))
+        .await;
+    let _operator = Operator::start(&t, &op, &[]);
+    let ca = t
+        .create_plain(CM, &op, "ca", &[("trust", "ca")], &[("ca.crt", "CA1")])
+        .await;
+    let retired = t
+        .create_plain(CM, &op, "old-ca", &[("trust", "ca")], &[("ca.crt", "CA0")])
+        .await;
+    let handed_over = |o: &Obj| match o.label(LABEL_SYNC_POLICY) {
+        Some("CreateOnly") => o.data_is(&[("ca.crt", "CA1")]),
+        other => Err(format!("{LABEL_SYNC_POLICY}={other:?}")),
+    };
+    for ns in [&kept, &leaving] {
+        for source in [&ca, &retired] {
+            t.wait_obj(CM, ns, &source.name, "a copy", |o| {
+                (o.label(LABEL_RULE_UID).is_some() && o.data == source.data)
+                    .then_some(())
+                    .ok_or_else(|| format!("{:?} {:?}", o.labels, o.data))
+            })
+            .await;
+        }
+    }
+    t.namespaces()
+        .patch(
+            &leaving,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"mesh": null}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("taking {leaving} out of the mesh: {}", err_msg(&e)));
+    t.wait_obj(CM, &leaving, "ca", "targetLeft: Orphan", handed_over)
+        .await;
+    t.delete(CM, &op, "old-ca").await;
+    t.wait_gone(CM, &kept, "old-ca", "sourceGone: Delete").await;
+    t.delete_rule(&op, name).await;
+    t.wait_rule_gone(&op, name, "its finalizer hands its copies over")
+        .await;
+    t.wait_obj(CM, &kept, "ca", "ruleDeleted: Orphan", handed_over)
+        .await;
 }
 
 /// docs/rules.md, "Choosing data keys": the copy carries the selected keys under
