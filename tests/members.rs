@@ -388,6 +388,110 @@ async fn orphans_in_a_member_are_collected() {
         .await;
 }
 
+/// `deletionPolicy` holds in members: a member that leaves the rule's
+/// selection keeps its copy handed over (`targetLeft: Orphan`), and the
+/// rule's deletion hands over its copies everywhere (`ruleDeleted:
+/// Orphan`). Then `copyrator release --member-clusters --copies delete`,
+/// with the operator stopped, deletes another rule's copies at home and in
+/// the member, leaves those handed over, and removes the finalizer.
+#[tokio::test]
+async fn deletion_policy_and_release_hold_in_members() {
+    let t = TestNs::new("members-deletion").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let home_t1 = t.ns("t1").await;
+    let [a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let a_t1 = a.ns(&t, "t1").await;
+    let b_t1 = b.ns(&t, "t1").await;
+    a.register(&t.client, &op, &[("env", "prod")]).await;
+    b.register(&t.client, &op, &[("env", "prod")]).await;
+    let orphaning = with(
+        member_rule(&t, json!({"selector": {"matchLabels": {"env": "prod"}}})),
+        "/spec/deletionPolicy",
+        json!({"targetLeft": "Orphan", "ruleDeleted": "Orphan"}),
+    );
+    t.create_rule(&op, "r", orphaning).await;
+    let mut operator = Operator::start(&t, &op, &["--member-clusters"]);
+    let source = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    t.wait_copy(CM, &home_t1, &source, &op, "r").await;
+    let in_a = wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
+    let in_b = wait_member_copy(&b, &b_t1, "cfg", &[("k", "v")]).await;
+
+    // b leaves the selection: its copy is handed over, not deleted.
+    b.register(&t.client, &op, &[("env", "dev")]).await;
+    wait_member_handed_over(&b, &in_b, "b left the rule's cluster selector").await;
+    // The rule is deleted: its copies are handed over at home and in a.
+    t.delete_rule(&op, "r").await;
+    t.wait_rule_gone(&op, "r", "its finalizer handed its copies over")
+        .await;
+    wait_member_handed_over(&a, &in_a, "the rule was deleted under Orphan").await;
+    t.wait_obj(CM, &home_t1, "cfg", "handed over at home", |o| {
+        match o.label("copyrator.flant.com/sync-policy") {
+            Some("CreateOnly") => Ok(()),
+            other => Err(format!("sync-policy {other:?}")),
+        }
+    })
+    .await;
+
+    // Another rule, default policy, copies a second source into a.
+    t.create_rule(&op, "plain", member_rule(&t, json!({"names": [a.name]})))
+        .await;
+    let other = t.create_source(CM, &op, "other", &[], &[("o", "1")]).await;
+    t.wait_copy(CM, &home_t1, &other, &op, "plain").await;
+    wait_member_copy(&a, &a_t1, "other", &[("o", "1")]).await;
+    t.wait_rule_ready(&op, "plain").await;
+    operator.stop();
+    let released = copyrator(
+        &[
+            "release",
+            "--namespace",
+            &op,
+            "--member-clusters",
+            "--copies",
+            "delete",
+        ],
+        None,
+    )
+    .await;
+    released.assert_exit(0);
+    wait_member_gone(&a, &a_t1, "other", "release --copies delete").await;
+    t.wait_gone(CM, &home_t1, "other", "release --copies delete")
+        .await;
+    wait_member_handed_over(&a, &in_a, "a copy handed over stays").await;
+    let plain = t.get_rule(&op, "plain").await;
+    assert!(
+        plain["metadata"]["finalizers"].is_null(),
+        "released: {}",
+        plain["metadata"]
+    );
+}
+
+/// Waits until the member's copy `before` (same uid) is handed over to
+/// its namespace.
+async fn wait_member_handed_over(member: &Member, before: &ConfigMap, why: &str) {
+    let ns = before.metadata.namespace.clone().unwrap_or_default();
+    let name = before.metadata.name.clone().unwrap_or_default();
+    wait_until(
+        format!("{ns}/{name} handed over in member {} ({why})", member.name),
+        CONVERGE,
+        async || {
+            let copy = member_copy(member, &ns, &name).await?;
+            if copy.metadata.uid != before.metadata.uid {
+                return Err(format!("replaced: uid {:?}", copy.metadata.uid));
+            }
+            let labels = copy.metadata.labels.unwrap_or_default();
+            match labels
+                .get("copyrator.flant.com/sync-policy")
+                .map(String::as_str)
+            {
+                Some("CreateOnly") => Ok(()),
+                other => Err(format!("sync-policy {other:?}")),
+            }
+        },
+    )
+    .await;
+}
+
 /// A rule with `local: false` keeps copies in members only.
 #[tokio::test]
 async fn local_false_keeps_copies_in_members_only() {
