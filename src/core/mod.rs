@@ -1,5 +1,5 @@
 //! The decisions, pure: a rule resolved under the trust policy, the plan of
-//! copies, backoff, the status, what a change concerns, and the tally of what
+//! copies, staged rollouts, backoff, the status, what a change concerns, and the tally of what
 //! is unsettled. No client, no task, no clock but what is passed in.
 
 pub mod backoff;
@@ -11,6 +11,7 @@ pub mod pass_log;
 pub mod plan;
 pub mod preview;
 pub mod resolve;
+pub mod rollout;
 pub mod scope;
 pub mod status;
 pub mod tally;

@@ -107,6 +107,22 @@ impl Desired {
                     .all(|entry| self.meta_entries.binary_search(entry).is_ok()))
     }
 
+    /// This copy with `payload` instead of its own (the content a stage
+    /// not reached yet keeps, see `core::rollout`).
+    pub fn with_payload(&self, payload: BTreeMap<String, Value>) -> Desired {
+        let payload_hash = crate::cache::index::payload_hash(&payload);
+        Desired {
+            content_hash: crate::cache::index::content_hash(
+                &self.labels,
+                &self.annotations,
+                payload_hash,
+            ),
+            payload_hash,
+            payload,
+            ..self.clone()
+        }
+    }
+
     /// Whether `current` holds what Copyrator last wrote for this very copy
     /// and someone changed it since: writing again is a restore.
     pub fn is_changed_back(&self, current: &Object) -> bool {
@@ -1161,7 +1177,7 @@ pub mod tests {
         }
 
         /// Apply a plan's writes to the world, as the API server would.
-        fn apply(&mut self, plan: &Plan) {
+        pub(crate) fn apply(&mut self, plan: &Plan) {
             for action in &plan.actions {
                 let (namespace, name) = action.target();
                 let (namespace, name) = (namespace.to_owned(), name.to_owned());

@@ -1,0 +1,592 @@
+//! Staged rollouts (`spec.rollout.stages`): which stage each namespace is
+//! in, and how far a source's new content may go now. Pure: the plan of a
+//! pass (made as if there were no stages), the rule's copies, the clock and
+//! what the controller last saw of the consumers' availability come in; the
+//! writes that may not happen yet are taken out of the plan, and creates in
+//! stages not yet reached get the content rolled out before (read by the
+//! controller from one copy that holds it: the copy views keep no payload).
+//!
+//! A source's content moves one stage at a time. The first stage gets it
+//! at once; a stage settles when every copy there holds it (and, with
+//! `restartConsumers`, the workloads that use it are available again);
+//! the next stage opens a pause after that. A stage that has not settled
+//! within the settle timeout halts the rollout there: later stages keep
+//! the content they had until it settles, or the source changes again.
+//! Namespaces that no stage selects make the last stage. A source with no
+//! copy at other content (a new source) is not staged: nothing came before.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::cache::index::{CopyIndex, NamespaceInfo, Object};
+use crate::core::plan::{Action, Desired, Plan};
+use crate::core::resolve::TargetSelector;
+
+/// How often a stage still settling is looked at again.
+pub const SETTLE_RECHECK: Duration = Duration::from_secs(2);
+/// How often a halted stage is looked at again.
+pub const HALTED_RECHECK: Duration = Duration::from_secs(10);
+/// The name of the stage that namespaces no stage selects make.
+pub const REST: &str = "rest";
+
+/// One stage: the namespaces it selects, and the pause after it settles.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stage {
+    pub name: String,
+    pub selector: TargetSelector,
+    pub pause: Duration,
+}
+
+/// A rule's stages, in order; the namespaces none selects come last.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stages {
+    pub stages: Vec<Stage>,
+    /// A stage not settled this long after it opened halts the rollout.
+    pub settle_timeout: Duration,
+}
+
+impl Stages {
+    /// The stage of the namespace `name`: the first that selects it, else
+    /// the last (the rest).
+    pub fn stage_of(&self, name: &str, labels: &BTreeMap<String, String>) -> usize {
+        self.stages
+            .iter()
+            .position(|s| s.selector.matches(name, labels))
+            .unwrap_or(self.stages.len())
+    }
+
+    /// How many stages there are, the rest included.
+    pub fn count(&self) -> usize {
+        self.stages.len() + 1
+    }
+
+    pub fn name(&self, stage: usize) -> &str {
+        self.stages.get(stage).map_or(REST, |s| s.name.as_str())
+    }
+
+    fn pause(&self, stage: usize) -> Duration {
+        self.stages.get(stage).map_or(Duration::ZERO, |s| s.pause)
+    }
+}
+
+/// How far one source's content has gone.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Track {
+    /// The payload hash being rolled out.
+    pub payload: u64,
+    /// The last stage open to it.
+    pub open: usize,
+    /// When that stage opened.
+    pub opened_at: Instant,
+    /// When that stage settled, if it has.
+    pub settled_at: Option<Instant>,
+    /// The content rolled out before, once read: its hash and payload.
+    pub earlier: Option<(u64, Arc<BTreeMap<String, Value>>)>,
+}
+
+/// A rule's rollouts under way, by source name (kept between passes).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Rollouts {
+    pub by_name: BTreeMap<String, Track>,
+}
+
+/// Where one source's rollout stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The open stage is being written, or its consumers are rolling.
+    Settling,
+    /// The open stage settled; the next opens after its pause.
+    Pausing,
+    /// The open stage did not settle in time: why (the workloads not
+    /// available, or the copies not written).
+    Halted(Vec<String>),
+}
+
+/// One source's rollout, for the status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Progress {
+    pub source: String,
+    /// Index and name of the last stage open to the new content.
+    pub stage: usize,
+    pub stage_name: String,
+    pub stages: usize,
+    pub phase: Phase,
+}
+
+/// Consumers whose availability the controller should look at: those of
+/// the copies of `name` in `namespaces` (one stage), for `payload`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AvailabilityCheck {
+    pub name: String,
+    pub stage: usize,
+    pub payload: u64,
+    pub namespaces: Vec<String>,
+}
+
+/// What the stages did to a plan.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Gated {
+    /// Writes of new content held back for a later stage.
+    pub held: u32,
+    /// Each source whose rollout is under way, by name.
+    pub progress: Vec<Progress>,
+    /// When to look again (a pause ends, a stage may have settled).
+    pub recheck_at: Option<Instant>,
+    pub checks: Vec<AvailabilityCheck>,
+    /// Copies whose payload the controller should read into the source's
+    /// [`Track::earlier`] (`(namespace, name)`): the content rolled out
+    /// before, which creates in stages not reached yet need.
+    pub reads: Vec<(String, String)>,
+}
+
+impl Gated {
+    fn recheck_no_later_than(&mut self, at: Instant) {
+        self.recheck_at = Some(self.recheck_at.map_or(at, |r| r.min(at)));
+    }
+}
+
+/// What the controller last saw of a stage's consumers, for a content:
+/// `Some(not available)` (empty: all available), `None` if not looked at.
+pub type Availability<'a> = &'a dyn Fn(&str, usize, u64) -> Option<Vec<String>>;
+
+/// What a pass needs to stage its plan.
+pub struct Inputs<'a> {
+    pub stages: &'a Stages,
+    pub rule_uid: &'a str,
+    pub namespaces: &'a BTreeMap<String, NamespaceInfo>,
+    pub copies: &'a CopyIndex,
+    /// Settled means the consumers are available too (`restartConsumers`).
+    pub consumers: bool,
+    pub availability: Availability<'a>,
+    pub now: Instant,
+}
+
+/// Stage `plan` (made for everything, as if there were no stages): take
+/// out the writes of new content into stages not open yet, and make creates
+/// there with the content rolled out before; advance `rollouts`.
+pub fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Gated {
+    let stages = inputs.stages;
+    let stage_of = |namespace: &str| {
+        let labels = inputs.namespaces.get(namespace).map(|ns| &ns.labels);
+        stages.stage_of(namespace, labels.unwrap_or(&BTreeMap::new()))
+    };
+    // Per source name: its new content, and the stages with writes of it still owed.
+    let mut owed: HashMap<String, (Arc<Desired>, BTreeSet<usize>)> = HashMap::new();
+    for action in &plan.actions {
+        let Some((desired, namespace, new_content)) = write_of(action) else {
+            continue;
+        };
+        if new_content {
+            owed.entry(desired.name.clone())
+                .or_insert_with(|| (desired.clone(), BTreeSet::new()))
+                .1
+                .insert(stage_of(namespace));
+        }
+    }
+    let mut gated = Gated::default();
+    let mut open_through: HashMap<String, (usize, Option<Arc<Desired>>)> = HashMap::new();
+    for (name, (desired, owed_stages)) in &owed {
+        // What was rolled out before: a copy at other content.
+        let Some(before) = earlier_content(inputs, name, desired.payload_hash, &stage_of) else {
+            continue;
+        };
+        let track = rollouts
+            .by_name
+            .entry(name.clone())
+            .and_modify(|t| {
+                if t.payload != desired.payload_hash {
+                    *t = Track::start(desired.payload_hash, inputs.now);
+                }
+            })
+            .or_insert_with(|| Track::start(desired.payload_hash, inputs.now));
+        let phase = advance(track, stages, owed_stages, inputs, name, &mut gated);
+        let earlier = match &track.earlier {
+            Some((hash, payload)) if *hash == before.payload_hash => {
+                Some(Arc::new(desired.with_payload((**payload).clone())))
+            }
+            _ => {
+                gated
+                    .reads
+                    .push((before.namespace.to_string(), before.name.to_string()));
+                None
+            }
+        };
+        open_through.insert(name.clone(), (track.open, earlier));
+        gated.progress.push(Progress {
+            source: desired.source.clone(),
+            stage: track.open,
+            stage_name: stages.name(track.open).to_owned(),
+            stages: stages.count(),
+            phase,
+        });
+    }
+    // Names with nothing owed have rolled out everywhere.
+    rollouts
+        .by_name
+        .retain(|name, _| open_through.contains_key(name));
+    gated.progress.sort_by(|a, b| a.source.cmp(&b.source));
+    let actions = std::mem::take(&mut plan.actions);
+    for action in actions {
+        match held_back(action, &open_through, &stage_of) {
+            Ok(action) => plan.actions.push(action),
+            Err(()) => gated.held += 1,
+        }
+    }
+    gated
+}
+
+/// The desired copy, its namespace, and whether it changes the content
+/// there, of a write; `None` for a delete or hand-over.
+fn write_of(action: &Action) -> Option<(&Arc<Desired>, &str, bool)> {
+    match action {
+        Action::Create { desired, namespace } => Some((desired, namespace, true)),
+        Action::Update { desired, current } | Action::Recreate { desired, current } => Some((
+            desired,
+            &current.namespace,
+            current.payload_hash != desired.payload_hash,
+        )),
+        Action::Delete { .. } | Action::HandOver { .. } => None,
+    }
+}
+
+/// A copy of the source `name` at content other than `payload`, in the
+/// last stage that holds one: the content rolled out before.
+fn earlier_content<'a>(
+    inputs: &Inputs<'a>,
+    name: &str,
+    payload: u64,
+    stage_of: &dyn Fn(&str) -> usize,
+) -> Option<&'a Arc<Object>> {
+    inputs
+        .copies
+        .owned_by(inputs.rule_uid)
+        .filter(|c| &*c.name == name && c.payload_hash != payload && !c.create_only)
+        .max_by_key(|c| (stage_of(&c.namespace), c.namespace.clone()))
+}
+
+impl Track {
+    fn start(payload: u64, now: Instant) -> Self {
+        Self {
+            payload,
+            open: 0,
+            opened_at: now,
+            settled_at: None,
+            earlier: None,
+        }
+    }
+}
+
+/// Open as many stages as have settled and paused; say where it stands.
+fn advance(
+    track: &mut Track,
+    stages: &Stages,
+    owed: &BTreeSet<usize>,
+    inputs: &Inputs<'_>,
+    name: &str,
+    gated: &mut Gated,
+) -> Phase {
+    let now = inputs.now;
+    loop {
+        let stage = track.open;
+        if stage + 1 >= stages.count() {
+            // The last stage is open: nothing is held any more.
+            gated.recheck_no_later_than(now + SETTLE_RECHECK);
+            return Phase::Settling;
+        }
+        let written = !owed.contains(&stage);
+        let not_available = if !written {
+            Some(vec![format!(
+                "copies in stage {} not written yet",
+                stages.name(stage)
+            )])
+        } else if inputs.consumers {
+            match (inputs.availability)(name, stage, track.payload) {
+                Some(waiting) if waiting.is_empty() => None,
+                Some(waiting) => Some(waiting),
+                None => {
+                    gated.checks.push(AvailabilityCheck {
+                        name: name.to_owned(),
+                        stage,
+                        payload: track.payload,
+                        namespaces: namespaces_in(inputs, name, stage, stages),
+                    });
+                    Some(vec!["consumers not looked at yet".to_owned()])
+                }
+            }
+        } else {
+            None
+        };
+        match not_available {
+            None => {
+                let settled = *track.settled_at.get_or_insert(now);
+                let opens_at = settled + stages.pause(stage);
+                if now < opens_at {
+                    gated.recheck_no_later_than(opens_at);
+                    return Phase::Pausing;
+                }
+                track.open += 1;
+                track.opened_at = now;
+                track.settled_at = None;
+            }
+            Some(why) => {
+                track.settled_at = None;
+                if now >= track.opened_at + stages.settle_timeout {
+                    gated.recheck_no_later_than(now + HALTED_RECHECK);
+                    return Phase::Halted(why);
+                }
+                gated.recheck_no_later_than(now + SETTLE_RECHECK);
+                return Phase::Settling;
+            }
+        }
+    }
+}
+
+/// The namespaces of `stage` that hold a copy of `name`.
+fn namespaces_in(inputs: &Inputs<'_>, name: &str, stage: usize, stages: &Stages) -> Vec<String> {
+    let mut out: Vec<String> = inputs
+        .copies
+        .owned_by(inputs.rule_uid)
+        .filter(|c| &*c.name == name)
+        .filter(|c| {
+            let labels = inputs.namespaces.get(&*c.namespace).map(|ns| &ns.labels);
+            stages.stage_of(&c.namespace, labels.unwrap_or(&BTreeMap::new())) == stage
+        })
+        .map(|c| c.namespace.to_string())
+        .collect();
+    out.sort();
+    out
+}
+
+/// `action` as the stages let it happen: unchanged in an open stage (or
+/// for a source not staged); in a stage not open yet, a create is made with
+/// the content rolled out before (held back, `Err`, until that is read),
+/// and an update or recreate of new content is held back: a copy there
+/// keeps what it holds until its stage opens.
+fn held_back(
+    action: Action,
+    open_through: &HashMap<String, (usize, Option<Arc<Desired>>)>,
+    stage_of: &dyn Fn(&str) -> usize,
+) -> Result<Action, ()> {
+    let Some((desired, namespace, new_content)) = write_of(&action) else {
+        return Ok(action);
+    };
+    let Some((open, earlier)) = open_through.get(&desired.name) else {
+        return Ok(action);
+    };
+    if stage_of(namespace) <= *open || !new_content {
+        return Ok(action);
+    }
+    match (action, earlier) {
+        (Action::Create { namespace, .. }, Some(earlier)) => Ok(Action::Create {
+            desired: earlier.clone(),
+            namespace,
+        }),
+        _ => Err(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::selector::Glob;
+    use crate::core::plan::tests::{World, rule, verbs};
+    use serde_json::json;
+
+    const PAUSE: Duration = Duration::from_secs(60);
+    const TIMEOUT: Duration = Duration::from_secs(300);
+
+    /// `canary` (namespaces `c*`, a pause of a minute), then the rest.
+    fn canary_then_rest() -> Stages {
+        Stages {
+            stages: vec![Stage {
+                name: "canary".into(),
+                selector: TargetSelector {
+                    namespace_selector: None,
+                    include: vec![Glob::new("c*").unwrap()],
+                    exclude: Vec::new(),
+                },
+                pause: PAUSE,
+            }],
+            settle_timeout: TIMEOUT,
+        }
+    }
+
+    /// A world with copies of `src/cm` at `{"k": "v1"}` in c1, r1 and r2,
+    /// and the source changed to `{"k": "v2"}`.
+    fn changed_world() -> World {
+        let mut w = World::new(&["src", "c1", "r1", "r2"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v1"}));
+        let p = w.plan(&simple());
+        w.apply(&p);
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v2"}));
+        w
+    }
+
+    fn simple() -> crate::core::resolve::ResolvedRule {
+        rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"}}))
+    }
+
+    /// Stage the plan of `w` at `now`, with the consumers' availability
+    /// `available` (when they count).
+    fn staged(
+        w: &World,
+        rollouts: &mut Rollouts,
+        now: Instant,
+        consumers: Option<Availability<'_>>,
+    ) -> (Plan, Gated) {
+        let stages = canary_then_rest();
+        let mut plan = w.plan(&simple());
+        let none = |_: &str, _: usize, _: u64| None;
+        let inputs = Inputs {
+            stages: &stages,
+            rule_uid: "rule-1",
+            namespaces: &w.namespaces,
+            copies: &w.copies,
+            consumers: consumers.is_some(),
+            availability: consumers.unwrap_or(&none),
+            now,
+        };
+        let gated = gate(&mut plan, &inputs, rollouts);
+        (plan, gated)
+    }
+
+    fn places(plan: &Plan) -> Vec<String> {
+        verbs(plan)
+            .into_iter()
+            .map(|(ns, _, verb)| format!("{verb} {ns}"))
+            .collect()
+    }
+
+    #[test]
+    fn a_change_reaches_the_next_stage_only_after_the_first_settled_and_paused() {
+        let mut w = changed_world();
+        let mut rollouts = Rollouts::default();
+        let t0 = Instant::now();
+        let (plan, gated) = staged(&w, &mut rollouts, t0, None);
+        assert_eq!(places(&plan), ["update c1"]);
+        assert_eq!(gated.held, 2, "r1 and r2 keep v1");
+        assert_eq!(gated.progress[0].stage_name, "canary");
+        assert_eq!(gated.progress[0].phase, Phase::Settling);
+        w.apply(&plan);
+
+        // Canary written: it settles, and the rest waits out the pause.
+        let t1 = t0 + Duration::from_secs(1);
+        let (plan, gated) = staged(&w, &mut rollouts, t1, None);
+        assert!(plan.actions.is_empty(), "{:?}", places(&plan));
+        assert_eq!(gated.progress[0].phase, Phase::Pausing);
+        assert_eq!(gated.recheck_at, Some(t1 + PAUSE));
+        let (plan, _) = staged(&w, &mut rollouts, t1 + PAUSE / 2, None);
+        assert!(plan.actions.is_empty(), "still pausing");
+
+        // The pause is over: the rest gets v2.
+        let (plan, gated) = staged(&w, &mut rollouts, t1 + PAUSE, None);
+        assert_eq!(places(&plan), ["update r1", "update r2"]);
+        assert_eq!(gated.progress[0].stage_name, REST);
+        w.apply(&plan);
+        let (plan, gated) = staged(&w, &mut rollouts, t1 + PAUSE * 2, None);
+        assert!(plan.actions.is_empty());
+        assert!(gated.progress.is_empty(), "rolled out");
+        assert!(rollouts.by_name.is_empty());
+    }
+
+    #[test]
+    fn a_stage_that_does_not_settle_halts_and_later_stages_keep_their_content() {
+        let w = changed_world();
+        let mut rollouts = Rollouts::default();
+        let t0 = Instant::now();
+        // The canary's write never lands (refused, say).
+        staged(&w, &mut rollouts, t0, None);
+        let (plan, gated) = staged(&w, &mut rollouts, t0 + TIMEOUT / 2, None);
+        assert_eq!(gated.progress[0].phase, Phase::Settling);
+        assert_eq!(places(&plan), ["update c1"], "the canary is tried again");
+        let (plan, gated) = staged(&w, &mut rollouts, t0 + TIMEOUT, None);
+        let Phase::Halted(why) = &gated.progress[0].phase else {
+            panic!("{gated:?}")
+        };
+        assert_eq!(why, &["copies in stage canary not written yet"]);
+        assert_eq!(gated.held, 2);
+        assert_eq!(places(&plan), ["update c1"]);
+    }
+
+    #[test]
+    fn with_consumers_a_stage_settles_when_they_are_available() {
+        let mut w = changed_world();
+        let mut rollouts = Rollouts::default();
+        let t0 = Instant::now();
+        let unknown = |_: &str, _: usize, _: u64| None;
+        let (plan, _) = staged(&w, &mut rollouts, t0, Some(&unknown));
+        w.apply(&plan);
+        // Written: the controller is asked to look at the canary's consumers.
+        let (_, gated) = staged(&w, &mut rollouts, t0, Some(&unknown));
+        assert_eq!(gated.checks.len(), 1);
+        assert_eq!(gated.checks[0].namespaces, ["c1"]);
+        assert_eq!(gated.progress[0].phase, Phase::Settling);
+        // Not available past the timeout: halted, naming the workload.
+        let web = |_: &str, _: usize, _: u64| Some(vec!["Deployment c1/web".to_owned()]);
+        let (plan, gated) = staged(&w, &mut rollouts, t0 + TIMEOUT, Some(&web));
+        assert_eq!(
+            gated.progress[0].phase,
+            Phase::Halted(vec!["Deployment c1/web".into()])
+        );
+        assert!(plan.actions.is_empty());
+        assert_eq!(gated.held, 2);
+        // Available again: it settles, and the rest opens after the pause.
+        let ready = |_: &str, _: usize, _: u64| Some(Vec::new());
+        let later = t0 + TIMEOUT * 2;
+        let (_, gated) = staged(&w, &mut rollouts, later, Some(&ready));
+        assert_eq!(gated.progress[0].phase, Phase::Pausing);
+        let (plan, _) = staged(&w, &mut rollouts, later + PAUSE, Some(&ready));
+        assert_eq!(places(&plan), ["update r1", "update r2"]);
+    }
+
+    #[test]
+    fn a_new_namespace_in_a_stage_not_reached_gets_the_content_rolled_out_before() {
+        let mut w = changed_world();
+        w.namespaces.insert("r3".into(), NamespaceInfo::default());
+        let mut rollouts = Rollouts::default();
+        let t0 = Instant::now();
+        let (plan, gated) = staged(&w, &mut rollouts, t0, None);
+        // The content before is not known yet: read from one copy first.
+        assert_eq!(places(&plan), ["update c1"]);
+        assert_eq!(gated.reads, [("r2".to_owned(), "cm".to_owned())]);
+        let v1 = BTreeMap::from([("data".to_owned(), json!({"k": "v1"}))]);
+        let v1_hash = crate::cache::index::payload_hash(&v1);
+        assert_eq!(w.copies.get("r2", "cm").unwrap().payload_hash, v1_hash);
+        rollouts.by_name.get_mut("cm").unwrap().earlier = Some((v1_hash, Arc::new(v1)));
+        let (plan, gated) = staged(&w, &mut rollouts, t0, None);
+        assert!(gated.reads.is_empty());
+        assert_eq!(places(&plan), ["update c1", "create r3"]);
+        let Action::Create { desired, .. } = &plan.actions[1] else {
+            panic!("{plan:?}")
+        };
+        assert_eq!(
+            desired.payload_hash, v1_hash,
+            "r3 gets v1, as r1 and r2 hold"
+        );
+    }
+
+    #[test]
+    fn a_new_source_is_not_staged() {
+        let mut w = World::new(&["src", "c1", "r1"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v1"}));
+        let mut rollouts = Rollouts::default();
+        let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
+        assert_eq!(places(&plan), ["create c1", "create r1"]);
+        assert_eq!(gated, Gated::default());
+    }
+
+    #[test]
+    fn a_namespace_is_in_the_first_stage_that_selects_it() {
+        let stages = canary_then_rest();
+        let none = BTreeMap::new();
+        assert_eq!(stages.stage_of("c1", &none), 0);
+        assert_eq!(stages.stage_of("r1", &none), 1);
+        assert_eq!(stages.name(1), REST);
+        assert_eq!(stages.count(), 2);
+    }
+}
