@@ -398,6 +398,34 @@ pub struct RuleStatus {
     /// targeted members that are ready, of all targeted (`2/3`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clusters_ready: Option<String>,
+    /// For a rule with `rollout.stages`: each source whose new content is
+    /// still on its way through the stages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rollouts: Vec<RolloutStatus>,
+}
+
+/// Where one source's new content stands in a staged rollout.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// The source, `namespace/name`.
+    pub source: String,
+    /// The last stage the new content has reached (`rest` for the
+    /// namespaces no stage selects).
+    pub stage: String,
+    /// Its place in the order, from 1, and how many stages there are.
+    #[schemars(schema_with = "crate::api::schema::count_schema")]
+    pub stage_number: u32,
+    #[schemars(schema_with = "crate::api::schema::count_schema")]
+    pub stages: u32,
+    /// `Settling` (being written, or its consumers rolling), `Pausing`
+    /// (settled; the next stage opens after its pause) or `Halted` (not
+    /// settled within the settle timeout: later stages keep their content).
+    pub phase: String,
+    /// Why a halted stage has not settled: the workloads not available, or
+    /// the copies not written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// How a rule's copies stand in one member cluster.

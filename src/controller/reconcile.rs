@@ -61,6 +61,8 @@ pub(crate) struct Pass {
     pub(crate) contest_waits: u32,
     /// When the earliest copy in backoff may be written.
     pub(crate) retry_at: Option<Instant>,
+    /// What the rule's stages held back and where its rollouts stand.
+    pub(crate) rollout: Option<crate::core::rollout::Gated>,
 }
 
 impl Pass {
@@ -362,6 +364,12 @@ fn observed_after(
             .collect(),
         waiting_for_sources: None,
         clusters,
+        rollouts: pass
+            .rollout
+            .as_ref()
+            .map(|g| g.progress.clone())
+            .unwrap_or_default(),
+        held: pass.rollout.as_ref().map_or(0, |g| g.held),
     }
 }
 

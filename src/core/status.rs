@@ -1,6 +1,9 @@
 //! A rule's status from what its reconcile saw and did (pure).
 
-use crate::api::rule::{ClusterStatus, Condition, ConflictEntry, ContestedEntry, RuleStatus};
+use crate::api::rule::{
+    ClusterStatus, Condition, ConflictEntry, ContestedEntry, RolloutStatus, RuleStatus,
+};
+use crate::core::rollout::{Phase, Progress};
 
 /// Conflicts listed in the status; the count says how many there are in all.
 pub const MAX_LISTED_CONFLICTS: usize = 20;
@@ -33,6 +36,10 @@ pub struct Observed {
     /// How the rule stands in each member cluster it targets (none for a
     /// rule of this cluster alone).
     pub clusters: Vec<ClusterStatus>,
+    /// The sources whose new content is on its way through the rule's
+    /// stages, and how many writes the stages hold back.
+    pub rollouts: Vec<Progress>,
+    pub held: u32,
 }
 
 /// The status to publish, keeping transition times when nothing transitioned.
@@ -75,6 +82,7 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
             let ready = observed.clusters.iter().filter(|c| c.ready).count();
             format!("{ready}/{}", observed.clusters.len())
         }),
+        rollouts: observed.rollouts.iter().map(rollout_status).collect(),
     };
     if previous.is_none_or(|p| !same_content(p, &next)) {
         next.last_sync_time = Some(now.to_string());
@@ -86,11 +94,17 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
 /// holds of: a problem, the sources still being listed, writes still owed,
 /// copies contested, conflicts; else the rule is synced.
 fn readiness(observed: &Observed) -> (&'static str, String, String) {
+    if let Some(halted) = rollout_halted(observed) {
+        return halted;
+    }
     if let Some((reason, message)) = &observed.problem {
         return ("False", reason.clone(), message.clone());
     }
     if let Some(reason) = members_not_ready(&observed.clusters) {
         return reason;
+    }
+    if let Some(progressing) = rollout_progressing(observed) {
+        return progressing;
     }
     if let Some((listed, of)) = observed.waiting_for_sources {
         return (
@@ -139,6 +153,64 @@ fn readiness(observed: &Observed) -> (&'static str, String, String) {
             observed.copies, observed.sources, observed.target_namespaces
         ),
     )
+}
+
+/// The Ready condition of a staged rollout that halted: `RolloutHalted`,
+/// naming the stage and why it has not settled (it comes first: a refused
+/// write that keeps a stage from settling says its own message below it).
+fn rollout_halted(observed: &Observed) -> Option<(&'static str, String, String)> {
+    observed.rollouts.iter().find_map(|p| match &p.phase {
+        Phase::Halted(why) => Some((
+            "False",
+            "RolloutHalted".to_owned(),
+            format!(
+                "the rollout of {} halted at stage {} ({} of {}): {}; later stages keep their content ({} copies held back)",
+                p.source,
+                p.stage_name,
+                p.stage + 1,
+                p.stages,
+                why.join(", "),
+                observed.held
+            ),
+        )),
+        _ => None,
+    })
+}
+
+/// The Ready condition while a staged rollout is under way:
+/// `RolloutProgressing`, with the stage and the copies held back.
+fn rollout_progressing(observed: &Observed) -> Option<(&'static str, String, String)> {
+    let first = observed.rollouts.first()?;
+    Some((
+        "False",
+        "RolloutProgressing".to_owned(),
+        format!(
+            "{} sources rolling out; {} at stage {} ({} of {}); {} copies held back for later stages",
+            observed.rollouts.len(),
+            first.source,
+            first.stage_name,
+            first.stage + 1,
+            first.stages,
+            observed.held
+        ),
+    ))
+}
+
+/// One source's rollout as the status says it.
+fn rollout_status(progress: &Progress) -> RolloutStatus {
+    let (phase, message) = match &progress.phase {
+        Phase::Settling => ("Settling", None),
+        Phase::Pausing => ("Pausing", None),
+        Phase::Halted(why) => ("Halted", Some(why.join(", "))),
+    };
+    RolloutStatus {
+        source: progress.source.clone(),
+        stage: progress.stage_name.clone(),
+        stage_number: progress.stage as u32 + 1,
+        stages: progress.stages as u32,
+        phase: phase.to_owned(),
+        message,
+    }
 }
 
 /// The Ready condition when member clusters are not ready: unreachable
