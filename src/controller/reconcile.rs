@@ -21,6 +21,7 @@ use crate::api::rule::{
 use crate::cache::index::{Object, ObjectKey};
 use crate::cluster::sources::Sources;
 use crate::cluster::writer::Outcome;
+use crate::controller::consumers::{ChangedCopy, Restarts, restart_consumers};
 use crate::controller::finalizer::{cleanup, set_finalizer};
 use crate::controller::kinds::KindReadiness;
 use crate::controller::site::Site;
@@ -59,6 +60,11 @@ pub(crate) struct Pass {
     pub(crate) contest_waits: u32,
     /// When the earliest copy in backoff may be written.
     pub(crate) retry_at: Option<Instant>,
+    /// Copies whose data this pass's writes changed (kept only for a rule
+    /// with `rollout.restartConsumers`).
+    pub(crate) changed: Vec<ChangedCopy>,
+    /// The workloads rolled after the writes.
+    pub(crate) restarts: Restarts,
 }
 
 impl Pass {
@@ -118,6 +124,7 @@ pub async fn reconcile(
     let published = publish_status(shared, &rule, &observed).await?;
     log_pass(shared, key, &pass, failing, started.elapsed());
     announce(shared, &rule, &resolved, &pass, &observed).await;
+    crate::controller::consumers::announce(shared, &shared.home, &rule, &pass.restarts).await;
     shared
         .metrics
         .copies_contested
@@ -920,6 +927,16 @@ pub(crate) async fn carry_out(
     let new_conflicts = write_admitted(site, resolved, admitted, &mut pass).await;
     remember_conflicts(site, rule, resolved, new_conflicts);
     finish(site, resolved, &mut pass, plan);
+    let changed = std::mem::take(&mut pass.changed);
+    pass.restarts = restart_consumers(
+        shared,
+        site,
+        resolved,
+        sources,
+        scope.is_everything(),
+        changed,
+    )
+    .await;
     pass
 }
 
@@ -1115,6 +1132,17 @@ fn take_outcome(
                     index.remove(namespace, name, &current.uid);
                 }
                 (None, _) => {}
+            }
+            if let Action::Update { desired, current } | Action::Recreate { desired, current } =
+                &action
+                && resolved.restart_consumers
+                && kind == resolved.kind
+                && desired.payload_hash != current.payload_hash
+            {
+                pass.changed.push(ChangedCopy {
+                    namespace: namespace.to_owned(),
+                    desired: desired.clone(),
+                });
             }
             match action {
                 Action::Create { .. } => pass.created += 1,

@@ -69,6 +69,8 @@ pub struct RuleMemory {
     pub conflicts: i64,
     /// What the rule's passes left unsettled, place by place.
     pub tally: crate::core::tally::Tally,
+    /// Restarting the rule's consumers was refused, and said so.
+    pub restart_refused: bool,
 }
 
 pub struct Site {
