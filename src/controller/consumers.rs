@@ -28,7 +28,9 @@ use crate::api::rule::CopyratorRule;
 use crate::cache::index::Object;
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
-use crate::core::consumers::{CopyContent, Trigger, Workload, restarts_due};
+use crate::core::consumers::{
+    CopyContent, KeyDigests, Trigger, Workload, key_digests, restarts_due,
+};
 use crate::core::plan::{Desired, desired_copy};
 use crate::core::resolve::ResolvedRule;
 use crate::error::describe;
@@ -38,6 +40,8 @@ use crate::sync::{lock, read};
 pub(crate) struct ChangedCopy {
     pub(crate) namespace: String,
     pub(crate) desired: Arc<Desired>,
+    /// Created, not changed: its content is remembered, nothing rolls.
+    pub(crate) created: bool,
 }
 
 /// What the restarts of one pass came to.
@@ -49,6 +53,8 @@ pub(crate) struct Restarts {
     pub(crate) refused: Option<String>,
     /// Other failures: `what: message`.
     pub(crate) failed: Vec<String>,
+    /// Workloads were looked for (a refusal is known to last or to have lifted).
+    pub(crate) tried: bool,
 }
 
 /// Up to this many namespaces, workloads are listed namespace by
@@ -67,7 +73,9 @@ fn workload_kinds() -> [(&'static str, ApiResource); 3] {
     ]
 }
 
-type Copies = HashMap<String, Vec<(Arc<Desired>, Trigger)>>;
+/// A copy to look at: what it holds, why, and what it held before.
+type Entry = (Arc<Desired>, Trigger, Option<Arc<KeyDigests>>);
+type Copies = HashMap<String, Vec<Entry>>;
 
 /// The copies to look at, by namespace: those `changed`, and on a pass
 /// over everything the rule's other copies in place (for a recheck).
@@ -80,12 +88,32 @@ fn copies_to_check(
 ) -> Copies {
     let mut by_namespace: Copies = HashMap::new();
     let mut seen = HashSet::new();
+    let mut memory = lock(&site.memory);
+    let consumed = &mut memory.entry(resolved.key.clone()).or_default().consumed;
+    let mut now_held: HashMap<String, Arc<Desired>> = HashMap::new();
     for copy in changed {
+        now_held
+            .entry(copy.desired.source.clone())
+            .or_insert_with(|| copy.desired.clone());
         seen.insert((copy.namespace.clone(), copy.desired.name.clone()));
-        by_namespace
-            .entry(copy.namespace)
-            .or_default()
-            .push((copy.desired, Trigger::Changed));
+        if copy.created {
+            continue;
+        }
+        let before = consumed.get(&copy.desired.source).cloned();
+        by_namespace.entry(copy.namespace).or_default().push((
+            copy.desired,
+            Trigger::Changed,
+            before,
+        ));
+    }
+    let remember = |consumed: &mut HashMap<String, Arc<KeyDigests>>, desired: &Desired| {
+        consumed.insert(
+            desired.source.clone(),
+            Arc::new(key_digests(desired.kind, &desired.payload)),
+        );
+    };
+    for desired in now_held.values() {
+        remember(consumed, desired);
     }
     if !everything {
         return by_namespace;
@@ -107,8 +135,14 @@ fn copies_to_check(
             by_namespace
                 .entry(copy.namespace.to_string())
                 .or_default()
-                .push((wanted.clone(), Trigger::Recheck));
+                .push((wanted.clone(), Trigger::Recheck, None));
         }
+    }
+    // A pass over everything: what each source's copies hold now, and no
+    // memory of sources gone.
+    consumed.retain(|source, _| desired.values().any(|d| &d.source == source));
+    for wanted in desired.values() {
+        remember(consumed, wanted);
     }
     by_namespace
 }
@@ -136,6 +170,7 @@ pub(crate) async fn restart_consumers(
     if copies.is_empty() {
         return restarts;
     }
+    restarts.tried = true;
     let mut namespaces: Vec<&String> = copies.keys().collect();
     namespaces.sort();
     for (workload_kind, resource) in workload_kinds() {
@@ -207,7 +242,7 @@ async fn roll(
     workload_kind: &'static str,
     resource: &ApiResource,
     object: &DynamicObject,
-    copies: &[(Arc<Desired>, Trigger)],
+    copies: &[Entry],
     restarts: &mut Restarts,
 ) -> Result<(), ()> {
     let Some(template) = object
@@ -223,11 +258,12 @@ async fn roll(
     };
     let contents: Vec<CopyContent<'_>> = copies
         .iter()
-        .map(|(desired, trigger)| CopyContent {
+        .map(|(desired, trigger, before)| CopyContent {
             kind: desired.kind,
             name: &desired.name,
             payload: &desired.payload,
             trigger: *trigger,
+            before: before.as_deref(),
         })
         .collect();
     let due: BTreeMap<String, String> = restarts_due(
@@ -327,6 +363,9 @@ pub(crate) async fn announce(
                 note,
             )
             .await;
+    }
+    if !restarts.tried {
+        return;
     }
     let newly_refused = {
         let mut memory = lock(&site.memory);

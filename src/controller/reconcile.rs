@@ -1133,16 +1133,8 @@ fn take_outcome(
                 }
                 (None, _) => {}
             }
-            if let Action::Update { desired, current } | Action::Recreate { desired, current } =
-                &action
-                && resolved.restart_consumers
-                && kind == resolved.kind
-                && desired.payload_hash != current.payload_hash
-            {
-                pass.changed.push(ChangedCopy {
-                    namespace: namespace.to_owned(),
-                    desired: desired.clone(),
-                });
+            if resolved.restart_consumers && kind == resolved.kind {
+                note_changed(pass, namespace, &action);
             }
             match action {
                 Action::Create { .. } => pass.created += 1,
@@ -1174,6 +1166,25 @@ fn take_outcome(
         Outcome::Ignored(_) => {}
     }
     None
+}
+
+/// A written copy whose data changed (or that was created), for
+/// `rollout.restartConsumers`.
+fn note_changed(pass: &mut Pass, namespace: &str, action: &Action) {
+    let (desired, created) = match action {
+        Action::Create { desired, .. } => (desired, true),
+        Action::Update { desired, current } | Action::Recreate { desired, current }
+            if desired.payload_hash != current.payload_hash =>
+        {
+            (desired, false)
+        }
+        _ => return,
+    };
+    pass.changed.push(ChangedCopy {
+        namespace: namespace.to_owned(),
+        desired: desired.clone(),
+        created,
+    });
 }
 
 /// The conflicts the writes met join the rule's tally and memory; a

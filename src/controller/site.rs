@@ -71,6 +71,9 @@ pub struct RuleMemory {
     pub tally: crate::core::tally::Tally,
     /// Restarting the rule's consumers was refused, and said so.
     pub restart_refused: bool,
+    /// For `rollout.restartConsumers`: what the copies of each source
+    /// (`namespace/name`) held when last written or seen in place.
+    pub consumed: HashMap<String, Arc<crate::core::consumers::KeyDigests>>,
 }
 
 pub struct Site {

@@ -202,6 +202,41 @@ pub fn used_hash(kind: Kind, payload: &BTreeMap<String, Value>, used: &Use) -> S
     hex(digest(&SHA256, text.as_bytes()).as_ref(), 32)
 }
 
+/// A digest of each data key's value: what a copy held, remembered
+/// between passes so that a workload that never carried the annotation
+/// rolls only when what it uses changed.
+pub type KeyDigests = BTreeMap<String, u64>;
+
+/// The [`KeyDigests`] of a payload.
+pub fn key_digests(kind: Kind, payload: &BTreeMap<String, Value>) -> KeyDigests {
+    let mut digests = KeyDigests::new();
+    for field in kind.info().data_fields {
+        for (key, value) in payload
+            .get(*field)
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            let text = format!("{field}\0{}", value_text(value));
+            let hash = digest(&SHA256, text.as_bytes());
+            let mut first = [0u8; 8];
+            first.copy_from_slice(&hash.as_ref()[..8]);
+            digests
+                .entry(key.clone())
+                .or_insert(u64::from_be_bytes(first));
+        }
+    }
+    digests
+}
+
+/// Whether what `used` takes differs between two contents.
+pub fn used_changed(before: &KeyDigests, after: &KeyDigests, used: &Use) -> bool {
+    match used {
+        Use::Whole => before != after,
+        Use::Keys(keys) => keys.iter().any(|k| before.get(k) != after.get(k)),
+    }
+}
+
 /// Whether a workload's own annotations keep it from being rolled.
 pub fn opted_out(annotations: Option<&BTreeMap<String, String>>) -> bool {
     annotations
@@ -227,6 +262,10 @@ pub struct CopyContent<'a> {
     pub name: &'a str,
     pub payload: &'a BTreeMap<String, Value>,
     pub trigger: Trigger,
+    /// What the copy held before a [`Trigger::Changed`] write, where known:
+    /// a workload without the annotation rolls only if what it uses differs
+    /// (unknown: it rolls).
+    pub before: Option<&'a KeyDigests>,
 }
 
 /// A Deployment, StatefulSet or DaemonSet as far as rolling it goes.
@@ -255,8 +294,13 @@ pub fn restarts_due(
         };
         let key = restart_key(copy.kind, copy.name);
         let carried = workload.template_annotations.and_then(|a| a.get(&key));
-        if copy.trigger == Trigger::Recheck && carried.is_none() {
-            continue;
+        if carried.is_none() {
+            let unchanged = copy.before.is_some_and(|before| {
+                !used_changed(before, &key_digests(copy.kind, copy.payload), &used)
+            });
+            if copy.trigger == Trigger::Recheck || unchanged {
+                continue;
+            }
         }
         let value = used_hash(copy.kind, copy.payload, &used);
         if carried != Some(&value) {
@@ -452,6 +496,7 @@ mod tests {
                 name: "cm",
                 payload: p,
                 trigger: Trigger::Changed,
+                before: None,
             }]
         };
         let fresh = Workload {
@@ -494,6 +539,7 @@ mod tests {
             name: "other",
             payload: &a_too,
             trigger: Trigger::Changed,
+            before: None,
         };
         assert!(
             restarts_due(&fresh, &[other]).is_empty(),
@@ -510,6 +556,7 @@ mod tests {
             name: "cm",
             payload: &v2,
             trigger: Trigger::Recheck,
+            before: None,
         }];
         let never = Workload {
             annotations: None,
@@ -534,5 +581,51 @@ mod tests {
             spec: &pod,
         };
         assert!(restarts_due(&done, &recheck).is_empty());
+    }
+
+    #[test]
+    fn a_workload_never_rolled_rolls_only_when_what_it_uses_changed() {
+        let pod = deployment_spec();
+        let fresh = Workload {
+            annotations: None,
+            template_annotations: None,
+            spec: &pod,
+        };
+        let cm = Kind::ConfigMap;
+        let v1 = payload(json!({"a": "1", "b": "1"}));
+        let b_changed = payload(json!({"a": "1", "b": "2"}));
+        let a_changed = payload(json!({"a": "2", "b": "1"}));
+        let before = key_digests(cm, &v1);
+        let change = |p, before| {
+            [CopyContent {
+                kind: cm,
+                name: "cm",
+                payload: p,
+                trigger: Trigger::Changed,
+                before,
+            }]
+        };
+        assert!(restarts_due(&fresh, &change(&b_changed, Some(&before))).is_empty());
+        assert_eq!(
+            restarts_due(&fresh, &change(&a_changed, Some(&before))).len(),
+            1
+        );
+        assert_eq!(
+            restarts_due(&fresh, &change(&b_changed, None)).len(),
+            1,
+            "what it held is unknown: it rolls"
+        );
+        assert!(
+            restarts_due(&fresh, &change(&v1, Some(&before))).is_empty(),
+            "a copy restored to what it held rolls nothing"
+        );
+        assert!(used_changed(
+            &before,
+            &key_digests(cm, &b_changed),
+            &Use::Whole
+        ));
+        let reordered: BTreeMap<String, Value> =
+            serde_json::from_str(r#"{"data": {"b": "1", "a": "1"}}"#).expect("json");
+        assert_eq!(before, key_digests(cm, &reordered));
     }
 }
