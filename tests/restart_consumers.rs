@@ -15,7 +15,7 @@ use common::audit::{Audit, Query};
 use common::rbac::{ClusterScoped, Grant, Identity, grants_of, operator_rules};
 use common::*;
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
@@ -366,6 +366,18 @@ async fn no_patch_without_restart_consumers_and_none_when_turned_on() {
     .await;
     let source = t.set_data(CM, &op, "cfg", &[("a", Some("2"))]).await;
     t.wait_copy(CM, &t1, &source, &op, "plain").await;
+    tokio::time::sleep(QUIET).await;
+    let quiet = Utc::now();
+    audit.settle(&t.client, quiet).await;
+    let touched = Query::user(&user)
+        .resource("deployments")
+        .between(started, quiet);
+    assert_eq!(
+        audit.count(&touched),
+        0,
+        "a rule without restartConsumers never lists or patches workloads: {:?}",
+        audit.matching(&touched)
+    );
 
     // Turned on: a pass over everything, and still nothing rolls.
     t.patch_rule(
@@ -420,6 +432,28 @@ async fn no_patch_without_restart_consumers_and_none_when_turned_on() {
         .resource("deployments")
         .between(turned_on, end);
     assert_eq!(audit.count(&patches), 1, "one patch, for one change");
+
+    // A roll cut short (the annotation left at an older value, as when the
+    // operator stopped between the copy's write and the patch) is
+    // finished by the next pass over everything (a new generation here).
+    let (rolled, _) = restarts_of(&t, "Deployment", &t1, "app").await;
+    let (key, value) = rolled.iter().next().unwrap();
+    let stale =
+        json!({"spec": {"template": {"metadata": {"annotations": {key.as_str(): "older"}}}}});
+    Api::<DynamicObject>::namespaced_with(t.client.clone(), &t1, &workload_resource("Deployment"))
+        .patch("app", &PatchParams::default(), &Patch::Merge(&stale))
+        .await
+        .expect("the annotation set back");
+    t.patch_rule(&op, "plain", json!({"spec": {"prune": true}}))
+        .await;
+    wait_until("the roll finished", TIMEOUT, async || {
+        let (annotations, _) = restarts_of(&t, "Deployment", &t1, "app").await;
+        match annotations.get(key) {
+            Some(now) if now == value => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
 }
 
 /// Without the verbs on workloads, a change is still copied, the refusal
