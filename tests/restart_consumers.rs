@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use common::audit::{Audit, Query};
+use common::members::{Member, OUTAGE, members};
 use common::rbac::{ClusterScoped, Grant, Identity, grants_of, operator_rules};
 use common::*;
 use kube::Api;
@@ -532,4 +533,87 @@ async fn a_refused_restart_is_reported_once_not_stormed() {
         operator.logs().contains("restarting consumers refused"),
         "a log line says it"
     );
+}
+
+/// In a member cluster, the consumers of a copy there roll as at home.
+#[tokio::test]
+async fn consumers_roll_in_a_member() {
+    let t = TestNs::new("restart-member").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let member: Member = members().await.into_iter().next().expect("a member");
+    let m_t1 = member.ns(&t, "t1").await;
+    member.register(&t.client, &op, &[]).await;
+    let spec = with(
+        restart_spec(&t, &t.glob("t1")),
+        "/spec/targets/clusters",
+        json!({"names": [member.name], "local": false}),
+    );
+    t.create_rule(&op, "roll", spec).await;
+    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
+    let source = t.create_source(CM, &op, "cfg", &[], &[("a", "1")]).await;
+    let configmaps = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+    let copy_is = async |value: &str| -> Result<(), String> {
+        let copy = Api::<DynamicObject>::namespaced_with(member.client.clone(), &m_t1, &configmaps)
+            .get_opt(&source.name)
+            .await
+            .map_err(|e| err_msg(&e))?
+            .ok_or("no copy yet")?;
+        match copy.data["data"]["a"].as_str() {
+            Some(v) if v == value => Ok(()),
+            other => Err(format!("a = {other:?}")),
+        }
+    };
+    wait_until("the copy in the member", TIMEOUT, async || {
+        copy_is("1").await
+    })
+    .await;
+    let whole = json!({"envFrom": [{"configMapRef": {"name": "cfg"}}]});
+    let body = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "app", "namespace": m_t1},
+        "spec": {
+            "selector": {"matchLabels": {"app": "app"}},
+            "template": {"metadata": {"labels": {"app": "app"}}, "spec": pod(whole, json!([]))},
+        },
+    });
+    let deployments = workload_resource("Deployment");
+    let in_member =
+        Api::<DynamicObject>::namespaced_with(member.client.clone(), &m_t1, &deployments);
+    in_member
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(body).unwrap(),
+        )
+        .await
+        .expect("a Deployment in the member");
+    t.set_data(CM, &op, "cfg", &[("a", Some("2"))]).await;
+    wait_until("the copy changed in the member", TIMEOUT, async || {
+        copy_is("2").await
+    })
+    .await;
+    wait_until("the Deployment in the member rolled", TIMEOUT, async || {
+        let d = in_member.get("app").await.map_err(|e| err_msg(&e))?;
+        let rolled = d.data["spec"]["template"]["metadata"]["annotations"]
+            .as_object()
+            .is_some_and(|a| a.keys().any(|k| k.starts_with(PREFIX)));
+        if rolled {
+            Ok(())
+        } else {
+            Err(format!("{}", d.data["spec"]["template"]["metadata"]))
+        }
+    })
+    .await;
+    wait_until("an Event naming the member", TIMEOUT, async || {
+        let said = notes(&t, &op, "roll", "ConsumersRestarted").await;
+        if said
+            .iter()
+            .any(|n| n.contains(&format!("in cluster {}", member.name)))
+        {
+            Ok(())
+        } else {
+            Err(format!("{said:?}"))
+        }
+    })
+    .await;
 }
