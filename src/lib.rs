@@ -61,3 +61,11 @@ pub const ANNOTATION_ALLOW_TO: &str = "copyrator.flant.com/allow-to";
 /// On a namespace: the namespaces (names or globs, comma-separated) whose
 /// tenant rules may write copies into it.
 pub const ANNOTATION_ACCEPT_FROM: &str = "copyrator.flant.com/accept-from";
+/// On a Deployment, StatefulSet or DaemonSet: `"false"` keeps rules with
+/// `rollout.restartConsumers` from rolling it.
+pub const ANNOTATION_RESTART: &str = "copyrator.flant.com/restart";
+/// Start of the pod-template annotation that rolls a workload using a
+/// copy: `copyrator.flant.com/restart-` and 16 hex digits of the SHA-256
+/// of `Kind/name` of the copy; its value is a hash of what the workload
+/// uses of the copy.
+pub const ANNOTATION_RESTART_PREFIX: &str = "copyrator.flant.com/restart-";

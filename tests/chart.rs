@@ -221,6 +221,48 @@ fn the_uninstall_hook_releases_the_rules_with_least_privilege() {
     );
 }
 
+/// `rollout.restartConsumers` adds list and patch on the three workload
+/// kinds of `apps`, to the operator's ClusterRole and to the member side's,
+/// and nothing else; off by default, and off for a release upgraded with
+/// --reuse-values from a chart without the value.
+#[test]
+fn rendered_rbac_follows_restart_consumers() {
+    let apps = |docs: &[Value]| -> BTreeSet<Grant> {
+        all_grants(docs)
+            .into_iter()
+            .filter(|g| g.group == "apps")
+            .collect()
+    };
+    let want: BTreeSet<Grant> = ["deployments", "statefulsets", "daemonsets"]
+        .into_iter()
+        .flat_map(|r| ["list", "patch"].map(|v| Grant::new("apps", r, v)))
+        .collect();
+    for side in [&[][..], &["--set", "memberSide.enabled=true"][..]] {
+        let off = render(side);
+        assert!(apps(&off).is_empty(), "{side:?}: granted by default");
+        let on_args: Vec<&str> = side
+            .iter()
+            .copied()
+            .chain(["--set", "rollout.restartConsumers=true"])
+            .collect();
+        let on = render(&on_args);
+        assert_eq!(apps(&on), want, "{side:?}");
+        let others = |docs: &[Value]| -> BTreeSet<Grant> {
+            all_grants(docs)
+                .into_iter()
+                .filter(|g| g.group != "apps")
+                .collect()
+        };
+        assert_eq!(others(&on), others(&off), "{side:?}: nothing else changes");
+        let reused: Vec<&str> = side
+            .iter()
+            .copied()
+            .chain(["--set", "rollout=null"])
+            .collect();
+        assert!(apps(&render(&reused)).is_empty());
+    }
+}
+
 /// `extraKinds` adds each kind to KINDS (`Kind.group`, a bare `Kind` for
 /// the core group) and the six verbs on its resource, nothing else;
 /// `rbacCopy` grants `bind` / `escalate` on roles and clusterroles only when

@@ -159,6 +159,7 @@ const APPLIED: &[&str] = &[
     "rolebinding-teams",
     "networkpolicy-default-deny",
     "pull-secret-to-members",
+    "restart-consumers",
 ];
 
 /// The documentation: README.md and every Markdown page of `docs/`, each
@@ -323,6 +324,93 @@ async fn the_create_only_example_hands_its_copies_over() {
         }
     })
     .await;
+}
+
+/// docs/rules.md, "Restarting consumers": a change of the key the
+/// Deployment uses rolls it (its pod template gets the annotation); a
+/// change of another key does not.
+#[tokio::test]
+async fn the_restart_consumers_example_rolls_the_deployment() {
+    let t = TestNs::new("readme-restart").await;
+    let op = t.ns("op").await;
+    let shop = t.ns("shop").await;
+    let docs = example(
+        "restart-consumers",
+        &[
+            ("namespace: copyrator", &format!("namespace: {op}")),
+            ("shop", &shop),
+        ],
+    );
+    let rule = of_kind(&docs, "CopyratorRule");
+    let name = rule["metadata"]["name"].as_str().expect("the rule's name");
+    t.create_rule(&op, name, json!({"spec": rule["spec"]}))
+        .await;
+    let deployments = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("apps", "v1", "Deployment"),
+        "deployments",
+    );
+    let deployment = of_kind(&docs, "Deployment");
+    let deployment_name = deployment["metadata"]["name"].as_str().expect("a name");
+    let _operator = Operator::start(&t, &op, &[]);
+    let source = t
+        .create_plain(
+            CM,
+            &op,
+            "app-settings",
+            &[("settings", "true")],
+            &[("currency", "EUR"), ("motd", "hello")],
+        )
+        .await;
+    t.wait_copy(CM, &shop, &source, &op, name).await;
+    create_object(&t, &deployments, deployment).await;
+    let restarts = async || -> Result<usize, String> {
+        let d = objects(&t, &deployments, &shop)
+            .get(deployment_name)
+            .await
+            .map_err(|e| err_msg(&e))?;
+        Ok(d.data["spec"]["template"]["metadata"]["annotations"]
+            .as_object()
+            .map_or(0, |a| {
+                a.keys()
+                    .filter(|k| k.starts_with("copyrator.flant.com/restart-"))
+                    .count()
+            }))
+    };
+    let source = t
+        .set_data(CM, &op, "app-settings", &[("motd", Some("hi"))])
+        .await;
+    t.wait_copy(CM, &shop, &source, &op, name).await;
+    assert_for(
+        "no roll for a key the Deployment does not use",
+        std::time::Duration::from_secs(3),
+        async || match restarts().await? {
+            0 => Ok(()),
+            n => Err(format!("{n} restart annotations")),
+        },
+    )
+    .await;
+    let source = t
+        .set_data(CM, &op, "app-settings", &[("currency", Some("USD"))])
+        .await;
+    t.wait_copy(CM, &shop, &source, &op, name).await;
+    wait_until("the Deployment rolled", TIMEOUT, async || {
+        match restarts().await? {
+            1 => Ok(()),
+            n => Err(format!("{n} restart annotations")),
+        }
+    })
+    .await;
+    let said: Vec<String> = t
+        .events_regarding(&op, name)
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("ConsumersRestarted"))
+        .filter_map(|e| e.note)
+        .collect();
+    assert!(
+        said.len() == 1 && said[0].contains("restarted 1 workloads"),
+        "one roll, for the currency: {said:?}"
+    );
 }
 
 /// docs/rules.md, "Deletion you choose": a namespace that leaves the mesh

@@ -169,6 +169,10 @@ pub struct RuleSpec {
     /// are, and never written again). Default: deleted in every case.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion_policy: Option<DeletionPolicy>,
+    /// What follows a change of a copy's content: `restartConsumers` rolls
+    /// the workloads that use the copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
 }
 
 /// What becomes of copies when their rule is deleted, when their source
@@ -200,6 +204,23 @@ pub enum Disposal {
     /// `copyrator.flant.com/sync-policy: CreateOnly` and is never written
     /// or deleted by Copyrator again.
     Orphan,
+}
+
+/// What follows a change of a copy's content in its namespace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rollout {
+    /// When a write changes a ConfigMap or Secret copy's data, roll the
+    /// Deployments, StatefulSets and DaemonSets in its namespace whose pods
+    /// use it (volumes, projected volumes, `envFrom`, `env[].valueFrom`):
+    /// their pod template gets the annotation
+    /// `copyrator.flant.com/restart-<hash of kind and name>` with a hash of
+    /// the keys they use. A workload that names keys rolls only when one of
+    /// them changes; the annotation `copyrator.flant.com/restart: "false"`
+    /// on a workload leaves it alone. Needs the chart value
+    /// `rollout.restartConsumers`. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_consumers: Option<bool>,
 }
 
 /// Which namespaces receive copies. A namespace is a target when it matches

@@ -167,6 +167,11 @@ impl Writer {
         failure
     }
 
+    /// Count a write request made beside the writer's own (in its cluster).
+    pub fn count_write(&self, verb: &'static str, kind: &'static str) {
+        self.metrics.write(verb, kind);
+    }
+
     /// Writes allowed in flight now (the limit throttling moves).
     pub fn concurrency(&self) -> usize {
         self.in_flight.allowed()

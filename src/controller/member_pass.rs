@@ -84,6 +84,7 @@ pub async fn member_pass(
     };
     let here = in_member(&resolved, &shared.options.cluster_name);
     let pass = carry_out(shared, site, &rule, &here, &sources, scope).await;
+    crate::controller::consumers::announce(shared, site, &rule, &pass.restarts).await;
     let failing = pass.failing().count();
     let problem = pass.failing().next().map(|(what, failure)| {
         (

@@ -2,6 +2,7 @@
 //! workers, a rule's pass (plan, write, status, Events), the finalizer, and
 //! the copy watches of the kinds rules name.
 
+pub mod consumers;
 pub mod finalizer;
 pub mod fleet;
 pub mod kinds;

@@ -21,6 +21,7 @@ use crate::api::rule::{
 use crate::cache::index::{Object, ObjectKey};
 use crate::cluster::sources::Sources;
 use crate::cluster::writer::Outcome;
+use crate::controller::consumers::{ChangedCopy, Restarts, restart_consumers};
 use crate::controller::finalizer::{cleanup, set_finalizer, write_through};
 use crate::controller::kinds::KindReadiness;
 use crate::controller::site::Site;
@@ -63,6 +64,11 @@ pub(crate) struct Pass {
     pub(crate) retry_at: Option<Instant>,
     /// What the rule's stages held back and where its rollouts stand.
     pub(crate) rollout: Option<crate::core::rollout::Gated>,
+    /// Copies whose data this pass's writes changed (kept only for a rule
+    /// with `rollout.restartConsumers`).
+    pub(crate) changed: Vec<ChangedCopy>,
+    /// The workloads rolled after the writes.
+    pub(crate) restarts: Restarts,
 }
 
 impl Pass {
@@ -122,6 +128,7 @@ pub async fn reconcile(
     let published = publish_status(shared, &rule, &observed).await?;
     log_pass(shared, key, &pass, failing, started.elapsed());
     announce(shared, &rule, &resolved, &pass, &observed).await;
+    crate::controller::consumers::announce(shared, &shared.home, &rule, &pass.restarts).await;
     shared
         .metrics
         .copies_contested
@@ -944,6 +951,16 @@ pub(crate) async fn carry_out(
     let new_conflicts = write_admitted(site, resolved, admitted, &mut pass).await;
     remember_conflicts(site, rule, resolved, new_conflicts);
     finish(site, resolved, &mut pass, plan);
+    let changed = std::mem::take(&mut pass.changed);
+    pass.restarts = restart_consumers(
+        shared,
+        site,
+        resolved,
+        sources,
+        scope.is_everything(),
+        changed,
+    )
+    .await;
     pass
 }
 
@@ -1131,6 +1148,9 @@ fn take_outcome(
             }
             // Write-through: the next pass sees our write even before its watch event.
             write_through(site, kind, &action, object);
+            if resolved.restart_consumers && kind == resolved.kind {
+                note_changed(pass, namespace, &action);
+            }
             match action {
                 Action::Create { .. } => pass.created += 1,
                 Action::Update { .. } | Action::Recreate { .. } => pass.updated += 1,
@@ -1159,6 +1179,25 @@ fn take_outcome(
         Outcome::Ignored(_) => {}
     }
     None
+}
+
+/// A written copy whose data changed (or that was created), for
+/// `rollout.restartConsumers`.
+fn note_changed(pass: &mut Pass, namespace: &str, action: &Action) {
+    let (desired, created) = match action {
+        Action::Create { desired, .. } => (desired, true),
+        Action::Update { desired, current } | Action::Recreate { desired, current }
+            if desired.payload_hash != current.payload_hash =>
+        {
+            (desired, false)
+        }
+        _ => return,
+    };
+    pass.changed.push(ChangedCopy {
+        namespace: namespace.to_owned(),
+        desired: desired.clone(),
+        created,
+    });
 }
 
 /// The conflicts the writes met join the rule's tally and memory; a

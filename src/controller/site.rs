@@ -69,6 +69,11 @@ pub struct RuleMemory {
     pub conflicts: i64,
     /// What the rule's passes left unsettled, place by place.
     pub tally: crate::core::tally::Tally,
+    /// Restarting the rule's consumers was refused, and said so.
+    pub restart_refused: bool,
+    /// For `rollout.restartConsumers`: what the copies of each source
+    /// (`namespace/name`) held when last written or seen in place.
+    pub consumed: HashMap<String, Arc<crate::core::consumers::KeyDigests>>,
 }
 
 pub struct Site {

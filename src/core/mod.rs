@@ -3,6 +3,7 @@
 //! is unsettled. No client, no task, no clock but what is passed in.
 
 pub mod backoff;
+pub mod consumers;
 pub mod jitter;
 pub mod kind_refusals;
 #[cfg(test)]

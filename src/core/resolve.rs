@@ -447,6 +447,9 @@ pub struct ResolvedRule {
     /// A rule outside the operator's namespace under `--all-namespaces`:
     /// it writes only into namespaces that accept its namespace.
     pub tenant: bool,
+    /// `spec.rollout.restartConsumers`: roll the workloads that use a copy
+    /// whose data a write changed.
+    pub restart_consumers: bool,
 }
 
 /// What becomes of copies that no longer belong (`spec.deletionPolicy`,
@@ -615,6 +618,11 @@ impl CopyratorRule {
             deletion,
             policy: trust.policy.clone(),
             tenant,
+            restart_consumers: spec
+                .rollout
+                .as_ref()
+                .and_then(|r| r.restart_consumers)
+                .unwrap_or(false),
         })
     }
 

@@ -63,6 +63,14 @@ pub struct Metrics {
     /// Copies not made in a member cluster because a foreign object holds
     /// the name, across its rules.
     pub member_conflicts: Family<ClusterLabels, Gauge>,
+    /// Workloads rolled by `rollout.restartConsumers`, by kind.
+    pub consumer_restarts: Family<WorkloadLabels, Counter>,
+}
+
+/// A workload kind: Deployment, StatefulSet or DaemonSet.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkloadLabels {
+    pub kind: &'static str,
 }
 
 /// A member cluster, by its name in the inventory (the cardinality is the
@@ -227,6 +235,15 @@ impl Default for Metrics {
             "Copies not made in a member cluster because a foreign object holds the name",
             member_conflicts.clone(),
         );
+        let consumer_restarts = Family::<WorkloadLabels, Counter>::default();
+        registry.register(
+            "consumer_restarts",
+            "Workloads rolled because a copy they use changed (rollout.restartConsumers), by kind",
+            consumer_restarts.clone(),
+        );
+        for kind in ["Deployment", "StatefulSet", "DaemonSet"] {
+            drop(consumer_restarts.get_or_create(&WorkloadLabels { kind }));
+        }
         Self {
             registry,
             reconciles,
@@ -247,6 +264,7 @@ impl Default for Metrics {
             member_reachable,
             member_copies,
             member_conflicts,
+            consumer_restarts,
         }
     }
 }

@@ -1,0 +1,400 @@
+//! `spec.rollout.restartConsumers`: after a pass's writes, the
+//! Deployments, StatefulSets and DaemonSets in the namespaces of the copies
+//! whose data changed are listed, and those that use a changed copy get the
+//! pod-template annotation [`crate::core::consumers`] computes, by a merge
+//! patch, so that exactly they roll.
+//!
+//! Lists are made on demand, never watched: namespace by namespace for a
+//! few namespaces, across the cluster a page at a time for more. A pass
+//! over the whole rule also finishes rolls cut short (the operator stopped
+//! between a copy's write and its consumers' patch): a workload that
+//! carries a copy's annotation with a value that no longer matches is
+//! patched; one that never carried it is not, so turning the field on
+//! rolls nothing by itself.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use crate::FIELD_MANAGER;
+use crate::api::kinds::Kind;
+use crate::api::rule::CopyratorRule;
+use crate::cache::index::Object;
+use crate::controller::site::Site;
+use crate::controller::state::Shared;
+use crate::core::consumers::{
+    CopyContent, KeyDigests, Trigger, Workload, key_digests, restarts_due,
+};
+use crate::core::plan::{Desired, desired_copy};
+use crate::core::resolve::ResolvedRule;
+use crate::error::describe;
+use crate::sync::{lock, read};
+
+/// A copy whose data a pass's write changed: its namespace, and what was written.
+pub(crate) struct ChangedCopy {
+    pub(crate) namespace: String,
+    pub(crate) desired: Arc<Desired>,
+    /// Created, not changed: its content is remembered, nothing rolls.
+    pub(crate) created: bool,
+}
+
+/// What the restarts of one pass came to.
+#[derive(Default)]
+pub(crate) struct Restarts {
+    /// `Kind namespace/name` of the workloads patched.
+    pub(crate) restarted: Vec<String>,
+    /// The API server refused to list or patch workloads: its message.
+    pub(crate) refused: Option<String>,
+    /// Other failures: `what: message`.
+    pub(crate) failed: Vec<String>,
+    /// Workloads were looked for (a refusal is known to last or to have lifted).
+    pub(crate) tried: bool,
+}
+
+/// Up to this many namespaces, workloads are listed namespace by
+/// namespace; past it, across the cluster.
+const PER_NAMESPACE_UP_TO: usize = 8;
+/// Workloads per page of a list.
+const PAGE: u32 = 500;
+/// Workloads an Event names at most.
+const NAMED_IN_EVENT: usize = 10;
+
+fn workload_kinds() -> [(&'static str, ApiResource); 3] {
+    [
+        ("Deployment", ApiResource::erase::<Deployment>(&())),
+        ("StatefulSet", ApiResource::erase::<StatefulSet>(&())),
+        ("DaemonSet", ApiResource::erase::<DaemonSet>(&())),
+    ]
+}
+
+/// A copy to look at: what it holds, why, and what it held before.
+type Entry = (Arc<Desired>, Trigger, Option<Arc<KeyDigests>>);
+type Copies = HashMap<String, Vec<Entry>>;
+
+/// The copies to look at, by namespace: those `changed`, and on a pass
+/// over everything the rule's other copies in place (for a recheck).
+fn copies_to_check(
+    site: &Site,
+    resolved: &ResolvedRule,
+    sources: &[Arc<Object>],
+    everything: bool,
+    changed: Vec<ChangedCopy>,
+) -> Copies {
+    let mut by_namespace: Copies = HashMap::new();
+    let mut seen = HashSet::new();
+    let mut memory = lock(&site.memory);
+    let consumed = &mut memory.entry(resolved.key.clone()).or_default().consumed;
+    let mut now_held: HashMap<String, Arc<Desired>> = HashMap::new();
+    for copy in changed {
+        now_held
+            .entry(copy.desired.source.clone())
+            .or_insert_with(|| copy.desired.clone());
+        seen.insert((copy.namespace.clone(), copy.desired.name.clone()));
+        if copy.created {
+            continue;
+        }
+        let before = consumed.get(&copy.desired.source).cloned();
+        by_namespace.entry(copy.namespace).or_default().push((
+            copy.desired,
+            Trigger::Changed,
+            before,
+        ));
+    }
+    let remember = |consumed: &mut HashMap<String, Arc<KeyDigests>>, desired: &Desired| {
+        consumed.insert(
+            desired.source.clone(),
+            Arc::new(key_digests(desired.kind, &desired.payload)),
+        );
+    };
+    for desired in now_held.values() {
+        remember(consumed, desired);
+    }
+    if !everything {
+        return by_namespace;
+    }
+    let desired: HashMap<String, Arc<Desired>> = sources
+        .iter()
+        .map(|s| desired_copy(resolved, s))
+        .map(|d| (d.name.clone(), Arc::new(d)))
+        .collect();
+    let copies = read(site.cluster.views.copies(resolved.kind));
+    for copy in copies.owned_by(&resolved.uid) {
+        let Some(wanted) = desired.get(&*copy.name) else {
+            continue;
+        };
+        let in_place = !copy.create_only
+            && copy.payload_hash == wanted.payload_hash
+            && copy.source_ref.as_deref() == Some(wanted.source.as_str());
+        if in_place && !seen.contains(&(copy.namespace.to_string(), copy.name.to_string())) {
+            by_namespace
+                .entry(copy.namespace.to_string())
+                .or_default()
+                .push((wanted.clone(), Trigger::Recheck, None));
+        }
+    }
+    // A pass over everything: what each source's copies hold now, and no
+    // memory of sources gone.
+    consumed.retain(|source, _| desired.values().any(|d| &d.source == source));
+    for wanted in desired.values() {
+        remember(consumed, wanted);
+    }
+    by_namespace
+}
+
+/// Roll the consumers of the copies a pass changed (and, on a pass over
+/// everything, finish rolls cut short), in `site`'s cluster. Only the
+/// leader looks; a refusal stops the rest of the pass's restarts.
+pub(crate) async fn restart_consumers(
+    shared: &Shared,
+    site: &Site,
+    resolved: &ResolvedRule,
+    sources: &[Arc<Object>],
+    everything: bool,
+    changed: Vec<ChangedCopy>,
+) -> Restarts {
+    let mut restarts = Restarts::default();
+    let kind = resolved.kind;
+    if !resolved.restart_consumers
+        || !(kind == Kind::ConfigMap || kind == Kind::Secret)
+        || !shared.leader.is_leader()
+    {
+        return restarts;
+    }
+    let copies = copies_to_check(site, resolved, sources, everything, changed);
+    if copies.is_empty() {
+        return restarts;
+    }
+    restarts.tried = true;
+    let mut namespaces: Vec<&String> = copies.keys().collect();
+    namespaces.sort();
+    for (workload_kind, resource) in workload_kinds() {
+        let lists: Vec<Option<&str>> = if namespaces.len() <= PER_NAMESPACE_UP_TO {
+            namespaces.iter().map(|n| Some(n.as_str())).collect()
+        } else {
+            vec![None]
+        };
+        for namespace in lists {
+            let api: Api<DynamicObject> = match namespace {
+                Some(ns) => Api::namespaced_with(site.cluster.client.clone(), ns, &resource),
+                None => Api::all_with(site.cluster.client.clone(), &resource),
+            };
+            let mut token: Option<String> = None;
+            loop {
+                let mut params = ListParams::default().limit(PAGE);
+                if let Some(token) = token.take() {
+                    params = params.continue_token(&token);
+                }
+                let page = match api.list(&params).await {
+                    Ok(page) => page,
+                    Err(e) => {
+                        let message = describe(&e);
+                        if matches!(&e, kube::Error::Api(s) if s.code == 403) {
+                            restarts.refused = Some(message);
+                            return restarts;
+                        }
+                        restarts
+                            .failed
+                            .push(format!("listing {workload_kind}s: {message}"));
+                        break;
+                    }
+                };
+                for object in page.items {
+                    let ns = object.metadata.namespace.clone().unwrap_or_default();
+                    let Some(ns_copies) = copies.get(&ns) else {
+                        continue;
+                    };
+                    if roll(
+                        shared,
+                        site,
+                        workload_kind,
+                        &resource,
+                        &object,
+                        ns_copies,
+                        &mut restarts,
+                    )
+                    .await
+                    .is_err()
+                    {
+                        return restarts;
+                    }
+                }
+                match page.metadata.continue_ {
+                    Some(next) if !next.is_empty() => token = Some(next),
+                    _ => break,
+                }
+            }
+        }
+    }
+    restarts
+}
+
+/// Patch one workload if any copy it uses wants a new annotation value;
+/// `Err` when the patch was refused (the caller stops).
+async fn roll(
+    shared: &Shared,
+    site: &Site,
+    workload_kind: &'static str,
+    resource: &ApiResource,
+    object: &DynamicObject,
+    copies: &[Entry],
+    restarts: &mut Restarts,
+) -> Result<(), ()> {
+    let Some(template) = object
+        .data
+        .get("spec")
+        .and_then(|s| s.get("template"))
+        .and_then(|t| serde_json::from_value::<PodTemplateSpec>(t.clone()).ok())
+    else {
+        return Ok(());
+    };
+    let Some(spec) = &template.spec else {
+        return Ok(());
+    };
+    let contents: Vec<CopyContent<'_>> = copies
+        .iter()
+        .map(|(desired, trigger, before)| CopyContent {
+            kind: desired.kind,
+            name: &desired.name,
+            payload: &desired.payload,
+            trigger: *trigger,
+            before: before.as_deref(),
+        })
+        .collect();
+    let due: BTreeMap<String, String> = restarts_due(
+        &Workload {
+            annotations: object.metadata.annotations.as_ref(),
+            template_annotations: template
+                .metadata
+                .as_ref()
+                .and_then(|m| m.annotations.as_ref()),
+            spec,
+        },
+        &contents,
+    );
+    if due.is_empty() {
+        return Ok(());
+    }
+    let namespace = object.metadata.namespace.as_deref().unwrap_or_default();
+    let name = object.metadata.name.as_deref().unwrap_or_default();
+    let what = format!("{workload_kind} {namespace}/{name}");
+    let _slot = site.cluster.writer.other_slot().await;
+    if !shared.leader.is_leader() {
+        return Err(());
+    }
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(site.cluster.write_client.clone(), namespace, resource);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let patch = json!({"spec": {"template": {"metadata": {"annotations": due}}}});
+    site.cluster.writer.count_write("patch", workload_kind);
+    match api.patch(name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => {
+            debug!(workload = what.as_str(), "rolled a consumer");
+            shared
+                .metrics
+                .consumer_restarts
+                .get_or_create(&crate::ops::metrics::WorkloadLabels {
+                    kind: workload_kind,
+                })
+                .inc();
+            restarts.restarted.push(what);
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => {
+            let message = describe(&e);
+            if matches!(&e, kube::Error::Api(s) if s.code == 403) {
+                restarts.refused = Some(format!("patching {what}: {message}"));
+                return Err(());
+            }
+            restarts.failed.push(format!("{what}: {message}"));
+            Ok(())
+        }
+    }
+}
+
+/// The Events and log lines for a pass's restarts: the workloads rolled
+/// (a capped list), a refusal once until it lifts, the first failure.
+pub(crate) async fn announce(
+    shared: &Arc<Shared>,
+    site: &Site,
+    rule: &CopyratorRule,
+    restarts: &Restarts,
+) {
+    let key = rule.key();
+    let place = match site.name.member() {
+        Some(member) => format!(" in cluster {member}"),
+        None => String::new(),
+    };
+    if !restarts.restarted.is_empty() {
+        let count = restarts.restarted.len();
+        let mut named: Vec<&str> = restarts
+            .restarted
+            .iter()
+            .take(NAMED_IN_EVENT)
+            .map(String::as_str)
+            .collect();
+        named.sort_unstable();
+        let more = count.saturating_sub(NAMED_IN_EVENT);
+        let tail = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        info!(rule = %key, restarted = count, first = named.first().copied().unwrap_or_default(), "restarted consumers{place}");
+        let note = format!(
+            "restarted {count} workloads that use a changed copy{place}: {}{tail}",
+            named.join(", ")
+        );
+        shared
+            .event(
+                rule,
+                EventType::Normal,
+                "ConsumersRestarted",
+                "Restart",
+                note,
+            )
+            .await;
+    }
+    if !restarts.tried {
+        return;
+    }
+    let newly_refused = {
+        let mut memory = lock(&site.memory);
+        let memory = memory.entry(key.clone()).or_default();
+        let was = memory.restart_refused;
+        memory.restart_refused = restarts.refused.is_some();
+        restarts.refused.is_some() && !was
+    };
+    if let Some(message) = &restarts.refused {
+        if newly_refused {
+            warn!(rule = %key, error = message.as_str(), "restarting consumers refused{place}");
+            let note = format!(
+                "consumers of changed copies are not restarted{place}: {message}; grant get, list and patch on deployments, statefulsets and daemonsets (chart value rollout.restartConsumers: true)"
+            );
+            shared
+                .event(rule, EventType::Warning, "RestartRefused", "Restart", note)
+                .await;
+        } else {
+            debug!(rule = %key, error = message.as_str(), "restarting consumers still refused{place}");
+        }
+    }
+    if let Some(first) = restarts.failed.first() {
+        warn!(rule = %key, failed = restarts.failed.len(), first = first.as_str(), "restarting consumers failed{place}");
+        let note = format!(
+            "{} consumers could not be restarted{place}; first: {first}",
+            restarts.failed.len()
+        );
+        shared
+            .event(rule, EventType::Warning, "RestartFailed", "Restart", note)
+            .await;
+    }
+}
