@@ -146,10 +146,22 @@ async fn where_lists_each_copy_at_home_and_in_a_member_and_says_which_are_curren
     assert_eq!(report["source"], source_ref);
     assert_eq!(report["kind"], "ConfigMap");
     assert_eq!(report["rules"], json!([format!("{op}/r")]));
+    // Every copy holds the source's content, and says so.
+    let content = report["content"].as_str().expect("the source's content");
+    assert_eq!(content.len(), 8, "{content}");
     assert_eq!(
         report["copies"][0],
         json!({"cluster": "home", "namespace": t1, "name": "cfg", "rule": format!("{op}/r"),
-            "state": "in place", "current": true})
+            "state": "in place", "current": true, "content": content})
+    );
+    assert!(
+        report["copies"]
+            .as_array()
+            .expect("copies")
+            .iter()
+            .all(|c| c["content"] == content),
+        "{}",
+        current.stdout
     );
     assert_eq!(
         report["clusters"],
@@ -168,9 +180,9 @@ async fn where_lists_each_copy_at_home_and_in_a_member_and_says_which_are_curren
         conflict.stdout
     );
     assert!(
-        conflict
-            .stdout
-            .contains(&format!("home: {t1}/taken in place (rule {op}/r)\n")),
+        conflict.stdout.contains(&format!(
+            "home: {t1}/taken in place (rule {op}/r) [content "
+        )),
         "{}",
         conflict.stdout
     );
@@ -193,9 +205,16 @@ async fn where_lists_each_copy_at_home_and_in_a_member_and_says_which_are_curren
     );
     let text = copyrator_where(&[source_ref.as_str(), "--namespace", &op]).await;
     text.assert_exit(2);
+    let content = stale.json()["content"]
+        .as_str()
+        .expect("the source's content")
+        .to_owned();
     assert_eq!(
         text.stdout.lines().last(),
-        Some(format!("ConfigMap {source_ref}: 3 places, 0 current, 3 not").as_str()),
+        Some(
+            format!("ConfigMap {source_ref} [content {content}]: 3 places, 0 current, 3 not")
+                .as_str()
+        ),
         "{}",
         text.stdout
     );
@@ -247,10 +266,17 @@ async fn a_create_only_copy_is_shown_as_such_and_not_stale() {
     let source_ref = format!("{op}/seed");
     let found = copyrator_where(&[source_ref.as_str(), "--namespace", &op]).await;
     found.assert_exit(0);
+    // The copy holds v1, the source v2: two contents, each named.
+    let report = copyrator_where(&[source_ref.as_str(), "--namespace", &op, "-o", "json"])
+        .await
+        .json();
+    let (copy, now) = (&report["copies"][0]["content"], &report["content"]);
+    assert_ne!(copy, now, "{report}");
+    let (copy, now) = (copy.as_str().unwrap_or(""), now.as_str().unwrap_or(""));
     assert_eq!(
         found.stdout,
         format!(
-            "home: {t1}/seed create-only (rule {op}/once)\nConfigMap {source_ref}: 1 places, 1 current, 0 not\n"
+            "home: {t1}/seed create-only (rule {op}/once) [content {copy}]\nConfigMap {source_ref} [content {now}]: 1 places, 1 current, 0 not\n"
         )
     );
     // Errors exit 1, usage errors too (clap's own 2 would say "not current").

@@ -221,6 +221,44 @@ pub struct Rollout {
     /// `rollout.restartConsumers`. Default false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_consumers: Option<bool>,
+    /// Roll a source's new content out in stages: each stage is a
+    /// selection of target namespaces, reached only once the stage before
+    /// has settled (every copy there holds the new content and, with
+    /// `restartConsumers`, the workloads that use it are available again)
+    /// and its pause is over. Namespaces no stage selects come last. A stage
+    /// not settled within `settleTimeoutSeconds` halts the rollout: later
+    /// stages keep their content. At most 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 10))]
+    pub stages: Option<Vec<RolloutStage>>,
+    /// How long a stage may take to settle before the rollout halts there.
+    /// Default 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub settle_timeout_seconds: Option<u32>,
+}
+
+/// One stage of a rollout: the target namespaces it selects (both fields
+/// when both are given; neither selects every namespace not selected
+/// before), and the pause after it settles.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStage {
+    /// A name for the status, e.g. `canary`.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Label selector on the target namespaces of this stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<K8sLabelSelector>,
+    /// Glob patterns (`*`, `?`) on namespace names; a namespace of this
+    /// stage matches one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub include: Option<Vec<String>>,
+    /// Seconds to wait after this stage settled before the next one opens. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 86400))]
+    pub pause_seconds: Option<u32>,
 }
 
 /// Which namespaces receive copies. A namespace is a target when it matches

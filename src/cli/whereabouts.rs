@@ -82,6 +82,11 @@ pub struct Row {
     /// Why, for a conflict, a refusal or an unwanted copy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// What the copy holds: the first 8 hex digits of its payload's hash
+    /// (as the source's `content`), when there is a copy. Copies of one
+    /// content show one value; a staged rollout shows two.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
 }
 
 impl Row {
@@ -100,8 +105,14 @@ impl Row {
             current: place.state.is_current(),
             writer,
             reason,
+            content: place.content.map(content_id),
         }
     }
+}
+
+/// A payload hash as `where` prints it.
+pub fn content_id(hash: u64) -> String {
+    format!("{:08x}", hash >> 32)
 }
 
 /// Whether a cluster was read, and if not, why.
@@ -119,6 +130,10 @@ pub struct Found {
     /// `namespace/name`.
     pub source: String,
     pub kind: String,
+    /// What the source holds, as each copy's `content` says it (the first
+    /// 8 hex digits of its payload's hash; a rule that selects keys gives
+    /// its copies content of their own).
+    pub content: String,
     /// Rules that copy the source, `namespace/name`, sorted.
     pub rules: Vec<String>,
     /// Home's first, then the members' by name; by namespace within one.
@@ -152,6 +167,9 @@ impl Found {
             if let Some(rule) = &row.rule {
                 out.push_str(&format!(" (rule {rule})"));
             }
+            if let Some(content) = &row.content {
+                out.push_str(&format!(" [content {content}]"));
+            }
             if let Some(writer) = &row.writer {
                 out.push_str(&format!(": changed back by {writer}"));
             }
@@ -170,7 +188,8 @@ impl Found {
         } else {
             let current = self.copies.iter().filter(|c| c.current).count();
             out.push_str(&format!(
-                "{source}: {} places, {current} current, {} not\n",
+                "{source} [content {}]: {} places, {current} current, {} not\n",
+                self.content,
                 self.copies.len(),
                 self.copies.len() - current
             ));
@@ -326,6 +345,7 @@ async fn find(settings: Settings, args: &WhereArgs) -> anyhow::Result<Found> {
     Ok(Found {
         source: source_ref,
         kind: kind.to_string(),
+        content: content_id(source.payload_hash),
         rules: rule_names,
         copies: rows,
         clusters,
@@ -371,6 +391,7 @@ fn refused_source(cluster: &str, rules: &[CopyratorRule], source_ref: &str) -> V
                 current: false,
                 writer: None,
                 reason: Some(format!("the source is not copied: {}", entry.reason)),
+                content: None,
             })
         })
         .collect()
@@ -532,6 +553,7 @@ mod tests {
             Place {
                 namespace: namespace.into(),
                 name: "ca".into(),
+                content: None,
                 rule: Some("ops/r".into()),
                 state,
             },
@@ -542,6 +564,7 @@ mod tests {
         Found {
             source: "shared/ca".into(),
             kind: "ConfigMap".into(),
+            content: "0123abcd".into(),
             rules: vec!["ops/r".into()],
             copies,
             clusters,
@@ -570,7 +593,7 @@ mod tests {
             all_current.text(),
             "home: t1/ca in place (rule ops/r)\n\
              home: t2/ca create-only (rule ops/r)\n\
-             ConfigMap shared/ca: 2 places, 2 current, 0 not\n"
+             ConfigMap shared/ca [content 0123abcd]: 2 places, 2 current, 0 not\n"
         );
         let some_not = found(
             vec![

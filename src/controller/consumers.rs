@@ -42,6 +42,9 @@ pub(crate) struct ChangedCopy {
     pub(crate) desired: Arc<Desired>,
     /// Created, not changed: its content is remembered, nothing rolls.
     pub(crate) created: bool,
+    /// The payload hash the copy held before (an update or recreate): a
+    /// staged rollout changes copies of one source from different contents.
+    pub(crate) before: Option<u64>,
 }
 
 /// What the restarts of one pass came to.
@@ -99,16 +102,19 @@ fn copies_to_check(
         if copy.created {
             continue;
         }
-        let before = consumed.get(&copy.desired.source).cloned();
+        let before = copy
+            .before
+            .and_then(|hash| consumed.get(&(copy.desired.source.clone(), hash)))
+            .cloned();
         by_namespace.entry(copy.namespace).or_default().push((
             copy.desired,
             Trigger::Changed,
             before,
         ));
     }
-    let remember = |consumed: &mut HashMap<String, Arc<KeyDigests>>, desired: &Desired| {
+    let remember = |consumed: &mut HashMap<(String, u64), Arc<KeyDigests>>, desired: &Desired| {
         consumed.insert(
-            desired.source.clone(),
+            (desired.source.clone(), desired.payload_hash),
             Arc::new(key_digests(desired.kind, &desired.payload)),
         );
     };
@@ -138,9 +144,16 @@ fn copies_to_check(
                 .push((wanted.clone(), Trigger::Recheck, None));
         }
     }
-    // A pass over everything: what each source's copies hold now, and no
-    // memory of sources gone.
-    consumed.retain(|source, _| desired.values().any(|d| &d.source == source));
+    // A pass over everything: no memory of sources gone, nor of contents
+    // no copy holds (a source's copies hold one content, or two while a
+    // staged rollout is under way).
+    let held: HashSet<(&str, u64)> = copies
+        .owned_by(&resolved.uid)
+        .filter_map(|c| Some((c.source_ref.as_deref()?, c.payload_hash)))
+        .collect();
+    consumed.retain(|(source, hash), _| {
+        desired.values().any(|d| &d.source == source) && held.contains(&(source.as_str(), *hash))
+    });
     for wanted in desired.values() {
         remember(consumed, wanted);
     }

@@ -10,6 +10,7 @@ pub mod member_pass;
 pub mod members;
 pub mod queue;
 pub mod reconcile;
+pub mod rollout;
 pub mod site;
 pub mod state;
 pub mod watches;

@@ -941,6 +941,14 @@ pub(crate) async fn carry_out(
         .tally
         .record(&basis, &scope, &plan);
     let mut pass = Pass::default();
+    // The tally took the plan whole: writes the stages hold back stay owed.
+    if let Some(stages) = &resolved.stages {
+        let gated = crate::controller::rollout::stage(site, resolved, stages, &mut plan).await;
+        if let Some(at) = gated.recheck_at {
+            pass.retry_no_later_than(at);
+        }
+        pass.rollout = Some(gated);
+    }
     let actions: Vec<(Kind, Action)> = std::mem::take(&mut plan.actions)
         .into_iter()
         .map(|a| (resolved.kind, a))
@@ -1184,19 +1192,20 @@ fn take_outcome(
 /// A written copy whose data changed (or that was created), for
 /// `rollout.restartConsumers`.
 fn note_changed(pass: &mut Pass, namespace: &str, action: &Action) {
-    let (desired, created) = match action {
-        Action::Create { desired, .. } => (desired, true),
+    let (desired, before) = match action {
+        Action::Create { desired, .. } => (desired, None),
         Action::Update { desired, current } | Action::Recreate { desired, current }
             if desired.payload_hash != current.payload_hash =>
         {
-            (desired, false)
+            (desired, Some(current.payload_hash))
         }
         _ => return,
     };
     pass.changed.push(ChangedCopy {
         namespace: namespace.to_owned(),
         desired: desired.clone(),
-        created,
+        created: before.is_none(),
+        before,
     });
 }
 

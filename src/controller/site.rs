@@ -71,9 +71,15 @@ pub struct RuleMemory {
     pub tally: crate::core::tally::Tally,
     /// Restarting the rule's consumers was refused, and said so.
     pub restart_refused: bool,
-    /// For `rollout.restartConsumers`: what the copies of each source
-    /// (`namespace/name`) held when last written or seen in place.
-    pub consumed: HashMap<String, Arc<crate::core::consumers::KeyDigests>>,
+    /// For `rollout.restartConsumers`: the data keys' digests of each
+    /// source (`namespace/name`) and content (payload hash) its copies
+    /// held when last written or seen in place.
+    pub consumed: HashMap<(String, u64), Arc<crate::core::consumers::KeyDigests>>,
+    /// For `rollout.stages`: how far each source's new content has gone,
+    /// and what was last seen of each stage's consumers' availability
+    /// (by source name and stage: the content, and the workloads not available).
+    pub rollouts: crate::core::rollout::Rollouts,
+    pub availability: HashMap<(String, usize), (u64, Vec<String>)>,
 }
 
 pub struct Site {

@@ -450,6 +450,8 @@ pub struct ResolvedRule {
     /// `spec.rollout.restartConsumers`: roll the workloads that use a copy
     /// whose data a write changed.
     pub restart_consumers: bool,
+    /// `rollout.stages`, when the rule rolls changes out in stages.
+    pub stages: Option<Arc<crate::core::rollout::Stages>>,
 }
 
 /// What becomes of copies that no longer belong (`spec.deletionPolicy`,
@@ -479,6 +481,51 @@ impl Deletion {
             target_left: policy.target_left.unwrap_or_default(),
         })
     }
+}
+
+/// A settle timeout when the rule gives none.
+const SETTLE_TIMEOUT: u32 = 600;
+
+/// `rollout.stages` parsed: `None` without stages; each stage's selector
+/// and globs checked, and no two stages of one name.
+fn resolve_stages(
+    rollout: Option<&Rollout>,
+) -> Result<Option<Arc<crate::core::rollout::Stages>>, InvalidRule> {
+    let Some(rollout) = rollout else {
+        return Ok(None);
+    };
+    let Some(stages) = rollout.stages.as_ref().filter(|s| !s.is_empty()) else {
+        return Ok(None);
+    };
+    let mut names = BTreeSet::new();
+    let mut resolved = Vec::with_capacity(stages.len());
+    for stage in stages {
+        if !names.insert(stage.name.as_str()) || stage.name == crate::core::rollout::REST {
+            return Err(InvalidRule::invalid(format!(
+                "rollout.stages: the stage name {:?} is taken (by another stage, or by `rest`, the namespaces no stage selects)",
+                stage.name
+            )));
+        }
+        let selector = TargetSelector::resolve(Targets {
+            namespace_selector: stage.namespace_selector.clone(),
+            include: stage.include.clone(),
+            ..Targets::default()
+        })
+        .map_err(|e| {
+            InvalidRule::invalid(format!("rollout.stages[{}]: {}", stage.name, e.message))
+        })?;
+        resolved.push(crate::core::rollout::Stage {
+            name: stage.name.clone(),
+            selector,
+            pause: std::time::Duration::from_secs(u64::from(stage.pause_seconds.unwrap_or(0))),
+        });
+    }
+    Ok(Some(Arc::new(crate::core::rollout::Stages {
+        stages: resolved,
+        settle_timeout: std::time::Duration::from_secs(u64::from(
+            rollout.settle_timeout_seconds.unwrap_or(SETTLE_TIMEOUT),
+        )),
+    })))
 }
 
 /// Why a rule cannot be followed; shown in its status.
@@ -623,6 +670,7 @@ impl CopyratorRule {
                 .as_ref()
                 .and_then(|r| r.restart_consumers)
                 .unwrap_or(false),
+            stages: resolve_stages(spec.rollout.as_ref())?,
         })
     }
 

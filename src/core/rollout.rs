@@ -86,6 +86,10 @@ pub struct Track {
     pub settled_at: Option<Instant>,
     /// The content rolled out before, once read: its hash and payload.
     pub earlier: Option<(u64, Arc<BTreeMap<String, Value>>)>,
+    /// Where it stood after the last pass that looked at it, and its
+    /// source (`namespace/name`), for passes that look at other sources.
+    pub phase: Phase,
+    pub source: String,
 }
 
 /// A rule's rollouts under way, by source name (kept between passes).
@@ -204,6 +208,8 @@ pub fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Ga
             })
             .or_insert_with(|| Track::start(desired.payload_hash, inputs.now));
         let phase = advance(track, stages, owed_stages, inputs, name, &mut gated);
+        track.phase = phase.clone();
+        track.source = desired.source.clone();
         let earlier = match &track.earlier {
             Some((hash, payload)) if *hash == before.payload_hash => {
                 Some(Arc::new(desired.with_payload((**payload).clone())))
@@ -224,10 +230,25 @@ pub fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Ga
             phase,
         });
     }
-    // Names with nothing owed have rolled out everywhere.
-    rollouts
-        .by_name
-        .retain(|name, _| open_through.contains_key(name));
+    // A source this pass did not look at keeps its rollout while copies
+    // at other content remain (the pass was over another source); one it
+    // looked at with nothing owed has rolled out everywhere.
+    rollouts.by_name.retain(|name, track| {
+        open_through.contains_key(name)
+            || (!owed.contains_key(name)
+                && earlier_content(inputs, name, track.payload, &stage_of).is_some())
+    });
+    for (name, track) in &rollouts.by_name {
+        if !open_through.contains_key(name) {
+            gated.progress.push(Progress {
+                source: track.source.clone(),
+                stage: track.open,
+                stage_name: stages.name(track.open).to_owned(),
+                stages: stages.count(),
+                phase: track.phase.clone(),
+            });
+        }
+    }
     gated.progress.sort_by(|a, b| a.source.cmp(&b.source));
     let actions = std::mem::take(&mut plan.actions);
     for action in actions {
@@ -276,6 +297,8 @@ impl Track {
             opened_at: now,
             settled_at: None,
             earlier: None,
+            phase: Phase::Settling,
+            source: String::new(),
         }
     }
 }

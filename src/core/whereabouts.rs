@@ -34,6 +34,10 @@ pub enum CopyState {
     /// A copy of this source that the rule no longer targets (or whose rule
     /// is gone): a pass deletes it.
     Unwanted { reason: String },
+    /// A staged rollout has not reached this namespace's stage yet: the
+    /// copy keeps the content it holds (why: its stage, and where the
+    /// rollout is).
+    Held { reason: String },
 }
 
 impl CopyState {
@@ -53,6 +57,7 @@ impl CopyState {
             CopyState::Conflict { .. } => "conflict",
             CopyState::Refused { .. } => "refused",
             CopyState::Unwanted { .. } => "unwanted",
+            CopyState::Held { .. } => "held",
         }
     }
 
@@ -62,7 +67,8 @@ impl CopyState {
             CopyState::Contested { writer } => Some(writer),
             CopyState::Conflict { reason }
             | CopyState::Refused { reason }
-            | CopyState::Unwanted { reason } => Some(reason),
+            | CopyState::Unwanted { reason }
+            | CopyState::Held { reason } => Some(reason),
             _ => None,
         }
     }
@@ -80,11 +86,15 @@ pub struct StatusFacts {
     pub conflict: Option<String>,
     /// The Ready condition's message, when its reason is `SyncFailed`.
     pub writes_refused: Option<String>,
+    /// The source's staged rollout, when one is under way: the number of
+    /// the last stage it reached (from 1), and how it stands there.
+    pub rollout: Option<(u32, String)>,
 }
 
 impl StatusFacts {
-    /// What `status` says of the place `namespace/name`.
-    pub fn of(status: Option<&RuleStatus>, namespace: &str, name: &str) -> Self {
+    /// What `status` says of the place `namespace/name` of the source
+    /// `source` (`namespace/name`).
+    pub fn of(status: Option<&RuleStatus>, namespace: &str, name: &str, source: &str) -> Self {
         let Some(status) = status else {
             return Self::default();
         };
@@ -105,6 +115,20 @@ impl StatusFacts {
                 .iter()
                 .find(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "SyncFailed")
                 .map(|c| c.message.clone()),
+            rollout: status
+                .rollouts
+                .iter()
+                .find(|r| r.source == source)
+                .map(|r| {
+                    let phase = match &r.message {
+                        Some(why) => format!("{}: {why}", r.phase),
+                        None => r.phase.clone(),
+                    };
+                    (
+                        r.stage_number,
+                        format!("the rollout is at stage {} ({phase})", r.stage),
+                    )
+                }),
         }
     }
 }
@@ -173,6 +197,8 @@ pub fn leftover_state(current: &Object, why: &str) -> CopyState {
 pub struct Place {
     pub namespace: String,
     pub name: String,
+    /// What the copy there holds: its payload hash, when there is a copy.
+    pub content: Option<u64>,
     /// `namespace/name` of the rule the copy is judged under (or that the
     /// copy names).
     pub rule: Option<String>,
@@ -221,13 +247,32 @@ pub fn places(
             if current.is_none() && info.terminating {
                 continue;
             }
-            let facts = StatusFacts::of(follower.status, namespace, &desired.name);
+            let facts = StatusFacts::of(follower.status, namespace, &desired.name, &desired.source);
             judged.insert(namespace);
+            let mut state = target_state(judge, &desired, current, &facts);
+            if let (CopyState::Stale, Some(stages), Some((reached, how))) =
+                (&state, &rule.stages, &facts.rollout)
+            {
+                let stage = stages.stage_of(namespace, &info.labels);
+                if stage + 1 > *reached as usize {
+                    state = CopyState::Held {
+                        reason: format!(
+                            "its stage {} is not reached yet; {how}",
+                            stages.name(stage)
+                        ),
+                    };
+                }
+            }
+            // A foreign object's content says nothing of the copies.
+            let content = current
+                .filter(|_| !matches!(state, CopyState::Conflict { .. }))
+                .map(|c| c.payload_hash);
             out.push(Place {
                 namespace: namespace.clone(),
                 name: desired.name.clone(),
+                content,
                 rule: Some(rule_name.clone()),
-                state: target_state(judge, &desired, current, &facts),
+                state,
             });
         }
     }
@@ -253,6 +298,7 @@ pub fn places(
         out.push(Place {
             namespace: namespace.clone(),
             name: copy.name.to_string(),
+            content: Some(copy.payload_hash),
             rule: copy.rule_ref.as_deref().map(str::to_owned),
             state: leftover_state(copy, &why),
         });
@@ -488,7 +534,7 @@ mod tests {
             }],
             ..RuleStatus::default()
         };
-        let t1 = StatusFacts::of(Some(&status), "t1", "cfg");
+        let t1 = StatusFacts::of(Some(&status), "t1", "cfg", "shared/cfg");
         assert_eq!(t1.contested_by.as_deref(), Some("kubectl-edit"));
         assert_eq!(t1.writes_refused, None, "contested is no refusal");
         let stale = copy_of(&desired("v0"), "t1");
@@ -504,14 +550,14 @@ mod tests {
             .annotations
             .insert(crate::ANNOTATION_SOURCE.into(), "shared2/cfg".into());
         shadow.rehash();
-        let t2 = StatusFacts::of(Some(&status), "t2", "cfg");
+        let t2 = StatusFacts::of(Some(&status), "t2", "cfg", "shared/cfg");
         assert_eq!(
             target_state(judge(ConflictPolicy::Skip), &now, Some(&shadow), &t2),
             CopyState::Conflict {
                 reason: "shadowed by shared2/cfg".into()
             }
         );
-        assert_eq!(StatusFacts::of(None, "t1", "cfg"), none());
+        assert_eq!(StatusFacts::of(None, "t1", "cfg", "shared/cfg"), none());
     }
 
     fn namespaces(names: &[&str]) -> BTreeMap<String, NamespaceInfo> {
