@@ -617,3 +617,70 @@ async fn consumers_roll_in_a_member() {
     })
     .await;
 }
+
+/// A change that reaches many namespaces lists each workload kind across
+/// the cluster, a page at a time, rather than namespace by namespace, and
+/// rolls the consumers in every one of them.
+#[tokio::test]
+async fn many_namespaces_are_listed_across_the_cluster() {
+    let t = TestNs::new("restart-many").await;
+    let op = t.ns("op").await;
+    let mut targets = Vec::new();
+    for i in 0..10 {
+        targets.push(t.ns(&format!("m{i}")).await);
+    }
+    t.create_rule(&op, "roll", restart_spec(&t, &t.glob("m")))
+        .await;
+    let user = operator_user(&t);
+    let kubeconfig = operator_kubeconfig(&t, None, Some(&user));
+    let operator = Operator::start_with_env(
+        &t,
+        ["run", "--namespace", &op].map(String::from).to_vec(),
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    let source = t.create_source(CM, &op, "cfg", &[], &[("a", "1")]).await;
+    let whole = json!({"envFrom": [{"configMapRef": {"name": "cfg"}}]});
+    for ns in &targets {
+        t.wait_copy(CM, ns, &source, &op, "roll").await;
+        workload(
+            &t,
+            "Deployment",
+            ns,
+            "app",
+            pod(whole.clone(), json!([])),
+            json!({}),
+        )
+        .await;
+    }
+    let audit = Audit::start();
+    let changed = Utc::now();
+    t.set_data(CM, &op, "cfg", &[("a", Some("2"))]).await;
+    wait_restarts(&operator, 10.0).await;
+    let end = Utc::now();
+    audit.settle(&t.client, end).await;
+    let lists = audit.matching(&Query::user(&user).verbs(&["list"]).between(changed, end));
+    let workload_lists: Vec<_> = lists
+        .iter()
+        .filter(|e| {
+            ["deployments", "statefulsets", "daemonsets"]
+                .contains(&e.resource.as_deref().unwrap_or(""))
+        })
+        .collect();
+    let uris: Vec<&str> = workload_lists
+        .iter()
+        .map(|e| e.request_uri.as_str())
+        .collect();
+    assert_eq!(
+        workload_lists.len(),
+        3,
+        "one list per workload kind, across the cluster: {uris:?}"
+    );
+    assert!(
+        workload_lists.iter().all(|e| e.namespace.is_none()),
+        "none namespace by namespace: {uris:?}"
+    );
+    for ns in &targets {
+        let (annotations, _) = restarts_of(&t, "Deployment", ns, "app").await;
+        assert_eq!(annotations.len(), 1, "{ns}: {annotations:?}");
+    }
+}
