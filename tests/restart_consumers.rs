@@ -684,3 +684,124 @@ async fn many_namespaces_are_listed_across_the_cluster() {
         assert_eq!(annotations.len(), 1, "{ns}: {annotations:?}");
     }
 }
+
+/// A patch that fails for a while (an admission policy refuses it, 422) is
+/// said in a Warning and tried again with backoff, with no new change of
+/// the source: the consumer rolls once the policy is gone.
+#[tokio::test]
+async fn a_failed_restart_is_tried_again() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let t = TestNs::new("restart-retry").await;
+    let cluster = ClusterScoped::new();
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    t.create_rule(&op, "roll", restart_spec(&t, &t.glob("t1")))
+        .await;
+    let _operator = Operator::start(&t, &op, &[]);
+    let source = t.create_source(CM, &op, "cfg", &[], &[("a", "1")]).await;
+    t.wait_copy(CM, &t1, &source, &op, "roll").await;
+    let whole = json!({"envFrom": [{"configMapRef": {"name": "cfg"}}]});
+    workload(
+        &t,
+        "Deployment",
+        &t1,
+        "app",
+        pod(whole, json!([])),
+        json!({}),
+    )
+    .await;
+    let name = format!("{}-frozen", t.prefix);
+    let policy = ApiResource::erase::<ValidatingAdmissionPolicy>(&());
+    let binding = ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&());
+    cluster
+        .create(
+            &t.client,
+            &policy,
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [{
+                        "apiGroups": ["apps"], "apiVersions": ["v1"],
+                        "operations": ["UPDATE"], "resources": ["deployments"],
+                    }]},
+                    "validations": [{"expression": "false", "message": "deployments are frozen", "reason": "Invalid"}],
+                },
+            }),
+        )
+        .await;
+    cluster
+        .create(
+            &t.client,
+            &binding,
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": name},
+                "spec": {
+                    "policyName": name,
+                    "validationActions": ["Deny"],
+                    "matchResources": {"namespaceSelector": {"matchExpressions": [{
+                        "key": "kubernetes.io/metadata.name", "operator": "In", "values": [t1],
+                    }]}},
+                },
+            }),
+        )
+        .await;
+    let deployments = Api::<DynamicObject>::namespaced_with(
+        t.client.clone(),
+        &t1,
+        &workload_resource("Deployment"),
+    );
+    let probe = json!({"metadata": {"annotations": {"probe": "1"}}});
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    wait_until(
+        "the policy to refuse Deployment patches",
+        TIMEOUT,
+        async || match deployments
+            .patch("app", &dry_run, &Patch::Merge(&probe))
+            .await
+        {
+            Err(e) if err_msg(&e).contains("frozen") => Ok(()),
+            other => Err(format!(
+                "{:?}",
+                other.map(|_| "accepted").map_err(|e| err_msg(&e))
+            )),
+        },
+    )
+    .await;
+
+    t.set_data(CM, &op, "cfg", &[("a", Some("2"))]).await;
+    wait_until("a RestartFailed Warning", TIMEOUT, async || {
+        let seen = notes(&t, &op, "roll", "RestartFailed").await;
+        match seen.first() {
+            Some(note) if note.contains("frozen") => Ok(()),
+            _ => Err(format!("{seen:?}")),
+        }
+    })
+    .await;
+    let (annotations, _) = restarts_of(&t, "Deployment", &t1, "app").await;
+    assert!(annotations.is_empty(), "refused: {annotations:?}");
+    cluster.delete(&t.client, &binding, &name).await;
+    cluster.delete(&t.client, &policy, &name).await;
+    wait_until(
+        "the Deployment rolled on a later try",
+        Duration::from_secs(60),
+        async || {
+            let (annotations, _) = restarts_of(&t, "Deployment", &t1, "app").await;
+            if annotations.len() == 1 {
+                Ok(())
+            } else {
+                Err(format!("{annotations:?}"))
+            }
+        },
+    )
+    .await;
+}
