@@ -74,6 +74,10 @@ pub struct RuleMemory {
     /// For `rollout.restartConsumers`: what the copies of each source
     /// (`namespace/name`) held when last written or seen in place.
     pub consumed: HashMap<String, Arc<crate::core::consumers::KeyDigests>>,
+    /// Changed copies (by namespace) whose consumers are tried again.
+    pub pending_restarts: Vec<(String, crate::controller::consumers::Entry)>,
+    /// Passes in a row that left consumers to try again.
+    pub restart_attempts: u32,
 }
 
 pub struct Site {
