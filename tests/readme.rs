@@ -400,17 +400,22 @@ async fn the_restart_consumers_example_rolls_the_deployment() {
         }
     })
     .await;
-    let said: Vec<String> = t
-        .events_regarding(&op, name)
-        .await
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("ConsumersRestarted"))
-        .filter_map(|e| e.note)
-        .collect();
-    assert!(
-        said.len() == 1 && said[0].contains("restarted 1 workloads"),
-        "one roll, for the currency: {said:?}"
-    );
+    wait_until("an Event naming the Deployment", TIMEOUT, async || {
+        let said: Vec<String> = t
+            .events_regarding(&op, name)
+            .await
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("ConsumersRestarted"))
+            .filter_map(|e| e.note)
+            .collect();
+        match said.as_slice() {
+            [one] if one.contains("restarted 1 workloads") && one.contains(deployment_name) => {
+                Ok(())
+            }
+            _ => Err(format!("one roll, for the currency: {said:?}")),
+        }
+    })
+    .await;
 }
 
 /// docs/rules.md, "Deletion you choose": a namespace that leaves the mesh

@@ -617,3 +617,191 @@ async fn consumers_roll_in_a_member() {
     })
     .await;
 }
+
+/// A change that reaches many namespaces lists each workload kind across
+/// the cluster, a page at a time, rather than namespace by namespace, and
+/// rolls the consumers in every one of them.
+#[tokio::test]
+async fn many_namespaces_are_listed_across_the_cluster() {
+    let t = TestNs::new("restart-many").await;
+    let op = t.ns("op").await;
+    let mut targets = Vec::new();
+    for i in 0..10 {
+        targets.push(t.ns(&format!("m{i}")).await);
+    }
+    t.create_rule(&op, "roll", restart_spec(&t, &t.glob("m")))
+        .await;
+    let user = operator_user(&t);
+    let kubeconfig = operator_kubeconfig(&t, None, Some(&user));
+    let operator = Operator::start_with_env(
+        &t,
+        ["run", "--namespace", &op].map(String::from).to_vec(),
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    let source = t.create_source(CM, &op, "cfg", &[], &[("a", "1")]).await;
+    let whole = json!({"envFrom": [{"configMapRef": {"name": "cfg"}}]});
+    for ns in &targets {
+        t.wait_copy(CM, ns, &source, &op, "roll").await;
+        workload(
+            &t,
+            "Deployment",
+            ns,
+            "app",
+            pod(whole.clone(), json!([])),
+            json!({}),
+        )
+        .await;
+    }
+    let audit = Audit::start();
+    let changed = Utc::now();
+    t.set_data(CM, &op, "cfg", &[("a", Some("2"))]).await;
+    wait_restarts(&operator, 10.0).await;
+    let end = Utc::now();
+    audit.settle(&t.client, end).await;
+    let lists = audit.matching(&Query::user(&user).verbs(&["list"]).between(changed, end));
+    let workload_lists: Vec<_> = lists
+        .iter()
+        .filter(|e| {
+            ["deployments", "statefulsets", "daemonsets"]
+                .contains(&e.resource.as_deref().unwrap_or(""))
+        })
+        .collect();
+    let uris: Vec<&str> = workload_lists
+        .iter()
+        .map(|e| e.request_uri.as_str())
+        .collect();
+    assert_eq!(
+        workload_lists.len(),
+        3,
+        "one list per workload kind, across the cluster: {uris:?}"
+    );
+    assert!(
+        workload_lists.iter().all(|e| e.namespace.is_none()),
+        "none namespace by namespace: {uris:?}"
+    );
+    for ns in &targets {
+        let (annotations, _) = restarts_of(&t, "Deployment", ns, "app").await;
+        assert_eq!(annotations.len(), 1, "{ns}: {annotations:?}");
+    }
+}
+
+/// A patch that fails for a while (an admission policy refuses it, 422) is
+/// said in a Warning and tried again with backoff, with no new change of
+/// the source: the consumer rolls once the policy is gone.
+#[tokio::test]
+async fn a_failed_restart_is_tried_again() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let t = TestNs::new("restart-retry").await;
+    let cluster = ClusterScoped::new();
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    t.create_rule(&op, "roll", restart_spec(&t, &t.glob("t1")))
+        .await;
+    let _operator = Operator::start(&t, &op, &[]);
+    let source = t.create_source(CM, &op, "cfg", &[], &[("a", "1")]).await;
+    t.wait_copy(CM, &t1, &source, &op, "roll").await;
+    let whole = json!({"envFrom": [{"configMapRef": {"name": "cfg"}}]});
+    workload(
+        &t,
+        "Deployment",
+        &t1,
+        "app",
+        pod(whole, json!([])),
+        json!({}),
+    )
+    .await;
+    let name = format!("{}-frozen", t.prefix);
+    let policy = ApiResource::erase::<ValidatingAdmissionPolicy>(&());
+    let binding = ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&());
+    cluster
+        .create(
+            &t.client,
+            &policy,
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [{
+                        "apiGroups": ["apps"], "apiVersions": ["v1"],
+                        "operations": ["UPDATE"], "resources": ["deployments"],
+                    }]},
+                    "validations": [{"expression": "false", "message": "deployments are frozen", "reason": "Invalid"}],
+                },
+            }),
+        )
+        .await;
+    cluster
+        .create(
+            &t.client,
+            &binding,
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": name},
+                "spec": {
+                    "policyName": name,
+                    "validationActions": ["Deny"],
+                    "matchResources": {"namespaceSelector": {"matchExpressions": [{
+                        "key": "kubernetes.io/metadata.name", "operator": "In", "values": [t1],
+                    }]}},
+                },
+            }),
+        )
+        .await;
+    let deployments = Api::<DynamicObject>::namespaced_with(
+        t.client.clone(),
+        &t1,
+        &workload_resource("Deployment"),
+    );
+    let probe = json!({"metadata": {"annotations": {"probe": "1"}}});
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    wait_until(
+        "the policy to refuse Deployment patches",
+        TIMEOUT,
+        async || match deployments
+            .patch("app", &dry_run, &Patch::Merge(&probe))
+            .await
+        {
+            Err(e) if err_msg(&e).contains("frozen") => Ok(()),
+            other => Err(format!(
+                "{:?}",
+                other.map(|_| "accepted").map_err(|e| err_msg(&e))
+            )),
+        },
+    )
+    .await;
+
+    t.set_data(CM, &op, "cfg", &[("a", Some("2"))]).await;
+    wait_until("a RestartFailed Warning", TIMEOUT, async || {
+        let seen = notes(&t, &op, "roll", "RestartFailed").await;
+        match seen.first() {
+            Some(note) if note.contains("frozen") => Ok(()),
+            _ => Err(format!("{seen:?}")),
+        }
+    })
+    .await;
+    let (annotations, _) = restarts_of(&t, "Deployment", &t1, "app").await;
+    assert!(annotations.is_empty(), "refused: {annotations:?}");
+    cluster.delete(&t.client, &binding, &name).await;
+    cluster.delete(&t.client, &policy, &name).await;
+    wait_until(
+        "the Deployment rolled on a later try",
+        Duration::from_secs(60),
+        async || {
+            let (annotations, _) = restarts_of(&t, "Deployment", &t1, "app").await;
+            if annotations.len() == 1 {
+                Ok(())
+            } else {
+                Err(format!("{annotations:?}"))
+            }
+        },
+    )
+    .await;
+}

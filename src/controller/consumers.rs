@@ -58,6 +58,8 @@ pub(crate) struct Restarts {
     pub(crate) failed: Vec<String>,
     /// Workloads were looked for (a refusal is known to last or to have lifted).
     pub(crate) tried: bool,
+    /// Some consumers wait for another try, this long from now.
+    pub(crate) retry_in: Option<std::time::Duration>,
 }
 
 /// Up to this many namespaces, workloads are listed namespace by
@@ -77,7 +79,7 @@ fn workload_kinds() -> [(&'static str, ApiResource); 3] {
 }
 
 /// A copy to look at: what it holds, why, and what it held before.
-type Entry = (Arc<Desired>, Trigger, Option<Arc<KeyDigests>>);
+pub(crate) type Entry = (Arc<Desired>, Trigger, Option<Arc<KeyDigests>>);
 type Copies = HashMap<String, Vec<Entry>>;
 
 /// The copies to look at, by namespace: those `changed`, and on a pass
@@ -92,7 +94,13 @@ fn copies_to_check(
     let mut by_namespace: Copies = HashMap::new();
     let mut seen = HashSet::new();
     let mut memory = lock(&site.memory);
-    let consumed = &mut memory.entry(resolved.key.clone()).or_default().consumed;
+    let rule_memory = memory.entry(resolved.key.clone()).or_default();
+    let mut pending: HashMap<(String, String), Entry> =
+        std::mem::take(&mut rule_memory.pending_restarts)
+            .into_iter()
+            .map(|(ns, entry)| ((ns, entry.0.name.clone()), entry))
+            .collect();
+    let consumed = &mut rule_memory.consumed;
     let mut now_held: HashMap<String, Arc<Desired>> = HashMap::new();
     for copy in changed {
         now_held
@@ -102,10 +110,15 @@ fn copies_to_check(
         if copy.created {
             continue;
         }
-        let before = copy
-            .before
-            .and_then(|hash| consumed.get(&(copy.desired.source.clone(), hash)))
-            .cloned();
+        // A change after one whose consumers wait: they still hold what
+        // was there before that one.
+        let before = match pending.remove(&(copy.namespace.clone(), copy.desired.name.clone())) {
+            Some((_, _, before)) => before,
+            None => copy
+                .before
+                .and_then(|hash| consumed.get(&(copy.desired.source.clone(), hash)))
+                .cloned(),
+        };
         by_namespace.entry(copy.namespace).or_default().push((
             copy.desired,
             Trigger::Changed,
@@ -120,6 +133,10 @@ fn copies_to_check(
     };
     for desired in now_held.values() {
         remember(consumed, desired);
+    }
+    for ((ns, name), entry) in pending {
+        seen.insert((ns.clone(), name));
+        by_namespace.entry(ns).or_default().push(entry);
     }
     if !everything {
         return by_namespace;
@@ -184,6 +201,64 @@ pub(crate) async fn restart_consumers(
         return restarts;
     }
     restarts.tried = true;
+    let mut failed_in = Vec::new();
+    list_and_roll(shared, site, &copies, &mut restarts, &mut failed_in).await;
+    keep_pending(site, resolved, copies, &failed_in, &mut restarts);
+    restarts
+}
+
+/// Changed copies whose consumers could not all be looked at or patched
+/// (not for a refusal): tried again in the rule's next pass, after
+/// [`retry_delay`].
+fn keep_pending(
+    site: &Site,
+    resolved: &ResolvedRule,
+    copies: Copies,
+    failed_in: &[Option<String>],
+    restarts: &mut Restarts,
+) {
+    let everywhere = failed_in.iter().any(Option::is_none);
+    let pending: Vec<(String, Entry)> = if restarts.refused.is_some() {
+        Vec::new()
+    } else {
+        copies
+            .into_iter()
+            .filter(|(ns, _)| everywhere || failed_in.iter().any(|f| f.as_ref() == Some(ns)))
+            .flat_map(|(ns, entries)| {
+                entries
+                    .into_iter()
+                    .filter(|(_, trigger, _)| *trigger == Trigger::Changed)
+                    .map(move |entry| (ns.clone(), entry))
+            })
+            .collect()
+    };
+    let mut memory = lock(&site.memory);
+    let memory = memory.entry(resolved.key.clone()).or_default();
+    if pending.is_empty() {
+        memory.restart_attempts = 0;
+    } else {
+        memory.restart_attempts = memory.restart_attempts.saturating_add(1);
+        restarts.retry_in = Some(retry_delay(memory.restart_attempts));
+    }
+    memory.pending_restarts = pending;
+}
+
+/// 10 s after the first failure, doubling, at most 5 minutes.
+fn retry_delay(attempts: u32) -> std::time::Duration {
+    let seconds = 10u64.saturating_mul(1 << attempts.saturating_sub(1).min(5));
+    std::time::Duration::from_secs(seconds.min(300))
+}
+
+/// List the workloads of the namespaces of `copies` and roll those due;
+/// where a list or a patch failed goes into `failed_in` (`None`: the
+/// list across the cluster).
+async fn list_and_roll(
+    shared: &Shared,
+    site: &Site,
+    copies: &Copies,
+    restarts: &mut Restarts,
+    failed_in: &mut Vec<Option<String>>,
+) {
     let mut namespaces: Vec<&String> = copies.keys().collect();
     namespaces.sort();
     for (workload_kind, resource) in workload_kinds() {
@@ -209,11 +284,12 @@ pub(crate) async fn restart_consumers(
                         let message = describe(&e);
                         if matches!(&e, kube::Error::Api(s) if s.code == 403) {
                             restarts.refused = Some(message);
-                            return restarts;
+                            return;
                         }
                         restarts
                             .failed
                             .push(format!("listing {workload_kind}s: {message}"));
+                        failed_in.push(namespace.map(str::to_owned));
                         break;
                     }
                 };
@@ -222,19 +298,22 @@ pub(crate) async fn restart_consumers(
                     let Some(ns_copies) = copies.get(&ns) else {
                         continue;
                     };
-                    if roll(
+                    let failures = restarts.failed.len();
+                    let rolled = roll(
                         shared,
                         site,
                         workload_kind,
                         &resource,
                         &object,
                         ns_copies,
-                        &mut restarts,
+                        restarts,
                     )
-                    .await
-                    .is_err()
-                    {
-                        return restarts;
+                    .await;
+                    if rolled.is_err() {
+                        return;
+                    }
+                    if restarts.failed.len() > failures {
+                        failed_in.push(Some(ns));
                     }
                 }
                 match page.metadata.continue_ {
@@ -244,7 +323,6 @@ pub(crate) async fn restart_consumers(
             }
         }
     }
-    restarts
 }
 
 /// Patch one workload if any copy it uses wants a new annotation value;

@@ -969,6 +969,9 @@ pub(crate) async fn carry_out(
         changed,
     )
     .await;
+    if let Some(delay) = pass.restarts.retry_in {
+        pass.retry_no_later_than(Instant::now() + delay);
+    }
     pass
 }
 

@@ -80,6 +80,10 @@ pub struct RuleMemory {
     /// (by source name and stage: the content, and the workloads not available).
     pub rollouts: crate::core::rollout::Rollouts,
     pub availability: HashMap<(String, usize), (u64, Vec<String>)>,
+    /// Changed copies (by namespace) whose consumers are tried again.
+    pub pending_restarts: Vec<(String, crate::controller::consumers::Entry)>,
+    /// Passes in a row that left consumers to try again.
+    pub restart_attempts: u32,
 }
 
 pub struct Site {
