@@ -927,6 +927,13 @@ pub(crate) async fn carry_out(
         uid: resolved.uid.clone(),
         generation: rule.metadata.generation,
     };
+    // While a staged rollout is under way, every pass looks at every
+    // place: a stage's completeness is judged over all of its places.
+    let staging = resolved.stages.is_some()
+        && lock(&site.memory)
+            .get(&resolved.key)
+            .is_some_and(|m| !m.rollouts.by_name.is_empty());
+    let scope = if staging { Scope::everything() } else { scope };
     let (scope, known_conflicts) = pass_scope(site, resolved, &basis, scope);
     let (mut plan, other_kind_deletions) =
         plan_pass(shared, site, resolved, sources, &scope, &known_conflicts);
@@ -965,7 +972,8 @@ pub(crate) async fn carry_out(
         site,
         resolved,
         sources,
-        scope.is_everything(),
+        // A pass over everything for a rollout is no recheck of every consumer.
+        scope.is_everything() && !staging,
         changed,
     )
     .await;

@@ -58,20 +58,22 @@ pub(crate) async fn stage(
         };
         gate(plan, &inputs, rollouts)
     };
-    let looked = !gated.reads.is_empty() || !gated.checks.is_empty();
+    // What was read is used by the next pass: at once when it is news.
+    let mut news = !gated.reads.is_empty();
     for (namespace, name) in std::mem::take(&mut gated.reads) {
         read_earlier(site, resolved, &namespace, &name).await;
     }
     for check in std::mem::take(&mut gated.checks) {
         let waiting = not_available(site, resolved, &check).await;
-        lock(&site.memory)
+        let seen = (check.payload, waiting);
+        let before = lock(&site.memory)
             .entry(resolved.key.clone())
             .or_default()
             .availability
-            .insert((check.name, check.stage), (check.payload, waiting));
+            .insert((check.name, check.stage), seen.clone());
+        news |= before.as_ref() != Some(&seen);
     }
-    if looked {
-        // What was read is used by the next pass.
+    if news {
         gated.recheck_at = Some(Instant::now());
     }
     gated

@@ -327,18 +327,20 @@ fn advance(
                 stages.name(stage)
             )])
         } else if inputs.consumers {
-            match (inputs.availability)(name, stage, track.payload) {
+            let seen = (inputs.availability)(name, stage, track.payload);
+            if seen.as_ref().is_none_or(|waiting| !waiting.is_empty()) {
+                // Not known to be available: look (again).
+                gated.checks.push(AvailabilityCheck {
+                    name: name.to_owned(),
+                    stage,
+                    payload: track.payload,
+                    namespaces: namespaces_in(inputs, name, stage, stages),
+                });
+            }
+            match seen {
                 Some(waiting) if waiting.is_empty() => None,
                 Some(waiting) => Some(waiting),
-                None => {
-                    gated.checks.push(AvailabilityCheck {
-                        name: name.to_owned(),
-                        stage,
-                        payload: track.payload,
-                        namespaces: namespaces_in(inputs, name, stage, stages),
-                    });
-                    Some(vec!["consumers not looked at yet".to_owned()])
-                }
+                None => Some(vec!["consumers not looked at yet".to_owned()]),
             }
         } else {
             None
