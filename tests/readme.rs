@@ -160,6 +160,7 @@ const APPLIED: &[&str] = &[
     "networkpolicy-default-deny",
     "pull-secret-to-members",
     "restart-consumers",
+    "staged-rollout",
 ];
 
 /// The documentation: README.md and every Markdown page of `docs/`, each
@@ -474,6 +475,63 @@ async fn the_deletion_policy_example_orphans_and_deletes_as_it_says() {
         .await;
     t.wait_obj(CM, &kept, "ca", "ruleDeleted: Orphan", handed_over)
         .await;
+}
+
+/// docs/rules.md, "Changes in stages": a change of the bundle reaches the
+/// canary namespace first and the others only after its pause.
+#[tokio::test]
+async fn the_staged_rollout_example_reaches_the_canary_first() {
+    let t = TestNs::new("readme-stages").await;
+    let op = t.ns("op").await;
+    let canary = t.ns_labelled("canary", &[("rollout", "canary")]).await;
+    let other = t.ns("other").await;
+    let docs = example(
+        "staged-rollout",
+        &[("namespace: copyrator", &format!("namespace: {op}"))],
+    );
+    let rule = of_kind(&docs, "CopyratorRule");
+    let name = rule["metadata"]["name"].as_str().expect("the rule's name");
+    // The example targets every namespace; the test keeps to its own.
+    let body = with(
+        json!({"spec": rule["spec"]}),
+        "/spec/targets",
+        json!({"include": [t.glob("")]}),
+    );
+    t.create_rule(&op, name, body).await;
+    let _operator = Operator::start(&t, &op, &[]);
+    let v1 = t
+        .create_plain(
+            CM,
+            &op,
+            "bundle",
+            &[("trust", "bundle")],
+            &[("ca.crt", "CA1")],
+        )
+        .await;
+    let has = |value: &'static str| move |o: &Obj| o.data_is(&[("ca.crt", value)]);
+    t.wait_obj(CM, &canary, &v1.name, "CA1", has("CA1")).await;
+    let before = t.wait_obj(CM, &other, &v1.name, "CA1", has("CA1")).await;
+    t.set_data(CM, &op, "bundle", &[("ca.crt", Some("CA2"))])
+        .await;
+    t.wait_obj(CM, &canary, "bundle", "CA2 in the canary", has("CA2"))
+        .await;
+    // The canary has no consumers: it settles, and the pause (60 s) holds
+    // the other namespace on CA1.
+    t.wait_rule(&op, name, "the canary pausing", |r| {
+        let phase = &r["status"]["rollouts"][0]["phase"];
+        (phase == "Pausing")
+            .then_some(())
+            .ok_or_else(|| short_status(r))
+    })
+    .await;
+    t.assert_unchanged(
+        CM,
+        &other,
+        "bundle",
+        &before.resource_version,
+        "the other namespace waits for the canary's pause",
+    )
+    .await;
 }
 
 /// docs/rules.md, "Choosing data keys": the copy carries the selected keys under
