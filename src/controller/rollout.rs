@@ -113,11 +113,17 @@ struct Rolling {
     want: i32,
     updated: i32,
     available: i32,
+    /// Pods of every revision: an old one still running (and available)
+    /// means the new revision is not there yet.
+    total: i32,
 }
 
 impl Rolling {
     fn settled(&self) -> bool {
-        self.current && self.updated >= self.want && self.available >= self.want
+        self.current
+            && self.updated >= self.want
+            && self.available >= self.want
+            && self.total <= self.want
     }
 }
 
@@ -140,16 +146,14 @@ async fn not_available(
         let listed = [
             list::<Deployment>(client, namespace).await.map(|items| {
                 for d in items {
-                    let spec = Some(&d.spec);
+                    let spec = &d.spec;
                     let status = d.status.clone().unwrap_or_default();
                     rolling.push(Rolling {
                         kind: "Deployment",
-                        uses: uses(
-                            spec.and_then(|s| s.template.spec.as_ref()),
-                            &d.metadata.annotations,
-                        ),
+                        total: status.replicas.unwrap_or(0),
+                        uses: uses(spec.template.spec.as_ref(), &d.metadata.annotations),
                         current: status.observed_generation >= d.metadata.generation,
-                        want: spec.and_then(|s| s.replicas).unwrap_or(1),
+                        want: spec.replicas.unwrap_or(1),
                         updated: status.updated_replicas.unwrap_or(0),
                         available: status.available_replicas.unwrap_or(0),
                         name: d.metadata.name.unwrap_or_default(),
@@ -158,16 +162,14 @@ async fn not_available(
             }),
             list::<StatefulSet>(client, namespace).await.map(|items| {
                 for s in items {
-                    let spec = Some(&s.spec);
+                    let spec = &s.spec;
                     let status = s.status.clone().unwrap_or_default();
                     rolling.push(Rolling {
                         kind: "StatefulSet",
-                        uses: uses(
-                            spec.and_then(|s| s.template.spec.as_ref()),
-                            &s.metadata.annotations,
-                        ),
+                        total: status.replicas,
+                        uses: uses(spec.template.spec.as_ref(), &s.metadata.annotations),
                         current: status.observed_generation >= s.metadata.generation,
-                        want: spec.and_then(|s| s.replicas).unwrap_or(1),
+                        want: spec.replicas.unwrap_or(1),
                         updated: status.updated_replicas.unwrap_or(0),
                         available: status.available_replicas.unwrap_or(0),
                         name: s.metadata.name.unwrap_or_default(),
@@ -176,14 +178,12 @@ async fn not_available(
             }),
             list::<DaemonSet>(client, namespace).await.map(|items| {
                 for d in items {
-                    let spec = Some(&d.spec);
+                    let spec = &d.spec;
                     let status = d.status.clone().unwrap_or_default();
                     rolling.push(Rolling {
                         kind: "DaemonSet",
-                        uses: uses(
-                            spec.and_then(|s| s.template.spec.as_ref()),
-                            &d.metadata.annotations,
-                        ),
+                        total: status.current_number_scheduled,
+                        uses: uses(spec.template.spec.as_ref(), &d.metadata.annotations),
                         current: status.observed_generation >= d.metadata.generation,
                         want: status.desired_number_scheduled,
                         updated: status.updated_number_scheduled.unwrap_or(0),
@@ -196,8 +196,8 @@ async fn not_available(
         waiting.extend(listed.into_iter().filter_map(Result::err));
         waiting.extend(rolling.iter().filter(|w| w.uses && !w.settled()).map(|w| {
             format!(
-                "{} {namespace}/{} ({} of {} available, {} updated)",
-                w.kind, w.name, w.available, w.want, w.updated
+                "{} {namespace}/{} ({} of {} available, {} updated, {} in all)",
+                w.kind, w.name, w.available, w.want, w.updated, w.total
             )
         }));
     }
