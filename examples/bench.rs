@@ -72,6 +72,9 @@ struct Args {
     /// A smoke run: too small for its timings to mean anything, so a
     /// missed target is printed but does not fail the run.
     smoke: bool,
+    /// The rules roll changes out in two stages: a canary of the first 10
+    /// target namespaces, then the rest (`rollout.stages`, no pause).
+    stages: bool,
     /// Member control planes: the cluster mode (see `bench/clusters.rs`).
     members: Vec<clusters::MemberArg>,
 }
@@ -89,6 +92,7 @@ fn parse_args() -> Result<Args> {
         concurrency: 16,
         resync_seconds: 15,
         smoke: false,
+        stages: false,
         members: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -106,6 +110,7 @@ fn parse_args() -> Result<Args> {
             "--write-concurrency" => args.concurrency = value()?.parse()?,
             "--resync-interval" => args.resync_seconds = value()?.parse()?,
             "--smoke" => args.smoke = true,
+            "--stages" => args.stages = true,
             "--members" => args.members = clusters::parse_members(&value()?)?,
             other => bail!("unknown flag {other}; see hack/bench"),
         }
@@ -768,13 +773,19 @@ async fn main() -> Result<()> {
         let rules = rules.clone();
         let name = layout.rule_name(rule);
         let source_namespace = source_namespaces[rule].clone();
+        let staged = args.stages;
         async move {
-            let object: DynamicObject = serde_json::from_value(json!({
+            let mut body = json!({
                 "apiVersion": "flant.com/v1", "kind": "CopyratorRule",
                 "metadata": {"name": name, "namespace": OPERATOR_NS},
                 "spec": {"ruleType": "configmap", "selector": {"bench": "yes"},
                          "namespace": source_namespace, "targets": {"include": ["bench-t*"]}},
-            }))?;
+            });
+            if staged {
+                body["spec"]["rollout"] =
+                    json!({"stages": [{"name": "canary", "include": ["bench-t-000?"]}]});
+            }
+            let object: DynamicObject = serde_json::from_value(body)?;
             rules
                 .create(&PostParams::default(), &object)
                 .await
@@ -1123,8 +1134,13 @@ async fn main() -> Result<()> {
     } else {
         String::new()
     };
+    let staged = if args.stages {
+        ", staged: a canary of 10 namespaces, then the rest"
+    } else {
+        ""
+    };
     println!(
-        "| update propagation ({} updates × {copies_per_source} copies{of_rules}) | p50 {} ms, p99 {} ms | p99 < 3 s | {} |",
+        "| update propagation ({} updates × {copies_per_source} copies{of_rules}{staged}) | p50 {} ms, p99 {} ms | p99 < 3 s | {} |",
         args.updates,
         prop50.as_millis(),
         prop99.as_millis(),
@@ -1229,6 +1245,7 @@ async fn main() -> Result<()> {
             "write_concurrency": args.concurrency, "resync_seconds": args.resync_seconds,
         },
         "smoke": args.smoke,
+        "stages": args.stages,
         "figures": {
             "baseline_s": seconds(baseline),
             "baseline_writes_per_s": rounded(copies_total as f64 / baseline.as_secs_f64()),

@@ -964,6 +964,10 @@ pub(crate) async fn carry_out(
     let admitted = admit(site, resolved, actions, &mut pass);
     defer_failed_elsewhere(site, resolved, &scope, &mut pass);
     let new_conflicts = write_admitted(site, resolved, admitted, &mut pass).await;
+    if pass.rollout.is_some() && pass.created + pass.updated > 0 {
+        // A stage's writes may have settled it: look again at once.
+        pass.retry_no_later_than(Instant::now() + crate::core::rollout::AFTER_WRITES);
+    }
     remember_conflicts(site, rule, resolved, new_conflicts);
     finish(site, resolved, &mut pass, plan);
     let changed = std::mem::take(&mut pass.changed);

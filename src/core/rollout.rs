@@ -26,6 +26,9 @@ use crate::cache::index::{CopyIndex, NamespaceInfo, Object};
 use crate::core::plan::{Action, Desired, Plan};
 use crate::core::resolve::TargetSelector;
 
+/// How soon a pass that wrote a stage's copies is followed by another,
+/// which finds the stage settled (its writes went through) or not.
+pub const AFTER_WRITES: Duration = Duration::from_millis(100);
 /// How often a stage still settling is looked at again.
 pub const SETTLE_RECHECK: Duration = Duration::from_secs(2);
 /// How often a halted stage is looked at again.
