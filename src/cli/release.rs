@@ -57,21 +57,40 @@ async fn release(settings: Settings, args: ReleaseArgs) -> anyhow::Result<()> {
         .iter()
         .filter_map(|r| r.uid().map(str::to_owned))
         .collect();
+    let mut failed: Vec<String> = Vec::new();
     if args.copies == CopiesOnRelease::Delete {
         let kinds = kinds_of(&client, &rules).await?;
         let deleted = delete_copies(&client, &kinds, &uids).await?;
         info!(cluster = %settings.cluster_name, deleted, "deleted the copies of the rules");
         println!("{}: deleted {deleted} copies", settings.cluster_name);
         if settings.member_clusters {
-            for (member, reached) in member_clients(clients.clone(), &settings).await? {
-                let (member_client, _) = reached
-                    .map_err(anyhow::Error::msg)
-                    .with_context(|| format!("member cluster {member}"))?;
-                let deleted = delete_copies(&member_client, &kinds, &uids)
-                    .await
-                    .with_context(|| format!("member cluster {member}"))?;
-                info!(cluster = %member, deleted, "deleted the copies of the rules");
-                println!("{member}: deleted {deleted} copies");
+            // A member that cannot be cleared keeps its copies; the rules
+            // are released all the same (nothing else would let them go).
+            match member_clients(clients.clone(), &settings).await {
+                Ok(members) => {
+                    for (member, reached) in members {
+                        let cleared = match reached {
+                            Ok((member_client, _)) => {
+                                delete_copies(&member_client, &kinds, &uids).await
+                            }
+                            Err(why) => Err(anyhow::Error::msg(why)),
+                        };
+                        match cleared {
+                            Ok(deleted) => {
+                                info!(cluster = %member, deleted, "deleted the copies of the rules");
+                                println!("{member}: deleted {deleted} copies");
+                            }
+                            Err(e) => {
+                                eprintln!("error: member cluster {member}: its copies stay: {e:#}");
+                                failed.push(member);
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    eprintln!("error: the member clusters: their copies stay: {e:#}");
+                    failed.push("the inventory".to_owned());
+                }
             }
         }
     }
@@ -86,6 +105,12 @@ async fn release(settings: Settings, args: ReleaseArgs) -> anyhow::Result<()> {
         "released {released} of {} rules (their finalizers removed)",
         rules.len()
     );
+    if !failed.is_empty() {
+        bail!(
+            "the copies stay in {}: they could not be deleted",
+            failed.join(", ")
+        );
+    }
     Ok(())
 }
 

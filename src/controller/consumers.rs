@@ -29,7 +29,7 @@ use crate::cache::index::Object;
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
 use crate::core::consumers::{
-    CopyContent, KeyDigests, Trigger, Workload, key_digests, restarts_due,
+    CopyContent, Entry, KeyDigests, Trigger, Workload, key_digests, restarts_due,
 };
 use crate::core::plan::{Desired, desired_copy};
 use crate::core::resolve::ResolvedRule;
@@ -78,8 +78,6 @@ fn workload_kinds() -> [(&'static str, ApiResource); 3] {
     ]
 }
 
-/// A copy to look at: what it holds, why, and what it held before.
-pub(crate) type Entry = (Arc<Desired>, Trigger, Option<Arc<KeyDigests>>);
 type Copies = HashMap<String, Vec<Entry>>;
 
 /// The copies to look at, by namespace: those `changed`, and on a pass
@@ -93,6 +91,8 @@ fn copies_to_check(
 ) -> Copies {
     let mut by_namespace: Copies = HashMap::new();
     let mut seen = HashSet::new();
+    // The views before the memory, as everywhere: never the other way round.
+    let copies = read(site.cluster.views.copies(resolved.kind));
     let mut memory = lock(&site.memory);
     let rule_memory = memory.entry(resolved.key.clone()).or_default();
     let mut pending: HashMap<(String, String), Entry> =
@@ -146,7 +146,6 @@ fn copies_to_check(
         .map(|s| desired_copy(resolved, s))
         .map(|d| (d.name.clone(), Arc::new(d)))
         .collect();
-    let copies = read(site.cluster.views.copies(resolved.kind));
     for copy in copies.owned_by(&resolved.uid) {
         let Some(wanted) = desired.get(&*copy.name) else {
             continue;

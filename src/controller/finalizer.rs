@@ -144,7 +144,8 @@ pub(crate) fn write_through(
         (Some(object), _) => {
             copies.upsert_written(object);
         }
-        (None, Action::Delete { current, .. }) => {
+        // Gone (or going with its namespace) either way: no copy of the rule's any more.
+        (None, Action::Delete { current, .. } | Action::HandOver { current, .. }) => {
             copies.remove(&current.namespace, &current.name, &current.uid);
         }
         (None, _) => {}

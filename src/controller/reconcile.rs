@@ -927,14 +927,18 @@ pub(crate) async fn carry_out(
         uid: resolved.uid.clone(),
         generation: rule.metadata.generation,
     };
-    // While a staged rollout is under way, every pass looks at every
-    // place: a stage's completeness is judged over all of its places.
-    let staging = resolved.stages.is_some()
-        && lock(&site.memory)
-            .get(&resolved.key)
-            .is_some_and(|m| !m.rollouts.by_name.is_empty());
-    let scope = if staging { Scope::everything() } else { scope };
+    // A staged rule is planned whole on every pass: where a source's
+    // content stands is judged over every place, never from part of them.
+    let staged = resolved.stages.is_some();
+    let asked_everything = scope.is_everything();
+    let scope = if staged { Scope::everything() } else { scope };
     let (scope, known_conflicts) = pass_scope(site, resolved, &basis, scope);
+    // Consumers are rechecked on the passes over everything that were asked for.
+    let recheck_consumers = if staged {
+        asked_everything
+    } else {
+        scope.is_everything()
+    };
     let (mut plan, other_kind_deletions) =
         plan_pass(shared, site, resolved, sources, &scope, &known_conflicts);
     shared
@@ -971,16 +975,8 @@ pub(crate) async fn carry_out(
     remember_conflicts(site, rule, resolved, new_conflicts);
     finish(site, resolved, &mut pass, plan);
     let changed = std::mem::take(&mut pass.changed);
-    pass.restarts = restart_consumers(
-        shared,
-        site,
-        resolved,
-        sources,
-        // A pass over everything for a rollout is no recheck of every consumer.
-        scope.is_everything() && !staging,
-        changed,
-    )
-    .await;
+    pass.restarts =
+        restart_consumers(shared, site, resolved, sources, recheck_consumers, changed).await;
     if let Some(delay) = pass.restarts.retry_in {
         pass.retry_no_later_than(Instant::now() + delay);
     }

@@ -10,14 +10,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::PodSpec;
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kube::Api;
 use kube::api::{DynamicObject, ListParams};
 use tokio::time::Instant;
 
 use crate::cache::index::Object;
 use crate::controller::site::{RuleMemory, Site};
-use crate::core::consumers::{opted_out, use_of};
+use crate::core::consumers::{opted_out, restart_key, use_of, used_hash};
 use crate::core::plan::Plan;
 use crate::core::resolve::ResolvedRule;
 use crate::core::rollout::{AvailabilityCheck, Gated, Inputs, Stages, gate};
@@ -56,7 +56,15 @@ pub(crate) async fn stage(
             availability: &seen,
             now: Instant::now(),
         };
-        gate(plan, &inputs, rollouts)
+        let gated = gate(plan, &inputs, rollouts);
+        // What was seen of a content no rollout is at any more is moot.
+        availability.retain(|(name, _), (content, _)| {
+            rollouts
+                .by_name
+                .get(name)
+                .is_some_and(|t| t.payload == *content)
+        });
+        gated
     };
     // What was read is used by the next pass: at once when it is news.
     let mut news = !gated.reads.is_empty();
@@ -64,14 +72,20 @@ pub(crate) async fn stage(
         read_earlier(site, resolved, &namespace, &name).await;
     }
     for check in std::mem::take(&mut gated.checks) {
-        let waiting = not_available(site, resolved, &check).await;
-        let seen = (check.payload, waiting);
-        let before = lock(&site.memory)
-            .entry(resolved.key.clone())
-            .or_default()
+        let mut waiting = not_available(site, resolved, &check).await;
+        let mut memory = lock(&site.memory);
+        let memory = memory.entry(resolved.key.clone()).or_default();
+        if memory.restart_refused {
+            // The consumers were never rolled: the stage has not settled.
+            waiting.push("restarting the consumers is refused".to_owned());
+        }
+        // News is a stage that became settled or unsettled, not a count.
+        let settled = waiting.is_empty();
+        let before = memory
             .availability
-            .insert((check.name, check.stage), seen.clone());
-        news |= before.as_ref() != Some(&seen);
+            .insert((check.name, check.stage), (check.payload, waiting));
+        news |= before
+            .is_none_or(|(content, was)| content != check.payload || was.is_empty() != settled);
     }
     if news {
         gated.recheck_at = Some(Instant::now());
@@ -108,6 +122,9 @@ struct Rolling {
     name: String,
     /// Uses the copy, and is not opted out.
     uses: bool,
+    /// Carries the restart annotation of the new content, or none at all
+    /// (never rolled: what it uses may not have changed).
+    restarted: bool,
     /// Its status describes its newest generation.
     current: bool,
     want: i32,
@@ -119,11 +136,75 @@ struct Rolling {
 }
 
 impl Rolling {
+    /// `Kind namespace/name (why it has not settled)`.
+    fn describe(&self, namespace: &str) -> String {
+        let why = if self.restarted {
+            format!(
+                "{} of {} available, {} updated, {} in all",
+                self.available, self.want, self.updated, self.total
+            )
+        } else {
+            "not rolled to the new content yet".to_owned()
+        };
+        format!("{} {namespace}/{} ({why})", self.kind, self.name)
+    }
+
     fn settled(&self) -> bool {
-        self.current
+        self.restarted
+            && self.current
             && self.updated >= self.want
             && self.available >= self.want
             && self.total <= self.want
+    }
+}
+
+/// Judges the workloads of one check: whether each uses the copy and
+/// carries the new content's restart annotation.
+struct Judge<'a> {
+    resolved: &'a ResolvedRule,
+    check: &'a AvailabilityCheck,
+    key: String,
+}
+
+impl Judge<'_> {
+    /// A workload of `kind` named `name`, with its pod template and own
+    /// annotations, and its rollout's figures `(current, want, updated,
+    /// available, total)`.
+    fn rolling(
+        &self,
+        kind: &'static str,
+        name: Option<String>,
+        template: &PodTemplateSpec,
+        annotations: &Option<BTreeMap<String, String>>,
+        (current, want, updated, available, total): (bool, i32, i32, i32, i32),
+    ) -> Rolling {
+        let kind_of_copy = self.resolved.kind;
+        let used = template
+            .spec
+            .as_ref()
+            .and_then(|spec| use_of(spec, kind_of_copy, &self.check.name));
+        let carried = template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(&self.key));
+        let restarted = match (&used, carried) {
+            (Some(used), Some(value)) => {
+                *value == used_hash(kind_of_copy, &self.check.desired.payload, used)
+            }
+            _ => true,
+        };
+        Rolling {
+            kind,
+            name: name.unwrap_or_default(),
+            uses: used.is_some() && !opted_out(annotations.as_ref()),
+            restarted,
+            current,
+            want,
+            updated,
+            available,
+            total,
+        }
     }
 }
 
@@ -135,73 +216,97 @@ async fn not_available(
     resolved: &ResolvedRule,
     check: &AvailabilityCheck,
 ) -> Vec<String> {
-    let uses = |template: Option<&PodSpec>, annotations: &Option<BTreeMap<String, String>>| {
-        template.is_some_and(|spec| use_of(spec, resolved.kind, &check.name).is_some())
-            && !opted_out(annotations.as_ref())
+    let judge = Judge {
+        resolved,
+        check,
+        key: restart_key(resolved.kind, &check.name),
     };
     let mut waiting = Vec::new();
     for namespace in &check.namespaces {
-        let client = &site.cluster.client;
-        let mut rolling = Vec::new();
-        let listed = [
-            list::<Deployment>(client, namespace).await.map(|items| {
-                for d in items {
-                    let spec = &d.spec;
-                    let status = d.status.clone().unwrap_or_default();
-                    rolling.push(Rolling {
-                        kind: "Deployment",
-                        total: status.replicas.unwrap_or(0),
-                        uses: uses(spec.template.spec.as_ref(), &d.metadata.annotations),
-                        current: status.observed_generation >= d.metadata.generation,
-                        want: spec.replicas.unwrap_or(1),
-                        updated: status.updated_replicas.unwrap_or(0),
-                        available: status.available_replicas.unwrap_or(0),
-                        name: d.metadata.name.unwrap_or_default(),
-                    });
-                }
-            }),
-            list::<StatefulSet>(client, namespace).await.map(|items| {
-                for s in items {
-                    let spec = &s.spec;
-                    let status = s.status.clone().unwrap_or_default();
-                    rolling.push(Rolling {
-                        kind: "StatefulSet",
-                        total: status.replicas,
-                        uses: uses(spec.template.spec.as_ref(), &s.metadata.annotations),
-                        current: status.observed_generation >= s.metadata.generation,
-                        want: spec.replicas.unwrap_or(1),
-                        updated: status.updated_replicas.unwrap_or(0),
-                        available: status.available_replicas.unwrap_or(0),
-                        name: s.metadata.name.unwrap_or_default(),
-                    });
-                }
-            }),
-            list::<DaemonSet>(client, namespace).await.map(|items| {
-                for d in items {
-                    let spec = &d.spec;
-                    let status = d.status.clone().unwrap_or_default();
-                    rolling.push(Rolling {
-                        kind: "DaemonSet",
-                        total: status.current_number_scheduled,
-                        uses: uses(spec.template.spec.as_ref(), &d.metadata.annotations),
-                        current: status.observed_generation >= d.metadata.generation,
-                        want: status.desired_number_scheduled,
-                        updated: status.updated_number_scheduled.unwrap_or(0),
-                        available: status.number_available.unwrap_or(0),
-                        name: d.metadata.name.unwrap_or_default(),
-                    });
-                }
-            }),
-        ];
-        waiting.extend(listed.into_iter().filter_map(Result::err));
-        waiting.extend(rolling.iter().filter(|w| w.uses && !w.settled()).map(|w| {
-            format!(
-                "{} {namespace}/{} ({} of {} available, {} updated, {} in all)",
-                w.kind, w.name, w.available, w.want, w.updated, w.total
-            )
-        }));
+        let (rolling, not_listed) = workloads_in(&site.cluster.client, namespace, &judge).await;
+        waiting.extend(not_listed);
+        waiting.extend(
+            rolling
+                .iter()
+                .filter(|w| w.uses && !w.settled())
+                .map(|w| w.describe(namespace)),
+        );
     }
     waiting
+}
+
+/// The Deployments, StatefulSets and DaemonSets of `namespace` as
+/// `judge` sees them, and the kinds that could not be listed (why).
+async fn workloads_in(
+    client: &kube::Client,
+    namespace: &str,
+    judge: &Judge<'_>,
+) -> (Vec<Rolling>, Vec<String>) {
+    let mut rolling = Vec::new();
+    let listed = [
+        list::<Deployment>(client, namespace).await.map(|items| {
+            rolling.extend(items.into_iter().map(|d| {
+                let status = d.status.unwrap_or_default();
+                let figures = (
+                    status.observed_generation >= d.metadata.generation,
+                    d.spec.replicas.unwrap_or(1),
+                    status.updated_replicas.unwrap_or(0),
+                    status.available_replicas.unwrap_or(0),
+                    status.replicas.unwrap_or(0),
+                );
+                let m = d.metadata;
+                judge.rolling(
+                    "Deployment",
+                    m.name,
+                    &d.spec.template,
+                    &m.annotations,
+                    figures,
+                )
+            }));
+        }),
+        list::<StatefulSet>(client, namespace).await.map(|items| {
+            rolling.extend(items.into_iter().map(|s| {
+                let status = s.status.unwrap_or_default();
+                let figures = (
+                    status.observed_generation >= s.metadata.generation,
+                    s.spec.replicas.unwrap_or(1),
+                    status.updated_replicas.unwrap_or(0),
+                    status.available_replicas.unwrap_or(0),
+                    status.replicas,
+                );
+                let m = s.metadata;
+                judge.rolling(
+                    "StatefulSet",
+                    m.name,
+                    &s.spec.template,
+                    &m.annotations,
+                    figures,
+                )
+            }));
+        }),
+        list::<DaemonSet>(client, namespace).await.map(|items| {
+            rolling.extend(items.into_iter().map(|d| {
+                let status = d.status.unwrap_or_default();
+                let figures = (
+                    status.observed_generation >= d.metadata.generation,
+                    status.desired_number_scheduled,
+                    status.updated_number_scheduled.unwrap_or(0),
+                    status.number_available.unwrap_or(0),
+                    status.current_number_scheduled,
+                );
+                let m = d.metadata;
+                judge.rolling(
+                    "DaemonSet",
+                    m.name,
+                    &d.spec.template,
+                    &m.annotations,
+                    figures,
+                )
+            }));
+        }),
+    ];
+    let not_listed = listed.into_iter().filter_map(Result::err).collect();
+    (rolling, not_listed)
 }
 
 /// The workloads of kind `K` in `namespace`, or why they were not listed.

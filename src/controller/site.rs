@@ -81,7 +81,7 @@ pub struct RuleMemory {
     pub rollouts: crate::core::rollout::Rollouts,
     pub availability: HashMap<(String, usize), (u64, Vec<String>)>,
     /// Changed copies (by namespace) whose consumers are tried again.
-    pub pending_restarts: Vec<(String, crate::controller::consumers::Entry)>,
+    pub pending_restarts: Vec<(String, crate::core::consumers::Entry)>,
     /// Passes in a row that left consumers to try again.
     pub restart_attempts: u32,
 }

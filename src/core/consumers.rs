@@ -11,12 +11,14 @@
 //! rolls a workload twice.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, PodSpec, Volume};
 use ring::digest::{SHA256, digest};
 use serde_json::Value;
 
 use crate::api::kinds::Kind;
+use crate::core::plan::Desired;
 use crate::{ANNOTATION_RESTART, ANNOTATION_RESTART_PREFIX};
 
 /// What a pod template uses of one ConfigMap or Secret.
@@ -243,6 +245,10 @@ pub fn opted_out(annotations: Option<&BTreeMap<String, String>>) -> bool {
         .and_then(|a| a.get(ANNOTATION_RESTART))
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
 }
+
+/// A copy to look at for its consumers: what it holds, why, and what it
+/// held before (its data keys' digests), where known.
+pub type Entry = (Arc<Desired>, Trigger, Option<Arc<KeyDigests>>);
 
 /// Why a workload is looked at for a copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -451,7 +452,7 @@ pub struct ResolvedRule {
     /// whose data a write changed.
     pub restart_consumers: bool,
     /// `rollout.stages`, when the rule rolls changes out in stages.
-    pub stages: Option<Arc<crate::core::rollout::Stages>>,
+    pub stages: Option<Arc<Stages>>,
 }
 
 /// What becomes of copies that no longer belong (`spec.deletionPolicy`,
@@ -483,14 +484,55 @@ impl Deletion {
     }
 }
 
+/// For `rollout.stages` (see `core::rollout`): the name of the stage that namespaces no stage selects make.
+pub const REST: &str = "rest";
+
+/// One stage: the namespaces it selects, and the pause after it settles.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stage {
+    pub name: String,
+    pub selector: TargetSelector,
+    pub pause: Duration,
+}
+
+/// A rule's stages, in order; the namespaces none selects come last.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stages {
+    pub stages: Vec<Stage>,
+    /// A stage not settled this long after it opened halts the rollout.
+    pub settle_timeout: Duration,
+}
+
+impl Stages {
+    /// The stage of the namespace `name`: the first that selects it, else
+    /// the last (the rest).
+    pub fn stage_of(&self, name: &str, labels: &BTreeMap<String, String>) -> usize {
+        self.stages
+            .iter()
+            .position(|s| s.selector.matches(name, labels))
+            .unwrap_or(self.stages.len())
+    }
+
+    /// How many stages there are, the rest included.
+    pub fn count(&self) -> usize {
+        self.stages.len() + 1
+    }
+
+    pub fn name(&self, stage: usize) -> &str {
+        self.stages.get(stage).map_or(REST, |s| s.name.as_str())
+    }
+
+    pub fn pause(&self, stage: usize) -> Duration {
+        self.stages.get(stage).map_or(Duration::ZERO, |s| s.pause)
+    }
+}
+
 /// A settle timeout when the rule gives none.
 const SETTLE_TIMEOUT: u32 = 600;
 
 /// `rollout.stages` parsed: `None` without stages; each stage's selector
 /// and globs checked, and no two stages of one name.
-fn resolve_stages(
-    rollout: Option<&Rollout>,
-) -> Result<Option<Arc<crate::core::rollout::Stages>>, InvalidRule> {
+fn resolve_stages(rollout: Option<&Rollout>) -> Result<Option<Arc<Stages>>, InvalidRule> {
     let Some(rollout) = rollout else {
         return Ok(None);
     };
@@ -500,7 +542,7 @@ fn resolve_stages(
     let mut names = BTreeSet::new();
     let mut resolved = Vec::with_capacity(stages.len());
     for stage in stages {
-        if !names.insert(stage.name.as_str()) || stage.name == crate::core::rollout::REST {
+        if !names.insert(stage.name.as_str()) || stage.name == REST {
             return Err(InvalidRule::invalid(format!(
                 "rollout.stages: the stage name {:?} is taken (by another stage, or by `rest`, the namespaces no stage selects)",
                 stage.name
@@ -514,15 +556,15 @@ fn resolve_stages(
         .map_err(|e| {
             InvalidRule::invalid(format!("rollout.stages[{}]: {}", stage.name, e.message))
         })?;
-        resolved.push(crate::core::rollout::Stage {
+        resolved.push(Stage {
             name: stage.name.clone(),
             selector,
-            pause: std::time::Duration::from_secs(u64::from(stage.pause_seconds.unwrap_or(0))),
+            pause: Duration::from_secs(u64::from(stage.pause_seconds.unwrap_or(0))),
         });
     }
-    Ok(Some(Arc::new(crate::core::rollout::Stages {
+    Ok(Some(Arc::new(Stages {
         stages: resolved,
-        settle_timeout: std::time::Duration::from_secs(u64::from(
+        settle_timeout: Duration::from_secs(u64::from(
             rollout.settle_timeout_seconds.unwrap_or(SETTLE_TIMEOUT),
         )),
     })))

@@ -13,7 +13,8 @@
 //! within the settle timeout halts the rollout there: later stages keep
 //! the content they had until it settles, or the source changes again.
 //! Namespaces that no stage selects make the last stage. A source with no
-//! copy at other content (a new source) is not staged: nothing came before.
+//! copy at other content past the first stage (a new source, or a change
+//! back to what later stages hold) is not staged: nothing there to keep.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use tokio::time::Instant;
 
 use crate::cache::index::{CopyIndex, NamespaceInfo, Object};
 use crate::core::plan::{Action, Desired, Plan};
-use crate::core::resolve::TargetSelector;
+pub use crate::core::resolve::{REST, Stage, Stages};
 
 /// How soon a pass that wrote a stage's copies is followed by another,
 /// which finds the stage settled (its writes went through) or not.
@@ -33,49 +34,6 @@ pub const AFTER_WRITES: Duration = Duration::from_millis(100);
 pub const SETTLE_RECHECK: Duration = Duration::from_secs(2);
 /// How often a halted stage is looked at again.
 pub const HALTED_RECHECK: Duration = Duration::from_secs(10);
-/// The name of the stage that namespaces no stage selects make.
-pub const REST: &str = "rest";
-
-/// One stage: the namespaces it selects, and the pause after it settles.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Stage {
-    pub name: String,
-    pub selector: TargetSelector,
-    pub pause: Duration,
-}
-
-/// A rule's stages, in order; the namespaces none selects come last.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Stages {
-    pub stages: Vec<Stage>,
-    /// A stage not settled this long after it opened halts the rollout.
-    pub settle_timeout: Duration,
-}
-
-impl Stages {
-    /// The stage of the namespace `name`: the first that selects it, else
-    /// the last (the rest).
-    pub fn stage_of(&self, name: &str, labels: &BTreeMap<String, String>) -> usize {
-        self.stages
-            .iter()
-            .position(|s| s.selector.matches(name, labels))
-            .unwrap_or(self.stages.len())
-    }
-
-    /// How many stages there are, the rest included.
-    pub fn count(&self) -> usize {
-        self.stages.len() + 1
-    }
-
-    pub fn name(&self, stage: usize) -> &str {
-        self.stages.get(stage).map_or(REST, |s| s.name.as_str())
-    }
-
-    fn pause(&self, stage: usize) -> Duration {
-        self.stages.get(stage).map_or(Duration::ZERO, |s| s.pause)
-    }
-}
-
 /// How far one source's content has gone.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Track {
@@ -126,12 +84,14 @@ pub struct Progress {
 
 /// Consumers whose availability the controller should look at: those of
 /// the copies of `name` in `namespaces` (one stage), for `payload`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct AvailabilityCheck {
     pub name: String,
     pub stage: usize,
     pub payload: u64,
     pub namespaces: Vec<String>,
+    /// The new content, whose restart annotation the workloads should carry.
+    pub desired: Arc<Desired>,
 }
 
 /// What the stages did to a plan.
@@ -181,26 +141,40 @@ pub fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Ga
         let labels = inputs.namespaces.get(namespace).map(|ns| &ns.labels);
         stages.stage_of(namespace, labels.unwrap_or(&BTreeMap::new()))
     };
-    // Per source name: its new content, and the stages with writes of it still owed.
-    let mut owed: HashMap<String, (Arc<Desired>, BTreeSet<usize>)> = HashMap::new();
+    // Per source name: its new content, the stages with writes of it
+    // still owed, and the copy at other content in the latest stage past
+    // the first (what later stages hold: the content rolled out before).
+    let mut owed: HashMap<String, Owed> = HashMap::new();
     for action in &plan.actions {
         let Some((desired, namespace, new_content)) = write_of(action) else {
             continue;
         };
-        if new_content {
-            owed.entry(desired.name.clone())
-                .or_insert_with(|| (desired.clone(), BTreeSet::new()))
-                .1
-                .insert(stage_of(namespace));
+        if !new_content {
+            continue;
+        }
+        let stage = stage_of(namespace);
+        let entry = owed.entry(desired.name.clone()).or_insert_with(|| Owed {
+            desired: desired.clone(),
+            stages: BTreeSet::new(),
+            earlier: None,
+        });
+        entry.stages.insert(stage);
+        if let Action::Update { current, .. } | Action::Recreate { current, .. } = action
+            && stage > 0
+            && entry.earlier.as_ref().is_none_or(|(s, _)| *s < stage)
+        {
+            entry.earlier = Some((stage, current.clone()));
         }
     }
     let mut gated = Gated::default();
     let mut open_through: HashMap<String, (usize, Option<Arc<Desired>>)> = HashMap::new();
-    for (name, (desired, owed_stages)) in &owed {
-        // What was rolled out before: a copy at other content.
-        let Some(before) = earlier_content(inputs, name, desired.payload_hash, &stage_of) else {
+    for (name, owed) in &owed {
+        let desired = &owed.desired;
+        // Nothing held elsewhere and no rollout under way: a new source,
+        // or a change back to what later stages hold (not staged).
+        if owed.earlier.is_none() && !rollouts.by_name.contains_key(name) {
             continue;
-        };
+        }
         let track = rollouts
             .by_name
             .entry(name.clone())
@@ -210,19 +184,22 @@ pub fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Ga
                 }
             })
             .or_insert_with(|| Track::start(desired.payload_hash, inputs.now));
-        let phase = advance(track, stages, owed_stages, inputs, name, &mut gated);
+        let phase = advance(track, stages, owed, inputs, &mut gated);
         track.phase = phase.clone();
         track.source = desired.source.clone();
-        let earlier = match &track.earlier {
-            Some((hash, payload)) if *hash == before.payload_hash => {
+        let earlier = match (&track.earlier, &owed.earlier) {
+            (Some((hash, payload)), Some((_, before))) if *hash == before.payload_hash => {
                 Some(Arc::new(desired.with_payload((**payload).clone())))
             }
-            _ => {
+            (_, Some((_, before))) => {
                 gated
                     .reads
                     .push((before.namespace.to_string(), before.name.to_string()));
                 None
             }
+            // No copy at the earlier content left in a later stage: creates
+            // there wait for their stage.
+            (_, None) => None,
         };
         open_through.insert(name.clone(), (track.open, earlier));
         gated.progress.push(Progress {
@@ -233,25 +210,11 @@ pub fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Ga
             phase,
         });
     }
-    // A source this pass did not look at keeps its rollout while copies
-    // at other content remain (the pass was over another source); one it
-    // looked at with nothing owed has rolled out everywhere.
-    rollouts.by_name.retain(|name, track| {
-        open_through.contains_key(name)
-            || (!owed.contains_key(name)
-                && earlier_content(inputs, name, track.payload, &stage_of).is_some())
-    });
-    for (name, track) in &rollouts.by_name {
-        if !open_through.contains_key(name) {
-            gated.progress.push(Progress {
-                source: track.source.clone(),
-                stage: track.open,
-                stage_name: stages.name(track.open).to_owned(),
-                stages: stages.count(),
-                phase: track.phase.clone(),
-            });
-        }
-    }
+    // Passes over a staged rule look at everything: a source with nothing
+    // owed has rolled out everywhere.
+    rollouts
+        .by_name
+        .retain(|name, _| open_through.contains_key(name));
     gated.progress.sort_by(|a, b| a.source.cmp(&b.source));
     let actions = std::mem::take(&mut plan.actions);
     for action in actions {
@@ -261,6 +224,13 @@ pub fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Ga
         }
     }
     gated
+}
+
+/// What a plan owes one source.
+struct Owed {
+    desired: Arc<Desired>,
+    stages: BTreeSet<usize>,
+    earlier: Option<(usize, Arc<Object>)>,
 }
 
 /// The desired copy, its namespace, and whether it changes the content
@@ -275,21 +245,6 @@ fn write_of(action: &Action) -> Option<(&Arc<Desired>, &str, bool)> {
         )),
         Action::Delete { .. } | Action::HandOver { .. } => None,
     }
-}
-
-/// A copy of the source `name` at content other than `payload`, in the
-/// last stage that holds one: the content rolled out before.
-fn earlier_content<'a>(
-    inputs: &Inputs<'a>,
-    name: &str,
-    payload: u64,
-    stage_of: &dyn Fn(&str) -> usize,
-) -> Option<&'a Arc<Object>> {
-    inputs
-        .copies
-        .owned_by(inputs.rule_uid)
-        .filter(|c| &*c.name == name && c.payload_hash != payload && !c.create_only)
-        .max_by_key(|c| (stage_of(&c.namespace), c.namespace.clone()))
 }
 
 impl Track {
@@ -310,12 +265,12 @@ impl Track {
 fn advance(
     track: &mut Track,
     stages: &Stages,
-    owed: &BTreeSet<usize>,
+    owed: &Owed,
     inputs: &Inputs<'_>,
-    name: &str,
     gated: &mut Gated,
 ) -> Phase {
     let now = inputs.now;
+    let name = owed.desired.name.as_str();
     loop {
         let stage = track.open;
         if stage + 1 >= stages.count() {
@@ -323,7 +278,7 @@ fn advance(
             gated.recheck_no_later_than(now + SETTLE_RECHECK);
             return Phase::Settling;
         }
-        let written = !owed.contains(&stage);
+        let written = !owed.stages.contains(&stage);
         let not_available = if !written {
             Some(vec![format!(
                 "copies in stage {} not written yet",
@@ -338,6 +293,7 @@ fn advance(
                     stage,
                     payload: track.payload,
                     namespaces: namespaces_in(inputs, name, stage, stages),
+                    desired: owed.desired.clone(),
                 });
             }
             match seen {
@@ -422,6 +378,7 @@ mod tests {
     use super::*;
     use crate::api::selector::Glob;
     use crate::core::plan::tests::{World, rule, verbs};
+    use crate::core::resolve::TargetSelector;
     use serde_json::json;
 
     const PAUSE: Duration = Duration::from_secs(60);
@@ -581,10 +538,10 @@ mod tests {
         let (plan, gated) = staged(&w, &mut rollouts, t0, None);
         // The content before is not known yet: read from one copy first.
         assert_eq!(places(&plan), ["update c1"]);
-        assert_eq!(gated.reads, [("r2".to_owned(), "cm".to_owned())]);
+        assert_eq!(gated.reads, [("r1".to_owned(), "cm".to_owned())]);
         let v1 = BTreeMap::from([("data".to_owned(), json!({"k": "v1"}))]);
         let v1_hash = crate::cache::index::payload_hash(&v1);
-        assert_eq!(w.copies.get("r2", "cm").unwrap().payload_hash, v1_hash);
+        assert_eq!(w.copies.get("r1", "cm").unwrap().payload_hash, v1_hash);
         rollouts.by_name.get_mut("cm").unwrap().earlier = Some((v1_hash, Arc::new(v1)));
         let (plan, gated) = staged(&w, &mut rollouts, t0, None);
         assert!(gated.reads.is_empty());
@@ -596,6 +553,26 @@ mod tests {
             desired.payload_hash, v1_hash,
             "r3 gets v1, as r1 and r2 hold"
         );
+    }
+
+    #[test]
+    fn a_change_back_to_what_later_stages_hold_reaches_the_canary_and_ends() {
+        let mut w = changed_world();
+        let mut rollouts = Rollouts::default();
+        let t0 = Instant::now();
+        let (plan, _) = staged(&w, &mut rollouts, t0, None);
+        w.apply(&plan);
+        // v2 was bad: back to v1, which the rest still holds.
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v1"}));
+        let t1 = t0 + Duration::from_secs(1);
+        let (plan, gated) = staged(&w, &mut rollouts, t1, None);
+        assert_eq!(places(&plan), ["update c1"]);
+        assert_eq!(gated.held, 0);
+        w.apply(&plan);
+        let (plan, gated) = staged(&w, &mut rollouts, t1, None);
+        assert!(plan.actions.is_empty());
+        assert!(gated.progress.is_empty() && rollouts.by_name.is_empty());
     }
 
     #[test]
