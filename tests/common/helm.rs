@@ -61,28 +61,21 @@ pub fn documents(yaml: &str, what: &str) -> Vec<Value> {
         .collect()
 }
 
-/// `helm template copyrator ./chart --namespace copyrator <args>`, as objects.
+/// `helm template copyrator ./chart --namespace copyrator <args>`, as
+/// objects, but the Helm hooks (see [`render_hooks`]).
 pub fn render(args: &[&str]) -> Vec<Value> {
-    let mut cmd = helm();
-    cmd.args([
-        "template",
-        "copyrator",
-        &chart_dir(),
-        "--namespace",
-        "copyrator",
-    ])
-    .args(args);
-    let yaml = run(cmd, "helm template");
-    documents(&yaml, &format!("helm template {args:?}"))
-        .into_iter()
-        .filter(|doc| !is_hook(doc))
-        .collect()
+    rendered(args).into_iter().filter(|d| !is_hook(d)).collect()
 }
 
-/// The Helm hooks `helm template copyrator ./chart --namespace copyrator
-/// <args>` renders: objects made around an install, a test or an
-/// uninstall, not kept with the release (so left out of [`render`]).
+/// The Helm hooks the same command renders: objects made around an
+/// install, a test or an uninstall, not kept with the release.
 pub fn render_hooks(args: &[&str]) -> Vec<Value> {
+    rendered(args).into_iter().filter(is_hook).collect()
+}
+
+/// Every object `helm template copyrator ./chart --namespace copyrator
+/// <args>` renders.
+fn rendered(args: &[&str]) -> Vec<Value> {
     let mut cmd = helm();
     cmd.args([
         "template",
@@ -94,9 +87,6 @@ pub fn render_hooks(args: &[&str]) -> Vec<Value> {
     .args(args);
     let yaml = run(cmd, "helm template");
     documents(&yaml, &format!("helm template {args:?}"))
-        .into_iter()
-        .filter(is_hook)
-        .collect()
 }
 
 fn is_hook(doc: &Value) -> bool {
