@@ -55,6 +55,8 @@ const RULE_UID_LABEL: &str = "copyrator.flant.com/rule-uid";
 const BASELINE_LABEL: &str = "bench-baseline.example.com/rule-uid";
 /// A UID's length, for the plain client's objects' shape.
 const STAND_IN_UID: &str = "00000000-0000-4000-8000-000000000000";
+/// How many places the benchmark frees (see "freed places").
+const FREED_PLACES: usize = 10;
 
 struct Args {
     operator: PathBuf,
@@ -1053,6 +1055,76 @@ async fn main() -> Result<()> {
     let peak = operator.status_kib("VmHWM:")?.max(peak_first_run);
     operator.stop()?;
 
+    // Places freed by the foreign objects that held them: while no
+    // operator runs, F copies of the first source are replaced by foreign
+    // ConfigMaps of their name; a third run reports them as conflicts;
+    // then each foreign object is deleted in turn, timed until its copy
+    // is back (the watch above sees it).
+    let freed_places: Vec<CopyKey> = targets
+        .iter()
+        .take(FREED_PLACES.min(n))
+        .map(|ns| (ns.clone(), layout.source_name(0, 0)))
+        .collect();
+    eprintln!("bench: {} freed places", freed_places.len());
+    for (namespace, name) in &freed_places {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+        api.delete(name, &Default::default())
+            .await
+            .context("deleting a copy for a foreign object")?;
+        let foreign: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"bench": "foreign"}},
+            "data": {"owner": "someone-else"},
+        }))?;
+        // The deletion may still be under way: try until the name is free.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match api.create(&PostParams::default(), &foreign).await {
+                Ok(_) => break,
+                Err(kube::Error::Api(status))
+                    if status.code == 409 && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e).context("creating a foreign object at a copy's place"),
+            }
+        }
+    }
+    let operator = Operator::start(&args, &kubeconfig, port, 3)?;
+    operator.wait_ready(ready_limit).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let conflicts = metric_sum(&operator.metrics().await?, "copyrator_conflicts_skipped");
+        if conflicts as usize >= freed_places.len() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{conflicts} of {} foreign objects reported as conflicts after 60 s",
+                freed_places.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let start = Utc::now();
+    let mut freed_fills = Vec::new();
+    for place in &freed_places {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &place.0);
+        let began = Instant::now();
+        api.delete(&place.1, &Default::default())
+            .await
+            .context("deleting a foreign object")?;
+        copies
+            .wait_for(1, Duration::from_secs(120), |key, _| key == place)
+            .await?;
+        freed_fills.push(began.elapsed());
+    }
+    phases.push(Phase {
+        name: "freed places",
+        start,
+        end: Utc::now(),
+    });
+    operator.stop()?;
+
     // The audit log is written in batches: let the last one land.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let counts = audit_counts(&args.audit_log, &phases)?;
@@ -1193,6 +1265,18 @@ async fn main() -> Result<()> {
         "| open connections to the API server, first run (sampled every 250 ms) | peak {connections_peak}; {connections_end_of_idle} at the end of idle | ≤ 20 | {} |",
         verdict("connections to the API server", connections_peak <= 20)
     );
+    let (freed50, freed_max) = (
+        percentile(&freed_fills, 0.5),
+        freed_fills.iter().max().copied().unwrap_or_default(),
+    );
+    println!(
+        "| freed place fill ({} foreign objects at copies' places deleted one by one, resync every {} s) | p50 {} ms, max {} ms | max < 1 s | {} |",
+        freed_fills.len(),
+        args.resync_seconds,
+        freed50.as_millis(),
+        freed_max.as_millis(),
+        verdict("freed place fill", freed_max < Duration::from_secs(1))
+    );
     let first_run_log_lines = log_lines(1);
     // One line per rule per pass that wrote, and one when its readiness
     // changes: a few dozen for one rule, two more per rule beside it.
@@ -1256,6 +1340,8 @@ async fn main() -> Result<()> {
             "update_p50_ms": prop50.as_millis() as u64,
             "update_p99_ms": prop99.as_millis() as u64,
             "update_baseline_p50_ms": update_baseline_p50.as_millis() as u64,
+            "freed_fill_p50_ms": freed50.as_millis() as u64,
+            "freed_fill_max_ms": freed_max.as_millis() as u64,
             "idle_writes": idle_writes,
             "idle_metric_writes": idle_metric_writes,
             "restart_writes": restart_writes,

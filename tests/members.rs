@@ -515,6 +515,78 @@ async fn local_false_keeps_copies_in_members_only() {
     t.assert_absent(CM, &home_t1, "cfg", "local: false").await;
 }
 
+/// A foreign object that holds a place in a member goes: the copy is
+/// written there at once and the member's conflict leaves the status and
+/// the metrics, not at the next resync (an hour here).
+#[tokio::test]
+async fn a_place_freed_in_a_member_is_filled_at_once() {
+    let t = TestNs::new("members-freed").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let [a, _b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let a_t1 = a.ns(&t, "t1").await;
+    a.create_plain(
+        CM,
+        &a_t1,
+        "cfg",
+        &[("owner", "someone-else")],
+        &[("mine", "yes")],
+    )
+    .await;
+    a.register(&t.client, &op, &[]).await;
+    t.create_rule(
+        &op,
+        "r",
+        member_rule(&t, json!({"names": [a.name], "local": false})),
+    )
+    .await;
+    let operator = Operator::start(&t, &op, &["--member-clusters", "--resync-interval", "3600"]);
+    t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    let member_conflicts = async |want: u32| {
+        t.wait_rule(&op, "r", &format!("member a: {want} conflicts"), |rule| {
+            let entry = cluster_entry(rule, &a.name).ok_or_else(|| short_status(rule))?;
+            match entry["conflicts"].as_u64() {
+                Some(n) if n == u64::from(want) => Ok(()),
+                _ => Err(format!("{entry}")),
+            }
+        })
+        .await;
+        wait_until(
+            format!("copyrator_member_conflicts_skipped of a is {want}"),
+            CONVERGE,
+            async || {
+                let labels = [("cluster", a.name.as_str())];
+                match prometheus::operator_metric(
+                    operator.port,
+                    "copyrator_member_conflicts_skipped",
+                    &labels,
+                )
+                .await?
+                {
+                    Some(n) if n == f64::from(want) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+    };
+    member_conflicts(1).await;
+
+    Api::<ConfigMap>::namespaced(a.client.clone(), &a_t1)
+        .delete("cfg", &Default::default())
+        .await
+        .expect("delete the foreign object in member a");
+    let freed = std::time::Instant::now();
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
+    let written = freed.elapsed();
+    member_conflicts(0).await;
+    eprintln!(
+        "member a: the freed place held its copy {} ms after the foreign object was deleted; the status and metrics said so {} ms after",
+        written.as_millis(),
+        freed.elapsed().as_millis()
+    );
+}
+
 /// A member whose API server is down is reported within 30 s, never
 /// delays the others, and converges once it answers again.
 #[tokio::test]

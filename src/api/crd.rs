@@ -27,7 +27,30 @@ fn generator() -> SchemaGenerator {
         .with_transform(schemars::transform::AddNullable::default())
         .with_transform(kube::core::schema::StructuralSchemaRewriter)
         .with_transform(kube::core::schema::OptionalEnum)
+        .with_transform(ServedIntegerFormats)
         .into_generator()
+}
+
+/// The API server knows the integer formats `int32` and `int64` and warns
+/// of any other on every apply (`unrecognized format "uint32"`): Rust's
+/// unsigned and small integers are written as `int64`, their range kept
+/// by `minimum` and `maximum`.
+#[derive(Clone, Copy, Debug)]
+struct ServedIntegerFormats;
+
+impl schemars::transform::Transform for ServedIntegerFormats {
+    fn transform(&mut self, schema: &mut schemars::Schema) {
+        if let Some(object) = schema.as_object_mut()
+            && object.get("type").and_then(Value::as_str) == Some("integer")
+            && object
+                .get("format")
+                .and_then(Value::as_str)
+                .is_some_and(|format| !matches!(format, "int32" | "int64"))
+        {
+            object.insert("format".into(), json!("int64"));
+        }
+        schemars::transform::transform_subschemas(self, schema);
+    }
 }
 
 fn schema_of<T: JsonSchema>(generator: &mut SchemaGenerator) -> Value {
@@ -316,6 +339,43 @@ mod tests {
                 description.contains("CreateOnly") && description.contains("Default Sync"),
                 "{description}"
             );
+        }
+    }
+
+    #[test]
+    fn every_integer_has_a_format_the_api_server_knows() {
+        let crd = serde_json::to_value(crd().expect("the CRD")).expect("JSON");
+        let mut formats = Vec::new();
+        collect_integer_formats(&crd, "", &mut formats);
+        assert!(!formats.is_empty(), "the schema has integers");
+        let unknown: Vec<&(String, String)> = formats
+            .iter()
+            .filter(|(_, format)| !matches!(format.as_str(), "int32" | "int64"))
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "formats the API server warns of: {unknown:?}"
+        );
+    }
+
+    /// Every integer's format under `value`, with its path.
+    fn collect_integer_formats(value: &Value, path: &str, out: &mut Vec<(String, String)>) {
+        match value {
+            Value::Object(map) => {
+                if map.get("type").and_then(Value::as_str) == Some("integer") {
+                    let format = map.get("format").and_then(Value::as_str).unwrap_or("int64");
+                    out.push((path.to_owned(), format.to_owned()));
+                }
+                for (key, child) in map {
+                    collect_integer_formats(child, &format!("{path}/{key}"), out);
+                }
+            }
+            Value::Array(items) => {
+                for (index, child) in items.iter().enumerate() {
+                    collect_integer_formats(child, &format!("{path}/{index}"), out);
+                }
+            }
+            _ => {}
         }
     }
 

@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod context;
+pub mod foreign;
 pub mod inventory;
 pub mod leader;
 pub mod ratelimit;

@@ -17,6 +17,7 @@ use crate::Error;
 use crate::api::kinds::{Discovered, Kind};
 use crate::api::rule::{CopyratorRule, ObjectType, RuleKey};
 use crate::cache::index::Object;
+use crate::cluster::foreign::follow_foreign;
 use crate::cluster::watch::{Change, WatchEnd, Watching, follow, watch_config};
 use crate::controller::site::{Site, SiteName};
 use crate::controller::state::Shared;
@@ -511,7 +512,19 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, site: Arc<Site>, kind: Kind) -> Joi
         let config = watch_config().labels(crate::LABEL_RULE_UID);
         let index = site.cluster.views.copies(kind);
         let convert = |object| Arc::new(Object::from_dynamic(kind, object).into_compact());
-        let followed = follow(
+        let foreign_name = format!("{} (foreign)", kind.info().plural);
+        let foreign = follow_foreign(
+            api.clone(),
+            kind,
+            Watching {
+                name: &foreign_name,
+                health: &site.cluster.health,
+                pause: &site.cluster.read_pause,
+                stop_if_unserved: false,
+            },
+            |event| shared.foreign_changed(&site, kind, event),
+        );
+        let copies = follow(
             api,
             config,
             Watching {
@@ -543,8 +556,12 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, site: Arc<Site>, kind: Kind) -> Joi
                     shared.copy_place_changed(&site, namespace, name);
                 }
             },
-        )
-        .await;
+        );
+        // The foreign watch lasts as long as the copy watch: never ends by itself.
+        let followed = tokio::select! {
+            followed = copies => followed,
+            () = foreign => WatchEnd::Ended,
+        };
         if followed == WatchEnd::Unserved {
             tracing::warn!(watch = kind.name(), cluster = %site.name, "the API server no longer serves this kind; its watch stops");
             if site.name == SiteName::Home {

@@ -993,8 +993,12 @@ fn pass_scope(
     basis: &Basis,
     scope: Scope,
 ) -> (Scope, HashMap<ObjectKey, String>) {
-    let memory = lock(&site.memory);
-    let memory = memory.get(&resolved.key);
+    let mut memory = lock(&site.memory);
+    let mut memory = memory.get_mut(&resolved.key);
+    if let Some(memory) = memory.as_deref_mut() {
+        memory.known_conflicts.pass_begins();
+    }
+    let memory = memory.as_deref();
     let mut scope = match memory {
         Some(memory) => memory.tally.scope_for(basis, scope),
         None => Scope::everything(),
@@ -1007,7 +1011,7 @@ fn pass_scope(
         }
     }
     let known_conflicts = memory
-        .map(|m| m.known_conflicts.clone())
+        .map(|m| m.known_conflicts.held().clone())
         .unwrap_or_default();
     (scope, known_conflicts)
 }
@@ -1231,13 +1235,15 @@ fn remember_conflicts(
     let mut memory = lock(&site.memory);
     let memory = memory.entry(resolved.key.clone()).or_default();
     for (key, reason) in new_conflicts {
-        memory
-            .tally
-            .set(&key.0, &key.1, Unsettled::Conflict(reason.clone()));
-        memory.known_conflicts.insert(key, reason);
+        // An object that went while the pass wrote leaves the write owed.
+        if memory.known_conflicts.met(key.clone(), reason.clone()) {
+            memory
+                .tally
+                .set(&key.0, &key.1, Unsettled::Conflict(reason));
+        }
     }
     let copies = read(site.cluster.views.copies(resolved.kind));
-    memory.known_conflicts.retain(|(ns, name), _| {
+    memory.known_conflicts.retain(|(ns, name)| {
         copies
             .get(ns, name)
             .is_none_or(|c| c.rule_uid() != rule.uid())

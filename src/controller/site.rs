@@ -14,7 +14,6 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use crate::api::rule::{ConflictEntry, RuleKey};
-use crate::cache::index::ObjectKey;
 use crate::cluster::context::Cluster;
 use crate::controller::queue::Queue;
 use crate::core::backoff::Backoffs;
@@ -51,7 +50,7 @@ impl fmt::Display for SiteName {
 #[derive(Default)]
 pub struct RuleMemory {
     /// Targets that hold a foreign object of the copy's name.
-    pub known_conflicts: HashMap<ObjectKey, String>,
+    pub known_conflicts: crate::core::foreign::KnownConflicts,
     /// Conflicts already announced by an Event.
     pub announced: HashSet<ConflictEntry>,
     /// Sources refused for their type, already announced by an Event.

@@ -15,10 +15,12 @@ use tracing::warn;
 
 use crate::api::kinds::Kind;
 use crate::api::rule::{CopyratorRule, RuleKey};
-use crate::cache::index::{CopyIndex, NamespaceInfo};
+use crate::cache::index::{CopyIndex, NamespaceInfo, ObjectKey};
+use crate::cluster::foreign::ForeignEvent;
 use crate::cluster::leader::LeaderGate;
 use crate::controller::members::{Member, Members};
-use crate::controller::site::{Site, SiteName};
+use crate::controller::site::{RuleMemory, Site, SiteName};
+use crate::core::foreign::ForeignChange;
 use crate::core::resolve::{ResolvedRule, Trust};
 use crate::core::scope::Touch;
 use crate::ops::http::Health;
@@ -429,6 +431,59 @@ impl Shared {
         for key in concerned {
             site.queue
                 .add(key, Touch::Copy(namespace.to_owned(), name.to_owned()));
+        }
+    }
+
+    /// The foreign watch of `kind` at `site` saw `event`: each rule of
+    /// that kind there brings what it believes of the place up to date,
+    /// and looks at the place again where that changed; after a break in
+    /// the watch, at every place it believed held.
+    pub fn foreign_changed(&self, site: &Site, kind: Kind, event: ForeignEvent) {
+        let of_kind: HashMap<RuleKey, String> = read(&self.resolved)
+            .iter()
+            .filter(|(_, rule)| rule.kind == kind)
+            .map(|(key, _)| (key.clone(), key.to_string()))
+            .collect();
+        if of_kind.is_empty() {
+            return;
+        }
+        let mut again: Vec<(RuleKey, ObjectKey)> = Vec::new();
+        {
+            let mut memory = lock(&site.memory);
+            for (key, memory) in memory.iter_mut() {
+                let Some(rule) = of_kind.get(key) else {
+                    continue;
+                };
+                let RuleMemory {
+                    known_conflicts,
+                    tally,
+                    ..
+                } = memory;
+                let (place, change) = match &event {
+                    ForeignEvent::Started => {
+                        again.extend(
+                            known_conflicts
+                                .forget_all()
+                                .into_iter()
+                                .map(|p| (key.clone(), p)),
+                        );
+                        continue;
+                    }
+                    ForeignEvent::Applied(object) => (
+                        (object.namespace.to_string(), object.name.to_string()),
+                        ForeignChange::Applied(object),
+                    ),
+                    ForeignEvent::Gone { namespace, name } => {
+                        ((namespace.clone(), name.clone()), ForeignChange::Gone)
+                    }
+                };
+                if known_conflicts.foreign_changed(rule, kind, tally, &place, change) {
+                    again.push((key.clone(), place));
+                }
+            }
+        }
+        for (key, (namespace, name)) in again {
+            site.queue.add(key, Touch::Copy(namespace, name));
         }
     }
 

@@ -4,6 +4,7 @@
 
 pub mod backoff;
 pub mod consumers;
+pub mod foreign;
 pub mod jitter;
 pub mod kind_refusals;
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! everything makes, and every other write such a pass makes is still owed
 //! (a retry makes it).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use proptest::prelude::*;
@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use crate::api::rule::ConflictEntry;
 use crate::cache::index::{NamespaceInfo, Object, ObjectKey};
+use crate::core::foreign::{ForeignChange, KnownConflicts};
 use crate::core::plan::tests::{World, rule, verbs};
 use crate::core::plan::{Action, Desired, Occupied, Plan, concerns_namespace, occupied};
 use crate::core::resolve::ResolvedRule;
@@ -99,6 +100,37 @@ enum ModelChange {
         namespace: usize,
         name: usize,
     },
+    /// Someone else changes the labels or annotations of a foreign object:
+    /// with `names_the_rule`, it carries the rule's annotation (set by
+    /// them, so it stays foreign), else none of Copyrator's.
+    ForeignRelabelled {
+        namespace: usize,
+        name: usize,
+        names_the_rule: bool,
+    },
+    /// Someone else puts the rule's UID label on a foreign object: the
+    /// foreign watch sees it go, the copy watch sees it come, and it is
+    /// no copy.
+    ForeignLabelledAsCopy {
+        namespace: usize,
+        name: usize,
+    },
+    /// Someone else takes the rule-UID label off an object that carried it
+    /// without Copyrator having written it: the copy watch sees it go, the
+    /// foreign watch sees it come.
+    ForgedCopyUnlabelled {
+        namespace: usize,
+        name: usize,
+    },
+    /// The foreign watch broke and started again from the current version:
+    /// what happened meanwhile is not known.
+    ForeignWatchRestarted,
+    /// A foreign object goes while the foreign watch is broken; the watch
+    /// then starts again from the current version, which says nothing of it.
+    ForeignGoesUnseen {
+        namespace: usize,
+        name: usize,
+    },
     /// Another rule's copy appears where no object is.
     OtherRulesCopyAppears {
         namespace: usize,
@@ -164,15 +196,17 @@ enum WriteOutcome {
 }
 
 /// The cluster, the rule, and what Copyrator keeps of the rule between
-/// passes (its tally; its known conflicts are the world's).
+/// passes (its tally and its known conflicts; a plan reads the world's
+/// copy of the latter).
 struct ModelCluster {
     world: World,
     /// Objects without the rule-UID label: the copy watch does not see
-    /// them; a write meets them.
+    /// them, the foreign watch does; a write meets them.
     foreign: BTreeMap<ObjectKey, Arc<Object>>,
     rule: ResolvedRule,
     generation: i64,
     tally: Tally,
+    conflicts: KnownConflicts,
     /// Resource versions and UIDs, ever increasing.
     versions: u64,
 }
@@ -248,6 +282,7 @@ impl ModelCluster {
             rule: rule(spec(spec_variant)),
             generation: 1,
             tally: Tally::default(),
+            conflicts: KnownConflicts::default(),
             versions: 0,
         };
         for name in 0..2 {
@@ -392,9 +427,24 @@ impl ModelCluster {
                 self.foreign_appears(place(namespace, name))
             }
             ModelChange::ForeignGoes { namespace, name } => {
-                self.foreign.remove(&place(namespace, name));
-                None
+                self.foreign_goes(place(namespace, name))
             }
+            ModelChange::ForeignRelabelled {
+                namespace,
+                name,
+                names_the_rule,
+            } => self.foreign_relabelled(place(namespace, name), names_the_rule),
+            ModelChange::ForeignLabelledAsCopy { namespace, name } => {
+                return self.foreign_labelled_as_copy(place(namespace, name));
+            }
+            ModelChange::ForgedCopyUnlabelled { namespace, name } => {
+                return self.forged_copy_unlabelled(place(namespace, name));
+            }
+            ModelChange::ForeignGoesUnseen { namespace, name } => {
+                self.foreign.remove(&place(namespace, name));
+                return self.foreign_watch_restarted();
+            }
+            ModelChange::ForeignWatchRestarted => return self.foreign_watch_restarted(),
             ModelChange::OtherRulesCopyAppears { namespace, name } => {
                 self.other_rules_copy_appears(place(namespace, name))
             }
@@ -411,17 +461,17 @@ impl ModelCluster {
                 self.copy_deleted(&place(namespace, name))
             }
             ModelChange::CopyUnlabelled { namespace, name } => {
-                self.copy_unlabelled(place(namespace, name))
+                return self.copy_unlabelled(place(namespace, name));
             }
             ModelChange::CopyTakenOver { namespace, name } => {
-                self.copy_taken_over(place(namespace, name))
+                return self.copy_taken_over(place(namespace, name));
             }
             ModelChange::RuleChanged {
                 spec: variant,
                 delivered,
             } => self.rule_changed(variant, delivered),
             ModelChange::Resync => {
-                self.world.known_conflicts.clear();
+                self.conflicts.clear();
                 Some(Touch::All)
             }
             ModelChange::Retry => Some(Touch::Retry),
@@ -465,7 +515,16 @@ impl ModelCluster {
             self.leaves_copy_watch(&copy);
             touches.extend(self.copy_event(&copy.key(), copy.rule_uid(), None));
         }
-        self.foreign.retain(|(ns, _), _| ns != name);
+        let foreign: Vec<ObjectKey> = self
+            .foreign
+            .keys()
+            .filter(|(ns, _)| ns == name)
+            .cloned()
+            .collect();
+        for at in foreign {
+            self.foreign.remove(&at);
+            touches.extend(self.foreign_event(&at, None));
+        }
         self.world.namespaces.remove(name);
         touches.extend(self.namespace_event(name, Some(&before), None));
         touches
@@ -526,9 +585,115 @@ impl ModelCluster {
             BTreeMap::new(),
             BTreeMap::from([("data".to_owned(), json!({"k": "foreign"}))]),
         );
-        self.foreign.insert(at, Arc::new(foreign));
-        // Nothing watches it: the rule learns of it when it writes there.
-        None
+        let foreign = Arc::new(foreign);
+        self.foreign.insert(at.clone(), foreign.clone());
+        self.foreign_event(&at, Some(&foreign))
+    }
+
+    fn foreign_goes(&mut self, at: ObjectKey) -> Option<Touch> {
+        self.foreign.remove(&at)?;
+        self.foreign_event(&at, None)
+    }
+
+    /// The foreign watch starts again: the rule looks again at every place
+    /// it believed held.
+    fn foreign_watch_restarted(&mut self) -> Vec<Touch> {
+        self.conflicts
+            .forget_all()
+            .into_iter()
+            .map(|(namespace, name)| Touch::Copy(namespace, name))
+            .collect()
+    }
+
+    /// The foreign watch's event at `at` (`Some`: the object there now, as
+    /// created or changed; `None`: gone), as `Shared::foreign_changed`
+    /// hands it out: the rule's belief there brought up to date, and a
+    /// touch when the rule must look at the place again.
+    fn foreign_event(&mut self, at: &ObjectKey, now: Option<&Object>) -> Option<Touch> {
+        let change = match now {
+            Some(object) => ForeignChange::Applied(object),
+            None => ForeignChange::Gone,
+        };
+        let rule = self.rule.key.to_string();
+        self.conflicts
+            .foreign_changed(&rule, self.rule.kind, &self.tally, at, change)
+            .then(|| Touch::Copy(at.0.clone(), at.1.clone()))
+    }
+
+    fn foreign_relabelled(&mut self, at: ObjectKey, names_the_rule: bool) -> Option<Touch> {
+        let before = self.foreign.get(&at)?;
+        let mut changed = (**before).clone();
+        changed.resource_version = self.next_version().to_string();
+        changed
+            .labels
+            .insert("team".into(), format!("t{}", self.versions));
+        if names_the_rule {
+            changed
+                .annotations
+                .insert(ANNOTATION_RULE.into(), self.rule.key.to_string());
+        } else {
+            changed.annotations.remove(ANNOTATION_RULE);
+        }
+        changed.rehash();
+        // Its keys are another writer's.
+        changed.authored = false;
+        changed.set_owned(|_, _| false);
+        let changed = Arc::new(changed);
+        self.foreign.insert(at.clone(), changed.clone());
+        self.foreign_event(&at, Some(&changed))
+    }
+
+    fn foreign_labelled_as_copy(&mut self, at: ObjectKey) -> Vec<Touch> {
+        let Some(before) = self.foreign.remove(&at) else {
+            return Vec::new();
+        };
+        let mut touches: Vec<Touch> = self.foreign_event(&at, None).into_iter().collect();
+        let mut forged = (*before).clone();
+        forged.resource_version = self.next_version().to_string();
+        forged
+            .labels
+            .insert(LABEL_RULE_UID.to_owned(), self.rule.uid.clone());
+        forged.rehash();
+        // As the copy watch reads it: managedFields name another writer.
+        forged.authored = false;
+        forged.rule_uid = None;
+        forged.set_owned(|_, _| false);
+        self.world.copies.upsert(Arc::new(forged.into_compact()));
+        touches.extend(self.copy_event(&at, None, None));
+        touches
+    }
+
+    fn forged_copy_unlabelled(&mut self, at: ObjectKey) -> Vec<Touch> {
+        let Some(forged) = self
+            .world
+            .copies
+            .get(&at.0, &at.1)
+            .filter(|object| !object.authored)
+            .cloned()
+        else {
+            return Vec::new();
+        };
+        self.leaves_copy_watch(&forged);
+        let mut touches: Vec<Touch> = self.copy_event(&at, None, None).into_iter().collect();
+        let mut unlabelled = Object::new(
+            &at.0,
+            &at.1,
+            forged.uid.clone(),
+            self.next_version().to_string(),
+            BTreeMap::new(),
+            forged
+                .rule_ref
+                .as_deref()
+                .map(|rule| BTreeMap::from([(ANNOTATION_RULE.to_owned(), rule.to_owned())]))
+                .unwrap_or_default(),
+            forged.payload.clone(),
+        );
+        unlabelled.authored = false;
+        unlabelled.set_owned(|_, _| false);
+        let unlabelled = Arc::new(unlabelled);
+        self.foreign.insert(at.clone(), unlabelled.clone());
+        touches.extend(self.foreign_event(&at, Some(&unlabelled)));
+        touches
     }
 
     fn other_rules_copy_appears(&mut self, at: ObjectKey) -> Option<Touch> {
@@ -609,8 +774,10 @@ impl ModelCluster {
         self.copy_event(at, Some(self.rule.uid.as_str()), None)
     }
 
-    fn copy_unlabelled(&mut self, at: ObjectKey) -> Option<Touch> {
-        let copy = self.own_copy(&at)?;
+    fn copy_unlabelled(&mut self, at: ObjectKey) -> Vec<Touch> {
+        let Some(copy) = self.own_copy(&at) else {
+            return Vec::new();
+        };
         self.leaves_copy_watch(&copy);
         let version = self.next_version();
         // What stays is Copyrator's: the other labels, the annotations.
@@ -634,12 +801,26 @@ impl ModelCluster {
             annotations,
             copy.payload.clone(),
         );
-        self.foreign.insert(at.clone(), Arc::new(unlabelled));
-        self.copy_event(&at, Some(self.rule.uid.as_str()), None)
+        self.left_for_the_foreign_watch(at, unlabelled)
     }
 
-    fn copy_taken_over(&mut self, at: ObjectKey) -> Option<Touch> {
-        let copy = self.own_copy(&at)?;
+    /// One of the rule's copies leaves the copy watch and comes to the
+    /// foreign watch as `now`: the touches of both events.
+    fn left_for_the_foreign_watch(&mut self, at: ObjectKey, now: Object) -> Vec<Touch> {
+        let now = Arc::new(now);
+        self.foreign.insert(at.clone(), now.clone());
+        let mut touches: Vec<Touch> = self
+            .copy_event(&at, Some(self.rule.uid.as_str()), None)
+            .into_iter()
+            .collect();
+        touches.extend(self.foreign_event(&at, Some(&now)));
+        touches
+    }
+
+    fn copy_taken_over(&mut self, at: ObjectKey) -> Vec<Touch> {
+        let Some(copy) = self.own_copy(&at) else {
+            return Vec::new();
+        };
         // The copy watch selects by label: to it, the copy is deleted.
         self.leaves_copy_watch(&copy);
         let version = self.next_version();
@@ -652,8 +833,7 @@ impl ModelCluster {
             BTreeMap::new(),
             BTreeMap::from([("data".to_owned(), json!({"k": "taken"}))]),
         );
-        self.foreign.insert(at.clone(), Arc::new(foreign));
-        self.copy_event(&at, Some(self.rule.uid.as_str()), None)
+        self.left_for_the_foreign_watch(at, foreign)
     }
 
     /// The rule's next generation, of the spec `variant`.
@@ -746,6 +926,8 @@ impl ModelCluster {
         for touch in touches {
             touched.add(touch);
         }
+        self.conflicts.pass_begins();
+        self.world.known_conflicts = self.conflicts.held().clone();
         let mut scope = self.tally.scope_for(&basis, touched);
         if scope.retries() {
             let unsettled: Vec<ObjectKey> = self
@@ -787,26 +969,62 @@ impl ModelCluster {
             }
         }
         for ((namespace, name), reason) in new_conflicts {
-            self.tally
-                .set(&namespace, &name, Unsettled::Conflict(reason.clone()));
-            self.world.known_conflicts.insert((namespace, name), reason);
+            if self
+                .conflicts
+                .met((namespace.clone(), name.clone()), reason.clone())
+            {
+                self.tally
+                    .set(&namespace, &name, Unsettled::Conflict(reason));
+            }
         }
         let rule_uid = self.rule.uid.clone();
         let copies = &self.world.copies;
-        self.world.known_conflicts.retain(|(namespace, name), _| {
+        self.conflicts.retain(|(namespace, name)| {
             copies
                 .get(namespace, name)
                 .is_none_or(|copy| copy.rule_uid() != Some(rule_uid.as_str()))
         });
 
-        let after = self.world.plan(&self.rule);
+        let truth = self.truth();
         prop_assert_eq!(
             self.tally.counts(&plan),
-            counts_of(&after),
+            counts_of(&truth),
             "the status counts"
         );
-        self.check_owed(&after, "after the writes")?;
+        self.check_owed(&truth, "after the writes")?;
         Ok(())
+    }
+
+    /// What a pass over everything from the cluster as it is finds, each
+    /// of its creates tried: a create meets the foreign object at its
+    /// place (a conflict, or one `Overwrite` takes over). Not what the
+    /// rule believes: a place it believes held by an object that went is
+    /// free here. A place where the tally still owes a write (it failed)
+    /// is left to that write, which meets what is there.
+    fn truth(&mut self) -> Plan {
+        let believed = std::mem::take(&mut self.world.known_conflicts);
+        let blind = self.world.plan(&self.rule);
+        let rule_name = self.rule.key.to_string();
+        let mut met = HashMap::new();
+        for action in &blind.actions {
+            let Action::Create { desired, namespace } = action else {
+                continue;
+            };
+            let at = (namespace.clone(), desired.name.clone());
+            if self.tally.is_unwritten(&at.0, &at.1) {
+                continue;
+            }
+            if let Some(existing) = self.foreign.get(&at)
+                && let Occupied::Conflict(reason) =
+                    occupied(desired, existing, self.rule.conflict_policy, &rule_name)
+            {
+                met.insert(at, reason);
+            }
+        }
+        self.world.known_conflicts = met;
+        let truth = self.world.plan(&self.rule);
+        self.world.known_conflicts = believed;
+        truth
     }
 
     /// Every write of `full`, a plan over everything, is still owed, so a
@@ -863,6 +1081,22 @@ fn change() -> impl Strategy<Value = ModelChange> {
             .prop_map(|(namespace, name)| ModelChange::ForeignAppears { namespace, name }),
         (namespace(), source_name())
             .prop_map(|(namespace, name)| ModelChange::ForeignGoes { namespace, name }),
+        (namespace(), source_name(), any::<bool>()).prop_map(
+            |(namespace, name, names_the_rule)| {
+                ModelChange::ForeignRelabelled {
+                    namespace,
+                    name,
+                    names_the_rule,
+                }
+            }
+        ),
+        (namespace(), source_name())
+            .prop_map(|(namespace, name)| ModelChange::ForeignLabelledAsCopy { namespace, name }),
+        (namespace(), source_name())
+            .prop_map(|(namespace, name)| ModelChange::ForgedCopyUnlabelled { namespace, name }),
+        Just(ModelChange::ForeignWatchRestarted),
+        (namespace(), source_name())
+            .prop_map(|(namespace, name)| ModelChange::ForeignGoesUnseen { namespace, name }),
         (namespace(), source_name())
             .prop_map(|(namespace, name)| ModelChange::OtherRulesCopyAppears { namespace, name }),
         (namespace(), source_name())
@@ -1011,4 +1245,33 @@ fn new_targets_reaching_a_status_pass_are_looked_at() {
     );
     assert!(cluster.tally.is_conflict("ops-d", "cm1"));
     assert!(cluster.own_copy(&place(3, 1)).is_some());
+}
+
+/// A foreign object holds a place and the status names the conflict; the
+/// object goes: the foreign watch's event brings a pass over that place,
+/// which writes the copy, and the status names no conflict.
+#[test]
+fn a_place_freed_by_its_foreign_object_is_filled_at_once() {
+    let mut cluster = ModelCluster::new(0);
+    let held = ModelChange::ForeignAppears {
+        namespace: 0,
+        name: 0,
+    };
+    // Before the rule's first pass: nothing of the rule's is there yet.
+    assert!(cluster.change(&held).is_empty());
+    cluster
+        .pass(vec![Touch::All], 0)
+        .expect("the first pass meets the foreign object");
+    assert!(cluster.tally.is_conflict("team-a", "cm1"));
+
+    let freed = cluster.change(&ModelChange::ForeignGoes {
+        namespace: 0,
+        name: 0,
+    });
+    assert_eq!(freed, vec![Touch::Copy("team-a".into(), "cm1".into())]);
+    cluster
+        .pass(freed, 0)
+        .expect("the pass over the freed place writes the copy");
+    assert!(cluster.own_copy(&place(0, 0)).is_some());
+    assert!(!cluster.tally.is_conflict("team-a", "cm1"));
 }

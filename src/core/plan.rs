@@ -18,21 +18,92 @@ use crate::{
     LABEL_MANAGED_BY, LABEL_ON_RULE_DELETED, LABEL_RULE_UID, LABEL_SYNC_POLICY, ORPHAN,
 };
 
-/// Labels and annotations that would make another tool believe it owns a
-/// copy (kubectl, Argo CD, Helm, kapp, Flux, Fleet, Kustomize), and
-/// Copyrator's own; `--strip-keys` adds more.
-pub const TRACKING_KEYS: &[&str] = &[
-    "kubectl.kubernetes.io/last-applied-configuration",
-    "app.kubernetes.io/instance",
-    "argocd.argoproj.io/*",
-    "meta.helm.sh/*",
-    "helm.sh/chart",
-    "kapp.k14s.io/*",
-    "kustomize.toolkit.fluxcd.io/*",
-    "helm.toolkit.fluxcd.io/*",
-    "objectset.rio.cattle.io/*",
-    "config.kubernetes.io/*",
-    "copyrator.flant.com/*",
+/// Labels and annotations that never travel to a copy, each with why:
+/// what says who owns or tracks the source (a copy carrying it would be
+/// taken for that owner's: reported out of sync, pruned, or rewritten by
+/// it), and the directives that owner reads when it deploys the source;
+/// and Copyrator's own. What says what the object is (Argo CD's
+/// `argocd.argoproj.io/secret-type`, say) travels. `--strip-keys` adds
+/// more. docs/rules.md lists each with the same reason.
+pub const TRACKING_KEYS: &[(&str, &str)] = &[
+    (
+        "kubectl.kubernetes.io/last-applied-configuration",
+        "kubectl apply's record of what it applied: ownership, and a second copy of the source's data",
+    ),
+    (
+        "app.kubernetes.io/instance",
+        "Argo CD's default tracking label (and the Helm release's instance): a copy carrying it is reported OutOfSync and pruned",
+    ),
+    (
+        "argocd.argoproj.io/instance",
+        "Argo CD's tracking label where it is configured to use its own",
+    ),
+    (
+        "argocd.argoproj.io/tracking-id",
+        "Argo CD's tracking annotation: names the application that owns the source",
+    ),
+    (
+        "argocd.argoproj.io/sync-wave",
+        "a directive to the Argo CD application that deploys the source",
+    ),
+    (
+        "argocd.argoproj.io/sync-options",
+        "a directive to the Argo CD application that deploys the source",
+    ),
+    (
+        "argocd.argoproj.io/compare-options",
+        "a directive to the Argo CD application that deploys the source",
+    ),
+    (
+        "argocd.argoproj.io/hook",
+        "a directive to the Argo CD application that deploys the source",
+    ),
+    (
+        "argocd.argoproj.io/hook-delete-policy",
+        "a directive to the Argo CD application that deploys the source",
+    ),
+    ("meta.helm.sh/*", "the Helm release that owns the source"),
+    ("helm.sh/chart", "the Helm chart that made the source"),
+    (
+        "helm.sh/hook",
+        "a directive to the Helm release that deploys the source",
+    ),
+    (
+        "helm.sh/hook-weight",
+        "a directive to the Helm release that deploys the source",
+    ),
+    (
+        "helm.sh/hook-delete-policy",
+        "a directive to the Helm release that deploys the source",
+    ),
+    (
+        "helm.sh/resource-policy",
+        "a directive to the Helm release that deploys the source",
+    ),
+    (
+        "kapp.k14s.io/*",
+        "kapp's ownership and tracking (app, association, identity, original) and its deploy directives; none says what the object is",
+    ),
+    (
+        "kustomize.toolkit.fluxcd.io/*",
+        "the Flux Kustomization that owns the source, and its directives (reconcile, prune, ssa)",
+    ),
+    (
+        "helm.toolkit.fluxcd.io/*",
+        "the Flux HelmRelease that owns the source",
+    ),
+    (
+        "objectset.rio.cattle.io/*",
+        "the Fleet (wrangler) apply set that owns the source: wrangler deletes objects of its set it did not apply",
+    ),
+    (
+        "config.kubernetes.io/*",
+        "Kustomize's and kpt's origin and inventory ownership (owning-inventory), and their apply directives",
+    ),
+    (
+        "copyrator.flant.com/*",
+        "Copyrator's own: a copy gets its own tracking keys",
+    ),
 ];
 
 /// A copy as it should be, in any target namespace: a copy's content does
@@ -342,7 +413,7 @@ fn stripped(
         .filter(|(key, _)| {
             !TRACKING_KEYS
                 .iter()
-                .any(|pattern| KeyGlob::new(pattern).is_ok_and(|g| g.matches(key)))
+                .any(|(pattern, _)| KeyGlob::new(pattern).is_ok_and(|g| g.matches(key)))
                 && !strip.iter().chain(policy_strip).any(|g| g.matches(key))
                 && key.as_str() != LABEL_MANAGED_BY
         })
@@ -1032,7 +1103,7 @@ pub fn occupied(
 
 /// Why a foreign object is left alone; one that carries Copyrator's labels
 /// or annotations without Copyrator having written them is said to.
-fn foreign_reason(kind: Kind, existing: &Object) -> String {
+pub(crate) fn foreign_reason(kind: Kind, existing: &Object) -> String {
     let looks_like_a_copy =
         existing.rule_ref.is_some() || existing.labels.contains_key(LABEL_RULE_UID);
     if looks_like_a_copy && !existing.authored {
@@ -1773,6 +1844,66 @@ pub mod tests {
             .collect();
         assert_eq!(carried, vec!["copy", "team"]);
         let _ = &mut w;
+    }
+
+    /// What says what the object is travels; what says who owns or
+    /// tracks it does not: an Argo CD repository Secret's copy is one too.
+    #[test]
+    fn what_an_object_is_travels_and_who_tracks_it_does_not() {
+        let mut w = World::new(&["src", "a"]);
+        let r = simple_rule();
+        let mut source = w.source(
+            "src",
+            "repo",
+            &[
+                ("copy", "yes"),
+                ("argocd.argoproj.io/secret-type", "repository"),
+                ("argocd.argoproj.io/instance", "platform"),
+                ("app.kubernetes.io/instance", "platform"),
+                ("helm.sh/chart", "repos-1.0.0"),
+            ],
+            json!({"url": "https://git.example.com/repo.git"}),
+        );
+        for (key, value) in [
+            (
+                "argocd.argoproj.io/tracking-id",
+                "platform:/Secret:src/repo",
+            ),
+            ("argocd.argoproj.io/sync-wave", "1"),
+            ("meta.helm.sh/release-name", "repos"),
+            ("helm.sh/resource-policy", "keep"),
+            ("managed-by-team", "platform"),
+        ] {
+            source.annotations.insert(key.into(), value.into());
+        }
+        source.rehash();
+        let desired = desired_copy(&r, &source);
+        let labels: Vec<&str> = desired
+            .labels
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !k.starts_with("copyrator.flant.com/") && *k != LABEL_MANAGED_BY)
+            .collect();
+        assert_eq!(labels, vec!["argocd.argoproj.io/secret-type", "copy"]);
+        let annotations: Vec<&str> = desired
+            .annotations
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !k.starts_with("copyrator.flant.com/"))
+            .collect();
+        assert_eq!(annotations, vec!["managed-by-team"]);
+    }
+
+    /// docs/rules.md gives each default key with its reason.
+    #[test]
+    fn every_stripped_key_is_documented_with_its_reason() {
+        let page = include_str!("../../docs/rules.md");
+        for (key, reason) in TRACKING_KEYS {
+            assert!(
+                page.contains(&format!("| `{key}` | {reason} |")),
+                "docs/rules.md has no row for {key} with its reason"
+            );
+        }
     }
 
     #[test]

@@ -53,3 +53,31 @@ fn labels(mut s: &str) -> BTreeMap<String, String> {
         s = &rest[end..];
     }
 }
+
+/// The sum of the operator's samples of `metric` whose labels include
+/// `labels`, from one scrape of its `/metrics` (on `port`); `None` when no
+/// series matches.
+pub async fn operator_metric(
+    port: u16,
+    metric: &str,
+    labels: &[(&str, &str)],
+) -> Result<Option<f64>, String> {
+    let (code, body) = super::http_get(port, "/metrics").await?;
+    if code != 200 {
+        return Err(format!("GET /metrics answered {code}"));
+    }
+    let mut sum = None;
+    for line in body.lines() {
+        let Some((name, series, value)) = sample(line)? else {
+            continue;
+        };
+        let wanted = labels
+            .iter()
+            .all(|(k, v)| series.get(*k).map(String::as_str) == Some(*v));
+        if name == metric && wanted {
+            let value: f64 = value.parse().map_err(|e| format!("{line:?}: {e}"))?;
+            sum = Some(sum.unwrap_or(0.0) + value);
+        }
+    }
+    Ok(sum)
+}
