@@ -1062,3 +1062,152 @@ async fn the_member_clusters_example_reaches_the_member() {
     )
     .await;
 }
+
+/// Every YAML document of README.md, docs/*.md and examples/*.yaml that
+/// is a Kubernetes object (`apiVersion` and `kind`), each with the page
+/// that holds it.
+fn documented_objects() -> Vec<(String, Value)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut sources: Vec<(String, String)> = doc_pages()
+        .into_iter()
+        .flat_map(|(path, text)| {
+            let mut blocks = Vec::new();
+            let mut rest = text.as_str();
+            while let Some(at) = rest.find("```yaml\n") {
+                let after = &rest[at + "```yaml\n".len()..];
+                let Some((block, next)) = after.split_once("\n```") else {
+                    break;
+                };
+                blocks.push((path.clone(), block.to_owned()));
+                rest = next;
+            }
+            blocks
+        })
+        .collect();
+    let mut example_files: Vec<String> = std::fs::read_dir(root.join("examples"))
+        .expect("reading examples/")
+        .filter_map(|entry| entry.ok()?.file_name().to_str().map(str::to_owned))
+        .filter(|name| name.ends_with(".yaml") || name.ends_with(".yml"))
+        .collect();
+    example_files.sort();
+    for name in example_files {
+        let path = format!("examples/{name}");
+        let text = std::fs::read_to_string(root.join(&path))
+            .unwrap_or_else(|e| panic!("reading {path}: {e}"));
+        sources.push((path, text));
+    }
+    let mut objects = Vec::new();
+    for (path, text) in sources {
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let doc = Value::deserialize(doc).unwrap_or_else(|e| panic!("{path}: {e}"));
+            if doc["apiVersion"].is_string() && doc["kind"].is_string() {
+                objects.push((path.clone(), doc));
+            }
+        }
+    }
+    objects
+}
+
+/// `kubectl create --dry-run=server` of `doc` (on standard input), with
+/// `extra` flags: what kubectl printed on standard error, or why it
+/// failed. A create, not an apply: kubectl's own notes on objects it did
+/// not apply before are no warnings of the API server.
+fn dry_run_create(doc: &Value, extra: &[&str]) -> Result<String, String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("kubectl")
+        .args(["create", "--dry-run=server", "-f", "-"])
+        .args(extra)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running kubectl: {e}"))?;
+    let mut pipe = child.stdin.take().ok_or("no stdin for kubectl")?;
+    pipe.write_all(doc.to_string().as_bytes())
+        .map_err(|e| format!("writing to kubectl: {e}"))?;
+    drop(pipe);
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for kubectl: {e}"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if out.status.success() {
+        Ok(stderr)
+    } else {
+        Err(format!("kubectl failed ({}): {stderr}", out.status))
+    }
+}
+
+/// The CRDs of `crd/` (and so of the chart, which holds the same) and
+/// every object the documentation shows are created on a real API server
+/// without a single warning (an unrecognized format, an unknown field, a
+/// deprecated API): kubectl prints each warning header of the API
+/// server's answer on standard error, so it must print nothing there.
+/// Server-side dry runs: nothing is stored. Each CRD is created as a new
+/// one (its group under the test's own prefix), as a first install sees it.
+#[tokio::test]
+async fn the_crd_and_every_documented_object_apply_without_a_warning() {
+    let t = TestNs::new("no-warnings").await;
+    let ns = t.ns("ex").await;
+    let mut warned = Vec::new();
+    let crd_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crd");
+    let mut crd_files: Vec<std::path::PathBuf> = std::fs::read_dir(&crd_dir)
+        .expect("reading crd/")
+        .filter_map(|entry| Some(entry.ok()?.path()))
+        .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    crd_files.sort();
+    assert!(!crd_files.is_empty(), "no CRD in crd/");
+    for path in crd_files {
+        let text = std::fs::read_to_string(&path).expect("a CRD file");
+        let mut crd: Value = serde_yaml::from_str(&text).expect("a CRD");
+        let group = format!(
+            "{}.{}",
+            t.prefix,
+            crd["spec"]["group"].as_str().expect("its group")
+        );
+        let plural = crd["spec"]["names"]["plural"]
+            .as_str()
+            .expect("its plural")
+            .to_owned();
+        crd["metadata"]["name"] = json!(format!("{plural}.{group}"));
+        crd["spec"]["group"] = json!(group);
+        match dry_run_create(&crd, &[]) {
+            Ok(stderr) if stderr.is_empty() => {}
+            Ok(stderr) => warned.push(format!("{}: {stderr}", path.display())),
+            Err(e) => warned.push(format!("{}: {e}", path.display())),
+        }
+    }
+    // The documentation shows a ClusterProfile: its kind must be served.
+    let profiles: Value = serde_yaml::from_str(include_str!(
+        "../crd/clusterprofile.multicluster.x-k8s.io.yaml"
+    ))
+    .expect("the ClusterProfile CRD");
+    let profiles_resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("multicluster.x-k8s.io", "v1alpha1", "ClusterProfile"),
+        "clusterprofiles",
+    );
+    apply_crd(t.client.clone(), &profiles, &profiles_resource).await;
+    let objects = documented_objects();
+    assert!(
+        objects.len() >= 10,
+        "the documentation shows only {} objects",
+        objects.len()
+    );
+    for (path, mut doc) in objects {
+        let what = format!(
+            "{path}: {} {}",
+            doc["kind"].as_str().unwrap_or_default(),
+            doc["metadata"]["name"].as_str().unwrap_or_default()
+        );
+        // Into the test's namespace: the example's own may not exist here.
+        if doc["metadata"]["namespace"].is_string() {
+            doc["metadata"]["namespace"] = json!(ns);
+        }
+        match dry_run_create(&doc, &["--namespace", &ns]) {
+            Ok(stderr) if stderr.is_empty() => {}
+            Ok(stderr) => warned.push(format!("{what}: {stderr}")),
+            Err(e) => warned.push(format!("{what}: {e}")),
+        }
+    }
+    assert!(warned.is_empty(), "{}", warned.join("\n"));
+}

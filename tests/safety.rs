@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use k8s_openapi::api::core::v1::ServiceAccount;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
@@ -329,6 +329,87 @@ async fn protected_namespaces_are_reached_only_by_their_exact_name() {
     t.delete_rule(&op, "everywhere").await;
     t.wait_rule_gone(&op, "everywhere", "its finalizer removes its copies")
         .await;
+}
+
+/// An Argo CD repository Secret copied into the namespace of another Argo
+/// CD instance is a repository Secret there too: it keeps
+/// `argocd.argoproj.io/secret-type` (what it is), so the instance finds
+/// it as Argo CD does, by that label; it loses what says which
+/// application tracks the source (the instance label, the tracking
+/// annotation), so no Argo CD takes it for its own.
+#[tokio::test]
+async fn an_argo_cd_repository_secret_copy_is_one_too() {
+    let t = TestNs::new("argocd-repo").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    t.create_rule(&op, "r", rule_spec(SECRET, t.selector(), &[t.glob("t")]))
+        .await;
+    let _operator = Operator::start(&t, &op, &[]);
+    t.create_json(
+        SECRET,
+        &op,
+        "repo-platform",
+        json!({
+            "metadata": {
+                "labels": {
+                    TEST_LABEL: t.prefix,
+                    "argocd.argoproj.io/secret-type": "repository",
+                    "app.kubernetes.io/instance": "platform",
+                    "argocd.argoproj.io/instance": "platform",
+                },
+                "annotations": {
+                    "argocd.argoproj.io/tracking-id": "platform:/Secret:argocd/repo-platform",
+                    "managed-by": "platform-team",
+                },
+            },
+            "type": "Opaque",
+            "stringData": {"type": "git", "url": "https://git.example.com/platform.git"},
+        }),
+    )
+    .await;
+    // As Argo CD finds its repositories: by the label, in its namespace.
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(t.client.clone(), &t1);
+    let repositories = ListParams::default().labels("argocd.argoproj.io/secret-type=repository");
+    let found = wait_until(
+        "a repository Secret in t1, found by its label",
+        TIMEOUT,
+        async || {
+            let listed = secrets.list(&repositories).await.map_err(|e| err_msg(&e))?;
+            match listed.items.as_slice() {
+                [one] => Ok(one.clone()),
+                other => Err(format!("{} found", other.len())),
+            }
+        },
+    )
+    .await;
+    assert_eq!(found.metadata.name.as_deref(), Some("repo-platform"));
+    let copy = t
+        .wait_obj(SECRET, &t1, "repo-platform", "a copy", |o| {
+            if o.is_copy() {
+                Ok(())
+            } else {
+                Err(format!("{o:?}"))
+            }
+        })
+        .await;
+    copy.data_is(&[
+        ("type", "git"),
+        ("url", "https://git.example.com/platform.git"),
+    ])
+    .unwrap();
+    for label in ["app.kubernetes.io/instance", "argocd.argoproj.io/instance"] {
+        assert!(
+            copy.label(label).is_none(),
+            "{label} travelled: {:?}",
+            copy.labels
+        );
+    }
+    assert!(
+        copy.annotation("argocd.argoproj.io/tracking-id").is_none(),
+        "the tracking annotation travelled: {:?}",
+        copy.annotations
+    );
+    assert_eq!(copy.annotation("managed-by"), Some("platform-team"));
 }
 
 #[tokio::test]

@@ -294,6 +294,58 @@ async fn a_create_only_copy_is_shown_as_such_and_not_stale() {
     copyrator_where(&["a/b", "-o", "yaml"]).await.assert_exit(1);
 }
 
+/// `where` as a user types it first, without `--namespace`: the copies
+/// of a rule in the operator's namespace are said to be made by a rule
+/// those flags do not follow, with the flag that would, and it exits 1 (a
+/// usage problem), not 2 (copies not current). With that flag, all is
+/// current.
+#[tokio::test]
+async fn copies_of_a_rule_the_flags_do_not_follow_say_which_flag_would() {
+    let t = TestNs::new("where-flags").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    t.create_rule(&op, "app", rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let _operator = Operator::start(&t, &op, &[]);
+    let source = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    t.wait_copy(CM, &t1, &source, &op, "app").await;
+    let source_ref = format!("{op}/cfg");
+
+    // No --namespace: the default, `default`.
+    let found = copyrator_where(&[source_ref.as_str()]).await;
+    found.assert_exit(1);
+    let why = format!(
+        "made by rule {op}/app, which --namespace default does not follow: pass --namespace {op}"
+    );
+    let line = found
+        .stdout
+        .lines()
+        .find(|line| line.starts_with(&format!("home: {t1}/cfg ")))
+        .unwrap_or_else(|| panic!("no line for {t1}/cfg:\n{}", found.stdout));
+    assert!(
+        line.contains("not followed") && line.ends_with(&why),
+        "{line}"
+    );
+    let summary = found.stdout.lines().last().unwrap_or_default();
+    assert!(
+        summary.starts_with(&format!("ConfigMap {source_ref} "))
+            && summary.ends_with(&format!("; 1 {why}")),
+        "{summary}"
+    );
+    let report = copyrator_where(&[source_ref.as_str(), "-o", "json"])
+        .await
+        .json();
+    assert_eq!(
+        states(&report),
+        vec![state("home", &t1, "not followed")],
+        "{report}"
+    );
+
+    copyrator_where(&[source_ref.as_str(), "--namespace", &op])
+        .await
+        .assert_exit(0);
+}
+
 #[tokio::test]
 async fn kubectl_runs_it_as_the_copyrator_plugin() {
     let t = TestNs::new("where-kubectl").await;

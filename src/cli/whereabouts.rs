@@ -28,16 +28,20 @@ use crate::controller::member_pass::in_member;
 use crate::controller::state::Shared;
 use crate::core::plan::source_rejection;
 use crate::core::resolve::ResolvedRule;
-use crate::core::whereabouts::{CopyState, Follower, Place, places};
+use crate::core::whereabouts::{CopyRule, CopyState, Follower, Place, places};
 use crate::ops::http::Health;
 use crate::ops::metrics::Metrics;
 
 /// Exit code when every copy is current.
 pub const EXIT_CURRENT: u8 = 0;
-/// Exit code on an error, a member out of reach among them.
+/// Exit code on an error, a member out of reach among them, or when
+/// copies were made by a rule the flags do not follow (a usage problem).
 pub const EXIT_FAILED: u8 = 1;
 /// Exit code when some copy is not current.
 pub const EXIT_NOT_CURRENT: u8 = 2;
+
+/// The state word of a copy whose rule the flags do not follow.
+const NOT_FOLLOWED: &str = "not followed";
 
 /// How long a cluster has to answer at all, and then to each list.
 const REACH_WITHIN: Duration = Duration::from_secs(10);
@@ -143,10 +147,10 @@ pub struct Found {
 }
 
 impl Found {
-    /// 1 when a cluster could not be read, else 2 when a copy is not
-    /// current, else 0.
+    /// 1 when a cluster could not be read or a copy was made by a rule
+    /// the flags do not follow, else 2 when a copy is not current, else 0.
     pub fn exit_code(&self) -> u8 {
-        if self.clusters.iter().any(|c| !c.reached) {
+        if self.clusters.iter().any(|c| !c.reached) || !self.not_followed().is_empty() {
             EXIT_FAILED
         } else if self.copies.iter().any(|c| !c.current) {
             EXIT_NOT_CURRENT
@@ -188,13 +192,29 @@ impl Found {
         } else {
             let current = self.copies.iter().filter(|c| c.current).count();
             out.push_str(&format!(
-                "{source} [content {}]: {} places, {current} current, {} not\n",
+                "{source} [content {}]: {} places, {current} current, {} not",
                 self.content,
                 self.copies.len(),
                 self.copies.len() - current
             ));
+            for (reason, copies) in self.not_followed() {
+                out.push_str(&format!("; {copies} {reason}"));
+            }
+            out.push('\n');
         }
         out
+    }
+
+    /// Why copies' rules are not followed, each reason once, with how many
+    /// copies it concerns.
+    fn not_followed(&self) -> BTreeMap<&str, usize> {
+        let mut reasons = BTreeMap::new();
+        for row in self.copies.iter().filter(|r| r.state == NOT_FOLLOWED) {
+            if let Some(reason) = &row.reason {
+                *reasons.entry(reason.as_str()).or_insert(0) += 1;
+            }
+        }
+        reasons
     }
 
     pub fn json(&self) -> Result<String, WhereError> {
@@ -296,26 +316,12 @@ async fn find(settings: Settings, args: &WhereArgs) -> anyhow::Result<Found> {
     })?;
     let source = Object::from_dynamic(kind, source);
     let rules = live_rules(&client, &settings).await?;
-    let trust = settings.trust();
     let live_uids: Vec<String> = rules
         .iter()
         .filter_map(|r| r.uid().map(str::to_owned))
         .collect();
-    let followed: Vec<(ResolvedRule, &CopyratorRule)> = rules
-        .iter()
-        .filter(|rule| {
-            settings
-                .rule_name
-                .as_deref()
-                .is_none_or(|only| rule.key().name == only)
-        })
-        .filter_map(|rule| rule.resolve(&trust).ok().map(|resolved| (resolved, rule)))
-        .filter(|(resolved, _)| {
-            resolved.kind == kind && source_rejection(resolved, &source).is_none()
-        })
-        .collect();
+    let followed = copying(&settings, &rules, kind, &source);
     let home = &settings.cluster_name;
-    let is_live = |uid: &str| live_uids.iter().any(|u| u == uid);
     let at_home: Vec<Follower<'_>> = followed
         .iter()
         .map(|(rule, live)| Follower {
@@ -324,7 +330,17 @@ async fn find(settings: Settings, args: &WhereArgs) -> anyhow::Result<Found> {
         })
         .collect();
     let (namespaces, copies) = read_cluster(&client, kind, &name).await?;
-    let mut rows: Vec<Row> = places(&source, &at_home, &namespaces, &copies, &is_live)
+    let mut elsewhere = BTreeMap::new();
+    unfollowed_rules(
+        &client,
+        &settings,
+        &live_uids,
+        copies.values(),
+        &mut elsewhere,
+    )
+    .await;
+    let rule_of = |copy: &Object| copy_rule(copy, &live_uids, &elsewhere);
+    let mut rows: Vec<Row> = places(&source, &at_home, &namespaces, &copies, &rule_of)
         .into_iter()
         .map(|place| Row::of(home, place))
         .collect();
@@ -335,8 +351,13 @@ async fn find(settings: Settings, args: &WhereArgs) -> anyhow::Result<Found> {
         message: None,
     }];
     if settings.member_clusters {
+        let rules = Rules {
+            followed: &followed,
+            live_uids: &live_uids,
+            home_client: &client,
+        };
         let (member_rows, member_reads) =
-            in_members(clients, &settings, (kind, &source), &followed, &is_live).await?;
+            in_members(clients, &settings, (kind, &source), rules).await?;
         rows.extend(member_rows);
         clusters.extend(member_reads);
     }
@@ -369,6 +390,128 @@ pub(crate) async fn live_rules(
     )
     .await?
     .items)
+}
+
+/// The rules of `rules` that `settings` follows and that copy `source`
+/// (of `kind`), resolved.
+fn copying<'a>(
+    settings: &Settings,
+    rules: &'a [CopyratorRule],
+    kind: Kind,
+    source: &Object,
+) -> Vec<(ResolvedRule, &'a CopyratorRule)> {
+    let trust = settings.trust();
+    rules
+        .iter()
+        .filter(|rule| {
+            settings
+                .rule_name
+                .as_deref()
+                .is_none_or(|only| rule.key().name == only)
+        })
+        .filter_map(|rule| rule.resolve(&trust).ok().map(|resolved| (resolved, rule)))
+        .filter(|(resolved, _)| {
+            resolved.kind == kind && source_rejection(resolved, source).is_none()
+        })
+        .collect()
+}
+
+/// Why `settings` does not follow the rule `rule` (`namespace/name`), with
+/// the flags that would; `None` when it does.
+fn not_followed_by(settings: &Settings, rule: &str) -> Option<String> {
+    let (namespace, name) = rule.split_once('/')?;
+    let mut given = Vec::new();
+    let mut wanted = Vec::new();
+    if !settings.all_namespaces && namespace != settings.namespace {
+        given.push(format!("--namespace {}", settings.namespace));
+        wanted.push(format!("--namespace {namespace}"));
+    }
+    if let Some(only) = settings.rule_name.as_deref()
+        && only != name
+    {
+        given.push(format!("--rule-name {only}"));
+        wanted.push(format!("--rule-name {name}"));
+    }
+    (!given.is_empty()).then(|| {
+        format!(
+            "made by rule {rule}, which {} does not follow: pass {}",
+            given.join(" "),
+            wanted.join(" ")
+        )
+    })
+}
+
+/// Adds to `found` (rule `namespace/name` to why it is not followed) the
+/// rules that `copies` name, that `settings` does not follow and that
+/// exist: a rule listed alive (`live_uids`, the rules of `--namespace`)
+/// exists; any other is read once (one that cannot be read is taken to
+/// exist; one that is not found is gone).
+async fn unfollowed_rules<'a>(
+    home: &Client,
+    settings: &Settings,
+    live_uids: &[String],
+    copies: impl Iterator<Item = &'a Object>,
+    found: &mut BTreeMap<String, String>,
+) {
+    let mut asked = std::collections::BTreeSet::new();
+    for copy in copies {
+        let is_copy = copy.rule_uid().is_some() || copy.create_only;
+        let Some(rule) = copy.rule_ref.as_deref() else {
+            continue;
+        };
+        if !is_copy || found.contains_key(rule) || !asked.insert(rule.to_owned()) {
+            continue;
+        }
+        let (Some(reason), Some((namespace, name))) =
+            (not_followed_by(settings, rule), rule.split_once('/'))
+        else {
+            continue;
+        };
+        let live = copy
+            .rule_uid()
+            .is_some_and(|uid| live_uids.iter().any(|u| u == uid));
+        let exists = live || {
+            let api: Api<CopyratorRule> = Api::namespaced(home.clone(), namespace);
+            bounded(&format!("reading the rule {rule}"), api.get_opt(name))
+                .await
+                .map_or(true, |rule| rule.is_some())
+        };
+        if exists {
+            found.insert(rule.to_owned(), reason);
+        }
+    }
+}
+
+/// What is known of the rule `copy` names: not followed (`elsewhere`,
+/// from [`unfollowed_rules`]), followed and alive, or gone.
+fn copy_rule(
+    copy: &Object,
+    live_uids: &[String],
+    elsewhere: &BTreeMap<String, String>,
+) -> CopyRule {
+    if let Some(reason) = copy
+        .rule_ref
+        .as_deref()
+        .and_then(|rule| elsewhere.get(rule))
+    {
+        return CopyRule::NotFollowed(reason.clone());
+    }
+    if copy
+        .rule_uid()
+        .is_some_and(|uid| live_uids.iter().any(|u| u == uid))
+    {
+        CopyRule::Live
+    } else {
+        CopyRule::Gone
+    }
+}
+
+/// The rules a `where` follows, as the members' places are judged.
+struct Rules<'a> {
+    followed: &'a [(ResolvedRule, &'a CopyratorRule)],
+    live_uids: &'a [String],
+    /// Where a rule that copies name is looked up.
+    home_client: &'a Client,
 }
 
 /// A source that a rule refuses for its type: one row at the source, with
@@ -439,9 +582,13 @@ async fn in_members(
     clients: crate::cluster::client::Clients,
     settings: &Settings,
     (kind, source): (Kind, &Object),
-    followed: &[(ResolvedRule, &CopyratorRule)],
-    is_live: &dyn Fn(&str) -> bool,
+    rules: Rules<'_>,
 ) -> anyhow::Result<(Vec<Row>, Vec<ClusterRead>)> {
+    let Rules {
+        followed,
+        live_uids,
+        home_client,
+    } = rules;
     let home = &settings.cluster_name;
     let mut rows = Vec::new();
     let mut reads = Vec::new();
@@ -460,11 +607,21 @@ async fn in_members(
             let (namespaces, copies) = read_cluster(&client, kind, &source.name)
                 .await
                 .map_err(|e| e.to_string())?;
-            let copies = copies
+            let copies: BTreeMap<String, Object> = copies
                 .into_iter()
                 .filter(|(_, copy)| from_home(copy, home))
                 .collect();
-            Ok::<_, String>(places(source, &followers, &namespaces, &copies, is_live))
+            let mut elsewhere = BTreeMap::new();
+            unfollowed_rules(
+                home_client,
+                settings,
+                live_uids,
+                copies.values(),
+                &mut elsewhere,
+            )
+            .await;
+            let rule_of = |copy: &Object| copy_rule(copy, live_uids, &elsewhere);
+            Ok::<_, String>(places(source, &followers, &namespaces, &copies, &rule_of))
         };
         match read.await {
             Ok(found) => {
@@ -546,6 +703,7 @@ fn from_home(object: &Object, home: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
     fn row(cluster: &str, namespace: &str, state: CopyState) -> Row {
         Row::of(
@@ -635,6 +793,86 @@ mod tests {
         };
         assert_eq!(nothing.text(), "no rule copies ConfigMap shared/ca\n");
         assert_eq!(nothing.exit_code(), EXIT_CURRENT);
+    }
+
+    fn settings(flags: &[&str]) -> Settings {
+        let argv = std::iter::once("copyrator").chain(flags.iter().copied());
+        crate::cli::settings::Cli::try_parse_from(argv)
+            .expect("valid flags")
+            .settings
+    }
+
+    #[test]
+    fn a_rule_the_flags_do_not_follow_is_named_with_the_flags_that_would() {
+        let default = settings(&["--namespace", "default"]);
+        assert_eq!(
+            not_followed_by(&default, "copyrator/app").as_deref(),
+            Some(
+                "made by rule copyrator/app, which --namespace default does not follow: pass --namespace copyrator"
+            )
+        );
+        assert_eq!(not_followed_by(&default, "default/app"), None);
+        let everywhere = settings(&["--namespace", "default", "--all-namespaces"]);
+        assert_eq!(not_followed_by(&everywhere, "copyrator/app"), None);
+        let one_rule = settings(&["--namespace", "copyrator", "--rule-name", "web"]);
+        assert_eq!(
+            not_followed_by(&one_rule, "copyrator/app").as_deref(),
+            Some(
+                "made by rule copyrator/app, which --rule-name web does not follow: pass --rule-name app"
+            )
+        );
+    }
+
+    /// A copy of a rule that exists, is listed alive (in `--namespace`)
+    /// but is not `--rule-name`, is not followed: never "no longer copies".
+    #[test]
+    fn a_live_rule_the_flags_do_not_follow_is_not_followed() {
+        let copy = Object::new(
+            "t1",
+            "ca",
+            "uid-copy".into(),
+            "1".into(),
+            [(crate::LABEL_RULE_UID.to_owned(), "uid-app".to_owned())].into(),
+            [(crate::ANNOTATION_RULE.to_owned(), "ops/app".to_owned())].into(),
+            BTreeMap::new(),
+        );
+        let live = vec!["uid-app".to_owned()];
+        let why =
+            "made by rule ops/app, which --rule-name web does not follow: pass --rule-name app";
+        let elsewhere = BTreeMap::from([("ops/app".to_owned(), why.to_owned())]);
+        assert_eq!(
+            copy_rule(&copy, &live, &elsewhere),
+            CopyRule::NotFollowed(why.into())
+        );
+        assert_eq!(copy_rule(&copy, &live, &BTreeMap::new()), CopyRule::Live);
+        assert_eq!(copy_rule(&copy, &[], &BTreeMap::new()), CopyRule::Gone);
+    }
+
+    #[test]
+    fn copies_of_a_rule_not_followed_are_said_on_their_line_and_in_the_summary_and_exit_1() {
+        let why = "made by rule copyrator/app, which --namespace default does not follow: pass --namespace copyrator";
+        let report = Found {
+            rules: Vec::new(),
+            ..found(
+                vec![
+                    row("home", "t1", CopyState::NotFollowed { reason: why.into() }),
+                    row("home", "t2", CopyState::NotFollowed { reason: why.into() }),
+                ],
+                vec![reached("home")],
+            )
+        };
+        assert_eq!(report.exit_code(), EXIT_FAILED);
+        let text = report.text();
+        assert!(
+            text.contains(&format!("home: t1/ca not followed (rule ops/r): {why}\n")),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(&format!(
+                "ConfigMap shared/ca [content 0123abcd]: 2 places, 0 current, 2 not; 2 {why}\n"
+            )),
+            "{text}"
+        );
     }
 
     #[test]

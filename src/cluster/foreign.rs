@@ -124,8 +124,9 @@ async fn current_version(api: &Api<DynamicObject>) -> Result<String, watcher::Er
 }
 
 /// One watch request from `version`, which follows each event it hands
-/// to `handle`; `answered` is told of each answer of the API server (the
-/// watch started, an event, a bookmark).
+/// to `handle`; `answered` is told of each event and bookmark (not of a
+/// watch that starts and fails at once, so that its backoff grows and
+/// the health check sees it failing).
 async fn follow_from(
     api: &Api<DynamicObject>,
     kind: Kind,
@@ -137,10 +138,7 @@ async fn follow_from(
         .labels(&selector())
         .timeout(WATCH_TIMEOUT_SECONDS);
     let mut stream = match api.watch_metadata(&params, version).await {
-        Ok(stream) => {
-            answered();
-            stream.boxed()
-        }
+        Ok(stream) => stream.boxed(),
         Err(kube::Error::Api(status)) if status.code == 410 => return WatchEnded::VersionGone,
         Err(e) => return WatchEnded::Failed(watcher::Error::WatchStartFailed(e)),
     };

@@ -972,7 +972,11 @@ pub(crate) async fn carry_out(
         // A stage's writes may have settled it: look again at once.
         pass.retry_no_later_than(Instant::now() + crate::core::rollout::AFTER_WRITES);
     }
-    remember_conflicts(site, rule, resolved, new_conflicts);
+    for (namespace, name) in remember_conflicts(site, rule, resolved, new_conflicts) {
+        // What the write met may have gone unseen: look again.
+        site.queue
+            .add(resolved.key.clone(), Touch::Copy(namespace, name));
+    }
     finish(site, resolved, &mut pass, plan);
     let changed = std::mem::take(&mut pass.changed);
     pass.restarts =
@@ -996,7 +1000,9 @@ fn pass_scope(
     let mut memory = lock(&site.memory);
     let mut memory = memory.get_mut(&resolved.key);
     if let Some(memory) = memory.as_deref_mut() {
-        memory.known_conflicts.pass_begins();
+        memory
+            .known_conflicts
+            .pass_begins(&resolved.key.to_string(), resolved.kind);
     }
     let memory = memory.as_deref();
     let mut scope = match memory {
@@ -1225,21 +1231,25 @@ fn note_changed(pass: &mut Pass, namespace: &str, action: &Action) {
 }
 
 /// The conflicts the writes met join the rule's tally and memory; a
-/// target that is ours now is no conflict any more.
+/// target that is ours now is no conflict any more. Returns the places
+/// whose conflict is not believed (what the write met went, or may have
+/// gone unseen, meanwhile): their writes stay owed.
 fn remember_conflicts(
     site: &Site,
     rule: &CopyratorRule,
     resolved: &ResolvedRule,
     new_conflicts: Vec<(ObjectKey, String)>,
-) {
+) -> Vec<ObjectKey> {
     let mut memory = lock(&site.memory);
     let memory = memory.entry(resolved.key.clone()).or_default();
+    let mut doubted = Vec::new();
     for (key, reason) in new_conflicts {
-        // An object that went while the pass wrote leaves the write owed.
         if memory.known_conflicts.met(key.clone(), reason.clone()) {
             memory
                 .tally
                 .set(&key.0, &key.1, Unsettled::Conflict(reason));
+        } else {
+            doubted.push(key);
         }
     }
     let copies = read(site.cluster.views.copies(resolved.kind));
@@ -1248,6 +1258,7 @@ fn remember_conflicts(
             .get(ns, name)
             .is_none_or(|c| c.rule_uid() != rule.uid())
     });
+    doubted
 }
 
 /// The rule's counts and conflicts after a pass, from its tally: exact

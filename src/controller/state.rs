@@ -434,51 +434,46 @@ impl Shared {
         }
     }
 
-    /// The foreign watch of `kind` at `site` saw `event`: each rule of
-    /// that kind there brings what it believes of the place up to date,
-    /// and looks at the place again where that changed; after a break in
-    /// the watch, at every place it believed held.
+    /// The foreign watch of `kind` at `site` saw `event`: each rule that
+    /// copied that kind there at its last pass brings what it believes of
+    /// the place up to date, and looks at the place again where that
+    /// changed; after a break in the watch, at every place it believed
+    /// held. Rules not resolved now (an invalid one) keep following too.
     pub fn foreign_changed(&self, site: &Site, kind: Kind, event: ForeignEvent) {
-        let of_kind: HashMap<RuleKey, String> = read(&self.resolved)
-            .iter()
-            .filter(|(_, rule)| rule.kind == kind)
-            .map(|(key, _)| (key.clone(), key.to_string()))
-            .collect();
-        if of_kind.is_empty() {
-            return;
-        }
+        let at = match &event {
+            ForeignEvent::Started => None,
+            ForeignEvent::Applied(object) => Some((
+                (object.namespace.to_string(), object.name.to_string()),
+                ForeignChange::Applied(object),
+            )),
+            ForeignEvent::Gone { namespace, name } => {
+                Some(((namespace.clone(), name.clone()), ForeignChange::Gone))
+            }
+        };
         let mut again: Vec<(RuleKey, ObjectKey)> = Vec::new();
         {
             let mut memory = lock(&site.memory);
             for (key, memory) in memory.iter_mut() {
-                let Some(rule) = of_kind.get(key) else {
-                    continue;
-                };
                 let RuleMemory {
                     known_conflicts,
                     tally,
                     ..
                 } = memory;
-                let (place, change) = match &event {
-                    ForeignEvent::Started => {
-                        again.extend(
-                            known_conflicts
-                                .forget_all()
-                                .into_iter()
-                                .map(|p| (key.clone(), p)),
-                        );
-                        continue;
-                    }
-                    ForeignEvent::Applied(object) => (
-                        (object.namespace.to_string(), object.name.to_string()),
-                        ForeignChange::Applied(object),
+                if !known_conflicts.follows(kind) {
+                    continue;
+                }
+                match &at {
+                    None => again.extend(
+                        known_conflicts
+                            .forget_all()
+                            .into_iter()
+                            .map(|place| (key.clone(), place)),
                     ),
-                    ForeignEvent::Gone { namespace, name } => {
-                        ((namespace.clone(), name.clone()), ForeignChange::Gone)
+                    Some((place, change)) => {
+                        if known_conflicts.foreign_changed(tally, place, *change) {
+                            again.push((key.clone(), place.clone()));
+                        }
                     }
-                };
-                if known_conflicts.foreign_changed(rule, kind, tally, &place, change) {
-                    again.push((key.clone(), place));
                 }
             }
         }

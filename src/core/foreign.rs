@@ -30,11 +30,18 @@ pub enum ForeignChange<'a> {
 /// A rule's known conflicts in one cluster.
 #[derive(Clone, Debug, Default)]
 pub struct KnownConflicts {
+    /// The rule (`namespace/name`) and the kind it copied at its last
+    /// pass: the foreign watch of that kind speaks of its places.
+    rule: String,
+    kind: Option<Kind>,
     /// Places a foreign object holds, with why the rule leaves it there.
     held: HashMap<ObjectKey, String>,
     /// Places whose foreign object changed or went since the rule's
     /// current pass began.
     moved: HashSet<ObjectKey>,
+    /// The foreign watch started again since the rule's current pass
+    /// began: what its writes met may have gone unseen.
+    restarted: bool,
 }
 
 impl KnownConflicts {
@@ -43,17 +50,32 @@ impl KnownConflicts {
         &self.held
     }
 
-    /// A pass of the rule begins: moves from now on are this pass's.
-    pub fn pass_begins(&mut self) {
+    /// A pass of the rule `rule` (`namespace/name`), copying `kind`,
+    /// begins: moves from now on are this pass's. Beliefs about another
+    /// kind's objects (the rule changed its kind) are dropped.
+    pub fn pass_begins(&mut self, rule: &str, kind: Kind) {
+        if self.kind != Some(kind) {
+            self.held.clear();
+            self.kind = Some(kind);
+        }
+        if self.rule != rule {
+            rule.clone_into(&mut self.rule);
+        }
         self.moved.clear();
+        self.restarted = false;
+    }
+
+    /// Whether the foreign watch of `kind` speaks of this rule's places.
+    pub fn follows(&self, kind: Kind) -> bool {
+        self.kind == Some(kind)
     }
 
     /// A write of the current pass met a foreign object at `place`, left
     /// alone for `reason`. Believed (true) unless an object moved there
-    /// since the pass began: then the write stays owed, and the pass the
-    /// move queued writes it.
+    /// since the pass began, or the foreign watch started again meanwhile:
+    /// then the write stays owed, and the caller looks at the place again.
     pub fn met(&mut self, place: ObjectKey, reason: String) -> bool {
-        if self.moved.contains(&place) {
+        if self.restarted || self.moved.contains(&place) {
             return false;
         }
         self.held.insert(place, reason);
@@ -75,25 +97,25 @@ impl KnownConflicts {
     /// have been missed: every place believed held is forgotten, to be
     /// looked at again (returned).
     pub fn forget_all(&mut self) -> Vec<ObjectKey> {
-        let places: Vec<ObjectKey> = self.held.drain().map(|(place, _)| place).collect();
-        self.moved.extend(places.iter().cloned());
-        places
+        self.restarted = true;
+        self.held.drain().map(|(place, _)| place).collect()
     }
 
-    /// The foreign watch saw `change` at `place`, for the rule `rule`
-    /// (`namespace/name`) copying `kind`, whose passes left `tally`.
-    /// Brings the belief there up to date; true when the rule must look
-    /// at the place again (its status or its writes change).
+    /// The foreign watch of the rule's kind saw `change` at `place`; the
+    /// rule's passes left `tally`. Brings the belief there up to date;
+    /// true when the rule must look at the place again (its status or its
+    /// writes change).
     pub fn foreign_changed(
         &mut self,
-        rule: &str,
-        kind: Kind,
         tally: &Tally,
         place: &ObjectKey,
         change: ForeignChange<'_>,
     ) -> bool {
         let (namespace, name) = place;
         let believed = self.held.get(place);
+        let Some(kind) = self.kind else {
+            return false;
+        };
         if believed.is_none() && !tally.is_unsettled(namespace, name) {
             // A place the rule holds, or none of its places.
             return false;
@@ -101,7 +123,7 @@ impl KnownConflicts {
         let now = match change {
             ForeignChange::Gone => None,
             // Copyrator's copy, its rule-UID label removed: the pass takes it back.
-            ForeignChange::Applied(object) if object.is_unlabelled_copy_of(rule) => None,
+            ForeignChange::Applied(object) if object.is_unlabelled_copy_of(&self.rule) => None,
             ForeignChange::Applied(object) => Some(foreign_reason(kind, object)),
         };
         match now {
@@ -164,12 +186,11 @@ mod tests {
         let reason = "a ConfigMap not made by Copyrator is there".to_owned();
         let tally = tally_with(&place, Unsettled::Conflict(reason.clone()));
         let mut known = KnownConflicts::default();
-        known.pass_begins();
+        known.pass_begins(RULE, Kind::ConfigMap);
         assert!(known.met(place.clone(), reason));
         assert!(known.held().contains_key(&place));
 
-        let again =
-            known.foreign_changed(RULE, Kind::ConfigMap, &tally, &place, ForeignChange::Gone);
+        let again = known.foreign_changed(&tally, &place, ForeignChange::Gone);
         assert!(again, "the rule looks at the freed place");
         assert!(known.held().is_empty(), "the conflict is forgotten");
     }
@@ -178,17 +199,12 @@ mod tests {
     fn a_departure_elsewhere_or_at_a_place_in_order_changes_nothing() {
         let place = at("team-a");
         let mut known = KnownConflicts::default();
+        known.pass_begins(RULE, Kind::ConfigMap);
         // Settled places (the rule's copy is there, or none of its places).
         let tally = Tally::default();
-        assert!(!known.foreign_changed(RULE, Kind::ConfigMap, &tally, &place, ForeignChange::Gone));
+        assert!(!known.foreign_changed(&tally, &place, ForeignChange::Gone));
         let object = foreign(&[]);
-        assert!(!known.foreign_changed(
-            RULE,
-            Kind::ConfigMap,
-            &tally,
-            &place,
-            ForeignChange::Applied(&object)
-        ));
+        assert!(!known.foreign_changed(&tally, &place, ForeignChange::Applied(&object)));
         assert!(known.held().is_empty());
     }
 
@@ -197,14 +213,9 @@ mod tests {
         let place = at("team-a");
         let tally = tally_with(&place, Unsettled::Unwritten);
         let mut known = KnownConflicts::default();
+        known.pass_begins(RULE, Kind::ConfigMap);
         let object = foreign(&[]);
-        assert!(known.foreign_changed(
-            RULE,
-            Kind::ConfigMap,
-            &tally,
-            &place,
-            ForeignChange::Applied(&object)
-        ));
+        assert!(known.foreign_changed(&tally, &place, ForeignChange::Applied(&object)));
         assert_eq!(
             known.held().get(&place).map(String::as_str),
             Some("a ConfigMap not made by Copyrator is there")
@@ -217,25 +228,14 @@ mod tests {
         let reason = "a ConfigMap not made by Copyrator is there".to_owned();
         let tally = tally_with(&place, Unsettled::Conflict(reason.clone()));
         let mut known = KnownConflicts::default();
+        known.pass_begins(RULE, Kind::ConfigMap);
         known.met(place.clone(), reason.clone());
         let relabelled = foreign(&[("team", "a")]);
-        assert!(!known.foreign_changed(
-            RULE,
-            Kind::ConfigMap,
-            &tally,
-            &place,
-            ForeignChange::Applied(&relabelled)
-        ));
+        assert!(!known.foreign_changed(&tally, &place, ForeignChange::Applied(&relabelled)));
         // Annotated with a rule's name by someone else: still foreign, said otherwise.
         let mut annotated = foreign(&[(ANNOTATION_RULE, RULE)]);
         annotated.authored = false;
-        assert!(known.foreign_changed(
-            RULE,
-            Kind::ConfigMap,
-            &tally,
-            &place,
-            ForeignChange::Applied(&annotated)
-        ));
+        assert!(known.foreign_changed(&tally, &place, ForeignChange::Applied(&annotated)));
         assert!(known.held()[&place].contains("set by another writer"));
     }
 
@@ -245,6 +245,7 @@ mod tests {
         let reason = "a ConfigMap not made by Copyrator is there".to_owned();
         let tally = tally_with(&place, Unsettled::Conflict(reason.clone()));
         let mut known = KnownConflicts::default();
+        known.pass_begins(RULE, Kind::ConfigMap);
         known.met(place.clone(), reason);
         // Written by Copyrator (every key counts as its own), its rule-UID label gone.
         let unlabelled = Object::new(
@@ -257,13 +258,7 @@ mod tests {
             BTreeMap::new(),
         );
         assert!(unlabelled.is_unlabelled_copy_of(RULE));
-        assert!(known.foreign_changed(
-            RULE,
-            Kind::ConfigMap,
-            &tally,
-            &place,
-            ForeignChange::Applied(&unlabelled)
-        ));
+        assert!(known.foreign_changed(&tally, &place, ForeignChange::Applied(&unlabelled)));
         assert!(known.held().is_empty());
     }
 
@@ -277,20 +272,20 @@ mod tests {
         // The pass planned a create there: owed.
         let tally = tally_with(&place, Unsettled::Unwritten);
         let mut known = KnownConflicts::default();
-        known.pass_begins();
+        known.pass_begins(RULE, Kind::ConfigMap);
         // Its create met the object; before the pass takes that in, it goes.
-        assert!(known.foreign_changed(RULE, Kind::ConfigMap, &tally, &place, ForeignChange::Gone));
+        assert!(known.foreign_changed(&tally, &place, ForeignChange::Gone));
         assert!(!known.met(place.clone(), reason.clone()), "not believed");
         assert!(known.held().is_empty());
         // The next pass begins afresh: a write that meets an object then is believed.
-        known.pass_begins();
+        known.pass_begins(RULE, Kind::ConfigMap);
         assert!(known.met(place.clone(), reason));
     }
 
     #[test]
     fn a_broken_watch_has_every_belief_checked_again() {
         let mut known = KnownConflicts::default();
-        known.pass_begins();
+        known.pass_begins(RULE, Kind::ConfigMap);
         known.met(at("team-a"), "r".into());
         known.met(at("team-b"), "r".into());
         let mut again = known.forget_all();
@@ -299,5 +294,30 @@ mod tests {
         assert!(known.held().is_empty());
         // A pass under way meanwhile does not believe what it met there.
         assert!(!known.met(at("team-a"), "r".into()));
+    }
+
+    /// The race between a write and a broken watch: the write met an
+    /// object the rule did not believe held yet; the watch broke, the
+    /// object went unseen, the watch started again. The pass does not
+    /// believe what its write met.
+    #[test]
+    fn a_conflict_met_while_the_watch_restarted_is_not_believed() {
+        let mut known = KnownConflicts::default();
+        known.pass_begins(RULE, Kind::ConfigMap);
+        assert!(known.forget_all().is_empty());
+        assert!(!known.met(at("team-a"), "r".into()));
+        known.pass_begins(RULE, Kind::ConfigMap);
+        assert!(known.met(at("team-a"), "r".into()));
+    }
+
+    #[test]
+    fn beliefs_about_another_kind_are_dropped_when_the_rule_changes_kind() {
+        let mut known = KnownConflicts::default();
+        known.pass_begins(RULE, Kind::ConfigMap);
+        known.met(at("team-a"), "r".into());
+        assert!(known.follows(Kind::ConfigMap));
+        known.pass_begins(RULE, Kind::Secret);
+        assert!(known.held().is_empty());
+        assert!(known.follows(Kind::Secret) && !known.follows(Kind::ConfigMap));
     }
 }

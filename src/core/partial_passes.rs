@@ -614,9 +614,8 @@ impl ModelCluster {
             Some(object) => ForeignChange::Applied(object),
             None => ForeignChange::Gone,
         };
-        let rule = self.rule.key.to_string();
         self.conflicts
-            .foreign_changed(&rule, self.rule.kind, &self.tally, at, change)
+            .foreign_changed(&self.tally, at, change)
             .then(|| Touch::Copy(at.0.clone(), at.1.clone()))
     }
 
@@ -926,7 +925,8 @@ impl ModelCluster {
         for touch in touches {
             touched.add(touch);
         }
-        self.conflicts.pass_begins();
+        self.conflicts
+            .pass_begins(&self.rule.key.to_string(), self.rule.kind);
         self.world.known_conflicts = self.conflicts.held().clone();
         let mut scope = self.tally.scope_for(&basis, touched);
         if scope.retries() {

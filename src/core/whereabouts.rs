@@ -38,6 +38,10 @@ pub enum CopyState {
     /// copy keeps the content it holds (why: its stage, and where the
     /// rollout is).
     Held { reason: String },
+    /// A copy made by a rule the command's flags do not follow (why, and
+    /// the flags that would): a question asked of the wrong rules, not a
+    /// copy out of place.
+    NotFollowed { reason: String },
 }
 
 impl CopyState {
@@ -58,6 +62,7 @@ impl CopyState {
             CopyState::Refused { .. } => "refused",
             CopyState::Unwanted { .. } => "unwanted",
             CopyState::Held { .. } => "held",
+            CopyState::NotFollowed { .. } => "not followed",
         }
     }
 
@@ -68,7 +73,8 @@ impl CopyState {
             CopyState::Conflict { reason }
             | CopyState::Refused { reason }
             | CopyState::Unwanted { reason }
-            | CopyState::Held { reason } => Some(reason),
+            | CopyState::Held { reason }
+            | CopyState::NotFollowed { reason } => Some(reason),
             _ => None,
         }
     }
@@ -192,6 +198,19 @@ pub fn leftover_state(current: &Object, why: &str) -> CopyState {
     }
 }
 
+/// What is known of the rule a copy names, when no rule followed here
+/// judges its place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CopyRule {
+    /// It exists and is followed: it no longer copies the source there.
+    Live,
+    /// It exists, or may, but the flags do not follow it: why, and what
+    /// to pass.
+    NotFollowed(String),
+    /// It is gone.
+    Gone,
+}
+
 /// One place of one cluster that holds, or should hold, a copy of the source.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Place {
@@ -217,14 +236,15 @@ pub struct Follower<'a> {
 /// each target namespace of each rule in `followers` (a terminating one
 /// only where something is there), then every other object there that is
 /// a copy of `source` (`copies`: the objects of the source's name, by
-/// namespace). `live_rule_uid` tells the UIDs of the rules that exist, so
-/// that a copy whose rule is gone says so.
+/// namespace). `rule_of` tells what is known of the rule a copy names
+/// (see [`CopyRule`]), so that a copy whose rule is gone, or is not
+/// followed by the command, says so.
 pub fn places(
     source: &Object,
     followers: &[Follower<'_>],
     namespaces: &BTreeMap<String, NamespaceInfo>,
     copies: &BTreeMap<String, Object>,
-    live_rule_uid: &dyn Fn(&str) -> bool,
+    rule_of: &dyn Fn(&Object) -> CopyRule,
 ) -> Vec<Place> {
     let mut out = Vec::new();
     let mut judged: HashSet<&str> = HashSet::new();
@@ -285,26 +305,48 @@ pub fn places(
         {
             continue;
         }
-        let rule = copy.rule_ref.as_deref().unwrap_or("(unknown)");
-        let why = match copy.rule_uid() {
-            Some(uid) if followers.iter().any(|f| f.rule.uid == uid) => {
-                "the rule does not target this namespace; its next pass deletes the copy (unless prune is off)".to_owned()
-            }
-            Some(uid) if live_rule_uid(uid) => format!(
-                "rule {rule} no longer copies the source; its next pass deletes the copy (unless prune is off)"
-            ),
-            _ => format!("its rule {rule} is gone; the operator deletes the copy at start and on resync"),
+        let judged_here = copy
+            .rule_uid()
+            .is_some_and(|uid| followers.iter().any(|f| f.rule.uid == uid));
+        let state = if judged_here {
+            leftover_state(
+                copy,
+                "the rule does not target this namespace; its next pass deletes the copy (unless prune is off)",
+            )
+        } else {
+            unjudged_state(copy, rule_of(copy))
         };
         out.push(Place {
             namespace: namespace.clone(),
             name: copy.name.to_string(),
             content: Some(copy.payload_hash),
             rule: copy.rule_ref.as_deref().map(str::to_owned),
-            state: leftover_state(copy, &why),
+            state,
         });
     }
     out.sort_by(|a, b| a.namespace.cmp(&b.namespace));
     out
+}
+
+/// The state of a copy of the source that no rule followed here judges,
+/// by what is known of the rule it names.
+fn unjudged_state(copy: &Object, rule_of_copy: CopyRule) -> CopyState {
+    let rule = copy.rule_ref.as_deref().unwrap_or("(unknown)");
+    match rule_of_copy {
+        CopyRule::NotFollowed(reason) => CopyState::NotFollowed { reason },
+        CopyRule::Live => leftover_state(
+            copy,
+            &format!(
+                "rule {rule} no longer copies the source; its next pass deletes the copy (unless prune is off)"
+            ),
+        ),
+        CopyRule::Gone => leftover_state(
+            copy,
+            &format!(
+                "its rule {rule} is gone; the operator deletes the copy at start and on resync"
+            ),
+        ),
+    }
 }
 
 /// A write still owed is refused when the rule's writes are.
@@ -594,7 +636,10 @@ mod tests {
             &followers,
             &namespaces(&["shared", "t1", "t2", "t3", "t4", "x1", "x2"]),
             &copies,
-            &|uid| uid == UID,
+            &|copy| match copy.rule_uid() {
+                Some(UID) => CopyRule::Live,
+                _ => CopyRule::Gone,
+            },
         );
         let states: Vec<(&str, &str)> = found
             .iter()
@@ -613,7 +658,7 @@ mod tests {
         assert!(found.iter().all(|p| p.rule.as_deref() == Some(RULE)));
         // Copies whose rule is gone say so; foreign objects stay out.
         let gone = places(&source("v2"), &[], &namespaces(&["x1"]), &copies, &|_| {
-            false
+            CopyRule::Gone
         });
         let where_gone: Vec<&str> = gone.iter().map(|p| p.namespace.as_str()).collect();
         assert_eq!(where_gone, ["t1", "t2", "x1"]);
@@ -621,6 +666,20 @@ mod tests {
             gone.iter()
                 .all(|p| p.state.detail().is_some_and(|d| d.contains("is gone"))),
             "{gone:?}"
+        );
+        // Copies of a rule the command does not follow say so, and why.
+        let why =
+            "made by rule ops/r, which --namespace default does not follow: pass --namespace ops";
+        let elsewhere = places(&source("v2"), &[], &namespaces(&["x1"]), &copies, &|_| {
+            CopyRule::NotFollowed(why.into())
+        });
+        assert_eq!(elsewhere.len(), 3);
+        assert!(
+            elsewhere
+                .iter()
+                .all(|p| p.state == CopyState::NotFollowed { reason: why.into() }
+                    && !p.state.is_current()),
+            "{elsewhere:?}"
         );
     }
 }
