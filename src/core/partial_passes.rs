@@ -25,13 +25,17 @@ use crate::{
     LABEL_SYNC_POLICY,
 };
 
-/// The rule's own namespace, where its sources are.
-const SOURCE_NAMESPACE: &str = "src";
+/// The rules' source namespaces: the first rule's own, where its sources
+/// are, and the second rule's (its sources have the same names, so the two
+/// want the same places).
+const SOURCE_NAMESPACES: [&str; 2] = ["src", "src2"];
 /// Namespaces that may exist besides it; the last one only appears later.
 const NAMESPACES: [&str; 5] = ["team-a", "team-b", "team-c", "ops-d", "ops-e"];
 const SOURCE_NAMES: [&str; 3] = ["cm1", "cm2", "cm3"];
-/// UID of another rule, whose copies this rule never takes.
+/// UID of another rule, not modelled, whose copies no rule here takes.
 const OTHER_RULE_UID: &str = "rule-2";
+/// UID of the second modelled rule.
+const SECOND_RULE_UID: &str = "rule-3";
 /// How many specs [`spec`] knows.
 const SPECS: usize = 7;
 
@@ -48,6 +52,22 @@ fn spec(variant: usize) -> Value {
         _ => json!({"syncPolicy": "CreateOnly"}),
     };
     json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": spec})
+}
+
+/// The modelled rule `index` at the spec `variant`: the first is `src/r`,
+/// copying from `src`; the second `src/r2`, copying from `src2`.
+fn model_rule(index: usize, variant: usize) -> ResolvedRule {
+    if index == 0 {
+        return rule(spec(variant));
+    }
+    let mut value = spec(variant);
+    value["namespace"] = json!(SOURCE_NAMESPACES[1]);
+    value["metadata"] = json!({"name": "r2", "namespace": "src", "uid": SECOND_RULE_UID});
+    let second: crate::api::rule::CopyratorRule =
+        serde_json::from_value(value).expect("the second rule");
+    second
+        .resolve(&crate::core::resolve::Trust::new("src", false))
+        .expect("the second rule resolves")
 }
 
 /// How a new generation of the rule reaches its next pass.
@@ -78,16 +98,19 @@ enum ModelChange {
     NamespaceGoes {
         namespace: usize,
     },
-    /// A source appears, or its data changes.
+    /// A source of rule `rule` appears, or its data changes.
     SourceWritten {
+        rule: usize,
         name: usize,
         data: u8,
     },
     SourceGoes {
+        rule: usize,
         name: usize,
     },
-    /// The source's label changes: it matches the rule's selector or not.
+    /// The source's label changes: it matches the rules' selector or not.
     SourceLabelled {
+        rule: usize,
         name: usize,
         matches: bool,
     },
@@ -172,6 +195,7 @@ enum ModelChange {
         name: usize,
     },
     RuleChanged {
+        rule: usize,
         spec: usize,
         delivered: Delivered,
     },
@@ -195,18 +219,26 @@ enum WriteOutcome {
     Conflict(String),
 }
 
-/// The cluster, the rule, and what Copyrator keeps of the rule between
-/// passes (its tally and its known conflicts; a plan reads the world's
-/// copy of the latter).
+/// A modelled rule, and what Copyrator keeps of it between passes (its
+/// tally and its known conflicts; a plan reads the world's copy of the
+/// latter).
+struct ModelRule {
+    rule: ResolvedRule,
+    generation: i64,
+    tally: Tally,
+    conflicts: KnownConflicts,
+}
+
+/// The touches watch events bring, each to a rule (by its index).
+type Touches = Vec<(usize, Touch)>;
+
+/// The cluster and its rules (one, or two that want the same places).
 struct ModelCluster {
     world: World,
     /// Objects without the rule-UID label: the copy watch does not see
     /// them, the foreign watch does; a write meets them.
     foreign: BTreeMap<ObjectKey, Arc<Object>>,
-    rule: ResolvedRule,
-    generation: i64,
-    tally: Tally,
-    conflicts: KnownConflicts,
+    rules: Vec<ModelRule>,
     /// Resource versions and UIDs, ever increasing.
     versions: u64,
 }
@@ -259,36 +291,14 @@ fn owed_places(tally: &Tally) -> BTreeSet<ObjectKey> {
         .collect()
 }
 
-impl ModelCluster {
-    /// Four of the namespaces, two matching sources, the rule at generation 1.
-    fn new(spec_variant: usize) -> Self {
-        let mut world = World::new(&[SOURCE_NAMESPACE]);
-        for (namespace, env) in
-            NAMESPACES[..4]
-                .iter()
-                .zip([Some("dev"), Some("prod"), None, Some("dev")])
-        {
-            world.namespaces.insert(
-                (*namespace).to_owned(),
-                NamespaceInfo {
-                    labels: env_labels(env),
-                    ..NamespaceInfo::default()
-                },
-            );
-        }
-        let mut cluster = Self {
-            world,
-            foreign: BTreeMap::new(),
-            rule: rule(spec(spec_variant)),
+impl ModelRule {
+    fn new(index: usize, variant: usize) -> Self {
+        Self {
+            rule: model_rule(index, variant),
             generation: 1,
             tally: Tally::default(),
             conflicts: KnownConflicts::default(),
-            versions: 0,
-        };
-        for name in 0..2 {
-            cluster.change(&ModelChange::SourceWritten { name, data: 0 });
         }
-        cluster
     }
 
     fn basis(&self) -> Basis {
@@ -298,46 +308,18 @@ impl ModelCluster {
         }
     }
 
-    fn next_version(&mut self) -> u64 {
-        self.versions += 1;
-        self.versions
-    }
-
-    /// Whether nothing, watched or not, holds `place`.
-    fn is_free(&self, place: &ObjectKey) -> bool {
-        self.world.copies.get(&place.0, &place.1).is_none() && !self.foreign.contains_key(place)
-    }
-
-    /// Whether objects can be created in `namespace`.
-    fn is_open(&self, namespace: &str) -> bool {
-        self.world
-            .namespaces
-            .get(namespace)
-            .is_some_and(|info| !info.terminating)
-    }
-
-    /// The copy of this rule at `place`, as the copy cache holds it.
-    fn own_copy(&self, (namespace, name): &ObjectKey) -> Option<Arc<Object>> {
-        self.world
-            .copies
-            .get(namespace, name)
-            .filter(|copy| copy.rule_uid() == Some(self.rule.uid.as_str()))
-            .cloned()
-    }
-
-    /// The touch a copy event at `place` brings this rule, as the copy
+    /// Whether a copy event at `place` reaches this rule, as the copy
     /// watch hands it out: to the rule that owned the object before or
     /// after, and (`Shared::copy_place_changed`) to a rule whose tally
     /// holds the place unsettled.
-    fn copy_event(
+    fn hears_of_copy(
         &self,
         (namespace, name): &ObjectKey,
         owner_before: Option<&str>,
         owner_after: Option<&str>,
-    ) -> Option<Touch> {
+    ) -> bool {
         let ours = Some(self.rule.uid.as_str());
-        (owner_before == ours || owner_after == ours || self.tally.is_unsettled(namespace, name))
-            .then(|| Touch::Copy(namespace.clone(), name.clone()))
+        owner_before == ours || owner_after == ours || self.tally.is_unsettled(namespace, name)
     }
 
     /// The touch a namespace event brings this rule, as
@@ -358,58 +340,198 @@ impl ModelCluster {
             .then(|| Touch::Namespace(namespace.to_owned()))
     }
 
-    /// ModelChange the namespace `namespace` with `edit`; the touch of its event.
+    /// The foreign watch's event at `at`, as `Shared::foreign_changed`
+    /// hands it out: the rule's belief there brought up to date; true
+    /// when the rule must look at the place again.
+    fn foreign_event(&mut self, at: &ObjectKey, change: ForeignChange<'_>) -> bool {
+        self.conflicts.foreign_changed(&self.tally, at, change)
+    }
+}
+
+impl ModelCluster {
+    /// Four of the namespaces, two matching sources of the first rule, its
+    /// spec `spec_variant`, at generation 1; with `second`, a second rule
+    /// of that spec, copying from another namespace sources of the same
+    /// names (none yet).
+    fn new_with(spec_variant: usize, second: Option<usize>) -> Self {
+        // The second rule's source namespace is left out of the namespaces:
+        // no rule targets it, so its sources are never a place.
+        let mut world = World::new(&SOURCE_NAMESPACES[..1]);
+        for (namespace, env) in
+            NAMESPACES[..4]
+                .iter()
+                .zip([Some("dev"), Some("prod"), None, Some("dev")])
+        {
+            world.namespaces.insert(
+                (*namespace).to_owned(),
+                NamespaceInfo {
+                    labels: env_labels(env),
+                    ..NamespaceInfo::default()
+                },
+            );
+        }
+        let mut rules = vec![ModelRule::new(0, spec_variant)];
+        rules.extend(second.map(|variant| ModelRule::new(1, variant)));
+        let mut cluster = Self {
+            world,
+            foreign: BTreeMap::new(),
+            rules,
+            versions: 0,
+        };
+        for name in 0..2 {
+            cluster.change(&ModelChange::SourceWritten {
+                rule: 0,
+                name,
+                data: 0,
+            });
+        }
+        cluster
+    }
+
+    /// The first rule alone.
+    fn new(spec_variant: usize) -> Self {
+        Self::new_with(spec_variant, None)
+    }
+
+    /// The first rule's tally.
+    fn tally(&self) -> &Tally {
+        &self.rules[0].tally
+    }
+
+    fn next_version(&mut self) -> u64 {
+        self.versions += 1;
+        self.versions
+    }
+
+    /// Whether nothing, watched or not, holds `place`.
+    fn is_free(&self, place: &ObjectKey) -> bool {
+        self.world.copies.get(&place.0, &place.1).is_none() && !self.foreign.contains_key(place)
+    }
+
+    /// Whether objects can be created in `namespace`.
+    fn is_open(&self, namespace: &str) -> bool {
+        self.world
+            .namespaces
+            .get(namespace)
+            .is_some_and(|info| !info.terminating)
+    }
+
+    /// The copy of the first rule at `place`, as the copy cache holds it.
+    fn own_copy(&self, place: &ObjectKey) -> Option<Arc<Object>> {
+        self.copy_of_a_rule(place)
+            .filter(|(index, _)| *index == 0)
+            .map(|(_, copy)| copy)
+    }
+
+    /// The copy of a modelled rule at `place`, with the rule's index.
+    fn copy_of_a_rule(&self, (namespace, name): &ObjectKey) -> Option<(usize, Arc<Object>)> {
+        let copy = self.world.copies.get(namespace, name)?;
+        let index = self
+            .rules
+            .iter()
+            .position(|r| copy.rule_uid() == Some(r.rule.uid.as_str()))?;
+        Some((index, copy.clone()))
+    }
+
+    /// The touches a copy event at `place` brings the rules.
+    fn copy_event(
+        &self,
+        place: &ObjectKey,
+        owner_before: Option<&str>,
+        owner_after: Option<&str>,
+    ) -> Touches {
+        self.rules
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.hears_of_copy(place, owner_before, owner_after))
+            .map(|(index, _)| (index, Touch::Copy(place.0.clone(), place.1.clone())))
+            .collect()
+    }
+
+    /// The touches a namespace event brings the rules.
+    fn namespace_event(
+        &self,
+        namespace: &str,
+        before: Option<&NamespaceInfo>,
+        after: Option<&NamespaceInfo>,
+    ) -> Touches {
+        self.rules
+            .iter()
+            .enumerate()
+            .filter_map(|(index, r)| Some((index, r.namespace_event(namespace, before, after)?)))
+            .collect()
+    }
+
+    /// The foreign watch's event at `at` (`Some`: the object there now, as
+    /// created or changed; `None`: gone): the touches it brings the rules.
+    fn foreign_event(&mut self, at: &ObjectKey, now: Option<&Object>) -> Touches {
+        let change = match now {
+            Some(object) => ForeignChange::Applied(object),
+            None => ForeignChange::Gone,
+        };
+        self.rules
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(index, r)| {
+                r.foreign_event(at, change)
+                    .then(|| (index, Touch::Copy(at.0.clone(), at.1.clone())))
+            })
+            .collect()
+    }
+
+    /// The same touch for every rule.
+    fn to_all(&self, touch: &Touch) -> Touches {
+        (0..self.rules.len()).map(|i| (i, touch.clone())).collect()
+    }
+
+    /// ModelChange the namespace `namespace` with `edit`; the touches of its event.
     fn edit_namespace(
         &mut self,
         namespace: usize,
         edit: impl FnOnce(&mut NamespaceInfo),
-    ) -> Option<Touch> {
+    ) -> Touches {
         let namespace = NAMESPACES[namespace];
-        let info = self.world.namespaces.get_mut(namespace)?;
+        let Some(info) = self.world.namespaces.get_mut(namespace) else {
+            return Vec::new();
+        };
         let before = info.clone();
         edit(info);
         let after = info.clone();
         self.namespace_event(namespace, Some(&before), Some(&after))
     }
 
-    fn source(&self, name: usize) -> Option<&Arc<Object>> {
-        self.world
-            .sources
-            .iter()
-            .find(|source| &*source.name == SOURCE_NAMES[name])
+    fn source(&self, rule: usize, name: usize) -> Option<&Arc<Object>> {
+        self.world.sources.iter().find(|source| {
+            &*source.namespace == SOURCE_NAMESPACES[rule] && &*source.name == SOURCE_NAMES[name]
+        })
     }
 
-    /// The touch a source event brings this rule: its source watch holds
-    /// only what matches the rule's selector, before or after.
-    fn source_event(
-        &self,
-        name: usize,
-        before: Option<&Object>,
-        after: Option<&Object>,
-    ) -> Option<Touch> {
-        let matches = |source: Option<&Object>| {
-            source.is_some_and(|s| s.labels.get("copy").is_some_and(|v| v == "yes"))
-        };
-        (matches(before) || matches(after)).then(|| Touch::Source(SOURCE_NAMES[name].to_owned()))
-    }
-
-    /// Put `source` in place of the source of its name.
-    fn put_source(&mut self, name: usize, source: Option<Object>) -> Option<Touch> {
-        let before = self.source(name).cloned();
-        self.world
-            .sources
-            .retain(|s| &*s.name != SOURCE_NAMES[name]);
+    /// Put `source` in place of the source of rule `rule` of its name: the
+    /// touch to that rule, whose source watch holds only what matches its
+    /// selector, before or after.
+    fn put_source(&mut self, rule: usize, name: usize, source: Option<Object>) -> Touches {
+        let before = self.source(rule, name).cloned();
+        self.world.sources.retain(|s| {
+            !(&*s.namespace == SOURCE_NAMESPACES[rule] && &*s.name == SOURCE_NAMES[name])
+        });
         let after = source.map(Arc::new);
         if let Some(after) = &after {
             self.world.sources.push(after.clone());
         }
-        self.source_event(name, before.as_deref(), after.as_deref())
+        let matches = |source: Option<&Arc<Object>>| {
+            source.is_some_and(|s| s.labels.get("copy").is_some_and(|v| v == "yes"))
+        };
+        if rule < self.rules.len() && (matches(before.as_ref()) || matches(after.as_ref())) {
+            vec![(rule, Touch::Source(SOURCE_NAMES[name].to_owned()))]
+        } else {
+            Vec::new()
+        }
     }
 
     /// Make `change` (each kind by the method of its name); the touches its
-    /// watch events bring this rule.
-    fn change(&mut self, change: &ModelChange) -> Vec<Touch> {
-        let touch = match *change {
+    /// watch events bring the rules.
+    fn change(&mut self, change: &ModelChange) -> Touches {
+        match *change {
             ModelChange::NamespaceAppears { namespace, env } => {
                 self.namespace_appears(namespace, env)
             }
@@ -419,15 +541,54 @@ impl ModelCluster {
             ModelChange::NamespaceTerminates { namespace } => {
                 self.edit_namespace(namespace, |info| info.terminating = true)
             }
-            ModelChange::NamespaceGoes { namespace } => return self.namespace_goes(namespace),
-            ModelChange::SourceWritten { name, data } => self.source_written(name, data),
-            ModelChange::SourceGoes { name } => self.put_source(name, None),
-            ModelChange::SourceLabelled { name, matches } => self.source_labelled(name, matches),
+            ModelChange::NamespaceGoes { namespace } => self.namespace_goes(namespace),
+            ModelChange::SourceWritten { rule, name, data } => {
+                self.source_written(rule, name, data)
+            }
+            ModelChange::SourceGoes { rule, name } => self.put_source(rule, name, None),
+            ModelChange::SourceLabelled {
+                rule,
+                name,
+                matches,
+            } => self.source_labelled(rule, name, matches),
+            ModelChange::RuleChanged {
+                rule,
+                spec: variant,
+                delivered,
+            } => self.rule_changed(rule, variant, delivered),
+            ModelChange::Resync => {
+                for r in &mut self.rules {
+                    r.conflicts.clear();
+                }
+                self.to_all(&Touch::All)
+            }
+            ModelChange::Retry => self.to_all(&Touch::Retry),
+            ModelChange::StatusWritten => self.to_all(&Touch::Nothing),
+            ModelChange::CopyWritten { namespace, name } => {
+                let at = place(namespace, name);
+                let owner = self
+                    .world
+                    .copies
+                    .get(&at.0, &at.1)
+                    .and_then(|copy| copy.rule_uid().map(str::to_owned));
+                self.copy_event(&at, owner.as_deref(), owner.as_deref())
+            }
+            _ => self.object_changed(change),
+        }
+    }
+
+    /// [`ModelChange`]s of one object at a place.
+    fn object_changed(&mut self, change: &ModelChange) -> Touches {
+        match *change {
             ModelChange::ForeignAppears { namespace, name } => {
                 self.foreign_appears(place(namespace, name))
             }
             ModelChange::ForeignGoes { namespace, name } => {
-                self.foreign_goes(place(namespace, name))
+                let at = place(namespace, name);
+                match self.foreign.remove(&at) {
+                    Some(_) => self.foreign_event(&at, None),
+                    None => Vec::new(),
+                }
             }
             ModelChange::ForeignRelabelled {
                 namespace,
@@ -435,16 +596,16 @@ impl ModelCluster {
                 names_the_rule,
             } => self.foreign_relabelled(place(namespace, name), names_the_rule),
             ModelChange::ForeignLabelledAsCopy { namespace, name } => {
-                return self.foreign_labelled_as_copy(place(namespace, name));
+                self.foreign_labelled_as_copy(place(namespace, name))
             }
             ModelChange::ForgedCopyUnlabelled { namespace, name } => {
-                return self.forged_copy_unlabelled(place(namespace, name));
+                self.forged_copy_unlabelled(place(namespace, name))
             }
             ModelChange::ForeignGoesUnseen { namespace, name } => {
                 self.foreign.remove(&place(namespace, name));
-                return self.foreign_watch_restarted();
+                self.foreign_watch_restarted()
             }
-            ModelChange::ForeignWatchRestarted => return self.foreign_watch_restarted(),
+            ModelChange::ForeignWatchRestarted => self.foreign_watch_restarted(),
             ModelChange::OtherRulesCopyAppears { namespace, name } => {
                 self.other_rules_copy_appears(place(namespace, name))
             }
@@ -461,33 +622,19 @@ impl ModelCluster {
                 self.copy_deleted(&place(namespace, name))
             }
             ModelChange::CopyUnlabelled { namespace, name } => {
-                return self.copy_unlabelled(place(namespace, name));
+                self.copy_unlabelled(place(namespace, name))
             }
             ModelChange::CopyTakenOver { namespace, name } => {
-                return self.copy_taken_over(place(namespace, name));
+                self.copy_taken_over(place(namespace, name))
             }
-            ModelChange::RuleChanged {
-                spec: variant,
-                delivered,
-            } => self.rule_changed(variant, delivered),
-            ModelChange::Resync => {
-                self.conflicts.clear();
-                Some(Touch::All)
-            }
-            ModelChange::Retry => Some(Touch::Retry),
-            ModelChange::StatusWritten => Some(Touch::Nothing),
-            ModelChange::CopyWritten { namespace, name } => {
-                let (namespace, name) = place(namespace, name);
-                Some(Touch::Copy(namespace, name))
-            }
-        };
-        touch.into_iter().collect()
+            _ => unreachable!("not a change of one object: {change:?}"),
+        }
     }
 
-    fn namespace_appears(&mut self, namespace: usize, env: Option<&str>) -> Option<Touch> {
+    fn namespace_appears(&mut self, namespace: usize, env: Option<&str>) -> Touches {
         let name = NAMESPACES[namespace];
         if self.world.namespaces.contains_key(name) {
-            return None;
+            return Vec::new();
         }
         let info = NamespaceInfo {
             labels: env_labels(env),
@@ -499,7 +646,7 @@ impl ModelCluster {
 
     /// The namespace goes, and each object in it with its own watch event
     /// first.
-    fn namespace_goes(&mut self, namespace: usize) -> Vec<Touch> {
+    fn namespace_goes(&mut self, namespace: usize) -> Touches {
         let name = NAMESPACES[namespace];
         let Some(before) = self.world.namespaces.get(name).cloned() else {
             return Vec::new();
@@ -530,11 +677,11 @@ impl ModelCluster {
         touches
     }
 
-    /// The source `name` appears (matching the rule's selector), or its
-    /// data becomes `data`.
-    fn source_written(&mut self, name: usize, data: u8) -> Option<Touch> {
+    /// The source `name` of rule `rule` appears (matching the rules'
+    /// selector), or its data becomes `data`.
+    fn source_written(&mut self, rule: usize, name: usize, data: u8) -> Touches {
         let version = self.next_version();
-        let before = self.source(name).cloned();
+        let before = self.source(rule, name).cloned();
         let (uid, labels) = match &before {
             Some(source) => (source.uid.clone(), source.labels.clone()),
             None => (
@@ -543,7 +690,7 @@ impl ModelCluster {
             ),
         };
         let source = Object::new(
-            SOURCE_NAMESPACE,
+            SOURCE_NAMESPACES[rule],
             SOURCE_NAMES[name],
             uid,
             version.to_string(),
@@ -551,18 +698,20 @@ impl ModelCluster {
             BTreeMap::new(),
             BTreeMap::from([("data".to_owned(), json!({ "k": data.to_string() }))]),
         );
-        self.put_source(name, Some(source))
+        self.put_source(rule, name, Some(source))
     }
 
-    fn source_labelled(&mut self, name: usize, matches: bool) -> Option<Touch> {
-        let before = self.source(name).cloned()?;
+    fn source_labelled(&mut self, rule: usize, name: usize, matches: bool) -> Touches {
+        let Some(before) = self.source(rule, name).cloned() else {
+            return Vec::new();
+        };
         let mut source = (*before).clone();
         source.resource_version = self.next_version().to_string();
         source
             .labels
             .insert("copy".into(), if matches { "yes" } else { "no" }.into());
         source.rehash();
-        self.put_source(name, Some(source))
+        self.put_source(rule, name, Some(source))
     }
 
     /// Whether an object can be created at `place`: its namespace is open
@@ -571,9 +720,9 @@ impl ModelCluster {
         self.is_open(&place.0) && self.is_free(place)
     }
 
-    fn foreign_appears(&mut self, at: ObjectKey) -> Option<Touch> {
+    fn foreign_appears(&mut self, at: ObjectKey) -> Touches {
         if !self.can_create(&at) {
-            return None;
+            return Vec::new();
         }
         let version = self.next_version();
         let foreign = Object::new(
@@ -590,37 +739,25 @@ impl ModelCluster {
         self.foreign_event(&at, Some(&foreign))
     }
 
-    fn foreign_goes(&mut self, at: ObjectKey) -> Option<Touch> {
-        self.foreign.remove(&at)?;
-        self.foreign_event(&at, None)
+    /// The foreign watch starts again: each rule looks again at every
+    /// place it believed held.
+    fn foreign_watch_restarted(&mut self) -> Touches {
+        let mut touches = Vec::new();
+        for (index, r) in self.rules.iter_mut().enumerate() {
+            touches.extend(
+                r.conflicts
+                    .forget_all()
+                    .into_iter()
+                    .map(|(namespace, name)| (index, Touch::Copy(namespace, name))),
+            );
+        }
+        touches
     }
 
-    /// The foreign watch starts again: the rule looks again at every place
-    /// it believed held.
-    fn foreign_watch_restarted(&mut self) -> Vec<Touch> {
-        self.conflicts
-            .forget_all()
-            .into_iter()
-            .map(|(namespace, name)| Touch::Copy(namespace, name))
-            .collect()
-    }
-
-    /// The foreign watch's event at `at` (`Some`: the object there now, as
-    /// created or changed; `None`: gone), as `Shared::foreign_changed`
-    /// hands it out: the rule's belief there brought up to date, and a
-    /// touch when the rule must look at the place again.
-    fn foreign_event(&mut self, at: &ObjectKey, now: Option<&Object>) -> Option<Touch> {
-        let change = match now {
-            Some(object) => ForeignChange::Applied(object),
-            None => ForeignChange::Gone,
+    fn foreign_relabelled(&mut self, at: ObjectKey, names_the_rule: bool) -> Touches {
+        let Some(before) = self.foreign.get(&at) else {
+            return Vec::new();
         };
-        self.conflicts
-            .foreign_changed(&self.tally, at, change)
-            .then(|| Touch::Copy(at.0.clone(), at.1.clone()))
-    }
-
-    fn foreign_relabelled(&mut self, at: ObjectKey, names_the_rule: bool) -> Option<Touch> {
-        let before = self.foreign.get(&at)?;
         let mut changed = (**before).clone();
         changed.resource_version = self.next_version().to_string();
         changed
@@ -629,7 +766,7 @@ impl ModelCluster {
         if names_the_rule {
             changed
                 .annotations
-                .insert(ANNOTATION_RULE.into(), self.rule.key.to_string());
+                .insert(ANNOTATION_RULE.into(), self.rules[0].rule.key.to_string());
         } else {
             changed.annotations.remove(ANNOTATION_RULE);
         }
@@ -642,16 +779,16 @@ impl ModelCluster {
         self.foreign_event(&at, Some(&changed))
     }
 
-    fn foreign_labelled_as_copy(&mut self, at: ObjectKey) -> Vec<Touch> {
+    fn foreign_labelled_as_copy(&mut self, at: ObjectKey) -> Touches {
         let Some(before) = self.foreign.remove(&at) else {
             return Vec::new();
         };
-        let mut touches: Vec<Touch> = self.foreign_event(&at, None).into_iter().collect();
+        let mut touches = self.foreign_event(&at, None);
         let mut forged = (*before).clone();
         forged.resource_version = self.next_version().to_string();
         forged
             .labels
-            .insert(LABEL_RULE_UID.to_owned(), self.rule.uid.clone());
+            .insert(LABEL_RULE_UID.to_owned(), self.rules[0].rule.uid.clone());
         forged.rehash();
         // As the copy watch reads it: managedFields name another writer.
         forged.authored = false;
@@ -662,7 +799,7 @@ impl ModelCluster {
         touches
     }
 
-    fn forged_copy_unlabelled(&mut self, at: ObjectKey) -> Vec<Touch> {
+    fn forged_copy_unlabelled(&mut self, at: ObjectKey) -> Touches {
         let Some(forged) = self
             .world
             .copies
@@ -673,7 +810,7 @@ impl ModelCluster {
             return Vec::new();
         };
         self.leaves_copy_watch(&forged);
-        let mut touches: Vec<Touch> = self.copy_event(&at, None, None).into_iter().collect();
+        let mut touches = self.copy_event(&at, None, None);
         let mut unlabelled = Object::new(
             &at.0,
             &at.1,
@@ -695,9 +832,9 @@ impl ModelCluster {
         touches
     }
 
-    fn other_rules_copy_appears(&mut self, at: ObjectKey) -> Option<Touch> {
+    fn other_rules_copy_appears(&mut self, at: ObjectKey) -> Touches {
         if !self.can_create(&at) {
-            return None;
+            return Vec::new();
         }
         let version = self.next_version();
         let copy = Object::new(
@@ -717,21 +854,22 @@ impl ModelCluster {
         self.copy_event(&at, None, Some(OTHER_RULE_UID))
     }
 
-    fn forged_copy_appears(&mut self, at: ObjectKey) -> Option<Touch> {
+    fn forged_copy_appears(&mut self, at: ObjectKey) -> Touches {
         if !self.can_create(&at) {
-            return None;
+            return Vec::new();
         }
         let version = self.next_version();
+        let first = &self.rules[0].rule;
         let mut forged = Object::new(
             &at.0,
             &at.1,
             format!("forged-{version}"),
             version.to_string(),
             BTreeMap::from([
-                (LABEL_RULE_UID.to_owned(), self.rule.uid.clone()),
+                (LABEL_RULE_UID.to_owned(), first.uid.clone()),
                 (LABEL_MANAGED_BY.to_owned(), "copyrator".to_owned()),
             ]),
-            BTreeMap::from([(ANNOTATION_RULE.to_owned(), self.rule.key.to_string())]),
+            BTreeMap::from([(ANNOTATION_RULE.to_owned(), first.key.to_string())]),
             BTreeMap::from([("data".to_owned(), json!({"k": "forged"}))]),
         );
         // As the copy watch reads it: managedFields name another writer.
@@ -742,19 +880,23 @@ impl ModelCluster {
         self.copy_event(&at, None, None)
     }
 
-    fn labelled_foreign_goes(&mut self, at: &ObjectKey) -> Option<Touch> {
-        let object = self
-            .world
-            .copies
-            .get(&at.0, &at.1)
-            .filter(|object| object.rule_uid() != Some(self.rule.uid.as_str()))
-            .cloned()?;
+    /// An object the copy watch sees that is no modelled rule's copy
+    /// (another rule's copy, a forged one) goes.
+    fn labelled_foreign_goes(&mut self, at: &ObjectKey) -> Touches {
+        let Some(object) = self.world.copies.get(&at.0, &at.1).cloned() else {
+            return Vec::new();
+        };
+        if self.copy_of_a_rule(at).is_some() {
+            return Vec::new();
+        }
         self.leaves_copy_watch(&object);
         self.copy_event(at, object.rule_uid(), None)
     }
 
-    fn copy_edited(&mut self, at: &ObjectKey) -> Option<Touch> {
-        let copy = self.own_copy(at)?;
+    fn copy_edited(&mut self, at: &ObjectKey) -> Touches {
+        let Some((index, copy)) = self.copy_of_a_rule(at) else {
+            return Vec::new();
+        };
         // A new version by another writer: its data differs, and it is no
         // answer to a write of ours.
         let mut edited = (*copy).clone();
@@ -763,18 +905,21 @@ impl ModelCluster {
         edited.written_for = None;
         edited.settled = false;
         self.world.copies.upsert(Arc::new(edited));
-        let ours = Some(self.rule.uid.as_str());
-        self.copy_event(at, ours, ours)
+        let owner = self.rules[index].rule.uid.clone();
+        self.copy_event(at, Some(&owner), Some(&owner))
     }
 
-    fn copy_deleted(&mut self, at: &ObjectKey) -> Option<Touch> {
-        let copy = self.own_copy(at)?;
+    fn copy_deleted(&mut self, at: &ObjectKey) -> Touches {
+        let Some((index, copy)) = self.copy_of_a_rule(at) else {
+            return Vec::new();
+        };
         self.leaves_copy_watch(&copy);
-        self.copy_event(at, Some(self.rule.uid.as_str()), None)
+        let owner = self.rules[index].rule.uid.clone();
+        self.copy_event(at, Some(&owner), None)
     }
 
-    fn copy_unlabelled(&mut self, at: ObjectKey) -> Vec<Touch> {
-        let Some(copy) = self.own_copy(&at) else {
+    fn copy_unlabelled(&mut self, at: ObjectKey) -> Touches {
+        let Some((index, copy)) = self.copy_of_a_rule(&at) else {
             return Vec::new();
         };
         self.leaves_copy_watch(&copy);
@@ -800,24 +945,22 @@ impl ModelCluster {
             annotations,
             copy.payload.clone(),
         );
-        self.left_for_the_foreign_watch(at, unlabelled)
+        self.left_for_the_foreign_watch(index, at, unlabelled)
     }
 
-    /// One of the rule's copies leaves the copy watch and comes to the
+    /// A copy of rule `index` leaves the copy watch and comes to the
     /// foreign watch as `now`: the touches of both events.
-    fn left_for_the_foreign_watch(&mut self, at: ObjectKey, now: Object) -> Vec<Touch> {
+    fn left_for_the_foreign_watch(&mut self, index: usize, at: ObjectKey, now: Object) -> Touches {
         let now = Arc::new(now);
         self.foreign.insert(at.clone(), now.clone());
-        let mut touches: Vec<Touch> = self
-            .copy_event(&at, Some(self.rule.uid.as_str()), None)
-            .into_iter()
-            .collect();
+        let owner = self.rules[index].rule.uid.clone();
+        let mut touches = self.copy_event(&at, Some(&owner), None);
         touches.extend(self.foreign_event(&at, Some(&now)));
         touches
     }
 
-    fn copy_taken_over(&mut self, at: ObjectKey) -> Vec<Touch> {
-        let Some(copy) = self.own_copy(&at) else {
+    fn copy_taken_over(&mut self, at: ObjectKey) -> Touches {
+        let Some((index, copy)) = self.copy_of_a_rule(&at) else {
             return Vec::new();
         };
         // The copy watch selects by label: to it, the copy is deleted.
@@ -832,17 +975,23 @@ impl ModelCluster {
             BTreeMap::new(),
             BTreeMap::from([("data".to_owned(), json!({"k": "taken"}))]),
         );
-        self.left_for_the_foreign_watch(at, foreign)
+        self.left_for_the_foreign_watch(index, at, foreign)
     }
 
-    /// The rule's next generation, of the spec `variant`.
-    fn rule_changed(&mut self, variant: usize, delivered: Delivered) -> Option<Touch> {
-        self.rule = rule(spec(variant));
-        self.generation += 1;
-        Some(match delivered {
-            Delivered::AsChangedSpec => Touch::All,
-            Delivered::ThroughStatusPass => Touch::Nothing,
-        })
+    /// Rule `index`'s next generation, of the spec `variant`.
+    fn rule_changed(&mut self, index: usize, variant: usize, delivered: Delivered) -> Touches {
+        let Some(changed) = self.rules.get_mut(index) else {
+            return Vec::new();
+        };
+        changed.rule = model_rule(index, variant);
+        changed.generation += 1;
+        vec![(
+            index,
+            match delivered {
+                Delivered::AsChangedSpec => Touch::All,
+                Delivered::ThroughStatusPass => Touch::Nothing,
+            },
+        )]
     }
 
     /// `object` leaves what the copy watch selects (deleted, or its
@@ -872,10 +1021,14 @@ impl ModelCluster {
         self.world.copies.upsert_written(Arc::new(copy));
     }
 
-    /// Carry out `action` as the writer does: a create that finds the name
-    /// taken by an object the cache does not hold resolves it with
-    /// [`occupied`] (a conflict, or a take-over under `Overwrite`).
-    fn write(&mut self, action: &Action) -> WriteOutcome {
+    /// Carry out `action` of rule `index` as the writer does: a create that
+    /// finds the name taken by an object the cache does not hold resolves
+    /// it with [`occupied`] (a conflict, or a take-over under
+    /// `Overwrite`). The touches its watch events bring the other rules
+    /// come with it (the rule's own echo brings nothing).
+    fn write(&mut self, index: usize, action: &Action) -> (WriteOutcome, Touches) {
+        let writer = self.rules[index].rule.uid.clone();
+        let mut touches = Vec::new();
         match action {
             Action::Create { desired, namespace } => {
                 let at = (namespace.clone(), desired.name.clone());
@@ -883,54 +1036,82 @@ impl ModelCluster {
                 // hold can take the name.
                 let mut uid = None;
                 if let Some(existing) = self.foreign.get(&at).cloned() {
-                    let rule_name = self.rule.key.to_string();
-                    match occupied(desired, &existing, self.rule.conflict_policy, &rule_name) {
-                        Occupied::Ours => return WriteOutcome::Written,
-                        Occupied::Conflict(reason) => return WriteOutcome::Conflict(reason),
+                    let rule = &self.rules[index].rule;
+                    match occupied(
+                        desired,
+                        &existing,
+                        rule.conflict_policy,
+                        &rule.key.to_string(),
+                    ) {
+                        Occupied::Ours => return (WriteOutcome::Written, touches),
+                        Occupied::Conflict(reason) => {
+                            return (WriteOutcome::Conflict(reason), touches);
+                        }
                         Occupied::Update => uid = Some(existing.uid.clone()),
                         Occupied::Recreate => {}
                     }
+                    // Taken over: it leaves the foreign watch.
                     self.foreign.remove(&at);
+                    touches.extend(self.foreign_event(&at, None));
                 }
                 self.put_copy(namespace, desired, uid);
+                touches.extend(self.copy_event(&at, None, Some(&writer)));
             }
             Action::Update { desired, current } => {
                 self.put_copy(&current.namespace, desired, Some(current.uid.clone()));
+                touches.extend(self.copy_event(&current.key(), Some(&writer), Some(&writer)));
             }
             Action::Recreate { desired, current } => {
                 self.leaves_copy_watch(current);
                 self.put_copy(&current.namespace, desired, None);
+                touches.extend(self.copy_event(&current.key(), Some(&writer), Some(&writer)));
             }
             Action::Delete { current, .. } => {
                 self.world
                     .copies
                     .remove(&current.namespace, &current.name, &current.uid);
+                touches.extend(self.copy_event(&current.key(), Some(&writer), None));
             }
             Action::HandOver { current, .. } => {
                 let mut handed = (**current).clone();
                 handed.create_only = true;
                 handed.resource_version = self.next_version().to_string();
                 self.world.copies.upsert_written(Arc::new(handed));
+                touches.extend(self.copy_event(&current.key(), Some(&writer), Some(&writer)));
             }
         }
-        WriteOutcome::Written
+        touches.retain(|(to, _)| *to != index);
+        (WriteOutcome::Written, touches)
     }
 
-    /// One pass over what `touches` changed, as `reconcile::carry_out` and
-    /// `finish` make it; its n-th write (in place order) fails when bit n
-    /// of `failing` is set. Checks the pass against a pass over everything.
-    fn pass(&mut self, touches: Vec<Touch>, failing: u32) -> Result<(), TestCaseError> {
-        let basis = self.basis();
+    /// The plan of rule `index` over `scope`, from what it believes held.
+    fn plan_of(&mut self, index: usize, scope: &Scope) -> Plan {
+        self.world.known_conflicts = self.rules[index].conflicts.held().clone();
+        self.world.plan_within(&self.rules[index].rule, scope)
+    }
+
+    /// One pass of rule `index` over what `touches` changed, as
+    /// `reconcile::carry_out` and `finish` make it; its n-th write (in
+    /// place order) fails when bit n of `failing` is set. Checks the pass
+    /// against a pass over everything; the touches its writes bring the
+    /// other rules.
+    fn pass(
+        &mut self,
+        index: usize,
+        touches: Vec<Touch>,
+        failing: u32,
+    ) -> Result<Touches, TestCaseError> {
+        let basis = self.rules[index].basis();
         let mut touched = Scope::default();
         for touch in touches {
             touched.add(touch);
         }
-        self.conflicts
-            .pass_begins(&self.rule.key.to_string(), self.rule.kind);
-        self.world.known_conflicts = self.conflicts.held().clone();
-        let mut scope = self.tally.scope_for(&basis, touched);
+        let r = &mut self.rules[index];
+        r.conflicts
+            .pass_begins(&r.rule.key.to_string(), r.rule.kind);
+        let mut scope = r.tally.scope_for(&basis, touched);
         if scope.retries() {
-            let unsettled: Vec<ObjectKey> = self
+            let unsettled: Vec<ObjectKey> = r
                 .tally
                 .places()
                 .map(|(namespace, name)| (namespace.to_owned(), name.to_owned()))
@@ -939,12 +1120,12 @@ impl ModelCluster {
                 scope.add(Touch::Copy(namespace, name));
             }
         }
-        let plan = self.world.plan_within(&self.rule, &scope);
-        self.tally.record(&basis, &scope, &plan);
+        let plan = self.plan_of(index, &scope);
+        self.rules[index].tally.record(&basis, &scope, &plan);
 
         // Each write of the pass is one a pass over everything makes, and
         // what that pass makes besides is still owed from earlier passes.
-        let full = self.world.plan(&self.rule);
+        let full = self.plan_of(index, &Scope::everything());
         let full_verbs = verbs(&full);
         for write in verbs(&plan) {
             prop_assert!(
@@ -952,96 +1133,124 @@ impl ModelCluster {
                 "{write:?} is no write of a pass over everything: {full_verbs:?}"
             );
         }
-        self.check_owed(&full, "before the writes")?;
+        check_owed(&self.rules[index].tally, &full, "before the writes")?;
 
         let mut new_conflicts = Vec::new();
-        for (index, action) in plan.actions.iter().enumerate() {
+        let mut others = Vec::new();
+        for (position, action) in plan.actions.iter().enumerate() {
             // A failed write, or one waiting out its backoff: still owed.
-            if failing & (1 << (index % 32)) != 0 {
+            if failing & (1 << (position % 32)) != 0 {
                 continue;
             }
             let (namespace, name) = action.target();
-            match self.write(action) {
-                WriteOutcome::Written => self.tally.settle(namespace, name),
+            let (outcome, touches) = self.write(index, action);
+            others.extend(touches);
+            match outcome {
+                WriteOutcome::Written => self.rules[index].tally.settle(namespace, name),
                 WriteOutcome::Conflict(reason) => {
                     new_conflicts.push(((namespace.to_owned(), name.to_owned()), reason));
                 }
             }
         }
+        let r = &mut self.rules[index];
         for ((namespace, name), reason) in new_conflicts {
-            if self
-                .conflicts
+            if r.conflicts
                 .met((namespace.clone(), name.clone()), reason.clone())
             {
-                self.tally
-                    .set(&namespace, &name, Unsettled::Conflict(reason));
+                r.tally.set(&namespace, &name, Unsettled::Conflict(reason));
             }
         }
-        let rule_uid = self.rule.uid.clone();
+        let rule_uid = r.rule.uid.clone();
         let copies = &self.world.copies;
-        self.conflicts.retain(|(namespace, name)| {
+        r.conflicts.retain(|(namespace, name)| {
             copies
                 .get(namespace, name)
                 .is_none_or(|copy| copy.rule_uid() != Some(rule_uid.as_str()))
         });
 
-        let truth = self.truth();
+        let truth = self.truth(index);
         prop_assert_eq!(
-            self.tally.counts(&plan),
+            self.rules[index].tally.counts(&plan),
             counts_of(&truth),
-            "the status counts"
+            "the status counts of rule {}",
+            index
         );
-        self.check_owed(&truth, "after the writes")?;
-        Ok(())
+        check_owed(&self.rules[index].tally, &truth, "after the writes")?;
+        Ok(others)
     }
 
-    /// What a pass over everything from the cluster as it is finds, each
-    /// of its creates tried: a create meets the foreign object at its
-    /// place (a conflict, or one `Overwrite` takes over). Not what the
-    /// rule believes: a place it believes held by an object that went is
-    /// free here. A place where the tally still owes a write (it failed)
-    /// is left to that write, which meets what is there.
-    fn truth(&mut self) -> Plan {
-        let believed = std::mem::take(&mut self.world.known_conflicts);
-        let blind = self.world.plan(&self.rule);
-        let rule_name = self.rule.key.to_string();
+    /// What a pass of rule `index` over everything from the cluster as it
+    /// is finds, each of its creates tried: a create meets the foreign
+    /// object at its place (a conflict, or one `Overwrite` takes over).
+    /// Not what the rule believes: a place it believes held by an object
+    /// that went is free here. A place where the tally still owes a write
+    /// (it failed) is left to that write, which meets what is there.
+    fn truth(&mut self, index: usize) -> Plan {
+        self.world.known_conflicts = HashMap::new();
+        let rule = &self.rules[index].rule;
+        let blind = self.world.plan(rule);
+        let rule_name = rule.key.to_string();
         let mut met = HashMap::new();
         for action in &blind.actions {
             let Action::Create { desired, namespace } = action else {
                 continue;
             };
             let at = (namespace.clone(), desired.name.clone());
-            if self.tally.is_unwritten(&at.0, &at.1) {
+            if self.rules[index].tally.is_unwritten(&at.0, &at.1) {
                 continue;
             }
             if let Some(existing) = self.foreign.get(&at)
                 && let Occupied::Conflict(reason) =
-                    occupied(desired, existing, self.rule.conflict_policy, &rule_name)
+                    occupied(desired, existing, rule.conflict_policy, &rule_name)
             {
                 met.insert(at, reason);
             }
         }
         self.world.known_conflicts = met;
-        let truth = self.world.plan(&self.rule);
-        self.world.known_conflicts = believed;
-        truth
+        self.world.plan(&self.rules[index].rule)
     }
 
-    /// Every write of `full`, a plan over everything, is still owed, so a
-    /// retry makes it. The tally may owe more, but only deletions (the
-    /// counts, checked apart, would show an owed copy): one in a namespace
-    /// that started terminating, say, which no pass was told of; a retry
-    /// finds nothing to do there.
-    fn check_owed(&self, full: &Plan, when: &str) -> Result<(), TestCaseError> {
-        let owed = owed_places(&self.tally);
-        let written = written_places(full);
-        let forgotten: Vec<&ObjectKey> = written.difference(&owed).collect();
-        prop_assert!(
-            forgotten.is_empty(),
-            "{when}: writes a pass over everything makes that no pass owes: {forgotten:?}"
-        );
+    /// Run the passes `touches` ask for, rule by rule, and those that the
+    /// writes of each bring the others, until no rule is touched.
+    fn passes(&mut self, mut touches: Touches, failing: u32) -> Result<(), TestCaseError> {
+        let mut rounds = 0;
+        while !touches.is_empty() {
+            rounds += 1;
+            prop_assert!(
+                rounds <= 8,
+                "the rules' writes keep touching each other: {touches:?}"
+            );
+            let mut next = Vec::new();
+            for index in 0..self.rules.len() {
+                let mine: Vec<Touch> = touches
+                    .iter()
+                    .filter(|(to, _)| *to == index)
+                    .map(|(_, touch)| touch.clone())
+                    .collect();
+                if !mine.is_empty() {
+                    next.extend(self.pass(index, mine, failing)?);
+                }
+            }
+            touches = next;
+        }
         Ok(())
     }
+}
+
+/// Every write of `full`, a plan over everything, is still owed in
+/// `tally`, so a retry makes it. The tally may owe more, but only
+/// deletions (the counts, checked apart, would show an owed copy): one in
+/// a namespace that started terminating, say, which no pass was told of;
+/// a retry finds nothing to do there.
+fn check_owed(tally: &Tally, full: &Plan, when: &str) -> Result<(), TestCaseError> {
+    let owed = owed_places(tally);
+    let written = written_places(full);
+    let forgotten: Vec<&ObjectKey> = written.difference(&owed).collect();
+    prop_assert!(
+        forgotten.is_empty(),
+        "{when}: writes a pass over everything makes that no pass owes: {forgotten:?}"
+    );
+    Ok(())
 }
 
 fn namespace() -> impl Strategy<Value = usize> {
@@ -1073,10 +1282,16 @@ fn change() -> impl Strategy<Value = ModelChange> {
             .prop_map(|(namespace, env)| ModelChange::NamespaceLabelled { namespace, env }),
         namespace().prop_map(|namespace| ModelChange::NamespaceTerminates { namespace }),
         namespace().prop_map(|namespace| ModelChange::NamespaceGoes { namespace }),
-        (source_name(), 0..3u8).prop_map(|(name, data)| ModelChange::SourceWritten { name, data }),
-        source_name().prop_map(|name| ModelChange::SourceGoes { name }),
-        (source_name(), any::<bool>())
-            .prop_map(|(name, matches)| ModelChange::SourceLabelled { name, matches }),
+        (0..2usize, source_name(), 0..3u8)
+            .prop_map(|(rule, name, data)| ModelChange::SourceWritten { rule, name, data }),
+        (0..2usize, source_name()).prop_map(|(rule, name)| ModelChange::SourceGoes { rule, name }),
+        (0..2usize, source_name(), any::<bool>()).prop_map(|(rule, name, matches)| {
+            ModelChange::SourceLabelled {
+                rule,
+                name,
+                matches,
+            }
+        }),
         (namespace(), source_name())
             .prop_map(|(namespace, name)| ModelChange::ForeignAppears { namespace, name }),
         (namespace(), source_name())
@@ -1111,8 +1326,13 @@ fn change() -> impl Strategy<Value = ModelChange> {
             .prop_map(|(namespace, name)| ModelChange::CopyUnlabelled { namespace, name }),
         (namespace(), source_name())
             .prop_map(|(namespace, name)| ModelChange::CopyTakenOver { namespace, name }),
-        (0..SPECS, delivered)
-            .prop_map(|(spec, delivered)| ModelChange::RuleChanged { spec, delivered }),
+        (0..2usize, 0..SPECS, delivered).prop_map(|(rule, spec, delivered)| {
+            ModelChange::RuleChanged {
+                rule,
+                spec,
+                delivered,
+            }
+        }),
         Just(ModelChange::Resync),
         Just(ModelChange::Retry),
         Just(ModelChange::StatusWritten),
@@ -1129,21 +1349,23 @@ proptest! {
     })]
 
     /// Whatever happens, in whatever order, each pass over what changed
-    /// leaves the rule's status as a pass over everything would.
+    /// leaves the rule's status as a pass over everything would; with a
+    /// second rule that wants the same places (its sources have the same
+    /// names), each rule's.
     #[test]
     fn passes_over_what_changed_count_what_a_pass_over_everything_counts(
         first_spec in 0..SPECS,
+        second_spec in prop::option::of(0..SPECS),
         first_failing in failing(),
         steps in prop::collection::vec((change(), failing()), 1..40),
     ) {
-        let mut cluster = ModelCluster::new(first_spec);
-        cluster.pass(vec![Touch::All], first_failing)?;
+        let mut cluster = ModelCluster::new_with(first_spec, second_spec);
+        let first = cluster.to_all(&Touch::All);
+        cluster.passes(first, first_failing)?;
         for (change, failing) in &steps {
-            let touches = cluster.change(change);
             // A change no watch reports brings no pass.
-            if !touches.is_empty() {
-                cluster.pass(touches, *failing)?;
-            }
+            let touches = cluster.change(change);
+            cluster.passes(touches, *failing)?;
         }
     }
 }
@@ -1152,21 +1374,19 @@ proptest! {
 fn started(spec_variant: usize) -> ModelCluster {
     let mut cluster = ModelCluster::new(spec_variant);
     cluster
-        .pass(vec![Touch::All], 0)
+        .passes(vec![(0, Touch::All)], 0)
         .unwrap_or_else(|failed| panic!("the first pass: {failed}"));
     cluster
 }
 
-/// Run `cluster` through `changes`, each followed by its pass, every write
-/// made; panics with the check that failed.
+/// Run `cluster` through `changes`, each followed by its passes, every
+/// write made; panics with the check that failed.
 fn replay(cluster: &mut ModelCluster, changes: &[ModelChange]) {
     for change in changes {
         let touches = cluster.change(change);
-        if !touches.is_empty() {
-            cluster
-                .pass(touches, 0)
-                .unwrap_or_else(|failed| panic!("after {change:?}: {failed}"));
-        }
+        cluster
+            .passes(touches, 0)
+            .unwrap_or_else(|failed| panic!("after {change:?}: {failed}"));
     }
 }
 
@@ -1179,23 +1399,24 @@ fn another_rules_copy_where_a_create_is_owed_is_a_conflict_at_once() {
     let mut cluster = ModelCluster::new(0);
     // Writes go in place order: ops-d's two, then team-a/cm1.
     cluster
-        .pass(vec![Touch::All], 1 << 2)
+        .passes(vec![(0, Touch::All)], 1 << 2)
         .expect("the first pass counts as a pass over everything");
-    assert!(cluster.tally.is_unwritten("team-a", "cm1"));
+    assert!(cluster.tally().is_unwritten("team-a", "cm1"));
     let appears = ModelChange::OtherRulesCopyAppears {
         namespace: 0,
         name: 0,
     };
+    let touches = cluster.change(&appears);
     assert_eq!(
-        cluster.change(&appears),
-        vec![Touch::Copy("team-a".into(), "cm1".into())],
+        touches,
+        vec![(0, Touch::Copy("team-a".into(), "cm1".into()))],
         "the rule hears of the place it owes a write"
     );
     cluster
-        .pass(vec![Touch::Copy("team-a".into(), "cm1".into())], 0)
+        .passes(touches, 0)
         .expect("the pass over the place counts the conflict");
     replay(&mut cluster, &[ModelChange::StatusWritten]);
-    assert!(cluster.tally.is_conflict("team-a", "cm1"));
+    assert!(cluster.tally().is_conflict("team-a", "cm1"));
 }
 
 /// A copy whose labels someone removed is a foreign object to the copy
@@ -1213,13 +1434,14 @@ fn a_copy_taken_back_under_overwrite_is_held_and_counted() {
                 name: 0,
             },
             ModelChange::RuleChanged {
+                rule: 0,
                 spec: 4,
                 delivered: Delivered::AsChangedSpec,
             },
         ],
     );
     assert!(cluster.own_copy(&place(0, 0)).is_some());
-    assert!(cluster.world.plan(&cluster.rule).actions.is_empty());
+    assert!(cluster.plan_of(0, &Scope::everything()).actions.is_empty());
 }
 
 /// The race behind a status that counted a foreign object as a copy: a
@@ -1238,12 +1460,13 @@ fn new_targets_reaching_a_status_pass_are_looked_at() {
                 name: 0,
             },
             ModelChange::RuleChanged {
+                rule: 0,
                 spec: 0,
                 delivered: Delivered::ThroughStatusPass,
             },
         ],
     );
-    assert!(cluster.tally.is_conflict("ops-d", "cm1"));
+    assert!(cluster.tally().is_conflict("ops-d", "cm1"));
     assert!(cluster.own_copy(&place(3, 1)).is_some());
 }
 
@@ -1260,18 +1483,85 @@ fn a_place_freed_by_its_foreign_object_is_filled_at_once() {
     // Before the rule's first pass: nothing of the rule's is there yet.
     assert!(cluster.change(&held).is_empty());
     cluster
-        .pass(vec![Touch::All], 0)
+        .passes(vec![(0, Touch::All)], 0)
         .expect("the first pass meets the foreign object");
-    assert!(cluster.tally.is_conflict("team-a", "cm1"));
+    assert!(cluster.tally().is_conflict("team-a", "cm1"));
 
     let freed = cluster.change(&ModelChange::ForeignGoes {
         namespace: 0,
         name: 0,
     });
-    assert_eq!(freed, vec![Touch::Copy("team-a".into(), "cm1".into())]);
+    assert_eq!(freed, vec![(0, Touch::Copy("team-a".into(), "cm1".into()))]);
     cluster
-        .pass(freed, 0)
+        .passes(freed, 0)
         .expect("the pass over the freed place writes the copy");
     assert!(cluster.own_copy(&place(0, 0)).is_some());
-    assert!(!cluster.tally.is_conflict("team-a", "cm1"));
+    assert!(!cluster.tally().is_conflict("team-a", "cm1"));
+}
+
+/// Two rules want one place, which a foreign object holds: both name the
+/// conflict. The object goes: both hear of it, the first writes its copy,
+/// and the second, told of that copy by the copy watch, names the first
+/// rule's copy as its conflict. When the first rule's source goes, its
+/// copy goes and the second rule writes its own.
+#[test]
+fn a_place_two_rules_want_goes_to_one_and_then_to_the_other() {
+    let mut cluster = ModelCluster::new_with(0, Some(0));
+    let setup = [
+        ModelChange::SourceWritten {
+            rule: 1,
+            name: 0,
+            data: 1,
+        },
+        ModelChange::ForeignAppears {
+            namespace: 0,
+            name: 0,
+        },
+    ];
+    for change in &setup {
+        cluster.change(change);
+    }
+    let first = cluster.to_all(&Touch::All);
+    cluster.passes(first, 0).expect("the first passes");
+    for index in 0..2 {
+        assert!(
+            cluster.rules[index].tally.is_conflict("team-a", "cm1"),
+            "rule {index} names the foreign object"
+        );
+    }
+    let freed = cluster.change(&ModelChange::ForeignGoes {
+        namespace: 0,
+        name: 0,
+    });
+    let place = Touch::Copy("team-a".into(), "cm1".into());
+    assert_eq!(
+        freed,
+        vec![(0, place.clone()), (1, place)],
+        "both hear of it"
+    );
+    cluster
+        .passes(freed, 0)
+        .expect("the passes over the freed place");
+    assert!(cluster.own_copy(&self::place(0, 0)).is_some());
+    // The first rule's copies came first everywhere else too.
+    let mut conflicts = cluster.rules[1]
+        .tally
+        .conflicts()
+        .map(|(ns, name, why)| format!("{ns}/{name}: {why}"))
+        .collect::<Vec<_>>();
+    conflicts.sort();
+    assert_eq!(
+        conflicts,
+        ["ops-d", "team-a", "team-b", "team-c"]
+            .map(|ns| format!("{ns}/cm1: a copy made by rule src/r is there")),
+        "the second rule names the first rule's copies"
+    );
+    replay(
+        &mut cluster,
+        &[ModelChange::SourceGoes { rule: 0, name: 0 }],
+    );
+    let (owner, _) = cluster
+        .copy_of_a_rule(&self::place(0, 0))
+        .expect("a copy at team-a/cm1");
+    assert_eq!(owner, 1, "the second rule's copy is there now");
 }
