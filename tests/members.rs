@@ -240,26 +240,10 @@ async fn copies_leave_members_that_leave() {
 /// The operator's `copyrator_api_writes_total` for ConfigMaps of `verb`
 /// sent to `cluster`, from its /metrics.
 async fn writes_to(operator: &Operator, cluster: &str, verb: &str) -> Result<f64, String> {
-    let (code, body) = http_get(operator.port, "/metrics").await?;
-    if code != 200 {
-        return Err(format!("GET /metrics answered {code}"));
-    }
-    let mut sum = None;
-    for line in body.lines() {
-        let Some((name, labels, value)) = prometheus::sample(line)? else {
-            continue;
-        };
-        let wanted = [("cluster", cluster), ("verb", verb), ("kind", "ConfigMap")];
-        if name == "copyrator_api_writes_total"
-            && wanted
-                .iter()
-                .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v))
-        {
-            let v: f64 = value.parse().map_err(|e| format!("{line:?}: {e}"))?;
-            sum = Some(sum.unwrap_or(0.0) + v);
-        }
-    }
-    sum.ok_or_else(|| format!("no copyrator_api_writes_total series for cluster {cluster}"))
+    let wanted = [("cluster", cluster), ("verb", verb), ("kind", "ConfigMap")];
+    prometheus::operator_metric(operator.port, "copyrator_api_writes_total", &wanted)
+        .await?
+        .ok_or_else(|| format!("no copyrator_api_writes_total series for cluster {cluster}"))
 }
 
 /// A neighbour in member a rewrites the copy's data every 2 s for a
