@@ -74,6 +74,13 @@ pub struct Object {
     /// This version is the API server's answer to that write, accepted as
     /// right even where an admission webhook added keys to it.
     pub settled: bool,
+    /// The payload is provably what Copyrator wrote: per `managedFields`
+    /// no other field manager (nor an apply under Copyrator's name) set a
+    /// payload field, and since Copyrator's last write was seen the payload
+    /// did not change. Only such a copy's content may be handed on to other
+    /// namespaces (a staged rollout's earlier content); an object without
+    /// `managedFields` proves nothing (anyone may clear them).
+    pub intact: bool,
 }
 
 // Secret payloads must never reach a log line, so Debug shows identity only.
@@ -223,6 +230,36 @@ fn last_other_writer(managed_fields: Option<&[ManagedFieldsEntry]>) -> Option<Ar
         .map(crate::cache::intern::string)
 }
 
+/// Whether `managedFields` show that only Copyrator's own updates set the
+/// payload of an object of `kind`: no entry of another manager, and no
+/// apply (Copyrator writes by update only, so an apply under its name is
+/// someone else's), owns a payload field. `false` without `managedFields`.
+fn payload_only_written_by_copyrator(
+    kind: Kind,
+    managed_fields: Option<&[ManagedFieldsEntry]>,
+) -> bool {
+    let Some(entries) = managed_fields.filter(|m| !m.is_empty()) else {
+        return false;
+    };
+    entries
+        .iter()
+        .filter(|e| {
+            e.manager.as_deref() != Some(crate::FIELD_MANAGER)
+                || e.operation.as_deref() != Some("Update")
+        })
+        .all(|entry| {
+            let Some(FieldsV1(fields)) = &entry.fields_v1 else {
+                return true;
+            };
+            fields.as_object().is_none_or(|top| {
+                !top.keys().any(|key| {
+                    key.strip_prefix("f:")
+                        .is_some_and(|field| kind.is_payload_field(field))
+                })
+            })
+        })
+}
+
 impl Object {
     /// An object whose labels and annotations all count as Copyrator's.
     pub fn new(
@@ -254,6 +291,7 @@ impl Object {
             controller: None,
             written_for: None,
             settled: false,
+            intact: true,
         };
         object.rehash();
         object
@@ -267,6 +305,7 @@ impl Object {
         };
         let owned = owned_meta_keys(meta.managed_fields.as_deref());
         let other_writer = last_other_writer(meta.managed_fields.as_deref());
+        let intact = payload_only_written_by_copyrator(kind, meta.managed_fields.as_deref());
         let mut object = Self::new(
             meta.namespace.unwrap_or_default(),
             meta.name.unwrap_or_default(),
@@ -277,6 +316,7 @@ impl Object {
             normalize_payload(kind, fields),
         );
         object.other_writer = other_writer;
+        object.intact = intact;
         if kind.info().generic {
             object.controller = meta
                 .owner_references
@@ -562,6 +602,16 @@ impl CopyIndex {
                 return touched;
             }
             if previous.uid == object.uid {
+                // A payload that changed other than by Copyrator's own
+                // write (whose answer carries `written_for`), or that was
+                // not intact before, is not intact now, whoever
+                // `managedFields` name.
+                if object.written_for.is_none()
+                    && object.intact
+                    && (previous.payload_hash != object.payload_hash || !previous.intact)
+                {
+                    Arc::make_mut(&mut object).intact = false;
+                }
                 // What Copyrator wrote is remembered across versions; the
                 // watch echo of its own write stays the settled answer.
                 let same_version = previous.resource_version == object.resource_version;
@@ -913,6 +963,63 @@ pub(crate) mod tests {
         // A new object of the same name starts afresh.
         index.upsert(Arc::new(object("a", "x", "2", 7, &[(uid, "r1")])));
         assert_eq!(index.get("a", "x").unwrap().written_for, None);
+    }
+
+    #[test]
+    fn a_payload_is_intact_only_while_copyrator_alone_updated_it() {
+        let intact = |neighbour_fields: Value| {
+            Object::from_dynamic(Kind::ConfigMap, watched_copy(neighbour_fields, &[])).intact
+        };
+        assert!(intact(
+            serde_json::json!({"f:metadata": {"f:labels": {"f:team": {}}}})
+        ));
+        assert!(
+            !intact(serde_json::json!({"f:data": {"f:k": {}}})),
+            "someone else set a data key"
+        );
+        // An apply under Copyrator's name is not Copyrator's (it only updates).
+        let mut forged = watched_copy(serde_json::json!({}), &[]);
+        if let Some(entries) = forged.metadata.managed_fields.as_mut() {
+            entries[0].operation = Some("Apply".into());
+        }
+        assert!(!Object::from_dynamic(Kind::ConfigMap, forged).intact);
+        // managedFields cleared (anyone may clear them): nothing is proved.
+        let mut cleared = watched_copy(serde_json::json!({}), &[]);
+        cleared.metadata.managed_fields = None;
+        assert!(!Object::from_dynamic(Kind::ConfigMap, cleared).intact);
+    }
+
+    #[test]
+    fn a_payload_changed_by_anyone_but_copyrator_stays_not_intact() {
+        let mut index = CopyIndex::default();
+        let uid = crate::LABEL_RULE_UID;
+        let mut ours = object("a", "x", "1", 5, &[(uid, "r1")]);
+        ours.written_for = Some(42);
+        index.upsert(Arc::new(ours.clone()));
+        // A newer version with another payload, whatever its managedFields
+        // claim (a forged field manager): not intact.
+        let mut edited = object("a", "x", "1", 6, &[(uid, "r1")]);
+        edited.payload = BTreeMap::from([("data".to_owned(), serde_json::json!({"k": "EVIL"}))]);
+        edited.rehash();
+        index.upsert(Arc::new(edited));
+        assert!(!index.get("a", "x").unwrap().intact);
+        // A label added later changes nothing of that.
+        index.upsert(Arc::new(object(
+            "a",
+            "x",
+            "1",
+            7,
+            &[(uid, "r1"), ("k", "v")],
+        )));
+        assert!(!index.get("a", "x").unwrap().intact, "still not intact");
+        // Copyrator's own write (its answer) makes it intact again.
+        let mut restored = object("a", "x", "1", 8, &[(uid, "r1")]);
+        restored.written_for = Some(42);
+        index.upsert_written(Arc::new(restored));
+        assert!(index.get("a", "x").unwrap().intact);
+        // Its watch echo keeps it so.
+        index.upsert(Arc::new(object("a", "x", "1", 8, &[(uid, "r1")])));
+        assert!(index.get("a", "x").unwrap().intact);
     }
 
     #[test]

@@ -132,6 +132,8 @@ fn write_params() -> PostParams {
 fn written(desired: &Desired, object: DynamicObject) -> Outcome {
     let mut copy = Object::from_dynamic(desired.kind, object).into_compact();
     copy.written_for = Some(desired.content_hash);
+    // What it holds is what was written, whoever set a field to it before.
+    copy.intact = copy.payload_hash == desired.payload_hash;
     // A webhook may have added keys; what we asked for is there.
     copy.settled = desired.matches(&copy, false);
     Outcome::Written(Some(Arc::new(copy)))

@@ -20,7 +20,7 @@ use crate::controller::site::{RuleMemory, Site};
 use crate::core::consumers::{opted_out, restart_key, use_of, used_hash};
 use crate::core::plan::Plan;
 use crate::core::resolve::ResolvedRule;
-use crate::core::rollout::{AvailabilityCheck, Gated, Inputs, Stages, gate};
+use crate::core::rollout::{AvailabilityCheck, EarlierRead, Gated, Inputs, Stages, gate};
 use crate::error::describe;
 use crate::sync::{lock, read};
 
@@ -68,8 +68,8 @@ pub(crate) async fn stage(
     };
     // What was read is used by the next pass: at once when it is news.
     let mut news = !gated.reads.is_empty();
-    for (namespace, name) in std::mem::take(&mut gated.reads) {
-        read_earlier(site, resolved, &namespace, &name).await;
+    for read in std::mem::take(&mut gated.reads) {
+        read_earlier(site, resolved, &read).await;
     }
     for check in std::mem::take(&mut gated.checks) {
         let mut waiting = not_available(site, resolved, &check).await;
@@ -93,9 +93,11 @@ pub(crate) async fn stage(
     gated
 }
 
-/// Read the copy `namespace/name` whole and keep its payload as the
-/// content its source rolled out before.
-async fn read_earlier(site: &Site, resolved: &ResolvedRule, namespace: &str, name: &str) {
+/// Read the copy of `read` whole and keep its payload as the content its
+/// source rolled out before, if it is still the payload Copyrator wrote
+/// there (an edit since then makes it no content of the source's).
+async fn read_earlier(site: &Site, resolved: &ResolvedRule, read: &EarlierRead) {
+    let (namespace, name) = (read.namespace.as_str(), read.name.as_str());
     let api: Api<DynamicObject> = Api::namespaced_with(
         site.cluster.client.clone(),
         namespace,
@@ -109,6 +111,10 @@ async fn read_earlier(site: &Site, resolved: &ResolvedRule, namespace: &str, nam
             return;
         }
     };
+    if !object.intact || object.payload_hash != read.payload_hash {
+        tracing::debug!(rule = %resolved.key, namespace, name, "the copy holding the content rolled out before was edited: not taken");
+        return;
+    }
     let mut memory = lock(&site.memory);
     let memory = memory.entry(resolved.key.clone()).or_default();
     if let Some(track) = memory.rollouts.by_name.get_mut(name) {

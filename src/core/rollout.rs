@@ -105,9 +105,19 @@ pub struct Gated {
     pub recheck_at: Option<Instant>,
     pub checks: Vec<AvailabilityCheck>,
     /// Copies whose payload the controller should read into the source's
-    /// [`Track::earlier`] (`(namespace, name)`): the content rolled out
-    /// before, which creates in stages not reached yet need.
-    pub reads: Vec<(String, String)>,
+    /// [`Track::earlier`]: the content rolled out before, which creates in
+    /// stages not reached yet need.
+    pub reads: Vec<EarlierRead>,
+}
+
+/// A copy that holds the content rolled out before, as Copyrator wrote it
+/// ([`Object::intact`]), to be read whole. What is read is kept only if
+/// its payload is still that one and still intact.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EarlierRead {
+    pub namespace: String,
+    pub name: String,
+    pub payload_hash: u64,
 }
 
 impl Gated {
@@ -187,20 +197,7 @@ pub fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Ga
         let phase = advance(track, stages, owed, inputs, &mut gated);
         track.phase = phase.clone();
         track.source = desired.source.clone();
-        let earlier = match (&track.earlier, &owed.earlier) {
-            (Some((hash, payload)), Some((_, before))) if *hash == before.payload_hash => {
-                Some(Arc::new(desired.with_payload((**payload).clone())))
-            }
-            (_, Some((_, before))) => {
-                gated
-                    .reads
-                    .push((before.namespace.to_string(), before.name.to_string()));
-                None
-            }
-            // No copy at the earlier content left in a later stage: creates
-            // there wait for their stage.
-            (_, None) => None,
-        };
+        let earlier = earlier_content(track, owed, &mut gated);
         open_through.insert(name.clone(), (track.open, earlier));
         gated.progress.push(Progress {
             source: desired.source.clone(),
@@ -226,6 +223,27 @@ pub fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Ga
     gated
 }
 
+/// The copy a create in a stage not open yet gets: the source's copy with
+/// the content rolled out before, once read (asked for in `gated.reads`).
+fn earlier_content(track: &Track, owed: &Owed, gated: &mut Gated) -> Option<Arc<Desired>> {
+    match (&track.earlier, &owed.earlier) {
+        (Some((hash, payload)), Some((_, before))) if *hash == before.payload_hash => {
+            Some(Arc::new(owed.desired.with_payload((**payload).clone())))
+        }
+        (_, Some((_, before))) => {
+            gated.reads.push(EarlierRead {
+                namespace: before.namespace.to_string(),
+                name: before.name.to_string(),
+                payload_hash: before.payload_hash,
+            });
+            None
+        }
+        // No copy at the earlier content left in a later stage: creates
+        // there wait for their stage.
+        (_, None) => None,
+    }
+}
+
 /// What a plan owes one source.
 struct Owed {
     desired: Arc<Desired>,
@@ -233,15 +251,18 @@ struct Owed {
     earlier: Option<(usize, Arc<Object>)>,
 }
 
-/// The desired copy, its namespace, and whether it changes the content
-/// there, of a write; `None` for a delete or hand-over.
+/// The desired copy, its namespace, and whether it brings new content
+/// there, of a write; `None` for a delete or hand-over. A copy whose payload
+/// is not provably Copyrator's write ([`Object::intact`]: someone edited it)
+/// gets no new content but a restore: it is written at once, as without
+/// stages, and what it holds is never handed on.
 fn write_of(action: &Action) -> Option<(&Arc<Desired>, &str, bool)> {
     match action {
         Action::Create { desired, namespace } => Some((desired, namespace, true)),
         Action::Update { desired, current } | Action::Recreate { desired, current } => Some((
             desired,
             &current.namespace,
-            current.payload_hash != desired.payload_hash,
+            current.intact && current.payload_hash != desired.payload_hash,
         )),
         Action::Delete { .. } | Action::HandOver { .. } => None,
     }
@@ -538,9 +559,16 @@ mod tests {
         let (plan, gated) = staged(&w, &mut rollouts, t0, None);
         // The content before is not known yet: read from one copy first.
         assert_eq!(places(&plan), ["update c1"]);
-        assert_eq!(gated.reads, [("r1".to_owned(), "cm".to_owned())]);
         let v1 = BTreeMap::from([("data".to_owned(), json!({"k": "v1"}))]);
         let v1_hash = crate::cache::index::payload_hash(&v1);
+        assert_eq!(
+            gated.reads,
+            [EarlierRead {
+                namespace: "r1".to_owned(),
+                name: "cm".to_owned(),
+                payload_hash: v1_hash,
+            }]
+        );
         assert_eq!(w.copies.get("r1", "cm").unwrap().payload_hash, v1_hash);
         rollouts.by_name.get_mut("cm").unwrap().earlier = Some((v1_hash, Arc::new(v1)));
         let (plan, gated) = staged(&w, &mut rollouts, t0, None);
@@ -573,6 +601,72 @@ mod tests {
         let (plan, gated) = staged(&w, &mut rollouts, t1, None);
         assert!(plan.actions.is_empty());
         assert!(gated.progress.is_empty() && rollouts.by_name.is_empty());
+    }
+
+    /// The copy in `namespace` of `w`, edited by someone to `{"k": value}`
+    /// (as the copy watch reports it: not intact).
+    fn edit_copy(w: &mut World, namespace: &str, value: &str) {
+        let copy = w.copies.get(namespace, "cm").expect("a copy");
+        let mut edited = (**copy).clone();
+        edited.payload = BTreeMap::from([("data".to_owned(), json!({"k": value}))]);
+        edited.rehash();
+        edited.intact = false;
+        w.copies.upsert(Arc::new(edited));
+    }
+
+    #[test]
+    fn an_edited_copy_in_a_later_stage_is_restored_at_once_and_starts_no_rollout() {
+        let mut w = World::new(&["src", "c1", "r1", "r2"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v1"}));
+        let p = w.plan(&simple());
+        w.apply(&p);
+        edit_copy(&mut w, "r1", "EVIL");
+        let mut rollouts = Rollouts::default();
+        let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
+        assert_eq!(places(&plan), ["update r1"], "restored as without stages");
+        assert_eq!(gated, Gated::default(), "the source did not change");
+        assert!(rollouts.by_name.is_empty());
+    }
+
+    #[test]
+    fn what_an_edited_copy_holds_never_reaches_another_namespace() {
+        // The source changed (v1 to v2) while r1's copy was edited: r2's
+        // intact copy holds what the rest had, and only it may be read.
+        let mut w = changed_world();
+        edit_copy(&mut w, "r1", "EVIL");
+        w.namespaces.insert("r3".into(), NamespaceInfo::default());
+        let mut rollouts = Rollouts::default();
+        let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
+        assert_eq!(places(&plan), ["update c1", "update r1"]);
+        let read: Vec<&str> = gated.reads.iter().map(|r| r.namespace.as_str()).collect();
+        assert_eq!(read, ["r2"], "the earlier content is read from r2 only");
+        assert_eq!(gated.held, 2, "r2 keeps v1, r3 waits for it to be read");
+
+        // Every copy past the canary edited: nothing to hand on, and a new
+        // namespace of the rest waits for its stage rather than take EVIL.
+        let mut w = changed_world();
+        edit_copy(&mut w, "r1", "EVIL");
+        edit_copy(&mut w, "r2", "EVIL");
+        w.namespaces.insert("r3".into(), NamespaceInfo::default());
+        let mut rollouts = Rollouts::default();
+        let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
+        assert_eq!(
+            places(&plan),
+            ["update c1", "update r1", "update r2", "create r3"]
+        );
+        assert!(
+            gated.reads.is_empty() && gated.progress.is_empty(),
+            "{gated:?}"
+        );
+        let evil = crate::cache::index::payload_hash(&BTreeMap::from([(
+            "data".to_owned(),
+            json!({"k": "EVIL"}),
+        )]));
+        assert!(plan.actions.iter().all(|a| match a {
+            Action::Create { desired, .. } | Action::Update { desired, .. } =>
+                desired.payload_hash != evil,
+            _ => true,
+        }));
     }
 
     #[test]

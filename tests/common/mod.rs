@@ -42,6 +42,7 @@ pub mod rbac;
 pub mod rule_versions;
 pub mod sockets;
 pub mod steps;
+pub mod tenant;
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
