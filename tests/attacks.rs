@@ -2,8 +2,12 @@
 //! a tenant acts only through a ServiceAccount token bound to the built-in
 //! `admin` ClusterRole in its own namespace ([`common::tenant::Tenant`]),
 //! and each test asserts what every other user is promised (docs/trust.md).
+//! A test whose operator runs with `--all-namespaces` takes
+//! [`CLUSTER_WIDE`] for writing; every other test takes it for reading.
 
 mod common;
+
+use std::time::Duration;
 
 use common::tenant::Tenant;
 use common::*;
@@ -24,6 +28,7 @@ const CM: Kind = Kind::ConfigMap;
 /// refresh it) get the source's content, never the tenant's.
 #[tokio::test]
 async fn a_tenants_edited_copy_reaches_no_other_namespace() {
+    let _shared = CLUSTER_WIDE.read().await;
     let t = TestNs::new("atk-stage").await;
     let platform = t.ns("platform").await;
     let canary = t.ns_labelled("canary", &[("stage", "canary")]).await;
@@ -96,4 +101,76 @@ async fn a_tenants_edited_copy_reaches_no_other_namespace() {
         Ok(())
     })
     .await;
+}
+
+/// A tenant's rule costs the tenant, not the operator. The tenant of
+/// `team-a` writes a rule whose selector lists 1,100 values of 61
+/// characters (a 70 KB rule the API server accepts; its query would break
+/// the watch's URL). Meanwhile an admin rule's copy follows its source,
+/// `/healthz` answers 200 for twice `--stuck-after`, and no log line
+/// carries the selector; the rule reads `InvalidRule`, saying why without
+/// quoting the selector.
+#[tokio::test]
+async fn one_tenant_rule_with_a_huge_selector_harms_nobody_else() {
+    // Its operator honours every namespace's rules: no other test runs.
+    let _exclusive = CLUSTER_WIDE.write().await;
+    let t = TestNs::new("atk-huge").await;
+    let op = t.ns("op").await;
+    let team_a = t.ns("team-a").await;
+    let target = t.ns("t1").await;
+    t.create_rule(&op, "admin", rule_spec(CM, t.selector(), &[&target]))
+        .await;
+    let mut operator = Operator::start(
+        &t,
+        &op,
+        &[
+            "--all-namespaces",
+            "--stuck-after",
+            "5",
+            "--log-format",
+            "json",
+        ],
+    );
+    let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    let values: Vec<String> = (0..1100).map(|i| format!("{i:061}")).collect();
+    let huge = json!({"spec": {"ruleType": "configmap", "selector": {"matchExpressions": [
+        {"key": "app", "operator": "In", "values": values}]}}});
+    let rule_bytes = huge.to_string().len();
+    attacker.create_rule("huge", huge).await;
+    // The admin rule's copy follows its source while the tenant rule exists.
+    let source = t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
+    t.wait_copy(CM, &target, &source, &op, "admin").await;
+    let source = t.set_data(CM, &op, "cfg", &[("k", Some("v2"))]).await;
+    t.wait_copy(CM, &target, &source, &op, "admin").await;
+
+    assert_for(
+        "/healthz answers 200 for twice --stuck-after",
+        Duration::from_secs(10),
+        async || match http_get(operator.port, "/healthz").await? {
+            (200, _) => Ok(()),
+            (code, body) => Err(format!("{code}: {body}")),
+        },
+    )
+    .await;
+    let longest = operator.logs().lines().map(str::len).max().unwrap_or(0);
+    assert!(
+        longest < 4096,
+        "a log line of {longest} bytes (the rule is {rule_bytes})"
+    );
+    let refused = t
+        .wait_rule(&team_a, "huge", "InvalidRule", |r| {
+            not_ready_because(r, "InvalidRule")
+        })
+        .await;
+    let message = ready_condition(&refused)
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    println!("a {rule_bytes}-byte rule: {message}");
+    assert!(
+        message.starts_with("selector: as a query it is") && message.len() < 200,
+        "{message}"
+    );
+
+    operator.assert_running();
 }

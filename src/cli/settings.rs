@@ -289,7 +289,8 @@ pub struct Settings {
     pub strip_keys: Vec<String>,
 
     /// Seconds after which /healthz fails when work is pending and nothing
-    /// progresses, or a watch keeps failing (Kubernetes then restarts the Pod).
+    /// progresses, or a watch keeps failing (Kubernetes then restarts the Pod);
+    /// the watches of rules' sources do not count.
     #[arg(long, env = "STUCK_AFTER", default_value_t = 120, value_parser = clap::value_parser!(u64).range(5..), global = true)]
     pub stuck_after: u64,
 

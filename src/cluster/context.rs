@@ -103,7 +103,6 @@ impl Cluster {
         let read_pause = Arc::new(ReadPause::default());
         let sources = SourceHub::new(
             client.clone(),
-            health.clone(),
             read_pause.clone(),
             limits.max_source_watches as usize,
             on_source_change,

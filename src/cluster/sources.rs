@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
@@ -31,12 +31,11 @@ use crate::api::kinds::Kind;
 use crate::api::rule::RuleKey;
 use crate::api::selector::LabelSelector;
 use crate::cache::index::Object;
-use crate::cluster::watch::{Change, Folder, cool_down, map_event, wait_out, watch_config};
+use crate::cluster::watch::{Change, Folder, map_event, wait_out, watch_config};
 use crate::core::backoff::{ReadPause, WatchBackoff};
 use crate::core::resolve::ResolvedRule;
 use crate::core::scope::Touch;
-use crate::ops::http::Health;
-use crate::sync::{read, write};
+use crate::sync::{lock, read, write};
 
 /// Called with each rule whose sources changed.
 pub type OnChange = Arc<dyn Fn(&RuleKey, Touch) + Send + Sync>;
@@ -74,6 +73,9 @@ pub enum WatchScope {
     AllNamespaces,
 }
 
+/// The longest selector a watch's name shows as it is.
+const SELECTOR_SHOWN: usize = 80;
+
 /// One watch: a kind, a scope, and the label selector the API server
 /// filters it by (empty: every object but our copies).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -84,9 +86,18 @@ pub struct WatchKey {
 }
 
 impl WatchKey {
+    /// For the log and the rules' status: its kind, scope and selector; a
+    /// long selector (a rule's to choose) by a hash, so that no rule's
+    /// size reaches a log line.
     fn name(&self) -> String {
+        let hashed;
         let selector = if self.selector.is_empty() {
             "any labels"
+        } else if self.selector.len() > SELECTOR_SHOWN {
+            let mut state = std::collections::hash_map::DefaultHasher::new();
+            std::hash::Hash::hash(&self.selector, &mut state);
+            hashed = format!("selector {:016x}", std::hash::Hasher::finish(&state));
+            hashed.as_str()
         } else {
             self.selector.as_str()
         };
@@ -238,6 +249,11 @@ struct WatchState {
     listed: AtomicU64,
     /// Bumped when a list is wanted (the interest grew).
     wanted: signal::Sender<u64>,
+    /// Why its last request failed, while it has not listed since: told to
+    /// the rules it serves, in their status. A source watch serves rules,
+    /// which tenants write, so its failures never count against the
+    /// operator's liveness.
+    failing: Mutex<Option<String>>,
 }
 
 struct Watch {
@@ -249,10 +265,12 @@ struct Watch {
 #[derive(Debug)]
 pub enum Sources {
     Listed(Vec<Arc<Object>>),
-    /// Not all listed yet: how many of the rule's namespaces are.
+    /// Not all listed yet: how many of the rule's namespaces are, and why
+    /// a watch it needs last failed, if one did.
     Waiting {
         listed: usize,
         of: usize,
+        failing: Option<String>,
     },
     /// The rule has no need registered.
     Unknown,
@@ -261,7 +279,6 @@ pub enum Sources {
 /// The shared source watches and the rules they serve.
 pub struct SourceHub {
     client: Client,
-    health: Arc<Health>,
     pause: Arc<ReadPause>,
     budget: usize,
     on_change: OnChange,
@@ -272,16 +289,9 @@ pub struct SourceHub {
 }
 
 impl SourceHub {
-    pub fn new(
-        client: Client,
-        health: Arc<Health>,
-        pause: Arc<ReadPause>,
-        budget: usize,
-        on_change: OnChange,
-    ) -> Self {
+    pub fn new(client: Client, pause: Arc<ReadPause>, budget: usize, on_change: OnChange) -> Self {
         Self {
             client,
-            health,
             pause,
             budget,
             on_change,
@@ -380,9 +390,15 @@ impl SourceHub {
                     WatchScope::AllNamespaces => need.namespaces.len(),
                 })
                 .sum::<usize>();
+            let failing = served
+                .iter()
+                .filter(|w| !listed(w))
+                .filter_map(|(k, _)| self.watches.get(k))
+                .find_map(|w| lock(&w.state.failing).clone());
             return Sources::Waiting {
                 listed: namespaces_listed.min(need.namespaces.len()),
                 of: need.namespaces.len(),
+                failing,
             };
         }
         let mut objects = Vec::new();
@@ -416,6 +432,7 @@ impl SourceHub {
             interest: RwLock::new(interest),
             listed: AtomicU64::new(0),
             wanted,
+            failing: Mutex::new(None),
         });
         let task = tokio::spawn(run_watch(
             self.client.clone(),
@@ -423,7 +440,6 @@ impl SourceHub {
             key.name(),
             state.clone(),
             wanted_rx,
-            self.health.clone(),
             self.pause.clone(),
             self.on_change.clone(),
         ));
@@ -439,34 +455,17 @@ impl Drop for SourceHub {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn run_watch(
     client: Client,
     key: WatchKey,
     name: String,
     state: Arc<WatchState>,
     mut wanted: signal::Receiver<u64>,
-    health: Arc<Health>,
     pause: Arc<ReadPause>,
     on_change: OnChange,
 ) {
-    // Stopped (its rules went, or refused its kind): no failing watch.
-    let _forget_on_stop = health.watch_guard(&name);
     let kind = key.kind;
-    let api: Api<DynamicObject> = match &key.scope {
-        WatchScope::Namespace(ns) => Api::namespaced_with(client, ns, &kind.api_resource()),
-        WatchScope::AllNamespaces => Api::all_with(client, &kind.api_resource()),
-    };
-    // Copies are never sources.
-    let labels = if key.selector.is_empty() {
-        format!("!{}", crate::LABEL_RULE_UID)
-    } else {
-        format!("{},!{}", key.selector, crate::LABEL_RULE_UID)
-    };
-    let mut config = watch_config().labels(&labels);
-    if let Some(fields) = kind.source_field_selector() {
-        config = config.fields(&fields);
-    }
+    let (api, config) = watch_request(client, &key);
     loop {
         let generation = *wanted.borrow_and_update();
         let mut stream = watcher::watcher(api.clone(), config.clone())
@@ -474,6 +473,7 @@ async fn run_watch(
             .boxed();
         let mut folder = Folder::default();
         let mut listed = false;
+        let mut failures_in_a_row: u32 = 0;
         loop {
             // No request starts while the API server throttles reads.
             wait_out(&pause).await;
@@ -491,14 +491,15 @@ async fn run_watch(
             let event = match item {
                 Ok(Some(event)) => {
                     if !matches!(event, Event::Init) {
-                        health.watch_ok(&name);
+                        failures_in_a_row = 0;
                         pause.succeeded();
                     }
                     event
                 }
                 Ok(None) => return,
                 Err(e) => {
-                    cool_down(&health, &pause, &name, &e).await;
+                    failures_in_a_row = failures_in_a_row.saturating_add(1);
+                    source_watch_failed(&state, &pause, &name, &e, failures_in_a_row).await;
                     continue;
                 }
             };
@@ -523,6 +524,7 @@ async fn run_watch(
                 }
             } else {
                 listed = true;
+                *lock(&state.failing) = None;
                 state.listed.store(generation, Ordering::Release);
                 debug!(watch = name.as_str(), "sources listed");
                 let rules: Vec<RuleKey> =
@@ -534,6 +536,68 @@ async fn run_watch(
         }
     }
 }
+
+/// The API and the label and field selectors of the watch `key`.
+fn watch_request(client: Client, key: &WatchKey) -> (Api<DynamicObject>, watcher::Config) {
+    let kind = key.kind;
+    let api: Api<DynamicObject> = match &key.scope {
+        WatchScope::Namespace(ns) => Api::namespaced_with(client, ns, &kind.api_resource()),
+        WatchScope::AllNamespaces => Api::all_with(client, &kind.api_resource()),
+    };
+    // Copies are never sources.
+    let labels = if key.selector.is_empty() {
+        format!("!{}", crate::LABEL_RULE_UID)
+    } else {
+        format!("{},!{}", key.selector, crate::LABEL_RULE_UID)
+    };
+    let mut config = watch_config().labels(&labels);
+    if let Some(fields) = kind.source_field_selector() {
+        config = config.fields(&fields);
+    }
+    (api, config)
+}
+
+/// The longest failure a rule's status quotes of a source watch.
+const FAILURE_SHOWN: usize = 300;
+
+/// After a source watch's request failed (`in_a_row` times now): keep why
+/// for the rules it serves, log it, and wait: as every watch does while
+/// the API server throttles, and then a backoff of its own that doubles
+/// to a minute, so that a watch that cannot work (a refused or malformed
+/// request, failing before it is even sent) costs one try a minute.
+async fn source_watch_failed(
+    state: &WatchState,
+    pause: &ReadPause,
+    name: &str,
+    error: &kube::runtime::watcher::Error,
+    in_a_row: u32,
+) {
+    let mut words = error.to_string();
+    if words.len() > FAILURE_SHOWN {
+        let mut end = FAILURE_SHOWN;
+        while !words.is_char_boundary(end) {
+            end -= 1;
+        }
+        words.truncate(end);
+        words.push('…');
+    }
+    tracing::warn!(
+        watch = name,
+        error = words.as_str(),
+        failures_in_a_row = in_a_row,
+        "source watch failed; retrying with backoff"
+    );
+    *lock(&state.failing) = Some(words);
+    crate::cluster::watch::pause_after_failure(pause, error).await;
+    let extra = SOURCE_BACKOFF_FIRST
+        .saturating_mul(1u32 << in_a_row.saturating_sub(1).min(8))
+        .min(SOURCE_BACKOFF_MAX);
+    tokio::time::sleep(extra).await;
+}
+
+/// A failing source watch's own backoff: from a second, doubling to a minute.
+const SOURCE_BACKOFF_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+const SOURCE_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Take one change into the store. Returns the rules it concerns, or
 /// `None` for a completed list (which concerns every rule of the watch).
@@ -634,6 +698,31 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn a_long_selector_is_named_by_a_hash() {
+        let key = |selector: String| WatchKey {
+            kind: Kind::ConfigMap,
+            scope: WatchScope::Namespace("team-a".into()),
+            selector,
+        };
+        assert_eq!(
+            key("copy=true".into()).name(),
+            "ConfigMap sources in team-a (copy=true)"
+        );
+        let long = format!("app in ({})", vec!["x".repeat(61); 1100].join(","));
+        let name = key(long.clone()).name();
+        assert!(name.len() < 80, "{name}");
+        assert!(
+            name.starts_with("ConfigMap sources in team-a (selector "),
+            "{name}"
+        );
+        assert_ne!(
+            name,
+            key(long.replace('x', "y")).name(),
+            "selectors told apart"
+        );
     }
 
     #[test]

@@ -151,6 +151,12 @@ pub enum WatchEnd {
 /// of this watch's own backoff.
 pub async fn cool_down(health: &Health, pause: &ReadPause, name: &str, error: &watcher::Error) {
     log_watch_error(health, name, error);
+    pause_after_failure(pause, error).await;
+}
+
+/// After a failed watch request: when the API server did not answer or
+/// throttles reads, every watch waits (see [`ReadPause`]).
+pub async fn pause_after_failure(pause: &ReadPause, error: &watcher::Error) {
     if unanswered(error) {
         pause.read_failed();
     }

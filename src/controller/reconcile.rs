@@ -277,12 +277,17 @@ async fn wait_for_sources(
         Sources::Waiting { .. } if waited < WAITING_STATUS_AFTER => {
             Some(WAITING_STATUS_AFTER - waited)
         }
-        Sources::Waiting { listed, of } if waiting_worth_saying(rule) => {
+        Sources::Waiting {
+            listed,
+            of,
+            failing,
+        } if waiting_worth_saying(rule) => {
             let observed = Observed {
                 generation: rule.metadata.generation,
                 rule_type: Some(resolved.kind.info().rule_type.to_string()),
                 copies: read(shared.copies(resolved.kind)).count_owned_by(uid) as u32,
                 waiting_for_sources: Some((listed, of)),
+                sources_failing: failing,
                 ..Default::default()
             };
             shared.home.queue.carry(key, scope);
@@ -370,6 +375,7 @@ fn observed_after(
             })
             .collect(),
         waiting_for_sources: None,
+        sources_failing: None,
         clusters,
         rollouts: pass
             .rollout

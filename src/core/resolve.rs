@@ -570,6 +570,10 @@ fn resolve_stages(rollout: Option<&Rollout>) -> Result<Option<Arc<Stages>>, Inva
     })))
 }
 
+/// The longest selector a rule may have, as the label query its source
+/// watch sends (`app in (a,b),tier=web`), in bytes.
+pub const MAX_SELECTOR_QUERY: usize = 4096;
+
 /// Why a rule cannot be followed; shown in its status.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InvalidRule {
@@ -670,6 +674,14 @@ impl CopyratorRule {
             .ok_or_else(|| InvalidRule::invalid("selector is required"))?;
         let selector =
             LabelSelector::from_rule_selector(raw_selector).map_err(InvalidRule::invalid)?;
+        // The API server filters the sources' watch by the selector, in its
+        // URL: a long one is a request that fails before it is sent.
+        let query = selector.to_query().len();
+        if query > MAX_SELECTOR_QUERY {
+            return Err(InvalidRule::invalid(format!(
+                "selector: as a query it is {query} bytes long, more than {MAX_SELECTOR_QUERY}"
+            )));
+        }
 
         let source_namespaces = match spec.namespace.as_ref().or(self.namespace.as_ref()) {
             None | Some(Value::Null) => vec![key.namespace.clone()],
@@ -898,6 +910,28 @@ mod tests {
         assert!(resolved.prune);
         assert_eq!(resolved.conflict_policy, ConflictPolicy::Skip);
         assert_eq!(resolved.uid, "u1");
+    }
+
+    #[test]
+    fn a_selector_longer_than_a_watch_may_ask_is_invalid() {
+        let selector_of = |values: usize| {
+            let values: Vec<String> = (0..values).map(|i| format!("{i:061}")).collect();
+            rule(json!({
+                "metadata": {"name": "r", "namespace": "team-a"},
+                "spec": {"ruleType": "configmap", "selector": {"matchExpressions": [
+                    {"key": "app", "operator": "In", "values": values}]}}
+            }))
+        };
+        // 63 values of 61 characters: 3,909 bytes as a query.
+        assert!(selector_of(63).resolve(&trust()).is_ok());
+        let refused = selector_of(1100).resolve(&trust()).unwrap_err();
+        assert_eq!(refused.reason, "InvalidRule");
+        assert!(
+            refused.message.starts_with("selector: as a query it is 68"),
+            "{}",
+            refused.message
+        );
+        assert!(refused.message.len() < 120, "the selector is not quoted");
     }
 
     #[test]

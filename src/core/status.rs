@@ -33,6 +33,8 @@ pub struct Observed {
     pub refused_sources: Vec<ConflictEntry>,
     /// The sources are still being listed: `(namespaces listed, of)`.
     pub waiting_for_sources: Option<(usize, usize)>,
+    /// Why a watch of the sources last failed, while they are not listed.
+    pub sources_failing: Option<String>,
     /// How the rule stands in each member cluster it targets (none for a
     /// rule of this cluster alone).
     pub clusters: Vec<ClusterStatus>,
@@ -107,11 +109,12 @@ fn readiness(observed: &Observed) -> (&'static str, String, String) {
         return progressing;
     }
     if let Some((listed, of)) = observed.waiting_for_sources {
-        return (
-            "Unknown",
-            "WaitingForSources".to_string(),
-            format!("listing the sources: {listed} of {of} source namespaces listed"),
-        );
+        let mut message = format!("listing the sources: {listed} of {of} source namespaces listed");
+        if let Some(failing) = &observed.sources_failing {
+            message.push_str("; the last try failed: ");
+            message.push_str(failing);
+        }
+        return ("Unknown", "WaitingForSources".to_string(), message);
     }
     if observed.pending > 0 {
         return (

@@ -1,7 +1,8 @@
 //! A tenant of a multi-tenant cluster, as the attacks of tests/attacks.rs
 //! act: a ServiceAccount bound to the built-in `admin` ClusterRole in its
 //! own namespace, and nothing else, with a client that speaks with its
-//! token.
+//! token. `admin` there includes CopyratorRules, as a platform that lets
+//! its tenants write rules aggregates them into it.
 
 use std::path::PathBuf;
 
@@ -23,10 +24,58 @@ pub struct Tenant {
 }
 
 impl Tenant {
+    /// Creates the rule `name` in its namespace, as itself.
+    pub async fn create_rule(&self, name: &str, body: serde_json::Value) {
+        let mut body = body;
+        body["apiVersion"] = json!("flant.com/v1");
+        body["kind"] = json!("CopyratorRule");
+        body["metadata"]["name"] = json!(name);
+        let rule: DynamicObject = serde_json::from_value(body).expect("a rule");
+        Api::<DynamicObject>::namespaced_with(
+            self.client.clone(),
+            &self.namespace,
+            &super::rule_resource(),
+        )
+        .create(&PostParams::default(), &rule)
+        .await
+        .unwrap_or_else(|e| panic!("the tenant creates its rule {name}: {}", err_msg(&e)));
+    }
+}
+
+/// A ClusterRole aggregated into `admin` that lets a namespace's admins
+/// write CopyratorRules there, as a platform that lets tenants write rules
+/// grants (made once, kept: it grants only on the rule kind).
+const RULES_TO_ADMIN: &str = "copyrator-tests-rules-to-admin";
+
+async fn let_admins_write_rules(client: &Client) {
+    let role: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": RULES_TO_ADMIN,
+                     "labels": {"rbac.authorization.k8s.io/aggregate-to-admin": "true"}},
+        "rules": [{"apiGroups": ["flant.com"], "resources": ["copyrators"],
+                   "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}],
+    }))
+    .expect("a ClusterRole");
+    let resource = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "ClusterRole"),
+        "clusterroles",
+    );
+    match Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .create(&PostParams::default(), &role)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(e) => panic!("the ClusterRole {RULES_TO_ADMIN}: {}", err_msg(&e)),
+    }
+}
+
+impl Tenant {
     /// The ServiceAccount `namespace/account`, admin of `namespace` (a
     /// RoleBinding to the ClusterRole `admin`), once its rights are in
     /// effect.
     pub async fn admin_of(t: &TestNs, namespace: &str, account: &str) -> Tenant {
+        let_admins_write_rules(&t.client).await;
         create_service_account(&t.client, namespace, account).await;
         let binding: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
@@ -58,12 +107,14 @@ impl Tenant {
             format!("{user} to be admin of {namespace}"),
             TIMEOUT,
             async || {
-                let attributes =
-                    json!({"resource": "configmaps", "verb": "patch", "namespace": namespace});
-                match service_account_may(&t.client, &user, namespace, attributes).await? {
-                    true => Ok(()),
-                    false => Err("not yet".to_owned()),
+                for (group, resource) in [("", "configmaps"), ("flant.com", "copyrators")] {
+                    let attributes = json!({"group": group, "resource": resource,
+                                            "verb": "patch", "namespace": namespace});
+                    if !service_account_may(&t.client, &user, namespace, attributes).await? {
+                        return Err(format!("may not patch {resource} yet"));
+                    }
                 }
+                Ok(())
             },
         )
         .await;
