@@ -23,7 +23,7 @@ use tracing::{info, warn};
 
 use crate::api::kinds::Kind;
 use crate::api::rule::RuleKey;
-use crate::cluster::client::{Transport, clients_with_deadlines};
+use crate::cluster::client::{ApiServer, Transport, clients_with_deadlines};
 use crate::cluster::context::{Cluster, Limits};
 use crate::cluster::inventory::{self, InsecureMembers, MemberAccess};
 use crate::cluster::watch::{Change, WatchEnd, Watching, follow, watch_config};
@@ -106,6 +106,7 @@ pub fn member_views(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Memb
         start.config,
         Transport::Mixed,
         limits.write_concurrency as usize,
+        ApiServer::Member,
     )
     .map_err(|e| e.to_string())?;
     // Its watches report to a health of their own: a member's trouble is
