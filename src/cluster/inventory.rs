@@ -53,6 +53,8 @@ use serde_json::Value;
 pub const KUBECONFIG_KEY: &str = "value";
 /// The data key of a token Secret (KEP-5339's secret reader).
 pub const TOKEN_KEY: &str = "token";
+/// The type of a ServiceAccount's token Secret, which also holds a `token`.
+const SERVICE_ACCOUNT_TOKEN: &str = "kubernetes.io/service-account-token";
 /// The access provider KEP-5339's secret reader serves; a profile's
 /// provider of that name is preferred (see [`from_cluster_profile`]).
 pub const SECRET_READER: &str = "secretreader";
@@ -808,6 +810,10 @@ async fn cluster_profile_config<'a>(
 /// decides). One is the profile's token Secret; none or more than one
 /// leave the profile unusable. The profile has no say: what it names
 /// (KEP-5339's `clusterName`) is not read.
+///
+/// A ServiceAccount's token Secret is tied by the label alone: its name
+/// and token come from the ServiceAccount's controller, and nobody meant
+/// them for a profile that anyone may create under that name.
 pub fn tied_token_secrets<'a>(
     profile: &str,
     secrets: impl IntoIterator<Item = &'a Secret>,
@@ -822,7 +828,10 @@ pub fn tied_token_secrets<'a>(
                 .and_then(|labels| labels.get(crate::LABEL_CLUSTER_PROFILE));
             match labelled {
                 Some(tied_to) => tied_to == profile,
-                None => secret.metadata.name.as_deref() == Some(profile),
+                None => {
+                    secret.metadata.name.as_deref() == Some(profile)
+                        && secret.type_.as_deref() != Some(SERVICE_ACCOUNT_TOKEN)
+                }
             }
         })
         .collect()
@@ -1674,6 +1683,22 @@ current-context: member-a
                 .collect::<Vec<_>>(),
             [Some("member-a")]
         );
+        // A ServiceAccount's token Secret of the profile's name is not tied
+        // by its name: only a label ties it.
+        let mut account_token = token_secret("member-a", OTHER_TOKEN);
+        account_token.type_ = Some(SERVICE_ACCOUNT_TOKEN.to_owned());
+        let refused = profile_member(&profile, [&account_token])
+            .await
+            .config
+            .expect_err("unusable");
+        assert_eq!(refused.reason, Unusable::TOKEN_MISSING, "{refused}");
+        let mut labelled = labelled_token_secret("member-a", "member-a", TOKEN);
+        labelled.type_ = Some(SERVICE_ACCOUNT_TOKEN.to_owned());
+        let config = profile_member(&profile, [&labelled])
+            .await
+            .config
+            .expect("usable");
+        assert_eq!(bearer(&config), Some(TOKEN));
         // Named as the profile and labelled for it: one Secret, tied twice over.
         let both = [labelled_token_secret("member-a", "member-a", TOKEN)];
         let config = profile_member(&profile, &both)
