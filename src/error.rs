@@ -1,6 +1,10 @@
 //! The operator's errors, and the one place where user-facing text is
 //! rendered from an API error ([`describe`]): logs, statuses and Events
-//! all say an API server's refusal in its own words.
+//! all say an API server's refusal in its own words. A member cluster's
+//! client has already put a Status of its own (the status code only) in
+//! place of any error answer that is not a Kubernetes Status
+//! (`cluster::client::ApiServer::Member`), and an answer that cannot be
+//! read is said by where it broke, never by what it held.
 
 use thiserror::Error;
 
@@ -90,6 +94,22 @@ pub fn describe(err: &kube::Error) -> String {
                 (true, code) => format!("{message} (HTTP {code})"),
             }
         }
+        // serde's words can quote the answer (a value of an unexpected
+        // type: a Secret's data, or a page of whatever answered).
+        kube::Error::SerdeError(err) => {
+            let fault = match err.classify() {
+                serde_json::error::Category::Io => "could not be read",
+                serde_json::error::Category::Syntax => "is not JSON",
+                serde_json::error::Category::Data => "is not of the shape expected",
+                serde_json::error::Category::Eof => "ends too soon",
+            };
+            format!(
+                "the API server's answer {fault} (line {}, column {}); the parser's words are \
+                 withheld, as they may quote the answer",
+                err.line(),
+                err.column()
+            )
+        }
         other => other.to_string(),
     }
 }
@@ -124,5 +144,19 @@ mod tests {
         // Any other refusal is said in the API server's words.
         let other = describe(&refusal(403, "configmaps are frozen"));
         assert_eq!(other, "configmaps are frozen (Forbidden, 403)");
+    }
+
+    #[test]
+    fn an_answer_that_cannot_be_read_is_said_without_quoting_it() {
+        let err = serde_json::from_str::<Vec<u32>>(r#"[1, "c2VjcmV0LXZhbHVl"]"#)
+            .expect_err("not numbers");
+        assert!(
+            err.to_string().contains("c2VjcmV0LXZhbHVl"),
+            "serde quotes it"
+        );
+        let said = describe(&kube::Error::SerdeError(err));
+        assert!(!said.contains("c2VjcmV0LXZhbHVl"), "{said}");
+        assert!(said.contains("line 1, column"), "{said}");
+        assert!(said.contains("not of the shape expected"), "{said}");
     }
 }

@@ -32,6 +32,10 @@ pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// On a Secret in the operator's namespace that holds a member cluster's
 /// kubeconfig (Cluster API's layout): the member's name.
 pub const LABEL_CLUSTER: &str = "copyrator.flant.com/cluster";
+/// On a Secret in the operator's namespace that holds the token of a
+/// ClusterProfile's member: the profile's name. The Secret's writer ties it
+/// to the profile; the profile never names it.
+pub const LABEL_CLUSTER_PROFILE: &str = "copyrator.flant.com/cluster-profile";
 /// Ties a copy to the rule that made it (the rule's UID).
 pub const LABEL_RULE_UID: &str = "copyrator.flant.com/rule-uid";
 /// On a copy created under `syncPolicy: CreateOnly`, with the value

@@ -65,6 +65,7 @@ pub async fn api_clients(transport: Transport, writes_in_flight: usize) -> anyho
         config,
         transport,
         writes_in_flight,
+        crate::cluster::client::ApiServer::Home,
     )?)
 }
 

@@ -204,6 +204,18 @@ pub struct Settings {
     #[arg(long, env = "MEMBER_CLUSTERS", default_value_t = false, global = true)]
     pub member_clusters: bool,
 
+    /// Accept members whose server is plain `http://` or whose cluster sets
+    /// `insecure-skip-tls-verify`: their credentials then go to whatever
+    /// answers at that address. Without it such a member is unusable,
+    /// reason `InsecureConnection`.
+    #[arg(
+        long,
+        env = "ALLOW_INSECURE_MEMBERS",
+        default_value_t = false,
+        global = true
+    )]
+    pub allow_insecure_members: bool,
+
     /// This cluster's name, as copies in member clusters name it (annotation
     /// `copyrator.flant.com/source-cluster`) and as rule statuses list it.
     #[arg(long, env = "CLUSTER_NAME", default_value = "home", global = true)]
@@ -328,6 +340,7 @@ impl Settings {
             keep_kind_watches: false,
             cluster_name: self.cluster_name.clone(),
             member_clusters: self.member_clusters,
+            allow_insecure_members: self.allow_insecure_members,
         }
     }
 
@@ -408,6 +421,9 @@ mod tests {
         assert!(!cli.settings.trust().allow_tenant_clusters);
         let cli = Cli::try_parse_from(["copyrator", "--allow-tenant-clusters"]).unwrap();
         assert!(cli.settings.trust().allow_tenant_clusters);
+        assert!(!cli.settings.options().allow_insecure_members);
+        let cli = Cli::try_parse_from(["copyrator", "plan", "--allow-insecure-members"]).unwrap();
+        assert!(cli.settings.options().allow_insecure_members);
         let cli = Cli::try_parse_from([
             "copyrator",
             "plan",

@@ -668,7 +668,8 @@ pub(crate) async fn member_clients(
                     format!("its inventory entry cannot be used: {reason}: {message}")
                 })
                 .and_then(|start| {
-                    let client = Client::try_from(start.config).map_err(|e| e.to_string())?;
+                    let client = crate::cluster::client::member_client(start.config)
+                        .map_err(|e| e.to_string())?;
                     Ok((client, start.labels))
                 });
             (member.clone(), reached)

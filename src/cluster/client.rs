@@ -17,6 +17,13 @@
 //! with the split but no cap on write connections. One HTTP/2 connection
 //! for everything holds 1, but a cold start of 10,000 copies took 13.33 s
 //! against a plain client's 9.26 s (1.44×), where the split took 1.08×.
+//!
+//! A member cluster's API server is at an address the inventory's writer
+//! chose, and may be no Kubernetes API server at all: its clients pass an
+//! error answer on only where it is a Kubernetes Status, and put one of
+//! their own (the status code and a fixed reason) in place of anything
+//! else, before kube reads it ([`ApiServer::Member`]). So no page of
+//! whatever answers there reaches a status, an Event or a log.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,6 +32,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use std::sync::Arc;
 
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
@@ -54,6 +62,25 @@ pub enum BuildError {
     #[error("cannot build the Kubernetes API client: {0}")]
     Kube(#[source] kube::Error),
 }
+
+/// Whose API server the clients speak to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiServer {
+    /// The home cluster's: its answers are passed on as they come.
+    Home,
+    /// A member's, at an address the inventory names: an error answer
+    /// that is not a Kubernetes Status is replaced by one that says only
+    /// its status code, reason [`BODY_WITHHELD`].
+    Member,
+}
+
+/// The reason of the Status a member's client puts in place of an error
+/// answer that is not a Kubernetes Status.
+pub const BODY_WITHHELD: &str = "BodyWithheld";
+
+/// The most of an error answer a member's client reads to tell whether it
+/// is a Kubernetes Status; a longer one is withheld.
+const STATUS_READ_LIMIT: usize = 256 * 1024;
 
 /// How the clients reach the API server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -91,6 +118,7 @@ pub fn clients_with_deadlines(
     mut config: kube::Config,
     transport: Transport,
     writes_in_flight: usize,
+    server: ApiServer,
 ) -> Result<Clients, BuildError> {
     let deadline = Duration::from_secs(u64::from(crate::cluster::watch::WATCH_TIMEOUT_SECONDS) + 5);
     config.connect_timeout = Some(CONNECT_TIMEOUT);
@@ -100,7 +128,7 @@ pub fn clients_with_deadlines(
     // kube's own retry of 429/503 (up to 15 times, hidden from us) would
     // multiply requests; failures come back to the per-copy backoff instead.
     config.default_retry = false;
-    build_clients(config, transport, deadline, writes_in_flight)
+    build_clients(config, transport, deadline, writes_in_flight, server)
 }
 
 pub fn build_clients(
@@ -108,6 +136,7 @@ pub fn build_clients(
     transport: Transport,
     deadline: Duration,
     writes_in_flight: usize,
+    server: ApiServer,
 ) -> Result<Clients, BuildError> {
     let (read, write) = match transport {
         Transport::Http1 => (Transport::Http1, None),
@@ -118,7 +147,14 @@ pub fn build_clients(
     // write client of its own needs no more connections than that; a
     // client that also watches has no such bound (a watch holds its
     // connection for good).
-    let read_client = build(config.clone(), read, deadline, writes_in_flight, None)?;
+    let read_client = build(
+        config.clone(),
+        read,
+        deadline,
+        writes_in_flight,
+        None,
+        server,
+    )?;
     let write_client = match write {
         Some(write) => build(
             config,
@@ -126,6 +162,7 @@ pub fn build_clients(
             deadline,
             writes_in_flight,
             Some(writes_in_flight),
+            server,
         )?,
         None => read_client.clone(),
     };
@@ -147,10 +184,14 @@ pub fn build(
     deadline: Duration,
     max_idle_http1: usize,
     max_connections: Option<usize>,
+    server: ApiServer,
 ) -> Result<kube::Client, BuildError> {
     let https = config.cluster_url.scheme_str() == Some("https");
     if !https {
-        return kube::Client::try_from(config).map_err(BuildError::Kube);
+        return match server {
+            ApiServer::Home => kube::Client::try_from(config).map_err(BuildError::Kube),
+            ApiServer::Member => member_client(config),
+        };
     }
     let http2 = transport != Transport::Http1;
     // The connector below asks for the protocol by ALPN itself.
@@ -214,7 +255,121 @@ pub fn build(
         .map_response(move |response| {
             response.map(|body| Box::new(IdleDeadline::new(body, deadline)) as Box<DynBody>)
         });
-    Ok(kube::Client::new(service, default_namespace))
+    Ok(match server {
+        ApiServer::Home => kube::Client::new(service, default_namespace),
+        ApiServer::Member => kube::Client::new(StatusOnly { inner: service }, default_namespace),
+    })
+}
+
+/// A client of a member's API server on kube's own stack (for a command
+/// that asks a little and goes, and for a member over plain http), with the
+/// member's error answers passed on only where they are a Kubernetes
+/// Status ([`ApiServer::Member`]).
+pub fn member_client(config: kube::Config) -> Result<kube::Client, BuildError> {
+    Ok(kube::client::ClientBuilder::try_from(config)
+        .map_err(BuildError::Kube)?
+        .with_layer(&StatusOnlyLayer)
+        .build())
+}
+
+/// Wraps a service in [`StatusOnly`].
+struct StatusOnlyLayer;
+
+impl<S> tower::Layer<S> for StatusOnlyLayer {
+    type Service = StatusOnly<S>;
+
+    fn layer(&self, inner: S) -> StatusOnly<S> {
+        StatusOnly { inner }
+    }
+}
+
+/// Passes an error answer (4xx, 5xx) on only where its body is a Kubernetes
+/// Status (`"kind": "Status"`, `"apiVersion": "v1"`, as every Kubernetes
+/// API server's is), and puts in place of any other one (an HTML page, a
+/// text, JSON of another shape, or more than [`STATUS_READ_LIMIT`]) a
+/// Status that says only its status code, reason [`BODY_WITHHELD`]. Other
+/// answers pass as they come.
+#[derive(Clone)]
+struct StatusOnly<S> {
+    inner: S,
+}
+
+impl<S, Request, B> tower::Service<Request> for StatusOnly<S>
+where
+    S: tower::Service<Request, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = http::Response<Box<DynBody>>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let response = answer.await.map_err(Into::into)?;
+            let code = response.status();
+            if !(code.is_client_error() || code.is_server_error()) {
+                return Ok(response.map(|body| Box::new(body.map_err(Into::into)) as Box<DynBody>));
+            }
+            let (mut parts, body) = response.into_parts();
+            let read = Limited::new(body, STATUS_READ_LIMIT).collect().await;
+            let kept = match read {
+                Ok(collected) => Some(collected.to_bytes()).filter(|bytes| is_status(bytes)),
+                Err(error) if error.is::<LengthLimitError>() => None,
+                Err(error) => return Err(error),
+            };
+            let body = match kept {
+                Some(status) => status,
+                None => {
+                    for header in [
+                        http::header::CONTENT_LENGTH,
+                        http::header::CONTENT_ENCODING,
+                        http::header::CONTENT_TYPE,
+                    ] {
+                        parts.headers.remove(header);
+                    }
+                    withheld(code)
+                }
+            };
+            let body = Full::new(body).map_err(|never| -> BoxError { match never {} });
+            Ok(http::Response::from_parts(
+                parts,
+                Box::new(body) as Box<DynBody>,
+            ))
+        })
+    }
+}
+
+/// Whether an answer's body is a Kubernetes Status.
+fn is_status(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .is_ok_and(|value| value["kind"] == "Status" && value["apiVersion"] == "v1")
+}
+
+/// The Status said in place of an error answer that is not one: its
+/// status code, and nothing of its body.
+fn withheld(code: http::StatusCode) -> Bytes {
+    let said = match code.canonical_reason() {
+        Some(reason) => format!("HTTP {} {reason}", code.as_u16()),
+        None => format!("HTTP {}", code.as_u16()),
+    };
+    let status = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "code": code.as_u16(),
+        "reason": BODY_WITHHELD,
+        "message": format!("{said}, not a Kubernetes Status; its body is not shown"),
+    });
+    Bytes::from(status.to_string())
 }
 
 /// A connector that keeps at most as many connections open as it has
@@ -427,6 +582,126 @@ mod tests {
         );
         let bytes = body.collect().await.map(|c| c.to_bytes());
         assert_eq!(bytes.ok().as_deref(), Some(&b"abc"[..]));
+    }
+
+    /// A service that answers every request with `code` and `body`.
+    fn answering(
+        code: u16,
+        body: &'static str,
+    ) -> impl tower::Service<
+        http::Request<kube::client::Body>,
+        Response = http::Response<Full<Bytes>>,
+        Error = BoxError,
+        Future = impl Future<Output = Result<http::Response<Full<Bytes>>, BoxError>> + Send,
+    > + Clone {
+        tower::service_fn(move |_: http::Request<kube::client::Body>| async move {
+            let response = http::Response::builder()
+                .status(code)
+                .header(http::header::CONTENT_TYPE, "text/html")
+                .header(http::header::CONTENT_LENGTH, body.len())
+                .body(Full::new(Bytes::from_static(body.as_bytes())))
+                .map_err(BoxError::from)?;
+            Ok::<_, BoxError>(response)
+        })
+    }
+
+    /// What a member's client makes of that answer: its status code and body.
+    async fn as_member_sees(code: u16, body: &'static str) -> (u16, String) {
+        use tower::Service;
+        let mut service = StatusOnly {
+            inner: answering(code, body),
+        };
+        let request = http::Request::new(kube::client::Body::empty());
+        let response = service.call(request).await.expect("an answer");
+        let code = response.status().as_u16();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("a body")
+            .to_bytes();
+        (code, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    const PAGE: &str = "<html><body>internal admin page: db-password=hunter2</body></html>";
+    const FORBIDDEN: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"configmaps is forbidden: User \"system:serviceaccount:copyrator:copyrator\" cannot list resource \"configmaps\"","reason":"Forbidden","details":{"kind":"configmaps"},"code":403}"#;
+
+    #[tokio::test]
+    async fn a_members_error_page_is_replaced_by_its_status_code() {
+        for (code, body) in [
+            (500, PAGE),
+            (404, "404 page not found"),
+            // JSON that is no Status: any object would parse as kube's.
+            (
+                403,
+                r#"{"message":"db-password=hunter2","reason":"Forbidden"}"#,
+            ),
+            (502, ""),
+        ] {
+            let (seen_code, seen) = as_member_sees(code, body).await;
+            assert_eq!(seen_code, code);
+            assert!(
+                !seen.contains("hunter2") && !seen.contains("page"),
+                "{seen}"
+            );
+            let status: serde_json::Value = serde_json::from_str(&seen).expect("JSON");
+            assert_eq!(status["kind"], "Status", "{seen}");
+            assert_eq!(status["code"], code, "{seen}");
+            assert_eq!(status["reason"], BODY_WITHHELD, "{seen}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_members_kubernetes_status_and_its_successes_pass_as_they_come() {
+        assert_eq!(
+            as_member_sees(403, FORBIDDEN).await,
+            (403, FORBIDDEN.to_owned())
+        );
+        let version = r#"{"major":"1","minor":"37"}"#;
+        assert_eq!(
+            as_member_sees(200, version).await,
+            (200, version.to_owned())
+        );
+        // A Status too long to be one is withheld, unread past the limit.
+        let long: &'static str = Box::leak(
+            FORBIDDEN
+                .replace(
+                    "cannot list",
+                    &"cannot list ".repeat(STATUS_READ_LIMIT / 10),
+                )
+                .into_boxed_str(),
+        );
+        let (_, seen) = as_member_sees(403, long).await;
+        assert!(seen.contains(BODY_WITHHELD), "{seen}");
+    }
+
+    #[tokio::test]
+    async fn what_a_rule_is_told_of_a_members_error_page_is_its_status_code() {
+        let client = kube::Client::new(
+            StatusOnly {
+                inner: answering(500, PAGE),
+            },
+            "default",
+        );
+        let error = client.apiserver_version().await.expect_err("a 500");
+        let said = crate::error::describe(&error);
+        assert_eq!(
+            said,
+            "HTTP 500 Internal Server Error, not a Kubernetes Status; its body is not shown \
+             (BodyWithheld, 500)"
+        );
+        // A Kubernetes Status keeps the API server's words.
+        let client = kube::Client::new(
+            StatusOnly {
+                inner: answering(403, FORBIDDEN),
+            },
+            "default",
+        );
+        let error = client.apiserver_version().await.expect_err("a 403");
+        assert!(
+            matches!(&error, kube::Error::Api(status) if status.code == 403 && status.reason == "Forbidden")
+        );
+        assert!(crate::error::describe(&error).contains("cannot list resource"));
     }
 
     #[tokio::test(start_paused = true)]

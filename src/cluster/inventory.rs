@@ -9,7 +9,16 @@
 //!   `multicluster.x-k8s.io/v1alpha1`) whose `status.accessProviders`
 //!   give the server and CA, and a Secret holding the bearer token under
 //!   the data key `token`, as KEP-5339's secret reader keeps it
-//!   ([`from_cluster_profile`], [`token_secret_name`]).
+//!   ([`from_cluster_profile`]).
+//!
+//! Credentials go only where their owner sent them. A profile's token
+//! Secret is tied to the profile by the Secret's writer: it is named as the
+//! profile, or labelled [`crate::LABEL_CLUSTER_PROFILE`] with the profile's
+//! name ([`tied_token_secrets`]); the profile itself never names it, so
+//! whoever may write ClusterProfiles cannot send another member's token
+//! to a server of their choosing. A server reached over plain `http://`,
+//! or with `insecure-skip-tls-verify`, is refused in both layouts unless
+//! the operator allows it ([`InsecureMembers`]).
 //!
 //! Only what a kubeconfig holds inline is used. A user that gets its
 //! credentials from a command (`exec`) or a plugin (`auth-provider`) is
@@ -44,13 +53,39 @@ use serde_json::Value;
 pub const KUBECONFIG_KEY: &str = "value";
 /// The data key of a token Secret (KEP-5339's secret reader).
 pub const TOKEN_KEY: &str = "token";
+/// The type of a ServiceAccount's token Secret, which also holds a `token`.
+const SERVICE_ACCOUNT_TOKEN: &str = "kubernetes.io/service-account-token";
 /// The access provider KEP-5339's secret reader serves; a profile's
 /// provider of that name is preferred (see [`from_cluster_profile`]).
 pub const SECRET_READER: &str = "secretreader";
 /// The cluster extension that carries an exec plugin's per-cluster
-/// configuration; the secret reader takes the Secret's name from its
-/// `clusterName`.
+/// configuration; KEP-5339's secret reader takes the Secret's name from its
+/// `clusterName`. Copyrator does not: a profile's writer would then choose
+/// whose token the profile's server receives. It is read only to say so
+/// where the tied Secret is missing.
 pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
+
+/// The flag that lets members be reached over plain `http://` or without
+/// verifying their certificate.
+pub const ALLOW_INSECURE_FLAG: &str = "--allow-insecure-members";
+
+/// Whether a member may be reached over plain `http://`, or with
+/// `insecure-skip-tls-verify: true` (the operator's
+/// `--allow-insecure-members`). Either sends the member's credentials to
+/// whatever answers at the server's address: in clear text over the
+/// network, or to a server whose certificate nobody checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InsecureMembers {
+    /// Such a member is unusable, reason [`Unusable::INSECURE_CONNECTION`].
+    Refused,
+    Allowed,
+}
+
+impl InsecureMembers {
+    pub fn allowed_if(allow: bool) -> Self {
+        if allow { Self::Allowed } else { Self::Refused }
+    }
+}
 
 pub const CLUSTER_PROFILE_GROUP: &str = "multicluster.x-k8s.io";
 pub const CLUSTER_PROFILE_VERSION: &str = "v1alpha1";
@@ -100,12 +135,21 @@ impl Unusable {
     pub const FILE_REFERENCE_UNSUPPORTED: &'static str = "FileReferenceUnsupported";
     /// The cluster entry names a `proxy-url`.
     pub const PROXY_UNSUPPORTED: &'static str = "ProxyUnsupported";
+    /// The server is `http://`, or the cluster sets
+    /// `insecure-skip-tls-verify`, and the operator does not allow it
+    /// ([`InsecureMembers`]).
+    pub const INSECURE_CONNECTION: &'static str = "InsecureConnection";
     /// The profile lists no access provider with a `cluster.server`.
     pub const NO_ACCESS_PROVIDER: &'static str = "NoAccessProvider";
     /// The chosen access provider's cluster (server, CA) cannot be used.
     pub const ACCESS_PROVIDER_INVALID: &'static str = "AccessProviderInvalid";
-    /// No token Secret, or one without a non-empty data key `token`.
+    /// No Secret tied to the profile, or one without a non-empty data key
+    /// `token`.
     pub const TOKEN_MISSING: &'static str = "TokenMissing";
+    /// More than one Secret is tied to the profile (by its name and by the
+    /// label [`crate::LABEL_CLUSTER_PROFILE`], or by the label twice): none
+    /// is used.
+    pub const TOKEN_SECRET_AMBIGUOUS: &'static str = "TokenSecretAmbiguous";
     /// A token that an HTTP header cannot carry (not text, a line break).
     pub const TOKEN_INVALID: &'static str = "TokenInvalid";
 
@@ -225,8 +269,13 @@ fn credential_kinds(user: &AuthInfo) -> Vec<&'static str> {
 ///
 /// The kubeconfig's `current-context` is used, or its only context when it
 /// names none. The context's cluster and user are checked (no `exec`, no
-/// `auth-provider`, no file, no proxy) before kube builds the config.
-pub async fn from_cluster_secret(secret: &Secret) -> Option<MemberAccess> {
+/// `auth-provider`, no file, no proxy; no `http://` or
+/// `insecure-skip-tls-verify` unless `insecure` allows them) before kube
+/// builds the config.
+pub async fn from_cluster_secret(
+    secret: &Secret,
+    insecure: InsecureMembers,
+) -> Option<MemberAccess> {
     let name = secret
         .metadata
         .labels
@@ -234,7 +283,7 @@ pub async fn from_cluster_secret(secret: &Secret) -> Option<MemberAccess> {
         .get(crate::LABEL_CLUSTER)?
         .clone();
     let labels = secret.metadata.labels.clone().unwrap_or_default();
-    let config = cluster_secret_config(secret, &name).await;
+    let config = cluster_secret_config(secret, &name, insecure).await;
     Some(MemberAccess::new(
         name,
         labels,
@@ -243,7 +292,11 @@ pub async fn from_cluster_secret(secret: &Secret) -> Option<MemberAccess> {
     ))
 }
 
-async fn cluster_secret_config(secret: &Secret, name: &str) -> Result<kube::Config, Unusable> {
+async fn cluster_secret_config(
+    secret: &Secret,
+    name: &str,
+    insecure: InsecureMembers,
+) -> Result<kube::Config, Unusable> {
     if name.is_empty() {
         return Err(Unusable::new(
             Unusable::NAME_INVALID,
@@ -272,7 +325,7 @@ async fn cluster_secret_config(secret: &Secret, name: &str) -> Result<kube::Conf
     let kubeconfig = Kubeconfig::from_yaml(text)
         .map_err(|err| Unusable::new(Unusable::KUBECONFIG_INVALID, describe_parse_error(&err)))?;
     let entries = chosen_entries(&kubeconfig)?;
-    build_config(entries, Unusable::KUBECONFIG_INVALID).await
+    build_config(entries, Unusable::KUBECONFIG_INVALID, insecure).await
 }
 
 /// Why a kubeconfig does not parse. The YAML parser's own message can
@@ -371,12 +424,17 @@ fn chosen_entries(kubeconfig: &Kubeconfig) -> Result<Entries, Unusable> {
 /// The name the entries go by in the kubeconfig kube is given.
 const MEMBER: &str = "member";
 
-/// The config for the entries, after refusing what is not supported;
-/// `invalid` is the reason for what kube or TLS cannot use.
-async fn build_config(entries: Entries, invalid: &'static str) -> Result<kube::Config, Unusable> {
+/// The config for the entries, after refusing what is not supported or
+/// not allowed; `invalid` is the reason for what kube or TLS cannot use.
+async fn build_config(
+    entries: Entries,
+    invalid: &'static str,
+    insecure: InsecureMembers,
+) -> Result<kube::Config, Unusable> {
     refuse_commands(&entries)?;
     refuse_files(&entries)?;
     refuse_proxy(&entries)?;
+    refuse_insecure(&entries.cluster_is, &entries.cluster, insecure)?;
     check_token(&entries)?;
     let Entries {
         cluster_is,
@@ -413,7 +471,7 @@ async fn build_config(entries: Entries, invalid: &'static str) -> Result<kube::C
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|err| Unusable::new(invalid, describe_config_error(&cluster_is, &err)))?;
-    check_server(&config, &cluster_is, invalid)?;
+    check_server(&config, &cluster_is, invalid, insecure)?;
     if config.root_cert.as_ref().is_some_and(Vec::is_empty) {
         return Err(Unusable::new(
             invalid,
@@ -505,6 +563,58 @@ fn refuse_proxy(entries: &Entries) -> Result<(), Unusable> {
     Ok(())
 }
 
+/// Refuses a cluster reached over plain `http://` or without checking its
+/// certificate, unless `insecure` allows it: the credentials would go to
+/// whatever answers at the address. Read from the entry as written, before
+/// any credential is looked up.
+fn refuse_insecure(
+    cluster_is: &str,
+    cluster: &Cluster,
+    insecure: InsecureMembers,
+) -> Result<(), Unusable> {
+    if insecure == InsecureMembers::Allowed {
+        return Ok(());
+    }
+    let plain_http = cluster
+        .server
+        .as_deref()
+        .and_then(|server| server.parse::<http::Uri>().ok())
+        .is_some_and(|uri| is_plain_http(&uri));
+    if plain_http {
+        return Err(plain_http_refusal(cluster_is));
+    }
+    if cluster.insecure_skip_tls_verify == Some(true) {
+        return Err(unverified_refusal(cluster_is));
+    }
+    Ok(())
+}
+
+fn is_plain_http(uri: &http::Uri) -> bool {
+    uri.scheme() == Some(&http::uri::Scheme::HTTP)
+}
+
+fn plain_http_refusal(cluster_is: &str) -> Unusable {
+    insecure_refusal(format!(
+        "the server of {cluster_is} is an http:// URL: the member's credentials would cross the \
+         network unencrypted, to whatever answers at that address"
+    ))
+}
+
+fn unverified_refusal(cluster_is: &str) -> Unusable {
+    insecure_refusal(format!(
+        "{cluster_is} sets insecure-skip-tls-verify: the member's credentials would go to \
+         whatever answers at that address, its certificate unchecked; give the CA that signs it \
+         (certificate-authority-data) instead"
+    ))
+}
+
+fn insecure_refusal(why: String) -> Unusable {
+    Unusable::new(
+        Unusable::INSECURE_CONNECTION,
+        format!("{why}; refused unless the operator runs with {ALLOW_INSECURE_FLAG}"),
+    )
+}
+
 /// A token must fit an HTTP header: kube's client would panic on one that
 /// does not (a line break, say) when it is built.
 fn check_token(entries: &Entries) -> Result<(), Unusable> {
@@ -552,20 +662,35 @@ fn describe_config_error(cluster_is: &str, err: &KubeconfigError) -> String {
     }
 }
 
-/// The server must be an http(s) URL with a host: the client takes
-/// anything else for plain http to nowhere.
+/// The server must be an https:// URL with a host (or http://, where
+/// `insecure` allows it): the client takes anything else for plain http to
+/// nowhere. As built by kube, after [`refuse_insecure`] read the entry.
 fn check_server(
     config: &kube::Config,
     cluster_is: &str,
     invalid: &'static str,
+    insecure: InsecureMembers,
 ) -> Result<(), Unusable> {
     let uri = &config.cluster_url;
-    if matches!(uri.scheme_str(), Some("https" | "http")) && uri.host().is_some() {
+    let refused = insecure == InsecureMembers::Refused;
+    if refused && is_plain_http(uri) {
+        return Err(plain_http_refusal(cluster_is));
+    }
+    if refused && config.accept_invalid_certs {
+        return Err(unverified_refusal(cluster_is));
+    }
+    let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
+    if (https || is_plain_http(uri)) && uri.host().is_some() {
         return Ok(());
     }
+    let schemes = if refused {
+        "an https:// URL"
+    } else {
+        "an https:// (or http://) URL"
+    };
     Err(Unusable::new(
         invalid,
-        format!("the server of {cluster_is} is not an https:// (or http://) URL with a host"),
+        format!("the server of {cluster_is} is not {schemes} with a host"),
     ))
 }
 
@@ -618,29 +743,35 @@ fn describe_tls_error(err: &kube::Error) -> String {
     }
 }
 
-/// The member a ClusterProfile describes, with the Secret that holds its
-/// token ([`token_secret_name`] says which; `None` if there is none).
+/// The member a ClusterProfile describes, with its token from the one
+/// Secret of `secrets` (the operator namespace's) tied to it
+/// ([`tied_token_secrets`]).
 ///
 /// Server and CA come from the `cluster` of one of its access providers:
 /// the one named `secretreader` (the provider whose token this reads) if
 /// it has a `cluster.server`, otherwise the first that has one, in
 /// `status.accessProviders` and then the deprecated
-/// `status.credentialProviders` (those of a name not in the first). The
-/// token is the Secret's data key `token`, whitespace around it trimmed.
-pub async fn from_cluster_profile(
+/// `status.credentialProviders` (those of a name not in the first). That
+/// cluster is checked (no file, no proxy; no `http://` or
+/// `insecure-skip-tls-verify` unless `insecure` allows them) before the
+/// token is looked up. The token is the Secret's data key `token`,
+/// whitespace around it trimmed.
+pub async fn from_cluster_profile<'a>(
     profile: &DynamicObject,
-    token_secret: Option<&Secret>,
+    secrets: impl IntoIterator<Item = &'a Secret>,
+    insecure: InsecureMembers,
 ) -> MemberAccess {
     let name = profile.metadata.name.clone().unwrap_or_default();
     let labels = profile.metadata.labels.clone().unwrap_or_default();
-    let config = cluster_profile_config(profile, &name, token_secret).await;
+    let config = cluster_profile_config(profile, &name, secrets, insecure).await;
     MemberAccess::new(name, labels, InventorySource::ClusterProfile, config)
 }
 
-async fn cluster_profile_config(
+async fn cluster_profile_config<'a>(
     profile: &DynamicObject,
     name: &str,
-    token_secret: Option<&Secret>,
+    secrets: impl IntoIterator<Item = &'a Secret>,
+    insecure: InsecureMembers,
 ) -> Result<kube::Config, Unusable> {
     if name.is_empty() {
         return Err(Unusable::new(
@@ -649,10 +780,18 @@ async fn cluster_profile_config(
         ));
     }
     let provider = chosen_provider(profile)?;
-    let secret_name = exec_cluster_name(&provider.cluster).unwrap_or_else(|| name.to_owned());
-    let token = token_from(token_secret, &secret_name)?;
+    let cluster_is = format!("the access provider {:?}", provider.name);
+    // Where the token would go is judged before any token is looked up.
+    refuse_insecure(&cluster_is, &provider.cluster, insecure)?;
+    let secret = match tied_token_secrets(name, secrets).as_slice() {
+        [] => return Err(no_tied_secret(name, &provider)),
+        [one] => *one,
+        many => return Err(many_tied_secrets(name, many)),
+    };
+    let secret_name = secret.metadata.name.as_deref().unwrap_or_default();
+    let token = token_from(secret)?;
     let entries = Entries {
-        cluster_is: format!("the access provider {:?}", provider.name),
+        cluster_is,
         cluster: provider.cluster,
         user_is: format!("the Secret {secret_name:?}"),
         user: AuthInfo {
@@ -661,18 +800,80 @@ async fn cluster_profile_config(
         },
         namespace: None,
     };
-    build_config(entries, Unusable::ACCESS_PROVIDER_INVALID).await
+    build_config(entries, Unusable::ACCESS_PROVIDER_INVALID, insecure).await
 }
 
-/// The name of the Secret, in the operator's namespace, that holds the
-/// profile's token. KEP-5339's secret reader takes it from the `clusterName`
-/// of the chosen provider's cluster extension [`EXEC_EXTENSION`]; without
-/// one, it is the profile's name.
-pub fn token_secret_name(profile: &DynamicObject) -> String {
-    chosen_provider(profile)
-        .ok()
-        .and_then(|provider| exec_cluster_name(&provider.cluster))
-        .unwrap_or_else(|| profile.metadata.name.clone().unwrap_or_default())
+/// The Secrets of `secrets` tied to the profile named `profile` by their
+/// writers: those labelled [`crate::LABEL_CLUSTER_PROFILE`] with its name,
+/// and the one named as the profile unless that label ties it to another
+/// (a Secret carries one label of a key: the label, where there is one,
+/// decides). One is the profile's token Secret; none or more than one
+/// leave the profile unusable. The profile has no say: what it names
+/// (KEP-5339's `clusterName`) is not read.
+///
+/// A ServiceAccount's token Secret is tied by the label alone: its name
+/// and token come from the ServiceAccount's controller, and nobody meant
+/// them for a profile that anyone may create under that name.
+pub fn tied_token_secrets<'a>(
+    profile: &str,
+    secrets: impl IntoIterator<Item = &'a Secret>,
+) -> Vec<&'a Secret> {
+    secrets
+        .into_iter()
+        .filter(|secret| {
+            let labelled = secret
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(crate::LABEL_CLUSTER_PROFILE));
+            match labelled {
+                Some(tied_to) => tied_to == profile,
+                None => {
+                    secret.metadata.name.as_deref() == Some(profile)
+                        && secret.type_.as_deref() != Some(SERVICE_ACCOUNT_TOKEN)
+                }
+            }
+        })
+        .collect()
+}
+
+/// Why a profile has no token: no Secret is tied to it. Where its access
+/// provider's `clusterName` names some other Secret (the secret reader's
+/// way), the message says that name is not read, and how to tie one.
+fn no_tied_secret(profile: &str, provider: &Provider) -> Unusable {
+    let label = crate::LABEL_CLUSTER_PROFILE;
+    let not_read = match exec_cluster_name(&provider.cluster) {
+        Some(named) if named != profile => format!(
+            "; the access provider's clusterName {named:?} ({EXEC_EXTENSION}) is not read, as a \
+             profile may not choose whose token it is given: whoever may write that Secret can \
+             label it {label}={profile}"
+        ),
+        _ => String::new(),
+    };
+    Unusable::new(
+        Unusable::TOKEN_MISSING,
+        format!(
+            "no Secret in the operator's namespace holds the profile's token: one named {profile:?}, \
+             or one labelled {label}={profile}, with the data key `{TOKEN_KEY}`{not_read}"
+        ),
+    )
+}
+
+/// Why a profile has no token: more than one Secret is tied to it.
+fn many_tied_secrets(profile: &str, secrets: &[&Secret]) -> Unusable {
+    let mut names: Vec<&str> = secrets
+        .iter()
+        .map(|secret| secret.metadata.name.as_deref().unwrap_or_default())
+        .collect();
+    names.sort_unstable();
+    Unusable::new(
+        Unusable::TOKEN_SECRET_AMBIGUOUS,
+        format!(
+            "the Secrets {names:?} are each tied to the profile (named {profile:?}, or labelled \
+             {}={profile}), and none is used: leave one",
+            crate::LABEL_CLUSTER_PROFILE
+        ),
+    )
 }
 
 /// An access provider of a profile.
@@ -750,41 +951,26 @@ fn exec_cluster_name(cluster: &Cluster) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// The token of the Secret named `wanted`, from `secret`.
-fn token_from(secret: Option<&Secret>, wanted: &str) -> Result<SecretString, Unusable> {
+/// The token the Secret holds under the data key `token`.
+fn token_from(secret: &Secret) -> Result<SecretString, Unusable> {
     let missing = |message: String| Unusable::new(Unusable::TOKEN_MISSING, message);
-    let Some(secret) = secret else {
-        return Err(missing(format!(
-            "no Secret {wanted:?} in the operator's namespace holds the token (data key \
-             `{TOKEN_KEY}`, KEP-5339's secret reader)"
-        )));
-    };
-    let given = secret.metadata.name.as_deref().unwrap_or_default();
-    if given != wanted {
-        return Err(missing(format!(
-            "the token is in the Secret {wanted:?}, not in {given:?}"
-        )));
-    }
+    let name = secret.metadata.name.as_deref().unwrap_or_default();
     let data = secret
         .data
         .as_ref()
         .and_then(|data| data.get(TOKEN_KEY))
-        .ok_or_else(|| {
-            missing(format!(
-                "the Secret {wanted:?} has no data key `{TOKEN_KEY}`"
-            ))
-        })?;
+        .ok_or_else(|| missing(format!("the Secret {name:?} has no data key `{TOKEN_KEY}`")))?;
     let token = std::str::from_utf8(&data.0).map_err(|_| {
         Unusable::new(
             Unusable::TOKEN_INVALID,
-            format!("the token in the Secret {wanted:?} is not text"),
+            format!("the token in the Secret {name:?} is not text"),
         )
     })?;
     // `kubectl create secret --from-file` keeps a file's last line break.
     let token = token.trim();
     if token.is_empty() {
         return Err(missing(format!(
-            "the data key `{TOKEN_KEY}` of the Secret {wanted:?} is empty"
+            "the data key `{TOKEN_KEY}` of the Secret {name:?} is empty"
         )));
     }
     Ok(SecretString::from(token.to_owned()))
@@ -882,6 +1068,8 @@ qZQ7j70Qkdu+L1fn9HJ26hXWz8k0XGi5beUYBufwfEEhRpVLm1FPD9J7
 -----END PRIVATE KEY-----
 ";
     const TOKEN: &str = "s3cr3t-token-0123456789abcdef";
+    /// Another member's token, which a profile must never be given.
+    const OTHER_TOKEN: &str = "s3cr3t-token-of-another-member";
     const SERVER: &str = "https://member-a.example:6443";
 
     fn base64(text: &str) -> String {
@@ -951,7 +1139,7 @@ current-context: member-a
     }
 
     async fn member(kubeconfig: &str) -> MemberAccess {
-        from_cluster_secret(&cluster_secret(
+        secret_member(&cluster_secret(
             &[(crate::LABEL_CLUSTER, "member-a")],
             Some(kubeconfig),
         ))
@@ -964,6 +1152,20 @@ current-context: member-a
             Ok(config) => panic!("accepted, leading to {}", config.cluster_url),
             Err(unusable) => unusable,
         }
+    }
+
+    /// The member a cluster Secret describes, where insecure members are refused.
+    async fn secret_member(secret: &Secret) -> Option<MemberAccess> {
+        from_cluster_secret(secret, InsecureMembers::Refused).await
+    }
+
+    /// The member a profile describes with the operator namespace's
+    /// `secrets`, where insecure members are refused.
+    async fn profile_member<'a>(
+        profile: &DynamicObject,
+        secrets: impl IntoIterator<Item = &'a Secret>,
+    ) -> MemberAccess {
+        from_cluster_profile(profile, secrets, InsecureMembers::Refused).await
     }
 
     fn bearer(config: &kube::Config) -> Option<&str> {
@@ -1134,10 +1336,10 @@ current-context: member-a
     #[tokio::test]
     async fn a_secret_without_the_label_is_no_member() {
         let secret = cluster_secret(&[("app", "x")], Some(&kubeconfig(&token_user(TOKEN))));
-        assert!(from_cluster_secret(&secret).await.is_none());
+        assert!(secret_member(&secret).await.is_none());
         let mut unlabelled = secret;
         unlabelled.metadata.labels = None;
-        assert!(from_cluster_secret(&unlabelled).await.is_none());
+        assert!(secret_member(&unlabelled).await.is_none());
     }
 
     #[tokio::test]
@@ -1146,14 +1348,14 @@ current-context: member-a
             &[(crate::LABEL_CLUSTER, "")],
             Some(&kubeconfig(&token_user(TOKEN))),
         );
-        let member = from_cluster_secret(&empty).await.expect("a member");
+        let member = secret_member(&empty).await.expect("a member");
         assert_eq!(
             member.config.expect_err("unusable").reason,
             Unusable::NAME_INVALID
         );
 
         let no_value = cluster_secret(&[(crate::LABEL_CLUSTER, "member-a")], None);
-        let member = from_cluster_secret(&no_value).await.expect("a member");
+        let member = secret_member(&no_value).await.expect("a member");
         assert_eq!(member.name, "member-a");
         assert_eq!(
             member.config.expect_err("unusable").reason,
@@ -1183,7 +1385,7 @@ current-context: member-a
             KUBECONFIG_KEY.to_owned(),
             ByteString(vec![0xff, 0xfe, 0x00]),
         )]));
-        let member = from_cluster_secret(&not_text).await.expect("a member");
+        let member = secret_member(&not_text).await.expect("a member");
         assert_eq!(
             member.config.expect_err("unusable").reason,
             Unusable::KUBECONFIG_INVALID
@@ -1194,7 +1396,7 @@ current-context: member-a
     async fn a_label_change_keeps_the_fingerprint_and_a_token_change_changes_it() {
         let text = kubeconfig(&token_user(TOKEN));
         let before = member(&text).await;
-        let relabelled = from_cluster_secret(&cluster_secret(
+        let relabelled = secret_member(&cluster_secret(
             &[(crate::LABEL_CLUSTER, "member-a"), ("region", "eu")],
             Some(&text),
         ))
@@ -1231,7 +1433,7 @@ current-context: member-a
         let config = format!("{:?}", member.config);
         assert!(!config.contains(TOKEN) && !config.contains(&base64(CLIENT_KEY)));
 
-        let profile = from_cluster_profile(
+        let profile = profile_member(
             &profile(providers()),
             Some(&token_secret("member-a", TOKEN)),
         )
@@ -1283,12 +1485,11 @@ current-context: member-a
     #[tokio::test]
     async fn a_profile_with_server_ca_and_token_secret_gives_a_config() {
         let profile = profile(providers());
-        assert_eq!(token_secret_name(&profile), "member-a");
-        let member = from_cluster_profile(
-            &profile,
-            Some(&token_secret("member-a", &format!("{TOKEN}\n"))),
-        )
-        .await;
+        let secrets = [
+            token_secret("member-b", OTHER_TOKEN),
+            token_secret("member-a", &format!("{TOKEN}\n")),
+        ];
+        let member = profile_member(&profile, &secrets).await;
         assert_eq!(member.name, "member-a");
         assert_eq!(member.from, InventorySource::ClusterProfile);
         assert_eq!(member.labels.get("region").map(String::as_str), Some("eu"));
@@ -1302,7 +1503,7 @@ current-context: member-a
     #[tokio::test]
     async fn a_profile_without_its_token_secret_is_unusable() {
         let profile = profile(providers());
-        let member = from_cluster_profile(&profile, None).await;
+        let member = profile_member(&profile, None).await;
         let refused = member.config.expect_err("unusable");
         assert_eq!(refused.reason, Unusable::TOKEN_MISSING);
         assert!(refused.message.contains("\"member-a\""), "{refused}");
@@ -1315,14 +1516,14 @@ current-context: member-a
                 ..token_secret("member-a", TOKEN)
             },
         ] {
-            let member = from_cluster_profile(&profile, Some(&secret)).await;
+            let member = profile_member(&profile, Some(&secret)).await;
             assert_eq!(
                 member.config.expect_err("unusable").reason,
                 Unusable::TOKEN_MISSING
             );
         }
         let two_lines = token_secret("member-a", "two\nlines");
-        let member = from_cluster_profile(&profile, Some(&two_lines)).await;
+        let member = profile_member(&profile, Some(&two_lines)).await;
         assert_eq!(
             member.config.expect_err("unusable").reason,
             Unusable::TOKEN_INVALID
@@ -1337,7 +1538,7 @@ current-context: member-a
             json!([{"name": "google", "cluster": {}}]),
             json!([{"name": SECRET_READER}]),
         ] {
-            let member = from_cluster_profile(&profile(providers), Some(&secret)).await;
+            let member = profile_member(&profile(providers), Some(&secret)).await;
             assert_eq!(
                 member.config.expect_err("unusable").reason,
                 Unusable::NO_ACCESS_PROVIDER
@@ -1345,7 +1546,7 @@ current-context: member-a
         }
         let mut no_status = profile(json!([]));
         no_status.data = json!({"spec": {"clusterManager": {"name": "fleet"}}});
-        let member = from_cluster_profile(&no_status, Some(&secret)).await;
+        let member = profile_member(&no_status, Some(&secret)).await;
         assert_eq!(
             member.config.expect_err("unusable").reason,
             Unusable::NO_ACCESS_PROVIDER
@@ -1353,17 +1554,15 @@ current-context: member-a
     }
 
     #[tokio::test]
-    async fn the_secret_reader_is_preferred_and_its_extension_names_the_token_secret() {
+    async fn the_secret_reader_is_preferred() {
         let profile = profile(json!([
             {"name": "google", "cluster": {"server": "https://gateway.example/v1/member-a"}},
             {"name": SECRET_READER, "cluster": {
                 "server": SERVER,
                 "certificate-authority-data": base64(CA),
-                "extensions": [{"name": EXEC_EXTENSION, "extension": {"clusterName": "spoke-1"}}],
             }},
         ]));
-        assert_eq!(token_secret_name(&profile), "spoke-1");
-        let member = from_cluster_profile(&profile, Some(&token_secret("spoke-1", TOKEN))).await;
+        let member = profile_member(&profile, Some(&token_secret("member-a", TOKEN))).await;
         let config = member.config.expect("usable");
         assert_eq!(config.cluster_url.to_string(), format!("{SERVER}/"));
 
@@ -1373,7 +1572,7 @@ current-context: member-a
             {"name": "google", "cluster": {"server": "https://gateway.example/v1/member-a"}},
             {"name": "other", "cluster": {"server": SERVER}},
         ]));
-        let member = from_cluster_profile(&first, Some(&token_secret("member-a", TOKEN))).await;
+        let member = profile_member(&first, Some(&token_secret("member-a", TOKEN))).await;
         assert_eq!(
             member.config.expect("usable").cluster_url.to_string(),
             "https://gateway.example/v1/member-a"
@@ -1384,7 +1583,7 @@ current-context: member-a
     async fn deprecated_credential_providers_are_read_after_access_providers() {
         let mut old = profile(json!([]));
         old.data["status"] = json!({"credentialProviders": providers()});
-        let member = from_cluster_profile(&old, Some(&token_secret("member-a", TOKEN))).await;
+        let member = profile_member(&old, Some(&token_secret("member-a", TOKEN))).await;
         assert_eq!(
             member.config.expect("usable").cluster_url.to_string(),
             format!("{SERVER}/")
@@ -1413,7 +1612,7 @@ current-context: member-a
             ),
         ] {
             let profile = profile(json!([{"name": SECRET_READER, "cluster": cluster}]));
-            let member = from_cluster_profile(&profile, Some(&secret)).await;
+            let member = profile_member(&profile, Some(&secret)).await;
             assert_eq!(
                 member.config.expect_err("unusable").reason,
                 reason,
@@ -1425,14 +1624,234 @@ current-context: member-a
     #[tokio::test]
     async fn a_profile_token_change_changes_the_fingerprint_and_a_label_change_does_not() {
         let secret = token_secret("member-a", TOKEN);
-        let before = from_cluster_profile(&profile(providers()), Some(&secret)).await;
+        let before = profile_member(&profile(providers()), Some(&secret)).await;
         let mut relabelled = profile(providers());
         relabelled.metadata.labels = Some(BTreeMap::from([("tier".to_owned(), "gold".to_owned())]));
-        let after = from_cluster_profile(&relabelled, Some(&secret)).await;
+        let after = profile_member(&relabelled, Some(&secret)).await;
         assert_eq!(before.fingerprint, after.fingerprint);
         let rotated = token_secret("member-a", "s3cr3t-token-rotated");
-        let after = from_cluster_profile(&profile(providers()), Some(&rotated)).await;
+        let after = profile_member(&profile(providers()), Some(&rotated)).await;
         assert_ne!(before.fingerprint, after.fingerprint);
+    }
+
+    /// A Secret in the operator's namespace holding `token`, labelled
+    /// `copyrator.flant.com/cluster-profile: <for_profile>`.
+    fn labelled_token_secret(name: &str, for_profile: &str, token: &str) -> Secret {
+        let mut secret = token_secret(name, token);
+        secret.metadata.labels = Some(BTreeMap::from([(
+            crate::LABEL_CLUSTER_PROFILE.to_owned(),
+            for_profile.to_owned(),
+        )]));
+        secret
+    }
+
+    /// The profile `member-a` reached through a secret reader whose
+    /// `clusterName` names the Secret `named`, at `server`.
+    fn profile_naming(named: &str, server: &str) -> DynamicObject {
+        profile(json!([{"name": SECRET_READER, "cluster": {
+            "server": server,
+            "certificate-authority-data": base64(CA),
+            "extensions": [{"name": EXEC_EXTENSION, "extension": {"clusterName": named}}],
+        }}]))
+    }
+
+    #[tokio::test]
+    async fn a_token_secret_is_tied_by_its_label() {
+        let profile = profile(providers());
+        let secrets = [
+            labelled_token_secret("fleet-token-7", "member-a", TOKEN),
+            token_secret("member-b", OTHER_TOKEN),
+        ];
+        let config = profile_member(&profile, &secrets)
+            .await
+            .config
+            .expect("usable");
+        assert_eq!(bearer(&config), Some(TOKEN));
+
+        // A Secret named as the profile but labelled for another profile is
+        // that other profile's: its writer said so.
+        let elsewhere = [labelled_token_secret("member-a", "member-b", OTHER_TOKEN)];
+        let refused = profile_member(&profile, &elsewhere)
+            .await
+            .config
+            .expect_err("unusable");
+        assert_eq!(refused.reason, Unusable::TOKEN_MISSING, "{refused}");
+        assert_eq!(
+            tied_token_secrets("member-b", &elsewhere)
+                .iter()
+                .map(|s| s.metadata.name.as_deref())
+                .collect::<Vec<_>>(),
+            [Some("member-a")]
+        );
+        // A ServiceAccount's token Secret of the profile's name is not tied
+        // by its name: only a label ties it.
+        let mut account_token = token_secret("member-a", OTHER_TOKEN);
+        account_token.type_ = Some(SERVICE_ACCOUNT_TOKEN.to_owned());
+        let refused = profile_member(&profile, [&account_token])
+            .await
+            .config
+            .expect_err("unusable");
+        assert_eq!(refused.reason, Unusable::TOKEN_MISSING, "{refused}");
+        let mut labelled = labelled_token_secret("member-a", "member-a", TOKEN);
+        labelled.type_ = Some(SERVICE_ACCOUNT_TOKEN.to_owned());
+        let config = profile_member(&profile, [&labelled])
+            .await
+            .config
+            .expect("usable");
+        assert_eq!(bearer(&config), Some(TOKEN));
+        // Named as the profile and labelled for it: one Secret, tied twice over.
+        let both = [labelled_token_secret("member-a", "member-a", TOKEN)];
+        let config = profile_member(&profile, &both)
+            .await
+            .config
+            .expect("usable");
+        assert_eq!(bearer(&config), Some(TOKEN));
+    }
+
+    #[tokio::test]
+    async fn two_tied_secrets_leave_the_profile_unusable() {
+        let profile = profile(providers());
+        for secrets in [
+            vec![
+                token_secret("member-a", TOKEN),
+                labelled_token_secret("fleet-token-7", "member-a", OTHER_TOKEN),
+            ],
+            vec![
+                labelled_token_secret("fleet-token-7", "member-a", TOKEN),
+                labelled_token_secret("fleet-token-8", "member-a", OTHER_TOKEN),
+            ],
+        ] {
+            let refused = profile_member(&profile, &secrets)
+                .await
+                .config
+                .expect_err("unusable");
+            assert_eq!(
+                refused.reason,
+                Unusable::TOKEN_SECRET_AMBIGUOUS,
+                "{refused}"
+            );
+            for secret in &secrets {
+                let name = secret.metadata.name.as_deref().unwrap_or_default();
+                assert!(refused.message.contains(name), "{refused}");
+            }
+            assert!(!refused.message.contains("s3cr3t"), "{refused}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_cluster_name_extension_never_chooses_the_token_secret() {
+        // The attack: a profile names another member's token Secret.
+        let profile = profile_naming("member-b", SERVER);
+        let theirs = [token_secret("member-b", OTHER_TOKEN)];
+        let refused = profile_member(&profile, &theirs)
+            .await
+            .config
+            .expect_err("another member's token is never used");
+        assert_eq!(refused.reason, Unusable::TOKEN_MISSING, "{refused}");
+        for said in [
+            "\"member-a\"",
+            "copyrator.flant.com/cluster-profile=member-a",
+            "clusterName \"member-b\"",
+            "is not read",
+        ] {
+            assert!(refused.message.contains(said), "{said}: {refused}");
+        }
+
+        // With a Secret tied to it, the profile gets that token, whatever
+        // its extension names.
+        let both = [
+            token_secret("member-b", OTHER_TOKEN),
+            token_secret("member-a", TOKEN),
+        ];
+        let config = profile_member(&profile, &both)
+            .await
+            .config
+            .expect("usable");
+        assert_eq!(bearer(&config), Some(TOKEN));
+    }
+
+    #[tokio::test]
+    async fn an_http_server_is_refused_unless_allowed() {
+        let http_server = "http://member-a.example:8080";
+        let text = kubeconfig(&token_user(TOKEN)).replace(SERVER, http_server);
+        let refused = refusal(&text).await;
+        assert_eq!(refused.reason, Unusable::INSECURE_CONNECTION, "{refused}");
+        assert!(refused.message.contains("http://"), "{refused}");
+        assert!(refused.message.contains(ALLOW_INSECURE_FLAG), "{refused}");
+        let secret = cluster_secret(&[(crate::LABEL_CLUSTER, "member-a")], Some(&text));
+        let allowed = from_cluster_secret(&secret, InsecureMembers::Allowed)
+            .await
+            .expect("a member")
+            .config
+            .expect("usable where allowed");
+        assert_eq!(allowed.cluster_url.to_string(), format!("{http_server}/"));
+
+        // A profile is refused before any token is looked up: here it names
+        // another member's Secret and has none of its own.
+        let profile = profile_naming("member-b", http_server);
+        let theirs = [token_secret("member-b", OTHER_TOKEN)];
+        let refused = profile_member(&profile, &theirs)
+            .await
+            .config
+            .expect_err("unusable");
+        assert_eq!(refused.reason, Unusable::INSECURE_CONNECTION, "{refused}");
+        let own = [token_secret("member-a", TOKEN)];
+        let allowed = from_cluster_profile(&profile, &own, InsecureMembers::Allowed)
+            .await
+            .config
+            .expect("usable where allowed");
+        assert_eq!(allowed.cluster_url.to_string(), format!("{http_server}/"));
+        assert_eq!(bearer(&allowed), Some(TOKEN));
+    }
+
+    #[tokio::test]
+    async fn insecure_skip_tls_verify_is_refused_unless_allowed() {
+        let text = kubeconfig(&token_user(TOKEN)).replace(
+            "    server:",
+            "    insecure-skip-tls-verify: true\n    server:",
+        );
+        let refused = refusal(&text).await;
+        assert_eq!(refused.reason, Unusable::INSECURE_CONNECTION, "{refused}");
+        assert!(
+            refused.message.contains("insecure-skip-tls-verify"),
+            "{refused}"
+        );
+        let secret = cluster_secret(&[(crate::LABEL_CLUSTER, "member-a")], Some(&text));
+        let allowed = from_cluster_secret(&secret, InsecureMembers::Allowed)
+            .await
+            .expect("a member")
+            .config
+            .expect("usable where allowed");
+        assert!(allowed.accept_invalid_certs);
+
+        let profile = profile(json!([{"name": SECRET_READER, "cluster": {
+            "server": SERVER,
+            "insecure-skip-tls-verify": true,
+        }}]));
+        let own = [token_secret("member-a", TOKEN)];
+        let refused = profile_member(&profile, &own)
+            .await
+            .config
+            .expect_err("unusable");
+        assert_eq!(refused.reason, Unusable::INSECURE_CONNECTION, "{refused}");
+        let allowed = from_cluster_profile(&profile, &own, InsecureMembers::Allowed)
+            .await
+            .config
+            .expect("usable where allowed");
+        assert!(allowed.accept_invalid_certs);
+
+        // `false` is the default, and changes nothing.
+        let verified = kubeconfig(&token_user(TOKEN)).replace(
+            "    server:",
+            "    insecure-skip-tls-verify: false\n    server:",
+        );
+        assert!(
+            !member(&verified)
+                .await
+                .config
+                .expect("usable")
+                .accept_invalid_certs
+        );
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The inventory of member clusters, read from the operator's namespace:
 //! Secrets labelled `copyrator.flant.com/cluster` holding a kubeconfig
 //! (Cluster API's layout), and SIG Multicluster `ClusterProfile`s with the
-//! Secret of their token (KEP-5339's secret reader). Members appear, go
+//! Secret of their token (KEP-5339's secret reader's layout; the Secret is
+//! tied to its profile by its own name or label, never named by the
+//! profile: see `cluster::inventory`). Members appear, go
 //! and have their credentials rotated while the operator runs: each
 //! change of the inventory is compared with the members started, by name
 //! and by the fingerprint of their credentials (`cluster::inventory`).
@@ -21,9 +23,9 @@ use tracing::{info, warn};
 
 use crate::api::kinds::Kind;
 use crate::api::rule::RuleKey;
-use crate::cluster::client::{Transport, clients_with_deadlines};
+use crate::cluster::client::{ApiServer, Transport, clients_with_deadlines};
 use crate::cluster::context::{Cluster, Limits};
-use crate::cluster::inventory::{self, MemberAccess};
+use crate::cluster::inventory::{self, InsecureMembers, MemberAccess};
 use crate::cluster::watch::{Change, WatchEnd, Watching, follow, watch_config};
 use crate::controller::members::{Member, Reach, UnusableMember};
 use crate::controller::site::{Site, SiteName};
@@ -104,6 +106,7 @@ pub fn member_views(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Memb
         start.config,
         Transport::Mixed,
         limits.write_concurrency as usize,
+        ApiServer::Member,
     )
     .map_err(|e| e.to_string())?;
     // Its watches report to a health of their own: a member's trouble is
@@ -327,7 +330,7 @@ pub async fn follow_inventory(shared: Arc<Shared>) {
     let _abort_on_stop = AbortOnDrop(vec![secrets, profiles]);
     loop {
         inventory.changed.notified().await;
-        let wanted = read_inventory(&inventory).await;
+        let wanted = read_inventory(&inventory, insecure_members(&shared)).await;
         apply(&shared, wanted);
     }
 }
@@ -431,29 +434,39 @@ async fn watch_profiles(shared: Arc<Shared>, inventory: Arc<Inventory>, health: 
     }
 }
 
+/// Whether members may be reached over plain http or unverified TLS
+/// (`--allow-insecure-members`).
+fn insecure_members(shared: &Shared) -> InsecureMembers {
+    InsecureMembers::allowed_if(shared.options.allow_insecure_members)
+}
+
 /// The members the inventory describes now, by name (see [`members_in`]).
-async fn read_inventory(inventory: &Inventory) -> BTreeMap<String, MemberAccess> {
+async fn read_inventory(
+    inventory: &Inventory,
+    insecure: InsecureMembers,
+) -> BTreeMap<String, MemberAccess> {
     let secrets = lock(&inventory.secrets).clone();
     let profiles = lock(&inventory.profiles).clone();
-    members_in(&secrets, &profiles).await
+    members_in(&secrets, &profiles, insecure).await
 }
 
 /// The members that the operator namespace's Secrets and ClusterProfiles
 /// describe, by name: cluster Secrets first, then profiles (a profile of a
-/// name a Secret took is left out, with a warning).
+/// name a Secret took is left out, with a warning). A profile's token is
+/// in the Secret tied to it (`inventory::tied_token_secrets`).
 async fn members_in(
     secrets: &BTreeMap<String, Secret>,
     profiles: &BTreeMap<String, DynamicObject>,
+    insecure: InsecureMembers,
 ) -> BTreeMap<String, MemberAccess> {
     let mut wanted = BTreeMap::new();
     for secret in secrets.values() {
-        if let Some(access) = inventory::from_cluster_secret(secret).await {
+        if let Some(access) = inventory::from_cluster_secret(secret, insecure).await {
             wanted.insert(access.name.clone(), access);
         }
     }
     for profile in profiles.values() {
-        let token = secrets.get(&inventory::token_secret_name(profile));
-        let access = inventory::from_cluster_profile(profile, token).await;
+        let access = inventory::from_cluster_profile(profile, secrets.values(), insecure).await;
         if wanted.contains_key(&access.name) {
             warn!(
                 member = access.name.as_str(),
@@ -495,7 +508,7 @@ pub async fn list_inventory(shared: &Shared) -> Result<BTreeMap<String, MemberAc
         Err(kube::Error::Api(status)) if status.code == 404 => BTreeMap::new(),
         Err(source) => return Err(lookup("ClusterProfiles")(source)),
     };
-    Ok(members_in(&secrets, &profiles).await)
+    Ok(members_in(&secrets, &profiles, insecure_members(shared)).await)
 }
 
 /// How an entry of the inventory can be started, or the reason and message

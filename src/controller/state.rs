@@ -42,6 +42,9 @@ pub struct Options {
     pub cluster_name: String,
     /// Read the inventory of member clusters (`--member-clusters`).
     pub member_clusters: bool,
+    /// Accept members reached over plain http or without checking their
+    /// certificate (`--allow-insecure-members`).
+    pub allow_insecure_members: bool,
 }
 
 /// The rules as watched, by key and by UID, kept together under one lock
@@ -570,6 +573,7 @@ mod tests {
                 keep_kind_watches: false,
                 cluster_name: "home".to_owned(),
                 member_clusters: false,
+                allow_insecure_members: false,
             },
             Arc::new(Metrics::default()),
             gate,
