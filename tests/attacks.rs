@@ -174,3 +174,107 @@ async fn one_tenant_rule_with_a_huge_selector_harms_nobody_else() {
 
     operator.assert_running();
 }
+
+/// A tenant's rule costs the tenant: its planning is bounded. The tenant
+/// of `team-a` writes a rule with 64 `stripLabels` globs that backtrack
+/// over every key, and a source with 1,000 label keys of 317 characters,
+/// copied into a namespace of its own that accepts it. The rule reads
+/// `TransformTooCostly` and writes nothing; meanwhile `/healthz` answers
+/// 200 and an admin rule's copy follows its source (both timed, printed).
+#[tokio::test]
+async fn a_tenant_rule_too_costly_to_plan_stalls_nobody_else() {
+    let _exclusive = CLUSTER_WIDE.write().await;
+    let t = TestNs::new("atk-globs").await;
+    let op = t.ns("op").await;
+    let team_a = t.ns("team-a").await;
+    let team_a_too = t.ns("team-a-too").await;
+    let target = t.ns("t1").await;
+    t.namespaces()
+        .patch(
+            &team_a_too,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "copyrator.flant.com/accept-from": team_a.as_str()}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("team-a-too accepts team-a: {}", err_msg(&e)));
+    t.create_rule(&op, "admin", rule_spec(CM, t.selector(), &[&target]))
+        .await;
+    let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--log-format", "json"]);
+    let admin_source = t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
+    t.wait_copy(CM, &target, &admin_source, &op, "admin").await;
+
+    let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    let prefix = [
+        "a".repeat(63),
+        "a".repeat(63),
+        "a".repeat(63),
+        "a".repeat(60),
+    ]
+    .join(".");
+    let mut labels: serde_json::Map<String, serde_json::Value> = (0..1000)
+        .map(|i| (format!("{prefix}/{}k{i:04}", "a".repeat(58)), json!("v")))
+        .collect();
+    labels.insert(TEST_LABEL.to_owned(), json!(t.prefix));
+    let source: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "costly", "labels": labels}, "data": {"k": "v"}}))
+    .expect("a ConfigMap");
+    Api::<ConfigMap>::namespaced(attacker.client.clone(), &team_a)
+        .create(&Default::default(), &source)
+        .await
+        .unwrap_or_else(|e| panic!("the tenant's source: {}", err_msg(&e)));
+    let globs: Vec<String> = (0..64)
+        .map(|i| format!("*{}b{i}", "a".repeat(60)))
+        .collect();
+    attacker
+        .create_rule(
+            "costly",
+            json!({"spec": {"ruleType": "configmap", "selector": t.selector(),
+                            "targets": {"include": [team_a_too.as_str()]},
+                            "transform": {"stripLabels": globs}}}),
+        )
+        .await;
+    t.wait_rule(&team_a, "costly", "TransformTooCostly", |r| {
+        not_ready_because(r, "TransformTooCostly")
+    })
+    .await;
+    t.assert_absent(
+        CM,
+        &team_a_too,
+        "costly",
+        "a rule too costly writes nothing",
+    )
+    .await;
+
+    // While it stands (each source change plans it again), the operator
+    // answers and the admin rule follows.
+    let mut slowest_health = Duration::ZERO;
+    for round in 0..3 {
+        Api::<ConfigMap>::namespaced(attacker.client.clone(), &team_a)
+            .patch(
+                "costly",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"k": format!("v{round}")}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("the tenant changes its source: {}", err_msg(&e)));
+        let changed = std::time::Instant::now();
+        let value = format!("admin-{round}");
+        let admin_source = t.set_data(CM, &op, "cfg", &[("k", Some(&value))]).await;
+        for _ in 0..5 {
+            let asked = std::time::Instant::now();
+            let (code, body) = http_get(operator.port, "/healthz")
+                .await
+                .unwrap_or_else(|e| panic!("/healthz: {e}"));
+            assert_eq!(code, 200, "/healthz: {body}");
+            slowest_health = slowest_health.max(asked.elapsed());
+        }
+        t.wait_copy(CM, &target, &admin_source, &op, "admin").await;
+        println!(
+            "round {round}: the admin copy followed in {:?}; slowest /healthz so far {:?}",
+            changed.elapsed(),
+            slowest_health
+        );
+    }
+    operator.assert_running();
+}

@@ -261,9 +261,18 @@ impl Glob {
 
 /// Iterative wildcard matching with backtracking to the last `*`: linear in practice.
 fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    let mut unlimited = u64::MAX;
+    glob_match_within(pattern, text, &mut unlimited).unwrap_or(true)
+}
+
+/// [`glob_match`], taking one of `steps` per step (a glob of `n`
+/// characters takes up to `n` times the text's length); `None`, with
+/// `steps` at 0, when they run out first.
+fn glob_match_within(pattern: &[u8], text: &[u8], steps: &mut u64) -> Option<bool> {
     let (mut p, mut t) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while t < text.len() {
+        *steps = steps.checked_sub(1)?;
         if p < pattern.len() && (pattern[p] == b'?' || pattern[p] == text[t]) {
             p += 1;
             t += 1;
@@ -275,10 +284,10 @@ fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
             t = star_t + 1;
             star = Some((star_p, star_t + 1));
         } else {
-            return false;
+            return Some(false);
         }
     }
-    pattern[p..].iter().all(|b| *b == b'*')
+    Some(pattern[p..].iter().all(|b| *b == b'*'))
 }
 
 /// A glob on keys: label or annotation keys (`transform.strip*`), or data
@@ -296,6 +305,12 @@ impl KeyGlob {
 
     pub fn matches(&self, key: &str) -> bool {
         glob_match(self.0.as_bytes(), key.as_bytes())
+    }
+
+    /// Whether `key` matches, taking from `steps` (see
+    /// [`glob_match_within`]); `None` when they ran out.
+    pub fn matches_within(&self, key: &str, steps: &mut u64) -> Option<bool> {
+        glob_match_within(self.0.as_bytes(), key.as_bytes(), steps)
     }
 
     /// A glob on the data keys of ConfigMaps and Secrets: the characters of

@@ -336,7 +336,19 @@ fn observed_after(
                 MEMBERS_OFF.to_string(),
             )
         });
-    let problem = members_off.or_else(|| {
+    let too_costly = pass.plan.too_costly.then(|| {
+        (
+            "TransformTooCostly".to_string(),
+            format!(
+                "stripping the sources' labels and annotations (transform.stripLabels, \
+                 transform.stripAnnotations, --strip-keys) takes more than the {} glob \
+                 steps a pass may spend; nothing is written or deleted: use fewer or simpler \
+                 patterns, or sources with fewer or shorter keys",
+                plan::STRIP_STEPS_PER_PASS
+            ),
+        )
+    });
+    let problem = members_off.or(too_costly).or_else(|| {
         pass.failing().next().map(|(what, failure)| {
             (
                 "SyncFailed".to_string(),
@@ -945,18 +957,33 @@ pub(crate) async fn carry_out(
     } else {
         scope.is_everything()
     };
-    let (mut plan, other_kind_deletions) =
-        plan_pass(shared, site, resolved, sources, &scope, &known_conflicts);
+    // Planning is bounded but may take a while: off the threads that serve
+    // watches, the Lease and the probes.
+    let (mut plan, mut other_kind_deletions) = tokio::task::block_in_place(|| {
+        plan_pass(shared, site, resolved, sources, &scope, &known_conflicts)
+    });
     shared
         .metrics
         .copies_examined
         .inc_by(u64::from(plan.examined));
-    // What this pass looked at replaces what the rule's tally held there.
-    lock(&site.memory)
-        .entry(resolved.key.clone())
-        .or_default()
-        .tally
-        .record(&basis, &scope, &plan);
+    {
+        let mut memory = lock(&site.memory);
+        let memory = memory.entry(resolved.key.clone()).or_default();
+        if plan.too_costly {
+            // Nothing of a rule too costly to follow is written or
+            // deleted, and what its plan counted before it stopped is no
+            // count of the rule's.
+            other_kind_deletions.clear();
+            memory.too_costly = true;
+        } else {
+            if scope.is_everything() {
+                memory.too_costly = false;
+            }
+            // What this pass looked at replaces what the rule's tally held there.
+            memory.tally.record(&basis, &scope, &plan);
+        }
+        plan.too_costly = memory.too_costly;
+    }
     let mut pass = Pass::default();
     // The tally took the plan whole: writes the stages hold back stay owed.
     if let Some(stages) = &resolved.stages {

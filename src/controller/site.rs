@@ -61,6 +61,10 @@ pub struct RuleMemory {
     pub waiting_since: Option<tokio::time::Instant>,
     /// Consecutive failed passes, for the retry backoff.
     pub failures: u32,
+    /// A pass found the rule too costly to plan
+    /// ([`crate::core::plan::Plan::too_costly`]); until a pass over
+    /// everything plans it within the budget, every pass says so.
+    pub too_costly: bool,
     /// What the rule's last failure line said, so that an unchanged
     /// failure is not logged on every pass.
     pub failure_log: Option<crate::core::pass_log::FailureLog>,

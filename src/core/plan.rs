@@ -338,6 +338,10 @@ pub struct Plan {
     pub not_accepting_namespaces: u32,
     /// Sources refused for their type: `(namespace/name, why)`.
     pub refused_sources: Vec<(String, String)>,
+    /// Stripping the sources' keys took more than
+    /// [`STRIP_STEPS_PER_PASS`]: the plan stopped there and holds no
+    /// action (a rule too costly to follow writes and deletes nothing).
+    pub too_costly: bool,
 }
 
 /// Everything a plan is computed from.
@@ -404,21 +408,41 @@ pub fn allows_to(source: &Object, namespace: &str) -> bool {
     .any(|glob| glob.matches(namespace))
 }
 
+/// [`TRACKING_KEYS`] as globs, made once.
+static TRACKING_GLOBS: std::sync::LazyLock<Vec<KeyGlob>> = std::sync::LazyLock::new(|| {
+    TRACKING_KEYS
+        .iter()
+        .filter_map(|(pattern, _)| KeyGlob::new(pattern).ok())
+        .collect()
+});
+
+/// The glob steps one pass may take to strip the sources' labels and
+/// annotations (about a tenth of a second): a rule's patterns and its
+/// sources' keys are a tenant's to choose, and a glob against a key costs
+/// up to the product of their lengths.
+pub const STRIP_STEPS_PER_PASS: u64 = 100_000_000;
+
+/// `map` without the keys that never travel; `None` when matching them
+/// took more than `steps` (what is left of the pass's).
 fn stripped(
     map: &BTreeMap<String, String>,
     strip: &[KeyGlob],
     policy_strip: &[KeyGlob],
-) -> BTreeMap<String, String> {
-    map.iter()
-        .filter(|(key, _)| {
-            !TRACKING_KEYS
-                .iter()
-                .any(|(pattern, _)| KeyGlob::new(pattern).is_ok_and(|g| g.matches(key)))
-                && !strip.iter().chain(policy_strip).any(|g| g.matches(key))
-                && key.as_str() != LABEL_MANAGED_BY
-        })
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+    steps: &mut u64,
+) -> Option<BTreeMap<String, String>> {
+    let mut kept = BTreeMap::new();
+    'keys: for (key, value) in map {
+        if key.as_str() == LABEL_MANAGED_BY {
+            continue;
+        }
+        for glob in TRACKING_GLOBS.iter().chain(strip).chain(policy_strip) {
+            if glob.matches_within(key, steps)? {
+                continue 'keys;
+            }
+        }
+        kept.insert(key.clone(), value.clone());
+    }
+    Some(kept)
 }
 
 /// The payload copies carry: the source's, with only the data keys the
@@ -451,12 +475,20 @@ fn selected_payload(
 
 /// The copy of `source` that `rule` puts into every target.
 pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
+    let mut unlimited = u64::MAX;
+    desired_copy_within(rule, source, &mut unlimited)
+        .expect("u64::MAX glob steps are never used up")
+}
+
+/// [`desired_copy`], stripping keys within `steps`; `None` when they ran out.
+fn desired_copy_within(rule: &ResolvedRule, source: &Object, steps: &mut u64) -> Option<Desired> {
     let transform = &rule.transform;
     let mut labels = stripped(
         &source.labels,
         &transform.strip_labels,
         &rule.policy.strip_keys,
-    );
+        steps,
+    )?;
     labels.extend(transform.add_labels.clone());
     labels.insert(LABEL_MANAGED_BY.into(), "copyrator".into());
     labels.insert(LABEL_RULE_UID.into(), rule.uid.clone());
@@ -474,7 +506,8 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
         &source.annotations,
         &transform.strip_annotations,
         &rule.policy.strip_keys,
-    );
+        steps,
+    )?;
     annotations.extend(transform.add_annotations.clone());
     annotations.insert(ANNOTATION_RULE.into(), rule.key.to_string());
     annotations.insert(
@@ -500,7 +533,7 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
         .collect();
     meta_entries.sort_unstable();
     meta_entries.dedup();
-    Desired {
+    Some(Desired {
         meta_entries: crate::cache::intern::hashes(&meta_entries),
         kind: rule.kind,
         name: source.name.to_string(),
@@ -510,7 +543,7 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
         annotations,
         payload,
         source: format!("{}/{}", source.namespace, source.name),
-    }
+    })
 }
 
 /// What keeps a namespace that a rule's targets match from receiving copies.
@@ -627,6 +660,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         shadowing: sources.shadowing(),
         desired_by_name: HashMap::new(),
         live_targets: HashSet::with_capacity(targets.len()),
+        strip_steps: STRIP_STEPS_PER_PASS,
         out,
     };
     for (namespace, info) in targets {
@@ -634,6 +668,11 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         // ours is kept out of pruning too.
         if !info.terminating {
             planner.plan_target(namespace);
+        }
+        if planner.out.too_costly {
+            let mut out = planner.out;
+            out.actions.clear();
+            return out;
         }
     }
     if inputs.rule.prune {
@@ -747,6 +786,8 @@ struct Planner<'a> {
     desired_by_name: HashMap<&'a str, Arc<Desired>>,
     /// Targets that receive writes: pruning leaves what they want.
     live_targets: HashSet<&'a str>,
+    /// What is left of [`STRIP_STEPS_PER_PASS`].
+    strip_steps: u64,
     out: Plan,
 }
 
@@ -784,10 +825,18 @@ impl<'a> Planner<'a> {
             if !self.sources.lands_in(same_name, namespace) {
                 continue;
             }
-            let desired = self
-                .desired_by_name
-                .entry(name)
-                .or_insert_with(|| Arc::new(desired_copy(rule, same_name[0])));
+            let desired = match self.desired_by_name.entry(name) {
+                std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
+                std::collections::hash_map::Entry::Vacant(place) => {
+                    match desired_copy_within(rule, same_name[0], &mut self.strip_steps) {
+                        Some(desired) => place.insert(Arc::new(desired)),
+                        None => {
+                            self.out.too_costly = true;
+                            return;
+                        }
+                    }
+                }
+            };
             let current = copies_here.and_then(|copies| copies.get(*name));
             let outcome = decide(self.inputs, namespace, name, desired, current);
             self.record(namespace, name, outcome);
@@ -1300,6 +1349,52 @@ pub mod tests {
             .iter()
             .map(|a| (a.target().0.to_owned(), a.target().1.to_owned(), a.verb()))
             .collect()
+    }
+
+    #[test]
+    fn a_rule_whose_stripping_costs_too_much_plans_nothing() {
+        // 64 patterns that backtrack over every long key of every source:
+        // 60 letters after a star, again from each letter of the key.
+        let patterns: Vec<String> = (0..64)
+            .map(|i| format!("*{}b{i}", "a".repeat(60)))
+            .collect();
+        let r = rule(
+            json!({"spec": {"ruleType": "configmap", "selector": {"copy": "yes"},
+                            "targets": {"include": ["t*"]},
+                            "transform": {"stripLabels": patterns}}}),
+        );
+        let mut w = World::new(&["src", "t1", "t2"]);
+        let long = [
+            "a".repeat(63),
+            "a".repeat(63),
+            "a".repeat(63),
+            "a".repeat(60),
+        ]
+        .join(".");
+        let mut labels: Vec<(String, String)> = (0..300)
+            .map(|i| (format!("{long}/{}k{i}", "a".repeat(55)), "v".to_owned()))
+            .collect();
+        labels.push(("copy".to_owned(), "yes".to_owned()));
+        let labels: Vec<(&str, &str)> = labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        w.source("src", "cm", &labels, json!({"k": "v"}));
+        let started = std::time::Instant::now();
+        let p = w.plan(&r);
+        assert!(p.too_costly);
+        assert!(p.actions.is_empty(), "{:?}", verbs(&p));
+        println!("stopped after {:?}", started.elapsed());
+
+        // The same keys with plain patterns cost little, and are planned.
+        let r = rule(
+            json!({"spec": {"ruleType": "configmap", "selector": {"copy": "yes"},
+                            "targets": {"include": ["t*"]},
+                            "transform": {"stripLabels": ["k1*", "*.example.org/*"]}}}),
+        );
+        let p = w.plan(&r);
+        assert!(!p.too_costly);
+        assert_eq!(verbs(&p).len(), 2);
     }
 
     #[test]
