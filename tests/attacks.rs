@@ -278,3 +278,178 @@ async fn a_tenant_rule_too_costly_to_plan_stalls_nobody_else() {
     }
     operator.assert_running();
 }
+
+/// Consent before fetch. The tenant of `team-a` pulls from `platform` with
+/// a selector that matches everything there: 30 ConfigMaps of 900 KB that
+/// never consented, and one that consents to `team-a`. The consenting one
+/// is copied; the operator's memory grows by far less than what did not
+/// consent (it watches that namespace's metadata and reads whole only what
+/// consents).
+#[tokio::test]
+async fn what_never_consented_is_neither_fetched_nor_held() {
+    let _exclusive = CLUSTER_WIDE.write().await;
+    let t = TestNs::new("atk-fetch").await;
+    let op = t.ns("op").await;
+    let platform = t.ns("platform").await;
+    let team_a = t.ns("team-a").await;
+    let big = "x".repeat(900 * 1024);
+    for i in 0..30 {
+        t.create_source(
+            CM,
+            &platform,
+            &format!("private-{i}"),
+            &[],
+            &[("blob", &big)],
+        )
+        .await;
+    }
+    let shared = t
+        .create_json(
+            CM,
+            &platform,
+            "shared",
+            json!({"metadata": {"labels": {TEST_LABEL: t.prefix},
+                                "annotations": {"copyrator.flant.com/allow-to": team_a.as_str()}},
+                   "data": {"k": "v"}}),
+        )
+        .await;
+    let operator = Operator::start(&t, &op, &["--all-namespaces"]);
+    let pid = operator.pid().expect("the operator runs");
+    let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    let before = rss_kib(pid).unwrap_or_else(|e| panic!("the operator's memory: {e}"));
+    attacker
+        .create_rule(
+            "pull",
+            json!({"spec": {"ruleType": "configmap", "selector": {"matchExpressions": [
+                {"key": "nothing-has-it", "operator": "DoesNotExist"}]},
+                "namespace": [platform.as_str()]}}),
+        )
+        .await;
+    t.wait_obj(
+        CM,
+        &team_a,
+        &shared.name,
+        "the consenting source's copy",
+        |o| o.data_is(&[("k", "v")]),
+    )
+    .await;
+    let rule = t
+        .wait_rule(&team_a, "pull", "one source", |r| {
+            match status_u64(r, "sources") {
+                Some(1) => Ok(()),
+                other => Err(format!("sources {other:?}: {}", short_status(r))),
+            }
+        })
+        .await;
+    let after = rss_kib(pid).unwrap_or_else(|e| panic!("the operator's memory: {e}"));
+    let grown_mib = after.saturating_sub(before) as f64 / 1024.0;
+    println!(
+        "{}; the operator grew by {grown_mib:.1} MiB with 27 MiB that did not consent",
+        short_status(&rule)
+    );
+    assert!(
+        grown_mib < 10.0,
+        "the operator grew by {grown_mib:.1} MiB: what did not consent was fetched and held"
+    );
+}
+
+/// Past the watch budget, no list of every Secret. The tenant of `team-a`
+/// pulls Secrets from nine namespaces (past the eight watches of the
+/// budget) and edits its selector five times, while a rule of the
+/// operator's namespace copies Secrets by another selector: the operator
+/// never lists Secrets across the cluster without a rule's selector
+/// (audit log).
+#[tokio::test]
+async fn a_tenant_past_the_watch_budget_never_makes_the_operator_list_every_secret() {
+    let _exclusive = CLUSTER_WIDE.write().await;
+    let t = TestNs::new("atk-budget").await;
+    let op = t.ns("op").await;
+    let team_a = t.ns("team-a").await;
+    let mut sources = Vec::new();
+    for i in 0..9 {
+        sources.push(t.ns(&format!("src{i}")).await);
+    }
+    // The operator's own rule copies Secrets too, by another selector.
+    let target = t.ns("t1").await;
+    t.create_rule(
+        &op,
+        "admin",
+        rule_spec(Kind::Secret, t.selector(), &[&target]),
+    )
+    .await;
+    let user = operator_user(&t);
+    let kubeconfig = operator_kubeconfig(&t, None, Some(&user));
+    let audit = common::audit::Audit::start();
+    let _operator = Operator::start_with_env(
+        &t,
+        vec![
+            "run".into(),
+            "--namespace".into(),
+            op.clone(),
+            "--all-namespaces".into(),
+        ],
+        &[("KUBECONFIG", &kubeconfig.display().to_string())],
+    );
+    let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    let rule = |label: &str| {
+        json!({"spec": {"ruleType": "secret", "selector": {label: "yes"},
+                        "namespace": sources.clone()}})
+    };
+    attacker.create_rule("pull", rule("edit-0")).await;
+    for edit in 1..=5 {
+        let patch = json!({"spec": {"selector": {format!("edit-{}", edit - 1): null, format!("edit-{edit}"): "yes"}}});
+        attacker.patch_rule("pull", patch).await;
+        t.wait_rule(&team_a, "pull", "the edit taken", |r| {
+            match r["status"]["observedGeneration"] == r["metadata"]["generation"] {
+                true => Ok(()),
+                false => Err(short_status(r)),
+            }
+        })
+        .await;
+    }
+    let every_secret = |e: &common::audit::AuditEvent| {
+        let uri = percent_decode(&e.request_uri);
+        let selector = uri
+            .split(['?', '&'])
+            .find_map(|part| part.strip_prefix("labelSelector="))
+            .unwrap_or("");
+        e.namespace.is_none()
+            && !uri.contains("limit=1&")
+            && !uri.ends_with("limit=1")
+            && selector
+                .split(',')
+                .all(|r| r.is_empty() || r.starts_with('!'))
+    };
+    let lists = audit
+        .matching(
+            &common::audit::Query::user(&user)
+                .verbs(&["list"])
+                .resource("secrets"),
+        )
+        .into_iter()
+        .filter(every_secret)
+        .map(|e| e.request_uri)
+        .collect::<Vec<_>>();
+    assert!(lists.is_empty(), "lists of every Secret: {lists:#?}");
+}
+
+/// `%2F` and friends in a request URI, decoded.
+fn percent_decode(uri: &str) -> String {
+    let bytes = uri.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let Some(byte) = uri
+                .get(i + 1..i + 3)
+                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+        {
+            out.push(byte);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

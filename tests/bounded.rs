@@ -77,23 +77,6 @@ fn launch_operator(t: &TestNs, namespace: &str, id: &Identity, extra: &[&str]) -
 /// in the tests of API Priority and Fairness.
 const A_WATCH_PER_NAMESPACE: [&str; 2] = ["--max-source-watches", "100"];
 
-/// The operator's resident memory in KiB, from /proc. An unreadable value
-/// is an error: read as 0, it would pass every bound.
-fn rss_kib(pid: u32) -> Result<u64, String> {
-    let path = format!("/proc/{pid}/status");
-    let status = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
-    let value = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .ok_or_else(|| format!("{path} has no VmRSS line"))?;
-    value
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .map_err(|e| format!("VmRSS {value:?} in {path}: {e}"))
-}
-
 /// The process's established TCP connections to `port`. An unreadable
 /// count is an error: read as 0, it would pass every bound.
 fn connections_to(pid: u32, port: u16) -> Result<usize, String> {

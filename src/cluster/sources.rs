@@ -21,6 +21,7 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use kube::Client;
 use kube::api::{Api, DynamicObject};
+use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch as signal;
@@ -51,6 +52,9 @@ pub struct SourceNeed {
     pub selector: LabelSelector,
     /// Sorted, without duplicates.
     pub namespaces: Vec<String>,
+    /// A tenant rule's own namespace: from every other namespace it only
+    /// pulls what consents to copies there (see [`Interest::wants`]).
+    pub pulls_into: Option<String>,
 }
 
 impl SourceNeed {
@@ -62,7 +66,14 @@ impl SourceNeed {
             kind: rule.kind,
             selector: rule.selector.clone(),
             namespaces,
+            pulls_into: rule.tenant.then(|| rule.key.namespace.clone()),
         }
+    }
+
+    /// The namespace a source of `namespace` may be pulled into, when it
+    /// is a pull (a tenant rule's source namespace other than its own).
+    fn pull_into(&self, namespace: &str) -> Option<&str> {
+        self.pulls_into.as_deref().filter(|own| *own != namespace)
     }
 }
 
@@ -83,6 +94,10 @@ pub struct WatchKey {
     pub kind: Kind,
     pub scope: WatchScope,
     pub selector: String,
+    /// Every rule it serves pulls from its namespace: it watches metadata
+    /// alone, and reads an object whole only when it consents (nothing of
+    /// what does not consent is fetched or held).
+    pub pulls_only: bool,
 }
 
 impl WatchKey {
@@ -101,8 +116,13 @@ impl WatchKey {
         } else {
             self.selector.as_str()
         };
+        let sources = if self.pulls_only {
+            "consenting sources"
+        } else {
+            "sources"
+        };
         match &self.scope {
-            WatchScope::Namespace(ns) => format!("{} sources in {ns} ({selector})", self.kind),
+            WatchScope::Namespace(ns) => format!("{} {sources} in {ns} ({selector})", self.kind),
             WatchScope::AllNamespaces => {
                 format!("{} sources in all namespaces ({selector})", self.kind)
             }
@@ -114,21 +134,51 @@ impl WatchKey {
 /// selectors. An object no rule wants is not kept.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Interest {
-    by_namespace: BTreeMap<String, Vec<(LabelSelector, RuleKey)>>,
+    by_namespace: BTreeMap<String, Vec<Wanted>>,
+}
+
+/// One rule's want of a namespace's objects.
+#[derive(Clone, Debug, PartialEq)]
+struct Wanted {
+    selector: LabelSelector,
+    rule: RuleKey,
+    /// A pull: only objects that consent to copies into this namespace.
+    pull_into: Option<String>,
 }
 
 impl Interest {
-    fn add(&mut self, namespace: &str, selector: &LabelSelector, rule: &RuleKey) {
+    fn add(&mut self, namespace: &str, need: &SourceNeed, rule: &RuleKey) {
         self.by_namespace
             .entry(namespace.to_owned())
             .or_default()
-            .push((selector.clone(), rule.clone()));
+            .push(Wanted {
+                selector: need.selector.clone(),
+                rule: rule.clone(),
+                pull_into: need.pull_into(namespace).map(str::to_owned),
+            });
     }
 
-    pub fn wants(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
-        self.by_namespace
-            .get(namespace)
-            .is_some_and(|wanted| wanted.iter().any(|(s, _)| s.matches(labels)))
+    /// Whether some rule wants an object of `namespace` with these labels
+    /// and annotations: its selector matches, and for a pull the object's
+    /// `copyrator.flant.com/allow-to` consents.
+    pub fn wants(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+        annotations: &BTreeMap<String, String>,
+    ) -> bool {
+        self.by_namespace.get(namespace).is_some_and(|wanted| {
+            wanted.iter().any(|w| {
+                w.selector.matches(labels)
+                    && w.pull_into.as_deref().is_none_or(|into| {
+                        crate::core::plan::annotations_allow_to(annotations, into)
+                    })
+            })
+        })
+    }
+
+    fn wants_object(&self, object: &Object) -> bool {
+        self.wants(&object.namespace, &object.labels, &object.annotations)
     }
 
     /// The rules that want an object of these labels in this namespace.
@@ -141,23 +191,27 @@ impl Interest {
             .get(namespace)
             .into_iter()
             .flatten()
-            .filter(|(s, _)| s.matches(labels))
-            .map(|(_, rule)| rule)
+            .filter(|w| w.selector.matches(labels))
+            .map(|w| &w.rule)
     }
 
     pub fn rules(&self) -> BTreeSet<&RuleKey> {
         self.by_namespace
             .values()
             .flatten()
-            .map(|(_, r)| r)
+            .map(|w| &w.rule)
             .collect()
     }
 
-    /// The (namespace, selector) pairs wanted, for comparing interests.
-    fn wanted(&self) -> BTreeSet<(&str, String)> {
+    /// The (namespace, selector, pull) wants, for comparing interests.
+    fn wanted(&self) -> BTreeSet<(&str, String, Option<&str>)> {
         self.by_namespace
             .iter()
-            .flat_map(|(ns, wanted)| wanted.iter().map(move |(s, _)| (ns.as_str(), s.to_query())))
+            .flat_map(|(ns, wanted)| {
+                wanted
+                    .iter()
+                    .map(move |w| (ns.as_str(), w.selector.to_query(), w.pull_into.as_deref()))
+            })
             .collect()
     }
 
@@ -168,28 +222,55 @@ impl Interest {
     }
 }
 
-/// The watches that serve `needs`, and what each is wanted for. At most
-/// `budget` watches (but at least one per kind in use): past it, the kinds
-/// with the most needs are watched across all namespaces.
+/// One kind's wanted `(namespace, selector)` pairs, each with whether only
+/// pulls, and only tenant rules, want it.
+type KindPairs<'a> = BTreeMap<(&'a str, String), (bool, bool)>;
+
+/// The watches that serve `needs`, and what each is wanted for: a watch
+/// per kind, namespace and selector. Past `budget` watches of rules of the
+/// operator's namespace, the kinds with the most such watches are watched
+/// across all namespaces (filtered by the selector when every such rule of
+/// the kind uses the same one). A tenant rule's watches stay in their
+/// namespaces and count apart (a tenant rule names few namespaces, see
+/// [`crate::core::resolve::MAX_TENANT_SOURCE_NAMESPACES`]): nothing a
+/// tenant writes makes the operator list a kind across the cluster. A
+/// namespace that only tenant rules pull from is watched for metadata
+/// ([`WatchKey::pulls_only`]).
 pub fn plan_watches(
     needs: &BTreeMap<RuleKey, SourceNeed>,
     budget: usize,
 ) -> BTreeMap<WatchKey, Interest> {
-    // Distinct (namespace, selector) pairs per kind: a namespaced watch each.
-    let mut pairs: BTreeMap<Kind, BTreeSet<(&str, String)>> = BTreeMap::new();
+    // Per kind, the (namespace, selector) pairs wanted, and whether only
+    // pulls, and only tenant rules, want each.
+    let mut pairs: BTreeMap<Kind, KindPairs<'_>> = BTreeMap::new();
     for need in needs.values() {
         let query = need.selector.to_query();
         let kind_pairs = pairs.entry(need.kind).or_default();
+        let tenant = need.pulls_into.is_some();
         for ns in &need.namespaces {
-            kind_pairs.insert((ns.as_str(), query.clone()));
+            let pull = need.pull_into(ns).is_some();
+            kind_pairs
+                .entry((ns.as_str(), query.clone()))
+                .and_modify(|(only_pulls, only_tenants)| {
+                    *only_pulls &= pull;
+                    *only_tenants &= tenant;
+                })
+                .or_insert((pull, tenant));
         }
     }
+    // The operator's own rules' pairs: those that count, and may move.
+    let movable = |kind_pairs: &KindPairs<'_>| {
+        kind_pairs
+            .values()
+            .filter(|(_, only_tenants)| !only_tenants)
+            .count()
+    };
     let mut across: BTreeSet<Kind> = BTreeSet::new();
     loop {
         let namespaced: usize = pairs
             .iter()
             .filter(|(kind, _)| !across.contains(kind))
-            .map(|(_, p)| p.len())
+            .map(|(_, p)| movable(p))
             .sum();
         if namespaced + across.len() <= budget.max(1) {
             break;
@@ -197,17 +278,21 @@ pub fn plan_watches(
         // The kind with the most namespaced watches goes across namespaces.
         let Some((&kind, _)) = pairs
             .iter()
-            .filter(|(kind, p)| !across.contains(kind) && !p.is_empty())
-            .max_by_key(|(kind, p)| (p.len(), std::cmp::Reverse(**kind)))
+            .filter(|(kind, p)| !across.contains(kind) && movable(p) > 0)
+            .max_by_key(|(kind, p)| (movable(p), std::cmp::Reverse(**kind)))
         else {
             break;
         };
         across.insert(kind);
     }
     // Across namespaces, the API server still filters by the selector when
-    // every rule of the kind uses the same one.
+    // every rule of the kind that goes there uses the same one.
     let common_selector = |kind: Kind| {
-        let selectors: BTreeSet<&str> = pairs[&kind].iter().map(|(_, s)| s.as_str()).collect();
+        let selectors: BTreeSet<&str> = pairs[&kind]
+            .iter()
+            .filter(|(_, (_, only_tenants))| !only_tenants)
+            .map(|((_, query), _)| query.as_str())
+            .collect();
         match selectors.into_iter().collect::<Vec<_>>()[..] {
             [only] => only.to_owned(),
             _ => String::new(),
@@ -215,24 +300,25 @@ pub fn plan_watches(
     };
     let mut planned: BTreeMap<WatchKey, Interest> = BTreeMap::new();
     for (rule, need) in needs {
+        let query = need.selector.to_query();
         for ns in &need.namespaces {
-            let key = if across.contains(&need.kind) {
+            let (only_pulls, only_tenants) = pairs[&need.kind][&(ns.as_str(), query.clone())];
+            let key = if across.contains(&need.kind) && !only_tenants {
                 WatchKey {
                     kind: need.kind,
                     scope: WatchScope::AllNamespaces,
                     selector: common_selector(need.kind),
+                    pulls_only: false,
                 }
             } else {
                 WatchKey {
                     kind: need.kind,
                     scope: WatchScope::Namespace(ns.clone()),
-                    selector: need.selector.to_query(),
+                    selector: query.clone(),
+                    pulls_only: only_pulls,
                 }
             };
-            planned
-                .entry(key)
-                .or_default()
-                .add(ns, &need.selector, rule);
+            planned.entry(key).or_default().add(ns, need, rule);
         }
     }
     planned
@@ -348,7 +434,7 @@ impl SourceHub {
                         // Objects no rule wants any more are dropped.
                         let interest = read(&watch.state.interest);
                         for (ns, objects) in write(&watch.state.store).iter_mut() {
-                            objects.retain(|_, o| interest.wants(ns, &o.labels));
+                            objects.retain(|_, o| interest.wants(ns, &o.labels, &o.annotations));
                         }
                     }
                     *watch.state.wanted.borrow()
@@ -464,13 +550,9 @@ async fn run_watch(
     pause: Arc<ReadPause>,
     on_change: OnChange,
 ) {
-    let kind = key.kind;
-    let (api, config) = watch_request(client, &key);
     loop {
         let generation = *wanted.borrow_and_update();
-        let mut stream = watcher::watcher(api.clone(), config.clone())
-            .backoff(WatchBackoff::default())
-            .boxed();
+        let mut stream = source_events(&client, &key, &state);
         let mut folder = Folder::default();
         let mut listed = false;
         let mut failures_in_a_row: u32 = 0;
@@ -490,11 +572,14 @@ async fn run_watch(
             };
             let event = match item {
                 Ok(Some(event)) => {
-                    if !matches!(event, Event::Init) {
+                    if !matches!(event, Some(Event::Init)) {
                         failures_in_a_row = 0;
                         pause.succeeded();
                     }
-                    event
+                    match event {
+                        Some(event) => event,
+                        None => continue,
+                    }
                 }
                 Ok(None) => return,
                 Err(e) => {
@@ -503,10 +588,9 @@ async fn run_watch(
                     continue;
                 }
             };
-            let event = map_event(event, |o| Object::from_dynamic(kind, o));
             // A long list keeps only what some rule wants.
             if let Event::InitApply(object) = &event
-                && !read(&state.interest).wants(&object.namespace, &object.labels)
+                && !read(&state.interest).wants_object(object)
             {
                 continue;
             }
@@ -535,6 +619,108 @@ async fn run_watch(
             }
         }
     }
+}
+
+/// The events of the watch `key` as objects; `None` for one that is
+/// nothing to the watch's store. A watch of pulls alone watches metadata
+/// and reads whole only the objects that consent.
+fn source_events(
+    client: &Client,
+    key: &WatchKey,
+    state: &Arc<WatchState>,
+) -> futures::stream::BoxStream<'static, Result<Option<Event<Object>>, watcher::Error>> {
+    let kind = key.kind;
+    let (api, config) = watch_request(client.clone(), key);
+    if !key.pulls_only {
+        return watcher::watcher(api, config)
+            .backoff(WatchBackoff::default())
+            .map_ok(move |event| Some(map_event(event, |o| Object::from_dynamic(kind, o))))
+            .boxed();
+    }
+    let resource = kind.api_resource();
+    let metadata: Api<PartialObjectMeta<DynamicObject>> = match &key.scope {
+        WatchScope::Namespace(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        WatchScope::AllNamespaces => Api::all_with(client.clone(), &resource),
+    };
+    let state = state.clone();
+    watcher::watcher(metadata, config)
+        .backoff(WatchBackoff::default())
+        .and_then(move |event| {
+            let (api, state) = (api.clone(), state.clone());
+            async move { Ok(consenting(&api, kind, &state, event).await) }
+        })
+        .boxed()
+}
+
+/// A metadata event of a watch of pulls, as an event of the whole object
+/// where it consents; a change that takes consent away drops the object.
+async fn consenting(
+    api: &Api<DynamicObject>,
+    kind: Kind,
+    state: &WatchState,
+    event: Event<PartialObjectMeta<DynamicObject>>,
+) -> Option<Event<Object>> {
+    match event {
+        Event::Init => Some(Event::Init),
+        Event::InitDone => Some(Event::InitDone),
+        Event::InitApply(meta) => match read_if_consenting(api, kind, state, &meta).await {
+            Ok(Some(object)) => Some(Event::InitApply(object)),
+            Ok(None) | Err(()) => None,
+        },
+        Event::Apply(meta) => match read_if_consenting(api, kind, state, &meta).await {
+            Ok(Some(object)) => Some(Event::Apply(object)),
+            Ok(None) => Some(Event::Delete(metadata_only(meta))),
+            Err(()) => None,
+        },
+        Event::Delete(meta) => Some(Event::Delete(metadata_only(meta))),
+    }
+}
+
+/// The object of `meta` read whole, if some rule of the watch wants it
+/// (its consent included, judged from its metadata and again from what is
+/// read); `Err` when it could not be read.
+async fn read_if_consenting(
+    api: &Api<DynamicObject>,
+    kind: Kind,
+    state: &WatchState,
+    meta: &PartialObjectMeta<DynamicObject>,
+) -> Result<Option<Object>, ()> {
+    let wanted = |object: &Object| read(&state.interest).wants_object(object);
+    let (Some(name), stub) = (meta.metadata.name.clone(), metadata_only(meta.clone())) else {
+        return Ok(None);
+    };
+    if !wanted(&stub) {
+        return Ok(None);
+    }
+    match api.get_opt(&name).await {
+        Ok(Some(object)) => {
+            let object = Object::from_dynamic(kind, object);
+            Ok(wanted(&object).then_some(object))
+        }
+        Ok(None) => Ok(None),
+        Err(e) => {
+            debug!(
+                name,
+                error = crate::error::describe(&e),
+                "reading a consenting source"
+            );
+            Err(())
+        }
+    }
+}
+
+/// An object of which only the metadata is known (no payload).
+fn metadata_only(meta: PartialObjectMeta<DynamicObject>) -> Object {
+    let meta = meta.metadata;
+    Object::new(
+        meta.namespace.unwrap_or_default(),
+        meta.name.unwrap_or_default(),
+        meta.uid.unwrap_or_default(),
+        meta.resource_version.unwrap_or_default(),
+        meta.labels.unwrap_or_default(),
+        meta.annotations.unwrap_or_default(),
+        BTreeMap::new(),
+    )
 }
 
 /// The API and the label and field selectors of the watch `key`.
@@ -607,7 +793,7 @@ fn apply(state: &WatchState, change: Change<Object>) -> Option<Vec<RuleKey>> {
         Change::Listed(objects) => {
             let mut store = Store::new();
             for object in objects {
-                if interest.wants(&object.namespace, &object.labels) {
+                if interest.wants_object(&object) {
                     store
                         .entry(object.namespace.clone())
                         .or_default()
@@ -618,7 +804,7 @@ fn apply(state: &WatchState, change: Change<Object>) -> Option<Vec<RuleKey>> {
             None
         }
         Change::Applied(object) => {
-            let wanted = interest.wants(&object.namespace, &object.labels);
+            let wanted = interest.wants_object(&object);
             let mut store = write(&state.store);
             let in_namespace = store.entry(object.namespace.clone()).or_default();
             let previous = if wanted {
@@ -690,6 +876,7 @@ mod tests {
             kind,
             selector: LabelSelector::new(vec![Requirement::In(label.into(), vec!["true".into()])]),
             namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
+            pulls_into: None,
         }
     }
 
@@ -706,6 +893,7 @@ mod tests {
             kind: Kind::ConfigMap,
             scope: WatchScope::Namespace("team-a".into()),
             selector,
+            pulls_only: false,
         };
         assert_eq!(
             key("copy=true".into()).name(),
@@ -723,6 +911,77 @@ mod tests {
             key(long.replace('x', "y")).name(),
             "selectors told apart"
         );
+    }
+
+    fn tenant_need(own: &str, label: &str, namespaces: &[&str]) -> SourceNeed {
+        SourceNeed {
+            pulls_into: Some(own.to_owned()),
+            ..need(Kind::Secret, label, namespaces)
+        }
+    }
+
+    #[test]
+    fn a_tenant_rule_never_makes_a_watch_across_namespaces() {
+        // Nine source namespaces, past a budget of eight, edited often.
+        let namespaces: Vec<String> = (0..9).map(|i| format!("src-{i}")).collect();
+        let namespaces: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+        let tenant = RuleKey {
+            namespace: "team-a".into(),
+            name: "pull".into(),
+        };
+        for label in ["a", "b", "c"] {
+            let needs = BTreeMap::from([
+                (tenant.clone(), tenant_need("team-a", label, &namespaces)),
+                (rule("admin"), need(Kind::Secret, "copy", &["ops", "ops2"])),
+            ]);
+            let planned = plan_watches(&needs, 8);
+            assert!(
+                planned.keys().all(|k| k.scope != WatchScope::AllNamespaces),
+                "{:?}",
+                planned.keys().collect::<Vec<_>>()
+            );
+            assert!(planned.keys().all(|k| !k.selector.is_empty()));
+            assert_eq!(planned.len(), 11);
+        }
+    }
+
+    #[test]
+    fn a_namespace_only_pulled_from_is_watched_for_metadata_and_holds_only_consent() {
+        let tenant = RuleKey {
+            namespace: "team-a".into(),
+            name: "pull".into(),
+        };
+        let needs = BTreeMap::from([
+            (
+                tenant.clone(),
+                tenant_need("team-a", "copy", &["team-a", "platform", "shared"]),
+            ),
+            (rule("admin"), need(Kind::Secret, "copy", &["shared"])),
+        ]);
+        let planned = plan_watches(&needs, 8);
+        let pulls_only = |ns: &str| {
+            planned
+                .keys()
+                .find(|k| k.scope == WatchScope::Namespace(ns.into()))
+                .map(|k| k.pulls_only)
+        };
+        assert_eq!(pulls_only("platform"), Some(true), "only pulled from");
+        assert_eq!(pulls_only("team-a"), Some(false), "the rule's own");
+        assert_eq!(
+            pulls_only("shared"),
+            Some(false),
+            "an admin rule reads it too"
+        );
+        let (_, interest) = planned
+            .iter()
+            .find(|(k, _)| k.pulls_only)
+            .expect("the pull watch");
+        let wanted = labels(&[("copy", "true")]);
+        let consents = labels(&[(crate::ANNOTATION_ALLOW_TO, "team-*")]);
+        let elsewhere = labels(&[(crate::ANNOTATION_ALLOW_TO, "team-b")]);
+        assert!(interest.wants("platform", &wanted, &consents));
+        assert!(!interest.wants("platform", &wanted, &elsewhere));
+        assert!(!interest.wants("platform", &wanted, &BTreeMap::new()));
     }
 
     #[test]
@@ -790,9 +1049,10 @@ mod tests {
         assert_eq!(key.scope, WatchScope::AllNamespaces);
         // Different selectors: the server cannot filter, memory does.
         assert_eq!(key.selector, "");
-        assert!(interest.wants("src-7", &labels(&[("rule-7", "true")])));
-        assert!(!interest.wants("src-7", &labels(&[("rule-8", "true")])));
-        assert!(!interest.wants("elsewhere", &labels(&[("rule-7", "true")])));
+        let none = BTreeMap::new();
+        assert!(interest.wants("src-7", &labels(&[("rule-7", "true")]), &none));
+        assert!(!interest.wants("src-7", &labels(&[("rule-8", "true")]), &none));
+        assert!(!interest.wants("elsewhere", &labels(&[("rule-7", "true")]), &none));
         assert_eq!(
             interest
                 .rules_for("src-7", &labels(&[("rule-7", "true")]))

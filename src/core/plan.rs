@@ -398,14 +398,15 @@ pub fn is_pulled(rule: &ResolvedRule, source: &Object) -> bool {
 /// `copyrator.flant.com/allow-to` annotation lists the namespace or a glob
 /// that matches it.
 pub fn allows_to(source: &Object, namespace: &str) -> bool {
-    crate::api::selector::glob_list(
-        source
-            .annotations
-            .get(ANNOTATION_ALLOW_TO)
-            .map(String::as_str),
-    )
-    .iter()
-    .any(|glob| glob.matches(namespace))
+    annotations_allow_to(&source.annotations, namespace)
+}
+
+/// Whether an object's `annotations` consent to copies into `namespace`
+/// (see [`allows_to`]).
+pub fn annotations_allow_to(annotations: &BTreeMap<String, String>, namespace: &str) -> bool {
+    crate::api::selector::glob_list(annotations.get(ANNOTATION_ALLOW_TO).map(String::as_str))
+        .iter()
+        .any(|glob| glob.matches(namespace))
 }
 
 /// [`TRACKING_KEYS`] as globs, made once.

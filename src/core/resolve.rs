@@ -574,6 +574,10 @@ fn resolve_stages(rollout: Option<&Rollout>) -> Result<Option<Arc<Stages>>, Inva
 /// watch sends (`app in (a,b),tier=web`), in bytes.
 pub const MAX_SELECTOR_QUERY: usize = 4096;
 
+/// The source namespaces a tenant rule may name: each is a watch of the
+/// operator's that no budget shares (see `cluster::sources::plan_watches`).
+pub const MAX_TENANT_SOURCE_NAMESPACES: usize = 16;
+
 /// Why a rule cannot be followed; shown in its status.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InvalidRule {
@@ -693,6 +697,13 @@ impl CopyratorRule {
         let tenant = self.is_tenant(trust);
         if tenant {
             check_tenant_spec(kind, &spec, trust)?;
+            if source_namespaces.len() > MAX_TENANT_SOURCE_NAMESPACES {
+                return Err(InvalidRule::invalid(format!(
+                    "namespace: a rule outside the operator's namespace may name at most \
+                     {MAX_TENANT_SOURCE_NAMESPACES} source namespaces, not {}",
+                    source_namespaces.len()
+                )));
+            }
         }
         let mut targets = spec.targets.unwrap_or_default();
         let clusters = ClusterTargets::resolve(targets.clusters.take())?;
@@ -932,6 +943,34 @@ mod tests {
             refused.message
         );
         assert!(refused.message.len() < 120, "the selector is not quoted");
+    }
+
+    #[test]
+    fn a_tenant_rule_names_few_source_namespaces() {
+        let names =
+            |count: usize| -> Vec<String> { (0..count).map(|i| format!("src-{i}")).collect() };
+        let tenant_rule = |count: usize| {
+            rule(json!({
+                "metadata": {"name": "r", "namespace": "team-a"},
+                "spec": {"ruleType": "configmap", "selector": {"a": "b"}, "namespace": names(count),
+                         "targets": {"include": ["team-a"]}}
+            }))
+        };
+        let trust = Trust::new("copyrator", true);
+        assert!(
+            tenant_rule(MAX_TENANT_SOURCE_NAMESPACES)
+                .resolve(&trust)
+                .is_ok()
+        );
+        let refused = tenant_rule(MAX_TENANT_SOURCE_NAMESPACES + 1)
+            .resolve(&trust)
+            .unwrap_err();
+        assert_eq!(refused.reason, "InvalidRule");
+        assert!(
+            refused.message.contains("at most 16"),
+            "{}",
+            refused.message
+        );
     }
 
     #[test]

@@ -1490,6 +1490,23 @@ pub async fn client_of(kubeconfig: &std::path::Path) -> Client {
 }
 
 /// A user name for an operator of this test to act as (see [`operator_kubeconfig`]).
+/// The operator's resident memory in KiB, from /proc. An unreadable value
+/// is an error: read as 0, it would pass every bound.
+pub fn rss_kib(pid: u32) -> Result<u64, String> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
+    let value = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .ok_or_else(|| format!("{path} has no VmRSS line"))?;
+    value
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .map_err(|e| format!("VmRSS {value:?} in {path}: {e}"))
+}
+
 pub fn operator_user(t: &TestNs) -> String {
     format!("copyrator-test-operator:{}", t.prefix)
 }

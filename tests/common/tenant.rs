@@ -40,6 +40,22 @@ impl Tenant {
         .await
         .unwrap_or_else(|e| panic!("the tenant creates its rule {name}: {}", err_msg(&e)));
     }
+
+    /// A JSON merge patch of its rule `name`, as itself.
+    pub async fn patch_rule(&self, name: &str, patch: serde_json::Value) {
+        Api::<DynamicObject>::namespaced_with(
+            self.client.clone(),
+            &self.namespace,
+            &super::rule_resource(),
+        )
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the tenant patches its rule {name}: {}", err_msg(&e)));
+    }
 }
 
 /// A ClusterRole aggregated into `admin` that lets a namespace's admins
