@@ -453,3 +453,62 @@ fn percent_decode(uri: &str) -> String {
     }
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// Least exposure. The tenant of `team-a`, who may not list namespaces,
+/// probes for a namespace's name and labels with a rule's targets (a glob
+/// and a namespace selector): its status reads the same whether such a
+/// namespace exists or not.
+#[tokio::test]
+async fn a_tenant_learns_nothing_of_namespaces_it_may_not_see() {
+    let _exclusive = CLUSTER_WIDE.write().await;
+    let t = TestNs::new("atk-probe").await;
+    let op = t.ns("op").await;
+    let team_a = t.ns("team-a").await;
+    let hidden = t.ns_labelled("acquisition-x", &[("deal", "secret")]).await;
+    t.create_source(CM, &team_a, "cfg", &[], &[("k", "v")])
+        .await;
+    let _operator = Operator::start(&t, &op, &["--all-namespaces"]);
+    let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    let may_list = common::rbac::service_account_may(
+        &t.client,
+        &attacker.user,
+        &team_a,
+        json!({"resource": "namespaces", "verb": "list"}),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("a SubjectAccessReview: {e}"));
+    assert!(!may_list, "the tenant may list namespaces");
+    let counts = |r: &serde_json::Value| {
+        [
+            "targetNamespaces",
+            "notAcceptingNamespaces",
+            "protectedNamespaces",
+        ]
+        .map(|field| status_u64(r, field).unwrap_or(0))
+    };
+    let mut seen = Vec::new();
+    for (name, glob) in [("hit", format!("{hidden}*")), ("miss", t.name("nothing-*"))] {
+        attacker
+            .create_rule(
+                name,
+                json!({"spec": {"ruleType": "configmap", "selector": t.selector(),
+                                "targets": {"include": [glob],
+                                            "namespaceSelector": {"matchLabels": {"deal": "secret"}}}}}),
+            )
+            .await;
+        let rule = t
+            .wait_rule(&team_a, name, "a pass", |r| {
+                match r["status"]["observedGeneration"] == r["metadata"]["generation"] {
+                    true => Ok(()),
+                    false => Err(short_status(r)),
+                }
+            })
+            .await;
+        seen.push((
+            counts(&rule),
+            ready_condition(&rule).map(|c| c["reason"].clone()),
+        ));
+    }
+    println!("probing {hidden}: {seen:?}");
+    assert_eq!(seen[0], seen[1], "the status tells whether {hidden} exists");
+}

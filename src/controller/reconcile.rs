@@ -307,6 +307,43 @@ async fn wait_for_sources(
 
 const MEMBERS_OFF: &str = "the rule targets member clusters (targets.clusters), and the operator runs without --member-clusters";
 
+/// What keeps the rule from being followed after `pass`, if anything:
+/// `(reason, message)` for its Ready condition.
+fn pass_problem(shared: &Shared, resolved: &ResolvedRule, pass: &Pass) -> Option<(String, String)> {
+    let failing = pass.failing().count();
+    let members_off =
+        (!shared.options.member_clusters && resolved.clusters.names_members()).then(|| {
+            (
+                "MemberClustersDisabled".to_string(),
+                MEMBERS_OFF.to_string(),
+            )
+        });
+    let too_costly = pass.plan.too_costly.then(|| {
+        (
+            "TransformTooCostly".to_string(),
+            format!(
+                "stripping the sources' labels and annotations (transform.stripLabels, \
+                 transform.stripAnnotations, --strip-keys) takes more than the {} glob \
+                 steps a pass may spend; nothing is written or deleted: use fewer or simpler \
+                 patterns, or sources with fewer or shorter keys",
+                plan::STRIP_STEPS_PER_PASS
+            ),
+        )
+    });
+    members_off.or(too_costly).or_else(|| {
+        pass.failing().next().map(|(what, failure)| {
+            (
+                "SyncFailed".to_string(),
+                format!(
+                    "{failing} copies could not be written; first: {what}: {}; {}",
+                    failure.message,
+                    retry_note(failure.class)
+                ),
+            )
+        })
+    })
+}
+
 /// What a pass saw and did, as its status says it.
 fn observed_after(
     shared: &Shared,
@@ -328,38 +365,7 @@ fn observed_after(
             writer: c.writer,
         })
         .collect();
-    let failing = pass.failing().count();
-    let members_off =
-        (!shared.options.member_clusters && resolved.clusters.names_members()).then(|| {
-            (
-                "MemberClustersDisabled".to_string(),
-                MEMBERS_OFF.to_string(),
-            )
-        });
-    let too_costly = pass.plan.too_costly.then(|| {
-        (
-            "TransformTooCostly".to_string(),
-            format!(
-                "stripping the sources' labels and annotations (transform.stripLabels, \
-                 transform.stripAnnotations, --strip-keys) takes more than the {} glob \
-                 steps a pass may spend; nothing is written or deleted: use fewer or simpler \
-                 patterns, or sources with fewer or shorter keys",
-                plan::STRIP_STEPS_PER_PASS
-            ),
-        )
-    });
-    let problem = members_off.or(too_costly).or_else(|| {
-        pass.failing().next().map(|(what, failure)| {
-            (
-                "SyncFailed".to_string(),
-                format!(
-                    "{failing} copies could not be written; first: {what}: {}; {}",
-                    failure.message,
-                    retry_note(failure.class)
-                ),
-            )
-        })
-    });
+    let problem = pass_problem(shared, resolved, pass);
     Observed {
         generation: rule.metadata.generation,
         rule_type: Some(resolved.kind.info().rule_type.to_string()),
@@ -371,8 +377,18 @@ fn observed_after(
         problem,
         pending: pass.not_leader,
         contested,
-        protected_namespaces: pass.plan.protected_namespaces,
-        not_accepting_namespaces: pass.plan.not_accepting_namespaces,
+        // What a tenant's targets would reach but may not tells of
+        // namespaces the tenant may not see: never said to a tenant.
+        protected_namespaces: if resolved.tenant {
+            0
+        } else {
+            pass.plan.protected_namespaces
+        },
+        not_accepting_namespaces: if resolved.tenant {
+            0
+        } else {
+            pass.plan.not_accepting_namespaces
+        },
         refused_sources: pass
             .plan
             .refused_sources
