@@ -17,4 +17,5 @@ pub mod rollout;
 pub mod scope;
 pub mod status;
 pub mod tally;
+pub mod tracking;
 pub mod whereabouts;

@@ -18,93 +18,7 @@ use crate::{
     LABEL_MANAGED_BY, LABEL_ON_RULE_DELETED, LABEL_RULE_UID, LABEL_SYNC_POLICY, ORPHAN,
 };
 
-/// Labels and annotations that never travel to a copy, each with why:
-/// what says who owns or tracks the source (a copy carrying it would be
-/// taken for that owner's: reported out of sync, pruned, or rewritten by
-/// it), and the directives that owner reads when it deploys the source;
-/// and Copyrator's own. What says what the object is (Argo CD's
-/// `argocd.argoproj.io/secret-type`, say) travels. `--strip-keys` adds
-/// more. docs/rules.md lists each with the same reason.
-pub const TRACKING_KEYS: &[(&str, &str)] = &[
-    (
-        "kubectl.kubernetes.io/last-applied-configuration",
-        "kubectl apply's record of what it applied: ownership, and a second copy of the source's data",
-    ),
-    (
-        "app.kubernetes.io/instance",
-        "Argo CD's default tracking label (and the Helm release's instance): a copy carrying it is reported OutOfSync and pruned",
-    ),
-    (
-        "argocd.argoproj.io/instance",
-        "Argo CD's tracking label where it is configured to use its own",
-    ),
-    (
-        "argocd.argoproj.io/tracking-id",
-        "Argo CD's tracking annotation: names the application that owns the source",
-    ),
-    (
-        "argocd.argoproj.io/sync-wave",
-        "a directive to the Argo CD application that deploys the source",
-    ),
-    (
-        "argocd.argoproj.io/sync-options",
-        "a directive to the Argo CD application that deploys the source",
-    ),
-    (
-        "argocd.argoproj.io/compare-options",
-        "a directive to the Argo CD application that deploys the source",
-    ),
-    (
-        "argocd.argoproj.io/hook",
-        "a directive to the Argo CD application that deploys the source",
-    ),
-    (
-        "argocd.argoproj.io/hook-delete-policy",
-        "a directive to the Argo CD application that deploys the source",
-    ),
-    ("meta.helm.sh/*", "the Helm release that owns the source"),
-    ("helm.sh/chart", "the Helm chart that made the source"),
-    (
-        "helm.sh/hook",
-        "a directive to the Helm release that deploys the source",
-    ),
-    (
-        "helm.sh/hook-weight",
-        "a directive to the Helm release that deploys the source",
-    ),
-    (
-        "helm.sh/hook-delete-policy",
-        "a directive to the Helm release that deploys the source",
-    ),
-    (
-        "helm.sh/resource-policy",
-        "a directive to the Helm release that deploys the source",
-    ),
-    (
-        "kapp.k14s.io/*",
-        "kapp's ownership and tracking (app, association, identity, original) and its deploy directives; none says what the object is",
-    ),
-    (
-        "kustomize.toolkit.fluxcd.io/*",
-        "the Flux Kustomization that owns the source, and its directives (reconcile, prune, ssa)",
-    ),
-    (
-        "helm.toolkit.fluxcd.io/*",
-        "the Flux HelmRelease that owns the source",
-    ),
-    (
-        "objectset.rio.cattle.io/*",
-        "the Fleet (wrangler) apply set that owns the source: wrangler deletes objects of its set it did not apply",
-    ),
-    (
-        "config.kubernetes.io/*",
-        "Kustomize's and kpt's origin and inventory ownership (owning-inventory), and their apply directives",
-    ),
-    (
-        "copyrator.flant.com/*",
-        "Copyrator's own: a copy gets its own tracking keys",
-    ),
-];
+pub use crate::core::tracking::TRACKING_KEYS;
 
 /// A copy as it should be, in any target namespace: a copy's content does
 /// not depend on where it lands, so one `Desired` serves every target.
@@ -409,14 +323,6 @@ pub fn annotations_allow_to(annotations: &BTreeMap<String, String>, namespace: &
         .any(|glob| glob.matches(namespace))
 }
 
-/// [`TRACKING_KEYS`] as globs, made once.
-static TRACKING_GLOBS: std::sync::LazyLock<Vec<KeyGlob>> = std::sync::LazyLock::new(|| {
-    TRACKING_KEYS
-        .iter()
-        .filter_map(|(pattern, _)| KeyGlob::new(pattern).ok())
-        .collect()
-});
-
 /// The glob steps one pass may take to strip the sources' labels and
 /// annotations (about a tenth of a second): a rule's patterns and its
 /// sources' keys are a tenant's to choose, and a glob against a key costs
@@ -436,7 +342,12 @@ fn stripped(
         if key.as_str() == LABEL_MANAGED_BY {
             continue;
         }
-        for glob in TRACKING_GLOBS.iter().chain(strip).chain(policy_strip) {
+        for glob in crate::core::tracking::globs() {
+            if glob.matches_within(key, steps)? {
+                continue 'keys;
+            }
+        }
+        for glob in strip.iter().chain(policy_strip) {
             if glob.matches_within(key, steps)? {
                 continue 'keys;
             }

@@ -335,6 +335,12 @@ impl ResolvedTransform {
         check_labels(&add_labels)?;
         let add_annotations = transform.add_annotations.unwrap_or_default();
         check_annotations(&add_annotations)?;
+        for (field, keys) in [
+            ("addLabels", add_labels.keys()),
+            ("addAnnotations", add_annotations.keys()),
+        ] {
+            check_added_keys(field, keys)?;
+        }
         if transform.keys.is_some() && kind.info().data_fields.is_empty() {
             return Err(InvalidRule::invalid(format!(
                 "transform.keys selects ConfigMap and Secret data keys; {} has none",
@@ -349,6 +355,23 @@ impl ResolvedTransform {
             keys: ResolvedKeys::resolve(transform.keys.unwrap_or_default())?,
         })
     }
+}
+
+/// The tracking keys of other tools, which copies never carry, may not be
+/// added either: a copy made to look like another tool's would be pruned
+/// or rewritten by it.
+fn check_added_keys<'a>(
+    field: &str,
+    keys: impl Iterator<Item = &'a String>,
+) -> Result<(), InvalidRule> {
+    for key in keys {
+        if let Some(why) = crate::core::tracking::never_travels(key) {
+            return Err(InvalidRule::invalid(format!(
+                "transform.{field}: {key:?} never travels to a copy: {why}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Which data keys copies carry, under which names, validated: no two
@@ -971,6 +994,45 @@ mod tests {
             "{}",
             refused.message
         );
+    }
+
+    #[test]
+    fn a_rule_adds_no_tracking_key_of_another_tool() {
+        let adding = |field: &str, key: &str| {
+            rule(json!({
+                "metadata": {"name": "r", "namespace": "copyrator"},
+                "spec": {"ruleType": "configmap", "selector": {"a": "b"},
+                         "transform": {field: {key: "x"}}}
+            }))
+            .resolve(&trust())
+        };
+        for (field, key, says) in [
+            (
+                "addLabels",
+                "copyrator.flant.com/sync-policy",
+                "set by Copyrator itself",
+            ),
+            ("addLabels", "app.kubernetes.io/instance", "never travels"),
+            (
+                "addAnnotations",
+                "copyrator.flant.com/source",
+                "set by Copyrator itself",
+            ),
+            (
+                "addAnnotations",
+                "argocd.argoproj.io/tracking-id",
+                "never travels",
+            ),
+        ] {
+            let refused = adding(field, key).unwrap_err();
+            assert!(
+                refused.message.contains(says),
+                "{field} {key}: {}",
+                refused.message
+            );
+        }
+        assert!(adding("addLabels", "team").is_ok());
+        assert!(adding("addAnnotations", "argocd.argoproj.io/secret-type").is_ok());
     }
 
     #[test]

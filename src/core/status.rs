@@ -84,7 +84,14 @@ pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) ->
             let ready = observed.clusters.iter().filter(|c| c.ready).count();
             format!("{ready}/{}", observed.clusters.len())
         }),
-        rollouts: observed.rollouts.iter().map(rollout_status).collect(),
+        // As many as conflicts: a rule with thousands of sources changing
+        // at once keeps its status small.
+        rollouts: observed
+            .rollouts
+            .iter()
+            .take(MAX_LISTED_CONFLICTS)
+            .map(rollout_status)
+            .collect(),
     };
     if previous.is_none_or(|p| !same_content(p, &next)) {
         next.last_sync_time = Some(now.to_string());
@@ -172,7 +179,7 @@ fn rollout_halted(observed: &Observed) -> Option<(&'static str, String, String)>
                 p.stage_name,
                 p.stage + 1,
                 p.stages,
-                why.join(", "),
+                why_not_settled(why),
                 observed.held
             ),
         )),
@@ -200,11 +207,29 @@ fn rollout_progressing(observed: &Observed) -> Option<(&'static str, String, Str
 }
 
 /// One source's rollout as the status says it.
+/// Workloads named in a halted stage's message, at most.
+const MAX_NAMED_NOT_SETTLED: usize = 5;
+
+/// Why a stage has not settled: the first few workloads (or copies), and
+/// how many more.
+fn why_not_settled(why: &[String]) -> String {
+    let named = why
+        .iter()
+        .take(MAX_NAMED_NOT_SETTLED)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    match why.len().saturating_sub(MAX_NAMED_NOT_SETTLED) {
+        0 => named,
+        more => format!("{named} and {more} more"),
+    }
+}
+
 fn rollout_status(progress: &Progress) -> RolloutStatus {
     let (phase, message) = match &progress.phase {
         Phase::Settling => ("Settling", None),
         Phase::Pausing => ("Pausing", None),
-        Phase::Halted(why) => ("Halted", Some(why.join(", "))),
+        Phase::Halted(why) => ("Halted", Some(why_not_settled(why))),
     };
     RolloutStatus {
         source: progress.source.clone(),
@@ -315,6 +340,30 @@ mod tests {
             copies: 6,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_rollouts_listed_and_the_workloads_named_are_bounded() {
+        let o = Observed {
+            rollouts: (0..100)
+                .map(|i| Progress {
+                    source: format!("src/cm-{i:03}"),
+                    stage: 0,
+                    stage_name: "canary".into(),
+                    stages: 2,
+                    phase: Phase::Halted((0..50).map(|w| format!("Deployment c/w{w}")).collect()),
+                })
+                .collect(),
+            ..Observed::default()
+        };
+        let s = compute(None, &o, "now");
+        assert_eq!(s.rollouts.len(), MAX_LISTED_CONFLICTS);
+        let message = s.rollouts[0].message.clone().unwrap_or_default();
+        assert_eq!(
+            message,
+            "Deployment c/w0, Deployment c/w1, Deployment c/w2, Deployment c/w3, Deployment c/w4 and 45 more"
+        );
+        assert!(s.conditions[0].message.contains("and 45 more"));
     }
 
     #[test]

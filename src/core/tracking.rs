@@ -1,0 +1,115 @@
+//! The labels and annotations of other tools (and Copyrator's own) that
+//! never travel to copies, with why: shared by the planner, which strips
+//! them, and the rule's validation, which refuses to add them.
+
+use crate::api::selector::KeyGlob;
+
+/// Labels and annotations that never travel to a copy, each with why:
+/// what says who owns or tracks the source (a copy carrying it would be
+/// taken for that owner's: reported out of sync, pruned, or rewritten by
+/// it), and the directives that owner reads when it deploys the source;
+/// and Copyrator's own. What says what the object is (Argo CD's
+/// `argocd.argoproj.io/secret-type`, say) travels. `--strip-keys` adds
+/// more. docs/rules.md lists each with the same reason.
+pub const TRACKING_KEYS: &[(&str, &str)] = &[
+    (
+        "kubectl.kubernetes.io/last-applied-configuration",
+        "kubectl apply's record of what it applied: ownership, and a second copy of the source's data",
+    ),
+    (
+        "app.kubernetes.io/instance",
+        "Argo CD's default tracking label (and the Helm release's instance): a copy carrying it is reported OutOfSync and pruned",
+    ),
+    (
+        "argocd.argoproj.io/instance",
+        "Argo CD's tracking label where it is configured to use its own",
+    ),
+    (
+        "argocd.argoproj.io/tracking-id",
+        "Argo CD's tracking annotation: names the application that owns the source",
+    ),
+    (
+        "argocd.argoproj.io/sync-wave",
+        "a directive to the Argo CD application that deploys the source",
+    ),
+    (
+        "argocd.argoproj.io/sync-options",
+        "a directive to the Argo CD application that deploys the source",
+    ),
+    (
+        "argocd.argoproj.io/compare-options",
+        "a directive to the Argo CD application that deploys the source",
+    ),
+    (
+        "argocd.argoproj.io/hook",
+        "a directive to the Argo CD application that deploys the source",
+    ),
+    (
+        "argocd.argoproj.io/hook-delete-policy",
+        "a directive to the Argo CD application that deploys the source",
+    ),
+    ("meta.helm.sh/*", "the Helm release that owns the source"),
+    ("helm.sh/chart", "the Helm chart that made the source"),
+    (
+        "helm.sh/hook",
+        "a directive to the Helm release that deploys the source",
+    ),
+    (
+        "helm.sh/hook-weight",
+        "a directive to the Helm release that deploys the source",
+    ),
+    (
+        "helm.sh/hook-delete-policy",
+        "a directive to the Helm release that deploys the source",
+    ),
+    (
+        "helm.sh/resource-policy",
+        "a directive to the Helm release that deploys the source",
+    ),
+    (
+        "kapp.k14s.io/*",
+        "kapp's ownership and tracking (app, association, identity, original) and its deploy directives; none says what the object is",
+    ),
+    (
+        "kustomize.toolkit.fluxcd.io/*",
+        "the Flux Kustomization that owns the source, and its directives (reconcile, prune, ssa)",
+    ),
+    (
+        "helm.toolkit.fluxcd.io/*",
+        "the Flux HelmRelease that owns the source",
+    ),
+    (
+        "objectset.rio.cattle.io/*",
+        "the Fleet (wrangler) apply set that owns the source: wrangler deletes objects of its set it did not apply",
+    ),
+    (
+        "config.kubernetes.io/*",
+        "Kustomize's and kpt's origin and inventory ownership (owning-inventory), and their apply directives",
+    ),
+    (
+        "copyrator.flant.com/*",
+        "Copyrator's own: a copy gets its own tracking keys",
+    ),
+];
+
+/// [`TRACKING_KEYS`] as globs with their reasons, made once.
+static TRACKING: std::sync::LazyLock<Vec<(KeyGlob, &'static str)>> =
+    std::sync::LazyLock::new(|| {
+        TRACKING_KEYS
+            .iter()
+            .filter_map(|(pattern, why)| KeyGlob::new(pattern).ok().map(|glob| (glob, *why)))
+            .collect()
+    });
+
+/// [`TRACKING_KEYS`] as globs.
+pub fn globs() -> impl Iterator<Item = &'static KeyGlob> {
+    TRACKING.iter().map(|(glob, _)| glob)
+}
+
+/// Why `key` never travels to a copy, if it is one of [`TRACKING_KEYS`].
+pub fn never_travels(key: &str) -> Option<&'static str> {
+    TRACKING
+        .iter()
+        .find(|(glob, _)| glob.matches(key))
+        .map(|(_, why)| *why)
+}
