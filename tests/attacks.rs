@@ -512,3 +512,80 @@ async fn a_tenant_learns_nothing_of_namespaces_it_may_not_see() {
     println!("probing {hidden}: {seen:?}");
     assert_eq!(seen[0], seen[1], "the status tells whether {hidden} exists");
 }
+
+/// Least exposure: with `--metrics-auth`, /metrics (which names every
+/// rule and member) answers only callers the API server lets get it: no
+/// token is 401, a tenant's token 403, a scraper bound to a ClusterRole
+/// that may get /metrics reads them; /healthz stays open to the kubelet.
+#[tokio::test]
+async fn metrics_are_read_only_by_whom_the_api_server_lets() {
+    let _shared = CLUSTER_WIDE.read().await;
+    let t = TestNs::new("atk-metrics").await;
+    let op = t.ns("op").await;
+    let team_a = t.ns("team-a").await;
+    let operator = Operator::start(&t, &op, &["--metrics-auth"]);
+    let tenant = Tenant::admin_of(&t, &team_a, "attacker").await;
+    create_service_account(&t.client, &op, "scraper").await;
+    let cluster = common::cluster_objects::ClusterObjects::new();
+    let reader = format!("{}-metrics-reader", t.prefix);
+    cluster
+        .create(
+            &t.client,
+            &common::rbac::rbac("ClusterRole", "clusterroles"),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                   "metadata": {"name": reader},
+                   "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]}),
+        )
+        .await;
+    cluster
+        .create(
+            &t.client,
+            &common::rbac::rbac("ClusterRoleBinding", "clusterrolebindings"),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": reader},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader},
+                   "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": op}]}),
+        )
+        .await;
+    let (ns, sa) = (op.clone(), "scraper");
+    let scraper = tokio::task::spawn_blocking(move || service_account_token(&ns, sa))
+        .await
+        .expect("the scraper's token");
+    let get = |token: Option<String>| {
+        let port = operator.port;
+        async move {
+            let bearer = token.map(|t| format!("Bearer {t}"));
+            let headers: Vec<(&str, &str)> = bearer
+                .as_deref()
+                .map(|b| vec![("Authorization", b)])
+                .unwrap_or_default();
+            http_get_with(port, "/metrics", &headers)
+                .await
+                .unwrap_or_else(|e| panic!("/metrics: {e}"))
+        }
+    };
+    assert_eq!(get(None).await.0, 401, "no token");
+    assert_eq!(
+        get(Some("made-up".into())).await.0,
+        401,
+        "a token nobody issued"
+    );
+    assert_eq!(
+        get(Some(tenant.token.clone())).await.0,
+        403,
+        "a tenant's token"
+    );
+    // RBAC takes effect through a cache: the scraper may need a moment.
+    wait_until("the scraper to read /metrics", TIMEOUT, async || {
+        let (code, body) = get(Some(scraper.clone())).await;
+        match code == 200 && body.contains("copyrator_source_watches") {
+            true => Ok(()),
+            false => Err(format!("{code}")),
+        }
+    })
+    .await;
+    let (code, _) = http_get(operator.port, "/healthz")
+        .await
+        .unwrap_or_else(|e| panic!("/healthz: {e}"));
+    assert_eq!(code, 200, "/healthz needs no token");
+}

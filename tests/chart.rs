@@ -78,10 +78,16 @@ fn deployment_env(docs: &[Value], name: &str) -> String {
         .to_string()
 }
 
-/// The ClusterRole's and the Role's grants together.
+/// The operator's ClusterRole's and Role's grants together (not those of
+/// the ClusterRole it makes for scrapers of /metrics).
 fn all_grants(docs: &[Value]) -> BTreeSet<Grant> {
     docs.iter()
         .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+        .filter(|d| {
+            !d["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.ends_with("-metrics-reader"))
+        })
         .flat_map(grants_of)
         .collect()
 }
@@ -261,6 +267,66 @@ fn rendered_rbac_follows_restart_consumers() {
             .collect();
         assert!(apps(&render(&reused)).is_empty());
     }
+}
+
+/// `metrics.authentication` sets METRICS_AUTH, grants creating
+/// TokenReviews and SubjectAccessReviews and nothing else, makes a
+/// ClusterRole that may get /metrics, and has the ServiceMonitor send its
+/// token; off (the default) it does none of this.
+#[test]
+fn rendered_metrics_authentication() {
+    let reviews = BTreeSet::from([
+        Grant::new("authentication.k8s.io", "tokenreviews", "create"),
+        Grant::new("authorization.k8s.io", "subjectaccessreviews", "create"),
+    ]);
+    let off = render(&["--set", "serviceMonitor.enabled=true"]);
+    let on = render(&[
+        "--set",
+        "serviceMonitor.enabled=true",
+        "--set",
+        "metrics.authentication=true",
+    ]);
+    let env = |docs: &[Value]| {
+        find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .and_then(|env| env.iter().find(|e| e["name"] == "METRICS_AUTH"))
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(env(&off), None);
+    assert_eq!(env(&on), Some(Value::from("true")));
+    let added: BTreeSet<Grant> = all_grants(&on)
+        .difference(&all_grants(&off))
+        .cloned()
+        .collect();
+    assert_eq!(added, reviews);
+    let reader = |docs: &[Value]| {
+        docs.iter()
+            .find(|d| {
+                d["kind"] == "ClusterRole"
+                    && d["metadata"]["name"]
+                        .as_str()
+                        .is_some_and(|n| n.ends_with("-metrics-reader"))
+            })
+            .cloned()
+    };
+    assert!(reader(&off).is_none());
+    let reader = reader(&on).expect("the metrics-reader ClusterRole");
+    assert_eq!(
+        reader["rules"],
+        serde_json::json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+    );
+    let token_file = |docs: &[Value]| {
+        docs.iter()
+            .find(|d| d["kind"] == "ServiceMonitor")
+            .map(|d| d["spec"]["endpoints"][0]["bearerTokenFile"].clone())
+    };
+    assert_eq!(token_file(&off), Some(Value::Null));
+    assert_eq!(
+        token_file(&on),
+        Some(Value::from(
+            "/var/run/secrets/kubernetes.io/serviceaccount/token"
+        ))
+    );
 }
 
 /// `extraKinds` adds each kind to KINDS (`Kind.group`, a bare `Kind` for

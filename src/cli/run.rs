@@ -177,6 +177,9 @@ pub async fn run(
             settings.listen_address,
             health.clone(),
             metrics,
+            settings.metrics_auth.then(|| {
+                crate::ops::metrics_auth::MetricsAuth::new(shared.home.cluster.client.clone())
+            }),
             until_stopped,
         )
         .await?

@@ -185,6 +185,12 @@ pub struct Settings {
     )]
     pub listen_address: SocketAddr,
 
+    /// Serve /metrics only to callers whose bearer token the API server
+    /// accepts (TokenReview) and who may get the non-resource URL
+    /// /metrics (SubjectAccessReview); /healthz and /readyz stay open.
+    #[arg(long, env = "METRICS_AUTH", global = true)]
+    pub metrics_auth: bool,
+
     /// Elect a leader on a coordination.k8s.io Lease so that only one replica writes.
     #[arg(long, env = "LEADER_ELECTION", default_value_t = false, global = true)]
     pub leader_election: bool,

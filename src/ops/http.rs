@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::ops::metrics::Metrics;
+use crate::ops::metrics_auth::{MetricsAuth, Verdict};
 use crate::{Error, Result};
 
 /// A failing watch retries at least every few seconds (its backoff stops at
@@ -150,9 +151,31 @@ impl Drop for WatchGuard {
 struct AppState {
     health: Arc<Health>,
     metrics: Arc<Metrics>,
+    /// With `--metrics-auth`: who may read /metrics.
+    metrics_auth: Option<Arc<MetricsAuth>>,
 }
 
-async fn serve_metrics(State(state): State<AppState>) -> impl IntoResponse {
+async fn serve_metrics(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    if let Some(auth) = &state.metrics_auth {
+        let authorization = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let refused = match auth.judge(authorization).await {
+            Verdict::Allowed => None,
+            Verdict::Unauthenticated => Some((StatusCode::UNAUTHORIZED, "Unauthorized\n")),
+            Verdict::Forbidden => Some((StatusCode::FORBIDDEN, "Forbidden\n")),
+            Verdict::Unavailable => Some((
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the API server could not review the caller\n",
+            )),
+        };
+        if let Some(refused) = refused {
+            return refused.into_response();
+        }
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -160,6 +183,7 @@ async fn serve_metrics(State(state): State<AppState>) -> impl IntoResponse {
         )],
         state.metrics.encode(),
     )
+        .into_response()
 }
 
 fn probe(ok: bool, what: &'static str) -> (StatusCode, String) {
@@ -186,6 +210,7 @@ pub async fn serve(
     address: SocketAddr,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
+    metrics_auth: Option<MetricsAuth>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(address)
@@ -203,7 +228,11 @@ pub async fn serve(
         .route("/metrics", get(serve_metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(AppState { health, metrics });
+        .with_state(AppState {
+            health,
+            metrics,
+            metrics_auth: metrics_auth.map(Arc::new),
+        });
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)

@@ -3,4 +3,5 @@
 
 pub mod http;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod telemetry;

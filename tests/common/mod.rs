@@ -1397,25 +1397,7 @@ pub async fn create_service_account(client: &Client, namespace: &str, account: &
 /// KUBECONFIG runs as that ServiceAccount, under its RBAC, and the audit log
 /// names it `system:serviceaccount:<namespace>:<account>`.
 pub fn service_account_kubeconfig(namespace: &str, account: &str, path: &std::path::Path) {
-    let out = Command::new("kubectl")
-        .args([
-            "create",
-            "token",
-            account,
-            "--namespace",
-            namespace,
-            "--duration",
-            "1h",
-        ])
-        .output()
-        .unwrap_or_else(|e| panic!("kubectl create token: cannot run: {e}"));
-    assert!(
-        out.status.success(),
-        "kubectl create token {account} --namespace {namespace} failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let token = service_account_token(namespace, account);
     let admin = kube::config::Kubeconfig::read().expect("reading the admin kubeconfig");
     let cluster = admin.clusters[0]
         .cluster
@@ -1438,6 +1420,30 @@ pub fn service_account_kubeconfig(namespace: &str, account: &str, path: &std::pa
         serde_yaml::to_string(&config).expect("kubeconfig as YAML"),
     )
     .expect("writing the kubeconfig");
+}
+
+/// A token of the ServiceAccount `namespace/account` (`kubectl create
+/// token`, valid for an hour). Blocks: not on the runtime's threads.
+pub fn service_account_token(namespace: &str, account: &str) -> String {
+    let out = Command::new("kubectl")
+        .args([
+            "create",
+            "token",
+            account,
+            "--namespace",
+            namespace,
+            "--duration",
+            "1h",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl create token: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "kubectl create token {account} --namespace {namespace} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// A kubeconfig equal to `$KUBECONFIG` but for the API server address
@@ -1594,6 +1600,7 @@ pub const OPERATOR_ENV: &[&str] = &[
     "API_BURST",
     "RESYNC_INTERVAL",
     "STUCK_AFTER",
+    "METRICS_AUTH",
     "KINDS",
     "DENIED_KINDS",
     "PROTECTED_NAMESPACES",
@@ -1827,13 +1834,26 @@ pub fn metric_family(text: &str, name: &str) -> Option<f64> {
 }
 
 pub async fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
+    http_get_with(port, path, &[]).await
+}
+
+/// [`http_get`] with more request headers.
+pub async fn http_get_with(
+    port: u16,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<(u16, String), String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let more: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     let fut = async {
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .map_err(|e| e.to_string())?;
         s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{more}Connection: close\r\n\r\n")
                 .as_bytes(),
         )
         .await

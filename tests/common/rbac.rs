@@ -131,7 +131,7 @@ pub fn operator_rules() -> Value {
 /// on panic).
 pub use super::cluster_objects::ClusterObjects as ClusterScoped;
 
-fn rbac(kind: &str, plural: &str) -> ApiResource {
+pub fn rbac(kind: &str, plural: &str) -> ApiResource {
     ApiResource {
         group: "rbac.authorization.k8s.io".into(),
         version: "v1".into(),

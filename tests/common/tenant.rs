@@ -13,7 +13,7 @@ use serde_json::json;
 use super::rbac::service_account_may;
 use super::{
     TIMEOUT, TestNs, create_service_account, err_msg, members::client_of_file,
-    service_account_kubeconfig, wait_until,
+    service_account_kubeconfig, service_account_token, wait_until,
 };
 
 pub struct Tenant {
@@ -21,6 +21,8 @@ pub struct Tenant {
     /// Its user name (`system:serviceaccount:<namespace>:<account>`).
     pub user: String,
     pub client: Client,
+    /// A token of its own (as its client speaks with).
+    pub token: String,
 }
 
 impl Tenant {
@@ -115,6 +117,10 @@ impl Tenant {
         tokio::task::spawn_blocking(move || service_account_kubeconfig(&ns, &sa, &file))
             .await
             .expect("writing the tenant's kubeconfig");
+        let (ns, sa) = (namespace.to_owned(), account.to_owned());
+        let token = tokio::task::spawn_blocking(move || service_account_token(&ns, &sa))
+            .await
+            .expect("the tenant's token");
         let client = client_of_file(&path)
             .await
             .unwrap_or_else(|e| panic!("the tenant's client: {e}"));
@@ -138,6 +144,7 @@ impl Tenant {
             namespace: namespace.to_owned(),
             user,
             client,
+            token,
         }
     }
 }
