@@ -227,6 +227,9 @@ async fn kinds_of(client: &Client, rules: &[CopyratorRule]) -> anyhow::Result<Ve
     Ok(kinds)
 }
 
+/// Copies listed per request by `release`.
+const LIST_PAGE: u32 = 500;
+
 /// Delete every copy of the rules of `uids` in the cluster of `client`,
 /// but those handed over to their namespaces; returns how many went.
 async fn delete_copies(
@@ -237,37 +240,54 @@ async fn delete_copies(
     let mut deleted = 0;
     for &kind in kinds {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.api_resource());
-        let listed = api
-            .list(&ListParams::default().labels(LABEL_RULE_UID))
-            .await
-            .with_context(|| format!("listing the {kind} copies"))?;
-        for object in listed.items {
-            let copy = Object::from_dynamic(kind, object);
-            let ours = copy.rule_uid().is_some_and(|uid| uids.contains(uid));
-            if !ours || copy.create_only {
-                continue;
-            }
-            let namespaced: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), &copy.namespace, &kind.api_resource());
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(copy.uid.clone()),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            };
-            match namespaced.delete(&copy.name, &params).await {
-                Ok(_) => deleted += 1,
-                Err(kube::Error::Api(status)) if status.code == 404 => {}
-                Err(e) => {
-                    return Err(e).with_context(|| {
-                        format!("deleting {kind} {}/{}", copy.namespace, copy.name)
-                    });
+        // Metadata only, a page at a time, each deleted before the next is
+        // asked for: the Job's memory stays small however many copies, of
+        // whatever size, there are.
+        let mut page = ListParams::default()
+            .labels(LABEL_RULE_UID)
+            .limit(LIST_PAGE);
+        loop {
+            let listed = api
+                .list_metadata(&page)
+                .await
+                .with_context(|| format!("listing the {kind} copies"))?;
+            for meta in listed.items {
+                let mut object = DynamicObject::new("", &kind.api_resource());
+                object.metadata = meta.metadata;
+                let copy = Object::from_dynamic(kind, object);
+                let ours = copy.rule_uid().is_some_and(|uid| uids.contains(uid));
+                if ours && !copy.create_only && delete_copy(client, kind, &copy).await? {
+                    deleted += 1;
                 }
+            }
+            match listed.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(next) => page = page.continue_token(&next),
+                None => break,
             }
         }
     }
     Ok(deleted)
+}
+
+/// Delete `copy` (that very object: its UID is a precondition); whether
+/// it went (it may have gone already).
+async fn delete_copy(client: &Client, kind: Kind, copy: &Object) -> anyhow::Result<bool> {
+    let namespaced: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &copy.namespace, &kind.api_resource());
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(copy.uid.clone()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match namespaced.delete(&copy.name, &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(e) => {
+            Err(e).with_context(|| format!("deleting {kind} {}/{}", copy.namespace, copy.name))
+        }
+    }
 }
 
 /// Remove our finalizer from `rule`, retrying on a newer version; returns
