@@ -263,7 +263,7 @@ async fn exactly_the_consumers_roll_once_per_content() {
     let t1 = t.ns("t1").await;
     t.create_rule(&op, "roll", restart_spec(&t, &t.glob("t1")))
         .await;
-    let operator = Operator::start(&t, &op, &[]);
+    let operator = Operator::start(&t, &op, &["--min-restart-interval", "0"]);
     let source = t
         .create_source(CM, &op, "cfg", &[], &[("a", "1"), ("b", "1")])
         .await;
@@ -350,7 +350,9 @@ async fn no_patch_without_restart_consumers_and_none_when_turned_on() {
     let kubeconfig = operator_kubeconfig(&t, None, Some(&user));
     let _operator = Operator::start_with_env(
         &t,
-        ["run", "--namespace", &op].map(String::from).to_vec(),
+        ["run", "--namespace", &op, "--min-restart-interval", "0"]
+            .map(String::from)
+            .to_vec(),
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
     );
     let source = t.create_source(CM, &op, "cfg", &[], &[("a", "1")]).await;
@@ -479,7 +481,9 @@ async fn a_refused_restart_is_reported_once_not_stormed() {
     let started = Utc::now();
     let mut operator = Operator::start_with_env(
         &t,
-        ["run", "--namespace", &op].map(String::from).to_vec(),
+        ["run", "--namespace", &op, "--min-restart-interval", "0"]
+            .map(String::from)
+            .to_vec(),
         &[("KUBECONFIG", &id.kubeconfig)],
     );
     let source = t.create_source(CM, &op, "cfg", &[], &[("a", "1")]).await;
@@ -550,7 +554,11 @@ async fn consumers_roll_in_a_member() {
         json!({"names": [member.name], "local": false}),
     );
     t.create_rule(&op, "roll", spec).await;
-    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
+    let _operator = Operator::start(
+        &t,
+        &op,
+        &["--member-clusters", "--min-restart-interval", "0"],
+    );
     let source = t.create_source(CM, &op, "cfg", &[], &[("a", "1")]).await;
     let configmaps = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
     let copy_is = async |value: &str| -> Result<(), String> {
@@ -635,7 +643,9 @@ async fn many_namespaces_are_listed_across_the_cluster() {
     let kubeconfig = operator_kubeconfig(&t, None, Some(&user));
     let operator = Operator::start_with_env(
         &t,
-        ["run", "--namespace", &op].map(String::from).to_vec(),
+        ["run", "--namespace", &op, "--min-restart-interval", "0"]
+            .map(String::from)
+            .to_vec(),
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
     );
     let source = t.create_source(CM, &op, "cfg", &[], &[("a", "1")]).await;
@@ -699,7 +709,7 @@ async fn a_failed_restart_is_tried_again() {
     let t1 = t.ns("t1").await;
     t.create_rule(&op, "roll", restart_spec(&t, &t.glob("t1")))
         .await;
-    let _operator = Operator::start(&t, &op, &[]);
+    let _operator = Operator::start(&t, &op, &["--min-restart-interval", "0"]);
     let source = t.create_source(CM, &op, "cfg", &[], &[("a", "1")]).await;
     t.wait_copy(CM, &t1, &source, &op, "roll").await;
     let whole = json!({"envFrom": [{"configMapRef": {"name": "cfg"}}]});
@@ -803,5 +813,63 @@ async fn a_failed_restart_is_tried_again() {
             }
         },
     )
+    .await;
+}
+
+/// A source that keeps changing rolls its consumers at most once per
+/// `--min-restart-interval`: four changes in a row roll a Deployment once
+/// at the first, and once more with the last content when the interval is
+/// up, not four times.
+#[tokio::test]
+async fn a_flapping_source_rolls_its_consumers_at_most_once_per_interval() {
+    const INTERVAL: u64 = 8;
+    let t = TestNs::new("restart-flap").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    t.create_rule(&op, "roll", restart_spec(&t, &t1)).await;
+    let operator = Operator::start(&t, &op, &["--min-restart-interval", &INTERVAL.to_string()]);
+    let source = t.create_source(CM, &op, "cfg", &[], &[("a", "0")]).await;
+    t.wait_copy(CM, &t1, &source, &op, "roll").await;
+    let whole = json!({"envFrom": [{"configMapRef": {"name": "cfg"}}]});
+    workload(
+        &t,
+        "Deployment",
+        &t1,
+        "app",
+        pod(whole, json!([])),
+        json!({}),
+    )
+    .await;
+    let flapping = std::time::Instant::now();
+    let mut first_roll = None;
+    for value in ["1", "2", "3", "4"] {
+        let changed = t.set_data(CM, &op, "cfg", &[("a", Some(value))]).await;
+        t.wait_copy(CM, &t1, &changed, &op, "roll").await;
+        if first_roll.is_none() {
+            wait_restarts(&operator, 1.0).await;
+            first_roll = Some(restarts_of(&t, "Deployment", &t1, "app").await.0);
+        }
+    }
+    // The last content rolls once the interval is up.
+    wait_restarts(&operator, 2.0).await;
+    let rolled_for = flapping.elapsed();
+    let (annotations, _) = restarts_of(&t, "Deployment", &t1, "app").await;
+    println!("four changes, two rolls; the second {rolled_for:?} after the first change");
+    assert_eq!(annotations.len(), 1, "{annotations:?}");
+    assert_ne!(
+        Some(&annotations),
+        first_roll.as_ref(),
+        "the last content rolled"
+    );
+    assert!(
+        rolled_for >= Duration::from_secs(INTERVAL - 1),
+        "the second roll came {rolled_for:?} after the first change"
+    );
+    assert_for("no third roll", QUIET, async || {
+        match restarts_total(operator.port).await? {
+            2.0 => Ok(()),
+            n => Err(format!("{n} rolls")),
+        }
+    })
     .await;
 }

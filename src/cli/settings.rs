@@ -312,6 +312,13 @@ pub struct Settings {
     #[arg(long, env = "STUCK_AFTER", default_value_t = 120, value_parser = clap::value_parser!(u64).range(5..), global = true)]
     pub stuck_after: u64,
 
+    /// Seconds a workload that `rollout.restartConsumers` rolled is left
+    /// alone before it is rolled again (a source that keeps changing rolls
+    /// its consumers at most this often; the last content is rolled out
+    /// when the time is up).
+    #[arg(long, env = "MIN_RESTART_INTERVAL", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86400), global = true)]
+    pub min_restart_interval: u64,
+
     /// Seconds between full passes over every rule (a pass over a correct cluster writes nothing).
     #[arg(long, env = "RESYNC_INTERVAL", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..), global = true)]
     pub resync_interval: u64,
@@ -347,6 +354,7 @@ impl Settings {
             cluster_name: self.cluster_name.clone(),
             member_clusters: self.member_clusters,
             allow_insecure_members: self.allow_insecure_members,
+            min_restart_interval: Duration::from_secs(self.min_restart_interval),
         }
     }
 

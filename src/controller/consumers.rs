@@ -60,6 +60,10 @@ pub(crate) struct Restarts {
     pub(crate) tried: bool,
     /// Some consumers wait for another try, this long from now.
     pub(crate) retry_in: Option<std::time::Duration>,
+    /// Namespaces with a workload rolled too recently to roll again
+    /// (`--min-restart-interval`), and the soonest it may be.
+    pub(crate) too_soon: Vec<String>,
+    pub(crate) too_soon_for: Option<std::time::Duration>,
 }
 
 /// Up to this many namespaces, workloads are listed namespace by
@@ -222,24 +226,55 @@ fn keep_pending(
     } else {
         copies
             .into_iter()
-            .filter(|(ns, _)| everywhere || failed_in.iter().any(|f| f.as_ref() == Some(ns)))
+            .filter(|(ns, _)| {
+                everywhere
+                    || failed_in.iter().any(|f| f.as_ref() == Some(ns))
+                    || restarts.too_soon.contains(ns)
+            })
             .flat_map(|(ns, entries)| {
+                // A roll put off for the interval is kept whatever its
+                // trigger: nothing else would bring it back soon.
+                let put_off = restarts.too_soon.contains(&ns);
                 entries
                     .into_iter()
-                    .filter(|(_, trigger, _)| *trigger == Trigger::Changed)
+                    .filter(move |(_, trigger, _)| put_off || *trigger == Trigger::Changed)
                     .map(move |entry| (ns.clone(), entry))
             })
             .collect()
     };
     let mut memory = lock(&site.memory);
     let memory = memory.entry(resolved.key.clone()).or_default();
-    if pending.is_empty() {
+    if pending.is_empty() || failed_in.is_empty() {
         memory.restart_attempts = 0;
     } else {
         memory.restart_attempts = memory.restart_attempts.saturating_add(1);
         restarts.retry_in = Some(retry_delay(memory.restart_attempts));
     }
+    if let Some(wait) = restarts.too_soon_for.filter(|_| !pending.is_empty()) {
+        restarts.retry_in = Some(restarts.retry_in.map_or(wait, |r| r.min(wait)));
+    }
     memory.pending_restarts = pending;
+}
+
+/// How long `workload` must still wait before it may roll again, if it
+/// rolled less than `interval` ago.
+fn too_soon(
+    site: &Site,
+    workload: &str,
+    interval: std::time::Duration,
+) -> Option<std::time::Duration> {
+    let at = *lock(&site.rolled_at).get(workload)?;
+    interval.checked_sub(at.elapsed()).filter(|w| !w.is_zero())
+}
+
+/// Remember that `workload` rolled now (and forget those whose interval
+/// is over, so that the memory stays as large as the rolls of a minute).
+fn rolled(site: &Site, workload: &str, interval: std::time::Duration) {
+    let mut rolled_at = lock(&site.rolled_at);
+    rolled_at.retain(|_, at| at.elapsed() < interval);
+    if !interval.is_zero() {
+        rolled_at.insert(workload.to_owned(), tokio::time::Instant::now());
+    }
 }
 
 /// 10 s after the first failure, doubling, at most 5 minutes.
@@ -324,27 +359,19 @@ async fn list_and_roll(
     }
 }
 
-/// Patch one workload if any copy it uses wants a new annotation value;
-/// `Err` when the patch was refused (the caller stops).
-async fn roll(
-    shared: &Shared,
-    site: &Site,
-    workload_kind: &'static str,
-    resource: &ApiResource,
-    object: &DynamicObject,
-    copies: &[Entry],
-    restarts: &mut Restarts,
-) -> Result<(), ()> {
+/// The restart annotations `object` (a workload) should get for the
+/// `copies` of its namespace: empty when none is due.
+fn due_on(object: &DynamicObject, copies: &[Entry]) -> BTreeMap<String, String> {
     let Some(template) = object
         .data
         .get("spec")
         .and_then(|s| s.get("template"))
         .and_then(|t| serde_json::from_value::<PodTemplateSpec>(t.clone()).ok())
     else {
-        return Ok(());
+        return BTreeMap::new();
     };
     let Some(spec) = &template.spec else {
-        return Ok(());
+        return BTreeMap::new();
     };
     let contents: Vec<CopyContent<'_>> = copies
         .iter()
@@ -356,7 +383,7 @@ async fn roll(
             before: before.as_deref(),
         })
         .collect();
-    let due: BTreeMap<String, String> = restarts_due(
+    restarts_due(
         &Workload {
             annotations: object.metadata.annotations.as_ref(),
             template_annotations: template
@@ -366,13 +393,33 @@ async fn roll(
             spec,
         },
         &contents,
-    );
+    )
+}
+
+/// Patch one workload if any copy it uses wants a new annotation value;
+/// `Err` when the patch was refused (the caller stops).
+async fn roll(
+    shared: &Shared,
+    site: &Site,
+    workload_kind: &'static str,
+    resource: &ApiResource,
+    object: &DynamicObject,
+    copies: &[Entry],
+    restarts: &mut Restarts,
+) -> Result<(), ()> {
+    let due = due_on(object, copies);
     if due.is_empty() {
         return Ok(());
     }
     let namespace = object.metadata.namespace.as_deref().unwrap_or_default();
     let name = object.metadata.name.as_deref().unwrap_or_default();
     let what = format!("{workload_kind} {namespace}/{name}");
+    if let Some(wait) = too_soon(site, &what, shared.options.min_restart_interval) {
+        // Rolled a moment ago: the last content rolls when the time is up.
+        restarts.too_soon.push(namespace.to_owned());
+        restarts.too_soon_for = Some(restarts.too_soon_for.map_or(wait, |w| w.min(wait)));
+        return Ok(());
+    }
     let _slot = site.cluster.writer.other_slot().await;
     if !shared.leader.is_leader() {
         return Err(());
@@ -388,6 +435,7 @@ async fn roll(
     match api.patch(name, &params, &Patch::Merge(&patch)).await {
         Ok(_) => {
             debug!(workload = what.as_str(), "rolled a consumer");
+            rolled(site, &what, shared.options.min_restart_interval);
             shared
                 .metrics
                 .consumer_restarts

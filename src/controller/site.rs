@@ -95,6 +95,9 @@ pub struct Site {
     pub queue: Queue,
     pub memory: Mutex<HashMap<RuleKey, RuleMemory>>,
     pub backoffs: Mutex<Backoffs>,
+    /// When each workload (`Kind namespace/name`) was last rolled by a
+    /// restart of its consumers, for `--min-restart-interval`.
+    pub rolled_at: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 impl Site {
@@ -105,6 +108,7 @@ impl Site {
             queue: Queue::new(metrics),
             memory: Mutex::default(),
             backoffs: Mutex::default(),
+            rolled_at: Mutex::default(),
         }
     }
 }

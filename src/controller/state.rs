@@ -45,6 +45,9 @@ pub struct Options {
     /// Accept members reached over plain http or without checking their
     /// certificate (`--allow-insecure-members`).
     pub allow_insecure_members: bool,
+    /// A workload is rolled at most once in this long
+    /// (`--min-restart-interval`).
+    pub min_restart_interval: std::time::Duration,
 }
 
 /// The rules as watched, by key and by UID, kept together under one lock
@@ -573,6 +576,7 @@ mod tests {
                 keep_kind_watches: false,
                 cluster_name: "home".to_owned(),
                 member_clusters: false,
+                min_restart_interval: std::time::Duration::from_secs(30),
                 allow_insecure_members: false,
             },
             Arc::new(Metrics::default()),
