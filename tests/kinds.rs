@@ -757,7 +757,8 @@ async fn a_controller_owned_source_is_refused_and_listed_while_its_siblings_are_
 // RBAC escalation
 
 /// What the operator may do here: every verb on the kinds it copies
-/// (ConfigMaps, Secrets, RoleBindings), and what it needs besides; not
+/// (ConfigMaps, Secrets, RoleBindings), and what it needs besides (list
+/// and watch on Roles, which RoleBinding copies are judged by); not
 /// `bind` or `escalate`, and none of ClusterRole `admin`'s other grants.
 fn restricted_grants() -> BTreeSet<Grant> {
     let all = [
@@ -766,6 +767,8 @@ fn restricted_grants() -> BTreeSet<Grant> {
     grants_of(&json!({"rules": [
         {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": all},
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["rolebindings"], "verbs": all},
+        // RoleBinding copies are judged by the Roles they bind.
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["list", "watch"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["flant.com"], "resources": ["copyrators"],
          "verbs": ["get", "list", "watch", "patch", "update"]},
