@@ -57,6 +57,13 @@ fn role_bindings() -> ApiResource {
     ApiResource::erase::<RoleBinding>(&())
 }
 
+/// `spec` with `rbacSourcesTrusted: true`, which a rule that copies Roles
+/// or RoleBindings needs: the sources of these tests are written by the
+/// tests alone.
+fn trusting_rbac_sources(spec: Value) -> Value {
+    with(spec, "/spec/rbacSourcesTrusted", json!(true))
+}
+
 fn cluster_roles() -> ApiResource {
     ApiResource::erase::<ClusterRole>(&())
 }
@@ -284,12 +291,11 @@ async fn copies_follow_the_source(case: KindCase) {
                 .await,
         );
     }
-    t.create_rule(
-        &op,
-        "r",
-        object_rule_spec(&ar, t.selector(), &[t.glob("t")]),
-    )
-    .await;
+    let mut spec = object_rule_spec(&ar, t.selector(), &[t.glob("t")]);
+    if ar.group == "rbac.authorization.k8s.io" {
+        spec = trusting_rbac_sources(spec);
+    }
+    t.create_rule(&op, "r", spec).await;
     for ns in &targets {
         for source in &sources {
             let copy = t.wait_dyn_copy(&ar, ns, source, &op, "r").await;
@@ -409,7 +415,7 @@ async fn a_role_binding_copy_whose_role_ref_changes_is_recreated() {
         &op,
         "r",
         with(
-            object_rule_spec(&ar, t.selector(), &[t.glob("t")]),
+            trusting_rbac_sources(object_rule_spec(&ar, t.selector(), &[t.glob("t")])),
             "/spec/prune",
             json!(false),
         ),
@@ -704,7 +710,7 @@ async fn a_controller_owned_source_is_refused_and_listed_while_its_siblings_are_
     t.create_rule(
         &op,
         "r",
-        object_rule_spec(&ar, t.selector(), &[t.glob("t")]),
+        trusting_rbac_sources(object_rule_spec(&ar, t.selector(), &[t.glob("t")])),
     )
     .await;
     let _operator = Operator::start(&t, &op, &["--kinds", "Role.rbac.authorization.k8s.io"]);
@@ -846,13 +852,13 @@ async fn a_role_binding_the_operator_may_not_grant_fails_as_rbac_escalation() {
     t.create_rule(
         &op,
         "readers",
-        object_rule_spec(&ar, which("readers"), &[t.glob("t")]),
+        trusting_rbac_sources(object_rule_spec(&ar, which("readers"), &[t.glob("t")])),
     )
     .await;
     t.create_rule(
         &op,
         "admins",
-        object_rule_spec(&ar, which("admins"), &[t.glob("t")]),
+        trusting_rbac_sources(object_rule_spec(&ar, which("admins"), &[t.glob("t")])),
     )
     .await;
     let mut operator = Operator::start_with_env(
@@ -1040,7 +1046,7 @@ async fn copies_of_a_force_deleted_rule_of_another_kind_are_collected_at_start()
     t.create_rule(
         &op,
         "r",
-        object_rule_spec(&ar, t.selector(), &[t.glob("t")]),
+        trusting_rbac_sources(object_rule_spec(&ar, t.selector(), &[t.glob("t")])),
     )
     .await;
     for ns in &targets {
@@ -1189,7 +1195,8 @@ async fn a_tenant_rule_may_not_copy_another_kind() {
         )
         .await
         .unwrap_or_else(|e| panic!("annotating namespace {t1}: {}", err_msg(&e)));
-    let spec = object_rule_spec(&ar, t.selector(), &[t.glob("t")]);
+    // Trusting the sources makes no tenant rule copy a Role.
+    let spec = trusting_rbac_sources(object_rule_spec(&ar, t.selector(), &[t.glob("t")]));
     t.create_rule(&tenant, &rule, spec.clone()).await;
     t.create_rule(&op, &rule, spec).await;
     let _operator = Operator::start(

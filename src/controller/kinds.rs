@@ -83,6 +83,10 @@ pub async fn prepare(
             None,
         ));
     }
+    // Before discovery: a rule refused for its trust starts no watch.
+    if let Some(refusal) = rule.untrusted_rbac_sources() {
+        return Ok(KindReadiness::Refused(refusal, None));
+    }
     // A refusal stands for its retry interval: a namespace event queues
     // every unresolved rule, and each must not cost a lookup.
     let refusal_key = format!("{group}/{version}/{}", object_type.kind);
