@@ -996,6 +996,64 @@ async fn a_role_binding_copy_follows_the_roles_it_binds() {
     .await;
 }
 
+/// A rule that copied RoleBindings and then no longer trusts its sources
+/// (as a rule written before `rbacSourcesTrusted` existed reads after an
+/// upgrade) reads `RBACSourcesNotTrusted` and keeps its copies as they
+/// are, also across a restart of an operator that copies every kind (no
+/// watch of RoleBindings runs for it then); deleted, it removes them.
+#[tokio::test]
+async fn a_rule_that_stops_trusting_its_sources_keeps_its_copies_until_deleted() {
+    let t = TestNs::new("kinds-untrusted").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    let ar = role_bindings();
+    let source = t
+        .create_dyn_source(
+            &ar,
+            &op,
+            "viewers",
+            &[],
+            &[],
+            json!({
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+                "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "team"}],
+            }),
+        )
+        .await;
+    t.create_rule(
+        &op,
+        "r",
+        trusting_rbac_sources(object_rule_spec(&ar, t.selector(), &[&t1])),
+    )
+    .await;
+    let every_kind = ["--kinds", "configmap,secret,*"];
+    let mut operator = Operator::start(&t, &op, &every_kind);
+    let copy = t.wait_dyn_copy(&ar, &t1, &source, &op, "r").await;
+    t.patch_rule(&op, "r", json!({"spec": {"rbacSourcesTrusted": false}}))
+        .await;
+    t.wait_rule(&op, "r", "RBACSourcesNotTrusted", |r| {
+        not_ready_because(r, "RBACSourcesNotTrusted")
+    })
+    .await;
+    operator.stop();
+    let mut operator = Operator::start(&t, &op, &every_kind);
+    operator.wait_ready().await;
+    t.assert_dyn_unchanged(
+        &ar,
+        &t1,
+        "viewers",
+        copy.resource_version(),
+        "a rule that no longer trusts its sources changes nothing",
+    )
+    .await;
+    t.delete_rule(&op, "r").await;
+    t.wait_rule_gone(&op, "r", "its finalizer has removed its copies")
+        .await;
+    t.wait_dyn_gone(&ar, &t1, "viewers", "its rule is deleted")
+        .await;
+    operator.assert_running();
+}
+
 /// An operator that may copy RoleBindings but not list and watch Roles
 /// cannot judge a copy by the Role it binds: the rule reads `Forbidden`,
 /// naming roles, and nothing is copied (no watch is left failing).

@@ -83,8 +83,11 @@ pub async fn prepare(
             None,
         ));
     }
-    // Before discovery: a rule refused for its trust starts no watch.
-    if let Some(refusal) = rule.untrusted_rbac_sources() {
+    // Before discovery: a rule refused for its trust starts no watch. A
+    // deleted one goes on: its copies are found through the kind's watch.
+    if !rule.is_deleting()
+        && let Some(refusal) = rule.untrusted_rbac_sources()
+    {
         return Ok(KindReadiness::Refused(refusal, None));
     }
     // A refusal stands for its retry interval: a namespace event queues
