@@ -23,6 +23,7 @@ use crate::cluster::foreign::follow_foreign;
 use crate::cluster::watch::{Change, WatchEnd, Watching, follow, watch_config};
 use crate::controller::site::{Site, SiteName};
 use crate::controller::state::Shared;
+use crate::core::plan::concerns_namespace;
 use crate::core::resolve::InvalidRule;
 use crate::core::scope::Touch;
 use crate::sync::{lock, read, write};
@@ -670,22 +671,29 @@ async fn follow_roles(shared: &Shared, site: &Site) -> WatchEnd {
 }
 
 /// What a Role in `namespace` grants changed: each rule that copies
-/// RoleBindings looks again at that namespace (its copies there bind the
-/// Role), or at everything where it takes sources from there (its sources
-/// bind it). A rule not resolved yet looks at everything.
+/// RoleBindings looks again at that namespace where it targets it (its
+/// copies there bind the Role), or at everything where it takes sources
+/// from there (its sources bind it). A rule not resolved yet looks at
+/// everything.
 fn role_changed(shared: &Shared, site: &Site, namespace: &str) {
     let concerned: Vec<(RuleKey, Touch)> = {
         let resolved = read(&shared.resolved);
+        let namespaces = read(&site.cluster.views.namespaces);
+        let info = namespaces.get(namespace);
         rules_copying_role_bindings(shared)
             .into_iter()
-            .map(|key| {
+            .filter_map(|key| {
                 let touch = match resolved.get(&key) {
-                    Some(rule) if !rule.source_namespaces.iter().any(|ns| ns == namespace) => {
+                    None => Touch::All,
+                    Some(rule) if rule.source_namespaces.iter().any(|ns| ns == namespace) => {
+                        Touch::All
+                    }
+                    Some(rule) if concerns_namespace(rule, namespace, info, info) => {
                         Touch::Namespace(namespace.to_owned())
                     }
-                    _ => Touch::All,
+                    Some(_) => return None,
                 };
-                (key, touch)
+                Some((key, touch))
             })
             .collect()
     };
