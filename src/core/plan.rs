@@ -3184,6 +3184,58 @@ pub mod tests {
         assert!(p.conflicts.is_empty(), "{:?}", p.conflicts);
     }
 
+    /// A Role that changes in a target namespace is reported as a touch of
+    /// that namespace (`controller::kinds`): a pass over it plans the
+    /// writes and refusals there that a pass over everything would.
+    #[test]
+    fn a_pass_over_a_namespace_whose_role_changed_plans_what_a_full_pass_would() {
+        use crate::cache::roles::tests::role;
+        let reads =
+            |verb: &str| json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": [verb]}]);
+        let mut w = World::new(&["src", "a", "b", "c"]);
+        for namespace in ["src", "a", "b"] {
+            w.roles.upsert(role(namespace, "reader", reads("get")));
+        }
+        binding_source(&mut w, "to-role", "Role", "reader");
+        let r = role_binding_rule(json!({}));
+        let first = w.plan(&r);
+        assert_eq!(verbs(&first).len(), 2, "a and b");
+        w.apply(&first);
+        let at = |p: &Plan, namespace: &str| {
+            let writes: Vec<_> = verbs(p)
+                .into_iter()
+                .filter(|(ns, ..)| ns == namespace)
+                .collect();
+            (writes, !reason_at(p, namespace, "to-role").is_empty())
+        };
+        for (namespace, rules, want) in [
+            (
+                "b",
+                reads("list"),
+                (vec![("b".into(), "to-role".into(), "delete")], true),
+            ),
+            (
+                "c",
+                reads("get"),
+                (vec![("c".into(), "to-role".into(), "create")], false),
+            ),
+        ] {
+            w.roles.upsert(role(namespace, "reader", rules));
+            let mut scope = Scope::default();
+            scope.add(Touch::Namespace(namespace.into()));
+            let scoped = w.plan_within(&r, &scope);
+            let full = w.plan(&r);
+            assert_eq!(at(&scoped, namespace), want, "{namespace}");
+            assert_eq!(verbs(&scoped), verbs(&full), "{namespace}: the same writes");
+            assert_eq!(at(&full, namespace), want, "{namespace}");
+            assert!(
+                scoped.examined < full.examined,
+                "{namespace}: looked at less"
+            );
+            w.apply(&scoped);
+        }
+    }
+
     /// A copy handed over to its namespace (`syncPolicy: CreateOnly`) is
     /// the namespace's: a refusal later neither deletes nor reports it.
     #[test]
