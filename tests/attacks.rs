@@ -7,13 +7,19 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
+use common::dynamic::*;
+use common::helm::{find, render};
+use common::rbac::{ClusterScoped, Grant, Identity, grants_of};
 use common::tenant::Tenant;
 use common::*;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::core::ApiResource;
 use serde_json::json;
 
 const CM: Kind = Kind::ConfigMap;
@@ -588,4 +594,306 @@ async fn metrics_are_read_only_by_whom_the_api_server_lets() {
         .await
         .unwrap_or_else(|e| panic!("/healthz: {e}"));
     assert_eq!(code, 200, "/healthz needs no token");
+}
+
+/// A copy grants in its target only what its source granted in its own
+/// namespace. An admin rule copies the labelled RoleBindings of `shared`,
+/// a namespace the tenant administers, into `team-b` (it trusts the
+/// sources' writers, as a rule must to copy RoleBindings at all; the same
+/// rule without saying so copies nothing). The operator runs with the
+/// chart's RBAC for RoleBindings, `rbacCopy` off. `team-b` keeps its
+/// database password in a Secret that its own Role `secret-reader` lets
+/// read. The tenant, admin of `shared` alone, makes an empty Role
+/// `secret-reader` there and binds its ServiceAccount to it, labelled:
+/// `team-b` gets no binding of it (the rule's status and an Event say
+/// why), and the tenant's token still may not read the password, while a
+/// binding whose Role grants the same in both namespaces is copied.
+#[tokio::test]
+async fn a_tenants_role_binding_binds_nothing_else_in_another_namespace() {
+    let _shared = CLUSTER_WIDE.read().await;
+    let stage = RbacStage::new().await;
+    let (t, op) = (&stage.t, &stage.op);
+    let (_operator, _its_rbac) = operator_as_the_chart_copying_role_bindings(t, op).await;
+    t.wait_dyn_copy(&stage.bindings, &stage.team_b, &stage.legit, op, "r")
+        .await;
+    t.wait_rule_ready(op, "r").await;
+
+    let attacker = Tenant::admin_of(t, &stage.shared, "attacker").await;
+    stage.bind_to_an_empty_secret_reader(&attacker).await;
+    let secrets = Api::<Secret>::namespaced(attacker.client.clone(), &stage.team_b);
+    let reason = match stage.what_the_rule_made_of_steal().await {
+        Some(reason) => reason,
+        None => panic!(
+            "team-b holds a copy of the tenant's binding steal to its own secret-reader; \
+             the tenant's get of team-b's Secret db: {}",
+            stage.read_by(&secrets).await
+        ),
+    };
+    assert!(
+        reason.contains("the Role secret-reader it binds grants other rules in")
+            && reason.contains("a copy grants in its target only what its source grants"),
+        "{reason}"
+    );
+    let steal = format!("{}/steal", stage.team_b);
+    let event = wait_until(
+        "a ConflictSkipped Event naming steal",
+        TIMEOUT,
+        async || {
+            let events = t.events_regarding(op, "r").await;
+            events
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("ConflictSkipped"))
+                .filter_map(|e| e.note.clone())
+                .find(|note| note.contains(&steal))
+                .ok_or_else(|| format!("{} events", events.len()))
+        },
+    )
+    .await;
+    println!("refused: {event}");
+    assert_for(
+        "no binding of the tenant's in team-b, and no read of its Secret",
+        QUIET,
+        async || {
+            if t.try_get_dyn(&stage.bindings, &stage.team_b, "steal")
+                .await?
+                .is_some()
+            {
+                return Err("team-b holds a copy of the tenant's binding".into());
+            }
+            match secrets.get("db").await {
+                Err(kube::Error::Api(status)) if status.code == 403 => Ok(()),
+                other => Err(format!(
+                    "the tenant's get of team-b's Secret: {:?}",
+                    other.map(|_| "read")
+                )),
+            }
+        },
+    )
+    .await;
+    let legit_copy = t
+        .must_get_dyn(&stage.bindings, &stage.team_b, "config-readers")
+        .await;
+    assert_eq!(
+        legit_copy.payload(),
+        stage.legit.payload(),
+        "the copy stays"
+    );
+    t.wait_rule(op, "untrusting", "RBACSourcesNotTrusted", |r| {
+        not_ready_because(r, "RBACSourcesNotTrusted")
+    })
+    .await;
+    t.assert_dyn_absent(
+        &stage.bindings,
+        &stage.team_c,
+        "config-readers",
+        "a rule that does not trust its sources copies nothing",
+    )
+    .await;
+}
+
+/// The cluster of [`a_tenants_role_binding_binds_nothing_else_in_another_namespace`]
+/// before the tenant acts: `team-b`'s Secret `db` and its Role
+/// `secret-reader`, the Role `config-reader` granting the same in `shared`
+/// and `team-b`, the labelled binding `config-readers` to it in `shared`,
+/// and the rules in `op`: `r` into `team-b`, trusting its sources, and
+/// `untrusting` into `team-c`.
+struct RbacStage {
+    t: TestNs,
+    op: String,
+    shared: String,
+    team_b: String,
+    team_c: String,
+    roles: ApiResource,
+    bindings: ApiResource,
+    legit: DynObj,
+    password: String,
+}
+
+impl RbacStage {
+    async fn new() -> RbacStage {
+        let t = TestNs::new("atk-rbac").await;
+        let (op, shared) = (t.ns("op").await, t.ns("shared").await);
+        let (team_b, team_c) = (t.ns("team-b").await, t.ns("team-c").await);
+        let roles = ApiResource::erase::<Role>(&());
+        let bindings = ApiResource::erase::<RoleBinding>(&());
+        let password = format!("db-password-{}", random5());
+        t.create_json(
+            Kind::Secret,
+            &team_b,
+            "db",
+            json!({"stringData": {"password": password}}),
+        )
+        .await;
+        let reads_secrets = json!({"rules": [
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]});
+        t.create_dyn(&roles, &team_b, "secret-reader", reads_secrets)
+            .await;
+        // The same rules in both namespaces, written in another order (and
+        // within the operator's own grants).
+        let maps =
+            json!({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]});
+        let names = json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]});
+        t.create_dyn(
+            &roles,
+            &shared,
+            "config-reader",
+            json!({"rules": [maps, names]}),
+        )
+        .await;
+        let maps =
+            json!({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "get"]});
+        t.create_dyn(
+            &roles,
+            &team_b,
+            "config-reader",
+            json!({"rules": [names, maps]}),
+        )
+        .await;
+        let readers =
+            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "readers"});
+        let legit = t
+            .create_dyn_source(
+                &bindings,
+                &shared,
+                "config-readers",
+                &[],
+                &[],
+                binding_to_role("config-reader", readers),
+            )
+            .await;
+        let rule = |target: &str| {
+            with(
+                object_rule_spec(&bindings, t.selector(), &[target]),
+                "/spec/namespace",
+                json!(shared),
+            )
+        };
+        let trusting = with(rule(&team_b), "/spec/rbacSourcesTrusted", json!(true));
+        t.create_rule(&op, "r", trusting).await;
+        t.create_rule(&op, "untrusting", rule(&team_c)).await;
+        RbacStage {
+            t,
+            op,
+            shared,
+            team_b,
+            team_c,
+            roles,
+            bindings,
+            legit,
+            password,
+        }
+    }
+
+    /// As the tenant, in `shared`: an empty Role `secret-reader`, and a
+    /// binding `steal` of its ServiceAccount to it, labelled for the rule.
+    async fn bind_to_an_empty_secret_reader(&self, attacker: &Tenant) {
+        let itself =
+            json!({"kind": "ServiceAccount", "name": "attacker", "namespace": self.shared});
+        for (ar, name, body) in [
+            (&self.roles, "secret-reader", json!({"rules": []})),
+            (
+                &self.bindings,
+                "steal",
+                binding_to_role("secret-reader", itself),
+            ),
+        ] {
+            let mut body = body;
+            body["apiVersion"] = json!(ar.api_version);
+            body["kind"] = json!(ar.kind);
+            body["metadata"] = json!({"name": name, "labels": self.t.selector()});
+            let object: DynamicObject = serde_json::from_value(body).expect("an object");
+            Api::<DynamicObject>::namespaced_with(attacker.client.clone(), &self.shared, ar)
+                .create(&Default::default(), &object)
+                .await
+                .unwrap_or_else(|e| panic!("the tenant creates its {}: {}", ar.kind, err_msg(&e)));
+        }
+    }
+
+    /// Why the rule `r` lists `team-b/steal` as not written; `None` once
+    /// `team-b` holds a copy of `steal` instead.
+    async fn what_the_rule_made_of_steal(&self) -> Option<String> {
+        let (t, team_b) = (&self.t, self.team_b.as_str());
+        wait_until(
+            "the tenant's binding refused for team-b, or copied there",
+            TIMEOUT,
+            async || {
+                if t.try_get_dyn(&self.bindings, team_b, "steal")
+                    .await?
+                    .is_some()
+                {
+                    return Ok(None);
+                }
+                let rule = t.get_rule(&self.op, "r").await;
+                let conflicts = rule["status"]["conflicts"].as_array().cloned();
+                conflicts
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|c| c["namespace"] == team_b && c["name"] == "steal")
+                    .map(|c| Some(c["reason"].as_str().unwrap_or_default().to_owned()))
+                    .ok_or_else(|| short_status(&rule))
+            },
+        )
+        .await
+    }
+
+    /// What a get of `team-b`'s Secret `db` through `secrets` (the
+    /// tenant's) gives within a few seconds (RBAC takes effect through a
+    /// cache): refused, or read, and whether it held the password.
+    async fn read_by(&self, secrets: &Api<Secret>) -> String {
+        for _ in 0..20 {
+            if let Ok(secret) = secrets.get("db").await {
+                let value = secret.data.and_then(|d| d.get("password").cloned());
+                let same = value.is_some_and(|v| v.0 == self.password.as_bytes());
+                return format!("read, and it holds team-b's password: {same}");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        "refused".to_owned()
+    }
+}
+
+/// A RoleBinding's payload: `subject` bound to the Role `role`.
+fn binding_to_role(role: &str, subject: serde_json::Value) -> serde_json::Value {
+    json!({
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+        "subjects": [subject],
+    })
+}
+
+/// An operator of `op` as the chart's ServiceAccount is with
+/// `extraKinds: [RoleBinding]` (`rbacCopy` off: no `bind`, no `escalate`),
+/// copying RoleBindings; and the guard of its ClusterRole and binding,
+/// which go when it drops.
+async fn operator_as_the_chart_copying_role_bindings(
+    t: &TestNs,
+    op: &str,
+) -> (Operator, ClusterScoped) {
+    let chart = render(&[
+        "--set",
+        "extraKinds[0].apiGroup=rbac.authorization.k8s.io",
+        "--set",
+        "extraKinds[0].kind=RoleBinding",
+        "--set",
+        "extraKinds[0].resource=rolebindings",
+    ]);
+    let grants = grants_of(find(&chart, "ClusterRole"));
+    let cluster = ClusterScoped::new();
+    let id = Identity::create(t, &cluster, op, "copyrator", &grants, &BTreeSet::new()).await;
+    let no_bind = [Grant::new("rbac.authorization.k8s.io", "roles", "bind")]
+        .into_iter()
+        .collect();
+    id.wait_effective(&t.client, op, &grants, &no_bind).await;
+    let args = [
+        "run",
+        "--namespace",
+        op,
+        "--kinds",
+        "configmap,secret,RoleBinding.rbac.authorization.k8s.io",
+    ];
+    let operator = Operator::start_with_env(
+        t,
+        args.map(String::from).to_vec(),
+        &[("KUBECONFIG", &id.kubeconfig)],
+    );
+    (operator, cluster)
 }

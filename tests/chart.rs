@@ -330,7 +330,9 @@ fn rendered_metrics_authentication() {
 }
 
 /// `extraKinds` adds each kind to KINDS (`Kind.group`, a bare `Kind` for
-/// the core group) and the six verbs on its resource, nothing else;
+/// the core group) and the six verbs on its resource, nothing else (but
+/// list and watch on roles with RoleBindings, judged by the Roles they
+/// bind);
 /// `rbacCopy` grants `bind` / `escalate` on roles and clusterroles only when
 /// asked; `operator.deniedKinds` is DENIED_KINDS. By default none of these
 /// adds a grant, so [`each_verb_the_chart_grants_is_needed`] still covers
@@ -380,6 +382,8 @@ fn rendered_rbac_follows_extra_kinds_and_rbac_copy() {
     ]
     .iter()
     .flat_map(|(group, resource)| six.iter().map(|verb| Grant::new(group, resource, verb)))
+    // RoleBinding copies are judged by the Roles they bind.
+    .chain(["list", "watch"].map(|verb| Grant::new("rbac.authorization.k8s.io", "roles", verb)))
     .collect();
     assert_eq!(added, want, "what extraKinds adds to the chart's RBAC");
     assert!(

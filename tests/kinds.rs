@@ -21,6 +21,10 @@
 //!   `status.refusedSources`, while its siblings are copied;
 //! * a RoleBinding that an operator without `bind` may not create (RBAC
 //!   escalation prevention) is `Ready=False`, reason `SyncFailed`;
+//! * a RoleBinding copy to a Role is written only where the Role of that
+//!   name grants what the source namespace's does, and follows both Roles;
+//!   an operator that may not watch Roles copies no RoleBinding
+//!   (`Forbidden`);
 //! * `syncPolicy: CreateOnly` with a default-deny NetworkPolicy.
 //!
 //! "Nothing happens" is checked for [`QUIET`] only after a positive signal
@@ -55,6 +59,13 @@ fn roles() -> ApiResource {
 
 fn role_bindings() -> ApiResource {
     ApiResource::erase::<RoleBinding>(&())
+}
+
+/// `spec` with `rbacSourcesTrusted: true`, which a rule that copies Roles
+/// or RoleBindings needs: the sources of these tests are written by the
+/// tests alone.
+fn trusting_rbac_sources(spec: Value) -> Value {
+    with(spec, "/spec/rbacSourcesTrusted", json!(true))
 }
 
 fn cluster_roles() -> ApiResource {
@@ -284,12 +295,11 @@ async fn copies_follow_the_source(case: KindCase) {
                 .await,
         );
     }
-    t.create_rule(
-        &op,
-        "r",
-        object_rule_spec(&ar, t.selector(), &[t.glob("t")]),
-    )
-    .await;
+    let mut spec = object_rule_spec(&ar, t.selector(), &[t.glob("t")]);
+    if ar.group == "rbac.authorization.k8s.io" {
+        spec = trusting_rbac_sources(spec);
+    }
+    t.create_rule(&op, "r", spec).await;
     for ns in &targets {
         for source in &sources {
             let copy = t.wait_dyn_copy(&ar, ns, source, &op, "r").await;
@@ -409,7 +419,7 @@ async fn a_role_binding_copy_whose_role_ref_changes_is_recreated() {
         &op,
         "r",
         with(
-            object_rule_spec(&ar, t.selector(), &[t.glob("t")]),
+            trusting_rbac_sources(object_rule_spec(&ar, t.selector(), &[t.glob("t")])),
             "/spec/prune",
             json!(false),
         ),
@@ -704,7 +714,7 @@ async fn a_controller_owned_source_is_refused_and_listed_while_its_siblings_are_
     t.create_rule(
         &op,
         "r",
-        object_rule_spec(&ar, t.selector(), &[t.glob("t")]),
+        trusting_rbac_sources(object_rule_spec(&ar, t.selector(), &[t.glob("t")])),
     )
     .await;
     let _operator = Operator::start(&t, &op, &["--kinds", "Role.rbac.authorization.k8s.io"]);
@@ -757,7 +767,8 @@ async fn a_controller_owned_source_is_refused_and_listed_while_its_siblings_are_
 // RBAC escalation
 
 /// What the operator may do here: every verb on the kinds it copies
-/// (ConfigMaps, Secrets, RoleBindings), and what it needs besides; not
+/// (ConfigMaps, Secrets, RoleBindings), and what it needs besides (list
+/// and watch on Roles, which RoleBinding copies are judged by); not
 /// `bind` or `escalate`, and none of ClusterRole `admin`'s other grants.
 fn restricted_grants() -> BTreeSet<Grant> {
     let all = [
@@ -766,6 +777,8 @@ fn restricted_grants() -> BTreeSet<Grant> {
     grants_of(&json!({"rules": [
         {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": all},
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["rolebindings"], "verbs": all},
+        // RoleBinding copies are judged by the Roles they bind.
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["list", "watch"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["flant.com"], "resources": ["copyrators"],
          "verbs": ["get", "list", "watch", "patch", "update"]},
@@ -843,13 +856,13 @@ async fn a_role_binding_the_operator_may_not_grant_fails_as_rbac_escalation() {
     t.create_rule(
         &op,
         "readers",
-        object_rule_spec(&ar, which("readers"), &[t.glob("t")]),
+        trusting_rbac_sources(object_rule_spec(&ar, which("readers"), &[t.glob("t")])),
     )
     .await;
     t.create_rule(
         &op,
         "admins",
-        object_rule_spec(&ar, which("admins"), &[t.glob("t")]),
+        trusting_rbac_sources(object_rule_spec(&ar, which("admins"), &[t.glob("t")])),
     )
     .await;
     let mut operator = Operator::start_with_env(
@@ -882,6 +895,231 @@ async fn a_role_binding_the_operator_may_not_grant_fails_as_rbac_escalation() {
         "the operator may not grant what ClusterRole admin grants",
     )
     .await;
+    operator.assert_running();
+}
+
+/// The conflict `r` lists at `namespace/name`, if any: its reason.
+fn conflict_at(rule: &Value, namespace: &str, name: &str) -> Option<String> {
+    rule["status"]["conflicts"]
+        .as_array()?
+        .iter()
+        .find(|c| c["namespace"] == namespace && c["name"] == name)
+        .map(|c| c["reason"].as_str().unwrap_or_default().to_owned())
+}
+
+/// A RoleBinding copy follows the Roles it binds, in the target and in
+/// the source namespace: a binding to the Role `reader` is copied into
+/// `t1`, whose `reader` grants the same, and not into `t2`, which has
+/// none (listed with why); `t2`'s `reader` made the same: copied there;
+/// `t1`'s changed: its copy is deleted; the source's changed to match
+/// `t1`'s: copied into `t1` again, and deleted from `t2`, which differs now.
+#[tokio::test]
+async fn a_role_binding_copy_follows_the_roles_it_binds() {
+    let t = TestNs::new("kinds-bound-role").await;
+    let op = t.ns("op").await;
+    let (t1, t2) = (t.ns("t1").await, t.ns("t2").await);
+    let (roles, ar) = (roles(), role_bindings());
+    let reads = |verbs: &[&str]| json!({"rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": verbs}]});
+    t.create_dyn(&roles, &op, "reader", reads(&["get"])).await;
+    t.create_dyn(&roles, &t1, "reader", reads(&["get"])).await;
+    let source = t
+        .create_dyn_source(
+            &ar,
+            &op,
+            "readers",
+            &[],
+            &[],
+            json!({
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
+                "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "readers"}],
+            }),
+        )
+        .await;
+    t.create_rule(
+        &op,
+        "r",
+        trusting_rbac_sources(object_rule_spec(&ar, t.selector(), &[t.glob("t")])),
+    )
+    .await;
+    let _operator = Operator::start(
+        &t,
+        &op,
+        &[
+            "--kinds",
+            "configmap,secret,RoleBinding.rbac.authorization.k8s.io",
+        ],
+    );
+    t.wait_dyn_copy(&ar, &t1, &source, &op, "r").await;
+    let refused_in = |namespace: &str, why: &'static str| {
+        let namespace = namespace.to_owned();
+        move |r: &Value| match conflict_at(r, &namespace, "readers") {
+            Some(reason) if reason.contains(why) => Ok(()),
+            _ => Err(short_status(r)),
+        }
+    };
+    t.wait_rule(&op, "r", "t2 refused", refused_in(&t2, "does not exist in"))
+        .await;
+    t.assert_dyn_absent(&ar, &t2, "readers", "t2 has no Role reader")
+        .await;
+
+    t.create_dyn(&roles, &t2, "reader", reads(&["get"])).await;
+    t.wait_dyn_copy(&ar, &t2, &source, &op, "r").await;
+
+    t.patch_dyn(&roles, &t1, "reader", reads(&["get", "list"]))
+        .await;
+    t.wait_dyn_gone(&ar, &t1, "readers", "t1's Role grants more now")
+        .await;
+    t.wait_rule(
+        &op,
+        "r",
+        "t1 refused",
+        refused_in(&t1, "grants other rules"),
+    )
+    .await;
+
+    t.patch_dyn(&roles, &op, "reader", reads(&["list", "get"]))
+        .await;
+    t.wait_dyn_copy(&ar, &t1, &source, &op, "r").await;
+    t.wait_dyn_gone(
+        &ar,
+        &t2,
+        "readers",
+        "t2's Role grants less than the source's now",
+    )
+    .await;
+    t.wait_rule(
+        &op,
+        "r",
+        "t2 refused",
+        refused_in(&t2, "grants other rules"),
+    )
+    .await;
+}
+
+/// A rule that copied RoleBindings and then no longer trusts its sources
+/// (as a rule written before `rbacSourcesTrusted` existed reads after an
+/// upgrade) reads `RBACSourcesNotTrusted` and keeps its copies as they
+/// are, also across a restart of an operator that copies every kind (no
+/// watch of RoleBindings runs for it then); deleted, it removes them.
+#[tokio::test]
+async fn a_rule_that_stops_trusting_its_sources_keeps_its_copies_until_deleted() {
+    let t = TestNs::new("kinds-untrusted").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    let ar = role_bindings();
+    let source = t
+        .create_dyn_source(
+            &ar,
+            &op,
+            "viewers",
+            &[],
+            &[],
+            json!({
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+                "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "team"}],
+            }),
+        )
+        .await;
+    t.create_rule(
+        &op,
+        "r",
+        trusting_rbac_sources(object_rule_spec(&ar, t.selector(), &[&t1])),
+    )
+    .await;
+    let every_kind = ["--kinds", "configmap,secret,*"];
+    let mut operator = Operator::start(&t, &op, &every_kind);
+    let copy = t.wait_dyn_copy(&ar, &t1, &source, &op, "r").await;
+    t.patch_rule(&op, "r", json!({"spec": {"rbacSourcesTrusted": false}}))
+        .await;
+    t.wait_rule(&op, "r", "RBACSourcesNotTrusted", |r| {
+        not_ready_because(r, "RBACSourcesNotTrusted")
+    })
+    .await;
+    operator.stop();
+    let mut operator = Operator::start(&t, &op, &every_kind);
+    operator.wait_ready().await;
+    t.assert_dyn_unchanged(
+        &ar,
+        &t1,
+        "viewers",
+        copy.resource_version(),
+        "a rule that no longer trusts its sources changes nothing",
+    )
+    .await;
+    t.delete_rule(&op, "r").await;
+    t.wait_rule_gone(&op, "r", "its finalizer has removed its copies")
+        .await;
+    t.wait_dyn_gone(&ar, &t1, "viewers", "its rule is deleted")
+        .await;
+    operator.assert_running();
+}
+
+/// An operator that may copy RoleBindings but not list and watch Roles
+/// cannot judge a copy by the Role it binds: the rule reads `Forbidden`,
+/// naming roles, and nothing is copied (no watch is left failing).
+#[tokio::test]
+async fn an_operator_that_may_not_watch_roles_copies_no_role_binding() {
+    let t = TestNs::new("kinds-no-roles").await;
+    let cluster = ClusterScoped::new();
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    let ar = role_bindings();
+    let without_roles: BTreeSet<Grant> = restricted_grants()
+        .into_iter()
+        .filter(|g| g.resource != "roles")
+        .collect();
+    let roles_denied: BTreeSet<Grant> = ["list", "watch"]
+        .into_iter()
+        .map(|verb| Grant::new("rbac.authorization.k8s.io", "roles", verb))
+        .collect();
+    let id = Identity::create(
+        &t,
+        &cluster,
+        &op,
+        "copyrator",
+        &without_roles,
+        &BTreeSet::new(),
+    )
+    .await;
+    id.wait_effective(&t.client, &op, &without_roles, &roles_denied)
+        .await;
+    t.create_dyn_source(
+        &ar,
+        &op,
+        "viewers",
+        &[],
+        &[],
+        json!({
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+            "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "team"}],
+        }),
+    )
+    .await;
+    t.create_rule(
+        &op,
+        "r",
+        trusting_rbac_sources(object_rule_spec(&ar, t.selector(), &[&t1])),
+    )
+    .await;
+    let mut operator = Operator::start_with_env(
+        &t,
+        [
+            "run",
+            "--namespace",
+            &op,
+            "--kinds",
+            "configmap,secret,RoleBinding.rbac.authorization.k8s.io",
+        ]
+        .map(String::from)
+        .to_vec(),
+        &[("KUBECONFIG", &id.kubeconfig)],
+    );
+    t.wait_rule(&op, "r", "Ready False, Forbidden, naming roles", |r| {
+        not_ready_saying(r, "Forbidden", &["list roles", "watch roles"])
+    })
+    .await;
+    t.assert_dyn_absent(&ar, &t1, "viewers", "the Roles cannot be watched")
+        .await;
     operator.assert_running();
 }
 
@@ -1037,7 +1275,7 @@ async fn copies_of_a_force_deleted_rule_of_another_kind_are_collected_at_start()
     t.create_rule(
         &op,
         "r",
-        object_rule_spec(&ar, t.selector(), &[t.glob("t")]),
+        trusting_rbac_sources(object_rule_spec(&ar, t.selector(), &[t.glob("t")])),
     )
     .await;
     for ns in &targets {
@@ -1186,7 +1424,8 @@ async fn a_tenant_rule_may_not_copy_another_kind() {
         )
         .await
         .unwrap_or_else(|e| panic!("annotating namespace {t1}: {}", err_msg(&e)));
-    let spec = object_rule_spec(&ar, t.selector(), &[t.glob("t")]);
+    // Trusting the sources makes no tenant rule copy a Role.
+    let spec = trusting_rbac_sources(object_rule_spec(&ar, t.selector(), &[t.glob("t")]));
     t.create_rule(&tenant, &rule, spec.clone()).await;
     t.create_rule(&op, &rule, spec).await;
     let _operator = Operator::start(

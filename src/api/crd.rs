@@ -227,7 +227,7 @@ pub fn crd() -> Result<CustomResourceDefinition> {
                         "Conflicts",
                         "integer",
                         ".status.conflictCount",
-                        "Copies skipped because something else holds the name",
+                        "Copies skipped: something else holds the name, or the copy would grant what its source does not",
                     ),
                     wide_column(
                         "Contested",

@@ -86,8 +86,7 @@ static BUILTIN: [KindInfo; 2] = [
 ];
 
 /// Fields of well-known kinds that the API server never lets change.
-const KNOWN_IMMUTABLE: &[(&str, &str, &[&str])] =
-    &[("rbac.authorization.k8s.io", "RoleBinding", &["roleRef"])];
+const KNOWN_IMMUTABLE: &[(&str, &str, &[&str])] = &[(RBAC_GROUP, "RoleBinding", &["roleRef"])];
 
 /// The registry of kinds beyond the built-in ones, in registration order.
 struct Registry {
@@ -242,6 +241,22 @@ impl Kind {
     pub fn name(self) -> &'static str {
         self.info().api_kind
     }
+
+    /// Whether this is `rbac.authorization.k8s.io` RoleBinding: a copy
+    /// grants what the role it binds grants in the copy's own namespace.
+    pub fn is_role_binding(self) -> bool {
+        let info = self.info();
+        info.group == RBAC_GROUP && info.api_kind == "RoleBinding"
+    }
+}
+
+/// The API group of Roles and RoleBindings.
+pub const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
+
+/// Whether the kind `kind` of API group `group` holds or grants
+/// permissions in its namespace: a Role or a RoleBinding.
+pub fn is_rbac_kind(group: &str, kind: &str) -> bool {
+    group == RBAC_GROUP && matches!(kind, "Role" | "RoleBinding")
 }
 
 /// Whether a payload field decides that a copy must be recreated rather
@@ -480,6 +495,10 @@ mod tests {
         let info = kind.info();
         assert_eq!(info.rule_type, "RoleBinding.rbac.authorization.k8s.io");
         assert_eq!(info.immutable_fields, &["roleRef"]);
+        assert!(kind.is_role_binding() && !Kind::ConfigMap.is_role_binding());
+        assert!(is_rbac_kind("rbac.authorization.k8s.io", "Role"));
+        assert!(!is_rbac_kind("rbac.authorization.k8s.io", "ClusterRole"));
+        assert!(!is_rbac_kind("example.com", "RoleBinding"));
         assert!(info.generic);
         for field in ["subjects", "roleRef", "spec", "rules"] {
             assert!(kind.is_payload_field(field), "{field}");

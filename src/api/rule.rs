@@ -173,6 +173,13 @@ pub struct RuleSpec {
     /// the workloads that use the copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<Rollout>,
+    /// Required to copy Roles or RoleBindings (`objectType` in
+    /// `rbac.authorization.k8s.io`): says that whoever may write Roles and
+    /// RoleBindings in the source namespaces is trusted to grant what they
+    /// write there in every target namespace. Without it such a rule copies
+    /// nothing and reads `RBACSourcesNotTrusted`. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rbac_sources_trusted: Option<bool>,
 }
 
 /// What becomes of copies when their rule is deleted, when their source
@@ -418,10 +425,13 @@ pub struct RuleStatus {
     /// namespaces count in `copies` too).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub create_only_copies: i64,
-    /// Number of copies not made because of a conflict.
+    /// Number of copies not made because of a conflict (another object
+    /// holds the name, or the copy would grant there what its source does
+    /// not).
     #[serde(default)]
     pub conflict_count: i64,
-    /// Copies not made because of a conflict (at most 20 listed).
+    /// Copies not made because of a conflict, each with why (at most 20
+    /// listed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conflicts: Vec<ConflictEntry>,
     /// Namespaces the targets would reach but for their protection (only
@@ -556,7 +566,8 @@ pub struct ContestedEntry {
     pub writer: String,
 }
 
-/// A copy that was not made because the target holds something else.
+/// A copy that was not made because the target holds something else, or
+/// because it would grant there what its source does not.
 #[derive(
     Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
 )]

@@ -1,5 +1,6 @@
 //! The views of one cluster that passes read: its namespaces, the copies
-//! of each kind watched, and which of them have their first full list.
+//! of each kind watched, its Roles while RoleBindings are copied, and
+//! which of them have their first full list.
 
 use std::collections::BTreeMap;
 use std::sync::RwLock;
@@ -7,14 +8,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::api::kinds::{Kind, MAX_KINDS};
 use crate::cache::index::{CopyIndex, NamespaceInfo};
+use crate::cache::roles::RoleIndex;
 
 /// The in-memory views of one cluster. Lock order: `namespaces` before
-/// `copies` (a plan reads both); see `controller::state::Shared` for
-/// where they stand among the controller's locks.
+/// `copies` before `roles` (a plan reads them all); see
+/// `controller::state::Shared` for where they stand among the
+/// controller's locks.
 pub struct Views {
     pub namespaces: RwLock<BTreeMap<String, NamespaceInfo>>,
     /// By kind: the copies cluster-wide (only of kinds being watched).
     copies: Box<[RwLock<CopyIndex>]>,
+    /// Every Role, while RoleBindings are copied (their copies are judged
+    /// by the Roles they bind); empty otherwise.
+    pub roles: RwLock<RoleIndex>,
     pub synced: Synced,
 }
 
@@ -23,6 +29,7 @@ impl Default for Views {
         Self {
             namespaces: RwLock::default(),
             copies: (0..MAX_KINDS).map(|_| RwLock::default()).collect(),
+            roles: RwLock::default(),
             synced: Synced::default(),
         }
     }
@@ -41,6 +48,9 @@ pub struct Synced {
     /// By kind: false while the kind's copy watch has yet to list; true
     /// once it has, or while the kind is not watched (nothing to wait for).
     copies: [AtomicBool; MAX_KINDS],
+    /// True once the Role watch has listed, false while it has yet to or
+    /// is not running: RoleBinding copies are never judged without it.
+    roles: AtomicBool,
     /// Rung on every change, for [`Synced::wait_all`].
     changed: tokio::sync::Notify,
 }
@@ -56,6 +66,7 @@ impl Default for Synced {
             rules: AtomicBool::new(false),
             namespaces: AtomicBool::new(false),
             copies,
+            roles: AtomicBool::new(false),
             changed: tokio::sync::Notify::new(),
         }
     }
@@ -76,6 +87,15 @@ impl Synced {
 
     pub fn set_copies_of(&self, kind: Kind, listed: bool) {
         self.copies[kind.index()].store(listed, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    pub fn roles(&self) -> bool {
+        self.roles.load(Ordering::Acquire)
+    }
+
+    pub fn set_roles(&self, listed: bool) {
+        self.roles.store(listed, Ordering::Release);
         self.changed.notify_waiters();
     }
 

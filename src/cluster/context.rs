@@ -8,8 +8,8 @@
 //! Its locks take their place in the controller's lock order
 //! (`controller::state::Shared`): `kind_watches` first of all (a kind
 //! watch is kept while a rule names it or a copy needs it), the views'
-//! `namespaces` and `copies` in the middle; `sources` and `kind_refusals`
-//! are never held while another lock is taken.
+//! `namespaces`, `copies` and `roles` in the middle; `sources` and
+//! `kind_refusals` are never held while another lock is taken.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

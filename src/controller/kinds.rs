@@ -1,6 +1,6 @@
 //! The kind a rule names by `objectType`: resolved by API discovery,
 //! registered once, and its copies watched from the first rule that needs
-//! them to the last.
+//! them to the last; for RoleBindings, the Roles they bind too.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,19 +8,22 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
+use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, verbs};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::Error;
-use crate::api::kinds::{Discovered, Kind};
+use crate::api::kinds::{Discovered, Kind, RBAC_GROUP};
 use crate::api::rule::{CopyratorRule, ObjectType, RuleKey};
 use crate::cache::index::Object;
+use crate::cache::roles::RoleRules;
 use crate::cluster::foreign::follow_foreign;
 use crate::cluster::watch::{Change, WatchEnd, Watching, follow, watch_config};
 use crate::controller::site::{Site, SiteName};
 use crate::controller::state::Shared;
+use crate::core::plan::concerns_namespace;
 use crate::core::resolve::InvalidRule;
 use crate::core::scope::Touch;
 use crate::sync::{lock, read, write};
@@ -81,6 +84,13 @@ pub async fn prepare(
             None,
         ));
     }
+    // Before discovery: a rule refused for its trust starts no watch. A
+    // deleted one goes on: its copies are found through the kind's watch.
+    if !rule.is_deleting()
+        && let Some(refusal) = rule.untrusted_rbac_sources()
+    {
+        return Ok(KindReadiness::Refused(refusal, None));
+    }
     // A refusal stands for its retry interval: a namespace event queues
     // every unresolved rule, and each must not cost a lookup.
     let refusal_key = format!("{group}/{version}/{}", object_type.kind);
@@ -109,9 +119,12 @@ pub async fn prepare(
     Ok(listed(shared, kind))
 }
 
-/// Ready once the copies of `kind` are listed.
+/// Ready once the copies of `kind` are listed, and for RoleBindings the
+/// Roles they bind: a copy judged by Roles not listed yet would be refused
+/// (and deleted) for a Role merely not seen.
 fn listed(shared: &Shared, kind: Kind) -> KindReadiness {
-    if shared.home.cluster.views.synced.copies_of(kind) {
+    let synced = &shared.home.cluster.views.synced;
+    if synced.copies_of(kind) && (!kind.is_role_binding() || synced.roles()) {
         KindReadiness::Ready
     } else {
         KindReadiness::Listing
@@ -247,50 +260,43 @@ async fn discover(
 pub const FORBIDDEN_KIND_RETRY: Duration = Duration::from_secs(60);
 
 /// Whether RBAC lets the operator list and watch `kind` (of `group`,
-/// served as `plural`) cluster-wide,
-/// asked before its copy watch starts: a watch refused for good would keep
-/// failing until the liveness probe restarts the operator.
+/// served as `plural`) cluster-wide, and for RoleBindings the Roles they
+/// bind too (see [`follow_roles`]), asked before its copy watch starts: a
+/// watch refused for good would keep failing until the liveness probe
+/// restarts the operator.
 async fn refused_access(
     shared: &Shared,
     group: &str,
     kind: &str,
     plural: &str,
 ) -> Result<Option<KindReadiness>, Error> {
-    let reviews: Api<SelfSubjectAccessReview> = Api::all(shared.home.cluster.client.clone());
+    let mut resources = vec![(group, plural)];
+    let binds_roles = group == RBAC_GROUP && kind == "RoleBinding";
+    if binds_roles {
+        resources.push((RBAC_GROUP, "roles"));
+    }
     let mut refused = Vec::new();
-    for verb in [verbs::LIST, verbs::WATCH] {
-        let review = SelfSubjectAccessReview {
-            spec: SelfSubjectAccessReviewSpec {
-                resource_attributes: Some(ResourceAttributes {
-                    group: Some(group.to_owned()),
-                    resource: Some(plural.to_owned()),
-                    verb: Some(verb.to_owned()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let answer = reviews
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| Error::Lookup {
-                what: format!("whether the operator may {verb} {plural}"),
-                source: e,
-            })?;
-        if !answer.status.is_some_and(|s| s.allowed) {
-            refused.push(verb);
+    for (group, resource) in resources {
+        for verb in [verbs::LIST, verbs::WATCH] {
+            if !may(shared, group, resource, verb).await? {
+                refused.push(format!("{verb} {resource}"));
+            }
         }
     }
     if refused.is_empty() {
         return Ok(None);
     }
+    let roles_too = if binds_roles {
+        ", and list and watch on roles (a RoleBinding copy is written only where the Role it binds grants what the source's does)"
+    } else {
+        ""
+    };
     Ok(Some(KindReadiness::Refused(
         InvalidRule {
             reason: "Forbidden",
             message: format!(
-                "the operator may not {} {} cluster-wide (RBAC): grant it get, list, watch, create, \
-                 update and delete on {} (the chart's extraKinds); looked at again every {} s",
+                "the operator may not {} cluster-wide (RBAC), needed to copy {}: grant it get, list, watch, create, \
+                 update and delete on {} (the chart's extraKinds){roles_too}; looked at again every {} s",
                 refused.join(" or "),
                 crate::api::kinds::kind_name(group, kind),
                 plural,
@@ -299,6 +305,31 @@ async fn refused_access(
         },
         Some(FORBIDDEN_KIND_RETRY),
     )))
+}
+
+/// Whether RBAC lets the operator `verb` `resource` of `group` cluster-wide.
+async fn may(shared: &Shared, group: &str, resource: &str, verb: &str) -> Result<bool, Error> {
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(shared.home.cluster.client.clone());
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(group.to_owned()),
+                resource: Some(resource.to_owned()),
+                verb: Some(verb.to_owned()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = reviews
+        .create(&PostParams::default(), &review)
+        .await
+        .map_err(|e| Error::Lookup {
+            what: format!("whether the operator may {verb} {resource}"),
+            source: e,
+        })?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
 fn unknown(object_type: &ObjectType) -> KindReadiness {
@@ -331,6 +362,9 @@ fn watch_copies(shared: &Arc<Shared>, kind: Kind, rule: Option<RuleKey>) -> bool
         return true;
     }
     shared.home.cluster.views.synced.set_copies_of(kind, false);
+    if kind.is_role_binding() {
+        shared.home.cluster.views.synced.set_roles(false);
+    }
     watches.insert(
         kind,
         spawn_copy_watch(shared.clone(), shared.home.clone(), kind),
@@ -465,9 +499,7 @@ pub fn release_unused(shared: &Shared) {
             || !crate::controller::finalizer::orphans(shared, *kind).is_empty();
         if !keep {
             task.abort();
-            write(shared.copies(*kind)).replace_all(Vec::new());
-            // Not watched: nothing to wait for.
-            shared.home.cluster.views.synced.set_copies_of(*kind, true);
+            forget_watched(shared, *kind);
         }
         keep
     });
@@ -484,10 +516,22 @@ pub fn kind_unserved(shared: &Shared, kind: Kind) {
         watches.remove(&kind);
         shared.metrics.kind_watches.set(watches.len() as i64);
     }
-    write(shared.copies(kind)).replace_all(Vec::new());
-    shared.home.cluster.views.synced.set_copies_of(kind, true);
+    forget_watched(shared, kind);
     for key in rules_naming(shared, kind) {
         shared.home.queue.add(key, crate::core::scope::Touch::All);
+    }
+}
+
+/// What the watch of `kind`'s copies held, forgotten as it stops: its
+/// copies (not watched: nothing to wait for), and for RoleBindings the
+/// Roles (never judged unlisted: a rule of the kind waits for a new list).
+fn forget_watched(shared: &Shared, kind: Kind) {
+    let views = &shared.home.cluster.views;
+    write(shared.copies(kind)).replace_all(Vec::new());
+    views.synced.set_copies_of(kind, true);
+    if kind.is_role_binding() {
+        views.synced.set_roles(false);
+        write(&views.roles).replace_all(Vec::new());
     }
 }
 
@@ -557,10 +601,12 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, site: Arc<Site>, kind: Kind) -> Joi
                 }
             },
         );
-        // The foreign watch lasts as long as the copy watch: never ends by itself.
+        // The foreign and Role watches last as long as the copy watch:
+        // never end by themselves.
         let followed = tokio::select! {
             followed = copies => followed,
             () = foreign => WatchEnd::Ended,
+            _ = follow_roles_for(&shared, &site, kind) => WatchEnd::Ended,
         };
         if followed == WatchEnd::Unserved {
             tracing::warn!(watch = kind.name(), cluster = %site.name, "the API server no longer serves this kind; its watch stops");
@@ -569,6 +615,100 @@ pub fn spawn_copy_watch(shared: Arc<Shared>, site: Arc<Site>, kind: Kind) -> Joi
             }
         }
     })
+}
+
+/// The Roles of the home cluster, followed beside the copies of
+/// RoleBindings (see [`follow_roles`]); for any other kind, or in a
+/// member (which receives no RoleBinding), never ready.
+async fn follow_roles_for(shared: &Shared, site: &Site, kind: Kind) -> WatchEnd {
+    if kind.is_role_binding() && site.name == SiteName::Home {
+        follow_roles(shared, site).await
+    } else {
+        std::future::pending().await
+    }
+}
+
+/// Follow the Roles of `site`, each reduced to what it grants (see
+/// `core::grants`: a RoleBinding copy is written only where the Role it
+/// binds grants what the source's does). A change of what a Role grants
+/// queues the rules that copy RoleBindings where its namespace concerns
+/// them; the rules wait for the first list.
+async fn follow_roles(shared: &Shared, site: &Site) -> WatchEnd {
+    let api: Api<Role> = Api::all(site.cluster.client.clone());
+    let views = &site.cluster.views;
+    follow(
+        api,
+        watch_config(),
+        Watching {
+            name: "roles",
+            health: &site.cluster.health,
+            pause: &site.cluster.read_pause,
+            stop_if_unserved: false,
+        },
+        |role| RoleRules::of(&role),
+        |change| match change {
+            Change::Listed(listed) => {
+                write(&views.roles).replace_all(listed);
+                views.synced.set_roles(true);
+                for key in rules_copying_role_bindings(shared) {
+                    site.queue.add(key, Touch::All);
+                }
+            }
+            Change::Applied(role) => {
+                let namespace = role.namespace.clone();
+                if write(&views.roles).upsert(role) {
+                    role_changed(shared, site, &namespace);
+                }
+            }
+            Change::Deleted(role) => {
+                if write(&views.roles).remove(&role.namespace, &role.name) {
+                    role_changed(shared, site, &role.namespace);
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// What a Role in `namespace` grants changed: each rule that copies
+/// RoleBindings looks again at that namespace where it targets it (its
+/// copies there bind the Role), or at everything where it takes sources
+/// from there (its sources bind it). A rule not resolved yet looks at
+/// everything.
+fn role_changed(shared: &Shared, site: &Site, namespace: &str) {
+    let concerned: Vec<(RuleKey, Touch)> = {
+        let resolved = read(&shared.resolved);
+        let namespaces = read(&site.cluster.views.namespaces);
+        let info = namespaces.get(namespace);
+        rules_copying_role_bindings(shared)
+            .into_iter()
+            .filter_map(|key| {
+                let touch = match resolved.get(&key) {
+                    None => Touch::All,
+                    Some(rule) if rule.source_namespaces.iter().any(|ns| ns == namespace) => {
+                        Touch::All
+                    }
+                    Some(rule) if concerns_namespace(rule, namespace, info, info) => {
+                        Touch::Namespace(namespace.to_owned())
+                    }
+                    Some(_) => return None,
+                };
+                Some((key, touch))
+            })
+            .collect()
+    };
+    for (key, touch) in concerned {
+        site.queue.add(key, touch);
+    }
+}
+
+/// The rules that name RoleBinding by `objectType`.
+fn rules_copying_role_bindings(shared: &Shared) -> Vec<RuleKey> {
+    read(&shared.rules)
+        .iter()
+        .filter(|(_, rule)| named_kind(rule).is_some_and(Kind::is_role_binding))
+        .map(|(key, _)| key.clone())
+        .collect()
 }
 
 /// A full list of `kind`'s copies: the view replaced; the rules that

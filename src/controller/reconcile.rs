@@ -917,6 +917,7 @@ fn plan_pass(
     let namespaces = read(&site.cluster.views.namespaces);
     let plan = {
         let copies = read(site.cluster.views.copies(resolved.kind));
+        let roles = read(&site.cluster.views.roles);
         let live = |uid: &str| shared.is_live_rule(uid);
         plan::plan(&Inputs {
             rule: resolved,
@@ -926,6 +927,7 @@ fn plan_pass(
             live_rule_uids: &live,
             known_conflicts,
             scope,
+            roles: &roles,
         })
     };
     let mut other_kind_deletions = Vec::new();

@@ -107,9 +107,9 @@ fn names_clusters(rule: &CopyratorRule) -> bool {
 /// Lock order. Where one lock is held while another is taken, they come in
 /// this order, never the reverse: the cluster's `kind_watches`, then
 /// `resolved`, `memory`, the views' `namespaces`, the views' `copies` (one
-/// kind at a time), `rules`, `backoffs`. (A plan reads the views and asks
-/// `rules` whether a copy's rule is alive; a rule taken in asks `backoffs`
-/// to forget it.) The cluster's `sources` and `kind_refusals`, and the
+/// kind at a time), the views' `roles`, `rules`, `backoffs`. (A plan reads
+/// the views and asks `rules` whether a copy's rule is alive; a rule taken
+/// in asks `backoffs` to forget it.) The cluster's `sources` and `kind_refusals`, and the
 /// queue's own lock, are never held while another is taken. With members:
 /// `memory`, `backoffs` and the views are each site's own, and no two
 /// sites' locks are held at once; the members' `started` comes before

@@ -1,10 +1,12 @@
 //! The decisions, pure: a rule resolved under the trust policy, the plan of
-//! copies, staged rollouts, backoff, the status, what a change concerns, and the tally of what
-//! is unsettled. No client, no task, no clock but what is passed in.
+//! copies, what a copy may grant where it lands, staged rollouts, backoff,
+//! the status, what a change concerns, and the tally of what is unsettled.
+//! No client, no task, no clock but what is passed in.
 
 pub mod backoff;
 pub mod consumers;
 pub mod foreign;
+pub mod grants;
 pub mod jitter;
 pub mod kind_refusals;
 #[cfg(test)]

@@ -11,6 +11,8 @@ use crate::api::kinds::Kind;
 use crate::api::rule::{ConflictEntry, ConflictPolicy, Disposal, SyncPolicy};
 use crate::api::selector::KeyGlob;
 use crate::cache::index::{CopyIndex, MetaMap, NamespaceInfo, Object, ObjectKey, meta_entry_hash};
+use crate::cache::roles::RoleIndex;
+use crate::core::grants;
 use crate::core::resolve::{Deletion, ResolvedKeys, ResolvedRule};
 use crate::core::scope::Scope;
 use crate::{
@@ -272,6 +274,10 @@ pub struct Inputs<'a> {
     pub known_conflicts: &'a HashMap<ObjectKey, String>,
     /// The copies to look at: what changed since the last pass.
     pub scope: &'a Scope,
+    /// The cluster's Roles (watched while RoleBindings are copied): a
+    /// RoleBinding copy is written only where the Role it binds grants what
+    /// the source's Role grants (see [`grants::refusal`]).
+    pub roles: &'a RoleIndex,
 }
 
 /// Whether an object can be a source of `rule`, and if not, why.
@@ -711,6 +717,13 @@ enum Placement {
     Write(Action),
     /// Another object holds the place and is left alone, for this reason.
     Conflict(String),
+    /// The copy would grant there what its source does not grant in its
+    /// own namespace: it is not written, for this reason, and the rule's
+    /// copy there, if any, is deleted.
+    Refused {
+        reason: String,
+        ours: Option<Arc<Object>>,
+    },
 }
 
 impl<'a> Planner<'a> {
@@ -750,7 +763,18 @@ impl<'a> Planner<'a> {
                 }
             };
             let current = copies_here.and_then(|copies| copies.get(*name));
-            let outcome = decide(self.inputs, namespace, name, desired, current);
+            let source_namespace = &same_name[0].namespace;
+            let refused = grants::refusal(
+                rule.kind,
+                &desired.payload,
+                source_namespace,
+                namespace,
+                self.inputs.roles,
+            );
+            let outcome = match refused {
+                Some(why) => refuse(self.inputs, desired, current, why),
+                None => decide(self.inputs, namespace, name, desired, current),
+            };
             self.record(namespace, name, outcome);
         }
     }
@@ -820,6 +844,20 @@ impl<'a> Planner<'a> {
                 name: name.to_owned(),
                 reason,
             }),
+            Placement::Refused { reason, ours } => {
+                if let Some(current) = ours {
+                    self.out.actions.push(Action::Delete {
+                        current,
+                        reason: DeleteReason::SourceGone,
+                    });
+                }
+                // Listed with the conflicts: a place skipped, and why.
+                self.out.conflicts.push(ConflictEntry {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    reason,
+                });
+            }
         }
     }
 
@@ -893,6 +931,31 @@ fn decide(
             desired: desired.clone(),
             namespace: namespace.to_owned(),
         }),
+    }
+}
+
+/// What a place needs where `desired` may not be written, for `reason`
+/// (see [`grants::refusal`]): the refusal, and the deletion of the rule's
+/// copy there whatever `prune` and `deletionPolicy` say, since that copy
+/// grants what its source does not. A copy handed over to its namespace
+/// is the namespace's, as anywhere.
+fn refuse(
+    inputs: &Inputs<'_>,
+    desired: &Arc<Desired>,
+    current: Option<&Arc<Object>>,
+    reason: String,
+) -> Placement {
+    match current {
+        Some(current) if current.create_only => decide_over(inputs, desired, current),
+        Some(current)
+            if current.authored && is_ours(inputs.rule, current, inputs.live_rule_uids) =>
+        {
+            Placement::Refused {
+                reason,
+                ours: Some(current.clone()),
+            }
+        }
+        _ => Placement::Refused { reason, ours: None },
     }
 }
 
@@ -1156,6 +1219,7 @@ pub mod tests {
         pub(crate) sources: Vec<Arc<Object>>,
         pub(crate) copies: CopyIndex,
         pub(crate) known_conflicts: HashMap<ObjectKey, String>,
+        pub(crate) roles: RoleIndex,
     }
 
     impl World {
@@ -1168,6 +1232,7 @@ pub mod tests {
                 sources: Vec::new(),
                 copies: CopyIndex::default(),
                 known_conflicts: HashMap::new(),
+                roles: RoleIndex::default(),
             }
         }
 
@@ -1205,6 +1270,7 @@ pub mod tests {
                 live_rule_uids: &live,
                 known_conflicts: &self.known_conflicts,
                 scope,
+                roles: &self.roles,
             })
         }
 
@@ -2361,6 +2427,7 @@ pub mod tests {
                 live_rule_uids: &live,
                 known_conflicts: &w.known_conflicts,
                 scope: &Scope::everything(),
+                roles: &w.roles,
             });
             assert!(p.actions.is_empty(), "{:?}", p.actions);
             assert_eq!(p.conflicts.len(), 1);
@@ -2684,6 +2751,7 @@ pub mod tests {
             live_rule_uids: &live,
             known_conflicts: &w.known_conflicts,
             scope: &Scope::everything(),
+            roles: &w.roles,
         });
         assert_eq!(verbs(&p), vec![("c".into(), "cm".into(), "create")]);
         assert_eq!(p.conflicts.len(), 2);
@@ -2700,6 +2768,7 @@ pub mod tests {
             live_rule_uids: &live,
             known_conflicts: &w.known_conflicts,
             scope: &Scope::everything(),
+            roles: &w.roles,
         });
         assert_eq!(
             verbs(&p),
@@ -3016,6 +3085,177 @@ pub mod tests {
                 Touch::Source("cm2".into()),
             ),
         ]
+    }
+
+    /// A rule that copies RoleBindings labelled `copy: yes` from `src`
+    /// into every other namespace (`extra` merged into its spec).
+    fn role_binding_rule(extra: Value) -> ResolvedRule {
+        let mut spec = json!({"ruleType": "configmap", "selector": {"copy": "yes"}});
+        if let (Some(spec), Value::Object(extra)) = (spec.as_object_mut(), extra) {
+            spec.extend(extra);
+        }
+        let mut r = rule(json!({ "spec": spec }));
+        r.kind = crate::core::grants::tests::role_binding_kind();
+        r
+    }
+
+    /// The source `src/name`, a RoleBinding to the `role_kind` `role`.
+    fn binding_source(w: &mut World, name: &str, role_kind: &str, role: &str) {
+        let mut o = crate::cache::index::tests::object(
+            "src",
+            name,
+            &format!("uid-{name}"),
+            1,
+            &[("copy", "yes")],
+        );
+        o.payload = crate::core::grants::tests::binding_to(role_kind, role);
+        o.rehash();
+        w.sources.push(Arc::new(o));
+    }
+
+    fn reason_at<'p>(plan: &'p Plan, namespace: &str, name: &str) -> &'p str {
+        plan.conflicts
+            .iter()
+            .find(|c| c.namespace == namespace && c.name == name)
+            .map_or("", |c| c.reason.as_str())
+    }
+
+    /// The attack: a binding in a namespace its writer controls, to a
+    /// Role of a name that grants more elsewhere. A copy is written only
+    /// where the Role it binds grants what the source's grants; elsewhere
+    /// the place is listed with why, and a copy already there is deleted,
+    /// whatever `prune` says. A binding to a ClusterRole goes everywhere.
+    #[test]
+    fn a_role_binding_copy_grants_only_what_its_source_grants() {
+        use crate::cache::roles::tests::role;
+        let reads_secrets =
+            json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]);
+        let reads_maps =
+            json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]);
+        let mut w = World::new(&["src", "same", "differs", "missing"]);
+        w.roles.upsert(role("src", "reader", reads_maps.clone()));
+        w.roles.upsert(role("same", "reader", reads_maps.clone()));
+        w.roles
+            .upsert(role("differs", "reader", reads_secrets.clone()));
+        binding_source(&mut w, "to-role", "Role", "reader");
+        binding_source(&mut w, "to-view", "ClusterRole", "view");
+        let r = role_binding_rule(json!({"prune": false}));
+        let p = w.plan(&r);
+        assert_eq!(
+            verbs(&p),
+            vec![
+                ("differs".into(), "to-view".into(), "create"),
+                ("missing".into(), "to-view".into(), "create"),
+                ("same".into(), "to-role".into(), "create"),
+                ("same".into(), "to-view".into(), "create"),
+            ]
+        );
+        assert_eq!(p.conflicts.len(), 2, "{:?}", p.conflicts);
+        assert!(
+            reason_at(&p, "differs", "to-role")
+                .starts_with("the Role reader it binds grants other rules in differs than in src"),
+            "{:?}",
+            p.conflicts
+        );
+        assert!(reason_at(&p, "missing", "to-role").contains("does not exist in missing"));
+        w.apply(&p);
+
+        // The target's Role changes: the copy there grants what the source
+        // does not, and goes, although the rule keeps copies it no longer wants.
+        w.roles
+            .upsert(role("same", "reader", reads_secrets.clone()));
+        let p = w.plan(&r);
+        assert_eq!(verbs(&p), vec![("same".into(), "to-role".into(), "delete")]);
+        assert!(reason_at(&p, "same", "to-role").contains("grants other rules in same"));
+        w.apply(&p);
+
+        // The Roles come to agree: the copies are written.
+        w.roles.upsert(role("src", "reader", reads_secrets.clone()));
+        w.roles.upsert(role("missing", "reader", reads_secrets));
+        let p = w.plan(&r);
+        assert_eq!(
+            verbs(&p),
+            vec![
+                ("differs".into(), "to-role".into(), "create"),
+                ("missing".into(), "to-role".into(), "create"),
+                ("same".into(), "to-role".into(), "create"),
+            ]
+        );
+        assert!(p.conflicts.is_empty(), "{:?}", p.conflicts);
+    }
+
+    /// A Role that changes in a target namespace is reported as a touch of
+    /// that namespace (`controller::kinds`): a pass over it plans the
+    /// writes and refusals there that a pass over everything would.
+    #[test]
+    fn a_pass_over_a_namespace_whose_role_changed_plans_what_a_full_pass_would() {
+        use crate::cache::roles::tests::role;
+        let reads =
+            |verb: &str| json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": [verb]}]);
+        let mut w = World::new(&["src", "a", "b", "c"]);
+        for namespace in ["src", "a", "b"] {
+            w.roles.upsert(role(namespace, "reader", reads("get")));
+        }
+        binding_source(&mut w, "to-role", "Role", "reader");
+        let r = role_binding_rule(json!({}));
+        let first = w.plan(&r);
+        assert_eq!(verbs(&first).len(), 2, "a and b");
+        w.apply(&first);
+        let at = |p: &Plan, namespace: &str| {
+            let writes: Vec<_> = verbs(p)
+                .into_iter()
+                .filter(|(ns, ..)| ns == namespace)
+                .collect();
+            (writes, !reason_at(p, namespace, "to-role").is_empty())
+        };
+        for (namespace, rules, want) in [
+            (
+                "b",
+                reads("list"),
+                (vec![("b".into(), "to-role".into(), "delete")], true),
+            ),
+            (
+                "c",
+                reads("get"),
+                (vec![("c".into(), "to-role".into(), "create")], false),
+            ),
+        ] {
+            w.roles.upsert(role(namespace, "reader", rules));
+            let mut scope = Scope::default();
+            scope.add(Touch::Namespace(namespace.into()));
+            let scoped = w.plan_within(&r, &scope);
+            let full = w.plan(&r);
+            assert_eq!(at(&scoped, namespace), want, "{namespace}");
+            assert_eq!(verbs(&scoped), verbs(&full), "{namespace}: the same writes");
+            assert_eq!(at(&full, namespace), want, "{namespace}");
+            assert!(
+                scoped.examined < full.examined,
+                "{namespace}: looked at less"
+            );
+            w.apply(&scoped);
+        }
+    }
+
+    /// A copy handed over to its namespace (`syncPolicy: CreateOnly`) is
+    /// the namespace's: a refusal later neither deletes nor reports it.
+    #[test]
+    fn a_role_binding_copy_handed_over_stays_its_namespaces() {
+        use crate::cache::roles::tests::role;
+        let reads = json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]);
+        let mut w = World::new(&["src", "team"]);
+        w.roles.upsert(role("src", "reader", reads.clone()));
+        w.roles.upsert(role("team", "reader", reads));
+        binding_source(&mut w, "to-role", "Role", "reader");
+        let r = role_binding_rule(json!({"syncPolicy": "CreateOnly"}));
+        let p = w.plan(&r);
+        w.apply(&p);
+        let mut handed = (**w.copies.get("team", "to-role").expect("the copy")).clone();
+        handed.create_only = true;
+        w.copies.upsert(Arc::new(handed));
+        w.roles.upsert(role("team", "reader", json!([])));
+        let p = w.plan(&r);
+        assert!(p.actions.is_empty() && p.conflicts.is_empty(), "{p:?}");
+        assert_eq!(p.in_place, 1);
     }
 
     /// Carry out `plan`'s writes, and settle them in `tally` as their

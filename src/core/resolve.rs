@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::api::kinds::{DeniedKinds, EnabledKinds, Kind};
+use crate::api::kinds::{DeniedKinds, EnabledKinds, Kind, is_rbac_kind};
 use crate::api::rule::*;
 use crate::api::schema::{
     MAX_ANNOTATION_BYTES, MAX_CLUSTER_NAMES, MAX_SOURCE_NAMESPACES, MAX_TRANSFORM_ENTRIES,
@@ -604,8 +604,9 @@ pub const MAX_TENANT_SOURCE_NAMESPACES: usize = 16;
 /// Why a rule cannot be followed; shown in its status.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InvalidRule {
-    /// `InvalidRule`, `Forbidden`, or why its kind is not copied:
-    /// `DeniedKind`, `KindNotEnabled`, `UnknownKind`, `ClusterScopedKind`.
+    /// `InvalidRule`, `Forbidden`, `RBACSourcesNotTrusted`, or why its kind
+    /// is not copied: `DeniedKind`, `KindNotEnabled`, `UnknownKind`,
+    /// `ClusterScopedKind`.
     pub reason: &'static str,
     pub message: String,
 }
@@ -728,6 +729,9 @@ impl CopyratorRule {
                 )));
             }
         }
+        if let Some(refusal) = self.untrusted_rbac_sources() {
+            return Err(refusal);
+        }
         let mut targets = spec.targets.unwrap_or_default();
         let clusters = ClusterTargets::resolve(targets.clusters.take())?;
         if tenant {
@@ -759,6 +763,28 @@ impl CopyratorRule {
                 .and_then(|r| r.restart_consumers)
                 .unwrap_or(false),
             stages: resolve_stages(spec.rollout.as_ref())?,
+        })
+    }
+
+    /// Why the rule may not copy the Roles or RoleBindings it names by
+    /// `objectType`, if it names them without `rbacSourcesTrusted: true`:
+    /// each copy would grant in its target what the writers of its source
+    /// grant, and the operator cannot know who they are.
+    pub fn untrusted_rbac_sources(&self) -> Option<InvalidRule> {
+        let spec = self.spec.as_ref()?;
+        let object_type = spec.object_type.as_ref()?;
+        let (group, _) = object_type.group_version()?;
+        if !is_rbac_kind(group, &object_type.kind) || spec.rbac_sources_trusted == Some(true) {
+            return None;
+        }
+        Some(InvalidRule {
+            reason: "RBACSourcesNotTrusted",
+            message: format!(
+                "copying {kind}s carries permissions: whoever may write {kind}s in the source \
+                 namespaces would grant in every target namespace what they write there; set \
+                 spec.rbacSourcesTrusted: true if they are trusted with that",
+                kind = object_type.kind
+            ),
         })
     }
 
@@ -1214,6 +1240,54 @@ mod tests {
             .resolve(&with_kinds("Widget.example.com"))
             .unwrap_err();
         assert!(err.message.contains("transform.keys"), "{}", err.message);
+    }
+
+    /// Roles and RoleBindings are copied only by a rule that says whoever
+    /// writes them in its source namespaces is trusted; other kinds, and
+    /// ClusterRoles (refused for their scope), need nothing.
+    #[test]
+    fn rbac_kinds_are_copied_only_from_sources_the_rule_trusts() {
+        let mut trust = trust();
+        let entries = vec!["*".to_owned()];
+        Arc::make_mut(&mut trust.policy).kinds = EnabledKinds::parse(&entries).expect("valid");
+        let binding = crate::core::grants::tests::role_binding_kind();
+        let named = |kind: &str, trusted: Option<bool>| {
+            let mut spec = json!({
+                "objectType": {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind},
+                "selector": {"a": "b"}, "namespace": "shared"
+            });
+            if let Some(trusted) = trusted {
+                spec["rbacSourcesTrusted"] = json!(trusted);
+            }
+            rule(json!({"metadata": {"name": "r", "namespace": "copyrator"}, "spec": spec}))
+        };
+        for kind in ["Role", "RoleBinding"] {
+            for trusted in [None, Some(false)] {
+                let refusal = named(kind, trusted)
+                    .untrusted_rbac_sources()
+                    .expect("refused");
+                assert_eq!(refusal.reason, "RBACSourcesNotTrusted");
+                assert!(
+                    refusal
+                        .message
+                        .contains(&format!("whoever may write {kind}s"))
+                        && refusal.message.contains("spec.rbacSourcesTrusted: true"),
+                    "{}",
+                    refusal.message
+                );
+            }
+            assert_eq!(named(kind, Some(true)).untrusted_rbac_sources(), None);
+        }
+        let refused = named("RoleBinding", None).resolve(&trust).unwrap_err();
+        assert_eq!(refused.reason, "RBACSourcesNotTrusted");
+        let resolved = named("RoleBinding", Some(true))
+            .resolve(&trust)
+            .expect("trusted");
+        assert_eq!(resolved.kind, binding);
+        assert_eq!(named("ClusterRole", None).untrusted_rbac_sources(), None);
+        let config_maps = rule(json!({"metadata": {"name": "r", "namespace": "copyrator"},
+                                      "spec": {"ruleType": "configmap", "selector": {"a": "b"}}}));
+        assert_eq!(config_maps.untrusted_rbac_sources(), None);
     }
 
     #[test]

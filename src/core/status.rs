@@ -148,7 +148,7 @@ fn readiness(observed: &Observed) -> (&'static str, String, String) {
             "True",
             "SyncedWithConflicts".to_string(),
             format!(
-                "{} copies in place in {} namespaces; {} skipped because another object holds the name",
+                "{} copies in place in {} namespaces; {} skipped: another object holds the name, or the copy would grant there what its source does not (conflicts says which)",
                 observed.copies,
                 observed.target_namespaces,
                 observed.conflicts.len()

@@ -150,7 +150,7 @@ impl Default for Metrics {
         let conflicts_skipped = Gauge::default();
         registry.register(
             "conflicts_skipped",
-            "Copies not made because a foreign object holds the name",
+            "Copies not made because another object holds the name, or because they would grant what their source does not",
             conflicts_skipped.clone(),
         );
         let copies_contested = Gauge::default();
