@@ -1040,3 +1040,79 @@ async fn plan_says_what_each_member_would_get() {
         partial.stderr
     );
 }
+
+/// With `--allow-tenant-clusters`, a tenant rule's copies reach a member
+/// only where that member's namespace accepts the tenant's namespace: the
+/// member's namespace of the same name is someone else's. A platform CA a
+/// tenant of `team-a` pulls lands in the member's `team-a` only once that
+/// namespace says `accept-from: team-a`.
+#[tokio::test]
+async fn a_tenant_rule_writes_into_a_member_only_where_the_namespace_accepts_it() {
+    let t = TestNs::new("members-tenant").await;
+    let _up = OUTAGE.read().await;
+    let rule = t.prefix.clone();
+    let op = t.ns("op").await;
+    let team_a = t.ns("team-a").await;
+    let shared = t.ns("shared").await;
+    let [_a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let b_team_a = b.ns(&t, "team-a").await;
+    assert_eq!(b_team_a, team_a, "the member's namespace of the same name");
+    b.register(&t.client, &op, &[]).await;
+    t.create_json(
+        CM,
+        &shared,
+        "ca",
+        json!({"metadata": {"labels": {TEST_LABEL: t.prefix},
+                            "annotations": {"copyrator.flant.com/allow-to": team_a.as_str()}},
+               "data": {"ca.crt": "x"}}),
+    )
+    .await;
+    t.create_rule(
+        &team_a,
+        &rule,
+        json!({"spec": {"ruleType": "configmap", "selector": t.selector(),
+                        "namespace": [shared.as_str()],
+                        "targets": {"clusters": {"names": [b.name], "local": false}}}}),
+    )
+    .await;
+    let _operator = Operator::start(
+        &t,
+        &op,
+        &[
+            "--member-clusters",
+            "--all-namespaces",
+            "--allow-tenant-clusters",
+            "--rule-name",
+            &rule,
+        ],
+    );
+    t.wait_rule(
+        &team_a,
+        &rule,
+        "the member reported",
+        |r| match cluster_entry(r, &b.name) {
+            Some(entry) if entry["ready"] == true => Ok(()),
+            _ => Err(short_status(r)),
+        },
+    )
+    .await;
+    assert_for(
+        "nothing in the member's team-a",
+        QUIET,
+        async || match member_copy(&b, &b_team_a, "ca").await {
+            Err(_) => Ok(()),
+            Ok(copy) => Err(format!("a copy: {:?}", copy.metadata.labels)),
+        },
+    )
+    .await;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(b.client.clone())
+        .patch(
+            &b_team_a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "copyrator.flant.com/accept-from": team_a.as_str()}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the member's team-a accepts: {}", err_msg(&e)));
+    wait_member_copy(&b, &b_team_a, "ca", &[("ca.crt", "x")]).await;
+}

@@ -227,6 +227,7 @@ fn withdrawals(
 pub fn in_member(resolved: &ResolvedRule, home_name: &str) -> ResolvedRule {
     let mut here = resolved.clone();
     here.clusters.local = true;
+    here.in_own_cluster = false;
     here.transform
         .add_annotations
         .insert(ANNOTATION_SOURCE_CLUSTER.to_owned(), home_name.to_owned());

@@ -485,8 +485,10 @@ pub enum Exclusion {
 /// Whether `rule` may write into the namespace `name` that its targets
 /// match, and if not, why.
 fn exclusion(rule: &ResolvedRule, name: &str, info: &NamespaceInfo) -> Option<Exclusion> {
-    // A tenant writes only where it is welcome; its own namespace is its own.
-    let welcome = !rule.tenant || name == rule.key.namespace || info.accepts(&rule.key.namespace);
+    // A tenant writes only where it is welcome; its own namespace is its
+    // own, in its own cluster alone.
+    let own = rule.in_own_cluster && name == rule.key.namespace;
+    let welcome = !rule.tenant || own || info.accepts(&rule.key.namespace);
     if !welcome {
         return Some(Exclusion::NotAccepting);
     }
@@ -1560,6 +1562,42 @@ pub mod tests {
         let r: CopyratorRule = serde_json::from_value(value).unwrap();
         let refused = r.resolve(&Trust::new("ops", true)).unwrap_err();
         assert_eq!(refused.reason, "Forbidden");
+    }
+
+    /// In a member cluster, a namespace named as a tenant rule's own is
+    /// someone else's: what the tenant pulls lands there only where that
+    /// namespace accepts the tenant's, as everywhere else.
+    #[test]
+    fn in_a_member_a_tenants_namespace_name_is_not_its_own() {
+        let mut w = World::new(&["team-a", "shared"]);
+        let mut value = json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "namespace": ["shared"], "spec": {"targets": {"include": ["*"]}}});
+        value["metadata"] = json!({"name": "r", "namespace": "team-a", "uid": "rule-1"});
+        let r: CopyratorRule = serde_json::from_value(value).unwrap();
+        let at_home = r.resolve(&Trust::new("ops", true)).unwrap();
+        let mut source =
+            crate::cache::index::tests::object("shared", "ca", "uid-ca", 1, &[("copy", "yes")]);
+        source
+            .annotations
+            .insert(ANNOTATION_ALLOW_TO.into(), "team-a".into());
+        source.payload.insert("data".into(), json!({"ca.crt": "x"}));
+        source.rehash();
+        w.sources.push(Arc::new(source));
+        assert_eq!(
+            verbs(&w.plan(&at_home)),
+            vec![("team-a".into(), "ca".into(), "create")]
+        );
+        let in_member = ResolvedRule {
+            in_own_cluster: false,
+            ..at_home
+        };
+        assert!(w.plan(&in_member).actions.is_empty(), "no consent there");
+        w.namespaces.get_mut("team-a").unwrap().accept_from =
+            NamespaceInfo::accept_from(Some("team-a"));
+        assert_eq!(
+            verbs(&w.plan(&in_member)),
+            vec![("team-a".into(), "ca".into(), "create")]
+        );
     }
 
     /// A tenant rule pulls a source of another namespace into its own

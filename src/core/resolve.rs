@@ -471,6 +471,10 @@ pub struct ResolvedRule {
     /// A rule outside the operator's namespace under `--all-namespaces`:
     /// it writes only into namespaces that accept its namespace.
     pub tenant: bool,
+    /// The cluster planned is the rule's own (home): its namespace there
+    /// is the tenant's. In a member, a namespace of the same name belongs
+    /// to whoever runs that cluster, and is written only where it accepts.
+    pub in_own_cluster: bool,
     /// `spec.rollout.restartConsumers`: roll the workloads that use a copy
     /// whose data a write changed.
     pub restart_consumers: bool,
@@ -757,6 +761,7 @@ impl CopyratorRule {
             deletion,
             policy: trust.policy.clone(),
             tenant,
+            in_own_cluster: true,
             restart_consumers: spec
                 .rollout
                 .as_ref()
