@@ -1811,3 +1811,141 @@ async fn alerts_and_dashboard_use_only_metrics_the_operator_exports() {
     );
     operator.assert_running();
 }
+
+/// With `rollout.restartConsumers` the chart grants patch on every
+/// workload; its ValidatingAdmissionPolicy lets the operator's patches
+/// change only the restart annotations of a pod template. Run against the
+/// API server as a ServiceAccount with the operator's grants on
+/// Deployments: a restart annotation goes through; a new image, another
+/// annotation, new labels or replicas are denied.
+#[tokio::test]
+async fn the_chart_limits_the_operators_workload_patches_to_restart_annotations() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+    use kube::core::ApiResource;
+    let t = TestNs::new("chart-vap").await;
+    let cluster = ClusterScoped::new();
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    let apps = ["get", "patch"].map(|v| Grant::new("apps", "deployments", v));
+    let id = Identity::create(
+        &t,
+        &cluster,
+        &op,
+        "operator",
+        &apps.into_iter().collect(),
+        &BTreeSet::new(),
+    )
+    .await;
+    let docs = render(&["--set", "rollout.restartConsumers=true"]);
+    let name = format!("{}-restarts-only", t.prefix);
+    let mut policy = find(&docs, "ValidatingAdmissionPolicy").clone();
+    policy["metadata"] = json!({"name": name});
+    // The policy as the chart renders it, for the test's ServiceAccount.
+    policy["spec"]["matchConditions"] = json!([{"name": "the-operator",
+        "expression": format!("request.userInfo.username == '{}'", id.user)}]);
+    let mut binding = find(&docs, "ValidatingAdmissionPolicyBinding").clone();
+    binding["metadata"] = json!({"name": name});
+    binding["spec"]["policyName"] = json!(name);
+    cluster
+        .create(
+            &t.client,
+            &ApiResource::erase::<ValidatingAdmissionPolicy>(&()),
+            policy,
+        )
+        .await;
+    cluster
+        .create(
+            &t.client,
+            &ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&()),
+            binding,
+        )
+        .await;
+    let resource = ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&());
+    let deployment: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "app", "namespace": t1},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "app"}},
+                 "template": {"metadata": {"labels": {"app": "app"},
+                                           "annotations": {"team": "a"}},
+                              "spec": {"containers": [{"name": "c", "image": "copyrator"}]}}},
+    }))
+    .expect("a Deployment");
+    Api::<DynamicObject>::namespaced_with(t.client.clone(), &t1, &resource)
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap_or_else(|e| panic!("the Deployment: {}", err_msg(&e)));
+    let as_operator = client_of(std::path::Path::new(&id.kubeconfig)).await;
+    let deployments = Api::<DynamicObject>::namespaced_with(as_operator, &t1, &resource);
+    let dry_run = PatchParams {
+        dry_run: true,
+        field_manager: Some("copyrator".into()),
+        ..PatchParams::default()
+    };
+    let patch = |body: Value| {
+        let deployments = deployments.clone();
+        let dry_run = dry_run.clone();
+        async move {
+            deployments
+                .patch("app", &dry_run, &Patch::Merge(&body))
+                .await
+                .map(|_| ())
+                .map_err(|e| err_msg(&e))
+        }
+    };
+    let template = |meta: Value| json!({"spec": {"template": {"metadata": meta}}});
+    let image = json!({"spec": {"template": {"spec": {"containers": [
+        {"name": "c", "image": "attacker/miner"}]}}}});
+    // The policy takes effect through a cache: wait for the first denial.
+    wait_until(
+        "the policy to deny a new image",
+        TIMEOUT,
+        async || match patch(image.clone()).await {
+            Err(e) if e.contains("not the pod spec") => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+    let restart =
+        template(json!({"annotations": {"copyrator.flant.com/restart-0123456789abcdef": "f00d"}}));
+    patch(restart)
+        .await
+        .unwrap_or_else(|e| panic!("a restart annotation was denied: {e}"));
+    for (what, body) in [
+        (
+            "another annotation",
+            template(json!({"annotations": {"team": "b"}})),
+        ),
+        (
+            "new pod labels",
+            template(json!({"labels": {"app": "app", "x": "y"}})),
+        ),
+        ("replicas", json!({"spec": {"replicas": 5}})),
+        (
+            "workload labels",
+            json!({"metadata": {"labels": {"x": "y"}}}),
+        ),
+    ] {
+        let denied = patch(body).await;
+        assert!(
+            denied
+                .as_ref()
+                .is_err_and(|e| e.contains("only its restart annotations")),
+            "{what}: {denied:?}"
+        );
+    }
+    // Others' patches are not its business.
+    Api::<DynamicObject>::namespaced_with(t.client.clone(), &t1, &resource)
+        .patch(
+            "app",
+            &PatchParams {
+                dry_run: true,
+                ..PatchParams::default()
+            },
+            &Patch::Merge(&image),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("an admin's patch was denied: {}", err_msg(&e)));
+}
