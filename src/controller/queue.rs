@@ -41,7 +41,7 @@ pub struct Queue {
 
 #[derive(Default)]
 struct QueueState {
-    pending: VecDeque<RuleKey>,
+    pending: FairQueue,
     queued: HashSet<RuleKey>,
     running: HashSet<RuleKey>,
     again: HashSet<RuleKey>,
@@ -53,6 +53,50 @@ struct QueueState {
     held: HashMap<RuleKey, Instant>,
     /// What touched each rule since its last pass began.
     scopes: HashMap<RuleKey, Scope>,
+}
+
+/// The rules waiting for a worker, taken in turn by namespace: each
+/// namespace with rules waiting gets one pass before any gets a second, so
+/// that a namespace with thousands of rules (a tenant's) delays the rules
+/// of others by one pass at a time, not by thousands.
+#[derive(Default)]
+struct FairQueue {
+    by_namespace: HashMap<String, VecDeque<RuleKey>>,
+    /// Namespaces with rules waiting, in the order of their next turn.
+    turns: VecDeque<String>,
+    len: usize,
+}
+
+impl FairQueue {
+    fn push_back(&mut self, key: RuleKey) {
+        let waiting = self.by_namespace.entry(key.namespace.clone()).or_default();
+        if waiting.is_empty() {
+            self.turns.push_back(key.namespace.clone());
+        }
+        waiting.push_back(key);
+        self.len += 1;
+    }
+
+    fn pop_front(&mut self) -> Option<RuleKey> {
+        let namespace = self.turns.pop_front()?;
+        let waiting = self.by_namespace.get_mut(&namespace)?;
+        let key = waiting.pop_front()?;
+        if waiting.is_empty() {
+            self.by_namespace.remove(&namespace);
+        } else {
+            self.turns.push_back(namespace);
+        }
+        self.len -= 1;
+        Some(key)
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 impl Queue {
@@ -251,6 +295,30 @@ mod tests {
 
     fn queue() -> Arc<Queue> {
         Arc::new(Queue::new(Arc::new(Metrics::default())))
+    }
+
+    #[test]
+    fn namespaces_take_turns() {
+        let key = |namespace: &str, name: &str| RuleKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        let mut queue = FairQueue::default();
+        for i in 0..1000 {
+            queue.push_back(key("tenant", &format!("r{i}")));
+        }
+        queue.push_back(key("ops", "admin"));
+        queue.push_back(key("team-b", "b"));
+        let first: Vec<String> = (0..3)
+            .filter_map(|_| queue.pop_front())
+            .map(|k| k.to_string())
+            .collect();
+        assert_eq!(first, ["tenant/r0", "ops/admin", "team-b/b"]);
+        assert_eq!(queue.len(), 999);
+        let rest: Vec<RuleKey> = std::iter::from_fn(|| queue.pop_front()).collect();
+        assert_eq!(rest.len(), 999);
+        assert_eq!(rest[0], key("tenant", "r1"), "the tenant's rules in their order");
+        assert!(queue.is_empty());
     }
 
     #[tokio::test]
