@@ -1949,3 +1949,52 @@ async fn the_chart_limits_the_operators_workload_patches_to_restart_annotations(
         .await
         .unwrap_or_else(|e| panic!("an admin's patch was denied: {}", err_msg(&e)));
 }
+
+/// `networkPolicy.enabled` makes a NetworkPolicy that selects the
+/// operator's pods and lets only `metricsFrom` reach its port; the API
+/// server takes it as rendered. Off (the default), there is none.
+#[tokio::test]
+async fn the_chart_can_fence_the_operators_port() {
+    use kube::api::{DynamicObject, PostParams};
+    use kube::core::ApiResource;
+    assert!(
+        render(&[]).iter().all(|d| d["kind"] != "NetworkPolicy"),
+        "a NetworkPolicy by default"
+    );
+    let docs = render(&[
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set",
+        "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring",
+    ]);
+    let policy = find(&docs, "NetworkPolicy").clone();
+    let pod_labels = &find(&docs, "Deployment")["spec"]["template"]["metadata"]["labels"];
+    let selected = policy["spec"]["podSelector"]["matchLabels"]
+        .as_object()
+        .expect("a podSelector");
+    assert!(
+        selected.iter().all(|(k, v)| &pod_labels[k] == v),
+        "{selected:?} does not select the pods {pod_labels}"
+    );
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([{"from": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}],
+                "ports": [{"port": "http", "protocol": "TCP"}]}])
+    );
+    let t = TestNs::new("chart-netpol").await;
+    let ns = t.ns("op").await;
+    let mut object: DynamicObject = serde_json::from_value(policy).expect("a NetworkPolicy");
+    object.metadata.namespace = Some(ns.clone());
+    let resource = ApiResource::erase::<k8s_openapi::api::networking::v1::NetworkPolicy>(&());
+    Api::<DynamicObject>::namespaced_with(t.client.clone(), &ns, &resource)
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            },
+            &object,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the API server refused the NetworkPolicy: {}", err_msg(&e)));
+}

@@ -317,7 +317,11 @@ mod tests {
         assert_eq!(queue.len(), 999);
         let rest: Vec<RuleKey> = std::iter::from_fn(|| queue.pop_front()).collect();
         assert_eq!(rest.len(), 999);
-        assert_eq!(rest[0], key("tenant", "r1"), "the tenant's rules in their order");
+        assert_eq!(
+            rest[0],
+            key("tenant", "r1"),
+            "the tenant's rules in their order"
+        );
         assert!(queue.is_empty());
     }
 
