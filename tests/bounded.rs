@@ -548,7 +548,12 @@ async fn a_rule_whose_sources_take_long_to_list_says_waiting_for_sources_then_co
     // "listing the sources: N of 60 source namespaces listed": N, when it says that.
     let of = format!(" of {NAMESPACES} source namespaces listed");
     let listed = |message: &str| {
-        message
+        // What the last failed try said may follow.
+        let counts = message
+            .split("; the last try failed")
+            .next()
+            .unwrap_or(message);
+        counts
             .strip_prefix("listing the sources: ")
             .and_then(|m| m.strip_suffix(&of))
             .and_then(|n| n.parse::<usize>().ok())

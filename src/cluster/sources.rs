@@ -748,9 +748,10 @@ const FAILURE_SHOWN: usize = 300;
 
 /// After a source watch's request failed (`in_a_row` times now): keep why
 /// for the rules it serves, log it, and wait: as every watch does while
-/// the API server throttles, and then a backoff of its own that doubles
-/// to a minute, so that a watch that cannot work (a refused or malformed
-/// request, failing before it is even sent) costs one try a minute.
+/// the API server throttles or does not answer, and, for a failure that
+/// lasts ([`lasts`]), a backoff of its own that doubles to a minute, so
+/// that a watch that cannot work (a refused or malformed request, failing
+/// before it is even sent) costs one try a minute.
 async fn source_watch_failed(
     state: &WatchState,
     pause: &ReadPause,
@@ -775,10 +776,34 @@ async fn source_watch_failed(
     );
     *lock(&state.failing) = Some(words);
     crate::cluster::watch::pause_after_failure(pause, error).await;
-    let extra = SOURCE_BACKOFF_FIRST
-        .saturating_mul(1u32 << in_a_row.saturating_sub(1).min(8))
-        .min(SOURCE_BACKOFF_MAX);
-    tokio::time::sleep(extra).await;
+    if lasts(error) {
+        let extra = SOURCE_BACKOFF_FIRST
+            .saturating_mul(1u32 << in_a_row.saturating_sub(1).min(8))
+            .min(SOURCE_BACKOFF_MAX);
+        tokio::time::sleep(extra).await;
+    }
+}
+
+/// Whether a source watch's failure is its own and will last: the API
+/// server refused the request (a 4xx but a throttle or an expired
+/// version), or it could not even be made. Those back off to a minute. A
+/// server that does not answer, throttles or fails (5xx) is every watch's
+/// matter: they wait together (the read pause) and come back as soon as
+/// it does.
+fn lasts(error: &kube::runtime::watcher::Error) -> bool {
+    use kube::runtime::watcher::Error as Failed;
+    let refused = |code: u16| (400..500).contains(&code) && code != 410 && code != 429;
+    match error {
+        Failed::InitialListFailed(e) | Failed::WatchStartFailed(e) | Failed::WatchFailed(e) => {
+            match e {
+                kube::Error::Api(status) => refused(status.code),
+                kube::Error::BuildRequest(_) | kube::Error::HttpError(_) => true,
+                _ => false,
+            }
+        }
+        Failed::WatchError(status) => refused(status.code),
+        Failed::NoResourceVersion => false,
+    }
 }
 
 /// A failing source watch's own backoff: from a second, doubling to a minute.
