@@ -1924,6 +1924,20 @@ async fn the_chart_limits_the_operators_workload_patches_to_restart_annotations(
         ),
         ("replicas", json!({"spec": {"replicas": 5}})),
         (
+            "workload annotations",
+            json!({"metadata": {"annotations": {"x": "y"}}}),
+        ),
+        ("paused", json!({"spec": {"paused": true}})),
+        (
+            "the strategy",
+            json!({"spec": {"strategy": {"type": "Recreate", "rollingUpdate": null}}}),
+        ),
+        (
+            "an owner",
+            json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+            "name": "gone", "uid": "00000000-0000-0000-0000-000000000000"}]}}),
+        ),
+        (
             "workload labels",
             json!({"metadata": {"labels": {"x": "y"}}}),
         ),

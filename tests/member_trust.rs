@@ -404,9 +404,6 @@ async fn a_members_error_page_reaches_no_status_event_or_log() {
         &format!("http://127.0.0.1:{}", listener.port),
         "not-a-member-token",
     );
-    page_member
-        .register_kubeconfig(&t.client, &op, &[], &kubeconfig)
-        .await;
     t.create_rule(
         &op,
         "r",
@@ -418,6 +415,18 @@ async fn a_members_error_page_reaches_no_status_event_or_log() {
     )
     .await;
     let operator = Operator::start(&t, &op, &["--member-clusters", "--allow-insecure-members"]);
+    // The member joins once the rule is known: the Event of its first
+    // failure goes to the rules that name it then.
+    t.wait_rule(&op, "r", "a first status", |r| {
+        match r["status"]["observedGeneration"] == r["metadata"]["generation"] {
+            true => Ok(()),
+            false => Err(short_status(r)),
+        }
+    })
+    .await;
+    page_member
+        .register_kubeconfig(&t.client, &op, &[], &kubeconfig)
+        .await;
 
     let rule = t
         .wait_rule(&op, "r", "member page listed as not answering", |rule| {

@@ -585,6 +585,11 @@ async fn run_watch(
                 Err(e) => {
                     failures_in_a_row = failures_in_a_row.saturating_add(1);
                     source_watch_failed(&state, &pause, &name, &e, failures_in_a_row).await;
+                    if key.pulls_only {
+                        // A consenting object could not be read: list
+                        // again rather than go on without it.
+                        break;
+                    }
                     continue;
                 }
             };
@@ -647,7 +652,13 @@ fn source_events(
         .backoff(WatchBackoff::default())
         .and_then(move |event| {
             let (api, state) = (api.clone(), state.clone());
-            async move { Ok(consenting(&api, kind, &state, event).await) }
+            // A read that failed fails the watch, which lists again: a
+            // list without that object would read as its source gone.
+            async move {
+                consenting(&api, kind, &state, event)
+                    .await
+                    .map_err(watcher::Error::WatchFailed)
+            }
         })
         .boxed()
 }
@@ -659,21 +670,19 @@ async fn consenting(
     kind: Kind,
     state: &WatchState,
     event: Event<PartialObjectMeta<DynamicObject>>,
-) -> Option<Event<Object>> {
-    match event {
+) -> Result<Option<Event<Object>>, kube::Error> {
+    Ok(match event {
         Event::Init => Some(Event::Init),
         Event::InitDone => Some(Event::InitDone),
-        Event::InitApply(meta) => match read_if_consenting(api, kind, state, &meta).await {
-            Ok(Some(object)) => Some(Event::InitApply(object)),
-            Ok(None) | Err(()) => None,
-        },
-        Event::Apply(meta) => match read_if_consenting(api, kind, state, &meta).await {
-            Ok(Some(object)) => Some(Event::Apply(object)),
-            Ok(None) => Some(Event::Delete(metadata_only(meta))),
-            Err(()) => None,
-        },
+        Event::InitApply(meta) => read_if_consenting(api, kind, state, &meta)
+            .await?
+            .map(Event::InitApply),
+        Event::Apply(meta) => Some(match read_if_consenting(api, kind, state, &meta).await? {
+            Some(object) => Event::Apply(object),
+            None => Event::Delete(metadata_only(meta)),
+        }),
         Event::Delete(meta) => Some(Event::Delete(metadata_only(meta))),
-    }
+    })
 }
 
 /// The object of `meta` read whole, if some rule of the watch wants it
@@ -684,7 +693,7 @@ async fn read_if_consenting(
     kind: Kind,
     state: &WatchState,
     meta: &PartialObjectMeta<DynamicObject>,
-) -> Result<Option<Object>, ()> {
+) -> Result<Option<Object>, kube::Error> {
     let wanted = |object: &Object| read(&state.interest).wants_object(object);
     let (Some(name), stub) = (meta.metadata.name.clone(), metadata_only(meta.clone())) else {
         return Ok(None);
@@ -698,14 +707,7 @@ async fn read_if_consenting(
             Ok(wanted(&object).then_some(object))
         }
         Ok(None) => Ok(None),
-        Err(e) => {
-            debug!(
-                name,
-                error = crate::error::describe(&e),
-                "reading a consenting source"
-            );
-            Err(())
-        }
+        Err(e) => Err(e),
     }
 }
 

@@ -31,7 +31,7 @@ use crate::controller::state::Shared;
 use crate::core::consumers::{
     CopyContent, Entry, KeyDigests, Trigger, Workload, key_digests, restarts_due,
 };
-use crate::core::plan::{Desired, desired_copy};
+use crate::core::plan::{Desired, desired_copy_within};
 use crate::core::resolve::ResolvedRule;
 use crate::error::describe;
 use crate::sync::{lock, read};
@@ -145,11 +145,9 @@ fn copies_to_check(
     if !everything {
         return by_namespace;
     }
-    let desired: HashMap<String, Arc<Desired>> = sources
-        .iter()
-        .map(|s| desired_copy(resolved, s))
-        .map(|d| (d.name.clone(), Arc::new(d)))
-        .collect();
+    let Some(desired) = desired_by_name(resolved, sources) else {
+        return by_namespace;
+    };
     for copy in copies.owned_by(&resolved.uid) {
         let Some(wanted) = desired.get(&*copy.name) else {
             continue;
@@ -178,6 +176,21 @@ fn copies_to_check(
         remember(consumed, wanted);
     }
     by_namespace
+}
+
+/// The copy of each source, by name, within the planner's budget: `None`
+/// past it (no recheck; the pass says the rule is too costly).
+fn desired_by_name(
+    resolved: &ResolvedRule,
+    sources: &[Arc<Object>],
+) -> Option<HashMap<String, Arc<Desired>>> {
+    let mut steps = crate::core::plan::STRIP_STEPS_PER_PASS;
+    let mut desired = HashMap::new();
+    for source in sources {
+        let copy = desired_copy_within(resolved, source, &mut steps)?;
+        desired.insert(copy.name.clone(), Arc::new(copy));
+    }
+    Some(desired)
 }
 
 /// Roll the consumers of the copies a pass changed (and, on a pass over

@@ -1000,6 +1000,11 @@ pub(crate) async fn carry_out(
             // What this pass looked at replaces what the rule's tally held there.
             memory.tally.record(&basis, &scope, &plan);
         }
+        if memory.too_costly {
+            // Until a pass over everything fits, none writes or deletes.
+            plan.actions.clear();
+            other_kind_deletions.clear();
+        }
         plan.too_costly = memory.too_costly;
     }
     let mut pass = Pass::default();
@@ -1030,8 +1035,11 @@ pub(crate) async fn carry_out(
     }
     finish(site, resolved, &mut pass, plan);
     let changed = std::mem::take(&mut pass.changed);
-    pass.restarts =
-        restart_consumers(shared, site, resolved, sources, recheck_consumers, changed).await;
+    // A rule too costly to plan wrote nothing, and rolls nothing.
+    if !pass.plan.too_costly {
+        pass.restarts =
+            restart_consumers(shared, site, resolved, sources, recheck_consumers, changed).await;
+    }
     if let Some(delay) = pass.restarts.retry_in {
         pass.retry_no_later_than(Instant::now() + delay);
     }

@@ -348,10 +348,10 @@ fn stripped(
         if key.as_str() == LABEL_MANAGED_BY {
             continue;
         }
-        for glob in crate::core::tracking::globs() {
-            if glob.matches_within(key, steps)? {
-                continue 'keys;
-            }
+        // The tracking globs are literal prefixes, a few steps a key: not
+        // counted, so that no rule's ordinary keys ever make it too costly.
+        if crate::core::tracking::globs().any(|glob| glob.matches(key)) {
+            continue;
         }
         for glob in strip.iter().chain(policy_strip) {
             if glob.matches_within(key, steps)? {
@@ -399,7 +399,11 @@ pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
 }
 
 /// [`desired_copy`], stripping keys within `steps`; `None` when they ran out.
-fn desired_copy_within(rule: &ResolvedRule, source: &Object, steps: &mut u64) -> Option<Desired> {
+pub fn desired_copy_within(
+    rule: &ResolvedRule,
+    source: &Object,
+    steps: &mut u64,
+) -> Option<Desired> {
     let transform = &rule.transform;
     let mut labels = stripped(
         &source.labels,
@@ -1290,7 +1294,8 @@ pub mod tests {
                             .get(&namespace, &name)
                             .and_then(|c| c.resource_version.parse::<u64>().ok())
                             .map_or(100, |v| v + 1);
-                        self.copies.upsert(Arc::new(Object::new(
+                        // As the writer records Copyrator's own write.
+                        let mut written = Object::new(
                             namespace.clone(),
                             name.clone(),
                             format!("copy-{namespace}-{name}"),
@@ -1298,7 +1303,9 @@ pub mod tests {
                             d.labels.clone(),
                             d.annotations.clone(),
                             d.payload.clone(),
-                        )));
+                        );
+                        written.written_for = Some(d.content_hash);
+                        self.copies.upsert_written(Arc::new(written));
                     }
                     Action::Delete { current, .. } => {
                         self.copies.remove(&namespace, &name, &current.uid);

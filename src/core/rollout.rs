@@ -166,14 +166,23 @@ pub fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Ga
         let entry = owed.entry(desired.name.clone()).or_insert_with(|| Owed {
             desired: desired.clone(),
             stages: BTreeSet::new(),
+            held_later: false,
             earlier: None,
         });
         entry.stages.insert(stage);
         if let Action::Update { current, .. } | Action::Recreate { current, .. } = action
             && stage > 0
-            && entry.earlier.as_ref().is_none_or(|(s, _)| *s < stage)
         {
-            entry.earlier = Some((stage, current.clone()));
+            entry.held_later = true;
+            // Content is handed on only from a copy this process saw
+            // Copyrator write and that has not changed since:
+            // `managedFields` alone can be forged (a copy made again under
+            // Copyrator's field manager).
+            if current.written_for.is_some()
+                && entry.earlier.as_ref().is_none_or(|(s, _)| *s < stage)
+            {
+                entry.earlier = Some((stage, current.clone()));
+            }
         }
     }
     let mut gated = Gated::default();
@@ -182,7 +191,7 @@ pub fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Ga
         let desired = &owed.desired;
         // Nothing held elsewhere and no rollout under way: a new source,
         // or a change back to what later stages hold (not staged).
-        if owed.earlier.is_none() && !rollouts.by_name.contains_key(name) {
+        if !owed.held_later && !rollouts.by_name.contains_key(name) {
             continue;
         }
         let track = rollouts
@@ -248,6 +257,10 @@ fn earlier_content(track: &Track, owed: &Owed, gated: &mut Gated) -> Option<Arc<
 struct Owed {
     desired: Arc<Desired>,
     stages: BTreeSet<usize>,
+    /// A copy past the first stage holds other content: staged.
+    held_later: bool,
+    /// Of those, the copy in the latest stage that provably holds what
+    /// Copyrator wrote: where creates not reached yet take their content.
     earlier: Option<(usize, Arc<Object>)>,
 }
 
@@ -612,6 +625,38 @@ mod tests {
         edited.rehash();
         edited.intact = false;
         w.copies.upsert(Arc::new(edited));
+    }
+
+    /// The copy in `namespace` of `w` deleted and made again by someone
+    /// under Copyrator's field manager with `{"k": value}`: intact by its
+    /// `managedFields`, but never seen written by Copyrator.
+    fn forge_copy(w: &mut World, namespace: &str, value: &str) {
+        let copy = w.copies.get(namespace, "cm").expect("a copy").clone();
+        let mut forged = (*copy).clone();
+        forged.uid = format!("forged-{namespace}");
+        forged.payload = BTreeMap::from([("data".to_owned(), json!({"k": value}))]);
+        forged.written_for = None;
+        forged.settled = false;
+        forged.rehash();
+        w.copies.remove(namespace, "cm", &copy.uid);
+        w.copies.upsert(Arc::new(forged));
+    }
+
+    #[test]
+    fn a_forged_copy_is_never_where_new_namespaces_take_their_content() {
+        let mut w = changed_world();
+        forge_copy(&mut w, "r1", "EVIL");
+        w.namespaces.insert("r3".into(), NamespaceInfo::default());
+        let mut rollouts = Rollouts::default();
+        let (_, gated) = staged(&w, &mut rollouts, Instant::now(), None);
+        let read: Vec<&str> = gated.reads.iter().map(|r| r.namespace.as_str()).collect();
+        assert_eq!(read, ["r2"], "only the copy Copyrator was seen writing");
+        // Every copy past the canary forged: r3 waits for its stage.
+        forge_copy(&mut w, "r2", "EVIL");
+        let mut rollouts = Rollouts::default();
+        let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
+        assert!(gated.reads.is_empty(), "{gated:?}");
+        assert_eq!(places(&plan), ["update c1"], "r3 is held, not given EVIL");
     }
 
     #[test]
