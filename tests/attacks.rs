@@ -452,13 +452,8 @@ async fn a_tenant_past_the_watch_budget_never_makes_the_operator_list_every_secr
     for edit in 1..=5 {
         let patch = json!({"spec": {"selector": {format!("edit-{}", edit - 1): null, format!("edit-{edit}"): "yes"}}});
         attacker.patch_rule("pull", patch).await;
-        t.wait_rule(&team_a, "pull", "the edit taken", |r| {
-            match r["status"]["observedGeneration"] == r["metadata"]["generation"] {
-                true => Ok(()),
-                false => Err(short_status(r)),
-            }
-        })
-        .await;
+        t.wait_rule_observed(&team_a, "pull", "the edit taken")
+            .await;
     }
     let every_secret = |e: &common::audit::AuditEvent| {
         let uri = percent_decode(&e.request_uri);
@@ -549,14 +544,7 @@ async fn a_tenant_learns_nothing_of_namespaces_it_may_not_see() {
                                             "namespaceSelector": {"matchLabels": {"deal": "secret"}}}}}),
             )
             .await;
-        let rule = t
-            .wait_rule(&team_a, name, "a pass", |r| {
-                match r["status"]["observedGeneration"] == r["metadata"]["generation"] {
-                    true => Ok(()),
-                    false => Err(short_status(r)),
-                }
-            })
-            .await;
+        let rule = t.wait_rule_observed(&team_a, name, "a pass").await;
         seen.push((
             counts(&rule),
             ready_condition(&rule).map(|c| c["reason"].clone()),

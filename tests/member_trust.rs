@@ -417,13 +417,7 @@ async fn a_members_error_page_reaches_no_status_event_or_log() {
     let operator = Operator::start(&t, &op, &["--member-clusters", "--allow-insecure-members"]);
     // The member joins once the rule is known: the Event of its first
     // failure goes to the rules that name it then.
-    t.wait_rule(&op, "r", "a first status", |r| {
-        match r["status"]["observedGeneration"] == r["metadata"]["generation"] {
-            true => Ok(()),
-            false => Err(short_status(r)),
-        }
-    })
-    .await;
+    t.wait_rule_observed(&op, "r", "a first status").await;
     page_member
         .register_kubeconfig(&t.client, &op, &[], &kubeconfig)
         .await;

@@ -1211,6 +1211,18 @@ impl TestNs {
         .await
     }
 
+    /// Waits until the rule's status describes its current generation
+    /// (a pass over it was published), whatever it says.
+    pub async fn wait_rule_observed(&self, ns: &str, name: &str, what: &str) -> Value {
+        self.wait_rule(ns, name, what, |r| {
+            match r["status"]["observedGeneration"] == r["metadata"]["generation"] {
+                true => Ok(()),
+                false => Err(short_status(r)),
+            }
+        })
+        .await
+    }
+
     /// Waits for Ready True at the current generation.
     pub async fn wait_rule_ready(&self, ns: &str, name: &str) -> Value {
         self.wait_rule(
