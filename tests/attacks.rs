@@ -99,9 +99,16 @@ async fn a_tenants_edited_copy_reaches_no_other_namespace() {
         );
     }
     // Deleted and made again under Copyrator's field manager, with the
-    // copy's own labels and annotations: a copy Copyrator never wrote, whose
-    // content no new namespace ever takes.
+    // copy's own labels and annotations (its mark too): the mark proves a
+    // copy of this rule belongs here, not that EVIL-CA is Copyrator's
+    // content, so it is restored like any edited copy, and no new
+    // namespace ever takes EVIL-CA.
     let taken = t.must_get(CM, &team_a, "trust-bundle").await;
+    assert!(
+        taken.annotations.contains_key("copyrator.flant.com/mark"),
+        "a copy carries Copyrator's mark: {:?}",
+        taken.annotations
+    );
     own_copy
         .delete("trust-bundle", &DeleteParams::default())
         .await
@@ -122,29 +129,122 @@ async fn a_tenants_edited_copy_reaches_no_other_namespace() {
         .await
         .unwrap_or_else(|e| panic!("the tenant forges its copy: {}", err_msg(&e)));
     let latest = t.ns("team-d").await;
-    assert_for(
-        "the new namespace never holds the forged content",
-        QUIET,
-        async || match t.get(CM, &latest, "trust-bundle").await {
-            Some(copy) if copy.data_is(&[("ca.crt", "EVIL-CA")]).is_ok() => {
-                Err("it holds EVIL-CA".to_owned())
-            }
-            _ => Ok(()),
-        },
-    )
-    .await;
-    // Nothing of the tenant's reaches another namespace. (Its forged copy
-    // in its own namespace may be held as content to roll out: until
-    // copies carry a mark only Copyrator can make, a copy made again under
-    // its name cannot be told from one it wrote before a restart.)
+    for ns in [&latest, &team_a] {
+        t.wait_copy(CM, ns, &source, &platform, "r").await;
+    }
+    let rule = t.wait_rule_ready(&platform, "r").await;
+    assert!(
+        rule["status"]["rollouts"].is_null(),
+        "the forged copy started a rollout: {}",
+        rule["status"]
+    );
     assert_for("no copy holds the tenant's content", QUIET, async || {
-        for ns in [&canary, &team_b] {
+        for ns in [&canary, &team_b, &team_a, &latest] {
             let copy = t.must_get(CM, ns, "trust-bundle").await;
             copy.data_is(&[("ca.crt", "GOOD-CA")])?;
         }
         Ok(())
     })
     .await;
+}
+
+/// Copyrator's marks cannot be forged. The tenant of `team-a` writes, under
+/// Copyrator's field manager, objects that carry its rule's labels and
+/// annotations as copies do (one without a mark, one with the mark of
+/// its real copy), named as no source is: each stays what it is, never
+/// pruned as a stale copy, while the rule's real copy follows its source.
+/// Where a copy belongs, an unmarked object holding other content is a
+/// conflict, not a copy.
+#[tokio::test]
+async fn an_object_forged_under_copyrators_name_is_no_copy() {
+    let _shared = CLUSTER_WIDE.read().await;
+    let t = TestNs::new("atk-forge").await;
+    let platform = t.ns("platform").await;
+    let team_a = t.ns("team-a").await;
+    t.create_rule(
+        &platform,
+        "r",
+        rule_spec(CM, t.selector(), &[t.glob("team-")]),
+    )
+    .await;
+    let _operator = Operator::start(&t, &platform, &[]);
+    let source = t
+        .create_source(CM, &platform, "settings", &[], &[("k", "v1")])
+        .await;
+    t.wait_copy(CM, &team_a, &source, &platform, "r").await;
+    let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    let own: Api<ConfigMap> = Api::namespaced(attacker.client.clone(), &team_a);
+    let copy = t.must_get(CM, &team_a, "settings").await;
+    let as_copyrator = kube::api::PostParams {
+        field_manager: Some("copyrator".to_owned()),
+        ..Default::default()
+    };
+    let forge = |name: &str, keep_mark: bool, value: &str| {
+        let mut annotations = copy.annotations.clone();
+        if !keep_mark {
+            annotations.remove("copyrator.flant.com/mark");
+        }
+        annotations.insert(
+            "copyrator.flant.com/source".to_owned(),
+            format!("{platform}/{name}"),
+        );
+        serde_json::from_value::<ConfigMap>(json!({
+            "metadata": {"name": name, "labels": copy.labels, "annotations": annotations},
+            "data": {"k": value},
+        }))
+        .expect("a ConfigMap")
+    };
+    for (name, keep_mark) in [("unmarked", false), ("moved-mark", true)] {
+        own.create(&as_copyrator, &forge(name, keep_mark, "v1"))
+            .await
+            .unwrap_or_else(|e| panic!("the tenant forges {name}: {}", err_msg(&e)));
+    }
+    // A pass of the rule after the forgeries: its copy follows a change.
+    let source = t
+        .set_data(CM, &platform, "settings", &[("k", Some("v2"))])
+        .await;
+    t.wait_copy(CM, &team_a, &source, &platform, "r").await;
+    assert_for("the forged objects stay", QUIET, async || {
+        for name in ["unmarked", "moved-mark"] {
+            t.get(CM, &team_a, name)
+                .await
+                .ok_or_else(|| format!("{name} was pruned as a copy"))?;
+        }
+        Ok(())
+    })
+    .await;
+
+    // Where the copy belongs: its mark taken off and its content changed
+    // under Copyrator's field manager, it is no copy any more (a
+    // conflict, left as it is).
+    own.patch(
+        "settings",
+        &PatchParams {
+            field_manager: Some("copyrator".to_owned()),
+            ..Default::default()
+        },
+        &Patch::Merge(
+            json!({"metadata": {"annotations": {"copyrator.flant.com/mark": null}},
+                             "data": {"k": "EVIL"}}),
+        ),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the tenant unmarks its copy: {}", err_msg(&e)));
+    let rule = t
+        .wait_rule(
+            &platform,
+            "r",
+            "a conflict in team-a",
+            |r| match r["status"]["conflictCount"].as_u64() {
+                Some(1) => Ok(()),
+                other => Err(format!("conflictCount {other:?}")),
+            },
+        )
+        .await;
+    println!("status: {}", rule["status"]);
+    let held = t.must_get(CM, &team_a, "settings").await;
+    held.data_is(&[("k", "EVIL")])
+        .unwrap_or_else(|e| panic!("the object was taken as a copy: {e}"));
 }
 
 /// A tenant's rule costs the tenant, not the operator. The tenant of

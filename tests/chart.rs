@@ -125,7 +125,16 @@ fn rendered_rbac_follows_kinds_and_leader_election() {
     assert_eq!(role["metadata"]["namespace"], "copyrator");
     assert!(
         grants_of(role).iter().all(|g| g.resource == "leases"),
-        "the Role is for the Lease only: {role}"
+        "the Role is for the Lease only (the ClusterRole's verbs on Secrets reach the mark key): {role}"
+    );
+    // Without verbs on Secrets, the Role grants the mark key's: its get by
+    // name, and create.
+    let docs = render(&["--set", "kinds={configmap}"]);
+    let own = grants_of(find(&docs, "Role"));
+    assert!(
+        mark_key_grants(&docs).is_subset(&own),
+        "{own:?} lacks {:?}",
+        mark_key_grants(&docs)
     );
 
     for (kinds, enabled, disabled) in [
@@ -136,7 +145,7 @@ fn rendered_rbac_follows_kinds_and_leader_election() {
         let grants = all_grants(&docs);
         let leaked: Vec<String> = grants
             .iter()
-            .filter(|g| g.base_resource() == disabled)
+            .filter(|g| g.base_resource() == disabled && !mark_key_grants(&docs).contains(g))
             .map(ToString::to_string)
             .collect();
         assert!(
@@ -159,6 +168,24 @@ fn rendered_rbac_follows_kinds_and_leader_election() {
     // Without leader election there is no Lease to grant.
     let docs = render(&["--set", "leaderElection.enabled=false"]);
     assert!(docs.iter().all(|d| d["kind"] != "Role"));
+    let docs = render(&[
+        "--set",
+        "leaderElection.enabled=false",
+        "--set",
+        "kinds={configmap}",
+    ]);
+    assert_eq!(grants_of(find(&docs, "Role")), mark_key_grants(&docs));
+}
+
+/// What the operator needs of its mark key Secret (named as the chart's
+/// Deployment says), for a release whose ClusterRole grants nothing on
+/// Secrets.
+fn mark_key_grants(docs: &[Value]) -> BTreeSet<Grant> {
+    let name = deployment_env(docs, "MARK_KEY_SECRET");
+    BTreeSet::from([
+        Grant::named("", "secrets", "get", &name),
+        Grant::new("", "secrets", "create"),
+    ])
 }
 
 /// The uninstall hook: a pre-delete Job of the operator's image runs
@@ -1037,13 +1064,21 @@ fn expectations() -> BTreeMap<Grant, (String, Evidence)> {
     );
     for (kind, resource) in [(CM, "configmaps"), (SECRET, "secrets")] {
         let step = |what: &str| format!("{kind:?} {what}");
-        expect(
-            "",
-            resource,
-            "get",
-            &step("conflict reported"),
-            Refused(kind),
-        );
+        if kind == SECRET {
+            // The mark key is read (and made where missing) before anything
+            // else, with the verbs the ClusterRole grants on Secrets.
+            expect("", resource, "get", "ready", NothingDone);
+            expect("", resource, "create", "ready", NothingDone);
+        } else {
+            expect(
+                "",
+                resource,
+                "get",
+                &step("conflict reported"),
+                Refused(kind),
+            );
+            expect("", resource, "create", &step("copied"), Refused(kind));
+        }
         expect("", resource, "list", "ready", NothingDone);
         expect(
             "",
@@ -1052,7 +1087,6 @@ fn expectations() -> BTreeMap<Grant, (String, Evidence)> {
             &step("copy repaired"),
             EditUnseen(kind),
         );
-        expect("", resource, "create", &step("copied"), Refused(kind));
         expect(
             "",
             resource,
@@ -1453,13 +1487,14 @@ async fn operator_limited_to_configmaps_never_touches_secrets() {
     let on_secrets: Vec<String> = cluster_grants
         .iter()
         .chain(&lease_grants)
-        .filter(|g| g.base_resource() == "secrets")
+        .filter(|g| g.base_resource() == "secrets" && !mark_key_grants(&docs).contains(g))
         .map(ToString::to_string)
         .collect();
     assert!(
         on_secrets.is_empty(),
         "with kinds=[configmap] the chart grants {on_secrets:?}"
     );
+    let key = deployment_env(&docs, "MARK_KEY_SECRET");
 
     let t = TestNs::new("chart-kinds").await;
     let op = t.ns("op").await;
@@ -1513,7 +1548,7 @@ async fn operator_limited_to_configmaps_never_touches_secrets() {
         ]
         .map(String::from)
         .to_vec(),
-        &[("KUBECONFIG", &id.kubeconfig)],
+        &[("KUBECONFIG", &id.kubeconfig), ("MARK_KEY_SECRET", &key)],
     );
     t.wait_copy(CM, &t1, &cm, &op, "cms").await;
     t.wait_rule_ready(&op, "cms").await;
@@ -1558,7 +1593,20 @@ async fn operator_limited_to_configmaps_never_touches_secrets() {
             .collect::<Vec<_>>()
             .join("\n")
     };
-    let on_secrets = audit.matching(&sent.clone().resource("secrets"));
+    // Its mark key, in its own namespace, is the one Secret it reads (and
+    // made, there being none).
+    let (of_key, on_secrets): (Vec<AuditEvent>, Vec<AuditEvent>) = audit
+        .matching(&sent.clone().resource("secrets"))
+        .into_iter()
+        .partition(|e| {
+            e.namespace.as_deref() == Some(op.as_str())
+                && e.name.as_deref() == Some(key.as_str())
+                && ["get", "create"].contains(&e.verb.as_str())
+        });
+    assert!(
+        of_key.iter().any(|e| e.verb == "get"),
+        "the mark key is never read"
+    );
     assert!(
         on_secrets.is_empty(),
         "an operator limited to ConfigMaps sent {} requests on Secrets:\n{}",

@@ -873,3 +873,71 @@ async fn a_flapping_source_rolls_its_consumers_at_most_once_per_interval() {
     })
     .await;
 }
+
+/// The restart annotation says nothing of what it stands for. A Secret
+/// holds a 4-digit PIN that a Deployment reads; after the PIN changes, the
+/// Deployment's pod template carries a restart annotation, which anyone
+/// who may read the Deployment sees. Hashing each of the 10,000 PINs as
+/// an unkeyed restart value would be finds none of them: the value is a
+/// tag under the installation's key.
+#[tokio::test]
+async fn the_restart_annotation_does_not_reveal_a_short_secret() {
+    use copyrator::core::consumers::{Use, used_hash};
+    let secret = Kind::Secret;
+    let t = TestNs::new("restart-pin").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    t.create_rule(
+        &op,
+        "roll",
+        with(
+            rule_spec(secret, t.selector(), &[&t1]),
+            "/spec/rollout",
+            json!({"restartConsumers": true}),
+        ),
+    )
+    .await;
+    let operator = Operator::start(&t, &op, &["--min-restart-interval", "0"]);
+    let source = t
+        .create_source(secret, &op, "db", &[], &[("pin", "1111")])
+        .await;
+    t.wait_copy(secret, &t1, &source, &op, "roll").await;
+    let uses_pin = json!({"env": [{"name": "PIN",
+        "valueFrom": {"secretKeyRef": {"name": "db", "key": "pin"}}}]});
+    workload(
+        &t,
+        "Deployment",
+        &t1,
+        "app",
+        pod(uses_pin, json!([])),
+        json!({}),
+    )
+    .await;
+    let source = t
+        .set_data(secret, &op, "db", &[("pin", Some("4821"))])
+        .await;
+    t.wait_copy(secret, &t1, &source, &op, "roll").await;
+    wait_restarts(&operator, 1.0).await;
+    let (annotations, _) = restarts_of(&t, "Deployment", &t1, "app").await;
+    let carried = annotations
+        .values()
+        .next()
+        .unwrap_or_else(|| panic!("no restart annotation: {annotations:?}"))
+        .clone();
+    // This process has no key: `used_hash` gives the unkeyed value.
+    let key = Use::Keys(BTreeSet::from(["pin".to_owned()]));
+    let unkeyed = |pin: &str| {
+        let encoded = k8s_openapi::ByteString(pin.as_bytes().to_vec());
+        let payload = BTreeMap::from([("data".to_owned(), json!({"pin": encoded}))]);
+        used_hash(copyrator::api::kinds::Kind::Secret, &payload, &key)
+    };
+    let found: Vec<String> = (0..10_000)
+        .map(|pin| format!("{pin:04}"))
+        .filter(|pin| unkeyed(pin) == carried)
+        .collect();
+    assert!(
+        found.is_empty(),
+        "the restart annotation {carried} gives the PIN away: {found:?}"
+    );
+    println!("restart annotation {carried}: no PIN of 10,000 hashes to it");
+}

@@ -41,6 +41,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{- define "copyrator.markKeySecret" -}}
+{{- default (printf "%s-mark-key" (include "copyrator.fullname" .)) ((.Values.markKey | default dict).secretName) }}
+{{- end }}
+
 {{- define "copyrator.leaseName" -}}
 {{- default (include "copyrator.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}

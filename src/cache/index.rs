@@ -12,6 +12,7 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::api::kinds::Kind;
+use crate::core::mark::{self, Place, Verdict};
 
 /// `(namespace, name)` of a namespaced object.
 pub type ObjectKey = (String, String);
@@ -47,12 +48,17 @@ pub struct Object {
     /// when the object is not [`Object::authored`]: a label anyone may set
     /// makes no object a copy.
     pub rule_uid: Option<Arc<str>>,
-    /// Copyrator wrote this object: per `managedFields`, its field manager
-    /// set the rule-UID label or the rule annotation (so a copy stays one
-    /// when someone strips its label, and a foreign object carrying
-    /// Copyrator's labels and annotations is none). True for an object
-    /// without `managedFields` (as for ownership, see [`owned_meta_keys`]).
+    /// Copyrator made this object, a copy of its rule at its place: it
+    /// carries a mark whose identity tag is right (see `core::mark`; so a
+    /// copy stays one when someone strips its rule-UID label, and an object
+    /// carrying Copyrator's labels, annotations and field manager without
+    /// the mark is none).
     pub authored: bool,
+    /// Not [`Object::authored`], yet `managedFields` say Copyrator's field
+    /// manager set its rule-UID label or rule annotation: a copy written
+    /// before copies carried marks (or under another key), or a forgery.
+    /// Taken back only where it already holds what the rule would write.
+    pub unproven: bool,
     /// The `copyrator.flant.com/rule` annotation: the rule that made a copy.
     pub rule_ref: Option<Arc<str>>,
     /// The `copyrator.flant.com/source` annotation: a copy's source.
@@ -74,12 +80,10 @@ pub struct Object {
     /// This version is the API server's answer to that write, accepted as
     /// right even where an admission webhook added keys to it.
     pub settled: bool,
-    /// The payload is provably what Copyrator wrote: per `managedFields`
-    /// no other field manager (nor an apply under Copyrator's name) set a
-    /// payload field, and since Copyrator's last write was seen the payload
-    /// did not change. Only such a copy's content may be handed on to other
-    /// namespaces (a staged rollout's earlier content); an object without
-    /// `managedFields` proves nothing (anyone may clear them).
+    /// The payload is provably what Copyrator wrote: the mark's content
+    /// tag is right for it, and since Copyrator's last write was seen the
+    /// payload did not change. Only such a copy's content may be handed on
+    /// to other namespaces (a staged rollout's earlier content).
     pub intact: bool,
 }
 
@@ -230,36 +234,6 @@ fn last_other_writer(managed_fields: Option<&[ManagedFieldsEntry]>) -> Option<Ar
         .map(crate::cache::intern::string)
 }
 
-/// Whether `managedFields` show that only Copyrator's own updates set the
-/// payload of an object of `kind`: no entry of another manager, and no
-/// apply (Copyrator writes by update only, so an apply under its name is
-/// someone else's), owns a payload field. `false` without `managedFields`.
-fn payload_only_written_by_copyrator(
-    kind: Kind,
-    managed_fields: Option<&[ManagedFieldsEntry]>,
-) -> bool {
-    let Some(entries) = managed_fields.filter(|m| !m.is_empty()) else {
-        return false;
-    };
-    entries
-        .iter()
-        .filter(|e| {
-            e.manager.as_deref() != Some(crate::FIELD_MANAGER)
-                || e.operation.as_deref() != Some("Update")
-        })
-        .all(|entry| {
-            let Some(FieldsV1(fields)) = &entry.fields_v1 else {
-                return true;
-            };
-            fields.as_object().is_none_or(|top| {
-                !top.keys().any(|key| {
-                    key.strip_prefix("f:")
-                        .is_some_and(|field| kind.is_payload_field(field))
-                })
-            })
-        })
-}
-
 impl Object {
     /// An object whose labels and annotations all count as Copyrator's.
     pub fn new(
@@ -276,6 +250,7 @@ impl Object {
             owned_meta: Arc::new([]),
             rule_uid: None,
             authored: true,
+            unproven: false,
             rule_ref: None,
             source_ref: None,
             create_only: false,
@@ -305,18 +280,20 @@ impl Object {
         };
         let owned = owned_meta_keys(meta.managed_fields.as_deref());
         let other_writer = last_other_writer(meta.managed_fields.as_deref());
-        let intact = payload_only_written_by_copyrator(kind, meta.managed_fields.as_deref());
+        // The mark is checked here and not kept: it is no label or
+        // annotation a copy is compared by.
+        let mut annotations = meta.annotations.unwrap_or_default();
+        let mark = annotations.remove(crate::ANNOTATION_MARK);
         let mut object = Self::new(
             meta.namespace.unwrap_or_default(),
             meta.name.unwrap_or_default(),
             meta.uid.unwrap_or_default(),
             meta.resource_version.unwrap_or_default(),
             meta.labels.unwrap_or_default(),
-            meta.annotations.unwrap_or_default(),
+            annotations,
             normalize_payload(kind, fields),
         );
         object.other_writer = other_writer;
-        object.intact = intact;
         if kind.info().generic {
             object.controller = meta
                 .owner_references
@@ -325,15 +302,44 @@ impl Object {
                 .find(|owner| owner.controller == Some(true))
                 .map(|owner| format!("{}/{}", owner.kind, owner.name).into());
         }
+        let verdict = object
+            .rule_ref
+            .as_deref()
+            .map_or_else(Verdict::default, |rule| {
+                let place = Place {
+                    kind,
+                    namespace: &object.namespace,
+                    name: &object.name,
+                    rule,
+                };
+                mark::verify(&place, &object.payload, mark.as_deref())
+            });
+        let claimed_by_copyrator = owned.as_ref().is_none_or(|owned| {
+            owned.contains(&(MetaMap::Label, crate::LABEL_RULE_UID.to_owned()))
+                || owned.contains(&(MetaMap::Annotation, crate::ANNOTATION_RULE.to_owned()))
+        });
+        object.authored = verdict.identity;
+        object.intact = verdict.content;
+        object.unproven = !verdict.identity
+            && claimed_by_copyrator
+            && (object.rule_uid.is_some() || object.rule_ref.is_some());
+        if !object.authored {
+            object.rule_uid = None;
+        }
         if let Some(owned) = owned {
-            object.authored = owned.contains(&(MetaMap::Label, crate::LABEL_RULE_UID.to_owned()))
-                || owned.contains(&(MetaMap::Annotation, crate::ANNOTATION_RULE.to_owned()));
-            if !object.authored {
-                object.rule_uid = None;
-            }
             object.set_owned(|map, key| owned.contains(&(map, key.to_owned())));
         }
         object
+    }
+
+    /// Whether this object carries Copyrator's labels from rule `rule`
+    /// (`namespace/name`) without its mark ([`Object::unproven`]) and holds
+    /// `payload_hash`: taken back by one write that marks it.
+    pub fn is_unproven_copy_of(&self, rule: &str, payload_hash: u64) -> bool {
+        self.unproven
+            && !self.create_only
+            && self.rule_ref.as_deref() == Some(rule)
+            && self.payload_hash == payload_hash
     }
 
     /// Whether this object is a copy Copyrator wrote for rule `rule`
@@ -849,12 +855,34 @@ pub(crate) mod tests {
                 "2026-01-01T00:00:00Z",
                 serde_json::json!({"f:data": {"f:k": {}}, "f:metadata": {
                     "f:labels": {".": {}, "f:app": {}, "f:copyrator.flant.com/rule-uid": {}},
-                    "f:annotations": {".": {}, "f:note": {}}}}),
+                    "f:annotations": {".": {}, "f:note": {}, "f:copyrator.flant.com/rule": {},
+                                      "f:copyrator.flant.com/mark": {}}}}),
             ),
             managed("neighbour", "2026-01-02T00:00:00Z", neighbour_fields),
         ]);
         o.data = serde_json::json!({"data": {"k": "v"}});
+        mark_as_copy(&mut o, "ops/r");
         o
+    }
+
+    /// Give `o` the rule annotation `rule` and the mark Copyrator writes
+    /// (under the unit tests' key) for its place and payload.
+    pub fn mark_as_copy(o: &mut DynamicObject, rule: &str) {
+        crate::core::mark::install_test_key();
+        let payload = normalize_payload(
+            Kind::ConfigMap,
+            o.data.as_object().cloned().unwrap_or_default(),
+        );
+        let place = Place {
+            kind: Kind::ConfigMap,
+            namespace: o.metadata.namespace.as_deref().unwrap_or_default(),
+            name: o.metadata.name.as_deref().unwrap_or_default(),
+            rule,
+        };
+        let signed = mark::sign(&place, &payload).expect("the test key is installed");
+        let annotations = o.metadata.annotations.get_or_insert_default();
+        annotations.insert(crate::ANNOTATION_RULE.to_owned(), rule.to_owned());
+        annotations.insert(crate::ANNOTATION_MARK.to_owned(), signed);
     }
 
     #[test]
@@ -881,48 +909,57 @@ pub(crate) mod tests {
         assert_eq!(object.rule_uid(), Some("r"));
     }
 
-    /// Who wrote an object is read from `managedFields`, not from labels
-    /// and annotations that anyone may set.
+    /// A copy is recognised by its mark, not by labels, annotations and
+    /// field managers that anyone may set.
     #[test]
-    fn a_copy_is_recognised_by_who_wrote_it_not_by_its_labels() {
+    fn a_copy_is_recognised_by_its_mark_not_by_its_labels_or_field_manager() {
         let rule = "ops/r";
-        // A copy whose rule-UID label a neighbour removed: Copyrator's
-        // manager still owns its rule annotation.
-        let mut stripped = watched_copy(serde_json::json!({}), &[("app", "web")]);
-        stripped.metadata.annotations = Some(BTreeMap::from([(
-            crate::ANNOTATION_RULE.to_string(),
-            rule.to_string(),
-        )]));
-        stripped.metadata.managed_fields = Some(vec![managed(
-            crate::FIELD_MANAGER,
-            "2026-01-01T00:00:00Z",
-            serde_json::json!({"f:metadata": {"f:annotations": {
-                "f:copyrator.flant.com/rule": {}}}}),
-        )]);
+        // A copy whose rule-UID label a neighbour removed: its mark holds.
+        let stripped = watched_copy(serde_json::json!({}), &[("app", "web")]);
         let object = Object::from_dynamic(Kind::ConfigMap, stripped);
-        assert!(object.authored);
+        assert!(object.authored && !object.unproven);
         assert!(object.is_unlabelled_copy_of(rule));
         assert!(!object.is_unlabelled_copy_of("ops/other"));
-        // The same labels and annotations set by someone else: no copy.
-        let mut forged = watched_copy(
-            serde_json::json!({}),
-            &[(crate::LABEL_RULE_UID, "r"), ("app", "web")],
+        assert!(
+            !object.annotations.contains_key(crate::ANNOTATION_MARK),
+            "the mark is checked, not kept"
         );
-        forged.metadata.annotations = Some(BTreeMap::from([(
-            crate::ANNOTATION_RULE.to_string(),
-            rule.to_string(),
-        )]));
-        forged.metadata.managed_fields = Some(vec![managed(
-            "kubectl-client-side-apply",
-            "2026-01-01T00:00:00Z",
-            serde_json::json!({"f:metadata": {
-                "f:labels": {"f:copyrator.flant.com/rule-uid": {}, "f:app": {}},
-                "f:annotations": {"f:copyrator.flant.com/rule": {}}}}),
-        )]);
-        let object = Object::from_dynamic(Kind::ConfigMap, forged);
-        assert!(!object.authored);
-        assert_eq!(object.rule_uid(), None, "a forged label makes no copy");
-        assert!(!object.is_unlabelled_copy_of(rule));
+        let unmarked = |manager: &str| {
+            let mut o = watched_copy(
+                serde_json::json!({}),
+                &[(crate::LABEL_RULE_UID, "r"), ("app", "web")],
+            );
+            o.metadata
+                .annotations
+                .as_mut()
+                .map(|a| a.remove(crate::ANNOTATION_MARK));
+            o.metadata.managed_fields = Some(vec![managed(
+                manager,
+                "2026-01-01T00:00:00Z",
+                serde_json::json!({"f:metadata": {
+                    "f:labels": {"f:copyrator.flant.com/rule-uid": {}, "f:app": {}},
+                    "f:annotations": {"f:copyrator.flant.com/rule": {}}}}),
+            )]);
+            Object::from_dynamic(Kind::ConfigMap, o)
+        };
+        // The same labels and annotations set by someone else: no copy.
+        let forged = unmarked("kubectl-client-side-apply");
+        assert!(!forged.authored && !forged.unproven);
+        assert_eq!(forged.rule_uid(), None, "a forged label makes no copy");
+        assert!(!forged.is_unlabelled_copy_of(rule));
+        // Under Copyrator's field manager but without the mark: unproven,
+        // taken back only where it holds what the rule would write.
+        let claimed = unmarked(crate::FIELD_MANAGER);
+        assert!(!claimed.authored && claimed.unproven);
+        assert_eq!(claimed.rule_uid(), None);
+        assert!(claimed.is_unproven_copy_of(rule, claimed.payload_hash));
+        assert!(!claimed.is_unproven_copy_of(rule, claimed.payload_hash ^ 1));
+        assert!(!claimed.is_unproven_copy_of("ops/other", claimed.payload_hash));
+        // A mark carried to another name proves nothing.
+        let mut moved = watched_copy(serde_json::json!({}), &[(crate::LABEL_RULE_UID, "r")]);
+        moved.metadata.name = Some("other".into());
+        let moved = Object::from_dynamic(Kind::ConfigMap, moved);
+        assert!(!moved.authored && moved.unproven && !moved.intact);
     }
 
     #[test]
@@ -966,27 +1003,18 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_payload_is_intact_only_while_copyrator_alone_updated_it() {
-        let intact = |neighbour_fields: Value| {
-            Object::from_dynamic(Kind::ConfigMap, watched_copy(neighbour_fields, &[])).intact
-        };
-        assert!(intact(
-            serde_json::json!({"f:metadata": {"f:labels": {"f:team": {}}}})
-        ));
+    fn a_payload_is_intact_only_while_its_content_tag_is_right() {
+        let copy = watched_copy(serde_json::json!({"f:data": {"f:k": {}}}), &[]);
+        let object = Object::from_dynamic(Kind::ConfigMap, copy.clone());
         assert!(
-            !intact(serde_json::json!({"f:data": {"f:k": {}}})),
-            "someone else set a data key"
+            object.intact,
+            "whoever managedFields name, the payload is what was marked"
         );
-        // An apply under Copyrator's name is not Copyrator's (it only updates).
-        let mut forged = watched_copy(serde_json::json!({}), &[]);
-        if let Some(entries) = forged.metadata.managed_fields.as_mut() {
-            entries[0].operation = Some("Apply".into());
-        }
-        assert!(!Object::from_dynamic(Kind::ConfigMap, forged).intact);
-        // managedFields cleared (anyone may clear them): nothing is proved.
-        let mut cleared = watched_copy(serde_json::json!({}), &[]);
-        cleared.metadata.managed_fields = None;
-        assert!(!Object::from_dynamic(Kind::ConfigMap, cleared).intact);
+        let mut edited = copy;
+        edited.data = serde_json::json!({"data": {"k": "EVIL"}});
+        let object = Object::from_dynamic(Kind::ConfigMap, edited);
+        assert!(object.authored, "still the copy");
+        assert!(!object.intact, "but not its content");
     }
 
     #[test]

@@ -138,6 +138,20 @@ fn leadership(settings: &Settings, clients: &Clients, metrics: &Arc<Metrics>) ->
     }
 }
 
+/// The API clients, and the installation's mark key read (or made) with
+/// them before any watch starts: each copy decoded is checked against it.
+async fn connect(settings: &Settings) -> anyhow::Result<Clients> {
+    let clients = api_clients(settings.api_transport, settings.write_concurrency as usize).await?;
+    let key = crate::cluster::mark_key::load_or_create(
+        &clients.read,
+        &settings.namespace,
+        &settings.mark_key_secret,
+    )
+    .await?;
+    crate::core::mark::install(key);
+    Ok(clients)
+}
+
 fn shutdown_step(step: u8, done: &str) {
     info!(step, done, "shutdown step");
 }
@@ -149,7 +163,7 @@ pub async fn run(
     shutdown: impl Future<Output = &'static str> + Send + 'static,
 ) -> anyhow::Result<()> {
     crate::ops::telemetry::init(&settings.log_level, settings.log_format)?;
-    let clients = api_clients(settings.api_transport, settings.write_concurrency as usize).await?;
+    let clients = connect(&settings).await?;
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::new(settings.stuck_after()));
     let (stop, stopped) = watch::channel(false);

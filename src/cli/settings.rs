@@ -203,6 +203,17 @@ pub struct Settings {
     #[arg(long, env = "LEASE_DURATION", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=600), global = true)]
     pub lease_duration: u64,
 
+    /// Name of the Secret in the operator's namespace that holds the
+    /// installation's mark key (made by the operator when absent): copies
+    /// are recognised, and restart annotations computed, by it.
+    #[arg(
+        long,
+        env = "MARK_KEY_SECRET",
+        default_value = "copyrator-mark-key",
+        global = true
+    )]
+    pub mark_key_secret: String,
+
     /// Keep copies in member clusters: read the inventory (cluster Secrets
     /// and ClusterProfiles) in the operator's namespace. Off, a rule that
     /// targets members is `Ready=False`, reason `MemberClustersDisabled`.

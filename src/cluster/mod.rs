@@ -7,6 +7,7 @@ pub mod context;
 pub mod foreign;
 pub mod inventory;
 pub mod leader;
+pub mod mark_key;
 pub mod ratelimit;
 pub mod sources;
 pub mod watch;

@@ -27,6 +27,7 @@ use crate::cluster::leader::LeaderGate;
 use crate::cluster::ratelimit::RateLimiter;
 use crate::cluster::write_limit::{WriteLimit, WritePermit};
 use crate::core::backoff::{Failure, FailureClass};
+use crate::core::mark::{self, Place};
 use crate::core::plan::{Action, Desired, Occupied, occupied};
 use crate::ops::metrics::ClusterMetrics;
 
@@ -113,6 +114,17 @@ fn to_dynamic(desired: &Desired, namespace: &str, current: Option<&Object>) -> D
     labels.extend(desired.labels.clone());
     let mut annotations = current.map(|c| c.annotations.clone()).unwrap_or_default();
     annotations.extend(desired.annotations.clone());
+    if let Some(rule) = desired.annotations.get(crate::ANNOTATION_RULE) {
+        let place = Place {
+            kind: desired.kind,
+            namespace,
+            name: &desired.name,
+            rule,
+        };
+        if let Some(mark) = mark::sign(&place, &desired.payload) {
+            annotations.insert(crate::ANNOTATION_MARK.to_owned(), mark);
+        }
+    }
     object.metadata.labels = Some(labels);
     object.metadata.annotations = Some(annotations);
     object.metadata.resource_version = current.map(|c| c.resource_version.clone());

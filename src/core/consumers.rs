@@ -6,9 +6,10 @@
 //! The annotation is `copyrator.flant.com/restart-<16 hex digits of the
 //! SHA-256 of "Kind/name">` (a per-copy key that fits the 63 characters of
 //! an annotation's name whatever the copy is called); its value is 32 hex
-//! digits of the SHA-256 of the keys and values the workload uses. The
-//! same content always gives the same value, so writing it again never
-//! rolls a workload twice.
+//! digits of an HMAC-SHA-256, under the installation's key, of the keys and
+//! values the workload uses (a plain hash would let anyone who may read
+//! the workload guess a short Secret value). The same content always gives
+//! the same value, so writing it again never rolls a workload twice.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use ring::digest::{SHA256, digest};
 use serde_json::Value;
 
 use crate::api::kinds::Kind;
+use crate::core::mark;
 use crate::core::plan::Desired;
 use crate::{ANNOTATION_RESTART, ANNOTATION_RESTART_PREFIX};
 
@@ -161,10 +163,17 @@ fn value_text(value: &Value) -> String {
     }
 }
 
-/// The hash of what `used` takes of a copy's `payload` (its data fields):
-/// a key the workload names but the copy lacks counts as absent, so its
-/// arrival changes the hash too.
+/// The restart annotation's value for what `used` takes of a copy's
+/// `payload` (its data fields): a tag under the installation's key (see
+/// `core::mark`), so that it says nothing of the values to whoever reads
+/// the workload. A key the workload names but the copy lacks counts as
+/// absent, so its arrival changes the value too.
 pub fn used_hash(kind: Kind, payload: &BTreeMap<String, Value>, used: &Use) -> String {
+    mark::restart_value(&used_text(kind, payload, used))
+}
+
+/// The canonical text of what `used` takes of `payload`.
+fn used_text(kind: Kind, payload: &BTreeMap<String, Value>, used: &Use) -> String {
     let fields: Vec<(&str, &serde_json::Map<String, Value>)> = kind
         .info()
         .data_fields
@@ -201,7 +210,7 @@ pub fn used_hash(kind: Kind, payload: &BTreeMap<String, Value>, used: &Use) -> S
             }
         }
     }
-    hex(digest(&SHA256, text.as_bytes()).as_ref(), 32)
+    text
 }
 
 /// A digest of each data key's value: what a copy held, remembered
@@ -308,8 +317,13 @@ pub fn restarts_due(
                 continue;
             }
         }
-        let value = used_hash(copy.kind, copy.payload, &used);
-        if carried != Some(&value) {
+        let text = used_text(copy.kind, copy.payload, &used);
+        let value = mark::restart_value(&text);
+        // A value from before restart values were keyed stands for the
+        // same content: replacing it would roll the workload for nothing.
+        let current =
+            carried.is_some_and(|c| *c == value || *c == mark::unkeyed_restart_value(&text));
+        if !current {
             due.insert(key, value);
         }
     }
@@ -461,10 +475,16 @@ mod tests {
             used_hash(cm, &split, &Use::Whole),
             used_hash(cm, &joined, &Use::Whole)
         );
-        // The value is pinned: a new release must not roll every consumer.
+        // What workloads carry from before values were keyed is pinned:
+        // it is taken as current, so that keying rolls no consumer.
         assert_eq!(
-            used_hash(cm, &before, &Use::Whole),
+            mark::unkeyed_restart_value(&used_text(cm, &before, &Use::Whole)),
             "c36734778f62599efef9daaca3536618"
+        );
+        assert_ne!(
+            used_hash(cm, &before, &Use::Whole),
+            "c36734778f62599efef9daaca3536618",
+            "keyed"
         );
         assert_eq!(used_hash(cm, &before, &a).len(), 32);
     }

@@ -980,6 +980,12 @@ fn decide_over(inputs: &Inputs<'_>, desired: &Arc<Desired>, current: &Arc<Object
         };
     }
     if !current.authored {
+        if current.is_unproven_copy_of(&rule.key.to_string(), desired.payload_hash) {
+            // Copyrator's labels without its mark (written before copies
+            // carried one), holding what the rule writes anyway: one write
+            // marks it.
+            return Placement::Write(rewrite(desired, current));
+        }
         // Copyrator's labels set by someone else: a foreign object.
         return match rule.conflict_policy {
             ConflictPolicy::Skip => Placement::Conflict(foreign_reason(rule.kind, current)),
@@ -1091,7 +1097,9 @@ pub fn occupied(
     policy: ConflictPolicy,
     rule: &str,
 ) -> Occupied {
-    if existing.is_unlabelled_copy_of(rule) {
+    if existing.is_unlabelled_copy_of(rule)
+        || existing.is_unproven_copy_of(rule, desired.payload_hash)
+    {
         // Ours, its rule-UID label removed by someone: put back like any
         // other key Copyrator owns.
         return if desired.needs_recreate(existing) {
@@ -1136,7 +1144,12 @@ pub fn occupied(
 pub(crate) fn foreign_reason(kind: Kind, existing: &Object) -> String {
     let looks_like_a_copy =
         existing.rule_ref.is_some() || existing.labels.contains_key(LABEL_RULE_UID);
-    if looks_like_a_copy && !existing.authored {
+    if existing.unproven {
+        format!(
+            "a {kind} not made by Copyrator is there (it carries Copyrator's labels but not its \
+             mark, and not the source's content)"
+        )
+    } else if looks_like_a_copy && !existing.authored {
         format!(
             "a {kind} not made by Copyrator is there (its Copyrator labels were set by another writer)"
         )
@@ -1882,6 +1895,56 @@ pub mod tests {
         assert_eq!(p.conflicts[0].namespace, "a");
         assert!(p.conflicts[0].reason.contains("not made by Copyrator"));
         assert_eq!(p.in_place, 0, "the forged object is not counted");
+    }
+
+    /// An object under Copyrator's field manager and labels but without
+    /// its mark (a copy from before marks, or a forgery): taken back by
+    /// one write where it holds what the rule writes there, a conflict
+    /// where it holds anything else, never pruned.
+    #[test]
+    fn an_unmarked_copy_is_taken_back_only_where_it_holds_the_sources_content() {
+        let mut w = World::new(&["src", "a", "b"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let r = simple_rule();
+        let unmarked = |namespace: &str, name: &str, value: &str| {
+            let mut o = crate::cache::index::tests::object(
+                namespace,
+                name,
+                "u",
+                1,
+                &[(LABEL_RULE_UID, r.uid.as_str())],
+            );
+            o.annotations
+                .insert(ANNOTATION_RULE.into(), r.key.to_string());
+            o.payload = BTreeMap::from([("data".to_owned(), json!({"k": value}))]);
+            o.rehash();
+            o.authored = false;
+            o.unproven = true;
+            o.rule_uid = None;
+            Arc::new(o)
+        };
+        w.copies.upsert(unmarked("a", "cm", "v"));
+        w.copies.upsert(unmarked("b", "cm", "EVIL"));
+        w.copies.upsert(unmarked("a", "gone-source", "v"));
+        let p = w.plan(&r);
+        assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "update")]);
+        assert_eq!(p.conflicts.len(), 1, "{:?}", p.conflicts);
+        assert_eq!(p.conflicts[0].namespace, "b");
+        assert!(
+            p.conflicts[0].reason.contains("not its mark"),
+            "{}",
+            p.conflicts[0].reason
+        );
+        let desired = match &p.actions[0] {
+            Action::Update { desired, .. } => desired.clone(),
+            other => panic!("an update: {other:?}"),
+        };
+        let held = w.copies.get("a", "cm").expect("the unmarked copy");
+        assert_eq!(
+            occupied(&desired, held, ConflictPolicy::Skip, &r.key.to_string()),
+            Occupied::Update,
+            "a create that meets it takes it back too"
+        );
     }
 
     #[test]

@@ -174,13 +174,10 @@ pub fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Ga
             && stage > 0
         {
             entry.held_later = true;
-            // Content is handed on only from a copy this process saw
-            // Copyrator write and that has not changed since:
-            // `managedFields` alone can be forged (a copy made again under
-            // Copyrator's field manager).
-            if current.written_for.is_some()
-                && entry.earlier.as_ref().is_none_or(|(s, _)| *s < stage)
-            {
+            // Content is handed on only from a copy whose mark proves it
+            // Copyrator's write there, unchanged since (labels and field
+            // managers can be forged; the mark cannot).
+            if current.intact && entry.earlier.as_ref().is_none_or(|(s, _)| *s < stage) {
                 entry.earlier = Some((stage, current.clone()));
             }
         }
@@ -628,8 +625,10 @@ mod tests {
     }
 
     /// The copy in `namespace` of `w` deleted and made again by someone
-    /// under Copyrator's field manager with `{"k": value}`: intact by its
-    /// `managedFields`, but never seen written by Copyrator.
+    /// under Copyrator's field manager, with its labels, annotations and
+    /// mark, holding `{"k": value}`: the copy watch reports it as the
+    /// rule's copy (the mark's identity holds) but not intact (its content
+    /// tag does not).
     fn forge_copy(w: &mut World, namespace: &str, value: &str) {
         let copy = w.copies.get(namespace, "cm").expect("a copy").clone();
         let mut forged = (*copy).clone();
@@ -638,6 +637,7 @@ mod tests {
         forged.written_for = None;
         forged.settled = false;
         forged.rehash();
+        forged.intact = false;
         w.copies.remove(namespace, "cm", &copy.uid);
         w.copies.upsert(Arc::new(forged));
     }
@@ -650,13 +650,49 @@ mod tests {
         let mut rollouts = Rollouts::default();
         let (_, gated) = staged(&w, &mut rollouts, Instant::now(), None);
         let read: Vec<&str> = gated.reads.iter().map(|r| r.namespace.as_str()).collect();
-        assert_eq!(read, ["r2"], "only the copy Copyrator was seen writing");
-        // Every copy past the canary forged: r3 waits for its stage.
+        assert_eq!(read, ["r2"], "only the copy whose content is marked");
+        // Every copy past the canary forged: each is restored as an edited
+        // copy would be, and nothing carries EVIL anywhere.
         forge_copy(&mut w, "r2", "EVIL");
         let mut rollouts = Rollouts::default();
         let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
         assert!(gated.reads.is_empty(), "{gated:?}");
-        assert_eq!(places(&plan), ["update c1"], "r3 is held, not given EVIL");
+        assert_eq!(
+            places(&plan),
+            ["update c1", "update r1", "update r2", "create r3"]
+        );
+        let evil = crate::cache::index::payload_hash(&BTreeMap::from([(
+            "data".to_owned(),
+            json!({"k": "EVIL"}),
+        )]));
+        assert!(plan.actions.iter().all(|a| match a {
+            Action::Create { desired, .. } | Action::Update { desired, .. } =>
+                desired.payload_hash != evil,
+            _ => true,
+        }));
+    }
+
+    /// After a restart nothing is remembered of Copyrator's writes: a copy
+    /// whose mark proves its content still hands it on.
+    #[test]
+    fn after_a_restart_marked_content_is_still_handed_on() {
+        let mut w = changed_world();
+        let mut restarted = CopyIndex::default();
+        for namespace in ["c1", "r1", "r2"] {
+            let mut copy = (**w.copies.get(namespace, "cm").expect("a copy")).clone();
+            copy.written_for = None;
+            copy.settled = false;
+            restarted.upsert(Arc::new(copy));
+        }
+        w.copies = restarted;
+        w.namespaces.insert("r3".into(), NamespaceInfo::default());
+        let mut rollouts = Rollouts::default();
+        let (_, gated) = staged(&w, &mut rollouts, Instant::now(), None);
+        let read: Vec<&str> = gated.reads.iter().map(|r| r.namespace.as_str()).collect();
+        assert!(
+            matches!(read[..], ["r1" | "r2"]),
+            "one marked copy of the latest stage: {read:?}"
+        );
     }
 
     #[test]

@@ -25,13 +25,15 @@ use super::{
     TIMEOUT, TestNs, create_service_account, err_msg, service_account_kubeconfig, wait_until,
 };
 
-/// One verb on one resource of one API group, as a Role grants it.
+/// One verb on one resource of one API group, as a Role grants it, on
+/// every object or only on the one `name` (a rule's `resourceNames`).
 /// `resource` may name a subresource (`copyrators/status`).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Grant {
     pub group: String,
     pub resource: String,
     pub verb: String,
+    pub name: Option<String>,
 }
 
 impl Grant {
@@ -40,6 +42,15 @@ impl Grant {
             group: group.to_string(),
             resource: resource.to_string(),
             verb: verb.to_string(),
+            name: None,
+        }
+    }
+
+    /// `verb` on the one object `name` of `resource`.
+    pub fn named(group: &str, resource: &str, verb: &str, name: &str) -> Grant {
+        Grant {
+            name: Some(name.to_string()),
+            ..Grant::new(group, resource, verb)
         }
     }
 
@@ -64,7 +75,11 @@ impl fmt::Display for Grant {
         } else {
             &self.group
         };
-        write!(f, "{} {group}/{}", self.verb, self.resource)
+        write!(f, "{} {group}/{}", self.verb, self.resource)?;
+        match &self.name {
+            Some(name) => write!(f, " {name}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -80,10 +95,22 @@ pub fn grants_of(role: &Value) -> BTreeSet<Grant> {
     };
     let mut out = BTreeSet::new();
     for rule in role["rules"].as_array().into_iter().flatten() {
+        let names: Vec<Option<String>> = match rule.get("resourceNames") {
+            Some(_) => strings(rule, "resourceNames")
+                .into_iter()
+                .map(Some)
+                .collect(),
+            None => vec![None],
+        };
         for group in strings(rule, "apiGroups") {
             for resource in strings(rule, "resources") {
                 for verb in strings(rule, "verbs") {
-                    out.insert(Grant::new(&group, &resource, &verb));
+                    for name in &names {
+                        out.insert(Grant {
+                            name: name.clone(),
+                            ..Grant::new(&group, &resource, &verb)
+                        });
+                    }
                 }
             }
         }
@@ -91,20 +118,26 @@ pub fn grants_of(role: &Value) -> BTreeSet<Grant> {
     out
 }
 
-/// Role rules granting exactly `grants`: one rule per (group, resource).
+/// Role rules granting exactly `grants`: one rule per (group, resource,
+/// name).
 pub fn rules_of(grants: &BTreeSet<Grant>) -> Value {
-    let mut by_resource: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
+    let mut by_resource: BTreeMap<(&str, &str, Option<&str>), Vec<&str>> = BTreeMap::new();
     for g in grants {
         by_resource
-            .entry((&g.group, &g.resource))
+            .entry((&g.group, &g.resource, g.name.as_deref()))
             .or_default()
             .push(&g.verb);
     }
     Value::Array(
         by_resource
             .into_iter()
-            .map(|((group, resource), verbs)| {
-                json!({"apiGroups": [group], "resources": [resource], "verbs": verbs})
+            .map(|((group, resource, name), verbs)| {
+                let mut rule =
+                    json!({"apiGroups": [group], "resources": [resource], "verbs": verbs});
+                if let Some(name) = name {
+                    rule["resourceNames"] = json!([name]);
+                }
+                rule
             })
             .collect(),
     )
@@ -243,13 +276,16 @@ impl Identity {
         grant: &Grant,
         namespace: Option<&str>,
     ) -> Result<bool, String> {
-        let attributes = json!({
+        let mut attributes = json!({
             "group": grant.group,
             "resource": grant.base_resource(),
             "subresource": grant.subresource(),
             "verb": grant.verb,
             "namespace": namespace,
         });
+        if let Some(name) = &grant.name {
+            attributes["name"] = json!(name);
+        }
         service_account_may(client, &self.user, &self.namespace, attributes).await
     }
 

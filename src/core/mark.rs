@@ -1,0 +1,405 @@
+//! Copyrator's marks: what only this installation can produce, so that
+//! nobody else can make an object pass for one of its copies or read a
+//! copy's content back from the restart annotation.
+//!
+//! Each copy carries the annotation `copyrator.flant.com/mark:
+//! <identity>.<content>`, two HMAC-SHA-256 tags (32 hex digits each) under
+//! a per-installation key kept in a Secret of the operator's namespace:
+//!
+//! - *identity* covers the kind, namespace, name and the rule
+//!   (`namespace/name`) of the copy: Copyrator made a copy of this rule at
+//!   this place. An object without it is not Copyrator's copy, whatever its
+//!   labels and field managers say. Carried over to an object made again
+//!   at the same place it proves nothing more than that.
+//! - *content* covers the same and the payload: this payload is what
+//!   Copyrator wrote there. Only such content is handed on to other
+//!   namespaces (a staged rollout's earlier content).
+//!
+//! The restart annotation's value is a tag of what a workload uses under
+//! the same key, so that a reader of the workload learns nothing of the
+//! Secret's values.
+//!
+//! The key is installed once per process ([`install`]). A process without
+//! one (the command-line tools, which may not read the operator's Secret)
+//! takes a well-formed mark for what it says and hashes restart values
+//! without a key: what it prints is a preview.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use ring::hmac;
+use serde_json::Value;
+
+use crate::api::kinds::Kind;
+
+/// The key's least length, in bytes.
+pub const KEY_BYTES: usize = 32;
+/// Hex digits of each tag in a mark.
+const TAG_DIGITS: usize = 32;
+
+/// The per-installation key.
+pub struct MarkKey(hmac::Key);
+
+/// A key of fewer than [`KEY_BYTES`] bytes.
+#[derive(Debug, thiserror::Error)]
+#[error("the mark key has {0} bytes; at least {KEY_BYTES} are needed")]
+pub struct KeyTooShort(pub usize);
+
+impl MarkKey {
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, KeyTooShort> {
+        if bytes.len() < KEY_BYTES {
+            return Err(KeyTooShort(bytes.len()));
+        }
+        Ok(Self(hmac::Key::new(hmac::HMAC_SHA256, bytes)))
+    }
+}
+
+static KEY: OnceLock<MarkKey> = OnceLock::new();
+
+/// Install this process's key; `false` if one was installed before (the
+/// first stays).
+pub fn install(key: MarkKey) -> bool {
+    KEY.set(key).is_ok()
+}
+
+fn key() -> Option<&'static MarkKey> {
+    // Unit tests all run under one fixed key, whatever order they run in.
+    #[cfg(test)]
+    install_test_key();
+    KEY.get()
+}
+
+/// Where a copy is, and for which rule (`namespace/name`).
+#[derive(Clone, Copy, Debug)]
+pub struct Place<'a> {
+    pub kind: Kind,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub rule: &'a str,
+}
+
+/// Feeds parts to an HMAC, each prefixed by its length, so that no two
+/// different sequences of parts feed the same bytes.
+struct Feed(hmac::Context);
+
+impl Feed {
+    fn new(key: &MarkKey, domain: &str) -> Self {
+        let mut feed = Self(hmac::Context::with_key(&key.0));
+        feed.part(domain.as_bytes());
+        feed
+    }
+
+    fn part(&mut self, bytes: &[u8]) {
+        self.0.update(&(bytes.len() as u64).to_be_bytes());
+        self.0.update(bytes);
+    }
+
+    fn place(mut self, place: &Place<'_>) -> Self {
+        for part in [place.kind.name(), place.namespace, place.name, place.rule] {
+            self.part(part.as_bytes());
+        }
+        self
+    }
+
+    /// A JSON value in a canonical form: object keys sorted, every part
+    /// tagged with its type.
+    fn value(&mut self, value: &Value) {
+        match value {
+            Value::Null => self.part(b"n"),
+            Value::Bool(b) => self.part(if *b { b"t" } else { b"f" }),
+            Value::Number(n) => {
+                self.part(b"#");
+                self.part(n.to_string().as_bytes());
+            }
+            Value::String(s) => {
+                self.part(b"s");
+                self.part(s.as_bytes());
+            }
+            Value::Array(items) => {
+                self.part(b"[");
+                self.part(&(items.len() as u64).to_be_bytes());
+                for item in items {
+                    self.value(item);
+                }
+            }
+            Value::Object(map) => {
+                self.part(b"{");
+                self.part(&(map.len() as u64).to_be_bytes());
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                for key in keys {
+                    self.part(key.as_bytes());
+                    self.value(&map[key]);
+                }
+            }
+        }
+    }
+
+    fn payload(mut self, payload: &BTreeMap<String, Value>) -> Self {
+        self.part(&(payload.len() as u64).to_be_bytes());
+        for (field, value) in payload {
+            self.part(field.as_bytes());
+            self.value(value);
+        }
+        self
+    }
+
+    fn hex(self) -> String {
+        hex(self.0.sign().as_ref(), TAG_DIGITS)
+    }
+}
+
+fn hex(bytes: &[u8], digits: usize) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    bytes
+        .iter()
+        .flat_map(|b| [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]])
+        .take(digits)
+        .map(char::from)
+        .collect()
+}
+
+fn identity_tag(key: &MarkKey, place: &Place<'_>) -> String {
+    Feed::new(key, "copyrator copy").place(place).hex()
+}
+
+fn content_tag(key: &MarkKey, place: &Place<'_>, payload: &BTreeMap<String, Value>) -> String {
+    Feed::new(key, "copyrator content")
+        .place(place)
+        .payload(payload)
+        .hex()
+}
+
+/// The mark of a copy at `place` holding `payload`, under `key`.
+pub fn sign_with(key: &MarkKey, place: &Place<'_>, payload: &BTreeMap<String, Value>) -> String {
+    format!(
+        "{}.{}",
+        identity_tag(key, place),
+        content_tag(key, place, payload)
+    )
+}
+
+/// The mark of a copy at `place` holding `payload`; `None` without a key.
+pub fn sign(place: &Place<'_>, payload: &BTreeMap<String, Value>) -> Option<String> {
+    key().map(|key| sign_with(key, place, payload))
+}
+
+/// What a mark proves of an object.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Copyrator made a copy of this rule at this place.
+    pub identity: bool,
+    /// And this payload is what it wrote there.
+    pub content: bool,
+}
+
+/// Constant-time equality of two tags.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+fn well_formed(tag: &str) -> bool {
+    tag.len() == TAG_DIGITS && tag.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// What `mark` (the annotation's value, if any) proves of an object at
+/// `place` holding `payload`, under `key`.
+pub fn verify_with(
+    key: Option<&MarkKey>,
+    place: &Place<'_>,
+    payload: &BTreeMap<String, Value>,
+    mark: Option<&str>,
+) -> Verdict {
+    let Some((identity, content)) = mark.and_then(|m| m.split_once('.')) else {
+        return Verdict::default();
+    };
+    if !well_formed(identity) || !well_formed(content) {
+        return Verdict::default();
+    }
+    let Some(key) = key else {
+        // No key to check against (a command-line preview): taken as said.
+        return Verdict {
+            identity: true,
+            content: true,
+        };
+    };
+    if !same(identity, &identity_tag(key, place)) {
+        return Verdict::default();
+    }
+    Verdict {
+        identity: true,
+        content: same(content, &content_tag(key, place, payload)),
+    }
+}
+
+/// What `mark` proves of an object at `place` holding `payload`.
+pub fn verify(place: &Place<'_>, payload: &BTreeMap<String, Value>, mark: Option<&str>) -> Verdict {
+    verify_with(key(), place, payload, mark)
+}
+
+/// The restart annotation's value for `used` (the canonical text of what a
+/// workload uses of a copy): a tag under `key`, or without a key a plain
+/// SHA-256 (as before keys existed), each of 32 hex digits.
+pub fn restart_value_with(key: Option<&MarkKey>, used: &str) -> String {
+    match key {
+        Some(key) => {
+            let mut feed = Feed::new(key, "copyrator restart");
+            feed.part(used.as_bytes());
+            feed.hex()
+        }
+        None => unkeyed_restart_value(used),
+    }
+}
+
+/// [`restart_value_with`] this process's key.
+pub fn restart_value(used: &str) -> String {
+    restart_value_with(key(), used)
+}
+
+/// The value a workload carries from before restart values were keyed:
+/// taken as current while what it uses is unchanged, so that keying rolls
+/// no workload.
+pub fn unkeyed_restart_value(used: &str) -> String {
+    hex(
+        ring::digest::digest(&ring::digest::SHA256, used.as_bytes()).as_ref(),
+        TAG_DIGITS,
+    )
+}
+
+/// A fixed key for unit tests, installed once per test process.
+#[cfg(test)]
+pub fn install_test_key() {
+    let _ = KEY.get_or_init(|| test_key(7));
+}
+
+#[cfg(test)]
+pub fn test_key(seed: u8) -> MarkKey {
+    MarkKey::from_bytes(&[seed; KEY_BYTES]).expect("a key of KEY_BYTES")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn payload(value: Value) -> BTreeMap<String, Value> {
+        BTreeMap::from([("data".to_owned(), value)])
+    }
+
+    const PLACE: Place<'static> = Place {
+        kind: Kind::ConfigMap,
+        namespace: "team-a",
+        name: "trust-bundle",
+        rule: "platform/r",
+    };
+
+    #[test]
+    fn a_mark_proves_the_place_and_the_content_under_its_key_only() {
+        let key = test_key(1);
+        let good = payload(json!({"ca.crt": "GOOD"}));
+        let mark = sign_with(&key, &PLACE, &good);
+        let verdict = |key: &MarkKey, place: &Place<'_>, payload, mark: &str| {
+            verify_with(Some(key), place, payload, Some(mark))
+        };
+        assert_eq!(
+            verdict(&key, &PLACE, &good, &mark),
+            Verdict {
+                identity: true,
+                content: true
+            }
+        );
+        // Edited content: still the copy, no longer Copyrator's content.
+        let evil = payload(json!({"ca.crt": "EVIL"}));
+        assert_eq!(
+            verdict(&key, &PLACE, &evil, &mark),
+            Verdict {
+                identity: true,
+                content: false
+            }
+        );
+        // Carried to another place or rule, or checked under another key:
+        // proves nothing.
+        for place in [
+            Place {
+                namespace: "team-b",
+                ..PLACE
+            },
+            Place {
+                name: "other",
+                ..PLACE
+            },
+            Place {
+                rule: "platform/other",
+                ..PLACE
+            },
+            Place {
+                kind: Kind::Secret,
+                ..PLACE
+            },
+        ] {
+            assert_eq!(verdict(&key, &place, &good, &mark), Verdict::default());
+        }
+        assert_eq!(
+            verdict(&test_key(2), &PLACE, &good, &mark),
+            Verdict::default()
+        );
+    }
+
+    #[test]
+    fn what_is_not_a_well_formed_mark_proves_nothing_even_without_a_key() {
+        let good = payload(json!({"k": "v"}));
+        for mark in [
+            None,
+            Some(""),
+            Some("abc"),
+            Some("x.y"),
+            Some(&*"0".repeat(65)),
+        ] {
+            assert_eq!(verify_with(None, &PLACE, &good, mark), Verdict::default());
+        }
+        let forged = format!("{}.{}", "0".repeat(32), "0".repeat(32));
+        assert!(verify_with(None, &PLACE, &good, Some(&forged)).content);
+        assert_eq!(
+            verify_with(Some(&test_key(1)), &PLACE, &good, Some(&forged)),
+            Verdict::default()
+        );
+    }
+
+    #[test]
+    fn content_is_canonical_whatever_order_keys_arrived_in_and_tells_types_apart() {
+        let key = test_key(1);
+        let a: Value =
+            serde_json::from_str(r#"{"x": "1", "y": {"b": 1, "a": [true]}}"#).expect("json");
+        let b: Value =
+            serde_json::from_str(r#"{"y": {"a": [true], "b": 1}, "x": "1"}"#).expect("json");
+        assert_eq!(
+            sign_with(&key, &PLACE, &payload(a)),
+            sign_with(&key, &PLACE, &payload(b))
+        );
+        assert_ne!(
+            sign_with(&key, &PLACE, &payload(json!({"x": "1"}))),
+            sign_with(&key, &PLACE, &payload(json!({"x": 1})))
+        );
+        // Length prefixes: moving a boundary between parts changes the tag.
+        assert_ne!(
+            sign_with(&key, &PLACE, &payload(json!({"ab": "c"}))),
+            sign_with(&key, &PLACE, &payload(json!({"a": "bc"})))
+        );
+    }
+
+    #[test]
+    fn a_keyed_restart_value_is_not_the_plain_hash_and_depends_on_the_key() {
+        let used = "whole;4:data3:pin4:4821";
+        let plain = unkeyed_restart_value(used);
+        assert_eq!(restart_value_with(None, used), plain);
+        let keyed = restart_value_with(Some(&test_key(1)), used);
+        assert_eq!(keyed.len(), 32);
+        assert_ne!(keyed, plain);
+        assert_ne!(keyed, restart_value_with(Some(&test_key(2)), used));
+        assert_eq!(keyed, restart_value_with(Some(&test_key(1)), used));
+    }
+}
