@@ -573,6 +573,37 @@ mod tests {
         );
     }
 
+    /// A workload that carries the value of before keys, for the content
+    /// the copy still holds, is not rolled for the new form of the value;
+    /// once the content changes it gets the keyed value.
+    #[test]
+    fn an_unkeyed_value_of_unchanged_content_stands() {
+        let pod = deployment_spec();
+        let v1 = payload(json!({"a": "1"}));
+        let v2 = payload(json!({"a": "2"}));
+        let used = use_of(&pod, Kind::ConfigMap, "cm").expect("the pod uses cm");
+        let key = restart_key(Kind::ConfigMap, "cm");
+        let unkeyed = mark::unkeyed_restart_value(&used_text(Kind::ConfigMap, &v1, &used));
+        let carried = BTreeMap::from([(key.clone(), unkeyed)]);
+        let workload = Workload {
+            annotations: None,
+            template_annotations: Some(&carried),
+            spec: &pod,
+        };
+        let copy = |payload| CopyContent {
+            kind: Kind::ConfigMap,
+            name: "cm",
+            payload,
+            trigger: Trigger::Recheck,
+            before: None,
+        };
+        assert!(restarts_due(&workload, &[copy(&v1)]).is_empty());
+        assert_eq!(
+            restarts_due(&workload, &[copy(&v2)]),
+            BTreeMap::from([(key, used_hash(Kind::ConfigMap, &v2, &used))])
+        );
+    }
+
     #[test]
     fn a_recheck_finishes_a_roll_but_starts_none() {
         let pod = deployment_spec();
