@@ -55,7 +55,7 @@ pub const ANNOTATION_RULE: &str = "copyrator.flant.com/rule";
 /// `namespace/name` of a copy's source.
 pub const ANNOTATION_SOURCE: &str = "copyrator.flant.com/source";
 /// On every copy: Copyrator's mark, two tags under the installation's key
-/// (see `core::mark`). Without it an object is no copy of Copyrator's.
+/// (see `cache::mark`). Without it an object is no copy of Copyrator's.
 pub const ANNOTATION_MARK: &str = "copyrator.flant.com/mark";
 /// UID of a copy's source.
 pub const ANNOTATION_SOURCE_UID: &str = "copyrator.flant.com/source-uid";

@@ -1032,3 +1032,80 @@ async fn operator_as_the_chart_copying_role_bindings(
     );
     (operator, cluster)
 }
+
+/// A tenant's rules together cost the tenant, not the operator. The tenant
+/// of `team-a` writes five rules, each pulling Secrets by a selector of its
+/// own from 16 namespaces (the most one rule may name): 80 watches. The
+/// operator opens at most 64 for the namespace's rules together (plus the
+/// operator's own rule's one); the fifth rule, last by name, says it is
+/// not watched, and is watched once another of the tenant's rules goes.
+#[tokio::test]
+async fn a_tenants_many_rules_take_a_bounded_number_of_watches() {
+    let _exclusive = CLUSTER_WIDE.write().await;
+    let t = TestNs::new("atk-watches").await;
+    let op = t.ns("op").await;
+    let team_a = t.ns("team-a").await;
+    let mut sources = Vec::new();
+    for i in 0..16 {
+        sources.push(t.ns(&format!("s{i}")).await);
+    }
+    let target = t.ns("t1").await;
+    t.create_rule(&op, "admin", rule_spec(CM, t.selector(), &[&target]))
+        .await;
+    let operator = Operator::start(&t, &op, &["--all-namespaces"]);
+    let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    for i in 0..5 {
+        attacker
+            .create_rule(
+                &format!("r{i}"),
+                json!({"spec": {"ruleType": "secret", "selector": {format!("pull-{i}"): "yes"},
+                                "namespace": sources.clone()}}),
+            )
+            .await;
+    }
+    let message = |rule: &serde_json::Value| -> String {
+        rule["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Ready")
+            .and_then(|c| c["message"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let waiting = t
+        .wait_rule(&team_a, "r4", "r4 not watched", |r| {
+            let said = message(r);
+            if said.contains("not watched") && said.contains("64 source watches") {
+                Ok(())
+            } else {
+                Err(said)
+            }
+        })
+        .await;
+    println!("r4: {}", message(&waiting));
+    for i in 0..4 {
+        t.wait_rule_ready(&team_a, &format!("r{i}")).await;
+    }
+    let watches = || async {
+        let (code, body) = http_get(operator.port, "/metrics").await?;
+        if code != 200 {
+            return Err(format!("/metrics answered {code}"));
+        }
+        body.lines()
+            .find_map(|l| l.strip_prefix("copyrator_source_watches "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .ok_or_else(|| "no copyrator_source_watches".to_owned())
+    };
+    assert_for("at most 64 watches for team-a, 1 for the admin rule", QUIET, async || {
+        match watches().await? {
+            n if n <= 65.0 => Ok(()),
+            n => Err(format!("{n} source watches")),
+        }
+    })
+    .await;
+    // One of the tenant's rules goes: the fifth is watched.
+    t.delete_rule(&team_a, "r0").await;
+    t.wait_rule_ready(&team_a, "r4").await;
+    println!("after r0 went, r4 is watched: {} source watches", watches().await.unwrap_or(-1.0));
+}

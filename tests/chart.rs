@@ -216,8 +216,8 @@ fn the_uninstall_hook_releases_the_rules_with_least_privilege() {
     assert_eq!(
         grants_of(role),
         [
-            Grant::new("apps", "deployments", "get"),
-            Grant::new("apps", "deployments", "patch"),
+            Grant::named("apps", "deployments", "get", "copyrator"),
+            Grant::named("apps", "deployments", "patch", "copyrator"),
             Grant::new("", "pods", "list"),
         ]
         .into_iter()

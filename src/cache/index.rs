@@ -12,7 +12,7 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::api::kinds::Kind;
-use crate::core::mark::{self, Place, Verdict};
+use crate::cache::mark::{self, Place, Verdict};
 
 /// `(namespace, name)` of a namespaced object.
 pub type ObjectKey = (String, String);
@@ -49,7 +49,7 @@ pub struct Object {
     /// makes no object a copy.
     pub rule_uid: Option<Arc<str>>,
     /// Copyrator made this object, a copy of its rule at its place: it
-    /// carries a mark whose identity tag is right (see `core::mark`; so a
+    /// carries a mark whose identity tag is right (see `cache::mark`; so a
     /// copy stays one when someone strips its rule-UID label, and an object
     /// carrying Copyrator's labels, annotations and field manager without
     /// the mark is none).
@@ -868,7 +868,7 @@ pub(crate) mod tests {
     /// Give `o` the rule annotation `rule` and the mark Copyrator writes
     /// (under the unit tests' key) for its place and payload.
     pub fn mark_as_copy(o: &mut DynamicObject, rule: &str) {
-        crate::core::mark::install_test_key();
+        crate::cache::mark::install_test_key();
         let payload = normalize_payload(
             Kind::ConfigMap,
             o.data.as_object().cloned().unwrap_or_default(),

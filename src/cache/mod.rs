@@ -1,9 +1,10 @@
 //! The objects the operator keeps in memory, reduced to what copying needs:
 //! objects, namespaces, copies indexed by rule, interned where they
-//! repeat, and Roles reduced to what they grant. Plain data structures, no
-//! I/O.
+//! repeat, Roles reduced to what they grant, and the marks by which a copy
+//! is known. Plain data structures, no I/O.
 
 pub mod index;
 pub mod intern;
+pub mod mark;
 pub mod roles;
 pub mod views;

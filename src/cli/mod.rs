@@ -1,7 +1,9 @@
-//! The command line: settings, `run` (the operator's wiring), `plan` and
+//! The command line: `entry` (parsing and exit codes), settings, `run`
+//! (the operator's wiring), `plan` and
 //! its report, `where` (the copies of one source), `release` (the chart's
 //! pre-delete hook) and `probe`.
 
+pub mod entry;
 pub mod plan;
 pub mod plan_members;
 pub mod probe;

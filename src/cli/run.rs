@@ -138,18 +138,33 @@ fn leadership(settings: &Settings, clients: &Clients, metrics: &Arc<Metrics>) ->
     }
 }
 
-/// The API clients, and the installation's mark key read (or made) with
-/// them before any watch starts: each copy decoded is checked against it.
-async fn connect(settings: &Settings) -> anyhow::Result<Clients> {
-    let clients = api_clients(settings.api_transport, settings.write_concurrency as usize).await?;
-    let key = crate::cluster::mark_key::load_or_create(
-        &clients.read,
-        &settings.namespace,
-        &settings.mark_key_secret,
-    )
-    .await?;
-    crate::core::mark::install(key);
-    Ok(clients)
+/// `work`'s output, or the name of what asked to stop when that came first.
+async fn unless_stopped<T>(
+    work: impl Future<Output = T>,
+    signal: &mut JoinHandle<&'static str>,
+) -> Result<T, &'static str> {
+    tokio::select! {
+        done = work => Ok(done),
+        which = signal => Err(which.unwrap_or("signal")),
+    }
+}
+
+/// Stop before the operator got to work: its tasks aborted, its server
+/// drained.
+async fn stop_early(
+    which: &'static str,
+    before: &'static str,
+    tasks: Vec<JoinHandle<()>>,
+    stop: watch::Sender<bool>,
+    server: JoinHandle<()>,
+) -> anyhow::Result<()> {
+    info!(signal = which, "stopping before {before}");
+    for task in tasks {
+        task.abort();
+    }
+    let _ = stop.send(true);
+    let _ = server.await;
+    Ok(())
 }
 
 fn shutdown_step(step: u8, done: &str) {
@@ -163,7 +178,7 @@ pub async fn run(
     shutdown: impl Future<Output = &'static str> + Send + 'static,
 ) -> anyhow::Result<()> {
     crate::ops::telemetry::init(&settings.log_level, settings.log_format)?;
-    let clients = connect(&settings).await?;
+    let clients = api_clients(settings.api_transport, settings.write_concurrency as usize).await?;
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::new(settings.stuck_after()));
     let (stop, stopped) = watch::channel(false);
@@ -181,7 +196,6 @@ pub async fn run(
         health.clone(),
     );
     watch_pending_work(&health, &shared);
-    let mut tasks = spawn_watches(&shared);
     let server = {
         let mut stopped = stopped.clone();
         let until_stopped = async move {
@@ -208,18 +222,21 @@ pub async fn run(
     );
 
     let mut signal = tokio::spawn(shutdown);
+    // Before any watch: each copy decoded is checked against the key.
+    let key = crate::cluster::mark_key::load_or_create(
+        &shared.home.cluster.client,
+        &settings.namespace,
+        &settings.mark_key_secret,
+    );
+    match unless_stopped(key, &mut signal).await {
+        Ok(key) => crate::cache::mark::install(key?),
+        Err(which) => return stop_early(which, "the mark key was read", vec![], stop, server).await,
+    };
+    let mut tasks = spawn_watches(&shared);
     // Caches first: a pass on a half-listed cache would prune what it has not seen yet.
-    tokio::select! {
-        () = shared.home.cluster.views.synced.wait_all() => {}
-        which = &mut signal => {
-            info!(signal = which.unwrap_or("signal"), "stopping before the caches synced");
-            for task in tasks {
-                task.abort();
-            }
-            let _ = stop.send(true);
-            let _ = server.await;
-            return Ok(());
-        }
+    let synced = shared.home.cluster.views.synced.wait_all();
+    if let Err(which) = unless_stopped(synced, &mut signal).await {
+        return stop_early(which, "the caches synced", tasks, stop, server).await;
     }
     health.ready.store(true, Ordering::Release);
     info!("caches synced");

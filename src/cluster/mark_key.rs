@@ -1,4 +1,4 @@
-//! The installation's mark key (see `core::mark`): read from a Secret in
+//! The installation's mark key (see `cache::mark`): read from a Secret in
 //! the operator's namespace, made there with fresh random bytes by the
 //! first process that finds none. Every replica reads the same Secret, so
 //! all sign and check with one key; the Secret outlives upgrades, and
@@ -14,13 +14,16 @@ use kube::{Client, Error as KubeError};
 use ring::rand::{SecureRandom, SystemRandom};
 use tracing::{info, warn};
 
-use crate::core::mark::{KEY_BYTES, MarkKey};
+use crate::cache::mark::{KEY_BYTES, MarkKey};
 use crate::error::describe;
 
 /// The Secret's data key that holds the key.
 pub const DATA_KEY: &str = "key";
-/// Tries of a request the API server did not answer, a second apart and
-/// doubling, before the operator gives up starting.
+/// The longest pause between tries of a request the API server did not
+/// answer (they start a second apart and double).
+const MAX_PAUSE: Duration = Duration::from_secs(30);
+/// Tries in a row that find the Secret made and gone again before the
+/// operator gives up.
 const TRIES: u32 = 6;
 
 #[derive(Debug, thiserror::Error)]
@@ -70,12 +73,15 @@ pub async fn load_or_create(
         .fill(&mut fresh)
         .map_err(|_| MarkKeyError::Random)?;
     let mut pause = Duration::from_secs(1);
-    for attempt in 1..=TRIES {
+    let mut raced = 0;
+    while raced < TRIES {
         match read_or_make(&api, name, &fresh).await {
             Ok(Some(secret)) => return key_of(&secret, namespace, name),
             // Made by another replica meanwhile: read it.
-            Ok(None) => continue,
-            Err(err) if transient(&err) && attempt < TRIES => {
+            Ok(None) => raced += 1,
+            // The API server did not answer: nothing works without it,
+            // so wait for it as every watch does.
+            Err(err) if transient(&err) => {
                 warn!(
                     namespace,
                     secret = name,
@@ -83,7 +89,7 @@ pub async fn load_or_create(
                     "the mark key cannot be read yet; trying again"
                 );
                 tokio::time::sleep(pause).await;
-                pause *= 2;
+                pause = (pause * 2).min(MAX_PAUSE);
             }
             Err(err) => return Err(api_error(&err)),
         }

@@ -222,6 +222,56 @@ impl Interest {
     }
 }
 
+/// The most source watches the rules of one tenant namespace need
+/// together (a watch per kind, namespace and selector): past it, the rules
+/// that would need more, taken in name order, wait, saying why, until
+/// others of the namespace go. One rule names at most
+/// [`crate::core::resolve::MAX_TENANT_SOURCE_NAMESPACES`] namespaces; this
+/// bounds what many rules take.
+pub const MAX_TENANT_SOURCE_WATCHES: usize = 64;
+
+/// The watches to run, and the rules left without theirs.
+#[derive(Debug, Default)]
+pub struct WatchPlan {
+    pub watches: BTreeMap<WatchKey, Interest>,
+    /// Tenant rules past [`MAX_TENANT_SOURCE_WATCHES`], with why.
+    pub over_budget: BTreeMap<RuleKey, String>,
+}
+
+/// The tenant rules whose watches would take their namespace's rules past
+/// [`MAX_TENANT_SOURCE_WATCHES`], in name order, with why.
+fn over_tenant_budget(needs: &BTreeMap<RuleKey, SourceNeed>) -> BTreeMap<RuleKey, String> {
+    let mut taken: HashMap<&str, BTreeSet<(Kind, &str, String)>> = HashMap::new();
+    let mut over = BTreeMap::new();
+    for (rule, need) in needs {
+        let Some(tenant) = need.pulls_into.as_deref() else {
+            continue;
+        };
+        let query = need.selector.to_query();
+        let held = taken.entry(tenant).or_default();
+        let more: Vec<(Kind, &str, String)> = need
+            .namespaces
+            .iter()
+            .map(|ns| (need.kind, ns.as_str(), query.clone()))
+            .filter(|watch| !held.contains(watch))
+            .collect();
+        if held.len() + more.len() > MAX_TENANT_SOURCE_WATCHES {
+            over.insert(
+                rule.clone(),
+                format!(
+                    "not watched: the rules of namespace {tenant} would need more than \
+                     {MAX_TENANT_SOURCE_WATCHES} source watches together (one per kind, \
+                     namespace and selector); this rule waits until others of the namespace \
+                     need fewer"
+                ),
+            );
+        } else {
+            held.extend(more);
+        }
+    }
+    over
+}
+
 /// One kind's wanted `(namespace, selector)` pairs, each with whether only
 /// pulls, and only tenant rules, want it.
 type KindPairs<'a> = BTreeMap<(&'a str, String), (bool, bool)>;
@@ -235,15 +285,19 @@ type KindPairs<'a> = BTreeMap<(&'a str, String), (bool, bool)>;
 /// [`crate::core::resolve::MAX_TENANT_SOURCE_NAMESPACES`]): nothing a
 /// tenant writes makes the operator list a kind across the cluster. A
 /// namespace that only tenant rules pull from is watched for metadata
-/// ([`WatchKey::pulls_only`]).
-pub fn plan_watches(
-    needs: &BTreeMap<RuleKey, SourceNeed>,
-    budget: usize,
-) -> BTreeMap<WatchKey, Interest> {
+/// ([`WatchKey::pulls_only`]). The rules of one tenant namespace take at
+/// most [`MAX_TENANT_SOURCE_WATCHES`] watches together.
+pub fn plan_watches(needs: &BTreeMap<RuleKey, SourceNeed>, budget: usize) -> WatchPlan {
+    let over_budget = over_tenant_budget(needs);
+    let needs = || {
+        needs
+            .iter()
+            .filter(|(rule, _)| !over_budget.contains_key(*rule))
+    };
     // Per kind, the (namespace, selector) pairs wanted, and whether only
     // pulls, and only tenant rules, want each.
     let mut pairs: BTreeMap<Kind, KindPairs<'_>> = BTreeMap::new();
-    for need in needs.values() {
+    for (_, need) in needs() {
         let query = need.selector.to_query();
         let kind_pairs = pairs.entry(need.kind).or_default();
         let tenant = need.pulls_into.is_some();
@@ -299,7 +353,7 @@ pub fn plan_watches(
         }
     };
     let mut planned: BTreeMap<WatchKey, Interest> = BTreeMap::new();
-    for (rule, need) in needs {
+    for (rule, need) in needs() {
         let query = need.selector.to_query();
         for ns in &need.namespaces {
             let (only_pulls, only_tenants) = pairs[&need.kind][&(ns.as_str(), query.clone())];
@@ -321,7 +375,10 @@ pub fn plan_watches(
             planned.entry(key).or_default().add(ns, need, rule);
         }
     }
-    planned
+    WatchPlan {
+        watches: planned,
+        over_budget,
+    }
 }
 
 /// Objects by namespace and name.
@@ -352,7 +409,8 @@ struct Watch {
 pub enum Sources {
     Listed(Vec<Arc<Object>>),
     /// Not all listed yet: how many of the rule's namespaces are, and why
-    /// a watch it needs last failed, if one did.
+    /// not, if something is wrong ("the last try failed: …", or why the
+    /// rule is not watched).
     Waiting {
         listed: usize,
         of: usize,
@@ -372,6 +430,8 @@ pub struct SourceHub {
     watches: HashMap<WatchKey, Watch>,
     /// Each rule's watches and the generation each must have listed.
     served: HashMap<RuleKey, Vec<(WatchKey, u64)>>,
+    /// Tenant rules left without watches, with why.
+    over_budget: BTreeMap<RuleKey, String>,
 }
 
 impl SourceHub {
@@ -384,6 +444,7 @@ impl SourceHub {
             needs: BTreeMap::new(),
             watches: HashMap::new(),
             served: HashMap::new(),
+            over_budget: BTreeMap::new(),
         }
     }
 
@@ -409,7 +470,11 @@ impl SourceHub {
     }
 
     fn replan(&mut self) {
-        let planned = plan_watches(&self.needs, self.budget);
+        let WatchPlan {
+            watches: planned,
+            over_budget,
+        } = plan_watches(&self.needs, self.budget);
+        self.over_budget = over_budget;
         let stale: Vec<WatchKey> = self
             .watches
             .keys()
@@ -459,6 +524,13 @@ impl SourceHub {
 
     /// The rule's sources, once every watch it needs has listed them.
     pub fn sources(&self, key: &RuleKey) -> Sources {
+        if let (Some(need), Some(why)) = (self.needs.get(key), self.over_budget.get(key)) {
+            return Sources::Waiting {
+                listed: 0,
+                of: need.namespaces.len(),
+                failing: Some(why.clone()),
+            };
+        }
         let (Some(need), Some(served)) = (self.needs.get(key), self.served.get(key)) else {
             return Sources::Unknown;
         };
@@ -480,7 +552,8 @@ impl SourceHub {
                 .iter()
                 .filter(|w| !listed(w))
                 .filter_map(|(k, _)| self.watches.get(k))
-                .find_map(|w| lock(&w.state.failing).clone());
+                .find_map(|w| lock(&w.state.failing).clone())
+                .map(|failed| format!("the last try failed: {failed}"));
             return Sources::Waiting {
                 listed: namespaces_listed.min(need.namespaces.len()),
                 of: need.namespaces.len(),
@@ -961,7 +1034,7 @@ mod tests {
                 (tenant.clone(), tenant_need("team-a", label, &namespaces)),
                 (rule("admin"), need(Kind::Secret, "copy", &["ops", "ops2"])),
             ]);
-            let planned = plan_watches(&needs, 8);
+            let planned = plan_watches(&needs, 8).watches;
             assert!(
                 planned.keys().all(|k| k.scope != WatchScope::AllNamespaces),
                 "{:?}",
@@ -970,6 +1043,47 @@ mod tests {
             assert!(planned.keys().all(|k| !k.selector.is_empty()));
             assert_eq!(planned.len(), 11);
         }
+    }
+
+    /// Many rules of one tenant take at most MAX_TENANT_SOURCE_WATCHES
+    /// watches together: the rules past it (in name order) get none and
+    /// are told why; another tenant and the operator's own rules are not
+    /// affected, and rules that add no watch of their own are served.
+    #[test]
+    fn a_tenants_rules_together_take_a_bounded_number_of_watches() {
+        let namespaces: Vec<String> = (0..16).map(|i| format!("src-{i}")).collect();
+        let namespaces: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+        let tenant_rule = |tenant: &str, i: usize| RuleKey {
+            namespace: tenant.into(),
+            name: format!("r{i:02}"),
+        };
+        let mut needs = BTreeMap::new();
+        // Six rules of 16 watches each: four fit in 64.
+        for i in 0..6 {
+            let label = format!("l{i}");
+            needs.insert(tenant_rule("team-a", i), tenant_need("team-a", &label, &namespaces));
+        }
+        // Another rule with the selector of the first: no watch of its own.
+        needs.insert(tenant_rule("team-a", 9), tenant_need("team-a", "l0", &namespaces));
+        needs.insert(tenant_rule("team-b", 0), tenant_need("team-b", "l0", &namespaces));
+        needs.insert(rule("admin"), need(Kind::ConfigMap, "copy", &["ops"]));
+        let plan = plan_watches(&needs, 8);
+        let over: Vec<String> = plan.over_budget.keys().map(ToString::to_string).collect();
+        assert_eq!(over, ["team-a/r04", "team-a/r05"]);
+        assert!(plan.over_budget.values().all(|why| why.contains("team-a")));
+        let serves = |rule: &RuleKey| {
+            plan.watches
+                .values()
+                .filter(|interest| interest.rules().contains(rule))
+                .count()
+        };
+        assert_eq!(serves(&tenant_rule("team-a", 3)), 16);
+        assert_eq!(serves(&tenant_rule("team-a", 4)), 0);
+        assert_eq!(serves(&tenant_rule("team-a", 9)), 16, "shares r00's watches");
+        assert_eq!(serves(&tenant_rule("team-b", 0)), 16);
+        assert_eq!(serves(&rule("admin")), 1);
+        // team-a's 64 + team-b's 16 + the admin rule's 1 (r09 shares r00's).
+        assert_eq!(plan.watches.len(), 81);
     }
 
     #[test]
@@ -985,7 +1099,7 @@ mod tests {
             ),
             (rule("admin"), need(Kind::Secret, "copy", &["shared"])),
         ]);
-        let planned = plan_watches(&needs, 8);
+        let planned = plan_watches(&needs, 8).watches;
         let pulls_only = |ns: &str| {
             planned
                 .keys()
@@ -1017,7 +1131,7 @@ mod tests {
             (rule("a"), need(Kind::ConfigMap, "copy", &["ops"])),
             (rule("b"), need(Kind::ConfigMap, "copy", &["ops"])),
         ]);
-        let planned = plan_watches(&needs, 8);
+        let planned = plan_watches(&needs, 8).watches;
         assert_eq!(planned.len(), 1);
         let (key, interest) = planned.iter().next().expect("one watch");
         assert_eq!(key.scope, WatchScope::Namespace("ops".into()));
@@ -1032,9 +1146,9 @@ mod tests {
             (rule("b"), need(Kind::ConfigMap, "copy", &["ops"])),
         ]);
         needs.remove(&rule("a"));
-        assert_eq!(plan_watches(&needs, 8).len(), 1);
+        assert_eq!(plan_watches(&needs, 8).watches.len(), 1);
         needs.remove(&rule("b"));
-        assert!(plan_watches(&needs, 8).is_empty());
+        assert!(plan_watches(&needs, 8).watches.is_empty());
     }
 
     #[test]
@@ -1045,7 +1159,7 @@ mod tests {
             (rule("big"), need(Kind::ConfigMap, "copy", &many)),
             (rule("small"), need(Kind::Secret, "copy", &["ops"])),
         ]);
-        let planned = plan_watches(&needs, 8);
+        let planned = plan_watches(&needs, 8).watches;
         assert_eq!(planned.len(), 2);
         let across = planned
             .keys()
@@ -1070,7 +1184,7 @@ mod tests {
                 (rule(&label), need(Kind::ConfigMap, &label, &[ns.as_str()]))
             })
             .collect();
-        let planned = plan_watches(&needs, 8);
+        let planned = plan_watches(&needs, 8).watches;
         assert_eq!(planned.len(), 1);
         let (key, interest) = planned.iter().next().expect("one watch");
         assert_eq!(key.scope, WatchScope::AllNamespaces);
@@ -1094,14 +1208,14 @@ mod tests {
             rule("a"),
             need(Kind::ConfigMap, "copy", &["one", "two", "three"]),
         )]);
-        let planned = plan_watches(&needs, 3);
+        let planned = plan_watches(&needs, 3).watches;
         assert_eq!(planned.len(), 3);
         assert!(
             planned
                 .keys()
                 .all(|k| matches!(k.scope, WatchScope::Namespace(_)))
         );
-        assert_eq!(plan_watches(&needs, 2).len(), 1);
+        assert_eq!(plan_watches(&needs, 2).watches.len(), 1);
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::cluster::leader::LeaderGate;
 use crate::cluster::ratelimit::RateLimiter;
 use crate::cluster::write_limit::{WriteLimit, WritePermit};
 use crate::core::backoff::{Failure, FailureClass};
-use crate::core::mark::{self, Place};
+use crate::cache::mark::{self, Place};
 use crate::core::plan::{Action, Desired, Occupied, occupied};
 use crate::ops::metrics::ClusterMetrics;
 

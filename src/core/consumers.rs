@@ -19,7 +19,7 @@ use ring::digest::{SHA256, digest};
 use serde_json::Value;
 
 use crate::api::kinds::Kind;
-use crate::core::mark;
+use crate::cache::mark;
 use crate::core::plan::Desired;
 use crate::{ANNOTATION_RESTART, ANNOTATION_RESTART_PREFIX};
 
@@ -165,7 +165,7 @@ fn value_text(value: &Value) -> String {
 
 /// The restart annotation's value for what `used` takes of a copy's
 /// `payload` (its data fields): a tag under the installation's key (see
-/// `core::mark`), so that it says nothing of the values to whoever reads
+/// `cache::mark`), so that it says nothing of the values to whoever reads
 /// the workload. A key the workload names but the copy lacks counts as
 /// absent, so its arrival changes the value too.
 pub fn used_hash(kind: Kind, payload: &BTreeMap<String, Value>, used: &Use) -> String {

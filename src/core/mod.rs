@@ -9,7 +9,6 @@ pub mod foreign;
 pub mod grants;
 pub mod jitter;
 pub mod kind_refusals;
-pub mod mark;
 #[cfg(test)]
 mod partial_passes;
 pub mod pass_log;

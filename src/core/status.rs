@@ -33,7 +33,8 @@ pub struct Observed {
     pub refused_sources: Vec<ConflictEntry>,
     /// The sources are still being listed: `(namespaces listed, of)`.
     pub waiting_for_sources: Option<(usize, usize)>,
-    /// Why a watch of the sources last failed, while they are not listed.
+    /// What is wrong while the sources are not listed: "the last try
+    /// failed: …", or why the rule is not watched.
     pub sources_failing: Option<String>,
     /// How the rule stands in each member cluster it targets (none for a
     /// rule of this cluster alone).
@@ -118,7 +119,7 @@ fn readiness(observed: &Observed) -> (&'static str, String, String) {
     if let Some((listed, of)) = observed.waiting_for_sources {
         let mut message = format!("listing the sources: {listed} of {of} source namespaces listed");
         if let Some(failing) = &observed.sources_failing {
-            message.push_str("; the last try failed: ");
+            message.push_str("; ");
             message.push_str(failing);
         }
         return ("Unknown", "WaitingForSources".to_string(), message);

@@ -1185,6 +1185,28 @@ impl TestNs {
             .unwrap_or_else(|e| panic!("patching rule {ns}/{name} with {patch}: {}", err_msg(&e)))
     }
 
+    /// Make the operator's mark key Secret (`copyrator-mark-key`) in
+    /// `namespace`, as an administrator would for an operator that may
+    /// not create Secrets; a no-op where it exists.
+    pub async fn provision_mark_key(&self, namespace: &str) {
+        let key: Vec<u8> = (0..32u8)
+            .map(|i| i.wrapping_mul(37) ^ self.prefix.len() as u8)
+            .collect();
+        let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+            "metadata": {"name": "copyrator-mark-key"},
+            "data": {"key": k8s_openapi::ByteString(key)},
+        }))
+        .expect("a Secret");
+        match Api::<k8s_openapi::api::core::v1::Secret>::namespaced(self.client.clone(), namespace)
+            .create(&PostParams::default(), &secret)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("the mark key in {namespace}: {}", err_msg(&e)),
+        }
+    }
+
     pub async fn delete_rule(&self, ns: &str, name: &str) {
         if let Err(e) = self.rules(ns).delete(name, &DeleteParams::default()).await
             && !is_not_found(&e)
