@@ -1097,15 +1097,20 @@ async fn a_tenants_many_rules_take_a_bounded_number_of_watches() {
             .and_then(|v| v.trim().parse::<f64>().ok())
             .ok_or_else(|| "no copyrator_source_watches".to_owned())
     };
-    assert_for("at most 64 watches for team-a, 1 for the admin rule", QUIET, async || {
-        match watches().await? {
+    assert_for(
+        "at most 64 watches for team-a, 1 for the admin rule",
+        QUIET,
+        async || match watches().await? {
             n if n <= 65.0 => Ok(()),
             n => Err(format!("{n} source watches")),
-        }
-    })
+        },
+    )
     .await;
     // One of the tenant's rules goes: the fifth is watched.
     t.delete_rule(&team_a, "r0").await;
     t.wait_rule_ready(&team_a, "r4").await;
-    println!("after r0 went, r4 is watched: {} source watches", watches().await.unwrap_or(-1.0));
+    println!(
+        "after r0 went, r4 is watched: {} source watches",
+        watches().await.unwrap_or(-1.0)
+    );
 }

@@ -138,6 +138,18 @@ fn leadership(settings: &Settings, clients: &Clients, metrics: &Arc<Metrics>) ->
     }
 }
 
+/// Read (or make) the installation's mark key and install it.
+async fn install_mark_key(settings: &Settings, shared: &Shared) -> anyhow::Result<()> {
+    let key = crate::cluster::mark_key::load_or_create(
+        &shared.home.cluster.client,
+        &settings.namespace,
+        &settings.mark_key_secret,
+    )
+    .await?;
+    crate::cache::mark::install(key);
+    Ok(())
+}
+
 /// `work`'s output, or the name of what asked to stop when that came first.
 async fn unless_stopped<T>(
     work: impl Future<Output = T>,
@@ -223,15 +235,12 @@ pub async fn run(
 
     let mut signal = tokio::spawn(shutdown);
     // Before any watch: each copy decoded is checked against the key.
-    let key = crate::cluster::mark_key::load_or_create(
-        &shared.home.cluster.client,
-        &settings.namespace,
-        &settings.mark_key_secret,
-    );
-    match unless_stopped(key, &mut signal).await {
-        Ok(key) => crate::cache::mark::install(key?),
-        Err(which) => return stop_early(which, "the mark key was read", vec![], stop, server).await,
-    };
+    match unless_stopped(install_mark_key(&settings, &shared), &mut signal).await {
+        Ok(installed) => installed?,
+        Err(which) => {
+            return stop_early(which, "the mark key was read", vec![], stop, server).await;
+        }
+    }
     let mut tasks = spawn_watches(&shared);
     // Caches first: a pass on a half-listed cache would prune what it has not seen yet.
     let synced = shared.home.cluster.views.synced.wait_all();

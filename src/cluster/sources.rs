@@ -276,6 +276,28 @@ fn over_tenant_budget(needs: &BTreeMap<RuleKey, SourceNeed>) -> BTreeMap<RuleKey
 /// pulls, and only tenant rules, want it.
 type KindPairs<'a> = BTreeMap<(&'a str, String), (bool, bool)>;
 
+/// Per kind, the (namespace, selector) pairs `needs` want, and whether
+/// only pulls, and only tenant rules, want each.
+fn wanted_pairs<'a>(needs: impl Iterator<Item = &'a SourceNeed>) -> BTreeMap<Kind, KindPairs<'a>> {
+    let mut pairs: BTreeMap<Kind, KindPairs<'_>> = BTreeMap::new();
+    for need in needs {
+        let query = need.selector.to_query();
+        let kind_pairs = pairs.entry(need.kind).or_default();
+        let tenant = need.pulls_into.is_some();
+        for ns in &need.namespaces {
+            let pull = need.pull_into(ns).is_some();
+            kind_pairs
+                .entry((ns.as_str(), query.clone()))
+                .and_modify(|(only_pulls, only_tenants)| {
+                    *only_pulls &= pull;
+                    *only_tenants &= tenant;
+                })
+                .or_insert((pull, tenant));
+        }
+    }
+    pairs
+}
+
 /// The watches that serve `needs`, and what each is wanted for: a watch
 /// per kind, namespace and selector. Past `budget` watches of rules of the
 /// operator's namespace, the kinds with the most such watches are watched
@@ -294,24 +316,7 @@ pub fn plan_watches(needs: &BTreeMap<RuleKey, SourceNeed>, budget: usize) -> Wat
             .iter()
             .filter(|(rule, _)| !over_budget.contains_key(*rule))
     };
-    // Per kind, the (namespace, selector) pairs wanted, and whether only
-    // pulls, and only tenant rules, want each.
-    let mut pairs: BTreeMap<Kind, KindPairs<'_>> = BTreeMap::new();
-    for (_, need) in needs() {
-        let query = need.selector.to_query();
-        let kind_pairs = pairs.entry(need.kind).or_default();
-        let tenant = need.pulls_into.is_some();
-        for ns in &need.namespaces {
-            let pull = need.pull_into(ns).is_some();
-            kind_pairs
-                .entry((ns.as_str(), query.clone()))
-                .and_modify(|(only_pulls, only_tenants)| {
-                    *only_pulls &= pull;
-                    *only_tenants &= tenant;
-                })
-                .or_insert((pull, tenant));
-        }
-    }
+    let pairs = wanted_pairs(needs().map(|(_, need)| need));
     // The operator's own rules' pairs: those that count, and may move.
     let movable = |kind_pairs: &KindPairs<'_>| {
         kind_pairs
@@ -1061,11 +1066,20 @@ mod tests {
         // Six rules of 16 watches each: four fit in 64.
         for i in 0..6 {
             let label = format!("l{i}");
-            needs.insert(tenant_rule("team-a", i), tenant_need("team-a", &label, &namespaces));
+            needs.insert(
+                tenant_rule("team-a", i),
+                tenant_need("team-a", &label, &namespaces),
+            );
         }
         // Another rule with the selector of the first: no watch of its own.
-        needs.insert(tenant_rule("team-a", 9), tenant_need("team-a", "l0", &namespaces));
-        needs.insert(tenant_rule("team-b", 0), tenant_need("team-b", "l0", &namespaces));
+        needs.insert(
+            tenant_rule("team-a", 9),
+            tenant_need("team-a", "l0", &namespaces),
+        );
+        needs.insert(
+            tenant_rule("team-b", 0),
+            tenant_need("team-b", "b0", &namespaces),
+        );
         needs.insert(rule("admin"), need(Kind::ConfigMap, "copy", &["ops"]));
         let plan = plan_watches(&needs, 8);
         let over: Vec<String> = plan.over_budget.keys().map(ToString::to_string).collect();
@@ -1079,7 +1093,11 @@ mod tests {
         };
         assert_eq!(serves(&tenant_rule("team-a", 3)), 16);
         assert_eq!(serves(&tenant_rule("team-a", 4)), 0);
-        assert_eq!(serves(&tenant_rule("team-a", 9)), 16, "shares r00's watches");
+        assert_eq!(
+            serves(&tenant_rule("team-a", 9)),
+            16,
+            "shares r00's watches"
+        );
         assert_eq!(serves(&tenant_rule("team-b", 0)), 16);
         assert_eq!(serves(&rule("admin")), 1);
         // team-a's 64 + team-b's 16 + the admin rule's 1 (r09 shares r00's).
@@ -1223,14 +1241,16 @@ mod tests {
         let one = plan_watches(
             &BTreeMap::from([(rule("a"), need(Kind::ConfigMap, "copy", &["x", "y"]))]),
             1,
-        );
+        )
+        .watches;
         let two = plan_watches(
             &BTreeMap::from([
                 (rule("a"), need(Kind::ConfigMap, "copy", &["x", "y"])),
                 (rule("b"), need(Kind::ConfigMap, "copy", &["z"])),
             ]),
             1,
-        );
+        )
+        .watches;
         let before = one.values().next().expect("a watch");
         let after = two.values().next().expect("a watch");
         assert!(after.wants_more_than(before));
@@ -1242,7 +1262,8 @@ mod tests {
                 (rule("c"), need(Kind::ConfigMap, "copy", &["x"])),
             ]),
             1,
-        );
+        )
+        .watches;
         assert!(
             !same
                 .values()

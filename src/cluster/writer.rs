@@ -23,11 +23,11 @@ use crate::FIELD_MANAGER;
 use crate::api::kinds::Kind;
 use crate::api::rule::ConflictPolicy;
 use crate::cache::index::Object;
+use crate::cache::mark::{self, Place};
 use crate::cluster::leader::LeaderGate;
 use crate::cluster::ratelimit::RateLimiter;
 use crate::cluster::write_limit::{WriteLimit, WritePermit};
 use crate::core::backoff::{Failure, FailureClass};
-use crate::cache::mark::{self, Place};
 use crate::core::plan::{Action, Desired, Occupied, occupied};
 use crate::ops::metrics::ClusterMetrics;
 
