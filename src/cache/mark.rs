@@ -19,10 +19,11 @@
 //! the same key, so that a reader of the workload learns nothing of the
 //! Secret's values.
 //!
-//! The key is installed once per process ([`install`]). A process without
-//! one (the command-line tools, which may not read the operator's Secret)
-//! takes a well-formed mark for what it says and hashes restart values
-//! without a key: what it prints is a preview.
+//! The key is installed once per process ([`install`]), before anything
+//! is decoded; until then no mark proves anything. The command-line
+//! tools, which may not read the operator's Secret, take a well-formed
+//! mark for what it says instead ([`trust_unchecked`]) and hash restart
+//! values without a key: what they print is a preview.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -54,19 +55,42 @@ impl MarkKey {
     }
 }
 
-static KEY: OnceLock<MarkKey> = OnceLock::new();
-
-/// Install this process's key; `false` if one was installed before (the
-/// first stays).
-pub fn install(key: MarkKey) -> bool {
-    KEY.set(key).is_ok()
+/// How this process checks marks.
+enum Checking {
+    /// Under the installation's key (the operator).
+    Key(MarkKey),
+    /// Not at all: a well-formed mark is taken for what it says (the
+    /// command-line previews, which may not read the key).
+    Unchecked,
 }
 
-fn key() -> Option<&'static MarkKey> {
+static CHECKING: OnceLock<Checking> = OnceLock::new();
+
+/// Install this process's key; `false` if a way of checking was chosen
+/// before (the first stays).
+pub fn install(key: MarkKey) -> bool {
+    CHECKING.set(Checking::Key(key)).is_ok()
+}
+
+/// Take well-formed marks for what they say, for a process that cannot
+/// read the key (`plan`, `where`, `release`). Until a process chooses,
+/// no mark proves anything.
+pub fn trust_unchecked() -> bool {
+    CHECKING.set(Checking::Unchecked).is_ok()
+}
+
+fn checking() -> Option<&'static Checking> {
     // Unit tests all run under one fixed key, whatever order they run in.
     #[cfg(test)]
     install_test_key();
-    KEY.get()
+    CHECKING.get()
+}
+
+fn key() -> Option<&'static MarkKey> {
+    match checking() {
+        Some(Checking::Key(key)) => Some(key),
+        _ => None,
+    }
 }
 
 /// Where a copy is, and for which rule (`namespace/name`).
@@ -236,9 +260,14 @@ pub fn verify_with(
     }
 }
 
-/// What `mark` proves of an object at `place` holding `payload`.
+/// What `mark` proves of an object at `place` holding `payload`: nothing
+/// before this process chose how to check marks.
 pub fn verify(place: &Place<'_>, payload: &BTreeMap<String, Value>, mark: Option<&str>) -> Verdict {
-    verify_with(key(), place, payload, mark)
+    match checking() {
+        Some(Checking::Key(key)) => verify_with(Some(key), place, payload, mark),
+        Some(Checking::Unchecked) => verify_with(None, place, payload, mark),
+        None => Verdict::default(),
+    }
 }
 
 /// The restart annotation's value for `used` (the canonical text of what a
@@ -273,7 +302,7 @@ pub fn unkeyed_restart_value(used: &str) -> String {
 /// A fixed key for unit tests, installed once per test process.
 #[cfg(test)]
 pub fn install_test_key() {
-    let _ = KEY.get_or_init(|| test_key(7));
+    let _ = CHECKING.get_or_init(|| Checking::Key(test_key(7)));
 }
 
 #[cfg(test)]

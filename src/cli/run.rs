@@ -73,11 +73,23 @@ pub async fn api_clients(transport: Transport, writes_in_flight: usize) -> anyho
 /// built-in kind the operator copies) and the task that stops the copy
 /// watches no rule needs.
 pub fn spawn_watches(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
-    let mut tasks = vec![
+    let mut tasks = spawn_rule_and_namespace_watches(shared);
+    tasks.extend(spawn_copy_watches(shared));
+    tasks
+}
+
+fn spawn_rule_and_namespace_watches(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
+    vec![
         watches::spawn_rule_watch(shared.clone()),
         watches::spawn_namespace_watch(shared.clone(), shared.home.clone()),
         tokio::spawn(kinds::release_on_rules_gone(shared.clone())),
-    ];
+    ]
+}
+
+/// The copy watches, which decode copies: in `run`, started once the mark
+/// key is installed.
+fn spawn_copy_watches(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
     for kind in Kind::builtin() {
         if shared.trust.policy.kinds.has_builtin(kind) {
             tasks.push(kinds::spawn_copy_watch(
@@ -234,14 +246,13 @@ pub async fn run(
     );
 
     let mut signal = tokio::spawn(shutdown);
-    // Before any watch: each copy decoded is checked against the key.
+    let mut tasks = spawn_rule_and_namespace_watches(&shared);
+    // Before the copy watches: each copy decoded is checked against the key.
     match unless_stopped(install_mark_key(&settings, &shared), &mut signal).await {
         Ok(installed) => installed?,
-        Err(which) => {
-            return stop_early(which, "the mark key was read", vec![], stop, server).await;
-        }
+        Err(which) => return stop_early(which, "the mark key was read", tasks, stop, server).await,
     }
-    let mut tasks = spawn_watches(&shared);
+    tasks.extend(spawn_copy_watches(&shared));
     // Caches first: a pass on a half-listed cache would prune what it has not seen yet.
     let synced = shared.home.cluster.views.synced.wait_all();
     if let Err(which) = unless_stopped(synced, &mut signal).await {

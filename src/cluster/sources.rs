@@ -633,7 +633,7 @@ async fn run_watch(
         let mut stream = source_events(&client, &key, &state);
         let mut folder = Folder::default();
         let mut listed = false;
-        let mut failures_in_a_row: u32 = 0;
+        let mut failures = FailureRun::default();
         loop {
             // No request starts while the API server throttles reads.
             wait_out(&pause).await;
@@ -651,7 +651,7 @@ async fn run_watch(
             let event = match item {
                 Ok(Some(event)) => {
                     if !matches!(event, Some(Event::Init)) {
-                        failures_in_a_row = 0;
+                        failures = FailureRun::default();
                         pause.succeeded();
                     }
                     match event {
@@ -661,8 +661,9 @@ async fn run_watch(
                 }
                 Ok(None) => return,
                 Err(e) => {
-                    failures_in_a_row = failures_in_a_row.saturating_add(1);
-                    source_watch_failed(&state, &pause, &name, &e, failures_in_a_row).await;
+                    let backoff = failures.record(lasts(&e));
+                    source_watch_failed(&state, &pause, &name, &e, failures.in_a_row).await;
+                    tokio::time::sleep(backoff).await;
                     if key.pulls_only {
                         // A consenting object could not be read: list
                         // again rather than go on without it.
@@ -827,11 +828,12 @@ fn watch_request(client: Client, key: &WatchKey) -> (Api<DynamicObject>, watcher
 const FAILURE_SHOWN: usize = 300;
 
 /// After a source watch's request failed (`in_a_row` times now): keep why
-/// for the rules it serves, log it, and wait: as every watch does while
-/// the API server throttles or does not answer, and, for a failure that
-/// lasts ([`lasts`]), a backoff of its own that doubles to a minute, so
-/// that a watch that cannot work (a refused or malformed request, failing
-/// before it is even sent) costs one try a minute.
+/// for the rules it serves, log it, and wait as every watch does while the
+/// API server throttles or does not answer. A failure that lasts
+/// ([`lasts`]) waits besides a backoff of its own ([`FailureRun`]) that
+/// doubles to a minute, so that a watch that cannot work (a refused or
+/// malformed request, failing before it is even sent) costs one try a
+/// minute.
 async fn source_watch_failed(
     state: &WatchState,
     pause: &ReadPause,
@@ -856,11 +858,32 @@ async fn source_watch_failed(
     );
     *lock(&state.failing) = Some(words);
     crate::cluster::watch::pause_after_failure(pause, error).await;
-    if lasts(error) {
-        let extra = SOURCE_BACKOFF_FIRST
-            .saturating_mul(1u32 << in_a_row.saturating_sub(1).min(8))
-            .min(SOURCE_BACKOFF_MAX);
-        tokio::time::sleep(extra).await;
+}
+
+/// A source watch's failures since it last worked.
+#[derive(Debug, Default)]
+struct FailureRun {
+    in_a_row: u32,
+    /// The failures that last ([`lasts`]) since the last that did not:
+    /// only they double the watch's own backoff, so that a refusal met as
+    /// an API server comes back after a long outage waits a second, not a
+    /// minute.
+    lasting_in_a_row: u32,
+}
+
+impl FailureRun {
+    /// Count a failure; the watch's own backoff after it (none for one
+    /// that does not last: the shared read pause covers those).
+    fn record(&mut self, lasting: bool) -> std::time::Duration {
+        self.in_a_row = self.in_a_row.saturating_add(1);
+        if !lasting {
+            self.lasting_in_a_row = 0;
+            return std::time::Duration::ZERO;
+        }
+        self.lasting_in_a_row = self.lasting_in_a_row.saturating_add(1);
+        SOURCE_BACKOFF_FIRST
+            .saturating_mul(1u32 << self.lasting_in_a_row.saturating_sub(1).min(8))
+            .min(SOURCE_BACKOFF_MAX)
     }
 }
 
@@ -1102,6 +1125,32 @@ mod tests {
         assert_eq!(serves(&rule("admin")), 1);
         // team-a's 64 + team-b's 16 + the admin rule's 1 (r09 shares r00's).
         assert_eq!(plan.watches.len(), 81);
+    }
+
+    /// Only lasting failures in a row double a watch's own backoff: after
+    /// a long outage (connection failures), the first refusal as the API
+    /// server comes back waits a second.
+    #[test]
+    fn only_lasting_failures_in_a_row_lengthen_a_watchs_own_backoff() {
+        let secs = |d: std::time::Duration| d.as_secs();
+        let mut run = FailureRun::default();
+        for _ in 0..30 {
+            assert_eq!(secs(run.record(false)), 0, "the outage: the shared pause");
+        }
+        assert_eq!(secs(run.record(true)), 1);
+        assert_eq!(secs(run.record(true)), 2);
+        assert_eq!(secs(run.record(true)), 4);
+        for _ in 0..10 {
+            run.record(true);
+        }
+        assert_eq!(secs(run.record(true)), 60, "at most a minute");
+        run.record(false);
+        assert_eq!(
+            secs(run.record(true)),
+            1,
+            "a failure of another sort ends the run"
+        );
+        assert_eq!(run.in_a_row, 46);
     }
 
     #[test]
