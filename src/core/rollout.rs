@@ -613,6 +613,19 @@ mod tests {
         assert!(gated.progress.is_empty() && rollouts.by_name.is_empty());
     }
 
+    /// No create or update of `plan` writes `{"k": value}`.
+    fn assert_nothing_written_holds(plan: &Plan, value: &str) {
+        let held = crate::cache::index::payload_hash(&BTreeMap::from([(
+            "data".to_owned(),
+            json!({"k": value}),
+        )]));
+        assert!(plan.actions.iter().all(|a| match a {
+            Action::Create { desired, .. } | Action::Update { desired, .. } =>
+                desired.payload_hash != held,
+            _ => true,
+        }));
+    }
+
     /// The copy in `namespace` of `w`, edited by someone to `{"k": value}`
     /// (as the copy watch reports it: not intact).
     fn edit_copy(w: &mut World, namespace: &str, value: &str) {
@@ -661,15 +674,7 @@ mod tests {
             places(&plan),
             ["update c1", "update r1", "update r2", "create r3"]
         );
-        let evil = crate::cache::index::payload_hash(&BTreeMap::from([(
-            "data".to_owned(),
-            json!({"k": "EVIL"}),
-        )]));
-        assert!(plan.actions.iter().all(|a| match a {
-            Action::Create { desired, .. } | Action::Update { desired, .. } =>
-                desired.payload_hash != evil,
-            _ => true,
-        }));
+        assert_nothing_written_holds(&plan, "EVIL");
     }
 
     /// After a restart nothing is remembered of Copyrator's writes: a copy
@@ -739,15 +744,7 @@ mod tests {
             gated.reads.is_empty() && gated.progress.is_empty(),
             "{gated:?}"
         );
-        let evil = crate::cache::index::payload_hash(&BTreeMap::from([(
-            "data".to_owned(),
-            json!({"k": "EVIL"}),
-        )]));
-        assert!(plan.actions.iter().all(|a| match a {
-            Action::Create { desired, .. } | Action::Update { desired, .. } =>
-                desired.payload_hash != evil,
-            _ => true,
-        }));
+        assert_nothing_written_holds(&plan, "EVIL");
     }
 
     #[test]
