@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use common::audit::{Audit, AuditEvent, Query, WRITE_VERBS};
+use common::faults::api_server_address;
 use common::logs::LogLine;
 use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -293,27 +294,6 @@ fn start_replica(t: &TestNs, ns: &str, lease: &str) -> Operator {
     let flags = leader_flags(lease);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     Operator::start(t, ns, &flags)
-}
-
-/// The API server address of `$KUBECONFIG`'s current cluster.
-async fn api_server_address() -> SocketAddr {
-    let path = std::env::var("KUBECONFIG").expect("KUBECONFIG is set");
-    let config: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let server = config["clusters"][0]["cluster"]["server"]
-        .as_str()
-        .expect("a server URL")
-        .to_string();
-    let hostport = server
-        .trim_start_matches("https://")
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_string();
-    tokio::net::lookup_host(hostport.as_str())
-        .await
-        .unwrap_or_else(|e| panic!("resolving {hostport}: {e}"))
-        .next()
-        .expect("an address")
 }
 
 /// What the [`FaultProxy`] does with the operator's connections.

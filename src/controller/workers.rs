@@ -8,7 +8,6 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info_span, warn};
 
 use crate::api::rule::RuleKey;
-use crate::cluster::sources::Sources;
 use crate::controller::members::Member;
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
@@ -218,14 +217,6 @@ pub async fn run_resync(
         }
         shared.retire_left_members();
     }
-}
-
-/// Whether a rule's sources are listed (for `plan`, which waits for them).
-pub fn sources_ready(shared: &Shared, key: &RuleKey) -> bool {
-    matches!(
-        lock(&shared.home.cluster.sources).sources(key),
-        Sources::Listed(_)
-    )
 }
 
 #[cfg(test)]

@@ -430,21 +430,7 @@ pub fn kubeconfig_with_server(path: &Path, server: &str) -> PathBuf {
 
 /// The API server address of a kubeconfig's first cluster.
 pub async fn api_server_address(kubeconfig: &Path) -> std::net::SocketAddr {
-    let config: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(kubeconfig).unwrap()).unwrap();
-    let server = config["clusters"][0]["cluster"]["server"]
-        .as_str()
-        .expect("a server URL")
-        .to_string();
-    let hostport = server
-        .trim_start_matches("https://")
-        .trim_end_matches('/')
-        .to_string();
-    tokio::net::lookup_host(hostport.as_str())
-        .await
-        .unwrap_or_else(|e| panic!("resolving {hostport}: {e}"))
-        .next()
-        .expect("an address")
+    super::faults::api_server_address_of(kubeconfig).await
 }
 
 /// Seconds with one decimal, for the printed figures.

@@ -16,7 +16,13 @@ use super::{Operator, TestNs, random5};
 /// The API server address of `$KUBECONFIG`'s current cluster.
 pub async fn api_server_address() -> SocketAddr {
     let path = std::env::var("KUBECONFIG").expect("KUBECONFIG is set");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+    api_server_address_of(std::path::Path::new(&path)).await
+}
+
+/// The API server address of a kubeconfig's first cluster.
+pub async fn api_server_address_of(kubeconfig: &std::path::Path) -> SocketAddr {
+    let text = std::fs::read_to_string(kubeconfig)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", kubeconfig.display()));
     let config: serde_yaml::Value = serde_yaml::from_str(&text).expect("a YAML kubeconfig");
     let server = config["clusters"][0]["cluster"]["server"]
         .as_str()
