@@ -1064,11 +1064,7 @@ async fn a_tenants_many_rules_take_a_bounded_number_of_watches() {
             .await;
     }
     let message = |rule: &serde_json::Value| -> String {
-        rule["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == "Ready")
+        ready_condition(rule)
             .and_then(|c| c["message"].as_str())
             .unwrap_or_default()
             .to_owned()

@@ -245,8 +245,13 @@ async fn wait_restarts(operator: &Operator, want: f64) {
 }
 
 fn restart_spec(t: &TestNs, include: &str) -> Value {
+    restart_spec_of(CM, t, include)
+}
+
+/// [`restart_spec`] for a rule of `kind`.
+fn restart_spec_of(kind: Kind, t: &TestNs, include: &str) -> Value {
     with(
-        rule_spec(CM, t.selector(), &[include]),
+        rule_spec(kind, t.selector(), &[include]),
         "/spec/rollout",
         json!({"restartConsumers": true}),
     )
@@ -887,16 +892,8 @@ async fn the_restart_annotation_does_not_reveal_a_short_secret() {
     let t = TestNs::new("restart-pin").await;
     let op = t.ns("op").await;
     let t1 = t.ns("t1").await;
-    t.create_rule(
-        &op,
-        "roll",
-        with(
-            rule_spec(secret, t.selector(), &[&t1]),
-            "/spec/rollout",
-            json!({"restartConsumers": true}),
-        ),
-    )
-    .await;
+    t.create_rule(&op, "roll", restart_spec_of(secret, &t, &t1))
+        .await;
     let operator = Operator::start(&t, &op, &["--min-restart-interval", "0"]);
     let source = t
         .create_source(secret, &op, "db", &[], &[("pin", "1111")])

@@ -173,7 +173,8 @@ impl Feed {
     }
 }
 
-fn hex(bytes: &[u8], digits: usize) -> String {
+/// The first `digits` hex digits of `bytes`.
+pub(crate) fn hex(bytes: &[u8], digits: usize) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     bytes
         .iter()

@@ -47,11 +47,14 @@ pub enum MarkKeyError {
     Random,
 }
 
+/// The API server did not answer, failed or throttled: as a write would
+/// be retried.
 fn transient(err: &KubeError) -> bool {
-    match err {
-        KubeError::Api(status) => status.code >= 500 || status.code == 429,
-        _ => true,
-    }
+    use crate::core::backoff::FailureClass;
+    matches!(
+        crate::cluster::writer::classify(err).class,
+        FailureClass::Transient | FailureClass::Throttled
+    )
 }
 
 /// The key in Secret `namespace/name`, made if there is none.

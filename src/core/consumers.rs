@@ -141,19 +141,13 @@ pub fn use_of(spec: &PodSpec, kind: Kind, name: &str) -> Option<Use> {
     volumes.chain(containers).reduce(Use::join)
 }
 
-fn hex(bytes: &[u8], digits: usize) -> String {
-    bytes
-        .iter()
-        .flat_map(|b| [b >> 4, b & 0xf])
-        .take(digits)
-        .map(|n| char::from_digit(u32::from(n), 16).unwrap_or('0'))
-        .collect()
-}
-
 /// The pod-template annotation for the copy `kind`/`name`.
 pub fn restart_key(kind: Kind, name: &str) -> String {
     let hash = digest(&SHA256, format!("{kind}/{name}").as_bytes());
-    format!("{ANNOTATION_RESTART_PREFIX}{}", hex(hash.as_ref(), 16))
+    format!(
+        "{ANNOTATION_RESTART_PREFIX}{}",
+        mark::hex(hash.as_ref(), 16)
+    )
 }
 
 fn value_text(value: &Value) -> String {
