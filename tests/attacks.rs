@@ -154,7 +154,8 @@ async fn a_tenants_edited_copy_reaches_no_other_namespace() {
 /// its real copy), named as no source is: each stays what it is, never
 /// pruned as a stale copy, while the rule's real copy follows its source.
 /// Where a copy belongs, an unmarked object holding other content is a
-/// conflict, not a copy.
+/// conflict, not a copy; holding the source's content again, it is taken
+/// back and marked.
 #[tokio::test]
 async fn an_object_forged_under_copyrators_name_is_no_copy() {
     let _shared = CLUSTER_WIDE.read().await;
@@ -245,6 +246,37 @@ async fn an_object_forged_under_copyrators_name_is_no_copy() {
     let held = t.must_get(CM, &team_a, "settings").await;
     held.data_is(&[("k", "EVIL")])
         .unwrap_or_else(|e| panic!("the object was taken as a copy: {e}"));
+
+    // Holding the source's content again (as a copy written before marks
+    // existed does), it is taken back: marked by Copyrator, no conflict.
+    own.patch(
+        "settings",
+        &PatchParams {
+            field_manager: Some("copyrator".to_owned()),
+            ..Default::default()
+        },
+        &Patch::Merge(json!({"data": {"k": "v2"}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the tenant restores the content: {}", err_msg(&e)));
+    t.wait_rule(
+        &platform,
+        "r",
+        "no conflict",
+        |r| match r["status"]["conflictCount"].as_u64() {
+            Some(0) => Ok(()),
+            other => Err(format!("conflictCount {other:?}")),
+        },
+    )
+    .await;
+    wait_until("the copy to be marked again", TIMEOUT, async || {
+        let copy = t.must_get(CM, &team_a, "settings").await;
+        match copy.annotations.contains_key("copyrator.flant.com/mark") {
+            true => Ok(()),
+            false => Err(format!("{:?}", copy.annotations)),
+        }
+    })
+    .await;
 }
 
 /// A tenant's rule costs the tenant, not the operator. The tenant of
