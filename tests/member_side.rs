@@ -355,6 +355,37 @@ impl<'a> Job<'a> {
             .ok_or_else(|| format!("rule {name} does not exist"))
     }
 
+    /// What the clusters and the log said when the evidence was not
+    /// there, so that a failure can be told apart from a slow start: each
+    /// rule's Ready condition and the operator's last INFO+ lines.
+    async fn diagnosis(&self, log: &str) -> String {
+        let mut said = Vec::new();
+        for (rule, _) in RULES {
+            let ready = match self.rule(rule).await {
+                Ok(r) => r["status"]["conditions"]
+                    .as_array()
+                    .and_then(|all| all.iter().find(|c| c["type"] == "Ready"))
+                    .map_or("no Ready condition".to_string(), |c| {
+                        format!("{} {}: {}", c["status"], c["reason"], c["message"])
+                    }),
+                Err(e) => e,
+            };
+            said.push(format!("rule {rule} Ready {ready}"));
+        }
+        let lines = common::logs::parse_text(log);
+        let notable: Vec<String> = lines
+            .iter()
+            .filter(|l| l.level != "DEBUG" && l.level != "TRACE")
+            .map(ToString::to_string)
+            .collect();
+        let last = &notable[notable.len().saturating_sub(12)..];
+        said.push(format!(
+            "the log's last INFO+ lines:\n    {}",
+            last.join("\n    ")
+        ));
+        said.join("\n  ")
+    }
+
     /// The rule's `status.clusters` entry of the member.
     async fn entry(&self, rule: &str) -> Result<Value, String> {
         let r = self.rule(rule).await?;
@@ -882,7 +913,12 @@ async fn run_case(
     let outcome = job.run().await;
     let log = operator.logs();
     let evidence = match (removed, evidence, &outcome) {
-        (Some(removed), Some(evidence), Err(_)) => job.evidence(evidence, removed, &log).await,
+        (Some(removed), Some(evidence), Err(_)) => {
+            match job.evidence(evidence, removed, &log).await {
+                Err(missing) => Err(format!("{missing}\n  {}", job.diagnosis(&log).await)),
+                found => found,
+            }
+        }
         _ => Ok("-".to_string()),
     };
     let passed = job.steps.passed();
