@@ -289,6 +289,8 @@ async fn a_copy_contested_in_a_member_is_backed_off_there() {
     let copies = Api::<ConfigMap>::namespaced(a.client.clone(), &a_t1);
     let start = std::time::Instant::now();
     let mut changes = 0u32;
+    let mut said_contested = None;
+    let mut last_seen = Value::Null;
     while start.elapsed() < FIGHT_FOR {
         copies
             .patch(
@@ -299,8 +301,25 @@ async fn a_copy_contested_in_a_member_is_backed_off_there() {
             .await
             .unwrap_or_else(|e| panic!("the neighbour's change {changes}: {}", err_msg(&e)));
         changes += 1;
+        // The rule says so as it would at home, naming the member.
+        let rule = t.get_rule(&op, "r").await;
+        let first = &rule["status"]["contested"][0];
+        last_seen = rule.clone();
+        if first["cluster"] == a.name.as_str()
+            && first["writer"] == "neighbour"
+            && cluster_entry(&rule, &a.name).is_some_and(|e| e["reason"] == "CopiesContested")
+        {
+            said_contested.get_or_insert(rule["status"]["conditions"].clone());
+        }
         tokio::time::sleep(FIGHT_EVERY).await;
     }
+    let said = said_contested.unwrap_or_else(|| {
+        panic!(
+            "in {FIGHT_FOR:?} of changes the rule never listed a's copy as contested: {}",
+            short_status(&last_seen)
+        )
+    });
+    println!("while contested: {said}");
     let updates = writes_to(&operator, &a.name, "update")
         .await
         .expect("the operator's writes to a")
@@ -499,6 +518,45 @@ async fn local_false_keeps_copies_in_members_only() {
     t.assert_absent(CM, &home_t1, "cfg", "local: false").await;
 }
 
+/// `createOnlyCopies` counts the copies handed over in members as those at
+/// home, and each member's entry counts its own.
+#[tokio::test]
+async fn create_only_copies_count_in_every_cluster() {
+    let t = TestNs::new("members-createonly").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let home_t1 = t.ns("t1").await;
+    let [a, _b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let a_t1 = a.ns(&t, "t1").await;
+    a.register(&t.client, &op, &[]).await;
+    t.create_rule(
+        &op,
+        "r",
+        with(
+            member_rule(&t, json!({"names": [a.name]})),
+            "/spec/syncPolicy",
+            json!("CreateOnly"),
+        ),
+    )
+    .await;
+    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
+    t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
+    t.wait_obj(CM, &home_t1, "cfg", "a copy at home", |_| Ok(()))
+        .await;
+    t.wait_rule(&op, "r", "createOnlyCopies 2, 1 of them in a", |rule| {
+        let entry = cluster_entry(rule, &a.name).ok_or_else(|| short_status(rule))?;
+        match (
+            status_u64(rule, "createOnlyCopies"),
+            entry["createOnlyCopies"].as_u64(),
+        ) {
+            (Some(2), Some(1)) => Ok(()),
+            _ => Err(format!("{}; a: {entry}", short_status(rule))),
+        }
+    })
+    .await;
+}
+
 /// A foreign object that holds a place in a member goes: the copy is
 /// written there at once and the member's conflict leaves the status and
 /// the metrics, not at the next resync (an hour here).
@@ -555,6 +613,48 @@ async fn a_place_freed_in_a_member_is_filled_at_once() {
         .await;
     };
     member_conflicts(1).await;
+    // The rule's own counts and list cover the member, which its entry names,
+    // and so does the Event.
+    let conflict_count = async |want: u64| {
+        let rule = t
+            .wait_rule(&op, "r", &format!("conflictCount {want}"), |rule| {
+                let listed = rule["status"]["conflicts"].as_array().map_or(0, Vec::len);
+                match status_u64(rule, "conflictCount") {
+                    Some(n) if n == want && listed as u64 == want => Ok(()),
+                    _ => Err(short_status(rule)),
+                }
+            })
+            .await;
+        rule["status"]["conflicts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let listed = conflict_count(1).await;
+    assert_eq!(
+        (
+            listed[0]["cluster"].as_str(),
+            listed[0]["namespace"].as_str()
+        ),
+        (Some(a.name.as_str()), Some(a_t1.as_str())),
+        "the conflict names its member: {listed:?}"
+    );
+    let in_a = format!("{a_t1}/cfg in member cluster {}", a.name);
+    let event = wait_until(
+        "a ConflictSkipped Event naming member a",
+        CONVERGE,
+        async || {
+            let events = t.events_regarding(&op, "r").await;
+            events
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("ConflictSkipped"))
+                .filter_map(|e| e.note.clone())
+                .find(|note| note.contains(&in_a))
+                .ok_or_else(|| format!("{} events", events.len()))
+        },
+    )
+    .await;
+    println!("member a's conflict: {event}");
 
     Api::<ConfigMap>::namespaced(a.client.clone(), &a_t1)
         .delete("cfg", &Default::default())
@@ -564,6 +664,7 @@ async fn a_place_freed_in_a_member_is_filled_at_once() {
     wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
     let written = freed.elapsed();
     member_conflicts(0).await;
+    conflict_count(0).await;
     eprintln!(
         "member a: the freed place held its copy {} ms after the foreign object was deleted; the status and metrics said so {} ms after",
         written.as_millis(),

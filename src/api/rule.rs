@@ -524,10 +524,22 @@ pub struct ClusterStatus {
     #[serde(default)]
     #[schemars(schema_with = "crate::api::schema::count_schema")]
     pub conflicts: u32,
+    /// Copies there handed over under `syncPolicy: CreateOnly` (left out
+    /// while there are none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(schema_with = "crate::api::schema::count_schema")]
+    pub create_only_copies: u32,
+    /// Copies there that another writer keeps changing back (left out
+    /// while there are none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(schema_with = "crate::api::schema::count_schema")]
+    pub contested: u32,
 }
 
-fn is_zero(n: &i64) -> bool {
-    *n == 0
+/// A count left out of the status while it is zero (serde passes a reference).
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero<N: Default + PartialEq>(n: &N) -> bool {
+    *n == N::default()
 }
 
 /// A status condition, after the Kubernetes API conventions.
@@ -558,6 +570,9 @@ pub struct Condition {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ContestedEntry {
+    /// The member cluster the copy is in; none in the home cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// Namespace of the copy.
     pub namespace: String,
     /// Name of the copy.
@@ -573,6 +588,9 @@ pub struct ContestedEntry {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ConflictEntry {
+    /// The member cluster the place is in; none in the home cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// Namespace of the place (or of the source refused).
     pub namespace: String,
     /// Name of the object.

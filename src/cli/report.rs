@@ -735,6 +735,7 @@ items:
                         "ops/r",
                         Kind::Secret,
                         &ConflictEntry {
+                            cluster: None,
                             namespace: "t3".into(),
                             name: "pull".into(),
                             reason: "a Secret not made by Copyrator is there".into(),

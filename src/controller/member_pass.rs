@@ -16,12 +16,13 @@ use crate::api::kinds::Kind;
 use crate::api::rule::{CopyratorRule, Disposal, RuleKey};
 use crate::cluster::sources::Sources;
 use crate::controller::finalizer::Cleared;
-use crate::controller::members::{Member, MemberReport};
-use crate::controller::reconcile::{carry_out, preview_plan, retry_note, sources_of};
+use crate::controller::members::Member;
+use crate::controller::reconcile::{carry_out, preview_plan, report_of, sources_of};
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
 use crate::core::plan::{self, Action, DeleteReason};
 use crate::core::preview::{PlannedChange, Preview, Skip};
+use crate::core::report::ClusterReport;
 use crate::core::resolve::ResolvedRule;
 use crate::core::scope::{Scope, Touch};
 use crate::sync::{lock, read};
@@ -69,9 +70,9 @@ pub async fn member_pass(
                 shared,
                 member,
                 key,
-                Some(MemberReport {
+                Some(ClusterReport {
                     problem: Some(problem),
-                    ..MemberReport::default()
+                    ..ClusterReport::default()
                 }),
             );
             return Ok(None);
@@ -85,23 +86,7 @@ pub async fn member_pass(
     let here = in_member(&resolved, &shared.options.cluster_name);
     let pass = carry_out(shared, site, &rule, &here, &sources, scope).await;
     crate::controller::consumers::announce(shared, site, &rule, &pass.restarts).await;
-    let failing = pass.failing().count();
-    let problem = pass.failing().next().map(|(what, failure)| {
-        (
-            "SyncFailed".to_owned(),
-            format!(
-                "{failing} copies could not be written; first: {what}: {}; {}",
-                failure.message,
-                retry_note(failure.class)
-            ),
-        )
-    });
-    let report = MemberReport {
-        target_namespaces: pass.plan.target_namespaces,
-        copies: pass.copies,
-        conflicts: pass.conflicts.len() as u32,
-        problem,
-    };
+    let report = report_of(site, &here, &pass);
     tell(shared, member, key, Some(report));
     Ok(pass
         .retry_at
@@ -236,7 +221,7 @@ pub fn in_member(resolved: &ResolvedRule, home_name: &str) -> ResolvedRule {
 
 /// A rule's report from a member; a changed one is said in the rule's
 /// status at home.
-fn tell(shared: &Shared, member: &Member, key: &RuleKey, report: Option<MemberReport>) {
+fn tell(shared: &Shared, member: &Member, key: &RuleKey, report: Option<ClusterReport>) {
     if member.report(key, report) {
         shared.home.queue.add(key.clone(), Touch::Nothing);
     }
@@ -293,10 +278,10 @@ async fn withdraw(
         shared,
         member,
         &key,
-        Some(MemberReport {
+        Some(ClusterReport {
             copies: left,
             problem,
-            ..MemberReport::default()
+            ..ClusterReport::default()
         }),
     );
     let again = if retry {

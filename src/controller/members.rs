@@ -19,6 +19,7 @@ use tracing::info;
 use crate::api::kinds::Kind;
 use crate::api::rule::{ClusterStatus, RuleKey};
 use crate::controller::site::Site;
+use crate::core::report::ClusterReport;
 use crate::core::resolve::ResolvedRule;
 use crate::ops::metrics::Metrics;
 use crate::sync::{lock, read, write};
@@ -57,16 +58,6 @@ impl Reach {
     }
 }
 
-/// What a rule's last pass in a member found there, for the rule's status.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MemberReport {
-    pub target_namespaces: u32,
-    pub copies: u32,
-    pub conflicts: u32,
-    /// `(reason, message)` when the rule is not synced there.
-    pub problem: Option<(String, String)>,
-}
-
 pub struct Member {
     pub site: Arc<Site>,
     /// The member's labels in the inventory, for rules' cluster selectors.
@@ -74,7 +65,7 @@ pub struct Member {
     /// What identifies its credentials: a change restarts the member.
     pub fingerprint: u64,
     pub reach: Mutex<Reach>,
-    pub reports: Mutex<HashMap<RuleKey, MemberReport>>,
+    pub reports: Mutex<HashMap<RuleKey, ClusterReport>>,
     /// Where its reports' totals are said (`copyrator_member_copies`).
     pub metrics: Arc<Metrics>,
     /// Gone from the inventory: its copies are deleted, then it goes too.
@@ -132,7 +123,7 @@ impl Member {
     /// Take a rule's report; returns whether it changed. The member's
     /// gauges of copies and conflicts follow, set under the same lock, so
     /// that two passes at once cannot leave an older total behind.
-    pub fn report(&self, key: &RuleKey, report: Option<MemberReport>) -> bool {
+    pub fn report(&self, key: &RuleKey, report: Option<ClusterReport>) -> bool {
         let mut reports = lock(&self.reports);
         let changed = match report {
             Some(report) => reports.insert(key.clone(), report.clone()) != Some(report),
@@ -142,7 +133,7 @@ impl Member {
             let (copies, conflicts) = reports.values().fold((0, 0), |(copies, conflicts), r| {
                 (
                     copies + u64::from(r.copies),
-                    conflicts + u64::from(r.conflicts),
+                    conflicts + r.conflicts.len() as u64,
                 )
             });
             self.metrics.member_counts(self.name(), copies, conflicts);
@@ -221,9 +212,13 @@ impl Members {
 }
 
 /// How a rule stands in each member its targets select, for its status:
-/// the members started, the inventory's entries that cannot be used, and
-/// names found nowhere in the inventory.
-pub fn statuses(members: &Members, resolved: &ResolvedRule) -> Vec<ClusterStatus> {
+/// the members started (with their latest reports, which the status adds
+/// up), the inventory's entries that cannot be used, and names found
+/// nowhere in the inventory.
+pub fn statuses(
+    members: &Members,
+    resolved: &ResolvedRule,
+) -> Vec<(ClusterStatus, Option<ClusterReport>)> {
     let targets = &resolved.clusters;
     let mut statuses = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
@@ -233,25 +228,29 @@ pub fn statuses(members: &Members, resolved: &ResolvedRule) -> Vec<ClusterStatus
         }
         seen.insert(member.name().to_owned());
         let report = lock(&member.reports).get(&resolved.key).cloned();
-        statuses.push(member_status(member.name(), &lock(&member.reach), report));
+        let status = member_status(member.name(), &lock(&member.reach), report.as_ref());
+        statuses.push((status, report));
     }
     for (name, entry) in read(&members.unusable).iter() {
         if targets.selects(name, &entry.labels) && seen.insert(name.clone()) {
-            statuses.push(not_ready(name, &entry.reason, entry.message.clone()));
+            statuses.push((not_ready(name, &entry.reason, entry.message.clone()), None));
         }
     }
     for name in &targets.names {
         if seen.insert(name.clone()) {
-            statuses.push(not_ready(
+            statuses.push((
+                not_ready(
                 name,
                 "ClusterNotFound",
                 format!(
                     "no cluster Secret or ClusterProfile in the operator's namespace names the member {name:?}"
                 ),
+                ),
+                None,
             ));
         }
     }
-    statuses.sort_by(|a, b| a.name.cmp(&b.name));
+    statuses.sort_by(|a, b| a.0.name.cmp(&b.0.name));
     statuses
 }
 
@@ -265,11 +264,13 @@ fn not_ready(name: &str, reason: &str, message: String) -> ClusterStatus {
     }
 }
 
-fn member_status(name: &str, reach: &Reach, report: Option<MemberReport>) -> ClusterStatus {
-    let counts = |status: ClusterStatus, report: &MemberReport| ClusterStatus {
+fn member_status(name: &str, reach: &Reach, report: Option<&ClusterReport>) -> ClusterStatus {
+    let counts = |status: ClusterStatus, report: &ClusterReport| ClusterStatus {
         target_namespaces: report.target_namespaces,
         copies: report.copies,
-        conflicts: report.conflicts,
+        conflicts: report.conflicts.len() as u32,
+        create_only_copies: report.create_only_copies,
+        contested: report.contested.len() as u32,
         ..status
     };
     match (reach, report) {
@@ -286,7 +287,7 @@ fn member_status(name: &str, reach: &Reach, report: Option<MemberReport>) -> Clu
             };
             let status = not_ready(name, reach.reason(), format!("{said}: {message}"));
             match report {
-                Some(report) => counts(status, &report),
+                Some(report) => counts(status, report),
                 None => status,
             }
         }
@@ -296,13 +297,17 @@ fn member_status(name: &str, reach: &Reach, report: Option<MemberReport>) -> Clu
             "connecting; its namespaces and copies are being listed".to_owned(),
         ),
         (Reach::Reachable, Some(report)) => {
-            let status = match &report.problem {
-                Some((reason, message)) => not_ready(name, reason, message.clone()),
+            let problem = report
+                .problem
+                .clone()
+                .or_else(|| crate::core::status::contested_problem(&report.contested));
+            let status = match problem {
+                Some((reason, message)) => not_ready(name, &reason, message),
                 None => ClusterStatus {
                     name: name.to_owned(),
                     ready: true,
                     reason: Some(
-                        if report.conflicts > 0 {
+                        if !report.conflicts.is_empty() {
                             "SyncedWithConflicts"
                         } else {
                             "Synced"
@@ -316,7 +321,102 @@ fn member_status(name: &str, reach: &Reach, report: Option<MemberReport>) -> Clu
                     ..ClusterStatus::default()
                 },
             };
-            counts(status, &report)
+            counts(status, report)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::rule::{ConflictEntry, ContestedEntry};
+
+    fn report() -> ClusterReport {
+        ClusterReport {
+            target_namespaces: 3,
+            copies: 2,
+            create_only_copies: 1,
+            conflicts: vec![ConflictEntry {
+                namespace: "t1".into(),
+                name: "ca".into(),
+                reason: "held".into(),
+                ..ConflictEntry::default()
+            }],
+            contested: Vec::new(),
+            problem: None,
+        }
+    }
+
+    #[test]
+    fn a_reachable_members_entry_counts_as_its_report_does() {
+        let status = member_status("a", &Reach::Reachable, Some(&report()));
+        assert!(status.ready);
+        assert_eq!(status.reason.as_deref(), Some("SyncedWithConflicts"));
+        assert_eq!(
+            (
+                status.target_namespaces,
+                status.copies,
+                status.conflicts,
+                status.create_only_copies
+            ),
+            (3, 2, 1, 1)
+        );
+    }
+
+    #[test]
+    fn contested_copies_in_a_member_are_said_as_at_home() {
+        let mut contested = report();
+        contested.contested = vec![ContestedEntry {
+            namespace: "t1".into(),
+            name: "ca".into(),
+            writer: "kubectl-edit".into(),
+            ..ContestedEntry::default()
+        }];
+        let status = member_status("a", &Reach::Reachable, Some(&contested));
+        assert!(!status.ready);
+        assert_eq!(status.reason.as_deref(), Some("CopiesContested"));
+        assert_eq!(status.contested, 1);
+        let (_, home_words) =
+            crate::core::status::contested_problem(&contested.contested).expect("contested");
+        assert_eq!(status.message, Some(home_words));
+    }
+
+    #[test]
+    fn a_failed_write_comes_before_contested_copies() {
+        let mut failing = report();
+        failing.problem = Some(("SyncFailed".into(), "1 copies could not be written".into()));
+        failing.contested = vec![ContestedEntry::default()];
+        let status = member_status("a", &Reach::Reachable, Some(&failing));
+        assert_eq!(status.reason.as_deref(), Some("SyncFailed"));
+    }
+
+    #[test]
+    fn an_unanswering_member_keeps_its_last_counts() {
+        let reach = Reach::Unreachable {
+            message: "connection refused".into(),
+            since: Instant::now(),
+            refused: false,
+        };
+        let status = member_status("a", &reach, Some(&report()));
+        assert!(!status.ready);
+        assert_eq!(status.reason.as_deref(), Some("ClusterUnreachable"));
+        assert_eq!(status.copies, 2);
+        let refused = Reach::Unreachable {
+            message: "Unauthorized".into(),
+            since: Instant::now(),
+            refused: true,
+        };
+        let status = member_status("a", &refused, None);
+        assert_eq!(status.reason.as_deref(), Some("CredentialsRefused"));
+        assert_eq!(status.copies, 0);
+    }
+
+    #[test]
+    fn a_member_without_a_report_is_still_being_listed() {
+        for reach in [Reach::Connecting, Reach::Reachable] {
+            let status = member_status("a", &reach, None);
+            assert_eq!(status.reason.as_deref(), Some("Progressing"));
+            assert!(!status.ready);
         }
     }
 }

@@ -15,9 +15,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::api::kinds::Kind;
-use crate::api::rule::{
-    ClusterStatus, ConflictEntry, ContestedEntry, CopyratorRule, RuleKey, RuleStatus,
-};
+use crate::api::rule::{ConflictEntry, ContestedEntry, CopyratorRule, RuleKey, RuleStatus};
 use crate::cache::index::{Object, ObjectKey};
 use crate::cluster::sources::Sources;
 use crate::cluster::writer::Outcome;
@@ -26,10 +24,11 @@ use crate::controller::finalizer::{cleanup, set_finalizer, write_through};
 use crate::controller::kinds::KindReadiness;
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
-use crate::core::backoff::{Admission, CopyKey, Failure, FailureClass, Waiting};
+use crate::core::backoff::{Admission, CopyKey, Failure, Waiting};
 use crate::core::pass_log::{self, Line, Written};
 use crate::core::plan::{self, Action, DeleteReason, Inputs, Occupied, Plan};
 use crate::core::preview::{PlannedChange, Preview, Skip};
+use crate::core::report::{self, ClusterReport, retry_note};
 use crate::core::resolve::{InvalidRule, ResolvedRule};
 use crate::core::scope::{Scope, Touch};
 use crate::core::status::{self, Observed};
@@ -124,10 +123,11 @@ pub async fn reconcile(
     let started = Instant::now();
     let pass = carry_out(shared, &shared.home, &rule, &resolved, &sources, scope).await;
     let failing = pass.failing().count();
-    let observed = observed_after(shared, &rule, &resolved, &pass, &uid);
+    let home = report_of(&shared.home, &resolved, &pass);
+    let observed = observed_after(shared, &rule, &resolved, &pass, &home);
     let published = publish_status(shared, &rule, &observed).await?;
     log_pass(shared, key, &pass, failing, started.elapsed());
-    announce(shared, &rule, &resolved, &pass, &observed).await;
+    announce(shared, &rule, &resolved, &pass, &home, &observed).await;
     crate::controller::consumers::announce(shared, &shared.home, &rule, &pass.restarts).await;
     shared
         .metrics
@@ -310,7 +310,6 @@ const MEMBERS_OFF: &str = "the rule targets member clusters (targets.clusters), 
 /// What keeps the rule from being followed after `pass`, if anything:
 /// `(reason, message)` for its Ready condition.
 fn pass_problem(shared: &Shared, resolved: &ResolvedRule, pass: &Pass) -> Option<(String, String)> {
-    let failing = pass.failing().count();
     let members_off =
         (!shared.options.member_clusters && resolved.clusters.names_members()).then(|| {
             (
@@ -330,18 +329,33 @@ fn pass_problem(shared: &Shared, resolved: &ResolvedRule, pass: &Pass) -> Option
             ),
         )
     });
-    members_off.or(too_costly).or_else(|| {
-        pass.failing().next().map(|(what, failure)| {
-            (
-                "SyncFailed".to_string(),
-                format!(
-                    "{failing} copies could not be written; first: {what}: {}; {}",
-                    failure.message,
-                    retry_note(failure.class)
-                ),
-            )
+    members_off
+        .or(too_costly)
+        .or_else(|| report::sync_failed(pass.failing()))
+}
+
+/// What a pass found in its cluster (home or a member), counted the same
+/// way in each; the problem is only that of its failed writes.
+pub(crate) fn report_of(site: &Site, resolved: &ResolvedRule, pass: &Pass) -> ClusterReport {
+    let contested = lock(&site.backoffs)
+        .contested(&resolved.key)
+        .into_iter()
+        .map(|c| ContestedEntry {
+            cluster: None,
+            namespace: c.namespace,
+            name: c.name,
+            writer: c.writer,
         })
-    })
+        .collect();
+    ClusterReport {
+        target_namespaces: pass.plan.target_namespaces,
+        copies: pass.copies,
+        create_only_copies: read(site.cluster.views.copies(resolved.kind))
+            .count_create_only(&resolved.uid) as u32,
+        conflicts: pass.conflicts.clone(),
+        contested,
+        problem: report::sync_failed(pass.failing()),
+    }
 }
 
 /// What a pass saw and did, as its status says it.
@@ -350,33 +364,28 @@ fn observed_after(
     rule: &CopyratorRule,
     resolved: &ResolvedRule,
     pass: &Pass,
-    uid: &str,
+    home: &ClusterReport,
 ) -> Observed {
     // The counts cover every cluster: home's, and each member's as its
     // last pass there reported.
-    let clusters = crate::controller::members::statuses(&shared.members, resolved);
-    let in_members = |count: fn(&ClusterStatus) -> u32| clusters.iter().map(count).sum::<u32>();
-    let contested: Vec<ContestedEntry> = lock(&shared.home.backoffs)
-        .contested(&resolved.key)
-        .into_iter()
-        .map(|c| ContestedEntry {
-            namespace: c.namespace,
-            name: c.name,
-            writer: c.writer,
-        })
-        .collect();
-    let problem = pass_problem(shared, resolved, pass);
+    let members = crate::controller::members::statuses(&shared.members, resolved);
+    let total = report::fold(
+        home,
+        members
+            .iter()
+            .filter_map(|(status, report)| Some((status.name.as_str(), report.as_ref()?))),
+    );
     Observed {
         generation: rule.metadata.generation,
         rule_type: Some(resolved.kind.info().rule_type.to_string()),
         sources: pass.plan.sources,
-        target_namespaces: pass.plan.target_namespaces + in_members(|c| c.target_namespaces),
-        copies: pass.copies + in_members(|c| c.copies),
-        create_only_copies: read(shared.copies(resolved.kind)).count_create_only(uid) as u32,
-        conflicts: pass.conflicts.clone(),
-        problem,
+        target_namespaces: total.target_namespaces,
+        copies: total.copies,
+        create_only_copies: total.create_only_copies,
+        conflicts: total.conflicts,
+        problem: pass_problem(shared, resolved, pass),
         pending: pass.not_leader,
-        contested,
+        contested: total.contested,
         // What a tenant's targets would reach but may not tells of
         // namespaces the tenant may not see: never said to a tenant.
         protected_namespaces: if resolved.tenant {
@@ -396,6 +405,7 @@ fn observed_after(
             .map(|(source, why)| {
                 let (namespace, name) = source.split_once('/').unwrap_or(("", source));
                 ConflictEntry {
+                    cluster: None,
                     namespace: namespace.to_owned(),
                     name: name.to_owned(),
                     reason: why.clone(),
@@ -404,7 +414,7 @@ fn observed_after(
             .collect(),
         waiting_for_sources: None,
         sources_failing: None,
-        clusters,
+        clusters: members.into_iter().map(|(status, _)| status).collect(),
         rollouts: pass
             .rollout
             .as_ref()
@@ -612,6 +622,7 @@ async fn take_over_or_skip(
         match plan::occupied(desired, &current, resolved.conflict_policy, &rule_name) {
             Occupied::Ours => {}
             Occupied::Conflict(reason) => conflicts.push(ConflictEntry {
+                cluster: None,
                 namespace: namespace.clone(),
                 name: desired.name.clone(),
                 reason,
@@ -696,9 +707,10 @@ async fn announce(
     rule: &CopyratorRule,
     resolved: &ResolvedRule,
     pass: &Pass,
+    home: &ClusterReport,
     observed: &Observed,
 ) {
-    let (new_conflicts, new_refusals) = note_announced(shared, &resolved.key, pass, observed);
+    let (new_conflicts, new_refusals) = note_announced(shared, &resolved.key, home, observed);
     let contests = lock(&shared.home.backoffs).take_unannounced(&resolved.key);
     let said = Said {
         kind: resolved.kind,
@@ -716,17 +728,18 @@ async fn announce(
 }
 
 /// What this pass has to say that earlier passes have not said, taken
-/// into the rule's memory (with the gauges of copies and conflicts):
-/// the new conflicts, and the sources newly refused for their type.
+/// into the rule's memory (with the home cluster's gauges of copies and
+/// conflicts): the new conflicts, wherever they are, and the sources
+/// newly refused for their type.
 fn note_announced(
     shared: &Shared,
     key: &RuleKey,
-    pass: &Pass,
+    home: &ClusterReport,
     observed: &Observed,
 ) -> (Vec<ConflictEntry>, Vec<ConflictEntry>) {
     let mut memory = lock(&shared.home.memory);
     let memory = memory.entry(key.clone()).or_default();
-    let current: HashSet<ConflictEntry> = pass.conflicts.iter().cloned().collect();
+    let current: HashSet<ConflictEntry> = observed.conflicts.iter().cloned().collect();
     let fresh = current.difference(&memory.announced).cloned().collect();
     memory.announced = current;
     let refused: HashSet<ConflictEntry> = observed.refused_sources.iter().cloned().collect();
@@ -735,8 +748,8 @@ fn note_announced(
         .cloned()
         .collect();
     memory.announced_refusals = refused;
-    let copies = i64::from(observed.copies);
-    let conflicts = pass.conflicts.len() as i64;
+    let copies = i64::from(home.copies);
+    let conflicts = home.conflicts.len() as i64;
     shared.metrics.copies_managed.inc_by(copies - memory.copies);
     shared
         .metrics
@@ -784,8 +797,12 @@ impl Said {
             events.push((EventType::Warning, "SourceRefused", "Copy", note));
         }
         for conflict in self.new_conflicts.iter().take(5) {
+            let place = match &conflict.cluster {
+                Some(member) => format!(" in member cluster {member}"),
+                None => String::new(),
+            };
             let note = format!(
-                "{kind} {}/{} not written: {}",
+                "{kind} {}/{}{place} not written: {}",
                 conflict.namespace, conflict.name, conflict.reason
             );
             events.push((EventType::Warning, "ConflictSkipped", "Copy", note));
@@ -857,16 +874,6 @@ fn waiting_worth_saying(rule: &CopyratorRule) -> bool {
                 .is_ok_and(|age| age < WAITING_STATUS_EVERY)
         });
     !said_recently
-}
-
-/// When a failed write is tried again, for status and Event messages.
-pub(crate) fn retry_note(class: FailureClass) -> &'static str {
-    match class {
-        FailureClass::Invalid => {
-            "not written again until the source or the rule changes (or after an hour)"
-        }
-        _ => "retrying with backoff",
-    }
 }
 
 /// `Kind namespace/name` of an action's target, for messages.
@@ -1488,6 +1495,7 @@ mod tests {
 
     fn entry(n: usize) -> ConflictEntry {
         ConflictEntry {
+            cluster: None,
             namespace: format!("t{n}"),
             name: "cfg".into(),
             reason: "another object holds the name".into(),

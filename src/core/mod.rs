@@ -14,6 +14,7 @@ mod partial_passes;
 pub mod pass_log;
 pub mod plan;
 pub mod preview;
+pub mod report;
 pub mod resolve;
 pub mod rollout;
 pub mod scope;

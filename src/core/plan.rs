@@ -806,6 +806,7 @@ impl<'a> Planner<'a> {
             }
             for shadowed in &same_name[1..] {
                 self.out.shadowed.push(ConflictEntry {
+                    cluster: None,
                     namespace: namespace.to_owned(),
                     name: (*name).to_owned(),
                     reason: format!(
@@ -846,6 +847,7 @@ impl<'a> Planner<'a> {
                 self.out.actions.push(action);
             }
             Placement::Conflict(reason) => self.out.conflicts.push(ConflictEntry {
+                cluster: None,
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
                 reason,
@@ -859,6 +861,7 @@ impl<'a> Planner<'a> {
                 }
                 // Listed with the conflicts: a place skipped, and why.
                 self.out.conflicts.push(ConflictEntry {
+                    cluster: None,
                     namespace: namespace.to_owned(),
                     name: name.to_owned(),
                     reason,

@@ -131,18 +131,8 @@ fn readiness(observed: &Observed) -> (&'static str, String, String) {
             format!("{} copies still to be written", observed.pending),
         );
     }
-    if let Some(first) = observed.contested.first() {
-        return (
-            "False",
-            "CopiesContested".to_string(),
-            format!(
-                "{} copies are changed back by another writer (first: {}/{} by {}); Copyrator restores them with growing delays",
-                observed.contested.len(),
-                first.namespace,
-                first.name,
-                first.writer
-            ),
-        );
+    if let Some((reason, message)) = contested_problem(&observed.contested) {
+        return ("False", reason, message);
     }
     if !observed.conflicts.is_empty() {
         return (
@@ -164,6 +154,26 @@ fn readiness(observed: &Observed) -> (&'static str, String, String) {
             observed.copies, observed.sources, observed.target_namespaces
         ),
     )
+}
+
+/// Why a rule is not ready while other writers keep changing its copies
+/// back (at home, or in a member: the same words in its entry), if they do.
+pub fn contested_problem(contested: &[ContestedEntry]) -> Option<(String, String)> {
+    let first = contested.first()?;
+    let place = match &first.cluster {
+        Some(member) => format!(" in member cluster {member}"),
+        None => String::new(),
+    };
+    Some((
+        "CopiesContested".to_string(),
+        format!(
+            "{} copies are changed back by another writer (first: {}/{}{place} by {}); Copyrator restores them with growing delays",
+            contested.len(),
+            first.namespace,
+            first.name,
+            first.writer
+        ),
+    ))
 }
 
 /// The Ready condition of a staged rollout that halted: `RolloutHalted`,
@@ -457,6 +467,7 @@ mod tests {
         let mut o = observed();
         o.conflicts = (0..30)
             .map(|i| ConflictEntry {
+                cluster: None,
                 namespace: format!("ns{i:02}"),
                 name: "x".into(),
                 reason: "foreign".into(),
@@ -472,6 +483,7 @@ mod tests {
     fn contested_copies_are_counted_listed_and_named() {
         let mut o = observed();
         o.contested = vec![ContestedEntry {
+            cluster: None,
             namespace: "t1".into(),
             name: "cm".into(),
             writer: "data-fighter".into(),

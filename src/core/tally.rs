@@ -124,6 +124,7 @@ impl Tally {
         let mut conflicts: Vec<ConflictEntry> = self
             .conflicts()
             .map(|(namespace, name, reason)| ConflictEntry {
+                cluster: None,
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
                 reason: reason.to_owned(),

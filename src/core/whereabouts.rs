@@ -559,11 +559,13 @@ mod tests {
         let now = desired("v");
         let status = RuleStatus {
             contested: vec![ContestedEntry {
+                cluster: None,
                 namespace: "t1".into(),
                 name: "cfg".into(),
                 writer: "kubectl-edit".into(),
             }],
             conflicts: vec![ConflictEntry {
+                cluster: None,
                 namespace: "t2".into(),
                 name: "cfg".into(),
                 reason: "shadowed by shared2/cfg".into(),
