@@ -559,10 +559,29 @@ async fn create_only_copies_count_in_every_cluster() {
 
 /// A foreign object that holds a place in a member goes: the copy is
 /// written there at once and the member's conflict leaves the status and
-/// the metrics, not at the next resync (an hour here).
+/// the metrics, not at the next resync (an hour here). The rule is there
+/// before the operator starts.
 #[tokio::test]
 async fn a_place_freed_in_a_member_is_filled_at_once() {
-    let t = TestNs::new("members-freed").await;
+    a_place_freed_in_a_member(RuleComes::First, "members-freed").await;
+}
+
+/// The same for a rule whose first pass in the member meets the foreign
+/// object: the member is listed and the rule's sources too (another rule
+/// watches them) when the rule is created.
+#[tokio::test]
+async fn a_place_freed_in_a_member_is_filled_at_once_for_a_new_rule() {
+    a_place_freed_in_a_member(RuleComes::Later, "members-freed-new").await;
+}
+
+#[derive(PartialEq)]
+enum RuleComes {
+    First,
+    Later,
+}
+
+async fn a_place_freed_in_a_member(comes: RuleComes, test: &str) {
+    let t = TestNs::new(test).await;
     let _up = OUTAGE.read().await;
     let op = t.ns("op").await;
     let [a, _b] = <[Member; 2]>::try_from(members().await).expect("two members");
@@ -576,14 +595,24 @@ async fn a_place_freed_in_a_member_is_filled_at_once() {
     )
     .await;
     a.register(&t.client, &op, &[]).await;
-    t.create_rule(
-        &op,
-        "r",
-        member_rule(&t, json!({"names": [a.name], "local": false})),
-    )
-    .await;
-    let operator = Operator::start(&t, &op, &["--member-clusters", "--resync-interval", "3600"]);
-    t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    let rule = member_rule(&t, json!({"names": [a.name], "local": false}));
+    let operator = if comes == RuleComes::First {
+        t.create_rule(&op, "r", rule).await;
+        let operator =
+            Operator::start(&t, &op, &["--member-clusters", "--resync-interval", "3600"]);
+        t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+        operator
+    } else {
+        let a_w1 = a.ns(&t, "w1").await;
+        let warm = with(rule.clone(), "/spec/targets/include", json!([t.glob("w")]));
+        t.create_rule(&op, "warm", warm).await;
+        let operator =
+            Operator::start(&t, &op, &["--member-clusters", "--resync-interval", "3600"]);
+        t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+        wait_member_copy(&a, &a_w1, "cfg", &[("k", "v")]).await;
+        t.create_rule(&op, "r", rule).await;
+        operator
+    };
     let member_conflicts = async |want: u32| {
         t.wait_rule(&op, "r", &format!("member a: {want} conflicts"), |rule| {
             let entry = cluster_entry(rule, &a.name).ok_or_else(|| short_status(rule))?;

@@ -18,6 +18,7 @@ use crate::controller::members::MEMBER_CLEANUP_GIVES_UP_AFTER;
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
 use crate::core::plan::{self, Action, DeleteReason};
+use crate::core::preview::PlannedChange;
 use crate::core::scope::Touch;
 use crate::sync::{read, write};
 use crate::{Error, FINALIZER};
@@ -128,6 +129,70 @@ impl Cleared {
             }
         }
     }
+}
+
+/// The deletions (or hand-overs, `disposal`) of the copies of `kind` that
+/// the rule of `uid` holds in a site it withdraws from, for `why` (deleted,
+/// or no longer targeting the site); copies handed over before stay.
+pub(crate) fn withdrawals(
+    site: &Site,
+    uid: &str,
+    kind: Kind,
+    why: DeleteReason,
+    disposal: Disposal,
+) -> Vec<Action> {
+    let namespaces = read(&site.cluster.views.namespaces);
+    let copies = read(site.cluster.views.copies(kind));
+    plan::cleanup(uid, why, disposal, &namespaces, &copies)
+}
+
+/// Withdraw the rule of `uid` from a site (home at its deletion, or a
+/// member it deleted or no longer selects): [`withdrawals`] of every kind,
+/// carried out.
+pub(crate) async fn withdraw(
+    site: &Site,
+    uid: &str,
+    why: DeleteReason,
+    disposal: Disposal,
+    rule: &str,
+) -> Cleared {
+    let mut cleared = Cleared::default();
+    for kind in Kind::all() {
+        let actions = withdrawals(site, uid, kind, why, disposal);
+        cleared.carry_out(site, kind, actions, rule).await;
+    }
+    cleared
+}
+
+/// What withdrawing the rule of `uid` from `site` would change, for
+/// `copyrator plan`.
+pub(crate) fn preview_withdrawal(
+    shared: &Shared,
+    site: &Site,
+    rule: &str,
+    uid: &str,
+    why: DeleteReason,
+    disposal: Disposal,
+) -> Vec<PlannedChange> {
+    let cluster = shared.cluster_name(&site.name);
+    Kind::all()
+        .flat_map(|kind| {
+            withdrawals(site, uid, kind, why, disposal)
+                .into_iter()
+                .map(move |action| PlannedChange::of(cluster, rule, kind, &action))
+        })
+        .collect()
+}
+
+/// The copies of the rule of `uid` in `site` that a withdrawal deletes or
+/// hands over: those it holds but those handed over before.
+pub(crate) fn copies_to_withdraw(site: &Site, uid: &str) -> usize {
+    Kind::all()
+        .map(|kind| {
+            let copies = read(site.cluster.views.copies(kind));
+            copies.count_owned_by(uid) - copies.count_create_only(uid)
+        })
+        .sum()
 }
 
 /// Take a cleanup's write into the site's copy view at once, so that the
@@ -246,11 +311,7 @@ fn members_holding(shared: &Shared, key: &RuleKey, uid: &str) -> (Vec<String>, V
     let mut waiting = Vec::new();
     let mut given_up = Vec::new();
     for member in shared.members.all() {
-        let left = Kind::all().any(|kind| {
-            let copies = read(member.site.cluster.views.copies(kind));
-            copies.count_owned_by(uid) > copies.count_create_only(uid)
-        });
-        if !left {
+        if copies_to_withdraw(&member.site, uid) == 0 {
             continue;
         }
         if member.unreachable_for() > MEMBER_CLEANUP_GIVES_UP_AFTER {
@@ -323,20 +384,11 @@ pub async fn cleanup(
     let key = rule.key();
     let disposal = rule.on_deletion();
     // Copies handed over to their namespaces before (syncPolicy CreateOnly) stay.
-    let mut left = 0;
-    let mut cleared = Cleared::default();
-    for kind in Kind::all() {
-        let actions = {
-            let namespaces = read(&shared.home.cluster.views.namespaces);
-            let copies = read(shared.copies(kind));
-            left += copies.count_create_only(uid);
-            let why = DeleteReason::RuleDeleted;
-            plan::cleanup(uid, why, disposal, &namespaces, &copies)
-        };
-        cleared
-            .carry_out(&shared.home, kind, actions, &key.to_string())
-            .await;
-    }
+    let left: usize = Kind::all()
+        .map(|kind| read(shared.copies(kind)).count_create_only(uid))
+        .sum();
+    let why = DeleteReason::RuleDeleted;
+    let cleared = withdraw(&shared.home, uid, why, disposal, &key.to_string()).await;
     let Cleared {
         done: deleted,
         retry,

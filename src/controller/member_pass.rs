@@ -12,16 +12,16 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::api::kinds::Kind;
 use crate::api::rule::{CopyratorRule, Disposal, RuleKey};
 use crate::cluster::sources::Sources;
-use crate::controller::finalizer::Cleared;
+use crate::controller::finalizer::{
+    Cleared, copies_to_withdraw, preview_withdrawal, withdraw as withdraw_copies,
+};
 use crate::controller::members::Member;
-use crate::controller::reconcile::{carry_out, preview_plan, report_of, sources_of};
-use crate::controller::site::Site;
+use crate::controller::reconcile::{cluster_pass, preview_plan, sources_of};
 use crate::controller::state::Shared;
-use crate::core::plan::{self, Action, DeleteReason};
-use crate::core::preview::{PlannedChange, Preview, Skip};
+use crate::core::plan::DeleteReason;
+use crate::core::preview::{Preview, Skip};
 use crate::core::report::ClusterReport;
 use crate::core::resolve::ResolvedRule;
 use crate::core::scope::{Scope, Touch};
@@ -84,9 +84,7 @@ pub async fn member_pass(
         return Ok(Some(WAIT_AGAIN));
     };
     let here = in_member(&resolved, &shared.options.cluster_name);
-    let pass = carry_out(shared, site, &rule, &here, &sources, scope).await;
-    crate::controller::consumers::announce(shared, site, &rule, &pass.restarts).await;
-    let report = report_of(site, &here, &pass);
+    let (pass, report) = cluster_pass(shared, site, &rule, &here, &sources, scope).await;
     tell(shared, member, key, Some(report));
     Ok(pass
         .retry_at
@@ -174,11 +172,7 @@ pub async fn member_preview(
             disposal,
         } => {
             let uid = rule.uid().unwrap_or_default();
-            for kind in Kind::all() {
-                for action in withdrawals(site, uid, kind, why, disposal) {
-                    changes.push(PlannedChange::of(cluster, &rule_name, kind, &action));
-                }
-            }
+            changes = preview_withdrawal(shared, site, &rule_name, uid, why, disposal);
         }
         Asks::KindNotCopied(why) => skipped.push(Skip::member(cluster, &rule_name, &why)),
         Asks::Copies(resolved) => {
@@ -190,20 +184,6 @@ pub async fn member_preview(
         }
     }
     Ok(Preview::Planned { changes, skipped })
-}
-
-/// The deletions (or hand-overs) of the copies of `kind` that the rule of
-/// `uid` holds in a site it withdraws from (those handed over before stay).
-fn withdrawals(
-    site: &Site,
-    uid: &str,
-    kind: Kind,
-    why: DeleteReason,
-    disposal: Disposal,
-) -> Vec<Action> {
-    let namespaces = read(&site.cluster.views.namespaces);
-    let copies = read(site.cluster.views.copies(kind));
-    plan::cleanup(uid, why, disposal, &namespaces, &copies)
 }
 
 /// The rule as a member's pass follows it: every target is in the member
@@ -240,22 +220,12 @@ async fn withdraw(
     let site = &member.site;
     let key = rule.key();
     let uid = rule.uid().unwrap_or_default().to_owned();
-    let mut cleared = Cleared::default();
-    if let Some((why, disposal)) = how {
-        for kind in Kind::all() {
-            let actions = withdrawals(site, &uid, kind, why, disposal);
-            cleared
-                .carry_out(site, kind, actions, &key.to_string())
-                .await;
-        }
-    }
+    let cleared = match how {
+        Some((why, disposal)) => withdraw_copies(site, &uid, why, disposal, &key.to_string()).await,
+        None => Cleared::default(),
+    };
     let Cleared { retry, failed, .. } = cleared;
-    let left = Kind::all()
-        .map(|kind| {
-            let copies = read(site.cluster.views.copies(kind));
-            copies.count_owned_by(&uid) - copies.count_create_only(&uid)
-        })
-        .sum::<usize>() as u32;
+    let left = copies_to_withdraw(site, &uid) as u32;
     if left == 0 || how.is_none() {
         lock(&site.memory).remove(&key);
         lock(&site.backoffs).forget_rule(&key);

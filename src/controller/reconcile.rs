@@ -121,14 +121,12 @@ pub async fn reconcile(
             SourcesWait::Again(again) => return Ok(again),
         };
     let started = Instant::now();
-    let pass = carry_out(shared, &shared.home, &rule, &resolved, &sources, scope).await;
+    let (pass, home) = cluster_pass(shared, &shared.home, &rule, &resolved, &sources, scope).await;
     let failing = pass.failing().count();
-    let home = report_of(&shared.home, &resolved, &pass);
     let observed = observed_after(shared, &rule, &resolved, &pass, &home);
     let published = publish_status(shared, &rule, &observed).await?;
     log_pass(shared, key, &pass, failing, started.elapsed());
     announce(shared, &rule, &resolved, &pass, &home, &observed).await;
-    crate::controller::consumers::announce(shared, &shared.home, &rule, &pass.restarts).await;
     shared
         .metrics
         .copies_contested
@@ -336,7 +334,7 @@ fn pass_problem(shared: &Shared, resolved: &ResolvedRule, pass: &Pass) -> Option
 
 /// What a pass found in its cluster (home or a member), counted the same
 /// way in each; the problem is only that of its failed writes.
-pub(crate) fn report_of(site: &Site, resolved: &ResolvedRule, pass: &Pass) -> ClusterReport {
+fn report_of(site: &Site, resolved: &ResolvedRule, pass: &Pass) -> ClusterReport {
     let contested = lock(&site.backoffs)
         .contested(&resolved.key)
         .into_iter()
@@ -492,19 +490,18 @@ pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Previ
 /// Without our finalizer a deleted rule goes at once, and its copies are
 /// left to the collection of orphans; with it, its copies are deleted.
 fn preview_deletion(shared: &Shared, rule: &CopyratorRule, uid: &str) -> Preview {
-    let rule_name = rule.key().to_string();
-    let cluster = shared.cluster_name(&shared.home.name);
-    let mut changes = Vec::new();
-    if rule.has_finalizer() {
-        let namespaces = read(&shared.home.cluster.views.namespaces);
-        for kind in Kind::all() {
-            let copies = read(shared.copies(kind));
-            let why = DeleteReason::RuleDeleted;
-            for action in plan::cleanup(uid, why, rule.on_deletion(), &namespaces, &copies) {
-                changes.push(PlannedChange::of(cluster, &rule_name, kind, &action));
-            }
-        }
-    }
+    let changes = if rule.has_finalizer() {
+        crate::controller::finalizer::preview_withdrawal(
+            shared,
+            &shared.home,
+            &rule.key().to_string(),
+            uid,
+            DeleteReason::RuleDeleted,
+            rule.on_deletion(),
+        )
+    } else {
+        Vec::new()
+    };
     Preview::Planned {
         changes,
         skipped: Vec::new(),
@@ -956,9 +953,26 @@ fn plan_pass(
     (plan, other_kind_deletions)
 }
 
+/// A rule's pass in one cluster, the same at home and in every member:
+/// plan, write, roll the consumers of what changed (and say so); and what
+/// the cluster then holds.
+pub(crate) async fn cluster_pass(
+    shared: &Arc<Shared>,
+    site: &Site,
+    rule: &CopyratorRule,
+    resolved: &ResolvedRule,
+    sources: &[Arc<Object>],
+    scope: Scope,
+) -> (Pass, ClusterReport) {
+    let pass = carry_out(shared, site, rule, resolved, sources, scope).await;
+    crate::controller::consumers::announce(shared, site, rule, &pass.restarts).await;
+    let report = report_of(site, resolved, &pass);
+    (pass, report)
+}
+
 /// A rule's pass: plan what its scope concerns, then write what each
 /// copy's backoff admits, and take the outcomes into the rule's tally.
-pub(crate) async fn carry_out(
+async fn carry_out(
     shared: &Arc<Shared>,
     site: &Site,
     rule: &CopyratorRule,
@@ -1064,28 +1078,24 @@ fn pass_scope(
     scope: Scope,
 ) -> (Scope, HashMap<ObjectKey, String>) {
     let mut memory = lock(&site.memory);
-    let mut memory = memory.get_mut(&resolved.key);
-    if let Some(memory) = memory.as_deref_mut() {
-        memory
-            .known_conflicts
-            .pass_begins(&resolved.key.to_string(), resolved.kind);
-    }
-    let memory = memory.as_deref();
-    let mut scope = match memory {
-        Some(memory) => memory.tally.scope_for(basis, scope),
-        None => Scope::everything(),
+    let fresh = !memory.contains_key(&resolved.key);
+    // Even a rule's first pass in a site follows the places it finds held
+    // (the foreign watch tells it when one is freed).
+    let memory = memory.entry(resolved.key.clone()).or_default();
+    memory
+        .known_conflicts
+        .pass_begins(&resolved.key.to_string(), resolved.kind);
+    let mut scope = if fresh {
+        Scope::everything()
+    } else {
+        memory.tally.scope_for(basis, scope)
     };
-    if scope.retries()
-        && let Some(memory) = memory
-    {
+    if scope.retries() {
         for (namespace, name) in memory.tally.places() {
             scope.add(Touch::Copy(namespace.to_owned(), name.to_owned()));
         }
     }
-    let known_conflicts = memory
-        .map(|m| m.known_conflicts.held().clone())
-        .unwrap_or_default();
-    (scope, known_conflicts)
+    (scope, memory.known_conflicts.held().clone())
 }
 
 /// A write admitted into this pass: the copy, its kind, the action.
@@ -1492,6 +1502,32 @@ fn log_transition(key: &RuleKey, previous: Option<&RuleStatus>, next: &RuleStatu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_rules_first_pass_in_a_site_follows_the_places_it_finds_held() {
+        let shared = crate::controller::state::test_shared();
+        let rule: CopyratorRule = serde_json::from_value(json!({
+            "metadata": {"name": "r", "namespace": "ops", "uid": "rule-1", "generation": 1},
+            "ruleType": "configmap",
+            "selector": {"copy": "yes"},
+        }))
+        .expect("a rule");
+        let resolved = rule.resolve(&shared.trust).expect("a valid rule");
+        let basis = Basis {
+            uid: resolved.uid.clone(),
+            generation: Some(1),
+        };
+        assert!(!lock(&shared.home.memory).contains_key(&resolved.key));
+        let (scope, known) = pass_scope(&shared.home, &resolved, &basis, Scope::everything());
+        assert!(scope.is_everything() && known.is_empty());
+        let memory = lock(&shared.home.memory);
+        assert!(
+            memory[&resolved.key]
+                .known_conflicts
+                .follows(Kind::ConfigMap),
+            "the foreign watch of ConfigMaps tells the rule of a place freed after its first pass"
+        );
+    }
 
     fn entry(n: usize) -> ConflictEntry {
         ConflictEntry {

@@ -543,46 +543,52 @@ fn is_older(rule: &CopyratorRule, held: &CopyratorRule) -> bool {
     matches!((version(rule), version(held)), (Some(new), Some(old)) if new < old)
 }
 
+/// The controller's state over a client that is never asked anything:
+/// for unit tests that read and change the views and memories alone.
+#[cfg(test)]
+pub(crate) fn test_shared() -> Arc<Shared> {
+    use crate::cluster::client::Clients;
+    use std::time::Duration;
+    let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+    let client = kube::Client::try_from(config).expect("a client");
+    let clients = Clients {
+        read: client.clone(),
+        write: client,
+    };
+    let (gate, _always) = LeaderGate::always();
+    Shared::new(
+        clients,
+        Trust::new("ops", false),
+        Options {
+            rule_name: None,
+            limits: Limits {
+                write_concurrency: 4,
+                api_qps: 0.0,
+                api_burst: 1,
+                max_source_watches: 10,
+            },
+            keep_kind_watches: false,
+            cluster_name: "home".to_owned(),
+            member_clusters: false,
+            min_restart_interval: std::time::Duration::from_secs(30),
+            allow_insecure_members: false,
+        },
+        Arc::new(Metrics::default()),
+        gate,
+        Arc::new(Health::new(Duration::from_secs(60))),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::client::Clients;
     use crate::core::scope::Scope;
     use kube::api::ObjectMeta;
     use std::collections::BTreeMap;
     use std::time::Duration;
 
-    /// The controller's state over a client that is never asked anything:
-    /// these tests read and change the views alone.
     fn shared() -> Arc<Shared> {
-        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
-        let client = kube::Client::try_from(config).expect("a client");
-        let clients = Clients {
-            read: client.clone(),
-            write: client,
-        };
-        let (gate, _always) = LeaderGate::always();
-        Shared::new(
-            clients,
-            Trust::new("ops", false),
-            Options {
-                rule_name: None,
-                limits: Limits {
-                    write_concurrency: 4,
-                    api_qps: 0.0,
-                    api_burst: 1,
-                    max_source_watches: 10,
-                },
-                keep_kind_watches: false,
-                cluster_name: "home".to_owned(),
-                member_clusters: false,
-                min_restart_interval: std::time::Duration::from_secs(30),
-                allow_insecure_members: false,
-            },
-            Arc::new(Metrics::default()),
-            gate,
-            Arc::new(Health::new(Duration::from_secs(60))),
-        )
+        test_shared()
     }
 
     fn rule(uid: &str, generation: i64, version: u64) -> Arc<CopyratorRule> {

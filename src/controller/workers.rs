@@ -57,18 +57,17 @@ pub async fn run_site_workers(
                     _ = stop.wait_for(|s| *s) => return,
                     next = site.queue.next() => next,
                 };
-                match site.name.member() {
-                    None => work_on(&shared, key, scope).await,
+                let member = match site.name.member() {
+                    None => None,
                     Some(name) => match shared.members.get(name) {
-                        Some(member) if Arc::ptr_eq(&member.site, &site) => {
-                            work_on_member(&shared, &member, key, scope).await;
-                        }
+                        Some(member) if Arc::ptr_eq(&member.site, &site) => Some(member),
                         // Gone from the inventory, or started again with new
                         // credentials (a site of its own): this site's
                         // passes end with it.
                         _ => return,
                     },
-                }
+                };
+                work_on(&shared, &site, member.as_ref(), key, scope).await;
             }
         });
     }
@@ -78,27 +77,51 @@ pub async fn run_site_workers(
     timer.abort_all();
 }
 
-/// A rule's pass in a member; a pass that fails as a whole (the member
-/// does not answer) waits as a home pass would, in the member's queue.
-async fn work_on_member(shared: &Arc<Shared>, member: &Arc<Member>, key: RuleKey, scope: Scope) {
-    let site = &member.site;
-    let span = info_span!("member pass", rule = %key, member = member.name());
-    let result = crate::controller::member_pass::member_pass(shared, member, &key, scope)
-        .instrument(span)
-        .await;
-    site.queue.done(&key);
-    let failures = {
-        let mut memory = lock(&site.memory);
-        let entry = memory.entry(key.clone()).or_default();
-        entry.failures = if result.is_ok() {
-            0
-        } else {
-            entry.failures + 1
-        };
-        entry.failures
+/// One pass over a rule in one cluster (home, or `member`), then its
+/// requeue: when the pass asks, or after a backoff that grows with the
+/// rule's failed passes there (a 403 or an API server that does not answer
+/// is no hot loop).
+async fn work_on(
+    shared: &Arc<Shared>,
+    site: &Site,
+    member: Option<&Arc<Member>>,
+    key: RuleKey,
+    scope: Scope,
+) {
+    let started = Instant::now();
+    let result = match member {
+        None => {
+            let span = info_span!("reconcile", rule = %key);
+            crate::controller::reconcile::reconcile(shared, &key, scope)
+                .instrument(span)
+                .await
+        }
+        Some(member) => {
+            let span = info_span!("member pass", rule = %key, member = member.name());
+            crate::controller::member_pass::member_pass(shared, member, &key, scope)
+                .instrument(span)
+                .await
+        }
     };
+    site.queue.done(&key);
+    if member.is_none() {
+        shared
+            .metrics
+            .reconcile_duration
+            .observe(started.elapsed().as_secs_f64());
+        shared.health.progressed();
+    }
+    let failures = failed_passes(site, &key, result.is_ok());
+    if member.is_none() && !read(&shared.rules).contains_key(&key) {
+        // Gone while its pass ran: nothing of it stays behind.
+        shared.drop_memory(&key);
+        return;
+    }
     match result {
         Ok(requeue) => {
+            if member.is_none() {
+                shared.metrics.reconciled("success");
+            }
             site.queue.release(&key);
             if let Some(delay) = requeue {
                 site.queue.add_after(key, delay);
@@ -106,61 +129,37 @@ async fn work_on_member(shared: &Arc<Shared>, member: &Arc<Member>, key: RuleKey
         }
         Err(error) => {
             let delay = rule_retry_delay(failures);
-            debug!(rule = %key, member = member.name(), error = %error, retry_in = ?delay, "member pass failed");
+            match member {
+                None => {
+                    shared.metrics.reconciled("error");
+                    warn!(rule = %key, error = %error, retry_in = ?delay, "reconcile failed");
+                }
+                // Said in the rule's status at home (the member's reach).
+                Some(member) => {
+                    debug!(rule = %key, member = member.name(), error = %error, retry_in = ?delay, "member pass failed");
+                }
+            }
+            // What the failed pass was to look at is not known to be done.
             site.queue.carry(&key, Scope::everything());
             site.queue.hold(key, delay);
         }
     }
 }
 
-async fn work_on(shared: &Arc<Shared>, key: RuleKey, scope: Scope) {
-    let started = Instant::now();
-    let span = info_span!("reconcile", rule = %key);
-    let result = crate::controller::reconcile::reconcile(shared, &key, scope)
-        .instrument(span)
-        .await;
-    shared
-        .metrics
-        .reconcile_duration
-        .observe(started.elapsed().as_secs_f64());
-    shared.home.queue.done(&key);
-    shared.health.progressed();
-    let failures = {
-        let mut memory = lock(&shared.home.memory);
-        match (&result, memory.get_mut(&key)) {
-            (Ok(_), Some(memory)) => {
-                memory.failures = 0;
-                0
-            }
-            (Ok(_), None) => 0,
-            (Err(_), _) => {
-                let memory = memory.entry(key.clone()).or_default();
-                memory.failures += 1;
-                memory.failures
-            }
+/// The rule's failed passes in a row in `site`, after one that
+/// succeeded (`ok`) or failed.
+fn failed_passes(site: &Site, key: &RuleKey, ok: bool) -> u32 {
+    let mut memory = lock(&site.memory);
+    match (ok, memory.get_mut(key)) {
+        (true, Some(memory)) => {
+            memory.failures = 0;
+            0
         }
-    };
-    if !read(&shared.rules).contains_key(&key) {
-        // Gone while its pass ran: nothing of it stays behind.
-        shared.drop_memory(&key);
-        return;
-    }
-    match result {
-        Ok(requeue) => {
-            shared.metrics.reconciled("success");
-            shared.home.queue.release(&key);
-            if let Some(delay) = requeue {
-                shared.home.queue.add_after(key, delay);
-            }
-        }
-        Err(error) => {
-            shared.metrics.reconciled("error");
-            // Exponential backoff per rule, so a 403 or a dead API server is no hot loop.
-            let delay = rule_retry_delay(failures);
-            warn!(rule = %key, error = %error, retry_in = ?delay, "reconcile failed");
-            // What the failed pass was to look at is not known to be done.
-            shared.home.queue.carry(&key, Scope::everything());
-            shared.home.queue.hold(key, delay);
+        (true, None) => 0,
+        (false, _) => {
+            let memory = memory.entry(key.clone()).or_default();
+            memory.failures += 1;
+            memory.failures
         }
     }
 }
