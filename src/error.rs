@@ -10,7 +10,7 @@ use thiserror::Error;
 
 /// Everything that can go wrong in the operator, with the context a user needs.
 #[derive(Debug, Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("updating the status of rule {rule}: {}", describe(.source))]
     Status {
         rule: String,
@@ -57,14 +57,14 @@ pub enum Error {
     Config(String),
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// How the API server words a refusal by RBAC's escalation prevention.
 const RBAC_ESCALATION: &str = "is attempting to grant RBAC permissions not currently held";
 
 /// An API error in the API server's own words ("configmaps are frozen in
 /// this namespace (Forbidden, 403)"), never a debug dump.
-pub fn describe(err: &kube::Error) -> String {
+pub(crate) fn describe(err: &kube::Error) -> String {
     match err {
         kube::Error::Api(status)
             if status.code == 403 && status.message.contains(RBAC_ESCALATION) =>

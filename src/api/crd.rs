@@ -16,7 +16,7 @@ use crate::api::schema::{SELECTOR_DESCRIPTION, namespace_schema, selector_schema
 use crate::api::{GROUP, KIND, PLURAL, VERSION};
 use crate::{Error, Result};
 
-pub const CRD_NAME: &str = "copyrators.flant.com";
+pub(crate) const CRD_NAME: &str = "copyrators.flant.com";
 
 fn generator() -> SchemaGenerator {
     SchemaSettings::openapi3()
@@ -146,7 +146,7 @@ fn wide_column(
     clippy::too_many_lines,
     reason = "one literal document: the CRD as the API server reads it, field by field; split, it would no longer read as the YAML it prints"
 )]
-pub fn crd() -> Result<CustomResourceDefinition> {
+pub(crate) fn crd() -> Result<CustomResourceDefinition> {
     let schema: JSONSchemaProps =
         serde_json::from_value(root_schema()).map_err(|source| Error::Serialize {
             what: "the CRD schema",
@@ -257,7 +257,7 @@ pub fn crd() -> Result<CustomResourceDefinition> {
 }
 
 /// The CRD as YAML, exactly what `crd/` holds.
-pub fn crd_yaml() -> Result<String> {
+pub(crate) fn crd_yaml() -> Result<String> {
     let crd = crd()?;
     let value = serde_json::to_value(&crd).map_err(|source| Error::Serialize {
         what: "the CRD",

@@ -11,7 +11,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde::{Serialize, Serializer};
 
 /// Kinds one process copies at most: each costs a watch and an index.
-pub const MAX_KINDS: usize = 64;
+pub(crate) const MAX_KINDS: usize = 64;
 
 /// A kind of object that rules copy: a handle into the registry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -19,7 +19,7 @@ pub struct Kind(u8);
 
 /// Which top-level fields make up the content of an object of a kind.
 #[derive(Debug)]
-pub enum Payload {
+pub(crate) enum Payload {
     /// These, and no others (the fields the API server adds are left out).
     Fields(&'static [&'static str]),
     /// Every top-level field but `apiVersion`, `kind`, `metadata` and `status`.
@@ -28,24 +28,24 @@ pub enum Payload {
 
 /// What the operator needs to know about a kind.
 #[derive(Debug)]
-pub struct KindInfo {
+pub(crate) struct KindInfo {
     /// The value of `ruleType` that selects this kind (`configmap`), or
     /// `Kind.group` for a kind named by `objectType`.
-    pub rule_type: &'static str,
-    pub group: &'static str,
-    pub version: &'static str,
-    pub api_kind: &'static str,
-    pub plural: &'static str,
-    pub payload: Payload,
+    pub(crate) rule_type: &'static str,
+    pub(crate) group: &'static str,
+    pub(crate) version: &'static str,
+    pub(crate) api_kind: &'static str,
+    pub(crate) plural: &'static str,
+    pub(crate) payload: Payload,
     /// Payload fields that map data keys to values (`transform.keys` selects
     /// and renames their keys).
-    pub data_fields: &'static [&'static str],
+    pub(crate) data_fields: &'static [&'static str],
     /// Payload fields the API server never lets change on an existing object.
-    pub immutable_fields: &'static [&'static str],
+    pub(crate) immutable_fields: &'static [&'static str],
     /// `type` values of objects of this kind that are never copied, and why.
-    pub never_copied_types: &'static [(&'static str, &'static str)],
+    pub(crate) never_copied_types: &'static [(&'static str, &'static str)],
     /// Named by `objectType`: a source owned by a controller is not copied.
-    pub generic: bool,
+    pub(crate) generic: bool,
 }
 
 static BUILTIN: [KindInfo; 2] = [
@@ -106,24 +106,24 @@ static REGISTRY: Registry = Registry {
 
 /// A kind discovery resolved: what registering it needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Discovered {
-    pub group: String,
-    pub version: String,
-    pub kind: String,
-    pub plural: String,
+pub(crate) struct Discovered {
+    pub(crate) group: String,
+    pub(crate) version: String,
+    pub(crate) kind: String,
+    pub(crate) plural: String,
 }
 
 /// Why a kind cannot be registered.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("this operator copies at most {MAX_KINDS} kinds, and as many are known already")]
-pub struct TooManyKinds;
+pub(crate) struct TooManyKinds;
 
 #[allow(non_upper_case_globals)]
 impl Kind {
-    pub const ConfigMap: Kind = Kind(0);
+    pub(crate) const ConfigMap: Kind = Kind(0);
     pub const Secret: Kind = Kind(1);
 
-    pub fn info(self) -> &'static KindInfo {
+    pub(crate) fn info(self) -> &'static KindInfo {
         match self.0 {
             0 | 1 => &BUILTIN[usize::from(self.0)],
             n => REGISTRY.extra[usize::from(n) - 2]
@@ -133,27 +133,27 @@ impl Kind {
     }
 
     /// Its position among the kinds: `0..MAX_KINDS`.
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         usize::from(self.0)
     }
 
     /// Every kind known so far, built-in ones first.
-    pub fn all() -> impl Iterator<Item = Kind> {
+    pub(crate) fn all() -> impl Iterator<Item = Kind> {
         let count = REGISTRY.count.load(Ordering::Acquire);
         (0..count).filter_map(|n| u8::try_from(n).ok().map(Kind))
     }
 
     /// The ConfigMap and Secret kinds, known without discovery.
-    pub fn builtin() -> impl Iterator<Item = Kind> {
+    pub(crate) fn builtin() -> impl Iterator<Item = Kind> {
         [Kind::ConfigMap, Kind::Secret].into_iter()
     }
 
-    pub fn from_rule_type(rule_type: &str) -> Option<Kind> {
+    pub(crate) fn from_rule_type(rule_type: &str) -> Option<Kind> {
         Kind::builtin().find(|kind| kind.info().rule_type == rule_type)
     }
 
     /// The known kind `kind` of API group `group`, whatever its version.
-    pub fn find(group: &str, kind: &str) -> Option<Kind> {
+    pub(crate) fn find(group: &str, kind: &str) -> Option<Kind> {
         Kind::all().find(|k| {
             let info = k.info();
             info.group == group && info.api_kind == kind
@@ -162,7 +162,7 @@ impl Kind {
 
     /// Register a kind discovery resolved; a kind already known (in any
     /// version: one version per kind, the first) is returned as it is.
-    pub fn register(found: &Discovered) -> Result<Kind, TooManyKinds> {
+    pub(crate) fn register(found: &Discovered) -> Result<Kind, TooManyKinds> {
         let _adding = crate::sync::lock(&REGISTRY.adding);
         if let Some(known) = Kind::find(&found.group, &found.kind) {
             return Ok(known);
@@ -194,7 +194,7 @@ impl Kind {
         u8::try_from(n).map(Kind).map_err(|_| TooManyKinds)
     }
 
-    pub fn api_resource(self) -> ApiResource {
+    pub(crate) fn api_resource(self) -> ApiResource {
         let info = self.info();
         ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk(info.group, info.version, info.api_kind),
@@ -204,7 +204,7 @@ impl Kind {
 
     /// Whether `field`, a top-level field of an object of this kind, is
     /// part of its content.
-    pub fn is_payload_field(self, field: &str) -> bool {
+    pub(crate) fn is_payload_field(self, field: &str) -> bool {
         match self.info().payload {
             Payload::Fields(fields) => fields.contains(&field),
             Payload::AllButMetadataAndStatus => {
@@ -214,7 +214,7 @@ impl Kind {
     }
 
     /// Server-side field selector that leaves out the types never copied.
-    pub fn source_field_selector(self) -> Option<String> {
+    pub(crate) fn source_field_selector(self) -> Option<String> {
         let types = self.info().never_copied_types;
         if types.is_empty() {
             return None;
@@ -229,7 +229,7 @@ impl Kind {
     }
 
     /// Why an object of this kind with this `type` is never copied, if it is not.
-    pub fn never_copied_reason(self, object_type: Option<&str>) -> Option<&'static str> {
+    pub(crate) fn never_copied_reason(self, object_type: Option<&str>) -> Option<&'static str> {
         let object_type = object_type?;
         self.info()
             .never_copied_types
@@ -238,30 +238,30 @@ impl Kind {
             .map(|(_, why)| *why)
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         self.info().api_kind
     }
 
     /// Whether this is `rbac.authorization.k8s.io` RoleBinding: a copy
     /// grants what the role it binds grants in the copy's own namespace.
-    pub fn is_role_binding(self) -> bool {
+    pub(crate) fn is_role_binding(self) -> bool {
         let info = self.info();
         info.group == RBAC_GROUP && info.api_kind == "RoleBinding"
     }
 }
 
 /// The API group of Roles and RoleBindings.
-pub const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
+pub(crate) const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 
 /// Whether the kind `kind` of API group `group` holds or grants
 /// permissions in its namespace: a Role or a RoleBinding.
-pub fn is_rbac_kind(group: &str, kind: &str) -> bool {
+pub(crate) fn is_rbac_kind(group: &str, kind: &str) -> bool {
     group == RBAC_GROUP && matches!(kind, "Role" | "RoleBinding")
 }
 
 /// Whether a payload field decides that a copy must be recreated rather
 /// than updated: compact copies keep these.
-pub fn decides_recreate(field: &str) -> bool {
+pub(crate) fn decides_recreate(field: &str) -> bool {
     field == "type"
         || field == "immutable"
         || Kind::all().any(|kind| kind.info().immutable_fields.contains(&field))
@@ -269,7 +269,7 @@ pub fn decides_recreate(field: &str) -> bool {
 
 /// `Kind.group`, or `Kind` for the core group: how settings and statuses
 /// name a kind.
-pub fn kind_name(group: &str, kind: &str) -> String {
+pub(crate) fn kind_name(group: &str, kind: &str) -> String {
     if group.is_empty() {
         kind.to_owned()
     } else {
@@ -309,7 +309,7 @@ impl KindPattern {
 
 /// The kinds an operator copies (`--kinds`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EnabledKinds {
+pub(crate) struct EnabledKinds {
     builtin: Vec<Kind>,
     named: Vec<KindPattern>,
     /// `*`: every kind not denied.
@@ -318,7 +318,7 @@ pub struct EnabledKinds {
 
 impl EnabledKinds {
     /// Entries: `configmap`, `secret`, `Kind.group`, `Kind` (core group), `*`.
-    pub fn parse(entries: &[String]) -> Result<Self, String> {
+    pub(crate) fn parse(entries: &[String]) -> Result<Self, String> {
         let mut enabled = Self {
             builtin: Vec::new(),
             named: Vec::new(),
@@ -360,21 +360,21 @@ impl EnabledKinds {
 
     /// Leave out the built-in kinds `denied` denies: `--denied-kinds`
     /// holds whatever `--kinds` says.
-    pub fn without_denied(mut self, denied: &DeniedKinds) -> Self {
+    pub(crate) fn without_denied(mut self, denied: &DeniedKinds) -> Self {
         self.builtin
             .retain(|kind| !denied.denies(kind.info().group, kind.info().api_kind));
         self
     }
 
     /// The kinds named beyond ConfigMap and Secret: `(group, kind)`.
-    pub fn named_kinds(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(crate) fn named_kinds(&self) -> impl Iterator<Item = (&str, &str)> {
         self.named
             .iter()
             .map(|p| (p.group.as_deref().unwrap_or_default(), p.kind.as_str()))
     }
 
     /// Only these built-in kinds.
-    pub fn builtin_only(kinds: &[Kind]) -> Self {
+    pub(crate) fn builtin_only(kinds: &[Kind]) -> Self {
         Self {
             builtin: kinds.to_vec(),
             named: Vec::new(),
@@ -383,12 +383,12 @@ impl EnabledKinds {
     }
 
     /// Whether the built-in `kind` is copied (its watches start at start).
-    pub fn has_builtin(&self, kind: Kind) -> bool {
+    pub(crate) fn has_builtin(&self, kind: Kind) -> bool {
         self.builtin.contains(&kind)
     }
 
     /// Whether kind `kind` of API group `group` is copied.
-    pub fn enables(&self, group: &str, kind: &str) -> bool {
+    pub(crate) fn enables(&self, group: &str, kind: &str) -> bool {
         if let Some(builtin) =
             Kind::builtin().find(|k| k.info().group == group && k.info().api_kind == kind)
         {
@@ -402,7 +402,7 @@ impl EnabledKinds {
     }
 
     /// Whether copies of `kind` may exist under this setting.
-    pub fn copies(&self, kind: Kind) -> bool {
+    pub(crate) fn copies(&self, kind: Kind) -> bool {
         let info = kind.info();
         self.enables(info.group, info.api_kind)
     }
@@ -410,7 +410,7 @@ impl EnabledKinds {
 
 /// The kinds never copied (`--denied-kinds`), and `CopyratorRule` always.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeniedKinds(Vec<KindPattern>);
+pub(crate) struct DeniedKinds(Vec<KindPattern>);
 
 /// `--denied-kinds` by default: objects that belong to a controller or a
 /// node, that make no sense twice, or whose fields the cluster allocates
@@ -420,7 +420,7 @@ pub const DENIED_KINDS: &str = "Pod,Event,Endpoints,EndpointSlice,Lease,ReplicaS
 
 impl DeniedKinds {
     /// Entries: `Kind` (in every group) or `Kind.group`.
-    pub fn parse(entries: &[String]) -> Result<Self, String> {
+    pub(crate) fn parse(entries: &[String]) -> Result<Self, String> {
         entries
             .iter()
             .map(|e| e.trim())
@@ -430,12 +430,12 @@ impl DeniedKinds {
             .map(Self)
     }
 
-    pub fn defaults() -> Self {
+    pub(crate) fn defaults() -> Self {
         let entries: Vec<String> = DENIED_KINDS.split(',').map(str::to_owned).collect();
         Self::parse(&entries).unwrap_or(Self(Vec::new()))
     }
 
-    pub fn denies(&self, group: &str, kind: &str) -> bool {
+    pub(crate) fn denies(&self, group: &str, kind: &str) -> bool {
         (group == crate::api::GROUP && kind == crate::api::KIND)
             || self
                 .0

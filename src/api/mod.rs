@@ -3,13 +3,13 @@
 
 /// The rule API's group, version, kind and plural, as the original
 /// Copyrator named them.
-pub const GROUP: &str = "flant.com";
-pub const VERSION: &str = "v1";
-pub const KIND: &str = "CopyratorRule";
-pub const PLURAL: &str = "copyrators";
+pub(crate) const GROUP: &str = "flant.com";
+pub(crate) const VERSION: &str = "v1";
+pub(crate) const KIND: &str = "CopyratorRule";
+pub(crate) const PLURAL: &str = "copyrators";
 
-pub mod crd;
+pub(crate) mod crd;
 pub mod kinds;
-pub mod rule;
-pub mod schema;
-pub mod selector;
+pub(crate) mod rule;
+pub(crate) mod schema;
+pub(crate) mod selector;

@@ -23,29 +23,29 @@ use crate::api::{GROUP, KIND, PLURAL, VERSION};
 /// A CopyratorRule as stored by the API server.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct CopyratorRule {
+pub(crate) struct CopyratorRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_version: Option<String>,
+    pub(crate) api_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
+    pub(crate) kind: Option<String>,
     #[serde(default)]
-    pub metadata: ObjectMeta,
+    pub(crate) metadata: ObjectMeta,
     /// Original form: `configmap` or `secret`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rule_type: Option<RuleType>,
+    pub(crate) rule_type: Option<RuleType>,
     /// Original form: labels a source must carry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selector: Option<serde_json::Map<String, Value>>,
+    pub(crate) selector: Option<serde_json::Map<String, Value>>,
     /// Original form: source namespace, a name or a list of names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<Value>,
+    pub(crate) namespace: Option<Value>,
     /// Original form: `Sync` or `CreateOnly`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sync_policy: Option<SyncPolicy>,
+    pub(crate) sync_policy: Option<SyncPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spec: Option<RuleSpec>,
+    pub(crate) spec: Option<RuleSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<RuleStatus>,
+    pub(crate) status: Option<RuleStatus>,
 }
 
 impl Resource for CopyratorRule {
@@ -74,7 +74,7 @@ impl Resource for CopyratorRule {
 
 /// The kind of object a rule copies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum RuleType {
+pub(crate) enum RuleType {
     #[serde(rename = "configmap")]
     ConfigMap,
     #[serde(rename = "secret")]
@@ -82,7 +82,7 @@ pub enum RuleType {
 }
 
 impl RuleType {
-    pub fn kind(self) -> Kind {
+    pub(crate) fn kind(self) -> Kind {
         match self {
             RuleType::ConfigMap => Kind::ConfigMap,
             RuleType::Secret => Kind::Secret,
@@ -93,16 +93,16 @@ impl RuleType {
 /// A kind named by its API version and kind, as in an object's own header.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct ObjectType {
+pub(crate) struct ObjectType {
     /// `group/version`, or `v1` for the core group.
-    pub api_version: String,
+    pub(crate) api_version: String,
     /// The kind, such as `RoleBinding` or `NetworkPolicy`.
-    pub kind: String,
+    pub(crate) kind: String,
 }
 
 impl ObjectType {
     /// `(group, version)`; `None` when `apiVersion` is not one.
-    pub fn group_version(&self) -> Option<(&str, &str)> {
+    pub(crate) fn group_version(&self) -> Option<(&str, &str)> {
         match self.api_version.split_once('/') {
             Some((group, version)) if !group.is_empty() && !version.is_empty() => {
                 Some((group, version))
@@ -113,7 +113,7 @@ impl ObjectType {
     }
 
     /// `Kind.group`, as settings and statuses name it.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         let group = self.group_version().map_or("", |(g, _)| g);
         kind_name(group, &self.kind)
     }
@@ -122,64 +122,64 @@ impl ObjectType {
 /// What to copy, from where, and into which namespaces.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct RuleSpec {
+pub(crate) struct RuleSpec {
     /// Kind of the objects to copy: `configmap` or `secret`. Wins over the top-level `ruleType`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rule_type: Option<RuleType>,
+    pub(crate) rule_type: Option<RuleType>,
     /// Any namespaced kind to copy, instead of `ruleType`: its `apiVersion`
     /// and `kind`, such as `rbac.authorization.k8s.io/v1` and `RoleBinding`.
     /// Resolved by API discovery; an unknown, cluster-scoped or denied kind,
     /// or one `--kinds` leaves out, is reported in the status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::api::schema::object_type_schema")]
-    pub object_type: Option<ObjectType>,
+    pub(crate) object_type: Option<ObjectType>,
     /// Labels a source must carry, all of them (`{copyrator: "true"}`), or a
     /// label selector with `matchLabels` and `matchExpressions`. Wins over the
     /// top-level `selector`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::api::schema::selector_schema")]
-    pub selector: Option<serde_json::Map<String, Value>>,
+    pub(crate) selector: Option<serde_json::Map<String, Value>>,
     /// Source namespace, one name or a list of names. Defaults to the rule's
     /// own namespace. Wins over the top-level `namespace`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::api::schema::namespace_schema")]
-    pub namespace: Option<Value>,
+    pub(crate) namespace: Option<Value>,
     /// Namespaces that receive copies. Defaults to every namespace but the source's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub targets: Option<Targets>,
+    pub(crate) targets: Option<Targets>,
     /// Delete copies whose source is gone or no longer matches, and copies in
     /// namespaces that no longer match the targets. Default true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prune: Option<bool>,
+    pub(crate) prune: Option<bool>,
     /// What to do when a target namespace already holds an object of the same
     /// name that Copyrator did not make: `Skip` leaves it alone and reports
     /// it, `Overwrite` replaces it with the copy. Default Skip.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub conflict_policy: Option<ConflictPolicy>,
+    pub(crate) conflict_policy: Option<ConflictPolicy>,
     /// Whether copies are kept true or only created: `Sync` or `CreateOnly`.
     /// Default Sync. Wins over the top-level `syncPolicy`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sync_policy: Option<SyncPolicy>,
+    pub(crate) sync_policy: Option<SyncPolicy>,
     /// Labels and annotations to add to or strip from copies, and the data
     /// keys they carry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transform: Option<Transform>,
+    pub(crate) transform: Option<Transform>,
     /// What becomes of a copy that no longer belongs: deleted, or orphaned
     /// (handed over to its namespace, as `syncPolicy: CreateOnly` copies
     /// are, and never written again). Default: deleted in every case.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deletion_policy: Option<DeletionPolicy>,
+    pub(crate) deletion_policy: Option<DeletionPolicy>,
     /// What follows a change of a copy's content: `restartConsumers` rolls
     /// the workloads that use the copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rollout: Option<Rollout>,
+    pub(crate) rollout: Option<Rollout>,
     /// Required to copy Roles or RoleBindings (`objectType` in
     /// `rbac.authorization.k8s.io`): says that whoever may write Roles and
     /// RoleBindings in the source namespaces is trusted to grant what they
     /// write there in every target namespace. Without it such a rule copies
     /// nothing and reads `RBACSourcesNotTrusted`. Default false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rbac_sources_trusted: Option<bool>,
+    pub(crate) rbac_sources_trusted: Option<bool>,
 }
 
 /// What becomes of copies when their rule is deleted, when their source
@@ -189,21 +189,21 @@ pub struct RuleSpec {
 /// cannot be combined with `sourceGone` or `targetLeft`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct DeletionPolicy {
+pub(crate) struct DeletionPolicy {
     /// When the rule is deleted. Default Delete.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rule_deleted: Option<Disposal>,
+    pub(crate) rule_deleted: Option<Disposal>,
     /// When a copy's source is deleted or stops matching the rule. Default Delete.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source_gone: Option<Disposal>,
+    pub(crate) source_gone: Option<Disposal>,
     /// When a copy's namespace (or cluster) leaves the rule's targets. Default Delete.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target_left: Option<Disposal>,
+    pub(crate) target_left: Option<Disposal>,
 }
 
 /// What becomes of a copy that no longer belongs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum Disposal {
+pub(crate) enum Disposal {
     /// The copy is deleted.
     #[default]
     Delete,
@@ -216,7 +216,7 @@ pub enum Disposal {
 /// What follows a change of a copy's content in its namespace.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct Rollout {
+pub(crate) struct Rollout {
     /// When a write changes a ConfigMap or Secret copy's data, roll the
     /// Deployments, StatefulSets and DaemonSets in its namespace whose pods
     /// use it (volumes, projected volumes, `envFrom`, `env[].valueFrom`):
@@ -227,7 +227,7 @@ pub struct Rollout {
     /// on a workload leaves it alone. Needs the chart value
     /// `rollout.restartConsumers`. Default false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restart_consumers: Option<bool>,
+    pub(crate) restart_consumers: Option<bool>,
     /// Roll a source's new content out in stages: each stage is a
     /// selection of target namespaces, reached only once the stage before
     /// has settled (every copy there holds the new content and, with
@@ -237,12 +237,12 @@ pub struct Rollout {
     /// stages keep their content. At most 10.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 10))]
-    pub stages: Option<Vec<RolloutStage>>,
+    pub(crate) stages: Option<Vec<RolloutStage>>,
     /// How long a stage may take to settle before the rollout halts there.
     /// Default 600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 10, max = 86400))]
-    pub settle_timeout_seconds: Option<u32>,
+    pub(crate) settle_timeout_seconds: Option<u32>,
 }
 
 /// One stage of a rollout: the target namespaces it selects (both fields
@@ -250,22 +250,22 @@ pub struct Rollout {
 /// before), and the pause after it settles.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct RolloutStage {
+pub(crate) struct RolloutStage {
     /// A name for the status, e.g. `canary`.
     #[schemars(length(min = 1, max = 63))]
-    pub name: String,
+    pub(crate) name: String,
     /// Label selector on the target namespaces of this stage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace_selector: Option<K8sLabelSelector>,
+    pub(crate) namespace_selector: Option<K8sLabelSelector>,
     /// Glob patterns (`*`, `?`) on namespace names; a namespace of this
     /// stage matches one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
-    pub include: Option<Vec<String>>,
+    pub(crate) include: Option<Vec<String>>,
     /// Seconds to wait after this stage settled before the next one opens. Default 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 86400))]
-    pub pause_seconds: Option<u32>,
+    pub(crate) pause_seconds: Option<u32>,
 }
 
 /// Which namespaces receive copies. A namespace is a target when it matches
@@ -273,22 +273,22 @@ pub struct RolloutStage {
 /// `exclude` pattern.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct Targets {
+pub(crate) struct Targets {
     /// Label selector on target namespaces. Default: all namespaces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace_selector: Option<K8sLabelSelector>,
+    pub(crate) namespace_selector: Option<K8sLabelSelector>,
     /// Glob patterns (`*`, `?`) on namespace names; a target must match one. Default: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
-    pub include: Option<Vec<String>>,
+    pub(crate) include: Option<Vec<String>>,
     /// Glob patterns (`*`, `?`) on namespace names that never receive copies. Exclude wins over include.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
-    pub exclude: Option<Vec<String>>,
+    pub(crate) exclude: Option<Vec<String>>,
     /// Clusters that receive copies: this (home) cluster, and member
     /// clusters by name or label. Default: this cluster alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub clusters: Option<TargetClusters>,
+    pub(crate) clusters: Option<TargetClusters>,
 }
 
 /// Which clusters receive copies, in the namespaces the other target
@@ -301,23 +301,23 @@ pub struct Targets {
     "rule": "!has(self.local) || self.local || (has(self.names) && size(self.names) > 0) || has(self.selector)",
     "message": "local: false needs names or a selector: a rule must keep its copies somewhere"
 }]))]
-pub struct TargetClusters {
+pub(crate) struct TargetClusters {
     /// Member clusters by name (DNS-1123 labels). At most 100.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::api::schema::cluster_names_schema")]
-    pub names: Option<Vec<String>>,
+    pub(crate) names: Option<Vec<String>>,
     /// Label selector on member clusters (`matchLabels`, `matchExpressions`);
     /// `{}` selects every member. Default: none by label.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selector: Option<K8sLabelSelector>,
+    pub(crate) selector: Option<K8sLabelSelector>,
     /// This (home) cluster receives copies too. Default true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub local: Option<bool>,
+    pub(crate) local: Option<bool>,
 }
 
 /// What a rule does when a target already has a foreign object of the same name.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum ConflictPolicy {
+pub(crate) enum ConflictPolicy {
     /// Leave the foreign object alone and report the conflict.
     #[default]
     Skip,
@@ -338,7 +338,7 @@ pub enum ConflictPolicy {
 /// Such copies carry the label `copyrator.flant.com/sync-policy:
 /// CreateOnly`; remove it from a copy to have its rule write it again.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum SyncPolicy {
+pub(crate) enum SyncPolicy {
     /// Keep every copy true for as long as the rule exists.
     #[default]
     Sync,
@@ -349,191 +349,191 @@ pub enum SyncPolicy {
 /// Changes applied to the labels and annotations of every copy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct Transform {
+pub(crate) struct Transform {
     /// Labels set on every copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::api::schema::add_labels_schema")]
-    pub add_labels: Option<BTreeMap<String, String>>,
+    pub(crate) add_labels: Option<BTreeMap<String, String>>,
     /// Annotations set on every copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::api::schema::add_annotations_schema")]
-    pub add_annotations: Option<BTreeMap<String, String>>,
+    pub(crate) add_annotations: Option<BTreeMap<String, String>>,
     /// Source labels not carried to copies: keys or glob patterns (`example.com/*`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
-    pub strip_labels: Option<Vec<String>>,
+    pub(crate) strip_labels: Option<Vec<String>>,
     /// Source annotations not carried to copies: keys or glob patterns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
-    pub strip_annotations: Option<Vec<String>>,
+    pub(crate) strip_annotations: Option<Vec<String>>,
     /// The data keys copies carry, and under which names: of a ConfigMap's
     /// `data` and `binaryData`, of a Secret's `data`. Default: every key,
     /// under its own name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keys: Option<KeyTransform>,
+    pub(crate) keys: Option<KeyTransform>,
 }
 
 /// Which data keys copies carry, and under which names. A copy whose
 /// source has none of the selected keys is still made, with no data.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct KeyTransform {
+pub(crate) struct KeyTransform {
     /// Glob patterns (`*`, `?`) on the source's data keys; copies carry only
     /// the keys that match one. At most 64. Default: every key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::api::schema::data_key_globs_schema")]
-    pub include: Option<Vec<String>>,
+    pub(crate) include: Option<Vec<String>>,
     /// Glob patterns (`*`, `?`) on the source's data keys that copies never
     /// carry; exclude wins over include. At most 64. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::api::schema::data_key_globs_schema")]
-    pub exclude: Option<Vec<String>>,
+    pub(crate) exclude: Option<Vec<String>>,
     /// Data keys renamed on copies: source key to the key on copies, for the
     /// keys that include and exclude select. No two keys may get one name,
     /// and no key may be renamed onto a key that copies keep as it is
     /// (exclude that key, or rename it too). At most 64. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::api::schema::rename_keys_schema")]
-    pub rename: Option<BTreeMap<String, String>>,
+    pub(crate) rename: Option<BTreeMap<String, String>>,
 }
 
 /// What the operator last saw and did for a rule.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct RuleStatus {
+pub(crate) struct RuleStatus {
     /// The rule generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
+    pub(crate) observed_generation: Option<i64>,
     /// The kind the rule copies, resolved from `ruleType` or `spec.ruleType`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rule_type: Option<String>,
+    pub(crate) rule_type: Option<String>,
     /// `Ready` tells whether every copy the rule asks for is in place.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
+    pub(crate) conditions: Vec<Condition>,
     /// Objects that match the rule's selector in its source namespaces.
     #[serde(default)]
-    pub sources: i64,
+    pub(crate) sources: i64,
     /// Namespaces that receive copies.
     #[serde(default)]
-    pub target_namespaces: i64,
+    pub(crate) target_namespaces: i64,
     /// Copies in place and up to date.
     #[serde(default)]
-    pub copies: i64,
+    pub(crate) copies: i64,
     /// Copies this rule created under `syncPolicy: CreateOnly`, which now
     /// belong to their namespaces: Copyrator never updates or deletes them
     /// again, wherever they are (those of current sources in target
     /// namespaces count in `copies` too).
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub create_only_copies: i64,
+    pub(crate) create_only_copies: i64,
     /// Number of copies not made because of a conflict (another object
     /// holds the name, or the copy would grant there what its source does
     /// not).
     #[serde(default)]
-    pub conflict_count: i64,
+    pub(crate) conflict_count: i64,
     /// Copies not made because of a conflict, each with why (at most 20
     /// listed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conflicts: Vec<ConflictEntry>,
+    pub(crate) conflicts: Vec<ConflictEntry>,
     /// Namespaces the targets would reach but for their protection (only
     /// an exact name in `targets.include` reaches a protected namespace).
     #[serde(default)]
-    pub protected_namespaces: i64,
+    pub(crate) protected_namespaces: i64,
     /// For a rule outside the operator's namespace: namespaces its targets
     /// would reach but that do not accept copies from it (their annotation
     /// `copyrator.flant.com/accept-from` does not list its namespace).
     #[serde(default)]
-    pub not_accepting_namespaces: i64,
+    pub(crate) not_accepting_namespaces: i64,
     /// Number of sources not copied because of their type.
     #[serde(default)]
-    pub refused_source_count: i64,
+    pub(crate) refused_source_count: i64,
     /// Sources not copied because of their type, and why (at most 20 listed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub refused_sources: Vec<ConflictEntry>,
+    pub(crate) refused_sources: Vec<ConflictEntry>,
     /// Number of copies that another writer keeps changing back; writes to
     /// them back off (about 1 s doubling to 5 min).
     #[serde(default)]
-    pub contested_count: i64,
+    pub(crate) contested_count: i64,
     /// Contested copies and the field manager that changes them (at most 20 listed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub contested: Vec<ContestedEntry>,
+    pub(crate) contested: Vec<ContestedEntry>,
     /// When the operator last changed a copy or this status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_sync_time: Option<String>,
+    pub(crate) last_sync_time: Option<String>,
     /// For a rule whose `targets.clusters` names member clusters: each
     /// member it targets, and how its copies there stand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub clusters: Option<Vec<ClusterStatus>>,
+    pub(crate) clusters: Option<Vec<ClusterStatus>>,
     /// For a rule whose `targets.clusters` names member clusters: the
     /// targeted members that are ready, of all targeted (`2/3`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub clusters_ready: Option<String>,
+    pub(crate) clusters_ready: Option<String>,
     /// For a rule with `rollout.stages`: each source whose new content is
     /// still on its way through the stages.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rollouts: Vec<RolloutStatus>,
+    pub(crate) rollouts: Vec<RolloutStatus>,
 }
 
 /// Where one source's new content stands in a staged rollout.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct RolloutStatus {
+pub(crate) struct RolloutStatus {
     /// The source, `namespace/name`.
-    pub source: String,
+    pub(crate) source: String,
     /// The last stage the new content has reached (`rest` for the
     /// namespaces no stage selects).
-    pub stage: String,
+    pub(crate) stage: String,
     /// Its place in the order, from 1, and how many stages there are.
     #[schemars(schema_with = "crate::api::schema::count_schema")]
-    pub stage_number: u32,
+    pub(crate) stage_number: u32,
     #[schemars(schema_with = "crate::api::schema::count_schema")]
-    pub stages: u32,
+    pub(crate) stages: u32,
     /// `Settling` (being written, or its consumers rolling), `Pausing`
     /// (settled; the next stage opens after its pause) or `Halted` (not
     /// settled within the settle timeout: later stages keep their content).
-    pub phase: String,
+    pub(crate) phase: String,
     /// Why a halted stage has not settled: the workloads not available, or
     /// the copies not written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
+    pub(crate) message: Option<String>,
 }
 
 /// How a rule's copies stand in one member cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct ClusterStatus {
+pub(crate) struct ClusterStatus {
     /// The member cluster's name.
-    pub name: String,
+    pub(crate) name: String,
     /// Whether every copy the rule asks for there is in place.
-    pub ready: bool,
+    pub(crate) ready: bool,
     /// One word for why it is not ready (or how it is), as the `Ready`
     /// condition's reasons.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
     /// What happened there, for people.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
+    pub(crate) message: Option<String>,
     /// Namespaces there that receive copies.
     #[serde(default)]
     #[schemars(schema_with = "crate::api::schema::count_schema")]
-    pub target_namespaces: u32,
+    pub(crate) target_namespaces: u32,
     /// Copies there in place and up to date.
     #[serde(default)]
     #[schemars(schema_with = "crate::api::schema::count_schema")]
-    pub copies: u32,
+    pub(crate) copies: u32,
     /// Copies there not made because of a conflict.
     #[serde(default)]
     #[schemars(schema_with = "crate::api::schema::count_schema")]
-    pub conflicts: u32,
+    pub(crate) conflicts: u32,
     /// Copies there handed over under `syncPolicy: CreateOnly` (left out
     /// while there are none).
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(schema_with = "crate::api::schema::count_schema")]
-    pub create_only_copies: u32,
+    pub(crate) create_only_copies: u32,
     /// Copies there that another writer keeps changing back (left out
     /// while there are none).
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(schema_with = "crate::api::schema::count_schema")]
-    pub contested: u32,
+    pub(crate) contested: u32,
 }
 
 /// A count left out of the status while it is zero (serde passes a reference).
@@ -545,23 +545,23 @@ fn is_zero<N: Default + PartialEq>(n: &N) -> bool {
 /// A status condition, after the Kubernetes API conventions.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct Condition {
+pub(crate) struct Condition {
     /// `Ready`: every copy the rule wants is in place.
     #[serde(rename = "type")]
-    pub type_: String,
+    pub(crate) type_: String,
     /// `True`, `False` or `Unknown`.
-    pub status: String,
+    pub(crate) status: String,
     /// One word for why: `Synced`, `SyncFailed`, `InvalidRule`,
     /// `Forbidden`, `WaitingForSources`, ...
-    pub reason: String,
+    pub(crate) reason: String,
     /// What happened, for people.
-    pub message: String,
+    pub(crate) message: String,
     /// When `status` last changed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_transition_time: Option<String>,
+    pub(crate) last_transition_time: Option<String>,
     /// The rule's `metadata.generation` this condition describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
+    pub(crate) observed_generation: Option<i64>,
 }
 
 /// A copy that another writer keeps changing back.
@@ -569,16 +569,16 @@ pub struct Condition {
     Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
 )]
 #[serde(rename_all = "camelCase")]
-pub struct ContestedEntry {
+pub(crate) struct ContestedEntry {
     /// The member cluster the copy is in; none in the home cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<String>,
+    pub(crate) cluster: Option<String>,
     /// Namespace of the copy.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Name of the copy.
-    pub name: String,
+    pub(crate) name: String,
     /// The field manager (from `managedFields`) that last changed it.
-    pub writer: String,
+    pub(crate) writer: String,
 }
 
 /// A copy that was not made because the target holds something else, or
@@ -587,27 +587,27 @@ pub struct ContestedEntry {
     Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
 )]
 #[serde(rename_all = "camelCase")]
-pub struct ConflictEntry {
+pub(crate) struct ConflictEntry {
     /// The member cluster the place is in; none in the home cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<String>,
+    pub(crate) cluster: Option<String>,
     /// Namespace of the place (or of the source refused).
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Name of the object.
-    pub name: String,
+    pub(crate) name: String,
     /// Why it was skipped.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// `namespace/name` of a rule.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RuleKey {
-    pub namespace: String,
-    pub name: String,
+pub(crate) struct RuleKey {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
 }
 
 impl RuleKey {
-    pub fn of(rule: &CopyratorRule) -> Self {
+    pub(crate) fn of(rule: &CopyratorRule) -> Self {
         Self {
             namespace: rule.metadata.namespace.clone().unwrap_or_default(),
             name: rule.metadata.name.clone().unwrap_or_default(),
@@ -622,22 +622,22 @@ impl std::fmt::Display for RuleKey {
 }
 
 impl CopyratorRule {
-    pub fn key(&self) -> RuleKey {
+    pub(crate) fn key(&self) -> RuleKey {
         RuleKey::of(self)
     }
 
-    pub fn uid(&self) -> Option<&str> {
+    pub(crate) fn uid(&self) -> Option<&str> {
         self.metadata.uid.as_deref()
     }
 
-    pub fn is_deleting(&self) -> bool {
+    pub(crate) fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
     }
 
     /// What becomes of the rule's copies when it is deleted
     /// (`deletionPolicy.ruleDeleted`), read without resolving the rule: a
     /// rule that no longer resolves is still cleaned up after.
-    pub fn on_deletion(&self) -> Disposal {
+    pub(crate) fn on_deletion(&self) -> Disposal {
         self.spec
             .as_ref()
             .and_then(|spec| spec.deletion_policy.as_ref())
@@ -648,7 +648,7 @@ impl CopyratorRule {
     /// Whether the rule's status says Ready=True (for the generation it
     /// describes; a newer spec not yet looked at still shows the last
     /// result, as `kubectl get` does).
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.status.as_ref().is_some_and(|s| {
             s.conditions
                 .iter()
@@ -656,7 +656,7 @@ impl CopyratorRule {
         })
     }
 
-    pub fn has_finalizer(&self) -> bool {
+    pub(crate) fn has_finalizer(&self) -> bool {
         self.metadata
             .finalizers
             .iter()
@@ -665,13 +665,13 @@ impl CopyratorRule {
     }
 
     /// `spec.objectType`, if the rule names its kind that way.
-    pub fn object_type(&self) -> Option<&ObjectType> {
+    pub(crate) fn object_type(&self) -> Option<&ObjectType> {
         self.spec.as_ref().and_then(|s| s.object_type.as_ref())
     }
 
     /// How the status names the rule's kind: `configmap`, `secret`, or
     /// `Kind.group`; even when the rule is invalid.
-    pub fn kind_name(&self) -> Option<String> {
+    pub(crate) fn kind_name(&self) -> Option<String> {
         match (self.effective_rule_type(), self.object_type()) {
             (Some(rule_type), _) => Some(rule_type.kind().info().rule_type.to_owned()),
             (None, Some(object_type)) => Some(match object_type.group_version() {
@@ -686,7 +686,7 @@ impl CopyratorRule {
     }
 
     /// The rule type as written (spec wins), for status even when the rule is invalid.
-    pub fn effective_rule_type(&self) -> Option<RuleType> {
+    pub(crate) fn effective_rule_type(&self) -> Option<RuleType> {
         self.spec
             .as_ref()
             .and_then(|s| s.rule_type)

@@ -9,23 +9,23 @@ use schemars::{Schema, json_schema};
 use crate::api::selector::MAX_DATA_KEY;
 
 /// Entries allowed in `transform.addLabels` and in `transform.addAnnotations`.
-pub const MAX_TRANSFORM_ENTRIES: usize = 64;
+pub(crate) const MAX_TRANSFORM_ENTRIES: usize = 64;
 /// The API server's own limit on all annotations of one object: keys plus
 /// values, in bytes. A rule that adds more could never write a copy.
-pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
 /// Source namespaces one rule may name: each is a watch of its own.
-pub const MAX_SOURCE_NAMESPACES: usize = 1000;
+pub(crate) const MAX_SOURCE_NAMESPACES: usize = 1000;
 
 /// Member clusters one rule may name in `targets.clusters.names`.
-pub const MAX_CLUSTER_NAMES: usize = 100;
+pub(crate) const MAX_CLUSTER_NAMES: usize = 100;
 
-pub const SELECTOR_DESCRIPTION: &str = "Labels a source must carry, all of them (`{copyrator: \"true\"}`), or a label selector with `matchLabels` and `matchExpressions`.";
+pub(crate) const SELECTOR_DESCRIPTION: &str = "Labels a source must carry, all of them (`{copyrator: \"true\"}`), or a label selector with `matchLabels` and `matchExpressions`.";
 
 /// Schema of `selector`: a plain map of labels or a full label selector.
 /// Structural schemas cannot say "map of strings, or these two properties",
 /// and CEL cannot look into an open object, so the schema refuses an empty
 /// selector and the operator checks the rest (reported in the rule's status).
-pub fn selector_schema(_: &mut SchemaGenerator) -> Schema {
+pub(crate) fn selector_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "description": SELECTOR_DESCRIPTION,
         "type": "object",
@@ -37,7 +37,7 @@ pub fn selector_schema(_: &mut SchemaGenerator) -> Schema {
 
 /// Schema of `namespace`: a namespace name or a list of them. A structural
 /// schema cannot say "string or list"; the operator checks it.
-pub fn namespace_schema(_: &mut SchemaGenerator) -> Schema {
+pub(crate) fn namespace_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "description": "Source namespace: one name or a list of names. Default: the rule's own namespace.",
         "x-kubernetes-preserve-unknown-fields": true
@@ -46,7 +46,7 @@ pub fn namespace_schema(_: &mut SchemaGenerator) -> Schema {
 
 /// Schema of `spec.objectType`: both parts required, each in the form the
 /// API server gives them, so that a typo is refused at once.
-pub fn object_type_schema(_: &mut SchemaGenerator) -> Schema {
+pub(crate) fn object_type_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "description": "Any namespaced kind to copy, instead of ruleType: its apiVersion (group/version, or v1 for the core group) and kind, as in an object's own header, such as rbac.authorization.k8s.io/v1 and RoleBinding. The kind is resolved by API discovery; an unknown, cluster-scoped or denied kind, or one --kinds leaves out, is reported in the status.",
         "type": "object",
@@ -85,7 +85,7 @@ const LABEL_VALUE_RE: &str = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
 /// Schema of `transform.addLabels`: what the API server would refuse on
 /// every copy is refused on the rule. Keys are a map's, which only CEL on
 /// the map itself can check.
-pub fn add_labels_schema(_: &mut SchemaGenerator) -> Schema {
+pub(crate) fn add_labels_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "description": "Labels set on every copy.",
         "type": "object",
@@ -111,7 +111,7 @@ pub fn add_labels_schema(_: &mut SchemaGenerator) -> Schema {
 /// them. The `maxLength` of a value (no value can exceed the total alone)
 /// bounds the CEL cost estimate, which the API server checks against its
 /// budget when the CRD is applied.
-pub fn add_annotations_schema(_: &mut SchemaGenerator) -> Schema {
+pub(crate) fn add_annotations_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "description": "Annotations set on every copy.",
         "type": "object",
@@ -142,7 +142,7 @@ const DATA_KEY_RE: &str = "^[-._a-zA-Z0-9]+$";
 const DATA_KEY_GLOB_RE: &str = "^[-._a-zA-Z0-9*?]+$";
 
 /// Schema of `transform.keys.include` and `.exclude`.
-pub fn data_key_globs_schema(_: &mut SchemaGenerator) -> Schema {
+pub(crate) fn data_key_globs_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "array",
         "nullable": true,
@@ -159,7 +159,7 @@ pub fn data_key_globs_schema(_: &mut SchemaGenerator) -> Schema {
 /// Schema of `transform.keys.rename`: keys and values are data keys, and no
 /// two keys are renamed to one. Whether a key is renamed onto one that
 /// copies keep needs the globs of include and exclude: the operator checks it.
-pub fn rename_keys_schema(_: &mut SchemaGenerator) -> Schema {
+pub(crate) fn rename_keys_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "object",
         "nullable": true,
@@ -191,7 +191,7 @@ const DNS_LABEL_RE: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 
 /// Schema of `targets.clusters.names`: member names as the operator knows
 /// its members, each a DNS-1123 label, so that a typo is refused at once.
-pub fn cluster_names_schema(_: &mut SchemaGenerator) -> Schema {
+pub(crate) fn cluster_names_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "description": format!("Member clusters by name (DNS-1123 labels). At most {MAX_CLUSTER_NAMES}."),
         "type": "array",
@@ -210,7 +210,7 @@ pub fn cluster_names_schema(_: &mut SchemaGenerator) -> Schema {
 
 /// Schema of a count kept as `u32`: an `int64` that fits one, the format
 /// the API server knows (it warns of `uint32`).
-pub fn count_schema(_: &mut SchemaGenerator) -> Schema {
+pub(crate) fn count_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "integer",
         "format": "int64",

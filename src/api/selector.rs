@@ -8,7 +8,7 @@ use serde_json::Value;
 
 /// One requirement of a label selector.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Requirement {
+pub(crate) enum Requirement {
     In(String, Vec<String>),
     NotIn(String, Vec<String>),
     Exists(String),
@@ -17,27 +17,23 @@ pub enum Requirement {
 
 /// A label selector: all requirements must hold. An empty selector matches everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct LabelSelector {
+pub(crate) struct LabelSelector {
     requirements: Vec<Requirement>,
 }
 
 impl LabelSelector {
-    pub fn new(mut requirements: Vec<Requirement>) -> Self {
+    pub(crate) fn new(mut requirements: Vec<Requirement>) -> Self {
         // A stable order makes equal selectors render the same query.
         requirements.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
         requirements.dedup();
         Self { requirements }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.requirements.is_empty()
     }
 
-    pub fn requirements(&self) -> &[Requirement] {
-        &self.requirements
-    }
-
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+    pub(crate) fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.requirements.iter().all(|r| match r {
             Requirement::In(key, values) => labels.get(key).is_some_and(|v| values.contains(v)),
             Requirement::NotIn(key, values) => labels.get(key).is_none_or(|v| !values.contains(v)),
@@ -47,7 +43,7 @@ impl LabelSelector {
     }
 
     /// The selector in the API server's `labelSelector` query syntax.
-    pub fn to_query(&self) -> String {
+    pub(crate) fn to_query(&self) -> String {
         self.requirements
             .iter()
             .map(|r| match r {
@@ -63,7 +59,7 @@ impl LabelSelector {
 
     /// A rule's `selector`: either a plain map of labels (the original form)
     /// or a label selector with `matchLabels` and `matchExpressions`.
-    pub fn from_rule_selector(raw: &serde_json::Map<String, Value>) -> Result<Self, String> {
+    pub(crate) fn from_rule_selector(raw: &serde_json::Map<String, Value>) -> Result<Self, String> {
         let is_full = raw.contains_key("matchLabels") || raw.contains_key("matchExpressions");
         let selector = if is_full {
             if let Some(extra) = raw
@@ -98,7 +94,7 @@ impl LabelSelector {
     }
 
     /// A Kubernetes `LabelSelector`, validated.
-    pub fn from_k8s(selector: &metav1::LabelSelector) -> Result<Self, String> {
+    pub(crate) fn from_k8s(selector: &metav1::LabelSelector) -> Result<Self, String> {
         let mut requirements = Vec::new();
         for (key, value) in selector.match_labels.iter().flatten() {
             requirements.push(Requirement::In(key.clone(), vec![value.clone()]));
@@ -165,7 +161,7 @@ fn is_name_segment(s: &str, max: usize) -> bool {
 
 /// A DNS-1123 label: 1-63 lowercase letters, digits or `-`, starting and
 /// ending with a letter or digit (a namespace's name, a member cluster's).
-pub fn is_dns_label(s: &str) -> bool {
+pub(crate) fn is_dns_label(s: &str) -> bool {
     let bytes = s.as_bytes();
     !s.is_empty()
         && s.len() <= 63
@@ -191,13 +187,13 @@ fn is_dns_subdomain(s: &str) -> bool {
 }
 
 /// A label key: an optional DNS-subdomain prefix and `/`, then a name of up to 63 characters.
-pub fn validate_label_key(key: &str) -> Result<(), String> {
+pub(crate) fn validate_label_key(key: &str) -> Result<(), String> {
     validate_qualified_name(key).map_err(|e| format!("label key {key:?}: {e}"))
 }
 
 /// A qualified name, the form of label and annotation keys; the error does
 /// not name the key, so that callers can say which kind of key it is.
-pub fn validate_qualified_name(key: &str) -> Result<(), String> {
+pub(crate) fn validate_qualified_name(key: &str) -> Result<(), String> {
     let (prefix, name) = match key.split_once('/') {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
@@ -219,7 +215,7 @@ pub fn validate_qualified_name(key: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub fn validate_label_value(value: &str) -> Result<(), String> {
+pub(crate) fn validate_label_value(value: &str) -> Result<(), String> {
     if value.is_empty() || is_name_segment(value, 63) {
         Ok(())
     } else {
@@ -229,10 +225,10 @@ pub fn validate_label_value(value: &str) -> Result<(), String> {
 
 /// A glob on namespace names: `*` matches any run of characters, `?` one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Glob(String);
+pub(crate) struct Glob(String);
 
 impl Glob {
-    pub fn new(pattern: &str) -> Result<Self, String> {
+    pub(crate) fn new(pattern: &str) -> Result<Self, String> {
         let valid = !pattern.is_empty()
             && pattern.len() <= 253
             && pattern.bytes().all(|b| {
@@ -249,12 +245,12 @@ impl Glob {
         }
     }
 
-    pub fn matches(&self, name: &str) -> bool {
+    pub(crate) fn matches(&self, name: &str) -> bool {
         glob_match(self.0.as_bytes(), name.as_bytes())
     }
 
     /// Whether this pattern is `name` itself, with no wildcard.
-    pub fn is_exactly(&self, name: &str) -> bool {
+    pub(crate) fn is_exactly(&self, name: &str) -> bool {
         self.0 == name && !self.0.contains(['*', '?'])
     }
 }
@@ -293,29 +289,29 @@ fn glob_match_within(pattern: &[u8], text: &[u8], steps: &mut u64) -> Option<boo
 /// A glob on keys: label or annotation keys (`transform.strip*`), or data
 /// keys (`transform.keys`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct KeyGlob(String);
+pub(crate) struct KeyGlob(String);
 
 impl KeyGlob {
-    pub fn new(pattern: &str) -> Result<Self, String> {
+    pub(crate) fn new(pattern: &str) -> Result<Self, String> {
         if pattern.is_empty() || pattern.len() > 317 {
             return Err(format!("key pattern {pattern:?} must be 1-317 characters"));
         }
         Ok(Self(pattern.to_owned()))
     }
 
-    pub fn matches(&self, key: &str) -> bool {
+    pub(crate) fn matches(&self, key: &str) -> bool {
         glob_match(self.0.as_bytes(), key.as_bytes())
     }
 
     /// Whether `key` matches, taking from `steps` (see
     /// [`glob_match_within`]); `None` when they ran out.
-    pub fn matches_within(&self, key: &str, steps: &mut u64) -> Option<bool> {
+    pub(crate) fn matches_within(&self, key: &str, steps: &mut u64) -> Option<bool> {
         glob_match_within(self.0.as_bytes(), key.as_bytes(), steps)
     }
 
     /// A glob on the data keys of ConfigMaps and Secrets: the characters of
     /// a data key, `*` and `?`.
-    pub fn data_key(pattern: &str) -> Result<Self, String> {
+    pub(crate) fn data_key(pattern: &str) -> Result<Self, String> {
         let valid = !pattern.is_empty()
             && pattern.len() <= MAX_DATA_KEY
             && pattern.bytes().all(|b| {
@@ -332,11 +328,11 @@ impl KeyGlob {
 }
 
 /// The longest data key of a ConfigMap or Secret the API server takes.
-pub const MAX_DATA_KEY: usize = 253;
+pub(crate) const MAX_DATA_KEY: usize = 253;
 
 /// A data key of a ConfigMap or Secret, as the API server checks it: 1-253
 /// letters, digits, '-', '_' or '.', and not `.`, `..` or starting with `..`.
-pub fn validate_data_key(key: &str) -> Result<(), String> {
+pub(crate) fn validate_data_key(key: &str) -> Result<(), String> {
     let valid = !key.is_empty()
         && key.len() <= MAX_DATA_KEY
         && key
@@ -356,7 +352,7 @@ pub fn validate_data_key(key: &str) -> Result<(), String> {
 /// A comma-separated list of namespace names or globs, as consent
 /// annotations hold it; entries that are no valid glob are ignored (they
 /// match nothing).
-pub fn glob_list(annotation: Option<&str>) -> Vec<Glob> {
+pub(crate) fn glob_list(annotation: Option<&str>) -> Vec<Glob> {
     annotation
         .into_iter()
         .flat_map(|a| a.split(','))

@@ -15,7 +15,7 @@ use crate::api::kinds::Kind;
 use crate::cache::mark::{self, Place, Verdict};
 
 /// `(namespace, name)` of a namespaced object.
-pub type ObjectKey = (String, String);
+pub(crate) type ObjectKey = (String, String);
 
 /// An object reduced to what copying needs: identity, labels, annotations
 /// and the payload fields of its kind, with hashes of its content. Managed
@@ -27,64 +27,64 @@ pub type ObjectKey = (String, String);
 /// copy is right. The others belong to their writers and are kept as they
 /// are on every write.
 #[derive(Clone, PartialEq)]
-pub struct Object {
-    pub namespace: Arc<str>,
-    pub name: Arc<str>,
-    pub uid: String,
-    pub resource_version: String,
+pub(crate) struct Object {
+    pub(crate) namespace: Arc<str>,
+    pub(crate) name: Arc<str>,
+    pub(crate) uid: String,
+    pub(crate) resource_version: String,
     /// All labels; in a compact copy only those Copyrator does not own.
-    pub labels: BTreeMap<String, String>,
+    pub(crate) labels: BTreeMap<String, String>,
     /// All annotations; in a compact copy only those Copyrator does not own.
-    pub annotations: BTreeMap<String, String>,
+    pub(crate) annotations: BTreeMap<String, String>,
     /// Payload fields (`data`, `binaryData`, `type`, `immutable`), normalized:
     /// nulls, empty maps and `immutable: false` are left out.
-    pub payload: BTreeMap<String, Value>,
+    pub(crate) payload: BTreeMap<String, Value>,
     /// Hash of the payload alone.
-    pub payload_hash: u64,
+    pub(crate) payload_hash: u64,
     /// [`meta_entry_hash`] of every label and annotation Copyrator's field
     /// manager owns, sorted (shared: the copies of one source hold the same).
-    pub owned_meta: Arc<[u64]>,
+    pub(crate) owned_meta: Arc<[u64]>,
     /// The `copyrator.flant.com/rule-uid` label: set on copies. Left out
     /// when the object is not [`Object::authored`]: a label anyone may set
     /// makes no object a copy.
-    pub rule_uid: Option<Arc<str>>,
+    pub(crate) rule_uid: Option<Arc<str>>,
     /// Copyrator made this object, a copy of its rule at its place: it
     /// carries a mark whose identity tag is right (see `cache::mark`; so a
     /// copy stays one when someone strips its rule-UID label, and an object
     /// carrying Copyrator's labels, annotations and field manager without
     /// the mark is none).
-    pub authored: bool,
+    pub(crate) authored: bool,
     /// Not [`Object::authored`], yet `managedFields` say Copyrator's field
     /// manager set its rule-UID label or rule annotation: a copy written
     /// before copies carried marks (or under another key), or a forgery.
     /// Taken back only where it already holds what the rule would write.
-    pub unproven: bool,
+    pub(crate) unproven: bool,
     /// The `copyrator.flant.com/rule` annotation: the rule that made a copy.
-    pub rule_ref: Option<Arc<str>>,
+    pub(crate) rule_ref: Option<Arc<str>>,
     /// The `copyrator.flant.com/source` annotation: a copy's source.
-    pub source_ref: Option<Arc<str>>,
+    pub(crate) source_ref: Option<Arc<str>>,
     /// The label `copyrator.flant.com/sync-policy: CreateOnly`: a copy
     /// handed over to its namespace, which Copyrator never writes again.
-    pub create_only: bool,
+    pub(crate) create_only: bool,
     /// The label `copyrator.flant.com/on-rule-deleted: Orphan`: handed over,
     /// not deleted, when its rule is gone.
-    pub orphan_with_rule: bool,
+    pub(crate) orphan_with_rule: bool,
     /// The field manager other than Copyrator that wrote last (from `managedFields`).
-    pub other_writer: Option<Arc<str>>,
+    pub(crate) other_writer: Option<Arc<str>>,
     /// `Kind/name` of the controller that owns this object (an owner
     /// reference with `controller: true`), for kinds named by `objectType`.
-    pub controller: Option<Arc<str>>,
+    pub(crate) controller: Option<Arc<str>>,
     /// Hash of the desired copy Copyrator last wrote to this object; kept
     /// across versions, so that a change back is recognised as such.
-    pub written_for: Option<u64>,
+    pub(crate) written_for: Option<u64>,
     /// This version is the API server's answer to that write, accepted as
     /// right even where an admission webhook added keys to it.
-    pub settled: bool,
+    pub(crate) settled: bool,
     /// The payload is provably what Copyrator wrote: the mark's content
     /// tag is right for it, and since Copyrator's last write was seen the
     /// payload did not change. Only such a copy's content may be handed on
     /// to other namespaces (a staged rollout's earlier content).
-    pub intact: bool,
+    pub(crate) intact: bool,
 }
 
 // Secret payloads must never reach a log line, so Debug shows identity only.
@@ -100,7 +100,7 @@ impl std::fmt::Debug for Object {
 }
 
 /// Keep only the payload fields of `kind`, in a canonical form.
-pub fn normalize_payload(
+pub(crate) fn normalize_payload(
     kind: Kind,
     fields: impl IntoIterator<Item = (String, Value)>,
 ) -> BTreeMap<String, Value> {
@@ -149,7 +149,7 @@ fn hash_value(value: &Value, state: &mut impl Hasher) {
     }
 }
 
-pub fn payload_hash(payload: &BTreeMap<String, Value>) -> u64 {
+pub(crate) fn payload_hash(payload: &BTreeMap<String, Value>) -> u64 {
     let mut state = DefaultHasher::new();
     for (field, value) in payload {
         field.hash(&mut state);
@@ -158,7 +158,7 @@ pub fn payload_hash(payload: &BTreeMap<String, Value>) -> u64 {
     state.finish()
 }
 
-pub fn content_hash(
+pub(crate) fn content_hash(
     labels: &BTreeMap<String, String>,
     annotations: &BTreeMap<String, String>,
     payload_hash: u64,
@@ -172,13 +172,13 @@ pub fn content_hash(
 
 /// Whether a metadata entry is a label or an annotation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MetaMap {
+pub(crate) enum MetaMap {
     Label,
     Annotation,
 }
 
 /// The hash of one label or annotation, key and value.
-pub fn meta_entry_hash(map: MetaMap, key: &str, value: &str) -> u64 {
+pub(crate) fn meta_entry_hash(map: MetaMap, key: &str, value: &str) -> u64 {
     let mut state = DefaultHasher::new();
     (map, key, value).hash(&mut state);
     state.finish()
@@ -188,7 +188,7 @@ pub fn meta_entry_hash(map: MetaMap, key: &str, value: &str) -> u64 {
 /// `managedFields` records them; `None` when the object carries no
 /// `managedFields` at all (then every key counts as Copyrator's, which only
 /// ever makes it write more, never less).
-pub fn owned_meta_keys(
+pub(crate) fn owned_meta_keys(
     managed_fields: Option<&[ManagedFieldsEntry]>,
 ) -> Option<HashSet<(MetaMap, String)>> {
     let entries = managed_fields.filter(|m| !m.is_empty())?;
@@ -236,7 +236,7 @@ fn last_other_writer(managed_fields: Option<&[ManagedFieldsEntry]>) -> Option<Ar
 
 impl Object {
     /// An object whose labels and annotations all count as Copyrator's.
-    pub fn new(
+    pub(crate) fn new(
         namespace: impl AsRef<str>,
         name: impl AsRef<str>,
         uid: String,
@@ -272,7 +272,7 @@ impl Object {
         object
     }
 
-    pub fn from_dynamic(kind: Kind, object: DynamicObject) -> Self {
+    pub(crate) fn from_dynamic(kind: Kind, object: DynamicObject) -> Self {
         let meta = object.metadata;
         let fields = match object.data {
             Value::Object(map) => map.into_iter().collect::<Vec<_>>(),
@@ -335,7 +335,7 @@ impl Object {
     /// Whether this object carries Copyrator's labels from rule `rule`
     /// (`namespace/name`) without its mark ([`Object::unproven`]) and holds
     /// `payload_hash`: taken back by one write that marks it.
-    pub fn is_unproven_copy_of(&self, rule: &str, payload_hash: u64) -> bool {
+    pub(crate) fn is_unproven_copy_of(&self, rule: &str, payload_hash: u64) -> bool {
         self.unproven
             && !self.create_only
             && self.rule_ref.as_deref() == Some(rule)
@@ -344,7 +344,7 @@ impl Object {
 
     /// Whether this object is a copy Copyrator wrote for rule `rule`
     /// (`namespace/name`) whose rule-UID label someone removed.
-    pub fn is_unlabelled_copy_of(&self, rule: &str) -> bool {
+    pub(crate) fn is_unlabelled_copy_of(&self, rule: &str) -> bool {
         self.authored
             && self.rule_uid.is_none()
             && !self.create_only
@@ -353,7 +353,7 @@ impl Object {
 
     /// Recompute the hashes and references after changing labels,
     /// annotations or payload; every label and annotation counts as owned.
-    pub fn rehash(&mut self) {
+    pub(crate) fn rehash(&mut self) {
         self.payload_hash = payload_hash(&self.payload);
         let shared = |value: Option<&String>| value.map(|v| crate::cache::intern::string(v));
         self.rule_uid = shared(self.labels.get(crate::LABEL_RULE_UID));
@@ -371,7 +371,7 @@ impl Object {
     }
 
     /// Record which labels and annotations Copyrator owns.
-    pub fn set_owned(&mut self, owns: impl Fn(MetaMap, &str) -> bool) {
+    pub(crate) fn set_owned(&mut self, owns: impl Fn(MetaMap, &str) -> bool) {
         let mut owned: Vec<u64> = self
             .labels
             .iter()
@@ -390,7 +390,7 @@ impl Object {
     }
 
     /// Whether Copyrator owns `key` with exactly `value`.
-    pub fn owns(&self, map: MetaMap, key: &str, value: &str) -> bool {
+    pub(crate) fn owns(&self, map: MetaMap, key: &str, value: &str) -> bool {
         let entry = meta_entry_hash(map, key, value);
         self.owned_meta.binary_search(&entry).is_ok()
     }
@@ -400,7 +400,7 @@ impl Object {
     /// written back unchanged), its rule and source references, and the
     /// payload fields that decide a recreate. Data is dropped, so memory
     /// does not grow with the size of what is copied.
-    pub fn into_compact(mut self) -> Self {
+    pub(crate) fn into_compact(mut self) -> Self {
         let owned = self.owned_meta.clone();
         let is_owned = |map: MetaMap, key: &str, value: &str| {
             owned
@@ -422,26 +422,26 @@ impl Object {
         self
     }
 
-    pub fn key(&self) -> ObjectKey {
+    pub(crate) fn key(&self) -> ObjectKey {
         (self.namespace.to_string(), self.name.to_string())
     }
 
-    pub fn rule_uid(&self) -> Option<&str> {
+    pub(crate) fn rule_uid(&self) -> Option<&str> {
         self.rule_uid.as_deref()
     }
 
-    pub fn object_type(&self) -> Option<&str> {
+    pub(crate) fn object_type(&self) -> Option<&str> {
         self.payload.get("type").and_then(Value::as_str)
     }
 
-    pub fn is_immutable(&self) -> bool {
+    pub(crate) fn is_immutable(&self) -> bool {
         self.payload.get("immutable") == Some(&Value::Bool(true))
     }
 
     /// Whether `self` is a newer version of the same object than `other`.
     /// Resource versions are opaque, but the API server's are etcd revisions;
     /// when either does not parse, the incoming one is taken.
-    pub fn is_not_older_than(&self, other: &Object) -> bool {
+    pub(crate) fn is_not_older_than(&self, other: &Object) -> bool {
         if self.uid != other.uid {
             return true;
         }
@@ -457,19 +457,19 @@ impl Object {
 
 /// What a reconcile needs to know of a namespace.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct NamespaceInfo {
-    pub labels: BTreeMap<String, String>,
+pub(crate) struct NamespaceInfo {
+    pub(crate) labels: BTreeMap<String, String>,
     /// `deletionTimestamp` is set: nothing is written there any more.
-    pub terminating: bool,
+    pub(crate) terminating: bool,
     /// The `copyrator.flant.com/accept-from` annotation, split: namespaces
     /// (names or globs) whose tenant rules may write here.
-    pub accept_from: Vec<crate::api::selector::Glob>,
+    pub(crate) accept_from: Vec<crate::api::selector::Glob>,
 }
 
 impl NamespaceInfo {
     /// What a namespace's metadata says: its labels, whether it is
     /// terminating, and whom it accepts copies from.
-    pub fn of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Self {
+    pub(crate) fn of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Self {
         Self {
             labels: meta.labels.clone().unwrap_or_default(),
             terminating: meta.deletion_timestamp.is_some(),
@@ -484,12 +484,12 @@ impl NamespaceInfo {
 
     /// Parse the `accept-from` annotation; entries that are no valid glob
     /// are ignored (they accept nothing).
-    pub fn accept_from(annotation: Option<&str>) -> Vec<crate::api::selector::Glob> {
+    pub(crate) fn accept_from(annotation: Option<&str>) -> Vec<crate::api::selector::Glob> {
         crate::api::selector::glob_list(annotation)
     }
 
     /// Whether this namespace accepts copies from tenant rules of `namespace`.
-    pub fn accepts(&self, namespace: &str) -> bool {
+    pub(crate) fn accepts(&self, namespace: &str) -> bool {
         self.accept_from.iter().any(|g| g.matches(namespace))
     }
 }
@@ -501,7 +501,7 @@ type SharedKey = (Arc<str>, Arc<str>);
 /// rule that made it. Keys share the copies' strings, and a lookup by
 /// `&str` allocates nothing, so a pass over 100,000 copies stays cheap.
 #[derive(Default)]
-pub struct CopyIndex {
+pub(crate) struct CopyIndex {
     by_namespace: HashMap<Arc<str>, HashMap<Arc<str>, Arc<Object>>>,
     by_rule: HashMap<Arc<str>, HashSet<SharedKey>>,
     /// Per rule UID, how many of its copies are handed over (`create_only`).
@@ -519,25 +519,30 @@ pub struct CopyIndex {
 const GONE_REMEMBERED: usize = 4096;
 
 impl CopyIndex {
-    pub fn get(&self, namespace: &str, name: &str) -> Option<&Arc<Object>> {
+    pub(crate) fn get(&self, namespace: &str, name: &str) -> Option<&Arc<Object>> {
         self.by_namespace.get(namespace)?.get(name)
     }
 
     /// The copies in one namespace, by name.
-    pub fn in_namespace(&self, namespace: &str) -> Option<&HashMap<Arc<str>, Arc<Object>>> {
+    pub(crate) fn in_namespace(&self, namespace: &str) -> Option<&HashMap<Arc<str>, Arc<Object>>> {
         self.by_namespace.get(namespace)
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Copies labelled with a rule's UID.
-    pub fn owned_by<'a>(&'a self, rule_uid: &str) -> impl Iterator<Item = &'a Arc<Object>> + 'a {
+    pub(crate) fn owned_by<'a>(
+        &'a self,
+        rule_uid: &str,
+    ) -> impl Iterator<Item = &'a Arc<Object>> + 'a {
         self.by_rule
             .get(rule_uid)
             .into_iter()
@@ -546,17 +551,17 @@ impl CopyIndex {
     }
 
     /// The rule UIDs that label at least one copy.
-    pub fn rule_uids(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn rule_uids(&self) -> impl Iterator<Item = &str> {
         self.by_rule.keys().map(|uid| &**uid)
     }
 
-    pub fn count_owned_by(&self, rule_uid: &str) -> usize {
+    pub(crate) fn count_owned_by(&self, rule_uid: &str) -> usize {
         self.by_rule.get(rule_uid).map_or(0, HashSet::len)
     }
 
     /// How many copies labelled with a rule's UID are handed over to their
     /// namespaces (created under `syncPolicy: CreateOnly`).
-    pub fn count_create_only(&self, rule_uid: &str) -> usize {
+    pub(crate) fn count_create_only(&self, rule_uid: &str) -> usize {
         self.create_only_by_rule.get(rule_uid).copied().unwrap_or(0)
     }
 
@@ -590,14 +595,14 @@ impl CopyIndex {
     /// exists, even if its UID was seen going (the copy watch selects by the
     /// rule-UID label, so a copy whose label someone removed is reported
     /// deleted, and comes back once the write puts the label back).
-    pub fn upsert_written(&mut self, object: Arc<Object>) -> Vec<String> {
+    pub(crate) fn upsert_written(&mut self, object: Arc<Object>) -> Vec<String> {
         if self.gone_set.remove(object.uid.as_str()) {
             self.gone.retain(|uid| **uid != *object.uid);
         }
         self.upsert(object)
     }
 
-    pub fn upsert(&mut self, mut object: Arc<Object>) -> Vec<String> {
+    pub(crate) fn upsert(&mut self, mut object: Arc<Object>) -> Vec<String> {
         let key: SharedKey = (object.namespace.clone(), object.name.clone());
         let mut touched = Vec::new();
         if self.gone_set.contains(object.uid.as_str()) {
@@ -663,14 +668,19 @@ impl CopyIndex {
 
     /// Remove the deleted object of this UID (a newer object of the same
     /// name stays); returns the rule UID of the removed copy.
-    pub fn remove(&mut self, namespace: &str, name: &str, uid: &str) -> Option<String> {
+    pub(crate) fn remove(&mut self, namespace: &str, name: &str, uid: &str) -> Option<String> {
         self.deleted(namespace, name, uid)
             .and_then(|o| o.rule_uid().map(str::to_owned))
     }
 
     /// The object of this UID was deleted: it leaves the cache, and no late
     /// answer or event about it brings it back. Returns it if it was held.
-    pub fn deleted(&mut self, namespace: &str, name: &str, uid: &str) -> Option<Arc<Object>> {
+    pub(crate) fn deleted(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Option<Arc<Object>> {
         if !self.gone_set.contains(uid) {
             let uid: Arc<str> = Arc::from(uid);
             self.gone_set.insert(uid.clone());
@@ -711,7 +721,7 @@ impl CopyIndex {
     /// arrive after it: where it holds an older version of an object held
     /// here, the held one stays (a pass would otherwise write it again
     /// with a stale version, and meet 409s).
-    pub fn replace_all(&mut self, objects: Vec<Arc<Object>>) -> HashSet<String> {
+    pub(crate) fn replace_all(&mut self, objects: Vec<Arc<Object>>) -> HashSet<String> {
         let mut touched: HashSet<String> = self.by_rule.keys().map(|k| k.to_string()).collect();
         let before = std::mem::take(&mut self.by_namespace);
         let held: HashMap<&str, &Arc<Object>> = before
@@ -739,7 +749,13 @@ impl CopyIndex {
 pub(crate) mod tests {
     use super::*;
 
-    pub fn object(ns: &str, name: &str, uid: &str, rv: u64, labels: &[(&str, &str)]) -> Object {
+    pub(crate) fn object(
+        ns: &str,
+        name: &str,
+        uid: &str,
+        rv: u64,
+        labels: &[(&str, &str)],
+    ) -> Object {
         Object::new(
             ns,
             name,
@@ -838,7 +854,7 @@ pub(crate) mod tests {
 
     /// A copy as the API server returns it, written by Copyrator and then
     /// labelled by a neighbour.
-    pub fn watched_copy(neighbour_fields: Value, labels: &[(&str, &str)]) -> DynamicObject {
+    pub(crate) fn watched_copy(neighbour_fields: Value, labels: &[(&str, &str)]) -> DynamicObject {
         let mut o = DynamicObject::new("cm", &Kind::ConfigMap.api_resource()).within("t1");
         o.metadata.uid = Some("copy-uid".into());
         o.metadata.resource_version = Some("10".into());
@@ -867,7 +883,7 @@ pub(crate) mod tests {
 
     /// Give `o` the rule annotation `rule` and the mark Copyrator writes
     /// (under the unit tests' key) for its place and payload.
-    pub fn mark_as_copy(o: &mut DynamicObject, rule: &str) {
+    pub(crate) fn mark_as_copy(o: &mut DynamicObject, rule: &str) {
         crate::cache::mark::install_test_key();
         let payload = normalize_payload(
             Kind::ConfigMap,

@@ -11,7 +11,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 /// A set of shared values; [`Interner::sweep`] lets go of those nobody
 /// else holds any more, so names of deleted namespaces do not accumulate.
-pub struct Interner<T: ?Sized> {
+pub(crate) struct Interner<T: ?Sized> {
     values: Mutex<HashSet<Arc<T>>>,
 }
 
@@ -25,7 +25,7 @@ impl<T: ?Sized + Hash + Eq> Default for Interner<T> {
 
 impl<T: ?Sized + Hash + Eq> Interner<T> {
     /// The shared value equal to `value`.
-    pub fn get<Q>(&self, value: &Q) -> Arc<T>
+    pub(crate) fn get<Q>(&self, value: &Q) -> Arc<T>
     where
         Arc<T>: Borrow<Q> + for<'a> From<&'a Q>,
         Q: ?Sized + Hash + Eq,
@@ -40,18 +40,20 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
     }
 
     /// Drop the values only this set holds; returns how many remain.
-    pub fn sweep(&self) -> usize {
+    pub(crate) fn sweep(&self) -> usize {
         let mut values = crate::sync::lock(&self.values);
         values.retain(|v| Arc::strong_count(v) > 1);
         values.shrink_to_fit();
         values.len()
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         crate::sync::lock(&self.values).len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
@@ -63,17 +65,17 @@ static STRINGS: LazyLock<Interner<str>> = LazyLock::new(Interner::default);
 static HASH_SETS: LazyLock<Interner<[u64]>> = LazyLock::new(Interner::default);
 
 /// The shared copy of a string (a name, a namespace, a reference).
-pub fn string(value: &str) -> Arc<str> {
+pub(crate) fn string(value: &str) -> Arc<str> {
     STRINGS.get(value)
 }
 
 /// The shared copy of a sorted list of hashes.
-pub fn hashes(value: &[u64]) -> Arc<[u64]> {
+pub(crate) fn hashes(value: &[u64]) -> Arc<[u64]> {
     HASH_SETS.get(value)
 }
 
 /// Let go of every shared value that no cache holds any more.
-pub fn sweep() {
+pub(crate) fn sweep() {
     STRINGS.sweep();
     HASH_SETS.sweep();
 }

@@ -34,20 +34,20 @@ use serde_json::Value;
 use crate::api::kinds::Kind;
 
 /// The key's least length, in bytes.
-pub const KEY_BYTES: usize = 32;
+pub(crate) const KEY_BYTES: usize = 32;
 /// Hex digits of each tag in a mark.
 const TAG_DIGITS: usize = 32;
 
 /// The per-installation key.
-pub struct MarkKey(hmac::Key);
+pub(crate) struct MarkKey(hmac::Key);
 
 /// A key of fewer than [`KEY_BYTES`] bytes.
 #[derive(Debug, thiserror::Error)]
 #[error("the mark key has {0} bytes; at least {KEY_BYTES} are needed")]
-pub struct KeyTooShort(pub usize);
+pub(crate) struct KeyTooShort(pub usize);
 
 impl MarkKey {
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self, KeyTooShort> {
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Self, KeyTooShort> {
         if bytes.len() < KEY_BYTES {
             return Err(KeyTooShort(bytes.len()));
         }
@@ -68,14 +68,14 @@ static CHECKING: OnceLock<Checking> = OnceLock::new();
 
 /// Install this process's key; `false` if a way of checking was chosen
 /// before (the first stays).
-pub fn install(key: MarkKey) -> bool {
+pub(crate) fn install(key: MarkKey) -> bool {
     CHECKING.set(Checking::Key(key)).is_ok()
 }
 
 /// Take well-formed marks for what they say, for a process that cannot
 /// read the key (`plan`, `where`, `release`). Until a process chooses,
 /// no mark proves anything.
-pub fn trust_unchecked() -> bool {
+pub(crate) fn trust_unchecked() -> bool {
     CHECKING.set(Checking::Unchecked).is_ok()
 }
 
@@ -95,11 +95,11 @@ fn key() -> Option<&'static MarkKey> {
 
 /// Where a copy is, and for which rule (`namespace/name`).
 #[derive(Clone, Copy, Debug)]
-pub struct Place<'a> {
-    pub kind: Kind,
-    pub namespace: &'a str,
-    pub name: &'a str,
-    pub rule: &'a str,
+pub(crate) struct Place<'a> {
+    pub(crate) kind: Kind,
+    pub(crate) namespace: &'a str,
+    pub(crate) name: &'a str,
+    pub(crate) rule: &'a str,
 }
 
 /// Feeds parts to an HMAC, each prefixed by its length, so that no two
@@ -196,7 +196,11 @@ fn content_tag(key: &MarkKey, place: &Place<'_>, payload: &BTreeMap<String, Valu
 }
 
 /// The mark of a copy at `place` holding `payload`, under `key`.
-pub fn sign_with(key: &MarkKey, place: &Place<'_>, payload: &BTreeMap<String, Value>) -> String {
+pub(crate) fn sign_with(
+    key: &MarkKey,
+    place: &Place<'_>,
+    payload: &BTreeMap<String, Value>,
+) -> String {
     format!(
         "{}.{}",
         identity_tag(key, place),
@@ -205,17 +209,17 @@ pub fn sign_with(key: &MarkKey, place: &Place<'_>, payload: &BTreeMap<String, Va
 }
 
 /// The mark of a copy at `place` holding `payload`; `None` without a key.
-pub fn sign(place: &Place<'_>, payload: &BTreeMap<String, Value>) -> Option<String> {
+pub(crate) fn sign(place: &Place<'_>, payload: &BTreeMap<String, Value>) -> Option<String> {
     key().map(|key| sign_with(key, place, payload))
 }
 
 /// What a mark proves of an object.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     /// Copyrator made a copy of this rule at this place.
-    pub identity: bool,
+    pub(crate) identity: bool,
     /// And this payload is what it wrote there.
-    pub content: bool,
+    pub(crate) content: bool,
 }
 
 /// Constant-time equality of two tags.
@@ -233,7 +237,7 @@ fn well_formed(tag: &str) -> bool {
 
 /// What `mark` (the annotation's value, if any) proves of an object at
 /// `place` holding `payload`, under `key`.
-pub fn verify_with(
+pub(crate) fn verify_with(
     key: Option<&MarkKey>,
     place: &Place<'_>,
     payload: &BTreeMap<String, Value>,
@@ -263,7 +267,11 @@ pub fn verify_with(
 
 /// What `mark` proves of an object at `place` holding `payload`: nothing
 /// before this process chose how to check marks.
-pub fn verify(place: &Place<'_>, payload: &BTreeMap<String, Value>, mark: Option<&str>) -> Verdict {
+pub(crate) fn verify(
+    place: &Place<'_>,
+    payload: &BTreeMap<String, Value>,
+    mark: Option<&str>,
+) -> Verdict {
     match checking() {
         Some(Checking::Key(key)) => verify_with(Some(key), place, payload, mark),
         Some(Checking::Unchecked) => verify_with(None, place, payload, mark),
@@ -274,7 +282,7 @@ pub fn verify(place: &Place<'_>, payload: &BTreeMap<String, Value>, mark: Option
 /// The restart annotation's value for `used` (the canonical text of what a
 /// workload uses of a copy): a tag under `key`, or without a key a plain
 /// SHA-256 (as before keys existed), each of 32 hex digits.
-pub fn restart_value_with(key: Option<&MarkKey>, used: &str) -> String {
+pub(crate) fn restart_value_with(key: Option<&MarkKey>, used: &str) -> String {
     match key {
         Some(key) => {
             let mut feed = Feed::new(key, "copyrator restart");
@@ -286,14 +294,14 @@ pub fn restart_value_with(key: Option<&MarkKey>, used: &str) -> String {
 }
 
 /// [`restart_value_with`] this process's key.
-pub fn restart_value(used: &str) -> String {
+pub(crate) fn restart_value(used: &str) -> String {
     restart_value_with(key(), used)
 }
 
 /// The value a workload carries from before restart values were keyed:
 /// taken as current while what it uses is unchanged, so that keying rolls
 /// no workload.
-pub fn unkeyed_restart_value(used: &str) -> String {
+pub(crate) fn unkeyed_restart_value(used: &str) -> String {
     hex(
         ring::digest::digest(&ring::digest::SHA256, used.as_bytes()).as_ref(),
         TAG_DIGITS,
@@ -302,12 +310,12 @@ pub fn unkeyed_restart_value(used: &str) -> String {
 
 /// A fixed key for unit tests, installed once per test process.
 #[cfg(test)]
-pub fn install_test_key() {
+pub(crate) fn install_test_key() {
     let _ = CHECKING.get_or_init(|| Checking::Key(test_key(7)));
 }
 
 #[cfg(test)]
-pub fn test_key(seed: u8) -> MarkKey {
+pub(crate) fn test_key(seed: u8) -> MarkKey {
     MarkKey::from_bytes(&[seed; KEY_BYTES]).expect("a key of KEY_BYTES")
 }
 

@@ -3,8 +3,8 @@
 //! repeat, Roles reduced to what they grant, and the marks by which a copy
 //! is known. Plain data structures, no I/O.
 
-pub mod index;
-pub mod intern;
-pub mod mark;
-pub mod roles;
-pub mod views;
+pub(crate) mod index;
+pub(crate) mod intern;
+pub(crate) mod mark;
+pub(crate) mod roles;
+pub(crate) mod views;

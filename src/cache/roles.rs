@@ -11,7 +11,7 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
 /// A cryptographic digest, not a fast hash: whoever writes a source's Role
 /// must not be able to make it pass for a target's Role with other rules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RulesDigest([u8; 32]);
+pub(crate) struct RulesDigest([u8; 32]);
 
 impl RulesDigest {
     /// The digest of `rules`, equal for two lists that grant the same by
@@ -20,7 +20,7 @@ impl RulesDigest {
     /// Rules that grant the same but are split differently (one rule for
     /// two verbs, or two rules) digest differently: a difference is
     /// refused, never taken for the same.
-    pub fn of(rules: &[PolicyRule]) -> Self {
+    pub(crate) fn of(rules: &[PolicyRule]) -> Self {
         fn canonical(list: Option<&Vec<String>>) -> Vec<&str> {
             let mut list: Vec<&str> = list.into_iter().flatten().map(String::as_str).collect();
             list.sort_unstable();
@@ -63,14 +63,14 @@ impl RulesDigest {
 
 /// A Role as the index holds it: where it is, and what it grants.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RoleRules {
-    pub namespace: String,
-    pub name: String,
-    pub digest: RulesDigest,
+pub(crate) struct RoleRules {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) digest: RulesDigest,
 }
 
 impl RoleRules {
-    pub fn of(role: &Role) -> Self {
+    pub(crate) fn of(role: &Role) -> Self {
         Self {
             namespace: role.metadata.namespace.clone().unwrap_or_default(),
             name: role.metadata.name.clone().unwrap_or_default(),
@@ -81,19 +81,19 @@ impl RoleRules {
 
 /// Every Role of a cluster, by namespace and name.
 #[derive(Debug, Default)]
-pub struct RoleIndex {
+pub(crate) struct RoleIndex {
     by_namespace: HashMap<String, HashMap<String, RulesDigest>>,
 }
 
 impl RoleIndex {
     /// What the Role `namespace/name` grants, if there is one.
-    pub fn get(&self, namespace: &str, name: &str) -> Option<RulesDigest> {
+    pub(crate) fn get(&self, namespace: &str, name: &str) -> Option<RulesDigest> {
         self.by_namespace.get(namespace)?.get(name).copied()
     }
 
     /// Takes `role`; returns whether what it grants changed (it is new, or
     /// its rules are).
-    pub fn upsert(&mut self, role: RoleRules) -> bool {
+    pub(crate) fn upsert(&mut self, role: RoleRules) -> bool {
         let previous = self
             .by_namespace
             .entry(role.namespace)
@@ -103,7 +103,7 @@ impl RoleIndex {
     }
 
     /// Forgets the Role `namespace/name`; returns whether there was one.
-    pub fn remove(&mut self, namespace: &str, name: &str) -> bool {
+    pub(crate) fn remove(&mut self, namespace: &str, name: &str) -> bool {
         let Some(roles) = self.by_namespace.get_mut(namespace) else {
             return false;
         };
@@ -115,32 +115,34 @@ impl RoleIndex {
     }
 
     /// Replaces every Role with `listed`.
-    pub fn replace_all(&mut self, listed: Vec<RoleRules>) {
+    pub(crate) fn replace_all(&mut self, listed: Vec<RoleRules>) {
         self.by_namespace.clear();
         for role in listed {
             self.upsert(role);
         }
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.by_namespace.values().map(HashMap::len).sum()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_namespace.is_empty()
     }
 }
 
 #[cfg(test)]
-pub mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
-    pub fn rules(value: serde_json::Value) -> Vec<PolicyRule> {
+    pub(crate) fn rules(value: serde_json::Value) -> Vec<PolicyRule> {
         serde_json::from_value(value).expect("PolicyRules")
     }
 
-    pub fn role(namespace: &str, name: &str, rules_json: serde_json::Value) -> RoleRules {
+    pub(crate) fn role(namespace: &str, name: &str, rules_json: serde_json::Value) -> RoleRules {
         RoleRules {
             namespace: namespace.into(),
             name: name.into(),

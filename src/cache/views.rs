@@ -14,14 +14,14 @@ use crate::cache::roles::RoleIndex;
 /// `copies` before `roles` (a plan reads them all); see
 /// `controller::state::Shared` for where they stand among the
 /// controller's locks.
-pub struct Views {
-    pub namespaces: RwLock<BTreeMap<String, NamespaceInfo>>,
+pub(crate) struct Views {
+    pub(crate) namespaces: RwLock<BTreeMap<String, NamespaceInfo>>,
     /// By kind: the copies cluster-wide (only of kinds being watched).
     copies: Box<[RwLock<CopyIndex>]>,
     /// Every Role, while RoleBindings are copied (their copies are judged
     /// by the Roles they bind); empty otherwise.
-    pub roles: RwLock<RoleIndex>,
-    pub synced: Synced,
+    pub(crate) roles: RwLock<RoleIndex>,
+    pub(crate) synced: Synced,
 }
 
 impl Default for Views {
@@ -36,13 +36,13 @@ impl Default for Views {
 }
 
 impl Views {
-    pub fn copies(&self, kind: Kind) -> &RwLock<CopyIndex> {
+    pub(crate) fn copies(&self, kind: Kind) -> &RwLock<CopyIndex> {
         &self.copies[kind.index()]
     }
 }
 
 /// Which caches have their first full list.
-pub struct Synced {
+pub(crate) struct Synced {
     rules: AtomicBool,
     namespaces: AtomicBool,
     /// By kind: false while the kind's copy watch has yet to list; true
@@ -75,42 +75,42 @@ impl Default for Synced {
 impl Synced {
     /// The caches every pass needs: rules, namespaces, built-in kinds'
     /// copies (another kind's copy watch starts with its first rule).
-    pub fn all(&self) -> bool {
+    pub(crate) fn all(&self) -> bool {
         self.rules.load(Ordering::Acquire)
             && self.namespaces.load(Ordering::Acquire)
             && Kind::builtin().all(|kind| self.copies_of(kind))
     }
 
-    pub fn copies_of(&self, kind: Kind) -> bool {
+    pub(crate) fn copies_of(&self, kind: Kind) -> bool {
         self.copies[kind.index()].load(Ordering::Acquire)
     }
 
-    pub fn set_copies_of(&self, kind: Kind, listed: bool) {
+    pub(crate) fn set_copies_of(&self, kind: Kind, listed: bool) {
         self.copies[kind.index()].store(listed, Ordering::Release);
         self.changed.notify_waiters();
     }
 
-    pub fn roles(&self) -> bool {
+    pub(crate) fn roles(&self) -> bool {
         self.roles.load(Ordering::Acquire)
     }
 
-    pub fn set_roles(&self, listed: bool) {
+    pub(crate) fn set_roles(&self, listed: bool) {
         self.roles.store(listed, Ordering::Release);
         self.changed.notify_waiters();
     }
 
-    pub fn set_rules_listed(&self) {
+    pub(crate) fn set_rules_listed(&self) {
         self.rules.store(true, Ordering::Release);
         self.changed.notify_waiters();
     }
 
-    pub fn set_namespaces_listed(&self) {
+    pub(crate) fn set_namespaces_listed(&self) {
         self.namespaces.store(true, Ordering::Release);
         self.changed.notify_waiters();
     }
 
     /// Returns once every cache a pass needs has its first list.
-    pub async fn wait_all(&self) {
+    pub(crate) async fn wait_all(&self) {
         loop {
             // Registered before the check, so that no change in between is missed.
             let changed = self.changed.notified();
@@ -122,7 +122,7 @@ impl Synced {
     }
 
     /// What has not been listed yet, for messages.
-    pub fn missing(&self) -> Vec<String> {
+    pub(crate) fn missing(&self) -> Vec<String> {
         let mut missing = Vec::new();
         if !self.rules.load(Ordering::Acquire) {
             missing.push("the CopyratorRules".to_owned());

@@ -4,18 +4,18 @@
 //! pre-delete hook) and `probe`.
 
 pub mod entry;
-pub mod plan;
-pub mod plan_members;
-pub mod probe;
-pub mod release;
-pub mod report;
-pub mod run;
-pub mod settings;
-pub mod whereabouts;
+pub(crate) mod plan;
+pub(crate) mod plan_members;
+pub(crate) mod probe;
+pub(crate) mod release;
+pub(crate) mod report;
+pub(crate) mod run;
+pub(crate) mod settings;
+pub(crate) mod whereabouts;
 
 /// An async runtime from `builder` (with I/O and time), or the exit code
 /// after saying on standard error why there is none.
-pub fn start_runtime(
+pub(crate) fn start_runtime(
     mut builder: tokio::runtime::Builder,
     failed: std::process::ExitCode,
 ) -> Result<tokio::runtime::Runtime, std::process::ExitCode> {

@@ -36,7 +36,7 @@ const PLAN_LISTS_WITHIN: Duration = Duration::from_secs(30);
 /// `copyrator plan`: the files first (a broken file needs no cluster), then
 /// the report on standard output, refused rules and errors on standard
 /// error, and the exit code.
-pub fn plan_command(settings: Settings, args: PlanArgs) -> ExitCode {
+pub(crate) fn plan_command(settings: Settings, args: PlanArgs) -> ExitCode {
     let failed = ExitCode::from(report::EXIT_FAILED);
     let from_files = if args.files.is_empty() {
         None

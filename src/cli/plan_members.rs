@@ -22,7 +22,7 @@ use crate::core::preview::{PlannedChange, Preview, Skip};
 
 /// The members of the inventory as a plan sees them: those whose views
 /// are listed, and why each of the others is not planned.
-pub struct PlanMembers {
+pub(crate) struct PlanMembers {
     /// Listed, by name; their watches stop when they are dropped.
     listed: Vec<Arc<Member>>,
     /// Members not planned, by name, with why.
@@ -35,7 +35,7 @@ impl PlanMembers {
     /// up to `lists_within` for its namespaces and copies; every member at
     /// once. An inventory that cannot be read fails the plan: it is the
     /// home cluster's.
-    pub async fn start(
+    pub(crate) async fn start(
         shared: &Arc<Shared>,
         reach_within: Duration,
         lists_within: Duration,
@@ -78,7 +78,7 @@ impl PlanMembers {
     }
 
     /// Every member of the inventory, planned or not (with why).
-    pub fn verdicts(&self) -> Vec<ClusterVerdict> {
+    pub(crate) fn verdicts(&self) -> Vec<ClusterVerdict> {
         let planned = self.planned().map(|m| ClusterVerdict::planned(m.name()));
         let failed = self
             .failed
@@ -98,7 +98,7 @@ impl PlanMembers {
     /// preview at home; `WaitingForSources` while its sources are not
     /// listed. A member whose lookups fail is not planned any further (its
     /// entries are dropped by [`PlanMembers::keep_planned`]).
-    pub async fn preview(
+    pub(crate) async fn preview(
         &mut self,
         shared: &Arc<Shared>,
         rule: &CopyratorRule,
@@ -129,7 +129,7 @@ impl PlanMembers {
     /// The deletions of the copies of `kind` in the members planned whose
     /// rule is gone without its finalizer having run (`run` deletes them
     /// once it reaches the member).
-    pub fn orphans(&self, shared: &Shared, kind: Kind) -> Vec<PlannedChange> {
+    pub(crate) fn orphans(&self, shared: &Shared, kind: Kind) -> Vec<PlannedChange> {
         let mut changes = Vec::new();
         for member in self.planned() {
             for action in crate::controller::finalizer::orphans_in(shared, &member.site, kind) {
@@ -144,7 +144,7 @@ impl PlanMembers {
 
     /// Drop the entries of members that failed while being planned: what
     /// was planned there is incomplete, and they are reported instead.
-    pub fn keep_planned(&self, changes: &mut Vec<PlannedChange>, skipped: &mut Vec<Skip>) {
+    pub(crate) fn keep_planned(&self, changes: &mut Vec<PlannedChange>, skipped: &mut Vec<Skip>) {
         changes.retain(|c| !self.failed.contains_key(&c.cluster));
         skipped.retain(|s| !self.failed.contains_key(&s.cluster));
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ProbeError {
+pub(crate) enum ProbeError {
     #[error("{0}: only http://HOST:PORT/PATH is understood")]
     BadUrl(String),
     #[error("{url}: {message}")]
@@ -21,7 +21,7 @@ pub enum ProbeError {
 }
 
 /// `http://host[:port]/path` as (host, port, path).
-pub fn parse_url(url: &str) -> Result<(String, u16, String), ProbeError> {
+pub(crate) fn parse_url(url: &str) -> Result<(String, u16, String), ProbeError> {
     let bad = || ProbeError::BadUrl(url.to_string());
     let rest = url.strip_prefix("http://").ok_or_else(bad)?;
     let (authority, path) = match rest.find('/') {
@@ -50,7 +50,7 @@ pub fn parse_url(url: &str) -> Result<(String, u16, String), ProbeError> {
 }
 
 /// The status code and the body of an HTTP/1.0 answer.
-pub fn parse_answer(answer: &str) -> Option<(u16, &str)> {
+pub(crate) fn parse_answer(answer: &str) -> Option<(u16, &str)> {
     let status_line = answer.lines().next()?;
     let status = status_line.split_whitespace().nth(1)?.parse().ok()?;
     let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
@@ -58,7 +58,7 @@ pub fn parse_answer(answer: &str) -> Option<(u16, &str)> {
 }
 
 /// GET `url`; Ok when it answers 200 within `timeout`.
-pub async fn probe(url: &str, timeout: Duration) -> Result<(), ProbeError> {
+pub(crate) async fn probe(url: &str, timeout: Duration) -> Result<(), ProbeError> {
     let (host, port, path) = parse_url(url)?;
     let failed = |message: String| ProbeError::Failed {
         url: url.to_string(),
@@ -96,7 +96,7 @@ pub async fn probe(url: &str, timeout: Duration) -> Result<(), ProbeError> {
 
 /// `copyrator probe URL`: a current-thread runtime, one request; exit 0
 /// on 200, 1 otherwise (said on standard error).
-pub fn run(url: &str, timeout: Duration) -> std::process::ExitCode {
+pub(crate) fn run(url: &str, timeout: Duration) -> std::process::ExitCode {
     let builder = tokio::runtime::Builder::new_current_thread();
     let runtime = match crate::cli::start_runtime(builder, std::process::ExitCode::FAILURE) {
         Ok(runtime) => runtime,

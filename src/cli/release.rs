@@ -29,7 +29,7 @@ use crate::{FIELD_MANAGER, FINALIZER, LABEL_RULE_UID};
 /// How often a wait looks again.
 const POLL: Duration = Duration::from_millis(500);
 
-pub fn release_command(settings: Settings, args: ReleaseArgs) -> ExitCode {
+pub(crate) fn release_command(settings: Settings, args: ReleaseArgs) -> ExitCode {
     let builder = tokio::runtime::Builder::new_multi_thread();
     let runtime = match crate::cli::start_runtime(builder, ExitCode::FAILURE) {
         Ok(runtime) => runtime,

@@ -15,11 +15,11 @@ use crate::api::{GROUP, KIND, VERSION};
 use crate::core::preview::{PlannedChange, Preview, Skip};
 
 /// Exit code when nothing would change.
-pub const EXIT_NO_CHANGES: u8 = 0;
+pub(crate) const EXIT_NO_CHANGES: u8 = 0;
 /// Exit code on an error, a bad rule among them.
-pub const EXIT_FAILED: u8 = 1;
+pub(crate) const EXIT_FAILED: u8 = 1;
 /// Exit code when something would change (for CI).
-pub const EXIT_CHANGES: u8 = 2;
+pub(crate) const EXIT_CHANGES: u8 = 2;
 
 /// UIDs given to the rules of a file that do not exist yet: never a live
 /// rule's (those are UUIDs), so no copy of a live rule counts as theirs.
@@ -27,7 +27,7 @@ const NEW_RULE_UID_PREFIX: &str = "copyrator-plan-new-";
 
 /// Why `copyrator plan` could not say what would happen.
 #[derive(Debug, Error)]
-pub enum PlanError {
+pub(crate) enum PlanError {
     #[error("reading {file}: {source}")]
     Read {
         file: String,
@@ -99,17 +99,17 @@ pub enum PlanError {
 
 /// A rule read from a file, with where it came from.
 #[derive(Clone, Debug)]
-pub struct FileRule {
-    pub rule: CopyratorRule,
+pub(crate) struct FileRule {
+    pub(crate) rule: CopyratorRule,
     /// `file, document N`, for messages.
-    pub origin: String,
+    pub(crate) origin: String,
 }
 
 /// The CopyratorRules in one file's text: YAML documents separated by
 /// `---`, each a CopyratorRule in either form the CRD takes (or a `List`
 /// of them, as `kubectl get -o yaml` prints). Empty documents are passed
 /// over; a rule without `metadata.namespace` is in `default_namespace`.
-pub fn parse_rules(
+pub(crate) fn parse_rules(
     file: &str,
     text: &str,
     default_namespace: &str,
@@ -202,7 +202,7 @@ fn rule_from(value: Value, default_namespace: &str) -> Result<CopyratorRule, Pro
 }
 
 /// The rules of several files, each given once.
-pub fn gather(files: Vec<Vec<FileRule>>) -> Result<Vec<FileRule>, PlanError> {
+pub(crate) fn gather(files: Vec<Vec<FileRule>>) -> Result<Vec<FileRule>, PlanError> {
     let mut seen: HashMap<RuleKey, String> = HashMap::new();
     let mut rules = Vec::new();
     for rule in files.into_iter().flatten() {
@@ -221,14 +221,14 @@ pub fn gather(files: Vec<Vec<FileRule>>) -> Result<Vec<FileRule>, PlanError> {
 /// Which rules the operator follows (`--namespace`, `--all-namespaces`,
 /// `--rule-name`): a rule in a file that it would never follow is an error,
 /// not an empty plan.
-pub struct Followed<'a> {
-    pub operator_namespace: &'a str,
-    pub all_namespaces: bool,
-    pub rule_name: Option<&'a str>,
+pub(crate) struct Followed<'a> {
+    pub(crate) operator_namespace: &'a str,
+    pub(crate) all_namespaces: bool,
+    pub(crate) rule_name: Option<&'a str>,
 }
 
 impl Followed<'_> {
-    pub fn check(&self, rule: &FileRule) -> Result<(), PlanError> {
+    pub(crate) fn check(&self, rule: &FileRule) -> Result<(), PlanError> {
         let key = rule.rule.key();
         let why = if !self.all_namespaces && key.namespace != self.operator_namespace {
             format!(
@@ -252,7 +252,7 @@ impl Followed<'_> {
 /// recognised and the plan shows what an edit prunes), a new one with a
 /// UID of no live rule (so that it adopts the copies of an earlier rule of
 /// its name, as `run` would); without files, every live rule. Sorted.
-pub fn rules_to_plan(
+pub(crate) fn rules_to_plan(
     from_files: Option<Vec<FileRule>>,
     live: &HashMap<RuleKey, Arc<CopyratorRule>>,
 ) -> Vec<CopyratorRule> {
@@ -280,30 +280,30 @@ pub fn rules_to_plan(
 /// Whether the operator would follow a rule, and if not, what its status
 /// would say.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RuleVerdict {
-    pub rule: String,
-    pub valid: bool,
+pub(crate) struct RuleVerdict {
+    pub(crate) rule: String,
+    pub(crate) valid: bool,
     /// The reason of its Ready condition when refused (`InvalidRule`, `Forbidden`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
     /// The message of its Ready condition when refused.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
+    pub(crate) message: Option<String>,
 }
 
 /// Whether the plan covers a cluster, and if not, why: a member that
 /// cannot be reached, used or listed is reported, not planned.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ClusterVerdict {
-    pub cluster: String,
-    pub planned: bool,
+pub(crate) struct ClusterVerdict {
+    pub(crate) cluster: String,
+    pub(crate) planned: bool,
     /// Why it could not be planned.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
+    pub(crate) message: Option<String>,
 }
 
 impl ClusterVerdict {
-    pub fn planned(cluster: &str) -> Self {
+    pub(crate) fn planned(cluster: &str) -> Self {
         Self {
             cluster: cluster.to_owned(),
             planned: true,
@@ -311,7 +311,7 @@ impl ClusterVerdict {
         }
     }
 
-    pub fn not_planned(cluster: &str, why: String) -> Self {
+    pub(crate) fn not_planned(cluster: &str, why: String) -> Self {
         Self {
             cluster: cluster.to_owned(),
             planned: false,
@@ -322,22 +322,22 @@ impl ClusterVerdict {
 
 /// What `copyrator plan` found, printed as text or JSON.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// The home cluster's name (`--cluster-name`): its entries come first.
     #[serde(skip)]
-    pub home_cluster: String,
-    pub changes: Vec<PlannedChange>,
-    pub skipped: Vec<Skip>,
-    pub rules: Vec<RuleVerdict>,
+    pub(crate) home_cluster: String,
+    pub(crate) changes: Vec<PlannedChange>,
+    pub(crate) skipped: Vec<Skip>,
+    pub(crate) rules: Vec<RuleVerdict>,
     /// Each cluster the plan covers, home first, when it covers member
     /// clusters (`--member-clusters`); empty, and left out, otherwise.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub clusters: Vec<ClusterVerdict>,
+    pub(crate) clusters: Vec<ClusterVerdict>,
 }
 
 impl Report {
     /// An empty report of the home cluster named `home_cluster`.
-    pub fn new(home_cluster: &str) -> Self {
+    pub(crate) fn new(home_cluster: &str) -> Self {
         Self {
             home_cluster: home_cluster.to_owned(),
             ..Self::default()
@@ -345,7 +345,7 @@ impl Report {
     }
 
     /// Take a rule's preview (one that is no longer waiting for its sources).
-    pub fn add(&mut self, rule: &RuleKey, preview: Preview) {
+    pub(crate) fn add(&mut self, rule: &RuleKey, preview: Preview) {
         let (valid, reason, message) = match preview {
             Preview::WaitingForSources => return,
             Preview::Refused { reason, message } => (false, Some(reason), Some(message)),
@@ -365,7 +365,7 @@ impl Report {
 
     /// The same report in a stable order: the home cluster first, then the
     /// members by name; within a cluster, by rule, kind, namespace, name.
-    pub fn sorted(mut self) -> Self {
+    pub(crate) fn sorted(mut self) -> Self {
         let home = std::mem::take(&mut self.home_cluster);
         let away = |cluster: &str| cluster != home;
         self.changes
@@ -383,7 +383,7 @@ impl Report {
 
     /// 1 when a rule is refused or a member cluster could not be planned,
     /// else 2 when something would change, else 0.
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         if self.rules.iter().any(|r| !r.valid) || self.clusters.iter().any(|c| !c.planned) {
             EXIT_FAILED
         } else if self.changes.is_empty() {
@@ -397,7 +397,7 @@ impl Report {
     /// not planned, then `no changes` when nothing would change. Where the
     /// plan covers member clusters, each line starts with its cluster's
     /// name (`a: create ...`).
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let mut out = String::new();
         let named = !self.clusters.is_empty();
         let cluster = |name: &str| {
@@ -453,7 +453,7 @@ impl Report {
     }
 
     /// The whole report as one JSON document.
-    pub fn json(&self) -> Result<String, PlanError> {
+    pub(crate) fn json(&self) -> Result<String, PlanError> {
         let mut text = serde_json::to_string_pretty(self).map_err(PlanError::Json)?;
         text.push('\n');
         Ok(text)
@@ -462,7 +462,7 @@ impl Report {
     /// A line per refused rule, for standard error: its status's reason
     /// and message, word for word; and a line per member cluster that
     /// could not be planned, with why.
-    pub fn refusals(&self) -> Vec<String> {
+    pub(crate) fn refusals(&self) -> Vec<String> {
         let rules = self.rules.iter().filter(|r| !r.valid).map(|r| {
             format!(
                 "rule {} is refused: {}: {}",

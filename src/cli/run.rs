@@ -35,7 +35,7 @@ fn workers_for(write_concurrency: u32) -> usize {
 const SHUTDOWN_WITHIN: Duration = Duration::from_secs(8);
 
 /// SIGINT or SIGTERM, whichever comes first; its name.
-pub async fn shutdown_signal() -> &'static str {
+pub(crate) async fn shutdown_signal() -> &'static str {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -57,7 +57,10 @@ pub async fn shutdown_signal() -> &'static str {
 }
 
 /// The home cluster's clients, from the usual configuration.
-pub async fn api_clients(transport: Transport, writes_in_flight: usize) -> anyhow::Result<Clients> {
+pub(crate) async fn api_clients(
+    transport: Transport,
+    writes_in_flight: usize,
+) -> anyhow::Result<Clients> {
     let config = kube::Config::infer().await.context(
         "cannot find the Kubernetes API configuration (in-cluster, KUBECONFIG or ~/.kube/config)",
     )?;
@@ -72,7 +75,7 @@ pub async fn api_clients(transport: Transport, writes_in_flight: usize) -> anyho
 /// The watches that fill the views (rules, namespaces, the copies of every
 /// built-in kind the operator copies) and the task that stops the copy
 /// watches no rule needs.
-pub fn spawn_watches(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
+pub(crate) fn spawn_watches(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
     let mut tasks = spawn_rule_and_namespace_watches(shared);
     tasks.extend(spawn_copy_watches(shared));
     tasks
@@ -197,7 +200,7 @@ fn shutdown_step(step: u8, done: &str) {
 
 /// Runs the operator until `shutdown` resolves (to the name of what asked,
 /// such as a signal), then stops it in order.
-pub async fn run(
+pub(crate) async fn run(
     settings: Settings,
     shutdown: impl Future<Output = &'static str> + Send + 'static,
 ) -> anyhow::Result<()> {

@@ -10,7 +10,7 @@ use crate::cluster::client::Transport;
 use crate::cluster::context::Limits;
 use crate::controller::state::Options;
 use crate::core::resolve::{CopyPolicy, Trust};
-pub use crate::ops::telemetry::LogFormat;
+pub(crate) use crate::ops::telemetry::LogFormat;
 use std::sync::Arc;
 
 #[derive(Debug, Parser)]
@@ -19,23 +19,23 @@ use std::sync::Arc;
     version,
     about = "Copies ConfigMaps and Secrets into other namespaces by CopyratorRule and keeps the copies true"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
-    pub command: Option<Command>,
+    pub(crate) command: Option<Command>,
     #[command(flatten)]
-    pub settings: Settings,
+    pub(crate) settings: Settings,
 }
 
 /// How `kubectl copyrator ...` names this binary: kubectl runs a plugin
 /// found on the PATH as `kubectl-copyrator`, with the arguments after
 /// `copyrator`.
-pub const KUBECTL_PLUGIN_FILE: &str = "kubectl-copyrator";
+pub(crate) const KUBECTL_PLUGIN_FILE: &str = "kubectl-copyrator";
 /// The command help and errors show when run as a kubectl plugin.
-pub const KUBECTL_PLUGIN_BIN_NAME: &str = "kubectl copyrator";
+pub(crate) const KUBECTL_PLUGIN_BIN_NAME: &str = "kubectl copyrator";
 
 /// Whether the binary was started under the kubectl plugin's file name
 /// (`argv[0]`, a path or a name).
-pub fn is_kubectl_plugin(argv0: Option<&std::ffi::OsStr>) -> bool {
+pub(crate) fn is_kubectl_plugin(argv0: Option<&std::ffi::OsStr>) -> bool {
     argv0
         .map(std::path::Path::new)
         .and_then(std::path::Path::file_stem)
@@ -43,7 +43,7 @@ pub fn is_kubectl_plugin(argv0: Option<&std::ffi::OsStr>) -> bool {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the operator (the default).
     Run,
     /// Print the CopyratorRule CustomResourceDefinition as YAML.
@@ -75,85 +75,85 @@ pub enum Command {
 
 /// What `copyrator plan` plans and how it prints it.
 #[derive(Debug, Args)]
-pub struct PlanArgs {
+pub(crate) struct PlanArgs {
     /// Plan the CopyratorRules in this file instead of the live rules, each
     /// in place of the live rule of its name (repeatable; `-` reads standard
     /// input; documents separated by `---`). A rule without
     /// metadata.namespace is in --namespace.
     #[arg(short = 'f', long = "filename", value_name = "FILE")]
-    pub files: Vec<std::path::PathBuf>,
+    pub(crate) files: Vec<std::path::PathBuf>,
 
     /// `text`: a line per change and per skip, `no changes` when nothing
     /// would change; `json`: one document with `changes`, `skipped` and `rules`.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = PlanOutput::Text)]
-    pub output: PlanOutput,
+    pub(crate) output: PlanOutput,
 }
 
 /// What `copyrator where` looks for and how it prints it.
 #[derive(Debug, Args)]
-pub struct WhereArgs {
+pub(crate) struct WhereArgs {
     /// The source, `NAMESPACE/NAME`.
     #[arg(value_name = "NAMESPACE/NAME")]
-    pub source: String,
+    pub(crate) source: String,
 
     /// The source's kind: `configmap` or `secret`.
     #[arg(long, default_value = "configmap")]
-    pub kind: String,
+    pub(crate) kind: String,
 
     /// `text`: a line per copy and a summary; `json`: one document with
     /// `source`, `kind`, `copies` and `clusters`.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = PlanOutput::Text)]
-    pub output: PlanOutput,
+    pub(crate) output: PlanOutput,
 }
 
 /// What `copyrator release` does.
 #[derive(Debug, Args)]
-pub struct ReleaseArgs {
+pub(crate) struct ReleaseArgs {
     /// `keep`: the copies stay as they are; `delete`: the copies of the
     /// rules go, here and (with --member-clusters) in every member, but
     /// those handed over to their namespaces.
     #[arg(long, value_enum, default_value_t = CopiesOnRelease::Keep)]
-    pub copies: CopiesOnRelease,
+    pub(crate) copies: CopiesOnRelease,
 
     /// Scale this Deployment of --namespace (the operator's) to 0 first and
     /// wait until its Pods are gone: a running operator puts finalizers back.
     #[arg(long, value_name = "NAME")]
-    pub stop_deployment: Option<String>,
+    pub(crate) stop_deployment: Option<String>,
 
     /// Give up waiting for the Deployment's Pods after this many seconds.
     #[arg(long, default_value_t = 120)]
-    pub wait_seconds: u64,
+    pub(crate) wait_seconds: u64,
 }
 
 /// What becomes of the copies when the operator is released.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum CopiesOnRelease {
+pub(crate) enum CopiesOnRelease {
     Keep,
     Delete,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PlanOutput {
+pub(crate) enum PlanOutput {
     Text,
     Json,
 }
 
 #[derive(Clone, Debug, Args)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// The operator's namespace: rules are honoured here (and, with
     /// --all-namespaces, everywhere), and the leader-election Lease lives here.
     #[arg(long, env = "NAMESPACE", default_value = "default", global = true)]
-    pub namespace: String,
+    pub(crate) namespace: String,
 
     /// Follow only the rule of this name; unset means all rules.
     #[arg(long, env = "RULE_NAME", global = true)]
-    pub rule_name: Option<String>,
+    pub(crate) rule_name: Option<String>,
 
     /// Honour rules in every namespace; a rule outside the operator's
     /// namespace (a tenant rule) then writes only where it is accepted and
     /// takes from other namespaces only what consents.
     #[arg(long, env = "ALL_NAMESPACES", default_value_t = false, global = true)]
-    pub all_namespaces: bool,
+    pub(crate) all_namespaces: bool,
 
     /// Let a tenant rule (one outside the operator's namespace, under
     /// --all-namespaces) keep copies in member clusters
@@ -165,16 +165,16 @@ pub struct Settings {
         default_value_t = false,
         global = true
     )]
-    pub allow_tenant_clusters: bool,
+    pub(crate) allow_tenant_clusters: bool,
 
     /// Log filter: a level (error, warn, info, debug, trace) or tracing
     /// env-filter directives such as `copyrator=debug,kube=info`.
     #[arg(long, env = "LOG_LEVEL", default_value = "info", global = true)]
-    pub log_level: String,
+    pub(crate) log_level: String,
 
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
-    pub log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
 
     /// Address of the HTTP server for /metrics, /healthz and /readyz.
     #[arg(
@@ -183,25 +183,25 @@ pub struct Settings {
         default_value = "0.0.0.0:8080",
         global = true
     )]
-    pub listen_address: SocketAddr,
+    pub(crate) listen_address: SocketAddr,
 
     /// Serve /metrics only to callers whose bearer token the API server
     /// accepts (TokenReview) and who may get the non-resource URL
     /// /metrics (SubjectAccessReview); /healthz and /readyz stay open.
     #[arg(long, env = "METRICS_AUTH", global = true)]
-    pub metrics_auth: bool,
+    pub(crate) metrics_auth: bool,
 
     /// Elect a leader on a coordination.k8s.io Lease so that only one replica writes.
     #[arg(long, env = "LEADER_ELECTION", default_value_t = false, global = true)]
-    pub leader_election: bool,
+    pub(crate) leader_election: bool,
 
     /// Name of the leader-election Lease in the operator's namespace.
     #[arg(long, env = "LEASE_NAME", default_value = "copyrator", global = true)]
-    pub lease_name: String,
+    pub(crate) lease_name: String,
 
     /// Seconds a leader's Lease lasts without renewal; a standby takes over after it.
     #[arg(long, env = "LEASE_DURATION", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=600), global = true)]
-    pub lease_duration: u64,
+    pub(crate) lease_duration: u64,
 
     /// Name of the Secret in the operator's namespace that holds the
     /// installation's mark key (made by the operator when absent): copies
@@ -212,14 +212,14 @@ pub struct Settings {
         default_value = "copyrator-mark-key",
         global = true
     )]
-    pub mark_key_secret: String,
+    pub(crate) mark_key_secret: String,
 
     /// Keep copies in member clusters: read the inventory (cluster Secrets
     /// and ClusterProfiles) in the operator's namespace. Off, a rule that
     /// targets members is `Ready=False`, reason `MemberClustersDisabled`.
     /// With `plan`, plan each member too.
     #[arg(long, env = "MEMBER_CLUSTERS", default_value_t = false, global = true)]
-    pub member_clusters: bool,
+    pub(crate) member_clusters: bool,
 
     /// Accept members whose server is plain `http://` or whose cluster sets
     /// `insecure-skip-tls-verify`: their credentials then go to whatever
@@ -231,23 +231,23 @@ pub struct Settings {
         default_value_t = false,
         global = true
     )]
-    pub allow_insecure_members: bool,
+    pub(crate) allow_insecure_members: bool,
 
     /// This cluster's name, as copies in member clusters name it (annotation
     /// `copyrator.flant.com/source-cluster`) and as rule statuses list it.
     #[arg(long, env = "CLUSTER_NAME", default_value = "home", global = true)]
-    pub cluster_name: String,
+    pub(crate) cluster_name: String,
 
     /// Writes (create, update, delete) in flight at once.
     #[arg(long, env = "WRITE_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024), global = true)]
-    pub write_concurrency: u32,
+    pub(crate) write_concurrency: u32,
 
     /// Source watches open at once. Rules that need the same kind, namespace
     /// and selector share one; past this many, the kinds with the most are
     /// watched across all namespaces instead (one watch each), so that no
     /// rule or number of rules opens more connections.
     #[arg(long, env = "MAX_SOURCE_WATCHES", default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=1000), global = true)]
-    pub max_source_watches: u32,
+    pub(crate) max_source_watches: u32,
 
     /// How requests reach the API server: `mixed` carries the watches,
     /// lists and the Lease over one HTTP/2 connection (over TLS) and writes
@@ -258,15 +258,15 @@ pub struct Settings {
     /// time, against 1.07×); `http1` opens a connection per request in
     /// flight, and one per watch.
     #[arg(long, env = "API_TRANSPORT", value_enum, default_value_t = Transport::Mixed, global = true)]
-    pub api_transport: Transport,
+    pub(crate) api_transport: Transport,
 
     /// Requests per second the operator sends to the API server (watches not counted); 0 means no limit.
     #[arg(long, env = "API_QPS", default_value_t = 1000.0, global = true)]
-    pub api_qps: f64,
+    pub(crate) api_qps: f64,
 
     /// Requests the operator may send at once above --api-qps.
     #[arg(long, env = "API_BURST", default_value_t = 2000, global = true)]
-    pub api_burst: u32,
+    pub(crate) api_burst: u32,
 
     /// Kinds the operator copies: `configmap`, `secret`, `Kind.group` (such
     /// as `RoleBinding.rbac.authorization.k8s.io`), `Kind` for the core
@@ -279,7 +279,7 @@ pub struct Settings {
         default_value = "configmap,secret",
         global = true
     )]
-    pub kinds: Vec<String>,
+    pub(crate) kinds: Vec<String>,
 
     /// Kinds never copied, whatever --kinds says: `Kind` (in every API
     /// group) or `Kind.group`. CopyratorRules are never copied either.
@@ -290,7 +290,7 @@ pub struct Settings {
         default_value = crate::api::kinds::DENIED_KINDS,
         global = true
     )]
-    pub denied_kinds: Vec<String>,
+    pub(crate) denied_kinds: Vec<String>,
 
     /// Namespaces (names or globs) that no glob, selector or default of a
     /// rule reaches: only an exact name in `targets.include`. The operator's
@@ -302,44 +302,44 @@ pub struct Settings {
         default_value = "kube-system,kube-public,kube-node-lease",
         global = true
     )]
-    pub protected_namespaces: Vec<String>,
+    pub(crate) protected_namespaces: Vec<String>,
 
     /// Secret types copied besides Opaque, kubernetes.io/tls,
     /// kubernetes.io/dockerconfigjson, kubernetes.io/dockercfg,
     /// kubernetes.io/basic-auth and kubernetes.io/ssh-auth (service-account
     /// tokens and Helm releases are never copied).
     #[arg(long, env = "SECRET_TYPES", value_delimiter = ',', global = true)]
-    pub secret_types: Vec<String>,
+    pub(crate) secret_types: Vec<String>,
 
     /// Label and annotation keys (globs such as `example.com/*`) never
     /// carried to copies, besides the tracking keys of kubectl, Argo CD,
     /// Helm, kapp, Flux, Fleet and Kustomize.
     #[arg(long, env = "STRIP_KEYS", value_delimiter = ',', global = true)]
-    pub strip_keys: Vec<String>,
+    pub(crate) strip_keys: Vec<String>,
 
     /// Seconds after which /healthz fails when work is pending and nothing
     /// progresses, or a watch keeps failing (Kubernetes then restarts the Pod);
     /// the watches of rules' sources do not count.
     #[arg(long, env = "STUCK_AFTER", default_value_t = 120, value_parser = clap::value_parser!(u64).range(5..), global = true)]
-    pub stuck_after: u64,
+    pub(crate) stuck_after: u64,
 
     /// Seconds a workload that `rollout.restartConsumers` rolled is left
     /// alone before it is rolled again (a source that keeps changing rolls
     /// its consumers at most this often; the last content is rolled out
     /// when the time is up).
     #[arg(long, env = "MIN_RESTART_INTERVAL", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86400), global = true)]
-    pub min_restart_interval: u64,
+    pub(crate) min_restart_interval: u64,
 
     /// Seconds between full passes over every rule (a pass over a correct cluster writes nothing).
     #[arg(long, env = "RESYNC_INTERVAL", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..), global = true)]
-    pub resync_interval: u64,
+    pub(crate) resync_interval: u64,
 }
 
 impl Settings {
     /// Which rules the operator follows and where they may copy from.
     /// Settings that passed [`Settings::validate`] always give a policy;
     /// the defaults stand in otherwise.
-    pub fn trust(&self) -> Trust {
+    pub(crate) fn trust(&self) -> Trust {
         Trust {
             policy: Arc::new(
                 self.copy_policy()
@@ -352,7 +352,7 @@ impl Settings {
     }
 
     /// What the controller reads of the settings, besides the trust policy.
-    pub fn options(&self) -> Options {
+    pub(crate) fn options(&self) -> Options {
         Options {
             rule_name: self.rule_name.clone(),
             limits: Limits {
@@ -369,20 +369,20 @@ impl Settings {
         }
     }
 
-    pub fn lease_duration(&self) -> Duration {
+    pub(crate) fn lease_duration(&self) -> Duration {
         Duration::from_secs(self.lease_duration)
     }
 
-    pub fn stuck_after(&self) -> Duration {
+    pub(crate) fn stuck_after(&self) -> Duration {
         Duration::from_secs(self.stuck_after)
     }
 
-    pub fn resync_interval(&self) -> Duration {
+    pub(crate) fn resync_interval(&self) -> Duration {
         Duration::from_secs(self.resync_interval)
     }
 
     /// What every rule is allowed, from these settings.
-    pub fn copy_policy(&self) -> Result<CopyPolicy, String> {
+    pub(crate) fn copy_policy(&self) -> Result<CopyPolicy, String> {
         let mut policy = CopyPolicy::new(
             &self.namespace,
             &self.protected_namespaces,
@@ -396,11 +396,11 @@ impl Settings {
     }
 
     /// The kinds `--kinds` enables.
-    pub fn enabled_kinds(&self) -> Result<EnabledKinds, String> {
+    pub(crate) fn enabled_kinds(&self) -> Result<EnabledKinds, String> {
         EnabledKinds::parse(&self.kinds).map_err(|e| format!("--kinds: {e}"))
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         self.copy_policy()?;
         if !(self.api_qps >= 0.0 && self.api_qps.is_finite()) {
             return Err(format!("--api-qps must be 0 or more, not {}", self.api_qps));

@@ -33,12 +33,12 @@ use crate::ops::http::Health;
 use crate::ops::metrics::Metrics;
 
 /// Exit code when every copy is current.
-pub const EXIT_CURRENT: u8 = 0;
+pub(crate) const EXIT_CURRENT: u8 = 0;
 /// Exit code on an error, a member out of reach among them, or when
 /// copies were made by a rule the flags do not follow (a usage problem).
-pub const EXIT_FAILED: u8 = 1;
+pub(crate) const EXIT_FAILED: u8 = 1;
 /// Exit code when some copy is not current.
-pub const EXIT_NOT_CURRENT: u8 = 2;
+pub(crate) const EXIT_NOT_CURRENT: u8 = 2;
 
 /// The state word of a copy whose rule the flags do not follow.
 const NOT_FOLLOWED: &str = "not followed";
@@ -48,7 +48,7 @@ const REACH_WITHIN: Duration = Duration::from_secs(10);
 
 /// Why `copyrator where` cannot say where the copies are.
 #[derive(Debug, Error)]
-pub enum WhereError {
+pub(crate) enum WhereError {
     #[error("{0:?} is not NAMESPACE/NAME")]
     NotASource(String),
 
@@ -70,27 +70,27 @@ pub enum WhereError {
 
 /// One copy, or one place that should hold one, as printed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Row {
-    pub cluster: String,
-    pub namespace: String,
-    pub name: String,
+pub(crate) struct Row {
+    pub(crate) cluster: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub rule: Option<String>,
+    pub(crate) rule: Option<String>,
     /// `in place`, `create-only`, `stale`, `missing`, `contested`,
     /// `conflict`, `refused` or `unwanted`.
-    pub state: &'static str,
-    pub current: bool,
+    pub(crate) state: &'static str,
+    pub(crate) current: bool,
     /// The other writer of a contested copy.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub writer: Option<String>,
+    pub(crate) writer: Option<String>,
     /// Why, for a conflict, a refusal or an unwanted copy.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
     /// What the copy holds: the first 8 hex digits of its payload's hash
     /// (as the source's `content`), when there is a copy. Copies of one
     /// content show one value; a staged rollout shows two.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub content: Option<String>,
+    pub(crate) content: Option<String>,
 }
 
 impl Row {
@@ -115,41 +115,41 @@ impl Row {
 }
 
 /// A payload hash as `where` prints it.
-pub fn content_id(hash: u64) -> String {
+pub(crate) fn content_id(hash: u64) -> String {
     format!("{:08x}", hash >> 32)
 }
 
 /// Whether a cluster was read, and if not, why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ClusterRead {
-    pub cluster: String,
-    pub reached: bool,
+pub(crate) struct ClusterRead {
+    pub(crate) cluster: String,
+    pub(crate) reached: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
+    pub(crate) message: Option<String>,
 }
 
 /// What `copyrator where` found.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Found {
+pub(crate) struct Found {
     /// `namespace/name`.
-    pub source: String,
-    pub kind: String,
+    pub(crate) source: String,
+    pub(crate) kind: String,
     /// What the source holds, as each copy's `content` says it (the first
     /// 8 hex digits of its payload's hash; a rule that selects keys gives
     /// its copies content of their own).
-    pub content: String,
+    pub(crate) content: String,
     /// Rules that copy the source, `namespace/name`, sorted.
-    pub rules: Vec<String>,
+    pub(crate) rules: Vec<String>,
     /// Home's first, then the members' by name; by namespace within one.
-    pub copies: Vec<Row>,
+    pub(crate) copies: Vec<Row>,
     /// Every cluster looked at, home first.
-    pub clusters: Vec<ClusterRead>,
+    pub(crate) clusters: Vec<ClusterRead>,
 }
 
 impl Found {
     /// 1 when a cluster could not be read or a copy was made by a rule
     /// the flags do not follow, else 2 when a copy is not current, else 0.
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         if self.clusters.iter().any(|c| !c.reached) || !self.not_followed().is_empty() {
             EXIT_FAILED
         } else if self.copies.iter().any(|c| !c.current) {
@@ -161,7 +161,7 @@ impl Found {
 
     /// A line per copy (`cluster: namespace/name state (rule r): why`), a
     /// line per cluster not read, then a summary.
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let mut out = String::new();
         for row in &self.copies {
             out.push_str(&format!(
@@ -217,7 +217,7 @@ impl Found {
         reasons
     }
 
-    pub fn json(&self) -> Result<String, WhereError> {
+    pub(crate) fn json(&self) -> Result<String, WhereError> {
         let mut text = serde_json::to_string_pretty(self).map_err(WhereError::Json)?;
         text.push('\n');
         Ok(text)
@@ -226,7 +226,7 @@ impl Found {
 
 /// `copyrator where`: the report on standard output, errors and clusters
 /// not read on standard error, and the exit code.
-pub fn where_command(settings: Settings, args: WhereArgs) -> ExitCode {
+pub(crate) fn where_command(settings: Settings, args: WhereArgs) -> ExitCode {
     let failed = ExitCode::from(EXIT_FAILED);
     let builder = tokio::runtime::Builder::new_multi_thread();
     let runtime = match crate::cli::start_runtime(builder, failed) {

@@ -43,16 +43,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 /// Seconds a connection may take to open.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often an idle HTTP/2 connection is pinged, and how long an answer
 /// may take before the connection counts as dead and is replaced (a
 /// half-open connection would otherwise stall every request on it).
-pub const PING_EVERY: Duration = Duration::from_secs(5);
-pub const PING_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const PING_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const PING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why no client could be built for the API server.
 #[derive(Debug, Error)]
-pub enum BuildError {
+pub(crate) enum BuildError {
     #[error("cannot set up TLS to the API server: {0}")]
     Tls(#[source] kube::Error),
     #[error("cannot set up authentication to the API server: {0}")]
@@ -65,7 +65,7 @@ pub enum BuildError {
 
 /// Whose API server the clients speak to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ApiServer {
+pub(crate) enum ApiServer {
     /// The home cluster's: its answers are passed on as they come.
     Home,
     /// A member's, at an address the inventory names: an error answer
@@ -76,7 +76,7 @@ pub enum ApiServer {
 
 /// The reason of the Status a member's client puts in place of an error
 /// answer that is not a Kubernetes Status.
-pub const BODY_WITHHELD: &str = "BodyWithheld";
+pub(crate) const BODY_WITHHELD: &str = "BodyWithheld";
 
 /// The most of an error answer a member's client reads to tell whether it
 /// is a Kubernetes Status; a longer one is withheld.
@@ -84,7 +84,7 @@ const STATUS_READ_LIMIT: usize = 256 * 1024;
 
 /// How the clients reach the API server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Transport {
+pub(crate) enum Transport {
     /// Watches and lists on one HTTP/2 connection, writes over HTTP/1 (a
     /// connection per write in flight).
     Mixed,
@@ -100,9 +100,9 @@ pub enum Transport {
 /// transport is `mixed`. Over plain http (no TLS to negotiate HTTP/2 by)
 /// both are HTTP/1.
 #[derive(Clone)]
-pub struct Clients {
-    pub read: kube::Client,
-    pub write: kube::Client,
+pub(crate) struct Clients {
+    pub(crate) read: kube::Client,
+    pub(crate) write: kube::Client,
 }
 
 /// The clients for `config` over `transport`, with the deadline of [`build`].
@@ -114,7 +114,7 @@ pub struct Clients {
 /// stalling a worker. Watches end on the server after
 /// `WATCH_TIMEOUT_SECONDS`, well within the deadline, and resume from
 /// where they were.
-pub fn clients_with_deadlines(
+pub(crate) fn clients_with_deadlines(
     mut config: kube::Config,
     transport: Transport,
     writes_in_flight: usize,
@@ -131,7 +131,7 @@ pub fn clients_with_deadlines(
     build_clients(config, transport, deadline, writes_in_flight, server)
 }
 
-pub fn build_clients(
+pub(crate) fn build_clients(
     config: kube::Config,
     transport: Transport,
     deadline: Duration,
@@ -178,7 +178,7 @@ pub fn build_clients(
 /// within the deadline when it has nothing to say), and a stream that
 /// falls silent on a connection that is otherwise alive fails instead of
 /// hanging.
-pub fn build(
+pub(crate) fn build(
     config: kube::Config,
     transport: Transport,
     deadline: Duration,
@@ -265,7 +265,7 @@ pub fn build(
 /// that asks a little and goes, and for a member over plain http), with the
 /// member's error answers passed on only where they are a Kubernetes
 /// Status ([`ApiServer::Member`]).
-pub fn member_client(config: kube::Config) -> Result<kube::Client, BuildError> {
+pub(crate) fn member_client(config: kube::Config) -> Result<kube::Client, BuildError> {
     Ok(kube::client::ClientBuilder::try_from(config)
         .map_err(BuildError::Kube)?
         .with_layer(&StatusOnlyLayer)

@@ -33,37 +33,37 @@ use crate::ops::metrics::ClusterMetrics;
 
 /// How hard the operator may push one API server.
 #[derive(Clone, Copy, Debug)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Writes in flight at most (`--write-concurrency`).
-    pub write_concurrency: u32,
+    pub(crate) write_concurrency: u32,
     /// Client-side pacing of requests (`--api-qps`, `--api-burst`).
-    pub api_qps: f64,
-    pub api_burst: u32,
+    pub(crate) api_qps: f64,
+    pub(crate) api_burst: u32,
     /// Source watches at most (`--max-source-watches`).
-    pub max_source_watches: u32,
+    pub(crate) max_source_watches: u32,
 }
 
-pub struct Cluster {
+pub(crate) struct Cluster {
     /// For watches and lists.
-    pub client: Client,
+    pub(crate) client: Client,
     /// For statuses and finalizers (copies and Events go through the
     /// writer and the recorder, which hold it too).
-    pub write_client: Client,
-    pub writer: Writer,
-    pub recorder: Recorder,
+    pub(crate) write_client: Client,
+    pub(crate) writer: Writer,
+    pub(crate) recorder: Recorder,
     /// Shared by every watch: a throttled read pauses them all.
-    pub read_pause: Arc<ReadPause>,
-    pub views: Views,
-    pub sources: Mutex<SourceHub>,
+    pub(crate) read_pause: Arc<ReadPause>,
+    pub(crate) views: Views,
+    pub(crate) sources: Mutex<SourceHub>,
     /// The copy watches of kinds named by `objectType`, started with the
     /// first rule that needs one and stopped after the last.
-    pub kind_watches: Mutex<HashMap<Kind, JoinHandle<()>>>,
+    pub(crate) kind_watches: Mutex<HashMap<Kind, JoinHandle<()>>>,
     /// Kinds refused for their retry interval (see [`KindRefusals`]).
-    pub kind_refusals: Mutex<KindRefusals>,
+    pub(crate) kind_refusals: Mutex<KindRefusals>,
     /// What its watches report: the process's own for the home cluster
     /// (liveness, readiness), one of its own for a member, whose troubles
     /// never fail the operator's probes.
-    pub health: Arc<Health>,
+    pub(crate) health: Arc<Health>,
 }
 
 impl Cluster {
@@ -71,7 +71,7 @@ impl Cluster {
     /// controller queues it: a message up, not a call). The writer reports
     /// the writes it allows in flight to `concurrency_gauge` where given
     /// (the home cluster's; a member's would overwrite it).
-    pub fn new(
+    pub(crate) fn new(
         clients: Clients,
         limits: Limits,
         metrics: ClusterMetrics,

@@ -26,7 +26,7 @@ use crate::core::backoff::WatchBackoff;
 
 /// What the foreign watch tells its caller.
 #[derive(Debug)]
-pub enum ForeignEvent {
+pub(crate) enum ForeignEvent {
     /// The watch starts (again) from the API server's current version:
     /// changes before that are not known.
     Started,
@@ -61,7 +61,7 @@ enum WatchEnded {
 /// `handle`. Failed requests are retried with [`WatchBackoff`], reported
 /// to the health check under `watching.name` and paused with every other
 /// watch while the API server throttles reads.
-pub async fn follow_foreign(
+pub(crate) async fn follow_foreign(
     api: Api<DynamicObject>,
     kind: Kind,
     watching: Watching<'_>,

@@ -50,24 +50,24 @@ use serde_json::Value;
 
 /// The data key of a cluster Secret that holds the kubeconfig (Cluster
 /// API's `<cluster>-kubeconfig` Secrets use the same key).
-pub const KUBECONFIG_KEY: &str = "value";
+pub(crate) const KUBECONFIG_KEY: &str = "value";
 /// The data key of a token Secret (KEP-5339's secret reader).
-pub const TOKEN_KEY: &str = "token";
+pub(crate) const TOKEN_KEY: &str = "token";
 /// The type of a ServiceAccount's token Secret, which also holds a `token`.
 const SERVICE_ACCOUNT_TOKEN: &str = "kubernetes.io/service-account-token";
 /// The access provider KEP-5339's secret reader serves; a profile's
 /// provider of that name is preferred (see [`from_cluster_profile`]).
-pub const SECRET_READER: &str = "secretreader";
+pub(crate) const SECRET_READER: &str = "secretreader";
 /// The cluster extension that carries an exec plugin's per-cluster
 /// configuration; KEP-5339's secret reader takes the Secret's name from its
 /// `clusterName`. Copyrator does not: a profile's writer would then choose
 /// whose token the profile's server receives. It is read only to say so
 /// where the tied Secret is missing.
-pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
+pub(crate) const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
 
 /// The flag that lets members be reached over plain `http://` or without
 /// verifying their certificate.
-pub const ALLOW_INSECURE_FLAG: &str = "--allow-insecure-members";
+pub(crate) const ALLOW_INSECURE_FLAG: &str = "--allow-insecure-members";
 
 /// Whether a member may be reached over plain `http://`, or with
 /// `insecure-skip-tls-verify: true` (the operator's
@@ -75,25 +75,25 @@ pub const ALLOW_INSECURE_FLAG: &str = "--allow-insecure-members";
 /// whatever answers at the server's address: in clear text over the
 /// network, or to a server whose certificate nobody checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InsecureMembers {
+pub(crate) enum InsecureMembers {
     /// Such a member is unusable, reason [`Unusable::INSECURE_CONNECTION`].
     Refused,
     Allowed,
 }
 
 impl InsecureMembers {
-    pub fn allowed_if(allow: bool) -> Self {
+    pub(crate) fn allowed_if(allow: bool) -> Self {
         if allow { Self::Allowed } else { Self::Refused }
     }
 }
 
-pub const CLUSTER_PROFILE_GROUP: &str = "multicluster.x-k8s.io";
-pub const CLUSTER_PROFILE_VERSION: &str = "v1alpha1";
-pub const CLUSTER_PROFILE_KIND: &str = "ClusterProfile";
-pub const CLUSTER_PROFILE_PLURAL: &str = "clusterprofiles";
+pub(crate) const CLUSTER_PROFILE_GROUP: &str = "multicluster.x-k8s.io";
+pub(crate) const CLUSTER_PROFILE_VERSION: &str = "v1alpha1";
+pub(crate) const CLUSTER_PROFILE_KIND: &str = "ClusterProfile";
+pub(crate) const CLUSTER_PROFILE_PLURAL: &str = "clusterprofiles";
 
 /// The ClusterProfile resource, for an `Api<DynamicObject>`.
-pub fn cluster_profile_resource() -> ApiResource {
+pub(crate) fn cluster_profile_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(
             CLUSTER_PROFILE_GROUP,
@@ -106,7 +106,7 @@ pub fn cluster_profile_resource() -> ApiResource {
 
 /// Which layout of the inventory a member was read from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum InventorySource {
+pub(crate) enum InventorySource {
     /// A Secret labelled [`crate::LABEL_CLUSTER`] holding a kubeconfig.
     Secret,
     /// A ClusterProfile and its token Secret.
@@ -116,42 +116,42 @@ pub enum InventorySource {
 /// Why a member cannot be reached: `reason` is a word for a condition or
 /// an Event, `message` a sentence for the user. Neither holds a credential.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Unusable {
-    pub reason: &'static str,
-    pub message: String,
+pub(crate) struct Unusable {
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
 }
 
 impl Unusable {
     /// The member's name is empty (the label's value, or the profile's name).
-    pub const NAME_INVALID: &'static str = "NameInvalid";
+    pub(crate) const NAME_INVALID: &'static str = "NameInvalid";
     /// The cluster Secret has no data key `value`.
-    pub const KUBECONFIG_MISSING: &'static str = "KubeconfigMissing";
+    pub(crate) const KUBECONFIG_MISSING: &'static str = "KubeconfigMissing";
     /// The kubeconfig does not parse, names no usable context, or what it
     /// holds (server, CA, client certificate) cannot be used.
-    pub const KUBECONFIG_INVALID: &'static str = "KubeconfigInvalid";
+    pub(crate) const KUBECONFIG_INVALID: &'static str = "KubeconfigInvalid";
     /// The user gets its credentials from `exec` or `auth-provider`.
-    pub const EXEC_CREDENTIALS_UNSUPPORTED: &'static str = "ExecCredentialsUnsupported";
+    pub(crate) const EXEC_CREDENTIALS_UNSUPPORTED: &'static str = "ExecCredentialsUnsupported";
     /// A file is named where only inline data is accepted.
-    pub const FILE_REFERENCE_UNSUPPORTED: &'static str = "FileReferenceUnsupported";
+    pub(crate) const FILE_REFERENCE_UNSUPPORTED: &'static str = "FileReferenceUnsupported";
     /// The cluster entry names a `proxy-url`.
-    pub const PROXY_UNSUPPORTED: &'static str = "ProxyUnsupported";
+    pub(crate) const PROXY_UNSUPPORTED: &'static str = "ProxyUnsupported";
     /// The server is `http://`, or the cluster sets
     /// `insecure-skip-tls-verify`, and the operator does not allow it
     /// ([`InsecureMembers`]).
-    pub const INSECURE_CONNECTION: &'static str = "InsecureConnection";
+    pub(crate) const INSECURE_CONNECTION: &'static str = "InsecureConnection";
     /// The profile lists no access provider with a `cluster.server`.
-    pub const NO_ACCESS_PROVIDER: &'static str = "NoAccessProvider";
+    pub(crate) const NO_ACCESS_PROVIDER: &'static str = "NoAccessProvider";
     /// The chosen access provider's cluster (server, CA) cannot be used.
-    pub const ACCESS_PROVIDER_INVALID: &'static str = "AccessProviderInvalid";
+    pub(crate) const ACCESS_PROVIDER_INVALID: &'static str = "AccessProviderInvalid";
     /// No Secret tied to the profile, or one without a non-empty data key
     /// `token`.
-    pub const TOKEN_MISSING: &'static str = "TokenMissing";
+    pub(crate) const TOKEN_MISSING: &'static str = "TokenMissing";
     /// More than one Secret is tied to the profile (by its name and by the
     /// label [`crate::LABEL_CLUSTER_PROFILE`], or by the label twice): none
     /// is used.
-    pub const TOKEN_SECRET_AMBIGUOUS: &'static str = "TokenSecretAmbiguous";
+    pub(crate) const TOKEN_SECRET_AMBIGUOUS: &'static str = "TokenSecretAmbiguous";
     /// A token that an HTTP header cannot carry (not text, a line break).
-    pub const TOKEN_INVALID: &'static str = "TokenInvalid";
+    pub(crate) const TOKEN_INVALID: &'static str = "TokenInvalid";
 
     fn new(reason: &'static str, message: impl Into<String>) -> Self {
         Self {
@@ -171,14 +171,14 @@ impl std::error::Error for Unusable {}
 
 /// One member of the inventory, as read from its source.
 #[derive(Clone)]
-pub struct MemberAccess {
+pub(crate) struct MemberAccess {
     /// The member's name: the label's value, or the profile's name.
-    pub name: String,
+    pub(crate) name: String,
     /// Its labels, for rules' cluster selectors: the Secret's or the profile's.
-    pub labels: BTreeMap<String, String>,
-    pub from: InventorySource,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) from: InventorySource,
     /// What a client for the member is built from, or why there is none.
-    pub config: Result<kube::Config, Unusable>,
+    pub(crate) config: Result<kube::Config, Unusable>,
     /// A hash of all that the connection depends on (server, CA, TLS
     /// settings, credentials) and nothing else: a watcher that sees it
     /// unchanged keeps its client through a change of labels, and one that
@@ -186,7 +186,7 @@ pub struct MemberAccess {
     /// compare. Its keys are drawn once per process, so it is comparable
     /// only within one process, and a logged fingerprint cannot be used to
     /// test guesses of a password.
-    pub fingerprint: u64,
+    pub(crate) fingerprint: u64,
 }
 
 impl MemberAccess {
@@ -272,7 +272,7 @@ fn credential_kinds(user: &AuthInfo) -> Vec<&'static str> {
 /// `auth-provider`, no file, no proxy; no `http://` or
 /// `insecure-skip-tls-verify` unless `insecure` allows them) before kube
 /// builds the config.
-pub async fn from_cluster_secret(
+pub(crate) async fn from_cluster_secret(
     secret: &Secret,
     insecure: InsecureMembers,
 ) -> Option<MemberAccess> {
@@ -756,7 +756,7 @@ fn describe_tls_error(err: &kube::Error) -> String {
 /// `insecure-skip-tls-verify` unless `insecure` allows them) before the
 /// token is looked up. The token is the Secret's data key `token`,
 /// whitespace around it trimmed.
-pub async fn from_cluster_profile<'a>(
+pub(crate) async fn from_cluster_profile<'a>(
     profile: &DynamicObject,
     secrets: impl IntoIterator<Item = &'a Secret>,
     insecure: InsecureMembers,
@@ -814,7 +814,7 @@ async fn cluster_profile_config<'a>(
 /// A ServiceAccount's token Secret is tied by the label alone: its name
 /// and token come from the ServiceAccount's controller, and nobody meant
 /// them for a profile that anyone may create under that name.
-pub fn tied_token_secrets<'a>(
+pub(crate) fn tied_token_secrets<'a>(
     profile: &str,
     secrets: impl IntoIterator<Item = &'a Secret>,
 ) -> Vec<&'a Secret> {

@@ -72,14 +72,14 @@ impl Deadline {
 
 /// Whether this process may write now, and a way to wait until it may.
 #[derive(Clone)]
-pub struct LeaderGate {
+pub(crate) struct LeaderGate {
     receiver: watch::Receiver<bool>,
     /// Set under an election; without one the flag alone decides.
     deadline: Option<Deadline>,
 }
 
 impl LeaderGate {
-    pub fn always() -> (Self, watch::Sender<bool>) {
+    pub(crate) fn always() -> (Self, watch::Sender<bool>) {
         let (sender, receiver) = watch::channel(true);
         (
             Self {
@@ -93,7 +93,7 @@ impl LeaderGate {
     /// The flag and, under an election, the deadline: checked here rather
     /// than left to the election task, which may not have run yet after a
     /// pause.
-    pub fn is_leader(&self) -> bool {
+    pub(crate) fn is_leader(&self) -> bool {
         *self.receiver.borrow()
             && self
                 .deadline
@@ -101,8 +101,9 @@ impl LeaderGate {
                 .is_none_or(|d| d.holds_at(Instant::now()))
     }
 
+    #[cfg(test)]
     /// Wait until this process leads; returns at once if it does.
-    pub async fn wait_for_leadership(&mut self) {
+    pub(crate) async fn wait_for_leadership(&mut self) {
         loop {
             // A closed channel means shutdown; the caller's stop signal ends the wait.
             if self.receiver.wait_for(|leading| *leading).await.is_err() {
@@ -119,13 +120,13 @@ impl LeaderGate {
         }
     }
 
-    pub fn subscribe(&self) -> watch::Receiver<bool> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
         self.receiver.clone()
     }
 
     /// When this process's right to write runs out; `None` without an
     /// election (it never does). A write still in flight then is abandoned.
-    pub fn leading_until(&self) -> Option<Instant> {
+    pub(crate) fn leading_until(&self) -> Option<Instant> {
         self.deadline.as_ref().and_then(Deadline::get)
     }
 }
@@ -241,16 +242,16 @@ impl Control {
 
 /// Timing of an election, derived from the Lease duration.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Timing {
-    pub lease_duration: Duration,
+pub(crate) struct Timing {
+    pub(crate) lease_duration: Duration,
     /// A leader that has not renewed for this long stops writing.
-    pub renew_deadline: Duration,
+    pub(crate) renew_deadline: Duration,
     /// How often candidates read and the leader renews.
-    pub retry_period: Duration,
+    pub(crate) retry_period: Duration,
 }
 
 impl Timing {
-    pub fn from_lease_duration(lease_duration: Duration) -> Self {
+    pub(crate) fn from_lease_duration(lease_duration: Duration) -> Self {
         Self {
             lease_duration,
             renew_deadline: lease_duration * 2 / 3,
@@ -262,7 +263,7 @@ impl Timing {
     /// Timeout of one Lease request: a round (a read and a write) takes at
     /// most half the renew deadline, so one hung connection leaves time for
     /// another round before leadership runs out.
-    pub fn request_timeout(&self) -> Duration {
+    pub(crate) fn request_timeout(&self) -> Duration {
         self.renew_deadline / 4
     }
 }
@@ -532,13 +533,13 @@ async fn run<S: LeaseStore>(
 }
 
 /// A running election; `stop` stops writing and releases the Lease.
-pub struct Election {
+pub(crate) struct Election {
     lease: String,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
-pub fn start(
+pub(crate) fn start(
     client: Client,
     namespace: &str,
     lease_name: &str,
@@ -570,7 +571,7 @@ pub fn start(
 
 impl Election {
     /// Stop leading and release the Lease so that a standby takes over at once.
-    pub async fn stop(self, within: Duration) {
+    pub(crate) async fn stop(self, within: Duration) {
         let _ = self.stop.send(true);
         let mut task = self.task;
         if tokio::time::timeout(within, &mut task).await.is_err() {

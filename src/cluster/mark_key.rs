@@ -18,7 +18,7 @@ use crate::cache::mark::{KEY_BYTES, MarkKey};
 use crate::error::describe;
 
 /// The Secret's data key that holds the key.
-pub const DATA_KEY: &str = "key";
+pub(crate) const DATA_KEY: &str = "key";
 /// The longest pause between tries of a request the API server did not
 /// answer (they start a second apart and double).
 const MAX_PAUSE: Duration = Duration::from_secs(30);
@@ -27,7 +27,7 @@ const MAX_PAUSE: Duration = Duration::from_secs(30);
 const TRIES: u32 = 6;
 
 #[derive(Debug, thiserror::Error)]
-pub enum MarkKeyError {
+pub(crate) enum MarkKeyError {
     #[error("reading or creating the mark key Secret {namespace}/{name}: {message}")]
     Api {
         namespace: String,
@@ -58,7 +58,7 @@ fn transient(err: &KubeError) -> bool {
 }
 
 /// The key in Secret `namespace/name`, made if there is none.
-pub async fn load_or_create(
+pub(crate) async fn load_or_create(
     client: &Client,
     namespace: &str,
     name: &str,

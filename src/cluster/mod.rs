@@ -2,14 +2,14 @@
 //! writer, the Lease, and the shared source watches; and the inventory of
 //! member clusters, read into what their clients are built from.
 
-pub mod client;
-pub mod context;
-pub mod foreign;
-pub mod inventory;
-pub mod leader;
-pub mod mark_key;
-pub mod ratelimit;
-pub mod sources;
-pub mod watch;
-pub mod write_limit;
-pub mod writer;
+pub(crate) mod client;
+pub(crate) mod context;
+pub(crate) mod foreign;
+pub(crate) mod inventory;
+pub(crate) mod leader;
+pub(crate) mod mark_key;
+pub(crate) mod ratelimit;
+pub(crate) mod sources;
+pub(crate) mod watch;
+pub(crate) mod write_limit;
+pub(crate) mod writer;

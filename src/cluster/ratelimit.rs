@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-pub struct RateLimiter {
+pub(crate) struct RateLimiter {
     per_second: f64,
     burst: f64,
     state: Mutex<(f64, Instant)>,
@@ -13,7 +13,7 @@ pub struct RateLimiter {
 
 impl RateLimiter {
     /// `per_second` of 0 means no limit.
-    pub fn new(per_second: f64, burst: u32) -> Self {
+    pub(crate) fn new(per_second: f64, burst: u32) -> Self {
         let burst = f64::from(burst.max(1));
         Self {
             per_second,
@@ -23,7 +23,7 @@ impl RateLimiter {
     }
 
     /// Wait until one request may go.
-    pub async fn acquire(&self) {
+    pub(crate) async fn acquire(&self) {
         if self.per_second <= 0.0 {
             return;
         }

@@ -39,7 +39,7 @@ use crate::core::scope::Touch;
 use crate::sync::{lock, read, write};
 
 /// Called with each rule whose sources changed.
-pub type OnChange = Arc<dyn Fn(&RuleKey, Touch) + Send + Sync>;
+pub(crate) type OnChange = Arc<dyn Fn(&RuleKey, Touch) + Send + Sync>;
 
 /// A new list of a watch across all namespaces waits this long for more
 /// rules to want more from it.
@@ -47,18 +47,18 @@ const RELIST_AFTER: Duration = Duration::from_millis(250);
 
 /// What one rule needs from the source watches.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SourceNeed {
-    pub kind: Kind,
-    pub selector: LabelSelector,
+pub(crate) struct SourceNeed {
+    pub(crate) kind: Kind,
+    pub(crate) selector: LabelSelector,
     /// Sorted, without duplicates.
-    pub namespaces: Vec<String>,
+    pub(crate) namespaces: Vec<String>,
     /// A tenant rule's own namespace: from every other namespace it only
     /// pulls what consents to copies there (see [`Interest::wants`]).
-    pub pulls_into: Option<String>,
+    pub(crate) pulls_into: Option<String>,
 }
 
 impl SourceNeed {
-    pub fn of(rule: &ResolvedRule) -> Self {
+    pub(crate) fn of(rule: &ResolvedRule) -> Self {
         let mut namespaces = rule.source_namespaces.clone();
         namespaces.sort();
         namespaces.dedup();
@@ -79,7 +79,7 @@ impl SourceNeed {
 
 /// Where a watch looks.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum WatchScope {
+pub(crate) enum WatchScope {
     Namespace(String),
     AllNamespaces,
 }
@@ -90,14 +90,14 @@ const SELECTOR_SHOWN: usize = 80;
 /// One watch: a kind, a scope, and the label selector the API server
 /// filters it by (empty: every object but our copies).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WatchKey {
-    pub kind: Kind,
-    pub scope: WatchScope,
-    pub selector: String,
+pub(crate) struct WatchKey {
+    pub(crate) kind: Kind,
+    pub(crate) scope: WatchScope,
+    pub(crate) selector: String,
     /// Every rule it serves pulls from its namespace: it watches metadata
     /// alone, and reads an object whole only when it consents (nothing of
     /// what does not consent is fetched or held).
-    pub pulls_only: bool,
+    pub(crate) pulls_only: bool,
 }
 
 impl WatchKey {
@@ -133,7 +133,7 @@ impl WatchKey {
 /// Which rules want which objects of a watch: by namespace, the rules'
 /// selectors. An object no rule wants is not kept.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Interest {
+pub(crate) struct Interest {
     by_namespace: BTreeMap<String, Vec<Wanted>>,
 }
 
@@ -161,7 +161,7 @@ impl Interest {
     /// Whether some rule wants an object of `namespace` with these labels
     /// and annotations: its selector matches, and for a pull the object's
     /// `copyrator.flant.com/allow-to` consents.
-    pub fn wants(
+    pub(crate) fn wants(
         &self,
         namespace: &str,
         labels: &BTreeMap<String, String>,
@@ -182,7 +182,7 @@ impl Interest {
     }
 
     /// The rules that want an object of these labels in this namespace.
-    pub fn rules_for<'a>(
+    pub(crate) fn rules_for<'a>(
         &'a self,
         namespace: &str,
         labels: &'a BTreeMap<String, String>,
@@ -195,7 +195,7 @@ impl Interest {
             .map(|w| &w.rule)
     }
 
-    pub fn rules(&self) -> BTreeSet<&RuleKey> {
+    pub(crate) fn rules(&self) -> BTreeSet<&RuleKey> {
         self.by_namespace
             .values()
             .flatten()
@@ -217,7 +217,7 @@ impl Interest {
 
     /// Whether this wants something `before` did not (then a watch across
     /// all namespaces must list again: it dropped those objects).
-    pub fn wants_more_than(&self, before: &Interest) -> bool {
+    pub(crate) fn wants_more_than(&self, before: &Interest) -> bool {
         !self.wanted().is_subset(&before.wanted())
     }
 }
@@ -228,14 +228,14 @@ impl Interest {
 /// others of the namespace go. One rule names at most
 /// [`crate::core::resolve::MAX_TENANT_SOURCE_NAMESPACES`] namespaces; this
 /// bounds what many rules take.
-pub const MAX_TENANT_SOURCE_WATCHES: usize = 64;
+pub(crate) const MAX_TENANT_SOURCE_WATCHES: usize = 64;
 
 /// The watches to run, and the rules left without theirs.
 #[derive(Debug, Default)]
-pub struct WatchPlan {
-    pub watches: BTreeMap<WatchKey, Interest>,
+pub(crate) struct WatchPlan {
+    pub(crate) watches: BTreeMap<WatchKey, Interest>,
     /// Tenant rules past [`MAX_TENANT_SOURCE_WATCHES`], with why.
-    pub over_budget: BTreeMap<RuleKey, String>,
+    pub(crate) over_budget: BTreeMap<RuleKey, String>,
 }
 
 /// The tenant rules whose watches would take their namespace's rules past
@@ -309,7 +309,7 @@ fn wanted_pairs<'a>(needs: impl Iterator<Item = &'a SourceNeed>) -> BTreeMap<Kin
 /// namespace that only tenant rules pull from is watched for metadata
 /// ([`WatchKey::pulls_only`]). The rules of one tenant namespace take at
 /// most [`MAX_TENANT_SOURCE_WATCHES`] watches together.
-pub fn plan_watches(needs: &BTreeMap<RuleKey, SourceNeed>, budget: usize) -> WatchPlan {
+pub(crate) fn plan_watches(needs: &BTreeMap<RuleKey, SourceNeed>, budget: usize) -> WatchPlan {
     let over_budget = over_tenant_budget(needs);
     let needs = || {
         needs
@@ -411,7 +411,7 @@ struct Watch {
 
 /// What the hub has for a rule's sources.
 #[derive(Debug)]
-pub enum Sources {
+pub(crate) enum Sources {
     Listed(Vec<Arc<Object>>),
     /// Not all listed yet: how many of the rule's namespaces are, and why
     /// not, if something is wrong ("the last try failed: …", or why the
@@ -426,7 +426,7 @@ pub enum Sources {
 }
 
 /// The shared source watches and the rules they serve.
-pub struct SourceHub {
+pub(crate) struct SourceHub {
     client: Client,
     pause: Arc<ReadPause>,
     budget: usize,
@@ -440,7 +440,12 @@ pub struct SourceHub {
 }
 
 impl SourceHub {
-    pub fn new(client: Client, pause: Arc<ReadPause>, budget: usize, on_change: OnChange) -> Self {
+    pub(crate) fn new(
+        client: Client,
+        pause: Arc<ReadPause>,
+        budget: usize,
+        on_change: OnChange,
+    ) -> Self {
         Self {
             client,
             pause,
@@ -455,7 +460,7 @@ impl SourceHub {
 
     /// Register what a rule needs; watches start, stop or list again as
     /// the needs of all rules together ask.
-    pub fn set(&mut self, rule: &ResolvedRule) {
+    pub(crate) fn set(&mut self, rule: &ResolvedRule) {
         let need = SourceNeed::of(rule);
         if self.needs.get(&rule.key) == Some(&need) {
             return;
@@ -464,13 +469,13 @@ impl SourceHub {
         self.replan();
     }
 
-    pub fn remove(&mut self, key: &RuleKey) {
+    pub(crate) fn remove(&mut self, key: &RuleKey) {
         if self.needs.remove(key).is_some() {
             self.replan();
         }
     }
 
-    pub fn watch_count(&self) -> usize {
+    pub(crate) fn watch_count(&self) -> usize {
         self.watches.len()
     }
 
@@ -528,7 +533,7 @@ impl SourceHub {
     }
 
     /// The rule's sources, once every watch it needs has listed them.
-    pub fn sources(&self, key: &RuleKey) -> Sources {
+    pub(crate) fn sources(&self, key: &RuleKey) -> Sources {
         if let (Some(need), Some(why)) = (self.needs.get(key), self.over_budget.get(key)) {
             return Sources::Waiting {
                 listed: 0,

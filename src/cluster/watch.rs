@@ -24,20 +24,20 @@ use crate::ops::http::Health;
 /// Seconds after which the API server ends a watch (it is then resumed
 /// from its last version); the watcher also gives up on a watch that has
 /// been silent a few seconds longer, so a hung connection is replaced.
-pub const WATCH_TIMEOUT_SECONDS: u32 = 15;
+pub(crate) const WATCH_TIMEOUT_SECONDS: u32 = 15;
 
-pub fn watch_config() -> watcher::Config {
+pub(crate) fn watch_config() -> watcher::Config {
     watcher::Config::default().timeout(WATCH_TIMEOUT_SECONDS)
 }
 
-pub fn log_watch_error(health: &Health, what: &str, error: &watcher::Error) {
+pub(crate) fn log_watch_error(health: &Health, what: &str, error: &watcher::Error) {
     health.watch_failed(what);
     // Secret payloads are never part of a watch error; only the request is.
     warn!(watch = what, error = %error, "watch failed; retrying with backoff");
 }
 
 /// What a watch event means for a cache: a complete list replaces it.
-pub enum Change<K> {
+pub(crate) enum Change<K> {
     Listed(Vec<K>),
     Applied(K),
     Deleted(K),
@@ -45,7 +45,7 @@ pub enum Change<K> {
 
 /// Gathers the objects of a list (`Init`, `InitApply`…, `InitDone`) so
 /// that a cache is replaced at once, never left half-listed.
-pub struct Folder<K> {
+pub(crate) struct Folder<K> {
     pending: Option<Vec<K>>,
 }
 
@@ -56,7 +56,7 @@ impl<K> Default for Folder<K> {
 }
 
 impl<K> Folder<K> {
-    pub fn fold(&mut self, event: Event<K>) -> Option<Change<K>> {
+    pub(crate) fn fold(&mut self, event: Event<K>) -> Option<Change<K>> {
         match event {
             Event::Init => {
                 self.pending = Some(Vec::new());
@@ -75,7 +75,7 @@ impl<K> Folder<K> {
     }
 }
 
-pub fn map_event<K, T>(event: Event<K>, convert: impl Fn(K) -> T) -> Event<T> {
+pub(crate) fn map_event<K, T>(event: Event<K>, convert: impl Fn(K) -> T) -> Event<T> {
     match event {
         Event::Init => Event::Init,
         Event::InitApply(object) => Event::InitApply(convert(object)),
@@ -139,7 +139,7 @@ fn unserved(error: &watcher::Error) -> bool {
 
 /// How a followed watch ended.
 #[derive(Debug, PartialEq, Eq)]
-pub enum WatchEnd {
+pub(crate) enum WatchEnd {
     /// Its stream ended.
     Ended,
     /// The API server no longer serves the resource.
@@ -149,14 +149,19 @@ pub enum WatchEnd {
 /// After a failed watch request: report it, and when the API server
 /// throttles reads, wait with every other watch (see [`ReadPause`]) on top
 /// of this watch's own backoff.
-pub async fn cool_down(health: &Health, pause: &ReadPause, name: &str, error: &watcher::Error) {
+pub(crate) async fn cool_down(
+    health: &Health,
+    pause: &ReadPause,
+    name: &str,
+    error: &watcher::Error,
+) {
     log_watch_error(health, name, error);
     pause_after_failure(pause, error).await;
 }
 
 /// After a failed watch request: when the API server did not answer or
 /// throttles reads, every watch waits (see [`ReadPause`]).
-pub async fn pause_after_failure(pause: &ReadPause, error: &watcher::Error) {
+pub(crate) async fn pause_after_failure(pause: &ReadPause, error: &watcher::Error) {
     if unanswered(error) {
         pause.read_failed();
     }
@@ -168,7 +173,7 @@ pub async fn pause_after_failure(pause: &ReadPause, error: &watcher::Error) {
 
 /// While reads are paused, wait; each watch then waits a random part of a
 /// second more, so that they do not all come back in the same instant.
-pub async fn wait_out(pause: &ReadPause) {
+pub(crate) async fn wait_out(pause: &ReadPause) {
     while let Some(until) = pause.until(Instant::now()) {
         let spread =
             std::time::Duration::from_secs(1).mul_f64(crate::core::jitter::fraction(&until));
@@ -179,12 +184,12 @@ pub async fn wait_out(pause: &ReadPause) {
 /// One watch as [`follow`] runs it: its name (for the health check and
 /// the log), what it reports to, and whether a resource the API server
 /// stops serving ends it.
-pub struct Watching<'a> {
-    pub name: &'a str,
-    pub health: &'a Arc<Health>,
+pub(crate) struct Watching<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) health: &'a Arc<Health>,
     /// Shared by every watch of the API server: a throttled read pauses them all.
-    pub pause: &'a ReadPause,
-    pub stop_if_unserved: bool,
+    pub(crate) pause: &'a ReadPause,
+    pub(crate) stop_if_unserved: bool,
 }
 
 /// Follow one watch until it ends, handing each change to `handle`.
@@ -193,7 +198,7 @@ pub struct Watching<'a> {
 /// [`WatchBackoff`] and [`cool_down`]; with `stop_if_unserved`, a request
 /// the API server answers 404 (the resource is not served) ends the watch
 /// instead, its failure forgotten by the health check.
-pub async fn follow<K, T>(
+pub(crate) async fn follow<K, T>(
     api: Api<K>,
     config: watcher::Config,
     watching: Watching<'_>,

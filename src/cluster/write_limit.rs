@@ -69,7 +69,7 @@ impl LimitState {
 
 /// The writes in flight, within a limit that follows the API server's
 /// answers.
-pub struct WriteLimit {
+pub(crate) struct WriteLimit {
     state: Mutex<LimitState>,
     /// A write ended or the limit grew: waiters look again.
     freed: Notify,
@@ -77,13 +77,13 @@ pub struct WriteLimit {
 
 /// One write's place in flight; given back when dropped. Tell it how the
 /// write went: that moves the limit.
-pub struct WritePermit<'a> {
+pub(crate) struct WritePermit<'a> {
     owner: &'a WriteLimit,
     ticket: u64,
 }
 
 impl WriteLimit {
-    pub fn new(max: usize) -> Self {
+    pub(crate) fn new(max: usize) -> Self {
         Self {
             state: Mutex::new(LimitState::new(max)),
             freed: Notify::new(),
@@ -91,7 +91,7 @@ impl WriteLimit {
     }
 
     /// Wait for a place in flight.
-    pub async fn acquire(&self) -> WritePermit<'_> {
+    pub(crate) async fn acquire(&self) -> WritePermit<'_> {
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
@@ -108,19 +108,19 @@ impl WriteLimit {
     }
 
     /// Writes allowed in flight now.
-    pub fn allowed(&self) -> usize {
+    pub(crate) fn allowed(&self) -> usize {
         lock(&self.state).allowed()
     }
 }
 
 impl WritePermit<'_> {
     /// The API server throttled this write (429).
-    pub fn throttled(&self) {
+    pub(crate) fn throttled(&self) {
         lock(&self.owner.state).throttled(self.ticket);
     }
 
     /// The API server took this write.
-    pub fn succeeded(&self) {
+    pub(crate) fn succeeded(&self) {
         let grew = {
             let mut state = lock(&self.owner.state);
             let before = state.allowed();

@@ -33,7 +33,7 @@ use crate::ops::metrics::ClusterMetrics;
 
 /// What became of one action.
 #[derive(Debug)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Written; the object as the API server returned it (None after a delete).
     Written(Option<Arc<Object>>),
     /// A foreign object holds the name and the policy leaves it alone.
@@ -46,7 +46,7 @@ pub enum Outcome {
     Ignored(&'static str),
 }
 
-pub struct Writer {
+pub(crate) struct Writer {
     client: Client,
     limiter: RateLimiter,
     /// The writes in flight: fewer while the API server throttles them.
@@ -71,7 +71,7 @@ fn is_namespace_terminating(err: &kube::Error) -> bool {
 use crate::error::describe;
 
 /// Classify a failed request for the retry schedule.
-pub fn classify(err: &kube::Error) -> Failure {
+pub(crate) fn classify(err: &kube::Error) -> Failure {
     let (class, retry_after) = match err {
         kube::Error::Api(status) => {
             let retry_after = status
@@ -152,7 +152,7 @@ fn written(desired: &Desired, object: DynamicObject) -> Outcome {
 }
 
 impl Writer {
-    pub fn new(
+    pub(crate) fn new(
         client: Client,
         limiter: RateLimiter,
         concurrency: u32,
@@ -182,12 +182,12 @@ impl Writer {
     }
 
     /// Count a write request made beside the writer's own (in its cluster).
-    pub fn count_write(&self, verb: &'static str, kind: &'static str) {
+    pub(crate) fn count_write(&self, verb: &'static str, kind: &'static str) {
         self.metrics.write(verb, kind);
     }
 
     /// Writes allowed in flight now (the limit throttling moves).
-    pub fn concurrency(&self) -> usize {
+    pub(crate) fn concurrency(&self) -> usize {
         self.in_flight.allowed()
     }
 
@@ -205,7 +205,7 @@ impl Writer {
     /// count against `--write-concurrency` too, so the writes in flight,
     /// and the connections they take, stay bounded however many rules
     /// are reconciled at once.
-    pub async fn other_slot(&self) -> WritePermit<'_> {
+    pub(crate) async fn other_slot(&self) -> WritePermit<'_> {
         let permit = self.in_flight.acquire().await;
         self.pace().await;
         permit
@@ -226,7 +226,7 @@ impl Writer {
         self.leader.is_leader().then_some(permit)
     }
 
-    pub async fn execute(
+    pub(crate) async fn execute(
         &self,
         kind: Kind,
         action: &Action,
@@ -401,7 +401,7 @@ impl Writer {
 
     /// Orphan the copy: label exactly the version the plan saw as handed
     /// over to its namespace, leaving everything else of it as it is.
-    pub async fn hand_over(&self, kind: Kind, current: &Object) -> Outcome {
+    pub(crate) async fn hand_over(&self, kind: Kind, current: &Object) -> Outcome {
         let api = self.api(kind, &current.namespace);
         // The resourceVersion makes the merge patch conditional.
         let patch = serde_json::json!({"metadata": {
@@ -429,7 +429,7 @@ impl Writer {
     }
 
     /// Delete exactly the version the plan saw.
-    pub async fn delete(&self, kind: Kind, current: &Object) -> Outcome {
+    pub(crate) async fn delete(&self, kind: Kind, current: &Object) -> Outcome {
         let api = self.api(kind, &current.namespace);
         let params = DeleteParams {
             preconditions: Some(Preconditions {

@@ -24,7 +24,7 @@ use crate::sync::{read, write};
 use crate::{Error, FINALIZER};
 
 /// Add or remove our finalizer, as a compare-and-swap on the rule's version.
-pub async fn set_finalizer(
+pub(crate) async fn set_finalizer(
     shared: &Arc<Shared>,
     rule: &CopyratorRule,
     present: bool,
@@ -220,12 +220,12 @@ pub(crate) fn write_through(
 /// The deletions of the copies of `kind` whose rule is gone without its
 /// finalizer having run, among the rules this operator follows (see
 /// `plan::orphans`).
-pub fn orphans(shared: &Shared, kind: Kind) -> Vec<Action> {
+pub(crate) fn orphans(shared: &Shared, kind: Kind) -> Vec<Action> {
     orphans_in(shared, &shared.home, kind)
 }
 
 /// [`orphans`] in one site (home, or a member cluster).
-pub fn orphans_in(shared: &Shared, site: &Site, kind: Kind) -> Vec<Action> {
+pub(crate) fn orphans_in(shared: &Shared, site: &Site, kind: Kind) -> Vec<Action> {
     let responsible = |rule: &str| {
         let Some((namespace, name)) = rule.split_once('/') else {
             return false;
@@ -256,7 +256,7 @@ pub fn orphans_in(shared: &Shared, site: &Site, kind: Kind) -> Vec<Action> {
 /// Delete the copies of rules that are gone without their finalizer having
 /// run (see [`orphans`]); returns how many were deleted. `cause` (start,
 /// interval, leading, a kind listed) is said in the log line.
-pub async fn collect_orphans(shared: &Arc<Shared>, cause: &'static str) -> usize {
+pub(crate) async fn collect_orphans(shared: &Arc<Shared>, cause: &'static str) -> usize {
     let mut deleted = collect_orphans_in(shared, &shared.home, cause).await;
     for member in shared.members.all() {
         if member.is_reachable() {
@@ -267,7 +267,7 @@ pub async fn collect_orphans(shared: &Arc<Shared>, cause: &'static str) -> usize
 }
 
 /// [`collect_orphans`] in one site.
-pub async fn collect_orphans_in(shared: &Shared, site: &Site, cause: &'static str) -> usize {
+pub(crate) async fn collect_orphans_in(shared: &Shared, site: &Site, cause: &'static str) -> usize {
     if !shared.leader.is_leader() || !site.cluster.views.synced.all() {
         return 0;
     }
@@ -376,7 +376,7 @@ fn deletion_note(disposal: Disposal, done: usize, left: usize) -> String {
 /// A deleted rule: delete (or hand over) every copy it made, here and in every member,
 /// then let the rule go; returns when to look again while members still
 /// hold copies.
-pub async fn cleanup(
+pub(crate) async fn cleanup(
     shared: &Arc<Shared>,
     rule: &CopyratorRule,
     uid: &str,

@@ -43,7 +43,7 @@ const PROFILES_UNSERVED_RETRY: Duration = Duration::from_secs(60);
 /// How often a member's API server is asked whether it answers, and how
 /// long it has to answer: an unreachable member shows in its rules'
 /// statuses within two rounds (well within 30 s).
-pub const PROBE_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(5);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A watch request that gets no answer brings the next probe forward,
 /// but never closer than this to the last one.
@@ -54,11 +54,11 @@ const WORKERS_PER_MEMBER: usize = 2;
 
 /// What a member is started from: its name and labels in the inventory,
 /// its API configuration, and the fingerprint of its credentials.
-pub struct MemberStart {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub fingerprint: u64,
-    pub config: kube::Config,
+pub(crate) struct MemberStart {
+    pub(crate) name: String,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) fingerprint: u64,
+    pub(crate) config: kube::Config,
 }
 
 /// A member's limits. The request rate is per API server, and a member is
@@ -76,7 +76,10 @@ fn member_limits(limits: Limits) -> Limits {
 }
 
 /// Start a member: its site, watches, workers and probe.
-pub fn start_member(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Member>, String> {
+pub(crate) fn start_member(
+    shared: &Arc<Shared>,
+    start: MemberStart,
+) -> Result<Arc<Member>, String> {
     let name = start.name.clone();
     shared.metrics.cluster_started(&name, false);
     let member = member_views(shared, start)?;
@@ -100,7 +103,10 @@ pub fn start_member(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Memb
 /// A member with its site and the watches that fill its views (its
 /// namespaces and the copies there), and nothing that works on them:
 /// `copyrator plan` reads these views and writes nothing.
-pub fn member_views(shared: &Arc<Shared>, start: MemberStart) -> Result<Arc<Member>, String> {
+pub(crate) fn member_views(
+    shared: &Arc<Shared>,
+    start: MemberStart,
+) -> Result<Arc<Member>, String> {
     let limits = member_limits(shared.options.limits);
     let clients = clients_with_deadlines(
         start.config,
@@ -316,7 +322,7 @@ struct Inventory {
 
 /// Follow the inventory until aborted: two watches, and the task that
 /// starts, restarts and retires members as it changes.
-pub async fn follow_inventory(shared: Arc<Shared>) {
+pub(crate) async fn follow_inventory(shared: Arc<Shared>) {
     let inventory = Arc::new(Inventory::default());
     // The inventory's watches report to a health of their own: an operator
     // that may not read Secrets here still serves its home cluster.
@@ -482,7 +488,9 @@ async fn members_in(
 /// The inventory as it is now, read once (for `copyrator plan`, which
 /// follows nothing): the members it describes, by name. Where the
 /// ClusterProfile resource is not served, there are no profiles.
-pub async fn list_inventory(shared: &Shared) -> Result<BTreeMap<String, MemberAccess>, Error> {
+pub(crate) async fn list_inventory(
+    shared: &Shared,
+) -> Result<BTreeMap<String, MemberAccess>, Error> {
     let namespace = &shared.trust.operator_namespace;
     let client = shared.home.cluster.client.clone();
     let lookup = |what: &str| {
@@ -513,7 +521,7 @@ pub async fn list_inventory(shared: &Shared) -> Result<BTreeMap<String, MemberAc
 
 /// How an entry of the inventory can be started, or the reason and message
 /// that say why it cannot be used.
-pub fn member_start(
+pub(crate) fn member_start(
     shared: &Shared,
     access: &MemberAccess,
 ) -> Result<MemberStart, (&'static str, String)> {

@@ -30,7 +30,7 @@ use crate::sync::{lock, read, write};
 
 /// How soon a rule whose kind the API server does not serve looks again:
 /// its CustomResourceDefinition may be installed after it.
-pub const UNKNOWN_KIND_RETRY: Duration = Duration::from_secs(30);
+pub(crate) const UNKNOWN_KIND_RETRY: Duration = Duration::from_secs(30);
 
 /// The verbs a copied kind must support: sources are listed and watched,
 /// copies created, updated, deleted, and a taken name read.
@@ -45,7 +45,7 @@ const NEEDED_VERBS: [&str; 6] = [
 
 /// Where a rule's kind stands before its pass.
 #[derive(Debug, PartialEq)]
-pub enum KindReadiness {
+pub(crate) enum KindReadiness {
     /// `ruleType`, or no kind named: resolving the rule says the rest.
     NothingToPrepare,
     /// Registered and its copies listed.
@@ -60,7 +60,7 @@ pub enum KindReadiness {
 /// copies; a rule of the view (not one `copyrator plan` reads from a file)
 /// only while it is in the view. Only a failure to reach the API server is
 /// an error.
-pub async fn prepare(
+pub(crate) async fn prepare(
     shared: &Arc<Shared>,
     rule: &CopyratorRule,
     in_view: bool,
@@ -257,7 +257,7 @@ async fn discover(
 
 /// How soon a rule whose kind the operator may not read looks again: its
 /// RBAC may be granted meanwhile.
-pub const FORBIDDEN_KIND_RETRY: Duration = Duration::from_secs(60);
+pub(crate) const FORBIDDEN_KIND_RETRY: Duration = Duration::from_secs(60);
 
 /// Whether RBAC lets the operator list and watch `kind` (of `group`,
 /// served as `plural`) cluster-wide, and for RoleBindings the Roles they
@@ -378,7 +378,7 @@ fn watch_copies(shared: &Arc<Shared>, kind: Kind, rule: Option<RuleKey>) -> bool
 /// that the copies of a rule deleted while no operator ran are found and
 /// collected. Each watch stops once no rule needs it and no such copy is
 /// left. A kind that cannot be watched is said in the log and left out.
-pub async fn watch_named_kinds(shared: Arc<Shared>) {
+pub(crate) async fn watch_named_kinds(shared: Arc<Shared>) {
     let named: Vec<(String, String)> = shared
         .trust
         .policy
@@ -461,7 +461,7 @@ async fn watch_named_kind(
 }
 
 /// The kind `rule` names by `objectType`, if it is registered.
-pub fn named_kind(rule: &CopyratorRule) -> Option<Kind> {
+pub(crate) fn named_kind(rule: &CopyratorRule) -> Option<Kind> {
     let object_type = rule.object_type()?;
     let (group, _) = object_type.group_version()?;
     Kind::find(group, &object_type.kind)
@@ -469,7 +469,7 @@ pub fn named_kind(rule: &CopyratorRule) -> Option<Kind> {
 
 /// Stop unused copy watches each time a rule leaves the view (see
 /// [`release_unused`]); runs for the operator's life.
-pub async fn release_on_rules_gone(shared: Arc<Shared>) {
+pub(crate) async fn release_on_rules_gone(shared: Arc<Shared>) {
     loop {
         shared.rules_gone.notified().await;
         release_unused(&shared);
@@ -480,7 +480,7 @@ pub async fn release_on_rules_gone(shared: Arc<Shared>) {
 /// rule here has a copy left (a rule that changed its kind still has
 /// copies of the old one to delete), nor an orphan to collect. Copies of
 /// another operator's rules keep no watch running.
-pub fn release_unused(shared: &Shared) {
+pub(crate) fn release_unused(shared: &Shared) {
     let mut watches = lock(&shared.home.cluster.kind_watches);
     // `copyrator plan` plans rules that are in no view: it keeps what it starts.
     if watches.is_empty() || shared.options.keep_kind_watches {
@@ -510,7 +510,7 @@ pub fn release_unused(shared: &Shared) {
 /// was deleted) and its copy watch ended: forget the watch and its copies,
 /// and queue the rules that name it, which then read `UnknownKind` until
 /// the kind is served again (they look every [`UNKNOWN_KIND_RETRY`]).
-pub fn kind_unserved(shared: &Shared, kind: Kind) {
+pub(crate) fn kind_unserved(shared: &Shared, kind: Kind) {
     {
         let mut watches = lock(&shared.home.cluster.kind_watches);
         watches.remove(&kind);
@@ -537,7 +537,7 @@ fn forget_watched(shared: &Shared, kind: Kind) {
 
 /// The rules that name `kind` by `objectType`: queued once its copies
 /// have listed, since they waited for that.
-pub fn rules_naming(shared: &Shared, kind: Kind) -> Vec<RuleKey> {
+pub(crate) fn rules_naming(shared: &Shared, kind: Kind) -> Vec<RuleKey> {
     read(&shared.rules)
         .iter()
         .filter(|(_, rule)| named_kind(rule) == Some(kind))
@@ -545,7 +545,7 @@ pub fn rules_naming(shared: &Shared, kind: Kind) -> Vec<RuleKey> {
         .collect()
 }
 
-pub fn spawn_copy_watch(shared: Arc<Shared>, site: Arc<Site>, kind: Kind) -> JoinHandle<()> {
+pub(crate) fn spawn_copy_watch(shared: Arc<Shared>, site: Arc<Site>, kind: Kind) -> JoinHandle<()> {
     tokio::spawn(async move {
         // The orphan collections this watch's lists start: dropped with
         // this task, which aborts them, whether it ends (its kind no longer

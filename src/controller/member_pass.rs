@@ -32,7 +32,7 @@ use crate::{ANNOTATION_SOURCE_CLUSTER, Error};
 /// rule's sources) looks again.
 const WAIT_AGAIN: Duration = Duration::from_secs(1);
 
-pub async fn member_pass(
+pub(crate) async fn member_pass(
     shared: &Arc<Shared>,
     member: &Arc<Member>,
     key: &RuleKey,
@@ -154,7 +154,7 @@ fn asks_of(shared: &Shared, member: &Member, rule: &CopyratorRule) -> Asks {
 /// What a pass over `rule` would write and leave out now in `member`, for
 /// `copyrator plan`: the plan of a pass there (or of its withdrawal), from
 /// the member's views and the home cluster's sources. Writes nothing.
-pub async fn member_preview(
+pub(crate) async fn member_preview(
     shared: &Arc<Shared>,
     member: &Member,
     rule: &CopyratorRule,
@@ -189,7 +189,7 @@ pub async fn member_preview(
 /// The rule as a member's pass follows it: every target is in the member
 /// (`local` speaks of the home cluster), and each copy names the cluster
 /// its source is in.
-pub fn in_member(resolved: &ResolvedRule, home_name: &str) -> ResolvedRule {
+pub(crate) fn in_member(resolved: &ResolvedRule, home_name: &str) -> ResolvedRule {
     let mut here = resolved.clone();
     here.clusters.local = true;
     here.in_own_cluster = false;

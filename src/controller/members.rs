@@ -29,11 +29,12 @@ use crate::sync::{lock, read, write};
 /// collection of orphans (which runs when the member answers again), and a
 /// member that left the inventory is disconnected with its copies left
 /// there.
-pub const MEMBER_CLEANUP_GIVES_UP_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
+pub(crate) const MEMBER_CLEANUP_GIVES_UP_AFTER: std::time::Duration =
+    std::time::Duration::from_secs(600);
 
 /// Whether a member's API server answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Reach {
+pub(crate) enum Reach {
     /// Not asked yet, or its first answer is on its way.
     Connecting,
     Reachable,
@@ -48,7 +49,7 @@ pub enum Reach {
 
 impl Reach {
     /// The reason a rule's status gives for a member in this state.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Reach::Unreachable { refused: true, .. } => "CredentialsRefused",
             Reach::Unreachable { .. } => "ClusterUnreachable",
@@ -58,18 +59,18 @@ impl Reach {
     }
 }
 
-pub struct Member {
-    pub site: Arc<Site>,
+pub(crate) struct Member {
+    pub(crate) site: Arc<Site>,
     /// The member's labels in the inventory, for rules' cluster selectors.
-    pub labels: RwLock<BTreeMap<String, String>>,
+    pub(crate) labels: RwLock<BTreeMap<String, String>>,
     /// What identifies its credentials: a change restarts the member.
-    pub fingerprint: u64,
-    pub reach: Mutex<Reach>,
-    pub reports: Mutex<HashMap<RuleKey, ClusterReport>>,
+    pub(crate) fingerprint: u64,
+    pub(crate) reach: Mutex<Reach>,
+    pub(crate) reports: Mutex<HashMap<RuleKey, ClusterReport>>,
     /// Where its reports' totals are said (`copyrator_member_copies`).
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Gone from the inventory: its copies are deleted, then it goes too.
-    pub leaving: AtomicBool,
+    pub(crate) leaving: AtomicBool,
     /// Its watches, workers and probe, aborted when it goes.
     pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -83,16 +84,16 @@ impl Drop for Member {
 }
 
 impl Member {
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         self.site.name.member().unwrap_or_default()
     }
 
-    pub fn is_reachable(&self) -> bool {
+    pub(crate) fn is_reachable(&self) -> bool {
         *lock(&self.reach) == Reach::Reachable
     }
 
     /// How long it has not answered (zero while it does, or is connecting).
-    pub fn unreachable_for(&self) -> std::time::Duration {
+    pub(crate) fn unreachable_for(&self) -> std::time::Duration {
         match &*lock(&self.reach) {
             Reach::Unreachable { since, .. } => since.elapsed(),
             _ => std::time::Duration::ZERO,
@@ -100,30 +101,30 @@ impl Member {
     }
 
     /// Its last probe failed (no answer, or its credentials refused).
-    pub fn is_unreachable(&self) -> bool {
+    pub(crate) fn is_unreachable(&self) -> bool {
         matches!(*lock(&self.reach), Reach::Unreachable { .. })
     }
 
-    pub fn is_leaving(&self) -> bool {
+    pub(crate) fn is_leaving(&self) -> bool {
         self.leaving.load(Ordering::Acquire)
     }
 
     /// Whether the member holds copies of the rule of `uid`, of any kind.
-    pub fn holds_copies_of(&self, uid: &str) -> bool {
+    pub(crate) fn holds_copies_of(&self, uid: &str) -> bool {
         Kind::all().any(|kind| read(self.site.cluster.views.copies(kind)).count_owned_by(uid) > 0)
     }
 
     /// Whether its namespaces and copies are listed: before that, no pass
     /// runs there (a pass on a half-listed view would prune what it has
     /// not seen).
-    pub fn is_synced(&self) -> bool {
+    pub(crate) fn is_synced(&self) -> bool {
         self.site.cluster.views.synced.all()
     }
 
     /// Take a rule's report; returns whether it changed. The member's
     /// gauges of copies and conflicts follow, set under the same lock, so
     /// that two passes at once cannot leave an older total behind.
-    pub fn report(&self, key: &RuleKey, report: Option<ClusterReport>) -> bool {
+    pub(crate) fn report(&self, key: &RuleKey, report: Option<ClusterReport>) -> bool {
         let mut reports = lock(&self.reports);
         let changed = match report {
             Some(report) => reports.insert(key.clone(), report.clone()) != Some(report),
@@ -145,26 +146,26 @@ impl Member {
 /// An entry of the inventory that cannot be used: its labels (rules may
 /// select it) and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UnusableMember {
-    pub labels: BTreeMap<String, String>,
-    pub reason: String,
-    pub message: String,
+pub(crate) struct UnusableMember {
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) reason: String,
+    pub(crate) message: String,
 }
 
 /// The inventory as last read: the members started, and the entries that
 /// cannot be used (with why), by name.
 #[derive(Default)]
-pub struct Members {
-    pub started: RwLock<BTreeMap<String, Arc<Member>>>,
-    pub unusable: RwLock<BTreeMap<String, UnusableMember>>,
+pub(crate) struct Members {
+    pub(crate) started: RwLock<BTreeMap<String, Arc<Member>>>,
+    pub(crate) unusable: RwLock<BTreeMap<String, UnusableMember>>,
 }
 
 impl Members {
-    pub fn get(&self, name: &str) -> Option<Arc<Member>> {
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<Member>> {
         read(&self.started).get(name).cloned()
     }
 
-    pub fn all(&self) -> Vec<Arc<Member>> {
+    pub(crate) fn all(&self) -> Vec<Arc<Member>> {
         read(&self.started).values().cloned().collect()
     }
 
@@ -172,7 +173,7 @@ impl Members {
     /// rule (`live_rule_uids`); then it goes. One that has not answered for
     /// longer than `give_up_after` goes too: its copies stay there, and a
     /// warning says so. Returns the names of those that went.
-    pub fn retire_left(
+    pub(crate) fn retire_left(
         &self,
         live_rule_uids: &[String],
         give_up_after: std::time::Duration,
@@ -206,7 +207,7 @@ impl Members {
     }
 
     /// Stop every member (shutdown): their tasks are aborted as they go.
-    pub fn stop_all(&self) {
+    pub(crate) fn stop_all(&self) {
         write(&self.started).clear();
     }
 }
@@ -215,7 +216,7 @@ impl Members {
 /// the members started (with their latest reports, which the status adds
 /// up), the inventory's entries that cannot be used, and names found
 /// nowhere in the inventory.
-pub fn statuses(
+pub(crate) fn statuses(
     members: &Members,
     resolved: &ResolvedRule,
 ) -> Vec<(ClusterStatus, Option<ClusterReport>)> {

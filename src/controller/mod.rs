@@ -2,16 +2,16 @@
 //! workers, a rule's pass (plan, write, status, Events), the finalizer, and
 //! the copy watches of the kinds rules name.
 
-pub mod consumers;
-pub mod finalizer;
-pub mod fleet;
-pub mod kinds;
-pub mod member_pass;
-pub mod members;
-pub mod queue;
-pub mod reconcile;
-pub mod rollout;
-pub mod site;
-pub mod state;
-pub mod watches;
-pub mod workers;
+pub(crate) mod consumers;
+pub(crate) mod finalizer;
+pub(crate) mod fleet;
+pub(crate) mod kinds;
+pub(crate) mod member_pass;
+pub(crate) mod members;
+pub(crate) mod queue;
+pub(crate) mod reconcile;
+pub(crate) mod rollout;
+pub(crate) mod site;
+pub(crate) mod state;
+pub(crate) mod watches;
+pub(crate) mod workers;

@@ -30,7 +30,7 @@ use crate::api::rule::RuleKey;
 use crate::core::scope::{Scope, Touch};
 use crate::ops::metrics::Metrics;
 
-pub struct Queue {
+pub(crate) struct Queue {
     state: Mutex<QueueState>,
     /// Wakes a worker when a rule is pending.
     work: Notify,
@@ -100,7 +100,7 @@ impl FairQueue {
 }
 
 impl Queue {
-    pub fn new(metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(metrics: Arc<Metrics>) -> Self {
         Self {
             state: Mutex::new(QueueState::default()),
             work: Notify::new(),
@@ -114,7 +114,7 @@ impl Queue {
     }
 
     /// Queue `key` for what `touch` changed.
-    pub fn add(&self, key: RuleKey, touch: Touch) {
+    pub(crate) fn add(&self, key: RuleKey, touch: Touch) {
         let mut state = self.lock();
         self.add_locked(&mut state, key, touch);
     }
@@ -126,7 +126,7 @@ impl Queue {
 
     /// Keep `scope` for the rule's next pass without queueing it (a pass
     /// that could not look at what touched it).
-    pub fn carry(&self, key: &RuleKey, scope: Scope) {
+    pub(crate) fn carry(&self, key: &RuleKey, scope: Scope) {
         if scope.is_empty() {
             return;
         }
@@ -151,7 +151,7 @@ impl Queue {
         }
     }
 
-    pub fn add_all(&self, keys: impl IntoIterator<Item = RuleKey>, touch: Touch) {
+    pub(crate) fn add_all(&self, keys: impl IntoIterator<Item = RuleKey>, touch: Touch) {
         let mut state = self.lock();
         for key in keys {
             self.add_locked(&mut state, key, touch.clone());
@@ -160,7 +160,7 @@ impl Queue {
 
     /// Queue `key` once `delay` has passed, unless it is due earlier already;
     /// that pass looks at what earlier passes left unwritten.
-    pub fn add_after(&self, key: RuleKey, delay: Duration) {
+    pub(crate) fn add_after(&self, key: RuleKey, delay: Duration) {
         let at = Instant::now() + delay;
         let mut state = self.lock();
         self.delay_locked(&mut state, key, at);
@@ -168,7 +168,7 @@ impl Queue {
 
     /// Keep `key` off the queue until `delay` has passed, whatever events
     /// come meanwhile; then it gets one pass.
-    pub fn hold(&self, key: RuleKey, delay: Duration) {
+    pub(crate) fn hold(&self, key: RuleKey, delay: Duration) {
         let until = Instant::now() + delay;
         let mut state = self.lock();
         if let Some(previous) = state.due.remove(&key) {
@@ -179,7 +179,7 @@ impl Queue {
     }
 
     /// The rule's pass succeeded: events bring it back at once again.
-    pub fn release(&self, key: &RuleKey) {
+    pub(crate) fn release(&self, key: &RuleKey) {
         self.lock().held.remove(key);
     }
 
@@ -200,7 +200,7 @@ impl Queue {
     }
 
     /// Drop a rule that went away: nothing of it stays queued for later.
-    pub fn forget(&self, key: &RuleKey) {
+    pub(crate) fn forget(&self, key: &RuleKey) {
         let mut state = self.lock();
         state.held.remove(key);
         state.scopes.remove(key);
@@ -209,21 +209,22 @@ impl Queue {
         }
     }
 
+    #[cfg(test)]
     /// Rules queued for later (for tests and metrics).
-    pub fn delayed_len(&self) -> usize {
+    pub(crate) fn delayed_len(&self) -> usize {
         self.lock().delayed.len()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.lock().pending.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// The next rule to reconcile, and what touched it.
-    pub async fn next(&self) -> (RuleKey, Scope) {
+    pub(crate) async fn next(&self) -> (RuleKey, Scope) {
         loop {
             {
                 let mut state = self.lock();
@@ -243,7 +244,7 @@ impl Queue {
         }
     }
 
-    pub fn done(&self, key: &RuleKey) {
+    pub(crate) fn done(&self, key: &RuleKey) {
         let mut state = self.lock();
         state.running.remove(key);
         if state.again.remove(key) {
@@ -252,7 +253,7 @@ impl Queue {
     }
 
     /// Move rules whose time has come onto the queue; runs until dropped.
-    pub async fn run_timer(&self) {
+    pub(crate) async fn run_timer(&self) {
         loop {
             let next = {
                 let mut state = self.lock();

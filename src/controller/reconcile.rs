@@ -84,7 +84,7 @@ impl Pass {
 /// Reconcile one rule: its cleanup when deleted, its finalizer, its plan
 /// for the copies `scope` covers, and its status. Returns when the rule
 /// wants another pass (a copy waits out a backoff).
-pub async fn reconcile(
+pub(crate) async fn reconcile(
     shared: &Arc<Shared>,
     key: &RuleKey,
     scope: Scope,
@@ -462,7 +462,7 @@ const LOOKUPS_IN_FLIGHT: usize = 8;
 /// already hold its name (the copy cache holds copies only), a refusal as
 /// the rule's status would word it. Writes nothing, not even the rule's
 /// memory. What it would do in members is `member_pass::member_preview`'s.
-pub async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Preview, Error> {
+pub(crate) async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Result<Preview, Error> {
     let uid = rule.uid().unwrap_or_default();
     match prepare(shared, rule, false).await? {
         // Its copies are listed before anything is said of them.
@@ -1353,7 +1353,7 @@ fn finish(site: &Site, resolved: &ResolvedRule, pass: &mut Pass, plan: Plan) {
 }
 
 /// Publish the status if its content changed; returns whether it did.
-pub async fn publish_status(
+pub(crate) async fn publish_status(
     shared: &Arc<Shared>,
     rule: &CopyratorRule,
     observed: &Observed,
@@ -1452,7 +1452,7 @@ fn status_timing(
 
 /// What became of a status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Published {
+pub(crate) enum Published {
     Written,
     /// Nothing new to say (or not ours to say: a standby, a plan).
     Unchanged,
@@ -1462,7 +1462,7 @@ pub enum Published {
 
 impl Published {
     /// When the rule wants another pass for its status.
-    pub fn again_in(self) -> Option<Duration> {
+    pub(crate) fn again_in(self) -> Option<Duration> {
         match self {
             Published::Later(wait) => Some(wait),
             _ => None,

@@ -21,7 +21,7 @@ use crate::ops::metrics::Metrics;
 
 /// Which cluster a site is.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum SiteName {
+pub(crate) enum SiteName {
     /// The cluster the operator runs in, which holds the rules and sources.
     Home,
     /// A member cluster of the inventory, by its name there.
@@ -29,7 +29,7 @@ pub enum SiteName {
 }
 
 impl SiteName {
-    pub fn member(&self) -> Option<&str> {
+    pub(crate) fn member(&self) -> Option<&str> {
         match self {
             SiteName::Home => None,
             SiteName::Member(name) => Some(name),
@@ -48,60 +48,60 @@ impl fmt::Display for SiteName {
 
 /// A rule's memory between reconciles.
 #[derive(Default)]
-pub struct RuleMemory {
+pub(crate) struct RuleMemory {
     /// Targets that hold a foreign object of the copy's name.
-    pub known_conflicts: crate::core::foreign::KnownConflicts,
+    pub(crate) known_conflicts: crate::core::foreign::KnownConflicts,
     /// Conflicts already announced by an Event.
-    pub announced: HashSet<ConflictEntry>,
+    pub(crate) announced: HashSet<ConflictEntry>,
     /// Sources refused for their type, already announced by an Event.
-    pub announced_refusals: HashSet<ConflictEntry>,
+    pub(crate) announced_refusals: HashSet<ConflictEntry>,
     /// When a status that only brings new counts is written.
-    pub counts_due: Option<tokio::time::Instant>,
+    pub(crate) counts_due: Option<tokio::time::Instant>,
     /// Since when the rule waits for its source watches to list.
-    pub waiting_since: Option<tokio::time::Instant>,
+    pub(crate) waiting_since: Option<tokio::time::Instant>,
     /// Consecutive failed passes, for the retry backoff.
-    pub failures: u32,
+    pub(crate) failures: u32,
     /// A pass found the rule too costly to plan
     /// ([`crate::core::plan::Plan::too_costly`]); until a pass over
     /// everything plans it within the budget, every pass says so.
-    pub too_costly: bool,
+    pub(crate) too_costly: bool,
     /// What the rule's last failure line said, so that an unchanged
     /// failure is not logged on every pass.
-    pub failure_log: Option<crate::core::pass_log::FailureLog>,
-    pub copies: i64,
-    pub conflicts: i64,
+    pub(crate) failure_log: Option<crate::core::pass_log::FailureLog>,
+    pub(crate) copies: i64,
+    pub(crate) conflicts: i64,
     /// What the rule's passes left unsettled, place by place.
-    pub tally: crate::core::tally::Tally,
+    pub(crate) tally: crate::core::tally::Tally,
     /// Restarting the rule's consumers was refused, and said so.
-    pub restart_refused: bool,
+    pub(crate) restart_refused: bool,
     /// For `rollout.restartConsumers`: the data keys' digests of each
     /// source (`namespace/name`) and content (payload hash) its copies
     /// held when last written or seen in place.
-    pub consumed: HashMap<(String, u64), Arc<crate::core::consumers::KeyDigests>>,
+    pub(crate) consumed: HashMap<(String, u64), Arc<crate::core::consumers::KeyDigests>>,
     /// For `rollout.stages`: how far each source's new content has gone,
     /// and what was last seen of each stage's consumers' availability
     /// (by source name and stage: the content, and the workloads not available).
-    pub rollouts: crate::core::rollout::Rollouts,
-    pub availability: HashMap<(String, usize), (u64, Vec<String>)>,
+    pub(crate) rollouts: crate::core::rollout::Rollouts,
+    pub(crate) availability: HashMap<(String, usize), (u64, Vec<String>)>,
     /// Changed copies (by namespace) whose consumers are tried again.
-    pub pending_restarts: Vec<(String, crate::core::consumers::Entry)>,
+    pub(crate) pending_restarts: Vec<(String, crate::core::consumers::Entry)>,
     /// Passes in a row that left consumers to try again.
-    pub restart_attempts: u32,
+    pub(crate) restart_attempts: u32,
 }
 
-pub struct Site {
-    pub name: SiteName,
-    pub cluster: Cluster,
-    pub queue: Queue,
-    pub memory: Mutex<HashMap<RuleKey, RuleMemory>>,
-    pub backoffs: Mutex<Backoffs>,
+pub(crate) struct Site {
+    pub(crate) name: SiteName,
+    pub(crate) cluster: Cluster,
+    pub(crate) queue: Queue,
+    pub(crate) memory: Mutex<HashMap<RuleKey, RuleMemory>>,
+    pub(crate) backoffs: Mutex<Backoffs>,
     /// When each workload (`Kind namespace/name`) was last rolled by a
     /// restart of its consumers, for `--min-restart-interval`.
-    pub rolled_at: Mutex<HashMap<String, tokio::time::Instant>>,
+    pub(crate) rolled_at: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 impl Site {
-    pub fn new(name: SiteName, cluster: Cluster, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(name: SiteName, cluster: Cluster, metrics: Arc<Metrics>) -> Self {
         Self {
             name,
             cluster,

@@ -29,31 +29,31 @@ use crate::ops::metrics::{ClusterMetrics, Metrics};
 /// The part of the settings the controller reads, besides the trust
 /// policy ([`Shared::trust`]).
 #[derive(Clone, Debug)]
-pub struct Options {
+pub(crate) struct Options {
     /// Follow only the rule of this name (`--rule-name`).
-    pub rule_name: Option<String>,
+    pub(crate) rule_name: Option<String>,
     /// How hard the operator may push the API server.
-    pub limits: Limits,
+    pub(crate) limits: Limits,
     /// Keep every copy watch started, needed or not: `copyrator plan`
     /// plans rules that are in no view.
-    pub keep_kind_watches: bool,
+    pub(crate) keep_kind_watches: bool,
     /// This cluster's name in copies kept in member clusters
     /// (`--cluster-name`).
-    pub cluster_name: String,
+    pub(crate) cluster_name: String,
     /// Read the inventory of member clusters (`--member-clusters`).
-    pub member_clusters: bool,
+    pub(crate) member_clusters: bool,
     /// Accept members reached over plain http or without checking their
     /// certificate (`--allow-insecure-members`).
-    pub allow_insecure_members: bool,
+    pub(crate) allow_insecure_members: bool,
     /// A workload is rolled at most once in this long
     /// (`--min-restart-interval`).
-    pub min_restart_interval: std::time::Duration,
+    pub(crate) min_restart_interval: std::time::Duration,
 }
 
 /// The rules as watched, by key and by UID, kept together under one lock
 /// so that the two never disagree. Reads see the map by key.
 #[derive(Default)]
-pub struct RuleView {
+pub(crate) struct RuleView {
     by_key: HashMap<RuleKey, Arc<CopyratorRule>>,
     by_uid: HashMap<String, RuleKey>,
 }
@@ -116,29 +116,29 @@ fn names_clusters(rule: &CopyratorRule) -> bool {
 /// the views (a member that left is let go when it holds no copy); a
 /// member's `labels`, `reach` and `reports` are never held while another
 /// lock is taken.
-pub struct Shared {
+pub(crate) struct Shared {
     /// The cluster the operator runs in: its rules, sources and copies.
-    pub home: Arc<Site>,
-    pub options: Options,
-    pub trust: Trust,
-    pub rules: RwLock<RuleView>,
+    pub(crate) home: Arc<Site>,
+    pub(crate) options: Options,
+    pub(crate) trust: Trust,
+    pub(crate) rules: RwLock<RuleView>,
     /// Each valid rule as its last pass resolved it: which namespaces
     /// concern it, so that a namespace event queues only those rules.
-    pub resolved: RwLock<HashMap<RuleKey, Arc<ResolvedRule>>>,
-    pub metrics: Arc<Metrics>,
-    pub leader: LeaderGate,
-    pub health: Arc<Health>,
+    pub(crate) resolved: RwLock<HashMap<RuleKey, Arc<ResolvedRule>>>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) leader: LeaderGate,
+    pub(crate) health: Arc<Health>,
     /// Rung when a rule leaves the view, for the task that stops the copy
     /// watches no rule needs.
-    pub rules_gone: tokio::sync::Notify,
+    pub(crate) rules_gone: tokio::sync::Notify,
     /// The member clusters of the inventory.
-    pub members: Members,
+    pub(crate) members: Members,
     /// Set once at shutdown: work loops (home's and every member's) stop.
     stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
-    pub fn new(
+    pub(crate) fn new(
         clients: crate::cluster::client::Clients,
         trust: Trust,
         options: Options,
@@ -182,19 +182,19 @@ impl Shared {
     }
 
     /// Told when the work loops are to stop.
-    pub fn stopping(&self) -> tokio::sync::watch::Receiver<bool> {
+    pub(crate) fn stopping(&self) -> tokio::sync::watch::Receiver<bool> {
         self.stop.subscribe()
     }
 
     /// Stop the work loops, home's and every member's.
-    pub fn stop_work(&self) {
+    pub(crate) fn stop_work(&self) {
         self.stop.send_replace(true);
     }
 
     /// The rules a site has passes for: every rule at home; in a member,
     /// those whose targets select it and those that still hold copies or
     /// state there.
-    pub fn rules_for(&self, site: &SiteName) -> Vec<RuleKey> {
+    pub(crate) fn rules_for(&self, site: &SiteName) -> Vec<RuleKey> {
         // The rules are read first and let go: the checks below take locks
         // that come before `rules` in the lock order.
         let rules: Vec<(RuleKey, Option<String>)> = read(&self.rules)
@@ -225,7 +225,7 @@ impl Shared {
     }
 
     /// The rules whose targets (as last resolved) select a member.
-    pub fn rules_naming(&self, member: &Member) -> Vec<RuleKey> {
+    pub(crate) fn rules_naming(&self, member: &Member) -> Vec<RuleKey> {
         let keys: Vec<RuleKey> = read(&self.rules).keys().cloned().collect();
         let labels = read(&member.labels).clone();
         let resolved = read(&self.resolved);
@@ -239,7 +239,7 @@ impl Shared {
     }
 
     /// Whether a rule's targets (as last resolved) select a member.
-    pub fn names_member(&self, key: &RuleKey, member: &Member) -> bool {
+    pub(crate) fn names_member(&self, key: &RuleKey, member: &Member) -> bool {
         let labels = read(&member.labels).clone();
         read(&self.resolved)
             .get(key)
@@ -247,7 +247,7 @@ impl Shared {
     }
 
     /// Members that left the inventory and hold no copy of a rule any more go.
-    pub fn retire_left_members(&self) {
+    pub(crate) fn retire_left_members(&self) {
         let uids: Vec<String> = read(&self.rules)
             .values()
             .filter_map(|rule| rule.uid().map(str::to_owned))
@@ -263,12 +263,12 @@ impl Shared {
 
     /// A site's name as copies and `copyrator plan` name it: the home
     /// cluster's `--cluster-name`, or the member's name in the inventory.
-    pub fn cluster_name<'a>(&'a self, site: &'a SiteName) -> &'a str {
+    pub(crate) fn cluster_name<'a>(&'a self, site: &'a SiteName) -> &'a str {
         site.member().unwrap_or(&self.options.cluster_name)
     }
 
     /// Queue a rule's pass at home, and in every member where it has one.
-    pub fn queue_everywhere(&self, key: &RuleKey, touch: Touch) {
+    pub(crate) fn queue_everywhere(&self, key: &RuleKey, touch: Touch) {
         self.home.queue.add(key.clone(), touch.clone());
         let rule = read(&self.rules).get(key).cloned();
         for member in self.members.all() {
@@ -283,11 +283,11 @@ impl Shared {
         }
     }
 
-    pub fn copies(&self, kind: Kind) -> &RwLock<CopyIndex> {
+    pub(crate) fn copies(&self, kind: Kind) -> &RwLock<CopyIndex> {
         self.home.cluster.views.copies(kind)
     }
 
-    pub fn rule_by_uid(&self, uid: &str) -> Option<RuleKey> {
+    pub(crate) fn rule_by_uid(&self, uid: &str) -> Option<RuleKey> {
         read(&self.rules).by_uid.get(uid).cloned()
     }
 
@@ -296,7 +296,7 @@ impl Shared {
     /// that waits out a backoff be written at once. A rule whose spec,
     /// deletion and finalizers are as they were (its status changed) gets a
     /// pass that looks at no copy: it only says its status again if needed.
-    pub fn set_rule(&self, key: RuleKey, rule: Arc<CopyratorRule>) {
+    pub(crate) fn set_rule(&self, key: RuleKey, rule: Arc<CopyratorRule>) {
         let asks_the_same = read(&self.rules)
             .get(&key)
             .is_some_and(|held| asks_the_same(held, &rule));
@@ -315,7 +315,7 @@ impl Shared {
     /// answer, will be ignored: so a changed spec is queued here, as its
     /// watch event would have queued it. An unchanged one queues nothing
     /// (the pass that wrote the status has said all there is).
-    pub fn take_status_answer(&self, key: RuleKey, rule: Arc<CopyratorRule>) {
+    pub(crate) fn take_status_answer(&self, key: RuleKey, rule: Arc<CopyratorRule>) {
         let asks_the_same = read(&self.rules)
             .get(&key)
             .is_some_and(|held| asks_the_same(held, &rule));
@@ -361,7 +361,7 @@ impl Shared {
     }
 
     /// Forget a rule and everything held for it.
-    pub fn forget_rule(&self, key: &RuleKey) {
+    pub(crate) fn forget_rule(&self, key: &RuleKey) {
         write(&self.rules).remove(key);
         self.metrics.rule_readiness(&key.namespace, &key.name, None);
         write(&self.resolved).remove(key);
@@ -382,7 +382,7 @@ impl Shared {
     /// Drop what is held for a rule that is gone: its memory (with its share
     /// of the gauges) and anything queued for it. A pass that was under way
     /// when the rule went may have brought its memory back.
-    pub fn drop_memory(&self, key: &RuleKey) {
+    pub(crate) fn drop_memory(&self, key: &RuleKey) {
         self.home.queue.forget(key);
         if let Some(memory) = lock(&self.home.memory).remove(key) {
             self.metrics.copies_managed.dec_by(memory.copies);
@@ -399,7 +399,7 @@ impl Shared {
     /// Queue the rules a change of namespace `name` concerns, for that
     /// namespace alone; a rule not resolved yet (new, or invalid), or one
     /// taking sources from it, looks at everything, to be safe.
-    pub fn namespace_changed(
+    pub(crate) fn namespace_changed(
         &self,
         site: &Site,
         name: &str,
@@ -428,7 +428,7 @@ impl Shared {
     /// that place as a conflict (another rule's copy was there, or one
     /// handed over), and those that still owe a write there (another
     /// rule's copy that came is a conflict now), look at it again.
-    pub fn copy_place_changed(&self, site: &Site, namespace: &str, name: &str) {
+    pub(crate) fn copy_place_changed(&self, site: &Site, namespace: &str, name: &str) {
         let concerned: Vec<RuleKey> = lock(&site.memory)
             .iter()
             .filter(|(_, memory)| memory.tally.is_unsettled(namespace, name))
@@ -445,7 +445,7 @@ impl Shared {
     /// the place up to date, and looks at the place again where that
     /// changed; after a break in the watch, at every place it believed
     /// held. Rules not resolved now (an invalid one) keep following too.
-    pub fn foreign_changed(&self, site: &Site, kind: Kind, event: ForeignEvent) {
+    pub(crate) fn foreign_changed(&self, site: &Site, kind: Kind, event: ForeignEvent) {
         let at = match &event {
             ForeignEvent::Started => None,
             ForeignEvent::Applied(object) => Some((
@@ -488,12 +488,12 @@ impl Shared {
         }
     }
 
-    pub fn is_live_rule(&self, uid: &str) -> bool {
+    pub(crate) fn is_live_rule(&self, uid: &str) -> bool {
         read(&self.rules).by_uid.contains_key(uid)
     }
 
     /// Publish an Event on a rule (only the leader does).
-    pub async fn event(
+    pub(crate) async fn event(
         &self,
         rule: &CopyratorRule,
         type_: EventType,

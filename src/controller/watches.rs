@@ -24,7 +24,7 @@ use crate::controller::state::Shared;
 use crate::core::scope::Touch;
 use crate::sync::{lock, read, write};
 
-pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
+pub(crate) fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<CopyratorRule> = if shared.trust.all_namespaces {
             Api::all(shared.home.cluster.client.clone())
@@ -77,7 +77,7 @@ pub fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     })
 }
 
-pub fn spawn_namespace_watch(shared: Arc<Shared>, site: Arc<Site>) -> JoinHandle<()> {
+pub(crate) fn spawn_namespace_watch(shared: Arc<Shared>, site: Arc<Site>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<PartialObjectMeta<Namespace>> = Api::all(site.cluster.client.clone());
         let convert = |meta: PartialObjectMeta<Namespace>| {

@@ -20,7 +20,7 @@ fn rule_retry_delay(failures: u32) -> Duration {
 }
 
 /// Run `workers` reconcile loops at home until `stop` fires.
-pub async fn run_workers(
+pub(crate) async fn run_workers(
     shared: Arc<Shared>,
     workers: usize,
     stop: tokio::sync::watch::Receiver<bool>,
@@ -32,7 +32,7 @@ pub async fn run_workers(
 /// Run `workers` loops over a site's queue until `stop` fires. Its tasks
 /// belong to this future: a member's site that goes (its future aborted)
 /// takes its workers and timer with it.
-pub async fn run_site_workers(
+pub(crate) async fn run_site_workers(
     shared: Arc<Shared>,
     site: Arc<Site>,
     workers: usize,
@@ -167,7 +167,7 @@ fn failed_passes(site: &Site, key: &RuleKey, ok: bool) -> u32 {
 /// Reconcile every rule again every `interval`, forgetting known conflicts
 /// so that a foreign object that went away is noticed; and whenever this
 /// process becomes the leader, since a standby's queue may be stale.
-pub async fn run_resync(
+pub(crate) async fn run_resync(
     shared: Arc<Shared>,
     interval: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,

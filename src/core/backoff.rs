@@ -24,14 +24,14 @@ use crate::api::kinds::Kind;
 use crate::api::rule::RuleKey;
 
 /// `(kind, namespace, name)` of a copy.
-pub type CopyKey = (Kind, String, String);
+pub(crate) type CopyKey = (Kind, String, String);
 
 /// Restores in a row after which a copy counts as contested.
-pub const CONTESTED_AFTER: u32 = 3;
+pub(crate) const CONTESTED_AFTER: u32 = 3;
 
 /// Why a write failed, as far as when to try again is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FailureClass {
+pub(crate) enum FailureClass {
     /// 409: the object changed meanwhile; the next try uses fresh state.
     Conflict,
     /// 429: the API server is throttling; `Retry-After` is honoured.
@@ -48,7 +48,7 @@ pub enum FailureClass {
 }
 
 impl FailureClass {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             FailureClass::Conflict => "conflict",
             FailureClass::Throttled => "throttled",
@@ -62,29 +62,29 @@ impl FailureClass {
 /// A failed write: its class, the API server's own words, and how long it
 /// asked us to wait.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Failure {
-    pub class: FailureClass,
-    pub message: String,
-    pub retry_after: Option<Duration>,
+pub(crate) struct Failure {
+    pub(crate) class: FailureClass,
+    pub(crate) message: String,
+    pub(crate) retry_after: Option<Duration>,
 }
 
 /// The schedule: delays double from `base` up to `max`, with jitter.
 #[derive(Clone, Copy, Debug)]
-pub struct Policy {
+pub(crate) struct Policy {
     /// First delay after a failure that may pass by itself (409, 5xx).
-    pub base: Duration,
+    pub(crate) base: Duration,
     /// First delay after a refusal (403, 422, quota, policy).
-    pub refusal_base: Duration,
+    pub(crate) refusal_base: Duration,
     /// First delay after a 429 that gave no `Retry-After` (API Priority
     /// and Fairness gives none a client can read): short, since the writes
     /// in flight shrink with every burst of 429s (see `write_limit`).
-    pub throttled_base: Duration,
-    pub max: Duration,
+    pub(crate) throttled_base: Duration,
+    pub(crate) max: Duration,
     /// How long an invalid copy waits when nothing changes.
-    pub invalid_hold: Duration,
+    pub(crate) invalid_hold: Duration,
     /// The longest wait between two probes of a rule's refused writes:
     /// how soon a lifted refusal is noticed, whatever its age.
-    pub refusal_probe_max: Duration,
+    pub(crate) refusal_probe_max: Duration,
 }
 
 impl Default for Policy {
@@ -130,7 +130,7 @@ fn jitter(key: &impl Hash, n: u32) -> f64 {
 
 /// Whether a write may go now.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Admission {
+pub(crate) enum Admission {
     Go,
     /// Not before `until`; `why` says what is being waited out.
     Wait {
@@ -140,7 +140,7 @@ pub enum Admission {
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub enum Waiting {
+pub(crate) enum Waiting {
     /// The last write failed with this.
     Failed(Failure),
     /// The last write was refused (this) and the rule's refusal gate is
@@ -213,24 +213,25 @@ struct RefusalGate {
 
 /// A contested copy, for the status and the Event.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Contest {
-    pub kind: Kind,
-    pub namespace: String,
-    pub name: String,
-    pub writer: String,
+pub(crate) struct Contest {
+    pub(crate) kind: Kind,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) writer: String,
 }
 
 /// Backoff state of the copies that need it (failed or contested); copies
 /// that are simply right take no memory here.
 #[derive(Default)]
-pub struct Backoffs {
+pub(crate) struct Backoffs {
     policy: Policy,
     entries: HashMap<CopyKey, Entry>,
     gates: HashMap<RuleKey, RefusalGate>,
 }
 
 impl Backoffs {
-    pub fn new(policy: Policy) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(policy: Policy) -> Self {
         Self {
             policy,
             entries: HashMap::new(),
@@ -238,18 +239,15 @@ impl Backoffs {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// May `rule` write `wanted` (a hash of what it would write) to `key`
     /// now? `changed_back_by` is set when the write restores what the rule
     /// wrote before and someone changed since (the name of that writer).
-    pub fn admit(
+    pub(crate) fn admit(
         &mut self,
         key: &CopyKey,
         rule: &RuleKey,
@@ -326,7 +324,7 @@ impl Backoffs {
     /// gate's probe, if a probe is due: the next after the last one tried,
     /// in key order. The next probe is due one step later, unless this one
     /// goes through ([`Backoffs::succeeded`] opens the gate).
-    pub fn pick_probe(
+    pub(crate) fn pick_probe(
         &mut self,
         rule: &RuleKey,
         candidates: &[CopyKey],
@@ -359,12 +357,12 @@ impl Backoffs {
     }
 
     /// When `rule`'s next refusal probe is due, while its gate is shut.
-    pub fn next_probe(&self, rule: &RuleKey) -> Option<Instant> {
+    pub(crate) fn next_probe(&self, rule: &RuleKey) -> Option<Instant> {
         self.gates.get(rule).map(|g| g.probe_at)
     }
 
     /// Someone else deleted the copy Copyrator wrote for `written_for`.
-    pub fn deleted_by_others(
+    pub(crate) fn deleted_by_others(
         &mut self,
         key: &CopyKey,
         rule: &RuleKey,
@@ -378,7 +376,7 @@ impl Backoffs {
     }
 
     /// Whether creating `wanted` at `key` puts back a copy someone deleted.
-    pub fn was_deleted_by_others(&self, key: &CopyKey, wanted: u64) -> bool {
+    pub(crate) fn was_deleted_by_others(&self, key: &CopyKey, wanted: u64) -> bool {
         self.entries
             .get(key)
             .is_some_and(|e| e.deleted_for == Some(wanted))
@@ -389,7 +387,7 @@ impl Backoffs {
     /// counts. A refused write that went through means the refusal is
     /// lifted: every refused copy of its rule may go now. Returns whether
     /// that released copies (the rule wants a pass at once).
-    pub fn succeeded(&mut self, key: &CopyKey, now: Instant) -> bool {
+    pub(crate) fn succeeded(&mut self, key: &CopyKey, now: Instant) -> bool {
         let policy = self.policy;
         let Some(entry) = self.entries.get_mut(key) else {
             return false;
@@ -435,7 +433,7 @@ impl Backoffs {
 
     /// No write is owed at `key` any more (the place turned out to hold a
     /// foreign object): an earlier failure is moot, and no restore was made.
-    pub fn no_longer_owed(&mut self, key: &CopyKey) {
+    pub(crate) fn no_longer_owed(&mut self, key: &CopyKey) {
         if let Some(entry) = self.entries.get_mut(key) {
             entry.restoring = None;
         }
@@ -454,7 +452,7 @@ impl Backoffs {
     }
 
     /// The write failed; returns when it may be tried again.
-    pub fn failed(
+    pub(crate) fn failed(
         &mut self,
         key: &CopyKey,
         rule: &RuleKey,
@@ -514,7 +512,7 @@ impl Backoffs {
 
     /// Copies of `rule` whose last write failed, with the failure and when
     /// they may be tried again.
-    pub fn failures(&self, rule: &RuleKey) -> Vec<(CopyKey, Failure, Instant)> {
+    pub(crate) fn failures(&self, rule: &RuleKey) -> Vec<(CopyKey, Failure, Instant)> {
         let probe_at = self.next_probe(rule);
         self.entries
             .iter()
@@ -532,7 +530,7 @@ impl Backoffs {
     }
 
     /// Contested copies of `rule`, sorted.
-    pub fn contested(&self, rule: &RuleKey) -> Vec<Contest> {
+    pub(crate) fn contested(&self, rule: &RuleKey) -> Vec<Contest> {
         let mut out: Vec<Contest> = self
             .entries
             .iter()
@@ -549,7 +547,7 @@ impl Backoffs {
     }
 
     /// Contests of `rule` not announced yet; they count as announced now.
-    pub fn take_unannounced(&mut self, rule: &RuleKey) -> Vec<Contest> {
+    pub(crate) fn take_unannounced(&mut self, rule: &RuleKey) -> Vec<Contest> {
         let mut out = Vec::new();
         for ((kind, namespace, name), entry) in &mut self.entries {
             if entry.rule == *rule && entry.is_contested() && !entry.announced {
@@ -567,18 +565,18 @@ impl Backoffs {
     }
 
     /// Every contested copy of every rule.
-    pub fn contested_total(&self) -> usize {
+    pub(crate) fn contested_total(&self) -> usize {
         self.entries.values().filter(|e| e.is_contested()).count()
     }
 
     /// The rule changed or went away: everything it waited for may go now.
-    pub fn forget_rule(&mut self, rule: &RuleKey) {
+    pub(crate) fn forget_rule(&mut self, rule: &RuleKey) {
         self.entries.retain(|_, e| e.rule != *rule);
         self.gates.remove(rule);
     }
 
     /// A namespace changed: failed writes into it may go now.
-    pub fn forget_namespace(&mut self, namespace: &str) {
+    pub(crate) fn forget_namespace(&mut self, namespace: &str) {
         self.entries.retain(|(_, ns, _), e| {
             if ns == namespace {
                 e.failures = 0;
@@ -591,7 +589,7 @@ impl Backoffs {
     /// Drop what no longer holds anything back: contests that went quiet,
     /// failures whose retry time passed long ago (the copy is no longer
     /// wanted, or was written by another path).
-    pub fn sweep(&mut self, now: Instant) {
+    pub(crate) fn sweep(&mut self, now: Instant) {
         let policy = self.policy;
         self.entries.retain(|_, e| {
             let failing = e.failures > 0 && now < e.retry_at + policy.max * 2;
@@ -610,13 +608,13 @@ impl Backoffs {
 /// watch is back within seconds of the API server, and reset by the first
 /// event that arrives (kube's `StreamBackoff` resets on every success).
 /// A 410 Gone relists at the next attempt.
-pub struct WatchBackoff {
+pub(crate) struct WatchBackoff {
     next: Duration,
 }
 
 impl WatchBackoff {
-    pub const FIRST: Duration = Duration::from_millis(250);
-    pub const MAX: Duration = Duration::from_secs(3);
+    pub(crate) const FIRST: Duration = Duration::from_millis(250);
+    pub(crate) const MAX: Duration = Duration::from_secs(3);
 }
 
 impl Default for WatchBackoff {
@@ -647,7 +645,7 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
 /// is shared by all watches, so a throttled client cools down as a whole
 /// instead of reconnecting watch by watch.
 #[derive(Default)]
-pub struct ReadPause {
+pub(crate) struct ReadPause {
     state: std::sync::Mutex<ReadPauseState>,
     /// Told of a failed watch request that got no answer from the API
     /// server (or a 401): whoever checks its health may look at once.
@@ -664,17 +662,17 @@ struct ReadPauseState {
 }
 
 impl ReadPause {
-    pub const MAX: Duration = Duration::from_secs(30);
+    pub(crate) const MAX: Duration = Duration::from_secs(30);
     /// How often a held watch looks again whether it may go: a released
     /// hold is followed within about this (plus the waiter's spread).
-    pub const HELD_RECHECK: Duration = Duration::from_millis(500);
+    pub(crate) const HELD_RECHECK: Duration = Duration::from_millis(500);
 
     fn state(&self) -> std::sync::MutexGuard<'_, ReadPauseState> {
         crate::sync::lock(&self.state)
     }
 
     /// A read was throttled at `now`; returns when reads may go again.
-    pub fn throttled(&self, now: Instant, retry_after: Option<Duration>) -> Instant {
+    pub(crate) fn throttled(&self, now: Instant, retry_after: Option<Duration>) -> Instant {
         let mut state = self.state();
         let asked = retry_after.unwrap_or(Duration::from_secs(1));
         if let Some(until) = state.until.filter(|u| *u > now) {
@@ -698,7 +696,7 @@ impl ReadPause {
 
     /// A read went through: the next throttled one starts from its own
     /// `Retry-After` again.
-    pub fn succeeded(&self) {
+    pub(crate) fn succeeded(&self) {
         let mut state = self.state();
         if state.in_a_row > 0 {
             state.in_a_row = 0;
@@ -706,23 +704,23 @@ impl ReadPause {
     }
 
     /// A read failed without an answer (see `failed`).
-    pub fn read_failed(&self) {
+    pub(crate) fn read_failed(&self) {
         self.failed.notify_one();
     }
 
     /// Returns at the next failed read (or at once, for one that failed
     /// since the last call).
-    pub async fn next_failure(&self) {
+    pub(crate) async fn next_failure(&self) {
         self.failed.notified().await;
     }
 
     /// Hold every read (`true`) until released (`false`).
-    pub fn set_held(&self, held: bool) {
+    pub(crate) fn set_held(&self, held: bool) {
         self.state().held = held;
     }
 
     /// Until when reads wait, if they do at `now`.
-    pub fn until(&self, now: Instant) -> Option<Instant> {
+    pub(crate) fn until(&self, now: Instant) -> Option<Instant> {
         let state = self.state();
         let throttled = state.until.filter(|u| *u > now);
         if state.held {

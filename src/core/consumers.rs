@@ -127,7 +127,7 @@ fn container_uses(container: &Container, kind: Kind, name: &str) -> Vec<Use> {
 /// What `spec` uses of the ConfigMap or Secret `name` (volumes, projected
 /// volumes, and `envFrom` and `env[].valueFrom` of containers and init
 /// containers); `None` when nothing, and for every other kind.
-pub fn use_of(spec: &PodSpec, kind: Kind, name: &str) -> Option<Use> {
+pub(crate) fn use_of(spec: &PodSpec, kind: Kind, name: &str) -> Option<Use> {
     let volumes = spec
         .volumes
         .iter()
@@ -142,7 +142,7 @@ pub fn use_of(spec: &PodSpec, kind: Kind, name: &str) -> Option<Use> {
 }
 
 /// The pod-template annotation for the copy `kind`/`name`.
-pub fn restart_key(kind: Kind, name: &str) -> String {
+pub(crate) fn restart_key(kind: Kind, name: &str) -> String {
     let hash = digest(&SHA256, format!("{kind}/{name}").as_bytes());
     format!(
         "{ANNOTATION_RESTART_PREFIX}{}",
@@ -210,10 +210,10 @@ fn used_text(kind: Kind, payload: &BTreeMap<String, Value>, used: &Use) -> Strin
 /// A digest of each data key's value: what a copy held, remembered
 /// between passes so that a workload that never carried the annotation
 /// rolls only when what it uses changed.
-pub type KeyDigests = BTreeMap<String, u64>;
+pub(crate) type KeyDigests = BTreeMap<String, u64>;
 
 /// The [`KeyDigests`] of a payload.
-pub fn key_digests(kind: Kind, payload: &BTreeMap<String, Value>) -> KeyDigests {
+pub(crate) fn key_digests(kind: Kind, payload: &BTreeMap<String, Value>) -> KeyDigests {
     let mut digests = KeyDigests::new();
     for field in kind.info().data_fields {
         for (key, value) in payload
@@ -235,7 +235,7 @@ pub fn key_digests(kind: Kind, payload: &BTreeMap<String, Value>) -> KeyDigests 
 }
 
 /// Whether what `used` takes differs between two contents.
-pub fn used_changed(before: &KeyDigests, after: &KeyDigests, used: &Use) -> bool {
+pub(crate) fn used_changed(before: &KeyDigests, after: &KeyDigests, used: &Use) -> bool {
     match used {
         Use::Whole => before != after,
         Use::Keys(keys) => keys.iter().any(|k| before.get(k) != after.get(k)),
@@ -243,7 +243,7 @@ pub fn used_changed(before: &KeyDigests, after: &KeyDigests, used: &Use) -> bool
 }
 
 /// Whether a workload's own annotations keep it from being rolled.
-pub fn opted_out(annotations: Option<&BTreeMap<String, String>>) -> bool {
+pub(crate) fn opted_out(annotations: Option<&BTreeMap<String, String>>) -> bool {
     annotations
         .and_then(|a| a.get(ANNOTATION_RESTART))
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
@@ -251,11 +251,11 @@ pub fn opted_out(annotations: Option<&BTreeMap<String, String>>) -> bool {
 
 /// A copy to look at for its consumers: what it holds, why, and what it
 /// held before (its data keys' digests), where known.
-pub type Entry = (Arc<Desired>, Trigger, Option<Arc<KeyDigests>>);
+pub(crate) type Entry = (Arc<Desired>, Trigger, Option<Arc<KeyDigests>>);
 
 /// Why a workload is looked at for a copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Trigger {
+pub(crate) enum Trigger {
     /// A write changed the copy's data: a consumer whose annotation is
     /// missing or different rolls.
     Changed,
@@ -266,30 +266,30 @@ pub enum Trigger {
 }
 
 /// A ConfigMap or Secret copy as it stands, for its consumers.
-pub struct CopyContent<'a> {
-    pub kind: Kind,
-    pub name: &'a str,
-    pub payload: &'a BTreeMap<String, Value>,
-    pub trigger: Trigger,
+pub(crate) struct CopyContent<'a> {
+    pub(crate) kind: Kind,
+    pub(crate) name: &'a str,
+    pub(crate) payload: &'a BTreeMap<String, Value>,
+    pub(crate) trigger: Trigger,
     /// What the copy held before a [`Trigger::Changed`] write, where known:
     /// a workload without the annotation rolls only if what it uses differs
     /// (unknown: it rolls).
-    pub before: Option<&'a KeyDigests>,
+    pub(crate) before: Option<&'a KeyDigests>,
 }
 
 /// A Deployment, StatefulSet or DaemonSet as far as rolling it goes.
-pub struct Workload<'a> {
+pub(crate) struct Workload<'a> {
     /// The workload's own annotations (where the opt-out is).
-    pub annotations: Option<&'a BTreeMap<String, String>>,
+    pub(crate) annotations: Option<&'a BTreeMap<String, String>>,
     /// Its pod template's annotations.
-    pub template_annotations: Option<&'a BTreeMap<String, String>>,
-    pub spec: &'a PodSpec,
+    pub(crate) template_annotations: Option<&'a BTreeMap<String, String>>,
+    pub(crate) spec: &'a PodSpec,
 }
 
 /// The annotations to set on `workload`'s pod template for `copies`
 /// (empty when none is due): for each copy it uses, the hash of what it
 /// uses, where that differs from what it carries.
-pub fn restarts_due(
+pub(crate) fn restarts_due(
     workload: &Workload<'_>,
     copies: &[CopyContent<'_>],
 ) -> BTreeMap<String, String> {

@@ -18,7 +18,7 @@ use crate::core::tally::Tally;
 
 /// A change the foreign watch saw at a place.
 #[derive(Clone, Copy, Debug)]
-pub enum ForeignChange<'a> {
+pub(crate) enum ForeignChange<'a> {
     /// An object without the rule-UID label was created or changed there
     /// (its metadata).
     Applied(&'a Object),
@@ -29,7 +29,7 @@ pub enum ForeignChange<'a> {
 
 /// A rule's known conflicts in one cluster.
 #[derive(Clone, Debug, Default)]
-pub struct KnownConflicts {
+pub(crate) struct KnownConflicts {
     /// The rule (`namespace/name`) and the kind it copied at its last
     /// pass: the foreign watch of that kind speaks of its places.
     rule: String,
@@ -46,14 +46,14 @@ pub struct KnownConflicts {
 
 impl KnownConflicts {
     /// The places believed held, with why (what a plan reads).
-    pub fn held(&self) -> &HashMap<ObjectKey, String> {
+    pub(crate) fn held(&self) -> &HashMap<ObjectKey, String> {
         &self.held
     }
 
     /// A pass of the rule `rule` (`namespace/name`), copying `kind`,
     /// begins: moves from now on are this pass's. Beliefs about another
     /// kind's objects (the rule changed its kind) are dropped.
-    pub fn pass_begins(&mut self, rule: &str, kind: Kind) {
+    pub(crate) fn pass_begins(&mut self, rule: &str, kind: Kind) {
         if self.kind != Some(kind) {
             self.held.clear();
             self.kind = Some(kind);
@@ -66,7 +66,7 @@ impl KnownConflicts {
     }
 
     /// Whether the foreign watch of `kind` speaks of this rule's places.
-    pub fn follows(&self, kind: Kind) -> bool {
+    pub(crate) fn follows(&self, kind: Kind) -> bool {
         self.kind == Some(kind)
     }
 
@@ -74,7 +74,7 @@ impl KnownConflicts {
     /// alone for `reason`. Believed (true) unless an object moved there
     /// since the pass began, or the foreign watch started again meanwhile:
     /// then the write stays owed, and the caller looks at the place again.
-    pub fn met(&mut self, place: ObjectKey, reason: String) -> bool {
+    pub(crate) fn met(&mut self, place: ObjectKey, reason: String) -> bool {
         if self.restarted || self.moved.contains(&place) {
             return false;
         }
@@ -84,19 +84,19 @@ impl KnownConflicts {
 
     /// Keep only the places `keep` accepts (a place the rule's own copy
     /// holds now is no conflict).
-    pub fn retain(&mut self, mut keep: impl FnMut(&ObjectKey) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&ObjectKey) -> bool) {
         self.held.retain(|place, _| keep(place));
     }
 
     /// Forget every belief (the periodic resync checks them by writing).
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.held.clear();
     }
 
     /// The foreign watch of the rule's kind started again, so changes may
     /// have been missed: every place believed held is forgotten, to be
     /// looked at again (returned).
-    pub fn forget_all(&mut self) -> Vec<ObjectKey> {
+    pub(crate) fn forget_all(&mut self) -> Vec<ObjectKey> {
         self.restarted = true;
         self.held.drain().map(|(place, _)| place).collect()
     }
@@ -105,7 +105,7 @@ impl KnownConflicts {
     /// rule's passes left `tally`. Brings the belief there up to date;
     /// true when the rule must look at the place again (its status or its
     /// writes change).
-    pub fn foreign_changed(
+    pub(crate) fn foreign_changed(
         &mut self,
         tally: &Tally,
         place: &ObjectKey,

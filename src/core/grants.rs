@@ -20,7 +20,7 @@ const PRINCIPLE: &str =
 /// `source_namespace`, may not be written into `target_namespace`, judged
 /// by the cluster's `roles`; `None` where it grants there what the source
 /// grants in its own namespace (always, but for a RoleBinding to a Role).
-pub fn refusal(
+pub(crate) fn refusal(
     kind: Kind,
     payload: &BTreeMap<String, Value>,
     source_namespace: &str,
@@ -74,13 +74,13 @@ fn role_refusal(
 }
 
 #[cfg(test)]
-pub mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::kinds::Discovered;
     use crate::cache::roles::tests::role;
     use serde_json::json;
 
-    pub fn role_binding_kind() -> Kind {
+    pub(crate) fn role_binding_kind() -> Kind {
         Kind::register(&Discovered {
             group: RBAC_GROUP.into(),
             version: "v1".into(),
@@ -90,7 +90,7 @@ pub mod tests {
         .expect("RoleBinding registered")
     }
 
-    pub fn binding_to(role_kind: &str, name: &str) -> BTreeMap<String, Value> {
+    pub(crate) fn binding_to(role_kind: &str, name: &str) -> BTreeMap<String, Value> {
         BTreeMap::from([
             (
                 "roleRef".to_owned(),

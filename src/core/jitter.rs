@@ -6,7 +6,7 @@ use std::hash::{BuildHasher, Hash};
 
 /// A fraction in [0, 1), different on each call (a fresh random hasher
 /// keyed by `seed`); no random-number crate is needed for a spread.
-pub fn fraction(seed: &impl Hash) -> f64 {
+pub(crate) fn fraction(seed: &impl Hash) -> f64 {
     (RandomState::new().hash_one(seed) % 10_000) as f64 / 10_000.0
 }
 

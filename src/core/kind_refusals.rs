@@ -17,12 +17,16 @@ type Refusal = (Instant, InvalidRule, Option<Duration>);
 
 /// Refusals by `group/version/kind`, until they stand no more.
 #[derive(Default)]
-pub struct KindRefusals(BTreeMap<String, Refusal>);
+pub(crate) struct KindRefusals(BTreeMap<String, Refusal>);
 
 impl KindRefusals {
     /// The refusal standing for `key` at `now`, with the time left of its
     /// retry interval (`None`: it names no retry).
-    pub fn standing(&self, key: &str, now: Instant) -> Option<(InvalidRule, Option<Duration>)> {
+    pub(crate) fn standing(
+        &self,
+        key: &str,
+        now: Instant,
+    ) -> Option<(InvalidRule, Option<Duration>)> {
         let (until, invalid, again) = self.0.get(key)?;
         (now < *until).then(|| {
             (
@@ -32,7 +36,7 @@ impl KindRefusals {
         })
     }
 
-    pub fn remember(
+    pub(crate) fn remember(
         &mut self,
         key: String,
         invalid: &InvalidRule,

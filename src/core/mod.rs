@@ -3,22 +3,22 @@
 //! the status, what a change concerns, and the tally of what is unsettled.
 //! No client, no task, no clock but what is passed in.
 
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod consumers;
-pub mod foreign;
-pub mod grants;
-pub mod jitter;
-pub mod kind_refusals;
+pub(crate) mod foreign;
+pub(crate) mod grants;
+pub(crate) mod jitter;
+pub(crate) mod kind_refusals;
 #[cfg(test)]
 mod partial_passes;
-pub mod pass_log;
-pub mod plan;
-pub mod preview;
-pub mod report;
-pub mod resolve;
-pub mod rollout;
-pub mod scope;
-pub mod status;
-pub mod tally;
-pub mod tracking;
-pub mod whereabouts;
+pub(crate) mod pass_log;
+pub(crate) mod plan;
+pub(crate) mod preview;
+pub(crate) mod report;
+pub(crate) mod resolve;
+pub(crate) mod rollout;
+pub(crate) mod scope;
+pub(crate) mod status;
+pub(crate) mod tally;
+pub(crate) mod tracking;
+pub(crate) mod whereabouts;

@@ -9,20 +9,20 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// An unchanged failure is logged again after this long.
-pub const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
+pub(crate) const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// Writes a pass made (or passes made since the last line).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Written {
-    pub created: u32,
-    pub updated: u32,
-    pub deleted: u32,
+pub(crate) struct Written {
+    pub(crate) created: u32,
+    pub(crate) updated: u32,
+    pub(crate) deleted: u32,
     /// Handed over to their namespaces (`deletionPolicy` Orphan).
-    pub orphaned: u32,
+    pub(crate) orphaned: u32,
 }
 
 impl Written {
-    pub fn any(self) -> bool {
+    pub(crate) fn any(self) -> bool {
         self.created + self.updated + self.deleted + self.orphaned > 0
     }
 
@@ -36,7 +36,7 @@ impl Written {
 
 /// What a failing rule's last line said, and what it has not said since.
 #[derive(Clone, Debug)]
-pub struct FailureLog {
+pub(crate) struct FailureLog {
     /// The reason (a failure class) it is failing for.
     reason: &'static str,
     logged_at: Instant,
@@ -45,7 +45,7 @@ pub struct FailureLog {
 
 /// The line a pass logs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Line {
+pub(crate) enum Line {
     /// At info: a pass that wrote and fails nothing.
     Pass(Written),
     /// At info: the rule starts failing, or fails for another reason.
@@ -61,7 +61,7 @@ pub enum Line {
 /// The line for a pass that wrote `written` and leaves copies failing for
 /// `reason` (`None`: nothing fails), given what the rule's last lines said
 /// (`state`, updated).
-pub fn line(
+pub(crate) fn line(
     state: &mut Option<FailureLog>,
     reason: Option<&'static str>,
     written: Written,

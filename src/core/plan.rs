@@ -20,24 +20,22 @@ use crate::{
     LABEL_MANAGED_BY, LABEL_ON_RULE_DELETED, LABEL_RULE_UID, LABEL_SYNC_POLICY, ORPHAN,
 };
 
-pub use crate::core::tracking::TRACKING_KEYS;
-
 /// A copy as it should be, in any target namespace: a copy's content does
 /// not depend on where it lands, so one `Desired` serves every target.
 #[derive(Clone, PartialEq)]
-pub struct Desired {
-    pub kind: Kind,
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub annotations: BTreeMap<String, String>,
-    pub payload: BTreeMap<String, Value>,
+pub(crate) struct Desired {
+    pub(crate) kind: Kind,
+    pub(crate) name: String,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) annotations: BTreeMap<String, String>,
+    pub(crate) payload: BTreeMap<String, Value>,
     /// `namespace/name` of the source.
-    pub source: String,
-    pub content_hash: u64,
-    pub payload_hash: u64,
+    pub(crate) source: String,
+    pub(crate) content_hash: u64,
+    pub(crate) payload_hash: u64,
     /// [`meta_entry_hash`] of every label and annotation, sorted (shared
     /// with the copies that hold exactly these).
-    pub meta_entries: Arc<[u64]>,
+    pub(crate) meta_entries: Arc<[u64]>,
 }
 
 impl std::fmt::Debug for Desired {
@@ -53,14 +51,14 @@ impl Desired {
     /// longer wanted (a label removed from the source) does. The API
     /// server's answer to Copyrator's own write of this copy is right too,
     /// even where an admission webhook added a key to it.
-    pub fn is_satisfied_by(&self, current: &Object) -> bool {
+    pub(crate) fn is_satisfied_by(&self, current: &Object) -> bool {
         (current.settled && current.written_for == Some(self.content_hash))
             || self.matches(current, true)
     }
 
     /// The payload and every wanted label and annotation are right; when
     /// `strict`, no label or annotation of Copyrator's is left over either.
-    pub fn matches(&self, current: &Object, strict: bool) -> bool {
+    pub(crate) fn matches(&self, current: &Object, strict: bool) -> bool {
         if current.payload_hash != self.payload_hash {
             return false;
         }
@@ -96,7 +94,7 @@ impl Desired {
 
     /// This copy with `payload` instead of its own (the content a stage
     /// not reached yet keeps, see `core::rollout`).
-    pub fn with_payload(&self, payload: BTreeMap<String, Value>) -> Desired {
+    pub(crate) fn with_payload(&self, payload: BTreeMap<String, Value>) -> Desired {
         let payload_hash = crate::cache::index::payload_hash(&payload);
         Desired {
             content_hash: crate::cache::index::content_hash(
@@ -112,14 +110,14 @@ impl Desired {
 
     /// Whether `current` holds what Copyrator last wrote for this very copy
     /// and someone changed it since: writing again is a restore.
-    pub fn is_changed_back(&self, current: &Object) -> bool {
+    pub(crate) fn is_changed_back(&self, current: &Object) -> bool {
         current.written_for == Some(self.content_hash) && !self.is_satisfied_by(current)
     }
 
     /// Whether `current` cannot be updated into this copy and must be replaced:
     /// it is immutable and its payload differs, or a field the API server
     /// never lets change (a Secret's `type`) differs.
-    pub fn needs_recreate(&self, current: &Object) -> bool {
+    pub(crate) fn needs_recreate(&self, current: &Object) -> bool {
         (current.is_immutable() && current.payload_hash != self.payload_hash)
             || self
                 .kind
@@ -132,7 +130,7 @@ impl Desired {
 
 /// Why a copy no longer belongs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeleteReason {
+pub(crate) enum DeleteReason {
     /// Its source is gone or no longer matches.
     SourceGone,
     /// Its namespace (or cluster) is no longer a target.
@@ -144,12 +142,12 @@ pub enum DeleteReason {
 impl DeleteReason {
     /// Whether the rule's pass found the copy no longer belongs (its
     /// `prune`), rather than the rule going.
-    pub fn is_prune(self) -> bool {
+    pub(crate) fn is_prune(self) -> bool {
         self != DeleteReason::RuleDeleted
     }
 
     /// What `deletion` says becomes of a copy for this reason.
-    pub fn disposal(self, deletion: &Deletion) -> Disposal {
+    pub(crate) fn disposal(self, deletion: &Deletion) -> Disposal {
         match self {
             DeleteReason::SourceGone => deletion.source_gone,
             DeleteReason::TargetLeft => deletion.target_left,
@@ -160,7 +158,7 @@ impl DeleteReason {
 
 /// One write.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Action {
+pub(crate) enum Action {
     Create {
         desired: Arc<Desired>,
         namespace: String,
@@ -186,7 +184,7 @@ pub enum Action {
 }
 
 impl Action {
-    pub fn verb(&self) -> &'static str {
+    pub(crate) fn verb(&self) -> &'static str {
         match self {
             Action::Create { .. } => "create",
             Action::Update { .. } => "update",
@@ -198,7 +196,7 @@ impl Action {
 
     /// What becomes of `current`, which no longer belongs for `reason`,
     /// under `disposal`.
-    pub fn dispose(current: Arc<Object>, reason: DeleteReason, disposal: Disposal) -> Self {
+    pub(crate) fn dispose(current: Arc<Object>, reason: DeleteReason, disposal: Disposal) -> Self {
         match disposal {
             Disposal::Delete => Action::Delete { current, reason },
             Disposal::Orphan => Action::HandOver { current, reason },
@@ -206,7 +204,7 @@ impl Action {
     }
 
     /// `(namespace, name)` written.
-    pub fn target(&self) -> (&str, &str) {
+    pub(crate) fn target(&self) -> (&str, &str) {
         match self {
             Action::Create { desired, namespace } => (namespace, &desired.name),
             Action::Update { current, .. }
@@ -217,7 +215,7 @@ impl Action {
     }
 
     /// `namespace/name` of the source, where there is one.
-    pub fn source(&self) -> &str {
+    pub(crate) fn source(&self) -> &str {
         match self {
             Action::Create { desired, .. }
             | Action::Update { desired, .. }
@@ -231,57 +229,57 @@ impl Action {
 
 /// What a rule needs, and what is missing.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Plan {
-    pub actions: Vec<Action>,
-    pub conflicts: Vec<ConflictEntry>,
-    pub sources: u32,
-    pub target_namespaces: u32,
+pub(crate) struct Plan {
+    pub(crate) actions: Vec<Action>,
+    pub(crate) conflicts: Vec<ConflictEntry>,
+    pub(crate) sources: u32,
+    pub(crate) target_namespaces: u32,
     /// Places that should hold a copy, everywhere the rule reaches
     /// (conflicts included), whatever the scope.
-    pub places: u32,
+    pub(crate) places: u32,
     /// Places and copies the plan looked at (its cost, whatever it found).
-    pub examined: u32,
+    pub(crate) examined: u32,
     /// Within the scope: copies that should exist (conflicts left out).
-    pub desired: u32,
+    pub(crate) desired: u32,
     /// Of those, how many are already right.
-    pub in_place: u32,
+    pub(crate) in_place: u32,
     /// Sources shadowed by another of the same name, at every place they
     /// would reach (whatever the scope).
-    pub shadowed: Vec<ConflictEntry>,
+    pub(crate) shadowed: Vec<ConflictEntry>,
     /// Namespaces the targets would reach but for their protection.
-    pub protected_namespaces: u32,
+    pub(crate) protected_namespaces: u32,
     /// Namespaces a tenant rule's targets would reach but that do not accept it.
-    pub not_accepting_namespaces: u32,
+    pub(crate) not_accepting_namespaces: u32,
     /// Sources refused for their type: `(namespace/name, why)`.
-    pub refused_sources: Vec<(String, String)>,
+    pub(crate) refused_sources: Vec<(String, String)>,
     /// Stripping the sources' keys took more than
     /// [`STRIP_STEPS_PER_PASS`]: the plan stopped there and holds no
     /// action (a rule too costly to follow writes and deletes nothing).
-    pub too_costly: bool,
+    pub(crate) too_costly: bool,
 }
 
 /// Everything a plan is computed from.
-pub struct Inputs<'a> {
-    pub rule: &'a ResolvedRule,
-    pub namespaces: &'a BTreeMap<String, NamespaceInfo>,
+pub(crate) struct Inputs<'a> {
+    pub(crate) rule: &'a ResolvedRule,
+    pub(crate) namespaces: &'a BTreeMap<String, NamespaceInfo>,
     /// Candidate sources: what the rule's source watches hold. They are checked again here.
-    pub sources: &'a [Arc<Object>],
-    pub copies: &'a CopyIndex,
+    pub(crate) sources: &'a [Arc<Object>],
+    pub(crate) copies: &'a CopyIndex,
     /// UIDs of the rules this operator can see (a copy of an unknown rule with
     /// this rule's name is an earlier incarnation of it and is adopted).
-    pub live_rule_uids: &'a dyn Fn(&str) -> bool,
+    pub(crate) live_rule_uids: &'a dyn Fn(&str) -> bool,
     /// Targets already known to hold a foreign object of the same name.
-    pub known_conflicts: &'a HashMap<ObjectKey, String>,
+    pub(crate) known_conflicts: &'a HashMap<ObjectKey, String>,
     /// The copies to look at: what changed since the last pass.
-    pub scope: &'a Scope,
+    pub(crate) scope: &'a Scope,
     /// The cluster's Roles (watched while RoleBindings are copied): a
     /// RoleBinding copy is written only where the Role it binds grants what
     /// the source's Role grants (see [`grants::refusal`]).
-    pub roles: &'a RoleIndex,
+    pub(crate) roles: &'a RoleIndex,
 }
 
 /// Whether an object can be a source of `rule`, and if not, why.
-pub fn source_rejection(rule: &ResolvedRule, object: &Object) -> Option<&'static str> {
+pub(crate) fn source_rejection(rule: &ResolvedRule, object: &Object) -> Option<&'static str> {
     if object.labels.contains_key(LABEL_RULE_UID) {
         return Some("it is a copy made by Copyrator");
     }
@@ -310,20 +308,23 @@ const NOT_COPIED_TYPE: &str = "its type is not copied";
 
 /// Whether `source` comes to a tenant rule from another namespace: it is
 /// copied only with its consent, and only into the rule's own namespace.
-pub fn is_pulled(rule: &ResolvedRule, source: &Object) -> bool {
+pub(crate) fn is_pulled(rule: &ResolvedRule, source: &Object) -> bool {
     rule.tenant && *source.namespace != rule.key.namespace
 }
 
 /// Whether `source` consents to copies into `namespace`: its
 /// `copyrator.flant.com/allow-to` annotation lists the namespace or a glob
 /// that matches it.
-pub fn allows_to(source: &Object, namespace: &str) -> bool {
+pub(crate) fn allows_to(source: &Object, namespace: &str) -> bool {
     annotations_allow_to(&source.annotations, namespace)
 }
 
 /// Whether an object's `annotations` consent to copies into `namespace`
 /// (see [`allows_to`]).
-pub fn annotations_allow_to(annotations: &BTreeMap<String, String>, namespace: &str) -> bool {
+pub(crate) fn annotations_allow_to(
+    annotations: &BTreeMap<String, String>,
+    namespace: &str,
+) -> bool {
     crate::api::selector::glob_list(annotations.get(ANNOTATION_ALLOW_TO).map(String::as_str))
         .iter()
         .any(|glob| glob.matches(namespace))
@@ -333,7 +334,7 @@ pub fn annotations_allow_to(annotations: &BTreeMap<String, String>, namespace: &
 /// annotations (some 30 ms; an ordinary rule takes a step or two per key and pattern): a rule's patterns and its
 /// sources' keys are a tenant's to choose, and a glob against a key costs
 /// up to the product of their lengths.
-pub const STRIP_STEPS_PER_PASS: u64 = 30_000_000;
+pub(crate) const STRIP_STEPS_PER_PASS: u64 = 30_000_000;
 
 /// `map` without the keys that never travel; `None` when matching them
 /// took more than `steps` (what is left of the pass's).
@@ -392,14 +393,14 @@ fn selected_payload(
 }
 
 /// The copy of `source` that `rule` puts into every target.
-pub fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
+pub(crate) fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
     let mut unlimited = u64::MAX;
     desired_copy_within(rule, source, &mut unlimited)
         .expect("u64::MAX glob steps are never used up")
 }
 
 /// [`desired_copy`], stripping keys within `steps`; `None` when they ran out.
-pub fn desired_copy_within(
+pub(crate) fn desired_copy_within(
     rule: &ResolvedRule,
     source: &Object,
     steps: &mut u64,
@@ -470,16 +471,16 @@ pub fn desired_copy_within(
 
 /// What keeps a namespace that a rule's targets match from receiving copies.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct LeftOut {
+pub(crate) struct LeftOut {
     /// Protected: only an exact name reaches it.
-    pub protected: u32,
+    pub(crate) protected: u32,
     /// A tenant rule's target that does not accept the rule's namespace.
-    pub not_accepted: u32,
+    pub(crate) not_accepted: u32,
 }
 
 /// Why a namespace that a rule's targets match receives nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Exclusion {
+pub(crate) enum Exclusion {
     /// Protected: only an exact name in `targets.include` reaches it.
     Protected,
     /// A tenant rule's target whose consent annotation does not name the rule's namespace.
@@ -512,7 +513,7 @@ fn targets_at_home(rule: &ResolvedRule, name: &str, labels: &BTreeMap<String, St
 
 /// The namespaces a rule targets (terminating ones included), and how many
 /// more it would target but for their protection or their consent.
-pub fn target_namespaces<'a>(
+pub(crate) fn target_namespaces<'a>(
     rule: &ResolvedRule,
     namespaces: &'a BTreeMap<String, NamespaceInfo>,
 ) -> (Vec<(&'a String, &'a NamespaceInfo)>, LeftOut) {
@@ -539,7 +540,7 @@ pub fn target_namespaces<'a>(
 
 /// The namespaces [`target_namespaces`] counts as left out, by name and
 /// why, in name order (for `copyrator plan`; a pass needs only the counts).
-pub fn left_out_namespaces<'a>(
+pub(crate) fn left_out_namespaces<'a>(
     rule: &ResolvedRule,
     namespaces: &'a BTreeMap<String, NamespaceInfo>,
 ) -> Vec<(&'a str, Exclusion)> {
@@ -558,7 +559,7 @@ pub fn left_out_namespaces<'a>(
 /// after (its labels or consent changed). Other rules need no pass.
 /// Under `targets.clusters.local: false` a namespace the targets match
 /// still concerns the rule: a pass there prunes what the rule left in it.
-pub fn concerns_namespace(
+pub(crate) fn concerns_namespace(
     rule: &ResolvedRule,
     name: &str,
     before: Option<&NamespaceInfo>,
@@ -572,7 +573,7 @@ pub fn concerns_namespace(
 }
 
 /// Compute what `inputs.rule` needs.
-pub fn plan(inputs: &Inputs<'_>) -> Plan {
+pub(crate) fn plan(inputs: &Inputs<'_>) -> Plan {
     let mut out = Plan::default();
     let sources = SourcesByName::gather(inputs.rule, inputs.sources, &mut out);
     let (targets, left_out) = target_namespaces(inputs.rule, inputs.namespaces);
@@ -1054,7 +1055,7 @@ fn copies_in_scope<'a>(
 
 /// Why a copy handed over to its namespace (`syncPolicy: CreateOnly`) by
 /// the rule `rule_ref` is not written.
-pub fn handed_over_reason(rule_ref: Option<&str>) -> String {
+pub(crate) fn handed_over_reason(rule_ref: Option<&str>) -> String {
     let rule = rule_ref.unwrap_or("(unknown)");
     format!(
         "a copy that rule {rule} handed over (syncPolicy CreateOnly, or deletionPolicy Orphan) is there and belongs to its namespace; delete it, or remove its label {LABEL_SYNC_POLICY}, to let this rule write it"
@@ -1078,7 +1079,7 @@ fn is_ours(rule: &ResolvedRule, current: &Object, live_rule_uids: &dyn Fn(&str) 
 /// What a create meets where the name is already taken by an object the
 /// copy cache does not hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Occupied {
+pub(crate) enum Occupied {
     /// A copy of this very rule (the cache is behind): nothing to write.
     Ours,
     /// Left alone, for this reason.
@@ -1094,7 +1095,7 @@ pub enum Occupied {
 /// over `existing`, the object that holds the name: a copy of another rule
 /// is never taken, a foreign object only under `Overwrite`, a copy of an
 /// earlier rule of the same name always.
-pub fn occupied(
+pub(crate) fn occupied(
     desired: &Desired,
     existing: &Object,
     policy: ConflictPolicy,
@@ -1168,7 +1169,7 @@ pub(crate) fn foreign_reason(kind: Kind, existing: &Object) -> String {
 /// no rule of that name adopts them. Copies in namespaces the cache has
 /// not seen, or that are terminating, are left alone, and so are copies
 /// handed over to their namespaces (`syncPolicy: CreateOnly`).
-pub fn orphans(
+pub(crate) fn orphans(
     copies: &CopyIndex,
     namespaces: &BTreeMap<String, NamespaceInfo>,
     live_rule_uid: &dyn Fn(&str) -> bool,
@@ -1206,7 +1207,7 @@ pub fn orphans(
 /// copies their kind): each is deleted or handed over under `disposal`,
 /// except in terminating namespaces (their deletion takes the copies along)
 /// and those already handed over to their namespaces.
-pub fn cleanup(
+pub(crate) fn cleanup(
     rule_uid: &str,
     why: DeleteReason,
     disposal: Disposal,
@@ -1226,12 +1227,13 @@ pub fn cleanup(
 }
 
 #[cfg(test)]
-pub mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::rule::CopyratorRule;
     use crate::core::resolve::Trust;
     use crate::core::scope::Touch;
     use crate::core::tally::{Basis, Tally};
+    use crate::core::tracking::TRACKING_KEYS;
     use serde_json::json;
 
     /// A cluster as a rule's plan sees it: its namespaces, the rule's

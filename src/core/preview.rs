@@ -10,24 +10,24 @@ use crate::core::plan::{Action, Exclusion};
 
 /// One write a pass would make.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct PlannedChange {
+pub(crate) struct PlannedChange {
     /// The cluster written: the home cluster's name (`--cluster-name`) or
     /// a member's name in the inventory.
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// `create`, `update`, `recreate` or `delete`.
-    pub action: &'static str,
-    pub kind: String,
-    pub namespace: String,
-    pub name: String,
+    pub(crate) action: &'static str,
+    pub(crate) kind: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
     /// `namespace/name` of the rule.
-    pub rule: String,
+    pub(crate) rule: String,
     /// `namespace/name` of the copy's source, where known.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub source: Option<String>,
+    pub(crate) source: Option<String>,
 }
 
 impl PlannedChange {
-    pub fn of(cluster: &str, rule: &str, kind: Kind, action: &Action) -> Self {
+    pub(crate) fn of(cluster: &str, rule: &str, kind: Kind, action: &Action) -> Self {
         let (namespace, name) = action.target();
         let source = action.source();
         Self {
@@ -41,7 +41,7 @@ impl PlannedChange {
         }
     }
 
-    pub fn order(&self) -> (&str, &str, &str, &str, &str, &str) {
+    pub(crate) fn order(&self) -> (&str, &str, &str, &str, &str, &str) {
         (
             &self.cluster,
             &self.rule,
@@ -55,23 +55,23 @@ impl PlannedChange {
 
 /// Something a pass would leave out, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Skip {
+pub(crate) struct Skip {
     /// The cluster it concerns, as in [`PlannedChange::cluster`].
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// The kind copied, or `Namespace` for a target namespace left out.
-    pub kind: String,
+    pub(crate) kind: String,
     /// Absent for a namespace.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    pub name: String,
-    pub rule: String,
-    pub reason: String,
+    pub(crate) namespace: Option<String>,
+    pub(crate) name: String,
+    pub(crate) rule: String,
+    pub(crate) reason: String,
 }
 
 impl Skip {
     /// A copy not written: another object holds its name, or another
     /// source of the name wins.
-    pub fn copy(cluster: &str, rule: &str, kind: Kind, conflict: &ConflictEntry) -> Self {
+    pub(crate) fn copy(cluster: &str, rule: &str, kind: Kind, conflict: &ConflictEntry) -> Self {
         Self {
             cluster: cluster.to_owned(),
             kind: kind.to_string(),
@@ -83,7 +83,7 @@ impl Skip {
     }
 
     /// A source not copied for its type; `source` is `namespace/name`.
-    pub fn source(cluster: &str, rule: &str, kind: Kind, source: &str, why: &str) -> Self {
+    pub(crate) fn source(cluster: &str, rule: &str, kind: Kind, source: &str, why: &str) -> Self {
         let (namespace, name) = source.split_once('/').unwrap_or(("", source));
         Self {
             cluster: cluster.to_owned(),
@@ -96,7 +96,12 @@ impl Skip {
     }
 
     /// A namespace the rule's targets match that receives nothing.
-    pub fn namespace(cluster: &str, rule: &RuleKey, namespace: &str, exclusion: Exclusion) -> Self {
+    pub(crate) fn namespace(
+        cluster: &str,
+        rule: &RuleKey,
+        namespace: &str,
+        exclusion: Exclusion,
+    ) -> Self {
         let reason = match exclusion {
             Exclusion::Protected => {
                 "protected: only its exact name in targets.include reaches it".to_owned()
@@ -119,7 +124,7 @@ impl Skip {
 
     /// A member the rule selects that cannot hold its copies: members
     /// receive ConfigMaps and Secrets only.
-    pub fn member(cluster: &str, rule: &str, why: &str) -> Self {
+    pub(crate) fn member(cluster: &str, rule: &str, why: &str) -> Self {
         Self {
             cluster: cluster.to_owned(),
             kind: "Cluster".into(),
@@ -130,7 +135,7 @@ impl Skip {
         }
     }
 
-    pub fn order(&self) -> (&str, &str, &str, &str, &str, &str) {
+    pub(crate) fn order(&self) -> (&str, &str, &str, &str, &str, &str) {
         (
             &self.cluster,
             &self.rule,
@@ -144,7 +149,7 @@ impl Skip {
 
 /// What a pass over one rule would do now.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Preview {
+pub(crate) enum Preview {
     /// Its sources are still being listed: ask again.
     WaitingForSources,
     /// Refused, with the reason and message its status would show; it

@@ -6,25 +6,25 @@ use crate::core::backoff::{Failure, FailureClass};
 
 /// A rule in one cluster after its latest pass there.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ClusterReport {
+pub(crate) struct ClusterReport {
     /// Namespaces there that receive copies.
-    pub target_namespaces: u32,
+    pub(crate) target_namespaces: u32,
     /// Copies there in place and up to date.
-    pub copies: u32,
+    pub(crate) copies: u32,
     /// Copies there handed over under `syncPolicy: CreateOnly`.
-    pub create_only_copies: u32,
+    pub(crate) create_only_copies: u32,
     /// Places there held by something else.
-    pub conflicts: Vec<ConflictEntry>,
+    pub(crate) conflicts: Vec<ConflictEntry>,
     /// Copies there another writer keeps changing back.
-    pub contested: Vec<ContestedEntry>,
+    pub(crate) contested: Vec<ContestedEntry>,
     /// `(reason, message)` when the rule is not synced there.
-    pub problem: Option<(String, String)>,
+    pub(crate) problem: Option<(String, String)>,
 }
 
 /// The problem of a pass whose writes failed (this pass, or before and
 /// still waiting out their backoff): how many, the first in the API
 /// server's words, and when it is tried again.
-pub fn sync_failed<'a>(
+pub(crate) fn sync_failed<'a>(
     mut failing: impl Iterator<Item = &'a (String, Failure)>,
 ) -> Option<(String, String)> {
     let (what, first) = failing.next()?;
@@ -40,7 +40,7 @@ pub fn sync_failed<'a>(
 }
 
 /// When a failed write is tried again, for status and Event messages.
-pub fn retry_note(class: FailureClass) -> &'static str {
+pub(crate) fn retry_note(class: FailureClass) -> &'static str {
     match class {
         FailureClass::Invalid => {
             "not written again until the source or the rule changes (or after an hour)"
@@ -53,7 +53,7 @@ pub fn retry_note(class: FailureClass) -> &'static str {
 /// covers the home cluster and every member listed; each conflict and
 /// contested copy in a member names it. The problem is the home cluster's
 /// (the members' are said in `status.clusters`).
-pub fn fold<'a>(
+pub(crate) fn fold<'a>(
     home: &ClusterReport,
     members: impl IntoIterator<Item = (&'a str, &'a ClusterReport)>,
 ) -> ClusterReport {

@@ -18,23 +18,24 @@ use crate::api::selector::{Glob, KeyGlob, LabelSelector, is_dns_label, validate_
 
 /// Which rules this operator honours, and where they may copy from.
 #[derive(Clone, Debug)]
-pub struct Trust {
+pub(crate) struct Trust {
     /// The operator's own namespace.
-    pub operator_namespace: String,
+    pub(crate) operator_namespace: String,
     /// Honour rules in every namespace (those of other namespaces as tenants).
-    pub all_namespaces: bool,
+    pub(crate) all_namespaces: bool,
     /// What the settings allow every rule.
-    pub policy: Arc<CopyPolicy>,
+    pub(crate) policy: Arc<CopyPolicy>,
     /// Let tenant rules keep copies in member clusters
     /// (`--allow-tenant-clusters`); without it, a tenant rule that names
     /// members is `Forbidden`.
-    pub allow_tenant_clusters: bool,
+    pub(crate) allow_tenant_clusters: bool,
 }
 
 impl Trust {
+    #[cfg(test)]
     /// The defaults: protected namespaces, tracking keys and Secret types
     /// as shipped; tenant rules keep to the home cluster.
-    pub fn new(operator_namespace: &str, all_namespaces: bool) -> Self {
+    pub(crate) fn new(operator_namespace: &str, all_namespaces: bool) -> Self {
         Self {
             operator_namespace: operator_namespace.to_owned(),
             all_namespaces,
@@ -45,10 +46,10 @@ impl Trust {
 }
 
 /// Namespaces that only an exact name in `targets.include` reaches, by default.
-pub const PROTECTED_NAMESPACES: &[&str] = &["kube-system", "kube-public", "kube-node-lease"];
+pub(crate) const PROTECTED_NAMESPACES: &[&str] = &["kube-system", "kube-public", "kube-node-lease"];
 
 /// Secret types copied by default; `--secret-types` adds more.
-pub const SECRET_TYPES: &[&str] = &[
+pub(crate) const SECRET_TYPES: &[&str] = &[
     "Opaque",
     "kubernetes.io/tls",
     "kubernetes.io/dockerconfigjson",
@@ -61,23 +62,23 @@ pub const SECRET_TYPES: &[&str] = &[
 /// exact name reaches, which metadata never travels, which Secret types
 /// are copied.
 #[derive(Clone, Debug, PartialEq)]
-pub struct CopyPolicy {
+pub(crate) struct CopyPolicy {
     /// Reached by no glob, selector or default: only by an exact
     /// `targets.include` entry. Always holds the operator's own namespace.
-    pub protected_namespaces: Vec<Glob>,
+    pub(crate) protected_namespaces: Vec<Glob>,
     /// Labels and annotations never carried to copies, beyond the built-in
     /// tracking keys of other tools.
-    pub strip_keys: Vec<KeyGlob>,
+    pub(crate) strip_keys: Vec<KeyGlob>,
     /// Secret types that are copied.
-    pub secret_types: Vec<String>,
+    pub(crate) secret_types: Vec<String>,
     /// Kinds the operator copies (`--kinds`); a rule of another is refused.
-    pub kinds: EnabledKinds,
+    pub(crate) kinds: EnabledKinds,
     /// Kinds never copied, whatever `--kinds` says (`--denied-kinds`).
-    pub denied_kinds: DeniedKinds,
+    pub(crate) denied_kinds: DeniedKinds,
 }
 
 impl CopyPolicy {
-    pub fn defaults(operator_namespace: &str) -> Self {
+    pub(crate) fn defaults(operator_namespace: &str) -> Self {
         Self::new(
             operator_namespace,
             &PROTECTED_NAMESPACES
@@ -98,7 +99,7 @@ impl CopyPolicy {
 
     /// From the settings: the protected namespaces (globs; the operator's
     /// own is always added), extra keys never carried, extra Secret types.
-    pub fn new(
+    pub(crate) fn new(
         operator_namespace: &str,
         protected: &[String],
         strip_keys: &[String],
@@ -136,7 +137,7 @@ impl CopyPolicy {
         })
     }
 
-    pub fn is_protected(&self, namespace: &str) -> bool {
+    pub(crate) fn is_protected(&self, namespace: &str) -> bool {
         self.protected_namespaces
             .iter()
             .any(|g| g.matches(namespace))
@@ -144,7 +145,7 @@ impl CopyPolicy {
 
     /// Why `source`, an object of `kind`, is not copied, if it is not: its
     /// `type`, or (of a kind named by `objectType`) its controller.
-    pub fn refuses_source(
+    pub(crate) fn refuses_source(
         &self,
         kind: Kind,
         source: &crate::cache::index::Object,
@@ -158,7 +159,7 @@ impl CopyPolicy {
     }
 
     /// Why an object of `kind` with this `type` is not copied, if it is not.
-    pub fn refuses_type(&self, kind: Kind, object_type: Option<&str>) -> Option<String> {
+    pub(crate) fn refuses_type(&self, kind: Kind, object_type: Option<&str>) -> Option<String> {
         if let Some(why) = kind.never_copied_reason(object_type) {
             return Some(why.to_owned());
         }
@@ -174,14 +175,14 @@ impl CopyPolicy {
 
 /// Target namespaces of a rule, validated.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct TargetSelector {
-    pub namespace_selector: Option<LabelSelector>,
-    pub include: Vec<Glob>,
-    pub exclude: Vec<Glob>,
+pub(crate) struct TargetSelector {
+    pub(crate) namespace_selector: Option<LabelSelector>,
+    pub(crate) include: Vec<Glob>,
+    pub(crate) exclude: Vec<Glob>,
 }
 
 impl TargetSelector {
-    pub fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+    pub(crate) fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
         (self.include.is_empty() || self.include.iter().any(|g| g.matches(name)))
             && !self.exclude.iter().any(|g| g.matches(name))
             && self
@@ -216,7 +217,7 @@ impl TargetSelector {
     }
 
     /// Whether `targets.include` names `name` exactly (no wildcard).
-    pub fn names_exactly(&self, name: &str) -> bool {
+    pub(crate) fn names_exactly(&self, name: &str) -> bool {
         self.include.iter().any(|g| g.is_exactly(name))
     }
 }
@@ -225,13 +226,13 @@ impl TargetSelector {
 /// one it lives in, where its sources are read) when `local`, and the
 /// member clusters that `names` lists or `selector` matches.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ClusterTargets {
+pub(crate) struct ClusterTargets {
     /// Members by name.
-    pub names: BTreeSet<String>,
+    pub(crate) names: BTreeSet<String>,
     /// Members by label; an empty selector matches every member.
-    pub selector: Option<LabelSelector>,
+    pub(crate) selector: Option<LabelSelector>,
     /// The home cluster receives copies too.
-    pub local: bool,
+    pub(crate) local: bool,
 }
 
 impl Default for ClusterTargets {
@@ -242,7 +243,7 @@ impl Default for ClusterTargets {
 
 impl ClusterTargets {
     /// The home cluster alone: a rule without `targets.clusters`.
-    pub fn home_only() -> Self {
+    pub(crate) fn home_only() -> Self {
         Self {
             names: BTreeSet::new(),
             selector: None,
@@ -253,7 +254,11 @@ impl ClusterTargets {
     /// Whether the member `member_name`, with these labels, is a target:
     /// `names` lists it or `selector` matches it. Says nothing of the home
     /// cluster, which `local` decides.
-    pub fn selects(&self, member_name: &str, member_labels: &BTreeMap<String, String>) -> bool {
+    pub(crate) fn selects(
+        &self,
+        member_name: &str,
+        member_labels: &BTreeMap<String, String>,
+    ) -> bool {
         self.names.contains(member_name)
             || self
                 .selector
@@ -263,7 +268,7 @@ impl ClusterTargets {
 
     /// Whether any member can be a target: the rule names members or
     /// selects them by label.
-    pub fn names_members(&self) -> bool {
+    pub(crate) fn names_members(&self) -> bool {
         !self.names.is_empty() || self.selector.is_some()
     }
 
@@ -308,12 +313,12 @@ impl ClusterTargets {
 
 /// Label, annotation and data key changes, validated.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct ResolvedTransform {
-    pub add_labels: BTreeMap<String, String>,
-    pub add_annotations: BTreeMap<String, String>,
-    pub strip_labels: Vec<KeyGlob>,
-    pub strip_annotations: Vec<KeyGlob>,
-    pub keys: ResolvedKeys,
+pub(crate) struct ResolvedTransform {
+    pub(crate) add_labels: BTreeMap<String, String>,
+    pub(crate) add_annotations: BTreeMap<String, String>,
+    pub(crate) strip_labels: Vec<KeyGlob>,
+    pub(crate) strip_annotations: Vec<KeyGlob>,
+    pub(crate) keys: ResolvedKeys,
 }
 
 impl ResolvedTransform {
@@ -377,28 +382,28 @@ fn check_added_keys<'a>(
 /// Which data keys copies carry, under which names, validated: no two
 /// keys a copy carries share a name.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct ResolvedKeys {
-    pub include: Vec<KeyGlob>,
-    pub exclude: Vec<KeyGlob>,
-    pub rename: BTreeMap<String, String>,
+pub(crate) struct ResolvedKeys {
+    pub(crate) include: Vec<KeyGlob>,
+    pub(crate) exclude: Vec<KeyGlob>,
+    pub(crate) rename: BTreeMap<String, String>,
 }
 
 impl ResolvedKeys {
     /// Every key under its own name: copies carry the source's payload as it is.
-    pub fn is_identity(&self) -> bool {
+    pub(crate) fn is_identity(&self) -> bool {
         self.include.is_empty()
             && self.exclude.is_empty()
             && self.rename.iter().all(|(from, to)| from == to)
     }
 
     /// Whether copies carry the source key `key` (under some name).
-    pub fn selects(&self, key: &str) -> bool {
+    pub(crate) fn selects(&self, key: &str) -> bool {
         (self.include.is_empty() || self.include.iter().any(|g| g.matches(key)))
             && !self.exclude.iter().any(|g| g.matches(key))
     }
 
     /// The name the source key `key` has on copies, if they carry it.
-    pub fn name_on_copies<'a>(&'a self, key: &'a str) -> Option<&'a str> {
+    pub(crate) fn name_on_copies<'a>(&'a self, key: &'a str) -> Option<&'a str> {
         self.selects(key)
             .then(|| self.rename.get(key).map_or(key, String::as_str))
     }
@@ -451,44 +456,44 @@ impl ResolvedKeys {
 
 /// A rule with both shapes merged, defaults applied, and everything checked.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ResolvedRule {
-    pub key: RuleKey,
-    pub uid: String,
-    pub kind: Kind,
-    pub selector: LabelSelector,
+pub(crate) struct ResolvedRule {
+    pub(crate) key: RuleKey,
+    pub(crate) uid: String,
+    pub(crate) kind: Kind,
+    pub(crate) selector: LabelSelector,
     /// Sorted; the first source namespace wins when two sources share a name.
-    pub source_namespaces: Vec<String>,
-    pub targets: TargetSelector,
+    pub(crate) source_namespaces: Vec<String>,
+    pub(crate) targets: TargetSelector,
     /// The clusters that receive copies, in the namespaces `targets` selects.
-    pub clusters: ClusterTargets,
-    pub prune: bool,
-    pub conflict_policy: ConflictPolicy,
-    pub sync_policy: SyncPolicy,
-    pub transform: ResolvedTransform,
-    pub deletion: Deletion,
+    pub(crate) clusters: ClusterTargets,
+    pub(crate) prune: bool,
+    pub(crate) conflict_policy: ConflictPolicy,
+    pub(crate) sync_policy: SyncPolicy,
+    pub(crate) transform: ResolvedTransform,
+    pub(crate) deletion: Deletion,
     /// The operator-wide settings the rule is followed under.
-    pub policy: Arc<CopyPolicy>,
+    pub(crate) policy: Arc<CopyPolicy>,
     /// A rule outside the operator's namespace under `--all-namespaces`:
     /// it writes only into namespaces that accept its namespace.
-    pub tenant: bool,
+    pub(crate) tenant: bool,
     /// The cluster planned is the rule's own (home): its namespace there
     /// is the tenant's. In a member, a namespace of the same name belongs
     /// to whoever runs that cluster, and is written only where it accepts.
-    pub in_own_cluster: bool,
+    pub(crate) in_own_cluster: bool,
     /// `spec.rollout.restartConsumers`: roll the workloads that use a copy
     /// whose data a write changed.
-    pub restart_consumers: bool,
+    pub(crate) restart_consumers: bool,
     /// `rollout.stages`, when the rule rolls changes out in stages.
-    pub stages: Option<Arc<Stages>>,
+    pub(crate) stages: Option<Arc<Stages>>,
 }
 
 /// What becomes of copies that no longer belong (`spec.deletionPolicy`,
 /// defaults applied).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Deletion {
-    pub rule_deleted: Disposal,
-    pub source_gone: Disposal,
-    pub target_left: Disposal,
+pub(crate) struct Deletion {
+    pub(crate) rule_deleted: Disposal,
+    pub(crate) source_gone: Disposal,
+    pub(crate) target_left: Disposal,
 }
 
 impl Deletion {
@@ -512,28 +517,28 @@ impl Deletion {
 }
 
 /// For `rollout.stages` (see `core::rollout`): the name of the stage that namespaces no stage selects make.
-pub const REST: &str = "rest";
+pub(crate) const REST: &str = "rest";
 
 /// One stage: the namespaces it selects, and the pause after it settles.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Stage {
-    pub name: String,
-    pub selector: TargetSelector,
-    pub pause: Duration,
+pub(crate) struct Stage {
+    pub(crate) name: String,
+    pub(crate) selector: TargetSelector,
+    pub(crate) pause: Duration,
 }
 
 /// A rule's stages, in order; the namespaces none selects come last.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Stages {
-    pub stages: Vec<Stage>,
+pub(crate) struct Stages {
+    pub(crate) stages: Vec<Stage>,
     /// A stage not settled this long after it opened halts the rollout.
-    pub settle_timeout: Duration,
+    pub(crate) settle_timeout: Duration,
 }
 
 impl Stages {
     /// The stage of the namespace `name`: the first that selects it, else
     /// the last (the rest).
-    pub fn stage_of(&self, name: &str, labels: &BTreeMap<String, String>) -> usize {
+    pub(crate) fn stage_of(&self, name: &str, labels: &BTreeMap<String, String>) -> usize {
         self.stages
             .iter()
             .position(|s| s.selector.matches(name, labels))
@@ -541,15 +546,15 @@ impl Stages {
     }
 
     /// How many stages there are, the rest included.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.stages.len() + 1
     }
 
-    pub fn name(&self, stage: usize) -> &str {
+    pub(crate) fn name(&self, stage: usize) -> &str {
         self.stages.get(stage).map_or(REST, |s| s.name.as_str())
     }
 
-    pub fn pause(&self, stage: usize) -> Duration {
+    pub(crate) fn pause(&self, stage: usize) -> Duration {
         self.stages.get(stage).map_or(Duration::ZERO, |s| s.pause)
     }
 }
@@ -599,24 +604,24 @@ fn resolve_stages(rollout: Option<&Rollout>) -> Result<Option<Arc<Stages>>, Inva
 
 /// The longest selector a rule may have, as the label query its source
 /// watch sends (`app in (a,b),tier=web`), in bytes.
-pub const MAX_SELECTOR_QUERY: usize = 4096;
+pub(crate) const MAX_SELECTOR_QUERY: usize = 4096;
 
 /// The source namespaces a tenant rule may name: each is a watch of the
 /// operator's that no budget shares (see `cluster::sources::plan_watches`).
-pub const MAX_TENANT_SOURCE_NAMESPACES: usize = 16;
+pub(crate) const MAX_TENANT_SOURCE_NAMESPACES: usize = 16;
 
 /// Why a rule cannot be followed; shown in its status.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidRule {
+pub(crate) struct InvalidRule {
     /// `InvalidRule`, `Forbidden`, `RBACSourcesNotTrusted`, or why its kind
     /// is not copied: `DeniedKind`, `KindNotEnabled`, `UnknownKind`,
     /// `ClusterScopedKind`.
-    pub reason: &'static str,
-    pub message: String,
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
 }
 
 impl InvalidRule {
-    pub fn invalid(message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
         Self {
             reason: "InvalidRule",
             message: message.into(),
@@ -628,7 +633,7 @@ impl InvalidRule {
 /// consent is given per namespace, not per kind, and a Role, a RoleBinding
 /// or a workload copied where a namespace accepted ConfigMaps would grant
 /// or run what that namespace never agreed to.
-pub fn tenant_kind_refusal(trust: &Trust) -> InvalidRule {
+pub(crate) fn tenant_kind_refusal(trust: &Trust) -> InvalidRule {
     InvalidRule {
         reason: "Forbidden",
         message: format!(
@@ -690,12 +695,12 @@ fn object_type_kind(object_type: &ObjectType, policy: &CopyPolicy) -> Result<Kin
 
 impl CopyratorRule {
     /// A rule outside the operator's namespace under `--all-namespaces`.
-    pub fn is_tenant(&self, trust: &Trust) -> bool {
+    pub(crate) fn is_tenant(&self, trust: &Trust) -> bool {
         trust.all_namespaces && self.key().namespace != trust.operator_namespace
     }
 
     /// Merge both shapes, apply defaults, validate, and apply the trust rules.
-    pub fn resolve(&self, trust: &Trust) -> Result<ResolvedRule, InvalidRule> {
+    pub(crate) fn resolve(&self, trust: &Trust) -> Result<ResolvedRule, InvalidRule> {
         let key = self.key();
         let spec = self.spec.clone().unwrap_or_default();
         let kind = self.resolve_kind(&spec, trust)?;
@@ -775,7 +780,7 @@ impl CopyratorRule {
     /// `objectType`, if it names them without `rbacSourcesTrusted: true`:
     /// each copy would grant in its target what the writers of its source
     /// grant, and the operator cannot know who they are.
-    pub fn untrusted_rbac_sources(&self) -> Option<InvalidRule> {
+    pub(crate) fn untrusted_rbac_sources(&self) -> Option<InvalidRule> {
         let spec = self.spec.as_ref()?;
         let object_type = spec.object_type.as_ref()?;
         let (group, _) = object_type.group_version()?;
@@ -820,7 +825,7 @@ impl CopyratorRule {
 impl ObjectType {
     /// Why this kind is not copied whatever the API server serves, if it
     /// is not: a malformed name, the deny-list, `--kinds`.
-    pub fn refusal(&self, policy: &CopyPolicy) -> Option<InvalidRule> {
+    pub(crate) fn refusal(&self, policy: &CopyPolicy) -> Option<InvalidRule> {
         let Some((group, _)) = self.group_version() else {
             return Some(InvalidRule::invalid(format!(
                 "objectType.apiVersion {:?} is not group/version or v1",

@@ -25,43 +25,43 @@ use tokio::time::Instant;
 
 use crate::cache::index::{CopyIndex, NamespaceInfo, Object};
 use crate::core::plan::{Action, Desired, Plan};
-pub use crate::core::resolve::{REST, Stage, Stages};
+pub(crate) use crate::core::resolve::Stages;
 
 /// How soon a pass that wrote a stage's copies is followed by another,
 /// which finds the stage settled (its writes went through) or not.
-pub const AFTER_WRITES: Duration = Duration::from_millis(100);
+pub(crate) const AFTER_WRITES: Duration = Duration::from_millis(100);
 /// How often a stage still settling is looked at again.
-pub const SETTLE_RECHECK: Duration = Duration::from_secs(2);
+pub(crate) const SETTLE_RECHECK: Duration = Duration::from_secs(2);
 /// How often a halted stage is looked at again.
-pub const HALTED_RECHECK: Duration = Duration::from_secs(10);
+pub(crate) const HALTED_RECHECK: Duration = Duration::from_secs(10);
 /// How far one source's content has gone.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Track {
+pub(crate) struct Track {
     /// The payload hash being rolled out.
-    pub payload: u64,
+    pub(crate) payload: u64,
     /// The last stage open to it.
-    pub open: usize,
+    pub(crate) open: usize,
     /// When that stage opened.
-    pub opened_at: Instant,
+    pub(crate) opened_at: Instant,
     /// When that stage settled, if it has.
-    pub settled_at: Option<Instant>,
+    pub(crate) settled_at: Option<Instant>,
     /// The content rolled out before, once read: its hash and payload.
-    pub earlier: Option<(u64, Arc<BTreeMap<String, Value>>)>,
+    pub(crate) earlier: Option<(u64, Arc<BTreeMap<String, Value>>)>,
     /// Where it stood after the last pass that looked at it, and its
     /// source (`namespace/name`), for passes that look at other sources.
-    pub phase: Phase,
-    pub source: String,
+    pub(crate) phase: Phase,
+    pub(crate) source: String,
 }
 
 /// A rule's rollouts under way, by source name (kept between passes).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Rollouts {
-    pub by_name: BTreeMap<String, Track>,
+pub(crate) struct Rollouts {
+    pub(crate) by_name: BTreeMap<String, Track>,
 }
 
 /// Where one source's rollout stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Phase {
+pub(crate) enum Phase {
     /// The open stage is being written, or its consumers are rolling.
     Settling,
     /// The open stage settled; the next opens after its pause.
@@ -73,51 +73,51 @@ pub enum Phase {
 
 /// One source's rollout, for the status.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Progress {
-    pub source: String,
+pub(crate) struct Progress {
+    pub(crate) source: String,
     /// Index and name of the last stage open to the new content.
-    pub stage: usize,
-    pub stage_name: String,
-    pub stages: usize,
-    pub phase: Phase,
+    pub(crate) stage: usize,
+    pub(crate) stage_name: String,
+    pub(crate) stages: usize,
+    pub(crate) phase: Phase,
 }
 
 /// Consumers whose availability the controller should look at: those of
 /// the copies of `name` in `namespaces` (one stage), for `payload`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct AvailabilityCheck {
-    pub name: String,
-    pub stage: usize,
-    pub payload: u64,
-    pub namespaces: Vec<String>,
+pub(crate) struct AvailabilityCheck {
+    pub(crate) name: String,
+    pub(crate) stage: usize,
+    pub(crate) payload: u64,
+    pub(crate) namespaces: Vec<String>,
     /// The new content, whose restart annotation the workloads should carry.
-    pub desired: Arc<Desired>,
+    pub(crate) desired: Arc<Desired>,
 }
 
 /// What the stages did to a plan.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Gated {
+pub(crate) struct Gated {
     /// Writes of new content held back for a later stage.
-    pub held: u32,
+    pub(crate) held: u32,
     /// Each source whose rollout is under way, by name.
-    pub progress: Vec<Progress>,
+    pub(crate) progress: Vec<Progress>,
     /// When to look again (a pause ends, a stage may have settled).
-    pub recheck_at: Option<Instant>,
-    pub checks: Vec<AvailabilityCheck>,
+    pub(crate) recheck_at: Option<Instant>,
+    pub(crate) checks: Vec<AvailabilityCheck>,
     /// Copies whose payload the controller should read into the source's
     /// [`Track::earlier`]: the content rolled out before, which creates in
     /// stages not reached yet need.
-    pub reads: Vec<EarlierRead>,
+    pub(crate) reads: Vec<EarlierRead>,
 }
 
 /// A copy that holds the content rolled out before, as Copyrator wrote it
 /// ([`Object::intact`]), to be read whole. What is read is kept only if
 /// its payload is still that one and still intact.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EarlierRead {
-    pub namespace: String,
-    pub name: String,
-    pub payload_hash: u64,
+pub(crate) struct EarlierRead {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) payload_hash: u64,
 }
 
 impl Gated {
@@ -128,24 +128,24 @@ impl Gated {
 
 /// What the controller last saw of a stage's consumers, for a content:
 /// `Some(not available)` (empty: all available), `None` if not looked at.
-pub type Availability<'a> = &'a dyn Fn(&str, usize, u64) -> Option<Vec<String>>;
+pub(crate) type Availability<'a> = &'a dyn Fn(&str, usize, u64) -> Option<Vec<String>>;
 
 /// What a pass needs to stage its plan.
-pub struct Inputs<'a> {
-    pub stages: &'a Stages,
-    pub rule_uid: &'a str,
-    pub namespaces: &'a BTreeMap<String, NamespaceInfo>,
-    pub copies: &'a CopyIndex,
+pub(crate) struct Inputs<'a> {
+    pub(crate) stages: &'a Stages,
+    pub(crate) rule_uid: &'a str,
+    pub(crate) namespaces: &'a BTreeMap<String, NamespaceInfo>,
+    pub(crate) copies: &'a CopyIndex,
     /// Settled means the consumers are available too (`restartConsumers`).
-    pub consumers: bool,
-    pub availability: Availability<'a>,
-    pub now: Instant,
+    pub(crate) consumers: bool,
+    pub(crate) availability: Availability<'a>,
+    pub(crate) now: Instant,
 }
 
 /// Stage `plan` (made for everything, as if there were no stages): take
 /// out the writes of new content into stages not open yet, and make creates
 /// there with the content rolled out before; advance `rollouts`.
-pub fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Gated {
+pub(crate) fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Gated {
     let stages = inputs.stages;
     let stage_of = |namespace: &str| {
         let labels = inputs.namespaces.get(namespace).map(|ns| &ns.labels);
@@ -409,7 +409,7 @@ mod tests {
     use super::*;
     use crate::api::selector::Glob;
     use crate::core::plan::tests::{World, rule, verbs};
-    use crate::core::resolve::TargetSelector;
+    use crate::core::resolve::{REST, Stage, TargetSelector};
     use serde_json::json;
 
     const PAUSE: Duration = Duration::from_secs(60);

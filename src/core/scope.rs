@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 /// One change, as the watches see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Touch {
+pub(crate) enum Touch {
     /// The rule itself, a relist, a resync: everything.
     All,
     /// A namespace was created, deleted or changed its labels or consent.
@@ -27,7 +27,7 @@ const MOST_ENTRIES: usize = 512;
 
 /// The part of a rule a pass must look at.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Scope {
+pub(crate) struct Scope {
     all: bool,
     namespaces: HashSet<String>,
     names: HashSet<String>,
@@ -39,28 +39,28 @@ pub struct Scope {
 }
 
 impl Scope {
-    pub fn everything() -> Self {
+    pub(crate) fn everything() -> Self {
         Self {
             all: true,
             ..Self::default()
         }
     }
 
-    pub fn is_everything(&self) -> bool {
+    pub(crate) fn is_everything(&self) -> bool {
         self.all
     }
 
     /// Nothing touched (a pass with this scope has nothing to look at).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         !self.all && !self.retry && self.entries == 0
     }
 
     /// Whether the copies left unwritten by earlier passes are in scope.
-    pub fn retries(&self) -> bool {
+    pub(crate) fn retries(&self) -> bool {
         self.retry
     }
 
-    pub fn add(&mut self, touch: Touch) {
+    pub(crate) fn add(&mut self, touch: Touch) {
         if self.all {
             return;
         }
@@ -94,12 +94,12 @@ impl Scope {
     }
 
     /// Whether every copy in `namespace` is in scope.
-    pub fn covers_namespace(&self, namespace: &str) -> bool {
+    pub(crate) fn covers_namespace(&self, namespace: &str) -> bool {
         self.all || self.namespaces.contains(namespace)
     }
 
     /// Whether the copy `(namespace, name)` is in scope.
-    pub fn covers(&self, namespace: &str, name: &str) -> bool {
+    pub(crate) fn covers(&self, namespace: &str, name: &str) -> bool {
         self.all
             || self.namespaces.contains(namespace)
             || self.names.contains(name)
@@ -110,24 +110,24 @@ impl Scope {
     }
 
     /// Namespaces touched as a whole.
-    pub fn namespaces(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn namespaces(&self) -> impl Iterator<Item = &str> {
         self.namespaces.iter().map(String::as_str)
     }
 
     /// Source names touched.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
         self.names.iter().map(String::as_str)
     }
 
     /// Copies touched one by one: `(namespace, name)`.
-    pub fn copies(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(crate) fn copies(&self) -> impl Iterator<Item = (&str, &str)> {
         self.copies
             .iter()
             .flat_map(|(ns, names)| names.iter().map(move |n| (ns.as_str(), n.as_str())))
     }
 
     /// Names touched in `namespace` one by one (besides [`Scope::names`]).
-    pub fn copies_in(&self, namespace: &str) -> impl Iterator<Item = &str> {
+    pub(crate) fn copies_in(&self, namespace: &str) -> impl Iterator<Item = &str> {
         self.copies
             .get(namespace)
             .into_iter()
@@ -135,7 +135,7 @@ impl Scope {
             .map(String::as_str)
     }
 
-    pub fn merge(&mut self, other: Scope) {
+    pub(crate) fn merge(&mut self, other: Scope) {
         if other.all {
             self.add(Touch::All);
         }

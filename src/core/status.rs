@@ -6,47 +6,47 @@ use crate::api::rule::{
 use crate::core::rollout::{Phase, Progress};
 
 /// Conflicts listed in the status; the count says how many there are in all.
-pub const MAX_LISTED_CONFLICTS: usize = 20;
+pub(crate) const MAX_LISTED_CONFLICTS: usize = 20;
 
 /// What one reconcile of a rule found.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Observed {
-    pub generation: Option<i64>,
-    pub rule_type: Option<String>,
-    pub sources: u32,
-    pub target_namespaces: u32,
-    pub copies: u32,
+pub(crate) struct Observed {
+    pub(crate) generation: Option<i64>,
+    pub(crate) rule_type: Option<String>,
+    pub(crate) sources: u32,
+    pub(crate) target_namespaces: u32,
+    pub(crate) copies: u32,
     /// Copies handed over to their namespaces (`syncPolicy: CreateOnly`).
-    pub create_only_copies: u32,
-    pub conflicts: Vec<ConflictEntry>,
+    pub(crate) create_only_copies: u32,
+    pub(crate) conflicts: Vec<ConflictEntry>,
     /// `(reason, message)` when the rule is not fully synced.
-    pub problem: Option<(String, String)>,
+    pub(crate) problem: Option<(String, String)>,
     /// Copies still to be written (requeued for another pass).
-    pub pending: u32,
+    pub(crate) pending: u32,
     /// Copies another writer keeps changing back.
-    pub contested: Vec<ContestedEntry>,
+    pub(crate) contested: Vec<ContestedEntry>,
     /// Namespaces left out as protected.
-    pub protected_namespaces: u32,
+    pub(crate) protected_namespaces: u32,
     /// Namespaces left out because they do not accept the tenant rule.
-    pub not_accepting_namespaces: u32,
+    pub(crate) not_accepting_namespaces: u32,
     /// Sources not copied for their type (`namespace`, `name`, `reason`).
-    pub refused_sources: Vec<ConflictEntry>,
+    pub(crate) refused_sources: Vec<ConflictEntry>,
     /// The sources are still being listed: `(namespaces listed, of)`.
-    pub waiting_for_sources: Option<(usize, usize)>,
+    pub(crate) waiting_for_sources: Option<(usize, usize)>,
     /// What is wrong while the sources are not listed: "the last try
     /// failed: …", or why the rule is not watched.
-    pub sources_failing: Option<String>,
+    pub(crate) sources_failing: Option<String>,
     /// How the rule stands in each member cluster it targets (none for a
     /// rule of this cluster alone).
-    pub clusters: Vec<ClusterStatus>,
+    pub(crate) clusters: Vec<ClusterStatus>,
     /// The sources whose new content is on its way through the rule's
     /// stages, and how many writes the stages hold back.
-    pub rollouts: Vec<Progress>,
-    pub held: u32,
+    pub(crate) rollouts: Vec<Progress>,
+    pub(crate) held: u32,
 }
 
 /// The status to publish, keeping transition times when nothing transitioned.
-pub fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) -> RuleStatus {
+pub(crate) fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &str) -> RuleStatus {
     let (status, reason, message) = readiness(observed);
     let previous_ready = previous.and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
     let last_transition_time = match previous_ready {
@@ -158,7 +158,7 @@ fn readiness(observed: &Observed) -> (&'static str, String, String) {
 
 /// Why a rule is not ready while other writers keep changing its copies
 /// back (at home, or in a member: the same words in its entry), if they do.
-pub fn contested_problem(contested: &[ContestedEntry]) -> Option<(String, String)> {
+pub(crate) fn contested_problem(contested: &[ContestedEntry]) -> Option<(String, String)> {
     let first = contested.first()?;
     let place = match &first.cluster {
         Some(member) => format!(" in member cluster {member}"),
@@ -304,7 +304,7 @@ fn listed<T: Clone + Ord>(entries: &[T]) -> (Vec<T>, i64) {
 }
 
 /// Equal but for timestamps: nothing worth a write.
-pub fn same_content(a: &RuleStatus, b: &RuleStatus) -> bool {
+pub(crate) fn same_content(a: &RuleStatus, b: &RuleStatus) -> bool {
     let strip = |s: &RuleStatus| {
         let mut s = s.clone();
         s.last_sync_time = None;
@@ -319,7 +319,7 @@ pub fn same_content(a: &RuleStatus, b: &RuleStatus) -> bool {
 /// Equal but for timestamps and the counts (and the Ready message, which
 /// states them): the rule's state is the same, only how much of it there
 /// is changed. Such a write may wait a moment and carry a burst of changes.
-pub fn counts_only(a: &RuleStatus, b: &RuleStatus) -> bool {
+pub(crate) fn counts_only(a: &RuleStatus, b: &RuleStatus) -> bool {
     let strip = |s: &RuleStatus| {
         let mut s = s.clone();
         s.last_sync_time = None;

@@ -11,15 +11,15 @@ use crate::core::scope::Scope;
 
 /// A rule's counts for its status, as a pass leaves them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Counts {
+pub(crate) struct Counts {
     /// Copies in place, of every place the rule reaches.
-    pub copies: u32,
-    pub conflicts: Vec<ConflictEntry>,
+    pub(crate) copies: u32,
+    pub(crate) conflicts: Vec<ConflictEntry>,
 }
 
 /// Why a place that should hold a copy does not (yet).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Unsettled {
+pub(crate) enum Unsettled {
     /// Something else is there; the copy is skipped.
     Conflict(String),
     /// The copy is to be created or updated and has not been.
@@ -35,13 +35,13 @@ type Place = (String, String);
 /// over everything planned. Places a partial pass did not look at were
 /// judged by that generation's targets, so they say nothing of another.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Basis {
-    pub uid: String,
-    pub generation: Option<i64>,
+pub(crate) struct Basis {
+    pub(crate) uid: String,
+    pub(crate) generation: Option<i64>,
 }
 
 #[derive(Clone, Debug, Default)]
-pub struct Tally {
+pub(crate) struct Tally {
     basis: Option<Basis>,
     places: HashMap<Place, Unsettled>,
     conflicts: usize,
@@ -55,7 +55,7 @@ impl Tally {
     /// everything otherwise (a new rule, a changed spec that reached this
     /// pass without its own full pass), so that no count survives from
     /// targets the rule no longer has.
-    pub fn scope_for(&self, basis: &Basis, scope: Scope) -> Scope {
+    pub(crate) fn scope_for(&self, basis: &Basis, scope: Scope) -> Scope {
         if self.basis.as_ref() == Some(basis) {
             scope
         } else {
@@ -64,7 +64,7 @@ impl Tally {
     }
 
     /// Forget what `scope` covers: the pass that looks at it says anew.
-    pub fn clear(&mut self, scope: &Scope) {
+    pub(crate) fn clear(&mut self, scope: &Scope) {
         if scope.is_everything() {
             *self = Self::default();
             return;
@@ -78,7 +78,7 @@ impl Tally {
     /// replace whatever was held for the places it looked at.
     /// `basis` is the rule the pass planned for; a pass over everything
     /// makes it this tally's.
-    pub fn record(&mut self, basis: &Basis, scope: &Scope, plan: &Plan) {
+    pub(crate) fn record(&mut self, basis: &Basis, scope: &Scope, plan: &Plan) {
         self.clear(scope);
         if scope.is_everything() {
             self.basis = Some(basis.clone());
@@ -100,7 +100,7 @@ impl Tally {
         }
     }
 
-    pub fn set(&mut self, namespace: &str, name: &str, state: Unsettled) {
+    pub(crate) fn set(&mut self, namespace: &str, name: &str, state: Unsettled) {
         self.count(&state, 1);
         if let Some(previous) = self
             .places
@@ -111,7 +111,7 @@ impl Tally {
     }
 
     /// The copy at this place is right now.
-    pub fn settle(&mut self, namespace: &str, name: &str) {
+    pub(crate) fn settle(&mut self, namespace: &str, name: &str) {
         if let Some(previous) = self.places.remove(&(namespace.to_owned(), name.to_owned())) {
             self.count(&previous, -1);
         }
@@ -120,7 +120,7 @@ impl Tally {
     /// What the rule's status counts after a pass that planned `plan`:
     /// the copies in place wherever the rule reaches, and every conflict
     /// (those held here and the sources `plan` found shadowed), sorted.
-    pub fn counts(&self, plan: &Plan) -> Counts {
+    pub(crate) fn counts(&self, plan: &Plan) -> Counts {
         let mut conflicts: Vec<ConflictEntry> = self
             .conflicts()
             .map(|(namespace, name, reason)| ConflictEntry {
@@ -140,7 +140,7 @@ impl Tally {
     }
 
     /// Places with a conflict, and its reason.
-    pub fn conflicts(&self) -> impl Iterator<Item = (&str, &str, &str)> {
+    pub(crate) fn conflicts(&self) -> impl Iterator<Item = (&str, &str, &str)> {
         self.places
             .iter()
             .filter_map(|((ns, name), state)| match state {
@@ -150,22 +150,23 @@ impl Tally {
     }
 
     /// Every unsettled place (for a pass that retries them).
-    pub fn places(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(crate) fn places(&self) -> impl Iterator<Item = (&str, &str)> {
         self.places
             .keys()
             .map(|(ns, name)| (ns.as_str(), name.as_str()))
     }
 
     /// Whether a write at `(namespace, name)` is still to be made.
-    pub fn is_unwritten(&self, namespace: &str, name: &str) -> bool {
+    pub(crate) fn is_unwritten(&self, namespace: &str, name: &str) -> bool {
         matches!(
             self.places.get(&(namespace.to_owned(), name.to_owned())),
             Some(Unsettled::Unwritten | Unsettled::UnwrittenDelete)
         )
     }
 
+    #[cfg(test)]
     /// Whether `(namespace, name)` is a conflict of this rule.
-    pub fn is_conflict(&self, namespace: &str, name: &str) -> bool {
+    pub(crate) fn is_conflict(&self, namespace: &str, name: &str) -> bool {
         self.conflicts > 0
             && matches!(
                 self.places.get(&(namespace.to_owned(), name.to_owned())),
@@ -177,7 +178,7 @@ impl Tally {
     /// write still to be made. A change of the object there may change
     /// either (another rule's copy that appears where a create is still to
     /// be made is a conflict now).
-    pub fn is_unsettled(&self, namespace: &str, name: &str) -> bool {
+    pub(crate) fn is_unsettled(&self, namespace: &str, name: &str) -> bool {
         !self.places.is_empty()
             && self
                 .places
@@ -185,26 +186,29 @@ impl Tally {
     }
 
     /// Whether any write is still to be made.
-    pub fn has_unwritten(&self) -> bool {
+    pub(crate) fn has_unwritten(&self) -> bool {
         self.unwritten + self.unwritten_deletes > 0
     }
 
-    pub fn conflict_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn conflict_count(&self) -> usize {
         self.conflicts
     }
 
+    #[cfg(test)]
     /// Copies to create or update that are not written yet.
-    pub fn unwritten_count(&self) -> usize {
+    pub(crate) fn unwritten_count(&self) -> usize {
         self.unwritten
     }
 
     /// How many copies are in place, of `places` that should hold one
     /// (conflicts included).
-    pub fn in_place(&self, places: u32) -> u32 {
+    pub(crate) fn in_place(&self, places: u32) -> u32 {
         (places as usize).saturating_sub(self.conflicts + self.unwritten) as u32
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.places.is_empty()
     }
 

@@ -11,7 +11,7 @@ use crate::api::selector::KeyGlob;
 /// and Copyrator's own. What says what the object is (Argo CD's
 /// `argocd.argoproj.io/secret-type`, say) travels. `--strip-keys` adds
 /// more. docs/rules.md lists each with the same reason.
-pub const TRACKING_KEYS: &[(&str, &str)] = &[
+pub(crate) const TRACKING_KEYS: &[(&str, &str)] = &[
     (
         "kubectl.kubernetes.io/last-applied-configuration",
         "kubectl apply's record of what it applied: ownership, and a second copy of the source's data",
@@ -102,12 +102,12 @@ static TRACKING: std::sync::LazyLock<Vec<(KeyGlob, &'static str)>> =
     });
 
 /// [`TRACKING_KEYS`] as globs.
-pub fn globs() -> impl Iterator<Item = &'static KeyGlob> {
+pub(crate) fn globs() -> impl Iterator<Item = &'static KeyGlob> {
     TRACKING.iter().map(|(glob, _)| glob)
 }
 
 /// Why `key` never travels to a copy, if it is one of [`TRACKING_KEYS`].
-pub fn never_travels(key: &str) -> Option<&'static str> {
+pub(crate) fn never_travels(key: &str) -> Option<&'static str> {
     TRACKING
         .iter()
         .find(|(glob, _)| glob.matches(key))

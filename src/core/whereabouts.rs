@@ -12,7 +12,7 @@ use crate::core::resolve::ResolvedRule;
 
 /// How one copy of a source stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CopyState {
+pub(crate) enum CopyState {
     /// The copy is what the rule would write now.
     InPlace,
     /// Created under `syncPolicy: CreateOnly` and handed over to its
@@ -46,12 +46,12 @@ pub enum CopyState {
 
 impl CopyState {
     /// Whether the copy is as it should be: in place, or handed over.
-    pub fn is_current(&self) -> bool {
+    pub(crate) fn is_current(&self) -> bool {
         matches!(self, CopyState::InPlace | CopyState::CreateOnly)
     }
 
     /// One word (two for "in place") for the state, as printed.
-    pub fn word(&self) -> &'static str {
+    pub(crate) fn word(&self) -> &'static str {
         match self {
             CopyState::InPlace => "in place",
             CopyState::CreateOnly => "create-only",
@@ -67,7 +67,7 @@ impl CopyState {
     }
 
     /// Who or what the state is about: the other writer, or why.
-    pub fn detail(&self) -> Option<&str> {
+    pub(crate) fn detail(&self) -> Option<&str> {
         match self {
             CopyState::Contested { writer } => Some(writer),
             CopyState::Conflict { reason }
@@ -85,22 +85,27 @@ impl CopyState {
 /// its Ready condition says when writes are refused. A member's places
 /// have no entries of their own in the status (it counts them only).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StatusFacts {
+pub(crate) struct StatusFacts {
     /// The other writer, when the place is listed as contested.
-    pub contested_by: Option<String>,
+    pub(crate) contested_by: Option<String>,
     /// Why, when the place is listed as a conflict.
-    pub conflict: Option<String>,
+    pub(crate) conflict: Option<String>,
     /// The Ready condition's message, when its reason is `SyncFailed`.
-    pub writes_refused: Option<String>,
+    pub(crate) writes_refused: Option<String>,
     /// The source's staged rollout, when one is under way: the number of
     /// the last stage it reached (from 1), and how it stands there.
-    pub rollout: Option<(u32, String)>,
+    pub(crate) rollout: Option<(u32, String)>,
 }
 
 impl StatusFacts {
     /// What `status` says of the place `namespace/name` of the source
     /// `source` (`namespace/name`).
-    pub fn of(status: Option<&RuleStatus>, namespace: &str, name: &str, source: &str) -> Self {
+    pub(crate) fn of(
+        status: Option<&RuleStatus>,
+        namespace: &str,
+        name: &str,
+        source: &str,
+    ) -> Self {
         let Some(status) = status else {
             return Self::default();
         };
@@ -141,16 +146,16 @@ impl StatusFacts {
 
 /// The rule a place is judged under.
 #[derive(Clone, Copy, Debug)]
-pub struct Judge<'a> {
+pub(crate) struct Judge<'a> {
     /// `namespace/name` of the rule.
-    pub rule: &'a str,
-    pub uid: &'a str,
-    pub conflict_policy: ConflictPolicy,
+    pub(crate) rule: &'a str,
+    pub(crate) uid: &'a str,
+    pub(crate) conflict_policy: ConflictPolicy,
 }
 
 /// The state of a target place of `desired` (the copy the rule would write
 /// now), holding `current` (absent: nothing of that name is there).
-pub fn target_state(
+pub(crate) fn target_state(
     judge: Judge<'_>,
     desired: &Desired,
     current: Option<&Object>,
@@ -188,7 +193,7 @@ pub fn target_state(
 
 /// The state of a copy of the source at a place the rule does not target
 /// (or whose rule is gone): handed over copies stay, others are deleted.
-pub fn leftover_state(current: &Object, why: &str) -> CopyState {
+pub(crate) fn leftover_state(current: &Object, why: &str) -> CopyState {
     if current.create_only {
         CopyState::CreateOnly
     } else {
@@ -201,7 +206,7 @@ pub fn leftover_state(current: &Object, why: &str) -> CopyState {
 /// What is known of the rule a copy names, when no rule followed here
 /// judges its place.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CopyRule {
+pub(crate) enum CopyRule {
     /// It exists and is followed: it no longer copies the source there.
     Live,
     /// It exists, or may, but the flags do not follow it: why, and what
@@ -213,23 +218,23 @@ pub enum CopyRule {
 
 /// One place of one cluster that holds, or should hold, a copy of the source.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Place {
-    pub namespace: String,
-    pub name: String,
+pub(crate) struct Place {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
     /// What the copy there holds: its payload hash, when there is a copy.
-    pub content: Option<u64>,
+    pub(crate) content: Option<u64>,
     /// `namespace/name` of the rule the copy is judged under (or that the
     /// copy names).
-    pub rule: Option<String>,
-    pub state: CopyState,
+    pub(crate) rule: Option<String>,
+    pub(crate) state: CopyState,
 }
 
 /// A rule that selects the source, as it is followed in one cluster (for a
 /// member, as a member's pass follows it), with its status
 /// entries where they speak of this cluster.
-pub struct Follower<'a> {
-    pub rule: &'a ResolvedRule,
-    pub status: Option<&'a RuleStatus>,
+pub(crate) struct Follower<'a> {
+    pub(crate) rule: &'a ResolvedRule,
+    pub(crate) status: Option<&'a RuleStatus>,
 }
 
 /// Every place of one cluster where a copy of `source` is or should be:
@@ -239,7 +244,7 @@ pub struct Follower<'a> {
 /// namespace). `rule_of` tells what is known of the rule a copy names
 /// (see [`CopyRule`]), so that a copy whose rule is gone, or is not
 /// followed by the command, says so.
-pub fn places(
+pub(crate) fn places(
     source: &Object,
     followers: &[Follower<'_>],
     namespaces: &BTreeMap<String, NamespaceInfo>,

@@ -27,11 +27,11 @@ use crate::{Error, Result};
 const WATCH_RECOVERED_AFTER: Duration = Duration::from_secs(10);
 
 /// What the probes report.
-pub struct Health {
+pub(crate) struct Health {
     /// The watch and work loops are running.
-    pub alive: AtomicBool,
+    pub(crate) alive: AtomicBool,
     /// Every cache has its first full list (a standby is then ready to take over).
-    pub ready: AtomicBool,
+    pub(crate) ready: AtomicBool,
     started: Instant,
     /// Pending work without progress, or a watch failing, for this long is stuck.
     stuck_after: Duration,
@@ -52,7 +52,7 @@ impl Default for Health {
 }
 
 impl Health {
-    pub fn new(stuck_after: Duration) -> Self {
+    pub(crate) fn new(stuck_after: Duration) -> Self {
         Self {
             alive: AtomicBool::new(false),
             ready: AtomicBool::new(false),
@@ -66,17 +66,17 @@ impl Health {
     }
 
     /// Tell the probe how to see pending work (the leader's queue).
-    pub fn watch_work(&self, pending: impl Fn() -> bool + Send + Sync + 'static) {
+    pub(crate) fn watch_work(&self, pending: impl Fn() -> bool + Send + Sync + 'static) {
         let _ = self.work_pending.set(Box::new(pending));
     }
 
     /// A reconcile or a request finished.
-    pub fn progressed(&self) {
+    pub(crate) fn progressed(&self) {
         let now = self.started.elapsed().as_millis() as u64;
         self.last_progress_ms.fetch_max(now, Ordering::Relaxed);
     }
 
-    pub fn watch_failed(&self, watch: &str) {
+    pub(crate) fn watch_failed(&self, watch: &str) {
         let now = Instant::now();
         let mut failing = crate::sync::lock(&self.failing_watches);
         let entry = failing.entry(watch.to_owned()).or_insert((now, now));
@@ -90,14 +90,14 @@ impl Health {
     /// A guard for a watch's task: when the task ends or is aborted (its
     /// future dropped), the watch is no failing watch any more, whatever
     /// it last reported.
-    pub fn watch_guard(self: &Arc<Self>, watch: &str) -> WatchGuard {
+    pub(crate) fn watch_guard(self: &Arc<Self>, watch: &str) -> WatchGuard {
         WatchGuard {
             health: self.clone(),
             watch: watch.to_owned(),
         }
     }
 
-    pub fn watch_ok(&self, watch: &str) {
+    pub(crate) fn watch_ok(&self, watch: &str) {
         let mut failing = crate::sync::lock(&self.failing_watches);
         if !failing.is_empty() {
             failing.remove(watch);
@@ -105,7 +105,7 @@ impl Health {
     }
 
     /// Why the operator is stuck, if it is.
-    pub fn stuck(&self) -> Option<String> {
+    pub(crate) fn stuck(&self) -> Option<String> {
         if !self.alive.load(Ordering::Relaxed) {
             return Some("not running".into());
         }
@@ -136,7 +136,7 @@ impl Health {
 }
 
 /// See [`Health::watch_guard`].
-pub struct WatchGuard {
+pub(crate) struct WatchGuard {
     health: Arc<Health>,
     watch: String,
 }
@@ -206,7 +206,7 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 /// Bind now (so a bad address fails at start), serve until `shutdown` resolves.
-pub async fn serve(
+pub(crate) async fn serve(
     address: SocketAddr,
     health: Arc<Health>,
     metrics: Arc<Metrics>,

@@ -8,23 +8,23 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
-    pub result: &'static str,
+pub(crate) struct ResultLabels {
+    pub(crate) result: &'static str,
 }
 
 /// A failed write, in the cluster it was sent to (the home cluster's name
 /// is `--cluster-name`; a member's, its inventory name).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FailureLabels {
-    pub class: &'static str,
-    pub cluster: String,
+pub(crate) struct FailureLabels {
+    pub(crate) class: &'static str,
+    pub(crate) cluster: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WriteLabels {
-    pub verb: &'static str,
-    pub kind: &'static str,
-    pub cluster: String,
+pub(crate) struct WriteLabels {
+    pub(crate) verb: &'static str,
+    pub(crate) kind: &'static str,
+    pub(crate) cluster: String,
 }
 
 /// The classes of [`Metrics::write_failures`].
@@ -33,81 +33,81 @@ const FAILURE_CLASSES: [&str; 5] = ["conflict", "throttled", "refused", "invalid
 /// A rule, named apart from the `namespace` label that Prometheus gives
 /// every scraped target.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RuleLabels {
-    pub rule_namespace: String,
-    pub rule: String,
+pub(crate) struct RuleLabels {
+    pub(crate) rule_namespace: String,
+    pub(crate) rule: String,
 }
 
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
-    pub reconciles: Family<ResultLabels, Counter>,
-    pub reconcile_duration: Histogram,
-    pub copies_examined: Counter,
-    pub api_writes: Family<WriteLabels, Counter>,
-    pub copies_managed: Gauge,
-    pub conflicts_skipped: Gauge,
-    pub copies_contested: Gauge,
-    pub write_failures: Family<FailureLabels, Counter>,
-    pub queue_depth: Gauge,
-    pub leader: Gauge,
-    pub source_watches: Gauge,
-    pub kind_watches: Gauge,
-    pub write_concurrency: Gauge,
-    pub resyncs: Family<CauseLabels, Counter>,
-    pub rule_ready: Family<RuleLabels, Gauge>,
+    pub(crate) reconciles: Family<ResultLabels, Counter>,
+    pub(crate) reconcile_duration: Histogram,
+    pub(crate) copies_examined: Counter,
+    pub(crate) api_writes: Family<WriteLabels, Counter>,
+    pub(crate) copies_managed: Gauge,
+    pub(crate) conflicts_skipped: Gauge,
+    pub(crate) copies_contested: Gauge,
+    pub(crate) write_failures: Family<FailureLabels, Counter>,
+    pub(crate) queue_depth: Gauge,
+    pub(crate) leader: Gauge,
+    pub(crate) source_watches: Gauge,
+    pub(crate) kind_watches: Gauge,
+    pub(crate) write_concurrency: Gauge,
+    pub(crate) resyncs: Family<CauseLabels, Counter>,
+    pub(crate) rule_ready: Family<RuleLabels, Gauge>,
     /// 1 while a member cluster's API server answers, 0 while it does not;
     /// one series per member of the inventory.
-    pub member_reachable: Family<ClusterLabels, Gauge>,
+    pub(crate) member_reachable: Family<ClusterLabels, Gauge>,
     /// Copies in place in a member cluster, across its rules.
-    pub member_copies: Family<ClusterLabels, Gauge>,
+    pub(crate) member_copies: Family<ClusterLabels, Gauge>,
     /// Copies not made in a member cluster because a foreign object holds
     /// the name, across its rules.
-    pub member_conflicts: Family<ClusterLabels, Gauge>,
+    pub(crate) member_conflicts: Family<ClusterLabels, Gauge>,
     /// Workloads rolled by `rollout.restartConsumers`, by kind.
-    pub consumer_restarts: Family<WorkloadLabels, Counter>,
+    pub(crate) consumer_restarts: Family<WorkloadLabels, Counter>,
 }
 
 /// A workload kind: Deployment, StatefulSet or DaemonSet.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WorkloadLabels {
-    pub kind: &'static str,
+pub(crate) struct WorkloadLabels {
+    pub(crate) kind: &'static str,
 }
 
 /// A member cluster, by its name in the inventory (the cardinality is the
 /// inventory's).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ClusterLabels {
-    pub cluster: String,
+pub(crate) struct ClusterLabels {
+    pub(crate) cluster: String,
 }
 
 /// The metrics as one cluster's writer reports to them: each write
 /// labelled with the cluster's name.
 #[derive(Clone)]
-pub struct ClusterMetrics {
+pub(crate) struct ClusterMetrics {
     metrics: std::sync::Arc<Metrics>,
     cluster: String,
 }
 
 impl ClusterMetrics {
-    pub fn new(metrics: std::sync::Arc<Metrics>, cluster: &str) -> Self {
+    pub(crate) fn new(metrics: std::sync::Arc<Metrics>, cluster: &str) -> Self {
         Self {
             metrics,
             cluster: cluster.to_owned(),
         }
     }
 
-    pub fn write(&self, verb: &'static str, kind: &'static str) {
+    pub(crate) fn write(&self, verb: &'static str, kind: &'static str) {
         self.metrics.write(&self.cluster, verb, kind);
     }
 
-    pub fn write_failed(&self, class: &'static str) {
+    pub(crate) fn write_failed(&self, class: &'static str) {
         self.metrics.write_failed(&self.cluster, class);
     }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CauseLabels {
-    pub cause: &'static str,
+pub(crate) struct CauseLabels {
+    pub(crate) cause: &'static str,
 }
 
 impl Default for Metrics {
@@ -271,7 +271,7 @@ impl Default for Metrics {
 
 impl Metrics {
     /// A write request sent to the API server of `cluster`.
-    pub fn write(&self, cluster: &str, verb: &'static str, kind: &'static str) {
+    pub(crate) fn write(&self, cluster: &str, verb: &'static str, kind: &'static str) {
         self.api_writes
             .get_or_create(&WriteLabels {
                 verb,
@@ -281,7 +281,7 @@ impl Metrics {
             .inc();
     }
 
-    pub fn write_failed(&self, cluster: &str, class: &'static str) {
+    pub(crate) fn write_failed(&self, cluster: &str, class: &'static str) {
         self.write_failures
             .get_or_create(&FailureLabels {
                 class,
@@ -293,7 +293,7 @@ impl Metrics {
     /// The series of a cluster's writes, at 0: the home cluster's (which
     /// also writes its rules' statuses and Events) at start, a member's
     /// when it joins the inventory.
-    pub fn cluster_started(&self, cluster: &str, home: bool) {
+    pub(crate) fn cluster_started(&self, cluster: &str, home: bool) {
         let kinds = crate::api::kinds::Kind::all().filter(|kind| home || !kind.info().generic);
         let mut writes: Vec<(&'static str, &'static str)> = kinds
             .flat_map(|kind| ["create", "update", "delete"].map(|verb| (verb, kind.name())))
@@ -319,7 +319,7 @@ impl Metrics {
     /// A member was disconnected (it left the inventory, or its entry can
     /// no longer be used): its series go, so the cardinality is the
     /// inventory's.
-    pub fn cluster_gone(&self, cluster: &str) {
+    pub(crate) fn cluster_gone(&self, cluster: &str) {
         self.member_reachable(cluster, None);
         let labels = ClusterLabels {
             cluster: cluster.to_owned(),
@@ -344,7 +344,7 @@ impl Metrics {
     }
 
     /// The copies and conflicts of a member, across its rules.
-    pub fn member_counts(&self, cluster: &str, copies: u64, conflicts: u64) {
+    pub(crate) fn member_counts(&self, cluster: &str, copies: u64, conflicts: u64) {
         let labels = ClusterLabels {
             cluster: cluster.to_owned(),
         };
@@ -357,18 +357,18 @@ impl Metrics {
     }
 
     /// A pass over every rule began (its orphans collected), for `cause`.
-    pub fn resynced(&self, cause: &'static str) {
+    pub(crate) fn resynced(&self, cause: &'static str) {
         self.resyncs.get_or_create(&CauseLabels { cause }).inc();
     }
 
-    pub fn reconciled(&self, result: &'static str) {
+    pub(crate) fn reconciled(&self, result: &'static str) {
         self.reconciles
             .get_or_create(&ResultLabels { result })
             .inc();
     }
 
     /// The readiness of a rule, as its status says; `None` forgets the rule.
-    pub fn rule_readiness(&self, namespace: &str, name: &str, ready: Option<bool>) {
+    pub(crate) fn rule_readiness(&self, namespace: &str, name: &str, ready: Option<bool>) {
         let labels = RuleLabels {
             rule_namespace: namespace.to_owned(),
             rule: name.to_owned(),
@@ -384,7 +384,7 @@ impl Metrics {
     }
 
     /// A member's reachability; `None` when it left the inventory.
-    pub fn member_reachable(&self, cluster: &str, reachable: Option<bool>) {
+    pub(crate) fn member_reachable(&self, cluster: &str, reachable: Option<bool>) {
         let labels = ClusterLabels {
             cluster: cluster.to_owned(),
         };
@@ -400,7 +400,7 @@ impl Metrics {
         }
     }
 
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

@@ -26,7 +26,7 @@ const KEPT_AT_MOST: usize = 1024;
 
 /// What a caller of /metrics is let do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// No bearer token, or one the API server does not accept: 401.
     Unauthenticated,
     /// Authenticated, but may not get /metrics: 403.
@@ -36,13 +36,13 @@ pub enum Verdict {
     Unavailable,
 }
 
-pub struct MetricsAuth {
+pub(crate) struct MetricsAuth {
     client: kube::Client,
     kept: Mutex<HashMap<[u8; 32], (Instant, Verdict)>>,
 }
 
 impl MetricsAuth {
-    pub fn new(client: kube::Client) -> Self {
+    pub(crate) fn new(client: kube::Client) -> Self {
         Self {
             client,
             kept: Mutex::new(HashMap::new()),
@@ -50,7 +50,7 @@ impl MetricsAuth {
     }
 
     /// The verdict for a request with this `Authorization` header.
-    pub async fn judge(&self, authorization: Option<&str>) -> Verdict {
+    pub(crate) async fn judge(&self, authorization: Option<&str>) -> Verdict {
         let Some(token) = authorization
             .and_then(|h| h.strip_prefix("Bearer "))
             .map(str::trim)

@@ -6,7 +6,7 @@ use crate::{Error, Result};
 
 /// How log lines are written: text for people, JSON for collectors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
@@ -16,7 +16,7 @@ pub enum LogFormat {
 /// those lines are off unless directives ask for them.
 const QUIET_CLIENT: &str = "kube_client::client::builder=off";
 
-pub fn init(level: &str, format: LogFormat) -> Result<()> {
+pub(crate) fn init(level: &str, format: LogFormat) -> Result<()> {
     let directives = if level.contains("kube") {
         level.to_owned()
     } else {
