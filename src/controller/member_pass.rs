@@ -14,11 +14,12 @@ use tokio::time::Instant;
 
 use crate::api::rule::{CopyratorRule, Disposal, RuleKey};
 use crate::cluster::sources::Sources;
+use crate::controller::cluster_pass::{cluster_pass, preview_plan};
 use crate::controller::finalizer::{
     Cleared, copies_to_withdraw, preview_withdrawal, withdraw as withdraw_copies,
 };
 use crate::controller::members::Member;
-use crate::controller::reconcile::{cluster_pass, preview_plan, sources_of};
+use crate::controller::reconcile::sources_of;
 use crate::controller::state::Shared;
 use crate::core::plan::DeleteReason;
 use crate::core::preview::{Preview, Skip};

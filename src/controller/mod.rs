@@ -2,6 +2,7 @@
 //! workers, a rule's pass (plan, write, status, Events), the finalizer, and
 //! the copy watches of the kinds rules name.
 
+pub(crate) mod cluster_pass;
 pub(crate) mod consumers;
 pub(crate) mod finalizer;
 pub(crate) mod fleet;

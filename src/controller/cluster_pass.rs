@@ -1,0 +1,745 @@
+//! A rule's pass in one cluster, the same at home and in every member:
+//! plan from the site's views, carry the plan out within each copy's
+//! backoff (and the rule's stages), roll the consumers of what changed,
+//! and report what the cluster then holds ([`ClusterReport`]). What the
+//! rule says of all clusters together is `reconcile`'s. [`preview_plan`]
+//! plans the same way for `copyrator plan` and writes nothing.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject, ListParams};
+use tokio::time::Instant;
+
+use crate::Error;
+use crate::api::kinds::Kind;
+use crate::api::rule::{ConflictEntry, ContestedEntry, CopyratorRule};
+use crate::cache::index::{Object, ObjectKey};
+use crate::cluster::writer::Outcome;
+use crate::controller::consumers::{ChangedCopy, Restarts, restart_consumers};
+use crate::controller::finalizer::write_through;
+use crate::controller::site::Site;
+use crate::controller::state::Shared;
+use crate::core::backoff::{Admission, CopyKey, Failure, Waiting};
+use crate::core::plan::{self, Action, DeleteReason, Inputs, Occupied, Plan};
+use crate::core::preview::{PlannedChange, Preview, Skip};
+use crate::core::report::{self, ClusterReport};
+use crate::core::resolve::ResolvedRule;
+use crate::core::scope::{Scope, Touch};
+use crate::core::tally::{Basis, Unsettled};
+use crate::sync::{lock, read};
+
+/// What a rule's pass did, for its status, its log line and its requeue.
+#[derive(Default)]
+pub(crate) struct Pass {
+    pub(crate) plan: Plan,
+    /// Every conflict of the rule, from this pass and the earlier ones
+    /// whose places it did not look at.
+    pub(crate) conflicts: Vec<ConflictEntry>,
+    /// Copies of the rule in place after this pass, wherever they are.
+    pub(crate) copies: u32,
+    pub(crate) created: u32,
+    pub(crate) updated: u32,
+    pub(crate) pruned: u32,
+    pub(crate) deleted: u32,
+    /// Copies orphaned: handed over to their namespaces (`deletionPolicy`).
+    pub(crate) handed_over: u32,
+    /// Not written because this process does not lead.
+    pub(crate) not_leader: u32,
+    /// Writes that failed in this pass: `(what, failure)`.
+    pub(crate) failed: Vec<(String, Failure)>,
+    /// Writes waiting out the backoff of an earlier failure.
+    pub(crate) deferred: Vec<(String, Failure)>,
+    /// Restores of contested copies waiting out their backoff.
+    pub(crate) contest_waits: u32,
+    /// When the earliest copy in backoff may be written.
+    pub(crate) retry_at: Option<Instant>,
+    /// What the rule's stages held back and where its rollouts stand.
+    pub(crate) rollout: Option<crate::core::rollout::Gated>,
+    /// Copies whose data this pass's writes changed (kept only for a rule
+    /// with `rollout.restartConsumers`).
+    pub(crate) changed: Vec<ChangedCopy>,
+    /// The workloads rolled after the writes.
+    pub(crate) restarts: Restarts,
+}
+
+impl Pass {
+    fn retry_no_later_than(&mut self, at: Instant) {
+        self.retry_at = Some(self.retry_at.map_or(at, |r| r.min(at)));
+    }
+
+    /// Every copy that is not written because of a failure, this pass or before.
+    pub(crate) fn failing(&self) -> impl Iterator<Item = &(String, Failure)> {
+        self.failed.iter().chain(&self.deferred)
+    }
+}
+
+/// What a pass found in its cluster (home or a member), counted the same
+/// way in each; the problem is only that of its failed writes.
+fn report_of(site: &Site, resolved: &ResolvedRule, pass: &Pass) -> ClusterReport {
+    let contested = lock(&site.backoffs)
+        .contested(&resolved.key)
+        .into_iter()
+        .map(|c| ContestedEntry {
+            cluster: None,
+            namespace: c.namespace,
+            name: c.name,
+            writer: c.writer,
+        })
+        .collect();
+    ClusterReport {
+        target_namespaces: pass.plan.target_namespaces,
+        copies: pass.copies,
+        create_only_copies: read(site.cluster.views.copies(resolved.kind))
+            .count_create_only(&resolved.uid) as u32,
+        conflicts: pass.conflicts.clone(),
+        contested,
+        problem: report::sync_failed(pass.failing()),
+    }
+}
+
+/// Name lookups in flight at once while a preview checks its creates.
+const LOOKUPS_IN_FLIGHT: usize = 8;
+
+/// The plan of a pass over everything in `site`, as a preview: what it
+/// would write and what it would leave out there.
+pub(crate) async fn preview_plan(
+    shared: &Arc<Shared>,
+    site: &Site,
+    resolved: &ResolvedRule,
+    sources: &[Arc<Object>],
+) -> Result<Preview, Error> {
+    let key = &resolved.key;
+    let rule_name = key.to_string();
+    let cluster = shared.cluster_name(&site.name);
+    // A fresh process knows no conflict yet: the lookup below finds them.
+    let (mut plan, other_kind_deletions) = plan_pass(
+        shared,
+        site,
+        resolved,
+        sources,
+        &Scope::everything(),
+        &HashMap::new(),
+    );
+    let actions = take_over_or_skip(
+        site,
+        resolved,
+        std::mem::take(&mut plan.actions),
+        &mut plan.conflicts,
+    )
+    .await?;
+    let changes = actions
+        .iter()
+        .map(|action| (resolved.kind, action))
+        .chain(other_kind_deletions.iter().map(|(kind, a)| (*kind, a)))
+        .map(|(kind, action)| PlannedChange::of(cluster, &rule_name, kind, action))
+        .collect();
+    let mut skipped: Vec<Skip> = plan
+        .conflicts
+        .iter()
+        .chain(&plan.shadowed)
+        .map(|conflict| Skip::copy(cluster, &rule_name, resolved.kind, conflict))
+        .chain(
+            plan.refused_sources
+                .iter()
+                .map(|(source, why)| Skip::source(cluster, &rule_name, resolved.kind, source, why)),
+        )
+        .collect();
+    skipped.extend(
+        plan::left_out_namespaces(resolved, &read(&site.cluster.views.namespaces))
+            .into_iter()
+            .map(|(namespace, exclusion)| Skip::namespace(cluster, key, namespace, exclusion)),
+    );
+    Ok(Preview::Planned { changes, skipped })
+}
+
+/// The creates of a plan as the writer would end up carrying them out:
+/// where an object the copy cache does not hold already has the name, the
+/// create becomes a conflict, a take-over (update or recreate) or nothing
+/// (the cache was behind), as [`plan::occupied`] decides. One list per
+/// name, across namespaces, so the cost follows the sources, not the targets.
+async fn take_over_or_skip(
+    site: &Site,
+    resolved: &ResolvedRule,
+    actions: Vec<Action>,
+    conflicts: &mut Vec<ConflictEntry>,
+) -> Result<Vec<Action>, Error> {
+    let names: BTreeSet<String> = actions
+        .iter()
+        .filter_map(|action| match action {
+            Action::Create { desired, .. } => Some(desired.name.clone()),
+            _ => None,
+        })
+        .collect();
+    if names.is_empty() {
+        return Ok(actions);
+    }
+    let kind = resolved.kind;
+    let api: Api<DynamicObject> = Api::all_with(site.cluster.client.clone(), &kind.api_resource());
+    let mut lists = futures::stream::iter(names)
+        .map(|name| {
+            let api = api.clone();
+            async move {
+                let params = ListParams::default().fields(&format!("metadata.name={name}"));
+                (name, api.list(&params).await)
+            }
+        })
+        .buffer_unordered(LOOKUPS_IN_FLIGHT);
+    let mut holders: HashMap<ObjectKey, Object> = HashMap::new();
+    while let Some((name, listed)) = lists.next().await {
+        let listed = listed.map_err(|source| Error::Lookup {
+            what: format!("the {kind}s named {name}"),
+            source,
+        })?;
+        // Compact at once: a Secret's data is not kept.
+        for object in listed.items {
+            let object = Object::from_dynamic(kind, object).into_compact();
+            holders.insert(object.key(), object);
+        }
+    }
+    let rule_name = resolved.key.to_string();
+    let mut out = Vec::with_capacity(actions.len());
+    for action in actions {
+        let Action::Create { desired, namespace } = &action else {
+            out.push(action);
+            continue;
+        };
+        let Some(existing) = holders.remove(&(namespace.clone(), desired.name.clone())) else {
+            out.push(action);
+            continue;
+        };
+        let current = Arc::new(existing);
+        match plan::occupied(desired, &current, resolved.conflict_policy, &rule_name) {
+            Occupied::Ours => {}
+            Occupied::Conflict(reason) => conflicts.push(ConflictEntry {
+                cluster: None,
+                namespace: namespace.clone(),
+                name: desired.name.clone(),
+                reason,
+            }),
+            Occupied::Recreate => out.push(Action::Recreate {
+                desired: desired.clone(),
+                current,
+            }),
+            Occupied::Update => out.push(Action::Update {
+                desired: desired.clone(),
+                current,
+            }),
+        }
+    }
+    conflicts.sort();
+    conflicts.dedup();
+    Ok(out)
+}
+
+/// `Kind namespace/name` of an action's target, for messages.
+fn describe_target(kind: Kind, action: &Action) -> String {
+    let (namespace, name) = action.target();
+    format!("{kind} {namespace}/{name}")
+}
+
+/// What an action would write, for the backoff: a different copy (the
+/// source or the rule changed) may be tried at once.
+fn wanted_hash(action: &Action) -> u64 {
+    match action {
+        Action::Create { desired, .. }
+        | Action::Update { desired, .. }
+        | Action::Recreate { desired, .. } => desired.content_hash,
+        Action::Delete { .. } | Action::HandOver { .. } => 0,
+    }
+}
+
+/// The writer that changed a copy back, when this action restores one.
+fn changed_back_by(action: &Action) -> Option<String> {
+    match action {
+        Action::Update { desired, current } | Action::Recreate { desired, current }
+            if desired.is_changed_back(current) =>
+        {
+            Some(
+                current
+                    .other_writer
+                    .as_deref()
+                    .unwrap_or("an unknown writer")
+                    .to_owned(),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// What a pass over `scope` plans for a rule, from the views: its plan,
+/// and the deletions of its copies of another kind (its type changed).
+fn plan_pass(
+    shared: &Shared,
+    site: &Site,
+    resolved: &ResolvedRule,
+    sources: &[Arc<Object>],
+    scope: &Scope,
+    known_conflicts: &HashMap<ObjectKey, String>,
+) -> (Plan, Vec<(Kind, Action)>) {
+    let namespaces = read(&site.cluster.views.namespaces);
+    let plan = {
+        let copies = read(site.cluster.views.copies(resolved.kind));
+        let roles = read(&site.cluster.views.roles);
+        let live = |uid: &str| shared.is_live_rule(uid);
+        plan::plan(&Inputs {
+            rule: resolved,
+            namespaces: &namespaces,
+            sources,
+            copies: &copies,
+            live_rule_uids: &live,
+            known_conflicts,
+            scope,
+            roles: &roles,
+        })
+    };
+    let mut other_kind_deletions = Vec::new();
+    if resolved.prune {
+        for kind in Kind::all().filter(|k| *k != resolved.kind && resolved.policy.kinds.copies(*k))
+        {
+            // The rule no longer copies this kind: as if its sources were gone.
+            for action in plan::cleanup(
+                &resolved.uid,
+                DeleteReason::SourceGone,
+                resolved.deletion.source_gone,
+                &namespaces,
+                &read(site.cluster.views.copies(kind)),
+            ) {
+                other_kind_deletions.push((kind, action));
+            }
+        }
+    }
+    (plan, other_kind_deletions)
+}
+
+/// A rule's pass in one cluster, the same at home and in every member:
+/// plan, write, roll the consumers of what changed (and say so); and what
+/// the cluster then holds.
+pub(crate) async fn cluster_pass(
+    shared: &Arc<Shared>,
+    site: &Site,
+    rule: &CopyratorRule,
+    resolved: &ResolvedRule,
+    sources: &[Arc<Object>],
+    scope: Scope,
+) -> (Pass, ClusterReport) {
+    let pass = carry_out(shared, site, rule, resolved, sources, scope).await;
+    crate::controller::consumers::announce(shared, site, rule, &pass.restarts).await;
+    let report = report_of(site, resolved, &pass);
+    (pass, report)
+}
+
+/// A rule's pass: plan what its scope concerns, then write what each
+/// copy's backoff admits, and take the outcomes into the rule's tally.
+async fn carry_out(
+    shared: &Arc<Shared>,
+    site: &Site,
+    rule: &CopyratorRule,
+    resolved: &ResolvedRule,
+    sources: &[Arc<Object>],
+    scope: Scope,
+) -> Pass {
+    let basis = Basis {
+        uid: resolved.uid.clone(),
+        generation: rule.metadata.generation,
+    };
+    // A staged rule is planned whole on every pass: where a source's
+    // content stands is judged over every place, never from part of them.
+    let staged = resolved.stages.is_some();
+    let asked_everything = scope.is_everything();
+    let scope = if staged { Scope::everything() } else { scope };
+    let (scope, known_conflicts) = pass_scope(site, resolved, &basis, scope);
+    // Consumers are rechecked on the passes over everything that were asked for.
+    let recheck_consumers = if staged {
+        asked_everything
+    } else {
+        scope.is_everything()
+    };
+    // Planning is bounded but may take a while: off the threads that serve
+    // watches, the Lease and the probes.
+    let (mut plan, mut other_kind_deletions) = tokio::task::block_in_place(|| {
+        plan_pass(shared, site, resolved, sources, &scope, &known_conflicts)
+    });
+    shared
+        .metrics
+        .copies_examined
+        .inc_by(u64::from(plan.examined));
+    {
+        let mut memory = lock(&site.memory);
+        let memory = memory.entry(resolved.key.clone()).or_default();
+        if plan.too_costly {
+            // Nothing of a rule too costly to follow is written or
+            // deleted, and what its plan counted before it stopped is no
+            // count of the rule's.
+            other_kind_deletions.clear();
+            memory.too_costly = true;
+        } else {
+            if scope.is_everything() {
+                memory.too_costly = false;
+            }
+            // What this pass looked at replaces what the rule's tally held there.
+            memory.tally.record(&basis, &scope, &plan);
+        }
+        if memory.too_costly {
+            // Until a pass over everything fits, none writes or deletes.
+            plan.actions.clear();
+            other_kind_deletions.clear();
+        }
+        plan.too_costly = memory.too_costly;
+    }
+    let mut pass = Pass::default();
+    // The tally took the plan whole: writes the stages hold back stay owed.
+    if let Some(stages) = &resolved.stages {
+        let gated = crate::controller::rollout::stage(site, resolved, stages, &mut plan).await;
+        if let Some(at) = gated.recheck_at {
+            pass.retry_no_later_than(at);
+        }
+        pass.rollout = Some(gated);
+    }
+    let actions: Vec<(Kind, Action)> = std::mem::take(&mut plan.actions)
+        .into_iter()
+        .map(|a| (resolved.kind, a))
+        .chain(other_kind_deletions)
+        .collect();
+    let admitted = admit(site, resolved, actions, &mut pass);
+    defer_failed_elsewhere(site, resolved, &scope, &mut pass);
+    let new_conflicts = write_admitted(site, resolved, admitted, &mut pass).await;
+    if pass.rollout.is_some() && pass.created + pass.updated > 0 {
+        // A stage's writes may have settled it: look again at once.
+        pass.retry_no_later_than(Instant::now() + crate::core::rollout::AFTER_WRITES);
+    }
+    for (namespace, name) in remember_conflicts(site, rule, resolved, new_conflicts) {
+        // What the write met may have gone unseen: look again.
+        site.queue
+            .add(resolved.key.clone(), Touch::Copy(namespace, name));
+    }
+    finish(site, resolved, &mut pass, plan);
+    let changed = std::mem::take(&mut pass.changed);
+    // A rule too costly to plan wrote nothing, and rolls nothing.
+    if !pass.plan.too_costly {
+        pass.restarts =
+            restart_consumers(shared, site, resolved, sources, recheck_consumers, changed).await;
+    }
+    if let Some(delay) = pass.restarts.retry_in {
+        pass.retry_no_later_than(Instant::now() + delay);
+    }
+    pass
+}
+
+/// What a pass looks at, and the conflicts the rule knows of. Counts kept
+/// from another generation's passes describe targets the rule may no
+/// longer have: such a pass looks at everything; a pass that retries
+/// looks again at every place left unsettled.
+fn pass_scope(
+    site: &Site,
+    resolved: &ResolvedRule,
+    basis: &Basis,
+    scope: Scope,
+) -> (Scope, HashMap<ObjectKey, String>) {
+    let mut memory = lock(&site.memory);
+    let fresh = !memory.contains_key(&resolved.key);
+    // Even a rule's first pass in a site follows the places it finds held
+    // (the foreign watch tells it when one is freed).
+    let memory = memory.entry(resolved.key.clone()).or_default();
+    memory
+        .known_conflicts
+        .pass_begins(&resolved.key.to_string(), resolved.kind);
+    let mut scope = if fresh {
+        Scope::everything()
+    } else {
+        memory.tally.scope_for(basis, scope)
+    };
+    if scope.retries() {
+        for (namespace, name) in memory.tally.places() {
+            scope.add(Touch::Copy(namespace.to_owned(), name.to_owned()));
+        }
+    }
+    (scope, memory.known_conflicts.held().clone())
+}
+
+/// A write admitted into this pass: the copy, its kind, the action.
+type Admitted = (CopyKey, Kind, Action);
+
+/// Each copy's backoff decides whether it is written in this pass; of the
+/// copies behind the rule's refusal gate, one may probe.
+fn admit(
+    site: &Site,
+    resolved: &ResolvedRule,
+    actions: Vec<(Kind, Action)>,
+    pass: &mut Pass,
+) -> Vec<Admitted> {
+    let now = Instant::now();
+    let mut admitted = Vec::with_capacity(actions.len());
+    let mut refused = Vec::new();
+    let mut backoffs = lock(&site.backoffs);
+    for (kind, action) in actions {
+        let (namespace, name) = action.target();
+        let copy: CopyKey = (kind, namespace.to_owned(), name.to_owned());
+        let restore = changed_back_by(&action).or_else(|| {
+            (matches!(action, Action::Create { .. })
+                && backoffs.was_deleted_by_others(&copy, wanted_hash(&action)))
+            .then(|| "whoever deleted it".to_owned())
+        });
+        match backoffs.admit(
+            &copy,
+            &resolved.key,
+            wanted_hash(&action),
+            restore.as_deref(),
+            now,
+        ) {
+            Admission::Go => admitted.push((copy, kind, action)),
+            // Behind the rule's refusal gate: one of them may probe.
+            Admission::Wait {
+                why: Waiting::Refused(failure),
+                ..
+            } => refused.push((copy, kind, action, failure)),
+            Admission::Wait { until, why } => {
+                pass.retry_no_later_than(until);
+                match why {
+                    Waiting::Failed(failure) | Waiting::Refused(failure) => pass
+                        .deferred
+                        .push((describe_target(kind, &action), failure)),
+                    Waiting::Contested { .. } => pass.contest_waits += 1,
+                }
+            }
+        }
+    }
+    if !refused.is_empty() {
+        let keys: Vec<CopyKey> = refused.iter().map(|(copy, ..)| copy.clone()).collect();
+        let probe = backoffs.pick_probe(&resolved.key, &keys, now);
+        for (copy, kind, action, failure) in refused {
+            if probe.as_ref() == Some(&copy) {
+                admitted.push((copy, kind, action));
+            } else {
+                pass.deferred
+                    .push((describe_target(kind, &action), failure));
+            }
+        }
+        if let Some(at) = backoffs.next_probe(&resolved.key) {
+            pass.retry_no_later_than(at);
+        }
+    }
+    admitted
+}
+
+/// Copies that failed before, where this pass did not look: they still
+/// wait, and the status says so as a pass over everything would.
+fn defer_failed_elsewhere(site: &Site, resolved: &ResolvedRule, scope: &Scope, pass: &mut Pass) {
+    let failed_before = if scope.is_everything()
+        || !lock(&site.memory)
+            .get(&resolved.key)
+            .is_some_and(|m| m.tally.has_unwritten())
+    {
+        Vec::new()
+    } else {
+        lock(&site.backoffs).failures(&resolved.key)
+    };
+    if failed_before.is_empty() {
+        return;
+    }
+    let memory = lock(&site.memory);
+    let tally = memory.get(&resolved.key).map(|m| &m.tally);
+    for ((kind, namespace, name), failure, retry_at) in failed_before {
+        let still_unwritten = tally.is_some_and(|t| t.is_unwritten(&namespace, &name));
+        if kind == resolved.kind && !scope.covers(&namespace, &name) && still_unwritten {
+            pass.retry_no_later_than(retry_at);
+            pass.deferred
+                .push((format!("{kind} {namespace}/{name}"), failure));
+        }
+    }
+}
+
+/// Write the admitted copies, `--write-concurrency` at a time, taking
+/// each outcome as it comes (a pass of 100,000 writes never holds them all
+/// at once); returns the conflicts the writes met.
+async fn write_admitted(
+    site: &Site,
+    resolved: &ResolvedRule,
+    admitted: Vec<Admitted>,
+    pass: &mut Pass,
+) -> Vec<(ObjectKey, String)> {
+    let rule_name = resolved.key.to_string();
+    let policy = resolved.conflict_policy;
+    let concurrency = site.cluster.writer.concurrency();
+    let mut results = futures::stream::iter(admitted)
+        .map(|(copy, kind, action)| {
+            let rule_name = rule_name.clone();
+            async move {
+                let outcome = site
+                    .cluster
+                    .writer
+                    .execute(kind, &action, policy, &rule_name)
+                    .await;
+                (copy, kind, action, outcome)
+            }
+        })
+        .buffer_unordered(concurrency);
+    let mut new_conflicts = Vec::new();
+    while let Some((copy, kind, action, outcome)) = results.next().await {
+        if let Some(conflict) = take_outcome(site, resolved, pass, (copy, kind, action), outcome) {
+            new_conflicts.push(conflict);
+        }
+    }
+    new_conflicts
+}
+
+/// One write's outcome into the rule's tally, the copy's backoff, the
+/// view of copies (write-through) and the pass's counts; a conflict met
+/// is returned.
+fn take_outcome(
+    site: &Site,
+    resolved: &ResolvedRule,
+    pass: &mut Pass,
+    (copy, kind, action): Admitted,
+    outcome: Outcome,
+) -> Option<(ObjectKey, String)> {
+    let (namespace, name) = action.target();
+    let settles =
+        kind == resolved.kind && matches!(outcome, Outcome::Written(_) | Outcome::Ignored(_));
+    if settles {
+        lock(&site.memory)
+            .entry(resolved.key.clone())
+            .or_default()
+            .tally
+            .settle(namespace, name);
+    }
+    match outcome {
+        Outcome::Written(object) => {
+            if lock(&site.backoffs).succeeded(&copy, Instant::now()) {
+                // A refusal was lifted: the rule's other refused copies
+                // go in the next pass, at once.
+                pass.retry_no_later_than(Instant::now());
+            }
+            // Write-through: the next pass sees our write even before its watch event.
+            write_through(site, kind, &action, object);
+            if resolved.restart_consumers && kind == resolved.kind {
+                note_changed(pass, namespace, &action);
+            }
+            match action {
+                Action::Create { .. } => pass.created += 1,
+                Action::Update { .. } | Action::Recreate { .. } => pass.updated += 1,
+                Action::Delete { reason, .. } if reason.is_prune() => pass.pruned += 1,
+                Action::Delete { .. } => pass.deleted += 1,
+                Action::HandOver { .. } => pass.handed_over += 1,
+            }
+        }
+        Outcome::Conflict(reason) => {
+            // No write is owed there any more: an earlier failure is moot.
+            lock(&site.backoffs).no_longer_owed(&copy);
+            return Some(((namespace.to_owned(), name.to_owned()), reason));
+        }
+        Outcome::Failed(failure) => {
+            let at = lock(&site.backoffs).failed(
+                &copy,
+                &resolved.key,
+                wanted_hash(&action),
+                failure.clone(),
+                Instant::now(),
+            );
+            pass.retry_no_later_than(at);
+            pass.failed.push((describe_target(kind, &action), failure));
+        }
+        Outcome::NotLeader => pass.not_leader += 1,
+        Outcome::Ignored(_) => {}
+    }
+    None
+}
+
+/// A written copy whose data changed (or that was created), for
+/// `rollout.restartConsumers`.
+fn note_changed(pass: &mut Pass, namespace: &str, action: &Action) {
+    let (desired, before) = match action {
+        Action::Create { desired, .. } => (desired, None),
+        Action::Update { desired, current } | Action::Recreate { desired, current }
+            if desired.payload_hash != current.payload_hash =>
+        {
+            (desired, Some(current.payload_hash))
+        }
+        _ => return,
+    };
+    pass.changed.push(ChangedCopy {
+        namespace: namespace.to_owned(),
+        desired: desired.clone(),
+        created: before.is_none(),
+        before,
+    });
+}
+
+/// The conflicts the writes met join the rule's tally and memory; a
+/// target that is ours now is no conflict any more. Returns the places
+/// whose conflict is not believed (what the write met went, or may have
+/// gone unseen, meanwhile): their writes stay owed.
+fn remember_conflicts(
+    site: &Site,
+    rule: &CopyratorRule,
+    resolved: &ResolvedRule,
+    new_conflicts: Vec<(ObjectKey, String)>,
+) -> Vec<ObjectKey> {
+    let mut memory = lock(&site.memory);
+    let memory = memory.entry(resolved.key.clone()).or_default();
+    let mut doubted = Vec::new();
+    for (key, reason) in new_conflicts {
+        if memory.known_conflicts.met(key.clone(), reason.clone()) {
+            memory
+                .tally
+                .set(&key.0, &key.1, Unsettled::Conflict(reason));
+        } else {
+            doubted.push(key);
+        }
+    }
+    let copies = read(site.cluster.views.copies(resolved.kind));
+    memory.known_conflicts.retain(|(ns, name)| {
+        copies
+            .get(ns, name)
+            .is_none_or(|c| c.rule_uid() != rule.uid())
+    });
+    doubted
+}
+
+/// The rule's counts and conflicts after a pass, from its tally: exact
+/// whatever part of the rule the pass looked at.
+fn finish(site: &Site, resolved: &ResolvedRule, pass: &mut Pass, plan: Plan) {
+    let counts = lock(&site.memory)
+        .get(&resolved.key)
+        .map(|m| m.tally.counts(&plan));
+    if let Some(counts) = counts {
+        pass.copies = counts.copies;
+        pass.conflicts = counts.conflicts;
+    } else {
+        pass.conflicts = plan.shadowed.clone();
+    }
+    pass.plan = plan;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn a_rules_first_pass_in_a_site_follows_the_places_it_finds_held() {
+        let shared = crate::controller::state::test_shared();
+        let rule: CopyratorRule = serde_json::from_value(json!({
+            "metadata": {"name": "r", "namespace": "ops", "uid": "rule-1", "generation": 1},
+            "ruleType": "configmap",
+            "selector": {"copy": "yes"},
+        }))
+        .expect("a rule");
+        let resolved = rule.resolve(&shared.trust).expect("a valid rule");
+        let basis = Basis {
+            uid: resolved.uid.clone(),
+            generation: Some(1),
+        };
+        assert!(!lock(&shared.home.memory).contains_key(&resolved.key));
+        let (scope, known) = pass_scope(&shared.home, &resolved, &basis, Scope::everything());
+        assert!(scope.is_everything() && known.is_empty());
+        let memory = lock(&shared.home.memory);
+        assert!(
+            memory[&resolved.key]
+                .known_conflicts
+                .follows(Kind::ConfigMap),
+            "the foreign watch of ConfigMaps tells the rule of a place freed after its first pass"
+        );
+    }
+}
