@@ -4,6 +4,8 @@
 
 pub(crate) mod client;
 pub(crate) mod context;
+#[cfg(test)]
+pub(crate) mod fake_objects;
 pub(crate) mod foreign;
 pub(crate) mod inventory;
 pub(crate) mod leader;

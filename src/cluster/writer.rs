@@ -46,8 +46,119 @@ pub(crate) enum Outcome {
     Ignored(&'static str),
 }
 
+/// Where the writer's requests go: the API server, or (in unit tests) an
+/// object store in memory that answers as the API server does.
+pub(crate) enum Store {
+    Api(Client),
+    #[cfg(test)]
+    Fake(Arc<crate::cluster::fake_objects::FakeObjects>),
+}
+
+impl Store {
+    async fn create(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        object: &DynamicObject,
+    ) -> kube::Result<DynamicObject> {
+        match self {
+            Store::Api(client) => {
+                api(client, kind, namespace)
+                    .create(&write_params(), object)
+                    .await
+            }
+            #[cfg(test)]
+            Store::Fake(fake) => fake.create(namespace, object),
+        }
+    }
+
+    async fn get_opt(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+    ) -> kube::Result<Option<DynamicObject>> {
+        match self {
+            Store::Api(client) => api(client, kind, namespace).get_opt(name).await,
+            #[cfg(test)]
+            Store::Fake(fake) => fake.get(namespace, name),
+        }
+    }
+
+    async fn replace(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        object: &DynamicObject,
+    ) -> kube::Result<DynamicObject> {
+        match self {
+            Store::Api(client) => {
+                let name = object.metadata.name.as_deref().unwrap_or_default();
+                api(client, kind, namespace)
+                    .replace(name, &write_params(), object)
+                    .await
+            }
+            #[cfg(test)]
+            Store::Fake(fake) => fake.replace(namespace, object),
+        }
+    }
+
+    /// A JSON merge patch (of the object's metadata).
+    async fn merge_patch(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+        patch: &Value,
+    ) -> kube::Result<DynamicObject> {
+        match self {
+            Store::Api(client) => {
+                let params = PatchParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                };
+                api(client, kind, namespace)
+                    .patch(name, &params, &Patch::Merge(patch))
+                    .await
+            }
+            #[cfg(test)]
+            Store::Fake(fake) => fake.merge_patch(namespace, name, patch),
+        }
+    }
+
+    /// Delete exactly the object of this uid and version.
+    async fn delete(&self, kind: Kind, current: &Object) -> kube::Result<()> {
+        match self {
+            Store::Api(client) => {
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: Some(current.uid.clone()),
+                        resource_version: Some(current.resource_version.clone()),
+                    }),
+                    ..Default::default()
+                };
+                api(client, kind, &current.namespace)
+                    .delete(&current.name, &params)
+                    .await
+                    .map(|_| ())
+            }
+            #[cfg(test)]
+            Store::Fake(fake) => fake.delete(
+                &current.namespace,
+                &current.name,
+                &current.uid,
+                &current.resource_version,
+            ),
+        }
+    }
+}
+
+fn api(client: &Client, kind: Kind, namespace: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), namespace, &kind.api_resource())
+}
+
 pub(crate) struct Writer {
-    client: Client,
+    store: Store,
     limiter: RateLimiter,
     /// The writes in flight: fewer while the API server throttles them.
     in_flight: WriteLimit,
@@ -165,7 +276,7 @@ impl Writer {
             gauge.set(i64::from(concurrency));
         }
         Self {
-            client,
+            store: Store::Api(client),
             limiter,
             in_flight: WriteLimit::new(concurrency as usize),
             metrics,
@@ -189,10 +300,6 @@ impl Writer {
     /// Writes allowed in flight now (the limit throttling moves).
     pub(crate) fn concurrency(&self) -> usize {
         self.in_flight.allowed()
-    }
-
-    fn api(&self, desired_kind: Kind, namespace: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(self.client.clone(), namespace, &desired_kind.api_resource())
     }
 
     /// Wait for a rate token.
@@ -317,13 +424,9 @@ impl Writer {
         policy: ConflictPolicy,
         rule: &str,
     ) -> Outcome {
-        let api = self.api(desired.kind, namespace);
-        let params = write_params();
         self.metrics.write("create", desired.kind.name());
-        match api
-            .create(&params, &to_dynamic(desired, namespace, None))
-            .await
-        {
+        let object = to_dynamic(desired, namespace, None);
+        match self.store.create(desired.kind, namespace, &object).await {
             Ok(created) => written(desired, created),
             Err(e) if is_status(&e, 409) => {
                 self.resolve_existing(desired, namespace, policy, rule)
@@ -345,9 +448,12 @@ impl Writer {
         policy: ConflictPolicy,
         rule: &str,
     ) -> Outcome {
-        let api = self.api(desired.kind, namespace);
         self.pace().await;
-        let existing = match api.get_opt(&desired.name).await {
+        let existing = match self
+            .store
+            .get_opt(desired.kind, namespace, &desired.name)
+            .await
+        {
             Ok(Some(existing)) => existing,
             Ok(None) => {
                 return Outcome::Failed(Failure {
@@ -376,11 +482,13 @@ impl Writer {
     /// Replace the copy, conditional on the version the plan saw; labels
     /// and annotations that others own are kept.
     async fn update(&self, desired: &Desired, current: &Object) -> Outcome {
-        let api = self.api(desired.kind, &current.namespace);
-        let params = write_params();
         self.metrics.write("update", desired.kind.name());
         let object = to_dynamic(desired, &current.namespace, Some(current));
-        match api.replace(&desired.name, &params, &object).await {
+        match self
+            .store
+            .replace(desired.kind, &current.namespace, &object)
+            .await
+        {
             Ok(updated) => written(desired, updated),
             Err(e) if is_status(&e, 404) => Outcome::Failed(Failure {
                 class: FailureClass::Conflict,
@@ -402,19 +510,15 @@ impl Writer {
     /// Orphan the copy: label exactly the version the plan saw as handed
     /// over to its namespace, leaving everything else of it as it is.
     pub(crate) async fn hand_over(&self, kind: Kind, current: &Object) -> Outcome {
-        let api = self.api(kind, &current.namespace);
         // The resourceVersion makes the merge patch conditional.
         let patch = serde_json::json!({"metadata": {
             "labels": {crate::LABEL_SYNC_POLICY: crate::CREATE_ONLY},
             "resourceVersion": current.resource_version,
         }});
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
         self.metrics.write("patch", kind.name());
-        match api
-            .patch(&current.name, &params, &Patch::Merge(&patch))
+        match self
+            .store
+            .merge_patch(kind, &current.namespace, &current.name, &patch)
             .await
         {
             Ok(patched) => Outcome::Written(Some(Arc::new(
@@ -430,19 +534,301 @@ impl Writer {
 
     /// Delete exactly the version the plan saw.
     pub(crate) async fn delete(&self, kind: Kind, current: &Object) -> Outcome {
-        let api = self.api(kind, &current.namespace);
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(current.uid.clone()),
-                resource_version: Some(current.resource_version.clone()),
-            }),
-            ..Default::default()
-        };
         self.metrics.write("delete", kind.name());
-        match api.delete(&current.name, &params).await {
-            Ok(_) => Outcome::Written(None),
+        match self.store.delete(kind, current).await {
+            Ok(()) => Outcome::Written(None),
             Err(e) if is_status(&e, 404) => Outcome::Ignored("already gone"),
             Err(e) => Outcome::Failed(self.failure(&e)),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Writer {
+    /// A writer over objects in memory, leading as `leader` says.
+    pub(crate) fn over_fake(
+        store: Arc<crate::cluster::fake_objects::FakeObjects>,
+        leader: LeaderGate,
+    ) -> Self {
+        Self {
+            store: Store::Fake(store),
+            limiter: RateLimiter::new(0.0, 1),
+            in_flight: WriteLimit::new(4),
+            metrics: ClusterMetrics::new(Arc::new(crate::ops::metrics::Metrics::default()), "home"),
+            leader,
+            health: Arc::new(crate::ops::http::Health::new(Duration::from_secs(60))),
+            concurrency_gauge: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::rule::CopyratorRule;
+    use crate::cluster::fake_objects::{FakeObjects, api_error};
+    use crate::core::plan::{DeleteReason, desired_copy};
+    use crate::core::resolve::{ResolvedRule, Trust};
+    use serde_json::json;
+
+    const RULE: &str = "ops/r";
+
+    fn rule() -> ResolvedRule {
+        let rule: CopyratorRule = serde_json::from_value(json!({
+            "metadata": {"name": "r", "namespace": "ops", "uid": "rule-1", "generation": 1},
+            "ruleType": "configmap",
+            "selector": {"copy": "yes"},
+        }))
+        .expect("a rule");
+        rule.resolve(&Trust::new("ops", false))
+            .expect("a valid rule")
+    }
+
+    fn config_map(namespace: &str, name: &str, labels: Value, data: Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "uid": "source-1",
+                         "resourceVersion": "1", "labels": labels},
+            "data": data,
+        }))
+        .expect("a ConfigMap")
+    }
+
+    /// The copy of `ops/ca` (data `ca: GOOD`) the rule wants anywhere.
+    fn desired() -> Arc<Desired> {
+        let source = Object::from_dynamic(
+            Kind::ConfigMap,
+            config_map("ops", "ca", json!({"copy": "yes"}), json!({"ca": "GOOD"})),
+        );
+        Arc::new(desired_copy(&rule(), &source))
+    }
+
+    fn setup() -> (Arc<FakeObjects>, Writer) {
+        let store = Arc::new(FakeObjects::default());
+        let (leader, _) = LeaderGate::always();
+        (store.clone(), Writer::over_fake(store, leader))
+    }
+
+    fn create(namespace: &str) -> Action {
+        Action::Create {
+            desired: desired(),
+            namespace: namespace.to_owned(),
+        }
+    }
+
+    /// The stored object as the copy cache would hold it.
+    fn held(store: &FakeObjects, namespace: &str, name: &str) -> Arc<Object> {
+        let object = store.stored(namespace, name).expect("stored");
+        Arc::new(Object::from_dynamic(Kind::ConfigMap, object))
+    }
+
+    fn data(store: &FakeObjects, namespace: &str) -> Value {
+        store.stored(namespace, "ca").expect("stored").data["data"].clone()
+    }
+
+    async fn run(writer: &Writer, action: &Action, policy: ConflictPolicy) -> Outcome {
+        writer.execute(Kind::ConfigMap, action, policy, RULE).await
+    }
+
+    #[tokio::test]
+    async fn a_created_copy_carries_the_payload_the_rules_labels_and_a_mark_that_proves_it() {
+        let (store, writer) = setup();
+        let Outcome::Written(Some(written)) =
+            run(&writer, &create("t1"), ConflictPolicy::Skip).await
+        else {
+            panic!("not written");
+        };
+        assert!(written.authored && written.intact && written.settled);
+        assert_eq!(data(&store, "t1"), json!({"ca": "GOOD"}));
+        let copy = held(&store, "t1", "ca");
+        assert!(
+            copy.authored && copy.intact,
+            "its mark proves place and content"
+        );
+        assert_eq!(
+            copy.labels.get(crate::LABEL_RULE_UID).map(String::as_str),
+            Some("rule-1")
+        );
+        assert!(desired().is_satisfied_by(&copy));
+    }
+
+    #[tokio::test]
+    async fn a_foreign_object_at_the_place_is_left_alone_under_skip_and_taken_under_overwrite() {
+        let (store, writer) = setup();
+        store.put(
+            "t1",
+            "kubectl",
+            config_map(
+                "t1",
+                "ca",
+                json!({"owner": "team"}),
+                json!({"ca": "THEIRS"}),
+            ),
+        );
+        let outcome = run(&writer, &create("t1"), ConflictPolicy::Skip).await;
+        assert!(matches!(outcome, Outcome::Conflict(_)), "{outcome:?}");
+        assert_eq!(data(&store, "t1"), json!({"ca": "THEIRS"}));
+        let outcome = run(&writer, &create("t1"), ConflictPolicy::Overwrite).await;
+        assert!(matches!(outcome, Outcome::Written(Some(_))), "{outcome:?}");
+        assert_eq!(data(&store, "t1"), json!({"ca": "GOOD"}));
+        let taken = held(&store, "t1", "ca");
+        assert!(taken.authored);
+        assert_eq!(
+            taken.labels.get("owner").map(String::as_str),
+            Some("team"),
+            "labels others own are written back as they were"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_create_that_finds_its_own_copy_writes_nothing_more() {
+        let (store, writer) = setup();
+        run(&writer, &create("t1"), ConflictPolicy::Skip).await;
+        let before = store
+            .stored("t1", "ca")
+            .expect("stored")
+            .metadata
+            .resource_version;
+        // The cache was behind: the plan creates it again.
+        let outcome = run(&writer, &create("t1"), ConflictPolicy::Skip).await;
+        assert!(matches!(outcome, Outcome::Written(Some(_))), "{outcome:?}");
+        let verbs: Vec<&str> = store.requests().iter().map(|r| r.0).collect();
+        assert_eq!(verbs, ["create", "create", "get"]);
+        assert_eq!(
+            store
+                .stored("t1", "ca")
+                .expect("stored")
+                .metadata
+                .resource_version,
+            before
+        );
+    }
+
+    #[tokio::test]
+    async fn an_update_of_a_version_that_changed_meanwhile_fails_as_a_conflict() {
+        let (store, writer) = setup();
+        run(&writer, &create("t1"), ConflictPolicy::Skip).await;
+        let seen = held(&store, "t1", "ca");
+        // Someone edits the copy after the plan saw it.
+        let mut edited = store.stored("t1", "ca").expect("stored");
+        edited.data["data"] = json!({"ca": "EVIL"});
+        store.replace("t1", &edited).expect("edited");
+        let update = Action::Update {
+            desired: desired(),
+            current: seen,
+        };
+        let Outcome::Failed(failure) = run(&writer, &update, ConflictPolicy::Skip).await else {
+            panic!("written over a version the plan did not see");
+        };
+        assert_eq!(failure.class, FailureClass::Conflict);
+        assert_eq!(data(&store, "t1"), json!({"ca": "EVIL"}));
+        // From the version as it is now, the update restores it.
+        let update = Action::Update {
+            desired: desired(),
+            current: held(&store, "t1", "ca"),
+        };
+        assert!(matches!(
+            run(&writer, &update, ConflictPolicy::Skip).await,
+            Outcome::Written(_)
+        ));
+        assert_eq!(data(&store, "t1"), json!({"ca": "GOOD"}));
+    }
+
+    #[tokio::test]
+    async fn a_delete_takes_exactly_the_version_the_plan_saw() {
+        let (store, writer) = setup();
+        run(&writer, &create("t1"), ConflictPolicy::Skip).await;
+        let seen = held(&store, "t1", "ca");
+        let mut edited = store.stored("t1", "ca").expect("stored");
+        edited.data["data"] = json!({"ca": "NEWER"});
+        store.replace("t1", &edited).expect("edited");
+        let delete = |current| Action::Delete {
+            current,
+            reason: DeleteReason::SourceGone,
+        };
+        let outcome = run(&writer, &delete(seen), ConflictPolicy::Skip).await;
+        assert!(
+            matches!(&outcome, Outcome::Failed(f) if f.class == FailureClass::Conflict),
+            "{outcome:?}"
+        );
+        assert!(store.stored("t1", "ca").is_some());
+        let now = held(&store, "t1", "ca");
+        assert!(matches!(
+            run(&writer, &delete(now.clone()), ConflictPolicy::Skip).await,
+            Outcome::Written(None)
+        ));
+        assert!(store.stored("t1", "ca").is_none());
+        assert!(matches!(
+            run(&writer, &delete(now), ConflictPolicy::Skip).await,
+            Outcome::Ignored("already gone")
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_hand_over_labels_the_copy_and_changes_nothing_else() {
+        let (store, writer) = setup();
+        run(&writer, &create("t1"), ConflictPolicy::Skip).await;
+        let hand_over = Action::HandOver {
+            current: held(&store, "t1", "ca"),
+            reason: DeleteReason::RuleDeleted,
+        };
+        let Outcome::Written(Some(handed)) = run(&writer, &hand_over, ConflictPolicy::Skip).await
+        else {
+            panic!("not handed over");
+        };
+        assert!(handed.create_only);
+        assert_eq!(data(&store, "t1"), json!({"ca": "GOOD"}));
+    }
+
+    #[tokio::test]
+    async fn nothing_is_written_into_a_namespace_going_away_nor_by_a_process_that_does_not_lead() {
+        let (store, writer) = setup();
+        store.terminate("t1");
+        assert!(matches!(
+            run(&writer, &create("t1"), ConflictPolicy::Skip).await,
+            Outcome::Ignored(_)
+        ));
+        let (gate, leading) = LeaderGate::always();
+        let follower = Writer::over_fake(store.clone(), gate);
+        leading.send_replace(false);
+        assert!(matches!(
+            run(&follower, &create("t2"), ConflictPolicy::Skip).await,
+            Outcome::NotLeader
+        ));
+        assert!(
+            !store.requests().iter().any(|r| r.1 == "t2"),
+            "no request made"
+        );
+    }
+
+    #[tokio::test]
+    async fn refusals_come_back_classified_in_the_api_servers_words() {
+        let (store, writer) = setup();
+        for (code, reason, class) in [
+            (403, "Forbidden", FailureClass::Refused),
+            (429, "TooManyRequests", FailureClass::Throttled),
+            (500, "InternalError", FailureClass::Transient),
+            (409, "Conflict", FailureClass::Conflict),
+        ] {
+            store.fail_next(
+                "replace",
+                api_error(code, &format!("said with {code}"), reason),
+            );
+            run(&writer, &create("t1"), ConflictPolicy::Skip).await;
+            let update = Action::Update {
+                desired: desired(),
+                current: held(&store, "t1", "ca"),
+            };
+            let Outcome::Failed(failure) = run(&writer, &update, ConflictPolicy::Skip).await else {
+                panic!("{code}: not failed");
+            };
+            assert_eq!(failure.class, class, "{code}");
+            assert!(
+                failure.message.contains(&format!("said with {code}")),
+                "{}",
+                failure.message
+            );
         }
     }
 }
