@@ -48,13 +48,13 @@ pub(crate) enum Outcome {
 
 /// Where the writer's requests go: the API server, or (in unit tests) an
 /// object store in memory that answers as the API server does.
-pub(crate) enum Store {
-    Api(Client),
+enum Store<'a> {
+    Api(&'a Client),
     #[cfg(test)]
-    Fake(Arc<crate::cluster::fake_objects::FakeObjects>),
+    Fake(&'a crate::cluster::fake_objects::FakeObjects),
 }
 
-impl Store {
+impl Store<'_> {
     async fn create(
         &self,
         kind: Kind,
@@ -158,7 +158,10 @@ fn api(client: &Client, kind: Kind, namespace: &str) -> Api<DynamicObject> {
 }
 
 pub(crate) struct Writer {
-    store: Store,
+    client: Client,
+    /// Unit tests only: objects in memory that answer instead of the API server.
+    #[cfg(test)]
+    fake: std::sync::OnceLock<Arc<crate::cluster::fake_objects::FakeObjects>>,
     limiter: RateLimiter,
     /// The writes in flight: fewer while the API server throttles them.
     in_flight: WriteLimit,
@@ -276,7 +279,9 @@ impl Writer {
             gauge.set(i64::from(concurrency));
         }
         Self {
-            store: Store::Api(client),
+            client,
+            #[cfg(test)]
+            fake: std::sync::OnceLock::new(),
             limiter,
             in_flight: WriteLimit::new(concurrency as usize),
             metrics,
@@ -300,6 +305,14 @@ impl Writer {
     /// Writes allowed in flight now (the limit throttling moves).
     pub(crate) fn concurrency(&self) -> usize {
         self.in_flight.allowed()
+    }
+
+    fn store(&self) -> Store<'_> {
+        #[cfg(test)]
+        if let Some(fake) = self.fake.get() {
+            return Store::Fake(fake);
+        }
+        Store::Api(&self.client)
     }
 
     /// Wait for a rate token.
@@ -426,7 +439,7 @@ impl Writer {
     ) -> Outcome {
         self.metrics.write("create", desired.kind.name());
         let object = to_dynamic(desired, namespace, None);
-        match self.store.create(desired.kind, namespace, &object).await {
+        match self.store().create(desired.kind, namespace, &object).await {
             Ok(created) => written(desired, created),
             Err(e) if is_status(&e, 409) => {
                 self.resolve_existing(desired, namespace, policy, rule)
@@ -450,7 +463,7 @@ impl Writer {
     ) -> Outcome {
         self.pace().await;
         let existing = match self
-            .store
+            .store()
             .get_opt(desired.kind, namespace, &desired.name)
             .await
         {
@@ -485,7 +498,7 @@ impl Writer {
         self.metrics.write("update", desired.kind.name());
         let object = to_dynamic(desired, &current.namespace, Some(current));
         match self
-            .store
+            .store()
             .replace(desired.kind, &current.namespace, &object)
             .await
         {
@@ -517,7 +530,7 @@ impl Writer {
         }});
         self.metrics.write("patch", kind.name());
         match self
-            .store
+            .store()
             .merge_patch(kind, &current.namespace, &current.name, &patch)
             .await
         {
@@ -535,7 +548,7 @@ impl Writer {
     /// Delete exactly the version the plan saw.
     pub(crate) async fn delete(&self, kind: Kind, current: &Object) -> Outcome {
         self.metrics.write("delete", kind.name());
-        match self.store.delete(kind, current).await {
+        match self.store().delete(kind, current).await {
             Ok(()) => Outcome::Written(None),
             Err(e) if is_status(&e, 404) => Outcome::Ignored("already gone"),
             Err(e) => Outcome::Failed(self.failure(&e)),
@@ -550,15 +563,27 @@ impl Writer {
         store: Arc<crate::cluster::fake_objects::FakeObjects>,
         leader: LeaderGate,
     ) -> Self {
-        Self {
-            store: Store::Fake(store),
-            limiter: RateLimiter::new(0.0, 1),
-            in_flight: WriteLimit::new(4),
-            metrics: ClusterMetrics::new(Arc::new(crate::ops::metrics::Metrics::default()), "home"),
+        let never_asked = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+        let writer = Self::new(
+            Client::try_from(never_asked).expect("a client"),
+            RateLimiter::new(0.0, 1),
+            4,
+            ClusterMetrics::new(Arc::new(crate::ops::metrics::Metrics::default()), "home"),
             leader,
-            health: Arc::new(crate::ops::http::Health::new(Duration::from_secs(60))),
-            concurrency_gauge: None,
-        }
+            Arc::new(crate::ops::http::Health::new(Duration::from_secs(60))),
+            None,
+        );
+        writer.answer_from(store);
+        writer
+    }
+
+    /// From now on, objects in memory answer this writer's requests.
+    pub(crate) fn answer_from(&self, store: Arc<crate::cluster::fake_objects::FakeObjects>) {
+        // Set once per writer: a second store is a mistake in the test.
+        assert!(
+            self.fake.set(store).is_ok(),
+            "the writer answers from one store"
+        );
     }
 }
 

@@ -439,3 +439,174 @@ pub(crate) async fn cleanup(
     }
     set_finalizer(shared, rule, false).await.map(|()| None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::index::Object;
+    use crate::cluster::fake_objects::{FakeObjects, api_error};
+    use crate::controller::state::test_shared;
+    use crate::core::plan::desired_copy;
+    use crate::core::resolve::ResolvedRule;
+    use kube::api::DynamicObject;
+    use serde_json::json;
+
+    fn rule(uid: &str, sync_policy: &str) -> ResolvedRule {
+        let rule: CopyratorRule = serde_json::from_value(json!({
+            "metadata": {"name": "r", "namespace": "ops", "uid": uid, "generation": 1},
+            "ruleType": "configmap",
+            "selector": {"copy": "yes"},
+            "syncPolicy": sync_policy,
+        }))
+        .expect("a rule");
+        rule.resolve(&crate::core::resolve::Trust::new("ops", false))
+            .expect("a valid rule")
+    }
+
+    fn source(name: &str) -> Object {
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "ops", "uid": format!("src-{name}"),
+                         "resourceVersion": "1", "labels": {"copy": "yes"}},
+            "data": {"k": "v"},
+        }))
+        .expect("a ConfigMap");
+        Object::from_dynamic(Kind::ConfigMap, object)
+    }
+
+    /// The home site over objects in memory.
+    fn home() -> (Arc<Shared>, Arc<FakeObjects>) {
+        let shared = test_shared();
+        let store = Arc::new(FakeObjects::default());
+        shared.home.cluster.writer.answer_from(store.clone());
+        (shared, store)
+    }
+
+    /// `rule`'s copy of the source `name` written into `namespace`, as the
+    /// copy watch would then hold it.
+    async fn copy(site: &Site, rule: &ResolvedRule, namespace: &str, name: &str) {
+        let action = Action::Create {
+            desired: Arc::new(desired_copy(rule, &source(name))),
+            namespace: namespace.to_owned(),
+        };
+        let outcome = site
+            .cluster
+            .writer
+            .execute(Kind::ConfigMap, &action, ConflictPolicy::Skip, "ops/r")
+            .await;
+        let Outcome::Written(Some(written)) = outcome else {
+            panic!("not written: {outcome:?}");
+        };
+        write(site.cluster.views.copies(Kind::ConfigMap)).upsert(written);
+    }
+
+    fn label(store: &FakeObjects, namespace: &str, name: &str, key: &str) -> Option<String> {
+        let object = store.stored(namespace, name)?;
+        object.metadata.labels?.get(key).cloned()
+    }
+
+    /// r's copies in t1 and t2, one it handed over (CreateOnly) in t3, and
+    /// a copy of another rule in t1.
+    async fn stage(shared: &Shared) {
+        let site = &shared.home;
+        let r = rule("rule-1", "Sync");
+        copy(site, &r, "t1", "ca").await;
+        copy(site, &r, "t2", "ca").await;
+        copy(site, &rule("rule-1", "CreateOnly"), "t3", "ca").await;
+        copy(site, &rule("rule-2", "Sync"), "t1", "other").await;
+        assert_eq!(copies_to_withdraw(site, "rule-1"), 2);
+    }
+
+    #[tokio::test]
+    async fn a_withdrawal_deletes_the_rules_copies_and_nothing_else() {
+        let (shared, store) = home();
+        stage(&shared).await;
+        let cleared = withdraw(
+            &shared.home,
+            "rule-1",
+            DeleteReason::RuleDeleted,
+            Disposal::Delete,
+            "ops/r",
+        )
+        .await;
+        assert_eq!((cleared.done, cleared.retry), (2, false));
+        assert!(cleared.failed.is_empty(), "{:?}", cleared.failed);
+        assert!(store.stored("t1", "ca").is_none() && store.stored("t2", "ca").is_none());
+        assert!(
+            store.stored("t3", "ca").is_some(),
+            "handed over before: stays"
+        );
+        assert!(
+            store.stored("t1", "other").is_some(),
+            "another rule's: stays"
+        );
+        assert_eq!(
+            copies_to_withdraw(&shared.home, "rule-1"),
+            0,
+            "the view knows at once"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_withdrawal_under_orphan_hands_the_copies_over_with_their_data() {
+        let (shared, store) = home();
+        stage(&shared).await;
+        let cleared = withdraw(
+            &shared.home,
+            "rule-1",
+            DeleteReason::TargetLeft,
+            Disposal::Orphan,
+            "ops/r",
+        )
+        .await;
+        assert_eq!(cleared.done, 2);
+        for namespace in ["t1", "t2"] {
+            assert_eq!(
+                label(&store, namespace, "ca", crate::LABEL_SYNC_POLICY).as_deref(),
+                Some(crate::CREATE_ONLY)
+            );
+            let data = store
+                .stored(namespace, "ca")
+                .map(|o| o.data["data"].clone());
+            assert_eq!(data, Some(json!({"k": "v"})));
+        }
+        assert_eq!(copies_to_withdraw(&shared.home, "rule-1"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_refused_delete_is_said_and_its_copy_still_counts() {
+        let (shared, store) = home();
+        stage(&shared).await;
+        store.fail_next(
+            "delete",
+            api_error(403, "configmaps \"ca\" is forbidden: frozen", "Forbidden"),
+        );
+        let cleared = withdraw(
+            &shared.home,
+            "rule-1",
+            DeleteReason::RuleDeleted,
+            Disposal::Delete,
+            "ops/r",
+        )
+        .await;
+        assert_eq!(cleared.done, 1);
+        assert_eq!(cleared.failed.len(), 1);
+        let said: &str = &cleared.failed[0];
+        assert!(
+            said.starts_with("ConfigMap t") && said.contains("frozen"),
+            "{said}"
+        );
+        assert_eq!(copies_to_withdraw(&shared.home, "rule-1"), 1);
+    }
+
+    #[test]
+    fn the_deletion_event_says_what_was_deleted_and_what_was_left() {
+        assert_eq!(
+            deletion_note(Disposal::Delete, 3, 0),
+            "the rule is being deleted: deleted its 3 copies"
+        );
+        let orphaned = deletion_note(Disposal::Orphan, 2, 1);
+        assert!(orphaned.starts_with("the rule is being deleted: handed its 2 copies over"));
+        assert!(orphaned.ends_with("left the 1 it had handed over before (syncPolicy CreateOnly or Orphan) to their namespaces"));
+    }
+}
