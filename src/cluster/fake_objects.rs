@@ -26,8 +26,9 @@ struct State {
     objects: BTreeMap<(String, String), DynamicObject>,
     version: u64,
     terminating: BTreeSet<String>,
-    /// Answers to give instead of the store's own, by verb, in order.
-    failures: VecDeque<(&'static str, kube::Error)>,
+    /// Answers to give instead of the store's own, by verb and namespace,
+    /// in order.
+    failures: VecDeque<(&'static str, String, kube::Error)>,
     requests: Vec<Request>,
 }
 
@@ -40,8 +41,11 @@ impl State {
     fn injected(&mut self, verb: &'static str, namespace: &str, name: &str) -> Option<kube::Error> {
         self.requests
             .push((verb, namespace.to_owned(), name.to_owned()));
-        let at = self.failures.iter().position(|(v, _)| *v == verb)?;
-        self.failures.remove(at).map(|(_, error)| error)
+        let at = self
+            .failures
+            .iter()
+            .position(|(v, ns, _)| *v == verb && ns == namespace)?;
+        self.failures.remove(at).map(|(_, _, error)| error)
     }
 
     fn next_version(&mut self) -> String {
@@ -132,9 +136,11 @@ fn track_owners(previous: Option<&DynamicObject>, next: &mut DynamicObject, mana
 }
 
 impl FakeObjects {
-    /// Make the next `verb` request fail with `error`.
-    pub(crate) fn fail_next(&self, verb: &'static str, error: kube::Error) {
-        lock(&self.state).failures.push_back((verb, error));
+    /// Make the next `verb` request into `namespace` fail with `error`.
+    pub(crate) fn fail_next(&self, verb: &'static str, namespace: &str, error: kube::Error) {
+        lock(&self.state)
+            .failures
+            .push_back((verb, namespace.to_owned(), error));
     }
 
     /// Writes into `namespace` are refused as into a namespace being deleted.

@@ -838,6 +838,7 @@ mod tests {
         ] {
             store.fail_next(
                 "replace",
+                "t1",
                 api_error(code, &format!("said with {code}"), reason),
             );
             run(&writer, &create("t1"), ConflictPolicy::Skip).await;

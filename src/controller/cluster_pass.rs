@@ -715,7 +715,177 @@ fn finish(site: &Site, resolved: &ResolvedRule, pass: &mut Pass, plan: Plan) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::cache::index::NamespaceInfo;
+    use crate::cluster::fake_objects::{FakeObjects, api_error};
+    use kube::api::DynamicObject;
+    use serde_json::{Value, json};
+
+    fn config_map(namespace: &str, name: &str, labels: Value, data: Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{namespace}-{name}"),
+                         "resourceVersion": "1", "labels": labels},
+            "data": data,
+        }))
+        .expect("a ConfigMap")
+    }
+
+    /// The home site over objects in memory, with namespaces `ops`, `t1`
+    /// and `t2`; the rule `ops/r` copying labelled ConfigMaps into `t*`,
+    /// and its source `ops/ca`.
+    struct Stage {
+        shared: Arc<Shared>,
+        store: Arc<FakeObjects>,
+        rule: CopyratorRule,
+        resolved: ResolvedRule,
+        sources: Vec<Arc<Object>>,
+    }
+
+    fn stage() -> Stage {
+        let shared = crate::controller::state::test_shared();
+        let store = Arc::new(FakeObjects::default());
+        shared.home.cluster.writer.answer_from(store.clone());
+        for namespace in ["ops", "t1", "t2"] {
+            crate::sync::write(&shared.home.cluster.views.namespaces).insert(
+                namespace.to_owned(),
+                NamespaceInfo {
+                    labels: Default::default(),
+                    terminating: false,
+                    accept_from: Vec::new(),
+                },
+            );
+        }
+        let rule: CopyratorRule = serde_json::from_value(json!({
+            "metadata": {"name": "r", "namespace": "ops", "uid": "rule-1", "generation": 1},
+            "ruleType": "configmap",
+            "selector": {"copy": "yes"},
+            "targets": {"include": ["t*"]},
+        }))
+        .expect("a rule");
+        let resolved = rule.resolve(&shared.trust).expect("a valid rule");
+        let source = config_map("ops", "ca", json!({"copy": "yes"}), json!({"ca": "GOOD"}));
+        let sources = vec![Arc::new(Object::from_dynamic(Kind::ConfigMap, source))];
+        Stage {
+            shared,
+            store,
+            rule,
+            resolved,
+            sources,
+        }
+    }
+
+    impl Stage {
+        async fn pass(&self) -> (Pass, ClusterReport) {
+            cluster_pass(
+                &self.shared,
+                &self.shared.home,
+                &self.rule,
+                &self.resolved,
+                &self.sources,
+                Scope::everything(),
+            )
+            .await
+        }
+
+        fn data(&self, namespace: &str) -> Option<Value> {
+            self.store
+                .stored(namespace, "ca")
+                .map(|o| o.data["data"].clone())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pass_writes_each_target_and_reports_what_the_cluster_holds() {
+        let stage = stage();
+        let (pass, report) = stage.pass().await;
+        assert_eq!(pass.created, 2);
+        assert_eq!(stage.data("t1"), Some(json!({"ca": "GOOD"})));
+        assert_eq!(stage.data("t2"), Some(json!({"ca": "GOOD"})));
+        assert_eq!(
+            report,
+            ClusterReport {
+                target_namespaces: 2,
+                copies: 2,
+                ..ClusterReport::default()
+            }
+        );
+        // A second pass finds everything in place and writes nothing.
+        let requests = stage.store.requests().len();
+        let (pass, again) = stage.pass().await;
+        assert_eq!((pass.created, pass.updated), (0, 0));
+        assert_eq!(again, report);
+        assert_eq!(stage.store.requests().len(), requests);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_place_held_by_someone_else_is_a_conflict_and_a_refused_write_the_problem() {
+        let stage = stage();
+        stage.store.put(
+            "t1",
+            "kubectl",
+            config_map(
+                "t1",
+                "ca",
+                json!({"owner": "team"}),
+                json!({"ca": "THEIRS"}),
+            ),
+        );
+        stage.store.fail_next(
+            "create",
+            "t2",
+            api_error(403, "configmaps are frozen in t2", "Forbidden"),
+        );
+        let (_, report) = stage.pass().await;
+        assert_eq!(stage.data("t1"), Some(json!({"ca": "THEIRS"})));
+        let conflicts: Vec<(&str, &str)> = report
+            .conflicts
+            .iter()
+            .map(|c| (c.namespace.as_str(), c.name.as_str()))
+            .collect();
+        assert_eq!(conflicts, [("t1", "ca")]);
+        assert_eq!(report.copies, 0);
+        let (reason, message) = report.problem.expect("the refused write is the problem");
+        assert_eq!(reason, "SyncFailed");
+        assert!(
+            message.starts_with("1 copies could not be written; first: ConfigMap t2/ca: ")
+                && message.contains("frozen in t2"),
+            "{message}"
+        );
+        // The foreign object goes, as its watch says: the next pass fills
+        // the place; the refused write waits out its backoff, still said.
+        let held = stage.store.stored("t1", "ca").expect("held");
+        let (uid, version) = (
+            held.metadata.uid.unwrap_or_default(),
+            held.metadata.resource_version.unwrap_or_default(),
+        );
+        stage
+            .store
+            .delete("t1", "ca", &uid, &version)
+            .expect("freed");
+        stage.shared.foreign_changed(
+            &stage.shared.home,
+            Kind::ConfigMap,
+            crate::cluster::foreign::ForeignEvent::Gone {
+                namespace: "t1".into(),
+                name: "ca".into(),
+            },
+        );
+        let key = stage.resolved.key.clone();
+        let queued = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            stage.shared.home.queue.next(),
+        )
+        .await
+        .expect("the rule is queued");
+        assert_eq!(queued.0, key, "the freed place brings its rule back");
+        let (_, report) = stage.pass().await;
+        assert_eq!(stage.data("t1"), Some(json!({"ca": "GOOD"})));
+        assert_eq!((report.copies, report.conflicts.len()), (1, 0));
+        assert!(stage.data("t2").is_none());
+        let (reason, message) = report.problem.expect("still said while it waits");
+        assert_eq!(reason, "SyncFailed");
+        assert!(message.contains("frozen in t2"), "{message}");
+    }
 
     #[tokio::test]
     async fn a_rules_first_pass_in_a_site_follows_the_places_it_finds_held() {

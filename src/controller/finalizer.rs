@@ -579,6 +579,7 @@ mod tests {
         stage(&shared).await;
         store.fail_next(
             "delete",
+            "t1",
             api_error(403, "configmaps \"ca\" is forbidden: frozen", "Forbidden"),
         );
         let cleared = withdraw(
