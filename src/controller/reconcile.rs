@@ -207,8 +207,8 @@ async fn wait_for_sources(
 ) -> Result<SourcesWait, Error> {
     let key = &resolved.key;
     let waited = {
-        let mut memory = lock(&shared.home.memory);
-        let memory = memory.entry(key.clone()).or_default();
+        let mut notes = lock(&shared.notes);
+        let memory = notes.entry(key.clone()).or_default();
         match sources {
             Sources::Listed(_) => {
                 memory.waiting_since = None;
@@ -448,8 +448,8 @@ fn log_pass(shared: &Shared, key: &RuleKey, pass: &Pass, failing: usize, took: D
         orphaned: pass.handed_over,
     };
     let line = {
-        let mut memory = lock(&shared.home.memory);
-        let memory = memory.entry(key.clone()).or_default();
+        let mut notes = lock(&shared.notes);
+        let memory = notes.entry(key.clone()).or_default();
         pass_log::line(
             &mut memory.failure_log,
             first.map(|(_, f)| f.class.label()),
@@ -528,8 +528,8 @@ fn note_announced(
     home: &ClusterReport,
     observed: &Observed,
 ) -> (Vec<ConflictEntry>, Vec<ConflictEntry>) {
-    let mut memory = lock(&shared.home.memory);
-    let memory = memory.entry(key.clone()).or_default();
+    let mut notes = lock(&shared.notes);
+    let memory = notes.entry(key.clone()).or_default();
     let current: HashSet<ConflictEntry> = observed.conflicts.iter().cloned().collect();
     let fresh = current.difference(&memory.announced).cloned().collect();
     memory.announced = current;
@@ -680,7 +680,7 @@ pub(crate) async fn publish_status(
     let unchanged = current.is_some_and(|s| status::same_content(s, &next));
     let counts_only = current.is_some_and(|s| status::counts_only(s, &next));
     let timing = status_timing(
-        &mut lock(&shared.home.memory),
+        &mut lock(&shared.notes),
         &key,
         unchanged,
         counts_only,
@@ -738,7 +738,7 @@ enum StatusTiming {
 /// after its copies, not one before each next rule's copies; anything else
 /// new goes out at once. Keeps the rule's due time in its memory.
 fn status_timing(
-    memory: &mut HashMap<RuleKey, crate::controller::site::RuleMemory>,
+    memory: &mut HashMap<RuleKey, crate::controller::site::RuleNotes>,
     key: &RuleKey,
     unchanged: bool,
     counts_only: bool,
@@ -871,7 +871,7 @@ mod tests {
 
     #[test]
     fn new_counts_wait_a_moment_and_anything_else_goes_at_once() {
-        let mut memory: HashMap<RuleKey, crate::controller::site::RuleMemory> = HashMap::new();
+        let mut memory: HashMap<RuleKey, crate::controller::site::RuleNotes> = HashMap::new();
         let key = RuleKey {
             namespace: "ns".into(),
             name: "r".into(),

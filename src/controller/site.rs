@@ -7,7 +7,8 @@
 //!
 //! Its locks take the places of the controller's `memory` and `backoffs`
 //! in the lock order (`controller::state::Shared`); no two sites' locks
-//! are ever held at once.
+//! are ever held at once. What a rule remembers once, whatever the sites,
+//! is `Shared::notes` ([`RuleNotes`]).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -46,30 +47,18 @@ impl fmt::Display for SiteName {
     }
 }
 
-/// A rule's memory between reconciles.
+/// What a rule's passes remember in one site (the home cluster or a
+/// member) between passes: the same fields wherever they run.
 #[derive(Default)]
 pub(crate) struct RuleMemory {
     /// Targets that hold a foreign object of the copy's name.
     pub(crate) known_conflicts: crate::core::foreign::KnownConflicts,
-    /// Conflicts already announced by an Event.
-    pub(crate) announced: HashSet<ConflictEntry>,
-    /// Sources refused for their type, already announced by an Event.
-    pub(crate) announced_refusals: HashSet<ConflictEntry>,
-    /// When a status that only brings new counts is written.
-    pub(crate) counts_due: Option<tokio::time::Instant>,
-    /// Since when the rule waits for its source watches to list.
-    pub(crate) waiting_since: Option<tokio::time::Instant>,
-    /// Consecutive failed passes, for the retry backoff.
+    /// Consecutive failed passes here, for the retry backoff.
     pub(crate) failures: u32,
     /// A pass found the rule too costly to plan
     /// ([`crate::core::plan::Plan::too_costly`]); until a pass over
     /// everything plans it within the budget, every pass says so.
     pub(crate) too_costly: bool,
-    /// What the rule's last failure line said, so that an unchanged
-    /// failure is not logged on every pass.
-    pub(crate) failure_log: Option<crate::core::pass_log::FailureLog>,
-    pub(crate) copies: i64,
-    pub(crate) conflicts: i64,
     /// What the rule's passes left unsettled, place by place.
     pub(crate) tally: crate::core::tally::Tally,
     /// Restarting the rule's consumers was refused, and said so.
@@ -87,6 +76,27 @@ pub(crate) struct RuleMemory {
     pub(crate) pending_restarts: Vec<(String, crate::core::consumers::Entry)>,
     /// Passes in a row that left consumers to try again.
     pub(crate) restart_attempts: u32,
+}
+
+/// What a rule remembers once, at home, of what it said: for its status,
+/// its Events, its log line and the home cluster's gauges.
+#[derive(Default)]
+pub(crate) struct RuleNotes {
+    /// Conflicts (in every cluster) already announced by an Event.
+    pub(crate) announced: HashSet<ConflictEntry>,
+    /// Sources refused for their type, already announced by an Event.
+    pub(crate) announced_refusals: HashSet<ConflictEntry>,
+    /// When a status that only brings new counts is written.
+    pub(crate) counts_due: Option<tokio::time::Instant>,
+    /// Since when the rule waits for its source watches to list.
+    pub(crate) waiting_since: Option<tokio::time::Instant>,
+    /// What the rule's last failure line said, so that an unchanged
+    /// failure is not logged on every pass.
+    pub(crate) failure_log: Option<crate::core::pass_log::FailureLog>,
+    /// The rule's share of `copyrator_copies_managed` and
+    /// `copyrator_conflicts_skipped` (the home cluster's).
+    pub(crate) copies: i64,
+    pub(crate) conflicts: i64,
 }
 
 pub(crate) struct Site {

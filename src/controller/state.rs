@@ -19,7 +19,7 @@ use crate::cache::index::{CopyIndex, NamespaceInfo, ObjectKey};
 use crate::cluster::foreign::ForeignEvent;
 use crate::cluster::leader::LeaderGate;
 use crate::controller::members::{Member, Members};
-use crate::controller::site::{RuleMemory, Site, SiteName};
+use crate::controller::site::{RuleMemory, RuleNotes, Site, SiteName};
 use crate::core::foreign::ForeignChange;
 use crate::core::resolve::{ResolvedRule, Trust};
 use crate::core::scope::Touch;
@@ -115,7 +115,7 @@ fn names_clusters(rule: &CopyratorRule) -> bool {
 /// sites' locks are held at once; the members' `started` comes before
 /// the views (a member that left is let go when it holds no copy); a
 /// member's `labels`, `reach` and `reports` are never held while another
-/// lock is taken.
+/// lock is taken, nor are the rules' `notes` (kept once, at home).
 pub(crate) struct Shared {
     /// The cluster the operator runs in: its rules, sources and copies.
     pub(crate) home: Arc<Site>,
@@ -133,6 +133,9 @@ pub(crate) struct Shared {
     pub(crate) rules_gone: tokio::sync::Notify,
     /// The member clusters of the inventory.
     pub(crate) members: Members,
+    /// What each rule remembers once of what it said (each site's passes
+    /// keep their own memory: `Site::memory`).
+    pub(crate) notes: std::sync::Mutex<HashMap<RuleKey, RuleNotes>>,
     /// Set once at shutdown: work loops (home's and every member's) stop.
     stop: tokio::sync::watch::Sender<bool>,
 }
@@ -176,6 +179,7 @@ impl Shared {
                 health,
                 rules_gone: tokio::sync::Notify::new(),
                 members: Members::default(),
+                notes: std::sync::Mutex::default(),
                 stop: tokio::sync::watch::Sender::new(false),
             }
         })
@@ -384,9 +388,10 @@ impl Shared {
     /// when the rule went may have brought its memory back.
     pub(crate) fn drop_memory(&self, key: &RuleKey) {
         self.home.queue.forget(key);
-        if let Some(memory) = lock(&self.home.memory).remove(key) {
-            self.metrics.copies_managed.dec_by(memory.copies);
-            self.metrics.conflicts_skipped.dec_by(memory.conflicts);
+        lock(&self.home.memory).remove(key);
+        if let Some(notes) = lock(&self.notes).remove(key) {
+            self.metrics.copies_managed.dec_by(notes.copies);
+            self.metrics.conflicts_skipped.dec_by(notes.conflicts);
         }
         for member in self.members.all() {
             member.site.queue.forget(key);
