@@ -757,9 +757,8 @@ mod tests {
         }
         let rule: CopyratorRule = serde_json::from_value(json!({
             "metadata": {"name": "r", "namespace": "ops", "uid": "rule-1", "generation": 1},
-            "ruleType": "configmap",
-            "selector": {"copy": "yes"},
-            "targets": {"include": ["t*"]},
+            "spec": {"ruleType": "configmap", "selector": {"copy": "yes"},
+                     "targets": {"include": ["t*"]}},
         }))
         .expect("a rule");
         let resolved = rule.resolve(&shared.trust).expect("a valid rule");

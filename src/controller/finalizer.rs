@@ -443,77 +443,20 @@ pub(crate) async fn cleanup(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::index::Object;
-    use crate::cluster::fake_objects::{FakeObjects, api_error};
-    use crate::controller::state::test_shared;
-    use crate::core::plan::desired_copy;
-    use crate::core::resolve::ResolvedRule;
-    use kube::api::DynamicObject;
+    use crate::cluster::fake_objects::api_error;
+    use crate::controller::test_support::{copy, home, label, resolved, rule};
     use serde_json::json;
-
-    fn rule(uid: &str, sync_policy: &str) -> ResolvedRule {
-        let rule: CopyratorRule = serde_json::from_value(json!({
-            "metadata": {"name": "r", "namespace": "ops", "uid": uid, "generation": 1},
-            "ruleType": "configmap",
-            "selector": {"copy": "yes"},
-            "syncPolicy": sync_policy,
-        }))
-        .expect("a rule");
-        rule.resolve(&crate::core::resolve::Trust::new("ops", false))
-            .expect("a valid rule")
-    }
-
-    fn source(name: &str) -> Object {
-        let object: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": "ops", "uid": format!("src-{name}"),
-                         "resourceVersion": "1", "labels": {"copy": "yes"}},
-            "data": {"k": "v"},
-        }))
-        .expect("a ConfigMap");
-        Object::from_dynamic(Kind::ConfigMap, object)
-    }
-
-    /// The home site over objects in memory.
-    fn home() -> (Arc<Shared>, Arc<FakeObjects>) {
-        let shared = test_shared();
-        let store = Arc::new(FakeObjects::default());
-        shared.home.cluster.writer.answer_from(store.clone());
-        (shared, store)
-    }
-
-    /// `rule`'s copy of the source `name` written into `namespace`, as the
-    /// copy watch would then hold it.
-    async fn copy(site: &Site, rule: &ResolvedRule, namespace: &str, name: &str) {
-        let action = Action::Create {
-            desired: Arc::new(desired_copy(rule, &source(name))),
-            namespace: namespace.to_owned(),
-        };
-        let outcome = site
-            .cluster
-            .writer
-            .execute(Kind::ConfigMap, &action, ConflictPolicy::Skip, "ops/r")
-            .await;
-        let Outcome::Written(Some(written)) = outcome else {
-            panic!("not written: {outcome:?}");
-        };
-        write(site.cluster.views.copies(Kind::ConfigMap)).upsert(written);
-    }
-
-    fn label(store: &FakeObjects, namespace: &str, name: &str, key: &str) -> Option<String> {
-        let object = store.stored(namespace, name)?;
-        object.metadata.labels?.get(key).cloned()
-    }
 
     /// r's copies in t1 and t2, one it handed over (CreateOnly) in t3, and
     /// a copy of another rule in t1.
     async fn stage(shared: &Shared) {
         let site = &shared.home;
-        let r = rule("rule-1", "Sync");
+        let r = resolved(&rule("rule-1", json!({})));
         copy(site, &r, "t1", "ca").await;
         copy(site, &r, "t2", "ca").await;
-        copy(site, &rule("rule-1", "CreateOnly"), "t3", "ca").await;
-        copy(site, &rule("rule-2", "Sync"), "t1", "other").await;
+        let handed = resolved(&rule("rule-1", json!({"syncPolicy": "CreateOnly"})));
+        copy(site, &handed, "t3", "ca").await;
+        copy(site, &resolved(&rule("rule-2", json!({}))), "t1", "other").await;
         assert_eq!(copies_to_withdraw(site, "rule-1"), 2);
     }
 

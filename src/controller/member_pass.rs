@@ -262,3 +262,118 @@ async fn withdraw(
     };
     Ok(Some(again))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::kinds::Kind;
+    use crate::cluster::fake_objects::{FakeObjects, api_error};
+    use crate::controller::test_support::{
+        copy, home, key, label, member, report_of, resolved, rule,
+    };
+    use serde_json::{Value, json};
+
+    /// The rule `ops/r` (`spec` added) at home, and its copies in t1 and t2
+    /// of member `a`.
+    async fn stage(spec: Value) -> (Arc<Shared>, Arc<Member>, Arc<FakeObjects>) {
+        let (shared, _) = home();
+        let (a, store) = member(&shared, "a", &["t1", "t2"]);
+        let rule = rule("rule-1", spec);
+        for namespace in ["t1", "t2"] {
+            copy(&a.site, &resolved(&rule), namespace, "ca").await;
+        }
+        shared.set_rule(key(), Arc::new(rule));
+        (shared, a, store)
+    }
+
+    fn targets(names: &[&str]) -> Value {
+        json!({"targets": {"clusters": {"names": names, "local": false}}})
+    }
+
+    async fn pass(shared: &Arc<Shared>, a: &Arc<Member>) -> Option<Duration> {
+        member_pass(shared, a, &key(), Scope::everything())
+            .await
+            .expect("a member pass")
+    }
+
+    #[tokio::test]
+    async fn a_rule_that_no_longer_selects_the_member_deletes_its_copies_there() {
+        let (shared, a, store) = stage(targets(&["b"])).await;
+        assert_eq!(pass(&shared, &a).await, None);
+        assert!(store.stored("t1", "ca").is_none() && store.stored("t2", "ca").is_none());
+        assert_eq!(report_of(&a), None, "nothing of the rule is said for a");
+    }
+
+    #[tokio::test]
+    async fn under_target_left_orphan_its_copies_there_are_handed_over() {
+        let mut spec = targets(&["b"]);
+        spec["deletionPolicy"] = json!({"targetLeft": "Orphan"});
+        let (shared, a, store) = stage(spec).await;
+        pass(&shared, &a).await;
+        for namespace in ["t1", "t2"] {
+            assert_eq!(
+                label(&store, namespace, "ca", crate::LABEL_SYNC_POLICY).as_deref(),
+                Some(crate::CREATE_ONLY),
+                "{namespace}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_deleted_rules_copies_in_the_member_are_deleted() {
+        let mut spec = targets(&["a"]);
+        spec["metadata"] = json!({"name": "r", "namespace": "ops", "uid": "rule-1",
+            "generation": 1, "finalizers": [crate::FINALIZER],
+            "deletionTimestamp": "2026-01-01T00:00:00Z"});
+        let (shared, a, store) = stage(spec).await;
+        assert!(
+            read(&shared.rules)
+                .get(&key())
+                .is_some_and(|r| r.is_deleting())
+        );
+        pass(&shared, &a).await;
+        assert!(store.stored("t1", "ca").is_none() && store.stored("t2", "ca").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_refused_delete_is_reported_with_the_copies_left() {
+        let (shared, a, store) = stage(targets(&["b"])).await;
+        store.fail_next(
+            "delete",
+            "t2",
+            api_error(403, "configmaps are frozen in t2", "Forbidden"),
+        );
+        let again = pass(&shared, &a).await;
+        assert!(again.is_some(), "it looks again");
+        let report = report_of(&a).expect("a report");
+        assert_eq!(report.copies, 1);
+        let (reason, message) = report.problem.expect("a problem");
+        assert_eq!(reason, "CleanupFailed");
+        assert!(
+            message.starts_with("1 copies could not be deleted; first: ConfigMap t2/ca")
+                && message.contains("frozen in t2"),
+            "{message}"
+        );
+    }
+
+    #[tokio::test]
+    async fn nothing_is_written_in_a_member_that_does_not_answer_or_is_not_listed() {
+        let (shared, a, store) = stage(targets(&["b"])).await;
+        let before = store.requests().len();
+        *lock(&a.reach) = crate::controller::members::Reach::Unreachable {
+            message: "connection refused".into(),
+            since: Instant::now(),
+            refused: false,
+        };
+        assert_eq!(pass(&shared, &a).await, None);
+        *lock(&a.reach) = crate::controller::members::Reach::Reachable;
+        a.site
+            .cluster
+            .views
+            .synced
+            .set_copies_of(Kind::ConfigMap, false);
+        assert_eq!(pass(&shared, &a).await, Some(WAIT_AGAIN));
+        assert_eq!(store.requests().len(), before, "no request made");
+        assert!(store.stored("t1", "ca").is_some());
+    }
+}

@@ -14,5 +14,7 @@ pub(crate) mod reconcile;
 pub(crate) mod rollout;
 pub(crate) mod site;
 pub(crate) mod state;
+#[cfg(test)]
+pub(crate) mod test_support;
 pub(crate) mod watches;
 pub(crate) mod workers;
