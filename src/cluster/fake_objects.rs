@@ -32,6 +32,18 @@ struct State {
     requests: Vec<Request>,
 }
 
+/// A ConfigMap `namespace/name` with `labels` and `data`, as read.
+pub(crate) fn config_map(namespace: &str, name: &str, labels: Value, data: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace,
+                     "uid": format!("uid-{namespace}-{name}"),
+                     "resourceVersion": "1", "labels": labels},
+        "data": data,
+    }))
+    .expect("a ConfigMap")
+}
+
 pub(crate) fn api_error(code: u16, message: &str, reason: &str) -> kube::Error {
     kube::Error::Api(Status::failure(message, reason).with_code(code).boxed())
 }

@@ -591,7 +591,7 @@ impl Writer {
 mod tests {
     use super::*;
     use crate::api::rule::CopyratorRule;
-    use crate::cluster::fake_objects::{FakeObjects, api_error};
+    use crate::cluster::fake_objects::{FakeObjects, api_error, config_map};
     use crate::core::plan::{DeleteReason, desired_copy};
     use crate::core::resolve::{ResolvedRule, Trust};
     use serde_json::json;
@@ -607,17 +607,6 @@ mod tests {
         .expect("a rule");
         rule.resolve(&Trust::new("ops", false))
             .expect("a valid rule")
-    }
-
-    fn config_map(namespace: &str, name: &str, labels: Value, data: Value) -> DynamicObject {
-        serde_json::from_value(json!({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": namespace, "uid": "source-1",
-                         "resourceVersion": "1", "labels": labels},
-            "data": data,
-        }))
-        .expect("a ConfigMap")
     }
 
     /// The copy of `ops/ca` (data `ca: GOOD`) the rule wants anywhere.
@@ -646,6 +635,13 @@ mod tests {
     fn held(store: &FakeObjects, namespace: &str, name: &str) -> Arc<Object> {
         let object = store.stored(namespace, name).expect("stored");
         Arc::new(Object::from_dynamic(Kind::ConfigMap, object))
+    }
+
+    /// Someone changes the data of the copy in t1 (a new version).
+    fn someone_edits(store: &FakeObjects, data: Value) {
+        let mut edited = store.stored("t1", "ca").expect("stored");
+        edited.data["data"] = data;
+        store.replace("t1", &edited).expect("edited");
     }
 
     fn data(store: &FakeObjects, namespace: &str) -> Value {
@@ -736,9 +732,7 @@ mod tests {
         run(&writer, &create("t1"), ConflictPolicy::Skip).await;
         let seen = held(&store, "t1", "ca");
         // Someone edits the copy after the plan saw it.
-        let mut edited = store.stored("t1", "ca").expect("stored");
-        edited.data["data"] = json!({"ca": "EVIL"});
-        store.replace("t1", &edited).expect("edited");
+        someone_edits(&store, json!({"ca": "EVIL"}));
         let update = Action::Update {
             desired: desired(),
             current: seen,
@@ -765,9 +759,7 @@ mod tests {
         let (store, writer) = setup();
         run(&writer, &create("t1"), ConflictPolicy::Skip).await;
         let seen = held(&store, "t1", "ca");
-        let mut edited = store.stored("t1", "ca").expect("stored");
-        edited.data["data"] = json!({"ca": "NEWER"});
-        store.replace("t1", &edited).expect("edited");
+        someone_edits(&store, json!({"ca": "NEWER"}));
         let delete = |current| Action::Delete {
             current,
             reason: DeleteReason::SourceGone,

@@ -715,20 +715,9 @@ fn finish(site: &Site, resolved: &ResolvedRule, pass: &mut Pass, plan: Plan) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::index::NamespaceInfo;
-    use crate::cluster::fake_objects::{FakeObjects, api_error};
-    use kube::api::DynamicObject;
+    use crate::cluster::fake_objects::{FakeObjects, api_error, config_map};
+    use crate::controller::test_support;
     use serde_json::{Value, json};
-
-    fn config_map(namespace: &str, name: &str, labels: Value, data: Value) -> DynamicObject {
-        serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{namespace}-{name}"),
-                         "resourceVersion": "1", "labels": labels},
-            "data": data,
-        }))
-        .expect("a ConfigMap")
-    }
 
     /// The home site over objects in memory, with namespaces `ops`, `t1`
     /// and `t2`; the rule `ops/r` copying labelled ConfigMaps into `t*`,
@@ -742,26 +731,10 @@ mod tests {
     }
 
     fn stage() -> Stage {
-        let shared = crate::controller::state::test_shared();
-        let store = Arc::new(FakeObjects::default());
-        shared.home.cluster.writer.answer_from(store.clone());
-        for namespace in ["ops", "t1", "t2"] {
-            crate::sync::write(&shared.home.cluster.views.namespaces).insert(
-                namespace.to_owned(),
-                NamespaceInfo {
-                    labels: Default::default(),
-                    terminating: false,
-                    accept_from: Vec::new(),
-                },
-            );
-        }
-        let rule: CopyratorRule = serde_json::from_value(json!({
-            "metadata": {"name": "r", "namespace": "ops", "uid": "rule-1", "generation": 1},
-            "spec": {"ruleType": "configmap", "selector": {"copy": "yes"},
-                     "targets": {"include": ["t*"]}},
-        }))
-        .expect("a rule");
-        let resolved = rule.resolve(&shared.trust).expect("a valid rule");
+        let (shared, store) = test_support::home();
+        test_support::add_namespaces(&shared.home, &["ops", "t1", "t2"]);
+        let rule = test_support::rule("rule-1", json!({"targets": {"include": ["t*"]}}));
+        let resolved = test_support::resolved(&rule);
         let source = config_map("ops", "ca", json!({"copy": "yes"}), json!({"ca": "GOOD"}));
         let sources = vec![Arc::new(Object::from_dynamic(Kind::ConfigMap, source))];
         Stage {

@@ -460,18 +460,15 @@ mod tests {
         assert_eq!(copies_to_withdraw(site, "rule-1"), 2);
     }
 
+    async fn withdraw_r(shared: &Shared, why: DeleteReason, disposal: Disposal) -> Cleared {
+        withdraw(&shared.home, "rule-1", why, disposal, "ops/r").await
+    }
+
     #[tokio::test]
     async fn a_withdrawal_deletes_the_rules_copies_and_nothing_else() {
         let (shared, store) = home();
         stage(&shared).await;
-        let cleared = withdraw(
-            &shared.home,
-            "rule-1",
-            DeleteReason::RuleDeleted,
-            Disposal::Delete,
-            "ops/r",
-        )
-        .await;
+        let cleared = withdraw_r(&shared, DeleteReason::RuleDeleted, Disposal::Delete).await;
         assert_eq!((cleared.done, cleared.retry), (2, false));
         assert!(cleared.failed.is_empty(), "{:?}", cleared.failed);
         assert!(store.stored("t1", "ca").is_none() && store.stored("t2", "ca").is_none());
@@ -494,14 +491,7 @@ mod tests {
     async fn a_withdrawal_under_orphan_hands_the_copies_over_with_their_data() {
         let (shared, store) = home();
         stage(&shared).await;
-        let cleared = withdraw(
-            &shared.home,
-            "rule-1",
-            DeleteReason::TargetLeft,
-            Disposal::Orphan,
-            "ops/r",
-        )
-        .await;
+        let cleared = withdraw_r(&shared, DeleteReason::TargetLeft, Disposal::Orphan).await;
         assert_eq!(cleared.done, 2);
         for namespace in ["t1", "t2"] {
             assert_eq!(
@@ -525,14 +515,7 @@ mod tests {
             "t1",
             api_error(403, "configmaps \"ca\" is forbidden: frozen", "Forbidden"),
         );
-        let cleared = withdraw(
-            &shared.home,
-            "rule-1",
-            DeleteReason::RuleDeleted,
-            Disposal::Delete,
-            "ops/r",
-        )
-        .await;
+        let cleared = withdraw_r(&shared, DeleteReason::RuleDeleted, Disposal::Delete).await;
         assert_eq!(cleared.done, 1);
         assert_eq!(cleared.failed.len(), 1);
         let said: &str = &cleared.failed[0];

@@ -7,14 +7,13 @@ use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
 
-use kube::api::DynamicObject;
 use serde_json::{Value, json};
 
 use crate::api::kinds::Kind;
 use crate::api::rule::{ConflictPolicy, CopyratorRule, RuleKey};
 use crate::cache::index::{NamespaceInfo, Object};
 use crate::cluster::context::Cluster;
-use crate::cluster::fake_objects::FakeObjects;
+use crate::cluster::fake_objects::{FakeObjects, config_map};
 use crate::cluster::writer::Outcome;
 use crate::controller::members::{Member, Reach};
 use crate::controller::site::{Site, SiteName};
@@ -118,17 +117,6 @@ pub(crate) fn rule(uid: &str, mut spec: Value) -> CopyratorRule {
 pub(crate) fn resolved(rule: &CopyratorRule) -> ResolvedRule {
     rule.resolve(&crate::core::resolve::Trust::new("ops", false))
         .expect("a valid rule")
-}
-
-pub(crate) fn config_map(namespace: &str, name: &str, labels: Value, data: Value) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": namespace,
-                     "uid": format!("uid-{namespace}-{name}"),
-                     "resourceVersion": "1", "labels": labels},
-        "data": data,
-    }))
-    .expect("a ConfigMap")
 }
 
 /// The source `ops/name` (data `k: v`).
