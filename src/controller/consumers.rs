@@ -549,3 +549,73 @@ pub(crate) async fn announce(
             .await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::test_support::{home, resolved, rule, source};
+    use crate::core::consumers::Trigger;
+    use crate::core::plan::desired_copy;
+    use serde_json::{Value, json};
+    use std::time::Duration;
+
+    fn deployment(volume_config_map: &str, annotations: Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "t1", "annotations": annotations},
+            "spec": {"template": {"metadata": {}, "spec": {
+                "containers": [{"name": "app", "image": "app"}],
+                "volumes": [{"name": "cfg", "configMap": {"name": volume_config_map}}],
+            }}},
+        }))
+        .expect("a Deployment")
+    }
+
+    /// The copy of the source `ops/ca` that changed in t1.
+    fn changed(trigger: Trigger) -> Vec<Entry> {
+        let desired = desired_copy(&resolved(&rule("rule-1", json!({}))), &source("ca"));
+        vec![(Arc::new(desired), trigger, None)]
+    }
+
+    #[test]
+    fn a_workload_mounting_a_changed_copy_is_due_and_one_that_does_not_is_not() {
+        let due = due_on(&deployment("ca", json!({})), &changed(Trigger::Changed));
+        assert_eq!(due.len(), 1, "{due:?}");
+        let (key, _) = due.iter().next().expect("one annotation");
+        assert!(key.starts_with(crate::ANNOTATION_RESTART_PREFIX), "{key}");
+        assert!(due_on(&deployment("other", json!({})), &changed(Trigger::Changed)).is_empty());
+    }
+
+    #[test]
+    fn a_workload_that_opted_out_or_was_never_rolled_on_a_recheck_is_not_due() {
+        let opted_out = deployment("ca", json!({crate::ANNOTATION_RESTART: "false"}));
+        assert!(due_on(&opted_out, &changed(Trigger::Changed)).is_empty());
+        // A recheck rolls only a workload that carries another value.
+        assert!(due_on(&deployment("ca", json!({})), &changed(Trigger::Recheck)).is_empty());
+    }
+
+    #[test]
+    fn consumers_are_tried_again_after_10_s_doubling_to_5_minutes() {
+        let delays: Vec<u64> = (1..=7).map(|n| retry_delay(n).as_secs()).collect();
+        assert_eq!(delays, [10, 20, 40, 80, 160, 300, 300]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_workload_rolled_waits_out_the_minimum_interval() {
+        let (shared, _) = home();
+        let site = &shared.home;
+        let interval = Duration::from_secs(30);
+        assert_eq!(too_soon(site, "Deployment t1/web", interval), None);
+        rolled(site, "Deployment t1/web", interval);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(
+            too_soon(site, "Deployment t1/web", interval),
+            Some(Duration::from_secs(20))
+        );
+        tokio::time::advance(Duration::from_secs(21)).await;
+        assert_eq!(too_soon(site, "Deployment t1/web", interval), None);
+        // Without an interval nothing is remembered.
+        rolled(site, "Deployment t1/api", Duration::ZERO);
+        assert!(!lock(&site.rolled_at).contains_key("Deployment t1/api"));
+    }
+}

@@ -640,3 +640,27 @@ fn member_changed(shared: &Shared, site: &SiteName) {
         .queue
         .add_all(shared.rules_for(site), Touch::All);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_gets_the_whole_request_rate_and_a_quarter_of_the_writes_in_flight() {
+        let home = Limits {
+            write_concurrency: 16,
+            api_qps: 50.0,
+            api_burst: 100,
+            max_source_watches: 8,
+        };
+        let member = member_limits(home);
+        assert_eq!(member.write_concurrency, 4);
+        assert_eq!((member.api_qps, member.api_burst), (50.0, 100));
+        assert_eq!(member.max_source_watches, 0, "sources stay home");
+        let small = member_limits(Limits {
+            write_concurrency: 3,
+            ..home
+        });
+        assert_eq!(small.write_concurrency, 2, "at least 2");
+    }
+}
