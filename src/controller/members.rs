@@ -21,6 +21,7 @@ use crate::api::rule::{ClusterStatus, RuleKey};
 use crate::controller::site::Site;
 use crate::core::report::ClusterReport;
 use crate::core::resolve::ResolvedRule;
+use crate::core::status::{Reachability, cluster_entry, not_ready};
 use crate::ops::metrics::Metrics;
 use crate::sync::{lock, read, write};
 
@@ -48,14 +49,23 @@ pub(crate) enum Reach {
 }
 
 impl Reach {
+    /// As a rule's status speaks of it.
+    pub(crate) fn reachability(&self) -> Reachability<'_> {
+        match self {
+            Reach::Connecting => Reachability::Connecting,
+            Reach::Reachable => Reachability::Reachable,
+            Reach::Unreachable {
+                message, refused, ..
+            } => Reachability::Unreachable {
+                message,
+                refused: *refused,
+            },
+        }
+    }
+
     /// The reason a rule's status gives for a member in this state.
     pub(crate) fn reason(&self) -> &'static str {
-        match self {
-            Reach::Unreachable { refused: true, .. } => "CredentialsRefused",
-            Reach::Unreachable { .. } => "ClusterUnreachable",
-            Reach::Connecting => "Progressing",
-            Reach::Reachable => "Synced",
-        }
+        self.reachability().reason()
     }
 }
 
@@ -229,7 +239,11 @@ pub(crate) fn statuses(
         }
         seen.insert(member.name().to_owned());
         let report = lock(&member.reports).get(&resolved.key).cloned();
-        let status = member_status(member.name(), &lock(&member.reach), report.as_ref());
+        let status = cluster_entry(
+            member.name(),
+            &lock(&member.reach).reachability(),
+            report.as_ref(),
+        );
         statuses.push((status, report));
     }
     for (name, entry) in read(&members.unusable).iter() {
@@ -253,171 +267,4 @@ pub(crate) fn statuses(
     }
     statuses.sort_by(|a, b| a.0.name.cmp(&b.0.name));
     statuses
-}
-
-fn not_ready(name: &str, reason: &str, message: String) -> ClusterStatus {
-    ClusterStatus {
-        name: name.to_owned(),
-        ready: false,
-        reason: Some(reason.to_owned()),
-        message: Some(message),
-        ..ClusterStatus::default()
-    }
-}
-
-fn member_status(name: &str, reach: &Reach, report: Option<&ClusterReport>) -> ClusterStatus {
-    let counts = |status: ClusterStatus, report: &ClusterReport| ClusterStatus {
-        target_namespaces: report.target_namespaces,
-        copies: report.copies,
-        conflicts: report.conflicts.len() as u32,
-        create_only_copies: report.create_only_copies,
-        contested: report.contested.len() as u32,
-        ..status
-    };
-    match (reach, report) {
-        (
-            Reach::Unreachable {
-                message, refused, ..
-            },
-            report,
-        ) => {
-            let said = if *refused {
-                "its API server refuses the operator's credentials"
-            } else {
-                "its API server does not answer"
-            };
-            let status = not_ready(name, reach.reason(), format!("{said}: {message}"));
-            match report {
-                Some(report) => counts(status, report),
-                None => status,
-            }
-        }
-        (Reach::Connecting, _) | (Reach::Reachable, None) => not_ready(
-            name,
-            "Progressing",
-            "connecting; its namespaces and copies are being listed".to_owned(),
-        ),
-        (Reach::Reachable, Some(report)) => {
-            let problem = report
-                .problem
-                .clone()
-                .or_else(|| crate::core::status::contested_problem(&report.contested));
-            let status = match problem {
-                Some((reason, message)) => not_ready(name, &reason, message),
-                None => ClusterStatus {
-                    name: name.to_owned(),
-                    ready: true,
-                    reason: Some(
-                        if !report.conflicts.is_empty() {
-                            "SyncedWithConflicts"
-                        } else {
-                            "Synced"
-                        }
-                        .to_owned(),
-                    ),
-                    message: Some(format!(
-                        "{} copies in place in {} namespaces",
-                        report.copies, report.target_namespaces
-                    )),
-                    ..ClusterStatus::default()
-                },
-            };
-            counts(status, report)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::rule::{ConflictEntry, ContestedEntry};
-
-    fn report() -> ClusterReport {
-        ClusterReport {
-            target_namespaces: 3,
-            copies: 2,
-            create_only_copies: 1,
-            conflicts: vec![ConflictEntry {
-                namespace: "t1".into(),
-                name: "ca".into(),
-                reason: "held".into(),
-                ..ConflictEntry::default()
-            }],
-            contested: Vec::new(),
-            problem: None,
-        }
-    }
-
-    #[test]
-    fn a_reachable_members_entry_counts_as_its_report_does() {
-        let status = member_status("a", &Reach::Reachable, Some(&report()));
-        assert!(status.ready);
-        assert_eq!(status.reason.as_deref(), Some("SyncedWithConflicts"));
-        assert_eq!(
-            (
-                status.target_namespaces,
-                status.copies,
-                status.conflicts,
-                status.create_only_copies
-            ),
-            (3, 2, 1, 1)
-        );
-    }
-
-    #[test]
-    fn contested_copies_in_a_member_are_said_as_at_home() {
-        let mut contested = report();
-        contested.contested = vec![ContestedEntry {
-            namespace: "t1".into(),
-            name: "ca".into(),
-            writer: "kubectl-edit".into(),
-            ..ContestedEntry::default()
-        }];
-        let status = member_status("a", &Reach::Reachable, Some(&contested));
-        assert!(!status.ready);
-        assert_eq!(status.reason.as_deref(), Some("CopiesContested"));
-        assert_eq!(status.contested, 1);
-        let (_, home_words) =
-            crate::core::status::contested_problem(&contested.contested).expect("contested");
-        assert_eq!(status.message, Some(home_words));
-    }
-
-    #[test]
-    fn a_failed_write_comes_before_contested_copies() {
-        let mut failing = report();
-        failing.problem = Some(("SyncFailed".into(), "1 copies could not be written".into()));
-        failing.contested = vec![ContestedEntry::default()];
-        let status = member_status("a", &Reach::Reachable, Some(&failing));
-        assert_eq!(status.reason.as_deref(), Some("SyncFailed"));
-    }
-
-    #[test]
-    fn an_unanswering_member_keeps_its_last_counts() {
-        let reach = Reach::Unreachable {
-            message: "connection refused".into(),
-            since: Instant::now(),
-            refused: false,
-        };
-        let status = member_status("a", &reach, Some(&report()));
-        assert!(!status.ready);
-        assert_eq!(status.reason.as_deref(), Some("ClusterUnreachable"));
-        assert_eq!(status.copies, 2);
-        let refused = Reach::Unreachable {
-            message: "Unauthorized".into(),
-            since: Instant::now(),
-            refused: true,
-        };
-        let status = member_status("a", &refused, None);
-        assert_eq!(status.reason.as_deref(), Some("CredentialsRefused"));
-        assert_eq!(status.copies, 0);
-    }
-
-    #[test]
-    fn a_member_without_a_report_is_still_being_listed() {
-        for reach in [Reach::Connecting, Reach::Reachable] {
-            let status = member_status("a", &reach, None);
-            assert_eq!(status.reason.as_deref(), Some("Progressing"));
-            assert!(!status.ready);
-        }
-    }
 }

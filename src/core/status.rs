@@ -3,6 +3,7 @@
 use crate::api::rule::{
     ClusterStatus, Condition, ConflictEntry, ContestedEntry, RolloutStatus, RuleStatus,
 };
+use crate::core::report::ClusterReport;
 use crate::core::rollout::{Phase, Progress};
 
 /// Conflicts listed in the status; the count says how many there are in all.
@@ -174,6 +175,119 @@ pub(crate) fn contested_problem(contested: &[ContestedEntry]) -> Option<(String,
             first.writer
         ),
     ))
+}
+
+/// Whether a member's API server answers, as its entry in a rule's status
+/// says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reachability<'a> {
+    /// Not asked yet, or its first answer is on its way.
+    Connecting,
+    Reachable,
+    /// Its last probe failed: why, and whether it answered but refused the
+    /// credentials (401 or 403).
+    Unreachable {
+        message: &'a str,
+        refused: bool,
+    },
+}
+
+impl Reachability<'_> {
+    /// The reason a rule's status gives for a member in this state.
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            Reachability::Unreachable { refused: true, .. } => "CredentialsRefused",
+            Reachability::Unreachable { .. } => "ClusterUnreachable",
+            Reachability::Connecting => "Progressing",
+            Reachability::Reachable => "Synced",
+        }
+    }
+}
+
+/// A member's entry that is not ready, for `reason`.
+pub(crate) fn not_ready(name: &str, reason: &str, message: String) -> ClusterStatus {
+    ClusterStatus {
+        name: name.to_owned(),
+        ready: false,
+        reason: Some(reason.to_owned()),
+        message: Some(message),
+        ..ClusterStatus::default()
+    }
+}
+
+/// A member's entry in a rule's status: how it answers, and what the
+/// rule's latest pass there reported, in the words of the rule's own
+/// `Ready` condition (a failed write, contested copies, conflicts).
+pub(crate) fn cluster_entry(
+    name: &str,
+    reach: &Reachability<'_>,
+    report: Option<&ClusterReport>,
+) -> ClusterStatus {
+    let counts = |status: ClusterStatus, report: &ClusterReport| ClusterStatus {
+        target_namespaces: report.target_namespaces,
+        copies: report.copies,
+        conflicts: report.conflicts.len() as u32,
+        create_only_copies: report.create_only_copies,
+        contested: report.contested.len() as u32,
+        ..status
+    };
+    if let Reachability::Unreachable { message, refused } = *reach {
+        let status = unanswered(name, message, refused);
+        // Its counts are the last it reported.
+        return match report {
+            Some(report) => counts(status, report),
+            None => status,
+        };
+    }
+    let Some(report) = report else {
+        return not_ready(
+            name,
+            "Progressing",
+            "connecting; its namespaces and copies are being listed".to_owned(),
+        );
+    };
+    if *reach == Reachability::Connecting {
+        return not_ready(
+            name,
+            "Progressing",
+            "connecting; its namespaces and copies are being listed".to_owned(),
+        );
+    }
+    let problem = report
+        .problem
+        .clone()
+        .or_else(|| contested_problem(&report.contested));
+    let status = match problem {
+        Some((reason, message)) => not_ready(name, &reason, message),
+        None => ClusterStatus {
+            name: name.to_owned(),
+            ready: true,
+            reason: Some(
+                if report.conflicts.is_empty() {
+                    "Synced"
+                } else {
+                    "SyncedWithConflicts"
+                }
+                .to_owned(),
+            ),
+            message: Some(format!(
+                "{} copies in place in {} namespaces",
+                report.copies, report.target_namespaces
+            )),
+            ..ClusterStatus::default()
+        },
+    };
+    counts(status, report)
+}
+
+fn unanswered(name: &str, message: &str, refused: bool) -> ClusterStatus {
+    let said = if refused {
+        "its API server refuses the operator's credentials"
+    } else {
+        "its API server does not answer"
+    };
+    let reach = Reachability::Unreachable { message, refused };
+    not_ready(name, reach.reason(), format!("{said}: {message}"))
 }
 
 /// The Ready condition of a staged rollout that halted: `RolloutHalted`,
@@ -501,5 +615,97 @@ mod tests {
             "{}",
             ready.message
         );
+    }
+
+    fn member_report() -> ClusterReport {
+        ClusterReport {
+            target_namespaces: 3,
+            copies: 2,
+            create_only_copies: 1,
+            conflicts: vec![ConflictEntry {
+                namespace: "t1".into(),
+                name: "ca".into(),
+                reason: "held".into(),
+                ..ConflictEntry::default()
+            }],
+            contested: Vec::new(),
+            problem: None,
+        }
+    }
+
+    #[test]
+    fn a_reachable_members_entry_counts_as_its_report_does() {
+        let entry = cluster_entry("a", &Reachability::Reachable, Some(&member_report()));
+        assert!(entry.ready);
+        assert_eq!(entry.reason.as_deref(), Some("SyncedWithConflicts"));
+        assert_eq!(
+            (
+                entry.target_namespaces,
+                entry.copies,
+                entry.conflicts,
+                entry.create_only_copies
+            ),
+            (3, 2, 1, 1)
+        );
+    }
+
+    #[test]
+    fn contested_copies_in_a_member_are_said_as_at_home() {
+        let mut contested = member_report();
+        contested.contested = vec![ContestedEntry {
+            namespace: "t1".into(),
+            name: "ca".into(),
+            writer: "kubectl-edit".into(),
+            ..ContestedEntry::default()
+        }];
+        let entry = cluster_entry("a", &Reachability::Reachable, Some(&contested));
+        assert!(!entry.ready);
+        assert_eq!(entry.reason.as_deref(), Some("CopiesContested"));
+        assert_eq!(entry.contested, 1);
+        let (_, home_words) = contested_problem(&contested.contested).expect("contested");
+        assert_eq!(entry.message, Some(home_words));
+    }
+
+    #[test]
+    fn a_failed_write_in_a_member_comes_before_its_contested_copies() {
+        let mut failing = member_report();
+        failing.problem = Some(("SyncFailed".into(), "1 copies could not be written".into()));
+        failing.contested = vec![ContestedEntry::default()];
+        let entry = cluster_entry("a", &Reachability::Reachable, Some(&failing));
+        assert_eq!(entry.reason.as_deref(), Some("SyncFailed"));
+    }
+
+    #[test]
+    fn an_unanswering_member_keeps_its_last_counts() {
+        let down = Reachability::Unreachable {
+            message: "connection refused",
+            refused: false,
+        };
+        let entry = cluster_entry("a", &down, Some(&member_report()));
+        assert!(!entry.ready);
+        assert_eq!(entry.reason.as_deref(), Some("ClusterUnreachable"));
+        assert_eq!(
+            entry.message.as_deref(),
+            Some("its API server does not answer: connection refused")
+        );
+        assert_eq!(entry.copies, 2);
+        let refused = Reachability::Unreachable {
+            message: "Unauthorized",
+            refused: true,
+        };
+        let entry = cluster_entry("a", &refused, None);
+        assert_eq!(entry.reason.as_deref(), Some("CredentialsRefused"));
+        assert_eq!(entry.copies, 0);
+    }
+
+    #[test]
+    fn a_member_without_a_report_is_still_being_listed() {
+        for reach in [Reachability::Connecting, Reachability::Reachable] {
+            let entry = cluster_entry("a", &reach, None);
+            assert_eq!(entry.reason.as_deref(), Some("Progressing"));
+            assert!(!entry.ready);
+        }
+        let connecting = cluster_entry("a", &Reachability::Connecting, Some(&member_report()));
+        assert_eq!(connecting.reason.as_deref(), Some("Progressing"));
     }
 }
