@@ -240,15 +240,21 @@ impl Audit {
     /// `COPYRATOR_AUDIT_LOG` is unset or names no file.
     pub fn start() -> Audit {
         let path = log_path();
+        if let Err(e) = std::fs::metadata(&path) {
+            panic!(
+                "the audit log {AUDIT_LOG_ENV}={} cannot be read ({e}): was the control \
+                 plane started with this variable set (hack/cluster up enables auditing \
+                 only then)?",
+                path.display()
+            )
+        }
+        Audit::at(path)
+    }
+
+    /// The audit log at `path` (another control plane's) from now on.
+    pub fn at(path: PathBuf) -> Audit {
         let len = std::fs::metadata(&path)
-            .unwrap_or_else(|e| {
-                panic!(
-                    "the audit log {AUDIT_LOG_ENV}={} cannot be read ({e}): was the control \
-                     plane started with this variable set (hack/cluster up enables auditing \
-                     only then)?",
-                    path.display()
-                )
-            })
+            .unwrap_or_else(|e| panic!("the audit log {} cannot be read: {e}", path.display()))
             .len();
         Audit {
             path,
@@ -321,6 +327,20 @@ impl Audit {
         let mut out = BTreeMap::new();
         for e in self.refresh().events.iter().filter(|e| q.matches(e)) {
             *out.entry(e.code.unwrap_or(0)).or_default() += 1;
+        }
+        out
+    }
+
+    /// Matching requests by `verb resource` (e.g. `list configmaps`).
+    pub fn by_verb_resource(&self, q: &Query) -> BTreeMap<String, usize> {
+        let mut out = BTreeMap::new();
+        for e in self.refresh().events.iter().filter(|e| q.matches(e)) {
+            let what = match (&e.resource, &e.subresource) {
+                (Some(r), Some(s)) => format!("{} {r}/{s}", e.verb),
+                (Some(r), None) => format!("{} {r}", e.verb),
+                _ => e.verb.clone(),
+            };
+            *out.entry(what).or_default() += 1;
         }
         out
     }

@@ -16,9 +16,7 @@
 //! fault control plane's admin kubeconfig, so that a test observes the
 //! control plane it breaks.
 
-use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -30,10 +28,8 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
-use super::audit::{AuditEvent, Query, service_account_user};
-use super::{
-    POLL, TestNs, create_service_account, err_msg, service_account_kubeconfig, wait_until,
-};
+use super::audit::{Audit, AuditEvent, Query, service_account_user};
+use super::{TestNs, create_service_account, err_msg, service_account_kubeconfig};
 
 /// The state directory of the fault control plane (`hack/cluster` with
 /// `COPYRATOR_CLUSTER_STATE` set to it).
@@ -206,20 +202,10 @@ impl Drop for RestartOnDrop {
 // ---------------------------------------------------------------------------
 // the audit log
 
-#[derive(Default)]
-struct Seen {
-    offset: u64,
-    events: Vec<AuditEvent>,
-    by_id: HashMap<String, usize>,
-}
-
 /// The fault control plane's audit log (or another, [`Requests::at`])
-/// from the moment [`Requests::start`] was called; a request is counted once by its `auditID` (its final stage
-/// when logged), as `audit::Audit` does.
-pub struct Requests {
-    path: PathBuf,
-    seen: Mutex<Seen>,
-}
+/// from the moment [`Requests::start`] was called, read by [`Audit`]: a
+/// request is counted once, by its `auditID`, as its final stage.
+pub struct Requests(Audit);
 
 impl Requests {
     pub fn start(plane: &FaultPlane) -> Requests {
@@ -228,123 +214,35 @@ impl Requests {
 
     /// The audit log at `path` from now on (a member's, for instance).
     pub fn at(path: PathBuf) -> Requests {
-        let offset = std::fs::metadata(&path)
-            .unwrap_or_else(|e| panic!("the audit log {} cannot be read: {e}", path.display()))
-            .len();
-        Requests {
-            path,
-            seen: Mutex::new(Seen {
-                offset,
-                ..Seen::default()
-            }),
-        }
-    }
-
-    fn refresh(&self) -> std::sync::MutexGuard<'_, Seen> {
-        let mut seen = self.seen.lock().unwrap();
-        let mut file = File::open(&self.path)
-            .unwrap_or_else(|e| panic!("opening the audit log {}: {e}", self.path.display()));
-        file.seek(SeekFrom::Start(seen.offset)).unwrap();
-        let mut buf = Vec::new();
-        file.read_to_end(&mut buf)
-            .unwrap_or_else(|e| panic!("reading the audit log {}: {e}", self.path.display()));
-        // Whole lines only. A killed API server may leave a torn last line:
-        // the next one then follows it on the same line, and neither parses.
-        let Some(end) = buf.iter().rposition(|b| *b == b'\n') else {
-            return seen;
-        };
-        seen.offset += end as u64 + 1;
-        for line in buf[..end].split(|b| *b == b'\n') {
-            let Ok(event) = AuditEvent::parse(&String::from_utf8_lossy(line)) else {
-                continue;
-            };
-            match seen.by_id.get(&event.audit_id).copied() {
-                Some(i) => {
-                    let last = &seen.events[i];
-                    let last_final = last.stage == "ResponseComplete" || last.stage == "Panic";
-                    if !last_final {
-                        seen.events[i] = event;
-                    }
-                }
-                None => {
-                    let i = seen.events.len();
-                    seen.by_id.insert(event.audit_id.clone(), i);
-                    seen.events.push(event);
-                }
-            }
-        }
-        seen
+        Requests(Audit::at(path))
     }
 
     pub fn matching(&self, q: &Query) -> Vec<AuditEvent> {
-        self.refresh()
-            .events
-            .iter()
-            .filter(|e| q.matches(e))
-            .cloned()
-            .collect()
+        self.0.matching(q)
     }
 
     pub fn count(&self, q: &Query) -> usize {
-        self.refresh()
-            .events
-            .iter()
-            .filter(|e| q.matches(e))
-            .count()
+        self.0.count(q)
     }
 
     /// Matching requests by `verb resource` (e.g. `list configmaps`).
     pub fn by_verb_resource(&self, q: &Query) -> BTreeMap<String, usize> {
-        let mut out = BTreeMap::new();
-        for e in self.refresh().events.iter().filter(|e| q.matches(e)) {
-            let what = match (&e.resource, &e.subresource) {
-                (Some(r), Some(s)) => format!("{} {r}/{s}", e.verb),
-                (Some(r), None) => format!("{} {r}", e.verb),
-                _ => e.verb.clone(),
-            };
-            *out.entry(what).or_default() += 1;
-        }
-        out
+        self.0.by_verb_resource(q)
     }
 
     /// Matching requests by response code (`0`: none recorded).
     pub fn by_code(&self, q: &Query) -> BTreeMap<u16, usize> {
-        let mut out = BTreeMap::new();
-        for e in self.refresh().events.iter().filter(|e| q.matches(e)) {
-            *out.entry(e.code.unwrap_or(0)).or_default() += 1;
-        }
-        out
+        self.0.by_code(q)
     }
 
     /// The most requests received in one second.
     pub fn busiest_second(&self, q: &Query) -> usize {
-        let mut per: BTreeMap<i64, usize> = BTreeMap::new();
-        for e in self.refresh().events.iter().filter(|e| q.matches(e)) {
-            *per.entry(e.received.timestamp()).or_default() += 1;
-        }
-        per.into_values().max().unwrap_or(0)
+        self.0.busiest_second(q).map_or(0, |(_, n)| n)
     }
 
-    /// Waits until every request received before `until` is in the log
-    /// (batches are written at most a second apart): a request received
-    /// two seconds later is there.
+    /// See [`Audit::settle`].
     pub async fn settle(&self, client: &Client, until: DateTime<Utc>) {
-        let mark = until + chrono::Duration::seconds(2);
-        wait_until(
-            format!("the audit log {} to reach {mark}", self.path.display()),
-            Duration::from_secs(60),
-            async || {
-                if Utc::now() >= mark {
-                    let _ = client.apiserver_version().await;
-                }
-                match self.refresh().events.iter().map(|e| e.received).max() {
-                    Some(last) if last >= mark => Ok(()),
-                    last => Err(format!("the last request logged was received at {last:?}")),
-                }
-            },
-        )
-        .await;
-        tokio::time::sleep(POLL).await;
+        self.0.settle(client, until).await;
     }
 }
 
