@@ -247,11 +247,13 @@ pub(crate) fn cluster_entry(
         );
     };
     if *reach == Reachability::Connecting {
-        return not_ready(
+        // Its report counts in the rule's totals: so in its entry.
+        let status = not_ready(
             name,
             "Progressing",
             "connecting; its namespaces and copies are being listed".to_owned(),
         );
+        return counts(status, report);
     }
     let problem = report
         .problem
@@ -707,5 +709,9 @@ mod tests {
         }
         let connecting = cluster_entry("a", &Reachability::Connecting, Some(&member_report()));
         assert_eq!(connecting.reason.as_deref(), Some("Progressing"));
+        assert_eq!(
+            connecting.copies, 2,
+            "counted as the rule's totals count it"
+        );
     }
 }

@@ -99,7 +99,9 @@ pub(crate) struct StatusFacts {
 
 impl StatusFacts {
     /// What `status` says of the place `namespace/name` of the source
-    /// `source` (`namespace/name`).
+    /// `source` (`namespace/name`) in the home cluster (the status lists
+    /// members' conflicts and contested copies too, each naming its
+    /// cluster).
     pub(crate) fn of(
         status: Option<&RuleStatus>,
         namespace: &str,
@@ -109,17 +111,19 @@ impl StatusFacts {
         let Some(status) = status else {
             return Self::default();
         };
-        let at = |ns: &str, n: &str| ns == namespace && n == name;
+        let at = |cluster: &Option<String>, ns: &str, n: &str| {
+            cluster.is_none() && ns == namespace && n == name
+        };
         Self {
             contested_by: status
                 .contested
                 .iter()
-                .find(|c| at(&c.namespace, &c.name))
+                .find(|c| at(&c.cluster, &c.namespace, &c.name))
                 .map(|c| c.writer.clone()),
             conflict: status
                 .conflicts
                 .iter()
-                .find(|c| at(&c.namespace, &c.name))
+                .find(|c| at(&c.cluster, &c.namespace, &c.name))
                 .map(|c| c.reason.clone()),
             writes_refused: status
                 .conditions
@@ -607,6 +611,18 @@ mod tests {
             }
         );
         assert_eq!(StatusFacts::of(None, "t1", "cfg", "shared/cfg"), none());
+        // What a member holds at the same place says nothing of home's.
+        let mut in_member = status.clone();
+        for c in &mut in_member.contested {
+            c.cluster = Some("a".into());
+        }
+        for c in &mut in_member.conflicts {
+            c.cluster = Some("a".into());
+        }
+        let t1 = StatusFacts::of(Some(&in_member), "t1", "cfg", "shared/cfg");
+        assert_eq!(t1.contested_by, None);
+        let t2 = StatusFacts::of(Some(&in_member), "t2", "cfg", "shared/cfg");
+        assert_eq!(t2.conflict, None);
     }
 
     fn namespaces(names: &[&str]) -> BTreeMap<String, NamespaceInfo> {
