@@ -32,6 +32,22 @@ struct State {
     requests: Vec<Request>,
 }
 
+/// A client that is never asked anything (its server address is closed):
+/// for the parts of a test's state that need one to be built.
+pub(crate) fn never_asked_client() -> kube::Client {
+    let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+    kube::Client::try_from(config).expect("a client")
+}
+
+/// The read and write clients of a cluster, never asked anything.
+pub(crate) fn never_asked_clients() -> crate::cluster::client::Clients {
+    let client = never_asked_client();
+    crate::cluster::client::Clients {
+        read: client.clone(),
+        write: client,
+    }
+}
+
 /// A ConfigMap `namespace/name` with `labels` and `data`, as read.
 pub(crate) fn config_map(namespace: &str, name: &str, labels: Value, data: Value) -> DynamicObject {
     serde_json::from_value(json!({

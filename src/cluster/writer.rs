@@ -563,9 +563,8 @@ impl Writer {
         store: Arc<crate::cluster::fake_objects::FakeObjects>,
         leader: LeaderGate,
     ) -> Self {
-        let never_asked = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
         let writer = Self::new(
-            Client::try_from(never_asked).expect("a client"),
+            crate::cluster::fake_objects::never_asked_client(),
             RateLimiter::new(0.0, 1),
             4,
             ClusterMetrics::new(Arc::new(crate::ops::metrics::Metrics::default()), "home"),

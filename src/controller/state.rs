@@ -552,14 +552,8 @@ fn is_older(rule: &CopyratorRule, held: &CopyratorRule) -> bool {
 /// for unit tests that read and change the views and memories alone.
 #[cfg(test)]
 pub(crate) fn test_shared() -> Arc<Shared> {
-    use crate::cluster::client::Clients;
     use std::time::Duration;
-    let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
-    let client = kube::Client::try_from(config).expect("a client");
-    let clients = Clients {
-        read: client.clone(),
-        write: client,
-    };
+    let clients = crate::cluster::fake_objects::never_asked_clients();
     let (gate, _always) = LeaderGate::always();
     Shared::new(
         clients,

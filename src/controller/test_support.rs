@@ -40,13 +40,8 @@ pub(crate) fn member(
     name: &str,
     namespaces: &[&str],
 ) -> (Arc<Member>, Arc<FakeObjects>) {
-    let never_asked = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
-    let client = kube::Client::try_from(never_asked).expect("a client");
     let cluster = Cluster::new(
-        crate::cluster::client::Clients {
-            read: client.clone(),
-            write: client,
-        },
+        crate::cluster::fake_objects::never_asked_clients(),
         shared.options.limits,
         ClusterMetrics::new(shared.metrics.clone(), name),
         shared.leader.clone(),
