@@ -27,8 +27,8 @@
 //! retry period; since then leadership is a deadline, which closes the
 //! write gate before any standby may take the Lease, even while a renewal
 //! hangs. No measurement compared the two: the reasons are behaviour, which
-//! the tests bound (`tests/operations.rs`: takeover after SIGKILL and after
-//! SIGTERM; `tests/leader.rs`: a leader paused or cut off writes nothing
+//! the tests bound (`tests/suite/operations.rs`: takeover after SIGKILL and after
+//! SIGTERM; `tests/suite/leader.rs`: a leader paused or cut off writes nothing
 //! beside the new one). Documented, not benchmarked: after SIGTERM a
 //! standby takes over within a second or two (docs/operations.md).
 

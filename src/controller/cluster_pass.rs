@@ -409,12 +409,11 @@ async fn carry_out(
         // A stage's writes may have settled it: look again at once.
         pass.retry_no_later_than(Instant::now() + crate::core::rollout::AFTER_WRITES);
     }
-    for (namespace, name) in remember_conflicts(site, rule, resolved, new_conflicts) {
+    for (namespace, name) in after_writes(site, rule, resolved, new_conflicts, &mut pass, plan) {
         // What the write met may have gone unseen: look again.
         site.queue
             .add(resolved.key.clone(), Touch::Copy(namespace, name));
     }
-    finish(site, resolved, &mut pass, plan);
     let changed = std::mem::take(&mut pass.changed);
     // A rule too costly to plan wrote nothing, and rolls nothing.
     if !pass.plan.too_costly {
@@ -526,23 +525,24 @@ fn admit(
 /// Copies that failed before, where this pass did not look: they still
 /// wait, and the status says so as a pass over everything would.
 fn defer_failed_elsewhere(site: &Site, resolved: &ResolvedRule, scope: &Scope, pass: &mut Pass) {
-    let failed_before = if scope.is_everything()
-        || !lock(&site.memory)
-            .get(&resolved.key)
-            .is_some_and(|m| m.tally.has_unwritten())
-    {
-        Vec::new()
-    } else {
-        lock(&site.backoffs).failures(&resolved.key)
-    };
-    if failed_before.is_empty() {
+    if scope.is_everything() {
         return;
     }
     let memory = lock(&site.memory);
-    let tally = memory.get(&resolved.key).map(|m| &m.tally);
+    let Some(tally) = memory
+        .get(&resolved.key)
+        .map(|m| &m.tally)
+        .filter(|t| t.has_unwritten())
+    else {
+        return;
+    };
+    // `memory` comes before `backoffs` in the lock order.
+    let failed_before = lock(&site.backoffs).failures(&resolved.key);
     for ((kind, namespace, name), failure, retry_at) in failed_before {
-        let still_unwritten = tally.is_some_and(|t| t.is_unwritten(&namespace, &name));
-        if kind == resolved.kind && !scope.covers(&namespace, &name) && still_unwritten {
+        if kind == resolved.kind
+            && !scope.covers(&namespace, &name)
+            && tally.is_unwritten(&namespace, &name)
+        {
             pass.retry_no_later_than(retry_at);
             pass.deferred
                 .push((format!("{kind} {namespace}/{name}"), failure));
@@ -550,8 +550,15 @@ fn defer_failed_elsewhere(site: &Site, resolved: &ResolvedRule, scope: &Scope, p
     }
 }
 
+/// Outcomes taken together, each lock once for all of them: as many as
+/// are ready at once, up to this many.
+const OUTCOMES_PER_TAKE: usize = 256;
+
+/// A write's outcome, with what was written.
+type Written = (CopyKey, Kind, Action, Outcome);
+
 /// Write the admitted copies, `--write-concurrency` at a time, taking
-/// each outcome as it comes (a pass of 100,000 writes never holds them all
+/// the outcomes as they come (a pass of 100,000 writes never holds them all
 /// at once); returns the conflicts the writes met.
 async fn write_admitted(
     site: &Site,
@@ -574,76 +581,91 @@ async fn write_admitted(
                 (copy, kind, action, outcome)
             }
         })
-        .buffer_unordered(concurrency);
+        .buffer_unordered(concurrency)
+        .ready_chunks(OUTCOMES_PER_TAKE);
     let mut new_conflicts = Vec::new();
-    while let Some((copy, kind, action, outcome)) = results.next().await {
-        if let Some(conflict) = take_outcome(site, resolved, pass, (copy, kind, action), outcome) {
-            new_conflicts.push(conflict);
-        }
+    while let Some(outcomes) = results.next().await {
+        new_conflicts.extend(take_outcomes(site, resolved, pass, outcomes));
     }
     new_conflicts
 }
 
-/// One write's outcome into the rule's tally, the copy's backoff, the
-/// view of copies (write-through) and the pass's counts; a conflict met
-/// is returned.
-fn take_outcome(
+/// Outcomes into the rule's tally and the copies' backoffs (each lock
+/// taken once for them all), then into the view of copies (write-through)
+/// and the pass's counts; returns the conflicts met.
+fn take_outcomes(
     site: &Site,
     resolved: &ResolvedRule,
     pass: &mut Pass,
-    (copy, kind, action): Admitted,
-    outcome: Outcome,
-) -> Option<(ObjectKey, String)> {
-    let (namespace, name) = action.target();
-    let settles =
-        kind == resolved.kind && matches!(outcome, Outcome::Written(_) | Outcome::Ignored(_));
-    if settles {
-        lock(&site.memory)
-            .entry(resolved.key.clone())
-            .or_default()
-            .tally
-            .settle(namespace, name);
+    outcomes: Vec<Written>,
+) -> Vec<(ObjectKey, String)> {
+    {
+        let mut memory = lock(&site.memory);
+        let tally = &mut memory.entry(resolved.key.clone()).or_default().tally;
+        for (_, kind, action, outcome) in &outcomes {
+            if *kind == resolved.kind
+                && matches!(outcome, Outcome::Written(_) | Outcome::Ignored(_))
+            {
+                let (namespace, name) = action.target();
+                tally.settle(namespace, name);
+            }
+        }
     }
-    match outcome {
-        Outcome::Written(object) => {
-            if lock(&site.backoffs).succeeded(&copy, Instant::now()) {
-                // A refusal was lifted: the rule's other refused copies
-                // go in the next pass, at once.
-                pass.retry_no_later_than(Instant::now());
-            }
-            // Write-through: the next pass sees our write even before its watch event.
-            write_through(site, kind, &action, object);
-            if resolved.restart_consumers && kind == resolved.kind {
-                note_changed(pass, namespace, &action);
-            }
-            match action {
-                Action::Create { .. } => pass.created += 1,
-                Action::Update { .. } | Action::Recreate { .. } => pass.updated += 1,
-                Action::Delete { reason, .. } if reason.is_prune() => pass.pruned += 1,
-                Action::Delete { .. } => pass.deleted += 1,
-                Action::HandOver { .. } => pass.handed_over += 1,
+    let now = Instant::now();
+    {
+        let mut backoffs = lock(&site.backoffs);
+        for (copy, _, action, outcome) in &outcomes {
+            match outcome {
+                // A refusal lifted: the rule's other refused copies go in
+                // the next pass, at once.
+                Outcome::Written(_) if backoffs.succeeded(copy, now) => {
+                    pass.retry_no_later_than(now);
+                }
+                // No write is owed there any more: an earlier failure is moot.
+                Outcome::Conflict(_) => backoffs.no_longer_owed(copy),
+                Outcome::Failed(failure) => {
+                    let at = backoffs.failed(
+                        copy,
+                        &resolved.key,
+                        wanted_hash(action),
+                        failure.clone(),
+                        now,
+                    );
+                    pass.retry_no_later_than(at);
+                }
+                _ => {}
             }
         }
-        Outcome::Conflict(reason) => {
-            // No write is owed there any more: an earlier failure is moot.
-            lock(&site.backoffs).no_longer_owed(&copy);
-            return Some(((namespace.to_owned(), name.to_owned()), reason));
-        }
-        Outcome::Failed(failure) => {
-            let at = lock(&site.backoffs).failed(
-                &copy,
-                &resolved.key,
-                wanted_hash(&action),
-                failure.clone(),
-                Instant::now(),
-            );
-            pass.retry_no_later_than(at);
-            pass.failed.push((describe_target(kind, &action), failure));
-        }
-        Outcome::NotLeader => pass.not_leader += 1,
-        Outcome::Ignored(_) => {}
     }
-    None
+    let mut conflicts = Vec::new();
+    for (_, kind, action, outcome) in outcomes {
+        let (namespace, name) = action.target();
+        match outcome {
+            Outcome::Written(object) => {
+                // Write-through: the next pass sees our write even before its watch event.
+                write_through(site, kind, &action, object);
+                if resolved.restart_consumers && kind == resolved.kind {
+                    note_changed(pass, namespace, &action);
+                }
+                match action {
+                    Action::Create { .. } => pass.created += 1,
+                    Action::Update { .. } | Action::Recreate { .. } => pass.updated += 1,
+                    Action::Delete { reason, .. } if reason.is_prune() => pass.pruned += 1,
+                    Action::Delete { .. } => pass.deleted += 1,
+                    Action::HandOver { .. } => pass.handed_over += 1,
+                }
+            }
+            Outcome::Conflict(reason) => {
+                conflicts.push(((namespace.to_owned(), name.to_owned()), reason));
+            }
+            Outcome::Failed(failure) => {
+                pass.failed.push((describe_target(kind, &action), failure));
+            }
+            Outcome::NotLeader => pass.not_leader += 1,
+            Outcome::Ignored(_) => {}
+        }
+    }
+    conflicts
 }
 
 /// A written copy whose data changed (or that was created), for
@@ -666,15 +688,19 @@ fn note_changed(pass: &mut Pass, namespace: &str, action: &Action) {
     });
 }
 
-/// The conflicts the writes met join the rule's tally and memory; a
-/// target that is ours now is no conflict any more. Returns the places
-/// whose conflict is not believed (what the write met went, or may have
-/// gone unseen, meanwhile): their writes stay owed.
-fn remember_conflicts(
+/// After the writes, in one hold of the rule's memory: the conflicts the
+/// writes met join its tally (a target that is ours now is no conflict
+/// any more), and the pass takes its counts and conflicts from the tally,
+/// exact whatever part of the rule it looked at. Returns the places whose
+/// conflict is not believed (what the write met went, or may have gone
+/// unseen, meanwhile): their writes stay owed.
+fn after_writes(
     site: &Site,
     rule: &CopyratorRule,
     resolved: &ResolvedRule,
     new_conflicts: Vec<(ObjectKey, String)>,
+    pass: &mut Pass,
+    plan: Plan,
 ) -> Vec<ObjectKey> {
     let mut memory = lock(&site.memory);
     let memory = memory.entry(resolved.key.clone()).or_default();
@@ -688,28 +714,19 @@ fn remember_conflicts(
             doubted.push(key);
         }
     }
-    let copies = read(site.cluster.views.copies(resolved.kind));
-    memory.known_conflicts.retain(|(ns, name)| {
-        copies
-            .get(ns, name)
-            .is_none_or(|c| c.rule_uid() != rule.uid())
-    });
-    doubted
-}
-
-/// The rule's counts and conflicts after a pass, from its tally: exact
-/// whatever part of the rule the pass looked at.
-fn finish(site: &Site, resolved: &ResolvedRule, pass: &mut Pass, plan: Plan) {
-    let counts = lock(&site.memory)
-        .get(&resolved.key)
-        .map(|m| m.tally.counts(&plan));
-    if let Some(counts) = counts {
-        pass.copies = counts.copies;
-        pass.conflicts = counts.conflicts;
-    } else {
-        pass.conflicts = plan.shadowed.clone();
+    {
+        let copies = read(site.cluster.views.copies(resolved.kind));
+        memory.known_conflicts.retain(|(ns, name)| {
+            copies
+                .get(ns, name)
+                .is_none_or(|c| c.rule_uid() != rule.uid())
+        });
     }
+    let counts = memory.tally.counts(&plan);
+    pass.copies = counts.copies;
+    pass.conflicts = counts.conflicts;
     pass.plan = plan;
+    doubted
 }
 
 #[cfg(test)]

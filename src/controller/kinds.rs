@@ -782,3 +782,173 @@ fn copy_deleted(
         .collect();
     (owner, Touch::Copy(namespace.to_string(), name.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::test_support::{add_namespaces, copy, home, home_with, resolved, rule};
+    use serde_json::json;
+
+    fn naming(kind: &str, api_version: &str, name: &str) -> CopyratorRule {
+        rule(
+            &format!("uid-{name}"),
+            json!({
+                "metadata": {"name": name, "namespace": "ops", "uid": format!("uid-{name}")},
+                "ruleType": null,
+                "objectType": {"apiVersion": api_version, "kind": kind}
+            }),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_denied_kind_is_refused_before_any_lookup() {
+        let (shared, _) = home();
+        // The client answers nothing: a lookup would be an error.
+        let readiness = prepare(&shared, &naming("Pod", "v1", "pods"), true)
+            .await
+            .expect("no lookup");
+        let KindReadiness::Refused(refusal, None) = readiness else {
+            panic!("not refused: {readiness:?}");
+        };
+        assert_eq!(refusal.reason, "DeniedKind", "{}", refusal.message);
+    }
+
+    /// The state of an operator that copies every kind not denied (`--kinds '*'`).
+    fn every_kind() -> Arc<Shared> {
+        let mut trust = crate::core::resolve::Trust::new("ops", false);
+        Arc::make_mut(&mut trust.policy).kinds =
+            crate::api::kinds::EnabledKinds::parse(&["*".to_owned()]).expect("valid kinds");
+        home_with(crate::controller::state::test_shared_with(trust)).0
+    }
+
+    #[tokio::test]
+    async fn a_kind_not_enabled_is_refused_before_any_lookup() {
+        let (shared, _) = home();
+        let readiness = prepare(
+            &shared,
+            &naming("Widget", "example.com/v1", "widgets"),
+            true,
+        )
+        .await
+        .expect("no lookup");
+        assert!(
+            matches!(&readiness, KindReadiness::Refused(r, None) if r.reason == "KindNotEnabled"),
+            "{readiness:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_stands_for_its_interval_without_a_lookup() {
+        let shared = every_kind();
+        let rule = naming("Widget", "example.com/v1", "widgets");
+        let standing = InvalidRule {
+            reason: "UnknownKind",
+            message: "the API server serves no kind Widget".to_owned(),
+        };
+        lock(&shared.home.cluster.kind_refusals).remember(
+            "example.com/v1/Widget".to_owned(),
+            &standing,
+            Some(UNKNOWN_KIND_RETRY),
+            Instant::now(),
+        );
+        let readiness = prepare(&shared, &rule, true).await.expect("no lookup");
+        assert!(
+            matches!(&readiness, KindReadiness::Refused(r, Some(_)) if r.reason == "UnknownKind"),
+            "{readiness:?}"
+        );
+        // Without the standing refusal, the kind is looked up (and this
+        // client cannot answer).
+        assert!(prepare(&every_kind(), &rule, true).await.is_err());
+    }
+
+    /// RoleBinding, registered as API discovery would.
+    fn role_bindings() -> Kind {
+        Kind::register(&Discovered {
+            group: RBAC_GROUP.to_owned(),
+            version: "v1".to_owned(),
+            kind: "RoleBinding".to_owned(),
+            plural: "rolebindings".to_owned(),
+        })
+        .expect("registered")
+    }
+
+    #[tokio::test]
+    async fn role_bindings_are_ready_only_once_the_roles_they_bind_are_listed_too() {
+        let (shared, _) = home();
+        let synced = &shared.home.cluster.views.synced;
+        let role_bindings = role_bindings();
+        synced.set_copies_of(role_bindings, false);
+        synced.set_roles(false);
+        assert_eq!(listed(&shared, role_bindings), KindReadiness::Listing);
+        synced.set_copies_of(role_bindings, true);
+        assert_eq!(listed(&shared, role_bindings), KindReadiness::Listing);
+        synced.set_roles(true);
+        assert_eq!(listed(&shared, role_bindings), KindReadiness::Ready);
+        // Other kinds wait for their copies only.
+        synced.set_roles(false);
+        synced.set_copies_of(Kind::ConfigMap, true);
+        assert_eq!(listed(&shared, Kind::ConfigMap), KindReadiness::Ready);
+    }
+
+    #[tokio::test]
+    async fn a_copy_deleted_by_someone_else_counts_towards_its_contest() {
+        let (shared, _) = home();
+        let site = shared.home.clone();
+        add_namespaces(&site, &["team-a"]);
+        let rule = rule("uid-1", json!({}));
+        shared.set_rule(rule.key(), Arc::new(rule.clone()));
+        let resolved = resolved(&rule);
+        copy(&site, &resolved, "team-a", "settings").await;
+        let held = read(site.cluster.views.copies(Kind::ConfigMap))
+            .get("team-a", "settings")
+            .cloned()
+            .expect("the copy is in the view");
+        let wanted = held.written_for.expect("written by the operator");
+        let key = (Kind::ConfigMap, "team-a".to_owned(), "settings".to_owned());
+        let (owners, touch) = copy_deleted(&shared, &site, Kind::ConfigMap, &held);
+        assert_eq!(owners, ["uid-1"]);
+        assert_eq!(touch, Touch::Copy("team-a".into(), "settings".into()));
+        assert!(lock(&site.backoffs).was_deleted_by_others(&key, wanted));
+        // A delete of a copy the view never held (the answer to our own
+        // create still on its way) still reaches its rule, and is no contest.
+        let (shared, _) = home();
+        let (owners, _) = copy_deleted(&shared, &shared.home, Kind::ConfigMap, &held);
+        assert_eq!(owners, ["uid-1"]);
+        assert!(!lock(&shared.home.backoffs).was_deleted_by_others(&key, wanted));
+    }
+
+    #[tokio::test]
+    async fn a_copy_watch_stops_when_no_rule_names_its_kind_and_no_copy_is_left() {
+        let (shared, _) = home();
+        let role_bindings = role_bindings();
+        let rule = naming("RoleBinding", "rbac.authorization.k8s.io/v1", "bindings");
+        shared.set_rule(rule.key(), Arc::new(rule.clone()));
+        // A watch task that lives until it is aborted, which drops `alive`.
+        let (alive, stopped) = tokio::sync::oneshot::channel::<()>();
+        let watch = tokio::spawn(async move {
+            let _alive = alive;
+            std::future::pending::<()>().await;
+        });
+        lock(&shared.home.cluster.kind_watches).insert(role_bindings, watch);
+        shared
+            .home
+            .cluster
+            .views
+            .synced
+            .set_copies_of(role_bindings, false);
+        release_unused(&shared);
+        assert!(lock(&shared.home.cluster.kind_watches).contains_key(&role_bindings));
+        assert_eq!(rules_naming(&shared, role_bindings), [rule.key()]);
+        shared.forget_rule(&rule.key());
+        release_unused(&shared);
+        assert!(!lock(&shared.home.cluster.kind_watches).contains_key(&role_bindings));
+        tokio::time::timeout(std::time::Duration::from_secs(5), stopped)
+            .await
+            .expect("the watch task is aborted")
+            .expect_err("and never finishes by itself");
+        assert!(
+            shared.home.cluster.views.synced.copies_of(role_bindings),
+            "a kind not watched is nothing to wait for"
+        );
+    }
+}

@@ -268,3 +268,95 @@ pub(crate) fn statuses(
     statuses.sort_by(|a, b| a.0.name.cmp(&b.0.name));
     statuses
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::test_support::{copy, home, member, resolved, rule};
+    use serde_json::json;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_member_that_left_stays_while_it_holds_copies_unless_it_stopped_answering() {
+        let (shared, _) = home();
+        let rule = resolved(&rule("uid-1", json!({})));
+        let (holding, _) = member(&shared, "a", &["team-a"]);
+        copy(&holding.site, &rule, "team-a", "settings").await;
+        let (empty, _) = member(&shared, "b", &["team-a"]);
+        let (staying, _) = member(&shared, "c", &["team-a"]);
+        for m in [&holding, &empty] {
+            m.leaving.store(true, Ordering::Release);
+        }
+        let live = ["uid-1".to_owned()];
+        let give_up = Duration::from_secs(600);
+        assert_eq!(shared.members.retire_left(&live, give_up), ["b"]);
+        assert_eq!(
+            shared.members.retire_left(&live, give_up),
+            Vec::<String>::new()
+        );
+        // Its copies belong to no live rule any more: it goes.
+        assert_eq!(shared.members.retire_left(&[], give_up), ["a"]);
+        let (silent, _) = member(&shared, "d", &["team-a"]);
+        copy(&silent.site, &rule, "team-a", "settings").await;
+        silent.leaving.store(true, Ordering::Release);
+        *lock(&silent.reach) = Reach::Unreachable {
+            message: "connection refused".to_owned(),
+            since: Instant::now() - Duration::from_secs(601),
+            refused: false,
+        };
+        assert_eq!(shared.members.retire_left(&live, give_up), ["d"]);
+        let left: Vec<String> = read(&shared.members.started).keys().cloned().collect();
+        assert_eq!(left, ["c"]);
+        assert!(!staying.is_leaving());
+    }
+
+    #[tokio::test]
+    async fn a_rule_hears_of_every_member_it_selects_found_or_not() {
+        let (shared, _) = home();
+        let (a, _) = member(&shared, "a", &[]);
+        *lock(&a.reach) = Reach::Connecting;
+        member(&shared, "b", &[]);
+        member(&shared, "unselected", &[]);
+        write(&shared.members.unusable).insert(
+            "c".to_owned(),
+            UnusableMember {
+                labels: BTreeMap::new(),
+                reason: "InsecureConnection".to_owned(),
+                message: "its server is http://".to_owned(),
+            },
+        );
+        let names = json!(["c", "b", "a", "nowhere"]);
+        let rule = resolved(&rule(
+            "uid-1",
+            json!({
+                "targets": {"clusters": {"names": names, "local": false}}
+            }),
+        ));
+        let said: Vec<(String, String)> = statuses(&shared.members, &rule)
+            .into_iter()
+            .map(|(status, _)| {
+                let message = status.message.unwrap_or_default();
+                (
+                    status.name,
+                    format!("{}: {message}", status.reason.unwrap_or_default()),
+                )
+            })
+            .collect();
+        let reason = |name: &str| {
+            said.iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, r)| r.as_str())
+        };
+        let order: Vec<&str> = said.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(order, ["a", "b", "c", "nowhere"]);
+        let reason = |name: &str| reason(name).unwrap_or_default();
+        assert!(reason("a").contains("connecting"), "{}", reason("a"));
+        assert!(!reason("b").contains("connecting"), "{}", reason("b"));
+        assert_eq!(reason("c"), "InsecureConnection: its server is http://");
+        assert!(
+            reason("nowhere").starts_with("ClusterNotFound: "),
+            "{}",
+            reason("nowhere")
+        );
+    }
+}

@@ -6,15 +6,17 @@
 //! kept in the rule's memory of the site for the next pass, which comes
 //! at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kube::Api;
 use kube::api::{DynamicObject, ListParams};
+use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::api::kinds::Kind;
 use crate::cache::index::Object;
 use crate::controller::site::{RuleMemory, Site};
 use crate::core::consumers::{opted_out, restart_key, use_of, used_hash};
@@ -68,24 +70,29 @@ pub(crate) async fn stage(
     };
     // What was read is used by the next pass: at once when it is news.
     let mut news = !gated.reads.is_empty();
+    let mut earlier = Vec::new();
     for read in std::mem::take(&mut gated.reads) {
-        read_earlier(site, resolved, &read).await;
+        earlier.extend(read_earlier(site, resolved, &read).await);
     }
+    let mut seen = Vec::new();
     for check in std::mem::take(&mut gated.checks) {
-        let mut waiting = not_available(site, resolved, &check).await;
-        let mut memory = lock(&site.memory);
-        let memory = memory.entry(resolved.key.clone()).or_default();
+        let waiting = not_available(site, resolved, &check).await;
+        seen.push((check, waiting));
+    }
+    // What the reads found goes into the rule's memory in one hold.
+    let mut memory = lock(&site.memory);
+    let memory = memory.entry(resolved.key.clone()).or_default();
+    for (name, content) in earlier {
+        if let Some(track) = memory.rollouts.by_name.get_mut(&name) {
+            track.earlier = Some(content);
+        }
+    }
+    for (check, mut waiting) in seen {
         if memory.restart_refused {
             // The consumers were never rolled: the stage has not settled.
             waiting.push("restarting the consumers is refused".to_owned());
         }
-        // News is a stage that became settled or unsettled, not a count.
-        let settled = waiting.is_empty();
-        let before = memory
-            .availability
-            .insert((check.name, check.stage), (check.payload, waiting));
-        news |= before
-            .is_none_or(|(content, was)| content != check.payload || was.is_empty() != settled);
+        news |= remember_availability(&mut memory.availability, check, waiting);
     }
     if news {
         gated.recheck_at = Some(Instant::now());
@@ -93,10 +100,27 @@ pub(crate) async fn stage(
     gated
 }
 
-/// Read the copy of `read` whole and keep its payload as the content its
+/// What a check found, by copy name and stage: the content it looked at
+/// and the workloads still waiting. News is a stage that became settled
+/// or unsettled (or a content not seen before), not a count.
+fn remember_availability(
+    availability: &mut HashMap<(String, usize), (u64, Vec<String>)>,
+    check: AvailabilityCheck,
+    waiting: Vec<String>,
+) -> bool {
+    let settled = waiting.is_empty();
+    let before = availability.insert((check.name, check.stage), (check.payload, waiting));
+    before.is_none_or(|(content, was)| content != check.payload || was.is_empty() != settled)
+}
+
+/// Read the copy of `read` whole: its name and payload, as the content its
 /// source rolled out before, if it is still the payload Copyrator wrote
 /// there (an edit since then makes it no content of the source's).
-async fn read_earlier(site: &Site, resolved: &ResolvedRule, read: &EarlierRead) {
+async fn read_earlier(
+    site: &Site,
+    resolved: &ResolvedRule,
+    read: &EarlierRead,
+) -> Option<(String, (u64, Arc<BTreeMap<String, Value>>))> {
     let (namespace, name) = (read.namespace.as_str(), read.name.as_str());
     let api: Api<DynamicObject> = Api::namespaced_with(
         site.cluster.client.clone(),
@@ -105,21 +129,20 @@ async fn read_earlier(site: &Site, resolved: &ResolvedRule, read: &EarlierRead) 
     );
     let object = match api.get_opt(name).await {
         Ok(Some(object)) => Object::from_dynamic(resolved.kind, object),
-        Ok(None) => return,
+        Ok(None) => return None,
         Err(e) => {
             tracing::debug!(rule = %resolved.key, namespace, name, error = describe(&e), "reading the content rolled out before");
-            return;
+            return None;
         }
     };
     if !object.intact || object.payload_hash != read.payload_hash {
         tracing::debug!(rule = %resolved.key, namespace, name, "the copy holding the content rolled out before was edited: not taken");
-        return;
+        return None;
     }
-    let mut memory = lock(&site.memory);
-    let memory = memory.entry(resolved.key.clone()).or_default();
-    if let Some(track) = memory.rollouts.by_name.get_mut(name) {
-        track.earlier = Some((object.payload_hash, Arc::new(object.payload)));
-    }
+    Some((
+        name.to_owned(),
+        (object.payload_hash, Arc::new(object.payload)),
+    ))
 }
 
 /// A workload as far as settling goes.
@@ -167,7 +190,7 @@ impl Rolling {
 /// Judges the workloads of one check: whether each uses the copy and
 /// carries the new content's restart annotation.
 struct Judge<'a> {
-    resolved: &'a ResolvedRule,
+    kind: Kind,
     check: &'a AvailabilityCheck,
     key: String,
 }
@@ -184,7 +207,7 @@ impl Judge<'_> {
         annotations: &Option<BTreeMap<String, String>>,
         (current, want, updated, available, total): (bool, i32, i32, i32, i32),
     ) -> Rolling {
-        let kind_of_copy = self.resolved.kind;
+        let kind_of_copy = self.kind;
         let used = template
             .spec
             .as_ref()
@@ -223,7 +246,7 @@ async fn not_available(
     check: &AvailabilityCheck,
 ) -> Vec<String> {
     let judge = Judge {
-        resolved,
+        kind: resolved.kind,
         check,
         key: restart_key(resolved.kind, &check.name),
     };
@@ -332,4 +355,168 @@ where
             let kind = K::kind(&K::DynamicType::default()).to_string();
             format!("{kind}s in {namespace} not listed: {}", describe(&e))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::test_support::{resolved, rule, source};
+    use crate::core::plan::desired_copy;
+    use k8s_openapi::api::core::v1::PodSpec;
+    use serde_json::json;
+
+    fn check(waiting_in: &[&str]) -> AvailabilityCheck {
+        let resolved = resolved(&rule("uid-1", json!({})));
+        let desired = desired_copy(&resolved, &source("settings"));
+        AvailabilityCheck {
+            name: "settings".to_owned(),
+            stage: 0,
+            payload: desired.payload_hash,
+            namespaces: waiting_in.iter().map(|n| (*n).to_owned()).collect(),
+            desired: Arc::new(desired),
+        }
+    }
+
+    /// A pod template that mounts the ConfigMap `name`, with `annotations`.
+    fn template(name: &str, annotations: &[(&str, &str)]) -> PodTemplateSpec {
+        serde_json::from_value(json!({
+            "metadata": {"annotations": annotations.iter().copied().collect::<BTreeMap<_, _>>()},
+            "spec": {
+                "containers": [{"name": "app", "image": "app"}],
+                "volumes": [{"name": "settings", "configMap": {"name": name}}]
+            }
+        }))
+        .expect("a pod template")
+    }
+
+    fn judge(check: &AvailabilityCheck) -> Judge<'_> {
+        Judge {
+            kind: Kind::ConfigMap,
+            check,
+            key: restart_key(Kind::ConfigMap, &check.name),
+        }
+    }
+
+    /// The restart value of the check's new content for `template`.
+    fn new_value(check: &AvailabilityCheck, template: &PodTemplateSpec) -> String {
+        let spec: &PodSpec = template.spec.as_ref().expect("a pod spec");
+        let used = use_of(spec, Kind::ConfigMap, &check.name).expect("uses the copy");
+        used_hash(Kind::ConfigMap, &check.desired.payload, &used)
+    }
+
+    #[test]
+    fn a_workload_is_rolled_only_when_it_carries_the_new_contents_restart_value() {
+        let check = check(&["team-a"]);
+        let judge = judge(&check);
+        let plain = template("settings", &[]);
+        let value = new_value(&check, &plain);
+        let figures = (true, 2, 2, 2, 2);
+        let rolled = template("settings", &[(&judge.key, &value)]);
+        let w = judge.rolling("Deployment", Some("web".into()), &rolled, &None, figures);
+        assert!(
+            w.uses && w.restarted && w.settled(),
+            "{}",
+            w.describe("team-a")
+        );
+        let older = template("settings", &[(&judge.key, "an-older-content")]);
+        let w = judge.rolling("Deployment", Some("web".into()), &older, &None, figures);
+        assert!(w.uses && !w.restarted && !w.settled());
+        assert_eq!(
+            w.describe("team-a"),
+            "Deployment team-a/web (not rolled to the new content yet)"
+        );
+        // Never rolled at all: what it uses may not have changed.
+        let w = judge.rolling("Deployment", Some("web".into()), &plain, &None, figures);
+        assert!(w.restarted && w.settled());
+    }
+
+    #[test]
+    fn a_workload_that_does_not_use_the_copy_or_opted_out_is_not_waited_for() {
+        let check = check(&["team-a"]);
+        let judge = judge(&check);
+        let figures = (true, 2, 0, 0, 2);
+        let other = template("other", &[]);
+        let w = judge.rolling("StatefulSet", Some("db".into()), &other, &None, figures);
+        assert!(!w.uses);
+        let opted_out: Option<BTreeMap<String, String>> =
+            Some([(crate::ANNOTATION_RESTART.to_owned(), "false".to_owned())].into());
+        let mounts = template("settings", &[]);
+        let w = judge.rolling(
+            "StatefulSet",
+            Some("db".into()),
+            &mounts,
+            &opted_out,
+            figures,
+        );
+        assert!(!w.uses);
+        let w = judge.rolling("StatefulSet", Some("db".into()), &mounts, &None, figures);
+        assert!(w.uses);
+    }
+
+    #[test]
+    fn a_rolled_workload_settles_when_its_newest_generation_is_available_and_no_old_pod_runs() {
+        let check = check(&["team-a"]);
+        let judge = judge(&check);
+        let plain = template("settings", &[]);
+        let value = new_value(&check, &plain);
+        let rolled = template("settings", &[(&judge.key, &value)]);
+        let settles = |figures| {
+            judge
+                .rolling("Deployment", Some("web".into()), &rolled, &None, figures)
+                .settled()
+        };
+        // (current, want, updated, available, total)
+        assert!(settles((true, 3, 3, 3, 3)));
+        assert!(
+            !settles((false, 3, 3, 3, 3)),
+            "status of an older generation"
+        );
+        assert!(!settles((true, 3, 2, 3, 3)), "one pod not updated");
+        assert!(!settles((true, 3, 3, 2, 3)), "one pod not available");
+        assert!(!settles((true, 3, 3, 3, 4)), "an old pod still runs");
+        let w = judge.rolling(
+            "Deployment",
+            Some("web".into()),
+            &rolled,
+            &None,
+            (true, 3, 3, 2, 4),
+        );
+        assert_eq!(
+            w.describe("team-a"),
+            "Deployment team-a/web (2 of 3 available, 3 updated, 4 in all)"
+        );
+    }
+
+    #[test]
+    fn news_is_a_stage_that_settles_or_unsettles_not_a_count() {
+        let mut seen = HashMap::new();
+        let waiting = |n: usize| (0..n).map(|i| format!("Deployment team-a/w{i}")).collect();
+        assert!(
+            remember_availability(&mut seen, check(&[]), waiting(2)),
+            "first look"
+        );
+        assert!(
+            !remember_availability(&mut seen, check(&[]), waiting(1)),
+            "a count"
+        );
+        assert!(
+            remember_availability(&mut seen, check(&[]), waiting(0)),
+            "settled"
+        );
+        assert!(
+            !remember_availability(&mut seen, check(&[]), waiting(0)),
+            "still settled"
+        );
+        assert!(
+            remember_availability(&mut seen, check(&[]), waiting(1)),
+            "unsettled"
+        );
+        let mut newer = check(&[]);
+        newer.payload ^= 1;
+        assert!(
+            remember_availability(&mut seen, newer, waiting(1)),
+            "another content"
+        );
+        assert_eq!(seen.len(), 1, "one entry per copy and stage");
+    }
 }

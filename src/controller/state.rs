@@ -552,12 +552,18 @@ fn is_older(rule: &CopyratorRule, held: &CopyratorRule) -> bool {
 /// for unit tests that read and change the views and memories alone.
 #[cfg(test)]
 pub(crate) fn test_shared() -> Arc<Shared> {
+    test_shared_with(Trust::new("ops", false))
+}
+
+/// [`test_shared`] under `trust`.
+#[cfg(test)]
+pub(crate) fn test_shared_with(trust: Trust) -> Arc<Shared> {
     use std::time::Duration;
     let clients = crate::cluster::fake_objects::never_asked_clients();
     let (gate, _always) = LeaderGate::always();
     Shared::new(
         clients,
-        Trust::new("ops", false),
+        trust,
         Options {
             rule_name: None,
             limits: Limits {

@@ -27,7 +27,11 @@ use crate::sync::{lock, write};
 
 /// The controller's state, its home site answered from memory.
 pub(crate) fn home() -> (Arc<Shared>, Arc<FakeObjects>) {
-    let shared = test_shared();
+    home_with(test_shared())
+}
+
+/// [`home`] over `shared`'s state.
+pub(crate) fn home_with(shared: Arc<Shared>) -> (Arc<Shared>, Arc<FakeObjects>) {
     let store = Arc::new(FakeObjects::default());
     shared.home.cluster.writer.answer_from(store.clone());
     (shared, store)

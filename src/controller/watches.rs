@@ -50,25 +50,7 @@ pub(crate) fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
             },
             convert,
             |change| match change {
-                Change::Listed(rules) => {
-                    let listed: HashMap<RuleKey, Arc<CopyratorRule>> = rules.into_iter().collect();
-                    let gone: Vec<RuleKey> = read(&shared.rules)
-                        .keys()
-                        .filter(|k| !listed.contains_key(*k))
-                        .cloned()
-                        .collect();
-                    for key in gone {
-                        shared.forget_rule(&key);
-                    }
-                    for (key, rule) in listed {
-                        shared.set_rule(key, rule);
-                    }
-                    shared.home.cluster.views.synced.set_rules_listed();
-                    shared
-                        .home
-                        .queue
-                        .add_all(read(&shared.rules).keys().cloned(), Touch::All);
-                }
+                Change::Listed(rules) => rules_listed(&shared, rules),
                 Change::Applied((key, rule)) => shared.set_rule(key, rule),
                 Change::Deleted((key, _)) => shared.forget_rule(&key),
             },
@@ -94,29 +76,165 @@ pub(crate) fn spawn_namespace_watch(shared: Arc<Shared>, site: Arc<Site>) -> Joi
             },
             convert,
             |change| match change {
-                Change::Listed(listed) => {
-                    *write(&site.cluster.views.namespaces) =
-                        listed.into_iter().collect::<BTreeMap<_, _>>();
-                    site.cluster.views.synced.set_namespaces_listed();
-                    site.queue.add_all(shared.rules_for(&site.name), Touch::All);
-                }
-                Change::Applied((name, next)) => {
-                    let previous =
-                        write(&site.cluster.views.namespaces).insert(name.clone(), next.clone());
-                    if previous.as_ref() != Some(&next) {
-                        // A refused write into it may succeed now.
-                        lock(&site.backoffs).forget_namespace(&name);
-                        shared.namespace_changed(&site, &name, previous.as_ref(), Some(&next));
-                    }
-                }
-                Change::Deleted((name, _)) => {
-                    let previous = write(&site.cluster.views.namespaces).remove(&name);
-                    if previous.is_some() {
-                        shared.namespace_changed(&site, &name, previous.as_ref(), None);
-                    }
-                }
+                Change::Listed(listed) => namespaces_listed(&shared, &site, listed),
+                Change::Applied((name, next)) => namespace_applied(&shared, &site, &name, next),
+                Change::Deleted((name, _)) => namespace_deleted(&shared, &site, &name),
             },
         )
         .await;
     })
+}
+
+/// The rules a (re)list found: those gone are forgotten, the rest taken,
+/// and every rule is queued for a pass over everything (events may have
+/// been missed while the watch was down).
+fn rules_listed(shared: &Shared, rules: Vec<(RuleKey, Arc<CopyratorRule>)>) {
+    let listed: HashMap<RuleKey, Arc<CopyratorRule>> = rules.into_iter().collect();
+    let gone: Vec<RuleKey> = read(&shared.rules)
+        .keys()
+        .filter(|k| !listed.contains_key(*k))
+        .cloned()
+        .collect();
+    for key in gone {
+        shared.forget_rule(&key);
+    }
+    for (key, rule) in listed {
+        shared.set_rule(key, rule);
+    }
+    shared.home.cluster.views.synced.set_rules_listed();
+    shared
+        .home
+        .queue
+        .add_all(read(&shared.rules).keys().cloned(), Touch::All);
+}
+
+/// The namespaces of `site` as a (re)list found them replace its view,
+/// and every rule there looks at everything.
+fn namespaces_listed(shared: &Shared, site: &Site, listed: Vec<(String, NamespaceInfo)>) {
+    *write(&site.cluster.views.namespaces) = listed.into_iter().collect::<BTreeMap<_, _>>();
+    site.cluster.views.synced.set_namespaces_listed();
+    site.queue.add_all(shared.rules_for(&site.name), Touch::All);
+}
+
+/// A namespace came or changed: only a change that matters (labels,
+/// phase) concerns the rules, and a write refused there may succeed now.
+fn namespace_applied(shared: &Shared, site: &Site, name: &str, next: NamespaceInfo) {
+    let previous = write(&site.cluster.views.namespaces).insert(name.to_owned(), next.clone());
+    if previous.as_ref() != Some(&next) {
+        lock(&site.backoffs).forget_namespace(name);
+        shared.namespace_changed(site, name, previous.as_ref(), Some(&next));
+    }
+}
+
+fn namespace_deleted(shared: &Shared, site: &Site, name: &str) {
+    let previous = write(&site.cluster.views.namespaces).remove(name);
+    if previous.is_some() {
+        shared.namespace_changed(site, name, previous.as_ref(), None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::kinds::Kind;
+    use crate::controller::test_support::{home, rule};
+    use crate::core::backoff::{Failure, FailureClass};
+    use crate::core::scope::Scope;
+    use serde_json::json;
+    use tokio::time::Instant;
+
+    fn named(name: &str, uid: &str) -> (RuleKey, Arc<CopyratorRule>) {
+        let rule = rule(
+            uid,
+            json!({
+                "metadata": {"name": name, "namespace": "ops", "uid": uid}
+            }),
+        );
+        (rule.key(), Arc::new(rule))
+    }
+
+    fn labelled(key: &str, value: &str) -> NamespaceInfo {
+        NamespaceInfo {
+            labels: [(key.to_owned(), value.to_owned())].into(),
+            ..NamespaceInfo::default()
+        }
+    }
+
+    /// Every rule queued so far, with what touched it.
+    async fn drain(site: &Site) -> BTreeMap<String, Scope> {
+        let mut queued = BTreeMap::new();
+        while !site.queue.is_empty() {
+            let (key, scope) = site.queue.next().await;
+            site.queue.done(&key);
+            queued.insert(key.to_string(), scope);
+        }
+        queued
+    }
+
+    #[tokio::test]
+    async fn a_relist_forgets_the_rules_gone_and_looks_at_everything_of_the_rest() {
+        let (shared, _) = home();
+        let (a, b) = (named("a", "uid-a"), named("b", "uid-b"));
+        rules_listed(&shared, vec![a.clone(), b.clone()]);
+        drain(&shared.home).await;
+        rules_listed(&shared, vec![b.clone()]);
+        let held: Vec<String> = read(&shared.rules)
+            .keys()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(held, ["ops/b"]);
+        let queued = drain(&shared.home).await;
+        assert_eq!(queued.keys().collect::<Vec<_>>(), ["ops/b"]);
+        assert!(queued["ops/b"].is_everything(), "{:?}", queued["ops/b"]);
+    }
+
+    #[tokio::test]
+    async fn a_namespace_event_that_changes_nothing_concerns_no_rule() {
+        let (shared, _) = home();
+        let site = shared.home.clone();
+        rules_listed(&shared, vec![named("a", "uid-a")]);
+        namespaces_listed(
+            &shared,
+            &site,
+            vec![("team-a".into(), labelled("env", "dev"))],
+        );
+        assert!(read(&site.cluster.views.namespaces).contains_key("team-a"));
+        drain(&site).await;
+        namespace_applied(&shared, &site, "team-a", labelled("env", "dev"));
+        assert!(drain(&site).await.is_empty(), "the same namespace again");
+        namespace_applied(&shared, &site, "team-a", labelled("env", "prod"));
+        assert_eq!(drain(&site).await.len(), 1, "a label changed");
+        namespace_deleted(&shared, &site, "team-b");
+        assert!(drain(&site).await.is_empty(), "a namespace never seen");
+        namespace_deleted(&shared, &site, "team-a");
+        assert_eq!(drain(&site).await.len(), 1, "a namespace gone");
+        assert!(!read(&site.cluster.views.namespaces).contains_key("team-a"));
+    }
+
+    #[tokio::test]
+    async fn a_namespace_that_changed_lets_a_refused_write_there_be_tried_at_once() {
+        let (shared, _) = home();
+        let site = shared.home.clone();
+        let (key, _) = named("a", "uid-a");
+        namespaces_listed(
+            &shared,
+            &site,
+            vec![("team-a".into(), labelled("env", "dev"))],
+        );
+        let refused = Failure {
+            class: FailureClass::Refused,
+            message: "denied by a policy".to_owned(),
+            retry_after: None,
+        };
+        let copy = (Kind::ConfigMap, "team-a".to_owned(), "settings".to_owned());
+        lock(&site.backoffs).failed(&copy, &key, 1, refused, Instant::now());
+        namespace_applied(&shared, &site, "team-a", labelled("env", "dev"));
+        assert_eq!(
+            lock(&site.backoffs).failures(&key).len(),
+            1,
+            "nothing changed"
+        );
+        namespace_applied(&shared, &site, "team-a", labelled("policy", "off"));
+        assert!(lock(&site.backoffs).failures(&key).is_empty());
+    }
 }

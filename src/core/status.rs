@@ -240,11 +240,12 @@ pub(crate) fn cluster_entry(
         };
     }
     let Some(report) = report else {
-        return not_ready(
-            name,
-            "Progressing",
-            "connecting; its namespaces and copies are being listed".to_owned(),
-        );
+        let message = if *reach == Reachability::Connecting {
+            "connecting; its namespaces and copies are being listed"
+        } else {
+            "it answers; its namespaces and copies are being listed, or the rule's first pass there runs"
+        };
+        return not_ready(name, "Progressing", message.to_owned());
     };
     if *reach == Reachability::Connecting {
         // Its report counts in the rule's totals: so in its entry.
