@@ -370,11 +370,6 @@ impl Audit {
             .max_by_key(|(second, n)| (*n, -second))
     }
 
-    /// Lines that were not audit events.
-    pub fn unparsed_lines(&self) -> usize {
-        self.refresh().unparsed
-    }
-
     /// Waits until every request received before `until` is in the log:
     /// the log is written in batches (at most a second apart), so once it
     /// holds a request received two seconds after `until` the earlier ones

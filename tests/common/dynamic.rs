@@ -103,14 +103,6 @@ impl DynObj {
         self.meta_str("resourceVersion")
     }
 
-    pub fn labels(&self) -> &BTreeMap<String, String> {
-        &self.labels
-    }
-
-    pub fn annotations(&self) -> &BTreeMap<String, String> {
-        &self.annotations
-    }
-
     pub fn label(&self, k: &str) -> Option<&str> {
         self.labels.get(k).map(String::as_str)
     }

@@ -1,4 +1,4 @@
-//! The fault suite's own control plane (tests/faults.rs): it kills the API
+//! The fault suite's own control plane (tests/suite/faults.rs): it kills the API
 //! server and etcd, so it never runs against the shared one.
 //!
 //! * [`FaultPlane`]: the control plane named by `COPYRATOR_FAULT_STATE` (a
@@ -20,13 +20,18 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
+
+/// One fault test at a time, of both fault suites (`faults` and
+/// `member_faults`), also when `--test-threads` is not 1: each stops what
+/// the others need.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 use super::audit::{Audit, AuditEvent, Query, service_account_user};
 use super::{TestNs, create_service_account, err_msg, service_account_kubeconfig};
@@ -83,7 +88,7 @@ impl FaultPlane {
         let how = format!(
             "start it with `COPYRATOR_CLUSTER_STATE={s} COPYRATOR_AUDIT_LOG=/tmp/faults-audit.log \
              hack/cluster up` and run `{STATE_ENV}={s} {AUDIT_ENV}=/tmp/faults-audit.log \
-             KUBECONFIG={s}/admin.kubeconfig cargo test --test faults -- --test-threads=1`",
+             KUBECONFIG={s}/admin.kubeconfig cargo test --test suite -- --ignored --test-threads=1`",
             s = state.display()
         );
         let audit_log = match std::env::var_os(AUDIT_ENV) {
@@ -326,18 +331,7 @@ pub fn kubeconfig_with_server(path: &Path, server: &str) -> PathBuf {
     out
 }
 
-/// The API server address of a kubeconfig's first cluster.
-pub async fn api_server_address(kubeconfig: &Path) -> std::net::SocketAddr {
-    super::faults::api_server_address_of(kubeconfig).await
-}
-
 /// Seconds with one decimal, for the printed figures.
 pub fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
-}
-
-/// `Instant` → the wall-clock time it stands for (audit windows).
-pub fn wall(at: Instant) -> DateTime<Utc> {
-    let ago = Instant::now().saturating_duration_since(at);
-    Utc::now() - chrono::Duration::from_std(ago).unwrap()
 }

@@ -146,10 +146,6 @@ impl LogLine {
         })
     }
 
-    pub fn field(&self, key: &str) -> Option<&Value> {
-        self.fields.get(key)
-    }
-
     /// A field as a string (strings only).
     pub fn str(&self, key: &str) -> Option<&str> {
         self.fields.get(key).and_then(Value::as_str)
@@ -163,10 +159,6 @@ impl LogLine {
     /// `message` is exactly this and every `(field, value)` is a string field of that value.
     pub fn is(&self, message: &str, fields: &[(&str, &str)]) -> bool {
         self.message == message && fields.iter().all(|(k, v)| self.str(k) == Some(*v))
-    }
-
-    pub fn is_warn_or_error(&self) -> bool {
-        self.level == "WARN" || self.level == "ERROR"
     }
 }
 

@@ -330,7 +330,7 @@ impl Member {
 
     /// The ServiceAccount `namespace/account` of the member bound to
     /// `cluster-admin` by the ClusterRoleBinding `binding` (the member side's
-    /// least privilege is proved in tests/member_side.rs; here the identity
+    /// least privilege is proved in tests/suite/member_side.rs; here the identity
     /// names the operator's requests in the member's audit log); returns
     /// its audit user name. Binding it again (after the account was
     /// deleted and made anew) is fine.

@@ -26,7 +26,6 @@
 //! Tests run in parallel against one cluster, so every test names its own
 //! namespaces, selects its sources by a label value unique to the test and
 //! restricts its rules' targets with `spec.targets.include`.
-#![allow(dead_code)]
 
 pub mod apf;
 pub mod audit;
@@ -341,10 +340,34 @@ pub async fn refused(t: &TestNs, ns: &str, name: &str, body: Value, mentions: &[
 // ---------------------------------------------------------------------------
 // exclusivity
 
-/// Tests that run an operator with `--all-namespaces` would honour the rules
-/// of every other test running at the same time; they take this lock for
-/// writing, every other test of the same binary takes it for reading.
+/// An operator that serves every namespace (`--all-namespaces`) without
+/// `--rule-name` takes every other test's rules as tenants' rules (it adds
+/// its finalizer, writes their status, prunes their copies). Its tests live
+/// in the `cluster_wide` binary, which cargo runs after `suite`, never
+/// beside it, and take this lock for writing: one at a time.
+#[allow(dead_code)] // taken in `tests/cluster_wide` only
 pub static CLUSTER_WIDE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// The binary these helpers are compiled into.
+const TEST_BINARY: &str = env!("CARGO_CRATE_NAME");
+
+/// Only the `cluster_wide` binary starts an operator that serves every
+/// namespace and every rule name (see [`CLUSTER_WIDE`]).
+fn assert_serves_only_its_own_rules(args: &[String], env: &[(&str, &str)]) {
+    let every_namespace = args.iter().any(|a| a == "--all-namespaces")
+        || env
+            .iter()
+            .any(|(key, value)| *key == "ALL_NAMESPACES" && *value == "true");
+    let one_rule = args
+        .iter()
+        .any(|a| a == "--rule-name" || a.starts_with("--rule-name="))
+        || env.iter().any(|(key, _)| *key == "RULE_NAME");
+    assert!(
+        !every_namespace || one_rule || TEST_BINARY == "cluster_wide",
+        "an operator with --all-namespaces and no --rule-name serves every test's rules: \
+         its test belongs in tests/cluster_wide (this is {TEST_BINARY})"
+    );
+}
 
 // ---------------------------------------------------------------------------
 // objects
@@ -381,7 +404,6 @@ pub struct Obj {
     pub managers: Vec<String>,
     /// (manager, operation, time) of every managedFields entry.
     pub managed_fields: Vec<(String, String, String)>,
-    pub finalizers: Vec<String>,
     pub owner_references: usize,
     pub deleting: bool,
 }
@@ -414,7 +436,6 @@ impl Obj {
             immutable: None,
             managers: managed_fields.iter().map(|f| f.0.clone()).collect(),
             managed_fields,
-            finalizers: m.finalizers.unwrap_or_default(),
             owner_references: m.owner_references.map_or(0, |o| o.len()),
             deleting: m.deletion_timestamp.is_some(),
         }
@@ -1610,7 +1631,7 @@ fn bound_port(log_path: &std::path::Path, child: &mut Child) -> u16 {
 }
 
 /// Environment variables of the operator's flags, removed from the child's
-/// environment so that only the flags the test passes count (tests/cli.rs
+/// environment so that only the flags the test passes count (tests/suite/cli.rs
 /// checks that every variable `copyrator --help` names is here), and of
 /// its libraries' debugging switches.
 pub const OPERATOR_ENV: &[&str] = &[
@@ -1670,6 +1691,7 @@ impl Operator {
     /// As [`Operator::start_with`], with extra environment variables (e.g.
     /// a KUBECONFIG of another identity).
     pub fn start_with_env(t: &TestNs, mut args: Vec<String>, env: &[(&str, &str)]) -> Operator {
+        assert_serves_only_its_own_rules(&args, env);
         args.extend(["--listen-address".into(), "127.0.0.1:0".into()]);
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("operator-logs");
         std::fs::create_dir_all(&dir).unwrap();

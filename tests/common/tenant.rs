@@ -1,4 +1,4 @@
-//! A tenant of a multi-tenant cluster, as the attacks of tests/attacks.rs
+//! A tenant of a multi-tenant cluster, as the attacks of tests/suite/attacks.rs
 //! act: a ServiceAccount bound to the built-in `admin` ClusterRole in its
 //! own namespace, and nothing else, with a client that speaks with its
 //! token. `admin` there includes CopyratorRules, as a platform that lets
@@ -17,14 +17,19 @@ use super::{
 };
 
 pub struct Tenant {
+    // Read by the tests of `tests/cluster_wide` only.
+    #[allow(dead_code)]
     pub namespace: String,
     /// Its user name (`system:serviceaccount:<namespace>:<account>`).
+    #[allow(dead_code)]
     pub user: String,
     pub client: Client,
     /// A token of its own (as its client speaks with).
     pub token: String,
 }
 
+// Its rules are made by the tests of `tests/cluster_wide` only.
+#[allow(dead_code)]
 impl Tenant {
     /// Creates the rule `name` in its namespace, as itself.
     pub async fn create_rule(&self, name: &str, body: serde_json::Value) {

@@ -20,19 +20,19 @@
 //!
 //! Each test prints what it measured before it checks its bounds.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::common::audit::{Audit, AuditEvent, Query, WRITE_VERBS};
+use crate::common::logs::LogLine;
+use crate::common::rbac::{ClusterScoped, Grant, Identity, grants_of, operator_rules};
+use crate::common::rule_versions::RuleVersions;
+use crate::common::*;
 use chrono::Utc;
-use common::audit::{Audit, AuditEvent, Query, WRITE_VERBS};
-use common::logs::LogLine;
-use common::rbac::{ClusterScoped, Grant, Identity, grants_of, operator_rules};
-use common::rule_versions::RuleVersions;
-use common::*;
 use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;

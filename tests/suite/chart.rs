@@ -5,19 +5,17 @@
 //! operator limited to ConfigMaps gets, and uses, no verb on Secrets), and
 //! install, upgrade and uninstall work.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::common::audit::{Audit, AuditEvent, Query, WRITE_VERBS, service_account_user};
+use crate::common::helm::{Release, chart_dir, find, helm, render, render_hooks, run};
+use crate::common::rbac::{ClusterScoped, Grant, Identity, grants_of};
+use crate::common::steps::{Steps, Stopped};
+use crate::common::*;
 use chrono::Utc;
-use common::audit::{Audit, AuditEvent, Query, WRITE_VERBS, service_account_user};
-use common::helm::{Release, chart_dir, find, helm, render, render_hooks, run};
-use common::rbac::{ClusterScoped, Grant, Identity, grants_of};
-use common::steps::{Steps, Stopped};
-use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use serde_json::{Value, json};
@@ -194,7 +192,7 @@ fn mark_key_grants(docs: &[Value]) -> BTreeSet<Grant> {
 /// and listing Pods, nothing else. `uninstall.copies` reaches the command;
 /// `uninstall.release: false` renders no hook. What the Job does is proved
 /// on a node by `make e2e`, and `copyrator release` itself by
-/// tests/deletion_policy.rs.
+/// tests/suite/deletion_policy.rs.
 #[test]
 fn the_uninstall_hook_releases_the_rules_with_least_privilege() {
     let hooks = render_hooks(&[]);

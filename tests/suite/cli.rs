@@ -3,11 +3,11 @@
 //! on SIGTERM and serves its probes, and every setting's environment
 //! variable is one the tests clear from an operator's environment.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;

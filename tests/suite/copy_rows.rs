@@ -1,17 +1,17 @@
 //! The rows of the design's "What happens when" table, against a real
 //! control plane and the real binary.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 
-use chrono::Utc;
-use common::audit::{Audit, Query, WRITE_VERBS};
-use common::cluster_objects::{
+use crate::common::audit::{Audit, Query, WRITE_VERBS};
+use crate::common::cluster_objects::{
     ClusterObjects, confine_configmap_writes, refuse_configmap_writes, stop_refusing,
 };
-use common::proxy::Proxy;
-use common::*;
+use crate::common::proxy::Proxy;
+use crate::common::*;
+use chrono::Utc;
 use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;

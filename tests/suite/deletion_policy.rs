@@ -9,9 +9,7 @@
 //! and is never written again. A rule under the default policy beside it
 //! shows that each change was seen.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 

@@ -21,26 +21,26 @@
 //!
 //! These tests stop the API server and etcd, so they run on a control plane
 //! of their own (`COPYRATOR_FAULT_STATE`, see `common::fault`), one at a
-//! time (`--test-threads=1`, and [`SERIAL`]). They are `#[ignore]`d, so
+//! time (`--test-threads=1`, and `common::fault::SERIAL`). They are `#[ignore]`d, so
 //! the main `cargo test` run reports them as ignored, and `hack/test` runs
 //! this binary with `--ignored` on its own control plane beside it; run
 //! without that variable, a test fails saying so. The
 //! operator runs as a ServiceAccount of its own, so that the audit log
 //! (`COPYRATOR_FAULT_AUDIT_LOG`) names its requests.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
-use common::audit::{Query, WRITE_VERBS};
-use common::fault::{
-    Component, FaultPlane, OperatorIdentity, Requests, RestartOnDrop, api_server_address,
-    kubeconfig_with_server, secs,
+use crate::common::audit::{Query, WRITE_VERBS};
+use crate::common::fault::{
+    Component, FaultPlane, OperatorIdentity, Requests, RestartOnDrop, kubeconfig_with_server, secs,
 };
-use common::proxy::Proxy;
-use common::*;
+use crate::common::faults::api_server_address_of;
+use crate::common::proxy::Proxy;
+use crate::common::*;
+use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
@@ -86,9 +86,6 @@ const MAX_REQUESTS_TO_DELETED_NS: usize = 10;
 /// Error answers the operator may get while a target namespace goes away.
 const MAX_ERRORS_NS_DELETED: usize = 15;
 
-/// One fault test at a time, also when `--test-threads` is not 1.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// What every test holds: the control plane, the turn, and a guard that
 /// starts etcd and the API server again if the test fails while they are
 /// down (fields drop in order: the guard before the turn is released).
@@ -103,10 +100,10 @@ async fn begin(test: &str) -> Fault {
         panic!(
             "faults::{test}: COPYRATOR_FAULT_STATE is unset. This test kills the API server and \
              etcd, so it runs only on a control plane of its own: hack/test runs \
-             `cargo test --test faults -- --ignored` on one"
+             `cargo test --test suite -- --ignored` on one"
         );
     };
-    let turn = SERIAL.lock().await;
+    let turn = crate::common::fault::SERIAL.lock().await;
     Fault {
         _restart: plane.restart_on_drop(),
         plane,
@@ -468,7 +465,7 @@ async fn api_server_down_a_minute_then_changes_converge_within_seconds_of_its_re
     let mut f = FanOut::new("apiserver-down").await;
     // Through a proxy that only counts: the connections it accepts while the
     // API server is down are the operator's attempts to reach it.
-    let proxy = Proxy::start(api_server_address(&fault.plane.kubeconfig).await).await;
+    let proxy = Proxy::start(api_server_address_of(&fault.plane.kubeconfig).await).await;
     let kubeconfig = kubeconfig_with_server(&f.id.kubeconfig, &proxy.url());
     let mut op = f.operator(kubeconfig.to_str().unwrap(), &[]);
     f.wait_converged(TEST).await;
@@ -687,7 +684,7 @@ async fn watches_resuming_from_a_compacted_resource_version_relist_and_converge(
     const TEST: &str = "compacted_resource_version";
     let fault = begin(TEST).await;
     let mut f = FanOut::new("compacted").await;
-    let proxy = Proxy::start(api_server_address(&fault.plane.kubeconfig).await).await;
+    let proxy = Proxy::start(api_server_address_of(&fault.plane.kubeconfig).await).await;
     let kubeconfig = kubeconfig_with_server(&f.id.kubeconfig, &proxy.url());
     let mut op = f.operator(kubeconfig.to_str().unwrap(), &[]);
     f.wait_converged(TEST).await;
@@ -765,7 +762,7 @@ async fn a_half_dead_network_for_30s_causes_no_storm_and_converges_after() {
     const TEST: &str = "half_dead_network";
     let fault = begin(TEST).await;
     let mut f = FanOut::new("half-dead").await;
-    let proxy = Proxy::start(api_server_address(&fault.plane.kubeconfig).await).await;
+    let proxy = Proxy::start(api_server_address_of(&fault.plane.kubeconfig).await).await;
     let kubeconfig = kubeconfig_with_server(&f.id.kubeconfig, &proxy.url());
     let mut op = f.operator(kubeconfig.to_str().unwrap(), &[]);
     f.wait_converged(TEST).await;

@@ -30,16 +30,14 @@
 //! "Nothing happens" is checked for [`QUIET`] only after a positive signal
 //! that the operator has acted on the same change.
 
-mod common;
-
 use std::collections::BTreeSet;
 
 use std::time::Duration;
 
-use common::cluster_objects::ClusterObjects;
-use common::dynamic::*;
-use common::rbac::{ClusterScoped, Grant, Identity, grants_of};
-use common::*;
+use crate::common::cluster_objects::ClusterObjects;
+use crate::common::dynamic::*;
+use crate::common::rbac::{ClusterScoped, Grant, Identity, grants_of};
+use crate::common::*;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};

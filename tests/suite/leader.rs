@@ -9,13 +9,13 @@
 //!
 //! Each test prints what it measured.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::faults::{StallProxy, api_server_address, kubeconfig_with_server, signal};
-use common::*;
+use crate::common::faults::{StallProxy, api_server_address, kubeconfig_with_server, signal};
+use crate::common::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 

@@ -17,18 +17,17 @@
 //! ServiceAccount of its own there, so that the member's audit log names
 //! its requests.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::common::audit::Query;
+use crate::common::fault::{Requests, secs};
+use crate::common::faults::api_server_address_of;
+use crate::common::logs::LogLine;
+use crate::common::members::{MEMBER_AUDIT_LOGS_ENV, Member, members};
+use crate::common::proxy::Proxy;
+use crate::common::*;
 use chrono::{DateTime, Utc};
-use common::audit::Query;
-use common::fault::{Requests, api_server_address, secs};
-use common::logs::LogLine;
-use common::members::{MEMBER_AUDIT_LOGS_ENV, Member, members};
-use common::proxy::Proxy;
-use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::{Value, json};
@@ -51,13 +50,13 @@ const REFUSING: Duration = Duration::from_secs(60);
 /// [`MEMBER_DOWN`]: its probe every 5 s (12), and the watches and passes
 /// under way before the probe said so. The home cluster's own watches,
 /// which have no probe to wait for, may take 200 in a minute
-/// (tests/faults.rs).
+/// (tests/suite/faults.rs).
 const MAX_CONNECTIONS_MEMBER_DOWN: usize = 30;
 /// Requests a member refusing the operator's credentials may get in
 /// [`REFUSING`] once the status says so: the probe every 5 s (12), each
 /// watch's request under way when it was held (3), and the probes those
 /// failures bring forward. A namespace that refuses writes at home may get
-/// 15 a minute (tests/neighbours.rs).
+/// 15 a minute (tests/suite/neighbours.rs).
 const MAX_REQUESTS_REFUSING: usize = 20;
 /// INFO and louder lines the operator may log in that minute, all of
 /// them counted: a's watches failing once each, and the passes the
@@ -66,9 +65,6 @@ const MAX_LOG_LINES_REFUSING: usize = 10;
 /// Requests beyond the writes a member's convergence needs: its watches'
 /// lists and watches again, probes.
 const MAX_EXTRA_REQUESTS: usize = 30;
-
-/// One member test at a time, also when `--test-threads` is not 1.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A cluster as the tests see it: home, or a member.
 struct Place {
@@ -102,12 +98,12 @@ impl Fleet {
     /// rule; members registered (a through `a_server` where given, e.g. a
     /// proxy); no operator yet.
     async fn new(test: &str, a_server: Option<&str>) -> Fleet {
-        let turn = SERIAL.lock().await;
+        let turn = crate::common::fault::SERIAL.lock().await;
         if std::env::var(MEMBER_AUDIT_LOGS_ENV).is_err() {
             panic!(
                 "member_faults::{test}: {MEMBER_AUDIT_LOGS_ENV} is unset. These tests stop member \
                  API servers and count requests in their audit logs, so they run in the fault \
-                 suite: hack/test runs `cargo test --test member_faults -- --ignored` with members \
+                 suite: hack/test runs `cargo test --test suite -- --ignored member_faults::` with members \
                  of its own"
             );
         }
@@ -362,7 +358,7 @@ fn total(counts: &BTreeMap<String, usize>) -> usize {
 async fn a_member_down_a_minute_holds_up_no_one_and_converges_within_seconds_of_its_return() {
     const TEST: &str = "member_down_a_minute";
     let a_member = members().await.remove(0);
-    let proxy = Proxy::start(api_server_address(&a_member.kubeconfig_path).await).await;
+    let proxy = Proxy::start(api_server_address_of(&a_member.kubeconfig_path).await).await;
     let mut f = Fleet::new("mf-down", Some(&proxy.url())).await;
     f.start_operator();
     f.wait_converged(TEST).await;

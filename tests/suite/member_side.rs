@@ -5,23 +5,23 @@
 //! member (the release installed in member `a` with helm, the operator at
 //! home keeping copies there with the release's token), and every verb it
 //! grants is needed (the job once per verb, without that verb, as
-//! tests/chart.rs does for the operator's own role).
+//! tests/suite/chart.rs does for the operator's own role).
 //!
 //! A home control plane and the members `hack/test` starts (see
 //! tests/common/members.rs). The members keep no audit log: what a
 //! member's API server refused is read in its own words from the rules'
 //! statuses (a write) and from the operator's log (a list or a watch).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::helm::{Release, chart_dir, documents, find, render, run};
-use common::members::{Member, OUTAGE, client_of_yaml, member};
-use common::rbac::{ClusterScoped, Grant, Identity, grants_of};
-use common::steps::{Steps, Stopped};
-use common::*;
+use crate::common::helm::{Release, chart_dir, documents, find, render, run};
+use crate::common::members::{Member, OUTAGE, client_of_yaml, member};
+use crate::common::rbac::{ClusterScoped, Grant, Identity, grants_of};
+use crate::common::steps::{Steps, Stopped};
+use crate::common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -6,16 +6,14 @@
 //! refused unless the operator allows it. What a server of someone's
 //! choosing answers on an error reaches no status, Event or log.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::members::{Member, OUTAGE, client_of_file, member};
-use common::rbac::{ClusterScoped, Grant, Identity};
-use common::*;
+use crate::common::members::{Member, OUTAGE, client_of_file, member};
+use crate::common::rbac::{ClusterScoped, Grant, Identity};
+use crate::common::*;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
@@ -39,7 +37,7 @@ fn profiles_resource() -> ApiResource {
 
 async fn install_profile_crd(t: &TestNs) {
     let crd: Value = serde_yaml::from_str(include_str!(
-        "../crd/clusterprofile.multicluster.x-k8s.io.yaml"
+        "../../crd/clusterprofile.multicluster.x-k8s.io.yaml"
     ))
     .expect("the ClusterProfile CRD");
     apply_crd(t.client.clone(), &crd, &profiles_resource()).await;

@@ -2,13 +2,11 @@
 //! guarantees it gives at home. A home control plane and two member
 //! control planes (`hack/test` starts them; see tests/common/members.rs).
 
-mod common;
-
 use std::time::Duration;
 
-use common::members::{Member, OUTAGE, members};
-use common::prometheus;
-use common::*;
+use crate::common::members::{Member, OUTAGE, members};
+use crate::common::prometheus;
+use crate::common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -255,7 +253,7 @@ async fn writes_to(operator: &Operator, cluster: &str, verb: &str) -> Result<f64
 async fn a_copy_contested_in_a_member_is_backed_off_there() {
     const FIGHT_FOR: Duration = Duration::from_secs(60);
     const FIGHT_EVERY: Duration = Duration::from_secs(2);
-    /// The backoff allows about 10 restores in the minute (tests/neighbours.rs
+    /// The backoff allows about 10 restores in the minute (tests/suite/neighbours.rs
     /// holds the home cluster to 15); without it, every change is one.
     const MAX_UPDATES: f64 = 15.0;
     let t = TestNs::new("members-contest").await;
@@ -825,7 +823,7 @@ fn server_and_ca(member: &Member) -> (String, String) {
 }
 
 /// A token of a new ServiceAccount of member `b` (bound to cluster-admin:
-/// what a member needs at least is tests/member_side.rs's matter).
+/// what a member needs at least is tests/suite/member_side.rs's matter).
 fn member_token(member: &Member, ns: &str, account: &str) -> String {
     let kubectl = |args: &[&str]| {
         let out = std::process::Command::new("kubectl")
@@ -863,7 +861,7 @@ async fn a_cluster_profile_makes_a_member_and_its_token_rotates() {
     let [_a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
     let b_t1 = b.ns(&t, "t1").await;
     let crd: Value = serde_yaml::from_str(include_str!(
-        "../crd/clusterprofile.multicluster.x-k8s.io.yaml"
+        "../../crd/clusterprofile.multicluster.x-k8s.io.yaml"
     ))
     .expect("the ClusterProfile CRD");
     let profiles_resource = kube::core::ApiResource::from_gvk_with_plural(

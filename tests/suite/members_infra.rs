@@ -9,14 +9,12 @@
 //! * a member's API server stopped is unreachable while the other member
 //!   answers, and started again answers with its data kept.
 
-mod common;
-
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use kube::Client;
 use kube::api::{Api, DeleteParams};
 
-use common::members::{self, KUBECONFIG_KEY, LABEL_CLUSTER, Member, OUTAGE};
-use common::*;
+use crate::common::members::{self, KUBECONFIG_KEY, LABEL_CLUSTER, Member, OUTAGE};
+use crate::common::*;
 
 /// The server URL of a kubeconfig's first cluster.
 fn server_of(yaml: &str) -> String {

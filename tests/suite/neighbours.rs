@@ -19,21 +19,21 @@
 //! lines are parsed and counted by level. Each test prints what it measured
 //! before it checks its bounds.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
-use common::audit::{Audit, Query, WRITE_VERBS, service_account_user};
-use common::cluster_objects::{
+use crate::common::audit::{Audit, Query, WRITE_VERBS, service_account_user};
+use crate::common::cluster_objects::{
     ClusterObjects, ar, refuse_configmap_writes, refuse_configmap_writes_unless, stop_refusing,
     wait_admitted,
 };
-use common::rbac::{operator_rules, service_account_may};
-use common::rule_versions::RuleVersions;
-use common::*;
+use crate::common::rbac::{operator_rules, service_account_may};
+use crate::common::rule_versions::RuleVersions;
+use crate::common::*;
+use chrono::{DateTime, Utc};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
 };

@@ -19,7 +19,7 @@
 //! Every test works in namespaces of its own and restricts its rules'
 //! targets with `spec.targets.include`, so they run in parallel with others.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -28,11 +28,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::audit::{Audit, AuditEvent, Query, WRITE_VERBS};
+use crate::common::faults::api_server_address;
+use crate::common::logs::LogLine;
+use crate::common::*;
 use chrono::Utc;
-use common::audit::{Audit, AuditEvent, Query, WRITE_VERBS};
-use common::faults::api_server_address;
-use common::logs::LogLine;
-use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams};
@@ -478,7 +478,7 @@ const FAMILIES: &[(&str, &str)] = &[
     ("copyrator_source_watches", "gauge"),
 ];
 // copyrator_rule_ready has a series per rule, none before the first rule;
-// tests/chart.rs reads it from a scrape with a rule.
+// tests/suite/chart.rs reads it from a scrape with a rule.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_expose_every_family_and_follow_the_writes() {

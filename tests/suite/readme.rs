@@ -1,15 +1,13 @@
 //! The documentation's examples, applied as they are written: each example
-//! marked `<!-- tests/readme.rs applies this example: NAME -->` is read from
+//! marked `<!-- tests/suite/readme.rs applies this example: NAME -->` is read from
 //! README.md or the page of `docs/` that holds it, its namespace names are
 //! made the test's own (nothing else changes), and it is applied to a real
 //! control plane with the real binary, then checked to do what the page
 //! says. The `kubectl` commands the pages show that name a rule run as
 //! written.
 
-mod common;
-
-use common::members::{OUTAGE, members};
-use common::*;
+use crate::common::members::{OUTAGE, members};
+use crate::common::*;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde::Deserialize;
@@ -148,7 +146,7 @@ fn copy_of(
 }
 
 /// The marker that precedes an example this file applies.
-const MARKER: &str = "<!-- tests/readme.rs applies this example: ";
+const MARKER: &str = "<!-- tests/suite/readme.rs applies this example: ";
 
 /// The examples this file applies, by the name their marker gives.
 const APPLIED: &[&str] = &[
@@ -267,7 +265,7 @@ fn every_marked_example_is_applied_and_marked_once() {
     for (name, path, _) in &examples {
         if !APPLIED.contains(&name.as_str()) {
             problems.push(format!(
-                "{path}: the example {name:?} is marked, but tests/readme.rs applies no such \
+                "{path}: the example {name:?} is marked, but tests/suite/readme.rs applies no such \
                  example (APPLIED)"
             ));
         }
@@ -1109,14 +1107,17 @@ fn documented_objects() -> Vec<(String, Value)> {
 }
 
 /// `kubectl create --dry-run=server` of `doc` (on standard input), with
-/// `extra` flags: what kubectl printed on standard error, or why it
-/// failed. A create, not an apply: kubectl's own notes on objects it did
-/// not apply before are no warnings of the API server.
-fn dry_run_create(doc: &Value, extra: &[&str]) -> Result<String, String> {
+/// `extra` flags: the API server's warnings (kubectl prints each as a line
+/// `Warning: ...` on standard error), or why it failed. A create, not an
+/// apply: kubectl's own notes on objects it did not apply before are no
+/// warnings of the API server. kubectl keeps its discovery in `cache`, the
+/// test's own: tests beside this one add and remove API groups.
+fn dry_run_create(doc: &Value, extra: &[&str], cache: &std::path::Path) -> Result<String, String> {
     use std::io::Write;
     let mut child = std::process::Command::new("kubectl")
         .args(["create", "--dry-run=server", "-f", "-"])
         .args(extra)
+        .env("KUBECACHEDIR", cache)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -1131,7 +1132,11 @@ fn dry_run_create(doc: &Value, extra: &[&str]) -> Result<String, String> {
         .map_err(|e| format!("waiting for kubectl: {e}"))?;
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     if out.status.success() {
-        Ok(stderr)
+        let warnings: Vec<&str> = stderr
+            .lines()
+            .filter(|line| line.starts_with("Warning: "))
+            .collect();
+        Ok(warnings.join("\n"))
     } else {
         Err(format!("kubectl failed ({}): {stderr}", out.status))
     }
@@ -1148,6 +1153,8 @@ fn dry_run_create(doc: &Value, extra: &[&str]) -> Result<String, String> {
 async fn the_crd_and_every_documented_object_apply_without_a_warning() {
     let t = TestNs::new("no-warnings").await;
     let ns = t.ns("ex").await;
+    let cache =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-kube-cache", t.prefix));
     let mut warned = Vec::new();
     let crd_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crd");
     let mut crd_files: Vec<std::path::PathBuf> = std::fs::read_dir(&crd_dir)
@@ -1171,7 +1178,7 @@ async fn the_crd_and_every_documented_object_apply_without_a_warning() {
             .to_owned();
         crd["metadata"]["name"] = json!(format!("{plural}.{group}"));
         crd["spec"]["group"] = json!(group);
-        match dry_run_create(&crd, &[]) {
+        match dry_run_create(&crd, &[], &cache) {
             Ok(stderr) if stderr.is_empty() => {}
             Ok(stderr) => warned.push(format!("{}: {stderr}", path.display())),
             Err(e) => warned.push(format!("{}: {e}", path.display())),
@@ -1179,7 +1186,7 @@ async fn the_crd_and_every_documented_object_apply_without_a_warning() {
     }
     // The documentation shows a ClusterProfile: its kind must be served.
     let profiles: Value = serde_yaml::from_str(include_str!(
-        "../crd/clusterprofile.multicluster.x-k8s.io.yaml"
+        "../../crd/clusterprofile.multicluster.x-k8s.io.yaml"
     ))
     .expect("the ClusterProfile CRD");
     let profiles_resource = ApiResource::from_gvk_with_plural(
@@ -1203,7 +1210,7 @@ async fn the_crd_and_every_documented_object_apply_without_a_warning() {
         if doc["metadata"]["namespace"].is_string() {
             doc["metadata"]["namespace"] = json!(ns);
         }
-        match dry_run_create(&doc, &["--namespace", &ns]) {
+        match dry_run_create(&doc, &["--namespace", &ns], &cache) {
             Ok(stderr) if stderr.is_empty() => {}
             Ok(stderr) => warned.push(format!("{what}: {stderr}")),
             Err(e) => warned.push(format!("{what}: {e}")),

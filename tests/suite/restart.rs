@@ -2,12 +2,12 @@
 //! state alone; no copy is lost or duplicated" — and a resync of a state that
 //! is already right writes nothing.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 const CM: Kind = Kind::ConfigMap;

@@ -5,16 +5,14 @@
 //! once per content; a rule without the field never touches a workload;
 //! a refused patch is reported once, not retried in a storm.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::common::audit::{Audit, Query};
+use crate::common::members::{Member, OUTAGE, members};
+use crate::common::rbac::{ClusterScoped, Grant, Identity, grants_of, operator_rules};
+use crate::common::*;
 use chrono::Utc;
-use common::audit::{Audit, Query};
-use common::members::{Member, OUTAGE, members};
-use common::rbac::{ClusterScoped, Grant, Identity, grants_of, operator_rules};
-use common::*;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};

@@ -7,9 +7,7 @@
 //! after a positive signal: a `Sync` rule copying the same source into
 //! other namespaces has acted on the same change.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 

@@ -3,9 +3,7 @@
 //! immutable objects, secrets out of logs, and rules only the operator can
 //! judge.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};

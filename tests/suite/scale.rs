@@ -17,12 +17,10 @@
 //! namespace. [`expected_copies`] panics if a change to the design breaks
 //! that.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
@@ -547,8 +545,10 @@ impl World {
         format!("{}/{name} by {rule}", self.short(ns))
     }
 
-    /// Every copy (a ConfigMap with the rule-uid label) in the target
-    /// namespaces, with the rule its label names.
+    /// Every copy of this test's rules (a ConfigMap with the rule-uid label
+    /// of one) in the target namespaces, with the rule its label names. A
+    /// copy of another test's rule is not counted: a rule without targets
+    /// (tests/suite/safety.rs) writes into every namespace of the cluster.
     async fn copies(&self, t: &TestNs) -> Result<BTreeMap<Copy, Obj>, String> {
         let lp = ListParams::default().labels(LABEL_RULE_UID);
         let mut copies = BTreeMap::new();
@@ -559,9 +559,8 @@ impl World {
                 .map_err(|e| format!("listing the copies in {ns}: {}", err_msg(&e)))?;
             for copy in list.items.into_iter().map(Obj::from_configmap) {
                 let uid = copy.label(LABEL_RULE_UID).unwrap_or_default();
-                let rule = match self.rules_by_uid.get(uid) {
-                    Some(name) => name.clone(),
-                    None => format!("an unknown rule (uid {uid})"),
+                let Some(rule) = self.rules_by_uid.get(uid).cloned() else {
+                    continue;
                 };
                 copies.insert((copy.namespace.clone(), copy.name.clone(), rule), copy);
             }

@@ -1,9 +1,7 @@
 //! Invalid rules are refused at admission by the CRD schema, with a message
 //! that names the field. No operator runs here: the API server alone decides.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 
 #[tokio::test]

@@ -9,11 +9,9 @@
 //! Without a node, a Deployment never becomes available: the halted
 //! stage's consumers are real workloads that do not become available.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};

@@ -1,15 +1,12 @@
 //! Trust: who may create rules decides who may write.
 //!
 //! An operator with `--all-namespaces` would honour the rules of every test
-//! that runs at the same time. Its test names all its rules alike and passes
-//! `--rule-name` as well; in case that filter ever failed, it also holds
-//! [`CLUSTER_WIDE`] for writing while every other test of this file holds it
-//! for reading.
+//! that runs at the same time: its test names all its rules alike and passes
+//! `--rule-name` as well (`rule_name_limits_the_operator_to_one_rule` proves
+//! that filter).
 
-mod common;
-
-use common::rule_versions::RuleVersions;
-use common::*;
+use crate::common::rule_versions::RuleVersions;
+use crate::common::*;
 use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
@@ -23,7 +20,6 @@ fn has_finalizer(rule: &Value) -> bool {
 
 #[tokio::test]
 async fn rule_outside_the_operator_namespace_is_ignored_by_default() {
-    let _shared = CLUSTER_WIDE.read().await;
     let t = TestNs::new("foreign-rule").await;
     let op = t.ns("op").await;
     let other = t.ns("other").await;
@@ -62,7 +58,6 @@ async fn rule_outside_the_operator_namespace_is_ignored_by_default() {
 /// rules of whatever else lives in the cluster.
 #[tokio::test]
 async fn all_namespaces_lets_a_foreign_rule_pull_only_what_consents_into_its_own_namespace() {
-    let _exclusive = CLUSTER_WIDE.write().await;
     let t = TestNs::new("all-namespaces").await;
     let rule = t.prefix.clone();
     let op = t.ns("op").await;
@@ -197,7 +192,6 @@ async fn all_namespaces_lets_a_foreign_rule_pull_only_what_consents_into_its_own
 
 #[tokio::test]
 async fn rule_name_limits_the_operator_to_one_rule() {
-    let _shared = CLUSTER_WIDE.read().await;
     let t = TestNs::new("rule-name").await;
     let op = t.ns("op").await;
     let t1 = t.ns("t1").await;
@@ -265,7 +259,6 @@ async fn accept_from(t: &TestNs, ns: &str, from: &str) {
 /// not use `conflictPolicy: Overwrite`.
 #[tokio::test]
 async fn a_tenant_rule_writes_only_where_accepted_and_never_overwrites() {
-    let _exclusive = CLUSTER_WIDE.write().await;
     let t = TestNs::new("consent").await;
     let rule = t.prefix.clone();
     let op = t.ns("op").await;
@@ -353,7 +346,6 @@ async fn a_tenant_rule_writes_only_where_accepted_and_never_overwrites() {
 /// conflict in the accepting namespace, a refused source at home.
 #[tokio::test]
 async fn what_does_not_consent_is_never_named_in_a_tenant_rules_status() {
-    let _exclusive = CLUSTER_WIDE.write().await;
     let t = TestNs::new("unnamed").await;
     let rule = t.prefix.clone();
     let op = t.ns("op").await;

@@ -4,14 +4,12 @@
 //! (`kubectl copyrator where ...`). A home control plane and one member
 //! (`COPYRATOR_MEMBERS`, see tests/common/members.rs).
 
-mod common;
-
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::members::{Member, members};
-use common::*;
+use crate::common::members::{Member, OUTAGE, members};
+use crate::common::*;
 use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
@@ -90,6 +88,8 @@ async fn wait_member_copy(member: &Member, ns: &str, name: &str, data: &[(&str, 
 
 #[tokio::test]
 async fn where_lists_each_copy_at_home_and_in_a_member_and_says_which_are_current() {
+    // Member a answers for the whole test (and its namespaces' cleanup).
+    let _up = OUTAGE.read().await;
     let t = TestNs::new("where").await;
     let a = members().await.into_iter().next().expect("member a");
     let op = t.ns("op").await;
