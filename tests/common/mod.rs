@@ -343,7 +343,7 @@ pub async fn refused(t: &TestNs, ns: &str, name: &str, body: Value, mentions: &[
 /// An operator that serves every namespace (`--all-namespaces`) without
 /// `--rule-name` takes every other test's rules as tenants' rules (it adds
 /// its finalizer, writes their status, prunes their copies). Its tests live
-/// in the `cluster_wide` binary, which cargo runs after `suite`, never
+/// in the `cluster_wide` binary, which cargo runs before `suite`, never
 /// beside it, and take this lock for writing: one at a time.
 #[allow(dead_code)] // taken in `tests/cluster_wide` only
 pub static CLUSTER_WIDE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
