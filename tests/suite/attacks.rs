@@ -109,25 +109,34 @@ async fn a_tenants_edited_copy_reaches_no_other_namespace() {
         "a copy carries Copyrator's mark: {:?}",
         taken.annotations
     );
-    own_copy
-        .delete("trust-bundle", &DeleteParams::default())
-        .await
-        .unwrap_or_else(|e| panic!("the tenant deletes its copy: {}", err_msg(&e)));
     let forged: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "trust-bundle", "labels": taken.labels, "annotations": taken.annotations},
         "data": {"ca.crt": "EVIL-CA"},
     }))
     .expect("a ConfigMap");
-    own_copy
-        .create(
-            &kube::api::PostParams {
-                field_manager: Some("copyrator".to_owned()),
-                ..Default::default()
-            },
-            &forged,
-        )
-        .await
-        .unwrap_or_else(|e| panic!("the tenant forges its copy: {}", err_msg(&e)));
+    let as_copyrator = kube::api::PostParams {
+        field_manager: Some("copyrator".to_owned()),
+        ..Default::default()
+    };
+    // The operator makes a deleted copy again at once: the tenant tries
+    // until its own create comes first.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match own_copy
+            .delete("trust-bundle", &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => panic!("the tenant deletes its copy: {}", err_msg(&e)),
+        }
+        match own_copy.create(&as_copyrator, &forged).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(status)) if status.code == 409 && tries < 20 => {}
+            Err(e) => panic!("the tenant forges its copy (try {tries}): {}", err_msg(&e)),
+        }
+    }
     let latest = t.ns("team-d").await;
     for ns in [&latest, &team_a] {
         t.wait_copy(CM, ns, &source, &platform, "r").await;
