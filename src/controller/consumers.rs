@@ -95,9 +95,9 @@ fn copies_to_check(
 ) -> Copies {
     let mut by_namespace: Copies = HashMap::new();
     let mut seen = HashSet::new();
-    // The views before the memory, as everywhere: never the other way round.
-    let copies = read(site.cluster.views.copies(resolved.kind));
+    // The memory before the views, as the lock order in state.rs says.
     let mut memory = lock(&site.memory);
+    let copies = read(site.cluster.views.copies(resolved.kind));
     let rule_memory = memory.entry(resolved.key.clone()).or_default();
     let mut pending: HashMap<(String, String), Entry> =
         std::mem::take(&mut rule_memory.pending_restarts)

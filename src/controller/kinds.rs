@@ -918,7 +918,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_copy_watch_stops_when_no_rule_names_its_kind_and_no_copy_is_left() {
+    async fn a_copy_watch_stops_when_no_rule_names_its_kind_any_more() {
         let (shared, _) = home();
         let role_bindings = role_bindings();
         let rule = naming("RoleBinding", "rbac.authorization.k8s.io/v1", "bindings");

@@ -35,9 +35,10 @@ pub(crate) async fn stage(
     plan: &mut Plan,
 ) -> Gated {
     let mut gated = {
+        // The memory before the views, as the lock order in state.rs says.
+        let mut memory = lock(&site.memory);
         let namespaces = read(&site.cluster.views.namespaces);
         let copies = read(site.cluster.views.copies(resolved.kind));
-        let mut memory = lock(&site.memory);
         let RuleMemory {
             rollouts,
             availability,

@@ -703,9 +703,20 @@ mod tests {
 
     #[test]
     fn a_member_without_a_report_is_still_being_listed() {
-        for reach in [Reachability::Connecting, Reachability::Reachable] {
+        let said = [
+            (
+                Reachability::Connecting,
+                "connecting; its namespaces and copies are being listed",
+            ),
+            (
+                Reachability::Reachable,
+                "it answers; its namespaces and copies are being listed, or the rule's first pass there runs",
+            ),
+        ];
+        for (reach, message) in said {
             let entry = cluster_entry("a", &reach, None);
             assert_eq!(entry.reason.as_deref(), Some("Progressing"));
+            assert_eq!(entry.message.as_deref(), Some(message));
             assert!(!entry.ready);
         }
         let connecting = cluster_entry("a", &Reachability::Connecting, Some(&member_report()));

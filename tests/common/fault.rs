@@ -88,7 +88,8 @@ impl FaultPlane {
         let how = format!(
             "start it with `COPYRATOR_CLUSTER_STATE={s} COPYRATOR_AUDIT_LOG=/tmp/faults-audit.log \
              hack/cluster up` and run `{STATE_ENV}={s} {AUDIT_ENV}=/tmp/faults-audit.log \
-             KUBECONFIG={s}/admin.kubeconfig cargo test --test suite -- --ignored --test-threads=1`",
+             KUBECONFIG={s}/admin.kubeconfig cargo test --test suite -- --ignored --test-threads=1 \
+             faults:: --skip member_faults`",
             s = state.display()
         );
         let audit_log = match std::env::var_os(AUDIT_ENV) {

@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::common::dynamic::*;
+use crate::common::faults::signal;
 use crate::common::helm::{find, render};
 use crate::common::rbac::{ClusterScoped, Grant, Identity, grants_of};
 use crate::common::tenant::Tenant;
@@ -54,7 +55,7 @@ async fn a_tenants_edited_copy_reaches_no_other_namespace() {
         ),
     )
     .await;
-    let _operator = Operator::start(&t, &platform, &[]);
+    let operator = Operator::start(&t, &platform, &[]);
     let source = t
         .create_source(CM, &platform, "trust-bundle", &[], &[("ca.crt", "GOOD-CA")])
         .await;
@@ -118,25 +119,18 @@ async fn a_tenants_edited_copy_reaches_no_other_namespace() {
         field_manager: Some("copyrator".to_owned()),
         ..Default::default()
     };
-    // The operator makes a deleted copy again at once: the tenant tries
-    // until its own create comes first.
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        match own_copy
-            .delete("trust-bundle", &DeleteParams::default())
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(e) => panic!("the tenant deletes its copy: {}", err_msg(&e)),
-        }
-        match own_copy.create(&as_copyrator, &forged).await {
-            Ok(_) => break,
-            Err(kube::Error::Api(status)) if status.code == 409 && tries < 20 => {}
-            Err(e) => panic!("the tenant forges its copy (try {tries}): {}", err_msg(&e)),
-        }
-    }
+    // The operator would make the deleted copy again at once: it is paused
+    // while the tenant deletes and forges, and sees both when it resumes.
+    signal(&operator, "STOP");
+    own_copy
+        .delete("trust-bundle", &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("the tenant deletes its copy: {}", err_msg(&e)));
+    own_copy
+        .create(&as_copyrator, &forged)
+        .await
+        .unwrap_or_else(|e| panic!("the tenant forges its copy: {}", err_msg(&e)));
+    signal(&operator, "CONT");
     let latest = t.ns("team-d").await;
     for ns in [&latest, &team_a] {
         t.wait_copy(CM, ns, &source, &platform, "r").await;

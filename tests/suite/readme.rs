@@ -1146,7 +1146,8 @@ fn dry_run_create(doc: &Value, extra: &[&str], cache: &std::path::Path) -> Resul
 /// every object the documentation shows are created on a real API server
 /// without a single warning (an unrecognized format, an unknown field, a
 /// deprecated API): kubectl prints each warning header of the API
-/// server's answer on standard error, so it must print nothing there.
+/// server's answer on standard error as a line `Warning: ...`, and must
+/// print none.
 /// Server-side dry runs: nothing is stored. Each CRD is created as a new
 /// one (its group under the test's own prefix), as a first install sees it.
 #[tokio::test]

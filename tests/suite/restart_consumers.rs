@@ -669,23 +669,47 @@ async fn many_namespaces_are_listed_across_the_cluster() {
     let changed = Utc::now();
     t.set_data(CM, &op, "cfg", &[("a", Some("2"))]).await;
     wait_restarts(&operator, 10.0).await;
-    let end = Utc::now();
-    audit.settle(&t.client, end).await;
-    let lists = audit.matching(&Query::user(&user).verbs(&["list"]).between(changed, end));
-    let workload_lists: Vec<_> = lists
-        .iter()
-        .filter(|e| {
-            ["deployments", "statefulsets", "daemonsets"]
-                .contains(&e.resource.as_deref().unwrap_or(""))
-        })
-        .collect();
+    // The kinds are listed one after the other, each rolled as it is
+    // listed: StatefulSets and DaemonSets are listed after the Deployments
+    // rolled.
+    let kinds = ["deployments", "statefulsets", "daemonsets"];
+    let mut workload_lists = wait_until("every workload kind listed", TIMEOUT, async || {
+        let end = Utc::now();
+        audit.settle(&t.client, end).await;
+        let lists = audit.matching(&Query::user(&user).verbs(&["list"]).between(changed, end));
+        let workload_lists: Vec<_> = lists
+            .into_iter()
+            .filter(|e| kinds.contains(&e.resource.as_deref().unwrap_or("")))
+            .collect();
+        let listed: BTreeSet<&str> = workload_lists
+            .iter()
+            .filter_map(|e| e.resource.as_deref())
+            .collect();
+        if listed.len() == kinds.len() {
+            Ok(workload_lists)
+        } else {
+            Err(format!("listed so far: {listed:?}"))
+        }
+    })
+    .await;
+    workload_lists.sort_by_key(|e| e.received);
     let uris: Vec<&str> = workload_lists
         .iter()
         .map(|e| e.request_uri.as_str())
         .collect();
+    // The pass's lists, in the order the API server received them, until
+    // every kind was listed: one each (a later pass may list again).
+    let mut seen = BTreeSet::new();
+    let first_pass = workload_lists
+        .iter()
+        .take_while(|e| {
+            let all_before = seen.len() == kinds.len();
+            seen.insert(e.resource.as_deref().unwrap_or(""));
+            !all_before
+        })
+        .count();
     assert_eq!(
-        workload_lists.len(),
-        3,
+        first_pass, 3,
         "one list per workload kind, across the cluster: {uris:?}"
     );
     assert!(

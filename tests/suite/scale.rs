@@ -545,10 +545,11 @@ impl World {
         format!("{}/{name} by {rule}", self.short(ns))
     }
 
-    /// Every copy of this test's rules (a ConfigMap with the rule-uid label
-    /// of one) in the target namespaces, with the rule its label names. A
-    /// copy of another test's rule is not counted: a rule without targets
-    /// (tests/suite/safety.rs) writes into every namespace of the cluster.
+    /// Every copy (a ConfigMap with the rule-uid label) in the target
+    /// namespaces that names a rule of this test's namespace, with the rule
+    /// its label names. A copy of another test's rule is not counted: a
+    /// rule without targets (tests/suite/safety.rs) writes into every
+    /// namespace of the cluster.
     async fn copies(&self, t: &TestNs) -> Result<BTreeMap<Copy, Obj>, String> {
         let lp = ListParams::default().labels(LABEL_RULE_UID);
         let mut copies = BTreeMap::new();
@@ -559,8 +560,14 @@ impl World {
                 .map_err(|e| format!("listing the copies in {ns}: {}", err_msg(&e)))?;
             for copy in list.items.into_iter().map(Obj::from_configmap) {
                 let uid = copy.label(LABEL_RULE_UID).unwrap_or_default();
-                let Some(rule) = self.rules_by_uid.get(uid).cloned() else {
-                    continue;
+                let ours = copy
+                    .annotation(ANNOTATION_RULE)
+                    .is_some_and(|rule| rule.starts_with(&format!("{}/", self.design.op)));
+                let rule = match self.rules_by_uid.get(uid) {
+                    Some(name) => name.clone(),
+                    // Another test's rule: not this test's to count.
+                    None if !ours => continue,
+                    None => format!("an unknown rule (uid {uid})"),
                 };
                 copies.insert((copy.namespace.clone(), copy.name.clone(), rule), copy);
             }
