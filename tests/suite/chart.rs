@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::audit::{Audit, AuditEvent, Query, WRITE_VERBS, service_account_user};
 use crate::common::helm::{Release, chart_dir, find, helm, render, render_hooks, run};
-use crate::common::rbac::{ClusterScoped, Grant, Identity, grants_of};
+use crate::common::rbac::{CASES_AT_ONCE, ClusterScoped, Grant, Identity, grants_of, run_cases};
 use crate::common::steps::{Steps, Stopped};
 use crate::common::*;
 use chrono::Utc;
@@ -1213,7 +1213,7 @@ async fn run_case(
 /// which must do all of it with no request refused), and once per granted
 /// verb with exactly the rendered RBAC minus that verb, each case as a
 /// ServiceAccount of its own, in namespaces of its own, on a Lease of its
-/// own, all at once. Without a verb, the job must stop at the step that
+/// own, [`CASES_AT_ONCE`](crate::common::rbac::CASES_AT_ONCE) at a time. Without a verb, the job must stop at the step that
 /// uses it, the cluster must show why (see [`Evidence`]), and the API
 /// server's audit log must hold its 403 for that very verb. A verb whose
 /// removal changes nothing fails the test: the chart must not grant it.
@@ -1253,7 +1253,7 @@ async fn each_verb_the_chart_grants_is_needed() {
     let runs: Vec<Option<&Grant>> = std::iter::once(None)
         .chain(granted.iter().map(Some))
         .collect();
-    let cases = futures::future::join_all(runs.iter().map(|removed| {
+    let cases = run_cases(&runs, |removed| {
         run_case(
             *removed,
             &cluster_grants,
@@ -1262,7 +1262,7 @@ async fn each_verb_the_chart_grants_is_needed() {
             &cluster,
             removed.map(|g| expected[g].1),
         )
-    }))
+    })
     .await;
     let end = Utc::now();
     audit.settle(&cases[0].t.client, end).await;
@@ -1360,7 +1360,7 @@ async fn each_verb_the_chart_grants_is_needed() {
         .collect();
     println!("the control's steps: {}", control_steps.join(", "));
     println!(
-        "verb removed → what failed ({} cases at once, {:.1?}):\n{}",
+        "verb removed → what failed ({} cases, {CASES_AT_ONCE} at a time, {:.1?}):\n{}",
         cases.len(),
         (end - started).to_std().unwrap_or_default(),
         table.join("\n")

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::helm::{Release, chart_dir, documents, find, render, run};
 use crate::common::members::{Member, OUTAGE, client_of_yaml, member};
-use crate::common::rbac::{ClusterScoped, Grant, Identity, grants_of};
+use crate::common::rbac::{CASES_AT_ONCE, ClusterScoped, Grant, Identity, grants_of, run_cases};
 use crate::common::steps::{Steps, Stopped};
 use crate::common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
@@ -941,9 +941,8 @@ async fn run_case(
 /// (the control, which must do all of it with no request refused), and
 /// once per granted verb with the rendered role minus that verb, each case
 /// as a ServiceAccount of its own in the member, with its own namespaces
-/// and operator, all at once (the whole job, each step within
-/// [`STEP_BUDGET`]: at once, the cases take about as long as the slowest
-/// one). Without a verb, the job must stop at the step that uses it, the
+/// and operator, [`CASES_AT_ONCE`](crate::common::rbac::CASES_AT_ONCE) at
+/// a time (the whole job, each step within [`STEP_BUDGET`]). Without a verb, the job must stop at the step that uses it, the
 /// clusters must show why (see [`Evidence`]), and the member's refusal of
 /// that very verb must be there in its words. A verb whose removal changes
 /// nothing fails the test: the member side must not grant it.
@@ -978,7 +977,7 @@ async fn each_verb_the_member_side_grants_is_needed() {
     let runs: Vec<Option<&Grant>> = std::iter::once(None)
         .chain(granted.iter().map(Some))
         .collect();
-    let cases = futures::future::join_all(runs.iter().map(|removed| {
+    let cases = run_cases(&runs, |removed| {
         run_case(
             *removed,
             &granted,
@@ -986,7 +985,7 @@ async fn each_verb_the_member_side_grants_is_needed() {
             &cluster,
             removed.map(|g| expected[g].1),
         )
-    }))
+    })
     .await;
     let took = started.elapsed();
 
@@ -1056,7 +1055,7 @@ async fn each_verb_the_member_side_grants_is_needed() {
         .collect();
     println!("the control's steps: {}", control_steps.join(", "));
     println!(
-        "verb removed in member {} → what failed ({} cases at once, {took:.1?}):\n{}",
+        "verb removed in member {} → what failed ({} cases, {CASES_AT_ONCE} at a time, {took:.1?}):\n{}",
         a.name,
         cases.len(),
         table.join("\n")
