@@ -156,6 +156,14 @@ pub(crate) struct RuleSpec {
     /// it, `Overwrite` replaces it with the copy. Default Skip.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) conflict_policy: Option<ConflictPolicy>,
+    /// Take over an object already at a copy's place whose payload is what
+    /// the rule would write (made by another tool, or handed over by an
+    /// earlier rule of this namespace and name): one metadata patch, no
+    /// payload write, no consumer restart; the other tool's marks are
+    /// removed. An object whose payload differs is left to
+    /// `conflictPolicy`. Default false: such an object is a conflict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) adopt: Option<bool>,
     /// Whether copies are kept true or only created: `Sync` or `CreateOnly`.
     /// Default Sync. Wins over the top-level `syncPolicy`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -425,6 +433,11 @@ pub(crate) struct RuleStatus {
     /// namespaces count in `copies` too).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(crate) create_only_copies: i64,
+    /// Of the rule's copies, how many it adopted (`spec.adopt`): objects
+    /// another tool or an earlier rule made, taken over without a payload
+    /// write (left out while there are none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) adopted_copies: i64,
     /// Number of copies not made because of a conflict (another object
     /// holds the name, or the copy would grant there what its source does
     /// not).
@@ -529,6 +542,10 @@ pub(crate) struct ClusterStatus {
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(schema_with = "crate::api::schema::count_schema")]
     pub(crate) create_only_copies: u32,
+    /// Copies there that the rule adopted (left out while there are none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(schema_with = "crate::api::schema::count_schema")]
+    pub(crate) adopted_copies: u32,
     /// Copies there that another writer keeps changing back (left out
     /// while there are none).
     #[serde(default, skip_serializing_if = "is_zero")]

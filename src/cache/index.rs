@@ -69,6 +69,11 @@ pub(crate) struct Object {
     /// The label `copyrator.flant.com/on-rule-deleted: Orphan`: handed over,
     /// not deleted, when its rule is gone.
     pub(crate) orphan_with_rule: bool,
+    /// The annotation `copyrator.flant.com/adopted-from`: the object was
+    /// made by another tool (named) or an earlier rule, and adopted
+    /// (`spec.adopt`). Never owned by Copyrator's field manager, so later
+    /// writes keep it as they keep others' keys.
+    pub(crate) adopted_from: Option<Arc<str>>,
     /// The field manager other than Copyrator that wrote last (from `managedFields`).
     pub(crate) other_writer: Option<Arc<str>>,
     /// `Kind/name` of the controller that owns this object (an owner
@@ -255,6 +260,7 @@ impl Object {
             source_ref: None,
             create_only: false,
             orphan_with_rule: false,
+            adopted_from: None,
             namespace: crate::cache::intern::string(namespace.as_ref()),
             name: crate::cache::intern::string(name.as_ref()),
             uid,
@@ -359,6 +365,7 @@ impl Object {
         self.rule_uid = shared(self.labels.get(crate::LABEL_RULE_UID));
         self.rule_ref = shared(self.annotations.get(crate::ANNOTATION_RULE));
         self.source_ref = shared(self.annotations.get(crate::ANNOTATION_SOURCE));
+        self.adopted_from = shared(self.annotations.get(crate::ANNOTATION_ADOPTED_FROM));
         self.create_only = self
             .labels
             .get(crate::LABEL_SYNC_POLICY)
@@ -381,7 +388,9 @@ impl Object {
                     .iter()
                     .map(|(k, v)| (MetaMap::Annotation, k, v)),
             )
-            .filter(|(map, key, _)| owns(*map, key))
+            // Where an object came from stays with it, as another's key
+            // does: no write of Copyrator's removes it.
+            .filter(|(map, key, _)| *key != crate::ANNOTATION_ADOPTED_FROM && owns(*map, key))
             .map(|(map, key, value)| meta_entry_hash(map, key, value))
             .collect();
         owned.sort_unstable();
@@ -506,6 +515,8 @@ pub(crate) struct CopyIndex {
     by_rule: HashMap<Arc<str>, HashSet<SharedKey>>,
     /// Per rule UID, how many of its copies are handed over (`create_only`).
     create_only_by_rule: HashMap<Arc<str>, usize>,
+    /// Per rule UID, how many of its copies it adopted (`adopted_from`).
+    adopted_by_rule: HashMap<Arc<str>, usize>,
     len: usize,
     /// UIDs of the latest deleted copies, oldest first: the answer to our
     /// own write can arrive after the watch reported the copy deleted, and
@@ -565,18 +576,32 @@ impl CopyIndex {
         self.create_only_by_rule.get(rule_uid).copied().unwrap_or(0)
     }
 
-    /// Count `object` in (`held`) or out of the handed-over copies of its rule.
+    /// How many copies of a rule's it adopted (`spec.adopt`).
+    pub(crate) fn count_adopted(&self, rule_uid: &str) -> usize {
+        self.adopted_by_rule.get(rule_uid).copied().unwrap_or(0)
+    }
+
+    /// Count `object` in (`held`) or out of its rule's handed-over and
+    /// adopted copies.
     fn count_handed_over(&mut self, object: &Object, held: bool) {
-        let Some(uid) = object.rule_uid.as_ref().filter(|_| object.create_only) else {
+        let Some(uid) = object.rule_uid.as_ref() else {
             return;
         };
-        if held {
-            *self.create_only_by_rule.entry(uid.clone()).or_default() += 1;
-        } else if let Some(count) = self.create_only_by_rule.get_mut(uid) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                self.create_only_by_rule.remove(uid);
+        let count = |counts: &mut HashMap<Arc<str>, usize>| {
+            if held {
+                *counts.entry(uid.clone()).or_default() += 1;
+            } else if let Some(count) = counts.get_mut(uid) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    counts.remove(uid);
+                }
             }
+        };
+        if object.create_only {
+            count(&mut self.create_only_by_rule);
+        }
+        if object.adopted_from.is_some() {
+            count(&mut self.adopted_by_rule);
         }
     }
 
@@ -731,6 +756,7 @@ impl CopyIndex {
             .collect();
         self.by_rule.clear();
         self.create_only_by_rule.clear();
+        self.adopted_by_rule.clear();
         self.len = 0;
         for object in objects {
             let newest = match held.get(object.uid.as_str()) {

@@ -292,19 +292,26 @@ impl FakeObjects {
             return Err(api_error(409, "the object has been modified", "Conflict"));
         }
         let mut next = held.clone();
-        if let Some(labels) = patch["metadata"]["labels"].as_object() {
-            let held_labels = next.metadata.labels.get_or_insert_default();
-            for (key, value) in labels {
+        let merge = |held: &mut BTreeMap<String, String>, patch: &Value| {
+            for (key, value) in patch.as_object().into_iter().flatten() {
                 match value.as_str() {
                     Some(value) => {
-                        held_labels.insert(key.clone(), value.to_owned());
+                        held.insert(key.clone(), value.to_owned());
                     }
                     None => {
-                        held_labels.remove(key);
+                        held.remove(key);
                     }
                 }
             }
-        }
+        };
+        merge(
+            next.metadata.labels.get_or_insert_default(),
+            &patch["metadata"]["labels"],
+        );
+        merge(
+            next.metadata.annotations.get_or_insert_default(),
+            &patch["metadata"]["annotations"],
+        );
         track_owners(Some(&held), &mut next, crate::FIELD_MANAGER);
         next.metadata.resource_version = Some(state.next_version());
         state.objects.insert(key, next.clone());

@@ -10,6 +10,7 @@
 //! idempotent as apply. Failures come back classified, in the API server's
 //! own words, for the caller's backoff.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,14 +22,13 @@ use tracing::debug;
 
 use crate::FIELD_MANAGER;
 use crate::api::kinds::Kind;
-use crate::api::rule::ConflictPolicy;
 use crate::cache::index::Object;
 use crate::cache::mark::{self, Place};
 use crate::cluster::leader::LeaderGate;
 use crate::cluster::ratelimit::RateLimiter;
 use crate::cluster::write_limit::{WriteLimit, WritePermit};
 use crate::core::backoff::{Failure, FailureClass};
-use crate::core::plan::{Action, Desired, Occupied, occupied};
+use crate::core::plan::{Action, Claim, Desired, Occupied, occupied};
 use crate::ops::metrics::ClusterMetrics;
 
 /// What became of one action.
@@ -36,6 +36,9 @@ use crate::ops::metrics::ClusterMetrics;
 pub(crate) enum Outcome {
     /// Written; the object as the API server returned it (None after a delete).
     Written(Option<Arc<Object>>),
+    /// An object the rule did not write, holding its copy's payload, taken
+    /// over by a metadata patch; as the API server returned it.
+    Adopted(Arc<Object>),
     /// A foreign object holds the name and the policy leaves it alone.
     Conflict(String),
     /// The API server refused or did not answer; retried on a backoff.
@@ -246,6 +249,78 @@ fn to_dynamic(desired: &Desired, namespace: &str, current: Option<&Object>) -> D
     object
 }
 
+/// The merge patch that adopts `current` as the copy `desired` (it holds
+/// its payload already): Copyrator's labels and annotations and its mark
+/// set, its other keys that `desired` does not carry removed (an earlier
+/// rule's hand-over), the other copying tools' marks removed (so that
+/// the tool, or its policy, later removed, neither deletes nor rewrites
+/// it), and the version seen, which makes the patch conditional.
+fn adoption_patch(desired: &Desired, current: &Object) -> Value {
+    let marked = to_dynamic(desired, &current.namespace, None);
+    let wanted_labels = marked.metadata.labels.unwrap_or_default();
+    let mut wanted_annotations = marked.metadata.annotations.unwrap_or_default();
+    wanted_annotations.insert(crate::ANNOTATION_ADOPTED_FROM.to_owned(), made_by(current));
+    // A compact object lists no key Copyrator's field manager set: those
+    // a hand-over adds are named here.
+    let handed_over = [crate::LABEL_SYNC_POLICY, crate::LABEL_ON_RULE_DELETED];
+    let labels = merged(
+        current.labels.keys().map(String::as_str).chain(handed_over),
+        wanted_labels,
+    );
+    let annotations = merged(
+        current.annotations.keys().map(String::as_str),
+        wanted_annotations,
+    );
+    serde_json::json!({"metadata": {
+        "labels": labels,
+        "annotations": annotations,
+        "resourceVersion": current.resource_version,
+    }})
+}
+
+/// What made `current`, which a rule adopts: the copying tool whose marks
+/// it carries, the Copyrator rule that handed it over, or the last writer
+/// `managedFields` name.
+fn made_by(current: &Object) -> String {
+    let tool = current
+        .labels
+        .keys()
+        .chain(current.annotations.keys())
+        .find_map(|key| crate::core::tracking::copier_mark(key));
+    match (
+        tool,
+        current.rule_ref.as_deref(),
+        current.other_writer.as_deref(),
+    ) {
+        (Some(tool), _, _) => tool.to_owned(),
+        (None, Some(rule), _) => format!("Copyrator rule {rule}"),
+        (None, None, Some(writer)) => writer.to_owned(),
+        (None, None, None) => "unknown".to_owned(),
+    }
+}
+
+/// A merge patch of one map of metadata: every `wanted` entry set, and
+/// each of the `present` keys that is Copyrator's or another copying
+/// tool's mark, and not wanted, removed.
+fn merged<'a>(
+    present: impl Iterator<Item = &'a str>,
+    wanted: BTreeMap<String, String>,
+) -> serde_json::Map<String, Value> {
+    let mut out: serde_json::Map<String, Value> = present
+        .filter(|key| {
+            !wanted.contains_key(*key)
+                && (key.starts_with(COPYRATOR_PREFIX)
+                    || crate::core::tracking::copier_mark(key).is_some())
+        })
+        .map(|key| (key.to_owned(), Value::Null))
+        .collect();
+    out.extend(wanted.into_iter().map(|(k, v)| (k, Value::String(v))));
+    out
+}
+
+/// What Copyrator's own labels and annotations start with.
+const COPYRATOR_PREFIX: &str = "copyrator.flant.com/";
+
 /// Every write names the operator as its field manager.
 fn write_params() -> PostParams {
     PostParams {
@@ -350,23 +425,30 @@ impl Writer {
         &self,
         kind: Kind,
         action: &Action,
-        policy: ConflictPolicy,
+        claim: impl Into<Claim>,
         rule: &str,
     ) -> Outcome {
+        let claim = claim.into();
         let Some(permit) = self.slot().await else {
             return Outcome::NotLeader;
         };
         let work = async {
             match action {
+                // A rule that adopts looks before it creates: what holds
+                // the place may be taken as it is, with no payload write.
+                Action::Create { desired, namespace } if claim.adopt => {
+                    self.resolve_existing(desired, namespace, claim, rule).await
+                }
                 Action::Create { desired, namespace } => {
-                    self.create(desired, namespace, policy, rule).await
+                    self.create(desired, namespace, claim, rule).await
                 }
                 Action::Update { desired, current } => self.update(desired, current).await,
                 Action::Recreate { desired, current } => {
-                    self.recreate(desired, current, policy, rule).await
+                    self.recreate(desired, current, claim, rule).await
                 }
                 Action::Delete { current, .. } => self.delete(kind, current).await,
                 Action::HandOver { current, .. } => self.hand_over(kind, current).await,
+                Action::Adopt { desired, current } => self.adopt(desired, current).await,
             }
         };
         // A write must not outlive this process's leadership: one stuck on
@@ -381,7 +463,10 @@ impl Writer {
             Outcome::Failed(failure) if failure.class == FailureClass::Throttled => {
                 permit.throttled();
             }
-            Outcome::Written(_) | Outcome::Conflict(_) | Outcome::Ignored(_) => permit.succeeded(),
+            Outcome::Written(_)
+            | Outcome::Adopted(_)
+            | Outcome::Conflict(_)
+            | Outcome::Ignored(_) => permit.succeeded(),
             Outcome::Failed(_) | Outcome::NotLeader => {}
         }
         drop(permit);
@@ -395,6 +480,9 @@ impl Writer {
         match &outcome {
             Outcome::Written(_) => {
                 debug!(rule, action = action.verb(), kind = %kind, source, namespace, name, "wrote copy")
+            }
+            Outcome::Adopted(_) => {
+                debug!(rule, kind = %kind, source, namespace, name, "adopted copy")
             }
             Outcome::Conflict(reason) => {
                 debug!(rule, namespace, name, reason = reason.as_str(), "conflict")
@@ -418,13 +506,13 @@ impl Writer {
         &self,
         desired: &Desired,
         current: &Object,
-        policy: ConflictPolicy,
+        claim: Claim,
         rule: &str,
     ) -> Outcome {
         match self.delete(desired.kind, current).await {
             Outcome::Written(_) | Outcome::Ignored(_) => {
                 self.pace().await;
-                self.create(desired, &current.namespace, policy, rule).await
+                self.create(desired, &current.namespace, claim, rule).await
             }
             other => other,
         }
@@ -434,7 +522,7 @@ impl Writer {
         &self,
         desired: &Desired,
         namespace: &str,
-        policy: ConflictPolicy,
+        claim: Claim,
         rule: &str,
     ) -> Outcome {
         self.metrics.write("create", desired.kind.name());
@@ -442,8 +530,8 @@ impl Writer {
         match self.store().create(desired.kind, namespace, &object).await {
             Ok(created) => written(desired, created),
             Err(e) if is_status(&e, 409) => {
-                self.resolve_existing(desired, namespace, policy, rule)
-                    .await
+                self.pace().await;
+                Box::pin(self.resolve_existing(desired, namespace, claim, rule)).await
             }
             Err(e) if is_namespace_terminating(&e) || is_status(&e, 404) => {
                 Outcome::Ignored("the namespace is going away")
@@ -452,22 +540,36 @@ impl Writer {
         }
     }
 
-    /// A create found the name taken: ours (the cache is behind), another
-    /// rule's, or a foreign object that the policy may take over.
+    /// What holds the place of a create: ours (the cache is behind),
+    /// another rule's, or a foreign object that the claim may take over.
+    /// Asked after a create found the name taken, or (for a rule that
+    /// adopts) before creating: then an empty place is created.
     async fn resolve_existing(
         &self,
         desired: &Desired,
         namespace: &str,
-        policy: ConflictPolicy,
+        claim: Claim,
         rule: &str,
     ) -> Outcome {
-        self.pace().await;
         let existing = match self
             .store()
             .get_opt(desired.kind, namespace, &desired.name)
             .await
         {
             Ok(Some(existing)) => existing,
+            Ok(None) if claim.adopt => {
+                self.pace().await;
+                return Box::pin(self.create(
+                    desired,
+                    namespace,
+                    Claim {
+                        adopt: false,
+                        ..claim
+                    },
+                    rule,
+                ))
+                .await;
+            }
             Ok(None) => {
                 return Outcome::Failed(Failure {
                     class: FailureClass::Conflict,
@@ -475,20 +577,53 @@ impl Writer {
                     retry_after: None,
                 });
             }
+            Err(e) if is_namespace_terminating(&e) => {
+                return Outcome::Ignored("the namespace is going away");
+            }
             Err(e) => return Outcome::Failed(self.failure(&e)),
         };
         let current = Object::from_dynamic(desired.kind, existing).into_compact();
-        match occupied(desired, &current, policy, rule) {
+        self.pace().await;
+        match occupied(desired, &current, claim, rule) {
             Occupied::Ours => Outcome::Written(Some(Arc::new(current))),
             Occupied::Conflict(reason) => Outcome::Conflict(reason),
             Occupied::Recreate => match self.delete(desired.kind, &current).await {
                 Outcome::Written(_) | Outcome::Ignored(_) => {
                     self.pace().await;
-                    Box::pin(self.create(desired, namespace, policy, rule)).await
+                    Box::pin(self.create(desired, namespace, claim, rule)).await
                 }
                 other => other,
             },
             Occupied::Update => self.update(desired, &current).await,
+            Occupied::Adopt => self.adopt(desired, &current).await,
+        }
+    }
+
+    /// Take over `current`, which holds `desired`'s payload already: one
+    /// merge patch of its labels and annotations (see [`adoption_patch`]),
+    /// conditional on the version seen, so that nothing it holds changed
+    /// since it was judged.
+    pub(crate) async fn adopt(&self, desired: &Desired, current: &Object) -> Outcome {
+        let patch = adoption_patch(desired, current);
+        self.metrics.write("patch", desired.kind.name());
+        match self
+            .store()
+            .merge_patch(desired.kind, &current.namespace, &current.name, &patch)
+            .await
+        {
+            Ok(patched) => match written(desired, patched) {
+                Outcome::Written(Some(object)) => Outcome::Adopted(object),
+                other => other,
+            },
+            Err(e) if is_status(&e, 404) || is_status(&e, 409) => Outcome::Failed(Failure {
+                class: FailureClass::Conflict,
+                message: "the object changed or went while being adopted".into(),
+                retry_after: None,
+            }),
+            Err(e) if is_namespace_terminating(&e) => {
+                Outcome::Ignored("the namespace is going away")
+            }
+            Err(e) => Outcome::Failed(self.failure(&e)),
         }
     }
 
@@ -589,7 +724,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::rule::CopyratorRule;
+    use crate::api::rule::{ConflictPolicy, CopyratorRule};
     use crate::cluster::fake_objects::{FakeObjects, api_error, config_map};
     use crate::core::plan::{DeleteReason, desired_copy};
     use crate::core::resolve::{ResolvedRule, Trust};
@@ -647,8 +782,147 @@ mod tests {
         store.stored(namespace, "ca").expect("stored").data["data"].clone()
     }
 
-    async fn run(writer: &Writer, action: &Action, policy: ConflictPolicy) -> Outcome {
-        writer.execute(Kind::ConfigMap, action, policy, RULE).await
+    async fn run(writer: &Writer, action: &Action, claim: impl Into<Claim>) -> Outcome {
+        writer.execute(Kind::ConfigMap, action, claim, RULE).await
+    }
+
+    const ADOPT: Claim = Claim {
+        policy: ConflictPolicy::Skip,
+        adopt: true,
+    };
+
+    /// What another tool left at t1: the copy's payload (or `data`), its
+    /// own marks, and a label of the namespace's.
+    fn made_by_kyverno(store: &FakeObjects, data: Value) {
+        let mut object = config_map(
+            "t1",
+            "ca",
+            json!({
+                "owner": "team",
+                "app.kubernetes.io/managed-by": "kyverno",
+                "generate.kyverno.io/policy-name": "sync-ca",
+            }),
+            data,
+        );
+        object.metadata.annotations = Some(BTreeMap::from([(
+            "kubed.appscode.com/origin".to_owned(),
+            "{}".to_owned(),
+        )]));
+        store.put("t1", "kyverno", object);
+    }
+
+    fn verbs(store: &FakeObjects) -> Vec<&'static str> {
+        store
+            .requests()
+            .into_iter()
+            .map(|(verb, _, _)| verb)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_object_holding_the_payload_is_adopted_by_one_metadata_patch() {
+        let (store, writer) = setup();
+        made_by_kyverno(&store, json!({"ca": "GOOD"}));
+        let uid = store.stored("t1", "ca").expect("stored").metadata.uid;
+        let outcome = run(&writer, &create("t1"), ADOPT).await;
+        let Outcome::Adopted(adopted) = outcome else {
+            panic!("not adopted: {outcome:?}");
+        };
+        assert!(adopted.authored && adopted.intact);
+        assert_eq!(verbs(&store), ["get", "patch"], "no payload written");
+        let stored = store.stored("t1", "ca").expect("stored");
+        assert_eq!(stored.metadata.uid, uid, "the same object");
+        assert_eq!(data(&store, "t1"), json!({"ca": "GOOD"}));
+        let labels = stored.metadata.labels.unwrap_or_default();
+        let annotations = stored.metadata.annotations.unwrap_or_default();
+        assert_eq!(labels.get("owner").map(String::as_str), Some("team"));
+        assert_eq!(
+            labels.get(crate::LABEL_MANAGED_BY).map(String::as_str),
+            Some("copyrator")
+        );
+        assert_eq!(
+            labels.get(crate::LABEL_RULE_UID).map(String::as_str),
+            Some("rule-1")
+        );
+        assert!(
+            !labels.contains_key("generate.kyverno.io/policy-name")
+                && !annotations.contains_key("kubed.appscode.com/origin"),
+            "the other tools' marks are gone: {labels:?} {annotations:?}"
+        );
+        assert_eq!(
+            annotations
+                .get(crate::ANNOTATION_ADOPTED_FROM)
+                .map(String::as_str),
+            Some("Kyverno")
+        );
+        let copy = held(&store, "t1", "ca");
+        assert!(copy.authored && copy.intact, "its mark proves it");
+        assert!(desired().is_satisfied_by(&copy), "nothing more to write");
+
+        // Where it came from stays through later writes of the copy.
+        let changed = Arc::new(
+            desired().with_payload(BTreeMap::from([("data".to_owned(), json!({"ca": "NEW"}))])),
+        );
+        let current = Arc::new((*copy).clone().into_compact());
+        let update = Action::Update {
+            desired: changed,
+            current,
+        };
+        let outcome = run(&writer, &update, ADOPT).await;
+        assert!(matches!(outcome, Outcome::Written(Some(_))), "{outcome:?}");
+        assert_eq!(data(&store, "t1"), json!({"ca": "NEW"}));
+        let annotations = store
+            .stored("t1", "ca")
+            .expect("stored")
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        assert_eq!(
+            annotations
+                .get(crate::ANNOTATION_ADOPTED_FROM)
+                .map(String::as_str),
+            Some("Kyverno")
+        );
+    }
+
+    #[tokio::test]
+    async fn an_object_holding_other_content_is_left_to_the_conflict_policy() {
+        let (store, writer) = setup();
+        made_by_kyverno(&store, json!({"ca": "OLD"}));
+        let outcome = run(&writer, &create("t1"), ADOPT).await;
+        assert!(matches!(outcome, Outcome::Conflict(_)), "{outcome:?}");
+        assert_eq!(data(&store, "t1"), json!({"ca": "OLD"}));
+        let overwrite = Claim {
+            policy: ConflictPolicy::Overwrite,
+            adopt: true,
+        };
+        let outcome = run(&writer, &create("t1"), overwrite).await;
+        assert!(matches!(outcome, Outcome::Written(Some(_))), "{outcome:?}");
+        assert_eq!(data(&store, "t1"), json!({"ca": "GOOD"}));
+    }
+
+    #[tokio::test]
+    async fn without_adopt_an_object_holding_the_payload_stays_a_conflict() {
+        let (store, writer) = setup();
+        made_by_kyverno(&store, json!({"ca": "GOOD"}));
+        let outcome = run(&writer, &create("t1"), ConflictPolicy::Skip).await;
+        assert!(matches!(outcome, Outcome::Conflict(_)), "{outcome:?}");
+        let labels = store.stored("t1", "ca").expect("stored").metadata.labels;
+        assert!(
+            labels
+                .unwrap_or_default()
+                .contains_key("generate.kyverno.io/policy-name"),
+            "left as it was"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_rule_that_adopts_creates_where_the_place_is_empty() {
+        let (store, writer) = setup();
+        let outcome = run(&writer, &create("t1"), ADOPT).await;
+        assert!(matches!(outcome, Outcome::Written(Some(_))), "{outcome:?}");
+        assert_eq!(verbs(&store), ["get", "create"]);
+        assert_eq!(data(&store, "t1"), json!({"ca": "GOOD"}));
     }
 
     #[tokio::test]

@@ -22,7 +22,7 @@ use crate::controller::finalizer::write_through;
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
 use crate::core::backoff::{Admission, CopyKey, Failure, Waiting};
-use crate::core::plan::{self, Action, DeleteReason, Inputs, Occupied, Plan};
+use crate::core::plan::{self, Action, Claim, DeleteReason, Inputs, Occupied, Plan};
 use crate::core::preview::{PlannedChange, Preview, Skip};
 use crate::core::report::{self, ClusterReport};
 use crate::core::resolve::ResolvedRule;
@@ -45,6 +45,9 @@ pub(crate) struct Pass {
     pub(crate) deleted: u32,
     /// Copies orphaned: handed over to their namespaces (`deletionPolicy`).
     pub(crate) handed_over: u32,
+    /// Objects the rule did not write, holding its copies' payload, taken
+    /// over by a metadata patch (`spec.adopt`).
+    pub(crate) adopted: u32,
     /// Not written because this process does not lead.
     pub(crate) not_leader: u32,
     /// Writes that failed in this pass: `(what, failure)`.
@@ -88,11 +91,12 @@ fn report_of(site: &Site, resolved: &ResolvedRule, pass: &Pass) -> ClusterReport
             writer: c.writer,
         })
         .collect();
+    let copies = read(site.cluster.views.copies(resolved.kind));
     ClusterReport {
         target_namespaces: pass.plan.target_namespaces,
         copies: pass.copies,
-        create_only_copies: read(site.cluster.views.copies(resolved.kind))
-            .count_create_only(&resolved.uid) as u32,
+        create_only_copies: copies.count_create_only(&resolved.uid) as u32,
+        adopted_copies: copies.count_adopted(&resolved.uid) as u32,
         conflicts: pass.conflicts.clone(),
         contested,
         problem: report::sync_failed(pass.failing()),
@@ -210,7 +214,7 @@ async fn take_over_or_skip(
             continue;
         };
         let current = Arc::new(existing);
-        match plan::occupied(desired, &current, resolved.conflict_policy, &rule_name) {
+        match plan::occupied(desired, &current, resolved, &rule_name) {
             Occupied::Ours => {}
             Occupied::Conflict(reason) => conflicts.push(ConflictEntry {
                 cluster: None,
@@ -223,6 +227,10 @@ async fn take_over_or_skip(
                 current,
             }),
             Occupied::Update => out.push(Action::Update {
+                desired: desired.clone(),
+                current,
+            }),
+            Occupied::Adopt => out.push(Action::Adopt {
                 desired: desired.clone(),
                 current,
             }),
@@ -245,7 +253,8 @@ fn wanted_hash(action: &Action) -> u64 {
     match action {
         Action::Create { desired, .. }
         | Action::Update { desired, .. }
-        | Action::Recreate { desired, .. } => desired.content_hash,
+        | Action::Recreate { desired, .. }
+        | Action::Adopt { desired, .. } => desired.content_hash,
         Action::Delete { .. } | Action::HandOver { .. } => 0,
     }
 }
@@ -444,6 +453,7 @@ fn pass_scope(
     memory
         .known_conflicts
         .pass_begins(&resolved.key.to_string(), resolved.kind);
+    memory.known_conflicts.set_adopts(resolved.adopt);
     let mut scope = if fresh {
         Scope::everything()
     } else {
@@ -567,7 +577,7 @@ async fn write_admitted(
     pass: &mut Pass,
 ) -> Vec<(ObjectKey, String)> {
     let rule_name = resolved.key.to_string();
-    let policy = resolved.conflict_policy;
+    let claim = Claim::from(resolved);
     let concurrency = site.cluster.writer.concurrency();
     let mut results = futures::stream::iter(admitted)
         .map(|(copy, kind, action)| {
@@ -576,7 +586,7 @@ async fn write_admitted(
                 let outcome = site
                     .cluster
                     .writer
-                    .execute(kind, &action, policy, &rule_name)
+                    .execute(kind, &action, claim, &rule_name)
                     .await;
                 (copy, kind, action, outcome)
             }
@@ -604,7 +614,10 @@ fn take_outcomes(
         let tally = &mut memory.entry(resolved.key.clone()).or_default().tally;
         for (_, kind, action, outcome) in &outcomes {
             if *kind == resolved.kind
-                && matches!(outcome, Outcome::Written(_) | Outcome::Ignored(_))
+                && matches!(
+                    outcome,
+                    Outcome::Written(_) | Outcome::Adopted(_) | Outcome::Ignored(_)
+                )
             {
                 let (namespace, name) = action.target();
                 tally.settle(namespace, name);
@@ -618,7 +631,7 @@ fn take_outcomes(
             match outcome {
                 // A refusal lifted: the rule's other refused copies go in
                 // the next pass, at once.
-                Outcome::Written(_) if backoffs.succeeded(copy, now) => {
+                Outcome::Written(_) | Outcome::Adopted(_) if backoffs.succeeded(copy, now) => {
                     pass.retry_no_later_than(now);
                 }
                 // No write is owed there any more: an earlier failure is moot.
@@ -653,7 +666,13 @@ fn take_outcomes(
                     Action::Delete { reason, .. } if reason.is_prune() => pass.pruned += 1,
                     Action::Delete { .. } => pass.deleted += 1,
                     Action::HandOver { .. } => pass.handed_over += 1,
+                    Action::Adopt { .. } => pass.adopted += 1,
                 }
+            }
+            // Taken as it is: no payload written, no consumer to roll.
+            Outcome::Adopted(object) => {
+                write_through(site, kind, &action, Some(object));
+                pass.adopted += 1;
             }
             Outcome::Conflict(reason) => {
                 conflicts.push(((namespace.to_owned(), name.to_owned()), reason));

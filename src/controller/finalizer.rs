@@ -118,6 +118,8 @@ impl Cleared {
                     write_through(site, kind, &action, object);
                     self.done += 1;
                 }
+                // A cleanup deletes and hands over only: nothing is adopted.
+                Outcome::Adopted(object) => write_through(site, kind, &action, Some(object)),
                 Outcome::Ignored(_) => {
                     write_through(site, kind, &action, None);
                     self.done += 1;

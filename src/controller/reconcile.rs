@@ -308,6 +308,7 @@ fn observed_after(
         target_namespaces: total.target_namespaces,
         copies: total.copies,
         create_only_copies: total.create_only_copies,
+        adopted_copies: total.adopted_copies,
         conflicts: total.conflicts,
         problem: pass_problem(shared, resolved, pass),
         pending: pass.not_leader,
@@ -366,6 +367,9 @@ fn invalid_observed(
             .sum(),
         create_only_copies: Kind::all()
             .map(|kind| read(shared.copies(kind)).count_create_only(uid) as u32)
+            .sum(),
+        adopted_copies: Kind::all()
+            .map(|kind| read(shared.copies(kind)).count_adopted(uid) as u32)
             .sum(),
         problem: Some((invalid.reason.to_string(), invalid.message.clone())),
         ..Default::default()
@@ -601,6 +605,13 @@ impl Said {
         if pass.pruned > 0 {
             let note = format!("deleted {} copies that no longer belong", pass.pruned);
             events.push((EventType::Normal, "Pruned", "Delete", note));
+        }
+        if pass.adopted > 0 {
+            let note = format!(
+                "adopted {} objects that already held what the rule writes (spec.adopt): one metadata patch each, no payload written",
+                pass.adopted
+            );
+            events.push((EventType::Normal, "Adopted", "Adopt", note));
         }
         if pass.handed_over > 0 {
             let note = format!(

@@ -42,6 +42,9 @@ pub(crate) struct KnownConflicts {
     /// The foreign watch started again since the rule's current pass
     /// began: what its writes met may have gone unseen.
     restarted: bool,
+    /// The rule adopts objects that hold what it would write: a change
+    /// of a foreign object may make it one (its metadata alone cannot say).
+    adopts: bool,
 }
 
 impl KnownConflicts {
@@ -63,6 +66,11 @@ impl KnownConflicts {
         }
         self.moved.clear();
         self.restarted = false;
+    }
+
+    /// Whether the rule adopts what holds its copies' payload (`spec.adopt`).
+    pub(crate) fn set_adopts(&mut self, adopts: bool) {
+        self.adopts = adopts;
     }
 
     /// Whether the foreign watch of `kind` speaks of this rule's places.
@@ -124,6 +132,8 @@ impl KnownConflicts {
             ForeignChange::Gone => None,
             // Copyrator's copy, its rule-UID label removed: the pass takes it back.
             ForeignChange::Applied(object) if object.is_unlabelled_copy_of(&self.rule) => None,
+            // It may hold the copy's payload now: the pass looks at it.
+            ForeignChange::Applied(_) if self.adopts => None,
             ForeignChange::Applied(object) => Some(foreign_reason(kind, object)),
         };
         match now {
@@ -178,6 +188,28 @@ mod tests {
         let mut tally = Tally::default();
         tally.set(&place.0, &place.1, state);
         tally
+    }
+
+    #[test]
+    fn a_rule_that_adopts_looks_again_at_a_conflict_whose_object_changed() {
+        let place = at("team-a");
+        let object = foreign(&[]);
+        let reason = foreign_reason(Kind::ConfigMap, &object);
+        let tally = tally_with(&place, Unsettled::Conflict(reason.clone()));
+        let mut known = KnownConflicts::default();
+        known.pass_begins(RULE, Kind::ConfigMap);
+        assert!(known.met(place.clone(), reason.clone()));
+        let changed = ForeignChange::Applied(&object);
+        assert!(
+            !known.foreign_changed(&tally, &place, changed),
+            "a rule that does not adopt has nothing to look at: the reason stands"
+        );
+        known.set_adopts(true);
+        assert!(
+            known.foreign_changed(&tally, &place, changed),
+            "it may hold the copy's payload now"
+        );
+        assert!(known.held().is_empty(), "the pass finds out, by looking");
     }
 
     #[test]

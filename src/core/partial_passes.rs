@@ -1037,17 +1037,12 @@ impl ModelCluster {
                 let mut uid = None;
                 if let Some(existing) = self.foreign.get(&at).cloned() {
                     let rule = &self.rules[index].rule;
-                    match occupied(
-                        desired,
-                        &existing,
-                        rule.conflict_policy,
-                        &rule.key.to_string(),
-                    ) {
+                    match occupied(desired, &existing, rule, &rule.key.to_string()) {
                         Occupied::Ours => return (WriteOutcome::Written, touches),
                         Occupied::Conflict(reason) => {
                             return (WriteOutcome::Conflict(reason), touches);
                         }
-                        Occupied::Update => uid = Some(existing.uid.clone()),
+                        Occupied::Update | Occupied::Adopt => uid = Some(existing.uid.clone()),
                         Occupied::Recreate => {}
                     }
                     // Taken over: it leaves the foreign watch.
@@ -1057,7 +1052,7 @@ impl ModelCluster {
                 self.put_copy(namespace, desired, uid);
                 touches.extend(self.copy_event(&at, None, Some(&writer)));
             }
-            Action::Update { desired, current } => {
+            Action::Update { desired, current } | Action::Adopt { desired, current } => {
                 self.put_copy(&current.namespace, desired, Some(current.uid.clone()));
                 touches.extend(self.copy_event(&current.key(), Some(&writer), Some(&writer)));
             }

@@ -181,6 +181,13 @@ pub(crate) enum Action {
         current: Arc<Object>,
         reason: DeleteReason,
     },
+    /// Take over `current`, which holds `desired`'s payload already: one
+    /// metadata patch (Copyrator's labels, annotations and mark; other
+    /// tools' marks removed), no payload write.
+    Adopt {
+        desired: Arc<Desired>,
+        current: Arc<Object>,
+    },
 }
 
 impl Action {
@@ -191,6 +198,7 @@ impl Action {
             Action::Recreate { .. } => "recreate",
             Action::Delete { .. } => "delete",
             Action::HandOver { .. } => "orphan",
+            Action::Adopt { .. } => "adopt",
         }
     }
 
@@ -210,7 +218,8 @@ impl Action {
             Action::Update { current, .. }
             | Action::Recreate { current, .. }
             | Action::Delete { current, .. }
-            | Action::HandOver { current, .. } => (&current.namespace, &current.name),
+            | Action::HandOver { current, .. }
+            | Action::Adopt { current, .. } => (&current.namespace, &current.name),
         }
     }
 
@@ -219,7 +228,8 @@ impl Action {
         match self {
             Action::Create { desired, .. }
             | Action::Update { desired, .. }
-            | Action::Recreate { desired, .. } => &desired.source,
+            | Action::Recreate { desired, .. }
+            | Action::Adopt { desired, .. } => &desired.source,
             Action::Delete { current, .. } | Action::HandOver { current, .. } => {
                 current.source_ref.as_deref().unwrap_or_default()
             }
@@ -979,6 +989,8 @@ fn decide_over(inputs: &Inputs<'_>, desired: &Arc<Desired>, current: &Arc<Object
             && current.rule_uid() == Some(rule.uid.as_str());
         return if made_here {
             Placement::InPlace
+        } else if may_adopt(rule.into(), desired, current, &rule.key.to_string()) {
+            Placement::Write(adopt(desired, current))
         } else {
             Placement::Conflict(handed_over_reason(current.rule_ref.as_deref()))
         };
@@ -991,6 +1003,9 @@ fn decide_over(inputs: &Inputs<'_>, desired: &Arc<Desired>, current: &Arc<Object
             return Placement::Write(rewrite(desired, current));
         }
         // Copyrator's labels set by someone else: a foreign object.
+        if may_adopt(rule.into(), desired, current, &rule.key.to_string()) {
+            return Placement::Write(adopt(desired, current));
+        }
         return match rule.conflict_policy {
             ConflictPolicy::Skip => Placement::Conflict(foreign_reason(rule.kind, current)),
             ConflictPolicy::Overwrite => Placement::Write(rewrite(desired, current)),
@@ -1005,6 +1020,62 @@ fn decide_over(inputs: &Inputs<'_>, desired: &Arc<Desired>, current: &Arc<Object
     } else {
         Placement::Write(rewrite(desired, current))
     }
+}
+
+fn adopt(desired: &Arc<Desired>, current: &Arc<Object>) -> Action {
+    Action::Adopt {
+        desired: desired.clone(),
+        current: current.clone(),
+    }
+}
+
+/// How a rule takes the objects it finds at its places that it did not
+/// write: its `conflictPolicy`, and whether it adopts (`spec.adopt`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Claim {
+    pub(crate) policy: ConflictPolicy,
+    pub(crate) adopt: bool,
+}
+
+impl From<ConflictPolicy> for Claim {
+    fn from(policy: ConflictPolicy) -> Self {
+        Claim {
+            policy,
+            adopt: false,
+        }
+    }
+}
+
+impl From<&ResolvedRule> for Claim {
+    fn from(rule: &ResolvedRule) -> Self {
+        Claim {
+            policy: rule.conflict_policy,
+            adopt: rule.adopt,
+        }
+    }
+}
+
+/// Whether a rule that claims as `claim` (`rule`: `namespace/name`) adopts
+/// `existing`, an object it did not write at a place of `desired`: only
+/// when asked to, and only what holds `desired`'s payload already; an
+/// object another tool made, or a copy handed over by an earlier rule of
+/// this name (`deletionPolicy` Orphan, or `syncPolicy: CreateOnly`),
+/// never a copy of another rule.
+pub(crate) fn may_adopt(claim: Claim, desired: &Desired, existing: &Object, rule: &str) -> bool {
+    if !claim.adopt || existing.payload_hash != desired.payload_hash {
+        return false;
+    }
+    let ours_uid = desired.labels.get(LABEL_RULE_UID).map(String::as_str);
+    if existing.create_only {
+        // Handed over by a rule of this name; by this very rule it is the
+        // copy a rule that only creates made, not one to take back.
+        return existing.rule_ref.as_deref() == Some(rule) && existing.rule_uid() != ours_uid;
+    }
+    // Another tool's object, or one carrying Copyrator's labels that
+    // Copyrator did not write. Copyrator's own copies are never adopted:
+    // this rule's (and an earlier one's of its name) are its already,
+    // another rule's are not to be taken.
+    !existing.authored
 }
 
 /// The write that turns `current` into `desired`: an update, or a recreate
@@ -1089,6 +1160,9 @@ pub(crate) enum Occupied {
     Recreate,
     /// Taken over: the object is replaced by the copy.
     Update,
+    /// Taken over as it is: it holds the copy's payload already (see
+    /// [`may_adopt`]); one metadata patch.
+    Adopt,
 }
 
 /// Whether a create of `desired` by rule `rule` (`namespace/name`) takes
@@ -1098,9 +1172,14 @@ pub(crate) enum Occupied {
 pub(crate) fn occupied(
     desired: &Desired,
     existing: &Object,
-    policy: ConflictPolicy,
+    claim: impl Into<Claim>,
     rule: &str,
 ) -> Occupied {
+    let claim = claim.into();
+    let policy = claim.policy;
+    if may_adopt(claim, desired, existing, rule) {
+        return Occupied::Adopt;
+    }
     if existing.is_unlabelled_copy_of(rule)
         || existing.is_unproven_copy_of(rule, desired.payload_hash)
     {
@@ -1306,7 +1385,8 @@ pub(crate) mod tests {
                 match action {
                     Action::Create { desired: d, .. }
                     | Action::Update { desired: d, .. }
-                    | Action::Recreate { desired: d, .. } => {
+                    | Action::Recreate { desired: d, .. }
+                    | Action::Adopt { desired: d, .. } => {
                         let version = self
                             .copies
                             .get(&namespace, &name)
@@ -2405,6 +2485,68 @@ pub(crate) mod tests {
         assert!(!w.copies.get("a", "cm").unwrap().orphan_with_rule);
         let collected = orphans(&w.copies, &w.namespaces, &|_| false, &|_| true);
         assert_eq!(collected[0].verb(), "delete");
+    }
+
+    /// A later rule of the same name that adopts (`spec.adopt`, what a
+    /// rule re-created under GitOps asks for) takes back the copies an
+    /// earlier one handed over, where they hold what it would write: one
+    /// adoption each, no payload write. One whose content changed since
+    /// stays its namespace's; another rule's name adopts nothing.
+    #[test]
+    fn copies_handed_over_are_taken_back_by_a_later_rule_of_their_name_that_adopts() {
+        let mut w = World::new(&["src", "a", "b"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let p = w.plan(&create_only_rule());
+        w.apply(&p);
+        // The namespace b changed its copy since.
+        let mut changed = (**w.copies.get("b", "cm").expect("the copy in b")).clone();
+        changed
+            .payload
+            .insert("data".into(), json!({"k": "theirs"}));
+        changed.rehash();
+        w.copies.upsert(Arc::new(changed));
+        let plan_of = |w: &World, body: Value, uid: &str| {
+            let mut later = rule(body);
+            later.key.name = "r".into();
+            later.uid = uid.into();
+            let live = |u: &str| u == uid;
+            plan(&Inputs {
+                rule: &later,
+                namespaces: &w.namespaces,
+                sources: &w.sources,
+                copies: &w.copies,
+                live_rule_uids: &live,
+                known_conflicts: &w.known_conflicts,
+                scope: &Scope::everything(),
+                roles: &w.roles,
+            })
+        };
+        let adopting = json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "spec": {"adopt": true}});
+        let p = plan_of(&w, adopting.clone(), "rule-2");
+        assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "adopt")]);
+        assert_eq!(p.conflicts.len(), 1, "{:?}", p.conflicts);
+        assert_eq!(p.conflicts[0].namespace, "b");
+        // Without adopt, both stay their namespaces'.
+        let p = plan_of(
+            &w,
+            json!({"ruleType": "configmap", "selector": {"copy": "yes"}}),
+            "rule-2",
+        );
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        // A rule of another name adopts none of them.
+        let mut other = rule(adopting);
+        other.key.name = "other".into();
+        other.uid = "rule-3".into();
+        assert!(
+            !may_adopt(
+                (&other).into(),
+                &desired_copy(&other, &w.sources[0]),
+                w.copies.get("a", "cm").expect("the copy"),
+                &other.key.to_string()
+            ),
+            "another rule's hand-over is not taken"
+        );
     }
 
     fn create_only_rule() -> ResolvedRule {

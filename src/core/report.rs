@@ -13,6 +13,8 @@ pub(crate) struct ClusterReport {
     pub(crate) copies: u32,
     /// Copies there handed over under `syncPolicy: CreateOnly`.
     pub(crate) create_only_copies: u32,
+    /// Copies there that the rule adopted (`spec.adopt`).
+    pub(crate) adopted_copies: u32,
     /// Places there held by something else.
     pub(crate) conflicts: Vec<ConflictEntry>,
     /// Copies there another writer keeps changing back.
@@ -62,6 +64,7 @@ pub(crate) fn fold<'a>(
         total.target_namespaces += report.target_namespaces;
         total.copies += report.copies;
         total.create_only_copies += report.create_only_copies;
+        total.adopted_copies += report.adopted_copies;
         total
             .conflicts
             .extend(report.conflicts.iter().map(|c| ConflictEntry {
@@ -105,6 +108,7 @@ mod tests {
             target_namespaces: copies + conflicts.len() as u32,
             copies,
             create_only_copies: 1,
+            adopted_copies: 2,
             conflicts: conflicts.iter().map(|ns| conflict(ns)).collect(),
             contested: contest.iter().map(|ns| contested(ns)).collect(),
             problem: None,
@@ -120,6 +124,7 @@ mod tests {
         assert_eq!(total.copies, 9);
         assert_eq!(total.target_namespaces, 12);
         assert_eq!(total.create_only_copies, 3);
+        assert_eq!(total.adopted_copies, 6);
         assert_eq!(total.conflicts.len(), 3);
         assert_eq!(total.contested.len(), 2);
     }

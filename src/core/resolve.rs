@@ -468,6 +468,9 @@ pub(crate) struct ResolvedRule {
     pub(crate) clusters: ClusterTargets,
     pub(crate) prune: bool,
     pub(crate) conflict_policy: ConflictPolicy,
+    /// Objects at its places holding what it would write are taken over
+    /// by a metadata patch (`spec.adopt`).
+    pub(crate) adopt: bool,
     pub(crate) sync_policy: SyncPolicy,
     pub(crate) transform: ResolvedTransform,
     pub(crate) deletion: Deletion,
@@ -761,6 +764,7 @@ impl CopyratorRule {
             clusters,
             prune,
             conflict_policy: spec.conflict_policy.unwrap_or_default(),
+            adopt: spec.adopt.unwrap_or(false),
             sync_policy: spec.sync_policy.or(self.sync_policy).unwrap_or_default(),
             transform,
             deletion,

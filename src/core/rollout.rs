@@ -274,6 +274,8 @@ fn write_of(action: &Action) -> Option<(&Arc<Desired>, &str, bool)> {
             &current.namespace,
             current.intact && current.payload_hash != desired.payload_hash,
         )),
+        // Adopted as it is: it holds the desired payload already.
+        Action::Adopt { desired, current } => Some((desired, &current.namespace, false)),
         Action::Delete { .. } | Action::HandOver { .. } => None,
     }
 }

@@ -19,6 +19,8 @@ pub(crate) struct Observed {
     pub(crate) copies: u32,
     /// Copies handed over to their namespaces (`syncPolicy: CreateOnly`).
     pub(crate) create_only_copies: u32,
+    /// Copies the rule adopted (`spec.adopt`).
+    pub(crate) adopted_copies: u32,
     pub(crate) conflicts: Vec<ConflictEntry>,
     /// `(reason, message)` when the rule is not fully synced.
     pub(crate) problem: Option<(String, String)>,
@@ -72,6 +74,7 @@ pub(crate) fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &
         target_namespaces: i64::from(observed.target_namespaces),
         copies: i64::from(observed.copies),
         create_only_copies: i64::from(observed.create_only_copies),
+        adopted_copies: i64::from(observed.adopted_copies),
         conflict_count,
         conflicts,
         contested_count,
@@ -228,6 +231,7 @@ pub(crate) fn cluster_entry(
         copies: report.copies,
         conflicts: report.conflicts.len() as u32,
         create_only_copies: report.create_only_copies,
+        adopted_copies: report.adopted_copies,
         contested: report.contested.len() as u32,
         ..status
     };
@@ -625,6 +629,7 @@ mod tests {
             target_namespaces: 3,
             copies: 2,
             create_only_copies: 1,
+            adopted_copies: 2,
             conflicts: vec![ConflictEntry {
                 namespace: "t1".into(),
                 name: "ca".into(),
@@ -646,9 +651,10 @@ mod tests {
                 entry.target_namespaces,
                 entry.copies,
                 entry.conflicts,
-                entry.create_only_copies
+                entry.create_only_copies,
+                entry.adopted_copies
             ),
-            (3, 2, 1, 1)
+            (3, 2, 1, 1, 2)
         );
     }
 

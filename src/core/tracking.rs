@@ -90,7 +90,62 @@ pub(crate) const TRACKING_KEYS: &[(&str, &str)] = &[
         "copyrator.flant.com/*",
         "Copyrator's own: a copy gets its own tracking keys",
     ),
+    (
+        "generate.kyverno.io/*",
+        "Kyverno's marks on what its generate rules made: a copy carrying them is taken for the policy's, rewritten or deleted with it",
+    ),
+    (
+        "reflector.v1.k8s.emberstack.com/*",
+        "kubernetes-reflector's directives and its marks on the mirrors it made: a copy carrying them would be mirrored on, or taken for a mirror",
+    ),
+    (
+        "replicator.v1.mittwald.de/*",
+        "kubernetes-replicator's directives and its marks on the replicas it made: a copy carrying them would be replicated on, or taken for a replica",
+    ),
+    (
+        "kubed.appscode.com/*",
+        "config-syncer's (kubed's) directives and its marks on the copies it made: a copy carrying them would be synced on, or taken for kubed's",
+    ),
+    (
+        "clustersecret.io",
+        "ClusterSecret's label on the Secrets it made",
+    ),
+    (
+        "clustersecret.io/*",
+        "ClusterSecret's marks on the Secrets it made (`created-by` lets it overwrite them)",
+    ),
 ];
+
+/// The copying tools whose copies a rule adopts (`spec.adopt`), each with
+/// the keys it leaves on what it made, or reads as its directives; on
+/// adoption they are removed from the copy, so that the tool (or its
+/// policy), removed later, neither deletes nor rewrites it. Each is one
+/// of [`TRACKING_KEYS`] too: no copy carries them.
+pub(crate) const COPIERS: &[(&str, &str)] = &[
+    ("Kyverno", "generate.kyverno.io/*"),
+    ("kubernetes-reflector", "reflector.v1.k8s.emberstack.com/*"),
+    ("kubernetes-replicator", "replicator.v1.mittwald.de/*"),
+    ("config-syncer", "kubed.appscode.com/*"),
+    ("ClusterSecret", "clustersecret.io"),
+    ("ClusterSecret", "clustersecret.io/*"),
+];
+
+/// [`COPIERS`] as globs, made once.
+static COPIER_GLOBS: std::sync::LazyLock<Vec<(KeyGlob, &'static str)>> =
+    std::sync::LazyLock::new(|| {
+        COPIERS
+            .iter()
+            .filter_map(|(tool, pattern)| KeyGlob::new(pattern).ok().map(|glob| (glob, *tool)))
+            .collect()
+    });
+
+/// The copying tool whose mark (or directive) `key` is, if it is one.
+pub(crate) fn copier_mark(key: &str) -> Option<&'static str> {
+    COPIER_GLOBS
+        .iter()
+        .find(|(glob, _)| glob.matches(key))
+        .map(|(_, tool)| *tool)
+}
 
 /// [`TRACKING_KEYS`] as globs with their reasons, made once.
 static TRACKING: std::sync::LazyLock<Vec<(KeyGlob, &'static str)>> =

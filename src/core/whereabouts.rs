@@ -5,9 +5,9 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use crate::api::rule::{ConflictPolicy, RuleStatus};
+use crate::api::rule::RuleStatus;
 use crate::cache::index::{NamespaceInfo, Object};
-use crate::core::plan::{Desired, Occupied, desired_copy, occupied, target_namespaces};
+use crate::core::plan::{Claim, Desired, Occupied, desired_copy, occupied, target_namespaces};
 use crate::core::resolve::ResolvedRule;
 
 /// How one copy of a source stands.
@@ -23,6 +23,9 @@ pub(crate) enum CopyState {
     Stale,
     /// A target namespace without the copy.
     Missing,
+    /// An object the rule did not write holds the copy's payload, and the
+    /// rule adopts such objects (`spec.adopt`): a pass takes it over.
+    Adoptable,
     /// Another writer keeps changing the copy back (the rule's status
     /// names it).
     Contested { writer: String },
@@ -57,6 +60,7 @@ impl CopyState {
             CopyState::CreateOnly => "create-only",
             CopyState::Stale => "stale",
             CopyState::Missing => "missing",
+            CopyState::Adoptable => "adoptable",
             CopyState::Contested { .. } => "contested",
             CopyState::Conflict { .. } => "conflict",
             CopyState::Refused { .. } => "refused",
@@ -154,7 +158,7 @@ pub(crate) struct Judge<'a> {
     /// `namespace/name` of the rule.
     pub(crate) rule: &'a str,
     pub(crate) uid: &'a str,
-    pub(crate) conflict_policy: ConflictPolicy,
+    pub(crate) claim: Claim,
 }
 
 /// The state of a target place of `desired` (the copy the rule would write
@@ -187,9 +191,11 @@ pub(crate) fn target_state(
             writer: writer.clone(),
         };
     }
-    match occupied(desired, current, judge.conflict_policy, judge.rule) {
+    match occupied(desired, current, judge.claim, judge.rule) {
         Occupied::Ours => CopyState::InPlace,
         Occupied::Conflict(reason) => CopyState::Conflict { reason },
+        // Another tool's object holding the copy's payload: a pass takes it.
+        Occupied::Adopt => owed(CopyState::Adoptable, facts),
         // Ours but different, or a foreign object `Overwrite` takes over.
         Occupied::Update | Occupied::Recreate => owed(CopyState::Stale, facts),
     }
@@ -264,7 +270,7 @@ pub(crate) fn places(
         let judge = Judge {
             rule: &rule_name,
             uid: &rule.uid,
-            conflict_policy: rule.conflict_policy,
+            claim: rule.into(),
         };
         let (targets, _) = target_namespaces(rule, namespaces);
         for (namespace, info) in targets {
@@ -375,7 +381,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::api::rule::{Condition, ConflictEntry, ContestedEntry};
+    use crate::api::rule::{Condition, ConflictEntry, ConflictPolicy, ContestedEntry};
 
     const RULE: &str = "ops/r";
     const UID: &str = "uid-r";
@@ -384,7 +390,7 @@ mod tests {
         Judge {
             rule: RULE,
             uid: UID,
-            conflict_policy: policy,
+            claim: policy.into(),
         }
     }
 
