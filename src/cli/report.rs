@@ -3,7 +3,7 @@
 //! Pure; what a rule would do comes from `reconcile::preview` (at home)
 //! and `member_pass::member_preview` (in each member).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -444,12 +444,49 @@ impl Report {
                 verdict.message.as_deref().unwrap_or_default()
             ));
         }
+        for line in self.rule_totals() {
+            out.push_str(&line);
+            out.push('\n');
+        }
         match (self.changes.is_empty(), not_planned.is_empty()) {
             (true, true) => out.push_str("no changes\n"),
             (true, false) => out.push_str("no changes in the clusters planned\n"),
             (false, _) => {}
         }
         out
+    }
+
+    /// For each rule with a change or a copy skipped, what it would do in
+    /// all (`rule ops/r: 5 adopt, 1 create, 1 skip`): a migration's shape at
+    /// a glance.
+    fn rule_totals(&self) -> Vec<String> {
+        const ORDER: [&str; 6] = ["adopt", "create", "update", "recreate", "delete", "orphan"];
+        let mut totals: BTreeMap<&str, BTreeMap<&str, usize>> = BTreeMap::new();
+        for change in &self.changes {
+            *totals
+                .entry(change.rule.as_str())
+                .or_default()
+                .entry(change.action)
+                .or_default() += 1;
+        }
+        for skip in self.skipped.iter().filter(|s| s.namespace.is_some()) {
+            *totals
+                .entry(skip.rule.as_str())
+                .or_default()
+                .entry("skip")
+                .or_default() += 1;
+        }
+        totals
+            .into_iter()
+            .map(|(rule, counts)| {
+                let parts: Vec<String> = ORDER
+                    .iter()
+                    .chain(&["skip"])
+                    .filter_map(|verb| counts.get(verb).map(|n| format!("{n} {verb}")))
+                    .collect();
+                format!("rule {rule}: {}", parts.join(", "))
+            })
+            .collect()
     }
 
     /// The whole report as one JSON document.
@@ -756,7 +793,8 @@ items:
             "delete Secret t1/old (rule ops/r)\n\
              delete Secret t2/pull (rule ops/r, source ops/pull)\n\
              skip Namespace kube-system (rule ops/r): protected: only its exact name in targets.include reaches it\n\
-             skip Secret t3/pull (rule ops/r): a Secret not made by Copyrator is there\n"
+             skip Secret t3/pull (rule ops/r): a Secret not made by Copyrator is there\n\
+             rule ops/r: 2 delete, 1 skip\n"
         );
         let mut shuffled = report.clone();
         shuffled.changes.reverse();
@@ -834,6 +872,55 @@ items:
             },
         );
         assert_eq!(only_refused.exit_code(), EXIT_FAILED);
+    }
+
+    #[test]
+    fn each_rule_says_what_it_would_do_in_all() {
+        let change = |action: &'static str, namespace: &str, rule: &str| PlannedChange {
+            cluster: "home".into(),
+            action,
+            kind: "ConfigMap".into(),
+            namespace: namespace.into(),
+            name: "cfg".into(),
+            rule: rule.into(),
+            source: Some("ops/cfg".into()),
+        };
+        let mut report = Report::new("home");
+        report.add(
+            &RuleKey {
+                namespace: "ops".into(),
+                name: "r".into(),
+            },
+            Preview::Planned {
+                changes: vec![
+                    change("create", "t3", "ops/r"),
+                    change("adopt", "t1", "ops/r"),
+                    change("adopt", "t2", "ops/r"),
+                    change("delete", "t1", "ops/other"),
+                ],
+                skipped: vec![Skip::copy(
+                    "home",
+                    "ops/r",
+                    Kind::ConfigMap,
+                    &ConflictEntry {
+                        namespace: "t4".into(),
+                        name: "cfg".into(),
+                        reason: "held".into(),
+                        ..ConflictEntry::default()
+                    },
+                )],
+            },
+        );
+        let text = report.sorted().text();
+        let totals: Vec<&str> = text.lines().filter(|l| l.starts_with("rule ")).collect();
+        assert_eq!(
+            totals,
+            [
+                "rule ops/other: 1 delete",
+                "rule ops/r: 2 adopt, 1 create, 1 skip"
+            ],
+            "{text}"
+        );
     }
 
     #[test]
@@ -927,7 +1014,8 @@ items:
              b: create ConfigMap t1/cfg (rule ops/r, source ops/cfg)\n\
              main: skip Namespace kube-system (rule ops/r): protected: only its exact name in targets.include reaches it\n\
              b: skip Namespace kube-system (rule ops/r): protected: only its exact name in targets.include reaches it\n\
-             c: not planned: its API server did not answer within 10 s\n"
+             c: not planned: its API server did not answer within 10 s\n\
+             rule ops/r: 4 create\n"
         );
         let clusters: Vec<&str> = report.clusters.iter().map(|c| c.cluster.as_str()).collect();
         assert_eq!(clusters, ["main", "a", "b", "c"]);

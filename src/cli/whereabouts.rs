@@ -91,6 +91,9 @@ pub(crate) struct Row {
     /// content show one value; a staged rollout shows two.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) content: Option<String>,
+    /// What made the object before its rule adopted it (`spec.adopt`).
+    #[serde(rename = "adoptedFrom", skip_serializing_if = "Option::is_none")]
+    pub(crate) adopted_from: Option<String>,
 }
 
 impl Row {
@@ -110,6 +113,7 @@ impl Row {
             writer,
             reason,
             content: place.content.map(content_id),
+            adopted_from: place.adopted_from,
         }
     }
 }
@@ -174,6 +178,9 @@ impl Found {
             if let Some(content) = &row.content {
                 out.push_str(&format!(" [content {content}]"));
             }
+            if let Some(maker) = &row.adopted_from {
+                out.push_str(&format!(" (adopted from {maker})"));
+            }
             if let Some(writer) = &row.writer {
                 out.push_str(&format!(": changed back by {writer}"));
             }
@@ -197,6 +204,14 @@ impl Found {
                 self.copies.len(),
                 self.copies.len() - current
             ));
+            let adopted = self
+                .copies
+                .iter()
+                .filter(|c| c.adopted_from.is_some())
+                .count();
+            if adopted > 0 {
+                out.push_str(&format!(", {adopted} adopted"));
+            }
             for (reason, copies) in self.not_followed() {
                 out.push_str(&format!("; {copies} {reason}"));
             }
@@ -535,6 +550,7 @@ fn refused_source(cluster: &str, rules: &[CopyratorRule], source_ref: &str) -> V
                 writer: None,
                 reason: Some(format!("the source is not copied: {}", entry.reason)),
                 content: None,
+                adopted_from: None,
             })
         })
         .collect()
@@ -715,6 +731,7 @@ mod tests {
                 content: None,
                 rule: Some("ops/r".into()),
                 state,
+                adopted_from: None,
             },
         )
     }
@@ -736,6 +753,24 @@ mod tests {
             reached: true,
             message: None,
         }
+    }
+
+    #[test]
+    fn an_adopted_copy_says_what_made_it_and_the_summary_counts_them() {
+        let mut adopted = row("home", "t1", CopyState::InPlace);
+        adopted.adopted_from = Some("Kyverno".into());
+        let found = found(
+            vec![adopted, row("home", "t2", CopyState::InPlace)],
+            vec![reached("home")],
+        );
+        assert_eq!(
+            found.text(),
+            "home: t1/ca in place (rule ops/r) (adopted from Kyverno)\n\
+             home: t2/ca in place (rule ops/r)\n\
+             ConfigMap shared/ca [content 0123abcd]: 2 places, 2 current, 0 not, 1 adopted\n"
+        );
+        let json = found.json().expect("JSON");
+        assert!(json.contains("\"adoptedFrom\": \"Kyverno\""), "{json}");
     }
 
     #[test]

@@ -237,6 +237,31 @@ pub(crate) struct Place {
     /// copy names).
     pub(crate) rule: Option<String>,
     pub(crate) state: CopyState,
+    /// What made the object before a rule adopted it, for a copy that was
+    /// adopted (`spec.adopt`).
+    pub(crate) adopted_from: Option<String>,
+}
+
+/// A stale copy in a namespace whose stage a staged rollout has not
+/// reached yet is held, not stale; any other state stands.
+fn held_back(
+    state: CopyState,
+    rule: &ResolvedRule,
+    facts: &StatusFacts,
+    namespace: &str,
+    info: &NamespaceInfo,
+) -> CopyState {
+    if let (CopyState::Stale, Some(stages), Some((reached, how))) =
+        (&state, &rule.stages, &facts.rollout)
+    {
+        let stage = stages.stage_of(namespace, &info.labels);
+        if stage + 1 > *reached as usize {
+            return CopyState::Held {
+                reason: format!("its stage {} is not reached yet; {how}", stages.name(stage)),
+            };
+        }
+    }
+    state
 }
 
 /// A rule that selects the source, as it is followed in one cluster (for a
@@ -284,30 +309,27 @@ pub(crate) fn places(
             }
             let facts = StatusFacts::of(follower.status, namespace, &desired.name, &desired.source);
             judged.insert(namespace);
-            let mut state = target_state(judge, &desired, current, &facts);
-            if let (CopyState::Stale, Some(stages), Some((reached, how))) =
-                (&state, &rule.stages, &facts.rollout)
-            {
-                let stage = stages.stage_of(namespace, &info.labels);
-                if stage + 1 > *reached as usize {
-                    state = CopyState::Held {
-                        reason: format!(
-                            "its stage {} is not reached yet; {how}",
-                            stages.name(stage)
-                        ),
-                    };
-                }
-            }
+            let state = held_back(
+                target_state(judge, &desired, current, &facts),
+                rule,
+                &facts,
+                namespace,
+                info,
+            );
             // A foreign object's content says nothing of the copies.
             let content = current
                 .filter(|_| !matches!(state, CopyState::Conflict { .. }))
                 .map(|c| c.payload_hash);
+            let adopted_from = current
+                .filter(|_| content.is_some())
+                .and_then(|c| c.adopted_from.as_deref().map(str::to_owned));
             out.push(Place {
                 namespace: namespace.clone(),
                 name: desired.name.clone(),
                 content,
                 rule: Some(rule_name.clone()),
                 state,
+                adopted_from,
             });
         }
     }
@@ -337,6 +359,7 @@ pub(crate) fn places(
             content: Some(copy.payload_hash),
             rule: copy.rule_ref.as_deref().map(str::to_owned),
             state,
+            adopted_from: copy.adopted_from.as_deref().map(str::to_owned),
         });
     }
     out.sort_by(|a, b| a.namespace.cmp(&b.namespace));

@@ -13,6 +13,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod adoption;
 mod attacks;
 mod bounded;
 mod chart;

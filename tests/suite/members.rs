@@ -1081,7 +1081,8 @@ async fn plan_says_what_each_member_would_get() {
         [
             line("home", &home_t1),
             line(&a.name, &a_t1),
-            line(&b.name, &b_t1)
+            line(&b.name, &b_t1),
+            format!("rule {rule}: 3 create"),
         ],
         "{}",
         text.stderr
@@ -1155,8 +1156,9 @@ async fn plan_says_what_each_member_would_get() {
         partial.stdout
     );
     assert!(
-        lines.len() == 2
-            && lines[1].starts_with("gone: not planned: its API server cannot be reached"),
+        lines.len() == 3
+            && lines[1].starts_with("gone: not planned: its API server cannot be reached")
+            && lines[2] == format!("rule {rule}: 1 delete"),
         "{}",
         partial.stdout
     );
@@ -1243,4 +1245,72 @@ async fn a_tenant_rule_writes_into_a_member_only_where_the_namespace_accepts_it(
         .await
         .unwrap_or_else(|e| panic!("the member's team-a accepts: {}", err_msg(&e)));
     wait_member_copy(&b, &b_team_a, "ca", &[("ca.crt", "x")]).await;
+}
+
+/// Adoption in a member is the home pass's: an object another tool made
+/// there, holding what the rule writes, is taken over as it is (same uid,
+/// same data, the tool's marks gone) and counted in the member's entry and
+/// the rule's `adoptedCopies`; one holding other content stays a conflict.
+#[tokio::test]
+async fn objects_another_tool_made_in_a_member_are_adopted_there() {
+    let t = TestNs::new("members-adopt").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let [a, _b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let a_t1 = a.ns(&t, "t1").await;
+    let a_t2 = a.ns(&t, "t2").await;
+    let kyverno = [
+        ("app.kubernetes.io/managed-by", "kyverno"),
+        ("generate.kyverno.io/policy-name", "sync-cfg"),
+    ];
+    let made = a
+        .create_plain(CM, &a_t1, "cfg", &kyverno, &[("k", "v")])
+        .await;
+    a.create_plain(CM, &a_t2, "cfg", &kyverno, &[("k", "older")])
+        .await;
+    a.register(&t.client, &op, &[]).await;
+    let rule = with(
+        member_rule(&t, json!({"names": [a.name], "local": false})),
+        "/spec/adopt",
+        json!(true),
+    );
+    t.create_rule(&op, "r", rule).await;
+    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
+    t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    let rule = t
+        .wait_rule(&op, "r", "member a: 1 adopted, 1 conflict", |rule| {
+            let entry = cluster_entry(rule, &a.name).ok_or_else(|| short_status(rule))?;
+            match (
+                entry["adoptedCopies"].as_u64(),
+                entry["conflicts"].as_u64(),
+                status_u64(rule, "adoptedCopies"),
+            ) {
+                (Some(1), Some(1), Some(1)) => Ok(()),
+                _ => Err(format!("{entry}")),
+            }
+        })
+        .await;
+    println!("status: {}", rule["status"]);
+    let now = a
+        .try_get(CM, &a_t1, "cfg")
+        .await
+        .expect("read")
+        .expect("still there");
+    assert_eq!(now.uid, made.uid, "the same object");
+    assert!(
+        now.is_copy(),
+        "labelled as the rule's copy: {:?}",
+        now.labels
+    );
+    assert!(
+        !now.labels.contains_key("generate.kyverno.io/policy-name"),
+        "{:?}",
+        now.labels
+    );
+    let kept = a
+        .try_get(CM, &a_t2, "cfg")
+        .await
+        .expect("read")
+        .expect("still there");
+    assert_eq!(kept.data.get("k").map(String::as_str), Some("older"));
 }

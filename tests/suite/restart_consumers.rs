@@ -34,7 +34,7 @@ fn workload_resource(kind: &str) -> ApiResource {
 }
 
 /// A pod spec whose one container has `container` merged in, and `volumes`.
-fn pod(container: Value, volumes: Value) -> Value {
+pub(crate) fn pod(container: Value, volumes: Value) -> Value {
     let mut c = json!({"name": "c", "image": "copyrator", "imagePullPolicy": "Never"});
     c.as_object_mut()
         .unwrap()
@@ -44,7 +44,14 @@ fn pod(container: Value, volumes: Value) -> Value {
 
 /// Creates the workload `kind` `ns/name` with `pod` as its pod spec and
 /// `annotations` on the workload itself.
-async fn workload(t: &TestNs, kind: &str, ns: &str, name: &str, pod: Value, annotations: Value) {
+pub(crate) async fn workload(
+    t: &TestNs,
+    kind: &str,
+    ns: &str,
+    name: &str,
+    pod: Value,
+    annotations: Value,
+) {
     let mut spec = json!({
         "selector": {"matchLabels": {"app": name}},
         "template": {"metadata": {"labels": {"app": name}}, "spec": pod},
@@ -65,7 +72,7 @@ async fn workload(t: &TestNs, kind: &str, ns: &str, name: &str, pod: Value, anno
 }
 
 /// The restart annotations of a workload's pod template, and its generation.
-async fn restarts_of(
+pub(crate) async fn restarts_of(
     t: &TestNs,
     kind: &str,
     ns: &str,

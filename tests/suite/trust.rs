@@ -489,3 +489,64 @@ async fn what_does_not_consent_is_never_named_in_a_tenant_rules_status() {
     println!("unnamed: {} versions of the rule seen", versions.len());
     operator.assert_running();
 }
+
+/// A tenant rule adopts only where it may write: of two namespaces holding
+/// an object with the copy's content, the one that accepts the tenant has
+/// it adopted (same uid, now the rule's copy); the one that does not is
+/// left exactly as it was, and its object is not counted.
+#[tokio::test]
+async fn a_tenant_rule_adopts_only_where_it_is_accepted() {
+    let t = TestNs::new("consent-adopt").await;
+    let rule = t.prefix.clone();
+    let op = t.ns("op").await;
+    let tenant = t.ns("ta").await;
+    let (accepting, refusing) = (t.ns("t1").await, t.ns("t2").await);
+    accept_from(&t, &accepting, &tenant).await;
+    let mut before = Vec::new();
+    for ns in [&accepting, &refusing] {
+        let made = t
+            .create_plain(CM, ns, "cfg", &[("owner", "another-tool")], &[("k", "v")])
+            .await;
+        before.push(made);
+    }
+    t.create_rule(
+        &tenant,
+        &rule,
+        with(
+            rule_spec(CM, t.selector(), &[t.glob("t")]),
+            "/spec/adopt",
+            json!(true),
+        ),
+    )
+    .await;
+    let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
+    t.create_source(CM, &tenant, "cfg", &[], &[("k", "v")])
+        .await;
+    let status = t
+        .wait_rule(&tenant, &rule, "one adopted, no conflict", |r| {
+            match (
+                status_u64(r, "adoptedCopies"),
+                status_u64(r, "conflictCount"),
+                status_u64(r, "targetNamespaces"),
+            ) {
+                (Some(1), Some(0), Some(1)) => Ok(()),
+                _ => Err(short_status(r)),
+            }
+        })
+        .await;
+    println!("status: {}", status["status"]);
+    let adopted = t.must_get(CM, &accepting, "cfg").await;
+    assert_eq!(adopted.uid, before[0].uid, "the same object");
+    assert!(adopted.is_copy(), "{:?}", adopted.labels);
+    let left = t.must_get(CM, &refusing, "cfg").await;
+    assert_eq!(
+        (&left.uid, &left.resource_version, &left.labels),
+        (
+            &before[1].uid,
+            &before[1].resource_version,
+            &before[1].labels
+        ),
+        "the object where the tenant may not write was touched"
+    );
+    operator.assert_running();
+}

@@ -45,7 +45,7 @@ async fn run(program: &str, args: &[&str], path_first: Option<&Path>) -> PlanOut
 }
 
 /// `copyrator where <args>`.
-async fn copyrator_where(args: &[&str]) -> PlanOutcome {
+pub(crate) async fn copyrator_where(args: &[&str]) -> PlanOutcome {
     let mut all = vec!["where"];
     all.extend(args);
     run(bin(), &all, None).await
