@@ -1377,6 +1377,24 @@ pub(crate) mod tests {
             })
         }
 
+        /// The plan of a rule of `body`, of the same name as the rules
+        /// before but created later (UID `rule-2`, the only live one).
+        pub(crate) fn plan_of_later(&self, body: Value) -> Plan {
+            let mut later = rule(body);
+            later.uid = "rule-2".into();
+            let live = |uid: &str| uid == "rule-2";
+            plan(&Inputs {
+                rule: &later,
+                namespaces: &self.namespaces,
+                sources: &self.sources,
+                copies: &self.copies,
+                live_rule_uids: &live,
+                known_conflicts: &self.known_conflicts,
+                scope: &Scope::everything(),
+                roles: &self.roles,
+            })
+        }
+
         /// Apply a plan's writes to the world, as the API server would.
         pub(crate) fn apply(&mut self, plan: &Plan) {
             for action in &plan.actions {
@@ -2505,34 +2523,14 @@ pub(crate) mod tests {
             .insert("data".into(), json!({"k": "theirs"}));
         changed.rehash();
         w.copies.upsert(Arc::new(changed));
-        let plan_of = |w: &World, body: Value, uid: &str| {
-            let mut later = rule(body);
-            later.key.name = "r".into();
-            later.uid = uid.into();
-            let live = |u: &str| u == uid;
-            plan(&Inputs {
-                rule: &later,
-                namespaces: &w.namespaces,
-                sources: &w.sources,
-                copies: &w.copies,
-                live_rule_uids: &live,
-                known_conflicts: &w.known_conflicts,
-                scope: &Scope::everything(),
-                roles: &w.roles,
-            })
-        };
         let adopting = json!({"ruleType": "configmap", "selector": {"copy": "yes"},
             "spec": {"adopt": true}});
-        let p = plan_of(&w, adopting.clone(), "rule-2");
+        let p = w.plan_of_later(adopting.clone());
         assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "adopt")]);
         assert_eq!(p.conflicts.len(), 1, "{:?}", p.conflicts);
         assert_eq!(p.conflicts[0].namespace, "b");
         // Without adopt, both stay their namespaces'.
-        let p = plan_of(
-            &w,
-            json!({"ruleType": "configmap", "selector": {"copy": "yes"}}),
-            "rule-2",
-        );
+        let p = w.plan_of_later(json!({"ruleType": "configmap", "selector": {"copy": "yes"}}));
         assert!(p.actions.is_empty(), "{:?}", p.actions);
         // A rule of another name adopts none of them.
         let mut other = rule(adopting);
@@ -2671,19 +2669,7 @@ pub(crate) mod tests {
             json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"conflictPolicy": "Overwrite"}}),
             json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": {"syncPolicy": "CreateOnly"}}),
         ] {
-            let mut later = rule(body);
-            later.uid = "rule-2".into();
-            let live = |uid: &str| uid == "rule-2";
-            let p = plan(&Inputs {
-                rule: &later,
-                namespaces: &w.namespaces,
-                sources: &w.sources,
-                copies: &w.copies,
-                live_rule_uids: &live,
-                known_conflicts: &w.known_conflicts,
-                scope: &Scope::everything(),
-                roles: &w.roles,
-            });
+            let p = w.plan_of_later(body);
             assert!(p.actions.is_empty(), "{:?}", p.actions);
             assert_eq!(p.conflicts.len(), 1);
             assert!(

@@ -116,45 +116,49 @@ pub(crate) const TRACKING_KEYS: &[(&str, &str)] = &[
     ),
 ];
 
-/// The copying tools whose copies a rule adopts (`spec.adopt`), each with
-/// the keys it leaves on what it made, or reads as its directives; on
-/// adoption they are removed from the copy, so that the tool (or its
-/// policy), removed later, neither deletes nor rewrites it. Each is one
-/// of [`TRACKING_KEYS`] too: no copy carries them.
+/// The copying tools whose copies a rule adopts (`spec.adopt`): the keys
+/// each leaves on what it made, or reads as its directives, with the
+/// tool's name. On adoption they are removed from the copy, so that the
+/// tool (or its policy), removed later, neither deletes nor rewrites it.
+/// Each is one of [`TRACKING_KEYS`] too: no copy carries them.
 pub(crate) const COPIERS: &[(&str, &str)] = &[
-    ("Kyverno", "generate.kyverno.io/*"),
-    ("kubernetes-reflector", "reflector.v1.k8s.emberstack.com/*"),
-    ("kubernetes-replicator", "replicator.v1.mittwald.de/*"),
-    ("config-syncer", "kubed.appscode.com/*"),
-    ("ClusterSecret", "clustersecret.io"),
-    ("ClusterSecret", "clustersecret.io/*"),
+    ("generate.kyverno.io/*", "Kyverno"),
+    ("reflector.v1.k8s.emberstack.com/*", "kubernetes-reflector"),
+    ("replicator.v1.mittwald.de/*", "kubernetes-replicator"),
+    ("kubed.appscode.com/*", "config-syncer"),
+    ("clustersecret.io", "ClusterSecret"),
+    ("clustersecret.io/*", "ClusterSecret"),
 ];
 
+/// Patterns with what they say (a reason, a tool), as globs.
+type Globs = Vec<(KeyGlob, &'static str)>;
+
+/// `patterns` as globs, each with what it says.
+fn compiled(patterns: &'static [(&'static str, &'static str)]) -> Globs {
+    patterns
+        .iter()
+        .filter_map(|(pattern, says)| KeyGlob::new(pattern).ok().map(|glob| (glob, *says)))
+        .collect()
+}
+
+/// What the first of `globs` that matches `key` says.
+fn first_match(globs: &'static Globs, key: &str) -> Option<&'static str> {
+    globs
+        .iter()
+        .find(|(glob, _)| glob.matches(key))
+        .map(|(_, says)| *says)
+}
+
 /// [`COPIERS`] as globs, made once.
-static COPIER_GLOBS: std::sync::LazyLock<Vec<(KeyGlob, &'static str)>> =
-    std::sync::LazyLock::new(|| {
-        COPIERS
-            .iter()
-            .filter_map(|(tool, pattern)| KeyGlob::new(pattern).ok().map(|glob| (glob, *tool)))
-            .collect()
-    });
+static COPIER_GLOBS: std::sync::LazyLock<Globs> = std::sync::LazyLock::new(|| compiled(COPIERS));
 
 /// The copying tool whose mark (or directive) `key` is, if it is one.
 pub(crate) fn copier_mark(key: &str) -> Option<&'static str> {
-    COPIER_GLOBS
-        .iter()
-        .find(|(glob, _)| glob.matches(key))
-        .map(|(_, tool)| *tool)
+    first_match(&COPIER_GLOBS, key)
 }
 
 /// [`TRACKING_KEYS`] as globs with their reasons, made once.
-static TRACKING: std::sync::LazyLock<Vec<(KeyGlob, &'static str)>> =
-    std::sync::LazyLock::new(|| {
-        TRACKING_KEYS
-            .iter()
-            .filter_map(|(pattern, why)| KeyGlob::new(pattern).ok().map(|glob| (glob, *why)))
-            .collect()
-    });
+static TRACKING: std::sync::LazyLock<Globs> = std::sync::LazyLock::new(|| compiled(TRACKING_KEYS));
 
 /// [`TRACKING_KEYS`] as globs.
 pub(crate) fn globs() -> impl Iterator<Item = &'static KeyGlob> {
@@ -163,8 +167,33 @@ pub(crate) fn globs() -> impl Iterator<Item = &'static KeyGlob> {
 
 /// Why `key` never travels to a copy, if it is one of [`TRACKING_KEYS`].
 pub(crate) fn never_travels(key: &str) -> Option<&'static str> {
-    TRACKING
-        .iter()
-        .find(|(glob, _)| glob.matches(key))
-        .map(|(_, why)| *why)
+    first_match(&TRACKING, key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a copy is stripped of on adoption, no copy carries from its
+    /// source either: each copier's pattern is a tracking key.
+    #[test]
+    fn every_copiers_mark_is_a_tracking_key_and_is_told_apart() {
+        for (pattern, tool) in COPIERS {
+            assert!(
+                TRACKING_KEYS.iter().any(|(key, _)| key == pattern),
+                "{pattern} ({tool}) is no tracking key"
+            );
+        }
+        assert_eq!(
+            copier_mark("generate.kyverno.io/policy-name"),
+            Some("Kyverno")
+        );
+        assert_eq!(copier_mark("clustersecret.io"), Some("ClusterSecret"));
+        assert_eq!(
+            copier_mark("replicator.v1.mittwald.de/replicated-keys"),
+            Some("kubernetes-replicator")
+        );
+        assert_eq!(copier_mark("app.kubernetes.io/managed-by"), None);
+        assert!(never_travels("kubed.appscode.com/origin.name").is_some());
+    }
 }
