@@ -59,7 +59,7 @@ fn targets(object: &Value, report: &mut SourceReport) -> Result<Targets, String>
         report.exact(note.clone());
     }
     for line in
-        include.inexact_lines("It is left out, so the namespaces only it matches get no copies.")
+        include.inexact_lines("it is left out, so the namespaces only it matches get no copies")
     {
         report.differs(line);
     }
@@ -453,7 +453,7 @@ data:
         assert!(
             says(
                 &report.differs,
-                "into kube-public, kube-node-lease, copyrator;"
+                "also match kube-public, kube-node-lease, copyrator,"
             ),
             "{report:#?}"
         );

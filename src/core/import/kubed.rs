@@ -79,7 +79,7 @@ fn in_cluster(
         "copies go into {}: the rule copies there",
         targets.describe()
     ));
-    report.exact("the source's labels and annotations are copied, but config-syncer's own keys, which Copyrator never copies either");
+    report.exact("the source's labels and annotations are copied, except config-syncer's own keys, which Copyrator never copies either");
     report.exact("copies go when the source is deleted or the annotation removed: the rule deletes them when their source goes or the rule is deleted (deletionPolicy: Delete)");
     report.differs("config-syncer rewrites an edited copy only at its source's next sync, and keeps a copy in a namespace that stopped matching until then; the rule restores the one and deletes the other at once");
     report.differs("config-syncer takes over an object of that name that it did not make; the rule adopts one holding the same content and skips one holding other content (conflictPolicy: Skip); the closest is conflictPolicy: Overwrite, which replaces it whole");

@@ -1146,7 +1146,7 @@ spec:
         );
         assert!(says(&report.exact, "allowedToBeCloned=true"), "{report:#?}");
         assert!(
-            says(&report.differs, "into kube-node-lease, copyrator;"),
+            says(&report.differs, "also match kube-node-lease, copyrator,"),
             "{report:#?}"
         );
         assert!(report.unmapped.is_empty(), "{report:#?}");

@@ -149,6 +149,11 @@ impl Place<'_> {
             Anchoring::Start => (true, alternative.ends),
         };
         let glob = anchored(&core(&alternative.atoms), starts, ends);
+        let it = if self.alternated {
+            format!("{text:?}")
+        } else {
+            "it".to_owned()
+        };
         if alternative
             .atoms
             .iter()
@@ -156,7 +161,7 @@ impl Place<'_> {
         {
             return Outcome::Inexact(
                 format!(
-                    "{text:?} uses what a glob cannot say (a class, a group, a repeated character, an anchor inside)"
+                    "{it} uses what a glob cannot say: a class, a group, a repeated character or an anchor inside"
                 ),
                 glob,
             );
@@ -180,7 +185,7 @@ impl Place<'_> {
             }
         }
         if !glob.is_empty() && Glob::new(&glob).is_err() {
-            return Outcome::Inexact(format!("{text:?} makes no valid glob ({glob:?})"), glob);
+            return Outcome::Inexact(format!("{it} makes no valid glob ({glob:?})"), glob);
         }
         Outcome::Glob(glob)
     }
@@ -281,7 +286,7 @@ impl PatternList {
                     )
                 };
                 format!(
-                    "pattern {pattern:?} has no exact glob: {}. {left_out}{closest}",
+                    "pattern {pattern:?} has no exact glob ({}): {left_out}{closest}",
                     inexact.why
                 )
             })

@@ -163,7 +163,7 @@ fn reach(object: &Value, list_key: &str, report: &mut SourceReport) -> Result<Re
                 report.exact(note.clone());
             }
             for line in found
-                .inexact_lines("It is left out, so the namespaces only it matches get no copies.")
+                .inexact_lines("it is left out, so the namespaces only it matches get no copies")
             {
                 report.differs(line);
             }

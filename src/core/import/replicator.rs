@@ -83,7 +83,10 @@ fn push(
         "copies go into {}: the rule copies there",
         targets.describe()
     ));
-    report.exact("namespaces made later get copies, and copies go when their namespace stops matching replicate-to-matching: as the rule's copies do");
+    report.exact("namespaces made later get copies, as with the rule");
+    if replicator_annotation(object, "replicate-to-matching").is_some() {
+        report.exact("copies go when their namespace stops matching replicate-to-matching, as the rule's do (deletionPolicy.targetLeft: Delete)");
+    }
     report.exact("copies stay when the annotations are removed from the source: the rule keeps them when it is deleted (deletionPolicy.ruleDeleted: Orphan)");
     let strip_labels = replicator_annotation(object, "strip-labels").is_some();
     if strip_labels {
@@ -129,7 +132,7 @@ fn push_targets(object: &Value, report: &mut SourceReport) -> Result<Targets, St
             report.exact(note.clone());
         }
         for line in
-            found.inexact_lines("It is left out, so the namespaces only it matches get no copies.")
+            found.inexact_lines("it is left out, so the namespaces only it matches get no copies")
         {
             report.differs(line);
         }

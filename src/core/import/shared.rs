@@ -362,7 +362,9 @@ impl Targets {
     }
 
     /// The protected namespaces these targets reach only by a glob or a
-    /// selector, which Copyrator does not copy into, while the tool did.
+    /// selector, which Copyrator does not copy into, while the tool may
+    /// have (its own filters, such as Kyverno's resource filters, are not
+    /// seen here).
     pub(super) fn protected_note(&self, tool: &str, options: &Options) -> Option<String> {
         let mut protected: Vec<&str> = PROTECTED_NAMESPACES.to_vec();
         protected.push(&options.rule_namespace);
@@ -392,7 +394,7 @@ impl Targets {
             ""
         };
         Some(format!(
-            "{tool} also copies into {}{maybe}; Copyrator copies there only when targets.include names them exactly: add them there to keep those copies",
+            "the targets also match {}{maybe}, which Copyrator copies into only when targets.include names them exactly: add them there if {tool}'s copies there should stay",
             reached.join(", ")
         ))
     }
@@ -604,6 +606,6 @@ pub(super) mod tests {
         let note = excluded
             .protected_note("reflector", &options())
             .expect("kube-system");
-        assert!(note.contains("into kube-system;"), "{note}");
+        assert!(note.contains("match kube-system,"), "{note}");
     }
 }
