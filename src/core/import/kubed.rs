@@ -1,0 +1,252 @@
+//! config-syncer (kubed): a source's `kubed.appscode.com/sync` (into the
+//! namespaces of this cluster) and `kubed.appscode.com/sync-contexts`
+//! (into other clusters).
+
+use serde_json::Value;
+
+use super::SourceReport;
+use super::patterns::Selector;
+use super::shared::{
+    Context, Conversion, Draft, Named, Source, Targets, annotation, spec_of, str_at,
+};
+
+const TOOL: &str = "config-syncer";
+const SYNC: &str = "kubed.appscode.com/sync";
+const SYNC_CONTEXTS: &str = "kubed.appscode.com/sync-contexts";
+
+pub(super) fn convert(object: &Value, context: &Context) -> Option<Conversion> {
+    if str_at(object, &["apiVersion"]) != Some("v1")
+        || !matches!(str_at(object, &["kind"]), Some("Secret" | "ConfigMap"))
+    {
+        return None;
+    }
+    let sync = annotation(object, SYNC);
+    let contexts = annotation(object, SYNC_CONTEXTS);
+    if sync.is_none() && contexts.is_none() {
+        return None;
+    }
+    let named = Named::of(object)?;
+    let mut report = named.report(TOOL);
+    let mut drafts = Vec::new();
+    if let Some(sync) = sync {
+        match in_cluster(&named, sync, context, &mut report) {
+            Ok(draft) => drafts.push(draft),
+            Err(why) => report.unmapped(why),
+        }
+    }
+    if let Some(contexts) = contexts {
+        report.unmapped(into_contexts(&named, contexts));
+    }
+    Some(report.with(drafts))
+}
+
+/// The rule that copies a source into the namespaces `sync` selects here.
+fn in_cluster(
+    named: &Named,
+    sync: &str,
+    context: &Context,
+    report: &mut SourceReport,
+) -> Result<Draft, String> {
+    let targets = if sync == "true" {
+        report.exact("sync: \"true\": every namespace gets a copy");
+        Targets::default()
+    } else {
+        match Selector::parse(sync) {
+            Ok(None) => {
+                report.exact(
+                    "sync is empty, an empty namespace selector: every namespace gets a copy",
+                );
+                Targets::default()
+            }
+            Ok(Some(selector)) => {
+                report.exact(format!(
+                    "sync {sync:?} is a namespace selector: the rule's targets.namespaceSelector is {}",
+                    selector.text()
+                ));
+                Targets {
+                    selector: Some(selector),
+                    ..Targets::default()
+                }
+            }
+            Err(e) => {
+                return Err(format!(
+                    "sync {sync:?} is no namespace selector a rule can hold ({e}); config-syncer lists namespaces by it, and copies nowhere if the API server refuses it"
+                ));
+            }
+        }
+    };
+    report.exact(format!(
+        "copies go into {}: the rule copies there",
+        targets.describe()
+    ));
+    report.exact("the source's labels and annotations are copied, except config-syncer's own keys, which Copyrator never copies either");
+    report.exact("copies go when the source is deleted or the annotation removed: the rule deletes them when their source goes or the rule is deleted (deletionPolicy: Delete)");
+    report.differs("config-syncer rewrites an edited copy only at its source's next sync, and keeps a copy in a namespace that stopped matching until then; the rule restores the one and deletes the other at once");
+    report.differs("config-syncer takes over an object of that name that it did not make; the rule adopts one holding the same content and skips one holding other content (conflictPolicy: Skip); the closest is conflictPolicy: Overwrite, which replaces it whole");
+    if let Some(note) = targets.protected_note(TOOL, context.options) {
+        report.differs(note);
+    }
+    let entries: Vec<(&str, Value)> = targets
+        .to_json()
+        .map(|t| ("targets", t))
+        .into_iter()
+        .collect();
+    Ok(Draft {
+        name: named.rule_name("kubed"),
+        api_version: named.api_version.clone(),
+        kind: named.kind.clone(),
+        source: Source::Named {
+            namespace: named.namespace.clone(),
+            name: named.name.clone(),
+        },
+        spec: spec_of(&entries),
+    })
+}
+
+/// Why copies into other clusters' contexts are not converted, and the
+/// closest rule.
+fn into_contexts(named: &Named, contexts: &str) -> String {
+    let names: Vec<&str> = contexts
+        .split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    format!(
+        "sync-contexts {}: config-syncer copies into one namespace of each context's cluster, the namespace its kubeconfig context names, or {} when it names none. Copyrator never copies into a namespace named like the source's in a member, and the contexts' namespaces are not known here. The closest is a rule with targets.clusters.names: [{}] (as Copyrator's inventory names those members: the names must match), targets.clusters.local: false and targets.include naming each context's namespace",
+        names.join(", "),
+        named.namespace,
+        names.join(", ")
+    )
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use serde_json::{Value, json};
+
+    use super::super::kyverno::tests::yaml;
+    use super::super::shared::import_label_key;
+    use super::super::shared::tests::{assert_rules_resolve, options};
+    use super::super::{Imported, import};
+
+    // CS docs/examples/config-syncer/demo-0.yaml
+    const OMNI: &str = r"
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: omni
+  namespace: demo
+data:
+  you: only
+  leave: once
+";
+
+    /// `omni` annotated as CS docs/guides/config-syncer/intra-cluster.md
+    /// (`kubectl annotate configmap omni kubed.appscode.com/sync="" -n demo`,
+    /// then `="app=kubed"`) and inter-cluster.md (`sync-contexts="context-1,context-2"`) do.
+    fn omni(annotations: Value) -> Value {
+        let mut object = yaml(OMNI);
+        object["metadata"]["annotations"] = annotations;
+        object
+    }
+
+    pub(crate) fn documented() -> Vec<Value> {
+        vec![omni(json!({"kubed.appscode.com/sync": "app=kubed"}))]
+    }
+
+    fn imported(objects: &[Value]) -> Imported {
+        let imported = import(objects, &options());
+        assert_rules_resolve(&imported);
+        imported
+    }
+
+    fn says(lines: &[String], words: &str) -> bool {
+        lines.iter().any(|l| l.contains(words))
+    }
+
+    #[test]
+    fn an_empty_sync_copies_into_every_namespace() {
+        let imported = imported(&[omni(json!({"kubed.appscode.com/sync": ""}))]);
+        let name = "kubed-configmap-demo-omni";
+        assert_eq!(
+            imported.rules,
+            [json!({
+                "apiVersion": "flant.com/v1",
+                "kind": "CopyratorRule",
+                "metadata": {"name": name, "namespace": "copyrator"},
+                "spec": {
+                    "ruleType": "configmap",
+                    "selector": {import_label_key(name): "true"},
+                    "namespace": "demo",
+                    "adopt": true
+                }
+            })]
+        );
+        assert_eq!(imported.source_labels[0].kind, "ConfigMap");
+        assert_eq!(imported.source_labels[0].name, "omni");
+        let report = &imported.reports[0];
+        assert_eq!(
+            (report.tool.as_str(), report.source.as_str()),
+            ("config-syncer", "ConfigMap demo/omni")
+        );
+        assert!(
+            says(&report.exact, "every namespace gets a copy"),
+            "{report:#?}"
+        );
+        assert!(report.unmapped.is_empty());
+        let all = imported_sync("true");
+        assert_eq!(all.rules[0]["spec"].get("targets"), None);
+    }
+
+    fn imported_sync(sync: &str) -> Imported {
+        imported(&[omni(json!({"kubed.appscode.com/sync": sync}))])
+    }
+
+    #[test]
+    fn any_other_sync_is_a_namespace_selector() {
+        let imported = imported_sync("app=kubed");
+        assert_eq!(
+            imported.rules[0]["spec"]["targets"],
+            json!({"namespaceSelector": {"matchLabels": {"app": "kubed"}}})
+        );
+        assert!(says(
+            &imported.reports[0].exact,
+            "targets.namespaceSelector is app=kubed"
+        ));
+        let bad = imported_sync("app=kubed)");
+        assert!(bad.rules.is_empty());
+        assert!(
+            says(&bad.reports[0].unmapped, "is no namespace selector"),
+            "{:#?}",
+            bad.reports
+        );
+    }
+
+    #[test]
+    fn contexts_are_unmapped_with_the_closest_rule() {
+        let imported = imported(&[omni(json!({
+            "kubed.appscode.com/sync": "",
+            "kubed.appscode.com/sync-contexts": "context-1,context-2"
+        }))]);
+        assert_eq!(imported.rules.len(), 1, "the copies in this cluster");
+        let report = &imported.reports[0];
+        assert!(
+            says(
+                &report.unmapped,
+                "targets.clusters.names: [context-1, context-2]"
+            ),
+            "{report:#?}"
+        );
+        assert!(
+            says(&report.unmapped, "the names must match"),
+            "{report:#?}"
+        );
+        let only = import(
+            &[omni(
+                json!({"kubed.appscode.com/sync-contexts": "context-1"}),
+            )],
+            &options(),
+        );
+        assert!(only.rules.is_empty());
+        assert_eq!(only.reports.len(), 1);
+    }
+}

@@ -1,0 +1,207 @@
+//! Other copying tools' configuration as CopyratorRules, pure: Kyverno's
+//! generate rules and GeneratingPolicies, kubernetes-reflector's,
+//! kubernetes-replicator's and config-syncer's annotations, ClusterSecrets.
+//! Each configuration found gets a report of what maps exactly, what
+//! differs and what cannot be mapped. Secret data is never read into the
+//! output: only names and keys.
+//!
+//! Copyrator selects sources by label only, so a rule made from a
+//! configuration that names one source selects the label
+//! `copyrator.flant.com/import.<rule>: "true"`, which the caller asks the
+//! user to put on that source ([`SourceLabel`]). Every rule adopts the
+//! copies already in place (`spec.adopt: true`).
+#![allow(
+    dead_code,
+    reason = "the import command is its only caller outside the tests"
+)]
+
+mod cluster_secret;
+mod kubed;
+mod kyverno;
+mod patterns;
+mod reflector;
+mod replicator;
+mod shared;
+
+use serde::Serialize;
+
+/// Options of a conversion.
+pub(crate) struct Options {
+    /// The namespace the rules are made for: the operator's.
+    pub(crate) rule_namespace: String,
+}
+
+/// What the conversion made of the objects it was given.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Imported {
+    /// CopyratorRules as whole objects (apiVersion flant.com/v1, kind
+    /// CopyratorRule, metadata {name, namespace}, spec), by name.
+    pub(crate) rules: Vec<serde_json::Value>,
+    /// Labels to put on sources before applying the rules.
+    pub(crate) source_labels: Vec<SourceLabel>,
+    /// One per configuration found (a Kyverno rule, an annotated object, a
+    /// ClusterSecret ...), by tool and source.
+    pub(crate) reports: Vec<SourceReport>,
+}
+
+/// A label a rule selects its source by, to be put on that source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct SourceLabel {
+    /// `ConfigMap`, `Secret`, or another kind.
+    pub(crate) kind: String,
+    pub(crate) api_version: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) key: String,
+    pub(crate) value: String,
+}
+
+/// What became of one configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct SourceReport {
+    /// `Kyverno`, `kubernetes-reflector`, `kubernetes-replicator`,
+    /// `config-syncer` or `ClusterSecret`.
+    pub(crate) tool: String,
+    /// The configuration: `ClusterPolicy sync-secrets, rule
+    /// sync-image-pull-secret`, `Secret default/regcred`, `ClusterSecret
+    /// global-secret`.
+    pub(crate) source: String,
+    /// Names of the rules made from it (maybe none).
+    pub(crate) rules: Vec<String>,
+    /// What maps exactly.
+    pub(crate) exact: Vec<String>,
+    /// What differs and how, with the closest rule setting chosen.
+    pub(crate) differs: Vec<String>,
+    /// What cannot be mapped, and why.
+    pub(crate) unmapped: Vec<String>,
+}
+
+/// Convert every recognised object among `objects` (Kubernetes objects as
+/// JSON: Kyverno ClusterPolicy/Policy, GeneratingPolicy, objects carrying
+/// reflector, replicator or config-syncer annotations, ClusterSecrets);
+/// others are ignored. The same objects in any order give the same result.
+pub(crate) fn import(objects: &[serde_json::Value], options: &Options) -> Imported {
+    let objects = shared::distinct_objects(objects);
+    let context = shared::Context {
+        objects: &objects,
+        options,
+    };
+    let mut conversions = Vec::new();
+    for object in &objects {
+        conversions.extend(kyverno::convert(object, &context));
+        conversions.extend(reflector::convert(object, &context));
+        conversions.extend(replicator::convert(object, &context));
+        conversions.extend(kubed::convert(object, &context));
+        conversions.extend(cluster_secret::convert(object, &context));
+    }
+    shared::assemble(conversions, options)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::shared::tests::{assert_rules_resolve, options};
+    use super::*;
+
+    fn everything() -> Vec<serde_json::Value> {
+        let mut objects = kyverno::tests::documented();
+        objects.extend(reflector::tests::documented());
+        objects.extend(replicator::tests::documented());
+        objects.extend(kubed::tests::documented());
+        objects.extend(cluster_secret::tests::documented());
+        objects
+    }
+
+    #[test]
+    fn objects_of_no_tool_are_ignored() {
+        let objects = vec![
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "plain", "namespace": "default",
+                                "annotations": {"example.com/sync": "true"}},
+                   "data": {"a": "b"}}),
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}),
+            json!({"apiVersion": "kyverno.io/v1", "kind": "ClusterPolicy",
+                   "metadata": {"name": "validate-only"},
+                   "spec": {"rules": [{"name": "check", "match": {"any": [{"resources": {"kinds": ["Pod"]}}]},
+                                        "validate": {"pattern": {"spec": {}}}}]}}),
+            json!({"apiVersion": "example.com/v1", "kind": "ClusterSecret", "metadata": {"name": "x"}}),
+            json!("not an object"),
+            json!(null),
+        ];
+        let imported = import(&objects, &options());
+        assert!(imported.rules.is_empty(), "{:?}", imported.rules);
+        assert!(imported.source_labels.is_empty());
+        assert!(imported.reports.is_empty(), "{:?}", imported.reports);
+    }
+
+    #[test]
+    fn the_same_objects_in_another_order_give_the_same_result() {
+        let objects = everything();
+        let imported = import(&objects, &options());
+        assert!(imported.rules.len() > 5, "{}", imported.rules.len());
+        assert_rules_resolve(&imported);
+        let expected = serde_json::to_string(&imported).expect("serializes");
+        let mut shuffled = objects.clone();
+        shuffled.reverse();
+        let half = shuffled.len() / 2;
+        shuffled.rotate_left(half);
+        // Read twice, as from the cluster and a file, and inside a List.
+        shuffled.push(json!({"apiVersion": "v1", "kind": "List", "items": objects.clone()}));
+        let again = serde_json::to_string(&import(&shuffled, &options())).expect("serializes");
+        assert_eq!(again, expected);
+        let names: Vec<&str> = imported
+            .rules
+            .iter()
+            .filter_map(|r| r["metadata"]["name"].as_str())
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(names, sorted, "by name, each once");
+    }
+
+    #[test]
+    fn secret_data_never_appears_in_the_output() {
+        let secret = "c3VwZXJzZWNyZXQtdmFsdWU=";
+        let mut objects = everything();
+        for object in &mut objects {
+            if let Some(data) = object.get_mut("data").and_then(|d| d.as_object_mut()) {
+                for value in data.values_mut() {
+                    if value.is_string() {
+                        *value = json!(secret);
+                    }
+                }
+            }
+        }
+        objects.push(json!({
+            "apiVersion": "kyverno.io/v1", "kind": "ClusterPolicy", "metadata": {"name": "data-policy"},
+            "spec": {"rules": [{"name": "make", "match": {"any": [{"resources": {"kinds": ["Namespace"]}}]},
+                "generate": {"apiVersion": "v1", "kind": "Secret", "name": "made",
+                             "namespace": "{{request.object.metadata.name}}",
+                             "data": {"data": {"password": secret}}}}]}
+        }));
+        objects.push(json!({
+            "apiVersion": "policies.kyverno.io/v1", "kind": "GeneratingPolicy", "metadata": {"name": "data-gpol"},
+            "spec": {
+                "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                    "operations": ["CREATE"], "resources": ["namespaces"]}]},
+                "variables": [{"name": "nsName", "expression": "object.metadata.name"}],
+                "generate": [{"expression": format!(
+                    "generator.Apply(variables.nsName, [dyn({{\"apiVersion\": \"v1\", \"kind\": \"Secret\", \"data\": {{\"password\": \"{secret}\"}}}})])"
+                )}]
+            }
+        }));
+        objects.push(json!({
+            "apiVersion": "clustersecret.io/v1", "kind": "ClusterSecret", "metadata": {"name": "inline"},
+            "data": {"password": secret}
+        }));
+        let imported = import(&objects, &options());
+        let text = serde_json::to_string(&imported).expect("serializes");
+        assert!(!text.contains(secret), "{text}");
+        assert!(text.contains("password"), "keys are named");
+    }
+}

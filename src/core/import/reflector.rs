@@ -1,0 +1,557 @@
+//! kubernetes-reflector: a source's `reflection-*` annotations (automatic
+//! mirrors), and mirrors made by hand that name their source (`reflects`).
+
+use serde_json::{Value, json};
+
+use super::SourceReport;
+use super::patterns::{Anchoring, Selector, pattern_list};
+use super::shared::{
+    Context, Conversion, Draft, Named, Source, Targets, annotation, namespaced_name, spec_of,
+    str_at, strip_all,
+};
+use crate::api::selector::Glob;
+
+const TOOL: &str = "kubernetes-reflector";
+const PREFIX: &str = "reflector.v1.k8s.emberstack.com/";
+const SOURCE_KEYS: [&str; 6] = [
+    "reflection-allowed",
+    "reflection-allowed-namespaces",
+    "reflection-allowed-namespaces-selector",
+    "reflection-auto-enabled",
+    "reflection-auto-namespaces",
+    "reflection-auto-namespaces-selector",
+];
+
+fn reflector_annotation<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
+    annotation(object, &format!("{PREFIX}{key}"))
+}
+
+/// A .NET boolean, as reflector parses it.
+fn flag(object: &Value, key: &str) -> bool {
+    reflector_annotation(object, key).is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+pub(super) fn convert(object: &Value, context: &Context) -> Option<Conversion> {
+    if str_at(object, &["apiVersion"]) != Some("v1")
+        || !matches!(str_at(object, &["kind"]), Some("Secret" | "ConfigMap"))
+    {
+        return None;
+    }
+    let is_source = SOURCE_KEYS
+        .iter()
+        .any(|key| reflector_annotation(object, key).is_some());
+    // An automatic mirror names its source too; its source's annotations
+    // are its configuration.
+    let mirrored =
+        reflector_annotation(object, "reflects").filter(|_| !flag(object, "auto-reflects"));
+    if !is_source && mirrored.is_none() {
+        return None;
+    }
+    let named = Named::of(object)?;
+    let mut report = named.report(TOOL);
+    let mut drafts = Vec::new();
+    if is_source {
+        match automatic(object, &named, context, &mut report) {
+            Ok(draft) => drafts.extend(draft),
+            Err(why) => report.unmapped(why),
+        }
+    }
+    if let Some(reflects) = mirrored {
+        match by_hand(&named, reflects, context, &mut report) {
+            Ok(draft) => drafts.push(draft),
+            Err(why) => report.unmapped(why),
+        }
+    }
+    Some(report.with(drafts))
+}
+
+/// The rule that makes a source's automatic mirrors, if it has any.
+fn automatic(
+    object: &Value,
+    named: &Named,
+    context: &Context,
+    report: &mut SourceReport,
+) -> Result<Option<Draft>, String> {
+    let auto = flag(object, "reflection-auto-enabled");
+    if !flag(object, "reflection-allowed") {
+        if auto {
+            return Err("reflection-auto-enabled needs reflection-allowed: true, which it lacks: reflector makes no mirrors of it, and no rule is made".into());
+        }
+        report.exact(
+            "reflection-allowed is not true: reflector copies nothing of it, and no rule is made",
+        );
+        return Ok(None);
+    }
+    if !auto {
+        report.exact("reflection-allowed without reflection-auto-enabled permits mirrors made by hand only: each mirror that names this source is imported on its own");
+        return Ok(None);
+    }
+    if object
+        .get("type")
+        .and_then(Value::as_str)
+        .is_some_and(|t| t.starts_with("helm.sh"))
+    {
+        return Err(
+            "reflector ignores Secrets of a helm.sh type, and Copyrator never copies them".into(),
+        );
+    }
+    let allowed = reach(object, "reflection-allowed-namespaces", report)?;
+    let auto = reach(object, "reflection-auto-namespaces", report)?;
+    let targets = allowed.and(auto)?;
+    if let Some(why) = targets.refusal() {
+        return Err(why);
+    }
+    if targets.reaches_nothing() {
+        return Err("the namespaces it allows and those it mirrors into have none in common: reflector makes no mirrors, and no rule is made".into());
+    }
+    report.exact(format!(
+        "automatic mirrors go into {}: the rule copies there",
+        targets.describe()
+    ));
+    report.exact("namespaces made later get mirrors, and mirrors go when their source goes, when reflection is switched off and when their namespace stops matching: as the rule's copies do");
+    report.exact("reflector copies the data (and a Secret's type) only, none of the source's labels and annotations: the rule strips them all (transform.stripLabels, stripAnnotations: [\"*\"])");
+    report.differs("reflector leaves an edited mirror alone until its source changes (it compares versions, not content); the rule restores it (syncPolicy: Sync)");
+    if let Some(note) = targets.protected_note(TOOL, context.options) {
+        report.differs(note);
+    }
+    let mut entries = vec![("transform", strip_all(true))];
+    entries.extend(targets.to_json().map(|t| ("targets", t)));
+    Ok(Some(Draft {
+        name: named.rule_name("reflector"),
+        api_version: named.api_version.clone(),
+        kind: named.kind.clone(),
+        source: Source::Named {
+            namespace: named.namespace.clone(),
+            name: named.name.clone(),
+        },
+        spec: spec_of(&entries),
+    }))
+}
+
+/// The namespaces one of a source's lists and its selector reach: a
+/// namespace matching either.
+#[derive(Debug)]
+enum Reach {
+    All,
+    Names(Vec<String>),
+    Labels(Selector),
+}
+
+fn reach(object: &Value, list_key: &str, report: &mut SourceReport) -> Result<Reach, String> {
+    let selector_key = format!("{list_key}-selector");
+    let list: Vec<&str> = reflector_annotation(object, list_key)
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    let selector = match reflector_annotation(object, &selector_key) {
+        Some(text) => Selector::parse(text).map_err(|e| {
+            format!("{selector_key} {text:?} is not a selector a rule can hold: {e}")
+        })?,
+        None => None,
+    };
+    match (list.is_empty(), selector) {
+        (true, None) => Ok(Reach::All),
+        (true, Some(selector)) => Ok(Reach::Labels(selector)),
+        (false, Some(_)) => Err(format!(
+            "{list_key} and {selector_key} are both set: reflector reaches a namespace that matches either, while a rule's targets must match both"
+        )),
+        (false, None) => {
+            let found = pattern_list(list, Anchoring::Whole);
+            for note in &found.notes {
+                report.exact(note.clone());
+            }
+            for line in found
+                .inexact_lines("it is left out, so the namespaces only it matches get no copies")
+            {
+                report.differs(line);
+            }
+            if found.globs.is_empty() && !found.inexact.is_empty() {
+                return Err(format!("no pattern of {list_key} has an exact glob"));
+            }
+            Ok(Reach::Names(found.globs))
+        }
+    }
+}
+
+impl Reach {
+    /// The namespaces both reach, as a rule's targets.
+    fn and(self, other: Self) -> Result<Targets, String> {
+        Ok(match (self, other) {
+            (Self::All, Self::All) => Targets::default(),
+            (Self::All, Self::Names(globs)) | (Self::Names(globs), Self::All) => {
+                Targets::including(globs)
+            }
+            (Self::All, Self::Labels(selector)) | (Self::Labels(selector), Self::All) => Targets {
+                selector: Some(selector),
+                ..Targets::default()
+            },
+            (Self::Labels(a), Self::Labels(b)) => Targets {
+                selector: Some(a.and(&b)),
+                ..Targets::default()
+            },
+            (Self::Names(globs), Self::Labels(selector))
+            | (Self::Labels(selector), Self::Names(globs)) => Targets {
+                include: Some(globs),
+                selector: Some(selector),
+                ..Targets::default()
+            },
+            (Self::Names(a), Self::Names(b)) => Targets::including(common_globs(&a, &b).ok_or(
+                "reflection-allowed-namespaces and reflection-auto-namespaces differ and both hold wildcards: no list of globs matches just the namespaces both match",
+            )?),
+        })
+    }
+}
+
+/// Globs matching the names both lists match, when there are such.
+fn common_globs(a: &[String], b: &[String]) -> Option<Vec<String>> {
+    let literal = |globs: &[String]| globs.iter().all(|g| !g.contains(['*', '?']));
+    let mut sorted = (a.to_vec(), b.to_vec());
+    sorted.0.sort();
+    sorted.1.sort();
+    if sorted.0 == sorted.1 {
+        return Some(a.to_vec());
+    }
+    let (names, globs) = if literal(a) {
+        (a, b)
+    } else if literal(b) {
+        (b, a)
+    } else {
+        return None;
+    };
+    let globs: Vec<Glob> = globs.iter().filter_map(|g| Glob::new(g).ok()).collect();
+    Some(
+        names
+            .iter()
+            .filter(|n| globs.iter().any(|g| g.matches(n)))
+            .cloned()
+            .collect(),
+    )
+}
+
+/// The rule that keeps a mirror made by hand: its source copied into its
+/// namespace alone.
+fn by_hand(
+    mirror: &Named,
+    reflects: &str,
+    context: &Context,
+    report: &mut SourceReport,
+) -> Result<Draft, String> {
+    let (namespace, name) = namespaced_name(reflects).ok_or_else(|| {
+        format!("reflects {reflects:?} is not namespace/name: reflector finds no source by it")
+    })?;
+    if name != mirror.name {
+        return Err(format!(
+            "the mirror is named {}, its source {name}: Copyrator's copies keep their source's name",
+            mirror.name
+        ));
+    }
+    if namespace == mirror.namespace {
+        return Err("the mirror is in its source's namespace: Copyrator never copies a source into its own namespace".into());
+    }
+    match context.find(&mirror.kind, namespace, name) {
+        Some(source) => permitted(source, &mirror.namespace, report)?,
+        None => report.differs(format!(
+            "the source {} {namespace}/{name} was not among the objects read: whether it permits reflection into {} was not checked",
+            mirror.kind, mirror.namespace
+        )),
+    }
+    report.exact(format!(
+        "a mirror made by hand of {} {namespace}/{name}: the rule copies it into {} alone, its source selected by the rule's import label, to be put on it",
+        mirror.kind, mirror.namespace
+    ));
+    report.differs("reflector does not delete a mirror made by hand when its source goes; the closest is deletionPolicy.sourceGone: Orphan, which keeps the copy and hands it over to its namespace");
+    Ok(Draft {
+        name: mirror.rule_name("reflector"),
+        api_version: mirror.api_version.clone(),
+        kind: mirror.kind.clone(),
+        source: Source::Named {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        },
+        spec: spec_of(&[
+            ("targets", json!({"include": [mirror.namespace]})),
+            ("deletionPolicy", json!({"sourceGone": "Orphan"})),
+            ("transform", strip_all(true)),
+        ]),
+    })
+}
+
+/// Whether the source lets reflector fill a mirror in `namespace`; an
+/// error when it surely does not.
+fn permitted(source: &Value, namespace: &str, report: &mut SourceReport) -> Result<(), String> {
+    if !flag(source, "reflection-allowed") {
+        return Err("the source does not allow reflection (reflection-allowed), so reflector does not fill this mirror: no rule is made".into());
+    }
+    let list = reflector_annotation(source, "reflection-allowed-namespaces").unwrap_or_default();
+    let selector = reflector_annotation(source, "reflection-allowed-namespaces-selector")
+        .filter(|s| !s.trim().is_empty());
+    let patterns: Vec<&str> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    if patterns.is_empty() && selector.is_none() {
+        return Ok(());
+    }
+    match (
+        pattern_list(patterns, Anchoring::Whole).matches(namespace),
+        selector,
+    ) {
+        (Some(true), _) => return Ok(()),
+        (Some(false), None) => {
+            return Err(format!(
+                "the source's reflection-allowed-namespaces does not allow {namespace}, so reflector does not fill this mirror: no rule is made"
+            ));
+        }
+        _ => {}
+    }
+    report.differs(format!(
+        "whether the source allows reflection into {namespace} (by a pattern without an exact glob, or by the labels of the namespace) was not checked"
+    ));
+    Ok(())
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use serde_json::{Value, json};
+
+    use super::super::kyverno::tests::yaml;
+    use super::super::shared::import_label_key;
+    use super::super::shared::tests::{assert_rules_resolve, options};
+    use super::super::{Imported, SourceReport, import};
+
+    // RF README.md §Usage: a source that permits reflection.
+    const SOURCE: &str = r#"
+apiVersion: v1
+kind: Secret
+metadata:
+  name: source-secret
+  annotations:
+    reflector.v1.k8s.emberstack.com/reflection-allowed: "true"
+    reflector.v1.k8s.emberstack.com/reflection-allowed-namespaces: "namespace-1,namespace-2,namespace-[0-9]*"
+    reflector.v1.k8s.emberstack.com/reflection-allowed-namespaces-selector: "env=production"
+data:
+  ...
+"#;
+
+    // RF README.md §Usage: a mirror made by hand.
+    const MIRROR: &str = r#"
+apiVersion: v1
+kind: Secret
+metadata:
+  name: mirror-secret
+  annotations:
+    reflector.v1.k8s.emberstack.com/reflects: "default/source-secret"
+data:
+  ...
+"#;
+
+    pub(crate) fn documented() -> Vec<Value> {
+        vec![yaml(SOURCE), yaml(MIRROR)]
+    }
+
+    fn imported(objects: &[Value]) -> Imported {
+        let imported = import(objects, &options());
+        assert_rules_resolve(&imported);
+        imported
+    }
+
+    fn report_on<'a>(imported: &'a Imported, source: &str) -> &'a SourceReport {
+        imported
+            .reports
+            .iter()
+            .find(|r| r.source == source)
+            .unwrap_or_else(|| panic!("no report on {source}: {:#?}", imported.reports))
+    }
+
+    fn says(lines: &[String], words: &str) -> bool {
+        lines.iter().any(|l| l.contains(words))
+    }
+
+    const KEY: &str = "reflector.v1.k8s.emberstack.com/";
+
+    #[test]
+    fn the_documented_source_permits_mirrors_by_hand_and_the_mirror_is_renamed() {
+        let imported = imported(&documented());
+        assert!(imported.rules.is_empty(), "{:#?}", imported.rules);
+        assert!(imported.source_labels.is_empty());
+        let source = report_on(&imported, "Secret default/source-secret");
+        assert_eq!(source.tool, "kubernetes-reflector");
+        assert!(
+            says(&source.exact, "permits mirrors made by hand only"),
+            "{source:#?}"
+        );
+        assert!(
+            says(&source.differs, "names no namespace: taken as default"),
+            "{source:#?}"
+        );
+        let mirror = report_on(&imported, "Secret default/mirror-secret");
+        assert!(
+            says(
+                &mirror.unmapped,
+                "the mirror is named mirror-secret, its source source-secret: Copyrator's copies keep their source's name"
+            ),
+            "{mirror:#?}"
+        );
+    }
+
+    fn mirror_in(namespace: &str) -> Value {
+        let mut mirror = yaml(MIRROR);
+        mirror["metadata"]["name"] = json!("source-secret");
+        mirror["metadata"]["namespace"] = json!(namespace);
+        mirror
+    }
+
+    #[test]
+    fn a_mirror_by_hand_is_a_rule_into_its_namespace_that_orphans_it() {
+        let imported = imported(&[yaml(SOURCE), mirror_in("team-a")]);
+        let name = "reflector-secret-team-a-source-secret";
+        assert_eq!(
+            imported.rules,
+            [json!({
+                "apiVersion": "flant.com/v1",
+                "kind": "CopyratorRule",
+                "metadata": {"name": name, "namespace": "copyrator"},
+                "spec": {
+                    "ruleType": "secret",
+                    "selector": {import_label_key(name): "true"},
+                    "namespace": "default",
+                    "adopt": true,
+                    "targets": {"include": ["team-a"]},
+                    "deletionPolicy": {"sourceGone": "Orphan"},
+                    "transform": {"stripLabels": ["*"], "stripAnnotations": ["*"]}
+                }
+            })]
+        );
+        assert_eq!(imported.source_labels.len(), 1);
+        assert_eq!(
+            (
+                imported.source_labels[0].namespace.as_str(),
+                imported.source_labels[0].name.as_str()
+            ),
+            ("default", "source-secret")
+        );
+        let mirror = report_on(&imported, "Secret team-a/source-secret");
+        assert!(
+            says(&mirror.differs, "deletionPolicy.sourceGone: Orphan"),
+            "{mirror:#?}"
+        );
+        // team-a is not listed, but the namespace-[0-9]* pattern and the
+        // selector may allow it.
+        assert!(says(&mirror.differs, "was not checked"), "{mirror:#?}");
+        assert!(mirror.unmapped.is_empty(), "{mirror:#?}");
+    }
+
+    #[test]
+    fn a_mirror_its_source_does_not_allow_is_unmapped() {
+        let mut source = yaml(SOURCE);
+        source["metadata"]["annotations"][format!("{KEY}reflection-allowed-namespaces-selector")] =
+            Value::Null;
+        source["metadata"]["annotations"][format!("{KEY}reflection-allowed-namespaces")] =
+            json!("namespace-1");
+        let imported = imported(&[source.clone(), mirror_in("team-a")]);
+        assert!(imported.rules.is_empty());
+        assert!(says(
+            &report_on(&imported, "Secret team-a/source-secret").unmapped,
+            "does not allow team-a"
+        ));
+        let allowed = import(&[source.clone(), mirror_in("namespace-1")], &options());
+        assert_eq!(allowed.rules.len(), 1);
+        source["metadata"]["annotations"][format!("{KEY}reflection-allowed")] = json!("false");
+        let denied = import(&[source, mirror_in("namespace-1")], &options());
+        assert!(denied.rules.is_empty());
+    }
+
+    fn auto_source(annotations: Value) -> Value {
+        let mut source = yaml(SOURCE);
+        source["metadata"]["namespace"] = json!("default");
+        let mut all = json!({format!("{KEY}reflection-allowed"): "True", format!("{KEY}reflection-auto-enabled"): "true"});
+        for (key, value) in annotations.as_object().into_iter().flatten() {
+            all[format!("{KEY}{key}")] = value.clone();
+        }
+        source["metadata"]["annotations"] = all;
+        source
+    }
+
+    #[test]
+    fn automatic_mirrors_are_a_rule_into_the_namespaces_both_lists_allow() {
+        let imported = imported(&[auto_source(json!({
+            "reflection-allowed-namespaces": "namespace-1,namespace-2,namespace-[0-9]*",
+            "reflection-auto-namespaces": "namespace-.*"
+        }))]);
+        let spec = &imported.rules[0]["spec"];
+        assert_eq!(
+            imported.rules[0]["metadata"]["name"],
+            "reflector-secret-default-source-secret"
+        );
+        assert_eq!(
+            spec["targets"],
+            json!({"include": ["namespace-1", "namespace-2"]})
+        );
+        assert_eq!(
+            spec["transform"],
+            json!({"stripLabels": ["*"], "stripAnnotations": ["*"]})
+        );
+        assert_eq!(spec.get("deletionPolicy"), None);
+        let report = &imported.reports[0];
+        assert!(
+            says(
+                &report.differs,
+                "pattern \"namespace-[0-9]*\" has no exact glob"
+            ),
+            "{report:#?}"
+        );
+        assert!(
+            says(
+                &report.differs,
+                "the closest globs, which match more, are namespace-*"
+            ),
+            "{report:#?}"
+        );
+        assert_eq!(imported.source_labels[0].name, "source-secret");
+    }
+
+    #[test]
+    fn selectors_and_lists_of_automatic_mirrors_map_where_a_rule_can_say_them() {
+        let labels = imported(&[auto_source(json!({
+            "reflection-allowed-namespaces-selector": "env=production",
+            "reflection-auto-namespaces": "team-.*"
+        }))]);
+        assert_eq!(
+            labels.rules[0]["spec"]["targets"],
+            json!({"include": ["team-*"], "namespaceSelector": {"matchLabels": {"env": "production"}}})
+        );
+        let both = imported(&[auto_source(json!({
+            "reflection-allowed-namespaces": "a",
+            "reflection-allowed-namespaces-selector": "env=production"
+        }))]);
+        assert!(both.rules.is_empty());
+        assert!(
+            says(&both.reports[0].unmapped, "matches either"),
+            "{:#?}",
+            both.reports
+        );
+        let wildcards = imported(&[auto_source(json!({
+            "reflection-allowed-namespaces": "team-.*",
+            "reflection-auto-namespaces": "team-a.*"
+        }))]);
+        assert!(wildcards.rules.is_empty());
+        assert!(says(&wildcards.reports[0].unmapped, "no list of globs"));
+        let needs_allowed = imported(&[auto_source(json!({"reflection-allowed": "no"}))]);
+        assert!(needs_allowed.rules.is_empty());
+        assert!(says(
+            &needs_allowed.reports[0].unmapped,
+            "needs reflection-allowed"
+        ));
+    }
+
+    #[test]
+    fn automatic_mirrors_are_not_configuration() {
+        let mut mirror = mirror_in("team-a");
+        mirror["metadata"]["annotations"][format!("{KEY}auto-reflects")] = json!("True");
+        let imported = imported(&[mirror]);
+        assert!(imported.reports.is_empty(), "{:#?}", imported.reports);
+    }
+}
