@@ -10,7 +10,7 @@ use tracing::error;
 
 use crate::cli::report::EXIT_FAILED;
 use crate::cli::settings::{Cli, Command};
-use crate::cli::{plan, release, run, whereabouts};
+use crate::cli::{import, plan, release, run, whereabouts};
 
 /// Parse the command line and run its command; the process exits with the
 /// code returned.
@@ -35,7 +35,7 @@ pub fn main() -> ExitCode {
     }
     if matches!(
         cli.command,
-        Some(Command::Plan(_) | Command::Where(_) | Command::Release(_))
+        Some(Command::Plan(_) | Command::Where(_) | Command::Release(_) | Command::Import(_))
     ) {
         // They cannot read the operator's mark key: marks are taken as said.
         crate::cache::mark::trust_unchecked();
@@ -49,6 +49,7 @@ pub fn main() -> ExitCode {
         Some(Command::Plan(args)) => plan::plan_command(cli.settings, args),
         Some(Command::Where(args)) => whereabouts::where_command(cli.settings, args),
         Some(Command::Release(args)) => release::release_command(cli.settings, args),
+        Some(Command::Import(args)) => import::import_command(cli.settings, args),
         Some(Command::Run) | None => run_operator(cli.settings),
     }
 }

@@ -1,9 +1,11 @@
 //! The command line: `entry` (parsing and exit codes), settings, `run`
 //! (the operator's wiring), `plan` and
-//! its report, `where` (the copies of one source), `release` (the chart's
+//! its report, `where` (the copies of one source), `import` (the other
+//! copying tools' configuration as rules), `release` (the chart's
 //! pre-delete hook) and `probe`.
 
 pub mod entry;
+pub(crate) mod import;
 pub(crate) mod plan;
 pub(crate) mod plan_members;
 pub(crate) mod probe;

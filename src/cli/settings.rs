@@ -62,6 +62,13 @@ pub(crate) enum Command {
     /// when asked to, and remove every rule's finalizer, so that no rule
     /// holds a namespace once no operator runs. Exit 0 when done, 1 on an error.
     Release(ReleaseArgs),
+    /// Print CopyratorRules (with adopt: true) that do what the other
+    /// copying tools' configuration in the cluster (or in -f files) does:
+    /// Kyverno generate policies, kubernetes-reflector, kubernetes-replicator
+    /// and config-syncer annotations, ClusterSecrets; with a report per
+    /// source of what maps exactly, what differs and what cannot be mapped.
+    /// Writes nothing. Exit 0, or 1 on an error.
+    Import(ImportArgs),
     /// Ask a running operator's /healthz or /readyz; exit 0 on 200, 1
     /// otherwise (for a `helm test` Pod, which has this binary alone).
     Probe {
@@ -130,6 +137,28 @@ pub(crate) struct ReleaseArgs {
 pub(crate) enum CopiesOnRelease {
     Keep,
     Delete,
+}
+
+/// What `copyrator import` reads and how it prints it.
+#[derive(Debug, Args)]
+pub(crate) struct ImportArgs {
+    /// Read the other tools' objects from this file instead of the live
+    /// cluster (repeatable; `-` reads standard input; documents separated
+    /// by `---`, or a `List`).
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    pub(crate) files: Vec<std::path::PathBuf>,
+
+    /// `yaml`: the report and the labels to put on sources as comments,
+    /// then the rules; `json`: one document with `rules`, `sourceLabels`
+    /// and `reports`.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = ImportOutput::Yaml)]
+    pub(crate) output: ImportOutput,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ImportOutput {
+    Yaml,
+    Json,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

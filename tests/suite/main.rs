@@ -30,6 +30,7 @@ mod member_side;
 mod member_trust;
 mod members;
 mod members_infra;
+mod migration;
 mod neighbours;
 mod operations;
 mod readme;
