@@ -1037,7 +1037,7 @@ spec:
         .collect()
     }
 
-    fn imported(objects: &[Value]) -> Imported {
+    fn converted(objects: &[Value]) -> Imported {
         let imported = import(objects, &options());
         assert_rules_resolve(&imported);
         imported
@@ -1054,7 +1054,7 @@ spec:
 
     #[test]
     fn a_clone_into_every_namespace_is_a_rule_from_its_labelled_source() {
-        let imported = imported(&[yaml(SYNC_SECRETS)]);
+        let imported = converted(&[yaml(SYNC_SECRETS)]);
         let name = "kyverno-sync-secrets-sync-image-pull-secret";
         let key = import_label_key(name);
         assert_eq!(
@@ -1112,7 +1112,7 @@ spec:
 
     #[test]
     fn a_clone_list_is_a_rule_per_kind_that_keeps_its_selector() {
-        let imported = imported(&[yaml(MULTI_CLONE)]);
+        let imported = converted(&[yaml(MULTI_CLONE)]);
         let configmaps = rule_name("kyverno-sync-secret-with-multi-clone-sync-secret-configmap");
         let secrets = "kyverno-sync-secret-with-multi-clone-sync-secret-secret";
         assert_eq!(configmaps.len(), 56, "cut, with a hash: {configmaps}");
@@ -1167,7 +1167,7 @@ spec:
 
     #[test]
     fn without_synchronize_copies_are_created_once_and_the_difference_said() {
-        let imported = imported(&[policy(clone_rule(json!({"synchronize": false})))]);
+        let imported = converted(&[policy(clone_rule(json!({"synchronize": false})))]);
         assert_eq!(imported.rules[0]["spec"]["syncPolicy"], "CreateOnly");
         assert_eq!(imported.rules[0]["spec"].get("deletionPolicy"), None);
         let report = only_report(&imported);
@@ -1183,7 +1183,7 @@ spec:
 
     #[test]
     fn orphaned_downstream_and_generate_existing_map_exactly() {
-        let imported = imported(&[policy(clone_rule(
+        let imported = converted(&[policy(clone_rule(
             json!({"orphanDownstreamOnPolicyDelete": true, "generateExisting": true}),
         ))]);
         assert_eq!(
@@ -1200,7 +1200,7 @@ spec:
         // The policy-wide (deprecated) setting counts where the rule says none.
         let mut wide = policy(clone_rule(json!({})));
         wide["spec"]["generateExisting"] = json!(true);
-        let imported = super::super::import(&[wide], &options());
+        let imported = converted(&[wide]);
         assert!(says(
             &only_report(&imported).exact,
             "generateExisting: true"
@@ -1218,7 +1218,7 @@ spec:
             {"resources": {"selector": {"matchLabels": {"frozen": "true"}}}},
             {"resources": {"kinds": ["Pod"], "names": ["ignored"]}}
         ]});
-        let imported = imported(&[policy(rule)]);
+        let imported = converted(&[policy(rule)]);
         assert_eq!(
             imported.rules[0]["spec"]["targets"],
             json!({
@@ -1238,7 +1238,7 @@ spec:
         let mut rule = clone_rule(json!({}));
         rule["match"] = json!({"any": [{"resources": {"kinds": ["Namespace"],
             "namespaceSelector": {"matchLabels": {"env": "prod"}}}}]});
-        let imported = imported(&[policy(rule)]);
+        let imported = converted(&[policy(rule)]);
         assert_eq!(
             imported.rules[0]["spec"]["targets"],
             json!({"namespaceSelector": {"matchLabels": {"env": "prod"}}})
@@ -1273,7 +1273,7 @@ spec:
         for (trigger, namespace, why) in cases {
             let mut rule = clone_rule(json!({"namespace": namespace}));
             rule["match"] = trigger;
-            let imported = imported(&[policy(rule)]);
+            let imported = converted(&[policy(rule)]);
             assert!(imported.rules.is_empty(), "{why}");
             assert!(imported.source_labels.is_empty(), "{why}");
             assert!(
@@ -1282,12 +1282,12 @@ spec:
                 imported.reports
             );
         }
-        let renamed = imported(&[policy(clone_rule(json!({"name": "other"})))]);
+        let renamed = converted(&[policy(clone_rule(json!({"name": "other"})))]);
         assert!(says(
             &only_report(&renamed).unmapped,
             "keep their source's name"
         ));
-        let data = imported(&[policy(clone_rule(
+        let data = converted(&[policy(clone_rule(
             json!({"data": {"kind": "x"}, "clone": null}),
         ))]);
         assert!(says(&only_report(&data).unmapped, "generate.data"));
@@ -1304,7 +1304,7 @@ spec:
         }));
         object["kind"] = json!("Policy");
         object["metadata"]["namespace"] = json!("team-a");
-        let imported = imported(&[object.clone()]);
+        let imported = converted(&[object.clone()]);
         assert_eq!(
             imported.rules[0]["metadata"]["name"],
             "kyverno-team-a-p-copy-ca"
@@ -1321,7 +1321,7 @@ spec:
             "{report:#?}"
         );
         object["spec"]["rules"][0]["generate"]["clone"]["namespace"] = json!("team-a");
-        let own = super::super::import(&[object], &options());
+        let own = converted(&[object]);
         assert!(own.rules.is_empty());
         assert!(says(&only_report(&own).unmapped, "its own namespace"));
     }
@@ -1331,7 +1331,7 @@ spec:
         let mut rule = yaml(MULTI_CLONE)["spec"]["rules"][0].clone();
         rule["generate"]["cloneList"] = json!({"namespace": "staging",
             "kinds": ["v1/Secret", "rbac.authorization.k8s.io/v1/RoleBinding", "*"]});
-        let imported = imported(&[policy(rule)]);
+        let imported = converted(&[policy(rule)]);
         assert_eq!(imported.rules.len(), 2);
         let binding = &imported.rules[0];
         assert_eq!(
@@ -1362,7 +1362,7 @@ spec:
 
     #[test]
     fn the_documented_generating_policies_are_rules_from_a_labelled_source() {
-        let imported = imported(&[yaml(GENERATE_SECRET), yaml(GENERATE_EXISTING)]);
+        let imported = converted(&[yaml(GENERATE_SECRET), yaml(GENERATE_EXISTING)]);
         let names: Vec<&str> = imported
             .rules
             .iter()
@@ -1418,7 +1418,7 @@ spec:
         object["spec"]["generate"][0]["expression"] =
             json!("generator.Apply(variables.nsName, [variables.sources])");
         object["spec"]["evaluation"] = json!({"synchronize": {"enabled": true}});
-        let imported = imported(&[object]);
+        let imported = converted(&[object]);
         let spec = &imported.rules[0]["spec"];
         assert_eq!(spec["syncPolicy"], "Sync");
         assert_eq!(spec["deletionPolicy"], json!({"ruleDeleted": "Orphan"}));
@@ -1436,7 +1436,7 @@ spec:
             {"expression": "generator.Apply(\"fixed\", [variables.source])"},
             {"template": {"value": {"kind": "Secret"}}}
         ]);
-        let imported = imported(&[object]);
+        let imported = converted(&[object]);
         assert!(imported.rules.is_empty());
         let report = only_report(&imported);
         assert!(
@@ -1453,7 +1453,7 @@ spec:
         let mut pods = yaml(GENERATE_SECRET);
         pods["spec"]["matchConstraints"]["resourceRules"][0]["resources"] = json!(["pods"]);
         assert!(says(
-            &only_report(&import(&[pods], &options())).unmapped,
+            &only_report(&converted(&[pods])).unmapped,
             "not the making of Namespaces"
         ));
     }
