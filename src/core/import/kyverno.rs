@@ -22,6 +22,18 @@ pub(super) fn convert(object: &Value, context: &Context) -> Vec<Conversion> {
         ("policies.kyverno.io", "v1" | "v1beta1" | "v1alpha1", Some("GeneratingPolicy")) => {
             generating_policy(object, context).into_iter().collect()
         }
+        ("policies.kyverno.io", _, Some("NamespacedGeneratingPolicy")) => {
+            let Some(name) = str_at(object, &["metadata", "name"]) else {
+                return Vec::new();
+            };
+            let namespace = str_at(object, &["metadata", "namespace"]).unwrap_or("default");
+            let mut report = SourceReport::new(
+                TOOL,
+                format!("NamespacedGeneratingPolicy {namespace}/{name}"),
+            );
+            report.unmapped("NamespacedGeneratingPolicies are not converted");
+            vec![report.alone()]
+        }
         _ => Vec::new(),
     }
 }
@@ -1427,6 +1439,21 @@ spec:
             &only_report(&imported).differs,
             "resource.List copies every Secret in default"
         ));
+    }
+
+    #[test]
+    fn a_namespaced_generating_policy_is_reported_unmapped() {
+        let mut object = yaml(GENERATE_SECRET);
+        object["kind"] = json!("NamespacedGeneratingPolicy");
+        object["metadata"]["namespace"] = json!("team-a");
+        let imported = converted(&[object]);
+        assert!(imported.rules.is_empty());
+        let report = only_report(&imported);
+        assert_eq!(
+            report.source,
+            "NamespacedGeneratingPolicy team-a/generate-secret"
+        );
+        assert!(says(&report.unmapped, "not converted"), "{report:#?}");
     }
 
     #[test]
