@@ -105,6 +105,23 @@ impl Policy<'_> {
         if targets.reaches_nothing() {
             return Err("the trigger matches no namespace".into());
         }
+        let name = match self.namespace {
+            None => format!("kyverno-{}-{rule_name}", self.name),
+            Some(ns) => format!("kyverno-{ns}-{}-{rule_name}", self.name),
+        };
+        let shape = Shape {
+            name,
+            targets: &targets,
+        };
+        // The sources first: a rule left out for them says nothing of
+        // the settings it would have had.
+        let mut drafts = if let Some(clone) = generate.get("clone").filter(|c| c.is_object()) {
+            vec![shape.clone_draft(generate, clone, report)?]
+        } else if let Some(list) = generate.get("cloneList").filter(|c| c.is_object()) {
+            shape.clone_list_drafts(list, report)?
+        } else {
+            return Err("generate has neither clone nor cloneList: it copies nothing".into());
+        };
         if self.namespace.is_none()
             && let Some(note) = targets.protected_note(TOOL, context.options)
         {
@@ -120,22 +137,10 @@ impl Policy<'_> {
             ),
         };
         let spec = settings.spec(&targets, report);
-        let name = match self.namespace {
-            None => format!("kyverno-{}-{rule_name}", self.name),
-            Some(ns) => format!("kyverno-{ns}-{}-{rule_name}", self.name),
-        };
-        let shape = Shape {
-            name,
-            targets: &targets,
-            spec,
-        };
-        if let Some(clone) = generate.get("clone").filter(|c| c.is_object()) {
-            return shape.clone_draft(generate, clone, report).map(|d| vec![d]);
+        for draft in &mut drafts {
+            draft.spec.clone_from(&spec);
         }
-        if let Some(list) = generate.get("cloneList").filter(|c| c.is_object()) {
-            return shape.clone_list_drafts(list, report);
-        }
-        Err("generate has neither clone nor cloneList: it copies nothing".into())
+        Ok(drafts)
     }
 }
 
@@ -157,11 +162,10 @@ fn refuse_unconverted(rule: &Value, generate: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// What a rule's spec holds besides its kind and sources.
+/// The name and targets of the rules a generate rule becomes.
 struct Shape<'a> {
     name: String,
     targets: &'a Targets,
-    spec: Map<String, Value>,
 }
 
 impl Shape<'_> {
@@ -201,7 +205,7 @@ impl Shape<'_> {
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
             },
-            spec: self.spec.clone(),
+            spec: Map::new(),
         })
     }
 
@@ -242,7 +246,7 @@ impl Shape<'_> {
                         api_version,
                         kind,
                         source: source.clone(),
-                        spec: self.spec.clone(),
+                        spec: Map::new(),
                     });
                 }
                 Err(why) => report.unmapped(format!("cloneList kind {entry:?}: {why}")),
@@ -1299,6 +1303,8 @@ spec:
             &only_report(&renamed).unmapped,
             "keep their source's name"
         ));
+        // A rule left out says nothing of the settings it would have had.
+        assert!(!says(&only_report(&renamed).exact, "syncPolicy"));
         let data = converted(&[policy(clone_rule(
             json!({"data": {"kind": "x"}, "clone": null}),
         ))]);
