@@ -769,13 +769,15 @@ fn namespace_resource_rules(spec: &Value) -> Result<(), String> {
         return Err(format!("matchConstraints.{key} is not converted"));
     }
     let rules = at(constraints, &["resourceRules"]).and_then(Value::as_array);
-    let namespaces = rules.is_some_and(|rules| {
-        rules.len() == 1
-            && strings(&rules[0], "apiGroups") == [""]
-            && strings(&rules[0], "resources") == ["namespaces"]
-            && strings(&rules[0], "operations")
-                .iter()
-                .any(|o| matches!(*o, "CREATE" | "*"))
+    let namespaces = rules.is_some_and(|rules| match rules.as_slice() {
+        [rule] => {
+            strings(rule, "apiGroups") == [""]
+                && strings(rule, "resources") == ["namespaces"]
+                && strings(rule, "operations")
+                    .iter()
+                    .any(|o| matches!(*o, "CREATE" | "*"))
+        }
+        _ => false,
     });
     if !namespaces {
         return Err("the trigger is not the making of Namespaces (matchConstraints.resourceRules): Copyrator copies into namespaces, whatever they hold".into());
