@@ -335,7 +335,7 @@ data:
             .collect()
     }
 
-    fn imported(objects: &[Value]) -> Imported {
+    fn converted(objects: &[Value]) -> Imported {
         let imported = import(objects, &options());
         assert_rules_resolve(&imported);
         imported
@@ -347,7 +347,7 @@ data:
 
     #[test]
     fn inline_data_is_unmapped_and_names_its_keys_only() {
-        let imported = imported(&[yaml(GLOBAL)]);
+        let imported = converted(&[yaml(GLOBAL)]);
         assert!(imported.rules.is_empty());
         let report = &imported.reports[0];
         assert_eq!(
@@ -384,7 +384,7 @@ data:
 
     #[test]
     fn the_readme_pattern_meant_as_a_glob_is_read_as_cluster_secret_reads_it() {
-        let imported = imported(&[yaml(WILDCARD)]);
+        let imported = converted(&[yaml(WILDCARD)]);
         let report = &imported.reports[0];
         assert!(
             says(&report.exact, "\"prefix_ns-*\" matches no namespace"),
@@ -401,7 +401,7 @@ data:
 
     #[test]
     fn a_source_of_another_name_is_unmapped() {
-        let imported = imported(&[yaml(VALUE_FROM)]);
+        let imported = converted(&[yaml(VALUE_FROM)]);
         assert!(imported.rules.is_empty());
         assert!(says(
             &imported.reports[0].unmapped,
@@ -417,7 +417,7 @@ data:
         object["metadata"]["labels"]["app.kubernetes.io/name"] = json!("left-out");
         object["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] =
             json!("{}");
-        let imported = imported(&[object]);
+        let imported = converted(&[object]);
         let name = "clustersecret-value-from";
         assert_eq!(
             imported.rules,
@@ -465,7 +465,7 @@ data:
         let mut object = yaml(VALUE_FROM);
         object["data"]["valueFrom"]["secretKeyRef"]["name"] = json!("value-from");
         object["avoidNamespaces"] = json!(["team-[0-9]"]);
-        let imported = imported(&[object]);
+        let imported = converted(&[object]);
         assert!(imported.rules.is_empty());
         assert!(says(
             &imported.reports[0].unmapped,

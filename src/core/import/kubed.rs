@@ -153,7 +153,7 @@ data:
         vec![omni(json!({"kubed.appscode.com/sync": "app=kubed"}))]
     }
 
-    fn imported(objects: &[Value]) -> Imported {
+    fn converted(objects: &[Value]) -> Imported {
         let imported = import(objects, &options());
         assert_rules_resolve(&imported);
         imported
@@ -165,7 +165,7 @@ data:
 
     #[test]
     fn an_empty_sync_copies_into_every_namespace() {
-        let imported = imported(&[omni(json!({"kubed.appscode.com/sync": ""}))]);
+        let imported = converted(&[omni(json!({"kubed.appscode.com/sync": ""}))]);
         let name = "kubed-configmap-demo-omni";
         assert_eq!(
             imported.rules,
@@ -198,7 +198,7 @@ data:
     }
 
     fn imported_sync(sync: &str) -> Imported {
-        imported(&[omni(json!({"kubed.appscode.com/sync": sync}))])
+        converted(&[omni(json!({"kubed.appscode.com/sync": sync}))])
     }
 
     #[test]
@@ -223,7 +223,7 @@ data:
 
     #[test]
     fn contexts_are_unmapped_with_the_closest_rule() {
-        let imported = imported(&[omni(json!({
+        let imported = converted(&[omni(json!({
             "kubed.appscode.com/sync": "",
             "kubed.appscode.com/sync-contexts": "context-1,context-2"
         }))]);
@@ -240,12 +240,9 @@ data:
             says(&report.unmapped, "the names must match"),
             "{report:#?}"
         );
-        let only = import(
-            &[omni(
-                json!({"kubed.appscode.com/sync-contexts": "context-1"}),
-            )],
-            &options(),
-        );
+        let only = converted(&[omni(
+            json!({"kubed.appscode.com/sync-contexts": "context-1"}),
+        )]);
         assert!(only.rules.is_empty());
         assert_eq!(only.reports.len(), 1);
     }

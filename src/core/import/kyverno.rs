@@ -22,6 +22,18 @@ pub(super) fn convert(object: &Value, context: &Context) -> Vec<Conversion> {
         ("policies.kyverno.io", "v1" | "v1beta1" | "v1alpha1", Some("GeneratingPolicy")) => {
             generating_policy(object, context).into_iter().collect()
         }
+        ("policies.kyverno.io", _, Some("NamespacedGeneratingPolicy")) => {
+            let Some(name) = str_at(object, &["metadata", "name"]) else {
+                return Vec::new();
+            };
+            let namespace = str_at(object, &["metadata", "namespace"]).unwrap_or("default");
+            let mut report = SourceReport::new(
+                TOOL,
+                format!("NamespacedGeneratingPolicy {namespace}/{name}"),
+            );
+            report.unmapped("NamespacedGeneratingPolicies are not converted");
+            vec![report.alone()]
+        }
         _ => Vec::new(),
     }
 }
@@ -93,6 +105,23 @@ impl Policy<'_> {
         if targets.reaches_nothing() {
             return Err("the trigger matches no namespace".into());
         }
+        let name = match self.namespace {
+            None => format!("kyverno-{}-{rule_name}", self.name),
+            Some(ns) => format!("kyverno-{ns}-{}-{rule_name}", self.name),
+        };
+        let shape = Shape {
+            name,
+            targets: &targets,
+        };
+        // The sources first: a rule left out for them says nothing of
+        // the settings it would have had.
+        let mut drafts = if let Some(clone) = generate.get("clone").filter(|c| c.is_object()) {
+            vec![shape.clone_draft(generate, clone, report)?]
+        } else if let Some(list) = generate.get("cloneList").filter(|c| c.is_object()) {
+            shape.clone_list_drafts(list, report)?
+        } else {
+            return Err("generate has neither clone nor cloneList: it copies nothing".into());
+        };
         if self.namespace.is_none()
             && let Some(note) = targets.protected_note(TOOL, context.options)
         {
@@ -108,22 +137,10 @@ impl Policy<'_> {
             ),
         };
         let spec = settings.spec(&targets, report);
-        let name = match self.namespace {
-            None => format!("kyverno-{}-{rule_name}", self.name),
-            Some(ns) => format!("kyverno-{ns}-{}-{rule_name}", self.name),
-        };
-        let shape = Shape {
-            name,
-            targets: &targets,
-            spec,
-        };
-        if let Some(clone) = generate.get("clone").filter(|c| c.is_object()) {
-            return shape.clone_draft(generate, clone, report).map(|d| vec![d]);
+        for draft in &mut drafts {
+            draft.spec.clone_from(&spec);
         }
-        if let Some(list) = generate.get("cloneList").filter(|c| c.is_object()) {
-            return shape.clone_list_drafts(list, report);
-        }
-        Err("generate has neither clone nor cloneList: it copies nothing".into())
+        Ok(drafts)
     }
 }
 
@@ -145,11 +162,10 @@ fn refuse_unconverted(rule: &Value, generate: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// What a rule's spec holds besides its kind and sources.
+/// The name and targets of the rules a generate rule becomes.
 struct Shape<'a> {
     name: String,
     targets: &'a Targets,
-    spec: Map<String, Value>,
 }
 
 impl Shape<'_> {
@@ -189,7 +205,7 @@ impl Shape<'_> {
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
             },
-            spec: self.spec.clone(),
+            spec: Map::new(),
         })
     }
 
@@ -230,7 +246,7 @@ impl Shape<'_> {
                         api_version,
                         kind,
                         source: source.clone(),
-                        spec: self.spec.clone(),
+                        spec: Map::new(),
                     });
                 }
                 Err(why) => report.unmapped(format!("cloneList kind {entry:?}: {why}")),
@@ -515,6 +531,17 @@ fn excluded(
         {
             return Err("exclude namespaceSelector on a Namespace trigger is not converted: how Kyverno applies it there is unconfirmed".into());
         }
+        // Leaving out less than the filter says would copy where Kyverno does not.
+        if let Some(key) = filter.as_object().and_then(|f| {
+            f.keys().find(|k| {
+                !matches!(
+                    k.as_str(),
+                    "kinds" | "names" | "name" | "namespaces" | "selector"
+                )
+            })
+        }) {
+            return Err(format!("exclude by {key} is not converted"));
+        }
         let names = filter_names(filter, "exclude", report)?;
         let selector = filter.get("selector").filter(|s| !s.is_null());
         match (names, selector) {
@@ -742,13 +769,15 @@ fn namespace_resource_rules(spec: &Value) -> Result<(), String> {
         return Err(format!("matchConstraints.{key} is not converted"));
     }
     let rules = at(constraints, &["resourceRules"]).and_then(Value::as_array);
-    let namespaces = rules.is_some_and(|rules| {
-        rules.len() == 1
-            && strings(&rules[0], "apiGroups") == [""]
-            && strings(&rules[0], "resources") == ["namespaces"]
-            && strings(&rules[0], "operations")
-                .iter()
-                .any(|o| matches!(*o, "CREATE" | "*"))
+    let namespaces = rules.is_some_and(|rules| match rules.as_slice() {
+        [rule] => {
+            strings(rule, "apiGroups") == [""]
+                && strings(rule, "resources") == ["namespaces"]
+                && strings(rule, "operations")
+                    .iter()
+                    .any(|o| matches!(*o, "CREATE" | "*"))
+        }
+        _ => false,
     });
     if !namespaces {
         return Err("the trigger is not the making of Namespaces (matchConstraints.resourceRules): Copyrator copies into namespaces, whatever they hold".into());
@@ -1037,7 +1066,7 @@ spec:
         .collect()
     }
 
-    fn imported(objects: &[Value]) -> Imported {
+    fn converted(objects: &[Value]) -> Imported {
         let imported = import(objects, &options());
         assert_rules_resolve(&imported);
         imported
@@ -1054,7 +1083,7 @@ spec:
 
     #[test]
     fn a_clone_into_every_namespace_is_a_rule_from_its_labelled_source() {
-        let imported = imported(&[yaml(SYNC_SECRETS)]);
+        let imported = converted(&[yaml(SYNC_SECRETS)]);
         let name = "kyverno-sync-secrets-sync-image-pull-secret";
         let key = import_label_key(name);
         assert_eq!(
@@ -1112,7 +1141,7 @@ spec:
 
     #[test]
     fn a_clone_list_is_a_rule_per_kind_that_keeps_its_selector() {
-        let imported = imported(&[yaml(MULTI_CLONE)]);
+        let imported = converted(&[yaml(MULTI_CLONE)]);
         let configmaps = rule_name("kyverno-sync-secret-with-multi-clone-sync-secret-configmap");
         let secrets = "kyverno-sync-secret-with-multi-clone-sync-secret-secret";
         assert_eq!(configmaps.len(), 56, "cut, with a hash: {configmaps}");
@@ -1167,7 +1196,7 @@ spec:
 
     #[test]
     fn without_synchronize_copies_are_created_once_and_the_difference_said() {
-        let imported = imported(&[policy(clone_rule(json!({"synchronize": false})))]);
+        let imported = converted(&[policy(clone_rule(json!({"synchronize": false})))]);
         assert_eq!(imported.rules[0]["spec"]["syncPolicy"], "CreateOnly");
         assert_eq!(imported.rules[0]["spec"].get("deletionPolicy"), None);
         let report = only_report(&imported);
@@ -1183,7 +1212,7 @@ spec:
 
     #[test]
     fn orphaned_downstream_and_generate_existing_map_exactly() {
-        let imported = imported(&[policy(clone_rule(
+        let imported = converted(&[policy(clone_rule(
             json!({"orphanDownstreamOnPolicyDelete": true, "generateExisting": true}),
         ))]);
         assert_eq!(
@@ -1200,7 +1229,7 @@ spec:
         // The policy-wide (deprecated) setting counts where the rule says none.
         let mut wide = policy(clone_rule(json!({})));
         wide["spec"]["generateExisting"] = json!(true);
-        let imported = super::super::import(&[wide], &options());
+        let imported = converted(&[wide]);
         assert!(says(
             &only_report(&imported).exact,
             "generateExisting: true"
@@ -1218,7 +1247,7 @@ spec:
             {"resources": {"selector": {"matchLabels": {"frozen": "true"}}}},
             {"resources": {"kinds": ["Pod"], "names": ["ignored"]}}
         ]});
-        let imported = imported(&[policy(rule)]);
+        let imported = converted(&[policy(rule)]);
         assert_eq!(
             imported.rules[0]["spec"]["targets"],
             json!({
@@ -1238,7 +1267,7 @@ spec:
         let mut rule = clone_rule(json!({}));
         rule["match"] = json!({"any": [{"resources": {"kinds": ["Namespace"],
             "namespaceSelector": {"matchLabels": {"env": "prod"}}}}]});
-        let imported = imported(&[policy(rule)]);
+        let imported = converted(&[policy(rule)]);
         assert_eq!(
             imported.rules[0]["spec"]["targets"],
             json!({"namespaceSelector": {"matchLabels": {"env": "prod"}}})
@@ -1273,7 +1302,7 @@ spec:
         for (trigger, namespace, why) in cases {
             let mut rule = clone_rule(json!({"namespace": namespace}));
             rule["match"] = trigger;
-            let imported = imported(&[policy(rule)]);
+            let imported = converted(&[policy(rule)]);
             assert!(imported.rules.is_empty(), "{why}");
             assert!(imported.source_labels.is_empty(), "{why}");
             assert!(
@@ -1282,12 +1311,22 @@ spec:
                 imported.reports
             );
         }
-        let renamed = imported(&[policy(clone_rule(json!({"name": "other"})))]);
+        let renamed = converted(&[policy(clone_rule(json!({"name": "other"})))]);
         assert!(says(
             &only_report(&renamed).unmapped,
             "keep their source's name"
         ));
-        let data = imported(&[policy(clone_rule(
+        let mut by_operation = clone_rule(json!({}));
+        by_operation["exclude"] = json!({"any": [{"resources": {"operations": ["UPDATE"]}}]});
+        let by_operation = converted(&[policy(by_operation)]);
+        assert!(by_operation.rules.is_empty());
+        assert!(says(
+            &only_report(&by_operation).unmapped,
+            "exclude by operations is not converted"
+        ));
+        // A rule left out says nothing of the settings it would have had.
+        assert!(!says(&only_report(&renamed).exact, "syncPolicy"));
+        let data = converted(&[policy(clone_rule(
             json!({"data": {"kind": "x"}, "clone": null}),
         ))]);
         assert!(says(&only_report(&data).unmapped, "generate.data"));
@@ -1304,7 +1343,7 @@ spec:
         }));
         object["kind"] = json!("Policy");
         object["metadata"]["namespace"] = json!("team-a");
-        let imported = imported(&[object.clone()]);
+        let imported = converted(&[object.clone()]);
         assert_eq!(
             imported.rules[0]["metadata"]["name"],
             "kyverno-team-a-p-copy-ca"
@@ -1321,7 +1360,7 @@ spec:
             "{report:#?}"
         );
         object["spec"]["rules"][0]["generate"]["clone"]["namespace"] = json!("team-a");
-        let own = super::super::import(&[object], &options());
+        let own = converted(&[object]);
         assert!(own.rules.is_empty());
         assert!(says(&only_report(&own).unmapped, "its own namespace"));
     }
@@ -1331,7 +1370,7 @@ spec:
         let mut rule = yaml(MULTI_CLONE)["spec"]["rules"][0].clone();
         rule["generate"]["cloneList"] = json!({"namespace": "staging",
             "kinds": ["v1/Secret", "rbac.authorization.k8s.io/v1/RoleBinding", "*"]});
-        let imported = imported(&[policy(rule)]);
+        let imported = converted(&[policy(rule)]);
         assert_eq!(imported.rules.len(), 2);
         let binding = &imported.rules[0];
         assert_eq!(
@@ -1362,7 +1401,7 @@ spec:
 
     #[test]
     fn the_documented_generating_policies_are_rules_from_a_labelled_source() {
-        let imported = imported(&[yaml(GENERATE_SECRET), yaml(GENERATE_EXISTING)]);
+        let imported = converted(&[yaml(GENERATE_SECRET), yaml(GENERATE_EXISTING)]);
         let names: Vec<&str> = imported
             .rules
             .iter()
@@ -1418,7 +1457,7 @@ spec:
         object["spec"]["generate"][0]["expression"] =
             json!("generator.Apply(variables.nsName, [variables.sources])");
         object["spec"]["evaluation"] = json!({"synchronize": {"enabled": true}});
-        let imported = imported(&[object]);
+        let imported = converted(&[object]);
         let spec = &imported.rules[0]["spec"];
         assert_eq!(spec["syncPolicy"], "Sync");
         assert_eq!(spec["deletionPolicy"], json!({"ruleDeleted": "Orphan"}));
@@ -1430,13 +1469,28 @@ spec:
     }
 
     #[test]
+    fn a_namespaced_generating_policy_is_reported_unmapped() {
+        let mut object = yaml(GENERATE_SECRET);
+        object["kind"] = json!("NamespacedGeneratingPolicy");
+        object["metadata"]["namespace"] = json!("team-a");
+        let imported = converted(&[object]);
+        assert!(imported.rules.is_empty());
+        let report = only_report(&imported);
+        assert_eq!(
+            report.source,
+            "NamespacedGeneratingPolicy team-a/generate-secret"
+        );
+        assert!(says(&report.unmapped, "not converted"), "{report:#?}");
+    }
+
+    #[test]
     fn other_generating_policies_are_unmapped_with_the_expression_quoted() {
         let mut object = yaml(GENERATE_SECRET);
         object["spec"]["generate"] = json!([
             {"expression": "generator.Apply(\"fixed\", [variables.source])"},
             {"template": {"value": {"kind": "Secret"}}}
         ]);
-        let imported = imported(&[object]);
+        let imported = converted(&[object]);
         assert!(imported.rules.is_empty());
         let report = only_report(&imported);
         assert!(
@@ -1453,7 +1507,7 @@ spec:
         let mut pods = yaml(GENERATE_SECRET);
         pods["spec"]["matchConstraints"]["resourceRules"][0]["resources"] = json!(["pods"]);
         assert!(says(
-            &only_report(&import(&[pods], &options())).unmapped,
+            &only_report(&converted(&[pods])).unmapped,
             "not the making of Namespaces"
         ));
     }

@@ -107,6 +107,13 @@ mod tests {
     use super::shared::tests::{assert_rules_resolve, options};
     use super::*;
 
+    /// What `import` makes of `objects`, every rule checked.
+    fn converted(objects: &[serde_json::Value]) -> Imported {
+        let imported = import(objects, &options());
+        assert_rules_resolve(&imported);
+        imported
+    }
+
     fn everything() -> Vec<serde_json::Value> {
         let mut objects = kyverno::tests::documented();
         objects.extend(reflector::tests::documented());
@@ -132,7 +139,7 @@ mod tests {
             json!("not an object"),
             json!(null),
         ];
-        let imported = import(&objects, &options());
+        let imported = converted(&objects);
         assert!(imported.rules.is_empty(), "{:?}", imported.rules);
         assert!(imported.source_labels.is_empty());
         assert!(imported.reports.is_empty(), "{:?}", imported.reports);
@@ -140,8 +147,12 @@ mod tests {
 
     #[test]
     fn the_same_objects_in_another_order_give_the_same_result() {
-        let objects = everything();
-        let imported = import(&objects, &options());
+        let mut objects = everything();
+        // Two versions of one object: the same one counts, whichever came first.
+        let mut older = kubed::tests::documented()[0].clone();
+        older["metadata"]["annotations"] = json!({"kubed.appscode.com/sync": "app=old"});
+        objects.insert(0, older.clone());
+        let imported = converted(&objects);
         assert!(imported.rules.len() > 5, "{}", imported.rules.len());
         assert_rules_resolve(&imported);
         let expected = serde_json::to_string(&imported).expect("serializes");
@@ -151,8 +162,14 @@ mod tests {
         shuffled.rotate_left(half);
         // Read twice, as from the cluster and a file, and inside a List.
         shuffled.push(json!({"apiVersion": "v1", "kind": "List", "items": objects.clone()}));
-        let again = serde_json::to_string(&import(&shuffled, &options())).expect("serializes");
+        let again = serde_json::to_string(&converted(&shuffled)).expect("serializes");
         assert_eq!(again, expected);
+        let newer = kubed::tests::documented()[0].clone();
+        assert_eq!(
+            serde_json::to_string(&converted(&[older.clone(), newer.clone()])).expect("serializes"),
+            serde_json::to_string(&converted(&[newer, older])).expect("serializes"),
+            "two versions of one object, either first"
+        );
         let names: Vec<&str> = imported
             .rules
             .iter()
@@ -199,7 +216,7 @@ mod tests {
             "apiVersion": "clustersecret.io/v1", "kind": "ClusterSecret", "metadata": {"name": "inline"},
             "data": {"password": secret}
         }));
-        let imported = import(&objects, &options());
+        let imported = converted(&objects);
         let text = serde_json::to_string(&imported).expect("serializes");
         assert!(!text.contains(secret), "{text}");
         assert!(text.contains("password"), "keys are named");

@@ -352,7 +352,7 @@ data:
         vec![yaml(SOURCE), yaml(MIRROR)]
     }
 
-    fn imported(objects: &[Value]) -> Imported {
+    fn converted(objects: &[Value]) -> Imported {
         let imported = import(objects, &options());
         assert_rules_resolve(&imported);
         imported
@@ -374,7 +374,7 @@ data:
 
     #[test]
     fn the_documented_source_permits_mirrors_by_hand_and_the_mirror_is_renamed() {
-        let imported = imported(&documented());
+        let imported = converted(&documented());
         assert!(imported.rules.is_empty(), "{:#?}", imported.rules);
         assert!(imported.source_labels.is_empty());
         let source = report_on(&imported, "Secret default/source-secret");
@@ -406,7 +406,7 @@ data:
 
     #[test]
     fn a_mirror_by_hand_is_a_rule_into_its_namespace_that_orphans_it() {
-        let imported = imported(&[yaml(SOURCE), mirror_in("team-a")]);
+        let imported = converted(&[yaml(SOURCE), mirror_in("team-a")]);
         let name = "reflector-secret-team-a-source-secret";
         assert_eq!(
             imported.rules,
@@ -451,16 +451,16 @@ data:
             Value::Null;
         source["metadata"]["annotations"][format!("{KEY}reflection-allowed-namespaces")] =
             json!("namespace-1");
-        let imported = imported(&[source.clone(), mirror_in("team-a")]);
+        let imported = converted(&[source.clone(), mirror_in("team-a")]);
         assert!(imported.rules.is_empty());
         assert!(says(
             &report_on(&imported, "Secret team-a/source-secret").unmapped,
             "does not allow team-a"
         ));
-        let allowed = import(&[source.clone(), mirror_in("namespace-1")], &options());
+        let allowed = converted(&[source.clone(), mirror_in("namespace-1")]);
         assert_eq!(allowed.rules.len(), 1);
         source["metadata"]["annotations"][format!("{KEY}reflection-allowed")] = json!("false");
-        let denied = import(&[source, mirror_in("namespace-1")], &options());
+        let denied = converted(&[source, mirror_in("namespace-1")]);
         assert!(denied.rules.is_empty());
     }
 
@@ -477,19 +477,17 @@ data:
 
     #[test]
     fn automatic_mirrors_are_a_rule_into_the_namespaces_both_lists_allow() {
-        let imported = imported(&[auto_source(json!({
+        let imported = converted(&[auto_source(json!({
             "reflection-allowed-namespaces": "namespace-1,namespace-2,namespace-[0-9]*",
-            "reflection-auto-namespaces": "namespace-.*"
+            "reflection-auto-namespaces": "namespace-1,namespace-3"
         }))]);
         let spec = &imported.rules[0]["spec"];
         assert_eq!(
             imported.rules[0]["metadata"]["name"],
             "reflector-secret-default-source-secret"
         );
-        assert_eq!(
-            spec["targets"],
-            json!({"include": ["namespace-1", "namespace-2"]})
-        );
+        // namespace-3 is not allowed, namespace-2 not mirrored into.
+        assert_eq!(spec["targets"], json!({"include": ["namespace-1"]}));
         assert_eq!(
             spec["transform"],
             json!({"stripLabels": ["*"], "stripAnnotations": ["*"]})
@@ -515,7 +513,7 @@ data:
 
     #[test]
     fn selectors_and_lists_of_automatic_mirrors_map_where_a_rule_can_say_them() {
-        let labels = imported(&[auto_source(json!({
+        let labels = converted(&[auto_source(json!({
             "reflection-allowed-namespaces-selector": "env=production",
             "reflection-auto-namespaces": "team-.*"
         }))]);
@@ -523,7 +521,7 @@ data:
             labels.rules[0]["spec"]["targets"],
             json!({"include": ["team-*"], "namespaceSelector": {"matchLabels": {"env": "production"}}})
         );
-        let both = imported(&[auto_source(json!({
+        let both = converted(&[auto_source(json!({
             "reflection-allowed-namespaces": "a",
             "reflection-allowed-namespaces-selector": "env=production"
         }))]);
@@ -533,13 +531,13 @@ data:
             "{:#?}",
             both.reports
         );
-        let wildcards = imported(&[auto_source(json!({
+        let wildcards = converted(&[auto_source(json!({
             "reflection-allowed-namespaces": "team-.*",
             "reflection-auto-namespaces": "team-a.*"
         }))]);
         assert!(wildcards.rules.is_empty());
         assert!(says(&wildcards.reports[0].unmapped, "no list of globs"));
-        let needs_allowed = imported(&[auto_source(json!({"reflection-allowed": "no"}))]);
+        let needs_allowed = converted(&[auto_source(json!({"reflection-allowed": "no"}))]);
         assert!(needs_allowed.rules.is_empty());
         assert!(says(
             &needs_allowed.reports[0].unmapped,
@@ -551,7 +549,7 @@ data:
     fn automatic_mirrors_are_not_configuration() {
         let mut mirror = mirror_in("team-a");
         mirror["metadata"]["annotations"][format!("{KEY}auto-reflects")] = json!("True");
-        let imported = imported(&[mirror]);
+        let imported = converted(&[mirror]);
         assert!(imported.reports.is_empty(), "{:#?}", imported.reports);
     }
 }

@@ -336,7 +336,7 @@ data:
         .collect()
     }
 
-    fn imported(objects: &[Value]) -> Imported {
+    fn converted(objects: &[Value]) -> Imported {
         let imported = import(objects, &options());
         assert_rules_resolve(&imported);
         imported
@@ -348,7 +348,7 @@ data:
 
     #[test]
     fn a_push_by_name_is_a_rule_into_the_names_a_glob_can_say() {
-        let imported = imported(&[yaml(PUSH_TO)]);
+        let imported = converted(&[yaml(PUSH_TO)]);
         let name = "replicator-secret-default-test-secret";
         assert_eq!(
             imported.rules,
@@ -388,7 +388,7 @@ data:
 
     #[test]
     fn a_push_by_selector_is_a_rule_with_that_namespace_selector() {
-        let imported = imported(&[yaml(PUSH_MATCHING)]);
+        let imported = converted(&[yaml(PUSH_MATCHING)]);
         assert_eq!(
             imported.rules[0]["spec"]["targets"],
             json!({"namespaceSelector": {
@@ -412,7 +412,7 @@ data:
 
     #[test]
     fn the_documented_pull_is_renamed_and_the_source_only_permits() {
-        let imported = imported(&[yaml(PULL), yaml(PULL_SOURCE)]);
+        let imported = converted(&[yaml(PULL), yaml(PULL_SOURCE)]);
         assert!(imported.rules.is_empty(), "{:#?}", imported.rules);
         let pull = imported
             .reports
@@ -447,7 +447,7 @@ data:
     fn a_pull_the_source_allows_is_a_rule_into_its_namespace() {
         let mut source = yaml(PULL_SOURCE);
         source["metadata"]["namespace"] = json!("default");
-        let imported = imported(&[source.clone(), pull_into("my-ns-1")]);
+        let imported = converted(&[source.clone(), pull_into("my-ns-1")]);
         let name = "replicator-secret-my-ns-1-test-secret";
         assert_eq!(imported.rules[0]["metadata"]["name"], name);
         assert_eq!(
@@ -468,7 +468,7 @@ data:
             .find(|r| r.source == "Secret my-ns-1/test-secret")
             .expect("reported");
         assert!(says(&report.differs, "empties this object"), "{report:#?}");
-        let refused = import(&[source.clone(), pull_into("other")], &options());
+        let refused = converted(&[source.clone(), pull_into("other")]);
         assert!(refused.rules.is_empty());
         assert!(
             refused
@@ -476,7 +476,7 @@ data:
                 .iter()
                 .any(|r| says(&r.unmapped, "does not allow other"))
         );
-        let unknown = import(&[source, pull_into("namespace-5")], &options());
+        let unknown = converted(&[source, pull_into("namespace-5")]);
         assert_eq!(
             unknown.rules.len(),
             1,
@@ -499,7 +499,7 @@ data:
         role["metadata"]["annotations"]["replicator.v1.mittwald.de/strip-labels"] = json!("");
         role["metadata"]["annotations"]["replicator.v1.mittwald.de/replicate-to-matching"] =
             json!("team");
-        let imported = imported(&[role]);
+        let imported = converted(&[role]);
         let spec = &imported.rules[0]["spec"];
         assert_eq!(
             spec["objectType"],

@@ -291,7 +291,7 @@ pub(super) fn kind_notes(api_version: &str, kind: &str, tool: &str) -> Vec<Strin
     )];
     if is_rbac(api_version, kind) {
         notes.push(format!(
-            "the rule sets rbacSourcesTrusted: true, as {tool} copied {kind}s without asking: whoever may write {kind}s in the source namespace grants what they write in every target; remove it if they are not trusted with that"
+            "the rule sets rbacSourcesTrusted: true, as {tool} copied {kind}s with no such setting: whoever may write {kind}s in the source namespace grants what they write in every target; remove it if they are not trusted with that"
         ));
     }
     notes
@@ -300,7 +300,8 @@ pub(super) fn kind_notes(api_version: &str, kind: &str, tool: &str) -> Vec<Strin
 /// The namespaces a rule copies into.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct Targets {
-    /// Globs; `None` is every namespace (never an empty list).
+    /// Globs; `None` is every namespace, an empty list none (such
+    /// targets make no rule: a rule's empty list is every namespace).
     pub(super) include: Option<Vec<String>>,
     pub(super) exclude: Vec<String>,
     pub(super) selector: Option<Selector>,
