@@ -10,10 +10,6 @@
 //! `copyrator.flant.com/import.<rule>: "true"`, which the caller asks the
 //! user to put on that source ([`SourceLabel`]). Every rule adopts the
 //! copies already in place (`spec.adopt: true`).
-#![allow(
-    dead_code,
-    reason = "the import command is its only caller outside the tests"
-)]
 
 mod cluster_secret;
 mod kubed;
