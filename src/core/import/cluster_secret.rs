@@ -106,6 +106,11 @@ fn source(
             .flat_map(|d| d.keys())
             .map(String::as_str)
             .collect();
+        if keys.is_empty() {
+            return Err(
+                "it holds no data and no data.valueFrom.secretKeyRef: it copies nothing".into(),
+            );
+        }
         return Err(format!(
             "the data is inline (keys {}): there is no source Secret, and Copyrator copies only Secrets that exist. Create a Secret {name} of type {secret_type} holding these keys in a namespace of your choice, and a rule that copies it into {}",
             keys.join(", "),
@@ -343,6 +348,21 @@ data:
 
     fn says(lines: &[String], words: &str) -> bool {
         lines.iter().any(|l| l.contains(words))
+    }
+
+    #[test]
+    fn a_cluster_secret_without_data_says_so() {
+        let mut object = yaml(GLOBAL);
+        if let Some(map) = object.as_object_mut() {
+            map.remove("data");
+        }
+        let imported = converted(&[object]);
+        assert!(imported.rules.is_empty());
+        assert!(
+            says(&imported.reports[0].unmapped, "it holds no data"),
+            "{:?}",
+            imported.reports[0]
+        );
     }
 
     #[test]
