@@ -16,8 +16,8 @@ use crate::common::*;
 use chrono::Utc;
 use serde_json::{Value, json};
 
-/// Copies made by the other tool; CI's API server takes them quickly.
-const COPIES: usize = 20;
+/// Copies made by the other tool.
+const COPIES: usize = 100;
 
 /// One tool's migration: how it was configured and what it left.
 struct Case {
