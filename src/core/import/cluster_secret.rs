@@ -262,8 +262,7 @@ pub(super) mod tests {
 
     use super::super::kyverno::tests::yaml;
     use super::super::shared::import_label_key;
-    use super::super::shared::tests::{assert_rules_resolve, options};
-    use super::super::{Imported, import};
+    use super::super::shared::tests::{converted, says};
 
     // CSEC README.md
     const WILDCARD: &str = r"
@@ -338,16 +337,6 @@ data:
             .into_iter()
             .map(yaml)
             .collect()
-    }
-
-    fn converted(objects: &[Value]) -> Imported {
-        let imported = import(objects, &options());
-        assert_rules_resolve(&imported);
-        imported
-    }
-
-    fn says(lines: &[String], words: &str) -> bool {
-        lines.iter().any(|l| l.contains(words))
     }
 
     #[test]

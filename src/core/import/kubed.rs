@@ -123,10 +123,10 @@ fn into_contexts(named: &Named, contexts: &str) -> String {
 pub(super) mod tests {
     use serde_json::{Value, json};
 
+    use super::super::Imported;
     use super::super::kyverno::tests::yaml;
     use super::super::shared::import_label_key;
-    use super::super::shared::tests::{assert_rules_resolve, options};
-    use super::super::{Imported, import};
+    use super::super::shared::tests::{converted, says};
 
     // CS docs/examples/config-syncer/demo-0.yaml
     const OMNI: &str = r"
@@ -151,16 +151,6 @@ data:
 
     pub(crate) fn documented() -> Vec<Value> {
         vec![omni(json!({"kubed.appscode.com/sync": "app=kubed"}))]
-    }
-
-    fn converted(objects: &[Value]) -> Imported {
-        let imported = import(objects, &options());
-        assert_rules_resolve(&imported);
-        imported
-    }
-
-    fn says(lines: &[String], words: &str) -> bool {
-        lines.iter().any(|l| l.contains(words))
     }
 
     #[test]

@@ -939,9 +939,9 @@ fn string_literal(text: &str) -> Option<String> {
 pub(super) mod tests {
     use serde_json::{Value, json};
 
-    use super::super::shared::tests::{assert_rules_resolve, options};
+    use super::super::shared::tests::{converted, says};
     use super::super::shared::{import_label_key, rule_name};
-    use super::super::{Imported, SourceLabel, SourceReport, import};
+    use super::super::{Imported, SourceLabel, SourceReport};
 
     pub(crate) fn yaml(text: &str) -> Value {
         serde_yaml::from_str(text).expect("valid YAML")
@@ -1068,19 +1068,9 @@ spec:
         .collect()
     }
 
-    fn converted(objects: &[Value]) -> Imported {
-        let imported = import(objects, &options());
-        assert_rules_resolve(&imported);
-        imported
-    }
-
     fn only_report(imported: &Imported) -> &SourceReport {
         assert_eq!(imported.reports.len(), 1, "{:#?}", imported.reports);
         &imported.reports[0]
-    }
-
-    fn says(lines: &[String], words: &str) -> bool {
-        lines.iter().any(|l| l.contains(words))
     }
 
     #[test]

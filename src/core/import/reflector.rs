@@ -6,8 +6,8 @@ use serde_json::{Value, json};
 use super::SourceReport;
 use super::patterns::{Anchoring, Selector, pattern_list};
 use super::shared::{
-    Context, Conversion, Draft, Named, Source, Targets, annotation, namespaced_name, spec_of,
-    str_at, strip_all,
+    Context, Conversion, Draft, Named, Source, Targets, annotation, pulled_source, spec_of, str_at,
+    strip_all,
 };
 use crate::api::selector::Glob;
 
@@ -238,18 +238,7 @@ fn by_hand(
     context: &Context,
     report: &mut SourceReport,
 ) -> Result<Draft, String> {
-    let (namespace, name) = namespaced_name(reflects).ok_or_else(|| {
-        format!("reflects {reflects:?} is not namespace/name: reflector finds no source by it")
-    })?;
-    if name != mirror.name {
-        return Err(format!(
-            "the mirror is named {}, its source {name}: Copyrator's copies keep their source's name",
-            mirror.name
-        ));
-    }
-    if namespace == mirror.namespace {
-        return Err("the mirror is in its source's namespace: Copyrator never copies a source into its own namespace".into());
-    }
+    let (namespace, name) = pulled_source(mirror, reflects, "reflects")?;
     match context.find(&mirror.kind, namespace, name) {
         Some(source) => permitted(source, &mirror.namespace, report)?,
         None => report.differs(format!(
@@ -319,8 +308,8 @@ pub(super) mod tests {
 
     use super::super::kyverno::tests::yaml;
     use super::super::shared::import_label_key;
-    use super::super::shared::tests::{assert_rules_resolve, options};
-    use super::super::{Imported, SourceReport, import};
+    use super::super::shared::tests::{converted, says};
+    use super::super::{Imported, SourceReport};
 
     // RF README.md §Usage: a source that permits reflection.
     const SOURCE: &str = r#"
@@ -352,22 +341,12 @@ data:
         vec![yaml(SOURCE), yaml(MIRROR)]
     }
 
-    fn converted(objects: &[Value]) -> Imported {
-        let imported = import(objects, &options());
-        assert_rules_resolve(&imported);
-        imported
-    }
-
     fn report_on<'a>(imported: &'a Imported, source: &str) -> &'a SourceReport {
         imported
             .reports
             .iter()
             .find(|r| r.source == source)
             .unwrap_or_else(|| panic!("no report on {source}: {:#?}", imported.reports))
-    }
-
-    fn says(lines: &[String], words: &str) -> bool {
-        lines.iter().any(|l| l.contains(words))
     }
 
     const KEY: &str = "reflector.v1.k8s.emberstack.com/";
@@ -391,7 +370,7 @@ data:
         assert!(
             says(
                 &mirror.unmapped,
-                "the mirror is named mirror-secret, its source source-secret: Copyrator's copies keep their source's name"
+                "this object is named mirror-secret, its source source-secret: Copyrator's copies keep their source's name"
             ),
             "{mirror:#?}"
         );

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use super::SourceReport;
 use super::patterns::{Anchoring, Selector, pattern_list};
 use super::shared::{
-    Context, Conversion, Draft, Named, Source, Targets, annotation, kind_notes, namespaced_name,
+    Context, Conversion, Draft, Named, Source, Targets, annotation, kind_notes, pulled_source,
     spec_of, str_at, strip_all,
 };
 
@@ -181,18 +181,7 @@ fn pull(
     context: &Context,
     report: &mut SourceReport,
 ) -> Result<Draft, String> {
-    let (namespace, name) = namespaced_name(from).ok_or_else(|| {
-        format!("replicate-from {from:?} is not namespace/name: replicator refuses it")
-    })?;
-    if name != target.name {
-        return Err(format!(
-            "this object is named {}, its source {name}: Copyrator's copies keep their source's name",
-            target.name
-        ));
-    }
-    if namespace == target.namespace {
-        return Err("it pulls from its own namespace: Copyrator never copies a source into its own namespace".into());
-    }
+    let (namespace, name) = pulled_source(target, from, "replicate-from")?;
     match context.find(&target.kind, namespace, name) {
         Some(source) => permitted(source, &target.namespace, report)?,
         None => report.differs(format!(
@@ -266,8 +255,7 @@ pub(super) mod tests {
 
     use super::super::kyverno::tests::yaml;
     use super::super::shared::import_label_key;
-    use super::super::shared::tests::{assert_rules_resolve, options};
-    use super::super::{Imported, import};
+    use super::super::shared::tests::{converted, says};
 
     // RP README.md: push by name.
     const PUSH_TO: &str = r#"
@@ -334,16 +322,6 @@ data:
             object
         })
         .collect()
-    }
-
-    fn converted(objects: &[Value]) -> Imported {
-        let imported = import(objects, &options());
-        assert_rules_resolve(&imported);
-        imported
-    }
-
-    fn says(lines: &[String], words: &str) -> bool {
-        lines.iter().any(|l| l.contains(words))
     }
 
     #[test]

@@ -491,6 +491,33 @@ pub(super) fn namespaced_name(text: &str) -> Option<(&str, &str)> {
     (!namespace.is_empty() && !name.is_empty() && !name.contains('/')).then_some((namespace, name))
 }
 
+/// The source `reference` (`namespace/name`, what `directive` of `target`
+/// says) of an object that pulls it into its own namespace, where a rule
+/// can copy it there: a copy keeps its source's name, and a source is
+/// never copied into its own namespace.
+pub(super) fn pulled_source<'a>(
+    target: &Named,
+    reference: &'a str,
+    directive: &str,
+) -> Result<(&'a str, &'a str), String> {
+    let (namespace, name) = namespaced_name(reference).ok_or_else(|| {
+        format!("{directive} {reference:?} is not namespace/name: it names no source")
+    })?;
+    if name != target.name {
+        return Err(format!(
+            "this object is named {}, its source {name}: Copyrator's copies keep their source's name",
+            target.name
+        ));
+    }
+    if namespace == target.namespace {
+        return Err(
+            "it pulls from its own namespace: Copyrator never copies a source into its own namespace"
+                .into(),
+        );
+    }
+    Ok((namespace, name))
+}
+
 /// `{"key": value}` as a spec entry map.
 pub(super) fn spec_of(entries: &[(&str, Value)]) -> Map<String, Value> {
     entries
@@ -551,6 +578,19 @@ pub(super) mod tests {
         Options {
             rule_namespace: "copyrator".into(),
         }
+    }
+
+    /// `objects` converted under [`options`], every rule made checked by
+    /// [`assert_rules_resolve`].
+    pub(crate) fn converted(objects: &[Value]) -> Imported {
+        let imported = crate::core::import::import(objects, &options());
+        assert_rules_resolve(&imported);
+        imported
+    }
+
+    /// Whether one of a report's `lines` has `words` in it.
+    pub(crate) fn says(lines: &[String], words: &str) -> bool {
+        lines.iter().any(|l| l.contains(words))
     }
 
     #[test]
