@@ -1311,7 +1311,6 @@ pub(crate) mod tests {
     use crate::api::rule::CopyratorRule;
     use crate::core::resolve::Trust;
     use crate::core::scope::Touch;
-    use crate::core::tally::{Basis, Tally};
     use crate::core::tracking::TRACKING_KEYS;
     use serde_json::json;
 
@@ -1443,7 +1442,7 @@ pub(crate) mod tests {
         r.resolve(&Trust::new("src", false)).unwrap()
     }
 
-    fn simple_rule() -> ResolvedRule {
+    pub(crate) fn simple_rule() -> ResolvedRule {
         rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"}}))
     }
 
@@ -3243,91 +3242,6 @@ pub(crate) mod tests {
         assert!(left_out_namespaces(&away, &w.namespaces).is_empty());
     }
 
-    /// A pass over what a change touched plans exactly the writes a pass
-    /// over everything would, and the tally it leaves gives the counts a
-    /// pass over everything would.
-    #[test]
-    fn a_pass_over_what_changed_plans_what_a_full_pass_would() {
-        let mut w = World::new(&["src", "a", "b", "c", "d"]);
-        w.source("src", "cm1", &[("copy", "yes")], json!({"k": "1"}));
-        w.source("src", "cm2", &[("copy", "yes")], json!({"k": "2"}));
-        // Another rule's copy at d/cm2: a conflict from the start.
-        let mut other =
-            crate::cache::index::tests::object("d", "cm2", "x", 1, &[(LABEL_RULE_UID, "rule-2")]);
-        other.rehash();
-        w.copies.upsert(Arc::new(other));
-        let r = simple_rule();
-        let basis = Basis {
-            uid: r.uid.clone(),
-            generation: Some(1),
-        };
-        let mut tally = Tally::default();
-        let first = w.plan(&r);
-        tally.record(&basis, &Scope::everything(), &first);
-        apply_and_settle(&mut w, &mut tally, &first);
-        let full = w.plan(&r);
-        assert_eq!(tally.in_place(full.places), full.in_place);
-        assert_eq!(full.in_place, 7, "4 targets × 2 sources, one place taken");
-
-        for (what, change, touch) in watched_changes() {
-            // Left untouched: an edit nobody reported must not be seen by
-            // the scoped pass (it is what the tally does not cover either).
-            change(&mut w);
-            check_a_pass_over(touch, what, &mut w, &r, &mut tally, &basis);
-        }
-        assert_eq!(w.plan(&r).in_place, 4, "cm1 in a, b, d and e");
-    }
-
-    /// A change to the world, what it is, and the touch its watch reports.
-    type WatchedChange = (&'static str, Box<dyn Fn(&mut World)>, Touch);
-
-    /// One change of each sort a watch reports, in an order each can follow
-    /// the one before.
-    fn watched_changes() -> Vec<WatchedChange> {
-        vec![
-            (
-                "a new namespace",
-                Box::new(|w| {
-                    w.namespaces.insert("e".into(), NamespaceInfo::default());
-                }),
-                Touch::Namespace("e".into()),
-            ),
-            (
-                "a source's data",
-                Box::new(|w| {
-                    w.sources.retain(|s| &*s.name != "cm1");
-                    w.source("src", "cm1", &[("copy", "yes")], json!({"k": "new"}));
-                }),
-                Touch::Source("cm1".into()),
-            ),
-            (
-                "a copy edited by others",
-                Box::new(|w| {
-                    let mut copy = (**w.copies.get("b", "cm2").unwrap()).clone();
-                    copy.payload.insert("data".into(), json!({"k": "edited"}));
-                    copy.rehash();
-                    copy.resource_version = "999".into();
-                    w.copies.upsert(Arc::new(copy));
-                }),
-                Touch::Copy("b".into(), "cm2".into()),
-            ),
-            (
-                "a namespace that goes",
-                Box::new(|w| {
-                    w.namespaces.remove("c");
-                }),
-                Touch::Namespace("c".into()),
-            ),
-            (
-                "a source that goes",
-                Box::new(|w| {
-                    w.sources.retain(|s| &*s.name != "cm2");
-                }),
-                Touch::Source("cm2".into()),
-            ),
-        ]
-    }
-
     /// A rule that copies RoleBindings labelled `copy: yes` from `src`
     /// into every other namespace (`extra` merged into its spec).
     fn role_binding_rule(extra: Value) -> ResolvedRule {
@@ -3497,58 +3411,5 @@ pub(crate) mod tests {
         let p = w.plan(&r);
         assert!(p.actions.is_empty() && p.conflicts.is_empty(), "{p:?}");
         assert_eq!(p.in_place, 1);
-    }
-
-    /// Carry out `plan`'s writes, and settle them in `tally` as their
-    /// watch events would.
-    fn apply_and_settle(w: &mut World, tally: &mut Tally, plan: &Plan) {
-        w.apply(plan);
-        for (namespace, name) in plan.actions.iter().map(Action::target) {
-            tally.settle(namespace, name);
-        }
-    }
-
-    /// After the change `what`, a pass over `touch` plans the writes of a
-    /// pass over everything, for less, and leaves `tally` with its counts,
-    /// before its writes and after them.
-    fn check_a_pass_over(
-        touch: Touch,
-        what: &str,
-        w: &mut World,
-        r: &ResolvedRule,
-        tally: &mut Tally,
-        basis: &Basis,
-    ) {
-        let mut scope = Scope::default();
-        scope.add(touch);
-        let scoped = w.plan_within(r, &scope);
-        let full = w.plan(r);
-        assert_eq!(verbs(&scoped), verbs(&full), "{what}: the same writes");
-        assert!(
-            scoped.examined < full.examined,
-            "{what}: the scoped pass looked at less ({} of {})",
-            scoped.examined,
-            full.examined
-        );
-        let scope = tally.scope_for(basis, scope);
-        assert!(
-            !scope.is_everything(),
-            "{what}: the tally describes this rule"
-        );
-        tally.record(basis, &scope, &scoped);
-        assert_eq!(
-            tally.in_place(scoped.places),
-            full.in_place,
-            "{what}: counts before the writes"
-        );
-        assert_eq!(tally.conflict_count(), full.conflicts.len(), "{what}");
-        apply_and_settle(w, tally, &scoped);
-        let after = w.plan(r);
-        assert!(after.actions.is_empty(), "{what}: converged");
-        assert_eq!(
-            tally.in_place(after.places),
-            after.in_place,
-            "{what}: counts after"
-        );
     }
 }

@@ -28,8 +28,8 @@ pub struct Tenant {
     pub token: String,
 }
 
-// Its rules are made by the tests of `tests/cluster_wide` only.
-#[allow(dead_code)]
+// Its rules are made by the tests of `tests/cluster_wide`, and by
+// trust.rs's adoption test.
 impl Tenant {
     /// Creates the rule `name` in its namespace, as itself.
     pub async fn create_rule(&self, name: &str, body: serde_json::Value) {
@@ -49,6 +49,7 @@ impl Tenant {
     }
 
     /// A JSON merge patch of its rule `name`, as itself.
+    #[allow(dead_code, reason = "used by the tests of tests/cluster_wide only")]
     pub async fn patch_rule(&self, name: &str, patch: serde_json::Value) {
         Api::<DynamicObject>::namespaced_with(
             self.client.clone(),

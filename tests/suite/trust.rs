@@ -6,6 +6,7 @@
 //! that filter).
 
 use crate::common::rule_versions::RuleVersions;
+use crate::common::tenant::Tenant;
 use crate::common::*;
 use serde_json::{Value, json};
 
@@ -509,16 +510,19 @@ async fn a_tenant_rule_adopts_only_where_it_is_accepted() {
             .await;
         before.push(made);
     }
-    t.create_rule(
-        &tenant,
-        &rule,
-        with(
-            rule_spec(CM, t.selector(), &[t.glob("t")]),
-            "/spec/adopt",
-            json!(true),
-        ),
-    )
-    .await;
+    // The tenant: a ServiceAccount with the built-in admin role in its
+    // namespace, making its rule as itself.
+    let attacker = Tenant::admin_of(&t, &tenant, "tenant").await;
+    attacker
+        .create_rule(
+            &rule,
+            with(
+                rule_spec(CM, t.selector(), &[t.glob("t")]),
+                "/spec/adopt",
+                json!(true),
+            ),
+        )
+        .await;
     let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
     t.create_source(CM, &tenant, "cfg", &[], &[("k", "v")])
         .await;
