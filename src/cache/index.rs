@@ -45,8 +45,8 @@ pub(crate) struct Object {
     /// manager owns, sorted (shared: the copies of one source hold the same).
     pub(crate) owned_meta: Arc<[u64]>,
     /// The `copyrator.flant.com/rule-uid` label: set on copies. Left out
-    /// when the object is not [`Object::authored`]: a label anyone may set
-    /// makes no object a copy.
+    /// unless the mark proves it (its owner tag): a label anyone may set
+    /// makes no object a copy, nor a copy another rule's.
     pub(crate) rule_uid: Option<Arc<str>>,
     /// Copyrator made this object, a copy of its rule at its place: it
     /// carries a mark whose identity tag is right (see `cache::mark`; so a
@@ -317,6 +317,7 @@ impl Object {
                     namespace: &object.namespace,
                     name: &object.name,
                     rule,
+                    rule_uid: object.rule_uid.as_deref().unwrap_or_default(),
                 };
                 mark::verify(&place, &object.payload, mark.as_deref())
             });
@@ -329,7 +330,10 @@ impl Object {
         object.unproven = !verdict.identity
             && claimed_by_copyrator
             && (object.rule_uid.is_some() || object.rule_ref.is_some());
-        if !object.authored {
+        // Which rule a copy belongs to is what its mark proves, never the
+        // label alone: relabelled, it is a copy of no rule's UID (and of
+        // the rule its identity names, which puts the label back).
+        if !verdict.owner {
             object.rule_uid = None;
         }
         if let Some(owned) = owned {
@@ -349,7 +353,7 @@ impl Object {
     }
 
     /// Whether this object is a copy Copyrator wrote for rule `rule`
-    /// (`namespace/name`) whose rule-UID label someone removed.
+    /// (`namespace/name`) whose rule-UID label someone removed or changed.
     pub(crate) fn is_unlabelled_copy_of(&self, rule: &str) -> bool {
         self.authored
             && self.rule_uid.is_none()
@@ -915,11 +919,19 @@ pub(crate) mod tests {
             Kind::ConfigMap,
             o.data.as_object().cloned().unwrap_or_default(),
         );
+        let rule_uid = o
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crate::LABEL_RULE_UID))
+            .cloned()
+            .unwrap_or_default();
         let place = Place {
             kind: Kind::ConfigMap,
             namespace: o.metadata.namespace.as_deref().unwrap_or_default(),
             name: o.metadata.name.as_deref().unwrap_or_default(),
             rule,
+            rule_uid: &rule_uid,
         };
         let signed = mark::sign(&place, &payload).expect("the test key is installed");
         let annotations = o.metadata.annotations.get_or_insert_default();
@@ -1046,7 +1058,10 @@ pub(crate) mod tests {
 
     #[test]
     fn a_payload_is_intact_only_while_its_content_tag_is_right() {
-        let copy = watched_copy(serde_json::json!({"f:data": {"f:k": {}}}), &[]);
+        let copy = watched_copy(
+            serde_json::json!({"f:data": {"f:k": {}}}),
+            &[(crate::LABEL_RULE_UID, "r")],
+        );
         let object = Object::from_dynamic(Kind::ConfigMap, copy.clone());
         assert!(
             object.intact,
@@ -1057,6 +1072,34 @@ pub(crate) mod tests {
         let object = Object::from_dynamic(Kind::ConfigMap, edited);
         assert!(object.authored, "still the copy");
         assert!(!object.intact, "but not its content");
+    }
+
+    /// A copy's rule is what its mark proves: relabelled with another
+    /// rule's UID, it is no copy of that rule, and its content no rule's;
+    /// it stays a copy of the rule its mark names, which takes it back.
+    #[test]
+    fn a_copy_relabelled_with_another_rules_uid_belongs_to_no_rule_by_that_uid() {
+        let copy = watched_copy(
+            serde_json::json!({"f:data": {"f:k": {}}}),
+            &[(crate::LABEL_RULE_UID, "r")],
+        );
+        let object = Object::from_dynamic(Kind::ConfigMap, copy.clone());
+        assert_eq!(object.rule_uid(), Some("r"));
+        let mut relabelled = copy;
+        relabelled
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert(crate::LABEL_RULE_UID.to_owned(), "admin-rule".to_owned());
+        let object = Object::from_dynamic(Kind::ConfigMap, relabelled);
+        assert!(object.authored, "still a copy of the rule its mark names");
+        assert_eq!(object.rule_uid(), None, "but of no rule by that label");
+        assert!(!object.intact, "and its content is no rule's");
+        assert!(object.is_unlabelled_copy_of("ops/r"));
+        let mut index = CopyIndex::default();
+        index.upsert(Arc::new(object.into_compact()));
+        assert_eq!(index.count_owned_by("admin-rule"), 0);
+        assert_eq!(index.owned_by("admin-rule").count(), 0);
     }
 
     #[test]

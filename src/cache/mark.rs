@@ -3,17 +3,28 @@
 //! copy's content back from the restart annotation.
 //!
 //! Each copy carries the annotation `copyrator.flant.com/mark:
-//! <identity>.<content>`, two HMAC-SHA-256 tags (32 hex digits each) under
-//! a per-installation key kept in a Secret of the operator's namespace:
+//! <identity>.<owner>.<content>`, three HMAC-SHA-256 tags (32 hex digits
+//! each) under a per-installation key kept in a Secret of the operator's
+//! namespace:
 //!
 //! - *identity* covers the kind, namespace, name and the rule
 //!   (`namespace/name`) of the copy: Copyrator made a copy of this rule at
 //!   this place. An object without it is not Copyrator's copy, whatever its
 //!   labels and field managers say. Carried over to an object made again
 //!   at the same place it proves nothing more than that.
-//! - *content* covers the same and the payload: this payload is what
-//!   Copyrator wrote there. Only such content is handed on to other
-//!   namespaces (a staged rollout's earlier content).
+//! - *owner* covers the same and the rule's UID (the
+//!   `copyrator.flant.com/rule-uid` label it was written with): which rule
+//!   the copy belongs to. A label anyone who may edit the copy can change
+//!   decides nothing by itself; relabelled, the copy belongs to no rule's
+//!   UID, and stays a copy of the rule its identity names.
+//! - *content* covers the place, the rule's UID and the payload: this
+//!   payload is what Copyrator wrote there for that rule. Only such content
+//!   is handed on to other namespaces (a staged rollout's earlier content).
+//!
+//! Marks of the earlier form `<identity>.<content>` (without the owner)
+//! prove nothing: such a copy is taken back by one write where it holds
+//! what its rule writes, as any copy that carries Copyrator's labels
+//! without a mark.
 //!
 //! The restart annotation's value is a tag of what a workload uses under
 //! the same key, so that a reader of the workload learns nothing of the
@@ -93,13 +104,16 @@ fn key() -> Option<&'static MarkKey> {
     }
 }
 
-/// Where a copy is, and for which rule (`namespace/name`).
+/// Where a copy is, and for which rule (`namespace/name`, and its UID).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Place<'a> {
     pub(crate) kind: Kind,
     pub(crate) namespace: &'a str,
     pub(crate) name: &'a str,
     pub(crate) rule: &'a str,
+    /// The rule's UID; empty where none is known (an object without the
+    /// rule-UID label), which no mark's owner tag is ever made for.
+    pub(crate) rule_uid: &'a str,
 }
 
 /// Feeds parts to an HMAC, each prefixed by its length, so that no two
@@ -188,11 +202,16 @@ fn identity_tag(key: &MarkKey, place: &Place<'_>) -> String {
     Feed::new(key, "copyrator copy").place(place).hex()
 }
 
+fn owner_tag(key: &MarkKey, place: &Place<'_>) -> String {
+    let mut feed = Feed::new(key, "copyrator owner").place(place);
+    feed.part(place.rule_uid.as_bytes());
+    feed.hex()
+}
+
 fn content_tag(key: &MarkKey, place: &Place<'_>, payload: &BTreeMap<String, Value>) -> String {
-    Feed::new(key, "copyrator content")
-        .place(place)
-        .payload(payload)
-        .hex()
+    let mut feed = Feed::new(key, "copyrator content").place(place);
+    feed.part(place.rule_uid.as_bytes());
+    feed.payload(payload).hex()
 }
 
 /// The mark of a copy at `place` holding `payload`, under `key`.
@@ -202,8 +221,9 @@ pub(crate) fn sign_with(
     payload: &BTreeMap<String, Value>,
 ) -> String {
     format!(
-        "{}.{}",
+        "{}.{}.{}",
         identity_tag(key, place),
+        owner_tag(key, place),
         content_tag(key, place, payload)
     )
 }
@@ -216,10 +236,21 @@ pub(crate) fn sign(place: &Place<'_>, payload: &BTreeMap<String, Value>) -> Opti
 /// What a mark proves of an object.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Verdict {
-    /// Copyrator made a copy of this rule at this place.
+    /// Copyrator made a copy of this rule (`namespace/name`) at this place.
     pub(crate) identity: bool,
-    /// And this payload is what it wrote there.
+    /// And of the rule of this UID: the copy is that rule's.
+    pub(crate) owner: bool,
+    /// And this payload is what it wrote there for that rule.
     pub(crate) content: bool,
+}
+
+impl Verdict {
+    /// Everything a well-formed mark says, taken as said.
+    const TAKEN_AS_SAID: Verdict = Verdict {
+        identity: true,
+        owner: true,
+        content: true,
+    };
 }
 
 /// Constant-time equality of two tags.
@@ -243,25 +274,27 @@ pub(crate) fn verify_with(
     payload: &BTreeMap<String, Value>,
     mark: Option<&str>,
 ) -> Verdict {
-    let Some((identity, content)) = mark.and_then(|m| m.split_once('.')) else {
+    let mut tags = mark.unwrap_or_default().split('.');
+    let (Some(identity), Some(owner), Some(content), None) =
+        (tags.next(), tags.next(), tags.next(), tags.next())
+    else {
         return Verdict::default();
     };
-    if !well_formed(identity) || !well_formed(content) {
+    if ![identity, owner, content].into_iter().all(well_formed) {
         return Verdict::default();
     }
     let Some(key) = key else {
         // No key to check against (a command-line preview): taken as said.
-        return Verdict {
-            identity: true,
-            content: true,
-        };
+        return Verdict::TAKEN_AS_SAID;
     };
     if !same(identity, &identity_tag(key, place)) {
         return Verdict::default();
     }
+    let owner = !place.rule_uid.is_empty() && same(owner, &owner_tag(key, place));
     Verdict {
         identity: true,
-        content: same(content, &content_tag(key, place, payload)),
+        owner,
+        content: owner && same(content, &content_tag(key, place, payload)),
     }
 }
 
@@ -333,6 +366,7 @@ mod tests {
         namespace: "team-a",
         name: "trust-bundle",
         rule: "platform/r",
+        rule_uid: "uid-r",
     };
 
     #[test]
@@ -343,19 +377,14 @@ mod tests {
         let verdict = |key: &MarkKey, place: &Place<'_>, payload, mark: &str| {
             verify_with(Some(key), place, payload, Some(mark))
         };
-        assert_eq!(
-            verdict(&key, &PLACE, &good, &mark),
-            Verdict {
-                identity: true,
-                content: true
-            }
-        );
-        // Edited content: still the copy, no longer Copyrator's content.
+        assert_eq!(verdict(&key, &PLACE, &good, &mark), Verdict::TAKEN_AS_SAID);
+        // Edited content: still the rule's copy, no longer Copyrator's content.
         let evil = payload(json!({"ca.crt": "EVIL"}));
         assert_eq!(
             verdict(&key, &PLACE, &evil, &mark),
             Verdict {
                 identity: true,
+                owner: true,
                 content: false
             }
         );
@@ -388,6 +417,47 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_relabelled_with_another_rules_uid_is_no_copy_of_that_rule() {
+        let key = test_key(1);
+        let good = payload(json!({"ca.crt": "GOOD"}));
+        let mark = sign_with(&key, &PLACE, &good);
+        for rule_uid in ["uid-admin", ""] {
+            let relabelled = Place { rule_uid, ..PLACE };
+            assert_eq!(
+                verify_with(Some(&key), &relabelled, &good, Some(&mark)),
+                Verdict {
+                    identity: true,
+                    owner: false,
+                    content: false
+                },
+                "a copy of {} still, but not of the rule of UID {rule_uid:?}, and its \
+                 content no such rule's",
+                PLACE.rule
+            );
+        }
+    }
+
+    #[test]
+    fn a_mark_of_the_earlier_form_without_the_owner_proves_nothing() {
+        let key = test_key(1);
+        let good = payload(json!({"ca.crt": "GOOD"}));
+        let earlier = format!(
+            "{}.{}",
+            identity_tag(&key, &PLACE),
+            content_tag(&key, &PLACE, &good)
+        );
+        assert_eq!(
+            verify_with(Some(&key), &PLACE, &good, Some(&earlier)),
+            Verdict::default()
+        );
+        let four = format!("{}.{}", sign_with(&key, &PLACE, &good), "0".repeat(32));
+        assert_eq!(
+            verify_with(Some(&key), &PLACE, &good, Some(&four)),
+            Verdict::default()
+        );
+    }
+
+    #[test]
     fn what_is_not_a_well_formed_mark_proves_nothing_even_without_a_key() {
         let good = payload(json!({"k": "v"}));
         for mark in [
@@ -399,7 +469,7 @@ mod tests {
         ] {
             assert_eq!(verify_with(None, &PLACE, &good, mark), Verdict::default());
         }
-        let forged = format!("{}.{}", "0".repeat(32), "0".repeat(32));
+        let forged = ["0".repeat(32), "0".repeat(32), "0".repeat(32)].join(".");
         assert!(verify_with(None, &PLACE, &good, Some(&forged)).content);
         assert_eq!(
             verify_with(Some(&test_key(1)), &PLACE, &good, Some(&forged)),

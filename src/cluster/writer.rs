@@ -237,6 +237,10 @@ fn to_dynamic(desired: &Desired, namespace: &str, current: Option<&Object>) -> D
             namespace,
             name: &desired.name,
             rule,
+            rule_uid: desired
+                .labels
+                .get(crate::LABEL_RULE_UID)
+                .map_or("", String::as_str),
         };
         if let Some(mark) = mark::sign(&place, &desired.payload) {
             annotations.insert(crate::ANNOTATION_MARK.to_owned(), mark);

@@ -136,8 +136,11 @@ async fn read_earlier(
             return None;
         }
     };
-    if !object.intact || object.payload_hash != read.payload_hash {
-        tracing::debug!(rule = %resolved.key, namespace, name, "the copy holding the content rolled out before was edited: not taken");
+    // Only the rule's own copy, as its mark proves it, holding what
+    // Copyrator wrote there for this rule.
+    let the_rules = object.rule_uid() == Some(resolved.uid.as_str());
+    if !the_rules || !object.intact || object.payload_hash != read.payload_hash {
+        tracing::debug!(rule = %resolved.key, namespace, name, "the copy holding the content rolled out before was edited or is not the rule's: not taken");
         return None;
     }
     Some((

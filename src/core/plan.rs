@@ -1133,17 +1133,18 @@ pub(crate) fn handed_over_reason(rule_ref: Option<&str>) -> String {
     )
 }
 
-/// Whether a copy at a target belongs to this rule: it carries the rule's
-/// UID, or it names this rule and its UID belongs to no rule we know (an
-/// earlier rule of the same name, whose copies this one adopts; copies
-/// handed over to their namespaces are told apart before).
+/// Whether a copy at a target belongs to this rule: its mark proves the
+/// rule's UID, or it names this rule and its UID belongs to no rule we know
+/// (an earlier rule of the same name, whose copies this one adopts) or is
+/// not proven (its rule-UID label removed or changed by someone: put back
+/// by the write). Copies handed over to their namespaces are told apart
+/// before.
 fn is_ours(rule: &ResolvedRule, current: &Object, live_rule_uids: &dyn Fn(&str) -> bool) -> bool {
+    let names_this_rule = || current.rule_ref.as_deref() == Some(&rule.key.to_string());
     match current.rule_uid() {
         Some(uid) if uid == rule.uid => true,
-        Some(uid) => {
-            !live_rule_uids(uid) && current.rule_ref.as_deref() == Some(&rule.key.to_string())
-        }
-        None => false,
+        Some(uid) => !live_rule_uids(uid) && names_this_rule(),
+        None => names_this_rule(),
     }
 }
 
@@ -1451,6 +1452,54 @@ pub(crate) mod tests {
             .iter()
             .map(|a| (a.target().0.to_owned(), a.target().1.to_owned(), a.verb()))
             .collect()
+    }
+
+    /// A copy whose rule-UID label is not proven by its mark (removed, or
+    /// changed to another rule's UID) is its marked rule's to take back,
+    /// and a conflict for any other rule, whatever UID the label names.
+    #[test]
+    fn a_relabelled_copy_is_its_marked_rules_and_a_conflict_for_others() {
+        let r = simple_rule();
+        let mut w = World::new(&["src", "t1"]);
+        let source = w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        let desired = desired_copy(&r, &source);
+        // As `Object::from_dynamic` leaves a copy of `marked_rule` whose
+        // label names the plan's rule but whose mark does not prove it.
+        let relabelled = |marked_rule: &str, label: &str| {
+            let mut labels = desired.labels.clone();
+            labels.insert(LABEL_RULE_UID.into(), label.into());
+            let mut annotations = desired.annotations.clone();
+            annotations.insert(crate::ANNOTATION_RULE.into(), marked_rule.into());
+            let mut copy = Object::new(
+                "t1",
+                "cm",
+                "copy-uid".into(),
+                "5".into(),
+                labels,
+                annotations,
+                desired.payload.clone(),
+            );
+            copy.rule_uid = None;
+            Arc::new(copy)
+        };
+        // Another rule's copy, labelled with this rule's UID.
+        w.copies.upsert(relabelled("team-a/tenant-rule", &r.uid));
+        let plan = w.plan(&r);
+        assert!(plan.actions.is_empty(), "{:?}", verbs(&plan));
+        assert_eq!(plan.conflicts.len(), 1);
+        assert_eq!(
+            plan.conflicts[0].reason,
+            "a copy made by rule team-a/tenant-rule is there"
+        );
+        assert_eq!(plan.in_place, 0, "another rule's copy is not this one's");
+
+        let mut w = World::new(&["src", "t1"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        // This rule's copy, labelled with another rule's UID.
+        w.copies.upsert(relabelled("src/r", "rule-other"));
+        let plan = w.plan(&r);
+        assert_eq!(verbs(&plan), [("t1".into(), "cm".into(), "update")]);
+        assert!(plan.conflicts.is_empty());
     }
 
     #[test]

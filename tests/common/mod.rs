@@ -972,6 +972,21 @@ impl TestNs {
         self.patch(kind, ns, name, data_patch(kind, changes)).await
     }
 
+    /// Annotates namespace `ns` to accept the copies of tenant rules of
+    /// `from` (a list of names or globs), as the namespace's owner would.
+    pub async fn accept_from(&self, ns: &str, from: &str) {
+        self.namespaces()
+            .patch(
+                ns,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+                    "copyrator.flant.com/accept-from": from,
+                }}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("annotating namespace {ns}: {}", err_msg(&e)));
+    }
+
     /// Sets (`Some`) or removes (`None`) labels.
     pub async fn set_labels(
         &self,

@@ -151,6 +151,148 @@ async fn a_tenants_edited_copy_reaches_no_other_namespace() {
     .await;
 }
 
+/// Which rule a copy belongs to is what its mark proves, not its
+/// rule-UID label. An admin rule copies `op/trust-bundle` into every team
+/// in two stages (a canary, then the rest after a pause of ten minutes).
+/// The tenant of `team-a` takes the admin copy in its namespace for a rule
+/// of its own (it removes the copy's mark and writes its own content,
+/// which its rule, pulling from the tenant's other namespace, adopts),
+/// then labels that copy with the admin rule's UID. The admin rule takes
+/// it for no copy of its own: when its source changes and a new namespace
+/// of the rest comes while the canary pauses, that namespace gets the
+/// content the rest held before (team-b's), never the tenant's.
+#[tokio::test]
+async fn a_copy_relabelled_with_an_admin_rules_uid_is_not_that_rules() {
+    let t = TestNs::new("atk-owner").await;
+    // One name for the admin rule and the tenant's, so that one operator
+    // with `--all-namespaces` serves both and no other test's rules.
+    let rule = t.prefix.clone();
+    let op = t.ns("op").await;
+    let canary = t.ns_labelled("team-canary", &[("stage", "canary")]).await;
+    let team_a = t.ns("team-a").await;
+    let team_b = t.ns("team-b").await;
+    let tenant_src = t.ns("tenant-src").await;
+    t.create_rule(
+        &op,
+        &rule,
+        with(
+            rule_spec(CM, t.selector(), &[t.glob("team-")]),
+            "/spec/rollout",
+            json!({
+                "stages": [{"name": "canary", "namespaceSelector": {"matchLabels": {"stage": "canary"}},
+                            "pauseSeconds": 600}],
+                "settleTimeoutSeconds": 600,
+            }),
+        ),
+    )
+    .await;
+    let admin_uid = t.rule_uid(&op, &rule).await;
+    let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
+    let source = t
+        .create_source(CM, &op, "trust-bundle", &[], &[("ca.crt", "GOOD-CA")])
+        .await;
+    for ns in [&canary, &team_a, &team_b] {
+        t.wait_copy(CM, ns, &source, &op, &rule).await;
+    }
+    t.wait_rule_ready(&op, &rule).await;
+
+    // The tenant owns team-a and tenant-src; team-a accepts tenant-src's rules.
+    t.accept_from(&team_a, &tenant_src).await;
+    let in_team_a = Tenant::admin_of(&t, &team_a, "attacker").await;
+    let in_src = Tenant::admin_of(&t, &tenant_src, "attacker").await;
+    let tenant_source: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "trust-bundle", "labels": t.selector()},
+        "data": {"ca.crt": "EVIL-CA"},
+    }))
+    .expect("a ConfigMap");
+    Api::<ConfigMap>::namespaced(in_src.client.clone(), &tenant_src)
+        .create(&Default::default(), &tenant_source)
+        .await
+        .unwrap_or_else(|e| panic!("the tenant creates its source: {}", err_msg(&e)));
+    in_src
+        .create_rule(
+            &rule,
+            with(
+                rule_spec(CM, t.selector(), &[team_a.as_str()]),
+                "/spec/adopt",
+                json!(true),
+            ),
+        )
+        .await;
+    let own_copy: Api<ConfigMap> = Api::namespaced(in_team_a.client.clone(), &team_a);
+    own_copy
+        .patch(
+            "trust-bundle",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"annotations": {"copyrator.flant.com/mark": null}},
+                "data": {"ca.crt": "EVIL-CA"},
+            })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the tenant takes the admin copy: {}", err_msg(&e)));
+    let tenants_rule = format!("{tenant_src}/{rule}");
+    t.wait_obj(
+        CM,
+        &team_a,
+        "trust-bundle",
+        "adopted by the tenant's rule",
+        |o| match o.annotations.get("copyrator.flant.com/rule") {
+            Some(owner) if *owner == tenants_rule => Ok(()),
+            owner => Err(format!("its rule annotation: {owner:?}")),
+        },
+    )
+    .await;
+    own_copy
+        .patch(
+            "trust-bundle",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"copyrator.flant.com/rule-uid": admin_uid}}}),
+            ),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the tenant relabels its copy: {}", err_msg(&e)));
+
+    // The source changes: the canary takes it and pauses; a namespace of
+    // the rest made meanwhile gets what the rest held before.
+    t.set_data(CM, &op, "trust-bundle", &[("ca.crt", Some("GOOD-CA-2"))])
+        .await;
+    t.wait_obj(CM, &canary, "trust-bundle", "the new content", |o| {
+        o.data_is(&[("ca.crt", "GOOD-CA-2")])
+    })
+    .await;
+    let late = t.ns("team-c").await;
+    let made = t
+        .wait_obj(
+            CM,
+            &late,
+            "trust-bundle",
+            "made while the canary pauses",
+            |_| Ok(()),
+        )
+        .await;
+    made.data_is(&[("ca.crt", "GOOD-CA")])
+        .unwrap_or_else(|e| panic!("the new namespace's copy: {e}"));
+    let kept = t.must_get(CM, &team_b, "trust-bundle").await;
+    kept.data_is(&[("ca.crt", "GOOD-CA")])
+        .unwrap_or_else(|e| panic!("team-b's copy, held for its stage: {e}"));
+    // The tenant's object stays the tenant's: a conflict for the admin rule.
+    t.wait_rule(&op, &rule, "team-a's object a conflict", |r| {
+        let conflicts = r["status"]["conflicts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if conflicts.iter().any(|c| c["namespace"] == json!(team_a)) {
+            Ok(())
+        } else {
+            Err(short_status(r))
+        }
+    })
+    .await;
+    operator.assert_running();
+}
+
 /// Copyrator's marks cannot be forged. The tenant of `team-a` writes, under
 /// Copyrator's field manager, objects that carry its rule's labels and
 /// annotations as copies do (one without a mark, one with the mark of
