@@ -21,10 +21,10 @@
 //!   payload is what Copyrator wrote there for that rule. Only such content
 //!   is handed on to other namespaces (a staged rollout's earlier content).
 //!
-//! Marks of the earlier form `<identity>.<content>` (without the owner)
-//! prove nothing: such a copy is taken back by one write where it holds
-//! what its rule writes, as any copy that carries Copyrator's labels
-//! without a mark.
+//! A mark of the earlier form `<identity>.<content>` (without the owner)
+//! proves the identity alone: such a copy belongs to no rule's UID and its
+//! content to no rule, until its rule (the one its identity names) takes
+//! it back by a write that marks it anew.
 //!
 //! The restart annotation's value is a tag of what a workload uses under
 //! the same key, so that a reader of the workload learns nothing of the
@@ -251,6 +251,20 @@ impl Verdict {
         owner: true,
         content: true,
     };
+
+    /// What a mark of `tags` tags can say at most: one of the earlier form
+    /// (identity and content, no owner) only the copy's identity, so that
+    /// its rule takes it back by a write that marks it anew.
+    fn of_form(self, tags: usize) -> Self {
+        if tags == 3 {
+            self
+        } else {
+            Verdict {
+                identity: self.identity,
+                ..Verdict::default()
+            }
+        }
+    }
 }
 
 /// Constant-time equality of two tags.
@@ -274,27 +288,23 @@ pub(crate) fn verify_with(
     payload: &BTreeMap<String, Value>,
     mark: Option<&str>,
 ) -> Verdict {
-    let mut tags = mark.unwrap_or_default().split('.');
-    let (Some(identity), Some(owner), Some(content), None) =
-        (tags.next(), tags.next(), tags.next(), tags.next())
-    else {
-        return Verdict::default();
-    };
-    if ![identity, owner, content].into_iter().all(well_formed) {
+    let tags: Vec<&str> = mark.unwrap_or_default().split('.').collect();
+    if !matches!(tags.len(), 2 | 3) || !tags.iter().all(|tag| well_formed(tag)) {
         return Verdict::default();
     }
     let Some(key) = key else {
         // No key to check against (a command-line preview): taken as said.
-        return Verdict::TAKEN_AS_SAID;
+        return Verdict::TAKEN_AS_SAID.of_form(tags.len());
     };
-    if !same(identity, &identity_tag(key, place)) {
+    if !same(tags[0], &identity_tag(key, place)) {
         return Verdict::default();
     }
-    let owner = !place.rule_uid.is_empty() && same(owner, &owner_tag(key, place));
+    let owner =
+        tags.len() == 3 && !place.rule_uid.is_empty() && same(tags[1], &owner_tag(key, place));
     Verdict {
         identity: true,
         owner,
-        content: owner && same(content, &content_tag(key, place, payload)),
+        content: owner && same(tags[2], &content_tag(key, place, payload)),
     }
 }
 
@@ -438,7 +448,7 @@ mod tests {
     }
 
     #[test]
-    fn a_mark_of_the_earlier_form_without_the_owner_proves_nothing() {
+    fn a_mark_of_the_earlier_form_without_the_owner_proves_the_identity_alone() {
         let key = test_key(1);
         let good = payload(json!({"ca.crt": "GOOD"}));
         let earlier = format!(
@@ -446,8 +456,21 @@ mod tests {
             identity_tag(&key, &PLACE),
             content_tag(&key, &PLACE, &good)
         );
+        let identity_alone = Verdict {
+            identity: true,
+            ..Verdict::default()
+        };
         assert_eq!(
             verify_with(Some(&key), &PLACE, &good, Some(&earlier)),
+            identity_alone
+        );
+        assert_eq!(
+            verify_with(None, &PLACE, &good, Some(&earlier)),
+            identity_alone
+        );
+        let forged = format!("{}.{}", "0".repeat(32), "0".repeat(32));
+        assert_eq!(
+            verify_with(Some(&key), &PLACE, &good, Some(&forged)),
             Verdict::default()
         );
         let four = format!("{}.{}", sign_with(&key, &PLACE, &good), "0".repeat(32));

@@ -1015,7 +1015,9 @@ fn decide_over(inputs: &Inputs<'_>, desired: &Arc<Desired>, current: &Arc<Object
         let owner = current.rule_ref.as_deref().unwrap_or("another rule");
         return Placement::Conflict(format!("a copy made by rule {owner} is there"));
     }
-    if desired.is_satisfied_by(current) {
+    // A copy its mark does not prove this rule's by UID (its label
+    // changed, or a mark of the earlier form) is written and marked anew.
+    if desired.is_satisfied_by(current) && current.rule_uid().is_some() {
         Placement::InPlace
     } else {
         Placement::Write(rewrite(desired, current))
@@ -1493,13 +1495,16 @@ pub(crate) mod tests {
         );
         assert_eq!(plan.in_place, 0, "another rule's copy is not this one's");
 
-        let mut w = World::new(&["src", "t1"]);
-        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
-        // This rule's copy, labelled with another rule's UID.
-        w.copies.upsert(relabelled("src/r", "rule-other"));
-        let plan = w.plan(&r);
-        assert_eq!(verbs(&plan), [("t1".into(), "cm".into(), "update")]);
-        assert!(plan.conflicts.is_empty());
+        // This rule's copy, labelled with another rule's UID, or with its
+        // own under a mark of the earlier form: written and marked anew.
+        for label in ["rule-other", r.uid.as_str()] {
+            let mut w = World::new(&["src", "t1"]);
+            w.source("src", "cm", &[("copy", "yes")], json!({"k": "v"}));
+            w.copies.upsert(relabelled("src/r", label));
+            let plan = w.plan(&r);
+            assert_eq!(verbs(&plan), [("t1".into(), "cm".into(), "update")]);
+            assert!(plan.conflicts.is_empty());
+        }
     }
 
     #[test]
