@@ -74,6 +74,11 @@ pub(crate) const ANNOTATION_ALLOW_TO: &str = "copyrator.flant.com/allow-to";
 /// On a namespace: the namespaces (names or globs, comma-separated) whose
 /// tenant rules may write copies into it.
 pub(crate) const ANNOTATION_ACCEPT_FROM: &str = "copyrator.flant.com/accept-from";
+/// On a namespace: the namespaces (names or globs, comma-separated) whose
+/// tenant rules may adopt objects here (`spec.adopt`) that no copying
+/// tool's mark says came from the rule's namespace, and delete what they
+/// adopted when it no longer belongs.
+pub(crate) const ANNOTATION_ADOPT_FROM: &str = "copyrator.flant.com/adopt-from";
 /// On a Deployment, StatefulSet or DaemonSet: `"false"` keeps rules with
 /// `rollout.restartConsumers` from rolling it.
 pub(crate) const ANNOTATION_RESTART: &str = "copyrator.flant.com/restart";

@@ -477,6 +477,9 @@ pub(crate) struct NamespaceInfo {
     /// The `copyrator.flant.com/accept-from` annotation, split: namespaces
     /// (names or globs) whose tenant rules may write here.
     pub(crate) accept_from: Vec<crate::api::selector::Glob>,
+    /// The `copyrator.flant.com/adopt-from` annotation, split: namespaces
+    /// whose tenant rules may adopt any object here and delete it later.
+    pub(crate) adopt_from: Vec<crate::api::selector::Glob>,
 }
 
 impl NamespaceInfo {
@@ -492,6 +495,12 @@ impl NamespaceInfo {
                     .and_then(|a| a.get(crate::ANNOTATION_ACCEPT_FROM))
                     .map(String::as_str),
             ),
+            adopt_from: Self::accept_from(
+                meta.annotations
+                    .as_ref()
+                    .and_then(|a| a.get(crate::ANNOTATION_ADOPT_FROM))
+                    .map(String::as_str),
+            ),
         }
     }
 
@@ -504,6 +513,12 @@ impl NamespaceInfo {
     /// Whether this namespace accepts copies from tenant rules of `namespace`.
     pub(crate) fn accepts(&self, namespace: &str) -> bool {
         self.accept_from.iter().any(|g| g.matches(namespace))
+    }
+
+    /// Whether this namespace lets tenant rules of `namespace` adopt any
+    /// object here, and delete what they adopted.
+    pub(crate) fn adopts_from(&self, namespace: &str) -> bool {
+        self.adopt_from.iter().any(|g| g.matches(namespace))
     }
 }
 

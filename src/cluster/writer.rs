@@ -791,6 +791,7 @@ mod tests {
     }
 
     const ADOPT: Claim = Claim {
+        adopt_own_only: false,
         policy: ConflictPolicy::Skip,
         adopt: true,
     };
@@ -897,6 +898,7 @@ mod tests {
         assert!(matches!(outcome, Outcome::Conflict(_)), "{outcome:?}");
         assert_eq!(data(&store, "t1"), json!({"ca": "OLD"}));
         let overwrite = Claim {
+            adopt_own_only: false,
             policy: ConflictPolicy::Overwrite,
             adopt: true,
         };

@@ -214,7 +214,12 @@ async fn take_over_or_skip(
             continue;
         };
         let current = Arc::new(existing);
-        match plan::occupied(desired, &current, resolved, &rule_name) {
+        let claim = Claim::in_namespace(
+            resolved,
+            namespace,
+            read(&site.cluster.views.namespaces).get(namespace),
+        );
+        match plan::occupied(desired, &current, claim, &rule_name) {
             Occupied::Ours => {}
             Occupied::Conflict(reason) => conflicts.push(ConflictEntry {
                 cluster: None,
@@ -312,6 +317,7 @@ fn plan_pass(
                 &resolved.uid,
                 DeleteReason::SourceGone,
                 resolved.deletion.source_gone,
+                resolved.tenant.then_some(&*resolved.key.namespace),
                 &namespaces,
                 &read(site.cluster.views.copies(kind)),
             ) {
@@ -577,11 +583,11 @@ async fn write_admitted(
     pass: &mut Pass,
 ) -> Vec<(ObjectKey, String)> {
     let rule_name = resolved.key.to_string();
-    let claim = Claim::from(resolved);
     let concurrency = site.cluster.writer.concurrency();
     let mut results = futures::stream::iter(admitted)
         .map(|(copy, kind, action)| {
             let rule_name = rule_name.clone();
+            let claim = claim_in(site, resolved, action.target().0);
             async move {
                 let outcome = site
                     .cluster
@@ -598,6 +604,20 @@ async fn write_admitted(
         new_conflicts.extend(take_outcomes(site, resolved, pass, outcomes));
     }
     new_conflicts
+}
+
+/// The rule's claim in `namespace`: only a tenant rule that adopts needs
+/// the namespace's word on adoption.
+fn claim_in(site: &Site, resolved: &ResolvedRule, namespace: &str) -> Claim {
+    if resolved.tenant && resolved.adopt {
+        Claim::in_namespace(
+            resolved,
+            namespace,
+            read(&site.cluster.views.namespaces).get(namespace),
+        )
+    } else {
+        Claim::from(resolved)
+    }
 }
 
 /// Outcomes into the rule's tally and the copies' backoffs (each lock

@@ -142,10 +142,11 @@ pub(crate) fn withdrawals(
     kind: Kind,
     why: DeleteReason,
     disposal: Disposal,
+    tenant: Option<&str>,
 ) -> Vec<Action> {
     let namespaces = read(&site.cluster.views.namespaces);
     let copies = read(site.cluster.views.copies(kind));
-    plan::cleanup(uid, why, disposal, &namespaces, &copies)
+    plan::cleanup(uid, why, disposal, tenant, &namespaces, &copies)
 }
 
 /// Withdraw the rule of `uid` from a site (home at its deletion, or a
@@ -157,10 +158,11 @@ pub(crate) async fn withdraw(
     why: DeleteReason,
     disposal: Disposal,
     rule: &str,
+    tenant: Option<&str>,
 ) -> Cleared {
     let mut cleared = Cleared::default();
     for kind in Kind::all() {
-        let actions = withdrawals(site, uid, kind, why, disposal);
+        let actions = withdrawals(site, uid, kind, why, disposal, tenant);
         cleared.carry_out(site, kind, actions, rule).await;
     }
     cleared
@@ -177,9 +179,13 @@ pub(crate) fn preview_withdrawal(
     disposal: Disposal,
 ) -> Vec<PlannedChange> {
     let cluster = shared.cluster_name(&site.name);
+    let rule_namespace = rule
+        .split_once('/')
+        .map_or(rule, |(namespace, _)| namespace);
+    let tenant = shared.trust.tenant_namespace(rule_namespace);
     Kind::all()
         .flat_map(|kind| {
-            withdrawals(site, uid, kind, why, disposal)
+            withdrawals(site, uid, kind, why, disposal, tenant)
                 .into_iter()
                 .map(move |action| PlannedChange::of(cluster, rule, kind, &action))
         })
@@ -390,7 +396,8 @@ pub(crate) async fn cleanup(
         .map(|kind| read(shared.copies(kind)).count_create_only(uid))
         .sum();
     let why = DeleteReason::RuleDeleted;
-    let cleared = withdraw(&shared.home, uid, why, disposal, &key.to_string()).await;
+    let tenant = shared.trust.tenant_namespace(&key.namespace);
+    let cleared = withdraw(&shared.home, uid, why, disposal, &key.to_string(), tenant).await;
     let Cleared {
         done: deleted,
         retry,
@@ -463,7 +470,7 @@ mod tests {
     }
 
     async fn withdraw_r(shared: &Shared, why: DeleteReason, disposal: Disposal) -> Cleared {
-        withdraw(&shared.home, "rule-1", why, disposal, "ops/r").await
+        withdraw(&shared.home, "rule-1", why, disposal, "ops/r", None).await
     }
 
     #[tokio::test]

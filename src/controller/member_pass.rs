@@ -222,7 +222,10 @@ async fn withdraw(
     let key = rule.key();
     let uid = rule.uid().unwrap_or_default().to_owned();
     let cleared = match how {
-        Some((why, disposal)) => withdraw_copies(site, &uid, why, disposal, &key.to_string()).await,
+        Some((why, disposal)) => {
+            let tenant = shared.trust.tenant_namespace(&key.namespace);
+            withdraw_copies(site, &uid, why, disposal, &key.to_string(), tenant).await
+        }
         None => Cleared::default(),
     };
     let Cleared { retry, failed, .. } = cleared;

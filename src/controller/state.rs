@@ -695,6 +695,7 @@ mod tests {
             labels: BTreeMap::new(),
             terminating: false,
             accept_from: Vec::new(),
+            adopt_from: Vec::new(),
         };
         shared.namespace_changed(&shared.home, "t1", None, Some(&info));
         let touched = queued(&shared).await;

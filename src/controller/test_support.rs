@@ -90,6 +90,7 @@ pub(crate) fn add_namespaces(site: &Site, namespaces: &[&str]) {
                 labels: BTreeMap::new(),
                 terminating: false,
                 accept_from: Vec::new(),
+                adopt_from: Vec::new(),
             },
         );
     }

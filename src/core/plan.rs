@@ -907,7 +907,12 @@ impl<'a> Planner<'a> {
                 } else {
                     DeleteReason::TargetLeft
                 };
-                let disposal = reason.disposal(&inputs.rule.deletion);
+                let disposal = disposal_of(
+                    current,
+                    reason.disposal(&inputs.rule.deletion),
+                    inputs.rule.tenant.then_some(&*inputs.rule.key.namespace),
+                    inputs.namespaces,
+                );
                 self.out
                     .actions
                     .push(Action::dispose(current.clone(), reason, disposal));
@@ -989,7 +994,12 @@ fn decide_over(inputs: &Inputs<'_>, desired: &Arc<Desired>, current: &Arc<Object
             && current.rule_uid() == Some(rule.uid.as_str());
         return if made_here {
             Placement::InPlace
-        } else if may_adopt(rule.into(), desired, current, &rule.key.to_string()) {
+        } else if may_adopt(
+            claim_at(inputs, current),
+            desired,
+            current,
+            &rule.key.to_string(),
+        ) {
             Placement::Write(adopt(desired, current))
         } else {
             Placement::Conflict(handed_over_reason(current.rule_ref.as_deref()))
@@ -1003,7 +1013,12 @@ fn decide_over(inputs: &Inputs<'_>, desired: &Arc<Desired>, current: &Arc<Object
             return Placement::Write(rewrite(desired, current));
         }
         // Copyrator's labels set by someone else: a foreign object.
-        if may_adopt(rule.into(), desired, current, &rule.key.to_string()) {
+        if may_adopt(
+            claim_at(inputs, current),
+            desired,
+            current,
+            &rule.key.to_string(),
+        ) {
             return Placement::Write(adopt(desired, current));
         }
         return match rule.conflict_policy {
@@ -1031,12 +1046,25 @@ fn adopt(desired: &Arc<Desired>, current: &Arc<Object>) -> Action {
     }
 }
 
+/// The claim of `inputs.rule` at the place `current` holds.
+fn claim_at(inputs: &Inputs<'_>, current: &Object) -> Claim {
+    Claim::in_namespace(
+        inputs.rule,
+        &current.namespace,
+        inputs.namespaces.get(&*current.namespace),
+    )
+}
+
 /// How a rule takes the objects it finds at its places that it did not
 /// write: its `conflictPolicy`, and whether it adopts (`spec.adopt`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Claim {
     pub(crate) policy: ConflictPolicy,
     pub(crate) adopt: bool,
+    /// A tenant rule where the namespace did not let it adopt any object
+    /// (`copyrator.flant.com/adopt-from`): it adopts only what another
+    /// copying tool's marks say came from the rule's own namespace.
+    pub(crate) adopt_own_only: bool,
 }
 
 impl From<ConflictPolicy> for Claim {
@@ -1044,16 +1072,62 @@ impl From<ConflictPolicy> for Claim {
         Claim {
             policy,
             adopt: false,
+            adopt_own_only: false,
         }
     }
 }
 
+/// A rule's claim where the namespace is not known: a tenant rule's
+/// adoption is limited as in a namespace that did not let it adopt.
 impl From<&ResolvedRule> for Claim {
     fn from(rule: &ResolvedRule) -> Self {
         Claim {
             policy: rule.conflict_policy,
             adopt: rule.adopt,
+            adopt_own_only: rule.tenant,
         }
+    }
+}
+
+impl Claim {
+    /// `rule`'s claim in the namespace `name` (described by `info`): a
+    /// tenant rule adopts any object only in its own namespace (in its own
+    /// cluster) or where the namespace lets its namespace adopt.
+    pub(crate) fn in_namespace(
+        rule: &ResolvedRule,
+        name: &str,
+        info: Option<&NamespaceInfo>,
+    ) -> Self {
+        let own = rule.in_own_cluster && name == rule.key.namespace;
+        let lets_adopt = own || info.is_some_and(|i| i.adopts_from(&rule.key.namespace));
+        Claim {
+            adopt_own_only: rule.tenant && !lets_adopt,
+            ..Claim::from(rule)
+        }
+    }
+}
+
+/// How a copy of `rule` that no longer belongs is disposed of: as
+/// `wanted`, but an object a tenant rule adopted is handed over, never
+/// deleted, where its namespace did not let the rule's namespace adopt
+/// (`copyrator.flant.com/adopt-from`). `tenant` is the namespace of a
+/// tenant rule; none for a rule of the operator's namespace.
+pub(crate) fn disposal_of(
+    copy: &Object,
+    wanted: Disposal,
+    tenant: Option<&str>,
+    namespaces: &BTreeMap<String, NamespaceInfo>,
+) -> Disposal {
+    let Some(tenant) = tenant else {
+        return wanted;
+    };
+    let deletion_allowed = namespaces
+        .get(&*copy.namespace)
+        .is_some_and(|ns| ns.adopts_from(tenant));
+    if copy.adopted_from.is_some() && !deletion_allowed {
+        Disposal::Orphan
+    } else {
+        wanted
     }
 }
 
@@ -1064,7 +1138,23 @@ impl From<&ResolvedRule> for Claim {
 /// this name (`deletionPolicy` Orphan, or `syncPolicy: CreateOnly`),
 /// never a copy of another rule.
 pub(crate) fn may_adopt(claim: Claim, desired: &Desired, existing: &Object, rule: &str) -> bool {
-    if !claim.adopt || existing.payload_hash != desired.payload_hash {
+    if !claim.adopt {
+        return false;
+    }
+    // Decided before the content is looked at, so that what a tenant's
+    // rule does (and its status says) tells nothing of an object's content
+    // where it may not adopt.
+    if claim.adopt_own_only {
+        let rule_namespace = rule
+            .split_once('/')
+            .map_or(rule, |(namespace, _)| namespace);
+        let from =
+            crate::core::tracking::copied_from_namespace(&existing.labels, &existing.annotations);
+        if existing.create_only || from != Some(rule_namespace) {
+            return false;
+        }
+    }
+    if existing.payload_hash != desired.payload_hash {
         return false;
     }
     let ours_uid = desired.labels.get(LABEL_RULE_UID).map(String::as_str);
@@ -1271,8 +1361,10 @@ pub(crate) fn orphans(
                     .is_some_and(|ns| !ns.terminating)
         })
         .map(|c| {
-            // Its rule is gone: the label is all that is left of its policy.
-            let disposal = if c.orphan_with_rule {
+            // Its rule is gone: the label is all that is left of its
+            // policy. What it adopted is handed over: whether its rule
+            // could delete it is not known any more.
+            let disposal = if c.orphan_with_rule || c.adopted_from.is_some() {
                 Disposal::Orphan
             } else {
                 Disposal::Delete
@@ -1286,13 +1378,16 @@ pub(crate) fn orphans(
 
 /// What clears a site of a rule's copies, all of which no longer belong for
 /// `why` (the rule is deleted, or no longer targets the site, or no longer
-/// copies their kind): each is deleted or handed over under `disposal`,
-/// except in terminating namespaces (their deletion takes the copies along)
-/// and those already handed over to their namespaces.
+/// copies their kind): each is deleted or handed over under `disposal` (as
+/// [`disposal_of`] says for the rule, a tenant rule of the namespace
+/// `tenant` or none), except in terminating namespaces (their deletion
+/// takes the copies along) and those already handed over to their
+/// namespaces.
 pub(crate) fn cleanup(
     rule_uid: &str,
     why: DeleteReason,
     disposal: Disposal,
+    tenant: Option<&str>,
     namespaces: &BTreeMap<String, NamespaceInfo>,
     copies: &CopyIndex,
 ) -> Vec<Action> {
@@ -1304,7 +1399,10 @@ pub(crate) fn cleanup(
                     .get(&*c.namespace)
                     .is_some_and(|ns| ns.terminating)
         })
-        .map(|c| Action::dispose(c.clone(), why, disposal))
+        .map(|c| {
+            let disposal = disposal_of(c, disposal, tenant, namespaces);
+            Action::dispose(c.clone(), why, disposal)
+        })
         .collect()
 }
 
@@ -1705,6 +1803,122 @@ pub(crate) mod tests {
             ]
         );
         assert_eq!(p.protected_namespaces, 0);
+    }
+
+    /// The tenant rule `team-a/r` with `adopt: true`.
+    fn adopting_tenant_rule() -> ResolvedRule {
+        let mut value = json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+                               "spec": {"adopt": true}});
+        value["metadata"] = json!({"name": "r", "namespace": "team-a", "uid": "rule-1"});
+        let r: CopyratorRule = serde_json::from_value(value).unwrap();
+        let tenant = r.resolve(&Trust::new("ops", true)).unwrap();
+        assert!(tenant.tenant && tenant.adopt);
+        tenant
+    }
+
+    /// `victim` accepts team-a's copies, lets `adopt_from` adopt, and holds
+    /// an object `pin` it made itself, holding `held`, labelled `labels`;
+    /// team-a's source `pin` holds 4821.
+    fn victim_world(adopt_from: Option<&str>, held: &str, labels: &[(&str, &str)]) -> World {
+        let mut w = World::new(&["team-a", "victim"]);
+        let victim = w.namespaces.get_mut("victim").unwrap();
+        victim.accept_from = NamespaceInfo::accept_from(Some("team-a"));
+        victim.adopt_from = NamespaceInfo::accept_from(adopt_from);
+        w.source("team-a", "pin", &[("copy", "yes")], json!({"pin": "4821"}));
+        let mut found = crate::cache::index::tests::object("victim", "pin", "v-1", 3, labels);
+        found.payload.insert("data".into(), json!({"pin": held}));
+        found.rehash();
+        found.authored = false;
+        found.rule_uid = None;
+        found.set_owned(|_, _| false);
+        w.copies.upsert(Arc::new(found));
+        w
+    }
+
+    /// A tenant rule adopts an object it did not make only where the
+    /// namespace lets its namespace adopt, or where another tool's mark
+    /// says the object came from the rule's namespace; elsewhere, equal
+    /// content or not, the object is the same conflict (its status tells
+    /// nothing of the content).
+    #[test]
+    fn a_tenant_rule_adopts_only_where_let_and_its_status_tells_no_content() {
+        let tenant = adopting_tenant_rule();
+        // Not let: the right guess and a wrong one look the same.
+        let plans: Vec<Plan> = ["4821", "0000"]
+            .into_iter()
+            .map(|held| victim_world(None, held, &[("team", "victim")]).plan(&tenant))
+            .collect();
+        for plan in &plans {
+            assert!(plan.actions.is_empty(), "{:?}", verbs(plan));
+            assert_eq!(plan.conflicts.len(), 1);
+        }
+        assert_eq!(plans[0].conflicts, plans[1].conflicts);
+        assert_eq!(
+            (plans[0].in_place, plans[0].desired),
+            (plans[1].in_place, plans[1].desired)
+        );
+        // Another tool's mark saying it came from the rule's namespace.
+        let from_own = [("generate.kyverno.io/source-namespace", "team-a")];
+        let p = victim_world(None, "4821", &from_own).plan(&tenant);
+        assert_eq!(verbs(&p), [("victim".into(), "pin".into(), "adopt")]);
+        let from_else = [("generate.kyverno.io/source-namespace", "team-z")];
+        assert!(
+            victim_world(None, "4821", &from_else)
+                .plan(&tenant)
+                .actions
+                .is_empty()
+        );
+        // Let by the namespace.
+        let p = victim_world(Some("team-a"), "4821", &[]).plan(&tenant);
+        assert_eq!(verbs(&p), [("victim".into(), "pin".into(), "adopt")]);
+    }
+
+    /// What a tenant rule adopted, no longer wanted, is handed over, not
+    /// deleted, unless the namespace let the rule's namespace adopt; an
+    /// admin rule's deletion policy stands.
+    #[test]
+    fn what_a_tenant_rule_adopted_is_deleted_only_where_it_was_let_adopt() {
+        let mut adopted = crate::cache::index::tests::object(
+            "victim",
+            "pin",
+            "v-1",
+            4,
+            &[(LABEL_RULE_UID, "rule-1")],
+        );
+        adopted
+            .annotations
+            .insert(crate::ANNOTATION_ADOPTED_FROM.into(), "Kyverno".into());
+        adopted.rehash();
+        let mut copies = CopyIndex::default();
+        copies.upsert(Arc::new(adopted.clone()));
+        for (adopt_from, disposal) in [(None, Disposal::Orphan), (Some("team-a"), Disposal::Delete)]
+        {
+            let w = victim_world(adopt_from, "0000", &[]);
+            assert_eq!(
+                disposal_of(&adopted, Disposal::Delete, Some("team-a"), &w.namespaces),
+                disposal
+            );
+            assert_eq!(
+                disposal_of(&adopted, Disposal::Delete, None, &w.namespaces),
+                Disposal::Delete,
+                "an admin rule's deletion policy stands"
+            );
+            let why = DeleteReason::RuleDeleted;
+            let cleared = cleanup(
+                "rule-1",
+                why,
+                Disposal::Delete,
+                Some("team-a"),
+                &w.namespaces,
+                &copies,
+            );
+            let verb = if disposal == Disposal::Orphan {
+                "orphan"
+            } else {
+                "delete"
+            };
+            assert_eq!(cleared.iter().map(Action::verb).collect::<Vec<_>>(), [verb]);
+        }
     }
 
     #[test]
@@ -2529,6 +2743,7 @@ pub(crate) mod tests {
             &keep.uid,
             DeleteReason::RuleDeleted,
             Disposal::Orphan,
+            None,
             &w.namespaces,
             &w.copies,
         );
@@ -2688,6 +2903,7 @@ pub(crate) mod tests {
                 &r.uid,
                 DeleteReason::RuleDeleted,
                 Disposal::Delete,
+                None,
                 &w.namespaces,
                 &w.copies
             )
@@ -2769,6 +2985,7 @@ pub(crate) mod tests {
                 &r.uid,
                 DeleteReason::RuleDeleted,
                 Disposal::Delete,
+                None,
                 &w.namespaces,
                 &w.copies
             )
@@ -2937,6 +3154,7 @@ pub(crate) mod tests {
                 &r.uid,
                 DeleteReason::RuleDeleted,
                 Disposal::Delete,
+                None,
                 &w.namespaces,
                 &w.copies
             )

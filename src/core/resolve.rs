@@ -32,6 +32,12 @@ pub(crate) struct Trust {
 }
 
 impl Trust {
+    /// `namespace`, if a rule there is a tenant's: outside the operator's
+    /// namespace.
+    pub(crate) fn tenant_namespace<'a>(&self, namespace: &'a str) -> Option<&'a str> {
+        (namespace != self.operator_namespace).then_some(namespace)
+    }
+
     #[cfg(test)]
     /// The defaults: protected namespaces, tracking keys and Secret types
     /// as shipped; tenant rules keep to the home cluster.

@@ -3,6 +3,7 @@
 //! them, and the rule's validation, which refuses to add them.
 
 use crate::api::selector::KeyGlob;
+use std::collections::BTreeMap;
 
 /// Labels and annotations that never travel to a copy, each with why:
 /// what says who owns or tracks the source (a copy carrying it would be
@@ -130,6 +131,24 @@ pub(crate) const COPIERS: &[(&str, &str)] = &[
     ("clustersecret.io/*", "ClusterSecret"),
 ];
 
+/// Where another copying tool's marks say it copied an object from: the
+/// source's namespace (Kyverno's clone label, reflector's `reflects`
+/// annotation), if they say.
+pub(crate) fn copied_from_namespace<'a>(
+    labels: &'a BTreeMap<String, String>,
+    annotations: &'a BTreeMap<String, String>,
+) -> Option<&'a str> {
+    labels
+        .get("generate.kyverno.io/source-namespace")
+        .map(String::as_str)
+        .or_else(|| {
+            annotations
+                .get("reflector.v1.k8s.emberstack.com/reflects")
+                .and_then(|source| source.split_once('/'))
+                .map(|(namespace, _)| namespace)
+        })
+}
+
 /// Patterns with what they say (a reason, a tool), as globs.
 type Globs = Vec<(KeyGlob, &'static str)>;
 
@@ -176,6 +195,39 @@ mod tests {
 
     /// What a copy is stripped of on adoption, no copy carries from its
     /// source either: each copier's pattern is a tracking key.
+    #[test]
+    fn where_a_tool_says_it_copied_from() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let none = map(&[]);
+        assert_eq!(
+            copied_from_namespace(
+                &map(&[("generate.kyverno.io/source-namespace", "team-a")]),
+                &none
+            ),
+            Some("team-a")
+        );
+        assert_eq!(
+            copied_from_namespace(
+                &none,
+                &map(&[("reflector.v1.k8s.emberstack.com/reflects", "team-a/db")])
+            ),
+            Some("team-a")
+        );
+        assert_eq!(copied_from_namespace(&none, &none), None);
+        assert_eq!(
+            copied_from_namespace(
+                &none,
+                &map(&[("reflector.v1.k8s.emberstack.com/reflects", "no-slash")])
+            ),
+            None
+        );
+    }
+
     #[test]
     fn every_copiers_mark_is_a_tracking_key_and_is_told_apart() {
         for (pattern, tool) in COPIERS {

@@ -987,6 +987,21 @@ impl TestNs {
             .unwrap_or_else(|e| panic!("annotating namespace {ns}: {}", err_msg(&e)));
     }
 
+    /// Annotates namespace `ns` to let tenant rules of `from` adopt
+    /// objects there, and delete what they adopted.
+    pub async fn adopt_from(&self, ns: &str, from: &str) {
+        self.namespaces()
+            .patch(
+                ns,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+                    "copyrator.flant.com/adopt-from": from,
+                }}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("annotating namespace {ns}: {}", err_msg(&e)));
+    }
+
     /// Sets (`Some`) or removes (`None`) labels.
     pub async fn set_labels(
         &self,

@@ -479,9 +479,10 @@ async fn what_does_not_consent_is_never_named_in_a_tenant_rules_status() {
 }
 
 /// A tenant rule adopts only where it may write: of two namespaces holding
-/// an object with the copy's content, the one that accepts the tenant has
-/// it adopted (same uid, now the rule's copy); the one that does not is
-/// left exactly as it was, and its object is not counted.
+/// an object with the copy's content, both letting the tenant adopt, the
+/// one that accepts the tenant's copies has it adopted (same uid, now the
+/// rule's copy); the one that does not is left exactly as it was, and its
+/// object is not counted.
 #[tokio::test]
 async fn a_tenant_rule_adopts_only_where_it_is_accepted() {
     let t = TestNs::new("consent-adopt").await;
@@ -490,6 +491,10 @@ async fn a_tenant_rule_adopts_only_where_it_is_accepted() {
     let tenant = t.ns("ta").await;
     let (accepting, refusing) = (t.ns("t1").await, t.ns("t2").await);
     t.accept_from(&accepting, &tenant).await;
+    // Adopting what no tool's mark says came from the tenant's namespace
+    // needs the namespace's word as well.
+    t.adopt_from(&accepting, &tenant).await;
+    t.adopt_from(&refusing, &tenant).await;
     let mut before = Vec::new();
     for ns in [&accepting, &refusing] {
         let made = t
@@ -539,5 +544,102 @@ async fn a_tenant_rule_adopts_only_where_it_is_accepted() {
         ),
         "the object where the tenant may not write was touched"
     );
+    operator.assert_running();
+}
+
+/// Adoption tells a tenant nothing of objects it did not make, and takes
+/// none it may not have. Namespace `victim` accepts copies from the
+/// tenants `ta` and `tb` but lets neither adopt; each has a rule with
+/// `adopt: true` over a Secret `pin`, `ta` with the victim's PIN, `tb`
+/// with another: both rules report the same conflict, and the victim's
+/// Secret is untouched. In namespace `marked`, an object that another
+/// tool's mark says came from `ta` is adopted by `ta`'s rule, and stays,
+/// handed over, when that rule is deleted (the namespace never let `ta`
+/// delete what it adopted).
+#[tokio::test]
+async fn a_tenants_adoption_reveals_and_takes_nothing_it_was_not_given() {
+    let t = TestNs::new("adopt-oracle").await;
+    let rule = t.prefix.clone();
+    let op = t.ns("op").await;
+    let (ta, tb) = (t.ns("ta").await, t.ns("tb").await);
+    let victim = t.ns("victim").await;
+    let marked = t.ns("marked").await;
+    t.accept_from(&victim, &format!("{ta},{tb}")).await;
+    t.accept_from(&marked, &ta).await;
+    let pin = t
+        .create_plain(
+            Kind::Secret,
+            &victim,
+            "pin",
+            &[("team", "victim")],
+            &[("pin", "4821")],
+        )
+        .await;
+    let tool_made = t
+        .create_plain(
+            Kind::Secret,
+            &marked,
+            "pin",
+            &[("generate.kyverno.io/source-namespace", ta.as_str())],
+            &[("pin", "4821")],
+        )
+        .await;
+    for (ns, guess) in [(&ta, "4821"), (&tb, "0000")] {
+        t.create_source(Kind::Secret, ns, "pin", &[], &[("pin", guess)])
+            .await;
+        let tenant = Tenant::admin_of(&t, ns, "tenant").await;
+        tenant
+            .create_rule(
+                &rule,
+                json!({"spec": {"ruleType": "secret", "selector": t.selector(),
+                                "targets": {"include": [victim, marked]}, "adopt": true}}),
+            )
+            .await;
+    }
+    let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
+    let mut reasons = Vec::new();
+    for (ns, adopted) in [(&ta, 1), (&tb, 0)] {
+        let status = t
+            .wait_rule(ns, &rule, "one conflict at the victim's", |r| {
+                match (
+                    status_u64(r, "conflictCount"),
+                    status_u64(r, "adoptedCopies"),
+                ) {
+                    (Some(1), Some(a)) if a == adopted => Ok(()),
+                    _ => Err(short_status(r)),
+                }
+            })
+            .await;
+        let conflicts = status["status"]["conflicts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(conflicts.len(), 1, "{}", status["status"]);
+        assert_eq!(conflicts[0]["namespace"], json!(victim));
+        reasons.push(conflicts[0]["reason"].clone());
+    }
+    assert_eq!(
+        reasons[0], reasons[1],
+        "the right guess and a wrong one are told apart"
+    );
+    let left = t.must_get(Kind::Secret, &victim, "pin").await;
+    assert_eq!(
+        (&left.uid, &left.resource_version, &left.labels),
+        (&pin.uid, &pin.resource_version, &pin.labels),
+        "the victim's Secret was touched"
+    );
+    let taken = t.must_get(Kind::Secret, &marked, "pin").await;
+    assert_eq!(taken.uid, tool_made.uid, "adopted, the same object");
+    assert!(taken.is_copy(), "{:?}", taken.labels);
+
+    t.delete_rule(&ta, &rule).await;
+    t.wait_rule_gone(&ta, &rule, "its finalizer done").await;
+    let kept = t.must_get(Kind::Secret, &marked, "pin").await;
+    assert_eq!(
+        kept.uid, tool_made.uid,
+        "what it adopted was deleted with it"
+    );
+    kept.data_is(&[("pin", "4821")])
+        .unwrap_or_else(|e| panic!("the object it adopted: {e}"));
     operator.assert_running();
 }
