@@ -196,8 +196,10 @@ async fn a_copy_relabelled_with_an_admin_rules_uid_is_not_that_rules() {
     }
     t.wait_rule_ready(&op, &rule).await;
 
-    // The tenant owns team-a and tenant-src; team-a accepts tenant-src's rules.
+    // The tenant owns team-a and tenant-src; team-a accepts tenant-src's
+    // rules, and lets them adopt.
     t.accept_from(&team_a, &tenant_src).await;
+    t.adopt_from(&team_a, &tenant_src).await;
     let in_team_a = Tenant::admin_of(&t, &team_a, "attacker").await;
     let in_src = Tenant::admin_of(&t, &tenant_src, "attacker").await;
     let tenant_source: ConfigMap = serde_json::from_value(json!({
