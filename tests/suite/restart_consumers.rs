@@ -22,7 +22,7 @@ const PREFIX: &str = "copyrator.flant.com/restart-";
 /// How long "nothing more happens" is watched for.
 const QUIET: Duration = Duration::from_secs(6);
 
-fn workload_resource(kind: &str) -> ApiResource {
+pub(crate) fn workload_resource(kind: &str) -> ApiResource {
     let plural = format!("{}s", kind.to_ascii_lowercase());
     ApiResource {
         group: "apps".into(),
@@ -52,6 +52,18 @@ pub(crate) async fn workload(
     pod: Value,
     annotations: Value,
 ) {
+    workload_as(&t.client, kind, ns, name, pod, annotations).await;
+}
+
+/// [`workload`], created through `client` (a tenant's).
+pub(crate) async fn workload_as(
+    client: &kube::Client,
+    kind: &str,
+    ns: &str,
+    name: &str,
+    pod: Value,
+    annotations: Value,
+) {
     let mut spec = json!({
         "selector": {"matchLabels": {"app": name}},
         "template": {"metadata": {"labels": {"app": name}}, "spec": pod},
@@ -65,7 +77,7 @@ pub(crate) async fn workload(
         "spec": spec,
     });
     let object: DynamicObject = serde_json::from_value(body).unwrap();
-    Api::<DynamicObject>::namespaced_with(t.client.clone(), ns, &workload_resource(kind))
+    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &workload_resource(kind))
         .create(&PostParams::default(), &object)
         .await
         .unwrap_or_else(|e| panic!("creating {kind} {ns}/{name}: {}", err_msg(&e)));
@@ -78,8 +90,18 @@ pub(crate) async fn restarts_of(
     ns: &str,
     name: &str,
 ) -> (BTreeMap<String, String>, i64) {
+    restarts_as(&t.client, kind, ns, name).await
+}
+
+/// [`restarts_of`], read through `client` (a tenant's).
+pub(crate) async fn restarts_as(
+    client: &kube::Client,
+    kind: &str,
+    ns: &str,
+    name: &str,
+) -> (BTreeMap<String, String>, i64) {
     let object =
-        Api::<DynamicObject>::namespaced_with(t.client.clone(), ns, &workload_resource(kind))
+        Api::<DynamicObject>::namespaced_with(client.clone(), ns, &workload_resource(kind))
             .get(name)
             .await
             .unwrap_or_else(|e| panic!("reading {kind} {ns}/{name}: {}", err_msg(&e)));
