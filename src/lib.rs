@@ -84,6 +84,6 @@ pub(crate) const ANNOTATION_ADOPT_FROM: &str = "copyrator.flant.com/adopt-from";
 pub(crate) const ANNOTATION_RESTART: &str = "copyrator.flant.com/restart";
 /// Start of the pod-template annotation that rolls a workload using a
 /// copy: `copyrator.flant.com/restart-` and 16 hex digits of the SHA-256
-/// of `Kind/name` of the copy; its value is a hash of what the workload
-/// uses of the copy.
+/// of `Kind/name` of the copy; its value is a tag of what the workload
+/// uses of the copy, and where (`cache::mark::restart_value`).
 pub(crate) const ANNOTATION_RESTART_PREFIX: &str = "copyrator.flant.com/restart-";

@@ -26,15 +26,18 @@
 //! content to no rule, until its rule (the one its identity names) takes
 //! it back by a write that marks it anew.
 //!
-//! The restart annotation's value is a tag of what a workload uses under
-//! the same key, so that a reader of the workload learns nothing of the
-//! Secret's values.
+//! The restart annotation's value is a tag under the same key of what a
+//! workload uses, where it uses it (the copy's kind, namespace and name,
+//! and the workload's): a reader of the workload learns nothing of the
+//! Secret's values, and nobody can have the operator tag a content of
+//! their choosing at another workload's place, so that a tenant's own
+//! copies tell nothing of another's.
 //!
 //! The key is installed once per process ([`install`]), before anything
 //! is decoded; until then no mark proves anything. The command-line
 //! tools, which may not read the operator's Secret, take a well-formed
-//! mark for what it says instead ([`trust_unchecked`]) and hash restart
-//! values without a key: what they print is a preview.
+//! mark for what it says instead ([`trust_unchecked`]): what they print
+//! is a preview. Without a key no restart value is computed.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -322,28 +325,84 @@ pub(crate) fn verify(
     }
 }
 
+/// A workload that uses a copy: where the copy is, and the workload.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Consumer<'a> {
+    pub(crate) copy_kind: Kind,
+    pub(crate) copy_namespace: &'a str,
+    pub(crate) copy_name: &'a str,
+    /// `Deployment`, `StatefulSet` or `DaemonSet`.
+    pub(crate) workload_kind: &'a str,
+    pub(crate) workload_namespace: &'a str,
+    pub(crate) workload_name: &'a str,
+}
+
+/// What a restart value of this version starts with: the values of
+/// earlier versions are 32 hex digits alone (see [`RestartForm`]).
+pub(crate) const RESTART_VALUE_PREFIX: &str = "v3-";
+
 /// The restart annotation's value for `used` (the canonical text of what a
-/// workload uses of a copy): a tag under `key`, or without a key a plain
-/// SHA-256 (as before keys existed), each of 32 hex digits.
-pub(crate) fn restart_value_with(key: Option<&MarkKey>, used: &str) -> String {
-    match key {
-        Some(key) => {
-            let mut feed = Feed::new(key, "copyrator restart");
-            feed.part(used.as_bytes());
-            feed.hex()
-        }
-        None => unkeyed_restart_value(used),
+/// workload uses of a copy) at `consumer`, under `key`:
+/// [`RESTART_VALUE_PREFIX`] and 32 hex digits. The same content at another
+/// copy or workload has another value.
+pub(crate) fn restart_value_with(key: &MarkKey, consumer: &Consumer<'_>, used: &str) -> String {
+    let mut feed = Feed::new(key, "copyrator restart at");
+    for part in [
+        consumer.copy_kind.name(),
+        consumer.copy_namespace,
+        consumer.copy_name,
+        consumer.workload_kind,
+        consumer.workload_namespace,
+        consumer.workload_name,
+        used,
+    ] {
+        feed.part(part.as_bytes());
+    }
+    format!("{RESTART_VALUE_PREFIX}{}", feed.hex())
+}
+
+/// [`restart_value_with`] this process's key; `None` without one (no
+/// value is written then).
+pub(crate) fn restart_value(consumer: &Consumer<'_>, used: &str) -> Option<String> {
+    key().map(|key| restart_value_with(key, consumer, used))
+}
+
+/// What a restart annotation's value is, as far as its form tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RestartForm {
+    /// Of this version: [`RESTART_VALUE_PREFIX`] first.
+    Placed,
+    /// Of an earlier version: 32 lowercase hex digits, either the plain
+    /// SHA-256 of what the workload used (before keys,
+    /// [`unkeyed_restart_value`]) or a tag of it under the key without its
+    /// place. The second is never computed again: comparing it with what a
+    /// workload uses now would let whoever may write a workload and a copy
+    /// test guesses of another workload's content (plant its value, and
+    /// watch whether the operator rolls).
+    Earlier,
+    /// Anything else: written by someone else.
+    Other,
+}
+
+/// The form of a restart annotation's value.
+pub(crate) fn restart_form(value: &str) -> RestartForm {
+    if value.starts_with(RESTART_VALUE_PREFIX) {
+        RestartForm::Placed
+    } else if value.len() == TAG_DIGITS
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        RestartForm::Earlier
+    } else {
+        RestartForm::Other
     }
 }
 
-/// [`restart_value_with`] this process's key.
-pub(crate) fn restart_value(used: &str) -> String {
-    restart_value_with(key(), used)
-}
-
 /// The value a workload carries from before restart values were keyed:
-/// taken as current while what it uses is unchanged, so that keying rolls
-/// no workload.
+/// anyone can compute it, so comparing it tells nobody anything new; taken
+/// as current while what the workload uses is unchanged, so that the
+/// upgrade rolls no workload.
 pub(crate) fn unkeyed_restart_value(used: &str) -> String {
     hex(
         ring::digest::digest(&ring::digest::SHA256, used.as_bytes()).as_ref(),
@@ -351,10 +410,24 @@ pub(crate) fn unkeyed_restart_value(used: &str) -> String {
     )
 }
 
+/// The value the version before this one wrote: a tag of what the
+/// workload used, without its place (kept for the tests alone, as nothing
+/// computes it any more).
+#[cfg(test)]
+pub(crate) fn placeless_restart_value(key: &MarkKey, used: &str) -> String {
+    let mut feed = Feed::new(key, "copyrator restart");
+    feed.part(used.as_bytes());
+    feed.hex()
+}
+
+/// The key [`install_test_key`] installs.
+#[cfg(test)]
+pub(crate) const TEST_KEY_SEED: u8 = 7;
+
 /// A fixed key for unit tests, installed once per test process.
 #[cfg(test)]
 pub(crate) fn install_test_key() {
-    let _ = CHECKING.get_or_init(|| Checking::Key(test_key(7)));
+    let _ = CHECKING.get_or_init(|| Checking::Key(test_key(TEST_KEY_SEED)));
 }
 
 #[cfg(test)]
@@ -522,15 +595,101 @@ mod tests {
         );
     }
 
+    const CONSUMER: Consumer<'static> = Consumer {
+        copy_kind: Kind::Secret,
+        copy_namespace: "team-b",
+        copy_name: "db",
+        workload_kind: "Deployment",
+        workload_namespace: "team-b",
+        workload_name: "app",
+    };
+
     #[test]
-    fn a_keyed_restart_value_is_not_the_plain_hash_and_depends_on_the_key() {
-        let used = "whole;4:data3:pin4:4821";
-        let plain = unkeyed_restart_value(used);
-        assert_eq!(restart_value_with(None, used), plain);
-        let keyed = restart_value_with(Some(&test_key(1)), used);
-        assert_eq!(keyed.len(), 32);
-        assert_ne!(keyed, plain);
-        assert_ne!(keyed, restart_value_with(Some(&test_key(2)), used));
-        assert_eq!(keyed, restart_value_with(Some(&test_key(1)), used));
+    fn a_restart_value_is_keyed_and_of_this_version() {
+        let used = "keys;4:data3:pin8:NDgyMQ==";
+        let value = restart_value_with(&test_key(1), &CONSUMER, used);
+        let digits = value
+            .strip_prefix(RESTART_VALUE_PREFIX)
+            .unwrap_or_else(|| panic!("{value}"));
+        assert_eq!(digits.len(), 32);
+        assert_eq!(restart_form(&value), RestartForm::Placed);
+        assert_ne!(digits, unkeyed_restart_value(used));
+        assert_ne!(digits, placeless_restart_value(&test_key(1), used));
+        assert_ne!(value, restart_value_with(&test_key(2), &CONSUMER, used));
+        assert_eq!(value, restart_value_with(&test_key(1), &CONSUMER, used));
+        assert_ne!(
+            value,
+            restart_value_with(&test_key(1), &CONSUMER, "keys;4:data3:pin8:NDgyMg==")
+        );
+    }
+
+    /// A tenant that makes the operator tag a content at its own copy and
+    /// workload learns nothing of the same content's value anywhere else.
+    #[test]
+    fn the_same_content_elsewhere_has_another_restart_value() {
+        let key = test_key(1);
+        let used = "keys;4:data3:pin8:NDgyMQ==";
+        let victims = restart_value_with(&key, &CONSUMER, used);
+        for elsewhere in [
+            Consumer {
+                copy_kind: Kind::ConfigMap,
+                ..CONSUMER
+            },
+            Consumer {
+                copy_namespace: "team-a",
+                ..CONSUMER
+            },
+            Consumer {
+                copy_name: "db-2",
+                ..CONSUMER
+            },
+            Consumer {
+                workload_kind: "StatefulSet",
+                ..CONSUMER
+            },
+            Consumer {
+                workload_namespace: "team-a",
+                ..CONSUMER
+            },
+            Consumer {
+                workload_name: "app-2",
+                ..CONSUMER
+            },
+            // Length prefixes: a boundary moved between parts counts.
+            Consumer {
+                copy_name: "d",
+                workload_kind: "bDeployment",
+                ..CONSUMER
+            },
+        ] {
+            assert_ne!(
+                restart_value_with(&key, &elsewhere, used),
+                victims,
+                "{elsewhere:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_values_of_earlier_versions_are_told_by_their_form() {
+        let used = "keys;4:data3:pin8:NDgyMQ==";
+        assert_eq!(
+            restart_form(&unkeyed_restart_value(used)),
+            RestartForm::Earlier
+        );
+        assert_eq!(
+            restart_form(&placeless_restart_value(&test_key(1), used)),
+            RestartForm::Earlier
+        );
+        for other in [
+            "",
+            "false",
+            "old",
+            &"A".repeat(32),
+            &"0".repeat(31),
+            &"0".repeat(33),
+        ] {
+            assert_eq!(restart_form(other), RestartForm::Other, "{other}");
+        }
     }
 }

@@ -372,9 +372,14 @@ async fn list_and_roll(
     }
 }
 
-/// The restart annotations `object` (a workload) should get for the
-/// `copies` of its namespace: empty when none is due.
-fn due_on(object: &DynamicObject, copies: &[Entry]) -> BTreeMap<String, String> {
+/// The restart annotations `object` (a workload of `workload_kind`)
+/// should get for the `copies` of its namespace: empty when none is due.
+fn due_on(
+    workload_kind: &str,
+    object: &DynamicObject,
+    copies: &[Entry],
+) -> BTreeMap<String, String> {
+    let namespace = object.metadata.namespace.as_deref().unwrap_or_default();
     let Some(template) = object
         .data
         .get("spec")
@@ -390,6 +395,7 @@ fn due_on(object: &DynamicObject, copies: &[Entry]) -> BTreeMap<String, String> 
         .iter()
         .map(|(desired, trigger, before)| CopyContent {
             kind: desired.kind,
+            namespace,
             name: &desired.name,
             payload: &desired.payload,
             trigger: *trigger,
@@ -398,6 +404,9 @@ fn due_on(object: &DynamicObject, copies: &[Entry]) -> BTreeMap<String, String> 
         .collect();
     restarts_due(
         &Workload {
+            kind: workload_kind,
+            namespace,
+            name: object.metadata.name.as_deref().unwrap_or_default(),
             annotations: object.metadata.annotations.as_ref(),
             template_annotations: template
                 .metadata
@@ -420,7 +429,7 @@ async fn roll(
     copies: &[Entry],
     restarts: &mut Restarts,
 ) -> Result<(), ()> {
-    let due = due_on(object, copies);
+    let due = due_on(workload_kind, object, copies);
     if due.is_empty() {
         return Ok(());
     }
@@ -579,19 +588,37 @@ mod tests {
 
     #[test]
     fn a_workload_mounting_a_changed_copy_is_due_and_one_that_does_not_is_not() {
-        let due = due_on(&deployment("ca", json!({})), &changed(Trigger::Changed));
+        let due = due_on(
+            "Deployment",
+            &deployment("ca", json!({})),
+            &changed(Trigger::Changed),
+        );
         assert_eq!(due.len(), 1, "{due:?}");
         let (key, _) = due.iter().next().expect("one annotation");
         assert!(key.starts_with(crate::ANNOTATION_RESTART_PREFIX), "{key}");
-        assert!(due_on(&deployment("other", json!({})), &changed(Trigger::Changed)).is_empty());
+        assert!(
+            due_on(
+                "Deployment",
+                &deployment("other", json!({})),
+                &changed(Trigger::Changed)
+            )
+            .is_empty()
+        );
     }
 
     #[test]
     fn a_workload_that_opted_out_or_was_never_rolled_on_a_recheck_is_not_due() {
         let opted_out = deployment("ca", json!({crate::ANNOTATION_RESTART: "false"}));
-        assert!(due_on(&opted_out, &changed(Trigger::Changed)).is_empty());
+        assert!(due_on("Deployment", &opted_out, &changed(Trigger::Changed)).is_empty());
         // A recheck rolls only a workload that carries another value.
-        assert!(due_on(&deployment("ca", json!({})), &changed(Trigger::Recheck)).is_empty());
+        assert!(
+            due_on(
+                "Deployment",
+                &deployment("ca", json!({})),
+                &changed(Trigger::Recheck)
+            )
+            .is_empty()
+        );
     }
 
     #[test]

@@ -18,8 +18,9 @@ use tokio::time::Instant;
 
 use crate::api::kinds::Kind;
 use crate::cache::index::Object;
+use crate::cache::mark::{Consumer, RestartForm, restart_form};
 use crate::controller::site::{RuleMemory, Site};
-use crate::core::consumers::{opted_out, restart_key, use_of, used_hash};
+use crate::core::consumers::{opted_out, restart_key, restart_value, use_of};
 use crate::core::plan::Plan;
 use crate::core::resolve::ResolvedRule;
 use crate::core::rollout::{AvailabilityCheck, EarlierRead, Gated, Inputs, Stages, gate};
@@ -200,17 +201,17 @@ struct Judge<'a> {
 }
 
 impl Judge<'_> {
-    /// A workload of `kind` named `name`, with its pod template and own
-    /// annotations, and its rollout's figures `(current, want, updated,
-    /// available, total)`.
+    /// A workload of `kind` named `name` in `namespace`, with its pod
+    /// template and own annotations, and its rollout's figures `(current,
+    /// want, updated, available, total)`.
     fn rolling(
         &self,
-        kind: &'static str,
-        name: Option<String>,
+        (kind, namespace, name): (&'static str, &str, Option<String>),
         template: &PodTemplateSpec,
         annotations: &Option<BTreeMap<String, String>>,
         (current, want, updated, available, total): (bool, i32, i32, i32, i32),
     ) -> Rolling {
+        let name = name.unwrap_or_default();
         let kind_of_copy = self.kind;
         let used = template
             .spec
@@ -222,14 +223,26 @@ impl Judge<'_> {
             .and_then(|m| m.annotations.as_ref())
             .and_then(|a| a.get(&self.key));
         let restarted = match (&used, carried) {
-            (Some(used), Some(value)) => {
-                *value == used_hash(kind_of_copy, &self.check.desired.payload, used)
+            // An earlier version's value is never compared (see
+            // `RestartForm::Earlier`): as if it carried none, what it uses
+            // may not have changed.
+            (Some(used), Some(value)) if restart_form(value) != RestartForm::Earlier => {
+                let consumer = Consumer {
+                    copy_kind: kind_of_copy,
+                    copy_namespace: namespace,
+                    copy_name: &self.check.name,
+                    workload_kind: kind,
+                    workload_namespace: namespace,
+                    workload_name: &name,
+                };
+                restart_value(&consumer, &self.check.desired.payload, used)
+                    .is_some_and(|current| *value == current)
             }
             _ => true,
         };
         Rolling {
             kind,
-            name: name.unwrap_or_default(),
+            name,
             uses: used.is_some() && !opted_out(annotations.as_ref()),
             restarted,
             current,
@@ -289,8 +302,7 @@ async fn workloads_in(
                 );
                 let m = d.metadata;
                 judge.rolling(
-                    "Deployment",
-                    m.name,
+                    ("Deployment", namespace, m.name),
                     &d.spec.template,
                     &m.annotations,
                     figures,
@@ -309,8 +321,7 @@ async fn workloads_in(
                 );
                 let m = s.metadata;
                 judge.rolling(
-                    "StatefulSet",
-                    m.name,
+                    ("StatefulSet", namespace, m.name),
                     &s.spec.template,
                     &m.annotations,
                     figures,
@@ -329,8 +340,7 @@ async fn workloads_in(
                 );
                 let m = d.metadata;
                 judge.rolling(
-                    "DaemonSet",
-                    m.name,
+                    ("DaemonSet", namespace, m.name),
                     &d.spec.template,
                     &m.annotations,
                     figures,
@@ -401,11 +411,20 @@ mod tests {
         }
     }
 
-    /// The restart value of the check's new content for `template`.
-    fn new_value(check: &AvailabilityCheck, template: &PodTemplateSpec) -> String {
+    /// The restart value of the check's new content for `template`, as
+    /// the Deployment `namespace/web`.
+    fn new_value(check: &AvailabilityCheck, template: &PodTemplateSpec, namespace: &str) -> String {
         let spec: &PodSpec = template.spec.as_ref().expect("a pod spec");
         let used = use_of(spec, Kind::ConfigMap, &check.name).expect("uses the copy");
-        used_hash(Kind::ConfigMap, &check.desired.payload, &used)
+        let consumer = Consumer {
+            copy_kind: Kind::ConfigMap,
+            copy_namespace: namespace,
+            copy_name: &check.name,
+            workload_kind: "Deployment",
+            workload_namespace: namespace,
+            workload_name: "web",
+        };
+        restart_value(&consumer, &check.desired.payload, &used).expect("the test key")
     }
 
     #[test]
@@ -413,25 +432,59 @@ mod tests {
         let check = check(&["team-a"]);
         let judge = judge(&check);
         let plain = template("settings", &[]);
-        let value = new_value(&check, &plain);
+        let value = new_value(&check, &plain, "team-a");
         let figures = (true, 2, 2, 2, 2);
         let rolled = template("settings", &[(&judge.key, &value)]);
-        let w = judge.rolling("Deployment", Some("web".into()), &rolled, &None, figures);
+        let w = judge.rolling(
+            ("Deployment", "team-a", Some("web".into())),
+            &rolled,
+            &None,
+            figures,
+        );
         assert!(
             w.uses && w.restarted && w.settled(),
             "{}",
             w.describe("team-a")
         );
         let older = template("settings", &[(&judge.key, "an-older-content")]);
-        let w = judge.rolling("Deployment", Some("web".into()), &older, &None, figures);
+        let w = judge.rolling(
+            ("Deployment", "team-a", Some("web".into())),
+            &older,
+            &None,
+            figures,
+        );
         assert!(w.uses && !w.restarted && !w.settled());
         assert_eq!(
             w.describe("team-a"),
             "Deployment team-a/web (not rolled to the new content yet)"
         );
-        // Never rolled at all: what it uses may not have changed.
-        let w = judge.rolling("Deployment", Some("web".into()), &plain, &None, figures);
+        // Never rolled at all, or by an earlier version (whose value is
+        // never compared): what it uses may not have changed.
+        let w = judge.rolling(
+            ("Deployment", "team-a", Some("web".into())),
+            &plain,
+            &None,
+            figures,
+        );
         assert!(w.restarted && w.settled());
+        let earlier = template("settings", &[(&judge.key, &"0".repeat(32))]);
+        let w = judge.rolling(
+            ("Deployment", "team-a", Some("web".into())),
+            &earlier,
+            &None,
+            figures,
+        );
+        assert!(w.restarted && w.settled());
+        // The new content's value at another workload is not its own.
+        let elsewhere = new_value(&check, &plain, "team-b");
+        let planted = template("settings", &[(&judge.key, &elsewhere)]);
+        let w = judge.rolling(
+            ("Deployment", "team-a", Some("web".into())),
+            &planted,
+            &None,
+            figures,
+        );
+        assert!(!w.restarted && !w.settled());
     }
 
     #[test]
@@ -440,20 +493,29 @@ mod tests {
         let judge = judge(&check);
         let figures = (true, 2, 0, 0, 2);
         let other = template("other", &[]);
-        let w = judge.rolling("StatefulSet", Some("db".into()), &other, &None, figures);
+        let w = judge.rolling(
+            ("StatefulSet", "team-a", Some("db".into())),
+            &other,
+            &None,
+            figures,
+        );
         assert!(!w.uses);
         let opted_out: Option<BTreeMap<String, String>> =
             Some([(crate::ANNOTATION_RESTART.to_owned(), "false".to_owned())].into());
         let mounts = template("settings", &[]);
         let w = judge.rolling(
-            "StatefulSet",
-            Some("db".into()),
+            ("StatefulSet", "team-a", Some("db".into())),
             &mounts,
             &opted_out,
             figures,
         );
         assert!(!w.uses);
-        let w = judge.rolling("StatefulSet", Some("db".into()), &mounts, &None, figures);
+        let w = judge.rolling(
+            ("StatefulSet", "team-a", Some("db".into())),
+            &mounts,
+            &None,
+            figures,
+        );
         assert!(w.uses);
     }
 
@@ -462,11 +524,16 @@ mod tests {
         let check = check(&["team-a"]);
         let judge = judge(&check);
         let plain = template("settings", &[]);
-        let value = new_value(&check, &plain);
+        let value = new_value(&check, &plain, "team-a");
         let rolled = template("settings", &[(&judge.key, &value)]);
         let settles = |figures| {
             judge
-                .rolling("Deployment", Some("web".into()), &rolled, &None, figures)
+                .rolling(
+                    ("Deployment", "team-a", Some("web".into())),
+                    &rolled,
+                    &None,
+                    figures,
+                )
                 .settled()
         };
         // (current, want, updated, available, total)
@@ -479,8 +546,7 @@ mod tests {
         assert!(!settles((true, 3, 3, 2, 3)), "one pod not available");
         assert!(!settles((true, 3, 3, 3, 4)), "an old pod still runs");
         let w = judge.rolling(
-            "Deployment",
-            Some("web".into()),
+            ("Deployment", "team-a", Some("web".into())),
             &rolled,
             &None,
             (true, 3, 3, 2, 4),

@@ -5,11 +5,19 @@
 //!
 //! The annotation is `copyrator.flant.com/restart-<16 hex digits of the
 //! SHA-256 of "Kind/name">` (a per-copy key that fits the 63 characters of
-//! an annotation's name whatever the copy is called); its value is 32 hex
-//! digits of an HMAC-SHA-256, under the installation's key, of the keys and
-//! values the workload uses (a plain hash would let anyone who may read
-//! the workload guess a short Secret value). The same content always gives
-//! the same value, so writing it again never rolls a workload twice.
+//! an annotation's name whatever the copy is called); its value is `v3-`
+//! and 32 hex digits of an HMAC-SHA-256, under the installation's key, of
+//! the copy's place, the workload's, and the keys and values it uses (see
+//! `cache::mark`: a plain hash would let anyone who may read the workload
+//! guess a short Secret value, and a tag without the place would let a
+//! tenant have its own copies tagged and match the tags). The same content
+//! at the same place always gives the same value, so writing it again
+//! never rolls a workload twice.
+//!
+//! Values that earlier versions wrote (32 hex digits alone, without the
+//! place) are never compared with a tag: such a workload is treated as one
+//! that never carried the annotation, and gets the new value at the next
+//! roll a change of what it uses causes anyway.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -19,7 +27,7 @@ use ring::digest::{SHA256, digest};
 use serde_json::Value;
 
 use crate::api::kinds::Kind;
-use crate::cache::mark;
+use crate::cache::mark::{self, RestartForm};
 use crate::core::plan::Desired;
 use crate::{ANNOTATION_RESTART, ANNOTATION_RESTART_PREFIX};
 
@@ -158,12 +166,24 @@ fn value_text(value: &Value) -> String {
 }
 
 /// The restart annotation's value for what `used` takes of a copy's
-/// `payload` (its data fields): a tag under the installation's key (see
-/// `cache::mark`), so that it says nothing of the values to whoever reads
-/// the workload. A key the workload names but the copy lacks counts as
-/// absent, so its arrival changes the value too.
-pub fn used_hash(kind: Kind, payload: &BTreeMap<String, Value>, used: &Use) -> String {
-    mark::restart_value(&used_text(kind, payload, used))
+/// `payload` (its data fields) at `consumer`: a tag under the
+/// installation's key (see `cache::mark`), so that it says nothing of the
+/// values to whoever reads the workload; `None` without a key. A key the
+/// workload names but the copy lacks counts as absent, so its arrival
+/// changes the value too.
+pub(crate) fn restart_value(
+    consumer: &mark::Consumer<'_>,
+    payload: &BTreeMap<String, Value>,
+    used: &Use,
+) -> Option<String> {
+    mark::restart_value(consumer, &used_text(consumer.copy_kind, payload, used))
+}
+
+/// The value versions before keys wrote for what `used` takes of
+/// `payload`: a plain SHA-256, which anyone who may read a workload could
+/// test guesses against.
+pub fn unkeyed_hash(kind: Kind, payload: &BTreeMap<String, Value>, used: &Use) -> String {
+    mark::unkeyed_restart_value(&used_text(kind, payload, used))
 }
 
 /// The canonical text of what `used` takes of `payload`.
@@ -268,6 +288,7 @@ pub(crate) enum Trigger {
 /// A ConfigMap or Secret copy as it stands, for its consumers.
 pub(crate) struct CopyContent<'a> {
     pub(crate) kind: Kind,
+    pub(crate) namespace: &'a str,
     pub(crate) name: &'a str,
     pub(crate) payload: &'a BTreeMap<String, Value>,
     pub(crate) trigger: Trigger,
@@ -279,6 +300,10 @@ pub(crate) struct CopyContent<'a> {
 
 /// A Deployment, StatefulSet or DaemonSet as far as rolling it goes.
 pub(crate) struct Workload<'a> {
+    /// `Deployment`, `StatefulSet` or `DaemonSet`.
+    pub(crate) kind: &'a str,
+    pub(crate) namespace: &'a str,
+    pub(crate) name: &'a str,
     /// The workload's own annotations (where the opt-out is).
     pub(crate) annotations: Option<&'a BTreeMap<String, String>>,
     /// Its pod template's annotations.
@@ -287,8 +312,8 @@ pub(crate) struct Workload<'a> {
 }
 
 /// The annotations to set on `workload`'s pod template for `copies`
-/// (empty when none is due): for each copy it uses, the hash of what it
-/// uses, where that differs from what it carries.
+/// (empty when none is due): for each copy it uses, the value of what it
+/// uses there, where that differs from what it carries.
 pub(crate) fn restarts_due(
     workload: &Workload<'_>,
     copies: &[CopyContent<'_>],
@@ -301,23 +326,41 @@ pub(crate) fn restarts_due(
         let Some(used) = use_of(workload.spec, copy.kind, copy.name) else {
             continue;
         };
+        let consumer = mark::Consumer {
+            copy_kind: copy.kind,
+            copy_namespace: copy.namespace,
+            copy_name: copy.name,
+            workload_kind: workload.kind,
+            workload_namespace: workload.namespace,
+            workload_name: workload.name,
+        };
+        let text = used_text(copy.kind, copy.payload, &used);
+        let Some(value) = mark::restart_value(&consumer, &text) else {
+            continue;
+        };
         let key = restart_key(copy.kind, copy.name);
         let carried = workload.template_annotations.and_then(|a| a.get(&key));
-        if carried.is_none() {
-            let unchanged = copy.before.is_some_and(|before| {
-                !used_changed(before, &key_digests(copy.kind, copy.payload), &used)
-            });
-            if copy.trigger == Trigger::Recheck || unchanged {
-                continue;
+        let is_due = match carried.map(|c| (c, mark::restart_form(c))) {
+            Some((carried, RestartForm::Placed | RestartForm::Other)) => *carried != value,
+            // The plain hash of what it uses now: the same content, and
+            // anyone could compute it.
+            Some((carried, RestartForm::Earlier))
+                if *carried == mark::unkeyed_restart_value(&text) =>
+            {
+                false
             }
-        }
-        let text = used_text(copy.kind, copy.payload, &used);
-        let value = mark::restart_value(&text);
-        // A value from before restart values were keyed stands for the
-        // same content: replacing it would roll the workload for nothing.
-        let current =
-            carried.is_some_and(|c| *c == value || *c == mark::unkeyed_restart_value(&text));
-        if !current {
+            // Never carried one, or an earlier version's value, which is
+            // never compared (see `mark::RestartForm::Earlier`): it rolls
+            // for a change of what it uses, and a pass that only checks
+            // starts no roll.
+            None | Some((_, RestartForm::Earlier)) => {
+                let unchanged = copy.before.is_some_and(|before| {
+                    !used_changed(before, &key_digests(copy.kind, copy.payload), &used)
+                });
+                copy.trigger == Trigger::Changed && !unchanged
+            }
+        };
+        if is_due {
             due.insert(key, value);
         }
     }
@@ -426,61 +469,119 @@ mod tests {
         }
     }
 
+    /// Where the tests' workload uses the ConfigMap `cm`.
+    const AT: mark::Consumer<'static> = mark::Consumer {
+        copy_kind: Kind::ConfigMap,
+        copy_namespace: "t1",
+        copy_name: "cm",
+        workload_kind: "Deployment",
+        workload_namespace: "t1",
+        workload_name: "web",
+    };
+
+    /// The restart value of what `used` takes of `payload` at [`AT`].
+    fn value(payload: &BTreeMap<String, Value>, used: &Use) -> String {
+        restart_value(&AT, payload, used).expect("the test key is installed")
+    }
+
+    /// The workload of [`AT`].
+    fn web<'a>(
+        spec: &'a PodSpec,
+        annotations: Option<&'a BTreeMap<String, String>>,
+        template_annotations: Option<&'a BTreeMap<String, String>>,
+    ) -> Workload<'a> {
+        Workload {
+            kind: AT.workload_kind,
+            namespace: AT.workload_namespace,
+            name: AT.workload_name,
+            annotations,
+            template_annotations,
+            spec,
+        }
+    }
+
+    /// The copy of [`AT`], holding `payload`.
+    fn cm<'a>(
+        payload: &'a BTreeMap<String, Value>,
+        trigger: Trigger,
+        before: Option<&'a KeyDigests>,
+    ) -> CopyContent<'a> {
+        CopyContent {
+            kind: AT.copy_kind,
+            namespace: AT.copy_namespace,
+            name: AT.copy_name,
+            payload,
+            trigger,
+            before,
+        }
+    }
+
     #[test]
-    fn a_hash_covers_exactly_the_keys_used_and_is_stable() {
+    fn a_value_covers_exactly_the_keys_used_and_is_stable() {
         let before = payload(json!({"a": "1", "b": "2"}));
         let b_changed = payload(json!({"a": "1", "b": "3"}));
         let reordered: BTreeMap<String, Value> =
             serde_json::from_str(r#"{"data": {"b": "2", "a": "1"}}"#).expect("json");
         let a = Use::Keys(BTreeSet::from(["a".to_owned()]));
-        let cm = Kind::ConfigMap;
-        assert_eq!(
-            used_hash(cm, &before, &a),
-            used_hash(cm, &b_changed, &a),
-            "b is not used"
-        );
-        assert_ne!(
-            used_hash(cm, &before, &Use::Whole),
-            used_hash(cm, &b_changed, &Use::Whole)
-        );
-        assert_eq!(
-            used_hash(cm, &before, &Use::Whole),
-            used_hash(cm, &reordered, &Use::Whole)
-        );
-        assert_eq!(
-            used_hash(cm, &before, &a),
-            used_hash(cm, &before.clone(), &a)
-        );
+        assert_eq!(value(&before, &a), value(&b_changed, &a), "b is not used");
+        assert_ne!(value(&before, &Use::Whole), value(&b_changed, &Use::Whole));
+        assert_eq!(value(&before, &Use::Whole), value(&reordered, &Use::Whole));
+        assert_eq!(value(&before, &a), value(&before.clone(), &a));
         let gone = payload(json!({"b": "2"}));
         assert_ne!(
-            used_hash(cm, &before, &a),
-            used_hash(cm, &gone, &a),
+            value(&before, &a),
+            value(&gone, &a),
             "a key going away counts"
         );
         let empty = payload(json!({"a": ""}));
-        assert_ne!(
-            used_hash(cm, &empty, &a),
-            used_hash(cm, &gone, &a),
-            "empty is not absent"
-        );
+        assert_ne!(value(&empty, &a), value(&gone, &a), "empty is not absent");
         let split = payload(json!({"a": "1b", "b": "2"}));
         let joined = payload(json!({"a": "1", "b": "b2"}));
-        assert_ne!(
-            used_hash(cm, &split, &Use::Whole),
-            used_hash(cm, &joined, &Use::Whole)
-        );
+        assert_ne!(value(&split, &Use::Whole), value(&joined, &Use::Whole));
         // What workloads carry from before values were keyed is pinned:
-        // it is taken as current, so that keying rolls no consumer.
+        // it is taken as current, so that the upgrade rolls no consumer.
+        let cm = Kind::ConfigMap;
         assert_eq!(
-            mark::unkeyed_restart_value(&used_text(cm, &before, &Use::Whole)),
+            unkeyed_hash(cm, &before, &Use::Whole),
             "c36734778f62599efef9daaca3536618"
         );
-        assert_ne!(
-            used_hash(cm, &before, &Use::Whole),
-            "c36734778f62599efef9daaca3536618",
-            "keyed"
+        let keyed = value(&before, &Use::Whole);
+        assert!(!keyed.contains("c36734778f62599efef9daaca3536618"), "keyed");
+        assert_eq!(keyed.len(), mark::RESTART_VALUE_PREFIX.len() + 32);
+    }
+
+    /// The place is in the value: two workloads that use the same content
+    /// of copies of the same name, in two namespaces, carry two values.
+    #[test]
+    fn the_same_content_used_elsewhere_gets_another_value() {
+        let pod = deployment_spec();
+        let v1 = payload(json!({"a": "1"}));
+        let here = restarts_due(&web(&pod, None, None), &[cm(&v1, Trigger::Changed, None)]);
+        let elsewhere = restarts_due(
+            &Workload {
+                namespace: "t2",
+                ..web(&pod, None, None)
+            },
+            &[CopyContent {
+                namespace: "t2",
+                ..cm(&v1, Trigger::Changed, None)
+            }],
         );
-        assert_eq!(used_hash(cm, &before, &a).len(), 32);
+        assert_eq!(
+            here.keys().collect::<Vec<_>>(),
+            elsewhere.keys().collect::<Vec<_>>()
+        );
+        assert_ne!(here, elsewhere);
+        // Planted on this workload, the other's value is not its own: a
+        // pass that only checks writes its own back.
+        let planted = elsewhere.clone();
+        assert_eq!(
+            restarts_due(
+                &web(&pod, None, Some(&planted)),
+                &[cm(&v1, Trigger::Recheck, None)]
+            ),
+            here
+        );
     }
 
     #[test]
@@ -510,20 +611,8 @@ mod tests {
     fn a_patch_is_due_once_per_content() {
         let pod = deployment_spec();
         let v1 = payload(json!({"a": "1", "b": "2"}));
-        let changed = |p| {
-            vec![CopyContent {
-                kind: Kind::ConfigMap,
-                name: "cm",
-                payload: p,
-                trigger: Trigger::Changed,
-                before: None,
-            }]
-        };
-        let fresh = Workload {
-            annotations: None,
-            template_annotations: None,
-            spec: &pod,
-        };
+        let changed = |p| [cm(p, Trigger::Changed, None)];
+        let fresh = web(&pod, None, None);
         let due = restarts_due(&fresh, &changed(&v1));
         assert_eq!(
             due.len(),
@@ -531,11 +620,7 @@ mod tests {
             "a consumer without the annotation rolls on a change"
         );
         let carried = due.clone();
-        let rolled = Workload {
-            annotations: None,
-            template_annotations: Some(&carried),
-            spec: &pod,
-        };
+        let rolled = web(&pod, None, Some(&carried));
         assert!(
             restarts_due(&rolled, &changed(&v1)).is_empty(),
             "same content, no roll"
@@ -548,18 +633,11 @@ mod tests {
         let a_too = payload(json!({"a": "5", "b": "9"}));
         assert_eq!(restarts_due(&rolled, &changed(&a_too)).len(), 1);
         let opted = BTreeMap::from([(ANNOTATION_RESTART.to_owned(), "false".to_owned())]);
-        let out = Workload {
-            annotations: Some(&opted),
-            template_annotations: None,
-            spec: &pod,
-        };
+        let out = web(&pod, Some(&opted), None);
         assert!(restarts_due(&out, &changed(&a_too)).is_empty(), "opted out");
         let other = CopyContent {
-            kind: Kind::ConfigMap,
             name: "other",
-            payload: &a_too,
-            trigger: Trigger::Changed,
-            before: None,
+            ..cm(&a_too, Trigger::Changed, None)
         };
         assert!(
             restarts_due(&fresh, &[other]).is_empty(),
@@ -567,95 +645,133 @@ mod tests {
         );
     }
 
-    /// A workload that carries the value of before keys, for the content
-    /// the copy still holds, is not rolled for the new form of the value;
-    /// once the content changes it gets the keyed value.
-    #[test]
-    fn an_unkeyed_value_of_unchanged_content_stands() {
+    /// The values an earlier version wrote for the content the copy holds:
+    /// the plain hash of before keys, and the tag without the place.
+    fn earlier_values(content: &BTreeMap<String, Value>) -> [(&'static str, String); 2] {
         let pod = deployment_spec();
-        let v1 = payload(json!({"a": "1"}));
-        let v2 = payload(json!({"a": "2"}));
         let used = use_of(&pod, Kind::ConfigMap, "cm").expect("the pod uses cm");
+        let text = used_text(Kind::ConfigMap, content, &used);
+        let key = mark::test_key(mark::TEST_KEY_SEED);
+        [
+            ("unkeyed", mark::unkeyed_restart_value(&text)),
+            ("place-less", mark::placeless_restart_value(&key, &text)),
+        ]
+    }
+
+    /// The upgrade rolls nothing: a workload that carries an earlier
+    /// version's value of what the copy holds is not rolled by a pass that
+    /// checks, nor by a change of keys it does not use; a change of what
+    /// it uses rolls it, with a value of this version.
+    #[test]
+    fn an_earlier_value_of_unchanged_content_stands_until_what_it_uses_changes() {
+        let pod = deployment_spec();
+        let v1 = payload(json!({"a": "1", "b": "1"}));
+        let b_changed = payload(json!({"a": "1", "b": "2"}));
+        let a_changed = payload(json!({"a": "2", "b": "1"}));
+        let before = key_digests(Kind::ConfigMap, &v1);
         let key = restart_key(Kind::ConfigMap, "cm");
-        let unkeyed = mark::unkeyed_restart_value(&used_text(Kind::ConfigMap, &v1, &used));
+        for (form, earlier) in earlier_values(&v1) {
+            let carried = BTreeMap::from([(key.clone(), earlier)]);
+            let workload = web(&pod, None, Some(&carried));
+            let due = |copy| restarts_due(&workload, &[copy]);
+            assert!(due(cm(&v1, Trigger::Recheck, None)).is_empty(), "{form}");
+            assert!(
+                due(cm(&b_changed, Trigger::Changed, Some(&before))).is_empty(),
+                "{form}: b is not its key"
+            );
+            let used = use_of(&pod, Kind::ConfigMap, "cm").expect("the pod uses cm");
+            assert_eq!(
+                due(cm(&a_changed, Trigger::Changed, Some(&before))),
+                BTreeMap::from([(key.clone(), value(&a_changed, &used))]),
+                "{form}: a changed"
+            );
+        }
+    }
+
+    /// An earlier version's tag without the place is never compared with
+    /// what a workload uses: were it, a tenant could plant another
+    /// workload's value on its own, with a guess in its copy, and see from
+    /// whether its workload rolls whether the guess was right. The plain
+    /// hash may be compared: anyone can compute it.
+    #[test]
+    fn an_earlier_keyed_value_tells_nothing_by_whether_it_rolls() {
+        let pod = deployment_spec();
+        let right = payload(json!({"a": "4821"}));
+        let wrong = payload(json!({"a": "1234"}));
+        let unused = payload(json!({"a": "4821", "b": "x"}));
+        let before_right = key_digests(Kind::ConfigMap, &right);
+        let before_wrong = key_digests(Kind::ConfigMap, &wrong);
+        let key = restart_key(Kind::ConfigMap, "cm");
+        let [_, (_, planted)] = earlier_values(&right);
+        let [_, (_, unrelated)] = earlier_values(&wrong);
+        let cases = [
+            (cm(&right, Trigger::Recheck, None), "a pass that checks"),
+            (
+                cm(&right, Trigger::Changed, None),
+                "a change, before unknown",
+            ),
+            (
+                cm(&right, Trigger::Changed, Some(&before_wrong)),
+                "a change to the guess",
+            ),
+            (
+                cm(&unused, Trigger::Changed, Some(&before_right)),
+                "a change of another key",
+            ),
+        ];
+        for (copy, case) in cases {
+            let with = |value: &String| {
+                let carried = BTreeMap::from([(key.clone(), value.clone())]);
+                restarts_due(
+                    &web(&pod, None, Some(&carried)),
+                    std::slice::from_ref(&copy),
+                )
+            };
+            assert_eq!(with(&planted), with(&unrelated), "{case}");
+        }
+        // The plain hash of what it uses now stands, even when what the
+        // copy held before is unknown.
+        let [(_, unkeyed), _] = earlier_values(&right);
         let carried = BTreeMap::from([(key.clone(), unkeyed)]);
-        let workload = Workload {
-            annotations: None,
-            template_annotations: Some(&carried),
-            spec: &pod,
-        };
-        let copy = |payload| CopyContent {
-            kind: Kind::ConfigMap,
-            name: "cm",
-            payload,
-            trigger: Trigger::Recheck,
-            before: None,
-        };
-        assert!(restarts_due(&workload, &[copy(&v1)]).is_empty());
-        assert_eq!(
-            restarts_due(&workload, &[copy(&v2)]),
-            BTreeMap::from([(key, used_hash(Kind::ConfigMap, &v2, &used))])
+        assert!(
+            restarts_due(
+                &web(&pod, None, Some(&carried)),
+                &[cm(&right, Trigger::Changed, None)]
+            )
+            .is_empty()
         );
     }
 
     #[test]
     fn a_recheck_finishes_a_roll_but_starts_none() {
         let pod = deployment_spec();
+        let v1 = payload(json!({"a": "1"}));
         let v2 = payload(json!({"a": "2"}));
-        let recheck = [CopyContent {
-            kind: Kind::ConfigMap,
-            name: "cm",
-            payload: &v2,
-            trigger: Trigger::Recheck,
-            before: None,
-        }];
-        let never = Workload {
-            annotations: None,
-            template_annotations: None,
-            spec: &pod,
-        };
+        let recheck = [cm(&v2, Trigger::Recheck, None)];
         assert!(
-            restarts_due(&never, &recheck).is_empty(),
+            restarts_due(&web(&pod, None, None), &recheck).is_empty(),
             "enabling rolls nothing"
         );
-        let old = BTreeMap::from([(restart_key(Kind::ConfigMap, "cm"), "old".to_owned())]);
-        let behind = Workload {
-            annotations: None,
-            template_annotations: Some(&old),
-            spec: &pod,
-        };
-        let due = restarts_due(&behind, &recheck);
-        assert_eq!(due.len(), 1, "a roll cut short is finished");
-        let done = Workload {
-            annotations: None,
-            template_annotations: Some(&due),
-            spec: &pod,
-        };
-        assert!(restarts_due(&done, &recheck).is_empty());
+        let key = restart_key(Kind::ConfigMap, "cm");
+        let used = use_of(&pod, Kind::ConfigMap, "cm").expect("the pod uses cm");
+        for stale in [value(&v1, &used), "edited".to_owned()] {
+            let old = BTreeMap::from([(key.clone(), stale)]);
+            let due = restarts_due(&web(&pod, None, Some(&old)), &recheck);
+            assert_eq!(due.len(), 1, "a roll cut short is finished: {old:?}");
+            assert!(restarts_due(&web(&pod, None, Some(&due)), &recheck).is_empty());
+        }
     }
 
     #[test]
     fn a_workload_never_rolled_rolls_only_when_what_it_uses_changed() {
         let pod = deployment_spec();
-        let fresh = Workload {
-            annotations: None,
-            template_annotations: None,
-            spec: &pod,
-        };
-        let cm = Kind::ConfigMap;
+        let fresh = web(&pod, None, None);
         let v1 = payload(json!({"a": "1", "b": "1"}));
         let b_changed = payload(json!({"a": "1", "b": "2"}));
         let a_changed = payload(json!({"a": "2", "b": "1"}));
-        let before = key_digests(cm, &v1);
-        let change = |p, before| {
-            [CopyContent {
-                kind: cm,
-                name: "cm",
-                payload: p,
-                trigger: Trigger::Changed,
-                before,
-            }]
-        };
+        let kind = Kind::ConfigMap;
+        let before = key_digests(kind, &v1);
+        let change = |p, before| [cm(p, Trigger::Changed, before)];
         assert!(restarts_due(&fresh, &change(&b_changed, Some(&before))).is_empty());
         assert_eq!(
             restarts_due(&fresh, &change(&a_changed, Some(&before))).len(),
@@ -672,11 +788,11 @@ mod tests {
         );
         assert!(used_changed(
             &before,
-            &key_digests(cm, &b_changed),
+            &key_digests(kind, &b_changed),
             &Use::Whole
         ));
         let reordered: BTreeMap<String, Value> =
             serde_json::from_str(r#"{"data": {"b": "1", "a": "1"}}"#).expect("json");
-        assert_eq!(before, key_digests(cm, &reordered));
+        assert_eq!(before, key_digests(kind, &reordered));
     }
 }

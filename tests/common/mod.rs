@@ -1236,13 +1236,18 @@ impl TestNs {
             .unwrap_or_else(|e| panic!("patching rule {ns}/{name} with {patch}: {}", err_msg(&e)))
     }
 
+    /// The mark key [`TestNs::provision_mark_key`] writes (32 bytes).
+    pub fn mark_key(&self) -> Vec<u8> {
+        (0..32u8)
+            .map(|i| i.wrapping_mul(37) ^ self.prefix.len() as u8)
+            .collect()
+    }
+
     /// Make the operator's mark key Secret (`copyrator-mark-key`) in
     /// `namespace`, as an administrator would for an operator that may
     /// not create Secrets; a no-op where it exists.
     pub async fn provision_mark_key(&self, namespace: &str) {
-        let key: Vec<u8> = (0..32u8)
-            .map(|i| i.wrapping_mul(37) ^ self.prefix.len() as u8)
-            .collect();
+        let key = self.mark_key();
         let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
             "metadata": {"name": "copyrator-mark-key"},
             "data": {"key": k8s_openapi::ByteString(key)},

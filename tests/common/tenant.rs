@@ -17,19 +17,17 @@ use super::{
 };
 
 pub struct Tenant {
-    // Read by the tests of `tests/cluster_wide` only.
-    #[allow(dead_code)]
+    /// The namespace it administers, where its ServiceAccount is.
     pub namespace: String,
     /// Its user name (`system:serviceaccount:<namespace>:<account>`).
-    #[allow(dead_code)]
     pub user: String,
     pub client: Client,
     /// A token of its own (as its client speaks with).
     pub token: String,
 }
 
-// Its rules are made by the tests of `tests/cluster_wide`, and by
-// trust.rs's adoption test.
+// Its rules are made by the tests of `tests/cluster_wide`, by trust.rs's
+// adoption test and by attacks.rs's restart-value attack.
 impl Tenant {
     /// Creates the rule `name` in its namespace, as itself.
     pub async fn create_rule(&self, name: &str, body: serde_json::Value) {
@@ -49,7 +47,6 @@ impl Tenant {
     }
 
     /// A JSON merge patch of its rule `name`, as itself.
-    #[allow(dead_code, reason = "used by the tests of tests/cluster_wide only")]
     pub async fn patch_rule(&self, name: &str, patch: serde_json::Value) {
         Api::<DynamicObject>::namespaced_with(
             self.client.clone(),
@@ -94,6 +91,31 @@ async fn let_admins_write_rules(client: &Client) {
     }
 }
 
+/// Binds the ServiceAccount `account_namespace/account` to the
+/// ClusterRole `role` in `namespace`.
+async fn bind(t: &TestNs, namespace: &str, role: &str, account_namespace: &str, account: &str) {
+    let binding: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": format!("{account}-{role}"), "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": account_namespace}],
+    }))
+    .expect("a RoleBinding");
+    let resource = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "RoleBinding"),
+        "rolebindings",
+    );
+    Api::<DynamicObject>::namespaced_with(t.client.clone(), namespace, &resource)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "binding {account} to {role} in {namespace}: {}",
+                err_msg(&e)
+            )
+        });
+}
+
 impl Tenant {
     /// The ServiceAccount `namespace/account`, admin of `namespace` (a
     /// RoleBinding to the ClusterRole `admin`), once its rights are in
@@ -101,21 +123,7 @@ impl Tenant {
     pub async fn admin_of(t: &TestNs, namespace: &str, account: &str) -> Tenant {
         let_admins_write_rules(&t.client).await;
         create_service_account(&t.client, namespace, account).await;
-        let binding: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": format!("{account}-admin"), "namespace": namespace},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
-            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
-        }))
-        .expect("a RoleBinding");
-        let resource = kube::core::ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "RoleBinding"),
-            "rolebindings",
-        );
-        Api::<DynamicObject>::namespaced_with(t.client.clone(), namespace, &resource)
-            .create(&PostParams::default(), &binding)
-            .await
-            .unwrap_or_else(|e| panic!("binding {account} to admin: {}", err_msg(&e)));
+        bind(t, namespace, "admin", namespace, account).await;
         let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("{}-{namespace}-{account}.kubeconfig", t.prefix));
         let (ns, sa, file) = (namespace.to_owned(), account.to_owned(), path.clone());
@@ -152,5 +160,33 @@ impl Tenant {
             client,
             token,
         }
+    }
+
+    /// Binds it to the ClusterRole `role` (`admin`, `view`) in `namespace`
+    /// as well, and waits until it may `verb` `resource` (of `group`) there.
+    pub async fn bind_in(
+        &self,
+        t: &TestNs,
+        namespace: &str,
+        role: &str,
+        (group, resource, verb): (&str, &str, &str),
+    ) {
+        let account = self.user.rsplit(':').next().unwrap_or_default();
+        bind(t, namespace, role, &self.namespace, account).await;
+        wait_until(
+            format!("{} to be {role} of {namespace}", self.user),
+            TIMEOUT,
+            async || {
+                let attributes = json!({"group": group, "resource": resource,
+                                        "verb": verb, "namespace": namespace});
+                match service_account_may(&t.client, &self.user, &self.namespace, attributes)
+                    .await?
+                {
+                    true => Ok(()),
+                    false => Err(format!("may not {verb} {resource} yet")),
+                }
+            },
+        )
+        .await;
     }
 }

@@ -501,6 +501,184 @@ async fn metrics_are_read_only_by_whom_the_api_server_lets() {
     assert_eq!(code, 200, "/healthz needs no token");
 }
 
+/// A restart value is bound to its place. An admin rule copies the Secret
+/// `db` into `team-b` and rolls its consumers; `team-b`'s Deployment `app`
+/// reads the PIN in it. The tenant of `team-a` may view `team-b` (its
+/// Deployments, not its Secrets) and writes a rule of its own with
+/// `restartConsumers`, copying its Secrets into `team-a-apps` (which
+/// accepts `team-a`, and which it administers too): one PIN guess each,
+/// read as the victim reads it by a Deployment of its own, the right guess
+/// named as the victim's copy and Deployment are. When the PINs change,
+/// the operator writes a restart value on every consumer: none of the
+/// tenant's equals the victim's, though one copy holds the very PIN. The
+/// victim's value planted on that Deployment of the tenant's is not taken
+/// for its own: a pass over the tenant's rule writes its own value back.
+#[tokio::test]
+async fn a_tenants_restart_values_never_match_another_workloads() {
+    use crate::restart_consumers::{pod, restarts_as, workload_as, workload_resource};
+    const SECRET: Kind = Kind::Secret;
+    const PIN: &str = "4821";
+    // (copy, Deployment, PIN): the right guess at the victim's names.
+    const GUESSES: [(&str, &str, &str); 3] = [
+        ("db", "app", PIN),
+        ("db-1234", "app-1234", "1234"),
+        ("db-9999", "app-9999", "9999"),
+    ];
+    let t = TestNs::new("atk-restart").await;
+    let rule = t.prefix.clone();
+    let op = t.ns("op").await;
+    let team_b = t.ns("team-b").await;
+    let team_a = t.ns("team-a").await;
+    let apps = t.ns("team-a-apps").await;
+    t.accept_from(&apps, &team_a).await;
+    let restarting = |target: &str| {
+        with(
+            rule_spec(SECRET, t.selector(), &[target]),
+            "/spec/rollout",
+            json!({"restartConsumers": true}),
+        )
+    };
+    t.create_rule(&op, &rule, restarting(&team_b)).await;
+    let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    attacker
+        .bind_in(&t, &apps, "admin", ("apps", "deployments", "create"))
+        .await;
+    attacker
+        .bind_in(&t, &team_b, "view", ("apps", "deployments", "get"))
+        .await;
+    attacker.create_rule(&rule, restarting(&apps)).await;
+    let _operator = Operator::start(
+        &t,
+        &op,
+        &[
+            "--all-namespaces",
+            "--rule-name",
+            &rule,
+            "--min-restart-interval",
+            "0",
+        ],
+    );
+    let uses_pin = |copy: &str| {
+        pod(
+            json!({"env": [{"name": "PIN",
+                "valueFrom": {"secretKeyRef": {"name": copy, "key": "pin"}}}]}),
+            json!([]),
+        )
+    };
+    let victim = t
+        .create_source(SECRET, &op, "db", &[], &[("pin", "0000")])
+        .await;
+    t.wait_copy(SECRET, &team_b, &victim, &op, &rule).await;
+    workload_as(
+        &t.client,
+        "Deployment",
+        &team_b,
+        "app",
+        uses_pin("db"),
+        json!({}),
+    )
+    .await;
+    let labels = [(TEST_LABEL, t.prefix.as_str())];
+    for (copy, deployment, _) in GUESSES {
+        let source = create_obj(
+            &attacker.client,
+            SECRET,
+            &team_a,
+            copy,
+            plain_body(SECRET, &labels, &[("pin", "0000")]),
+        )
+        .await;
+        t.wait_copy(SECRET, &apps, &source, &team_a, &rule).await;
+        workload_as(
+            &attacker.client,
+            "Deployment",
+            &apps,
+            deployment,
+            uses_pin(copy),
+            json!({}),
+        )
+        .await;
+    }
+
+    // The PINs change: the victim's to PIN, each of the tenant's to its guess.
+    let victim = t.set_data(SECRET, &op, "db", &[("pin", Some(PIN))]).await;
+    t.wait_copy(SECRET, &team_b, &victim, &op, &rule).await;
+    for (copy, _, guess) in GUESSES {
+        let patch = data_patch(SECRET, &[("pin", Some(guess))]);
+        let source = patch_obj(&attacker.client, SECRET, &team_a, copy, patch).await;
+        t.wait_copy(SECRET, &apps, &source, &team_a, &rule).await;
+    }
+    let restart_value = async |ns: &str, deployment: &str| {
+        let (annotations, _) = restarts_as(&attacker.client, "Deployment", ns, deployment).await;
+        match annotations.into_iter().next() {
+            Some(annotation) => Ok(annotation),
+            None => Err(format!("{ns}/{deployment} carries no restart annotation")),
+        }
+    };
+    let (victim_key, victim_value) = wait_until(
+        "the victim's Deployment rolled, as the tenant reads it",
+        TIMEOUT,
+        async || restart_value(&team_b, "app").await,
+    )
+    .await;
+    let mut found = Vec::new();
+    for (copy, deployment, guess) in GUESSES {
+        let (key, value) = wait_until(
+            format!("the tenant's {deployment} rolled"),
+            TIMEOUT,
+            async || restart_value(&apps, deployment).await,
+        )
+        .await;
+        println!("{deployment} (PIN {guess}, copy {copy}): {key}={value}");
+        if value == victim_value {
+            found.push(guess);
+        }
+    }
+    let theirs = t.must_get(SECRET, &team_b, "db").await;
+    let ours = t.must_get(SECRET, &apps, "db").await;
+    assert_eq!(
+        ours.data, theirs.data,
+        "the tenant's copy db holds what the victim's does"
+    );
+    println!("the victim's team-b/app: {victim_key}={victim_value}");
+    assert!(
+        found.is_empty(),
+        "the tenant's Deployments carry the victim's restart value for the PINs {found:?}: \
+         the PIN is {PIN}"
+    );
+
+    // The victim's value planted on the tenant's Deployment that reads the
+    // very PIN: a pass over the tenant's rule writes its own value back.
+    let (_, own_value) = restart_value(&apps, "app")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let plant = json!({"spec": {"template": {"metadata": {"annotations": {
+        victim_key.as_str(): victim_value.as_str()}}}}});
+    Api::<DynamicObject>::namespaced_with(
+        attacker.client.clone(),
+        &apps,
+        &workload_resource("Deployment"),
+    )
+    .patch("app", &PatchParams::default(), &Patch::Merge(&plant))
+    .await
+    .unwrap_or_else(|e| panic!("the tenant plants the victim's value: {}", err_msg(&e)));
+    attacker
+        .patch_rule(
+            &rule,
+            json!({"spec": {"targets": {"exclude": ["no-such-namespace"]}}}),
+        )
+        .await;
+    wait_until(
+        "the planted value replaced by the Deployment's own",
+        TIMEOUT,
+        async || match restart_value(&apps, "app").await? {
+            (key, value) if key == victim_key && value == own_value => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+}
+
 /// A copy grants in its target only what its source granted in its own
 /// namespace. An admin rule copies the labelled RoleBindings of `shared`,
 /// a namespace the tenant administers, into `team-b` (it trusts the

@@ -22,7 +22,7 @@ const PREFIX: &str = "copyrator.flant.com/restart-";
 /// How long "nothing more happens" is watched for.
 const QUIET: Duration = Duration::from_secs(6);
 
-fn workload_resource(kind: &str) -> ApiResource {
+pub(crate) fn workload_resource(kind: &str) -> ApiResource {
     let plural = format!("{}s", kind.to_ascii_lowercase());
     ApiResource {
         group: "apps".into(),
@@ -52,6 +52,18 @@ pub(crate) async fn workload(
     pod: Value,
     annotations: Value,
 ) {
+    workload_as(&t.client, kind, ns, name, pod, annotations).await;
+}
+
+/// [`workload`], created through `client` (a tenant's).
+pub(crate) async fn workload_as(
+    client: &kube::Client,
+    kind: &str,
+    ns: &str,
+    name: &str,
+    pod: Value,
+    annotations: Value,
+) {
     let mut spec = json!({
         "selector": {"matchLabels": {"app": name}},
         "template": {"metadata": {"labels": {"app": name}}, "spec": pod},
@@ -65,7 +77,7 @@ pub(crate) async fn workload(
         "spec": spec,
     });
     let object: DynamicObject = serde_json::from_value(body).unwrap();
-    Api::<DynamicObject>::namespaced_with(t.client.clone(), ns, &workload_resource(kind))
+    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &workload_resource(kind))
         .create(&PostParams::default(), &object)
         .await
         .unwrap_or_else(|e| panic!("creating {kind} {ns}/{name}: {}", err_msg(&e)));
@@ -78,8 +90,18 @@ pub(crate) async fn restarts_of(
     ns: &str,
     name: &str,
 ) -> (BTreeMap<String, String>, i64) {
+    restarts_as(&t.client, kind, ns, name).await
+}
+
+/// [`restarts_of`], read through `client` (a tenant's).
+pub(crate) async fn restarts_as(
+    client: &kube::Client,
+    kind: &str,
+    ns: &str,
+    name: &str,
+) -> (BTreeMap<String, String>, i64) {
     let object =
-        Api::<DynamicObject>::namespaced_with(t.client.clone(), ns, &workload_resource(kind))
+        Api::<DynamicObject>::namespaced_with(client.clone(), ns, &workload_resource(kind))
             .get(name)
             .await
             .unwrap_or_else(|e| panic!("reading {kind} {ns}/{name}: {}", err_msg(&e)));
@@ -912,11 +934,11 @@ async fn a_flapping_source_rolls_its_consumers_at_most_once_per_interval() {
 /// holds a 4-digit PIN that a Deployment reads; after the PIN changes, the
 /// Deployment's pod template carries a restart annotation, which anyone
 /// who may read the Deployment sees. Hashing each of the 10,000 PINs as
-/// an unkeyed restart value would be finds none of them: the value is a
-/// tag under the installation's key.
+/// an unkeyed restart value would be finds none of them among its digits:
+/// the value is a tag under the installation's key.
 #[tokio::test]
 async fn the_restart_annotation_does_not_reveal_a_short_secret() {
-    use copyrator::core::consumers::{Use, used_hash};
+    use copyrator::core::consumers::{Use, unkeyed_hash};
     let secret = Kind::Secret;
     let t = TestNs::new("restart-pin").await;
     let op = t.ns("op").await;
@@ -950,20 +972,207 @@ async fn the_restart_annotation_does_not_reveal_a_short_secret() {
         .next()
         .unwrap_or_else(|| panic!("no restart annotation: {annotations:?}"))
         .clone();
-    // This process has no key: `used_hash` gives the unkeyed value.
     let key = Use::Keys(BTreeSet::from(["pin".to_owned()]));
     let unkeyed = |pin: &str| {
         let encoded = k8s_openapi::ByteString(pin.as_bytes().to_vec());
         let payload = BTreeMap::from([("data".to_owned(), json!({"pin": encoded}))]);
-        used_hash(copyrator::api::kinds::Kind::Secret, &payload, &key)
+        unkeyed_hash(copyrator::api::kinds::Kind::Secret, &payload, &key)
     };
+    // The digits after the form's prefix (`v3-`), whatever it is.
+    let digits = carried.rsplit('-').next().unwrap_or_default();
     let found: Vec<String> = (0..10_000)
         .map(|pin| format!("{pin:04}"))
-        .filter(|pin| unkeyed(pin) == carried)
+        .filter(|pin| unkeyed(pin) == digits)
         .collect();
     assert!(
         found.is_empty(),
         "the restart annotation {carried} gives the PIN away: {found:?}"
     );
     println!("restart annotation {carried}: no PIN of 10,000 hashes to it");
+}
+
+/// An upgrade rolls no workload. The operator is stopped, and Deployments
+/// that read the PIN of the copy `db` carry the values earlier versions
+/// wrote for it: the plain SHA-256 of before keys (`unkeyed`), and the tag
+/// under the installation's key without the place (`keyed`); beside them
+/// a Deployment whose roll to this content was cut short (`stale`, a
+/// value of this version's form for another content) and one that reads
+/// the whole copy and never rolled (`whole`). The new operator's pass over
+/// the rule finishes the roll cut short and patches nothing else; a change
+/// of a key they do not read rolls `whole` alone; a change of the PIN
+/// rolls each once, and `unkeyed` and `keyed` get values of this version,
+/// one each though they read the same content.
+#[tokio::test]
+async fn an_upgrade_rolls_no_workload_that_carries_an_earlier_value() {
+    use copyrator::core::consumers::{Use, unkeyed_hash};
+    use ring::{digest, hmac};
+    let secret = Kind::Secret;
+    let t = TestNs::new("restart-upgrade").await;
+    let op = t.ns("op").await;
+    let t1 = t.ns("t1").await;
+    t.provision_mark_key(&op).await;
+    t.create_rule(&op, "roll", restart_spec_of(secret, &t, &t1))
+        .await;
+    let args = ["--min-restart-interval", "0"];
+    let mut earlier = Operator::start(&t, &op, &args);
+    let source = t
+        .create_source(secret, &op, "db", &[], &[("pin", "4821"), ("other", "x")])
+        .await;
+    t.wait_copy(secret, &t1, &source, &op, "roll").await;
+    earlier.stop();
+
+    let hex = |bytes: &[u8]| -> String { bytes[..16].iter().map(|b| format!("{b:02x}")).collect() };
+    let annotation = format!(
+        "{PREFIX}{}",
+        &hex(digest::digest(&digest::SHA256, b"Secret/db").as_ref())[..16]
+    );
+    // What a Deployment that reads `pin` uses of the copy, as the crate
+    // writes it down: checked against its plain hash.
+    let used_text = "keys;4:data3:pin8:NDgyMQ==";
+    let pin = Use::Keys(BTreeSet::from(["pin".to_owned()]));
+    let payload = BTreeMap::from([(
+        "data".to_owned(),
+        json!({"pin": b64(b"4821"), "other": b64(b"x")}),
+    )]);
+    let unkeyed = unkeyed_hash(copyrator::api::kinds::Kind::Secret, &payload, &pin);
+    assert_eq!(
+        hex(digest::digest(&digest::SHA256, used_text.as_bytes()).as_ref()),
+        unkeyed
+    );
+    let placeless = {
+        let key = hmac::Key::new(hmac::HMAC_SHA256, &t.mark_key());
+        let mut feed = hmac::Context::with_key(&key);
+        for part in ["copyrator restart", used_text] {
+            feed.update(&(part.len() as u64).to_be_bytes());
+            feed.update(part.as_bytes());
+        }
+        hex(feed.sign().as_ref())
+    };
+    let reads_pin = json!({"env": [{"name": "PIN",
+        "valueFrom": {"secretKeyRef": {"name": "db", "key": "pin"}}}]});
+    let carrying = |value: &str| json!({annotation.as_str(): value});
+    let stale = format!("v3-{}", "0".repeat(32));
+    for (name, value) in [
+        ("unkeyed", &unkeyed),
+        ("keyed", &placeless),
+        ("stale", &stale),
+    ] {
+        workload_carrying(
+            &t,
+            &t1,
+            name,
+            pod(reads_pin.clone(), json!([])),
+            carrying(value),
+        )
+        .await;
+    }
+    let whole = json!({"envFrom": [{"secretRef": {"name": "db"}}]});
+    workload(
+        &t,
+        "Deployment",
+        &t1,
+        "whole",
+        pod(whole, json!([])),
+        json!({}),
+    )
+    .await;
+    let names = ["unkeyed", "keyed", "stale", "whole"];
+    let before = snapshot_of(&t, &t1, &names).await;
+    println!("carried before the upgrade: {before:?}");
+
+    let operator = Operator::start(&t, &op, &args);
+    wait_restarts(&operator, 1.0).await;
+    let after_start = snapshot_of(&t, &t1, &names).await;
+    assert_eq!(
+        changed_among(&before, &after_start),
+        BTreeSet::from(["stale"]),
+        "the upgrade: {after_start:?}"
+    );
+
+    let source = t.set_data(secret, &op, "db", &[("other", Some("y"))]).await;
+    t.wait_copy(secret, &t1, &source, &op, "roll").await;
+    wait_restarts(&operator, 2.0).await;
+    let after_other = snapshot_of(&t, &t1, &names).await;
+    assert_eq!(
+        changed_among(&after_start, &after_other),
+        BTreeSet::from(["whole"]),
+        "a key they do not read: {after_other:?}"
+    );
+
+    let source = t
+        .set_data(secret, &op, "db", &[("pin", Some("4822"))])
+        .await;
+    t.wait_copy(secret, &t1, &source, &op, "roll").await;
+    wait_restarts(&operator, 6.0).await;
+    assert_for("no more rolls", QUIET, async || {
+        match restarts_total(operator.port).await? {
+            6.0 => Ok(()),
+            n => Err(format!("{n} rolls")),
+        }
+    })
+    .await;
+    let after_pin = snapshot_of(&t, &t1, &names).await;
+    for name in names {
+        let (value, generation) = &after_pin[name];
+        assert_eq!(*generation, after_other[name].1 + 1, "{name} rolled once");
+        assert!(value.starts_with("v3-"), "{name} carries {value}");
+    }
+    assert_ne!(
+        after_pin["unkeyed"].0, after_pin["keyed"].0,
+        "the same content, read by two Deployments"
+    );
+}
+
+/// The Deployment `ns/name` with `pod`, its pod template carrying
+/// `template_annotations`.
+async fn workload_carrying(
+    t: &TestNs,
+    ns: &str,
+    name: &str,
+    pod: Value,
+    template_annotations: Value,
+) {
+    let body = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}, "annotations": template_annotations},
+                         "spec": pod},
+        },
+    });
+    let object: DynamicObject = serde_json::from_value(body).unwrap();
+    Api::<DynamicObject>::namespaced_with(t.client.clone(), ns, &workload_resource("Deployment"))
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("creating Deployment {ns}/{name}: {}", err_msg(&e)));
+}
+
+/// The Deployments `names` of `ns`: the value of their one restart
+/// annotation (empty without one), and their generation.
+async fn snapshot_of<'a>(
+    t: &TestNs,
+    ns: &str,
+    names: &[&'a str],
+) -> BTreeMap<&'a str, (String, i64)> {
+    let mut all = BTreeMap::new();
+    for name in names {
+        let (annotations, generation) = restarts_of(t, "Deployment", ns, name).await;
+        assert!(annotations.len() <= 1, "{name}: {annotations:?}");
+        let value = annotations.into_values().next().unwrap_or_default();
+        all.insert(*name, (value, generation));
+    }
+    all
+}
+
+/// The names whose restart value differs between two snapshots.
+fn changed_among<'a>(
+    before: &BTreeMap<&'a str, (String, i64)>,
+    after: &BTreeMap<&'a str, (String, i64)>,
+) -> BTreeSet<&'a str> {
+    after
+        .iter()
+        .filter(|(name, (value, _))| before.get(*name).map(|b| &b.0) != Some(value))
+        .map(|(name, _)| *name)
+        .collect()
 }
