@@ -9,9 +9,14 @@
 //! requests do not grow with the number of rules or the length of a rule's
 //! namespace list, and memory follows what the rules select.
 //!
-//! A watch across all namespaces lists again when the rules want more from
-//! it (a new namespace or selector), after a short pause so that a burst of
-//! new rules costs one list, and never before its previous list finished.
+//! The rules of a tenant namespace share one watch per kind and source
+//! namespace whatever their selectors, so that a source is fetched and held
+//! once however many of them select it, and what those watches hold
+//! together stays within a bound ([`TenantBytes`]).
+//!
+//! A watch lists again when the rules want more from it (a new namespace
+//! or selector), after a short pause so that a burst of new rules costs one
+//! list, and never before its previous list finished.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -303,12 +308,31 @@ pub(crate) fn plan_watches(needs: &BTreeMap<RuleKey, SourceNeed>, budget: usize)
             .iter()
             .filter(|(rule, _)| !over_budget.contains_key(*rule))
     };
-    let own = || served().filter(|(_, need)| need.pulls_into.is_none());
-    let tenants =
-        || served().filter_map(|(rule, need)| Some((rule, need, need.pulls_into.as_deref()?)));
+    let mut planned: BTreeMap<WatchKey, Interest> = BTreeMap::new();
+    plan_own_watches(
+        served().filter(|(_, need)| need.pulls_into.is_none()),
+        budget,
+        &mut planned,
+    );
+    plan_tenant_watches(
+        served().filter_map(|(rule, need)| Some((rule, need, need.pulls_into.as_deref()?))),
+        &mut planned,
+    );
+    WatchPlan {
+        watches: planned,
+        over_budget,
+    }
+}
 
+/// The watches of the operator's own rules: one per kind, namespace and
+/// selector, within `budget` (see [`plan_watches`]).
+fn plan_own_watches<'a>(
+    own: impl Iterator<Item = (&'a RuleKey, &'a SourceNeed)> + Clone,
+    budget: usize,
+    planned: &mut BTreeMap<WatchKey, Interest>,
+) {
     let mut pairs: BTreeMap<Kind, BTreeSet<(&str, String)>> = BTreeMap::new();
-    for (_, need) in own() {
+    for (_, need) in own.clone() {
         let query = need.selector.to_query();
         let kind_pairs = pairs.entry(need.kind).or_default();
         for ns in &need.namespaces {
@@ -344,34 +368,35 @@ pub(crate) fn plan_watches(needs: &BTreeMap<RuleKey, SourceNeed>, budget: usize)
             _ => String::new(),
         }
     };
-    let mut planned: BTreeMap<WatchKey, Interest> = BTreeMap::new();
-    for (rule, need) in own() {
+    for (rule, need) in own {
         let query = need.selector.to_query();
         for ns in &need.namespaces {
-            let key = if across.contains(&need.kind) {
-                WatchKey {
-                    kind: need.kind,
-                    scope: WatchScope::AllNamespaces,
-                    selector: common_selector(need.kind),
-                    pulls_only: false,
-                    tenant: None,
-                }
+            let (scope, selector) = if across.contains(&need.kind) {
+                (WatchScope::AllNamespaces, common_selector(need.kind))
             } else {
-                WatchKey {
-                    kind: need.kind,
-                    scope: WatchScope::Namespace(ns.clone()),
-                    selector: query.clone(),
-                    pulls_only: false,
-                    tenant: None,
-                }
+                (WatchScope::Namespace(ns.clone()), query.clone())
+            };
+            let key = WatchKey {
+                kind: need.kind,
+                scope,
+                selector,
+                pulls_only: false,
+                tenant: None,
             };
             planned.entry(key).or_default().add(ns, need, rule);
         }
     }
+}
 
-    // A tenant namespace's selectors per kind and source namespace.
+/// The watches of tenant rules (with their namespace): one per tenant
+/// namespace, kind and source namespace, filtered by what its rules'
+/// selectors there share (see [`plan_watches`]).
+fn plan_tenant_watches<'a>(
+    tenants: impl Iterator<Item = (&'a RuleKey, &'a SourceNeed, &'a str)> + Clone,
+    planned: &mut BTreeMap<WatchKey, Interest>,
+) {
     let mut selectors: BTreeMap<(&str, Kind, &str), Vec<&LabelSelector>> = BTreeMap::new();
-    for (_, need, tenant) in tenants() {
+    for (_, need, tenant) in tenants.clone() {
         for ns in &need.namespaces {
             selectors
                 .entry((tenant, need.kind, ns.as_str()))
@@ -383,7 +408,7 @@ pub(crate) fn plan_watches(needs: &BTreeMap<RuleKey, SourceNeed>, budget: usize)
         .into_iter()
         .map(|(at, selectors)| (at, LabelSelector::common(selectors).to_query()))
         .collect();
-    for (rule, need, tenant) in tenants() {
+    for (rule, need, tenant) in tenants {
         for ns in &need.namespaces {
             let key = WatchKey {
                 kind: need.kind,
@@ -394,10 +419,6 @@ pub(crate) fn plan_watches(needs: &BTreeMap<RuleKey, SourceNeed>, budget: usize)
             };
             planned.entry(key).or_default().add(ns, need, rule);
         }
-    }
-    WatchPlan {
-        watches: planned,
-        over_budget,
     }
 }
 
@@ -836,14 +857,16 @@ impl SourceHub {
                 .clone()
         });
         let task = tokio::spawn(run_watch(
-            self.client.clone(),
-            key.clone(),
-            key.name(),
-            state.clone(),
+            WatchTask {
+                client: self.client.clone(),
+                key: key.clone(),
+                name: key.name(),
+                state: state.clone(),
+                pause: self.pause.clone(),
+                on_change: self.on_change.clone(),
+                ledger,
+            },
             wanted_rx,
-            self.pause.clone(),
-            self.on_change.clone(),
-            ledger,
         ));
         Watch { state, task }
     }
@@ -857,46 +880,131 @@ impl Drop for SourceHub {
     }
 }
 
-// One more argument than clippy likes: each is a distinct part the hub hands over.
-#[allow(clippy::too_many_arguments)]
-async fn run_watch(
+/// What a watch's task works with.
+struct WatchTask {
     client: Client,
     key: WatchKey,
+    /// For the log.
     name: String,
     state: Arc<WatchState>,
-    mut wanted: signal::Receiver<u64>,
     pause: Arc<ReadPause>,
     on_change: OnChange,
+    /// A tenant's watch: what the watches of its namespace hold.
     ledger: Option<Arc<TenantBytes>>,
-) {
-    let _held = ledger.clone().map(|ledger| HeldBytes {
+}
+
+/// The bytes of a list under way, and whether it keeps sizes alone.
+#[derive(Default)]
+struct ListBytes {
+    bytes: u64,
+    past_bound: bool,
+}
+
+impl WatchTask {
+    fn tell_all(&self) {
+        let rules: Vec<RuleKey> = read(&self.state.interest)
+            .rules()
+            .into_iter()
+            .cloned()
+            .collect();
+        for rule in &rules {
+            (self.on_change)(rule, Touch::All);
+        }
+    }
+
+    /// A list that would take the tenant past its bound goes on with
+    /// sizes alone: it is never held whole.
+    fn count(&self, event: &mut Event<Held>, folder: &mut Folder<Held>, list: &mut ListBytes) {
+        let Some(ledger) = &self.ledger else {
+            return;
+        };
+        match event {
+            Event::Init => *list = ListBytes::default(),
+            Event::InitApply(held) => {
+                list.bytes = list.bytes.saturating_add(held.bytes);
+                if !list.past_bound && !ledger.fits(&self.key, list.bytes) {
+                    list.past_bound = true;
+                    for pending in folder.pending_mut() {
+                        pending.object = None;
+                    }
+                }
+                if list.past_bound {
+                    held.object = None;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Take a change in (a complete list marks the watch listed at
+    /// `generation`), and tell the rules it concerns; whether the watch
+    /// should list again (it fits its tenant's bound again).
+    fn take(&self, change: Change<Held>, generation: u64) -> bool {
+        let changed_name = match &change {
+            Change::Applied(held) | Change::Deleted(held) => held.name.to_string(),
+            Change::Listed(_) => String::new(),
+        };
+        let changed_rules = apply(&self.state, change);
+        let bound = self
+            .ledger
+            .as_deref()
+            .map(|ledger| within_bound(&self.state, ledger, &self.key));
+        if changed_rules.is_none() {
+            // Only once the store holds the list: a rule served before
+            // would take a source not listed yet for one deleted.
+            *lock(&self.state.failing) = None;
+            self.state.listed.store(generation, Ordering::Release);
+            debug!(watch = self.name.as_str(), "sources listed");
+        }
+        match (bound, changed_rules) {
+            (Some(Bound::WentPast), _) => {
+                tracing::warn!(
+                    watch = self.name.as_str(),
+                    "a tenant namespace's sources are past their bound; holding their sizes alone"
+                );
+                self.tell_all();
+            }
+            // Past the bound its rules have nothing to learn but that they
+            // fit again, which a new list tells them.
+            (Some(Bound::Past { fits }), Some(_)) => return fits,
+            (Some(Bound::Past { fits: true }), None) => {
+                self.tell_all();
+                return true;
+            }
+            (_, Some(rules)) => {
+                for rule in rules {
+                    (self.on_change)(&rule, Touch::Source(changed_name.clone()));
+                }
+            }
+            (_, None) => self.tell_all(),
+        }
+        false
+    }
+}
+
+async fn run_watch(task: WatchTask, mut wanted: signal::Receiver<u64>) {
+    let (key, state, pause, name) = (&task.key, &task.state, &task.pause, task.name.as_str());
+    let _held = task.ledger.clone().map(|ledger| HeldBytes {
         ledger,
         key: key.clone(),
     });
     // A watch of the operator's own rules is never past a bound: a
     // receiver whose sender is gone, never polled.
-    let mut released = match &ledger {
+    let mut released = match &task.ledger {
         Some(ledger) => ledger.released.subscribe(),
         None => signal::channel(0).1,
     };
-    let tell_all = |state: &WatchState| {
-        let rules: Vec<RuleKey> = read(&state.interest).rules().into_iter().cloned().collect();
-        for rule in &rules {
-            on_change(rule, Touch::All);
-        }
-    };
     loop {
         let generation = *wanted.borrow_and_update();
-        let mut stream = source_events(&client, &key, &state);
+        let mut stream = source_events(&task.client, key, state);
         let mut folder: Folder<Held> = Folder::default();
         let mut listed = false;
         let mut failures = FailureRun::default();
-        // The bytes of the list under way, and whether it keeps sizes alone.
-        let (mut listing, mut listing_past_bound) = (0u64, false);
+        let mut list = ListBytes::default();
         loop {
             // No request starts while the API server throttles reads.
-            wait_out(&pause).await;
-            let past_bound = ledger.is_some() && read(&state.store).past_bound;
+            wait_out(pause).await;
+            let past_bound = task.ledger.is_some() && read(&state.store).past_bound;
             let item = tokio::select! {
                 // A list that is under way finishes first.
                 changed = wanted.changed(), if listed => {
@@ -909,7 +1017,7 @@ async fn run_watch(
                 // Another watch of the tenant let bytes go: once this one
                 // fits, it lists again to hold its sources whole.
                 _ = released.changed(), if listed && past_bound => {
-                    if fits_now(&state, ledger.as_deref(), &key) {
+                    if fits_now(state, task.ledger.as_deref(), key) {
                         break;
                     }
                     continue;
@@ -930,7 +1038,7 @@ async fn run_watch(
                 Ok(None) => return,
                 Err(e) => {
                     let backoff = failures.record(lasts(&e));
-                    source_watch_failed(&state, &pause, &name, &e, failures.in_a_row).await;
+                    source_watch_failed(state, pause, name, &e, failures.in_a_row).await;
                     tokio::time::sleep(backoff).await;
                     if key.pulls_only {
                         // A consenting object could not be read: list
@@ -947,65 +1055,13 @@ async fn run_watch(
                 continue;
             }
             let mut event = map_event(event, Held::whole);
-            if let Some(ledger) = &ledger {
-                // A list that would take the tenant past its bound goes on
-                // with sizes alone: it is never held whole.
-                match &mut event {
-                    Event::Init => (listing, listing_past_bound) = (0, false),
-                    Event::InitApply(held) => {
-                        listing = listing.saturating_add(held.bytes);
-                        if !listing_past_bound && !ledger.fits(&key, listing) {
-                            listing_past_bound = true;
-                            for pending in folder.pending_mut() {
-                                pending.object = None;
-                            }
-                        }
-                        if listing_past_bound {
-                            held.object = None;
-                        }
-                    }
-                    _ => {}
-                }
-            }
+            task.count(&mut event, &mut folder, &mut list);
             let Some(change) = folder.fold(event) else {
                 continue;
             };
-            let changed_name = match &change {
-                Change::Applied(held) | Change::Deleted(held) => held.name.to_string(),
-                Change::Listed(_) => String::new(),
-            };
-            let changed_rules = apply(&state, change);
-            let bound = ledger
-                .as_deref()
-                .map(|ledger| within_bound(&state, ledger, &key));
-            if changed_rules.is_none() {
-                listed = true;
-                *lock(&state.failing) = None;
-                state.listed.store(generation, Ordering::Release);
-                debug!(watch = name.as_str(), "sources listed");
-            }
-            match (bound, changed_rules) {
-                (Some(Bound::WentPast), _) => {
-                    tracing::warn!(
-                        watch = name.as_str(),
-                        "a tenant namespace's sources are past their bound; holding their sizes alone"
-                    );
-                    tell_all(&state);
-                }
-                // Past the bound its rules have nothing to learn but that
-                // they fit again, which a new list tells them.
-                (Some(Bound::Past { fits: true }), Some(_)) => break,
-                (Some(Bound::Past { fits: true }), None) => {
-                    tell_all(&state);
-                    break;
-                }
-                (Some(Bound::Past { .. }), Some(_)) => {}
-                (_, Some(rules)) => {
-                    for rule in rules {
-                        on_change(&rule, Touch::Source(changed_name.clone()));
-                    }
-                }
-                (_, None) => tell_all(&state),
+            listed |= matches!(change, Change::Listed(_));
+            if task.take(change, generation) {
+                break;
             }
         }
     }
