@@ -1216,11 +1216,19 @@ fn watch_request(client: Client, key: &WatchKey) -> (Api<DynamicObject>, watcher
         format!("{},!{}", key.selector, crate::LABEL_RULE_UID)
     };
     let mut config = watch_config().labels(&labels);
+    if key.tenant.is_some() {
+        // A page is read whole before any of it is counted against the
+        // tenant's bound: a small page keeps that to a few MiB.
+        config = config.page_size(TENANT_LIST_PAGE);
+    }
     if let Some(fields) = kind.source_field_selector() {
         config = config.fields(&fields);
     }
     (api, config)
 }
+
+/// Objects per page of a tenant watch's list (of at most about 1 MiB each).
+const TENANT_LIST_PAGE: u32 = 16;
 
 /// The longest failure a rule's status quotes of a source watch.
 const FAILURE_SHOWN: usize = 300;
