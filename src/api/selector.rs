@@ -42,6 +42,21 @@ impl LabelSelector {
         })
     }
 
+    /// The requirements every one of `selectors` makes: whatever any of
+    /// them matches, this matches too (empty when they share none), so one
+    /// watch filtered by it serves them all.
+    pub(crate) fn common<'a>(selectors: impl IntoIterator<Item = &'a LabelSelector>) -> Self {
+        let mut selectors = selectors.into_iter();
+        let Some(first) = selectors.next() else {
+            return Self::default();
+        };
+        let mut shared = first.requirements.clone();
+        for selector in selectors {
+            shared.retain(|r| selector.requirements.contains(r));
+        }
+        Self::new(shared)
+    }
+
     /// The selector in the API server's `labelSelector` query syntax.
     pub(crate) fn to_query(&self) -> String {
         self.requirements
@@ -379,6 +394,30 @@ mod tests {
             Value::Object(map) => LabelSelector::from_rule_selector(&map),
             _ => panic!("test selector must be an object"),
         }
+    }
+
+    #[test]
+    fn the_common_selector_matches_whatever_any_of_them_matches() {
+        let of = |value: Value| rule_selector(value).expect("a selector");
+        let a = of(json!({"matchLabels": {"app": "web"},
+            "matchExpressions": [{"key": "made-up-1", "operator": "DoesNotExist"}]}));
+        let b = of(json!({"matchLabels": {"app": "web"},
+            "matchExpressions": [{"key": "made-up-2", "operator": "DoesNotExist"}]}));
+        let common = LabelSelector::common([&a, &b]);
+        assert_eq!(common.to_query(), "app=web");
+        for selector in [&a, &b] {
+            for object in [
+                labels(&[("app", "web")]),
+                labels(&[("app", "web"), ("made-up-2", "x")]),
+            ] {
+                if selector.matches(&object) {
+                    assert!(common.matches(&object));
+                }
+            }
+        }
+        let other = of(json!({"tier": "db"}));
+        assert!(LabelSelector::common([&a, &other]).is_empty());
+        assert_eq!(LabelSelector::common([&a]), a);
     }
 
     #[test]

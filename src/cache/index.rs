@@ -154,6 +154,17 @@ fn hash_value(value: &Value, state: &mut impl Hasher) {
     }
 }
 
+/// About how many bytes a JSON value takes held: its strings and keys,
+/// eight for anything else.
+fn value_bytes(value: &Value) -> usize {
+    match value {
+        Value::String(s) => s.len(),
+        Value::Array(items) => items.iter().map(value_bytes).sum(),
+        Value::Object(map) => map.iter().map(|(k, v)| k.len() + value_bytes(v)).sum(),
+        Value::Null | Value::Bool(_) | Value::Number(_) => 8,
+    }
+}
+
 pub(crate) fn payload_hash(payload: &BTreeMap<String, Value>) -> u64 {
     let mut state = DefaultHasher::new();
     for (field, value) in payload {
@@ -433,6 +444,27 @@ impl Object {
             .filter(|(k, _)| crate::api::kinds::decides_recreate(k))
             .collect();
         self
+    }
+
+    /// About how many bytes holding this object takes: its strings,
+    /// labels, annotations and payload (a ConfigMap's data counts as its
+    /// length). What a tenant namespace's sources are bounded by.
+    pub(crate) fn approximate_bytes(&self) -> u64 {
+        let map = |m: &BTreeMap<String, String>| -> usize {
+            m.iter().map(|(k, v)| k.len() + v.len()).sum()
+        };
+        let strings = self.namespace.len()
+            + self.name.len()
+            + self.uid.len()
+            + self.resource_version.len()
+            + map(&self.labels)
+            + map(&self.annotations);
+        let payload: usize = self
+            .payload
+            .iter()
+            .map(|(field, value)| field.len() + value_bytes(value))
+            .sum();
+        (strings + payload) as u64
     }
 
     pub(crate) fn key(&self) -> ObjectKey {
@@ -834,6 +866,21 @@ pub(crate) mod tests {
         assert!(index.get("t1", "c").is_none());
         let newer = index.get("t2", "c").map(|o| o.resource_version.to_string());
         assert_eq!(newer.as_deref(), Some("15"), "a newer list wins");
+    }
+
+    #[test]
+    fn an_objects_bytes_grow_with_its_data_and_keys() {
+        let small = object("ns", "n", "u", 1, &[("k", "v")]);
+        let mut big = small.clone();
+        big.payload.insert(
+            "data".into(),
+            serde_json::json!({"blob": "x".repeat(900 * 1024)}),
+        );
+        assert!(small.approximate_bytes() < 100);
+        assert_eq!(
+            big.approximate_bytes() - small.approximate_bytes(),
+            ("data".len() + "blob".len() + 900 * 1024) as u64
+        );
     }
 
     #[test]

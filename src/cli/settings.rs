@@ -278,6 +278,15 @@ pub(crate) struct Settings {
     #[arg(long, env = "MAX_SOURCE_WATCHES", default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=1000), global = true)]
     pub(crate) max_source_watches: u32,
 
+    /// MiB of sources the rules of one tenant namespace (under
+    /// --all-namespaces) may make the operator hold together, each source
+    /// counted once however many of them select it. A watch of theirs that
+    /// would go past it holds its sources' sizes alone, and its rules read
+    /// `Ready=False`, reason `SourcesTooLarge`, until they fit. The
+    /// operator's own rules are not bounded.
+    #[arg(long, env = "MAX_TENANT_SOURCE_MIB", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=65536), global = true)]
+    pub(crate) max_tenant_source_mib: u64,
+
     /// How requests reach the API server: `mixed` carries the watches,
     /// lists and the Lease over one HTTP/2 connection (over TLS) and writes
     /// over HTTP/1, a connection per write in flight, so the connections
@@ -389,6 +398,7 @@ impl Settings {
                 api_qps: self.api_qps,
                 api_burst: self.api_burst,
                 max_source_watches: self.max_source_watches,
+                max_tenant_source_bytes: self.max_tenant_source_mib * 1024 * 1024,
             },
             keep_kind_watches: false,
             cluster_name: self.cluster_name.clone(),

@@ -41,6 +41,9 @@ pub(crate) struct Limits {
     pub(crate) api_burst: u32,
     /// Source watches at most (`--max-source-watches`).
     pub(crate) max_source_watches: u32,
+    /// The bytes of sources the rules of one tenant namespace may make the
+    /// operator hold (`--max-tenant-source-mib`).
+    pub(crate) max_tenant_source_bytes: u64,
 }
 
 pub(crate) struct Cluster {
@@ -105,6 +108,7 @@ impl Cluster {
             client.clone(),
             read_pause.clone(),
             limits.max_source_watches as usize,
+            limits.max_tenant_source_bytes,
             on_source_change,
         );
         Self {

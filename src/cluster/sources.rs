@@ -9,9 +9,14 @@
 //! requests do not grow with the number of rules or the length of a rule's
 //! namespace list, and memory follows what the rules select.
 //!
-//! A watch across all namespaces lists again when the rules want more from
-//! it (a new namespace or selector), after a short pause so that a burst of
-//! new rules costs one list, and never before its previous list finished.
+//! The rules of a tenant namespace share one watch per kind and source
+//! namespace whatever their selectors, so that a source is fetched and held
+//! once however many of them select it, and what those watches hold
+//! together stays within a bound ([`TenantBytes`]).
+//!
+//! A watch lists again when the rules want more from it (a new namespace
+//! or selector), after a short pause so that a burst of new rules costs one
+//! list, and never before its previous list finished.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -98,6 +103,10 @@ pub(crate) struct WatchKey {
     /// alone, and reads an object whole only when it consents (nothing of
     /// what does not consent is fetched or held).
     pub(crate) pulls_only: bool,
+    /// The tenant namespace whose rules alone it serves (one watch per
+    /// kind and namespace for all their selectors): what it holds counts
+    /// against that namespace's bound ([`TenantBytes`]).
+    pub(crate) tenant: Option<String>,
 }
 
 impl WatchKey {
@@ -121,8 +130,14 @@ impl WatchKey {
         } else {
             "sources"
         };
+        let rules = match &self.tenant {
+            Some(tenant) => format!(" for the rules of {tenant}"),
+            None => String::new(),
+        };
         match &self.scope {
-            WatchScope::Namespace(ns) => format!("{} {sources} in {ns} ({selector})", self.kind),
+            WatchScope::Namespace(ns) => {
+                format!("{} {sources} in {ns} ({selector}){rules}", self.kind)
+            }
             WatchScope::AllNamespaces => {
                 format!("{} sources in all namespaces ({selector})", self.kind)
             }
@@ -223,11 +238,11 @@ impl Interest {
 }
 
 /// The most source watches the rules of one tenant namespace need
-/// together (a watch per kind, namespace and selector): past it, the rules
-/// that would need more, taken in name order, wait, saying why, until
-/// others of the namespace go. One rule names at most
-/// [`crate::core::resolve::MAX_TENANT_SOURCE_NAMESPACES`] namespaces; this
-/// bounds what many rules take.
+/// together (a watch per kind and source namespace, whatever their
+/// selectors): past it, the rules that would need more, taken in name
+/// order, wait, saying why, until others of the namespace go. One rule
+/// names at most [`crate::core::resolve::MAX_TENANT_SOURCE_NAMESPACES`]
+/// namespaces; this bounds what many rules take.
 pub(crate) const MAX_TENANT_SOURCE_WATCHES: usize = 64;
 
 /// The watches to run, and the rules left without theirs.
@@ -241,18 +256,17 @@ pub(crate) struct WatchPlan {
 /// The tenant rules whose watches would take their namespace's rules past
 /// [`MAX_TENANT_SOURCE_WATCHES`], in name order, with why.
 fn over_tenant_budget(needs: &BTreeMap<RuleKey, SourceNeed>) -> BTreeMap<RuleKey, String> {
-    let mut taken: HashMap<&str, BTreeSet<(Kind, &str, String)>> = HashMap::new();
+    let mut taken: HashMap<&str, BTreeSet<(Kind, &str)>> = HashMap::new();
     let mut over = BTreeMap::new();
     for (rule, need) in needs {
         let Some(tenant) = need.pulls_into.as_deref() else {
             continue;
         };
-        let query = need.selector.to_query();
         let held = taken.entry(tenant).or_default();
-        let more: Vec<(Kind, &str, String)> = need
+        let more: Vec<(Kind, &str)> = need
             .namespaces
             .iter()
-            .map(|ns| (need.kind, ns.as_str(), query.clone()))
+            .map(|ns| (need.kind, ns.as_str()))
             .filter(|watch| !held.contains(watch))
             .collect();
         if held.len() + more.len() > MAX_TENANT_SOURCE_WATCHES {
@@ -260,9 +274,8 @@ fn over_tenant_budget(needs: &BTreeMap<RuleKey, SourceNeed>) -> BTreeMap<RuleKey
                 rule.clone(),
                 format!(
                     "not watched: the rules of namespace {tenant} would need more than \
-                     {MAX_TENANT_SOURCE_WATCHES} source watches together (one per kind, \
-                     namespace and selector); this rule waits until others of the namespace \
-                     need fewer"
+                     {MAX_TENANT_SOURCE_WATCHES} source watches together (one per kind and \
+                     source namespace); this rule waits until others of the namespace need fewer"
                 ),
             );
         } else {
@@ -272,64 +285,66 @@ fn over_tenant_budget(needs: &BTreeMap<RuleKey, SourceNeed>) -> BTreeMap<RuleKey
     over
 }
 
-/// One kind's wanted `(namespace, selector)` pairs, each with whether only
-/// pulls, and only tenant rules, want it.
-type KindPairs<'a> = BTreeMap<(&'a str, String), (bool, bool)>;
-
-/// Per kind, the (namespace, selector) pairs `needs` want, and whether
-/// only pulls, and only tenant rules, want each.
-fn wanted_pairs<'a>(needs: impl Iterator<Item = &'a SourceNeed>) -> BTreeMap<Kind, KindPairs<'a>> {
-    let mut pairs: BTreeMap<Kind, KindPairs<'_>> = BTreeMap::new();
-    for need in needs {
-        let query = need.selector.to_query();
-        let kind_pairs = pairs.entry(need.kind).or_default();
-        let tenant = need.pulls_into.is_some();
-        for ns in &need.namespaces {
-            let pull = need.pull_into(ns).is_some();
-            kind_pairs
-                .entry((ns.as_str(), query.clone()))
-                .and_modify(|(only_pulls, only_tenants)| {
-                    *only_pulls &= pull;
-                    *only_tenants &= tenant;
-                })
-                .or_insert((pull, tenant));
-        }
-    }
-    pairs
-}
-
-/// The watches that serve `needs`, and what each is wanted for: a watch
-/// per kind, namespace and selector. Past `budget` watches of rules of the
-/// operator's namespace, the kinds with the most such watches are watched
-/// across all namespaces (filtered by the selector when every such rule of
-/// the kind uses the same one). A tenant rule's watches stay in their
-/// namespaces and count apart (a tenant rule names few namespaces, see
-/// [`crate::core::resolve::MAX_TENANT_SOURCE_NAMESPACES`]): nothing a
-/// tenant writes makes the operator list a kind across the cluster. A
-/// namespace that only tenant rules pull from is watched for metadata
-/// ([`WatchKey::pulls_only`]). The rules of one tenant namespace take at
-/// most [`MAX_TENANT_SOURCE_WATCHES`] watches together.
+/// The watches that serve `needs`, and what each is wanted for.
+///
+/// The operator's own rules get a watch per kind, namespace and selector;
+/// past `budget` such watches, the kinds with the most are watched across
+/// all namespaces (filtered by the selector when every such rule of the
+/// kind uses the same one).
+///
+/// The rules of a tenant namespace get one watch per kind and source
+/// namespace, whatever their selectors, filtered on the server by the
+/// requirements all those selectors share: each object is fetched and held
+/// once however many of its rules select it, and counts once against the
+/// namespace's bound. Their watches stay in their namespaces and count
+/// apart (nothing a tenant writes makes the operator list a kind across
+/// the cluster); a namespace the tenant only pulls from is watched for
+/// metadata ([`WatchKey::pulls_only`]); and the rules of one tenant
+/// namespace take at most [`MAX_TENANT_SOURCE_WATCHES`] watches together.
 pub(crate) fn plan_watches(needs: &BTreeMap<RuleKey, SourceNeed>, budget: usize) -> WatchPlan {
     let over_budget = over_tenant_budget(needs);
-    let needs = || {
+    let served = || {
         needs
             .iter()
             .filter(|(rule, _)| !over_budget.contains_key(*rule))
     };
-    let pairs = wanted_pairs(needs().map(|(_, need)| need));
-    // The operator's own rules' pairs: those that count, and may move.
-    let movable = |kind_pairs: &KindPairs<'_>| {
-        kind_pairs
-            .values()
-            .filter(|(_, only_tenants)| !only_tenants)
-            .count()
-    };
+    let mut planned: BTreeMap<WatchKey, Interest> = BTreeMap::new();
+    plan_own_watches(
+        served().filter(|(_, need)| need.pulls_into.is_none()),
+        budget,
+        &mut planned,
+    );
+    plan_tenant_watches(
+        served().filter_map(|(rule, need)| Some((rule, need, need.pulls_into.as_deref()?))),
+        &mut planned,
+    );
+    WatchPlan {
+        watches: planned,
+        over_budget,
+    }
+}
+
+/// The watches of the operator's own rules: one per kind, namespace and
+/// selector, within `budget` (see [`plan_watches`]).
+fn plan_own_watches<'a>(
+    own: impl Iterator<Item = (&'a RuleKey, &'a SourceNeed)> + Clone,
+    budget: usize,
+    planned: &mut BTreeMap<WatchKey, Interest>,
+) {
+    let mut pairs: BTreeMap<Kind, BTreeSet<(&str, String)>> = BTreeMap::new();
+    for (_, need) in own.clone() {
+        let query = need.selector.to_query();
+        let kind_pairs = pairs.entry(need.kind).or_default();
+        for ns in &need.namespaces {
+            kind_pairs.insert((ns.as_str(), query.clone()));
+        }
+    }
     let mut across: BTreeSet<Kind> = BTreeSet::new();
     loop {
         let namespaced: usize = pairs
             .iter()
             .filter(|(kind, _)| !across.contains(kind))
-            .map(|(_, p)| movable(p))
+            .map(|(_, p)| p.len())
             .sum();
         if namespaced + across.len() <= budget.max(1) {
             break;
@@ -337,57 +352,234 @@ pub(crate) fn plan_watches(needs: &BTreeMap<RuleKey, SourceNeed>, budget: usize)
         // The kind with the most namespaced watches goes across namespaces.
         let Some((&kind, _)) = pairs
             .iter()
-            .filter(|(kind, p)| !across.contains(kind) && movable(p) > 0)
-            .max_by_key(|(kind, p)| (movable(p), std::cmp::Reverse(**kind)))
+            .filter(|(kind, p)| !across.contains(kind) && !p.is_empty())
+            .max_by_key(|(kind, p)| (p.len(), std::cmp::Reverse(**kind)))
         else {
             break;
         };
         across.insert(kind);
     }
     // Across namespaces, the API server still filters by the selector when
-    // every rule of the kind that goes there uses the same one.
+    // every rule of the kind uses the same one.
     let common_selector = |kind: Kind| {
-        let selectors: BTreeSet<&str> = pairs[&kind]
-            .iter()
-            .filter(|(_, (_, only_tenants))| !only_tenants)
-            .map(|((_, query), _)| query.as_str())
-            .collect();
+        let selectors: BTreeSet<&str> = pairs[&kind].iter().map(|(_, q)| q.as_str()).collect();
         match selectors.into_iter().collect::<Vec<_>>()[..] {
             [only] => only.to_owned(),
             _ => String::new(),
         }
     };
-    let mut planned: BTreeMap<WatchKey, Interest> = BTreeMap::new();
-    for (rule, need) in needs() {
+    for (rule, need) in own {
         let query = need.selector.to_query();
         for ns in &need.namespaces {
-            let (only_pulls, only_tenants) = pairs[&need.kind][&(ns.as_str(), query.clone())];
-            let key = if across.contains(&need.kind) && !only_tenants {
-                WatchKey {
-                    kind: need.kind,
-                    scope: WatchScope::AllNamespaces,
-                    selector: common_selector(need.kind),
-                    pulls_only: false,
-                }
+            let (scope, selector) = if across.contains(&need.kind) {
+                (WatchScope::AllNamespaces, common_selector(need.kind))
             } else {
-                WatchKey {
-                    kind: need.kind,
-                    scope: WatchScope::Namespace(ns.clone()),
-                    selector: query.clone(),
-                    pulls_only: only_pulls,
-                }
+                (WatchScope::Namespace(ns.clone()), query.clone())
+            };
+            let key = WatchKey {
+                kind: need.kind,
+                scope,
+                selector,
+                pulls_only: false,
+                tenant: None,
             };
             planned.entry(key).or_default().add(ns, need, rule);
         }
     }
-    WatchPlan {
-        watches: planned,
-        over_budget,
+}
+
+/// The watches of tenant rules (with their namespace): one per tenant
+/// namespace, kind and source namespace, filtered by what its rules'
+/// selectors there share (see [`plan_watches`]).
+fn plan_tenant_watches<'a>(
+    tenants: impl Iterator<Item = (&'a RuleKey, &'a SourceNeed, &'a str)> + Clone,
+    planned: &mut BTreeMap<WatchKey, Interest>,
+) {
+    let mut selectors: BTreeMap<(&str, Kind, &str), Vec<&LabelSelector>> = BTreeMap::new();
+    for (_, need, tenant) in tenants.clone() {
+        for ns in &need.namespaces {
+            selectors
+                .entry((tenant, need.kind, ns.as_str()))
+                .or_default()
+                .push(&need.selector);
+        }
+    }
+    let shared: BTreeMap<(&str, Kind, &str), String> = selectors
+        .into_iter()
+        .map(|(at, selectors)| (at, LabelSelector::common(selectors).to_query()))
+        .collect();
+    for (rule, need, tenant) in tenants {
+        for ns in &need.namespaces {
+            let key = WatchKey {
+                kind: need.kind,
+                scope: WatchScope::Namespace(ns.clone()),
+                selector: shared[&(tenant, need.kind, ns.as_str())].clone(),
+                pulls_only: need.pull_into(ns).is_some(),
+                tenant: Some(tenant.to_owned()),
+            };
+            planned.entry(key).or_default().add(ns, need, rule);
+        }
     }
 }
 
-/// Objects by namespace and name.
-type Store = HashMap<Arc<str>, HashMap<Arc<str>, Arc<Object>>>;
+/// One source a watch keeps: whole, or, while the sources of its tenant
+/// namespace are past their bound, only its size.
+#[derive(Clone)]
+struct Held {
+    namespace: Arc<str>,
+    name: Arc<str>,
+    uid: String,
+    /// [`Object::approximate_bytes`].
+    bytes: u64,
+    object: Option<Arc<Object>>,
+}
+
+impl Held {
+    fn whole(object: Object) -> Self {
+        Self {
+            namespace: object.namespace.clone(),
+            name: object.name.clone(),
+            uid: object.uid.clone(),
+            bytes: object.approximate_bytes(),
+            object: Some(Arc::new(object)),
+        }
+    }
+}
+
+/// What a watch keeps: the sources its rules want, by namespace and name.
+#[derive(Default)]
+struct Store {
+    objects: HashMap<Arc<str>, HashMap<Arc<str>, Held>>,
+    /// The bytes of every source it keeps, whole or not.
+    bytes: u64,
+    /// Past its tenant namespace's bound: it keeps sizes, no object.
+    past_bound: bool,
+}
+
+impl Store {
+    fn insert(&mut self, mut held: Held) -> Option<Held> {
+        if self.past_bound {
+            held.object = None;
+        }
+        self.bytes += held.bytes;
+        let previous = self
+            .objects
+            .entry(held.namespace.clone())
+            .or_default()
+            .insert(held.name.clone(), held);
+        if let Some(previous) = &previous {
+            self.bytes -= previous.bytes;
+        }
+        previous
+    }
+
+    fn get(&self, namespace: &str, name: &str) -> Option<&Held> {
+        self.objects.get(namespace)?.get(name)
+    }
+
+    fn remove(&mut self, namespace: &str, name: &str) -> Option<Held> {
+        let in_namespace = self.objects.get_mut(namespace)?;
+        let removed = in_namespace.remove(name);
+        if in_namespace.is_empty() {
+            self.objects.remove(namespace);
+        }
+        if let Some(removed) = &removed {
+            self.bytes -= removed.bytes;
+        }
+        removed
+    }
+
+    /// Keep only the whole objects `wanted` says; sizes alone stay (their
+    /// watch lists again to know).
+    fn retain(&mut self, wanted: impl Fn(&str, &Object) -> bool) {
+        let mut bytes = 0;
+        for (namespace, objects) in &mut self.objects {
+            objects.retain(|_, held| {
+                held.object
+                    .as_deref()
+                    .is_none_or(|object| wanted(namespace, object))
+            });
+            bytes += objects.values().map(|held| held.bytes).sum::<u64>();
+        }
+        self.objects.retain(|_, objects| !objects.is_empty());
+        self.bytes = bytes;
+    }
+
+    /// Let go of every object, keeping their sizes.
+    fn drop_objects(&mut self) {
+        self.past_bound = true;
+        for held in self.objects.values_mut().flat_map(HashMap::values_mut) {
+            held.object = None;
+        }
+    }
+}
+
+/// The bytes of sources that the watches of one tenant namespace's rules
+/// hold together, and the bound they stay within (`--max-tenant-source-mib`).
+/// A watch that would take them past it keeps its sources' sizes alone,
+/// and its rules say so ([`Sources::TooLarge`]) until it fits again.
+pub(crate) struct TenantBytes {
+    bound: u64,
+    held: Mutex<HashMap<WatchKey, u64>>,
+    /// Bumped when a watch lets bytes go: one past the bound may fit now.
+    released: signal::Sender<u64>,
+}
+
+impl TenantBytes {
+    fn new(bound: u64) -> Self {
+        Self {
+            bound,
+            held: Mutex::default(),
+            released: signal::channel(0).0,
+        }
+    }
+
+    fn others(held: &HashMap<WatchKey, u64>, key: &WatchKey) -> u64 {
+        held.iter()
+            .filter(|(k, _)| *k != key)
+            .map(|(_, bytes)| *bytes)
+            .sum()
+    }
+
+    /// Whether `key` could hold `bytes` beside what the others hold.
+    fn fits(&self, key: &WatchKey, bytes: u64) -> bool {
+        Self::others(&lock(&self.held), key).saturating_add(bytes) <= self.bound
+    }
+
+    /// Let `key` hold `bytes` if they fit; whether they did.
+    fn try_hold(&self, key: &WatchKey, bytes: u64) -> bool {
+        let mut held = lock(&self.held);
+        if Self::others(&held, key).saturating_add(bytes) > self.bound {
+            return false;
+        }
+        let before = held.insert(key.clone(), bytes).unwrap_or(0);
+        drop(held);
+        if bytes < before {
+            self.released.send_modify(|g| *g += 1);
+        }
+        true
+    }
+
+    /// `key` holds nothing any more.
+    fn release(&self, key: &WatchKey) {
+        if lock(&self.held).remove(key).is_some_and(|bytes| bytes > 0) {
+            self.released.send_modify(|g| *g += 1);
+        }
+    }
+}
+
+/// What a tenant watch holds is let go from its namespace's count when its
+/// task ends, however it ends (stopped by the hub: aborted).
+struct HeldBytes {
+    ledger: Arc<TenantBytes>,
+    key: WatchKey,
+}
+
+impl Drop for HeldBytes {
+    fn drop(&mut self) {
+        self.ledger.release(&self.key);
+    }
+}
 
 /// What a watch's task shares with the hub.
 struct WatchState {
@@ -421,6 +613,9 @@ pub(crate) enum Sources {
         of: usize,
         failing: Option<String>,
     },
+    /// The sources of the rule's namespace's rules together are past the
+    /// bound of what a tenant namespace may make the operator hold: why.
+    TooLarge(String),
     /// The rule has no need registered.
     Unknown,
 }
@@ -437,6 +632,11 @@ pub(crate) struct SourceHub {
     served: HashMap<RuleKey, Vec<(WatchKey, u64)>>,
     /// Tenant rules left without watches, with why.
     over_budget: BTreeMap<RuleKey, String>,
+    /// The most bytes of sources the watches of one tenant namespace's
+    /// rules may hold together.
+    tenant_bound: u64,
+    /// Per tenant namespace with watches, what they hold.
+    tenants: HashMap<String, Arc<TenantBytes>>,
 }
 
 impl SourceHub {
@@ -444,6 +644,7 @@ impl SourceHub {
         client: Client,
         pause: Arc<ReadPause>,
         budget: usize,
+        tenant_bound: u64,
         on_change: OnChange,
     ) -> Self {
         Self {
@@ -455,6 +656,8 @@ impl SourceHub {
             watches: HashMap::new(),
             served: HashMap::new(),
             over_budget: BTreeMap::new(),
+            tenant_bound,
+            tenants: HashMap::new(),
         }
     }
 
@@ -493,7 +696,8 @@ impl SourceHub {
             .collect();
         for key in stale {
             if let Some(watch) = self.watches.remove(&key) {
-                // Its task forgets its failures as it ends (a guard).
+                // Its task forgets its failures, and lets go of what it
+                // held in its tenant's count, as it ends (guards).
                 watch.task.abort();
             }
         }
@@ -501,15 +705,22 @@ impl SourceHub {
         for (key, interest) in planned {
             let generation = match self.watches.get(&key) {
                 Some(watch) => {
-                    let grew = interest.wants_more_than(&read(&watch.state.interest));
+                    let before = read(&watch.state.interest).clone();
+                    let grew = interest.wants_more_than(&before);
+                    let changed = interest != before;
                     *write(&watch.state.interest) = interest;
-                    if grew && key.scope == WatchScope::AllNamespaces {
+                    let past_bound = read(&watch.state.store).past_bound;
+                    // What it dropped is listed again; past the bound it
+                    // keeps sizes alone, and lists again to know which.
+                    if grew || (changed && past_bound) {
                         watch.state.wanted.send_modify(|g| *g += 1);
                     } else {
                         // Objects no rule wants any more are dropped.
                         let interest = read(&watch.state.interest);
-                        for (ns, objects) in write(&watch.state.store).iter_mut() {
-                            objects.retain(|_, o| interest.wants(ns, &o.labels, &o.annotations));
+                        let mut store = write(&watch.state.store);
+                        store.retain(|ns, o| interest.wants(ns, &o.labels, &o.annotations));
+                        if let Some(ledger) = self.ledger_of(&key) {
+                            ledger.try_hold(&key, store.bytes);
                         }
                     }
                     *watch.state.wanted.borrow()
@@ -530,6 +741,17 @@ impl SourceHub {
                 }
             }
         }
+        let watches = &self.watches;
+        self.tenants.retain(|tenant, _| {
+            watches
+                .keys()
+                .any(|k| k.tenant.as_deref() == Some(tenant.as_str()))
+        });
+    }
+
+    /// What the watches of `key`'s tenant namespace hold, for a tenant's watch.
+    fn ledger_of(&self, key: &WatchKey) -> Option<&Arc<TenantBytes>> {
+        self.tenants.get(key.tenant.as_deref()?)
     }
 
     /// The rule's sources, once every watch it needs has listed them.
@@ -576,15 +798,19 @@ impl SourceHub {
                 continue;
             };
             let store = read(&watch.state.store);
+            if store.past_bound {
+                return Sources::TooLarge(self.too_large(watch_key, store.bytes));
+            }
             let namespaces: &[String] = match &watch_key.scope {
                 WatchScope::Namespace(ns) => std::slice::from_ref(ns),
                 WatchScope::AllNamespaces => &need.namespaces,
             };
             for ns in namespaces {
-                if let Some(in_namespace) = store.get(ns.as_str()) {
+                if let Some(in_namespace) = store.objects.get(ns.as_str()) {
                     objects.extend(
                         in_namespace
                             .values()
+                            .filter_map(|held| held.object.as_ref())
                             .filter(|o| need.selector.matches(&o.labels))
                             .cloned(),
                     );
@@ -594,7 +820,28 @@ impl SourceHub {
         Sources::Listed(objects)
     }
 
-    fn start(&self, key: &WatchKey, interest: Interest) -> Watch {
+    /// Why the rules of a watch past its tenant namespace's bound are not
+    /// followed; `selected`: the bytes of what it would hold.
+    fn too_large(&self, key: &WatchKey, selected: u64) -> String {
+        let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+        let tenant = key.tenant.as_deref().unwrap_or_default();
+        format!(
+            "the sources that the rules of namespace {tenant} select would take more than \
+             the {:.0} MiB the operator holds for one namespace's rules \
+             (--max-tenant-source-mib; {}s in {}: {:.1} MiB): none of these is held, and \
+             nothing is copied, changed or deleted for this rule until they fit; select \
+             fewer or smaller sources",
+            mib(self.tenant_bound),
+            key.kind,
+            match &key.scope {
+                WatchScope::Namespace(ns) => ns.as_str(),
+                WatchScope::AllNamespaces => "all namespaces",
+            },
+            mib(selected),
+        )
+    }
+
+    fn start(&mut self, key: &WatchKey, interest: Interest) -> Watch {
         let (wanted, wanted_rx) = signal::channel(1);
         let state = Arc::new(WatchState {
             store: RwLock::default(),
@@ -603,14 +850,23 @@ impl SourceHub {
             wanted,
             failing: Mutex::new(None),
         });
+        let ledger = key.tenant.as_ref().map(|tenant| {
+            self.tenants
+                .entry(tenant.clone())
+                .or_insert_with(|| Arc::new(TenantBytes::new(self.tenant_bound)))
+                .clone()
+        });
         let task = tokio::spawn(run_watch(
-            self.client.clone(),
-            key.clone(),
-            key.name(),
-            state.clone(),
+            WatchTask {
+                client: self.client.clone(),
+                key: key.clone(),
+                name: key.name(),
+                state: state.clone(),
+                pause: self.pause.clone(),
+                on_change: self.on_change.clone(),
+                ledger,
+            },
             wanted_rx,
-            self.pause.clone(),
-            self.on_change.clone(),
         ));
         Watch { state, task }
     }
@@ -624,24 +880,131 @@ impl Drop for SourceHub {
     }
 }
 
-async fn run_watch(
+/// What a watch's task works with.
+struct WatchTask {
     client: Client,
     key: WatchKey,
+    /// For the log.
     name: String,
     state: Arc<WatchState>,
-    mut wanted: signal::Receiver<u64>,
     pause: Arc<ReadPause>,
     on_change: OnChange,
-) {
+    /// A tenant's watch: what the watches of its namespace hold.
+    ledger: Option<Arc<TenantBytes>>,
+}
+
+/// The bytes of a list under way, and whether it keeps sizes alone.
+#[derive(Default)]
+struct ListBytes {
+    bytes: u64,
+    past_bound: bool,
+}
+
+impl WatchTask {
+    fn tell_all(&self) {
+        let rules: Vec<RuleKey> = read(&self.state.interest)
+            .rules()
+            .into_iter()
+            .cloned()
+            .collect();
+        for rule in &rules {
+            (self.on_change)(rule, Touch::All);
+        }
+    }
+
+    /// A list that would take the tenant past its bound goes on with
+    /// sizes alone: it is never held whole.
+    fn count(&self, event: &mut Event<Held>, folder: &mut Folder<Held>, list: &mut ListBytes) {
+        let Some(ledger) = &self.ledger else {
+            return;
+        };
+        match event {
+            Event::Init => *list = ListBytes::default(),
+            Event::InitApply(held) => {
+                list.bytes = list.bytes.saturating_add(held.bytes);
+                if !list.past_bound && !ledger.fits(&self.key, list.bytes) {
+                    list.past_bound = true;
+                    for pending in folder.pending_mut() {
+                        pending.object = None;
+                    }
+                }
+                if list.past_bound {
+                    held.object = None;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Take a change in (a complete list marks the watch listed at
+    /// `generation`), and tell the rules it concerns; whether the watch
+    /// should list again (it fits its tenant's bound again).
+    fn take(&self, change: Change<Held>, generation: u64) -> bool {
+        let changed_name = match &change {
+            Change::Applied(held) | Change::Deleted(held) => held.name.to_string(),
+            Change::Listed(_) => String::new(),
+        };
+        let changed_rules = apply(&self.state, change);
+        let bound = self
+            .ledger
+            .as_deref()
+            .map(|ledger| within_bound(&self.state, ledger, &self.key));
+        if changed_rules.is_none() {
+            // Only once the store holds the list: a rule served before
+            // would take a source not listed yet for one deleted.
+            *lock(&self.state.failing) = None;
+            self.state.listed.store(generation, Ordering::Release);
+            debug!(watch = self.name.as_str(), "sources listed");
+        }
+        match (bound, changed_rules) {
+            (Some(Bound::WentPast), _) => {
+                tracing::warn!(
+                    watch = self.name.as_str(),
+                    "a tenant namespace's sources are past their bound; holding their sizes alone"
+                );
+                self.tell_all();
+            }
+            // Past the bound its rules have nothing to learn but that they
+            // fit again, which a new list tells them.
+            (Some(Bound::Past { fits }), Some(_)) => return fits,
+            (Some(Bound::Past { fits: true }), None) => {
+                self.tell_all();
+                return true;
+            }
+            (_, Some(rules)) => {
+                for rule in rules {
+                    (self.on_change)(&rule, Touch::Source(changed_name.clone()));
+                }
+            }
+            (_, None) => self.tell_all(),
+        }
+        false
+    }
+}
+
+async fn run_watch(task: WatchTask, mut wanted: signal::Receiver<u64>) {
+    let (key, state, pause, name) = (&task.key, &task.state, &task.pause, task.name.as_str());
+    let _held = task.ledger.clone().map(|ledger| HeldBytes {
+        ledger,
+        key: key.clone(),
+    });
+    // A watch of the operator's own rules is never past a bound: a
+    // receiver whose sender is gone, never polled.
+    let mut released = match &task.ledger {
+        Some(ledger) => ledger.released.subscribe(),
+        None => signal::channel(0).1,
+    };
     loop {
         let generation = *wanted.borrow_and_update();
-        let mut stream = source_events(&client, &key, &state);
-        let mut folder = Folder::default();
+        let mut stream = source_events(&task.client, key, state);
+        let mut folder: Folder<Held> = Folder::default();
         let mut listed = false;
         let mut failures = FailureRun::default();
+        let mut list = ListBytes::default();
         loop {
             // No request starts while the API server throttles reads.
-            wait_out(&pause).await;
+            wait_out(pause).await;
+            let past_bound = task.ledger.is_some() && read(&state.store).past_bound;
             let item = tokio::select! {
                 // A list that is under way finishes first.
                 changed = wanted.changed(), if listed => {
@@ -650,6 +1013,14 @@ async fn run_watch(
                     }
                     tokio::time::sleep(RELIST_AFTER).await;
                     break;
+                }
+                // Another watch of the tenant let bytes go: once this one
+                // fits, it lists again to hold its sources whole.
+                _ = released.changed(), if listed && past_bound => {
+                    if fits_now(state, task.ledger.as_deref(), key) {
+                        break;
+                    }
+                    continue;
                 }
                 item = stream.try_next() => item,
             };
@@ -667,7 +1038,7 @@ async fn run_watch(
                 Ok(None) => return,
                 Err(e) => {
                     let backoff = failures.record(lasts(&e));
-                    source_watch_failed(&state, &pause, &name, &e, failures.in_a_row).await;
+                    source_watch_failed(state, pause, name, &e, failures.in_a_row).await;
                     tokio::time::sleep(backoff).await;
                     if key.pulls_only {
                         // A consenting object could not be read: list
@@ -683,31 +1054,53 @@ async fn run_watch(
             {
                 continue;
             }
+            let mut event = map_event(event, Held::whole);
+            task.count(&mut event, &mut folder, &mut list);
             let Some(change) = folder.fold(event) else {
                 continue;
             };
-            let changed_name = match &change {
-                Change::Applied(object) | Change::Deleted(object) => object.name.to_string(),
-                Change::Listed(_) => String::new(),
-            };
-            let changed_rules = apply(&state, change);
-            if let Some(rules) = changed_rules {
-                for rule in rules {
-                    on_change(&rule, Touch::Source(changed_name.clone()));
-                }
-            } else {
-                listed = true;
-                *lock(&state.failing) = None;
-                state.listed.store(generation, Ordering::Release);
-                debug!(watch = name.as_str(), "sources listed");
-                let rules: Vec<RuleKey> =
-                    read(&state.interest).rules().into_iter().cloned().collect();
-                for rule in &rules {
-                    on_change(rule, Touch::All);
-                }
+            listed |= matches!(change, Change::Listed(_));
+            if task.take(change, generation) {
+                break;
             }
         }
     }
+}
+
+/// How a tenant watch's store stands against its namespace's bound after a change.
+#[derive(Debug, PartialEq)]
+enum Bound {
+    /// Held, and counted.
+    Within,
+    /// It would have taken the namespace past the bound: its objects are
+    /// let go, their sizes kept.
+    WentPast,
+    /// It keeps sizes alone; `fits`: what it selects would fit now.
+    Past { fits: bool },
+}
+
+/// Count what the watch `key` now holds against its tenant's bound, or let
+/// go of its objects where it does not fit.
+fn within_bound(state: &WatchState, ledger: &TenantBytes, key: &WatchKey) -> Bound {
+    let mut store = write(&state.store);
+    if store.past_bound {
+        let fits = ledger.fits(key, store.bytes);
+        drop(store);
+        ledger.release(key);
+        return Bound::Past { fits };
+    }
+    if ledger.try_hold(key, store.bytes) {
+        return Bound::Within;
+    }
+    store.drop_objects();
+    drop(store);
+    ledger.release(key);
+    Bound::WentPast
+}
+
+/// Whether a watch past its tenant's bound would fit now.
+fn fits_now(state: &WatchState, ledger: Option<&TenantBytes>, key: &WatchKey) -> bool {
+    ledger.is_some_and(|ledger| ledger.fits(key, read(&state.store).bytes))
 }
 
 /// The events of the watch `key` as objects; `None` for one that is
@@ -823,11 +1216,19 @@ fn watch_request(client: Client, key: &WatchKey) -> (Api<DynamicObject>, watcher
         format!("{},!{}", key.selector, crate::LABEL_RULE_UID)
     };
     let mut config = watch_config().labels(&labels);
+    if key.tenant.is_some() {
+        // A page is read whole before any of it is counted against the
+        // tenant's bound: a small page keeps that to a few MiB.
+        config = config.page_size(TENANT_LIST_PAGE);
+    }
     if let Some(fields) = kind.source_field_selector() {
         config = config.fields(&fields);
     }
     (api, config)
 }
+
+/// Objects per page of a tenant watch's list (of at most about 1 MiB each).
+const TENANT_LIST_PAGE: u32 = 16;
 
 /// The longest failure a rule's status quotes of a source watch.
 const FAILURE_SHOWN: usize = 300;
@@ -920,33 +1321,46 @@ const SOURCE_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(6
 
 /// Take one change into the store. Returns the rules it concerns, or
 /// `None` for a completed list (which concerns every rule of the watch).
-fn apply(state: &WatchState, change: Change<Object>) -> Option<Vec<RuleKey>> {
+/// A list of sizes alone (past the tenant's bound) leaves the store so.
+fn apply(state: &WatchState, change: Change<Held>) -> Option<Vec<RuleKey>> {
     let interest = read(&state.interest);
     match change {
-        Change::Listed(objects) => {
-            let mut store = Store::new();
-            for object in objects {
-                if interest.wants_object(&object) {
-                    store
-                        .entry(object.namespace.clone())
-                        .or_default()
-                        .insert(object.name.clone(), Arc::new(object));
+        Change::Listed(listed) => {
+            let mut store = Store::default();
+            for held in listed {
+                match &held.object {
+                    Some(object) if !interest.wants_object(object) => {}
+                    Some(_) => {
+                        store.insert(held);
+                    }
+                    None => {
+                        store.past_bound = true;
+                        store.insert(held);
+                    }
                 }
+            }
+            if store.past_bound {
+                store.drop_objects();
             }
             *write(&state.store) = store;
             None
         }
-        Change::Applied(object) => {
+        Change::Applied(held) => {
+            let Some(object) = held.object.clone() else {
+                return Some(Vec::new());
+            };
             let wanted = interest.wants_object(&object);
             let mut store = write(&state.store);
-            let in_namespace = store.entry(object.namespace.clone()).or_default();
             let previous = if wanted {
-                let object = Arc::new(object.clone());
-                in_namespace.insert(object.name.clone(), object)
+                store.insert(held)
             } else {
-                in_namespace.remove(&*object.name)
+                store.remove(&object.namespace, &object.name)
             };
-            if previous.as_deref() == Some(&object) || (previous.is_none() && !wanted) {
+            if store.past_bound {
+                return Some(Vec::new());
+            }
+            let previous = previous.and_then(|held| held.object);
+            if previous.as_deref() == Some(&*object) || (previous.is_none() && !wanted) {
                 return Some(Vec::new());
             }
             let mut rules: BTreeSet<RuleKey> = interest
@@ -962,24 +1376,19 @@ fn apply(state: &WatchState, change: Change<Object>) -> Option<Vec<RuleKey>> {
             }
             Some(rules.into_iter().collect())
         }
-        Change::Deleted(object) => {
+        Change::Deleted(held) => {
             let mut store = write(&state.store);
-            let Some(in_namespace) = store.get_mut(&*object.namespace) else {
-                return Some(Vec::new());
-            };
             // A newer object of the same name stays.
-            if in_namespace
-                .get(&*object.name)
-                .is_none_or(|held| held.uid != object.uid)
+            if store
+                .get(&held.namespace, &held.name)
+                .is_none_or(|kept| kept.uid != held.uid)
             {
                 return Some(Vec::new());
             }
-            let removed = in_namespace.remove(&*object.name);
-            if in_namespace.is_empty() {
-                store.remove(&*object.namespace);
-            }
+            let removed = store.remove(&held.namespace, &held.name);
             Some(
                 removed
+                    .and_then(|r| r.object)
                     .map(|r| {
                         interest
                             .rules_for(&r.namespace, &r.labels)
@@ -1027,6 +1436,7 @@ mod tests {
             scope: WatchScope::Namespace("team-a".into()),
             selector,
             pulls_only: false,
+            tenant: None,
         };
         assert_eq!(
             key("copy=true".into()).name(),
@@ -1079,34 +1489,41 @@ mod tests {
     }
 
     /// Many rules of one tenant take at most MAX_TENANT_SOURCE_WATCHES
-    /// watches together: the rules past it (in name order) get none and
-    /// are told why; another tenant and the operator's own rules are not
-    /// affected, and rules that add no watch of their own are served.
+    /// watches together (one per kind and source namespace): the rules past
+    /// it (in name order) get none and are told why; another tenant and the
+    /// operator's own rules are not affected, and rules that add no watch
+    /// of their own (other selectors in the same namespaces) are served.
     #[test]
     fn a_tenants_rules_together_take_a_bounded_number_of_watches() {
-        let namespaces: Vec<String> = (0..16).map(|i| format!("src-{i}")).collect();
-        let namespaces: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+        let namespaces = |rule: usize| -> Vec<String> {
+            (0..16).map(|i| format!("src-{}", rule * 16 + i)).collect()
+        };
         let tenant_rule = |tenant: &str, i: usize| RuleKey {
             namespace: tenant.into(),
             name: format!("r{i:02}"),
         };
         let mut needs = BTreeMap::new();
-        // Six rules of 16 watches each: four fit in 64.
+        // Six rules of 16 namespaces each: four fit in 64.
         for i in 0..6 {
             let label = format!("l{i}");
+            let own = namespaces(i);
+            let own: Vec<&str> = own.iter().map(String::as_str).collect();
             needs.insert(
                 tenant_rule("team-a", i),
-                tenant_need("team-a", &label, &namespaces),
+                tenant_need("team-a", &label, &own),
             );
         }
-        // Another rule with the selector of the first: no watch of its own.
+        // Another rule in the namespaces of the first, by another selector:
+        // no watch of its own.
+        let first = namespaces(0);
+        let first: Vec<&str> = first.iter().map(String::as_str).collect();
         needs.insert(
             tenant_rule("team-a", 9),
-            tenant_need("team-a", "l0", &namespaces),
+            tenant_need("team-a", "l9", &first),
         );
         needs.insert(
             tenant_rule("team-b", 0),
-            tenant_need("team-b", "b0", &namespaces),
+            tenant_need("team-b", "b0", &first),
         );
         needs.insert(rule("admin"), need(Kind::ConfigMap, "copy", &["ops"]));
         let plan = plan_watches(&needs, 8);
@@ -1130,6 +1547,178 @@ mod tests {
         assert_eq!(serves(&rule("admin")), 1);
         // team-a's 64 + team-b's 16 + the admin rule's 1 (r09 shares r00's).
         assert_eq!(plan.watches.len(), 81);
+    }
+
+    /// The attack of 40 rules whose selectors differ only by a
+    /// `DoesNotExist` on a made-up key: one watch of the tenant's
+    /// namespace, filtered by what the selectors share, serves them all,
+    /// and still tells each rule's sources apart. Another tenant's rule of
+    /// the same selector has a watch of its own.
+    #[test]
+    fn a_tenants_rules_share_one_watch_per_kind_and_namespace_whatever_their_selectors() {
+        let mut needs = BTreeMap::new();
+        let made_up = |i: usize| {
+            LabelSelector::new(vec![
+                Requirement::In("app".into(), vec!["web".into()]),
+                Requirement::DoesNotExist(format!("made-up-{i}")),
+            ])
+        };
+        for i in 0..40 {
+            needs.insert(
+                RuleKey {
+                    namespace: "team-a".into(),
+                    name: format!("r{i:02}"),
+                },
+                SourceNeed {
+                    kind: Kind::ConfigMap,
+                    selector: made_up(i),
+                    namespaces: vec!["team-a".into()],
+                    pulls_into: Some("team-a".into()),
+                },
+            );
+        }
+        let other = RuleKey {
+            namespace: "team-b".into(),
+            name: "r".into(),
+        };
+        needs.insert(
+            other.clone(),
+            SourceNeed {
+                kind: Kind::ConfigMap,
+                selector: made_up(0),
+                namespaces: vec!["team-b".into()],
+                pulls_into: Some("team-b".into()),
+            },
+        );
+        let planned = plan_watches(&needs, 8).watches;
+        assert_eq!(planned.len(), 2, "{:?}", planned.keys().collect::<Vec<_>>());
+        let (key, interest) = planned
+            .iter()
+            .find(|(k, _)| k.tenant.as_deref() == Some("team-a"))
+            .expect("team-a's watch");
+        assert_eq!(key.scope, WatchScope::Namespace("team-a".into()));
+        assert_eq!(key.selector, "app=web");
+        assert!(!key.pulls_only, "its own namespace");
+        assert_eq!(interest.rules().len(), 40);
+        let none = BTreeMap::new();
+        let web = labels(&[("app", "web")]);
+        assert_eq!(interest.rules_for("team-a", &web).count(), 40);
+        let tagged = labels(&[("app", "web"), ("made-up-3", "x")]);
+        assert_eq!(interest.rules_for("team-a", &tagged).count(), 39);
+        assert!(interest.wants("team-a", &web, &none));
+        assert!(!interest.wants("team-a", &labels(&[("app", "db")]), &none));
+        assert!(
+            planned
+                .iter()
+                .any(|(k, i)| k.tenant.as_deref() == Some("team-b") && i.rules().contains(&other))
+        );
+    }
+
+    fn watch_state(interest: Interest) -> WatchState {
+        WatchState {
+            store: RwLock::default(),
+            interest: RwLock::new(interest),
+            listed: AtomicU64::new(0),
+            wanted: signal::channel(0).0,
+            failing: Mutex::new(None),
+        }
+    }
+
+    /// A ConfigMap of `team-a` with `kib` KiB of data.
+    fn big(name: &str, uid: &str, kib: usize) -> Held {
+        let mut object =
+            crate::cache::index::tests::object("team-a", name, uid, 1, &[("app", "web")]);
+        object.payload.insert(
+            "data".into(),
+            serde_json::json!({"blob": "x".repeat(kib * 1024)}),
+        );
+        object.rehash();
+        Held::whole(object)
+    }
+
+    /// What a tenant namespace's watches hold stays within its bound: a
+    /// watch that would go past it keeps its sources' sizes alone (none
+    /// whole, so its rules read [`Sources::TooLarge`]), and holds them
+    /// whole again once another watch of the tenant lets go of enough.
+    #[test]
+    fn a_tenants_watches_hold_at_most_its_bound_together() {
+        let tenant_need = SourceNeed {
+            kind: Kind::ConfigMap,
+            selector: LabelSelector::new(vec![Requirement::In("app".into(), vec!["web".into()])]),
+            namespaces: vec!["team-a".into()],
+            pulls_into: Some("team-a".into()),
+        };
+        let rule = RuleKey {
+            namespace: "team-a".into(),
+            name: "r".into(),
+        };
+        let planned = plan_watches(&BTreeMap::from([(rule, tenant_need)]), 8).watches;
+        let (key, interest) = planned.into_iter().next().expect("a watch");
+        let other_key = WatchKey {
+            kind: Kind::Secret,
+            ..key.clone()
+        };
+        let ledger = TenantBytes::new(4 * 1024 * 1024);
+        assert!(
+            ledger.try_hold(&other_key, 2 * 1024 * 1024),
+            "2 MiB elsewhere"
+        );
+        let state = watch_state(interest);
+        let released = ledger.released.subscribe();
+
+        // Two sources of 900 KiB fit beside the 2 MiB.
+        apply(
+            &state,
+            Change::Listed(vec![big("a", "1", 900), big("b", "2", 900)]),
+        );
+        assert_eq!(within_bound(&state, &ledger, &key), Bound::Within);
+        let held = |state: &WatchState| {
+            let store = read(&state.store);
+            let whole = store
+                .objects
+                .values()
+                .flat_map(HashMap::values)
+                .filter(|h| h.object.is_some())
+                .count();
+            (whole, store.bytes / 1024)
+        };
+        assert_eq!(held(&state).0, 2);
+
+        // A third goes past: every payload is let go, the sizes stay.
+        apply(&state, Change::Applied(big("c", "3", 900)));
+        assert_eq!(within_bound(&state, &ledger, &key), Bound::WentPast);
+        let (whole, kib) = held(&state);
+        assert_eq!(whole, 0, "nothing held whole past the bound");
+        assert!(kib >= 2700, "{kib} KiB counted");
+        assert!(read(&state.store).past_bound);
+        assert_eq!(
+            lock(&ledger.held).get(&key).copied().unwrap_or(0),
+            0,
+            "nothing counted for it"
+        );
+        // Changes past the bound keep the count: one deleted, still past.
+        apply(&state, Change::Deleted(big("c", "3", 900)));
+        assert_eq!(
+            within_bound(&state, &ledger, &key),
+            Bound::Past { fits: true },
+            "1.8 MiB beside 2 MiB fit in 4"
+        );
+
+        // A list that would go past keeps sizes alone from the start.
+        let state = watch_state(read(&state.interest).clone());
+        assert!(ledger.try_hold(&other_key, 3 * 1024 * 1024));
+        let mut sized = big("a", "1", 900);
+        sized.object = None;
+        apply(&state, Change::Listed(vec![sized, big("b", "2", 900)]));
+        assert_eq!(held(&state).0, 0);
+        assert_eq!(
+            within_bound(&state, &ledger, &key),
+            Bound::Past { fits: false }
+        );
+        // The other watch goes: this one fits, and is told so.
+        ledger.release(&other_key);
+        assert!(released.has_changed().unwrap_or(false));
+        assert!(fits_now(&state, Some(&ledger), &key));
     }
 
     /// Only lasting failures in a row double a watch's own backoff: after
@@ -1175,15 +1764,23 @@ mod tests {
         let pulls_only = |ns: &str| {
             planned
                 .keys()
-                .find(|k| k.scope == WatchScope::Namespace(ns.into()))
+                .find(|k| k.scope == WatchScope::Namespace(ns.into()) && k.tenant.is_some())
                 .map(|k| k.pulls_only)
         };
         assert_eq!(pulls_only("platform"), Some(true), "only pulled from");
         assert_eq!(pulls_only("team-a"), Some(false), "the rule's own");
         assert_eq!(
             pulls_only("shared"),
-            Some(false),
-            "an admin rule reads it too"
+            Some(true),
+            "the tenant's own watch, apart from the admin rule's"
+        );
+        assert!(
+            planned
+                .keys()
+                .any(|k| k.scope == WatchScope::Namespace("shared".into())
+                    && k.tenant.is_none()
+                    && !k.pulls_only),
+            "the admin rule's watch reads whole"
         );
         let (_, interest) = planned
             .iter()

@@ -56,6 +56,11 @@ impl<K> Default for Folder<K> {
 }
 
 impl<K> Folder<K> {
+    /// The objects of the list under way, so far.
+    pub(crate) fn pending_mut(&mut self) -> impl Iterator<Item = &mut K> {
+        self.pending.iter_mut().flatten()
+    }
+
     pub(crate) fn fold(&mut self, event: Event<K>) -> Option<Change<K>> {
         match event {
             Event::Init => {

@@ -72,6 +72,7 @@ fn member_limits(limits: Limits) -> Limits {
         api_qps: limits.api_qps,
         api_burst: limits.api_burst,
         max_source_watches: 0,
+        max_tenant_source_bytes: 0,
     }
 }
 
@@ -652,6 +653,7 @@ mod tests {
             api_qps: 50.0,
             api_burst: 100,
             max_source_watches: 8,
+            max_tenant_source_bytes: 1 << 24,
         };
         let member = member_limits(home);
         assert_eq!(member.write_concurrency, 4);

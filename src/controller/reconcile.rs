@@ -210,7 +210,7 @@ async fn wait_for_sources(
         let mut notes = lock(&shared.notes);
         let memory = notes.entry(key.clone()).or_default();
         match sources {
-            Sources::Listed(_) => {
+            Sources::Listed(_) | Sources::TooLarge(_) => {
                 memory.waiting_since = None;
                 Duration::ZERO
             }
@@ -222,6 +222,20 @@ async fn wait_for_sources(
     };
     let again = match sources {
         Sources::Listed(sources) => return Ok(SourcesWait::Listed(sources, scope)),
+        // Nothing is done for the rule: its copies stay as they are, and
+        // its status says why. Its watch queues it again once they fit.
+        Sources::TooLarge(why) => {
+            let observed = Observed {
+                generation: rule.metadata.generation,
+                rule_type: Some(resolved.kind.info().rule_type.to_string()),
+                copies: read(shared.copies(resolved.kind)).count_owned_by(uid) as u32,
+                problem: Some((SOURCES_TOO_LARGE.to_string(), why)),
+                ..Default::default()
+            };
+            shared.home.queue.carry(key, scope);
+            let published = publish_status(shared, rule, &observed).await?;
+            return Ok(SourcesWait::Again(published.again_in()));
+        }
         // Most listings take a moment: a status write per rule for those
         // would be 1,000 writes when 1,000 rules start together.
         Sources::Waiting { .. } if waited < WAITING_STATUS_AFTER => {
@@ -254,6 +268,10 @@ async fn wait_for_sources(
     shared.home.queue.carry(key, scope);
     Ok(SourcesWait::Again(again))
 }
+
+/// The Ready reason of a tenant rule whose namespace's sources are past
+/// what the operator holds for it (`--max-tenant-source-mib`).
+const SOURCES_TOO_LARGE: &str = "SourcesTooLarge";
 
 const MEMBERS_OFF: &str = "the rule targets member clusters (targets.clusters), and the operator runs without --member-clusters";
 

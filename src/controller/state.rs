@@ -571,6 +571,7 @@ pub(crate) fn test_shared_with(trust: Trust) -> Arc<Shared> {
                 api_qps: 0.0,
                 api_burst: 1,
                 max_source_watches: 10,
+                max_tenant_source_bytes: 1 << 24,
             },
             keep_kind_watches: false,
             cluster_name: "home".to_owned(),

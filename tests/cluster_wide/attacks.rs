@@ -426,9 +426,10 @@ async fn a_tenant_learns_nothing_of_namespaces_it_may_not_see() {
 }
 
 /// A tenant's rules together cost the tenant, not the operator. The tenant
-/// of `team-a` writes five rules, each pulling Secrets by a selector of its
-/// own from 16 namespaces (the most one rule may name): 80 watches. The
-/// operator opens at most 64 for the namespace's rules together (plus the
+/// of `team-a` writes five rules, each pulling by a selector of its own
+/// from 16 namespaces (the most one rule may name), Secrets or ConfigMaps:
+/// 72 kinds and namespaces among 40 namespaces, a watch each. The operator
+/// opens at most 64 for the namespace's rules together (plus the
 /// operator's own rule's one); the fifth rule, last by name, says it is
 /// not watched, and is watched once another of the tenant's rules goes.
 #[tokio::test]
@@ -438,7 +439,7 @@ async fn a_tenants_many_rules_take_a_bounded_number_of_watches() {
     let op = t.ns("op").await;
     let team_a = t.ns("team-a").await;
     let mut sources = Vec::new();
-    for i in 0..16 {
+    for i in 0..40 {
         sources.push(t.ns(&format!("s{i}")).await);
     }
     let target = t.ns("t1").await;
@@ -446,12 +447,21 @@ async fn a_tenants_many_rules_take_a_bounded_number_of_watches() {
         .await;
     let operator = Operator::start(&t, &op, &["--all-namespaces"]);
     let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
-    for i in 0..5 {
+    // (kind, first namespace): Secrets and ConfigMaps of s0-s15 and
+    // s16-s31 take 64 watches; Secrets of s24-s39 would add 8 more.
+    let rules = [
+        ("secret", 0),
+        ("configmap", 0),
+        ("secret", 16),
+        ("configmap", 16),
+        ("secret", 24),
+    ];
+    for (i, (kind, first)) in rules.into_iter().enumerate() {
         attacker
             .create_rule(
                 &format!("r{i}"),
-                json!({"spec": {"ruleType": "secret", "selector": {format!("pull-{i}"): "yes"},
-                                "namespace": sources.clone()}}),
+                json!({"spec": {"ruleType": kind, "selector": {format!("pull-{i}"): "yes"},
+                                "namespace": sources[first..first + 16].to_vec()}}),
             )
             .await;
     }
@@ -501,4 +511,169 @@ async fn a_tenants_many_rules_take_a_bounded_number_of_watches() {
         "after r0 went, r4 is watched: {} source watches",
         watches().await.unwrap_or(-1.0)
     );
+}
+
+/// The operator's peak resident memory in KiB, sampled twice a second
+/// until [`PeakMemory::finish`].
+struct PeakMemory {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Result<u64, String>>,
+}
+
+impl PeakMemory {
+    fn start(pid: u32) -> PeakMemory {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut peak = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = rss_kib(pid)?.max(peak);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Ok(peak.max(rss_kib(pid)?))
+        });
+        PeakMemory { stop, task }
+    }
+
+    async fn finish(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task
+            .await
+            .expect("the memory sampler")
+            .unwrap_or_else(|e| panic!("the operator's memory: {e}"))
+    }
+}
+
+/// The chart's memory limit, in KiB.
+const CHART_MEMORY_LIMIT_KIB: u64 = 128 * 1024;
+
+/// A tenant's rules hold its sources once. The tenant of `team-a` writes
+/// 40 rules whose selectors differ only by a `DoesNotExist` on a made-up
+/// key, over four ConfigMaps of 900 KiB in its namespace (each rule a
+/// watch, and a store of all four, before). The operator's memory stays
+/// under the chart's limit of 128 MiB while the rules exist (sampled twice
+/// a second), each rule counts its four sources, and an admin rule's copy
+/// follows its source.
+#[tokio::test]
+async fn a_tenants_many_rules_over_the_same_sources_hold_them_once() {
+    let _exclusive = CLUSTER_WIDE.write().await;
+    let t = TestNs::new("atk-memory").await;
+    let op = t.ns("op").await;
+    let team_a = t.ns("team-a").await;
+    let target = t.ns("t1").await;
+    let blob = "x".repeat(900 * 1024);
+    for i in 0..4 {
+        t.create_source(CM, &team_a, &format!("big-{i}"), &[], &[("blob", &blob)])
+            .await;
+    }
+    t.create_rule(&op, "admin", rule_spec(CM, t.selector(), &[&target]))
+        .await;
+    let operator = Operator::start(&t, &op, &["--all-namespaces"]);
+    let pid = operator.pid().expect("the operator runs");
+    let admin_source = t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
+    t.wait_copy(CM, &target, &admin_source, &op, "admin").await;
+    let before = rss_kib(pid).unwrap_or_else(|e| panic!("the operator's memory: {e}"));
+    let peak = PeakMemory::start(pid);
+
+    let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    const RULES: usize = 40;
+    for i in 0..RULES {
+        attacker
+            .create_rule(
+                &format!("r{i:02}"),
+                json!({"spec": {"ruleType": "configmap", "selector": {
+                    "matchLabels": {TEST_LABEL: t.prefix},
+                    "matchExpressions": [{"key": format!("made-up-{i}"), "operator": "DoesNotExist"}]}}}),
+            )
+            .await;
+    }
+    for i in 0..RULES {
+        t.wait_rule(&team_a, &format!("r{i:02}"), "its four sources", |r| {
+            let observed = r["status"]["observedGeneration"] == r["metadata"]["generation"];
+            match status_u64(r, "sources") {
+                Some(4) if observed => Ok(()),
+                _ => Err(short_status(r)),
+            }
+        })
+        .await;
+    }
+    // The admin rule follows while the tenant's rules stand.
+    let admin_source = t.set_data(CM, &op, "cfg", &[("k", Some("v2"))]).await;
+    t.wait_copy(CM, &target, &admin_source, &op, "admin").await;
+    let peak = peak.finish().await;
+    let after = rss_kib(pid).unwrap_or_else(|e| panic!("the operator's memory: {e}"));
+    println!(
+        "{RULES} tenant rules over 4 ConfigMaps of 900 KiB: RSS {} MiB before, peak {} MiB, \
+         {} MiB after",
+        before / 1024,
+        peak / 1024,
+        after / 1024
+    );
+    assert!(
+        peak < CHART_MEMORY_LIMIT_KIB,
+        "the operator reached {} MiB, past the chart's limit of 128 MiB",
+        peak / 1024
+    );
+}
+
+/// A tenant's sources are bounded. Under `--max-tenant-source-mib 2`, the
+/// tenant of `team-a` selects three ConfigMaps of 900 KiB in its
+/// namespace: its rule reads `Ready=False`, reason `SourcesTooLarge`,
+/// naming the flag, while an admin rule's copy follows its source; once
+/// the tenant deletes one of them, the rest fit, and the rule counts two
+/// sources.
+#[tokio::test]
+async fn past_its_bound_a_tenants_rule_says_so_and_fits_again() {
+    let _exclusive = CLUSTER_WIDE.write().await;
+    let t = TestNs::new("atk-bound").await;
+    let op = t.ns("op").await;
+    let team_a = t.ns("team-a").await;
+    let target = t.ns("t1").await;
+    let blob = "x".repeat(900 * 1024);
+    for i in 0..3 {
+        t.create_source(CM, &team_a, &format!("big-{i}"), &[], &[("blob", &blob)])
+            .await;
+    }
+    t.create_rule(&op, "admin", rule_spec(CM, t.selector(), &[&target]))
+        .await;
+    let _operator = Operator::start(
+        &t,
+        &op,
+        &["--all-namespaces", "--max-tenant-source-mib", "2"],
+    );
+    let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    attacker
+        .create_rule(
+            "big",
+            json!({"spec": {"ruleType": "configmap", "selector": t.selector()}}),
+        )
+        .await;
+    let refused = t
+        .wait_rule(&team_a, "big", "SourcesTooLarge", |r| {
+            not_ready_because(r, "SourcesTooLarge")
+        })
+        .await;
+    let message = ready_condition(&refused)
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    println!("past the bound: {message}");
+    assert!(
+        message.contains("--max-tenant-source-mib") && message.contains(team_a.as_str()),
+        "{message}"
+    );
+    let admin_source = t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
+    t.wait_copy(CM, &target, &admin_source, &op, "admin").await;
+
+    t.delete(CM, &team_a, "big-2").await;
+    let fits = t
+        .wait_rule(&team_a, "big", "two sources once they fit", |r| {
+            is_ready(r)?;
+            match status_u64(r, "sources") {
+                Some(2) => Ok(()),
+                _ => Err(short_status(r)),
+            }
+        })
+        .await;
+    println!("after one went: {}", short_status(&fits));
 }

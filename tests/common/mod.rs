@@ -1686,6 +1686,7 @@ pub const OPERATOR_ENV: &[&str] = &[
     "MARK_KEY_SECRET",
     "WRITE_CONCURRENCY",
     "MAX_SOURCE_WATCHES",
+    "MAX_TENANT_SOURCE_MIB",
     "API_TRANSPORT",
     "API_QPS",
     "API_BURST",
