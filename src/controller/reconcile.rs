@@ -525,8 +525,21 @@ async fn announce(
 ) {
     let (new_conflicts, new_refusals) = note_announced(shared, &resolved.key, home, observed);
     let contests = lock(&shared.home.backoffs).take_unannounced(&resolved.key);
+    // An admin rule that adopts gives whoever writes its sources outside
+    // the operator's namespace the objects it adopts (docs/trust.md).
+    let adopting_for: Vec<String> = if resolved.tenant {
+        Vec::new()
+    } else {
+        resolved
+            .source_namespaces
+            .iter()
+            .filter(|ns| **ns != shared.trust.operator_namespace)
+            .cloned()
+            .collect()
+    };
     let said = Said {
         kind: resolved.kind,
+        adopting_for,
         new_conflicts,
         new_refusals,
         contests: contests
@@ -576,6 +589,9 @@ fn note_announced(
 /// The news of a pass, for its Events.
 struct Said {
     kind: Kind,
+    /// The source namespaces outside the operator's own of an admin rule:
+    /// their writers choose what its adoptions take over.
+    adopting_for: Vec<String>,
     new_conflicts: Vec<ConflictEntry>,
     new_refusals: Vec<ConflictEntry>,
     /// Copies newly contested: kind, namespace, name, and by whom.
@@ -630,6 +646,13 @@ impl Said {
                 pass.adopted
             );
             events.push((EventType::Normal, "Adopted", "Adopt", note));
+            if !self.adopting_for.is_empty() {
+                let note = format!(
+                    "whoever may write sources in {} chose what these adoptions took over, and can now rewrite or delete it through them; keep spec.adopt only while migrating, over sources only the platform team writes",
+                    self.adopting_for.join(", ")
+                );
+                events.push((EventType::Warning, "AdoptedForSourceWriters", "Adopt", note));
+            }
         }
         if pass.handed_over > 0 {
             let note = format!(
@@ -864,6 +887,7 @@ mod tests {
         };
         let said = Said {
             kind: Kind::ConfigMap,
+            adopting_for: Vec::new(),
             new_conflicts: (0..7).map(entry).collect(),
             new_refusals: (0..7).rev().map(entry).collect(),
             contests: vec![(Kind::ConfigMap, "t1".into(), "cfg".into(), "kubectl".into())],
@@ -896,6 +920,37 @@ mod tests {
         );
         assert_eq!(events[6].3, "deleted 2 copies that no longer belong");
     }
+    #[test]
+    fn an_admin_rule_adopting_over_others_sources_warns_whose_choice_it_was() {
+        let pass = Pass {
+            adopted: 3,
+            ..Pass::default()
+        };
+        let said = |adopting_for: Vec<String>| Said {
+            kind: Kind::Secret,
+            adopting_for,
+            new_conflicts: Vec::new(),
+            new_refusals: Vec::new(),
+            contests: Vec::new(),
+        };
+        let reasons = |events: Vec<EventNote>| -> Vec<&'static str> {
+            events.iter().map(|(_, reason, ..)| *reason).collect()
+        };
+        assert_eq!(reasons(said(Vec::new()).events(&pass)), ["Adopted"]);
+        let events = said(vec!["team-a".into()]).events(&pass);
+        assert_eq!(events[1].0, EventType::Warning);
+        assert_eq!(
+            reasons(events.clone()),
+            ["Adopted", "AdoptedForSourceWriters"]
+        );
+        assert!(events[1].3.contains("team-a"), "{}", events[1].3);
+        assert_eq!(
+            reasons(said(vec!["team-a".into()]).events(&Pass::default())),
+            Vec::<&str>::new(),
+            "nothing adopted, nothing to say"
+        );
+    }
+
     use serde_json::{Value, json};
 
     #[test]
