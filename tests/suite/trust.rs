@@ -97,7 +97,8 @@ async fn all_namespaces_lets_a_foreign_rule_pull_only_what_consents_into_its_own
 
     // A tenant rule writes only where it is accepted (t1 accepts the
     // pulling rules too: a pulled source still lands only at home).
-    accept_from(&t, &t1, &format!("{own_ns},{reach_ns},{list_ns}")).await;
+    t.accept_from(&t1, &format!("{own_ns},{reach_ns},{list_ns}"))
+        .await;
     let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
     let labels = |w: &'static str| [(TEST_LABEL, t.prefix.as_str()), ("which", w)];
     let stolen = t
@@ -239,20 +240,6 @@ async fn rule_name_limits_the_operator_to_one_rule() {
     );
 }
 
-/// Sets the namespace's `copyrator.flant.com/accept-from` annotation.
-async fn accept_from(t: &TestNs, ns: &str, from: &str) {
-    t.namespaces()
-        .patch(
-            ns,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
-                "copyrator.flant.com/accept-from": from,
-            }}})),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("annotating namespace {ns}: {}", err_msg(&e)));
-}
-
 /// With `--all-namespaces`, a rule outside the operator's namespace (a
 /// tenant rule) writes only into namespaces whose `accept-from` annotation
 /// names its namespace (or a glob matching it); the others are not even
@@ -271,9 +258,9 @@ async fn a_tenant_rule_writes_only_where_accepted_and_never_overwrites() {
         t.ns("t3").await,
         t.ns("t4").await,
     );
-    accept_from(&t, &t1, &format!("other, {tenant}")).await;
-    accept_from(&t, &t2, "other").await;
-    accept_from(&t, &t3, &format!("{}-t*", t.prefix)).await;
+    t.accept_from(&t1, &format!("other, {tenant}")).await;
+    t.accept_from(&t2, "other").await;
+    t.accept_from(&t3, &format!("{}-t*", t.prefix)).await;
     t.create_rule(&tenant, &rule, rule_spec(CM, t.selector(), &[t.glob("t")]))
         .await;
     t.create_rule(
@@ -318,7 +305,7 @@ async fn a_tenant_rule_writes_only_where_accepted_and_never_overwrites() {
             .await;
     }
     // Consent given later: the namespace is filled.
-    accept_from(&t, &t4, &tenant).await;
+    t.accept_from(&t4, &tenant).await;
     t.wait_copy(CM, &t4, &src, &tenant, &rule).await;
 
     let refused = t
@@ -354,7 +341,7 @@ async fn what_does_not_consent_is_never_named_in_a_tenant_rules_status() {
     let elsewhere = t.ns("sx").await;
     let open = t.ns("t-open").await;
     let closed = t.ns("t-closed").await;
-    accept_from(&t, &open, &home).await;
+    t.accept_from(&open, &home).await;
 
     let labels = json!({TEST_LABEL: t.prefix});
     let secret = |type_: &str, annotations: Value| {
@@ -502,7 +489,7 @@ async fn a_tenant_rule_adopts_only_where_it_is_accepted() {
     let op = t.ns("op").await;
     let tenant = t.ns("ta").await;
     let (accepting, refusing) = (t.ns("t1").await, t.ns("t2").await);
-    accept_from(&t, &accepting, &tenant).await;
+    t.accept_from(&accepting, &tenant).await;
     let mut before = Vec::new();
     for ns in [&accepting, &refusing] {
         let made = t
