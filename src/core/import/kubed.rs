@@ -36,7 +36,8 @@ pub(super) fn convert(object: &Value, context: &Context) -> Option<Conversion> {
         }
     }
     if let Some(contexts) = contexts {
-        report.unmapped(into_contexts(&named, contexts));
+        let owner = Owner::of_namespace(&named.namespace, context.options);
+        report.unmapped(into_contexts(&named, contexts, &owner));
     }
     Some(report.with(drafts))
 }
@@ -108,14 +109,20 @@ fn in_cluster(
 
 /// Why copies into other clusters' contexts are not converted, and the
 /// closest rule.
-fn into_contexts(named: &Named, contexts: &str) -> String {
+fn into_contexts(named: &Named, contexts: &str, owner: &Owner) -> String {
     let names: Vec<&str> = contexts
         .split(',')
         .map(str::trim)
         .filter(|c| !c.is_empty())
         .collect();
+    let tenant = match owner {
+        Owner::Admin => "",
+        Owner::Tenant(_) => {
+            " (a tenant rule, as this is its namespace's configuration: the operator follows one that names members only with --allow-tenant-clusters)"
+        }
+    };
     format!(
-        "sync-contexts {}: config-syncer copies into one namespace of each context's cluster, the namespace its kubeconfig context names, or {} when it names none. Copyrator never copies into a namespace named like the source's in a member, and the contexts' namespaces are not known here. The closest is a rule with targets.clusters.names: [{}] (as Copyrator's inventory names those members: the names must match), targets.clusters.local: false and targets.include naming each context's namespace",
+        "sync-contexts {}: config-syncer copies into one namespace of each context's cluster, the namespace its kubeconfig context names, or {} when it names none. Copyrator never copies into a namespace named like the source's in a member, and the contexts' namespaces are not known here. The closest is a rule{tenant} with targets.clusters.names: [{}] (as Copyrator's inventory names those members: the names must match), targets.clusters.local: false and targets.include naming each context's namespace",
         names.join(", "),
         named.namespace,
         names.join(", ")
@@ -263,6 +270,10 @@ data:
         );
         assert!(
             says(&report.unmapped, "the names must match"),
+            "{report:#?}"
+        );
+        assert!(
+            says(&report.unmapped, "only with --allow-tenant-clusters"),
             "{report:#?}"
         );
         let only = converted(&[omni(
