@@ -485,6 +485,13 @@ data:
             ),
             "{report:#?}"
         );
+        assert!(
+            says(
+                &report.differs,
+                "this is team-a's configuration, written by whoever may edit objects there: the rule is team-a's, a tenant rule, followed only when the operator runs with --all-namespaces, and never with conflictPolicy: Overwrite"
+            ),
+            "{report:#?}"
+        );
     }
 
     fn auto_source(annotations: Value) -> Value {

@@ -241,7 +241,7 @@ pub(super) fn assemble(mut conversions: Vec<Conversion>, options: &Options) -> I
 /// outside `namespace`: only its owner may consent to its copying.
 fn tenant_lines(namespace: &str, rule: &str, draft: &Draft, tool: &str) -> Vec<String> {
     let mut lines = vec![format!(
-        "this is {namespace}'s configuration, written by whoever may edit objects there: the rule is {namespace}'s, a tenant rule, followed only when the operator runs with --all-namespaces"
+        "this is {namespace}'s configuration, written by whoever may edit objects there: the rule is {namespace}'s, a tenant rule, followed only when the operator runs with --all-namespaces, and never with conflictPolicy: Overwrite"
     )];
     let source_namespace = match &draft.source {
         Source::Selected { namespace, .. }
