@@ -644,8 +644,9 @@ pub(super) mod tests {
     use crate::core::resolve::Trust;
 
     /// Every rule deserializes into a CopyratorRule and resolves under the
-    /// default trust (the operator in `copyrator`), its kind enabled and
-    /// known when it is not a ConfigMap or a Secret.
+    /// default trust of an operator in `copyrator` that follows every
+    /// namespace (so that a rule elsewhere is judged as a tenant rule),
+    /// its kind enabled and known when it is not a ConfigMap or a Secret.
     pub(crate) fn assert_rules_resolve(imported: &Imported) {
         for rule in &imported.rules {
             let parsed: CopyratorRule =
