@@ -132,21 +132,25 @@ pub(crate) const COPIERS: &[(&str, &str)] = &[
 ];
 
 /// Where another copying tool's marks say it copied an object from: the
-/// source's namespace (Kyverno's clone label, reflector's `reflects`
-/// annotation), if they say.
+/// source's namespace (Kyverno's clone label, config-syncer's origin
+/// label, reflector's `reflects` annotation), if they say.
 pub(crate) fn copied_from_namespace<'a>(
     labels: &'a BTreeMap<String, String>,
     annotations: &'a BTreeMap<String, String>,
 ) -> Option<&'a str> {
-    labels
-        .get("generate.kyverno.io/source-namespace")
-        .map(String::as_str)
-        .or_else(|| {
-            annotations
-                .get("reflector.v1.k8s.emberstack.com/reflects")
-                .and_then(|source| source.split_once('/'))
-                .map(|(namespace, _)| namespace)
-        })
+    [
+        "generate.kyverno.io/source-namespace",
+        "kubed.appscode.com/origin.namespace",
+    ]
+    .into_iter()
+    .find_map(|key| labels.get(key))
+    .map(String::as_str)
+    .or_else(|| {
+        annotations
+            .get("reflector.v1.k8s.emberstack.com/reflects")
+            .and_then(|source| source.split_once('/'))
+            .map(|(namespace, _)| namespace)
+    })
 }
 
 /// Patterns with what they say (a reason, a tool), as globs.
@@ -215,6 +219,13 @@ mod tests {
             copied_from_namespace(
                 &none,
                 &map(&[("reflector.v1.k8s.emberstack.com/reflects", "team-a/db")])
+            ),
+            Some("team-a")
+        );
+        assert_eq!(
+            copied_from_namespace(
+                &map(&[("kubed.appscode.com/origin.namespace", "team-a")]),
+                &none
             ),
             Some("team-a")
         );

@@ -887,6 +887,21 @@ impl TestNs {
         Api::all(self.client.clone())
     }
 
+    /// Sets the namespace's `copyrator.flant.com/accept-from` annotation:
+    /// it accepts the copies of tenant rules of the namespaces `from` lists.
+    pub async fn accept_from(&self, ns: &str, from: &str) {
+        self.namespaces()
+            .patch(
+                ns,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {
+                    "copyrator.flant.com/accept-from": from,
+                }}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("annotating namespace {ns}: {}", err_msg(&e)));
+    }
+
     pub fn cms(&self, ns: &str) -> Api<ConfigMap> {
         Api::namespaced(self.client.clone(), ns)
     }
@@ -970,21 +985,6 @@ impl TestNs {
         changes: &[(&str, Option<&str>)],
     ) -> Obj {
         self.patch(kind, ns, name, data_patch(kind, changes)).await
-    }
-
-    /// Annotates namespace `ns` to accept the copies of tenant rules of
-    /// `from` (a list of names or globs), as the namespace's owner would.
-    pub async fn accept_from(&self, ns: &str, from: &str) {
-        self.namespaces()
-            .patch(
-                ns,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
-                    "copyrator.flant.com/accept-from": from,
-                }}})),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("annotating namespace {ns}: {}", err_msg(&e)));
     }
 
     /// Annotates namespace `ns` to let tenant rules of `from` adopt
@@ -1510,6 +1510,22 @@ pub fn service_account_kubeconfig(namespace: &str, account: &str, path: &std::pa
         serde_yaml::to_string(&config).expect("kubeconfig as YAML"),
     )
     .expect("writing the kubeconfig");
+}
+
+/// Runs kubectl and returns its standard output; panics when it fails.
+/// Blocks: not on the runtime's threads where it may take long.
+pub fn kubectl(args: &[&str]) -> String {
+    let out = Command::new("kubectl")
+        .args(args)
+        .output()
+        .expect("kubectl on PATH (eval \"$(hack/cluster up)\")");
+    assert!(
+        out.status.success(),
+        "kubectl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// A token of the ServiceAccount `namespace/account` (`kubectl create

@@ -46,6 +46,23 @@ impl Tenant {
         .unwrap_or_else(|e| panic!("the tenant creates its rule {name}: {}", err_msg(&e)));
     }
 
+    /// Creates the object `body` (kind, name and all) of `resource` in
+    /// its namespace, as itself.
+    pub async fn create(&self, resource: &kube::core::ApiResource, body: serde_json::Value) {
+        let object: DynamicObject = serde_json::from_value(body).expect("an object");
+        let name = object.metadata.name.clone().unwrap_or_default();
+        Api::<DynamicObject>::namespaced_with(self.client.clone(), &self.namespace, resource)
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "the tenant creates its {} {name}: {}",
+                    resource.kind,
+                    err_msg(&e)
+                )
+            });
+    }
+
     /// A JSON merge patch of its rule `name`, as itself.
     pub async fn patch_rule(&self, name: &str, patch: serde_json::Value) {
         Api::<DynamicObject>::namespaced_with(

@@ -1742,21 +1742,6 @@ async fn kubectl_get_copyr_shows_printer_columns() {
     );
 }
 
-/// Runs kubectl and returns its standard output; panics when it fails.
-fn kubectl(args: &[&str]) -> String {
-    let out = std::process::Command::new("kubectl")
-        .args(args)
-        .output()
-        .expect("kubectl on PATH (eval \"$(hack/cluster up)\")");
-    assert!(
-        out.status.success(),
-        "kubectl {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// The first row of a `kubectl get` table, by column header.
 fn columns(text: &str) -> BTreeMap<String, String> {
     let mut lines = text.lines();

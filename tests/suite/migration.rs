@@ -2,7 +2,9 @@
 //! binary: the objects and annotations another tool leaves (as its docs
 //! say it leaves them: kubernetes-reflector, config-syncer and
 //! ClusterSecret cannot be built here) are read by `copyrator import`,
-//! which prints a rule with `adopt: true` and the label its source needs;
+//! which prints a rule with `adopt: true` and the label its source needs
+//! (the source namespace's rule, a tenant rule, for the annotations on a
+//! source, whose targets accept it; the operator's for a ClusterSecret);
 //! `plan` shows every copy adopted and nothing else (exit 2); applied, the
 //! rule takes every copy over with one metadata patch each (same uid, same
 //! data, the tool's marks gone), and a later source change reaches them
@@ -12,8 +14,16 @@
 use std::collections::BTreeMap;
 
 use crate::common::audit::{Audit, Query, WRITE_VERBS};
+use crate::common::rbac::service_account_may;
+use crate::common::tenant::Tenant;
 use crate::common::*;
 use chrono::Utc;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 /// Copies made by the other tool.
@@ -38,6 +48,10 @@ struct Case {
     /// named in its report.
     file: Option<fn(&TestNs, &str) -> String>,
     report_source: fn(&str) -> String,
+    /// Whether its configuration is the source namespace's (annotations on
+    /// the source), so that its rule is a tenant rule there, rather than
+    /// the cluster admins' (cluster-scoped), an admin rule.
+    tenant: bool,
 }
 
 fn no_labels(_: &TestNs) -> Vec<(String, String)> {
@@ -80,6 +94,7 @@ fn reflector() -> Case {
         },
         file: None,
         report_source: config_map_source,
+        tenant: true,
     }
 }
 
@@ -117,6 +132,7 @@ fn config_syncer() -> Case {
         },
         file: None,
         report_source: config_map_source,
+        tenant: true,
     }
 }
 
@@ -150,6 +166,7 @@ fn cluster_secret() -> Case {
             )
         }),
         report_source: |_| "ClusterSecret settings".to_owned(),
+        tenant: false,
     }
 }
 
@@ -188,7 +205,13 @@ async fn migrate(case: Case) {
         .collect();
     let mut targets = Vec::new();
     for i in 0..COPIES {
-        targets.push(t.ns_labelled(&format!("t{i:02}"), &labels).await);
+        let ns = t.ns_labelled(&format!("t{i:02}"), &labels).await;
+        // A tenant rule of the source's namespace writes only where it is
+        // accepted.
+        if case.tenant {
+            t.accept_from(&ns, &src).await;
+        }
+        targets.push(ns);
     }
     let source = t
         .create_json(
@@ -239,6 +262,8 @@ async fn migrate(case: Case) {
         .expect("the rule")
         .clone();
     assert_eq!(rule["spec"]["adopt"], true, "{rule}");
+    let rule_ns = if case.tenant { &src } else { &op };
+    assert_eq!(rule["metadata"]["namespace"], rule_ns.as_str(), "{rule}");
     let label = imported["sourceLabels"]
         .as_array()
         .and_then(|labels| labels.iter().find(|l| l["namespace"] == src.as_str()))
@@ -252,31 +277,40 @@ async fn migrate(case: Case) {
         json!({"metadata": {"labels": {key: label["value"]}}}),
     )
     .await;
-    t.create_rule(&op, &name, json!({"spec": rule["spec"]}))
-        .await;
 
-    // plan: every copy adopted, nothing else; exit 2.
-    let plan = copyrator_plan(&["--namespace", &op], None).await;
+    // plan, of the rule as printed: every copy adopted, nothing else; exit 2.
+    let mut followed = vec!["--namespace", op.as_str()];
+    if case.tenant {
+        followed.extend(["--all-namespaces", "--rule-name", &name]);
+    }
+    let mut args = followed.clone();
+    args.extend(["-f", "-"]);
+    let text = serde_yaml::to_string(&rule).expect("the rule as YAML");
+    let plan = copyrator_plan(&args, Some(&text)).await;
     plan.assert_exit(2);
-    let totals = format!("rule {op}/{name}: {COPIES} adopt");
+    let totals = format!("rule {rule_ns}/{name}: {COPIES} adopt");
     assert!(
         plan.stdout.lines().any(|l| l == totals),
         "no line {totals:?}: {}",
         plan.stdout
     );
+    t.create_rule(rule_ns, &name, json!({"spec": rule["spec"]}))
+        .await;
 
     // Applied: adopted, one patch each.
     let user = operator_user(&t);
     let audit = Audit::start();
     let started = Utc::now();
     let kubeconfig = operator_kubeconfig(&t, None, Some(&user));
+    let mut run = vec!["run"];
+    run.extend(&followed);
     let _operator = Operator::start_with_env(
         &t,
-        vec!["run".into(), "--namespace".into(), op.clone()],
+        run.into_iter().map(str::to_owned).collect(),
         &[("KUBECONFIG", kubeconfig.to_str().expect("a UTF-8 path"))],
     );
     let status = t
-        .wait_rule(&op, &name, "every copy adopted", |r| {
+        .wait_rule(rule_ns, &name, "every copy adopted", |r| {
             match (status_u64(r, "adoptedCopies"), status_u64(r, "copies")) {
                 (Some(n), Some(c)) if n == COPIES as u64 && c == COPIES as u64 => Ok(()),
                 _ => Err(short_status(r)),
@@ -333,4 +367,290 @@ async fn migrate(case: Case) {
     if file.is_some() {
         let _ = std::fs::remove_file(&path);
     }
+}
+
+// ---------------------------------------------------------------------------
+// a tenant's configuration
+
+/// Kyverno's namespaced policies, served by a stand-in of Kyverno's CRD
+/// (the real one where it is installed, as `hack/migration-run kyverno`
+/// installs it).
+fn kyverno_policies() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kyverno.io", "v1", "Policy"),
+        "policies",
+    )
+}
+
+/// Makes `kyverno.io/v1` Policies creatable, where Kyverno's own CRD is
+/// not installed: a CRD of that name with a free-form spec (left alone
+/// where one exists). And lets a namespace's admins write them, as
+/// Kyverno's chart does (its ClusterRole `kyverno:rbac:admin:policies`,
+/// aggregated into `admin`).
+async fn serve_kyverno_policies(client: &Client) {
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "policies.kyverno.io"},
+        "spec": {
+            "group": "kyverno.io",
+            "scope": "Namespaced",
+            "names": {"kind": "Policy", "listKind": "PolicyList", "plural": "policies",
+                      "singular": "policy", "shortNames": ["pol"]},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                }}},
+            }],
+        },
+    });
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let present = crds
+        .get_opt("policies.kyverno.io")
+        .await
+        .unwrap_or_else(|e| panic!("reading the CRD policies.kyverno.io: {}", err_msg(&e)))
+        .is_some();
+    if !present {
+        apply_crd(client.clone(), &crd, &kyverno_policies()).await;
+    }
+    let role = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "copyrator-tests-kyverno-policies-to-admin",
+                     "labels": {"rbac.authorization.k8s.io/aggregate-to-admin": "true"}},
+        "rules": [{"apiGroups": ["kyverno.io"], "resources": ["policies"],
+                   "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}],
+    });
+    let roles = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "ClusterRole"),
+        "clusterroles",
+    );
+    let role: DynamicObject = serde_json::from_value(role).expect("a ClusterRole");
+    match Api::<DynamicObject>::all_with(client.clone(), &roles)
+        .create(&PostParams::default(), &role)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(e) => panic!("the ClusterRole for Kyverno's policies: {}", err_msg(&e)),
+    }
+}
+
+/// A Policy of Kyverno's in `namespace` whose rule clones `from/name` into
+/// `namespace` as `copy`, when a ConfigMap appears there.
+fn clone_policy(namespace: &str, policy: &str, from: &str, name: &str, copy: &str) -> Value {
+    json!({
+        "apiVersion": "kyverno.io/v1", "kind": "Policy",
+        "metadata": {"name": policy, "namespace": namespace},
+        "spec": {"rules": [{
+            "name": "take",
+            "match": {"any": [{"resources": {"kinds": ["ConfigMap"]}}]},
+            "generate": {"apiVersion": "v1", "kind": "Secret", "name": copy, "namespace": namespace,
+                         "synchronize": true, "clone": {"namespace": from, "name": name}},
+        }]},
+    })
+}
+
+/// The lines of the report on `source` in import's YAML output.
+fn report_lines<'a>(printed: &'a str, tool: &str, source: &str) -> Vec<&'a str> {
+    let heading = format!("# {tool}: {source}");
+    let mut lines = printed.lines().skip_while(|l| *l != heading);
+    assert!(lines.next().is_some(), "no report on {source}:\n{printed}");
+    lines.take_while(|l| l.starts_with("#   ")).collect()
+}
+
+/// The attack of a tenant (a ServiceAccount with `admin` in its namespace
+/// only) on an import: a Kyverno Policy of its own that clones another
+/// namespace's Secret into its namespace. Kyverno refuses such a Policy;
+/// made an admin rule, and the victim's Secret labelled as the import
+/// said, it would hand the Secret to the tenant. `copyrator import` of
+/// the live cluster prints no rule of it and asks nothing of the victim's
+/// Secret; a Policy cloning within its namespace makes no rule either (a
+/// copy in its source's namespace is none of Copyrator's). The tenant's
+/// own ConfigMap, annotated for reflector's mirrors everywhere, becomes a
+/// rule of the tenant's namespace, applied with kubectl as printed: run
+/// (with `--all-namespaces`), it adopts reflector's mirror in the
+/// namespace that accepts the tenant and leaves the one in the namespace
+/// that does not exactly as it was.
+#[tokio::test]
+async fn a_tenants_configuration_becomes_its_own_rules_never_the_operators() {
+    let t = TestNs::new("import-tenant").await;
+    let op = t.ns("op").await;
+    let team = t.ns("team").await;
+    let victim = t.ns("victim").await;
+    let (accepting, refusing) = (t.ns("acc").await, t.ns("ref").await);
+    t.accept_from(&accepting, &team).await;
+    let secret = t
+        .create_json(
+            Kind::Secret,
+            &victim,
+            "db-creds",
+            body(Kind::Secret, json!({}), "hunter2"),
+        )
+        .await;
+    serve_kyverno_policies(&t.client).await;
+    let tenant = Tenant::admin_of(&t, &team, "tenant").await;
+    let user = format!("system:serviceaccount:{team}:tenant");
+    wait_until(
+        format!("{user} to write Kyverno's Policies in {team}"),
+        TIMEOUT,
+        async || {
+            let attributes = json!({"group": "kyverno.io", "resource": "policies",
+                                    "verb": "create", "namespace": team});
+            match service_account_may(&t.client, &user, &team, attributes).await? {
+                true => Ok(()),
+                false => Err("not yet".to_owned()),
+            }
+        },
+    )
+    .await;
+    // The attack, and a Policy that keeps within its namespace.
+    tenant
+        .create(
+            &kyverno_policies(),
+            clone_policy(&team, "steal", &victim, "db-creds", "db-creds"),
+        )
+        .await;
+    tenant
+        .create(
+            &kyverno_policies(),
+            clone_policy(&team, "local", &team, "settings", "settings-copy"),
+        )
+        .await;
+    // Its ConfigMap, which reflector mirrored into every namespace.
+    let shared: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "shared", "annotations": {
+            format!("{REFLECTOR}reflection-allowed"): "true",
+            format!("{REFLECTOR}reflection-auto-enabled"): "true",
+        }},
+        "data": {"k": "v1"},
+    }))
+    .expect("a ConfigMap");
+    let shared = Api::<ConfigMap>::namespaced(tenant.client.clone(), &team)
+        .create(&PostParams::default(), &shared)
+        .await
+        .unwrap_or_else(|e| panic!("the tenant's ConfigMap: {}", err_msg(&e)));
+    let mut mirrors = Vec::new();
+    for ns in [&accepting, &refusing] {
+        let meta = json!({"annotations": {
+            format!("{REFLECTOR}auto-reflects"): "True",
+            format!("{REFLECTOR}reflects"): format!("{team}/shared"),
+            format!("{REFLECTOR}reflected-version"): shared.metadata.resource_version,
+        }});
+        mirrors.push(
+            t.create_json(
+                Kind::ConfigMap,
+                ns,
+                "shared",
+                body(Kind::ConfigMap, meta, "v1"),
+            )
+            .await,
+        );
+    }
+
+    // The admin imports the live cluster (whose other objects are other
+    // tests': what concerns this test names its namespaces).
+    let imported = copyrator(&["import", "--namespace", &op], None).await;
+    imported.assert_exit(0);
+    let printed = &imported.stdout;
+    let steal = report_lines(
+        printed,
+        "Kyverno",
+        &format!("Policy {team}/steal, rule take"),
+    );
+    println!("the attack's report: {steal:#?}");
+    assert_eq!(
+        steal,
+        [format!(
+            "#   unmapped: it clones from \"{victim}\", not from its own namespace {team}: Kyverno refuses a namespaced Policy that clones from another namespace, so it never copied anything. A Policy is {team}'s configuration, and a rule made from it could take nothing from another namespace without the consent of its owner: no rule is made, and nothing is asked of \"{victim}\""
+        )]
+    );
+    let local = report_lines(
+        printed,
+        "Kyverno",
+        &format!("Policy {team}/local, rule take"),
+    );
+    assert!(
+        local.len() == 1
+            && local[0].starts_with("#   unmapped: a Policy clones within its own namespace"),
+        "{local:#?}"
+    );
+    let rules: Vec<Value> = serde_yaml::Deserializer::from_str(printed)
+        .map(Value::deserialize)
+        .collect::<Result<Vec<_>, _>>()
+        .expect("YAML documents")
+        .into_iter()
+        .filter(|rule| !rule.is_null())
+        .collect();
+    let mentions = |text: &str| text.contains(&t.prefix);
+    let ours: Vec<&Value> = rules.iter().filter(|r| mentions(&r.to_string())).collect();
+    let rule = format!("reflector-configmap-{team}-shared");
+    assert_eq!(ours.len(), 1, "{ours:#?}");
+    assert_eq!(
+        ours[0]["metadata"],
+        json!({"name": rule, "namespace": team})
+    );
+    assert_eq!(ours[0]["spec"]["namespace"], team.as_str());
+    let commands: Vec<&str> = printed
+        .lines()
+        .filter_map(|l| l.strip_prefix("#   kubectl "))
+        .filter(|l| mentions(l))
+        .collect();
+    assert_eq!(
+        commands,
+        [format!(
+            "label configmap -n {team} shared copyrator.flant.com/import.{rule}=true"
+        )]
+    );
+
+    // As printed: the label, then the rule applied with kubectl.
+    let file = std::env::temp_dir().join(format!("{}-rules.yaml", t.prefix));
+    let documents: Vec<String> = ours
+        .iter()
+        .map(|r| serde_yaml::to_string(r).expect("YAML"))
+        .collect();
+    std::fs::write(&file, documents.join("---\n")).expect("the rules written");
+    let path = file.to_str().expect("a UTF-8 path").to_owned();
+    let label: Vec<String> = commands[0].split(' ').map(str::to_owned).collect();
+    tokio::task::spawn_blocking(move || {
+        let label: Vec<&str> = label.iter().map(String::as_str).collect();
+        kubectl(&label);
+        kubectl(&["apply", "-f", &path]);
+    })
+    .await
+    .expect("kubectl");
+    let _ = std::fs::remove_file(&file);
+
+    let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
+    let status = t
+        .wait_rule(
+            &team,
+            &rule,
+            "the accepting namespace's mirror adopted",
+            |r| match (
+                status_u64(r, "adoptedCopies"),
+                status_u64(r, "copies"),
+                status_u64(r, "conflictCount"),
+            ) {
+                (Some(1), Some(1), Some(0)) => Ok(()),
+                _ => Err(short_status(r)),
+            },
+        )
+        .await;
+    println!("status: {}", status["status"]);
+    let adopted = t.must_get(Kind::ConfigMap, &accepting, "shared").await;
+    assert_eq!(adopted.uid, mirrors[0].uid, "the same object");
+    assert!(adopted.is_copy(), "{:?}", adopted.labels);
+    let left = t.must_get(Kind::ConfigMap, &refusing, "shared").await;
+    assert_eq!(
+        (&left.resource_version, &left.annotations),
+        (&mirrors[1].resource_version, &mirrors[1].annotations),
+        "the mirror where the tenant may not write was touched"
+    );
+    // Nobody harmed: the victim's Secret as it was, and no copy of it.
+    let now = t.must_get(Kind::Secret, &victim, "db-creds").await;
+    assert_eq!(now.resource_version, secret.resource_version);
+    assert!(t.get(Kind::Secret, &team, "db-creds").await.is_none());
+    operator.assert_running();
 }

@@ -1,7 +1,9 @@
 //! ClusterSecret (clustersecret.io/v1): a Secret of the ClusterSecret's
 //! name in the namespaces `matchNamespace` matches and `avoidNamespaces`
 //! does not, from another Secret (`data.valueFrom.secretKeyRef`) or from
-//! data inline, which is never read into the output.
+//! data inline, which is never read into the output. A ClusterSecret is
+//! cluster-scoped, written by the cluster's admins: its rule is an admin
+//! rule.
 
 use std::collections::BTreeMap;
 
@@ -9,7 +11,9 @@ use serde_json::{Map, Value, json};
 
 use super::SourceReport;
 use super::patterns::{Anchoring, pattern_list};
-use super::shared::{Context, Conversion, Draft, Source, Targets, at, group_version, str_at};
+use super::shared::{
+    Context, Conversion, Draft, Owner, Source, Targets, at, group_version, str_at,
+};
 use crate::api::selector::{
     Glob, validate_data_key, validate_label_key, validate_label_value, validate_qualified_name,
 };
@@ -143,6 +147,7 @@ fn source(
     ));
     Ok(Draft {
         name: format!("clustersecret-{name}"),
+        owner: Owner::Admin,
         api_version: "v1".into(),
         kind: "Secret".into(),
         source: Source::Named {

@@ -1,13 +1,14 @@
 //! config-syncer (kubed): a source's `kubed.appscode.com/sync` (into the
 //! namespaces of this cluster) and `kubed.appscode.com/sync-contexts`
-//! (into other clusters).
+//! (into other clusters). The annotations are their namespace's
+//! configuration: its rule is a tenant rule there (see `shared::Owner`).
 
 use serde_json::Value;
 
 use super::SourceReport;
 use super::patterns::Selector;
 use super::shared::{
-    Context, Conversion, Draft, Named, Source, Targets, annotation, spec_of, str_at,
+    Context, Conversion, Draft, Named, Owner, Source, Targets, annotation, spec_of, str_at,
 };
 
 const TOOL: &str = "config-syncer";
@@ -35,7 +36,8 @@ pub(super) fn convert(object: &Value, context: &Context) -> Option<Conversion> {
         }
     }
     if let Some(contexts) = contexts {
-        report.unmapped(into_contexts(&named, contexts));
+        let owner = Owner::of_namespace(&named.namespace, context.options);
+        report.unmapped(into_contexts(&named, contexts, &owner));
     }
     Some(report.with(drafts))
 }
@@ -47,6 +49,7 @@ fn in_cluster(
     context: &Context,
     report: &mut SourceReport,
 ) -> Result<Draft, String> {
+    let owner = Owner::of_namespace(&named.namespace, context.options);
     let targets = if sync == "true" {
         report.exact("sync: \"true\": every namespace gets a copy");
         Targets::default()
@@ -82,7 +85,7 @@ fn in_cluster(
     report.exact("the source's labels and annotations are copied, except config-syncer's own keys, which Copyrator never copies either");
     report.exact("copies go when the source is deleted or the annotation removed: the rule deletes them when their source goes or the rule is deleted (deletionPolicy: Delete)");
     report.differs("config-syncer rewrites an edited copy only at its source's next sync, and keeps a copy in a namespace that stopped matching until then; the rule restores the one and deletes the other at once");
-    report.differs("config-syncer takes over an object of that name that it did not make; the rule adopts one holding the same content and skips one holding other content (conflictPolicy: Skip); the closest is conflictPolicy: Overwrite, which replaces it whole");
+    report.differs(format!("config-syncer takes over an object of that name that it did not make; the rule adopts one holding the same content and skips one holding other content (conflictPolicy: Skip); {}", owner.overwrite_note()));
     if let Some(note) = targets.protected_note(TOOL, context.options) {
         report.differs(note);
     }
@@ -93,6 +96,7 @@ fn in_cluster(
         .collect();
     Ok(Draft {
         name: named.rule_name("kubed"),
+        owner,
         api_version: named.api_version.clone(),
         kind: named.kind.clone(),
         source: Source::Named {
@@ -105,14 +109,20 @@ fn in_cluster(
 
 /// Why copies into other clusters' contexts are not converted, and the
 /// closest rule.
-fn into_contexts(named: &Named, contexts: &str) -> String {
+fn into_contexts(named: &Named, contexts: &str, owner: &Owner) -> String {
     let names: Vec<&str> = contexts
         .split(',')
         .map(str::trim)
         .filter(|c| !c.is_empty())
         .collect();
+    let tenant = match owner {
+        Owner::Admin => "",
+        Owner::Tenant(_) => {
+            " (a tenant rule, as this is its namespace's configuration: the operator follows one that names members only with --allow-tenant-clusters)"
+        }
+    };
     format!(
-        "sync-contexts {}: config-syncer copies into one namespace of each context's cluster, the namespace its kubeconfig context names, or {} when it names none. Copyrator never copies into a namespace named like the source's in a member, and the contexts' namespaces are not known here. The closest is a rule with targets.clusters.names: [{}] (as Copyrator's inventory names those members: the names must match), targets.clusters.local: false and targets.include naming each context's namespace",
+        "sync-contexts {}: config-syncer copies into one namespace of each context's cluster, the namespace its kubeconfig context names, or {} when it names none. Copyrator never copies into a namespace named like the source's in a member, and the contexts' namespaces are not known here. The closest is a rule{tenant} with targets.clusters.names: [{}] (as Copyrator's inventory names those members: the names must match), targets.clusters.local: false and targets.include naming each context's namespace",
         names.join(", "),
         named.namespace,
         names.join(", ")
@@ -162,7 +172,7 @@ data:
             [json!({
                 "apiVersion": "flant.com/v1",
                 "kind": "CopyratorRule",
-                "metadata": {"name": name, "namespace": "copyrator"},
+                "metadata": {"name": name, "namespace": "demo"},
                 "spec": {
                     "ruleType": "configmap",
                     "selector": {import_label_key(name): "true"},
@@ -182,6 +192,31 @@ data:
             says(&report.exact, "every namespace gets a copy"),
             "{report:#?}"
         );
+        assert!(
+            says(&report.differs, "the rule is demo's, a tenant rule"),
+            "{report:#?}"
+        );
+        assert!(
+            says(
+                &report.differs,
+                "copyrator.flant.com/accept-from lists demo: config-syncer's copies in the others are neither adopted nor touched"
+            ),
+            "{report:#?}"
+        );
+        assert!(
+            says(
+                &report.differs,
+                "it adopts config-syncer's copies only where their marks say they came from demo"
+            ),
+            "{report:#?}"
+        );
+        assert!(
+            says(
+                &report.differs,
+                "a tenant rule may not use conflictPolicy: Overwrite"
+            ),
+            "{report:#?}"
+        );
         assert!(report.unmapped.is_empty());
         let all = imported_sync("true");
         assert_eq!(all.rules[0]["spec"].get("targets"), None);
@@ -189,6 +224,20 @@ data:
 
     fn imported_sync(sync: &str) -> Imported {
         converted(&[omni(json!({"kubed.appscode.com/sync": sync}))])
+    }
+
+    #[test]
+    fn the_operators_namespace_configuration_is_an_admin_rule() {
+        let mut object = omni(json!({"kubed.appscode.com/sync": ""}));
+        object["metadata"]["namespace"] = json!("copyrator");
+        let imported = converted(&[object]);
+        assert_eq!(imported.rules[0]["metadata"]["namespace"], "copyrator");
+        let report = &imported.reports[0];
+        assert!(!says(&report.differs, "tenant rule"), "{report:#?}");
+        assert!(
+            says(&report.differs, "the closest is conflictPolicy: Overwrite"),
+            "{report:#?}"
+        );
     }
 
     #[test]
@@ -228,6 +277,10 @@ data:
         );
         assert!(
             says(&report.unmapped, "the names must match"),
+            "{report:#?}"
+        );
+        assert!(
+            says(&report.unmapped, "only with --allow-tenant-clusters"),
             "{report:#?}"
         );
         let only = converted(&[omni(

@@ -1,13 +1,17 @@
-//! Kyverno: the generate rules of ClusterPolicies and Policies that clone
-//! (`clone`, `cloneList`), and GeneratingPolicies of the documented clone
-//! shape (`generator.Apply` of `resource.Get` or `resource.List`).
+//! Kyverno: the generate rules of ClusterPolicies that clone (`clone`,
+//! `cloneList`), and GeneratingPolicies of the documented clone shape
+//! (`generator.Apply` of `resource.Get` or `resource.List`): cluster-scoped
+//! configuration, which only the cluster's admins write, made admin rules.
+//! Namespaced policies (a Policy, a NamespacedGeneratingPolicy) are their
+//! namespace's configuration: they are reported, and never made rules.
 
 use serde_json::{Map, Value, json};
 
 use super::SourceReport;
 use super::patterns::Selector;
 use super::shared::{
-    Context, Conversion, Draft, Source, Targets, at, bool_at, group_version, kind_notes, str_at,
+    Context, Conversion, Draft, Owner, Source, Targets, at, bool_at, group_version, kind_notes,
+    str_at,
 };
 use crate::api::selector::Glob;
 
@@ -31,7 +35,7 @@ pub(super) fn convert(object: &Value, context: &Context) -> Vec<Conversion> {
                 TOOL,
                 format!("NamespacedGeneratingPolicy {namespace}/{name}"),
             );
-            report.unmapped("NamespacedGeneratingPolicies are not converted");
+            report.unmapped(format!("NamespacedGeneratingPolicies are not converted (it is {namespace}'s configuration: it is never made an admin rule)"));
             vec![report.alone()]
         }
         _ => Vec::new(),
@@ -95,22 +99,18 @@ impl Policy<'_> {
     ) -> Result<Vec<Draft>, String> {
         let generate = &rule["generate"];
         refuse_unconverted(rule, generate)?;
-        let targets = match self.namespace {
-            None => namespace_trigger(rule, generate, report)?,
-            Some(namespace) => own_namespace_trigger(namespace, rule, generate, report)?,
-        };
+        if let Some(namespace) = self.namespace {
+            return Err(namespaced_refusal(namespace, generate));
+        }
+        let targets = namespace_trigger(rule, generate, report)?;
         if let Some(why) = targets.refusal() {
             return Err(why);
         }
         if targets.reaches_nothing() {
             return Err("the trigger matches no namespace".into());
         }
-        let name = match self.namespace {
-            None => format!("kyverno-{}-{rule_name}", self.name),
-            Some(ns) => format!("kyverno-{ns}-{}-{rule_name}", self.name),
-        };
         let shape = Shape {
-            name,
+            name: format!("kyverno-{}-{rule_name}", self.name),
             targets: &targets,
         };
         // The sources first: a rule left out for them says nothing of
@@ -120,11 +120,9 @@ impl Policy<'_> {
         } else if let Some(list) = generate.get("cloneList").filter(|c| c.is_object()) {
             shape.clone_list_drafts(list, report)?
         } else {
-            return Err("generate has neither clone nor cloneList: it copies nothing".into());
+            return Err(NOTHING_CLONED.into());
         };
-        if self.namespace.is_none()
-            && let Some(note) = targets.protected_note(TOOL, context.options)
-        {
+        if let Some(note) = targets.protected_note(TOOL, context.options) {
             report.differs(note);
         }
         let settings = Settings {
@@ -141,6 +139,32 @@ impl Policy<'_> {
             draft.spec.clone_from(&spec);
         }
         Ok(drafts)
+    }
+}
+
+const NOTHING_CLONED: &str = "generate has neither clone nor cloneList: it copies nothing";
+
+/// Why a namespaced Policy's generate rule makes no rule. Kyverno lets a
+/// Policy clone only from its own namespace and generate only into it (it
+/// refuses a Policy that says otherwise: "a namespaced policy cannot clone
+/// resources from other namespaces"), and Copyrator never copies a source
+/// into its own namespace. A Policy is the configuration of whoever may
+/// write policies in its namespace: one that reaches into another
+/// namespace is never made a rule that could, least of all an admin's.
+fn namespaced_refusal(namespace: &str, generate: &Value) -> String {
+    let Some(source) = ["clone", "cloneList"]
+        .iter()
+        .find_map(|key| generate.get(key).filter(|c| c.is_object()))
+    else {
+        return NOTHING_CLONED.into();
+    };
+    match str_at(source, &["namespace"]) {
+        Some(from) if from != namespace => format!(
+            "it clones from {from:?}, not from its own namespace {namespace}: Kyverno refuses a namespaced Policy that clones from another namespace, so it never copied anything. A Policy is {namespace}'s configuration, and a rule made from it could take nothing from another namespace without the consent of its owner: no rule is made, and nothing is asked of {from:?}"
+        ),
+        _ => format!(
+            "a Policy clones within its own namespace, {namespace}, into {namespace} (Kyverno allows it nothing else), under another name: Copyrator never copies a source into its own namespace, and its copies keep their source's name: no rule is made"
+        ),
     }
 }
 
@@ -199,6 +223,7 @@ impl Shape<'_> {
         }
         Ok(Draft {
             name: self.name.clone(),
+            owner: Owner::Admin,
             api_version: api_version.to_owned(),
             kind: kind.to_owned(),
             source: Source::Named {
@@ -243,6 +268,7 @@ impl Shape<'_> {
                     }
                     drafts.push(Draft {
                         name: format!("{}-{}", self.name, kind.to_ascii_lowercase()),
+                        owner: Owner::Admin,
                         api_version,
                         kind,
                         source: source.clone(),
@@ -567,36 +593,6 @@ fn excluded(
     Ok(())
 }
 
-/// A Policy's rule: Kyverno generates into the policy's own namespace
-/// only, when an object of the trigger's kinds appears there.
-fn own_namespace_trigger(
-    namespace: &str,
-    rule: &Value,
-    generate: &Value,
-    report: &mut SourceReport,
-) -> Result<Targets, String> {
-    let target = str_at(generate, &["namespace"]).unwrap_or(namespace);
-    let compact: String = target.chars().filter(|c| !c.is_whitespace()).collect();
-    if target != namespace && compact != "{{request.object.metadata.namespace}}" {
-        return Err(format!(
-            "a Policy generates into its own namespace, {namespace}, only; this one names {target:?}"
-        ));
-    }
-    let filters = block_filters(rule.get("match"), "match")?;
-    let kinds: Vec<&str> = filters.iter().flat_map(|f| strings(f, "kinds")).collect();
-    report.exact(format!(
-        "a Policy copies into its own namespace: the rule copies into {namespace} alone"
-    ));
-    report.differs(format!(
-        "Kyverno makes the copy when a {} appears in {namespace}; the rule keeps it there whether or not one does",
-        kinds.join(" or ")
-    ));
-    if bool_at(generate, &["synchronize"]) == Some(true) {
-        report.differs("with synchronize, Kyverno deletes the copy when the object that triggered it goes; Copyrator does not");
-    }
-    Ok(Targets::including(vec![namespace.to_owned()]))
-}
-
 /// What becomes of copies when the policy goes.
 #[derive(Clone, Copy)]
 enum Orphan {
@@ -752,6 +748,7 @@ impl Cloned {
         };
         Draft {
             name,
+            owner: Owner::Admin,
             api_version: "v1".into(),
             kind: self.kind.into(),
             source,
@@ -1330,37 +1327,85 @@ spec:
         assert!(says(&only_report(&data).unmapped, "generate.data"));
     }
 
-    #[test]
-    fn a_namespaced_policy_copies_into_its_own_namespace() {
-        let mut object = policy(json!({
-            "name": "copy-ca",
-            "match": {"any": [{"resources": {"kinds": ["ConfigMap"]}}]},
-            "generate": {"apiVersion": "v1", "kind": "ConfigMap", "name": "ca",
-                         "namespace": "{{request.object.metadata.namespace}}",
-                         "synchronize": true, "clone": {"namespace": "shared", "name": "ca"}}
-        }));
+    /// A tenant's Policy in team-a: its generate rule `rule`.
+    pub(crate) fn tenant_policy(rule: Value) -> Value {
+        let mut object = policy(rule);
         object["kind"] = json!("Policy");
         object["metadata"]["namespace"] = json!("team-a");
-        let imported = converted(&[object.clone()]);
-        assert_eq!(
-            imported.rules[0]["metadata"]["name"],
-            "kyverno-team-a-p-copy-ca"
-        );
-        assert_eq!(
-            imported.rules[0]["spec"]["targets"],
-            json!({"include": ["team-a"]})
-        );
-        assert_eq!(imported.rules[0]["spec"]["namespace"], "shared");
-        let report = only_report(&imported);
-        assert_eq!(report.source, "Policy team-a/p, rule copy-ca");
+        object
+    }
+
+    /// A Policy rule that clones `clone` (a clone or cloneList) into its
+    /// own namespace, as Kyverno lets a Policy generate.
+    pub(crate) fn policy_clone(field: &str, clone: Value) -> Value {
+        json!({
+            "name": "take",
+            "match": {"any": [{"resources": {"kinds": ["ConfigMap"]}}]},
+            "generate": {"apiVersion": "v1", "kind": "Secret", "name": "db-creds",
+                         "namespace": "{{request.object.metadata.namespace}}",
+                         "synchronize": true, field: clone}
+        })
+    }
+
+    #[test]
+    fn a_tenants_policy_cloning_another_namespace_is_unmapped_and_asks_nothing_of_it() {
+        // Kyverno refuses such a Policy; an import that made it a rule
+        // (an admin's, in the operator's namespace) would copy the
+        // victim's Secret into team-a once the victim's Secret carried the
+        // label it asked the admin to put there.
+        for (field, clone) in [
+            ("clone", json!({"namespace": "victim", "name": "db-creds"})),
+            (
+                "cloneList",
+                json!({"namespace": "victim", "kinds": ["v1/Secret"],
+                       "selector": {"matchLabels": {"app": "db"}}}),
+            ),
+        ] {
+            let imported = converted(&[tenant_policy(policy_clone(field, clone))]);
+            assert!(imported.rules.is_empty(), "{field}: {:#?}", imported.rules);
+            assert!(imported.source_labels.is_empty(), "{field}");
+            let report = only_report(&imported);
+            assert_eq!(report.source, "Policy team-a/p, rule take");
+            assert_eq!(
+                report.unmapped,
+                [
+                    "it clones from \"victim\", not from its own namespace team-a: Kyverno refuses a namespaced Policy that clones from another namespace, so it never copied anything. A Policy is team-a's configuration, and a rule made from it could take nothing from another namespace without the consent of its owner: no rule is made, and nothing is asked of \"victim\""
+                ],
+                "{field}"
+            );
+            assert!(
+                report.exact.is_empty() && report.differs.is_empty(),
+                "{report:#?}"
+            );
+        }
+        // A namespace computed by Kyverno's variables is not its own either.
+        let computed = converted(&[tenant_policy(policy_clone(
+            "clone",
+            json!({"namespace": "{{request.object.metadata.labels.from}}", "name": "db-creds"}),
+        ))]);
+        assert!(computed.rules.is_empty());
+        assert!(says(&only_report(&computed).unmapped, "Kyverno refuses"));
+    }
+
+    #[test]
+    fn a_policy_cloning_within_its_namespace_makes_no_rule() {
+        let mut rule = policy_clone("clone", json!({"namespace": "team-a", "name": "settings"}));
+        let imported = converted(&[tenant_policy(rule.clone())]);
+        assert!(imported.rules.is_empty());
+        assert!(imported.source_labels.is_empty());
         assert!(
-            says(&report.differs, "when a ConfigMap appears in team-a"),
-            "{report:#?}"
+            says(
+                &only_report(&imported).unmapped,
+                "a Policy clones within its own namespace, team-a, into team-a"
+            ),
+            "{:#?}",
+            imported.reports
         );
-        object["spec"]["rules"][0]["generate"]["clone"]["namespace"] = json!("team-a");
-        let own = converted(&[object]);
-        assert!(own.rules.is_empty());
-        assert!(says(&only_report(&own).unmapped, "its own namespace"));
+        rule["generate"]["data"] = json!({"kind": "x"});
+        assert!(says(
+            &only_report(&converted(&[tenant_policy(rule)])).unmapped,
+            "generate.data"
+        ));
     }
 
     #[test]

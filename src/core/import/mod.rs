@@ -10,6 +10,17 @@
 //! `copyrator.flant.com/import.<rule>: "true"`, which the caller asks the
 //! user to put on that source ([`SourceLabel`]). Every rule adopts the
 //! copies already in place (`spec.adopt: true`).
+//!
+//! A rule has no more authority than whoever wrote the configuration it
+//! is made from (`shared::Owner`). Cluster-scoped configuration (a
+//! ClusterPolicy, a GeneratingPolicy, a ClusterSecret) is the cluster
+//! admins': its rules are made in the operator's namespace. A namespace's
+//! configuration (the annotations of reflector, replicator and
+//! config-syncer on its objects) makes tenant rules in that namespace,
+//! which write only where namespaces accept them and take from elsewhere
+//! only what sources consent to give; a source label is asked for only on
+//! objects of the rule's own namespace. A namespaced Kyverno policy makes
+//! no rule: Kyverno lets it clone only within its namespace.
 
 mod cluster_secret;
 mod kubed;
@@ -23,7 +34,8 @@ use serde::Serialize;
 
 /// Options of a conversion.
 pub(crate) struct Options {
-    /// The namespace the rules are made for: the operator's.
+    /// The operator's namespace, where the rules made from cluster-scoped
+    /// configuration (and from this namespace's own) go.
     pub(crate) rule_namespace: String,
 }
 
@@ -175,6 +187,72 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(names, sorted, "by name, each once");
+    }
+
+    #[test]
+    fn rules_live_where_their_configuration_does() {
+        let mut objects = everything();
+        // A tenant's Policy and mirror that reach into another namespace.
+        objects.push(kyverno::tests::tenant_policy(kyverno::tests::policy_clone(
+            "clone",
+            json!({"namespace": "victim", "name": "db-creds"}),
+        )));
+        objects.push(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "db-creds", "namespace": "team-a", "annotations": {
+                "reflector.v1.k8s.emberstack.com/reflects": "victim/db-creds"}}}));
+        let imported = converted(&objects);
+        let mut tenant_rules = 0;
+        for report in &imported.reports {
+            // `Secret team-a/x`, `Policy team-a/p, rule r`; a cluster-scoped
+            // object's source names no namespace.
+            let configured_in = report
+                .source
+                .split_once(' ')
+                .and_then(|(_, rest)| rest.split_once('/'))
+                .map_or("copyrator", |(namespace, _)| namespace);
+            for name in &report.rules {
+                let rule = imported
+                    .rules
+                    .iter()
+                    .find(|r| r["metadata"]["name"] == name.as_str())
+                    .expect("the rule");
+                assert_eq!(
+                    rule["metadata"]["namespace"], configured_in,
+                    "{}: {rule}",
+                    report.source
+                );
+                tenant_rules += usize::from(configured_in != "copyrator");
+            }
+        }
+        assert!(tenant_rules >= 3, "{tenant_rules}");
+        // A rule's source label is asked for only in its own namespace,
+        // or by the operator's own rules.
+        for label in &imported.source_labels {
+            let name = label
+                .key
+                .strip_prefix("copyrator.flant.com/import.")
+                .expect("an import label");
+            let rule = imported
+                .rules
+                .iter()
+                .find(|r| r["metadata"]["name"] == name)
+                .expect("the rule");
+            assert!(
+                [label.namespace.as_str(), "copyrator"]
+                    .contains(&rule["metadata"]["namespace"].as_str().unwrap_or_default()),
+                "{label:?} for {rule}"
+            );
+        }
+        let victim = |r: &&serde_json::Value| r["spec"]["namespace"] == "victim";
+        let pulls: Vec<_> = imported.rules.iter().filter(victim).collect();
+        assert_eq!(pulls.len(), 1, "the mirror's: {pulls:?}");
+        assert_eq!(pulls[0]["metadata"]["namespace"], "team-a");
+        assert!(
+            imported
+                .source_labels
+                .iter()
+                .all(|l| l.namespace != "victim")
+        );
     }
 
     #[test]

@@ -1,13 +1,17 @@
 //! kubernetes-reflector: a source's `reflection-*` annotations (automatic
 //! mirrors), and mirrors made by hand that name their source (`reflects`).
+//! The annotations are the configuration of the namespace of the object
+//! that carries them: the source's for its automatic mirrors, the
+//! mirror's for one made by hand; the rule is a tenant rule there (see
+//! `shared::Owner`).
 
 use serde_json::{Value, json};
 
 use super::SourceReport;
 use super::patterns::{Anchoring, Selector, pattern_list};
 use super::shared::{
-    Context, Conversion, Draft, Named, Source, Targets, annotation, pulled_source, spec_of, str_at,
-    strip_all,
+    Context, Conversion, Draft, Named, Owner, Source, Targets, annotation, pulled_source, spec_of,
+    str_at, strip_all,
 };
 use crate::api::selector::Glob;
 
@@ -118,6 +122,7 @@ fn automatic(
     entries.extend(targets.to_json().map(|t| ("targets", t)));
     Ok(Some(Draft {
         name: named.rule_name("reflector"),
+        owner: Owner::of_namespace(&named.namespace, context.options),
         api_version: named.api_version.clone(),
         kind: named.kind.clone(),
         source: Source::Named {
@@ -253,6 +258,7 @@ fn by_hand(
     report.differs("reflector does not delete a mirror made by hand when its source goes; the closest is deletionPolicy.sourceGone: Orphan, which keeps the copy and hands it over to its namespace");
     Ok(Draft {
         name: mirror.rule_name("reflector"),
+        owner: Owner::of_namespace(&mirror.namespace, context.options),
         api_version: mirror.api_version.clone(),
         kind: mirror.kind.clone(),
         source: Source::Named {
@@ -392,7 +398,7 @@ data:
             [json!({
                 "apiVersion": "flant.com/v1",
                 "kind": "CopyratorRule",
-                "metadata": {"name": name, "namespace": "copyrator"},
+                "metadata": {"name": name, "namespace": "team-a"},
                 "spec": {
                     "ruleType": "secret",
                     "selector": {import_label_key(name): "true"},
@@ -404,15 +410,24 @@ data:
                 }
             })]
         );
-        assert_eq!(imported.source_labels.len(), 1);
-        assert_eq!(
-            (
-                imported.source_labels[0].namespace.as_str(),
-                imported.source_labels[0].name.as_str()
-            ),
-            ("default", "source-secret")
+        // The source is default's: only its owner may label it, and let
+        // team-a take it.
+        assert!(
+            imported.source_labels.is_empty(),
+            "{:#?}",
+            imported.source_labels
         );
         let mirror = report_on(&imported, "Secret team-a/source-secret");
+        assert!(
+            says(
+                &mirror.differs,
+                &format!(
+                    "the rule takes Secret default/source-secret only while its owner consents: the annotation copyrator.flant.com/allow-to on it listing team-a, and the label {}=true, which only the owner of default may put on it",
+                    import_label_key(name)
+                )
+            ),
+            "{mirror:#?}"
+        );
         assert!(
             says(&mirror.differs, "deletionPolicy.sourceGone: Orphan"),
             "{mirror:#?}"
@@ -441,6 +456,42 @@ data:
         source["metadata"]["annotations"][format!("{KEY}reflection-allowed")] = json!("false");
         let denied = converted(&[source, mirror_in("namespace-1")]);
         assert!(denied.rules.is_empty());
+    }
+
+    #[test]
+    fn a_tenants_mirror_of_a_source_not_read_asks_nothing_of_the_source() {
+        let mut mirror = mirror_in("team-a");
+        mirror["metadata"]["name"] = json!("db-creds");
+        mirror["metadata"]["annotations"][format!("{KEY}reflects")] = json!("victim/db-creds");
+        let imported = converted(&[mirror]);
+        let [rule] = imported.rules.as_slice() else {
+            panic!("{:#?}", imported.rules);
+        };
+        // A rule of team-a's, which the operator follows only under the
+        // consent of victim's Secret.
+        assert_eq!(rule["metadata"]["namespace"], "team-a");
+        assert_eq!(rule["spec"]["namespace"], "victim");
+        assert!(
+            imported.source_labels.is_empty(),
+            "{:#?}",
+            imported.source_labels
+        );
+        let report = &imported.reports[0];
+        assert!(says(&report.differs, "was not checked"), "{report:#?}");
+        assert!(
+            says(
+                &report.differs,
+                "which only the owner of victim may put on it"
+            ),
+            "{report:#?}"
+        );
+        assert!(
+            says(
+                &report.differs,
+                "this is team-a's configuration, written by whoever may edit objects there: the rule is team-a's, a tenant rule, followed only when the operator runs with --all-namespaces, and never with conflictPolicy: Overwrite"
+            ),
+            "{report:#?}"
+        );
     }
 
     fn auto_source(annotations: Value) -> Value {

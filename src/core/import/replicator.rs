@@ -1,14 +1,17 @@
 //! kubernetes-replicator: a source's push annotations (`replicate-to`,
 //! `replicate-to-matching`), and objects that pull from a source
 //! (`replicate-from`), which the source permits (`replication-allowed*`).
+//! The annotations are the configuration of the namespace of the object
+//! that carries them: the source's for a push, the pulling object's for a
+//! pull; the rule is a tenant rule there (see `shared::Owner`).
 
 use serde_json::{Value, json};
 
 use super::SourceReport;
 use super::patterns::{Anchoring, Selector, pattern_list};
 use super::shared::{
-    Context, Conversion, Draft, Named, Source, Targets, annotation, kind_notes, pulled_source,
-    spec_of, str_at, strip_all,
+    Context, Conversion, Draft, Named, Owner, Source, Targets, annotation, kind_notes,
+    pulled_source, spec_of, str_at, strip_all,
 };
 
 const TOOL: &str = "kubernetes-replicator";
@@ -69,6 +72,8 @@ fn push(
     context: &Context,
     report: &mut SourceReport,
 ) -> Result<Draft, String> {
+    let owner = Owner::of_namespace(&named.namespace, context.options);
+    owner.kind_refusal(&named.api_version, &named.kind)?;
     let targets = push_targets(object, report)?;
     if let Some(why) = targets.refusal() {
         return Err(why);
@@ -96,7 +101,7 @@ fn push(
     }
     report.differs("when the source is deleted, replicator deletes the objects of its name in the namespaces replicate-to matches without anchors (a part of the name is enough, so more than it copied into), and of a Secret or ConfigMap whose keys changed it removes its keys only; the rule deletes its own copies (deletionPolicy.sourceGone: Delete)");
     report.differs("replicator leaves an edited copy alone until its source changes (it compares versions); the rule restores it (syncPolicy: Sync)");
-    report.differs("replicator overwrites an object of that name that it did not make; the rule adopts one holding the same content and skips one holding other content (conflictPolicy: Skip); the closest is conflictPolicy: Overwrite, which replaces it whole");
+    report.differs(format!("replicator overwrites an object of that name that it did not make; the rule adopts one holding the same content and skips one holding other content (conflictPolicy: Skip); {}", owner.overwrite_note()));
     if replicator_annotation(object, "keep-owner-references") == Some("true") {
         report.differs("keep-owner-references: replicator copies the source's ownerReferences, Copyrator does not");
     }
@@ -113,6 +118,7 @@ fn push(
     entries.extend(targets.to_json().map(|t| ("targets", t)));
     Ok(Draft {
         name: named.rule_name("replicator"),
+        owner,
         api_version: named.api_version.clone(),
         kind: named.kind.clone(),
         source: Source::Named {
@@ -181,6 +187,8 @@ fn pull(
     context: &Context,
     report: &mut SourceReport,
 ) -> Result<Draft, String> {
+    let owner = Owner::of_namespace(&target.namespace, context.options);
+    owner.kind_refusal(&target.api_version, &target.kind)?;
     let (namespace, name) = pulled_source(target, from, "replicate-from")?;
     match context.find(&target.kind, namespace, name) {
         Some(source) => permitted(source, &target.namespace, report)?,
@@ -200,6 +208,7 @@ fn pull(
     }
     Ok(Draft {
         name: target.rule_name("replicator"),
+        owner,
         api_version: target.api_version.clone(),
         kind: target.kind.clone(),
         source: Source::Named {
@@ -333,7 +342,7 @@ data:
             [json!({
                 "apiVersion": "flant.com/v1",
                 "kind": "CopyratorRule",
-                "metadata": {"name": name, "namespace": "copyrator"},
+                "metadata": {"name": name, "namespace": "default"},
                 "spec": {
                     "ruleType": "secret",
                     "selector": {import_label_key(name): "true"},
@@ -360,6 +369,17 @@ data:
         assert!(says(&report.differs, "without anchors"), "{report:#?}");
         assert!(
             says(&report.exact, "deletionPolicy.ruleDeleted: Orphan"),
+            "{report:#?}"
+        );
+        assert!(
+            says(&report.differs, "the rule is default's, a tenant rule"),
+            "{report:#?}"
+        );
+        assert!(
+            says(
+                &report.differs,
+                "a tenant rule may not use conflictPolicy: Overwrite"
+            ),
             "{report:#?}"
         );
     }
@@ -428,6 +448,11 @@ data:
         let imported = converted(&[source.clone(), pull_into("my-ns-1")]);
         let name = "replicator-secret-my-ns-1-test-secret";
         assert_eq!(imported.rules[0]["metadata"]["name"], name);
+        assert_eq!(imported.rules[0]["metadata"]["namespace"], "my-ns-1");
+        assert!(
+            imported.source_labels.is_empty(),
+            "default's object, not my-ns-1's"
+        );
         assert_eq!(
             imported.rules[0]["spec"],
             json!({
@@ -446,6 +471,13 @@ data:
             .find(|r| r.source == "Secret my-ns-1/test-secret")
             .expect("reported");
         assert!(says(&report.differs, "empties this object"), "{report:#?}");
+        assert!(
+            says(
+                &report.differs,
+                "the annotation copyrator.flant.com/allow-to on it listing my-ns-1"
+            ),
+            "{report:#?}"
+        );
         let refused = converted(&[source.clone(), pull_into("other")]);
         assert!(refused.rules.is_empty());
         assert!(
@@ -473,7 +505,7 @@ data:
         let mut role = yaml(PUSH_TO);
         role["apiVersion"] = json!("rbac.authorization.k8s.io/v1");
         role["kind"] = json!("Role");
-        role["metadata"]["namespace"] = json!("shared");
+        role["metadata"]["namespace"] = json!("copyrator");
         role["metadata"]["annotations"]["replicator.v1.mittwald.de/strip-labels"] = json!("");
         role["metadata"]["annotations"]["replicator.v1.mittwald.de/replicate-to-matching"] =
             json!("team");
@@ -498,5 +530,34 @@ data:
             says(&report.differs, "rbacSourcesTrusted: true"),
             "{report:#?}"
         );
+    }
+
+    #[test]
+    fn a_tenants_roles_and_service_accounts_make_no_rule() {
+        for (api_version, kind) in [
+            ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+            ("v1", "ServiceAccount"),
+        ] {
+            let mut push = yaml(PUSH_TO);
+            push["apiVersion"] = json!(api_version);
+            push["kind"] = json!(kind);
+            push["metadata"]["namespace"] = json!("team-a");
+            let mut pull = pull_into("team-a");
+            pull["apiVersion"] = json!(api_version);
+            pull["kind"] = json!(kind);
+            for object in [push, pull] {
+                let imported = converted(&[object]);
+                assert!(imported.rules.is_empty(), "{kind}: {:#?}", imported.rules);
+                assert!(imported.source_labels.is_empty());
+                assert!(
+                    says(
+                        &imported.reports[0].unmapped,
+                        "this is team-a's configuration, so its rule would be team-a's (a tenant rule), and a tenant rule copies ConfigMaps and Secrets only"
+                    ),
+                    "{:#?}",
+                    imported.reports
+                );
+            }
+        }
     }
 }

@@ -45,11 +45,65 @@ pub(super) enum Source {
     ToLabel { namespace: String },
 }
 
+/// Whose configuration a rule is made from, and so where the rule lives:
+/// a rule has no more authority than whoever wrote what it is made from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Owner {
+    /// Cluster-scoped configuration (a ClusterPolicy, a GeneratingPolicy,
+    /// a ClusterSecret), which only the cluster's admins write, or
+    /// configuration in the operator's namespace: a rule there.
+    Admin,
+    /// The configuration of a namespace (annotations on its objects),
+    /// written by whoever may edit objects there: a tenant rule in that
+    /// namespace, which copies only under the consent of the namespaces
+    /// it writes into and of the sources it takes from elsewhere.
+    Tenant(String),
+}
+
+impl Owner {
+    /// The owner of configuration that lives in `namespace`.
+    pub(super) fn of_namespace(namespace: &str, options: &Options) -> Self {
+        if namespace == options.rule_namespace {
+            Self::Admin
+        } else {
+            Self::Tenant(namespace.to_owned())
+        }
+    }
+
+    /// Why a tenant rule cannot copy this kind, if it cannot: consent is
+    /// given per namespace, not per kind.
+    pub(super) fn kind_refusal(&self, api_version: &str, kind: &str) -> Result<(), String> {
+        match self {
+            Self::Tenant(namespace) if !is_config_map_or_secret(api_version, kind) => Err(format!(
+                "this is {namespace}'s configuration, so its rule would be {namespace}'s (a tenant rule), and a tenant rule copies ConfigMaps and Secrets only, not {kind} ({api_version}): no rule is made"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// What a report says of `conflictPolicy: Overwrite` as the closest
+    /// to a tool that took over objects it did not make.
+    pub(super) fn overwrite_note(&self) -> &'static str {
+        match self {
+            Self::Admin => "the closest is conflictPolicy: Overwrite, which replaces it whole",
+            Self::Tenant(_) => {
+                "a tenant rule may not use conflictPolicy: Overwrite: such an object stays a conflict until its owner removes it"
+            }
+        }
+    }
+}
+
+fn is_config_map_or_secret(api_version: &str, kind: &str) -> bool {
+    api_version == "v1" && matches!(kind, "ConfigMap" | "Secret")
+}
+
 /// A rule before it has its name.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Draft {
     /// The name wanted, made a valid and unique rule name later.
     pub(super) name: String,
+    /// Whose configuration it is made from: the rule's namespace.
+    pub(super) owner: Owner,
     pub(super) api_version: String,
     pub(super) kind: String,
     pub(super) source: Source,
@@ -152,14 +206,24 @@ pub(super) fn assemble(mut conversions: Vec<Conversion>, options: &Options) -> I
     let mut imported = Imported::default();
     for conversion in conversions {
         let mut report = conversion.report;
+        let mut tenant = Vec::new();
         for (index, draft) in conversion.drafts.into_iter().enumerate() {
             let identity = format!("{}/{}/{index}", report.tool, report.source);
             let name = unique_name(&draft.name, &identity, &mut taken);
+            if let Owner::Tenant(namespace) = &draft.owner {
+                for line in tenant_lines(namespace, &name, &draft, &report.tool) {
+                    if !tenant.contains(&line) {
+                        tenant.push(line);
+                    }
+                }
+            }
             let (rule, label) = build_rule(&name, draft, options);
             imported.rules.push(rule);
             imported.source_labels.extend(label);
             report.rules.push(name);
         }
+        // First, as what a tenant rule asks of others is read first.
+        report.differs.splice(0..0, tenant);
         imported.reports.push(report);
     }
     imported
@@ -170,6 +234,39 @@ pub(super) fn assemble(mut conversions: Vec<Conversion>, options: &Options) -> I
     });
     imported.source_labels.dedup();
     imported
+}
+
+/// What a tenant rule made from `namespace`'s configuration asks of
+/// others, for its report. Nothing here tells anyone to change an object
+/// outside `namespace`: only its owner may consent to its copying.
+fn tenant_lines(namespace: &str, rule: &str, draft: &Draft, tool: &str) -> Vec<String> {
+    let mut lines = vec![format!(
+        "this is {namespace}'s configuration, written by whoever may edit objects there: the rule is {namespace}'s, a tenant rule, followed only when the operator runs with --all-namespaces, and never with conflictPolicy: Overwrite"
+    )];
+    let source_namespace = match &draft.source {
+        Source::Selected { namespace, .. }
+        | Source::Named { namespace, .. }
+        | Source::ToLabel { namespace } => namespace,
+    };
+    if source_namespace == namespace {
+        lines.push(format!(
+            "the rule copies only into those of its targets whose annotation copyrator.flant.com/accept-from lists {namespace}: {tool}'s copies in the others are neither adopted nor touched"
+        ));
+        lines.push(format!(
+            "of those, it adopts {tool}'s copies only where their marks say they came from {namespace} (reflector's, config-syncer's and Kyverno's do) or the namespace's annotation copyrator.flant.com/adopt-from lists {namespace}; elsewhere they are conflicts"
+        ));
+    } else if let Source::Named {
+        namespace: from,
+        name,
+    } = &draft.source
+    {
+        lines.push(format!(
+            "the rule takes {} {from}/{name} only while its owner consents: the annotation copyrator.flant.com/allow-to on it listing {namespace}, and the label {}=true, which only the owner of {from} may put on it (no command here touches an object outside {namespace})",
+            draft.kind,
+            import_label_key(rule)
+        ));
+    }
+    lines
 }
 
 /// `wanted` as a rule name no other rule of this import has.
@@ -233,8 +330,12 @@ pub(super) fn import_label_key(rule_name: &str) -> String {
 
 /// The whole CopyratorRule of a draft, and the label to put on its source.
 fn build_rule(name: &str, draft: Draft, options: &Options) -> (Value, Option<SourceLabel>) {
+    let rule_namespace = match &draft.owner {
+        Owner::Admin => options.rule_namespace.clone(),
+        Owner::Tenant(namespace) => namespace.clone(),
+    };
     let mut spec = Map::new();
-    if draft.api_version == "v1" && matches!(draft.kind.as_str(), "ConfigMap" | "Secret") {
+    if is_config_map_or_secret(&draft.api_version, &draft.kind) {
         spec.insert("ruleType".into(), json!(draft.kind.to_ascii_lowercase()));
     } else {
         spec.insert(
@@ -252,15 +353,18 @@ fn build_rule(name: &str, draft: Draft, options: &Options) -> (Value, Option<Sou
             selector,
         } => (namespace, selector, None),
         Source::Named { namespace, name } => {
-            let label = SourceLabel {
-                kind: draft.kind.clone(),
-                api_version: draft.api_version.clone(),
-                namespace: namespace.clone(),
-                name,
-                key: key.clone(),
-                value: "true".into(),
-            };
-            (namespace, json!({ key: "true" }), Some(label))
+            // A tenant rule's source elsewhere is labelled by its owner
+            // alone, with its consent (see `tenant_lines`).
+            let label =
+                (draft.owner == Owner::Admin || namespace == rule_namespace).then(|| SourceLabel {
+                    kind: draft.kind.clone(),
+                    api_version: draft.api_version.clone(),
+                    namespace: namespace.clone(),
+                    name,
+                    key: key.clone(),
+                    value: "true".into(),
+                });
+            (namespace, json!({ key: "true" }), label)
         }
         Source::ToLabel { namespace } => (namespace, json!({ key: "true" }), None),
     };
@@ -271,7 +375,7 @@ fn build_rule(name: &str, draft: Draft, options: &Options) -> (Value, Option<Sou
     let rule = json!({
         "apiVersion": "flant.com/v1",
         "kind": "CopyratorRule",
-        "metadata": {"name": name, "namespace": options.rule_namespace},
+        "metadata": {"name": name, "namespace": rule_namespace},
         "spec": spec,
     });
     (rule, label)
@@ -283,7 +387,7 @@ fn is_rbac(api_version: &str, kind: &str) -> bool {
 
 /// What the report says of copying this kind with Copyrator.
 pub(super) fn kind_notes(api_version: &str, kind: &str, tool: &str) -> Vec<String> {
-    if api_version == "v1" && matches!(kind, "ConfigMap" | "Secret") {
+    if is_config_map_or_secret(api_version, kind) {
         return Vec::new();
     }
     let mut notes = vec![format!(
@@ -543,13 +647,14 @@ pub(super) mod tests {
     use crate::core::resolve::Trust;
 
     /// Every rule deserializes into a CopyratorRule and resolves under the
-    /// default trust (the operator in `copyrator`), its kind enabled and
-    /// known when it is not a ConfigMap or a Secret.
+    /// default trust of an operator in `copyrator` that follows every
+    /// namespace (so that a rule elsewhere is judged as a tenant rule),
+    /// its kind enabled and known when it is not a ConfigMap or a Secret.
     pub(crate) fn assert_rules_resolve(imported: &Imported) {
         for rule in &imported.rules {
             let parsed: CopyratorRule =
                 serde_json::from_value(rule.clone()).unwrap_or_else(|e| panic!("{rule}: {e}"));
-            let mut trust = Trust::new("copyrator", false);
+            let mut trust = Trust::new("copyrator", true);
             if let Some(object_type) = parsed.object_type() {
                 let (group, version) = object_type.group_version().unwrap_or(("", ""));
                 crate::api::kinds::Kind::register(&crate::api::kinds::Discovered {
