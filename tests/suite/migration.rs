@@ -6,12 +6,14 @@
 //! `plan` shows every copy adopted and nothing else (exit 2); applied, the
 //! rule takes every copy over with one metadata patch each (same uid, same
 //! data, the tool's marks gone), and a later source change reaches them
-//! all. The operator's requests are read from the audit log.
+//! all. The operator runs as the chart's ServiceAccount (its rendered RBAC,
+//! nothing more), and its requests are read from the audit log.
 //! (`hack/migration-run` does the same with kubernetes-replicator itself.)
 
 use std::collections::BTreeMap;
 
 use crate::common::audit::{Audit, Query, WRITE_VERBS};
+use crate::common::rbac::{ClusterScoped, as_the_chart};
 use crate::common::*;
 use chrono::Utc;
 use serde_json::{Value, json};
@@ -265,15 +267,17 @@ async fn migrate(case: Case) {
         plan.stdout
     );
 
-    // Applied: adopted, one patch each.
-    let user = operator_user(&t);
+    // Applied, the operator running as the chart's ServiceAccount:
+    // adopted, one patch each.
+    let cluster = ClusterScoped::new();
+    let id = as_the_chart(&t, &cluster, &op, &[]).await;
+    let user = id.user.clone();
     let audit = Audit::start();
     let started = Utc::now();
-    let kubeconfig = operator_kubeconfig(&t, None, Some(&user));
     let _operator = Operator::start_with_env(
         &t,
         vec!["run".into(), "--namespace".into(), op.clone()],
-        &[("KUBECONFIG", kubeconfig.to_str().expect("a UTF-8 path"))],
+        &[("KUBECONFIG", &id.kubeconfig)],
     );
     let status = t
         .wait_rule(&op, &name, "every copy adopted", |r| {
@@ -317,6 +321,16 @@ async fn migrate(case: Case) {
     }
     println!("the operator's writes where the copies were: {writes:?}");
     assert_eq!(writes, BTreeMap::from([("patch".to_owned(), COPIES)]));
+    let refused = audit.matching(&Query::user(&user).code(403).between(started, Utc::now()));
+    assert!(
+        refused.is_empty(),
+        "the API server refused requests of the chart's ServiceAccount: {}",
+        refused
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
 
     // A change of the source reaches every copy (checked by their data: a
     // rule may strip what the tool did not copy).
