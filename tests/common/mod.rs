@@ -80,6 +80,10 @@ pub const LABEL_RULE_UID: &str = "copyrator.flant.com/rule-uid";
 pub const ANNOTATION_RULE: &str = "copyrator.flant.com/rule";
 pub const ANNOTATION_SOURCE: &str = "copyrator.flant.com/source";
 pub const ANNOTATION_SOURCE_UID: &str = "copyrator.flant.com/source-uid";
+/// On a copy handed over to its namespace (`CreateOnly`), never written again.
+pub const LABEL_SYNC_POLICY: &str = "copyrator.flant.com/sync-policy";
+/// On an adopted copy: what made it.
+pub const ANNOTATION_ADOPTED_FROM: &str = "copyrator.flant.com/adopted-from";
 /// Label every test source carries; its value is the test's unique prefix.
 pub const TEST_LABEL: &str = "copyrator-test";
 

@@ -20,6 +20,7 @@ use kube::core::ApiResource;
 use serde_json::{Value, json};
 
 use super::audit::service_account_user;
+use super::helm::{find, render};
 use super::members::Member;
 use super::{
     TIMEOUT, TestNs, create_service_account, err_msg, service_account_kubeconfig, wait_until,
@@ -337,6 +338,39 @@ impl Identity {
         )
         .await;
     }
+}
+
+/// The operator's ServiceAccount `namespace/copyrator` as the chart makes it
+/// with `values`: bound to exactly its rendered ClusterRole, and its
+/// rendered Role made in `namespace`, both in effect. An operator started
+/// with `KUBECONFIG` set to its kubeconfig runs as a release of the chart
+/// in `namespace` does.
+pub async fn as_the_chart(
+    t: &TestNs,
+    cluster: &ClusterScoped,
+    namespace: &str,
+    values: &[&str],
+) -> Identity {
+    let docs = render(values);
+    let cluster_grants = grants_of(find(&docs, "ClusterRole"));
+    let namespaced_grants: BTreeSet<Grant> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Role")
+        .flat_map(grants_of)
+        .collect();
+    let id = Identity::create(
+        t,
+        cluster,
+        namespace,
+        "copyrator",
+        &cluster_grants,
+        &namespaced_grants,
+    )
+    .await;
+    let granted: BTreeSet<Grant> = cluster_grants.union(&namespaced_grants).cloned().collect();
+    id.wait_effective(&t.client, namespace, &granted, &BTreeSet::new())
+        .await;
+    id
 }
 
 /// The ServiceAccount `namespace/account` in the cluster of `client`, bound

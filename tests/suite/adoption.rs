@@ -5,11 +5,13 @@
 //! gone); one holding other content stays a conflict; and copies an
 //! earlier rule of the same name handed over (`ruleDeleted: Orphan`) are
 //! taken back by the rule created again, as a GitOps tool replaces it.
-//! The operator's requests are read from the API server's audit log.
+//! The operator runs as the chart's ServiceAccount (its rendered RBAC,
+//! nothing more); its requests are read from the API server's audit log.
 
 use std::collections::BTreeMap;
 
 use crate::common::audit::{Audit, Query, WRITE_VERBS};
+use crate::common::rbac::{ClusterScoped, as_the_chart};
 use crate::common::*;
 use crate::restart_consumers::{pod, restarts_of, workload};
 use crate::whereabouts::copyrator_where;
@@ -17,8 +19,6 @@ use chrono::Utc;
 use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
-const ADOPTED_FROM: &str = "copyrator.flant.com/adopted-from";
-const SYNC_POLICY: &str = "copyrator.flant.com/sync-policy";
 
 /// The labels Kyverno's clone rule puts on what it generates (with the
 /// source's own labels, which it copies too).
@@ -146,14 +146,21 @@ async fn objects_another_tool_made_are_adopted_with_one_metadata_patch_each() {
         plan.stdout
     );
     println!("plan:\n{}", plan.stdout);
-    let user = operator_user(&t);
+    let cluster = ClusterScoped::new();
+    let id = as_the_chart(
+        &t,
+        &cluster,
+        &op,
+        &["--set", "rollout.restartConsumers=true"],
+    )
+    .await;
+    let user = id.user.clone();
     let audit = Audit::start();
     let started = Utc::now();
-    let kubeconfig = operator_kubeconfig(&t, None, Some(&user));
     let _operator = Operator::start_with_env(
         &t,
         vec!["run".into(), "--namespace".into(), op.clone()],
-        &[("KUBECONFIG", kubeconfig.to_str().expect("a UTF-8 path"))],
+        &[("KUBECONFIG", &id.kubeconfig)],
     );
     let rule = t
         .wait_rule(
@@ -194,7 +201,9 @@ async fn objects_another_tool_made_are_adopted_with_one_metadata_patch_each() {
             "{ns}"
         );
         assert_eq!(
-            now.annotations.get(ADOPTED_FROM).map(String::as_str),
+            now.annotations
+                .get(ANNOTATION_ADOPTED_FROM)
+                .map(String::as_str),
             Some("Kyverno"),
             "{ns}"
         );
@@ -259,12 +268,13 @@ async fn a_rule_created_again_takes_back_the_copies_it_handed_over() {
     for i in 0..3 {
         targets.push(t.ns(&format!("t{i}")).await);
     }
-    let user = operator_user(&t);
-    let kubeconfig = operator_kubeconfig(&t, None, Some(&user));
+    let cluster = ClusterScoped::new();
+    let id = as_the_chart(&t, &cluster, &op, &[]).await;
+    let user = id.user.clone();
     let _operator = Operator::start_with_env(
         &t,
         vec!["run".into(), "--namespace".into(), op.clone()],
-        &[("KUBECONFIG", kubeconfig.to_str().expect("a UTF-8 path"))],
+        &[("KUBECONFIG", &id.kubeconfig)],
     );
     let orphaning = with(
         rule_spec(CM, t.selector(), &[t.glob("t")]),
@@ -286,9 +296,9 @@ async fn a_rule_created_again_takes_back_the_copies_it_handed_over() {
             TIMEOUT,
             async || {
                 let copy = t.must_get(CM, ns, "settings").await;
-                match copy.labels.get(SYNC_POLICY).map(String::as_str) {
+                match copy.labels.get(LABEL_SYNC_POLICY).map(String::as_str) {
                     Some("CreateOnly") => Ok(copy),
-                    other => Err(format!("{SYNC_POLICY}: {other:?}")),
+                    other => Err(format!("{LABEL_SYNC_POLICY}: {other:?}")),
                 }
             },
         )
@@ -342,12 +352,14 @@ async fn a_rule_created_again_takes_back_the_copies_it_handed_over() {
         assert_eq!(now.uid, handed[ns].uid, "{ns}: the same object");
         assert_eq!(now.data, handed[ns].data, "{ns}: the same data");
         assert!(
-            !now.labels.contains_key(SYNC_POLICY),
+            !now.labels.contains_key(LABEL_SYNC_POLICY),
             "{ns}: still handed over: {:?}",
             now.labels
         );
         assert_eq!(
-            now.annotations.get(ADOPTED_FROM).map(String::as_str),
+            now.annotations
+                .get(ANNOTATION_ADOPTED_FROM)
+                .map(String::as_str),
             Some(format!("Copyrator rule {op}/r").as_str()),
             "{ns}"
         );

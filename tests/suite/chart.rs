@@ -355,7 +355,7 @@ fn rendered_metrics_authentication() {
 }
 
 /// `extraKinds` adds each kind to KINDS (`Kind.group`, a bare `Kind` for
-/// the core group) and the six verbs on its resource, nothing else (but
+/// the core group) and the verbs ConfigMaps get on its resource, nothing else (but
 /// list and watch on roles with RoleBindings, judged by the Roles they
 /// bind);
 /// `rbacCopy` grants `bind` / `escalate` on roles and clusterroles only when
@@ -399,14 +399,31 @@ fn rendered_rbac_follows_extra_kinds_and_rbac_copy() {
         "configmap,secret,RoleBinding.rbac.authorization.k8s.io,ServiceAccount"
     );
     assert_eq!(deployment_env(&docs, "DENIED_KINDS"), "Pod,Job.batch");
-    let six = ["create", "delete", "get", "list", "update", "watch"];
+    // Each kind gets the verbs ConfigMaps get (each proved needed by
+    // each_verb_the_chart_grants_is_needed): a copy of any kind is created,
+    // updated, deleted, adopted and handed over alike.
+    let copy_verbs: BTreeSet<&str> = base
+        .iter()
+        .filter(|g| g.group.is_empty() && g.resource == "configmaps")
+        .map(|g| g.verb.as_str())
+        .collect();
+    assert_eq!(
+        copy_verbs,
+        BTreeSet::from([
+            "create", "delete", "get", "list", "patch", "update", "watch"
+        ])
+    );
     let added: BTreeSet<Grant> = all_grants(&docs).difference(&base).cloned().collect();
     let want: BTreeSet<Grant> = [
         ("rbac.authorization.k8s.io", "rolebindings"),
         ("", "serviceaccounts"),
     ]
     .iter()
-    .flat_map(|(group, resource)| six.iter().map(|verb| Grant::new(group, resource, verb)))
+    .flat_map(|(group, resource)| {
+        copy_verbs
+            .iter()
+            .map(|verb| Grant::new(group, resource, verb))
+    })
     // RoleBinding copies are judged by the Roles they bind.
     .chain(["list", "watch"].map(|verb| Grant::new("rbac.authorization.k8s.io", "roles", verb)))
     .collect();
@@ -483,17 +500,29 @@ fn payload(kind: Kind) -> (&'static str, &'static str) {
     }
 }
 
+/// The labels Kyverno's clone rule leaves on what it generated (besides
+/// the source's own), which adoption removes.
+const LEFT_BY_KYVERNO: [(&str, &str); 2] = [
+    ("app.kubernetes.io/managed-by", "kyverno"),
+    ("generate.kyverno.io/policy-name", "sync-settings"),
+];
+
 /// What the job works on, made before the operator starts: the operator's
 /// namespace `op` (rules, sources, the Lease), a target `t1`, a namespace
-/// `u3` that holds foreign objects of the sources' names (a target once the
-/// rules are widened), a source of each kind and a rule for each.
+/// `u3` that holds foreign objects of the sources' names and a namespace
+/// `u4` that holds what another copying tool left there, the sources'
+/// payload under their names (both targets once the rules are widened), a
+/// source of each kind and a rule for each.
 struct Stage {
     op: String,
     t1: String,
     u3: String,
+    u4: String,
     lease: String,
     cm: Obj,
     secret: Obj,
+    /// What another tool left in `u4`, as it left it: a ConfigMap, a Secret.
+    left: [Obj; 2],
     /// Rule name → uid.
     uids: BTreeMap<&'static str, String>,
 }
@@ -502,7 +531,9 @@ impl Stage {
     async fn new(t: &TestNs, op: String, lease: &str) -> Stage {
         let t1 = t.ns("t1").await;
         let u3 = t.ns("u3").await;
+        let u4 = t.ns("u4").await;
         let mut sources = Vec::new();
+        let mut left = Vec::new();
         for (_, kind) in RULES {
             let name = source_name(kind);
             sources.push(
@@ -510,7 +541,12 @@ impl Stage {
                     .await,
             );
             t.create_plain(kind, &u3, name, &[], &[("mine", "1")]).await;
+            left.push(
+                t.create_plain(kind, &u4, name, &LEFT_BY_KYVERNO, &[payload(kind)])
+                    .await,
+            );
         }
+        let left = left.try_into().expect("one object left of each kind");
         let mut uids = BTreeMap::new();
         for (name, kind) in RULES {
             let rule = t
@@ -524,9 +560,11 @@ impl Stage {
             op,
             t1,
             u3,
+            u4,
             lease: lease.to_string(),
             cm,
             secret,
+            left,
             uids,
         }
     }
@@ -535,6 +573,13 @@ impl Stage {
         match kind {
             Kind::ConfigMap => &self.cm,
             Kind::Secret => &self.secret,
+        }
+    }
+
+    fn left(&self, kind: Kind) -> &Obj {
+        match kind {
+            Kind::ConfigMap => &self.left[0],
+            Kind::Secret => &self.left[1],
         }
     }
 
@@ -603,6 +648,68 @@ impl<'a> Job<'a> {
         }
     }
 
+    /// What another tool left in u4 is now the rule's copy: the same
+    /// object, its data unchanged, carrying the rule's labels, annotations
+    /// and field manager, and the tool's marks gone.
+    async fn adopted(&self, kind: Kind, rule: &str) -> Result<(), String> {
+        let left = self.s.left(kind);
+        let now = self
+            .t
+            .try_get(kind, &self.s.u4, &left.name)
+            .await?
+            .ok_or_else(|| format!("no {kind:?} {}/{}", self.s.u4, left.name))?;
+        if now.uid != left.uid {
+            return Err(format!(
+                "{kind:?} {}/{} was replaced",
+                now.namespace, now.name
+            ));
+        }
+        check_copy(
+            &now,
+            self.s.source(kind),
+            &self.s.op,
+            rule,
+            &self.s.uids[rule],
+        )?;
+        let marks: Vec<&String> = now
+            .labels
+            .keys()
+            .filter(|k| k.starts_with("generate.kyverno.io/"))
+            .collect();
+        if !marks.is_empty() {
+            return Err(format!("Kyverno's marks stay: {marks:?}"));
+        }
+        match now
+            .annotations
+            .get(ANNOTATION_ADOPTED_FROM)
+            .map(String::as_str)
+        {
+            Some("Kyverno") => Ok(()),
+            other => Err(format!("{ANNOTATION_ADOPTED_FROM}: {other:?}")),
+        }
+    }
+
+    /// The copy the rule adopted in u4 is handed over to its namespace:
+    /// the same object, its data unchanged, labelled CreateOnly.
+    async fn handed_over(&self, kind: Kind) -> Result<(), String> {
+        let left = self.s.left(kind);
+        let now = self
+            .t
+            .try_get(kind, &self.s.u4, &left.name)
+            .await?
+            .ok_or_else(|| format!("no {kind:?} {}/{}", self.s.u4, left.name))?;
+        if now.uid != left.uid || now.data != left.data {
+            return Err(format!(
+                "{kind:?} {}/{} was replaced or rewritten",
+                now.namespace, now.name
+            ));
+        }
+        match now.labels.get(LABEL_SYNC_POLICY).map(String::as_str) {
+            Some("CreateOnly") => Ok(()),
+            other => Err(format!("{LABEL_SYNC_POLICY}: {other:?}")),
+        }
+    }
+
     async fn gone(&self, kind: Kind, ns: &str, name: &str) -> Result<(), String> {
         match self.t.try_get(kind, ns, name).await? {
             None => Ok(()),
@@ -646,9 +753,12 @@ impl<'a> Job<'a> {
 
     /// The whole job: ready, leading, copies of both kinds, status, a new
     /// namespace filled, edited copies repaired (update), a name taken by a
-    /// foreign object (get, conflict reported), sources unlabelled twice
-    /// (prune: delete; a repeated Event: patch), the rules deleted (their
-    /// finalizer deletes the copies, then lets them go).
+    /// foreign object (get, conflict reported), what another tool left
+    /// adopted (`adopt: true`: a patch), sources unlabelled twice (prune:
+    /// delete; a repeated Event: patch), the adopted copies handed over to
+    /// their namespace when it stops being a target (`deletionPolicy`
+    /// `targetLeft: Orphan`: a patch), the rules deleted (their finalizer
+    /// deletes the copies, then lets them go).
     async fn run(&self) -> Result<(), Stopped> {
         let (t, s) = (self.t, self.s);
         self.step("ready", async || {
@@ -705,7 +815,11 @@ impl<'a> Job<'a> {
             t.patch_rule(
                 &s.op,
                 rule,
-                json!({"spec": {"targets": {"include": [t.glob("t"), t.glob("u")]}}}),
+                json!({"spec": {
+                    "targets": {"include": [t.glob("t"), t.glob("u")]},
+                    "adopt": true,
+                    "deletionPolicy": {"targetLeft": "Orphan"},
+                }}),
             )
             .await;
         }
@@ -725,6 +839,12 @@ impl<'a> Job<'a> {
                 } else {
                     Err(short_status(&r))
                 }
+            })
+            .await?;
+        }
+        for (rule, kind) in RULES {
+            self.step(format!("{kind:?} adopted"), async || {
+                self.adopted(kind, rule).await
             })
             .await?;
         }
@@ -794,6 +914,21 @@ impl<'a> Job<'a> {
         .await?;
 
         for (rule, _) in RULES {
+            t.patch_rule(
+                &s.op,
+                rule,
+                json!({"spec": {"targets": {"include": [t.glob("t")]}}}),
+            )
+            .await;
+        }
+        for (_, kind) in RULES {
+            self.step(format!("{kind:?} handed over"), async || {
+                self.handed_over(kind).await
+            })
+            .await?;
+        }
+
+        for (rule, _) in RULES {
             t.delete_rule(&s.op, rule).await;
         }
         for (rule, kind) in RULES {
@@ -803,6 +938,8 @@ impl<'a> Job<'a> {
                     for ns in [&s.t1, &t2] {
                         self.gone(kind, ns, source_name(kind)).await?;
                     }
+                    // What was handed over stays.
+                    self.handed_over(kind).await?;
                     match t.try_get_rule(&s.op, rule).await? {
                         None => Ok(()),
                         Some(r) => Err(format!("rule {rule} is still there: {}", short_status(&r))),
@@ -1035,6 +1172,7 @@ fn expectations() -> BTreeMap<Grant, (String, Evidence)> {
         "copyrators",
         "watch",
         "ConfigMap conflict reported|Secret conflict reported|\
+         ConfigMap handed over|Secret handed over|\
          ConfigMap rule deleted with its copies|Secret rule deleted with its copies",
         RuleChangeUnseen,
     );
@@ -1099,6 +1237,9 @@ fn expectations() -> BTreeMap<Grant, (String, Evidence)> {
             &step("pruned (round 0)"),
             Refused(kind),
         );
+        // Adoption is the first metadata patch of a copy; a hand-over the
+        // next.
+        expect("", resource, "patch", &step("adopted"), Refused(kind));
     }
     expect(
         "events.k8s.io",
@@ -1456,6 +1597,15 @@ async fn operator_as_the_charts_service_account_does_its_whole_job() {
         assert!(
             writes.get(verb).is_some_and(|n| *n > 0),
             "no {verb} request of {user} in the audit log: {writes:?}"
+        );
+    }
+    // Adoption and hand-over patched copies of both kinds (one patch each,
+    // more where a patch met a newer version and was sent again).
+    for resource in ["configmaps", "secrets"] {
+        let patches = audit.count(&sent.clone().verbs(&["patch"]).resource(resource));
+        assert!(
+            patches >= 2,
+            "{patches} patches of {resource} by {user}: an adoption and a hand-over each send one"
         );
     }
     let refused = audit.matching(&sent.code(403));

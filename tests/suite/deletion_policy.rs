@@ -15,7 +15,6 @@ use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
 const SECRET: Kind = Kind::Secret;
-const LABEL_SYNC_POLICY: &str = "copyrator.flant.com/sync-policy";
 const LABEL_ON_RULE_DELETED: &str = "copyrator.flant.com/on-rule-deleted";
 const FINALIZER: &str = "copyrator.flant.com/cleanup";
 

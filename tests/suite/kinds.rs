@@ -48,7 +48,6 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
-const LABEL_SYNC_POLICY: &str = "copyrator.flant.com/sync-policy";
 const KIND_WATCHES: &str = "copyrator_kind_watches";
 
 fn roles() -> ApiResource {

@@ -254,15 +254,27 @@ fn payload(kind: Kind) -> (&'static str, &'static str) {
     }
 }
 
+/// The value the job gives every source before its rule is widened.
+const CHANGED: &str = "changed";
+
+/// The labels Kyverno's clone rule leaves on what it generated (besides
+/// the source's own), which adoption removes.
+const LEFT_BY_KYVERNO: [(&str, &str); 2] = [
+    ("app.kubernetes.io/managed-by", "kyverno"),
+    ("generate.kyverno.io/policy-name", "sync-settings"),
+];
+
 fn rule_of(kind: Kind) -> &'static str {
     RULES.iter().find(|(_, k)| *k == kind).unwrap().0
 }
 
 /// What the job works on, made before the operator starts: at home the
 /// operator's namespace `op` (rules, sources, and the member's kubeconfig
-/// Secret, with the credentials under test); in the member a target `t1`
-/// and a namespace `u3` that holds foreign objects of the sources' names
-/// (a target once the rules are widened); a source of each kind, and a rule
+/// Secret, with the credentials under test); in the member a target `t1`,
+/// a namespace `u3` that holds foreign objects of the sources' names and a
+/// namespace `u4` that holds what another copying tool left there, the
+/// sources' payload (as the job changes it) under their names (both
+/// targets once the rules are widened); a source of each kind, and a rule
 /// for each that keeps copies in the member only (`local: false`).
 struct Stage<'a> {
     t: &'a TestNs,
@@ -270,6 +282,9 @@ struct Stage<'a> {
     op: String,
     t1: String,
     u3: String,
+    u4: String,
+    /// What another tool left in `u4`, as it left it: a ConfigMap, a Secret.
+    left: [Obj; 2],
     /// Rule name → uid.
     uids: BTreeMap<&'static str, String>,
 }
@@ -282,6 +297,8 @@ impl<'a> Stage<'a> {
             .await;
         let t1 = member.ns(t, "t1").await;
         let u3 = member.ns(t, "u3").await;
+        let u4 = member.ns(t, "u4").await;
+        let mut left = Vec::new();
         for (_, kind) in RULES {
             let name = source_name(kind);
             t.create_source(kind, &op, name, &[], &[payload(kind)])
@@ -289,7 +306,14 @@ impl<'a> Stage<'a> {
             member
                 .create_plain(kind, &u3, name, &[], &[("mine", "1")])
                 .await;
+            let (key, _) = payload(kind);
+            left.push(
+                member
+                    .create_plain(kind, &u4, name, &LEFT_BY_KYVERNO, &[(key, CHANGED)])
+                    .await,
+            );
         }
+        let left = left.try_into().expect("one object left of each kind");
         let mut uids = BTreeMap::new();
         for (name, kind) in RULES {
             let spec = with(
@@ -306,7 +330,16 @@ impl<'a> Stage<'a> {
             op,
             t1,
             u3,
+            u4,
+            left,
             uids,
+        }
+    }
+
+    fn left(&self, kind: Kind) -> &Obj {
+        match kind {
+            Kind::ConfigMap => &self.left[0],
+            Kind::Secret => &self.left[1],
         }
     }
 
@@ -419,6 +452,64 @@ impl<'a> Job<'a> {
         }
     }
 
+    /// What another tool left in u4 of the member is now the rule's copy:
+    /// the same object, its data unchanged (see [`Job::copy_of`]), and the
+    /// tool's marks gone.
+    async fn adopted(&self, kind: Kind, rule: &str) -> Result<(), String> {
+        let left = self.s.left(kind);
+        self.copy_of(kind, &self.s.u4, &left.name, rule).await?;
+        let now = self
+            .s
+            .member
+            .try_get(kind, &self.s.u4, &left.name)
+            .await?
+            .ok_or("the adopted object is gone")?;
+        if now.uid != left.uid {
+            return Err(format!(
+                "{kind:?} {}/{} was replaced",
+                now.namespace, now.name
+            ));
+        }
+        let marks: Vec<&String> = now
+            .labels
+            .keys()
+            .filter(|k| k.starts_with("generate.kyverno.io/"))
+            .collect();
+        if !marks.is_empty() {
+            return Err(format!("Kyverno's marks stay: {marks:?}"));
+        }
+        match now
+            .annotations
+            .get(ANNOTATION_ADOPTED_FROM)
+            .map(String::as_str)
+        {
+            Some("Kyverno") => Ok(()),
+            other => Err(format!("{ANNOTATION_ADOPTED_FROM}: {other:?}")),
+        }
+    }
+
+    /// The copy the rule adopted in u4 of the member is handed over to its
+    /// namespace: the same object, its data unchanged, labelled CreateOnly.
+    async fn handed_over(&self, kind: Kind) -> Result<(), String> {
+        let left = self.s.left(kind);
+        let now = self
+            .s
+            .member
+            .try_get(kind, &self.s.u4, &left.name)
+            .await?
+            .ok_or_else(|| format!("no {kind:?} {}/{} in the member", self.s.u4, left.name))?;
+        if now.uid != left.uid || now.data != left.data {
+            return Err(format!(
+                "{kind:?} {}/{} was replaced or rewritten",
+                now.namespace, now.name
+            ));
+        }
+        match now.labels.get(LABEL_SYNC_POLICY).map(String::as_str) {
+            Some("CreateOnly") => Ok(()),
+            other => Err(format!("{LABEL_SYNC_POLICY}: {other:?}")),
+        }
+    }
+
     async fn gone(&self, kind: Kind, ns: &str, name: &str) -> Result<(), String> {
         match self.s.member.try_get(kind, ns, name).await? {
             None => Ok(()),
@@ -432,9 +523,12 @@ impl<'a> Job<'a> {
     /// The whole job in the member: copies of both kinds, the member synced
     /// in the rules' statuses, a new namespace filled (the namespace watch),
     /// changed sources carried to their copies (update), edited copies
-    /// repaired (the copy watch, update), a name taken by a foreign object
-    /// (get, conflict reported), copies pruned when their source is deleted
-    /// (delete), and the rules deleted (their finalizer deletes the copies
+    /// repaired (the copy watch, update), what another tool left adopted
+    /// (`adopt: true`: a get, then a patch), a name taken by a foreign
+    /// object (get, conflict reported), copies pruned when their source is
+    /// deleted (delete), the adopted copies handed over to their namespace
+    /// when it stops being a target (`deletionPolicy` `targetLeft: Orphan`:
+    /// a patch), and the rules deleted (their finalizer deletes the copies
     /// in the member, then lets them go).
     async fn run(&self) -> Result<(), Stopped> {
         let (t, s, m) = (self.s.t, self.s, self.s.member);
@@ -466,7 +560,7 @@ impl<'a> Job<'a> {
 
         for (rule, kind) in RULES {
             let (key, _) = payload(kind);
-            t.set_data(kind, &s.op, source_name(kind), &[(key, Some("changed"))])
+            t.set_data(kind, &s.op, source_name(kind), &[(key, Some(CHANGED))])
                 .await;
             self.step(format!("{kind:?} copy updated"), async || {
                 for ns in [&s.t1, &t2] {
@@ -491,9 +585,21 @@ impl<'a> Job<'a> {
             t.patch_rule(
                 &s.op,
                 rule,
-                json!({"spec": {"targets": {"include": [t.glob("t"), t.glob("u")]}}}),
+                json!({"spec": {
+                    "targets": {"include": [t.glob("t"), t.glob("u")]},
+                    "adopt": true,
+                    "deletionPolicy": {"targetLeft": "Orphan"},
+                }}),
             )
             .await;
+        }
+        // First the adoptions: while one fails, the member's entry is not
+        // ready, which the conflict steps check.
+        for (rule, kind) in RULES {
+            self.step(format!("{kind:?} adopted"), async || {
+                self.adopted(kind, rule).await
+            })
+            .await?;
         }
         for (rule, kind) in RULES {
             self.step(format!("{kind:?} conflict reported"), async || {
@@ -541,6 +647,21 @@ impl<'a> Job<'a> {
         }
 
         for (rule, _) in RULES {
+            t.patch_rule(
+                &s.op,
+                rule,
+                json!({"spec": {"targets": {"include": [t.glob("t")]}}}),
+            )
+            .await;
+        }
+        for (_, kind) in RULES {
+            self.step(format!("{kind:?} handed over"), async || {
+                self.handed_over(kind).await
+            })
+            .await?;
+        }
+
+        for (rule, _) in RULES {
             t.delete_rule(&s.op, rule).await;
         }
         for (rule, kind) in RULES {
@@ -550,6 +671,8 @@ impl<'a> Job<'a> {
                     for ns in [&s.t1, &t2] {
                         self.gone(kind, ns, source_name(kind)).await?;
                     }
+                    // What was handed over stays.
+                    self.handed_over(kind).await?;
                     match t.try_get_rule(&s.op, rule).await? {
                         None => Ok(()),
                         Some(r) => Err(format!("rule {rule} is still there: {}", short_status(&r))),
@@ -855,7 +978,9 @@ fn expectations() -> BTreeMap<Grant, (String, Evidence)> {
     );
     for (kind, resource) in [(CM, "configmaps"), (SECRET, "secrets")] {
         let step = |what: &str| format!("{kind:?} {what}");
-        expect(resource, "get", &step("conflict reported"), Refused(kind));
+        // A rule that adopts reads a place before it writes there: first
+        // where the rules, widened, adopt.
+        expect(resource, "get", &step("adopted"), Refused(kind));
         expect(resource, "list", "ConfigMap copied", Unlisted);
         expect(resource, "watch", &step("copy repaired"), EditUnseen(kind));
         expect(resource, "create", &step("copied"), Refused(kind));
@@ -863,6 +988,9 @@ fn expectations() -> BTreeMap<Grant, (String, Evidence)> {
         // for it (the pass holds the version it wrote).
         expect(resource, "update", &step("copy updated"), Refused(kind));
         expect(resource, "delete", &step("pruned"), Refused(kind));
+        // Adoption is the first metadata patch of a copy; a hand-over the
+        // next.
+        expect(resource, "patch", &step("adopted"), Refused(kind));
     }
     out
 }

@@ -8,13 +8,14 @@
 //! `plan` shows every copy adopted and nothing else (exit 2); applied, the
 //! rule takes every copy over with one metadata patch each (same uid, same
 //! data, the tool's marks gone), and a later source change reaches them
-//! all. The operator's requests are read from the audit log.
+//! all. The operator runs as the chart's ServiceAccount (its rendered RBAC,
+//! nothing more), and its requests are read from the audit log.
 //! (`hack/migration-run` does the same with kubernetes-replicator itself.)
 
 use std::collections::BTreeMap;
 
 use crate::common::audit::{Audit, Query, WRITE_VERBS};
-use crate::common::rbac::service_account_may;
+use crate::common::rbac::{ClusterScoped, as_the_chart, service_account_may};
 use crate::common::tenant::Tenant;
 use crate::common::*;
 use chrono::Utc;
@@ -297,18 +298,16 @@ async fn migrate(case: Case) {
     t.create_rule(rule_ns, &name, json!({"spec": rule["spec"]}))
         .await;
 
-    // Applied: adopted, one patch each.
-    let user = operator_user(&t);
+    // Applied, the operator running as the chart's ServiceAccount:
+    // adopted, one patch each.
+    let cluster = ClusterScoped::new();
+    let id = as_the_chart(&t, &cluster, &op, &[]).await;
+    let user = id.user.clone();
     let audit = Audit::start();
     let started = Utc::now();
-    let kubeconfig = operator_kubeconfig(&t, None, Some(&user));
-    let mut run = vec!["run"];
-    run.extend(&followed);
-    let _operator = Operator::start_with_env(
-        &t,
-        run.into_iter().map(str::to_owned).collect(),
-        &[("KUBECONFIG", kubeconfig.to_str().expect("a UTF-8 path"))],
-    );
+    let mut run = vec!["run".to_owned()];
+    run.extend(followed.iter().map(|arg| arg.to_string()));
+    let _operator = Operator::start_with_env(&t, run, &[("KUBECONFIG", &id.kubeconfig)]);
     let status = t
         .wait_rule(rule_ns, &name, "every copy adopted", |r| {
             match (status_u64(r, "adoptedCopies"), status_u64(r, "copies")) {
@@ -351,6 +350,16 @@ async fn migrate(case: Case) {
     }
     println!("the operator's writes where the copies were: {writes:?}");
     assert_eq!(writes, BTreeMap::from([("patch".to_owned(), COPIES)]));
+    let refused = audit.matching(&Query::user(&user).code(403).between(started, Utc::now()));
+    assert!(
+        refused.is_empty(),
+        "the API server refused requests of the chart's ServiceAccount: {}",
+        refused
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
 
     // A change of the source reaches every copy (checked by their data: a
     // rule may strip what the tool did not copy).

@@ -15,7 +15,6 @@ use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
 const SECRET: Kind = Kind::Secret;
-const LABEL_SYNC_POLICY: &str = "copyrator.flant.com/sync-policy";
 
 /// `--kinds` for the examples of other kinds, as docs/kinds.md starts the
 /// operator for them.

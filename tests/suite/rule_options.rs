@@ -13,7 +13,6 @@ use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
 const SECRET: Kind = Kind::Secret;
-const LABEL_SYNC_POLICY: &str = "copyrator.flant.com/sync-policy";
 
 /// A rule of `kind` over the test's sources into the namespaces `include`
 /// matches, with `syncPolicy: CreateOnly`.
