@@ -159,6 +159,8 @@ async fn install_mark_key(settings: &Settings, shared: &Shared) -> anyhow::Resul
         &shared.home.cluster.client,
         &settings.namespace,
         &settings.mark_key_secret,
+        &shared.metrics,
+        &shared.health,
     )
     .await?;
     crate::cache::mark::install(key);
@@ -228,13 +230,18 @@ pub(crate) async fn run(
         let until_stopped = async move {
             let _ = stopped.wait_for(|s| *s).await;
         };
+        let metrics_auth = settings.metrics_auth.then(|| {
+            crate::ops::metrics_auth::MetricsAuth::new(
+                shared.home.cluster.client.clone(),
+                settings.max_metrics_reviews,
+                metrics.clone(),
+            )
+        });
         http::serve(
             settings.listen_address,
             health.clone(),
-            metrics,
-            settings.metrics_auth.then(|| {
-                crate::ops::metrics_auth::MetricsAuth::new(shared.home.cluster.client.clone())
-            }),
+            metrics.clone(),
+            metrics_auth,
             until_stopped,
         )
         .await?
