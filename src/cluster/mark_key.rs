@@ -150,8 +150,11 @@ struct Rounds<'a> {
     fresh: Vec<u8>,
     /// The uid of the Secret this process made and has not proven yet.
     made: Option<String>,
-    /// A Secret without a valid proof seen last round: (uid, resourceVersion).
-    judged: Option<(String, String)>,
+    /// The uid of a Secret without a valid proof, seen before (by uid: a
+    /// Secret that keeps changing is judged all the same).
+    judged: Option<String>,
+    /// The uid of the Secret last reported refused (each is reported once).
+    reported: Option<String>,
     metrics: &'a Metrics,
 }
 
@@ -179,6 +182,7 @@ pub(crate) async fn load_or_create(
         fresh,
         made: None,
         judged: None,
+        reported: None,
         metrics,
     };
     let mut pause = Duration::from_secs(1);
@@ -232,18 +236,23 @@ impl Rounds<'_> {
         {
             return self.prove(secret).await;
         }
-        if self.judged.as_ref() != Some(&(uid.clone(), version.clone())) {
-            self.judged = Some((uid, version));
+        if self.judged.as_deref() != Some(uid.as_str()) {
+            self.judged = Some(uid);
             return Ok(Round::Grace);
         }
-        self.metrics.mark_key_refused.inc();
-        warn!(
-            namespace = self.namespace,
-            secret = self.name,
-            reason = refusal.reason().as_str(),
-            "the mark key Secret was not made by this operator; it is replaced by a new key \
-             (every copy is marked again)"
-        );
+        if self.reported.as_deref() != Some(uid.as_str()) {
+            self.reported = Some(uid.clone());
+            self.metrics.mark_key_refused.inc();
+            warn!(
+                namespace = self.namespace,
+                secret = self.name,
+                reason = refusal.reason().as_str(),
+                "the mark key Secret was not made by this operator; it is replaced by a new key \
+                 (every copy is marked again)"
+            );
+        }
+        // On the condition that it did not change since it was judged: a
+        // sibling replica's proof, landed meanwhile, makes it the key.
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: Some(uid),
