@@ -251,7 +251,7 @@ impl Rounds<'_> {
                  (every copy is marked again)"
             );
         }
-        // On the condition that it did not change since it was judged: a
+        // On the condition that it did not change since this round read it: a
         // sibling replica's proof, landed meanwhile, makes it the key.
         let params = DeleteParams {
             preconditions: Some(Preconditions {
