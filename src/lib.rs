@@ -60,6 +60,9 @@ pub(crate) const ANNOTATION_SOURCE: &str = "copyrator.flant.com/source";
 /// On every copy: Copyrator's mark, two tags under the installation's key
 /// (see `cache::mark`). Without it an object is no copy of Copyrator's.
 pub(crate) const ANNOTATION_MARK: &str = "copyrator.flant.com/mark";
+/// On the mark key Secret: a tag of the Secret's uid under the key it
+/// holds, written by the operator that made it (see `cache::mark::key_proof`).
+pub(crate) const ANNOTATION_MARK_KEY_PROOF: &str = "copyrator.flant.com/mark-key-proof";
 /// On a copy that a rule adopted (`spec.adopt`): what made the object
 /// before, the other tool's name or `an earlier rule`.
 pub(crate) const ANNOTATION_ADOPTED_FROM: &str = "copyrator.flant.com/adopted-from";

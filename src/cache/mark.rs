@@ -201,6 +201,44 @@ pub(crate) fn hex(bytes: &[u8], digits: usize) -> String {
         .collect()
 }
 
+/// What signs a key Secret's uid: raw text, so that an administrator can
+/// make it with `openssl dgst -sha256 -mac HMAC` (docs/trust.md). No tag
+/// of [`Feed`] begins so (a feed begins with a length, a zero byte first).
+fn key_proof_message(uid: &str) -> String {
+    format!("copyrator-mark-key:{uid}")
+}
+
+/// The proof that the key Secret of this `uid` was made by whoever held
+/// `key` after the API server gave the Secret its uid: HMAC-SHA-256 of
+/// `copyrator-mark-key:<uid>` under the key, 64 hex digits. Whoever can
+/// only have a Secret created (a copying tool writing on a source owner's
+/// say, a create-only grant) learns neither the uid in time nor may write
+/// it afterwards.
+pub(crate) fn key_proof(key: &MarkKey, uid: &str) -> String {
+    hex(
+        hmac::sign(&key.0, key_proof_message(uid).as_bytes()).as_ref(),
+        64,
+    )
+}
+
+/// Whether `proof` is [`key_proof`] of `uid` under `key` (compared in
+/// constant time).
+pub(crate) fn proves(key: &MarkKey, uid: &str, proof: &str) -> bool {
+    if proof.len() != 64 || !proof.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return false;
+    }
+    let tag: Option<Vec<u8>> = proof
+        .as_bytes()
+        .chunks(2)
+        .map(|pair| {
+            std::str::from_utf8(pair)
+                .ok()
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+        })
+        .collect();
+    tag.is_some_and(|tag| hmac::verify(&key.0, key_proof_message(uid).as_bytes(), &tag).is_ok())
+}
+
 fn identity_tag(key: &MarkKey, place: &Place<'_>) -> String {
     Feed::new(key, "copyrator copy").place(place).hex()
 }
@@ -451,6 +489,27 @@ mod tests {
         rule: "platform/r",
         rule_uid: "uid-r",
     };
+
+    #[test]
+    fn a_key_proof_binds_the_key_to_one_uid() {
+        let key = test_key(1);
+        let proof = key_proof(&key, "uid-1");
+        assert_eq!(proof.len(), 64);
+        assert!(proves(&key, "uid-1", &proof));
+        assert!(!proves(&key, "uid-2", &proof), "another Secret's uid");
+        assert!(!proves(&test_key(2), "uid-1", &proof), "another key");
+        assert!(!proves(&key, "uid-1", &proof.to_uppercase()[..63]));
+        assert!(!proves(&key, "uid-1", ""));
+        // Not hex, and not ASCII (a slice at a byte would panic).
+        assert!(!proves(&key, "uid-1", &"zz".repeat(32)));
+        assert!(!proves(&key, "uid-1", &"é".repeat(32)));
+        // Hex of either case is read (an administrator's openssl prints
+        // lower case; nothing forbids upper).
+        assert!(proves(&key, "uid-1", &proof.to_uppercase()));
+        // The documented recipe: HMAC-SHA-256 of the raw text.
+        let raw = hmac::sign(&key.0, b"copyrator-mark-key:uid-1");
+        assert_eq!(proof, hex(raw.as_ref(), 64));
+    }
 
     #[test]
     fn a_mark_proves_the_place_and_the_content_under_its_key_only() {

@@ -159,6 +159,8 @@ async fn install_mark_key(settings: &Settings, shared: &Shared) -> anyhow::Resul
         &shared.home.cluster.client,
         &settings.namespace,
         &settings.mark_key_secret,
+        &shared.metrics,
+        &shared.health,
     )
     .await?;
     crate::cache::mark::install(key);
@@ -198,6 +200,32 @@ fn shutdown_step(step: u8, done: &str) {
     info!(step, done, "shutdown step");
 }
 
+/// The HTTP server for /metrics and the probes, bound now, until `stopped`.
+async fn serve_http(
+    settings: &Settings,
+    shared: &Shared,
+    mut stopped: watch::Receiver<bool>,
+) -> anyhow::Result<JoinHandle<()>> {
+    let until_stopped = async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    };
+    let metrics_auth = settings.metrics_auth.then(|| {
+        crate::ops::metrics_auth::MetricsAuth::new(
+            shared.home.cluster.client.clone(),
+            settings.max_metrics_reviews,
+            shared.metrics.clone(),
+        )
+    });
+    Ok(http::serve(
+        settings.listen_address,
+        shared.health.clone(),
+        shared.metrics.clone(),
+        metrics_auth,
+        until_stopped,
+    )
+    .await?)
+}
+
 /// Runs the operator until `shutdown` resolves (to the name of what asked,
 /// such as a signal), then stops it in order.
 pub(crate) async fn run(
@@ -223,22 +251,7 @@ pub(crate) async fn run(
         health.clone(),
     );
     watch_pending_work(&health, &shared);
-    let server = {
-        let mut stopped = stopped.clone();
-        let until_stopped = async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        };
-        http::serve(
-            settings.listen_address,
-            health.clone(),
-            metrics,
-            settings.metrics_auth.then(|| {
-                crate::ops::metrics_auth::MetricsAuth::new(shared.home.cluster.client.clone())
-            }),
-            until_stopped,
-        )
-        .await?
-    };
+    let server = serve_http(&settings, &shared, stopped.clone()).await?;
     health.alive.store(true, Ordering::Release);
     info!(
         namespace = settings.namespace.as_str(),

@@ -220,6 +220,12 @@ pub(crate) struct Settings {
     #[arg(long, env = "METRICS_AUTH", global = true)]
     pub(crate) metrics_auth: bool,
 
+    /// With --metrics-auth: reviews of /metrics callers in flight at most.
+    /// Concurrent requests with one token share a review; a caller whose
+    /// token would need one more gets 503, and costs the API server nothing.
+    #[arg(long, env = "MAX_METRICS_REVIEWS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256), global = true)]
+    pub(crate) max_metrics_reviews: u32,
+
     /// Elect a leader on a coordination.k8s.io Lease so that only one replica writes.
     #[arg(long, env = "LEADER_ELECTION", default_value_t = false, global = true)]
     pub(crate) leader_election: bool,

@@ -12,11 +12,11 @@
 //!   ([`from_cluster_profile`]).
 //!
 //! Credentials go only where their owner sent them. A profile's token
-//! Secret is tied to the profile by the Secret's writer: it is named as the
-//! profile, or labelled [`crate::LABEL_CLUSTER_PROFILE`] with the profile's
-//! name ([`tied_token_secrets`]); the profile itself never names it, so
-//! whoever may write ClusterProfiles cannot send another member's token
-//! to a server of their choosing. A server reached over plain `http://`,
+//! Secret is tied to the profile by the Secret's writer: it is labelled
+//! [`crate::LABEL_CLUSTER_PROFILE`] with the profile's name
+//! ([`tied_token_secrets`]); neither the profile nor a name ties it, so
+//! whoever may write ClusterProfiles cannot send another member's token,
+//! or any Secret's `token`, to a server of their choosing. A server reached over plain `http://`,
 //! or with `insecure-skip-tls-verify`, is refused in both layouts unless
 //! the operator allows it ([`InsecureMembers`]).
 //!
@@ -53,8 +53,6 @@ use serde_json::Value;
 pub(crate) const KUBECONFIG_KEY: &str = "value";
 /// The data key of a token Secret (KEP-5339's secret reader).
 pub(crate) const TOKEN_KEY: &str = "token";
-/// The type of a ServiceAccount's token Secret, which also holds a `token`.
-const SERVICE_ACCOUNT_TOKEN: &str = "kubernetes.io/service-account-token";
 /// The access provider KEP-5339's secret reader serves; a profile's
 /// provider of that name is preferred (see [`from_cluster_profile`]).
 pub(crate) const SECRET_READER: &str = "secretreader";
@@ -146,9 +144,8 @@ impl Unusable {
     /// No Secret tied to the profile, or one without a non-empty data key
     /// `token`.
     pub(crate) const TOKEN_MISSING: &'static str = "TokenMissing";
-    /// More than one Secret is tied to the profile (by its name and by the
-    /// label [`crate::LABEL_CLUSTER_PROFILE`], or by the label twice): none
-    /// is used.
+    /// More than one Secret is tied to the profile (labelled
+    /// [`crate::LABEL_CLUSTER_PROFILE`] with its name): none is used.
     pub(crate) const TOKEN_SECRET_AMBIGUOUS: &'static str = "TokenSecretAmbiguous";
     /// A token that an HTTP header cannot carry (not text, a line break).
     pub(crate) const TOKEN_INVALID: &'static str = "TokenInvalid";
@@ -804,16 +801,15 @@ async fn cluster_profile_config<'a>(
 }
 
 /// The Secrets of `secrets` tied to the profile named `profile` by their
-/// writers: those labelled [`crate::LABEL_CLUSTER_PROFILE`] with its name,
-/// and the one named as the profile unless that label ties it to another
-/// (a Secret carries one label of a key: the label, where there is one,
-/// decides). One is the profile's token Secret; none or more than one
-/// leave the profile unusable. The profile has no say: what it names
-/// (KEP-5339's `clusterName`) is not read.
+/// writers: those labelled [`crate::LABEL_CLUSTER_PROFILE`] with its name.
+/// One is the profile's token Secret; none or more than one leave the
+/// profile unusable. The profile has no say: what it names (KEP-5339's
+/// `clusterName`) is not read.
 ///
-/// A ServiceAccount's token Secret is tied by the label alone: its name
-/// and token come from the ServiceAccount's controller, and nobody meant
-/// them for a profile that anyone may create under that name.
+/// A Secret's name ties it to nothing: any Secret of the operator's
+/// namespace may hold a `token` (a ServiceAccount's, a bot's), and whoever
+/// may create a profile of that name would otherwise have that token sent
+/// to the server the profile names.
 pub(crate) fn tied_token_secrets<'a>(
     profile: &str,
     secrets: impl IntoIterator<Item = &'a Secret>,
@@ -821,18 +817,12 @@ pub(crate) fn tied_token_secrets<'a>(
     secrets
         .into_iter()
         .filter(|secret| {
-            let labelled = secret
+            secret
                 .metadata
                 .labels
                 .as_ref()
-                .and_then(|labels| labels.get(crate::LABEL_CLUSTER_PROFILE));
-            match labelled {
-                Some(tied_to) => tied_to == profile,
-                None => {
-                    secret.metadata.name.as_deref() == Some(profile)
-                        && secret.type_.as_deref() != Some(SERVICE_ACCOUNT_TOKEN)
-                }
-            }
+                .and_then(|labels| labels.get(crate::LABEL_CLUSTER_PROFILE))
+                .is_some_and(|tied_to| tied_to == profile)
         })
         .collect()
 }
@@ -853,8 +843,9 @@ fn no_tied_secret(profile: &str, provider: &Provider) -> Unusable {
     Unusable::new(
         Unusable::TOKEN_MISSING,
         format!(
-            "no Secret in the operator's namespace holds the profile's token: one named {profile:?}, \
-             or one labelled {label}={profile}, with the data key `{TOKEN_KEY}`{not_read}"
+            "no Secret in the operator's namespace is tied to the profile {profile:?}: the one \
+             holding its token under the data key `{TOKEN_KEY}` must be labelled \
+             {label}={profile} (a Secret's name ties it to nothing){not_read}"
         ),
     )
 }
@@ -869,8 +860,8 @@ fn many_tied_secrets(profile: &str, secrets: &[&Secret]) -> Unusable {
     Unusable::new(
         Unusable::TOKEN_SECRET_AMBIGUOUS,
         format!(
-            "the Secrets {names:?} are each tied to the profile (named {profile:?}, or labelled \
-             {}={profile}), and none is used: leave one",
+            "the Secrets {names:?} are each tied to the profile (labelled {}={profile}), and \
+             none is used: leave one",
             crate::LABEL_CLUSTER_PROFILE
         ),
     )
@@ -1467,11 +1458,17 @@ current-context: member-a
         .expect("a ClusterProfile")
     }
 
+    /// A Secret in the operator's namespace holding `token`, tied by the
+    /// label to the profile of its own name.
     fn token_secret(name: &str, token: &str) -> Secret {
         Secret {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
                 namespace: Some("copyrator".to_owned()),
+                labels: Some(BTreeMap::from([(
+                    crate::LABEL_CLUSTER_PROFILE.to_owned(),
+                    name.to_owned(),
+                )])),
                 ..ObjectMeta::default()
             },
             data: Some(BTreeMap::from([(
@@ -1636,6 +1633,8 @@ current-context: member-a
 
     /// A Secret in the operator's namespace holding `token`, labelled
     /// `copyrator.flant.com/cluster-profile: <for_profile>`.
+    const SERVICE_ACCOUNT_TOKEN: &str = "kubernetes.io/service-account-token";
+
     fn labelled_token_secret(name: &str, for_profile: &str, token: &str) -> Secret {
         let mut secret = token_secret(name, token);
         secret.metadata.labels = Some(BTreeMap::from([(
@@ -1683,29 +1682,43 @@ current-context: member-a
                 .collect::<Vec<_>>(),
             [Some("member-a")]
         );
-        // A ServiceAccount's token Secret of the profile's name is not tied
-        // by its name: only a label ties it.
-        let mut account_token = token_secret("member-a", OTHER_TOKEN);
-        account_token.type_ = Some(SERVICE_ACCOUNT_TOKEN.to_owned());
-        let refused = profile_member(&profile, [&account_token])
-            .await
-            .config
-            .expect_err("unusable");
-        assert_eq!(refused.reason, Unusable::TOKEN_MISSING, "{refused}");
-        let mut labelled = labelled_token_secret("member-a", "member-a", TOKEN);
+        // A ServiceAccount's token Secret is tied by the label as any other.
+        let mut labelled = labelled_token_secret("sa-token-x", "member-a", TOKEN);
         labelled.type_ = Some(SERVICE_ACCOUNT_TOKEN.to_owned());
         let config = profile_member(&profile, [&labelled])
             .await
             .config
             .expect("usable");
         assert_eq!(bearer(&config), Some(TOKEN));
-        // Named as the profile and labelled for it: one Secret, tied twice over.
-        let both = [labelled_token_secret("member-a", "member-a", TOKEN)];
-        let config = profile_member(&profile, &both)
-            .await
-            .config
-            .expect("usable");
-        assert_eq!(bearer(&config), Some(TOKEN));
+    }
+
+    /// The attack: whoever may create a ClusterProfile names it as a Secret
+    /// of the operator's namespace that holds a `token` but is no
+    /// profile's (a bot's, a ServiceAccount's). Its name ties it to
+    /// nothing: the profile has no token, and the message says how a
+    /// Secret is tied.
+    #[tokio::test]
+    async fn an_unlabelled_secret_is_tied_to_no_profile_of_its_name() {
+        let profile = profile(providers());
+        let mut bots = token_secret("member-a", OTHER_TOKEN);
+        bots.metadata.labels = None;
+        let mut account_token = bots.clone();
+        account_token.type_ = Some(SERVICE_ACCOUNT_TOKEN.to_owned());
+        for secret in [bots, account_token] {
+            assert!(tied_token_secrets("member-a", [&secret]).is_empty());
+            let refused = profile_member(&profile, [&secret])
+                .await
+                .config
+                .expect_err("no token of a Secret tied by its name alone");
+            assert_eq!(refused.reason, Unusable::TOKEN_MISSING, "{refused}");
+            assert!(
+                refused
+                    .message
+                    .contains("must be labelled copyrator.flant.com/cluster-profile=member-a"),
+                "{refused}"
+            );
+            assert!(!refused.message.contains("s3cr3t"), "{refused}");
+        }
     }
 
     #[tokio::test]

@@ -171,6 +171,14 @@ async fn serve_metrics(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the API server could not review the caller\n",
             )),
+            Verdict::Busy => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(header::RETRY_AFTER, "1")],
+                    "too many callers are being reviewed; try again\n",
+                )
+                    .into_response();
+            }
         };
         if let Some(refused) = refused {
             return refused.into_response();

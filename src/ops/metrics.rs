@@ -65,6 +65,20 @@ pub(crate) struct Metrics {
     pub(crate) member_conflicts: Family<ClusterLabels, Gauge>,
     /// Workloads rolled by `rollout.restartConsumers`, by kind.
     pub(crate) consumer_restarts: Family<WorkloadLabels, Counter>,
+    /// Reviews of /metrics callers asked of the API server, by verdict.
+    pub(crate) metrics_reviews: Family<VerdictLabels, Counter>,
+    /// /metrics callers answered 503 unreviewed: `--max-metrics-reviews`
+    /// reviews were in flight.
+    pub(crate) metrics_reviews_busy: Counter,
+    /// Mark key Secrets found that this installation's operator did not
+    /// make (or that hold no usable key), each reported and replaced.
+    pub(crate) mark_key_refused: Counter,
+}
+
+/// What a review of a /metrics caller found.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct VerdictLabels {
+    pub(crate) verdict: &'static str,
 }
 
 /// A workload kind: Deployment, StatefulSet or DaemonSet.
@@ -244,6 +258,28 @@ impl Default for Metrics {
         for kind in ["Deployment", "StatefulSet", "DaemonSet"] {
             drop(consumer_restarts.get_or_create(&WorkloadLabels { kind }));
         }
+        let metrics_reviews = Family::<VerdictLabels, Counter>::default();
+        registry.register(
+            "metrics_reviews",
+            "Reviews of /metrics callers asked of the API server under --metrics-auth (a \
+             TokenReview, and a SubjectAccessReview for a token it accepts), by verdict \
+             (allowed, forbidden, unauthenticated, unavailable)",
+            metrics_reviews.clone(),
+        );
+        let metrics_reviews_busy = Counter::default();
+        registry.register(
+            "metrics_reviews_busy",
+            "/metrics callers answered 503 without a review: --max-metrics-reviews reviews were \
+             in flight",
+            metrics_reviews_busy.clone(),
+        );
+        let mark_key_refused = Counter::default();
+        registry.register(
+            "mark_key_refused",
+            "Mark key Secrets refused at start: not made by this installation's operator (no \
+             valid proof) or holding no usable key; each is replaced by a new key",
+            mark_key_refused.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -265,6 +301,9 @@ impl Default for Metrics {
             member_copies,
             member_conflicts,
             consumer_restarts,
+            metrics_reviews,
+            metrics_reviews_busy,
+            mark_key_refused,
         }
     }
 }

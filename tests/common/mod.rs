@@ -87,6 +87,46 @@ pub const ANNOTATION_ADOPTED_FROM: &str = "copyrator.flant.com/adopted-from";
 /// Label every test source carries; its value is the test's unique prefix.
 pub const TEST_LABEL: &str = "copyrator-test";
 
+/// On the mark key Secret: the proof that its key's holder wrote it after
+/// the Secret got its uid.
+pub const MARK_KEY_PROOF: &str = "copyrator.flant.com/mark-key-proof";
+
+/// The proof of a mark key Secret, as docs/trust.md tells an administrator
+/// to make it: HMAC-SHA-256 of `copyrator-mark-key:<uid>` under the key,
+/// in hex.
+pub fn mark_key_proof(key: &[u8], uid: &str) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+    let tag = ring::hmac::sign(&key, format!("copyrator-mark-key:{uid}").as_bytes());
+    tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The first half of Copyrator's mark (`<identity>.<content>`) of a copy
+/// of `kind` at `namespace/name` for `rule` (`namespace/name`) under `key`:
+/// HMAC-SHA-256 of the domain and those four parts, each after its length
+/// (8 bytes, big-endian), 32 hex digits. What whoever knows the key can
+/// forge.
+pub fn copy_identity_tag(
+    key: &[u8],
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    rule: &str,
+) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+    let mut feed = ring::hmac::Context::with_key(&key);
+    for part in ["copyrator copy", kind, namespace, name, rule] {
+        feed.update(&(part.len() as u64).to_be_bytes());
+        feed.update(part.as_bytes());
+    }
+    let tag: String = feed
+        .sign()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    tag[..32].to_string()
+}
+
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_copyrator")
 }
@@ -1249,22 +1289,34 @@ impl TestNs {
 
     /// Make the operator's mark key Secret (`copyrator-mark-key`) in
     /// `namespace`, as an administrator would for an operator that may
-    /// not create Secrets; a no-op where it exists.
+    /// not create Secrets (docs/trust.md): the key, then the proof of the
+    /// Secret's uid under it; a no-op where it exists.
     pub async fn provision_mark_key(&self, namespace: &str) {
         let key = self.mark_key();
         let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
             "metadata": {"name": "copyrator-mark-key"},
-            "data": {"key": k8s_openapi::ByteString(key)},
+            "data": {"key": k8s_openapi::ByteString(key.clone())},
         }))
         .expect("a Secret");
-        match Api::<k8s_openapi::api::core::v1::Secret>::namespaced(self.client.clone(), namespace)
-            .create(&PostParams::default(), &secret)
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
+        let api =
+            Api::<k8s_openapi::api::core::v1::Secret>::namespaced(self.client.clone(), namespace);
+        let created = match api.create(&PostParams::default(), &secret).await {
+            Ok(created) => created,
+            Err(kube::Error::Api(s)) if s.code == 409 => return,
             Err(e) => panic!("the mark key in {namespace}: {}", err_msg(&e)),
-        }
+        };
+        let uid = created.metadata.uid.clone().expect("a uid");
+        let patch = json!({"metadata": {
+            "resourceVersion": created.metadata.resource_version,
+            "annotations": {MARK_KEY_PROOF: mark_key_proof(&key, &uid)},
+        }});
+        api.patch(
+            "copyrator-mark-key",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the mark key's proof in {namespace}: {}", err_msg(&e)));
     }
 
     pub async fn delete_rule(&self, ns: &str, name: &str) {
@@ -1713,6 +1765,7 @@ pub const OPERATOR_ENV: &[&str] = &[
     "RESYNC_INTERVAL",
     "STUCK_AFTER",
     "METRICS_AUTH",
+    "MAX_METRICS_REVIEWS",
     "MIN_RESTART_INTERVAL",
     "KINDS",
     "DENIED_KINDS",

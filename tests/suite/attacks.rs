@@ -425,18 +425,193 @@ async fn an_object_forged_under_copyrators_name_is_no_copy() {
     .await;
 }
 
-/// Least exposure: with `--metrics-auth`, /metrics (which names every
-/// rule and member) answers only callers the API server lets get it: no
-/// token is 401, a tenant's token 403, a scraper bound to a ClusterRole
-/// that may get /metrics reads them; /healthz stays open to the kubelet.
+/// The mark key Secret as a tenant can have it created in the operator's
+/// namespace before the operator's first start (through a copying tool
+/// that writes where a source's owner says, say): a key the tenant chose,
+/// labelled and written under Copyrator's own field manager as the
+/// operator's own would be.
+async fn plant_mark_key(t: &TestNs, namespace: &str, key: &[u8]) -> Secret {
+    let planted: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "copyrator-mark-key",
+                     "labels": {"app.kubernetes.io/managed-by": "copyrator"}},
+        "data": {"key": k8s_openapi::ByteString(key.to_vec())},
+    }))
+    .expect("a Secret");
+    let as_copyrator = kube::api::PostParams {
+        field_manager: Some("copyrator".to_owned()),
+        ..Default::default()
+    };
+    t.secrets(namespace)
+        .create(&as_copyrator, &planted)
+        .await
+        .unwrap_or_else(|e| panic!("planting the mark key: {}", err_msg(&e)))
+}
+
+/// Waits until the mark key Secret of `namespace` is one the operator
+/// made in place of `planted`: another Secret (uid), another key, and a
+/// proof of its own uid under its own key. Returns its key.
+async fn mark_key_replaced(t: &TestNs, namespace: &str, planted: &Secret) -> Vec<u8> {
+    wait_until("the planted mark key to be replaced", TIMEOUT, async || {
+        let secret = t
+            .secrets(namespace)
+            .get_opt("copyrator-mark-key")
+            .await
+            .map_err(|e| err_msg(&e))?
+            .ok_or("no mark key Secret")?;
+        if secret.metadata.uid == planted.metadata.uid {
+            return Err("the planted Secret is still there".into());
+        }
+        let key = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("key"))
+            .map(|k| k.0.clone())
+            .ok_or("no key")?;
+        let uid = secret.metadata.uid.clone().unwrap_or_default();
+        let proof = secret
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(MARK_KEY_PROOF))
+            .ok_or("no proof yet")?;
+        match *proof == mark_key_proof(&key, &uid) {
+            true => Ok(key),
+            false => Err(format!("its proof {proof} is not of its uid under its key")),
+        }
+    })
+    .await
+}
+
+/// The warning that reports a refused mark key Secret, with its reason.
+async fn refused_mark_key_reported(operator: &Operator) -> String {
+    let line = operator
+        .wait_log_line("the refused mark key", TIMEOUT, |l| {
+            l.level == "WARN"
+                && l.message
+                    == "the mark key Secret was not made by this operator; it is replaced by \
+                        a new key (every copy is marked again)"
+        })
+        .await;
+    line.str("reason").unwrap_or_default().to_owned()
+}
+
+/// Only the operator's own mark key counts. Before the operator's first
+/// start, a Secret `copyrator-mark-key` holding a key the tenant of
+/// `team-a` chose is in the operator's namespace, labelled and written as
+/// the operator's own would be. The operator reports it (a warning with
+/// its reason, `copyrator_mark_key_refused_total` 1) and makes its own
+/// key in its place; the tenant, who kept the planted key, forges the mark
+/// of a copy of the rule in its namespace (a name no source has): it is no
+/// copy, never pruned, while the rule's real copy follows its source.
 #[tokio::test]
-async fn metrics_are_read_only_by_whom_the_api_server_lets() {
-    let t = TestNs::new("atk-metrics").await;
-    let op = t.ns("op").await;
+async fn a_mark_key_planted_before_the_first_start_is_not_used() {
+    let t = TestNs::new("atk-markkey").await;
+    let platform = t.ns("platform").await;
     let team_a = t.ns("team-a").await;
-    let operator = Operator::start(&t, &op, &["--metrics-auth"]);
-    let tenant = Tenant::admin_of(&t, &team_a, "attacker").await;
-    create_service_account(&t.client, &op, "scraper").await;
+    let planted_key: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(7) ^ 0x5a).collect();
+    let planted = plant_mark_key(&t, &platform, &planted_key).await;
+    t.create_rule(
+        &platform,
+        "r",
+        rule_spec(CM, t.selector(), &[t.glob("team-")]),
+    )
+    .await;
+    let mut operator = Operator::start(&t, &platform, &["--log-format", "json"]);
+    let reason = refused_mark_key_reported(&operator).await;
+    assert_eq!(
+        reason,
+        "it carries no copyrator.flant.com/mark-key-proof (the operator writes one on the \
+         Secret it made)"
+    );
+    let key = mark_key_replaced(&t, &platform, &planted).await;
+    assert_ne!(key, planted_key);
+    operator.wait_ready().await;
+    let (_, metrics) = http_get(operator.port, "/metrics")
+        .await
+        .unwrap_or_else(|e| panic!("/metrics: {e}"));
+    assert_eq!(
+        metric_family(&metrics, "copyrator_mark_key_refused_total"),
+        Some(1.0)
+    );
+
+    let source = t
+        .create_source(CM, &platform, "settings", &[], &[("k", "v1")])
+        .await;
+    t.wait_copy(CM, &team_a, &source, &platform, "r").await;
+    let copy = t.must_get(CM, &team_a, "settings").await;
+    let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    let rule = format!("{platform}/r");
+    let mut annotations = copy.annotations.clone();
+    annotations.insert(
+        "copyrator.flant.com/source".to_owned(),
+        format!("{platform}/forged"),
+    );
+    annotations.insert(
+        "copyrator.flant.com/mark".to_owned(),
+        format!(
+            "{}.{}",
+            copy_identity_tag(&planted_key, "ConfigMap", &team_a, "forged", &rule),
+            "0".repeat(32)
+        ),
+    );
+    let forged: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "forged", "labels": copy.labels, "annotations": annotations},
+        "data": {"k": "v1"},
+    }))
+    .expect("a ConfigMap");
+    Api::<ConfigMap>::namespaced(attacker.client.clone(), &team_a)
+        .create(
+            &kube::api::PostParams {
+                field_manager: Some("copyrator".to_owned()),
+                ..Default::default()
+            },
+            &forged,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the tenant forges a copy: {}", err_msg(&e)));
+    // A pass of the rule after the forgery: its copy follows a change.
+    let source = t
+        .set_data(CM, &platform, "settings", &[("k", Some("v2"))])
+        .await;
+    t.wait_copy(CM, &team_a, &source, &platform, "r").await;
+    assert_for(
+        "the object marked under the planted key stays",
+        QUIET,
+        async || match t.get(CM, &team_a, "forged").await {
+            Some(_) => Ok(()),
+            None => Err("it was pruned as a copy of the rule".into()),
+        },
+    )
+    .await;
+    operator.assert_running();
+}
+
+/// A mark key Secret that holds no usable key (5 bytes) is reported and
+/// replaced; the operator starts, rather than exit and be restarted over
+/// and over.
+#[tokio::test]
+async fn a_malformed_mark_key_is_reported_and_replaced_not_fatal() {
+    let t = TestNs::new("atk-markkey-bad").await;
+    let op = t.ns("op").await;
+    let planted = plant_mark_key(&t, &op, b"short").await;
+    let mut operator = Operator::start(&t, &op, &["--log-format", "json"]);
+    let reason = refused_mark_key_reported(&operator).await;
+    assert_eq!(
+        reason,
+        "it holds no usable key under data.key: the mark key has 5 bytes; at least 32 are needed"
+    );
+    mark_key_replaced(&t, &op, &planted).await;
+    operator.wait_ready().await;
+    operator.assert_running();
+}
+
+/// A ServiceAccount `scraper` in `namespace`, bound to a ClusterRole that
+/// may get /metrics (gone with the returned objects), and its token.
+async fn metrics_scraper(
+    t: &TestNs,
+    namespace: &str,
+) -> (common::cluster_objects::ClusterObjects, String) {
+    create_service_account(&t.client, namespace, "scraper").await;
     let cluster = common::cluster_objects::ClusterObjects::new();
     let reader = format!("{}-metrics-reader", t.prefix);
     cluster
@@ -455,40 +630,55 @@ async fn metrics_are_read_only_by_whom_the_api_server_lets() {
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                    "metadata": {"name": reader},
                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader},
-                   "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": op}]}),
+                   "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": namespace}]}),
         )
         .await;
-    let (ns, sa) = (op.clone(), "scraper");
-    let scraper = tokio::task::spawn_blocking(move || service_account_token(&ns, sa))
+    let ns = namespace.to_owned();
+    let token = tokio::task::spawn_blocking(move || service_account_token(&ns, "scraper"))
         .await
         .expect("the scraper's token");
-    let get = |token: Option<String>| {
-        let port = operator.port;
-        async move {
-            let bearer = token.map(|t| format!("Bearer {t}"));
-            let headers: Vec<(&str, &str)> = bearer
-                .as_deref()
-                .map(|b| vec![("Authorization", b)])
-                .unwrap_or_default();
-            http_get_with(port, "/metrics", &headers)
-                .await
-                .unwrap_or_else(|e| panic!("/metrics: {e}"))
-        }
-    };
-    assert_eq!(get(None).await.0, 401, "no token");
+    (cluster, token)
+}
+
+/// GET /metrics with this bearer token, if any.
+async fn get_metrics(port: u16, token: Option<&str>) -> (u16, String) {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer
+        .as_deref()
+        .map(|b| vec![("Authorization", b)])
+        .unwrap_or_default();
+    http_get_with(port, "/metrics", &headers)
+        .await
+        .unwrap_or_else(|e| panic!("/metrics: {e}"))
+}
+
+/// Least exposure: with `--metrics-auth`, /metrics (which names every
+/// rule and member) answers only callers the API server lets get it: no
+/// token is 401, a tenant's token 403, a scraper bound to a ClusterRole
+/// that may get /metrics reads them; /healthz stays open to the kubelet.
+#[tokio::test]
+async fn metrics_are_read_only_by_whom_the_api_server_lets() {
+    let t = TestNs::new("atk-metrics").await;
+    let op = t.ns("op").await;
+    let team_a = t.ns("team-a").await;
+    let operator = Operator::start(&t, &op, &["--metrics-auth"]);
+    let tenant = Tenant::admin_of(&t, &team_a, "attacker").await;
+    let (_reader, scraper) = metrics_scraper(&t, &op).await;
+    let port = operator.port;
+    assert_eq!(get_metrics(port, None).await.0, 401, "no token");
     assert_eq!(
-        get(Some("made-up".into())).await.0,
+        get_metrics(port, Some("made-up")).await.0,
         401,
         "a token nobody issued"
     );
     assert_eq!(
-        get(Some(tenant.token.clone())).await.0,
+        get_metrics(port, Some(&tenant.token)).await.0,
         403,
         "a tenant's token"
     );
     // RBAC takes effect through a cache: the scraper may need a moment.
     wait_until("the scraper to read /metrics", TIMEOUT, async || {
-        let (code, body) = get(Some(scraper.clone())).await;
+        let (code, body) = get_metrics(port, Some(&scraper)).await;
         match code == 200 && body.contains("copyrator_source_watches") {
             true => Ok(()),
             false => Err(format!("{code}")),
@@ -677,6 +867,155 @@ async fn a_tenants_restart_values_never_match_another_workloads() {
         },
     )
     .await;
+}
+
+/// The answer /metrics gives a caller turned away unreviewed because
+/// `--max-metrics-reviews` reviews are in flight (503).
+const REVIEWS_BUSY: &str = "too many callers are being reviewed; try again\n";
+
+/// The most requests of `events` the API server held at once (each from
+/// when it received it to when it answered).
+fn most_at_once(events: &[common::audit::AuditEvent]) -> usize {
+    let mut edges: Vec<(chrono::DateTime<chrono::Utc>, i32)> = events
+        .iter()
+        .flat_map(|e| [(e.received, 1), (e.stage_timestamp, -1)])
+        .collect();
+    // An answer at the instant another arrives frees its place first.
+    edges.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+/// `--metrics-auth` costs whoever reaches the port a bounded number of
+/// reviews. An operator runs as a user of its own (so that the API
+/// server's audit log tells its TokenReviews from everyone's) with the
+/// default `--max-metrics-reviews` (4). A scraper reads /metrics; then
+/// 4,000 requests, each with a new made-up token, 200 at a time: each is
+/// answered 401 (one TokenReview) or 503 unreviewed, the audit log holds
+/// exactly one TokenReview per 401, never more than 4 at once, and the 503s
+/// cost nothing. Then 100 concurrent requests with one new token cost one
+/// review; and the scraper's answer was kept through the flood (made-up
+/// tokens never push out a caller the API server knows, and no answer is
+/// dropped but the oldest), so its next read costs none.
+#[tokio::test]
+async fn made_up_tokens_cost_the_api_server_a_bounded_number_of_reviews() {
+    use crate::common::audit::{Audit, Query};
+    const FLOOD: usize = 4_000;
+    const AT_ONCE: usize = 200;
+    const MAX_REVIEWS: usize = 4;
+    let t = TestNs::new("atk-metrics-flood").await;
+    let op = t.ns("op").await;
+    let user = operator_user(&t);
+    let kubeconfig = operator_kubeconfig(&t, None, Some(&user));
+    let mut operator = Operator::start_with_env(
+        &t,
+        vec![
+            "run".into(),
+            "--namespace".into(),
+            op.clone(),
+            "--metrics-auth".into(),
+        ],
+        &[("KUBECONFIG", &kubeconfig.to_string_lossy())],
+    );
+    operator.wait_ready().await;
+    let port = operator.port;
+    let (_reader, scraper) = metrics_scraper(&t, &op).await;
+    wait_until(
+        "the scraper to read /metrics",
+        TIMEOUT,
+        async || match get_metrics(port, Some(&scraper)).await.0 {
+            200 => Ok(()),
+            code => Err(format!("{code}")),
+        },
+    )
+    .await;
+    let audit = Audit::start();
+    let reviews = |from, to| {
+        Query::user(&user)
+            .verbs(&["create"])
+            .resource("tokenreviews")
+            .between(from, to)
+    };
+
+    // The flood.
+    let flood_start = chrono::Utc::now();
+    let run = random5();
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
+    let requests: Vec<_> = (0..FLOOD)
+        .map(|n| {
+            let slots = slots.clone();
+            let token = format!("made-up-{run}-{n}");
+            tokio::spawn(async move {
+                let _slot = slots
+                    .acquire_owned()
+                    .await
+                    .expect("the semaphore stays open");
+                get_metrics(port, Some(&token)).await
+            })
+        })
+        .collect();
+    let (mut unauthenticated, mut busy) = (0usize, 0usize);
+    for request in requests {
+        match request.await.expect("a request task") {
+            (401, _) => unauthenticated += 1,
+            (503, body) if body == REVIEWS_BUSY => busy += 1,
+            (code, body) => panic!("a made-up token was answered {code}: {body}"),
+        }
+    }
+    let flood_end = chrono::Utc::now();
+
+    // One new token, 100 requests at once.
+    let shared = format!("made-up-{run}-shared");
+    let together: Vec<_> = (0..100)
+        .map(|_| {
+            let token = shared.clone();
+            tokio::spawn(async move { get_metrics(port, Some(&token)).await.0 })
+        })
+        .collect();
+    for request in together {
+        assert_eq!(request.await.expect("a request task"), 401);
+    }
+    let shared_end = chrono::Utc::now();
+
+    // The scraper again, after the flood.
+    let (code, _) = get_metrics(port, Some(&scraper)).await;
+    assert_eq!(code, 200, "the scraper reads /metrics after the flood");
+    let end = chrono::Utc::now();
+    audit.settle(&t.client, end).await;
+
+    let flood_reviews = audit.matching(&reviews(flood_start, flood_end));
+    println!(
+        "{FLOOD} made-up tokens, {AT_ONCE} at a time: {unauthenticated} answered 401, {busy} \
+         answered 503 unreviewed; {} TokenReviews, at most {} at once",
+        flood_reviews.len(),
+        most_at_once(&flood_reviews)
+    );
+    assert!(
+        busy > 0,
+        "past {MAX_REVIEWS} reviews in flight, a new token gets 503"
+    );
+    assert_eq!(
+        flood_reviews.len(),
+        unauthenticated,
+        "one TokenReview per 401, none per 503"
+    );
+    assert!(
+        most_at_once(&flood_reviews) <= MAX_REVIEWS,
+        "at most {MAX_REVIEWS} TokenReviews at once: {}",
+        most_at_once(&flood_reviews)
+    );
+    let shared_reviews = audit.count(&reviews(flood_end, shared_end));
+    assert_eq!(shared_reviews, 1, "100 requests with one token: one review");
+    let scraper_reviews = audit.count(&reviews(shared_end, end));
+    assert_eq!(
+        scraper_reviews, 0,
+        "the scraper's answer outlived {FLOOD} made-up tokens"
+    );
+    operator.assert_running();
 }
 
 /// A copy grants in its target only what its source granted in its own

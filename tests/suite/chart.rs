@@ -125,8 +125,9 @@ fn rendered_rbac_follows_kinds_and_leader_election() {
         grants_of(role).iter().all(|g| g.resource == "leases"),
         "the Role is for the Lease only (the ClusterRole's verbs on Secrets reach the mark key): {role}"
     );
-    // Without verbs on Secrets, the Role grants the mark key's: its get by
-    // name, and create.
+    // Without verbs on Secrets, the Role grants the mark key's: its get,
+    // update (the proof) and delete (a key it did not make) by name, and
+    // create.
     let docs = render(&["--set", "kinds={configmap}"]);
     let own = grants_of(find(&docs, "Role"));
     assert!(
@@ -182,6 +183,8 @@ fn mark_key_grants(docs: &[Value]) -> BTreeSet<Grant> {
     let name = deployment_env(docs, "MARK_KEY_SECRET");
     BTreeSet::from([
         Grant::named("", "secrets", "get", &name),
+        Grant::named("", "secrets", "update", &name),
+        Grant::named("", "secrets", "delete", &name),
         Grant::new("", "secrets", "create"),
     ])
 }
@@ -1201,10 +1204,12 @@ fn expectations() -> BTreeMap<Grant, (String, Evidence)> {
     for (kind, resource) in [(CM, "configmaps"), (SECRET, "secrets")] {
         let step = |what: &str| format!("{kind:?} {what}");
         if kind == SECRET {
-            // The mark key is read (and made where missing) before anything
+            // The mark key is read (and made where missing, then updated
+            // with the proof that the operator made it) before anything
             // else, with the verbs the ClusterRole grants on Secrets.
             expect("", resource, "get", "ready", NothingDone);
             expect("", resource, "create", "ready", NothingDone);
+            expect("", resource, "update", "ready", NothingDone);
         } else {
             expect(
                 "",
@@ -1223,13 +1228,15 @@ fn expectations() -> BTreeMap<Grant, (String, Evidence)> {
             &step("copy repaired"),
             EditUnseen(kind),
         );
-        expect(
-            "",
-            resource,
-            "update",
-            &step("copy repaired"),
-            Refused(kind),
-        );
+        if kind != SECRET {
+            expect(
+                "",
+                resource,
+                "update",
+                &step("copy repaired"),
+                Refused(kind),
+            );
+        }
         expect(
             "",
             resource,
@@ -1742,14 +1749,14 @@ async fn operator_limited_to_configmaps_never_touches_secrets() {
             .join("\n")
     };
     // Its mark key, in its own namespace, is the one Secret it reads (and
-    // made, there being none).
+    // made, there being none, and proved).
     let (of_key, on_secrets): (Vec<AuditEvent>, Vec<AuditEvent>) = audit
         .matching(&sent.clone().resource("secrets"))
         .into_iter()
         .partition(|e| {
             e.namespace.as_deref() == Some(op.as_str())
                 && e.name.as_deref() == Some(key.as_str())
-                && ["get", "create"].contains(&e.verb.as_str())
+                && ["get", "create", "update"].contains(&e.verb.as_str())
         });
     assert!(
         of_key.iter().any(|e| e.verb == "get"),

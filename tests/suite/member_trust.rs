@@ -191,6 +191,122 @@ fn member_grants() -> BTreeSet<Grant> {
     grants
 }
 
+/// An account that may create ClusterProfiles and write their status in
+/// `op`, and has no verb on Secrets (its ClusterRole objects go with the
+/// first value): a client acting as it.
+async fn profile_writer(t: &TestNs, op: &str) -> (ClusterScoped, kube::Client) {
+    let home = ClusterScoped::new();
+    let may_write_profiles = BTreeSet::from([
+        Grant::new("multicluster.x-k8s.io", "clusterprofiles", "create"),
+        Grant::new("multicluster.x-k8s.io", "clusterprofiles/status", "patch"),
+    ]);
+    let may_not = BTreeSet::from([
+        Grant::new("", "secrets", "get"),
+        Grant::new("", "secrets", "list"),
+        Grant::new("", "secrets", "watch"),
+    ]);
+    let writer = Identity::create(
+        t,
+        &home,
+        op,
+        "profile-writer",
+        &BTreeSet::new(),
+        &may_write_profiles,
+    )
+    .await;
+    writer
+        .wait_effective(&t.client, op, &may_write_profiles, &may_not)
+        .await;
+    assert!(
+        !writer
+            .may(&t.client, &Grant::new("", "secrets", "get"), Some(op))
+            .await
+            .expect("a SubjectAccessReview"),
+        "the profile writer may get Secrets in {op}"
+    );
+    let as_writer = client_of_file(Path::new(&writer.kubeconfig))
+        .await
+        .expect("a client as the profile writer");
+    (home, as_writer)
+}
+
+/// A Secret's name ties it to no profile. The operator's namespace holds
+/// a Secret that is no profile's but has a data key `token` (a bot's, say),
+/// unlabelled. An account that may only create ClusterProfiles and write
+/// their status names a profile as that Secret, with its access provider
+/// at an `https://` listener of its choosing. The profile is unusable,
+/// `TokenMissing`, its message saying how a Secret is tied, and the
+/// listener never sees a connection.
+#[tokio::test]
+async fn a_secret_is_tied_to_no_cluster_profile_by_its_name() {
+    let t = TestNs::new("member-trust-name").await;
+    let op = t.ns("op").await;
+    install_profile_crd(&t).await;
+    let bot = t.name("bot");
+    let bots_token = format!("ghp-{}", random5());
+    let bot_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": bot, "namespace": op},
+        "stringData": {"token": bots_token},
+    }))
+    .expect("a Secret");
+    t.secrets(&op)
+        .create(&PostParams::default(), &bot_secret)
+        .await
+        .expect("the bot's Secret");
+    let (_home, as_writer) = profile_writer(&t, &op).await;
+    let listener = Listener::start(None).await;
+    write_profile(
+        &as_writer,
+        &op,
+        &bot,
+        json!({"server": format!("https://127.0.0.1:{}", listener.port)}),
+    )
+    .await;
+    t.create_rule(
+        &op,
+        "r",
+        with(
+            rule_spec(CM, t.selector(), &[t.glob("t")]),
+            "/spec/targets/clusters",
+            json!({"names": [bot], "local": false}),
+        ),
+    )
+    .await;
+    let _operator = Operator::start(&t, &op, &["--member-clusters", "--kinds", "configmap"]);
+    let rule = t
+        .wait_rule(&op, "r", "the profile listed as unusable", |rule| {
+            let entry = cluster_entry(rule, &bot)
+                .ok_or_else(|| format!("no entry for {bot}: {}", short_status(rule)))?;
+            match entry["ready"] == false && entry["reason"] == "TokenMissing" {
+                true => Ok(()),
+                false => Err(format!("{entry}; {}", listener.told(&bots_token))),
+            }
+        })
+        .await;
+    let message = cluster_entry(&rule, &bot).expect("an entry")["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains(&format!(
+            "must be labelled {CLUSTER_PROFILE_LABEL}={bot} (a Secret's name ties it to nothing)"
+        )),
+        "{message}"
+    );
+    assert_for(
+        "no connection to the profile's server",
+        PROBE_ROUNDS,
+        async || match listener.connections() {
+            0 => Ok(()),
+            _ => Err(format!(
+                "the profile's server was reached: {}",
+                listener.told(&bots_token)
+            )),
+        },
+    )
+    .await;
+}
+
 /// An account that may only create ClusterProfiles and write their status
 /// in the operator's namespace, and may not read its Secrets, writes two
 /// profiles whose access provider's `clusterName` names member a's token
@@ -207,15 +323,16 @@ async fn a_cluster_profile_cannot_send_another_members_token_to_a_server_of_its_
     let a_t1 = a.ns(&t, "t1").await;
     install_profile_crd(&t).await;
 
-    // Member a, as its owner registers it: a ClusterProfile, and the Secret
-    // of the profile's name holding a token of a ServiceAccount of a.
+    // Member a, as its owner registers it: a ClusterProfile, and a Secret
+    // tied to it by the label, holding a token of a ServiceAccount of a.
     let in_a = ClusterScoped::in_cluster_of(a.kubeconfig_path.clone());
     Identity::create_in_member(&t, &a, &in_a, &a_t1, "copyrator", &member_grants()).await;
     let token = a.token(&a_t1, "copyrator").await;
     let (server, ca) = a.server_and_ca();
     let owned = t.name("a");
     let token_secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": owned, "namespace": op},
+        "metadata": {"name": owned, "namespace": op,
+                     "labels": {CLUSTER_PROFILE_LABEL: owned}},
         "stringData": {"token": token},
     }))
     .expect("a Secret");
@@ -231,40 +348,7 @@ async fn a_cluster_profile_cannot_send_another_members_token_to_a_server_of_its_
     )
     .await;
 
-    // The writer of profiles: create ClusterProfiles, patch their status;
-    // no verb on Secrets.
-    let home = ClusterScoped::new();
-    let may_write_profiles = BTreeSet::from([
-        Grant::new("multicluster.x-k8s.io", "clusterprofiles", "create"),
-        Grant::new("multicluster.x-k8s.io", "clusterprofiles/status", "patch"),
-    ]);
-    let may_not = BTreeSet::from([
-        Grant::new("", "secrets", "get"),
-        Grant::new("", "secrets", "list"),
-        Grant::new("", "secrets", "watch"),
-    ]);
-    let writer = Identity::create(
-        &t,
-        &home,
-        &op,
-        "profile-writer",
-        &BTreeSet::new(),
-        &may_write_profiles,
-    )
-    .await;
-    writer
-        .wait_effective(&t.client, &op, &may_write_profiles, &may_not)
-        .await;
-    assert!(
-        !writer
-            .may(&t.client, &Grant::new("", "secrets", "get"), Some(&op))
-            .await
-            .expect("a SubjectAccessReview"),
-        "the profile writer may get Secrets in {op}"
-    );
-    let as_writer = client_of_file(Path::new(&writer.kubeconfig))
-        .await
-        .expect("a client as the profile writer");
+    let (_home, as_writer) = profile_writer(&t, &op).await;
     let refused = Api::<Secret>::namespaced(as_writer.clone(), &op)
         .get(&owned)
         .await

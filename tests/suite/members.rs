@@ -851,8 +851,9 @@ fn member_token(member: &Member, ns: &str, account: &str) -> String {
 }
 
 /// A ClusterProfile (server and CA in its access provider) and the Secret
-/// of its name holding a token make a member; a new token in that Secret is
-/// taken without a restart.
+/// labelled `copyrator.flant.com/cluster-profile` with its name, holding a
+/// token, make a member; a new token in that Secret is taken without a
+/// restart.
 #[tokio::test]
 async fn a_cluster_profile_makes_a_member_and_its_token_rotates() {
     let t = TestNs::new("members-profile").await;
@@ -874,7 +875,8 @@ async fn a_cluster_profile_makes_a_member_and_its_token_rotates() {
     let token = member_token(&b, &b_t1, "copyrator");
     let token_secret = |token: &str| {
         serde_json::from_value::<k8s_openapi::api::core::v1::Secret>(json!({
-            "metadata": {"name": profile_name, "namespace": op},
+            "metadata": {"name": profile_name, "namespace": op,
+                         "labels": {"copyrator.flant.com/cluster-profile": profile_name}},
             "stringData": {"token": token},
         }))
         .expect("a Secret")
