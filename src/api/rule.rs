@@ -266,9 +266,10 @@ pub(crate) struct RolloutStage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) namespace_selector: Option<K8sLabelSelector>,
     /// Glob patterns (`*`, `?`) on namespace names; a namespace of this
-    /// stage matches one.
+    /// stage matches one. At most 64, each of at most 63 characters and
+    /// 8 `*`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
+    #[schemars(schema_with = "crate::api::schema::namespace_globs_schema")]
     pub(crate) include: Option<Vec<String>>,
     /// Seconds to wait after this stage settled before the next one opens. Default 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -285,13 +286,16 @@ pub(crate) struct Targets {
     /// Label selector on target namespaces. Default: all namespaces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) namespace_selector: Option<K8sLabelSelector>,
-    /// Glob patterns (`*`, `?`) on namespace names; a target must match one. Default: all.
+    /// Glob patterns (`*`, `?`) on namespace names; a target must match one.
+    /// At most 64, each of at most 63 characters and 8 `*`. Default: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
+    #[schemars(schema_with = "crate::api::schema::namespace_globs_schema")]
     pub(crate) include: Option<Vec<String>>,
-    /// Glob patterns (`*`, `?`) on namespace names that never receive copies. Exclude wins over include.
+    /// Glob patterns (`*`, `?`) on namespace names that never receive
+    /// copies. Exclude wins over include. At most 64, each of at most 63
+    /// characters and 8 `*`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
+    #[schemars(schema_with = "crate::api::schema::namespace_globs_schema")]
     pub(crate) exclude: Option<Vec<String>>,
     /// Clusters that receive copies: this (home) cluster, and member
     /// clusters by name or label. Default: this cluster alone.
@@ -366,13 +370,15 @@ pub(crate) struct Transform {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::api::schema::add_annotations_schema")]
     pub(crate) add_annotations: Option<BTreeMap<String, String>>,
-    /// Source labels not carried to copies: keys or glob patterns (`example.com/*`).
+    /// Source labels not carried to copies: keys or glob patterns
+    /// (`example.com/*`). At most 64, each of at most 317 characters and 8 `*`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
+    #[schemars(schema_with = "crate::api::schema::meta_key_globs_schema")]
     pub(crate) strip_labels: Option<Vec<String>>,
-    /// Source annotations not carried to copies: keys or glob patterns.
+    /// Source annotations not carried to copies: keys or glob patterns. At
+    /// most 64, each of at most 317 characters and 8 `*`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
+    #[schemars(schema_with = "crate::api::schema::meta_key_globs_schema")]
     pub(crate) strip_annotations: Option<Vec<String>>,
     /// The data keys copies carry, and under which names: of a ConfigMap's
     /// `data` and `binaryData`, of a Secret's `data`. Default: every key,
@@ -387,12 +393,14 @@ pub(crate) struct Transform {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct KeyTransform {
     /// Glob patterns (`*`, `?`) on the source's data keys; copies carry only
-    /// the keys that match one. At most 64. Default: every key.
+    /// the keys that match one. At most 64, each of at most 253 characters
+    /// and 8 `*`. Default: every key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::api::schema::data_key_globs_schema")]
     pub(crate) include: Option<Vec<String>>,
     /// Glob patterns (`*`, `?`) on the source's data keys that copies never
-    /// carry; exclude wins over include. At most 64. Default: none.
+    /// carry; exclude wins over include. At most 64, each of at most 253
+    /// characters and 8 `*`. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::api::schema::data_key_globs_schema")]
     pub(crate) exclude: Option<Vec<String>>,

@@ -6,7 +6,7 @@
 use schemars::generate::SchemaGenerator;
 use schemars::{Schema, json_schema};
 
-use crate::api::selector::MAX_DATA_KEY;
+use crate::api::selector::{MAX_DATA_KEY, MAX_GLOB_STARS, MAX_META_KEY_GLOB, MAX_NAMESPACE_GLOB};
 
 /// Entries allowed in `transform.addLabels` and in `transform.addAnnotations`.
 pub(crate) const MAX_TRANSFORM_ENTRIES: usize = 64;
@@ -141,19 +141,46 @@ const DATA_KEY_RE: &str = "^[-._a-zA-Z0-9]+$";
 /// A glob on data keys.
 const DATA_KEY_GLOB_RE: &str = "^[-._a-zA-Z0-9*?]+$";
 
-/// Schema of `transform.keys.include` and `.exclude`.
-pub(crate) fn data_key_globs_schema(_: &mut SchemaGenerator) -> Schema {
+/// A list of at most [`MAX_TRANSFORM_ENTRIES`] globs, each of 1-`max_len`
+/// characters with at most [`MAX_GLOB_STARS`] `*` (and, if given, only the
+/// characters `chars` allows). The operator matches each against every
+/// namespace name or key it meets: the API server refuses one too long or
+/// too wild before the operator sees it.
+fn glob_list_schema(max_len: usize, chars: Option<&str>) -> Schema {
+    let mut item = json_schema!({
+        "type": "string",
+        "minLength": 1,
+        "maxLength": max_len,
+        "x-kubernetes-validations": [{
+            "rule": format!("self.matches('^[^*]*([*][^*]*){{0,{MAX_GLOB_STARS}}}$')"),
+            "message": format!("a glob holds at most {MAX_GLOB_STARS} '*'")
+        }]
+    });
+    if let Some(chars) = chars {
+        item.insert("pattern".into(), chars.into());
+    }
     json_schema!({
         "type": "array",
         "nullable": true,
         "maxItems": MAX_TRANSFORM_ENTRIES,
-        "items": {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": MAX_DATA_KEY,
-            "pattern": DATA_KEY_GLOB_RE
-        }
+        "items": item
     })
+}
+
+/// Schema of `transform.keys.include` and `.exclude`.
+pub(crate) fn data_key_globs_schema(_: &mut SchemaGenerator) -> Schema {
+    glob_list_schema(MAX_DATA_KEY, Some(DATA_KEY_GLOB_RE))
+}
+
+/// Schema of `transform.stripLabels` and `.stripAnnotations`.
+pub(crate) fn meta_key_globs_schema(_: &mut SchemaGenerator) -> Schema {
+    glob_list_schema(MAX_META_KEY_GLOB, None)
+}
+
+/// Schema of `targets.include`, `.exclude` and a stage's `include`. The
+/// characters are the operator's to check (it says which one is wrong).
+pub(crate) fn namespace_globs_schema(_: &mut SchemaGenerator) -> Schema {
+    glob_list_schema(MAX_NAMESPACE_GLOB, None)
 }
 
 /// Schema of `transform.keys.rename`: keys and values are data keys, and no

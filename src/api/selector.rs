@@ -238,26 +238,53 @@ pub(crate) fn validate_label_value(value: &str) -> Result<(), String> {
     }
 }
 
+/// The most `*` a glob may hold, whatever it is matched against: enough
+/// for any pattern a person writes (`*-prod`, `team-*-*`), and a bound
+/// on what the matcher backtracks over.
+pub(crate) const MAX_GLOB_STARS: usize = 8;
+
+/// The longest glob on namespace names: a namespace name is at most 63
+/// characters, and a longer glob says nothing a glob of 63 does not.
+pub(crate) const MAX_NAMESPACE_GLOB: usize = 63;
+
+/// The longest glob on label or annotation keys: the longest key (a
+/// prefix of 253 characters, `/`, a name of 63).
+pub(crate) const MAX_META_KEY_GLOB: usize = 317;
+
+/// Why `pattern` is no glob of at most `max_len` characters and
+/// [`MAX_GLOB_STARS`] `*`, if it is not (the characters are the caller's
+/// to check).
+fn glob_limits(pattern: &str, max_len: usize) -> Result<(), String> {
+    if pattern.is_empty() || pattern.len() > max_len {
+        return Err(format!(
+            "pattern {pattern:?} must be 1-{max_len} characters"
+        ));
+    }
+    let stars = pattern.bytes().filter(|b| *b == b'*').count();
+    if stars > MAX_GLOB_STARS {
+        return Err(format!(
+            "pattern {pattern:?} holds {stars} '*'; a glob holds at most {MAX_GLOB_STARS}"
+        ));
+    }
+    Ok(())
+}
+
 /// A glob on namespace names: `*` matches any run of characters, `?` one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Glob(String);
 
 impl Glob {
     pub(crate) fn new(pattern: &str) -> Result<Self, String> {
-        let valid = !pattern.is_empty()
-            && pattern.len() <= 253
-            && pattern.bytes().all(|b| {
-                b.is_ascii_lowercase()
-                    || b.is_ascii_digit()
-                    || matches!(b, b'-' | b'.' | b'*' | b'?')
-            });
-        if valid {
-            Ok(Self(pattern.to_owned()))
-        } else {
-            Err(format!(
+        let valid = pattern.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.' | b'*' | b'?')
+        });
+        if !valid {
+            return Err(format!(
                 "pattern {pattern:?} may only hold lowercase letters, digits, '-', '.', '*' and '?'"
-            ))
+            ));
         }
+        glob_limits(pattern, MAX_NAMESPACE_GLOB)?;
+        Ok(Self(pattern.to_owned()))
     }
 
     pub(crate) fn matches(&self, name: &str) -> bool {
@@ -308,9 +335,7 @@ pub(crate) struct KeyGlob(String);
 
 impl KeyGlob {
     pub(crate) fn new(pattern: &str) -> Result<Self, String> {
-        if pattern.is_empty() || pattern.len() > 317 {
-            return Err(format!("key pattern {pattern:?} must be 1-317 characters"));
-        }
+        glob_limits(pattern, MAX_META_KEY_GLOB)?;
         Ok(Self(pattern.to_owned()))
     }
 
@@ -327,18 +352,16 @@ impl KeyGlob {
     /// A glob on the data keys of ConfigMaps and Secrets: the characters of
     /// a data key, `*` and `?`.
     pub(crate) fn data_key(pattern: &str) -> Result<Self, String> {
-        let valid = !pattern.is_empty()
-            && pattern.len() <= MAX_DATA_KEY
-            && pattern.bytes().all(|b| {
-                b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'*' | b'?')
-            });
-        if valid {
-            Ok(Self(pattern.to_owned()))
-        } else {
-            Err(format!(
-                "pattern {pattern:?} must be 1-{MAX_DATA_KEY} letters, digits, '-', '_', '.', '*' or '?'"
-            ))
+        let valid = pattern
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'*' | b'?'));
+        if !valid {
+            return Err(format!(
+                "pattern {pattern:?} may only hold letters, digits, '-', '_', '.', '*' and '?'"
+            ));
         }
+        glob_limits(pattern, MAX_DATA_KEY)?;
+        Ok(Self(pattern.to_owned()))
     }
 }
 
@@ -532,6 +555,38 @@ mod tests {
         assert!(KeyGlob::data_key("tls.?ey").unwrap().matches("tls.key"));
         assert!(KeyGlob::data_key("a/*").is_err());
         assert!(KeyGlob::data_key("").is_err());
+    }
+
+    /// Every glob is at most as long as what it is matched against and
+    /// holds at most 8 `*`.
+    #[test]
+    fn globs_are_bounded_in_length_and_stars() {
+        let stars = |n: usize| {
+            (0..=n)
+                .map(|i| format!("a{i}"))
+                .collect::<Vec<_>>()
+                .join("*")
+        };
+        assert!(Glob::new(&stars(MAX_GLOB_STARS)).is_ok());
+        assert!(KeyGlob::new(&stars(MAX_GLOB_STARS)).is_ok());
+        assert!(KeyGlob::data_key(&stars(MAX_GLOB_STARS)).is_ok());
+        for refused in [
+            Glob::new(&stars(MAX_GLOB_STARS + 1)).map(|_| ()),
+            KeyGlob::new(&stars(MAX_GLOB_STARS + 1)).map(|_| ()),
+            KeyGlob::data_key(&stars(MAX_GLOB_STARS + 1)).map(|_| ()),
+        ] {
+            let message = refused.expect_err("9 stars");
+            assert!(message.contains("at most 8"), "{message}");
+        }
+        assert!(Glob::new(&"a".repeat(MAX_NAMESPACE_GLOB)).is_ok());
+        assert!(Glob::new(&"a".repeat(MAX_NAMESPACE_GLOB + 1)).is_err());
+        assert!(KeyGlob::new(&"a".repeat(MAX_META_KEY_GLOB)).is_ok());
+        assert!(KeyGlob::new(&"a".repeat(MAX_META_KEY_GLOB + 1)).is_err());
+        assert!(KeyGlob::data_key(&"a".repeat(MAX_DATA_KEY)).is_ok());
+        assert!(KeyGlob::data_key(&"a".repeat(MAX_DATA_KEY + 1)).is_err());
+        // Consent annotations ignore what is no glob.
+        let list = format!("team-*,{}", stars(MAX_GLOB_STARS + 1));
+        assert_eq!(glob_list(Some(&list)).len(), 1);
     }
 
     #[test]

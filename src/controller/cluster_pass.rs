@@ -22,7 +22,7 @@ use crate::controller::finalizer::write_through;
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
 use crate::core::backoff::{Admission, CopyKey, Failure, Waiting};
-use crate::core::plan::{self, Action, Claim, DeleteReason, Inputs, Occupied, Plan};
+use crate::core::plan::{self, Action, Claim, DeleteReason, DesiredCopies, Inputs, Occupied, Plan};
 use crate::core::preview::{PlannedChange, Preview, Skip};
 use crate::core::report::{self, ClusterReport};
 use crate::core::resolve::ResolvedRule;
@@ -118,12 +118,15 @@ pub(crate) async fn preview_plan(
     let rule_name = key.to_string();
     let cluster = shared.cluster_name(&site.name);
     // A fresh process knows no conflict yet: the lookup below finds them.
+    let everything = Scope::everything();
+    let desired = plan::desired_copies(resolved, sources, &everything);
     let (mut plan, other_kind_deletions) = plan_pass(
         shared,
         site,
         resolved,
         sources,
-        &Scope::everything(),
+        &desired,
+        &everything,
         &HashMap::new(),
     );
     let actions = take_over_or_skip(
@@ -282,13 +285,17 @@ fn changed_back_by(action: &Action) -> Option<String> {
     }
 }
 
-/// What a pass over `scope` plans for a rule, from the views: its plan,
-/// and the deletions of its copies of another kind (its type changed).
+/// What a pass over `scope` plans for a rule, from the views and the
+/// copies its sources want (`desired`, computed before: the views' locks
+/// are held here only for work that grows with the places the rule
+/// looks at, never with what its sources hold): its plan, and the
+/// deletions of its copies of another kind (its type changed).
 fn plan_pass(
     shared: &Shared,
     site: &Site,
     resolved: &ResolvedRule,
     sources: &[Arc<Object>],
+    desired: &DesiredCopies,
     scope: &Scope,
     known_conflicts: &HashMap<ObjectKey, String>,
 ) -> (Plan, Vec<(Kind, Action)>) {
@@ -297,7 +304,7 @@ fn plan_pass(
         let copies = read(site.cluster.views.copies(resolved.kind));
         let roles = read(&site.cluster.views.roles);
         let live = |uid: &str| shared.is_live_rule(uid);
-        plan::plan(&Inputs {
+        let inputs = Inputs {
             rule: resolved,
             namespaces: &namespaces,
             sources,
@@ -306,7 +313,8 @@ fn plan_pass(
             known_conflicts,
             scope,
             roles: &roles,
-        })
+        };
+        plan::plan_with(&inputs, desired)
     };
     let mut other_kind_deletions = Vec::new();
     if resolved.prune {
@@ -372,9 +380,20 @@ async fn carry_out(
         scope.is_everything()
     };
     // Planning is bounded but may take a while: off the threads that serve
-    // watches, the Lease and the probes.
-    let (mut plan, mut other_kind_deletions) = tokio::task::block_in_place(|| {
-        plan_pass(shared, site, resolved, sources, &scope, &known_conflicts)
+    // watches, the Lease and the probes. The copies the sources want are
+    // computed first, holding no lock; the plan and the consumers share them.
+    let (desired, (mut plan, mut other_kind_deletions)) = tokio::task::block_in_place(|| {
+        let desired = plan::desired_copies(resolved, sources, &scope);
+        let planned = plan_pass(
+            shared,
+            site,
+            resolved,
+            sources,
+            &desired,
+            &scope,
+            &known_conflicts,
+        );
+        (desired, planned)
     });
     shared
         .metrics
@@ -433,7 +452,7 @@ async fn carry_out(
     // A rule too costly to plan wrote nothing, and rolls nothing.
     if !pass.plan.too_costly {
         pass.restarts =
-            restart_consumers(shared, site, resolved, sources, recheck_consumers, changed).await;
+            restart_consumers(shared, site, resolved, &desired, recheck_consumers, changed).await;
     }
     if let Some(delay) = pass.restarts.retry_in {
         pass.retry_no_later_than(Instant::now() + delay);

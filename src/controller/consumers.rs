@@ -25,13 +25,12 @@ use tracing::{debug, info, warn};
 use crate::FIELD_MANAGER;
 use crate::api::kinds::Kind;
 use crate::api::rule::CopyratorRule;
-use crate::cache::index::Object;
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
 use crate::core::consumers::{
     CopyContent, Entry, KeyDigests, Trigger, Workload, key_digests, restarts_due,
 };
-use crate::core::plan::{Desired, desired_copy_within};
+use crate::core::plan::{Desired, DesiredCopies};
 use crate::core::resolve::ResolvedRule;
 use crate::error::describe;
 use crate::sync::{lock, read};
@@ -84,15 +83,65 @@ fn workload_kinds() -> [(&'static str, ApiResource); 3] {
 
 type Copies = HashMap<String, Vec<Entry>>;
 
+/// What a copy holds: its source and payload hash.
+type Content = (String, u64);
+
+/// The [`KeyDigests`] of the contents `wanted` that the rule's memory in
+/// `site` does not hold yet. They grow with the copies' data: computed
+/// with no lock held, so that no other rule's pass waits for them (the
+/// memory is looked at only to skip what it holds; the rule's passes in
+/// a site come one at a time, so nothing else adds to it meanwhile).
+fn new_digests(
+    site: &Site,
+    resolved: &ResolvedRule,
+    wanted: &HashMap<Content, &Arc<Desired>>,
+) -> HashMap<Content, Arc<KeyDigests>> {
+    let known: HashSet<Content> = lock(&site.memory)
+        .get(&resolved.key)
+        .map(|memory| {
+            wanted
+                .keys()
+                .filter(|content| memory.consumed.contains_key(*content))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    wanted
+        .iter()
+        .filter(|(content, _)| !known.contains(*content))
+        .map(|(content, desired)| {
+            let digests = key_digests(desired.kind, &desired.payload);
+            (content.clone(), Arc::new(digests))
+        })
+        .collect()
+}
+
 /// The copies to look at, by namespace: those `changed`, and on a pass
-/// over everything the rule's other copies in place (for a recheck).
+/// over everything the rule's other copies in place (for a recheck),
+/// against `desired`, the copies the pass's plan computed. Nothing here
+/// computes a copy, and the digests of what they hold are computed before
+/// the locks are taken.
 fn copies_to_check(
     site: &Site,
     resolved: &ResolvedRule,
-    sources: &[Arc<Object>],
+    desired: &DesiredCopies,
     everything: bool,
     changed: Vec<ChangedCopy>,
 ) -> Copies {
+    let content = |d: &Desired| (d.source.clone(), d.payload_hash);
+    let mut wanted: HashMap<Content, &Arc<Desired>> = HashMap::new();
+    for copy in &changed {
+        wanted
+            .entry(content(&copy.desired))
+            .or_insert(&copy.desired);
+    }
+    if everything {
+        for d in desired.values() {
+            wanted.entry(content(d)).or_insert(d);
+        }
+    }
+    let digests = new_digests(site, resolved, &wanted);
+    drop(wanted);
     let mut by_namespace: Copies = HashMap::new();
     let mut seen = HashSet::new();
     // The memory before the views, as the lock order in state.rs says.
@@ -129,11 +178,12 @@ fn copies_to_check(
             before,
         ));
     }
-    let remember = |consumed: &mut HashMap<(String, u64), Arc<KeyDigests>>, desired: &Desired| {
-        consumed.insert(
-            (desired.source.clone(), desired.payload_hash),
-            Arc::new(key_digests(desired.kind, &desired.payload)),
-        );
+    // A content whose digests are not new is in the memory already.
+    let remember = |consumed: &mut HashMap<Content, Arc<KeyDigests>>, desired: &Desired| {
+        let content = content(desired);
+        if let Some(digests) = digests.get(&content) {
+            consumed.insert(content, digests.clone());
+        }
     };
     for desired in now_held.values() {
         remember(consumed, desired);
@@ -142,12 +192,9 @@ fn copies_to_check(
         seen.insert((ns.clone(), name));
         by_namespace.entry(ns).or_default().push(entry);
     }
-    if !everything {
+    if !everything || desired.too_costly {
         return by_namespace;
     }
-    let Some(desired) = desired_by_name(resolved, sources) else {
-        return by_namespace;
-    };
     for copy in copies.owned_by(&resolved.uid) {
         let Some(wanted) = desired.get(&*copy.name) else {
             continue;
@@ -169,8 +216,9 @@ fn copies_to_check(
         .owned_by(&resolved.uid)
         .filter_map(|c| Some((c.source_ref.as_deref()?, c.payload_hash)))
         .collect();
+    let sources: HashSet<&str> = desired.values().map(|d| d.source.as_str()).collect();
     consumed.retain(|(source, hash), _| {
-        desired.values().any(|d| &d.source == source) && held.contains(&(source.as_str(), *hash))
+        sources.contains(source.as_str()) && held.contains(&(source.as_str(), *hash))
     });
     for wanted in desired.values() {
         remember(consumed, wanted);
@@ -178,29 +226,16 @@ fn copies_to_check(
     by_namespace
 }
 
-/// The copy of each source, by name, within the planner's budget: `None`
-/// past it (no recheck; the pass says the rule is too costly).
-fn desired_by_name(
-    resolved: &ResolvedRule,
-    sources: &[Arc<Object>],
-) -> Option<HashMap<String, Arc<Desired>>> {
-    let mut steps = crate::core::plan::STRIP_STEPS_PER_PASS;
-    let mut desired = HashMap::new();
-    for source in sources {
-        let copy = desired_copy_within(resolved, source, &mut steps)?;
-        desired.insert(copy.name.clone(), Arc::new(copy));
-    }
-    Some(desired)
-}
-
 /// Roll the consumers of the copies a pass changed (and, on a pass over
-/// everything, finish rolls cut short), in `site`'s cluster. Only the
-/// leader looks; a refusal stops the rest of the pass's restarts.
+/// everything, finish rolls cut short), in `site`'s cluster; `desired`
+/// are the copies the pass's plan computed (every one, on a pass over
+/// everything). Only the leader looks; a refusal stops the rest of the
+/// pass's restarts.
 pub(crate) async fn restart_consumers(
     shared: &Shared,
     site: &Site,
     resolved: &ResolvedRule,
-    sources: &[Arc<Object>],
+    desired: &DesiredCopies,
     everything: bool,
     changed: Vec<ChangedCopy>,
 ) -> Restarts {
@@ -212,7 +247,11 @@ pub(crate) async fn restart_consumers(
     {
         return restarts;
     }
-    let copies = copies_to_check(site, resolved, sources, everything, changed);
+    // Digests of the copies' data are computed here: off the threads that
+    // serve watches, the Lease and the probes, as planning is.
+    let copies = tokio::task::block_in_place(|| {
+        copies_to_check(site, resolved, desired, everything, changed)
+    });
     if copies.is_empty() {
         return restarts;
     }

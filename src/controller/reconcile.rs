@@ -289,11 +289,12 @@ fn pass_problem(shared: &Shared, resolved: &ResolvedRule, pass: &Pass) -> Option
         (
             "TransformTooCostly".to_string(),
             format!(
-                "stripping the sources' labels and annotations (transform.stripLabels, \
-                 transform.stripAnnotations, --strip-keys) takes more than the {} glob \
-                 steps a pass may spend; nothing is written or deleted: use fewer or simpler \
+                "matching the sources' keys (labels and annotations by transform.stripLabels, \
+                 transform.stripAnnotations and --strip-keys; data keys by \
+                 transform.keys.include and .exclude) takes more than the {} glob steps a \
+                 pass may spend; nothing is written or deleted: use fewer or simpler \
                  patterns, or sources with fewer or shorter keys",
-                plan::STRIP_STEPS_PER_PASS
+                plan::GLOB_STEPS_PER_PASS
             ),
         )
     });

@@ -262,8 +262,9 @@ pub(crate) struct Plan {
     pub(crate) not_accepting_namespaces: u32,
     /// Sources refused for their type: `(namespace/name, why)`.
     pub(crate) refused_sources: Vec<(String, String)>,
-    /// Stripping the sources' keys took more than
-    /// [`STRIP_STEPS_PER_PASS`]: the plan stopped there and holds no
+    /// Computing the copies (stripping the sources' labels and
+    /// annotations, selecting their data keys) took more than
+    /// [`GLOB_STEPS_PER_PASS`]: the plan stopped there and holds no
     /// action (a rule too costly to follow writes and deletes nothing).
     pub(crate) too_costly: bool,
 }
@@ -340,11 +341,15 @@ pub(crate) fn annotations_allow_to(
         .any(|glob| glob.matches(namespace))
 }
 
-/// The glob steps one pass may take to strip the sources' labels and
-/// annotations (some 30 ms; an ordinary rule takes a step or two per key and pattern): a rule's patterns and its
-/// sources' keys are a tenant's to choose, and a glob against a key costs
-/// up to the product of their lengths.
-pub(crate) const STRIP_STEPS_PER_PASS: u64 = 30_000_000;
+/// The glob steps one pass may take to compute its copies: to strip the
+/// sources' labels and annotations (`transform.stripLabels`,
+/// `.stripAnnotations`, `--strip-keys`) and to select their data keys
+/// (`transform.keys.include`, `.exclude`). Some 30 ms; an ordinary rule
+/// takes a step or two per key and pattern, or the key's length for a
+/// pattern that starts with `*`. A rule's patterns and its sources' keys
+/// are a tenant's to choose, and a glob against a key costs up to the
+/// product of their lengths.
+pub(crate) const GLOB_STEPS_PER_PASS: u64 = 30_000_000;
 
 /// `map` without the keys that never travel; `None` when matching them
 /// took more than `steps` (what is left of the pass's).
@@ -377,29 +382,35 @@ fn stripped(
 /// The payload copies carry: the source's, with only the data keys the
 /// rule selects, under their names on copies (the rule's validation makes
 /// sure no two land on one name). A data field left with no key is left
-/// out, as the API server leaves out an empty one.
+/// out, as the API server leaves out an empty one. `None` when matching
+/// the keys took more than `steps`.
 fn selected_payload(
     kind: Kind,
     keys: &ResolvedKeys,
     payload: &BTreeMap<String, Value>,
-) -> BTreeMap<String, Value> {
+    steps: &mut u64,
+) -> Option<BTreeMap<String, Value>> {
     let data_fields = kind.info().data_fields;
-    payload
-        .iter()
-        .filter_map(|(field, value)| match value {
+    let mut out = BTreeMap::new();
+    for (field, value) in payload {
+        match value {
             Value::Object(entries) if data_fields.contains(&field.as_str()) => {
-                let selected: serde_json::Map<String, Value> = entries
-                    .iter()
-                    .filter_map(|(key, value)| {
-                        keys.name_on_copies(key)
-                            .map(|name| (name.to_owned(), value.clone()))
-                    })
-                    .collect();
-                (!selected.is_empty()).then(|| (field.clone(), Value::Object(selected)))
+                let mut selected = serde_json::Map::new();
+                for (key, value) in entries {
+                    if let Some(name) = keys.name_on_copies_within(key, steps)? {
+                        selected.insert(name.to_owned(), value.clone());
+                    }
+                }
+                if !selected.is_empty() {
+                    out.insert(field.clone(), Value::Object(selected));
+                }
             }
-            _ => Some((field.clone(), value.clone())),
-        })
-        .collect()
+            _ => {
+                out.insert(field.clone(), value.clone());
+            }
+        }
+    }
+    Some(out)
 }
 
 /// The copy of `source` that `rule` puts into every target.
@@ -409,7 +420,8 @@ pub(crate) fn desired_copy(rule: &ResolvedRule, source: &Object) -> Desired {
         .expect("u64::MAX glob steps are never used up")
 }
 
-/// [`desired_copy`], stripping keys within `steps`; `None` when they ran out.
+/// [`desired_copy`], matching keys (labels and annotations stripped, data
+/// keys selected) within `steps`; `None` when they ran out.
 pub(crate) fn desired_copy_within(
     rule: &ResolvedRule,
     source: &Object,
@@ -451,7 +463,7 @@ pub(crate) fn desired_copy_within(
     let (payload, payload_hash) = if transform.keys.is_identity() {
         (source.payload.clone(), source.payload_hash)
     } else {
-        let payload = selected_payload(rule.kind, &transform.keys, &source.payload);
+        let payload = selected_payload(rule.kind, &transform.keys, &source.payload, steps)?;
         let hash = crate::cache::index::payload_hash(&payload);
         (payload, hash)
     };
@@ -477,6 +489,75 @@ pub(crate) fn desired_copy_within(
         payload,
         source: format!("{}/{}", source.namespace, source.name),
     })
+}
+
+/// The copy each source name wants (its winner's: the first source
+/// namespace wins a name, as in the plan), for the names a pass over a
+/// scope may look at. Computed from the rule and its sources alone, before
+/// the plan takes the views' locks: it is the part of a pass that grows
+/// with what the sources hold (their keys and data), and no other rule's
+/// pass, nor the health probe, waits for it.
+#[derive(Default)]
+pub(crate) struct DesiredCopies {
+    by_name: HashMap<String, Arc<Desired>>,
+    /// Computing them took more than [`GLOB_STEPS_PER_PASS`]: some are
+    /// missing, and a plan from them holds nothing.
+    pub(crate) too_costly: bool,
+}
+
+impl DesiredCopies {
+    /// The copy of the source named `name`, if it was computed.
+    pub(crate) fn get(&self, name: &str) -> Option<&Arc<Desired>> {
+        self.by_name.get(name)
+    }
+
+    /// Every copy computed.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Arc<Desired>> {
+        self.by_name.values()
+    }
+}
+
+/// The copies of `rule`'s sources that a pass over `scope` may need,
+/// within [`GLOB_STEPS_PER_PASS`] together.
+pub(crate) fn desired_copies(
+    rule: &ResolvedRule,
+    sources: &[Arc<Object>],
+    scope: &Scope,
+) -> DesiredCopies {
+    let sources = SourcesByName::gather(rule, sources, &mut Plan::default());
+    let wanted = names_scope_may_need(scope);
+    let mut steps = GLOB_STEPS_PER_PASS;
+    let mut out = DesiredCopies::default();
+    for (name, same_name) in &sources.by_name {
+        if wanted.as_ref().is_some_and(|wanted| !wanted.contains(name)) {
+            continue;
+        }
+        match desired_copy_within(rule, same_name[0], &mut steps) {
+            Some(desired) => {
+                out.by_name.insert((*name).to_owned(), Arc::new(desired));
+            }
+            None => {
+                out.too_costly = true;
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The source names whose places a pass over `scope` may look at, as
+/// [`Planner::names_in_scope`] picks them; `None` for every name (some
+/// namespace is in scope as a whole).
+fn names_scope_may_need(scope: &Scope) -> Option<HashSet<&str>> {
+    if scope.is_everything() || scope.namespaces().next().is_some() {
+        return None;
+    }
+    Some(
+        scope
+            .names()
+            .chain(scope.copies().map(|(_, name)| name))
+            .collect(),
+    )
 }
 
 /// What keeps a namespace that a rule's targets match from receiving copies.
@@ -583,9 +664,21 @@ pub(crate) fn concerns_namespace(
 }
 
 /// Compute what `inputs.rule` needs.
+#[cfg(test)]
 pub(crate) fn plan(inputs: &Inputs<'_>) -> Plan {
+    let desired = desired_copies(inputs.rule, inputs.sources, inputs.scope);
+    plan_with(inputs, &desired)
+}
+
+/// Compute what `inputs.rule` needs, from the copies its sources want
+/// ([`desired_copies`] for the same rule, sources and scope).
+pub(crate) fn plan_with(inputs: &Inputs<'_>, desired: &DesiredCopies) -> Plan {
     let mut out = Plan::default();
     let sources = SourcesByName::gather(inputs.rule, inputs.sources, &mut out);
+    if desired.too_costly {
+        out.too_costly = true;
+        return out;
+    }
     let (targets, left_out) = target_namespaces(inputs.rule, inputs.namespaces);
     out.protected_namespaces = left_out.protected;
     out.not_accepting_namespaces = left_out.not_accepted;
@@ -593,9 +686,8 @@ pub(crate) fn plan(inputs: &Inputs<'_>) -> Plan {
         inputs,
         sources: &sources,
         shadowing: sources.shadowing(),
-        desired_by_name: HashMap::new(),
+        desired,
         live_targets: HashSet::with_capacity(targets.len()),
-        strip_steps: STRIP_STEPS_PER_PASS,
         out,
     };
     for (namespace, info) in targets {
@@ -603,11 +695,6 @@ pub(crate) fn plan(inputs: &Inputs<'_>) -> Plan {
         // ours is kept out of pruning too.
         if !info.terminating {
             planner.plan_target(namespace);
-        }
-        if planner.out.too_costly {
-            let mut out = planner.out;
-            out.actions.clear();
-            return out;
         }
     }
     if inputs.rule.prune {
@@ -716,13 +803,10 @@ struct Planner<'a> {
     sources: &'a SourcesByName<'a>,
     /// Computed once: see [`SourcesByName::shadowing`].
     shadowing: Vec<(&'a str, &'a [&'a Object])>,
-    /// One desired copy per source name, shared by every target namespace;
-    /// made only when a place in scope needs it.
-    desired_by_name: HashMap<&'a str, Arc<Desired>>,
+    /// One desired copy per source name, shared by every target namespace.
+    desired: &'a DesiredCopies,
     /// Targets that receive writes: pruning leaves what they want.
     live_targets: HashSet<&'a str>,
-    /// What is left of [`STRIP_STEPS_PER_PASS`].
-    strip_steps: u64,
     out: Plan,
 }
 
@@ -767,17 +851,10 @@ impl<'a> Planner<'a> {
             if !self.sources.lands_in(same_name, namespace) {
                 continue;
             }
-            let desired = match self.desired_by_name.entry(name) {
-                std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
-                std::collections::hash_map::Entry::Vacant(place) => {
-                    match desired_copy_within(rule, same_name[0], &mut self.strip_steps) {
-                        Some(desired) => place.insert(Arc::new(desired)),
-                        None => {
-                            self.out.too_costly = true;
-                            return;
-                        }
-                    }
-                }
+            // Computed for every name this scope can yield (both follow
+            // `names_scope_may_need`), unless too costly: then no plan.
+            let Some(desired) = self.desired.get(name) else {
+                continue;
             };
             let current = copies_here.and_then(|copies| copies.get(*name));
             let source_namespace = &same_name[0].namespace;
@@ -3099,6 +3176,64 @@ pub(crate) mod tests {
         // The rule changes its selection: the copies follow.
         let wider = keys_rule("configmap", json!({"include": ["k"]}));
         assert_eq!(written_payload(&w.plan(&wider))["data"], json!({"k": "v"}));
+    }
+
+    /// Data-key globs are matched within the pass's glob steps, as
+    /// stripping is: patterns that backtrack over every long key make the
+    /// rule too costly, and its plan holds nothing.
+    #[test]
+    fn a_rule_whose_key_selection_costs_too_much_plans_nothing() {
+        // Each pattern backtracks from every letter of each key (within the
+        // schema's caps: 243 characters, one `*`).
+        let costly: Vec<String> = (0..2)
+            .map(|i| format!("*{}b{i}", "a".repeat(240)))
+            .collect();
+        let mut w = World::new(&["src", "a"]);
+        let key = |i: usize| format!("{}{i:04}", "a".repeat(246));
+        let data: serde_json::Map<String, Value> =
+            (0..1000).map(|i| (key(i), json!("v"))).collect();
+        w.source("src", "cm", &[("copy", "yes")], Value::Object(data));
+        for keys in [json!({"include": costly}), json!({"exclude": costly})] {
+            let p = w.plan(&keys_rule("configmap", keys.clone()));
+            assert!(p.too_costly, "{keys}");
+            assert!(p.actions.is_empty(), "{:?}", verbs(&p));
+        }
+        // The same keys by cheaper patterns are planned.
+        let p = w.plan(&keys_rule("configmap", json!({"include": ["k*", "*0001"]})));
+        assert!(!p.too_costly);
+        assert_eq!(written_payload(&p)["data"], json!({ key(1): "v" }));
+    }
+
+    /// The copies a pass needs are computed before the plan, for the
+    /// source names its scope may look at: a change of one source computes
+    /// that one's copy alone.
+    #[test]
+    fn a_pass_over_one_source_computes_that_sources_copy_alone() {
+        let mut w = World::new(&["src", "a"]);
+        w.source("src", "one", &[("copy", "yes")], json!({"k": "1"}));
+        w.source("src", "two", &[("copy", "yes")], json!({"k": "2"}));
+        let r = simple_rule();
+        let names = |scope: &Scope| {
+            let desired = desired_copies(&r, &w.sources, scope);
+            let mut names: Vec<String> = desired.values().map(|d| d.name.clone()).collect();
+            names.sort();
+            names
+        };
+        assert_eq!(names(&Scope::everything()), ["one", "two"]);
+        let mut one = Scope::default();
+        one.add(Touch::Source("one".into()));
+        assert_eq!(names(&one), ["one"]);
+        let mut copy = Scope::default();
+        copy.add(Touch::Copy("a".into(), "two".into()));
+        assert_eq!(names(&copy), ["two"]);
+        let mut namespace = Scope::default();
+        namespace.add(Touch::Namespace("a".into()));
+        assert_eq!(names(&namespace), ["one", "two"]);
+        // The plan over that scope writes that source's copy alone.
+        assert_eq!(
+            verbs(&w.plan_within(&r, &one)),
+            [("a".into(), "one".into(), "create")]
+        );
     }
 
     #[test]

@@ -385,6 +385,11 @@ fn check_added_keys<'a>(
     Ok(())
 }
 
+/// The glob steps the check of `transform.keys.rename` against include
+/// and exclude may take (a few milliseconds; an ordinary rule takes a few
+/// thousand): it runs on every pass's resolution of the rule.
+const RENAME_CHECK_STEPS: u64 = 4_000_000;
+
 /// Which data keys copies carry, under which names, validated: no two
 /// keys a copy carries share a name.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -402,16 +407,36 @@ impl ResolvedKeys {
             && self.rename.iter().all(|(from, to)| from == to)
     }
 
-    /// Whether copies carry the source key `key` (under some name).
-    pub(crate) fn selects(&self, key: &str) -> bool {
-        (self.include.is_empty() || self.include.iter().any(|g| g.matches(key)))
-            && !self.exclude.iter().any(|g| g.matches(key))
+    /// Whether copies carry the source key `key` (under some name), taking
+    /// one of `steps` per glob step; `None` when they ran out.
+    fn selects_within(&self, key: &str, steps: &mut u64) -> Option<bool> {
+        let mut included = self.include.is_empty();
+        for glob in &self.include {
+            if glob.matches_within(key, steps)? {
+                included = true;
+                break;
+            }
+        }
+        if !included {
+            return Some(false);
+        }
+        for glob in &self.exclude {
+            if glob.matches_within(key, steps)? {
+                return Some(false);
+            }
+        }
+        Some(true)
     }
 
-    /// The name the source key `key` has on copies, if they carry it.
-    pub(crate) fn name_on_copies<'a>(&'a self, key: &'a str) -> Option<&'a str> {
-        self.selects(key)
-            .then(|| self.rename.get(key).map_or(key, String::as_str))
+    /// The name the source key `key` has on copies, if they carry it,
+    /// taking one of `steps` per glob step; `None` when they ran out.
+    pub(crate) fn name_on_copies_within<'a>(
+        &'a self,
+        key: &'a str,
+        steps: &mut u64,
+    ) -> Option<Option<&'a str>> {
+        let selected = self.selects_within(key, steps)?;
+        Some(selected.then(|| self.rename.get(key).map_or(key, String::as_str)))
     }
 
     fn resolve(keys: KeyTransform) -> Result<Self, InvalidRule> {
@@ -444,13 +469,18 @@ impl ResolvedKeys {
             }
         }
         // A key renamed onto one that copies keep as it is would hold two
-        // values whenever a source has both.
+        // values whenever a source has both. The globs are a tenant's to
+        // choose: the check is bounded, as a pass's matching is.
+        let mut steps = RENAME_CHECK_STEPS;
+        let mut selects = |key: &str| {
+            resolved.selects_within(key, &mut steps).ok_or_else(|| {
+                invalid(format!(
+                    "checking the renamed keys against transform.keys.include and .exclude takes more than {RENAME_CHECK_STEPS} glob steps; use fewer or simpler patterns"
+                ))
+            })
+        };
         for (from, to) in &resolved.rename {
-            if from != to
-                && resolved.selects(from)
-                && resolved.selects(to)
-                && !resolved.rename.contains_key(to)
-            {
+            if from != to && selects(from)? && selects(to)? && !resolved.rename.contains_key(to) {
                 return Err(invalid(format!(
                     "{from:?} is renamed to {to:?}, a key that copies keep as it is; exclude {to:?} or rename it too"
                 )));
@@ -1458,10 +1488,15 @@ mod tests {
         .expect("a rename chain and an identity are no collision");
         let keys = &resolved.transform.keys;
         assert!(!keys.is_identity());
-        assert_eq!(keys.name_on_copies("ca.crt"), Some("root.pem"));
-        assert_eq!(keys.name_on_copies("tls.crt"), Some("ca.crt"));
-        assert_eq!(keys.name_on_copies("tls.key"), None, "exclude wins");
-        assert_eq!(keys.name_on_copies("notes"), None, "not included");
+        let name_on_copies = |key| {
+            let mut unlimited = u64::MAX;
+            keys.name_on_copies_within(key, &mut unlimited)
+                .expect("u64::MAX steps are never used up")
+        };
+        assert_eq!(name_on_copies("ca.crt"), Some("root.pem"));
+        assert_eq!(name_on_copies("tls.crt"), Some("ca.crt"));
+        assert_eq!(name_on_copies("tls.key"), None, "exclude wins");
+        assert_eq!(name_on_copies("notes"), None, "not included");
         let plain = with_transform(json!({"keys": {"rename": {"a": "a"}}}))
             .resolve(&trust())
             .unwrap();
@@ -1497,6 +1532,14 @@ mod tests {
             (json!({"rename": {"..": "x"}}), "not a data key"),
             (json!({"include": ["a/*"]}), "transform.keys.include"),
             (json!({"exclude": [""]}), "transform.keys.exclude"),
+            (
+                json!({"include": ["a*b*c*d*e*f*g*h*i*j"]}),
+                "a glob holds at most 8",
+            ),
+            (
+                json!({"exclude": ["k".repeat(254)]}),
+                "must be 1-253 characters",
+            ),
         ];
         for (keys, expected) in cases {
             let message = refusal(&with_transform(json!({ "keys": keys })));
@@ -1512,6 +1555,44 @@ mod tests {
             json!({"keys": {"rename": too_many, "exclude": ["n*"]}}),
         ));
         assert!(message.contains("at most 64"), "{message}");
+    }
+
+    /// The check of renames against include and exclude matches tenant
+    /// globs against tenant keys on every pass: past its budget the rule
+    /// is refused, never checked at length.
+    #[test]
+    fn a_rename_check_too_costly_is_refused() {
+        // Each glob backtracks from every letter of each long key; the
+        // keys renamed to are excluded by the first.
+        let globs: Vec<String> = std::iter::once("n*".to_owned())
+            .chain((1..64).map(|i| format!("*{}b{i}", "a".repeat(240))))
+            .collect();
+        let rename: serde_json::Map<String, Value> = (0..64)
+            .map(|i| {
+                let from = format!("{}{i:02}", "a".repeat(250));
+                (from, json!(format!("n{i}")))
+            })
+            .collect();
+        let message = refusal(&with_transform(
+            json!({"keys": {"exclude": globs, "rename": rename}}),
+        ));
+        assert!(
+            message.starts_with("transform.keys.rename: ")
+                && message.contains(&format!("more than {RENAME_CHECK_STEPS} glob steps")),
+            "{message}"
+        );
+        // The same renames against literal patterns are checked at once.
+        let plain: Vec<String> = std::iter::once("n*".to_owned())
+            .chain((1..64).map(|i| format!("x{i}.*")))
+            .collect();
+        let rename: serde_json::Map<String, Value> = (0..64)
+            .map(|i| (format!("{}{i:02}", "a".repeat(250)), json!(format!("n{i}"))))
+            .collect();
+        assert!(
+            with_transform(json!({"keys": {"exclude": plain, "rename": rename}}))
+                .resolve(&trust())
+                .is_ok()
+        );
     }
 
     #[test]

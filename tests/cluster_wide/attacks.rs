@@ -677,3 +677,204 @@ async fn past_its_bound_a_tenants_rule_says_so_and_fits_again() {
         .await;
     println!("after one went: {}", short_status(&fits));
 }
+
+/// A tenant's data-key globs cost the tenant, not the operator. The
+/// tenant of `team-a` copies two ConfigMaps of 1 MiB (4,000 keys of 250
+/// characters) into a namespace of its own that accepts it, with
+/// `rollout.restartConsumers` and two `transform.keys.include` globs
+/// within the schema's caps (253 characters, one `*`) that backtrack from
+/// every letter of every key. The rule reads `TransformTooCostly` and
+/// writes nothing. While it stands and the tenant keeps changing its
+/// sources, `/healthz` answers every probe (ten a second) with 200 within
+/// 100 ms, and an admin rule's copy follows its source within 0.5 s, as
+/// a watch on the copy sees it (figures printed, before and during).
+#[tokio::test]
+async fn a_tenant_rule_whose_data_key_globs_cost_too_much_stalls_nobody_else() {
+    let _exclusive = CLUSTER_WIDE.write().await;
+    let t = TestNs::new("atk-keys").await;
+    let op = t.ns("op").await;
+    let team_a = t.ns("team-a").await;
+    let team_a_too = t.ns("team-a-too").await;
+    let target = t.ns("t1").await;
+    t.namespaces()
+        .patch(
+            &team_a_too,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "copyrator.flant.com/accept-from": team_a.as_str()}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("team-a-too accepts team-a: {}", err_msg(&e)));
+    t.create_rule(&op, "admin", rule_spec(CM, t.selector(), &[&target]))
+        .await;
+    let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--log-format", "json"]);
+    let admin_source = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    t.wait_copy(CM, &target, &admin_source, &op, "admin").await;
+    let before = copy_lag(&t, &op, &target, "before").await;
+
+    let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    let tenant_sources = Api::<ConfigMap>::namespaced(attacker.client.clone(), &team_a);
+    let key = |i: usize| format!("{}{i:04}", "a".repeat(246));
+    const BIG: [&str; 2] = ["big-0", "big-1"];
+    for name in BIG {
+        let data: serde_json::Map<String, serde_json::Value> =
+            (0..4000).map(|i| (key(i), json!("v"))).collect();
+        let source: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {TEST_LABEL: t.prefix}}, "data": data}))
+        .expect("a ConfigMap");
+        tenant_sources
+            .create(&Default::default(), &source)
+            .await
+            .unwrap_or_else(|e| panic!("the tenant's source {name}: {}", err_msg(&e)));
+    }
+    let globs: Vec<String> = (0..2)
+        .map(|i| format!("*{}b{i}", "a".repeat(250)))
+        .collect();
+    let probes = HealthProbes::start(operator.port);
+    attacker
+        .create_rule(
+            "keys",
+            json!({"spec": {"ruleType": "configmap", "selector": t.selector(),
+                            "targets": {"include": [team_a_too.as_str()]},
+                            "transform": {"keys": {"include": globs}},
+                            "rollout": {"restartConsumers": true}}}),
+        )
+        .await;
+    // Each change of a source plans the tenant's rule again.
+    let mut lags = Vec::new();
+    for round in 0..4 {
+        tenant_sources
+            .patch(
+                BIG[round % 2],
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {key(0): format!("v{round}")}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("the tenant changes its source: {}", err_msg(&e)));
+        lags.push(copy_lag(&t, &op, &target, &format!("round-{round}")).await);
+    }
+    let health = probes.stop().await;
+    let slowest = health
+        .iter()
+        .map(|(took, _)| *took)
+        .max()
+        .unwrap_or_default();
+    let failed: Vec<&(Duration, Result<u16, String>)> = health
+        .iter()
+        .filter(|(_, answer)| *answer != Ok(200))
+        .collect();
+    println!(
+        "the admin copy followed in {before:?} before the tenant's rule, then in {lags:?}; \
+         /healthz: {} probes, {} failed, slowest {slowest:?}",
+        health.len(),
+        failed.len()
+    );
+
+    let costly = t
+        .wait_rule(&team_a, "keys", "TransformTooCostly", |r| {
+            not_ready_because(r, "TransformTooCostly")
+        })
+        .await;
+    let message = ready_condition(&costly)
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("transform.keys.include"), "{message}");
+    for name in BIG {
+        t.assert_absent(CM, &team_a_too, name, "a rule too costly writes nothing")
+            .await;
+    }
+    assert!(failed.is_empty(), "/healthz failed: {failed:?}");
+    assert!(
+        slowest < Duration::from_millis(100),
+        "/healthz took {slowest:?}"
+    );
+    let slowest_lag = lags.iter().max().copied().unwrap_or_default();
+    assert!(
+        slowest_lag < Duration::from_millis(500),
+        "the admin copy followed in {lags:?}"
+    );
+    operator.assert_running();
+}
+
+/// How long the copy `target/cfg` takes to hold `value` under `k` after
+/// its source `op/cfg` is given it, as a watch on the copy sees it; a
+/// minute or more when it never does.
+async fn copy_lag(t: &TestNs, op: &str, target: &str, value: &str) -> Duration {
+    use futures::{StreamExt, TryStreamExt};
+    use kube::api::{ListParams, WatchEvent, WatchParams};
+    const FOLLOW_WITHIN: Duration = Duration::from_secs(60);
+    let copies = t.cms(target);
+    let by_name = "metadata.name=cfg";
+    let version = copies
+        .list(&ListParams::default().fields(by_name))
+        .await
+        .unwrap_or_else(|e| panic!("listing the copy: {}", err_msg(&e)))
+        .metadata
+        .resource_version
+        .expect("a list has a resourceVersion");
+    let mut events = copies
+        .watch(
+            &WatchParams::default().fields(by_name).timeout(70),
+            &version,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("watching the copy: {}", err_msg(&e)))
+        .boxed();
+    let changed = std::time::Instant::now();
+    t.set_data(CM, op, "cfg", &[("k", Some(value))]).await;
+    let holds = |cm: &ConfigMap| {
+        cm.data
+            .as_ref()
+            .and_then(|d| d.get("k"))
+            .is_some_and(|v| v == value)
+    };
+    let followed = tokio::time::timeout(FOLLOW_WITHIN, async {
+        while let Some(event) = events.try_next().await.ok().flatten() {
+            if let WatchEvent::Added(cm) | WatchEvent::Modified(cm) = event
+                && holds(&cm)
+            {
+                return;
+            }
+        }
+        // The watch ended first: wait out the minute, a lag past it.
+        std::future::pending::<()>().await;
+    })
+    .await;
+    match followed {
+        Ok(()) => changed.elapsed(),
+        Err(_) => FOLLOW_WITHIN.max(changed.elapsed()),
+    }
+}
+
+/// `/healthz` asked ten times a second in the background, each answer
+/// with how long it took (an error for none within 5 s).
+struct HealthProbes {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<(Duration, Result<u16, String>)>>,
+}
+
+impl HealthProbes {
+    fn start(port: u16) -> HealthProbes {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut answers = Vec::new();
+            while !stopped.load(Ordering::Relaxed) {
+                let asked = std::time::Instant::now();
+                let answer = http_get(port, "/healthz").await.map(|(code, _)| code);
+                answers.push((asked.elapsed(), answer));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            answers
+        });
+        HealthProbes { stop, task }
+    }
+
+    /// Every answer so far, once the probing stopped.
+    async fn stop(self) -> Vec<(Duration, Result<u16, String>)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.expect("the probes ran")
+    }
+}
