@@ -430,6 +430,102 @@ async fn schema_refuses_65_entries_where_64_is_the_limit() {
     }
 }
 
+/// Every glob of a rule is bounded by the schema: at most 8 `*`, and no
+/// longer than what it is matched against (63 characters for namespace
+/// names, 253 for data keys, 317 for label and annotation keys). A glob at
+/// the limits is taken; one past a limit is refused at admission, the
+/// message naming the field and the limit.
+#[tokio::test]
+async fn schema_refuses_globs_too_long_or_too_wild() {
+    let t = TestNs::new("schema-globs").await;
+    let ns = t.ns("op").await;
+    // `n` characters, `stars` of them `*`.
+    let glob = |n: usize, stars: usize| {
+        let mut glob = "a*".repeat(stars);
+        glob.push_str(&"a".repeat(n - 2 * stars));
+        glob
+    };
+    let cases = [
+        (
+            "include",
+            "/spec/targets/include",
+            "spec.targets.include[0]",
+            63,
+        ),
+        (
+            "exclude",
+            "/spec/targets/exclude",
+            "spec.targets.exclude[0]",
+            63,
+        ),
+        (
+            "stage",
+            "/spec/rollout/stages",
+            "spec.rollout.stages[0].include[0]",
+            63,
+        ),
+        (
+            "strip-labels",
+            "/spec/transform/stripLabels",
+            "spec.transform.stripLabels[0]",
+            317,
+        ),
+        (
+            "strip-annotations",
+            "/spec/transform/stripAnnotations",
+            "spec.transform.stripAnnotations[0]",
+            317,
+        ),
+        (
+            "keys-include",
+            "/spec/transform/keys/include",
+            "spec.transform.keys.include[0]",
+            253,
+        ),
+        (
+            "keys-exclude",
+            "/spec/transform/keys/exclude",
+            "spec.transform.keys.exclude[0]",
+            253,
+        ),
+    ];
+    for (name, path, field, longest) in cases {
+        let rule = |pattern: String| {
+            let value = if path == "/spec/rollout/stages" {
+                json!([{"name": "canary", "include": [pattern]}])
+            } else {
+                json!([pattern])
+            };
+            with(
+                json!({"spec": {"ruleType": "configmap", "selector": {"copyrator": "true"}}}),
+                path,
+                value,
+            )
+        };
+        t.try_create_rule(&ns, &format!("{name}-limits"), rule(glob(longest, 8)))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("{field}: a glob at the limits was refused: {}", err_msg(&e))
+            });
+        refused(
+            &t,
+            &ns,
+            &format!("{name}-stars"),
+            rule(glob(longest, 9)),
+            &[field, "a glob holds at most 8 '*'"],
+        )
+        .await;
+        refused(
+            &t,
+            &ns,
+            &format!("{name}-long"),
+            rule(glob(longest + 1, 1)),
+            &[field, &longest.to_string()],
+        )
+        .await;
+    }
+}
+
 /// A rule whose spec holds `targets.clusters: clusters`.
 fn with_clusters(clusters: Value) -> Value {
     json!({"spec": {
