@@ -353,6 +353,34 @@ pub(crate) async fn cluster_pass(
     (pass, report)
 }
 
+/// The copies a pass over `scope` wants, its plan and its deletions of
+/// another kind. Planning is bounded but may take a while: off the threads
+/// that serve watches, the Lease and the probes. The copies the sources
+/// want are computed first, holding no lock; the plan and the consumers
+/// share them.
+fn plan_off_the_runtime(
+    shared: &Shared,
+    site: &Site,
+    resolved: &ResolvedRule,
+    sources: &[Arc<Object>],
+    scope: &Scope,
+    known_conflicts: &HashMap<ObjectKey, String>,
+) -> (DesiredCopies, Plan, Vec<(Kind, Action)>) {
+    tokio::task::block_in_place(|| {
+        let desired = plan::desired_copies(resolved, sources, scope);
+        let (plan, other_kind_deletions) = plan_pass(
+            shared,
+            site,
+            resolved,
+            sources,
+            &desired,
+            scope,
+            known_conflicts,
+        );
+        (desired, plan, other_kind_deletions)
+    })
+}
+
 /// A rule's pass: plan what its scope concerns, then write what each
 /// copy's backoff admits, and take the outcomes into the rule's tally.
 async fn carry_out(
@@ -379,22 +407,8 @@ async fn carry_out(
     } else {
         scope.is_everything()
     };
-    // Planning is bounded but may take a while: off the threads that serve
-    // watches, the Lease and the probes. The copies the sources want are
-    // computed first, holding no lock; the plan and the consumers share them.
-    let (desired, (mut plan, mut other_kind_deletions)) = tokio::task::block_in_place(|| {
-        let desired = plan::desired_copies(resolved, sources, &scope);
-        let planned = plan_pass(
-            shared,
-            site,
-            resolved,
-            sources,
-            &desired,
-            &scope,
-            &known_conflicts,
-        );
-        (desired, planned)
-    });
+    let (desired, mut plan, mut other_kind_deletions) =
+        plan_off_the_runtime(shared, site, resolved, sources, &scope, &known_conflicts);
     shared
         .metrics
         .copies_examined

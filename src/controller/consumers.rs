@@ -86,16 +86,35 @@ type Copies = HashMap<String, Vec<Entry>>;
 /// What a copy holds: its source and payload hash.
 type Content = (String, u64);
 
-/// The [`KeyDigests`] of the contents `wanted` that the rule's memory in
-/// `site` does not hold yet. They grow with the copies' data: computed
-/// with no lock held, so that no other rule's pass waits for them (the
-/// memory is looked at only to skip what it holds; the rule's passes in
-/// a site come one at a time, so nothing else adds to it meanwhile).
+/// What `desired` holds.
+fn content(desired: &Desired) -> Content {
+    (desired.source.clone(), desired.payload_hash)
+}
+
+/// The [`KeyDigests`] of what the copies [`copies_to_check`] looks at hold
+/// (those `changed`, and on a pass over everything every one of
+/// `desired`) that the rule's memory in `site` does not hold yet. They
+/// grow with the copies' data: computed with no lock held, so that no
+/// other rule's pass waits for them (the memory is looked at only to skip
+/// what it holds; the rule's passes in a site come one at a time, so
+/// nothing else adds to it meanwhile).
 fn new_digests(
     site: &Site,
     resolved: &ResolvedRule,
-    wanted: &HashMap<Content, &Arc<Desired>>,
+    desired: &DesiredCopies,
+    everything: bool,
+    changed: &[ChangedCopy],
 ) -> HashMap<Content, Arc<KeyDigests>> {
+    let mut wanted: HashMap<Content, &Arc<Desired>> = HashMap::new();
+    for copy in changed {
+        let held = &copy.desired;
+        wanted.entry(content(held)).or_insert(held);
+    }
+    if everything {
+        for d in desired.values() {
+            wanted.entry(content(d)).or_insert(d);
+        }
+    }
     let known: HashSet<Content> = lock(&site.memory)
         .get(&resolved.key)
         .map(|memory| {
@@ -128,20 +147,7 @@ fn copies_to_check(
     everything: bool,
     changed: Vec<ChangedCopy>,
 ) -> Copies {
-    let content = |d: &Desired| (d.source.clone(), d.payload_hash);
-    let mut wanted: HashMap<Content, &Arc<Desired>> = HashMap::new();
-    for copy in &changed {
-        wanted
-            .entry(content(&copy.desired))
-            .or_insert(&copy.desired);
-    }
-    if everything {
-        for d in desired.values() {
-            wanted.entry(content(d)).or_insert(d);
-        }
-    }
-    let digests = new_digests(site, resolved, &wanted);
-    drop(wanted);
+    let digests = new_digests(site, resolved, desired, everything, &changed);
     let mut by_namespace: Copies = HashMap::new();
     let mut seen = HashSet::new();
     // The memory before the views, as the lock order in state.rs says.
@@ -196,7 +202,7 @@ fn copies_to_check(
         return by_namespace;
     }
     for copy in copies.owned_by(&resolved.uid) {
-        let Some(wanted) = desired.get(&*copy.name) else {
+        let Some(wanted) = desired.get(&copy.name) else {
             continue;
         };
         let in_place = !copy.create_only
