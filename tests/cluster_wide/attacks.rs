@@ -800,15 +800,19 @@ async fn a_tenant_rule_whose_data_key_globs_cost_too_much_stalls_nobody_else() {
         t.assert_absent(CM, &team_a_too, name, "a rule too costly writes nothing")
             .await;
     }
+    // Bounds far from what a healthy operator takes (12 ms and 85 ms in a
+    // release build) and far below what the unbounded matcher cost (probes
+    // timing out after 5 s, the admin copy 15 s behind): the figures are
+    // printed above, and a loaded debug build must not fail this test.
     assert!(failed.is_empty(), "/healthz failed: {failed:?}");
     assert!(
-        slowest(&health) < Duration::from_millis(100),
+        slowest(&health) < Duration::from_secs(1),
         "/healthz took {:?}",
         slowest(&health)
     );
     let slowest_lag = lags.iter().max().copied().unwrap_or_default();
     assert!(
-        slowest_lag < Duration::from_millis(500),
+        slowest_lag < Duration::from_secs(3),
         "the admin copy followed in {lags:?}"
     );
     operator.assert_running();
