@@ -492,6 +492,14 @@ pub(crate) struct RuleStatus {
     /// still on its way through the stages.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) rollouts: Vec<RolloutStatus>,
+    /// For a rule with `rollout.stages`: by copy name, the contents its
+    /// copies may hold as rolled out (space-separated keyed digests, which
+    /// tell nothing of the content; the newest last). What a restart keeps
+    /// of the rollouts: a copy at any other content, even one Copyrator
+    /// once wrote there, is restored at once and starts no rollout. Kept
+    /// for at most 2,000 sources. Written by the operator alone.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) rolled_out: BTreeMap<String, String>,
 }
 
 /// Where one source's new content stands in a staged rollout.
@@ -559,6 +567,10 @@ pub(crate) struct ClusterStatus {
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(schema_with = "crate::api::schema::count_schema")]
     pub(crate) contested: u32,
+    /// For a rule with `rollout.stages`: what its copies there may hold as
+    /// rolled out, as the rule's own `rolledOut`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) rolled_out: Option<BTreeMap<String, String>>,
 }
 
 /// A count left out of the status while it is zero (serde passes a reference).

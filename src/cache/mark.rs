@@ -274,6 +274,34 @@ pub(crate) fn sign(place: &Place<'_>, payload: &BTreeMap<String, Value>) -> Opti
     key().map(|key| sign_with(key, place, payload))
 }
 
+/// How many hex digits a rolled-out digest has: 64 bits, enough to tell
+/// the few contents one source's copies hold apart, short enough to list
+/// thousands of sources in a rule's status.
+pub(crate) const ROLLED_OUT_DIGITS: usize = 16;
+
+/// The digest of content a staged rule rolled out for the copies of
+/// `name` (its payload hash, [`crate::cache::index::payload_hash`]), as the
+/// rule's status keeps it: keyed, so that it tells a reader nothing of the
+/// content, and bound to the rule's UID and the copy's name. `None` without
+/// a key: nothing is recorded, and no copy at other content is taken as
+/// rolled out before.
+pub(crate) fn rolled_out_digest(rule_uid: &str, name: &str, payload_hash: u64) -> Option<String> {
+    key().map(|key| rolled_out_digest_with(key, rule_uid, name, payload_hash))
+}
+
+pub(crate) fn rolled_out_digest_with(
+    key: &MarkKey,
+    rule_uid: &str,
+    name: &str,
+    payload_hash: u64,
+) -> String {
+    let mut feed = Feed::new(key, "copyrator rolled out");
+    feed.part(rule_uid.as_bytes());
+    feed.part(name.as_bytes());
+    feed.part(&payload_hash.to_be_bytes());
+    hex(feed.0.sign().as_ref(), ROLLED_OUT_DIGITS)
+}
+
 /// What a mark proves of an object.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Verdict {
@@ -576,6 +604,22 @@ mod tests {
                  content no such rule's",
                 PLACE.rule
             );
+        }
+    }
+
+    #[test]
+    fn a_rolled_out_digest_is_keyed_and_bound_to_the_rule_and_the_name() {
+        let (one, two) = (test_key(1), test_key(2));
+        let digest = rolled_out_digest_with(&one, "uid-1", "ca", 42);
+        assert_eq!(digest.len(), ROLLED_OUT_DIGITS);
+        assert_eq!(digest, rolled_out_digest_with(&one, "uid-1", "ca", 42));
+        for other in [
+            rolled_out_digest_with(&two, "uid-1", "ca", 42),
+            rolled_out_digest_with(&one, "uid-2", "ca", 42),
+            rolled_out_digest_with(&one, "uid-1", "cb", 42),
+            rolled_out_digest_with(&one, "uid-1", "ca", 43),
+        ] {
+            assert_ne!(digest, other);
         }
     }
 

@@ -5,7 +5,7 @@
 //! rule says of all clusters together is `reconcile`'s. [`preview_plan`]
 //! plans the same way for `copyrator plan` and writes nothing.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -100,6 +100,10 @@ fn report_of(site: &Site, resolved: &ResolvedRule, pass: &Pass) -> ClusterReport
         conflicts: pass.conflicts.clone(),
         contested,
         problem: report::sync_failed(pass.failing()),
+        rolled_out: pass
+            .rollout
+            .as_ref()
+            .map(|gated| crate::core::rollout::rolled_out_for_status(&gated.rolled_out)),
     }
 }
 
@@ -439,7 +443,10 @@ async fn carry_out(
     let mut pass = Pass::default();
     // The tally took the plan whole: writes the stages hold back stay owed.
     if let Some(stages) = &resolved.stages {
-        let gated = crate::controller::rollout::stage(site, resolved, stages, &mut plan).await;
+        let kept = rolled_out_kept(rule, site.name.member());
+        let gated =
+            crate::controller::rollout::stage(site, resolved, stages, &mut plan, &desired, &kept)
+                .await;
         if let Some(at) = gated.recheck_at {
             pass.retry_no_later_than(at);
         }
@@ -472,6 +479,24 @@ async fn carry_out(
         pass.retry_no_later_than(Instant::now() + delay);
     }
     pass
+}
+
+/// What the rule's status keeps of what it rolled out in a site: its own
+/// `rolledOut` at home, its member entry's in a member.
+fn rolled_out_kept(rule: &CopyratorRule, member: Option<&str>) -> BTreeMap<String, String> {
+    let Some(status) = &rule.status else {
+        return BTreeMap::new();
+    };
+    match member {
+        None => status.rolled_out.clone(),
+        Some(member) => status
+            .clusters
+            .iter()
+            .flatten()
+            .find(|c| c.name == member)
+            .and_then(|c| c.rolled_out.clone())
+            .unwrap_or_default(),
+    }
 }
 
 /// What a pass looks at, and the conflicts the rule knows of. Counts kept

@@ -367,6 +367,8 @@ fn observed_after(
             .map(|g| g.progress.clone())
             .unwrap_or_default(),
         held: pass.rollout.as_ref().map_or(0, |g| g.held),
+        staged: Some(resolved.stages.is_some()),
+        rolled_out: home.rolled_out.clone(),
     }
 }
 

@@ -4,7 +4,8 @@
 //! creates in stages not reached yet) and, with `restartConsumers`, whether
 //! the workloads that use a stage's copies are available again. Both are
 //! kept in the rule's memory of the site for the next pass, which comes
-//! at once.
+//! at once. What the rule rolled out is read from its status on the first
+//! pass after a start, and goes back into it after each pass.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -18,22 +19,28 @@ use tokio::time::Instant;
 
 use crate::api::kinds::Kind;
 use crate::cache::index::Object;
-use crate::cache::mark::{Consumer, RestartForm, restart_form};
+use crate::cache::mark::{Consumer, RestartForm, restart_form, rolled_out_digest};
 use crate::controller::site::{RuleMemory, Site};
 use crate::core::consumers::{opted_out, restart_key, restart_value, use_of};
-use crate::core::plan::Plan;
+use crate::core::plan::{DesiredCopies, Plan};
 use crate::core::resolve::ResolvedRule;
-use crate::core::rollout::{AvailabilityCheck, EarlierRead, Gated, Inputs, Stages, gate};
+use crate::core::rollout::{
+    AvailabilityCheck, EarlierRead, Gated, Inputs, Stages, gate, rolled_out_from_status,
+};
 use crate::error::describe;
 use crate::sync::{lock, read};
 
 /// Stage `plan` for the rule's stages in `site`, and read what the next
 /// pass needs; `Gated::recheck_at` says when that pass should come.
+/// `kept` is what the rule's status says was rolled out in this site: what
+/// the rule starts from when its memory holds nothing yet.
 pub(crate) async fn stage(
     site: &Site,
     resolved: &ResolvedRule,
     stages: &Stages,
     plan: &mut Plan,
+    desired: &DesiredCopies,
+    kept: &BTreeMap<String, String>,
 ) -> Gated {
     let mut gated = {
         // The memory before the views, as the lock order in state.rs says.
@@ -45,6 +52,10 @@ pub(crate) async fn stage(
             availability,
             ..
         } = memory.entry(resolved.key.clone()).or_default();
+        if rollouts.rolled_out.is_none() {
+            rollouts.rolled_out = Some(rolled_out_from_status(kept));
+        }
+        let digest = |name: &str, payload: u64| rolled_out_digest(&resolved.uid, name, payload);
         let seen = |name: &str, stage: usize, payload: u64| {
             availability
                 .get(&(name.to_owned(), stage))
@@ -59,6 +70,8 @@ pub(crate) async fn stage(
             consumers: resolved.restart_consumers,
             availability: &seen,
             now: Instant::now(),
+            desired,
+            digest: &digest,
         };
         let gated = gate(plan, &inputs, rollouts);
         // What was seen of a content no rollout is at any more is moot.

@@ -21,6 +21,9 @@ pub(crate) struct ClusterReport {
     pub(crate) contested: Vec<ContestedEntry>,
     /// `(reason, message)` when the rule is not synced there.
     pub(crate) problem: Option<(String, String)>,
+    /// For a staged rule: what its copies there may hold as rolled out
+    /// after the pass, as the status keeps it.
+    pub(crate) rolled_out: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// The problem of a pass whose writes failed (this pass, or before and
@@ -112,6 +115,7 @@ mod tests {
             conflicts: conflicts.iter().map(|ns| conflict(ns)).collect(),
             contested: contest.iter().map(|ns| contested(ns)).collect(),
             problem: None,
+            rolled_out: None,
         }
     }
 

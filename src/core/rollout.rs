@@ -15,6 +15,15 @@
 //! Namespaces that no stage selects make the last stage. A source with no
 //! copy at other content past the first stage (a new source, or a change
 //! back to what later stages hold) is not staged: nothing there to keep.
+//!
+//! Only content the rule rolled out counts as content a stage holds: a
+//! copy's mark proves that Copyrator wrote its payload there once, not
+//! that it was the last thing written. The rule keeps, by copy name, the
+//! digests of the contents its copies may hold ([`RolledOut`]: the current
+//! content, and while a rollout is under way the contents it replaces),
+//! and its status carries them over a restart. A copy at any other content
+//! (an older one put back) is restored at once, like an edited one, and is
+//! never handed on.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -24,7 +33,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::cache::index::{CopyIndex, NamespaceInfo, Object};
-use crate::core::plan::{Action, Desired, Plan};
+use crate::core::plan::{Action, Desired, DesiredCopies, Plan};
 pub(crate) use crate::core::resolve::Stages;
 
 /// How soon a pass that wrote a stage's copies is followed by another,
@@ -57,6 +66,51 @@ pub(crate) struct Track {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Rollouts {
     pub(crate) by_name: BTreeMap<String, Track>,
+    /// What the rule's copies may hold as rolled out; `None` until it is
+    /// read from the rule's status (the first pass after a start).
+    pub(crate) rolled_out: Option<RolledOut>,
+}
+
+/// By copy name, the digests of the contents ([`Inputs::digest`]) that its
+/// copies may hold as rolled out, the newest last: the source's current
+/// content, and while a rollout is under way the contents it replaces.
+pub(crate) type RolledOut = BTreeMap<String, Vec<String>>;
+
+/// At most this many contents are kept for one copy name: a source that
+/// changes again and again while its rollout is under way hands on only
+/// its latest contents.
+pub(crate) const MAX_ROLLED_OUT_CONTENTS: usize = 8;
+
+/// At most this many copy names are kept (the first by name): the status
+/// of a rule with a thousand sources stays far below an object's limit.
+/// A copy of a source past them is held at other content by no stage
+/// after a restart: it is written at once.
+pub(crate) const MAX_ROLLED_OUT_SOURCES: usize = 2_000;
+
+/// [`RolledOut`] as the rule's status keeps it: digests space-separated.
+pub(crate) fn rolled_out_for_status(rolled_out: &RolledOut) -> BTreeMap<String, String> {
+    rolled_out
+        .iter()
+        .map(|(name, digests)| (name.clone(), digests.join(" ")))
+        .collect()
+}
+
+/// [`RolledOut`] from the rule's status; anything malformed is no digest
+/// (it matches no content, so a copy at it is restored, never handed on).
+pub(crate) fn rolled_out_from_status(status: &BTreeMap<String, String>) -> RolledOut {
+    status
+        .iter()
+        .take(MAX_ROLLED_OUT_SOURCES)
+        .map(|(name, digests)| {
+            let digests: Vec<String> = digests
+                .split_whitespace()
+                .filter(|d| d.len() == crate::cache::mark::ROLLED_OUT_DIGITS)
+                .map(str::to_owned)
+                .collect();
+            let skip = digests.len().saturating_sub(MAX_ROLLED_OUT_CONTENTS);
+            (name.clone(), digests.into_iter().skip(skip).collect())
+        })
+        .collect()
 }
 
 /// Where one source's rollout stands.
@@ -108,6 +162,9 @@ pub(crate) struct Gated {
     /// [`Track::earlier`]: the content rolled out before, which creates in
     /// stages not reached yet need.
     pub(crate) reads: Vec<EarlierRead>,
+    /// What the rule's copies may hold as rolled out after this pass, for
+    /// its status.
+    pub(crate) rolled_out: RolledOut,
 }
 
 /// A copy that holds the content rolled out before, as Copyrator wrote it
@@ -140,6 +197,12 @@ pub(crate) struct Inputs<'a> {
     pub(crate) consumers: bool,
     pub(crate) availability: Availability<'a>,
     pub(crate) now: Instant,
+    /// Every copy the sources want now (a pass over a staged rule looks at
+    /// everything).
+    pub(crate) desired: &'a DesiredCopies,
+    /// The digest of a content (its payload hash) for a copy name, as the
+    /// status keeps it; `None` where none can be made (no key).
+    pub(crate) digest: &'a dyn Fn(&str, u64) -> Option<String>,
 }
 
 /// Stage `plan` (made for everything, as if there were no stages): take
@@ -147,6 +210,15 @@ pub(crate) struct Inputs<'a> {
 /// there with the content rolled out before; advance `rollouts`.
 pub(crate) fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Gated {
     let stages = inputs.stages;
+    let Rollouts {
+        by_name: tracks,
+        rolled_out,
+    } = rollouts;
+    let rolled_out = rolled_out.get_or_insert_with(RolledOut::new);
+    let recorded = |name: &str, payload: u64| {
+        (inputs.digest)(name, payload)
+            .is_some_and(|digest| rolled_out.get(name).is_some_and(|d| d.contains(&digest)))
+    };
     let stage_of = |namespace: &str| {
         let labels = inputs.namespaces.get(namespace).map(|ns| &ns.labels);
         stages.stage_of(namespace, labels.unwrap_or(&BTreeMap::new()))
@@ -156,7 +228,7 @@ pub(crate) fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts
     // the first (what later stages hold: the content rolled out before).
     let mut owed: HashMap<String, Owed> = HashMap::new();
     for action in &plan.actions {
-        let Some((desired, namespace, new_content)) = write_of(action) else {
+        let Some((desired, namespace, new_content)) = write_of(action, &recorded) else {
             continue;
         };
         if !new_content {
@@ -188,11 +260,10 @@ pub(crate) fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts
         let desired = &owed.desired;
         // Nothing held elsewhere and no rollout under way: a new source,
         // or a change back to what later stages hold (not staged).
-        if !owed.held_later && !rollouts.by_name.contains_key(name) {
+        if !owed.held_later && !tracks.contains_key(name) {
             continue;
         }
-        let track = rollouts
-            .by_name
+        let track = tracks
             .entry(name.clone())
             .and_modify(|t| {
                 if t.payload != desired.payload_hash {
@@ -215,18 +286,62 @@ pub(crate) fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts
     }
     // Passes over a staged rule look at everything: a source with nothing
     // owed has rolled out everywhere.
-    rollouts
-        .by_name
-        .retain(|name, _| open_through.contains_key(name));
+    tracks.retain(|name, _| open_through.contains_key(name));
     gated.progress.sort_by(|a, b| a.source.cmp(&b.source));
     let actions = std::mem::take(&mut plan.actions);
     for action in actions {
-        match held_back(action, &open_through, &stage_of) {
+        match held_back(action, &open_through, &stage_of, &recorded) {
             Ok(action) => plan.actions.push(action),
             Err(()) => gated.held += 1,
         }
     }
+    gated.rolled_out = record_rolled_out(rolled_out, plan.too_costly, inputs, &open_through);
     gated
+}
+
+/// Record what the copies may hold as rolled out after a pass, and return
+/// it: for each source, its current content; while its rollout is under
+/// way, also what was recorded before (what its stages not open yet hold).
+/// A plan that stopped short (`too_costly`) knows not every source's
+/// content: what was recorded stays as it was.
+fn record_rolled_out(
+    record: &mut RolledOut,
+    too_costly: bool,
+    inputs: &Inputs<'_>,
+    under_way: &HashMap<String, (usize, Option<Arc<Desired>>)>,
+) -> RolledOut {
+    if !too_costly {
+        *record = next_rolled_out(record, inputs, under_way);
+    }
+    record.clone()
+}
+
+fn next_rolled_out(
+    before: &mut RolledOut,
+    inputs: &Inputs<'_>,
+    under_way: &HashMap<String, (usize, Option<Arc<Desired>>)>,
+) -> RolledOut {
+    let mut names: Vec<&Arc<Desired>> = inputs.desired.values().collect();
+    names.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut next = RolledOut::new();
+    for desired in names.into_iter().take(MAX_ROLLED_OUT_SOURCES) {
+        let Some(current) = (inputs.digest)(&desired.name, desired.payload_hash) else {
+            continue;
+        };
+        let mut digests = if under_way.contains_key(&desired.name) {
+            before.remove(&desired.name).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        digests.retain(|d| *d != current);
+        digests.push(current);
+        let skip = digests.len().saturating_sub(MAX_ROLLED_OUT_CONTENTS);
+        next.insert(
+            desired.name.clone(),
+            digests.into_iter().skip(skip).collect(),
+        );
+    }
+    next
 }
 
 /// The copy a create in a stage not open yet gets: the source's copy with
@@ -264,15 +379,21 @@ struct Owed {
 /// The desired copy, its namespace, and whether it brings new content
 /// there, of a write; `None` for a delete or hand-over. A copy whose payload
 /// is not provably Copyrator's write ([`Object::intact`]: someone edited it)
+/// or not content the rule rolled out (`recorded`: an older copy put back)
 /// gets no new content but a restore: it is written at once, as without
 /// stages, and what it holds is never handed on.
-fn write_of(action: &Action) -> Option<(&Arc<Desired>, &str, bool)> {
+fn write_of<'a>(
+    action: &'a Action,
+    recorded: &dyn Fn(&str, u64) -> bool,
+) -> Option<(&'a Arc<Desired>, &'a str, bool)> {
     match action {
         Action::Create { desired, namespace } => Some((desired, namespace, true)),
         Action::Update { desired, current } | Action::Recreate { desired, current } => Some((
             desired,
             &current.namespace,
-            current.intact && current.payload_hash != desired.payload_hash,
+            current.intact
+                && current.payload_hash != desired.payload_hash
+                && recorded(&desired.name, current.payload_hash),
         )),
         // Adopted as it is: it holds the desired payload already.
         Action::Adopt { desired, current } => Some((desired, &current.namespace, false)),
@@ -387,8 +508,9 @@ fn held_back(
     action: Action,
     open_through: &HashMap<String, (usize, Option<Arc<Desired>>)>,
     stage_of: &dyn Fn(&str) -> usize,
+    recorded: &dyn Fn(&str, u64) -> bool,
 ) -> Result<Action, ()> {
-    let Some((desired, namespace, new_content)) = write_of(&action) else {
+    let Some((desired, namespace, new_content)) = write_of(&action, recorded) else {
         return Ok(action);
     };
     let Some((open, earlier)) = open_through.get(&desired.name) else {
@@ -449,6 +571,24 @@ mod tests {
         rule(json!({"ruleType": "configmap", "selector": {"copy": "yes"}}))
     }
 
+    fn digest(name: &str, payload: u64) -> Option<String> {
+        crate::cache::mark::rolled_out_digest("rule-1", name, payload)
+    }
+
+    /// The digest of `{"k": value}` for the copies of `cm`.
+    fn digest_of(value: &str) -> String {
+        let payload = BTreeMap::from([("data".to_owned(), json!({"k": value}))]);
+        digest("cm", crate::cache::index::payload_hash(&payload)).expect("a test key")
+    }
+
+    /// What a rule remembers once `{"k": value}` rolled out everywhere.
+    fn rolled_out_at(value: &str) -> Rollouts {
+        Rollouts {
+            rolled_out: Some(RolledOut::from([("cm".to_owned(), vec![digest_of(value)])])),
+            ..Rollouts::default()
+        }
+    }
+
     /// Stage the plan of `w` at `now`, with the consumers' availability
     /// `available` (when they count).
     fn staged(
@@ -460,6 +600,11 @@ mod tests {
         let stages = canary_then_rest();
         let mut plan = w.plan(&simple());
         let none = |_: &str, _: usize, _: u64| None;
+        let desired = crate::core::plan::desired_copies(
+            &simple(),
+            &w.sources,
+            &crate::core::scope::Scope::everything(),
+        );
         let inputs = Inputs {
             stages: &stages,
             rule_uid: "rule-1",
@@ -468,6 +613,8 @@ mod tests {
             consumers: consumers.is_some(),
             availability: consumers.unwrap_or(&none),
             now,
+            desired: &desired,
+            digest: &digest,
         };
         let gated = gate(&mut plan, &inputs, rollouts);
         (plan, gated)
@@ -483,7 +630,7 @@ mod tests {
     #[test]
     fn a_change_reaches_the_next_stage_only_after_the_first_settled_and_paused() {
         let mut w = changed_world();
-        let mut rollouts = Rollouts::default();
+        let mut rollouts = rolled_out_at("v1");
         let t0 = Instant::now();
         let (plan, gated) = staged(&w, &mut rollouts, t0, None);
         assert_eq!(places(&plan), ["update c1"]);
@@ -515,7 +662,7 @@ mod tests {
     #[test]
     fn a_stage_that_does_not_settle_halts_and_later_stages_keep_their_content() {
         let w = changed_world();
-        let mut rollouts = Rollouts::default();
+        let mut rollouts = rolled_out_at("v1");
         let t0 = Instant::now();
         // The canary's write never lands (refused, say).
         staged(&w, &mut rollouts, t0, None);
@@ -534,7 +681,7 @@ mod tests {
     #[test]
     fn with_consumers_a_stage_settles_when_they_are_available() {
         let mut w = changed_world();
-        let mut rollouts = Rollouts::default();
+        let mut rollouts = rolled_out_at("v1");
         let t0 = Instant::now();
         let unknown = |_: &str, _: usize, _: u64| None;
         let (plan, _) = staged(&w, &mut rollouts, t0, Some(&unknown));
@@ -566,7 +713,7 @@ mod tests {
     fn a_new_namespace_in_a_stage_not_reached_gets_the_content_rolled_out_before() {
         let mut w = changed_world();
         w.namespaces.insert("r3".into(), NamespaceInfo::default());
-        let mut rollouts = Rollouts::default();
+        let mut rollouts = rolled_out_at("v1");
         let t0 = Instant::now();
         let (plan, gated) = staged(&w, &mut rollouts, t0, None);
         // The content before is not known yet: read from one copy first.
@@ -598,7 +745,7 @@ mod tests {
     #[test]
     fn a_change_back_to_what_later_stages_hold_reaches_the_canary_and_ends() {
         let mut w = changed_world();
-        let mut rollouts = Rollouts::default();
+        let mut rollouts = rolled_out_at("v1");
         let t0 = Instant::now();
         let (plan, _) = staged(&w, &mut rollouts, t0, None);
         w.apply(&plan);
@@ -662,14 +809,14 @@ mod tests {
         let mut w = changed_world();
         forge_copy(&mut w, "r1", "EVIL");
         w.namespaces.insert("r3".into(), NamespaceInfo::default());
-        let mut rollouts = Rollouts::default();
+        let mut rollouts = rolled_out_at("v1");
         let (_, gated) = staged(&w, &mut rollouts, Instant::now(), None);
         let read: Vec<&str> = gated.reads.iter().map(|r| r.namespace.as_str()).collect();
         assert_eq!(read, ["r2"], "only the copy whose content is marked");
         // Every copy past the canary forged: each is restored as an edited
         // copy would be, and nothing carries EVIL anywhere.
         forge_copy(&mut w, "r2", "EVIL");
-        let mut rollouts = Rollouts::default();
+        let mut rollouts = rolled_out_at("v1");
         let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
         assert!(gated.reads.is_empty(), "{gated:?}");
         assert_eq!(
@@ -679,8 +826,9 @@ mod tests {
         assert_nothing_written_holds(&plan, "EVIL");
     }
 
-    /// After a restart nothing is remembered of Copyrator's writes: a copy
-    /// whose mark proves its content still hands it on.
+    /// After a restart nothing is remembered of Copyrator's writes but
+    /// what the rule's status kept: a copy whose mark proves its content,
+    /// content the rule rolled out, still hands it on.
     #[test]
     fn after_a_restart_marked_content_is_still_handed_on() {
         let mut w = changed_world();
@@ -693,7 +841,7 @@ mod tests {
         }
         w.copies = restarted;
         w.namespaces.insert("r3".into(), NamespaceInfo::default());
-        let mut rollouts = Rollouts::default();
+        let mut rollouts = rolled_out_at("v1");
         let (_, gated) = staged(&w, &mut rollouts, Instant::now(), None);
         let read: Vec<&str> = gated.reads.iter().map(|r| r.namespace.as_str()).collect();
         assert!(
@@ -709,10 +857,11 @@ mod tests {
         let p = w.plan(&simple());
         w.apply(&p);
         edit_copy(&mut w, "r1", "EVIL");
-        let mut rollouts = Rollouts::default();
+        let mut rollouts = rolled_out_at("v1");
         let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
         assert_eq!(places(&plan), ["update r1"], "restored as without stages");
-        assert_eq!(gated, Gated::default(), "the source did not change");
+        assert_eq!(gated.held, 0, "the source did not change");
+        assert!(gated.progress.is_empty() && gated.reads.is_empty());
         assert!(rollouts.by_name.is_empty());
     }
 
@@ -723,7 +872,7 @@ mod tests {
         let mut w = changed_world();
         edit_copy(&mut w, "r1", "EVIL");
         w.namespaces.insert("r3".into(), NamespaceInfo::default());
-        let mut rollouts = Rollouts::default();
+        let mut rollouts = rolled_out_at("v1");
         let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
         assert_eq!(places(&plan), ["update c1", "update r1"]);
         let read: Vec<&str> = gated.reads.iter().map(|r| r.namespace.as_str()).collect();
@@ -736,7 +885,7 @@ mod tests {
         edit_copy(&mut w, "r1", "EVIL");
         edit_copy(&mut w, "r2", "EVIL");
         w.namespaces.insert("r3".into(), NamespaceInfo::default());
-        let mut rollouts = Rollouts::default();
+        let mut rollouts = rolled_out_at("v1");
         let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
         assert_eq!(
             places(&plan),
@@ -749,6 +898,139 @@ mod tests {
         assert_nothing_written_holds(&plan, "EVIL");
     }
 
+    /// Copies as the copy watch lists them after a restart: each whose
+    /// mark proves its content is intact, whatever was written since.
+    fn restarted(w: &mut World) {
+        let mut listed = CopyIndex::default();
+        for copy in w.copies.owned_by("rule-1") {
+            let mut copy = (**copy).clone();
+            copy.written_for = None;
+            copy.settled = false;
+            copy.intact = true;
+            listed.upsert(Arc::new(copy));
+        }
+        w.copies = listed;
+    }
+
+    /// The copy in `namespace` of `w` put back as it was saved at
+    /// `{"k": value}`, its mark with it: Copyrator wrote it there once.
+    fn put_back(w: &mut World, namespace: &str, value: &str) {
+        edit_copy(w, namespace, value);
+    }
+
+    #[test]
+    fn after_a_restart_an_older_copy_put_back_is_restored_at_once_and_starts_no_rollout() {
+        // v1 was rolled out everywhere, then v2; r1's tenant saved its v1
+        // copy and puts it back while the operator is down.
+        let mut w = changed_world();
+        let mut rollouts = rolled_out_at("v1");
+        let t0 = Instant::now();
+        let (plan, _) = staged(&w, &mut rollouts, t0, None);
+        w.apply(&plan);
+        let t1 = t0 + Duration::from_secs(1);
+        staged(&w, &mut rollouts, t1, None);
+        let (plan, _) = staged(&w, &mut rollouts, t1 + PAUSE, None);
+        w.apply(&plan);
+        let (plan, gated) = staged(&w, &mut rollouts, t1 + PAUSE * 2, None);
+        assert!(plan.actions.is_empty() && gated.progress.is_empty());
+        assert_eq!(
+            gated.rolled_out,
+            RolledOut::from([("cm".to_owned(), vec![digest_of("v2")])]),
+            "once rolled out, v1 is no content a copy may hold"
+        );
+        put_back(&mut w, "r1", "v1");
+        restarted(&mut w);
+        w.namespaces.insert("r3".into(), NamespaceInfo::default());
+        // What the status kept is all the restarted operator knows.
+        let status = rolled_out_for_status(&gated.rolled_out);
+        let mut rollouts = Rollouts {
+            rolled_out: Some(rolled_out_from_status(&status)),
+            ..Rollouts::default()
+        };
+        let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
+        assert_eq!(places(&plan), ["update r1", "create r3"]);
+        assert!(gated.progress.is_empty() && gated.reads.is_empty() && gated.held == 0);
+        assert_nothing_written_holds(&plan, "v1");
+        assert!(rollouts.by_name.is_empty(), "no rollout started");
+    }
+
+    #[test]
+    fn during_a_rollout_only_what_it_replaces_is_held_and_handed_on() {
+        // v0, then v1 rolled out everywhere; the source is at v2, the
+        // canary written. r1's tenant puts back its v0 copy.
+        let mut w = World::new(&["src", "c1", "r1", "r2"]);
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v0"}));
+        let p = w.plan(&simple());
+        w.apply(&p);
+        let v0 = (**w.copies.get("r1", "cm").expect("a copy")).clone();
+        let mut w = changed_world();
+        let mut rollouts = rolled_out_at("v1");
+        let t0 = Instant::now();
+        let (plan, gated) = staged(&w, &mut rollouts, t0, None);
+        w.apply(&plan);
+        assert_eq!(
+            gated.rolled_out["cm"],
+            [digest_of("v1"), digest_of("v2")],
+            "under way: what it replaces, and the new content"
+        );
+        w.copies.upsert(Arc::new(Object {
+            resource_version: "999".into(),
+            ..v0
+        }));
+        restarted(&mut w);
+        w.namespaces.insert("r3".into(), NamespaceInfo::default());
+        let mut rollouts = Rollouts {
+            rolled_out: Some(gated.rolled_out.clone()),
+            ..Rollouts::default()
+        };
+        let (plan, gated) = staged(&w, &mut rollouts, t0, None);
+        assert_eq!(places(&plan), ["update r1"], "v0 restored at once");
+        let read: Vec<&str> = gated.reads.iter().map(|r| r.namespace.as_str()).collect();
+        assert_eq!(read, ["r2"], "v1 is read from r2 alone");
+        assert_eq!(gated.held, 2, "r2 keeps v1; r3 waits for it");
+        assert_nothing_written_holds(&plan, "v0");
+    }
+
+    #[test]
+    fn no_record_after_a_restart_holds_nothing_back() {
+        // A staged rule whose status kept nothing (written by a version
+        // before the record, or the key changed): no copy at other content
+        // is taken as rolled out, and every copy gets the new content.
+        let mut w = changed_world();
+        restarted(&mut w);
+        let mut rollouts = Rollouts::default();
+        let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
+        assert_eq!(places(&plan), ["update c1", "update r1", "update r2"]);
+        assert!(gated.progress.is_empty() && gated.held == 0);
+    }
+
+    #[test]
+    fn the_record_in_the_status_is_bounded_and_malformed_digests_match_nothing() {
+        let many: BTreeMap<String, String> = (0..MAX_ROLLED_OUT_SOURCES + 10)
+            .map(|i| {
+                let digests: Vec<String> = (0..MAX_ROLLED_OUT_CONTENTS + 2)
+                    .map(|j| format!("{:016x}", i * 100 + j))
+                    .collect();
+                (format!("cm-{i:05}"), digests.join(" "))
+            })
+            .collect();
+        let read = rolled_out_from_status(&many);
+        assert_eq!(read.len(), MAX_ROLLED_OUT_SOURCES);
+        let first = &read["cm-00000"];
+        assert_eq!(first.len(), MAX_ROLLED_OUT_CONTENTS, "the newest kept");
+        assert_eq!(first.last().map(String::as_str), Some("0000000000000009"));
+        let malformed = BTreeMap::from([("cm".to_owned(), "xyz 0123456789abcdef0".to_owned())]);
+        assert_eq!(
+            rolled_out_from_status(&malformed)["cm"],
+            Vec::<String>::new()
+        );
+        let round = RolledOut::from([("cm".to_owned(), vec![digest_of("v1"), digest_of("v2")])]);
+        assert_eq!(
+            rolled_out_from_status(&rolled_out_for_status(&round)),
+            round
+        );
+    }
+
     #[test]
     fn a_new_source_is_not_staged() {
         let mut w = World::new(&["src", "c1", "r1"]);
@@ -756,7 +1038,12 @@ mod tests {
         let mut rollouts = Rollouts::default();
         let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
         assert_eq!(places(&plan), ["create c1", "create r1"]);
-        assert_eq!(gated, Gated::default());
+        assert_eq!(gated.held, 0);
+        assert!(gated.progress.is_empty() && gated.reads.is_empty());
+        assert_eq!(
+            gated.rolled_out,
+            RolledOut::from([("cm".to_owned(), vec![digest_of("v1")])])
+        );
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! A rule's status from what its reconcile saw and did (pure).
 
+use std::collections::BTreeMap;
+
 use crate::api::rule::{
     ClusterStatus, Condition, ConflictEntry, ContestedEntry, RolloutStatus, RuleStatus,
 };
@@ -12,6 +14,9 @@ pub(crate) const MAX_LISTED_CONFLICTS: usize = 20;
 /// What one reconcile of a rule found.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Observed {
+    /// Whether the rule has stages (`None`: not known, a refused rule):
+    /// what it rolled out is kept while it has, and dropped once not.
+    pub(crate) staged: Option<bool>,
     pub(crate) generation: Option<i64>,
     pub(crate) rule_type: Option<String>,
     pub(crate) sources: u32,
@@ -46,6 +51,9 @@ pub(crate) struct Observed {
     /// stages, and how many writes the stages hold back.
     pub(crate) rollouts: Vec<Progress>,
     pub(crate) held: u32,
+    /// What a staged rule's pass at home found it rolled out (`None`: no
+    /// pass found it; the status keeps what it held).
+    pub(crate) rolled_out: Option<BTreeMap<String, String>>,
 }
 
 /// The status to publish, keeping transition times when nothing transitioned.
@@ -97,11 +105,39 @@ pub(crate) fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &
             .take(MAX_LISTED_CONFLICTS)
             .map(rollout_status)
             .collect(),
+        rolled_out: BTreeMap::new(),
     };
+    keep_rolled_out(previous, observed, &mut next);
     if previous.is_none_or(|p| !same_content(p, &next)) {
         next.last_sync_time = Some(now.to_string());
     }
     next
+}
+
+/// What the rule rolled out, at home and in each member: as its passes
+/// found it where they report it, else as the status kept it (a status
+/// written without a pass, or a member that did not report); nothing once
+/// the rule has no stages.
+fn keep_rolled_out(previous: Option<&RuleStatus>, observed: &Observed, next: &mut RuleStatus) {
+    if observed.staged == Some(false) {
+        for cluster in next.clusters.iter_mut().flatten() {
+            cluster.rolled_out = None;
+        }
+        return;
+    }
+    next.rolled_out = match (&observed.rolled_out, previous) {
+        (Some(found), _) => found.clone(),
+        (None, Some(previous)) => previous.rolled_out.clone(),
+        (None, None) => BTreeMap::new(),
+    };
+    for cluster in next.clusters.iter_mut().flatten() {
+        if cluster.rolled_out.is_none() {
+            cluster.rolled_out = previous
+                .and_then(|p| p.clusters.as_ref())
+                .and_then(|clusters| clusters.iter().find(|c| c.name == cluster.name))
+                .and_then(|c| c.rolled_out.clone());
+        }
+    }
 }
 
 /// The Ready condition's `(status, reason, message)`, from the first that
@@ -233,6 +269,7 @@ pub(crate) fn cluster_entry(
         create_only_copies: report.create_only_copies,
         adopted_copies: report.adopted_copies,
         contested: report.contested.len() as u32,
+        rolled_out: report.rolled_out.clone(),
         ..status
     };
     if let Reachability::Unreachable { message, refused } = *reach {
@@ -638,7 +675,55 @@ mod tests {
             }],
             contested: Vec::new(),
             problem: None,
+            rolled_out: None,
         }
+    }
+
+    #[test]
+    fn what_a_staged_rule_rolled_out_is_kept_until_a_pass_says_otherwise() {
+        let digests = |d: &str| BTreeMap::from([("ca".to_owned(), d.to_owned())]);
+        let member = |rolled_out: Option<BTreeMap<String, String>>| ClusterStatus {
+            name: "a".into(),
+            rolled_out,
+            ..ClusterStatus::default()
+        };
+        let previous = RuleStatus {
+            rolled_out: digests("0000000000000001"),
+            clusters: Some(vec![member(Some(digests("0000000000000002")))]),
+            ..RuleStatus::default()
+        };
+        // A status written without a pass (the sources still listed) and
+        // a member that did not report keep what was there.
+        let waiting = Observed {
+            staged: Some(true),
+            clusters: vec![member(None)],
+            ..observed()
+        };
+        let next = compute(Some(&previous), &waiting, "now");
+        assert_eq!(next.rolled_out, previous.rolled_out);
+        assert_eq!(next.clusters, previous.clusters);
+        // A refused rule's status says nothing of members: home's is kept.
+        let refused = compute(Some(&previous), &observed(), "now");
+        assert_eq!(refused.rolled_out, previous.rolled_out);
+        // A pass replaces it where it reports.
+        let passed = Observed {
+            staged: Some(true),
+            rolled_out: Some(digests("0000000000000003")),
+            clusters: vec![member(Some(BTreeMap::new()))],
+            ..observed()
+        };
+        let next = compute(Some(&previous), &passed, "now");
+        assert_eq!(next.rolled_out, digests("0000000000000003"));
+        assert_eq!(next.clusters, Some(vec![member(Some(BTreeMap::new()))]));
+        // Without stages nothing is kept.
+        let unstaged = Observed {
+            staged: Some(false),
+            clusters: vec![member(None)],
+            ..observed()
+        };
+        let next = compute(Some(&previous), &unstaged, "now");
+        assert!(next.rolled_out.is_empty());
+        assert_eq!(next.clusters, Some(vec![member(None)]));
     }
 
     #[test]

@@ -151,6 +151,123 @@ async fn a_tenants_edited_copy_reaches_no_other_namespace() {
     .await;
 }
 
+/// A copy's mark proves that Copyrator wrote its content there once, not
+/// last. An admin rule copies `platform/trust-bundle` into every team in
+/// two stages. The tenant of `team-a`, in the rest, saves its copy (data,
+/// labels, annotations and mark) at OLD-CA; the source moves to NEW-CA,
+/// which rolls out everywhere; the rule's pause is then made ten minutes,
+/// so a rollout once started would hold the rest that long. While the
+/// operator is down the tenant puts its saved copy back, `team-b`'s owner
+/// deletes its copy to refresh it and a new namespace of the rest comes.
+/// After the restart the old copy is restored at once, nothing starts a
+/// rollout, and no namespace gets OLD-CA.
+#[tokio::test]
+async fn an_older_copy_put_back_while_the_operator_is_down_is_restored_at_once() {
+    let t = TestNs::new("atk-putback").await;
+    let platform = t.ns("platform").await;
+    let canary = t.ns_labelled("canary", &[("stage", "canary")]).await;
+    let team_a = t.ns("team-a").await;
+    let team_b = t.ns("team-b").await;
+    let rollout = |pause: u64| {
+        json!({
+            "stages": [{"name": "canary", "namespaceSelector": {"matchLabels": {"stage": "canary"}},
+                        "pauseSeconds": pause}],
+            "settleTimeoutSeconds": 600,
+        })
+    };
+    t.create_rule(
+        &platform,
+        "r",
+        with(
+            rule_spec(CM, t.selector(), &[t.glob("")]),
+            "/spec/rollout",
+            rollout(1),
+        ),
+    )
+    .await;
+    let mut operator = Operator::start(&t, &platform, &[]);
+    let source = t
+        .create_source(CM, &platform, "trust-bundle", &[], &[("ca.crt", "OLD-CA")])
+        .await;
+    for ns in [&canary, &team_a, &team_b] {
+        t.wait_copy(CM, ns, &source, &platform, "r").await;
+    }
+    let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    let own_copy: Api<ConfigMap> = Api::namespaced(attacker.client.clone(), &team_a);
+    let saved = own_copy
+        .get("trust-bundle")
+        .await
+        .unwrap_or_else(|e| panic!("the tenant saves its copy: {}", err_msg(&e)));
+    assert!(
+        saved
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key("copyrator.flant.com/mark")),
+        "the saved copy carries its mark"
+    );
+
+    let source = t
+        .set_data(CM, &platform, "trust-bundle", &[("ca.crt", Some("NEW-CA"))])
+        .await;
+    for ns in [&canary, &team_a, &team_b] {
+        t.wait_copy(CM, ns, &source, &platform, "r").await;
+    }
+    let rule = t
+        .wait_rule(&platform, "r", "NEW-CA rolled out everywhere", |rule| {
+            is_ready(rule)?;
+            match rule["status"]["rollouts"].is_null() {
+                true => Ok(()),
+                false => Err(format!("still rolling: {}", rule["status"]["rollouts"])),
+            }
+        })
+        .await;
+    assert!(
+        rule["status"]["rolledOut"]["trust-bundle"].is_string(),
+        "what was rolled out is kept where a restart finds it: {}",
+        rule["status"]
+    );
+    t.patch_rule(&platform, "r", json!({"spec": {"rollout": rollout(600)}}))
+        .await;
+    t.wait_rule_observed(&platform, "r", "the ten-minute pause")
+        .await;
+
+    operator.crash();
+    let mut put_back = own_copy
+        .get("trust-bundle")
+        .await
+        .unwrap_or_else(|e| panic!("the tenant reads its copy: {}", err_msg(&e)));
+    put_back.data = saved.data.clone();
+    put_back.metadata.labels = saved.metadata.labels.clone();
+    put_back.metadata.annotations = saved.metadata.annotations.clone();
+    own_copy
+        .replace("trust-bundle", &Default::default(), &put_back)
+        .await
+        .unwrap_or_else(|e| panic!("the tenant puts its old copy back: {}", err_msg(&e)));
+    t.delete(CM, &team_b, "trust-bundle").await;
+    let team_c = t.ns("team-c").await;
+    let _operator = Operator::start(&t, &platform, &[]);
+
+    for ns in [&team_a, &team_b, &team_c] {
+        t.wait_copy(CM, ns, &source, &platform, "r").await;
+    }
+    let rule = t.wait_rule_ready(&platform, "r").await;
+    assert!(
+        rule["status"]["rollouts"].is_null(),
+        "the old copy started a rollout: {}",
+        rule["status"]
+    );
+    assert_for("no copy holds OLD-CA", QUIET, async || {
+        for ns in [&canary, &team_a, &team_b, &team_c] {
+            t.must_get(CM, ns, "trust-bundle")
+                .await
+                .data_is(&[("ca.crt", "NEW-CA")])?;
+        }
+        Ok(())
+    })
+    .await;
+}
+
 /// Which rule a copy belongs to is what its mark proves, not its
 /// rule-UID label. An admin rule copies `op/trust-bundle` into every team
 /// in two stages (a canary, then the rest after a pause of ten minutes).

@@ -146,6 +146,68 @@ async fn a_change_reaches_the_rest_only_after_the_canary_settled_and_paused() {
     assert!(done["status"]["rollouts"].is_null(), "{}", done["status"]);
 }
 
+/// Where a rollout stands survives the operator: what the rule rolled out
+/// is kept in its status, so that after a restart the rest keeps the
+/// content rolled out before (and a namespace of the rest created while
+/// the operator was down gets it), and the canary keeps the new one.
+#[tokio::test]
+async fn a_rollout_under_way_holds_the_rest_after_a_restart() {
+    let t = TestNs::new("stages-restart").await;
+    let op = t.ns("op").await;
+    let canary = t.ns_labelled("c1", &[("stage", "canary")]).await;
+    let rest = t.ns("r1").await;
+    let long = Duration::from_secs(600);
+    t.create_rule(&op, "r", staged_rule(&t, canary_then_rest(long, 600)))
+        .await;
+    let mut operator = Operator::start(&t, &op, &[]);
+    let v1 = t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
+    t.wait_copy(CM, &canary, &v1, &op, "r").await;
+    t.wait_copy(CM, &rest, &v1, &op, "r").await;
+    t.wait_rule_ready(&op, "r").await;
+
+    let v2 = t.set_data(CM, &op, "cfg", &[("k", Some("v2"))]).await;
+    t.wait_copy(CM, &canary, &v2, &op, "r").await;
+    let source_ref = format!("{op}/cfg");
+    let rule = t
+        .wait_rule(&op, "r", "the canary settled and pausing", |r| {
+            rollout_at(r, &source_ref, "canary", "Pausing")
+        })
+        .await;
+    let kept = rule["status"]["rolledOut"]["cfg"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(
+        kept.split_whitespace().count(),
+        2,
+        "v1, which the rest holds, and v2: {}",
+        rule["status"]
+    );
+    let held = t.must_get(CM, &rest, "cfg").await;
+
+    operator.crash();
+    let late = t.ns("r2").await;
+    let _operator = Operator::start(&t, &op, &[]);
+    t.wait_obj(CM, &late, "cfg", "v1, as the rest holds", |o| {
+        o.data_is(&[("k", "v1")])
+    })
+    .await;
+    t.wait_rule(&op, "r", "the rollout goes on from the canary", |r| {
+        rollout_at(r, &source_ref, "canary", "Pausing")
+    })
+    .await;
+    assert_for("the rest keeps v1, the canary v2", QUIET, async || {
+        let now = t.must_get(CM, &rest, "cfg").await;
+        if now.resource_version != held.resource_version {
+            return Err(format!("the rest was written: {:?}", now.data));
+        }
+        t.must_get(CM, &canary, "cfg")
+            .await
+            .data_is(&[("k", "v2")])?;
+        t.must_get(CM, &late, "cfg").await.data_is(&[("k", "v1")])
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_canary_whose_consumers_are_not_available_halts_the_rollout() {
     let t = TestNs::new("stages-halt").await;
