@@ -23,6 +23,7 @@ pub mod core;
 pub(crate) mod error;
 pub(crate) mod ops;
 pub(crate) mod sync;
+pub(crate) mod yaml;
 
 pub(crate) use error::{Error, Result};
 

@@ -263,8 +263,7 @@ pub(crate) fn crd_yaml() -> Result<String> {
         what: "the CRD",
         source,
     })?;
-    serde_yaml::to_string(&value)
-        .map_err(|e| Error::Config(format!("rendering the CRD as YAML: {e}")))
+    Ok(crate::yaml::to_string(&value))
 }
 
 #[cfg(test)]

@@ -253,7 +253,7 @@ fn yaml(imported: &Imported) -> anyhow::Result<String> {
     }
     for rule in &imported.rules {
         out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(rule).context("a rule as YAML")?);
+        out.push_str(&crate::yaml::to_string(rule));
     }
     Ok(out)
 }

@@ -663,3 +663,119 @@ async fn a_tenants_configuration_becomes_its_own_rules_never_the_operators() {
     assert!(t.get(Kind::Secret, &team, "db-creds").await.is_none());
     operator.assert_running();
 }
+
+/// Label values that YAML 1.1 (kubectl's, Helm's reader) takes for no
+/// string, yet valid label values: each must reach the API server as the
+/// string it is.
+const YAML_1_1_LABEL_VALUES: &[&str] = &[
+    "yes",
+    "Yes",
+    "no",
+    "NO",
+    "on",
+    "Off",
+    "y",
+    "N",
+    "true",
+    "null",
+    "1",
+    "1.0",
+    "0o17",
+    "017",
+    "0x1F",
+    "1_000",
+    "1e3",
+    "2001-12-14",
+    "nan",
+];
+
+/// What `import` prints applies as printed: a Kyverno ClusterPolicy whose
+/// clones go to namespaces selected by labels whose values YAML 1.1 reads
+/// as booleans, numbers or dates, and whose sources are selected so as
+/// well. The printed YAML goes through `kubectl apply --dry-run=server`,
+/// and the spec the API server would store is the spec `import -o json`
+/// says.
+#[tokio::test]
+async fn imported_rules_apply_as_printed_whatever_yaml_1_1_reads() {
+    let t = TestNs::new("import-apply").await;
+    let op = t.ns("op").await;
+    let labels: BTreeMap<String, String> = YAML_1_1_LABEL_VALUES
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (format!("l{i}"), (*v).to_owned()))
+        .collect();
+    let policy = json!({
+        "apiVersion": "kyverno.io/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": "yaml-1-1"},
+        "spec": {"rules": [{
+            "name": "sync",
+            "match": {"any": [{"resources": {
+                "kinds": ["Namespace"],
+                "selector": {"matchLabels": labels.clone()},
+            }}]},
+            "generate": {
+                "namespace": "{{request.object.metadata.name}}",
+                "synchronize": true,
+                "cloneList": {
+                    "namespace": "staging",
+                    "kinds": ["v1/ConfigMap"],
+                    "selector": {"matchLabels": {"allowedToBeCloned": "yes"}},
+                },
+            },
+        }]},
+    });
+    // Written as JSON, which is YAML whose strings every reader reads so.
+    let path = std::env::temp_dir().join(format!("{}-policy.yaml", t.prefix));
+    std::fs::write(&path, policy.to_string()).expect("the policy written");
+    let file = path.to_str().expect("a UTF-8 path");
+    let printed = copyrator(&["import", "--namespace", &op, "-f", file], None).await;
+    printed.assert_exit(0);
+    let intended = copyrator(
+        &["import", "--namespace", &op, "-f", file, "-o", "json"],
+        None,
+    )
+    .await;
+    intended.assert_exit(0);
+    let intended = intended.json();
+    let intended = intended["rules"].as_array().cloned().unwrap_or_default();
+    assert!(!intended.is_empty(), "no rule imported: {}", printed.stdout);
+    assert!(
+        printed.stdout.contains("\"yes\""),
+        "a label value yes is quoted:\n{}",
+        printed.stdout
+    );
+
+    let printed_path = std::env::temp_dir().join(format!("{}-rules.yaml", t.prefix));
+    std::fs::write(&printed_path, &printed.stdout).expect("the rules written");
+    let stored = kubectl(&[
+        "apply",
+        "--dry-run=server",
+        "-n",
+        &op,
+        "-f",
+        printed_path.to_str().expect("a UTF-8 path"),
+        "-o",
+        "json",
+    ]);
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&printed_path);
+    let stored: Value = serde_json::from_str(&stored).expect("kubectl's JSON");
+    let stored: Vec<Value> = match stored["kind"].as_str() {
+        Some("List") => stored["items"].as_array().cloned().unwrap_or_default(),
+        _ => vec![stored],
+    };
+    assert_eq!(
+        stored.len(),
+        intended.len(),
+        "one stored rule per printed rule"
+    );
+    for (stored, intended) in stored.iter().zip(&intended) {
+        assert_eq!(
+            stored["spec"], intended["spec"],
+            "the API server would store another spec than import meant"
+        );
+    }
+    let selected = &intended[0]["spec"]["targets"]["namespaceSelector"]["matchLabels"];
+    assert_eq!(selected, &json!(labels), "every label kept as a string");
+}
