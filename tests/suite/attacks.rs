@@ -132,19 +132,39 @@ async fn a_tenants_edited_copy_reaches_no_other_namespace() {
         .unwrap_or_else(|e| panic!("the tenant forges its copy: {}", err_msg(&e)));
     signal(&operator, "CONT");
     let latest = t.ns("team-d").await;
-    for ns in [&latest, &team_a] {
-        t.wait_copy(CM, ns, &source, &platform, "r").await;
+    restored_with_no_rollout(
+        &t,
+        (&platform, &source),
+        &[&latest, &team_a],
+        &[&canary, &team_b],
+        "GOOD-CA",
+    )
+    .await;
+}
+
+/// The copies of `source` (of rule `r` in `platform`) in `restored` hold
+/// its content again, the rule is ready with no rollout started, and for
+/// a while every copy there and in `others` holds `ca.crt` = `content`.
+async fn restored_with_no_rollout(
+    t: &TestNs,
+    (platform, source): (&str, &Obj),
+    restored: &[&String],
+    others: &[&String],
+    content: &str,
+) {
+    for ns in restored {
+        t.wait_copy(CM, ns, source, platform, "r").await;
     }
-    let rule = t.wait_rule_ready(&platform, "r").await;
+    let rule = t.wait_rule_ready(platform, "r").await;
     assert!(
         rule["status"]["rollouts"].is_null(),
-        "the forged copy started a rollout: {}",
+        "a copy Copyrator did not last write started a rollout: {}",
         rule["status"]
     );
-    assert_for("no copy holds the tenant's content", QUIET, async || {
-        for ns in [&canary, &team_b, &team_a, &latest] {
+    assert_for("every copy holds the source's content", QUIET, async || {
+        for ns in restored.iter().chain(others) {
             let copy = t.must_get(CM, ns, "trust-bundle").await;
-            copy.data_is(&[("ca.crt", "GOOD-CA")])?;
+            copy.data_is(&[("ca.crt", content)])?;
         }
         Ok(())
     })
@@ -248,23 +268,13 @@ async fn an_older_copy_put_back_while_the_operator_is_down_is_restored_at_once()
     let team_c = t.ns("team-c").await;
     let _operator = Operator::start(&t, &platform, &[]);
 
-    for ns in [&team_a, &team_b, &team_c] {
-        t.wait_copy(CM, ns, &source, &platform, "r").await;
-    }
-    let rule = t.wait_rule_ready(&platform, "r").await;
-    assert!(
-        rule["status"]["rollouts"].is_null(),
-        "the old copy started a rollout: {}",
-        rule["status"]
-    );
-    assert_for("no copy holds OLD-CA", QUIET, async || {
-        for ns in [&canary, &team_a, &team_b, &team_c] {
-            t.must_get(CM, ns, "trust-bundle")
-                .await
-                .data_is(&[("ca.crt", "NEW-CA")])?;
-        }
-        Ok(())
-    })
+    restored_with_no_rollout(
+        &t,
+        (&platform, &source),
+        &[&team_a, &team_b, &team_c],
+        &[&canary],
+        "NEW-CA",
+    )
     .await;
 }
 
