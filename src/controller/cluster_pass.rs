@@ -696,6 +696,7 @@ fn take_outcomes(
                     outcome,
                     Outcome::Written(_) | Outcome::Adopted(_) | Outcome::Ignored(_)
                 )
+                && !adopted_behind(action, outcome)
             {
                 let (namespace, name) = action.target();
                 tally.settle(namespace, name);
@@ -749,8 +750,16 @@ fn take_outcomes(
             }
             // Taken as it is: no payload written, no consumer to roll.
             Outcome::Adopted(object) => {
+                let behind = adopted_behind(&action, &Outcome::Adopted(object.clone()));
                 write_through(site, kind, &action, Some(object));
                 pass.adopted += 1;
+                if behind {
+                    // Taken back behind its source: the next pass updates it.
+                    site.queue.add(
+                        resolved.key.clone(),
+                        Touch::Copy(namespace.to_owned(), name.to_owned()),
+                    );
+                }
             }
             Outcome::Conflict(reason) => {
                 conflicts.push(((namespace.to_owned(), name.to_owned()), reason));
@@ -763,6 +772,18 @@ fn take_outcomes(
         }
     }
     conflicts
+}
+
+/// Whether `outcome` of `action` adopted a copy that does not hold the
+/// source's content yet (one a rule of this name handed over before the
+/// source changed): its write is still owed.
+fn adopted_behind(action: &Action, outcome: &Outcome) -> bool {
+    match (action, outcome) {
+        (Action::Adopt { desired, .. }, Outcome::Adopted(object)) => {
+            object.payload_hash != desired.payload_hash
+        }
+        _ => false,
+    }
 }
 
 /// A written copy whose data changed (or that was created), for

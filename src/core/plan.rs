@@ -1210,10 +1210,12 @@ pub(crate) fn disposal_of(
 
 /// Whether a rule that claims as `claim` (`rule`: `namespace/name`) adopts
 /// `existing`, an object it did not write at a place of `desired`: only
-/// when asked to, and only what holds `desired`'s payload already; an
-/// object another tool made, or a copy handed over by an earlier rule of
-/// this name (`deletionPolicy` Orphan, or `syncPolicy: CreateOnly`),
-/// never a copy of another rule.
+/// when asked to; an object another tool made only if it holds `desired`'s
+/// payload already; a copy handed over by an earlier rule of this name
+/// (`deletionPolicy` Orphan, or `syncPolicy: CreateOnly`) also while its
+/// mark proves it still holds what Copyrator wrote there (the source
+/// changed since: no edit of its namespace's is lost by bringing it up to
+/// date, which the rule's next pass does); never a copy of another rule.
 pub(crate) fn may_adopt(claim: Claim, desired: &Desired, existing: &Object, rule: &str) -> bool {
     if !claim.adopt {
         return false;
@@ -1231,14 +1233,16 @@ pub(crate) fn may_adopt(claim: Claim, desired: &Desired, existing: &Object, rule
             return false;
         }
     }
-    if existing.payload_hash != desired.payload_hash {
-        return false;
-    }
     let ours_uid = desired.labels.get(LABEL_RULE_UID).map(String::as_str);
     if existing.create_only {
         // Handed over by a rule of this name; by this very rule it is the
         // copy a rule that only creates made, not one to take back.
-        return existing.rule_ref.as_deref() == Some(rule) && existing.rule_uid() != ours_uid;
+        return existing.rule_ref.as_deref() == Some(rule)
+            && existing.rule_uid() != ours_uid
+            && (existing.intact || existing.payload_hash == desired.payload_hash);
+    }
+    if existing.payload_hash != desired.payload_hash {
+        return false;
     }
     // Another tool's object, or one carrying Copyrator's labels that
     // Copyrator did not write. Copyrator's own copies are never adopted:
@@ -2867,6 +2871,8 @@ pub(crate) mod tests {
             .payload
             .insert("data".into(), json!({"k": "theirs"}));
         changed.rehash();
+        // As the copy watch reports it: no write of Copyrator's.
+        changed.written_for = None;
         w.copies.upsert(Arc::new(changed));
         let adopting = json!({"ruleType": "configmap", "selector": {"copy": "yes"},
             "spec": {"adopt": true}});
@@ -2878,7 +2884,7 @@ pub(crate) mod tests {
         let p = w.plan_of_later(json!({"ruleType": "configmap", "selector": {"copy": "yes"}}));
         assert!(p.actions.is_empty(), "{:?}", p.actions);
         // A rule of another name adopts none of them.
-        let mut other = rule(adopting);
+        let mut other = rule(adopting.clone());
         other.key.name = "other".into();
         other.uid = "rule-3".into();
         assert!(
@@ -2890,6 +2896,16 @@ pub(crate) mod tests {
             ),
             "another rule's hand-over is not taken"
         );
+        // The source changed since the hand-over: the copy whose mark
+        // proves it unchanged is taken back all the same (the writer's
+        // adoption writes no payload: the next pass brings it up to date),
+        // the one its namespace changed stays its namespace's.
+        w.sources.clear();
+        w.source("src", "cm", &[("copy", "yes")], json!({"k": "v2"}));
+        let p = w.plan_of_later(adopting);
+        assert_eq!(verbs(&p), vec![("a".into(), "cm".into(), "adopt")]);
+        assert_eq!(p.conflicts.len(), 1, "{:?}", p.conflicts);
+        assert_eq!(p.conflicts[0].namespace, "b");
     }
 
     fn create_only_rule() -> ResolvedRule {

@@ -377,3 +377,103 @@ async fn a_rule_created_again_takes_back_the_copies_it_handed_over() {
         t.wait_copy(CM, ns, &source, &op, "r").await;
     }
 }
+
+/// The source changed between the rule's deletion (`ruleDeleted: Orphan`)
+/// and its creation again with `adopt`, as Kyverno's conformance scenario
+/// for a reinstalled policy has it: each handed-over copy whose mark proves
+/// it still holds what Copyrator wrote there is taken back and brought up
+/// to date (a patch, then an update: the same object); the one its
+/// namespace edited since stays its namespace's, a conflict, untouched.
+#[tokio::test]
+async fn a_rule_created_again_after_its_source_changed_takes_back_and_updates_unchanged_copies() {
+    let t = TestNs::new("adopt-changed").await;
+    let op = t.ns("op").await;
+    let mut targets = Vec::new();
+    for i in 0..3 {
+        targets.push(t.ns(&format!("t{i}")).await);
+    }
+    let cluster = ClusterScoped::new();
+    let id = as_the_chart(&t, &cluster, &op, &[]).await;
+    let user = id.user.clone();
+    let _operator = Operator::start_with_env(
+        &t,
+        vec!["run".into(), "--namespace".into(), op.clone()],
+        &[("KUBECONFIG", &id.kubeconfig)],
+    );
+    let rule = with(
+        with(
+            rule_spec(CM, t.selector(), &[t.glob("t")]),
+            "/spec/deletionPolicy",
+            json!({"ruleDeleted": "Orphan"}),
+        ),
+        "/spec/adopt",
+        json!(true),
+    );
+    t.create_rule(&op, "r", rule.clone()).await;
+    let source = t
+        .create_source(CM, &op, "settings", &[], &[("k", "v1")])
+        .await;
+    for ns in &targets {
+        t.wait_copy(CM, ns, &source, &op, "r").await;
+    }
+    t.delete_rule(&op, "r").await;
+    let mut handed = BTreeMap::new();
+    for ns in &targets {
+        let copy = t
+            .wait_obj(CM, ns, "settings", "handed over", |copy| {
+                match copy.labels.get(LABEL_SYNC_POLICY).map(String::as_str) {
+                    Some("CreateOnly") => Ok(()),
+                    other => Err(format!("{LABEL_SYNC_POLICY}: {other:?}")),
+                }
+            })
+            .await;
+        handed.insert(ns.clone(), copy);
+    }
+    t.wait_rule_gone(&op, "r", "deleted under Orphan").await;
+
+    let source = t.set_data(CM, &op, "settings", &[("k", Some("v2"))]).await;
+    let edited = &targets[2];
+    let theirs = t
+        .set_data(CM, edited, "settings", &[("k", Some("theirs"))])
+        .await;
+
+    let audit = Audit::start();
+    let again = Utc::now();
+    t.create_rule(&op, "r", rule).await;
+    let taken_back = &targets[..2];
+    for ns in taken_back {
+        let now = t.wait_copy(CM, ns, &source, &op, "r").await;
+        assert_eq!(now.uid, handed[ns].uid, "{ns}: the same object");
+        assert!(
+            !now.labels.contains_key(LABEL_SYNC_POLICY),
+            "{ns}: still handed over: {:?}",
+            now.labels
+        );
+    }
+    t.wait_rule(&op, "r", "the edited copy a conflict", |r| {
+        match (status_u64(r, "conflictCount"), status_u64(r, "copies")) {
+            (Some(1), Some(2)) => Ok(()),
+            _ => Err(short_status(r)),
+        }
+    })
+    .await;
+    t.assert_unchanged(
+        CM,
+        edited,
+        "settings",
+        &theirs.resource_version,
+        "edited by its namespace since the hand-over",
+    )
+    .await;
+    audit.settle(&t.client, Utc::now()).await;
+    let writes = writes_in(&audit, &user, &targets, again);
+    println!("the operator's writes since the rule was created again: {writes:?}");
+    assert_eq!(
+        writes,
+        BTreeMap::from([
+            ("patch".to_owned(), taken_back.len()),
+            ("update".to_owned(), taken_back.len())
+        ]),
+        "a patch to take each unchanged copy back and an update to bring it up to date"
+    );
+}
