@@ -48,7 +48,9 @@ struct Policy<'a> {
     name: &'a str,
     /// A Policy's namespace; none for a ClusterPolicy.
     namespace: Option<&'a str>,
-    /// The policy-wide `spec.generateExisting` (deprecated).
+    /// The policy-wide `spec.generateExisting`, or the older
+    /// `spec.generateExistingOnPolicyUpdate` (both deprecated; Kyverno
+    /// takes either being true as the rules' default).
     generate_existing: Option<bool>,
 }
 
@@ -62,7 +64,13 @@ fn policy(object: &Value, kind: &str, context: &Context) -> Vec<Conversion> {
         kind,
         name,
         namespace,
-        generate_existing: bool_at(object, &["spec", "generateExisting"]),
+        generate_existing: match (
+            bool_at(object, &["spec", "generateExisting"]),
+            bool_at(object, &["spec", "generateExistingOnPolicyUpdate"]),
+        ) {
+            (Some(true), _) | (_, Some(true)) => Some(true),
+            (current, older) => current.or(older),
+        },
     };
     at(object, &["spec", "rules"])
         .and_then(Value::as_array)
@@ -359,7 +367,8 @@ fn is_namespace_kind(kind: &str) -> bool {
 }
 
 /// A ClusterPolicy rule triggered by Namespaces and copying into each:
-/// the namespaces its match and exclude select.
+/// the namespaces its match and exclude select; or copying into one fixed
+/// namespace, whatever triggers it: that namespace.
 fn namespace_trigger(
     rule: &Value,
     generate: &Value,
@@ -367,13 +376,22 @@ fn namespace_trigger(
 ) -> Result<Targets, String> {
     let filters = block_filters(rule.get("match"), "match")?;
     let kinds: Vec<&str> = filters.iter().flat_map(|f| strings(f, "kinds")).collect();
+    let target = str_at(generate, &["namespace"]).unwrap_or_default();
+    if crate::api::selector::is_dns_label(target) {
+        // One fixed namespace, whatever triggers it: Kyverno makes the
+        // copy there once a trigger comes, the rule from the start.
+        report.differs(format!(
+            "the copies go into the one namespace {target:?}: Kyverno makes the copy there once a {} it matches is created; the rule keeps it there from the start",
+            if kinds.is_empty() { "resource".to_owned() } else { kinds.join(" or ") }
+        ));
+        return Ok(Targets::including(vec![target.to_owned()]));
+    }
     if kinds.is_empty() || !kinds.iter().all(|k| is_namespace_kind(k)) {
         return Err(format!(
             "the trigger is {}, not a Namespace: Kyverno copies when such an object is created, Copyrator copies into namespaces whatever they hold",
             kinds.join(", ")
         ));
     }
-    let target = str_at(generate, &["namespace"]).unwrap_or_default();
     if !is_trigger_name(target) {
         return Err(format!(
             "the copies go into {target:?}, not into the namespace that triggers the rule: Copyrator copies into the namespaces its targets select"
@@ -1229,6 +1247,12 @@ spec:
             &only_report(&imported).exact,
             "generateExisting: true"
         ));
+        // So does its older name, which Kyverno still reads.
+        let mut older = policy(clone_rule(json!({})));
+        older["spec"]["generateExistingOnPolicyUpdate"] = json!(true);
+        let report = only_report(&converted(&[older])).clone();
+        assert!(says(&report.exact, "generateExisting: true"), "{report:#?}");
+        assert!(!says(&report.differs, "generateExisting"), "{report:#?}");
     }
 
     #[test]
@@ -1270,6 +1294,31 @@ spec:
         assert!(says(&only_report(&imported).differs, "unconfirmed"));
     }
 
+    /// KYW's "clone into one namespace" form: `generate.namespace` a fixed
+    /// name (here `test`, as a policy in Kyverno's own test suite has it).
+    #[test]
+    fn a_clone_into_one_fixed_namespace_targets_that_namespace() {
+        for trigger in [
+            json!({"any": [{"resources": {"kinds": ["Namespace"]}}]}),
+            json!({"any": [{"resources": {"kinds": ["ConfigMap"], "names": ["trigger"]}}]}),
+        ] {
+            let mut rule = clone_rule(json!({"namespace": "test"}));
+            rule["match"] = trigger;
+            let imported = converted(&[policy(rule)]);
+            assert_eq!(imported.rules.len(), 1, "{:#?}", imported.reports);
+            assert_eq!(
+                imported.rules[0]["spec"]["targets"],
+                json!({"include": ["test"]})
+            );
+            let report = only_report(&imported);
+            assert!(
+                says(&report.differs, "the one namespace \"test\""),
+                "{report:#?}"
+            );
+            assert!(report.unmapped.is_empty(), "{report:#?}");
+        }
+    }
+
     #[test]
     fn other_triggers_other_targets_and_wildcard_labels_are_unmapped() {
         let cases = [
@@ -1280,7 +1329,7 @@ spec:
             ),
             (
                 json!({"any": [{"resources": {"kinds": ["Namespace"]}}]}),
-                json!("shared"),
+                json!("{{request.object.metadata.labels.team}}"),
                 "not into the namespace that triggers",
             ),
             (
