@@ -101,12 +101,20 @@ fn automatic(
     }
     let allowed = reach(object, "reflection-allowed-namespaces", report)?;
     let auto = reach(object, "reflection-auto-namespaces", report)?;
-    let targets = allowed.and(auto)?;
+    let mut targets = allowed.and(auto)?;
     if let Some(why) = targets.refusal() {
         return Err(why);
     }
     if targets.reaches_nothing() {
         return Err("the namespaces it allows and those it mirrors into have none in common: reflector makes no mirrors, and no rule is made".into());
+    }
+    // No tool mirrors a source into its own namespace.
+    if let Some(include) = &mut targets.include {
+        include.retain(|glob| *glob != named.namespace);
+        if include.is_empty() {
+            report.exact("the namespaces it allows and those it mirrors into meet only in its own namespace, where reflector mirrors nothing: it copies nothing, and no rule is made");
+            return Ok(None);
+        }
     }
     report.exact(format!(
         "automatic mirrors go into {}: the rule copies there",
@@ -573,6 +581,36 @@ data:
             &needs_allowed.reports[0].unmapped,
             "needs reflection-allowed"
         ));
+    }
+
+    /// Both lists meet only in the source's own namespace: neither tool
+    /// copies anything, and the report says so, with no rule and no label.
+    #[test]
+    fn lists_that_meet_only_in_the_sources_namespace_copy_nothing() {
+        let source = auto_source(json!({
+            "reflection-allowed-namespaces": "default,namespace-1",
+            "reflection-auto-namespaces": "default"
+        }));
+        let imported = converted(&[source]);
+        assert!(imported.rules.is_empty(), "{:#?}", imported.rules);
+        assert!(imported.source_labels.is_empty());
+        let report = &imported.reports[0];
+        assert!(report.unmapped.is_empty() && report.differs.is_empty(), "{report:#?}");
+        assert!(
+            report.exact.iter().any(|l| l.contains("meet only in its own namespace")),
+            "{report:#?}"
+        );
+        assert!(!report.exact.iter().any(|l| l.contains("the rule copies there")));
+        // Beside another namespace, the source's own is left out.
+        let source = auto_source(json!({
+            "reflection-allowed-namespaces": "default,namespace-1",
+            "reflection-auto-namespaces": "default,namespace-1"
+        }));
+        let imported = converted(&[source]);
+        assert_eq!(
+            imported.rules[0]["spec"]["targets"],
+            json!({"include": ["namespace-1"]})
+        );
     }
 
     #[test]
