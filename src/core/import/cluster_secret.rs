@@ -243,6 +243,12 @@ fn carried(
         if blocked.iter().any(|b| key.starts_with(b)) {
             continue;
         }
+        if let Some(why) = crate::core::tracking::never_travels(key) {
+            report.differs(format!(
+                "the ClusterSecret's {field} key {key} goes onto ClusterSecret's copies, never onto Copyrator's: {why}"
+            ));
+            continue;
+        }
         let reserved =
             key.starts_with("copyrator.flant.com/") || key == "app.kubernetes.io/managed-by";
         let valid = if field == "labels" {
@@ -431,6 +437,9 @@ data:
         object["metadata"]["labels"]["app.kubernetes.io/name"] = json!("left-out");
         object["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] =
             json!("{}");
+        // What Argo CD puts on the ClusterSecret it manages.
+        object["metadata"]["annotations"]["argocd.argoproj.io/tracking-id"] =
+            json!("apps:clustersecret.io/ClusterSecret:clustersecret/value-from");
         let imported = converted(&[object]);
         let name = "clustersecret-value-from";
         assert_eq!(
@@ -472,6 +481,13 @@ data:
             "{report:#?}"
         );
         assert!(says(&report.exact, "transform.keys.include"), "{report:#?}");
+        assert!(
+            says(
+                &report.differs,
+                "annotations key argocd.argoproj.io/tracking-id goes onto ClusterSecret's copies, never onto Copyrator's"
+            ),
+            "{report:#?}"
+        );
     }
 
     #[test]

@@ -31,7 +31,10 @@ pub(super) fn convert(object: &Value, context: &Context) -> Option<Conversion> {
     let mut drafts = Vec::new();
     if let Some(sync) = sync {
         match in_cluster(&named, sync, context, &mut report) {
-            Ok(draft) => drafts.push(draft),
+            Ok(draft) => {
+                untravelled_keys(object, &mut report);
+                drafts.push(draft);
+            }
             Err(why) => report.unmapped(why),
         }
     }
@@ -40,6 +43,30 @@ pub(super) fn convert(object: &Value, context: &Context) -> Option<Conversion> {
         report.unmapped(into_contexts(&named, contexts, &owner));
     }
     Some(report.with(drafts))
+}
+
+/// The source's labels and annotations that config-syncer copies and
+/// Copyrator never does (tools' tracking keys: a copy carrying them is
+/// taken for the tool's own object), each said as a difference.
+fn untravelled_keys(object: &Value, report: &mut SourceReport) {
+    for (field, what) in [("labels", "label"), ("annotations", "annotation")] {
+        for key in object
+            .get("metadata")
+            .and_then(|m| m.get(field))
+            .and_then(Value::as_object)
+            .into_iter()
+            .flat_map(|m| m.keys())
+        {
+            if crate::core::tracking::copier_mark(key).is_some() {
+                continue;
+            }
+            if let Some(why) = crate::core::tracking::never_travels(key) {
+                report.differs(format!(
+                    "the source's {what} {key} goes onto config-syncer's copies, never onto Copyrator's: {why}"
+                ));
+            }
+        }
+    }
 }
 
 /// The rule that copies a source into the namespaces `sync` selects here.
@@ -161,6 +188,36 @@ data:
 
     pub(crate) fn documented() -> Vec<Value> {
         vec![omni(json!({"kubed.appscode.com/sync": "app=kubed"}))]
+    }
+
+    /// A source Argo CD and Helm deployed: config-syncer copies their
+    /// tracking keys, Copyrator never does, and the report says so.
+    #[test]
+    fn tracking_keys_config_syncer_copies_are_said_as_differences() {
+        let mut object = omni(json!({"kubed.appscode.com/sync": "",
+            "argocd.argoproj.io/tracking-id": "app:/ConfigMap:demo/omni"}));
+        object["metadata"]["labels"] = json!({"app.kubernetes.io/instance": "demo", "tier": "web"});
+        let imported = converted(&[object]);
+        assert_eq!(imported.rules.len(), 1);
+        let report = &imported.reports[0];
+        for key in [
+            "label app.kubernetes.io/instance",
+            "annotation argocd.argoproj.io/tracking-id",
+        ] {
+            assert!(
+                report.differs.iter().any(|l| l.contains(&format!(
+                    "the source's {key} goes onto config-syncer's copies"
+                ))),
+                "{key}: {report:#?}"
+            );
+        }
+        assert!(!report.differs.iter().any(|l| l.contains("tier")));
+        assert!(
+            !report
+                .differs
+                .iter()
+                .any(|l| l.contains("kubed.appscode.com/sync "))
+        );
     }
 
     #[test]
