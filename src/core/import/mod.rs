@@ -101,6 +101,7 @@ pub(crate) fn import(objects: &[serde_json::Value], options: &Options) -> Import
     for object in &objects {
         conversions.extend(kyverno::convert(object, &context));
         conversions.extend(reflector::convert(object, &context));
+        conversions.extend(reflector::convert_cert_manager(object, &context));
         conversions.extend(replicator::convert(object, &context));
         conversions.extend(kubed::convert(object, &context));
         conversions.extend(cluster_secret::convert(object, &context));

@@ -69,6 +69,80 @@ pub(super) fn convert(object: &Value, context: &Context) -> Option<Conversion> {
     Some(report.with(drafts))
 }
 
+/// cert-manager's Secrets that reflector mirrors: reflector's README has
+/// the annotations put on a Certificate's Secret through its
+/// `spec.secretTemplate.annotations`, or through an Ingress's
+/// `cert-manager.io/secret-template` annotation (JSON with `annotations`)
+/// for the Secret of each `spec.tls[].secretName`; cert-manager copies
+/// them onto the Secret. Converted as that Secret would be, unless the
+/// Secret itself was read (its own annotations are converted then).
+pub(super) fn convert_cert_manager(object: &Value, context: &Context) -> Vec<Conversion> {
+    let kind = str_at(object, &["kind"]).unwrap_or_default();
+    let from_cert_manager = str_at(object, &["apiVersion"])
+        .is_some_and(|v| v.starts_with("cert-manager.io/"))
+        && kind == "Certificate";
+    let from_ingress = str_at(object, &["apiVersion"])
+        .is_some_and(|v| v.starts_with("networking.k8s.io/"))
+        && kind == "Ingress";
+    let namespace = str_at(object, &["metadata", "namespace"]).unwrap_or("default");
+    let name = str_at(object, &["metadata", "name"]).unwrap_or_default();
+    let (template, secrets): (Option<Value>, Vec<&str>) = if from_cert_manager {
+        (
+            object.pointer("/spec/secretTemplate/annotations").cloned(),
+            str_at(object, &["spec", "secretName"])
+                .into_iter()
+                .collect(),
+        )
+    } else if from_ingress {
+        let template = annotation(object, "cert-manager.io/secret-template")
+            .and_then(|text| serde_json::from_str::<Value>(text).ok())
+            .and_then(|t| t.get("annotations").cloned());
+        let secrets = object
+            .pointer("/spec/tls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|tls| tls.get("secretName").and_then(Value::as_str))
+            .collect();
+        (template, secrets)
+    } else {
+        return Vec::new();
+    };
+    let Some(annotations) = template.filter(|a| {
+        a.as_object()
+            .is_some_and(|a| a.keys().any(|k| k.starts_with(PREFIX)))
+    }) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for secret in secrets {
+        if context.find("Secret", namespace, secret).is_some() {
+            continue;
+        }
+        let made = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {"name": secret, "namespace": namespace, "annotations": annotations},
+        });
+        if let Some(mut conversion) = convert(&made, context) {
+            let how = if from_cert_manager {
+                "spec.secretTemplate.annotations"
+            } else {
+                "its cert-manager.io/secret-template annotation"
+            };
+            conversion.report.source =
+                format!("{kind} {namespace}/{name}: its Secret {namespace}/{secret}");
+            conversion.report.exact.insert(
+                0,
+                format!("cert-manager puts the {kind}'s reflector annotations ({how}) on the Secret {secret}: they are read as that Secret's"),
+            );
+            out.push(conversion);
+        }
+    }
+    out
+}
+
 /// The rule that makes a source's automatic mirrors, if it has any.
 fn automatic(
     object: &Value,
@@ -622,6 +696,64 @@ data:
             imported.rules[0]["spec"]["targets"],
             json!({"include": ["namespace-1"]})
         );
+    }
+
+    /// RFL README.md, "cert-manager support": the annotations go on the
+    /// Certificate's `spec.secretTemplate` (or an Ingress's
+    /// `cert-manager.io/secret-template`), and reach the Secret.
+    #[test]
+    fn cert_managers_secret_templates_are_read_as_their_secrets() {
+        let annotations = json!({
+            format!("{KEY}reflection-allowed"): "true",
+            format!("{KEY}reflection-allowed-namespaces"): "namespace-1,namespace-2",
+            format!("{KEY}reflection-auto-enabled"): "true",
+            format!("{KEY}reflection-auto-namespaces"): "namespace-1"
+        });
+        let certificate = json!({
+            "apiVersion": "cert-manager.io/v1", "kind": "Certificate",
+            "metadata": {"name": "web", "namespace": "certs"},
+            "spec": {"secretName": "web-tls", "secretTemplate": {"annotations": annotations.clone()},
+                     "issuerRef": {"name": "ca"}, "dnsNames": ["web.example.com"]}
+        });
+        let ingress = json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": "shop", "namespace": "certs", "annotations": {
+                "cert-manager.io/cluster-issuer": "ca",
+                "cert-manager.io/secret-template": json!({"annotations": annotations}).to_string()
+            }},
+            "spec": {"tls": [{"hosts": ["shop.example.com"], "secretName": "shop-tls"}]}
+        });
+        let imported = converted(&[certificate.clone(), ingress]);
+        assert_eq!(imported.rules.len(), 2, "{:#?}", imported.reports);
+        for secret in ["shop-tls", "web-tls"] {
+            let report = imported
+                .reports
+                .iter()
+                .find(|r| r.source.ends_with(&format!("its Secret certs/{secret}")))
+                .unwrap_or_else(|| panic!("no report of {secret}: {:#?}", imported.reports));
+            assert!(
+                report.exact[0].starts_with("cert-manager puts"),
+                "{report:#?}"
+            );
+            assert!(report.unmapped.is_empty(), "{report:#?}");
+        }
+        let names: Vec<&str> = imported
+            .source_labels
+            .iter()
+            .map(|l| l.name.as_str())
+            .collect();
+        assert_eq!(names, ["shop-tls", "web-tls"]);
+        assert_eq!(
+            imported.rules[1]["spec"]["targets"],
+            json!({"include": ["namespace-1"]})
+        );
+        // With the Secret read too, it is converted once, as itself.
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": "web-tls", "namespace": "certs",
+                         "annotations": certificate["spec"]["secretTemplate"]["annotations"]}});
+        let imported = converted(&[certificate, secret]);
+        assert_eq!(imported.reports.len(), 1, "{:#?}", imported.reports);
+        assert_eq!(imported.reports[0].source, "Secret certs/web-tls");
     }
 
     #[test]
