@@ -294,6 +294,68 @@ impl PatternList {
     }
 }
 
+/// The globs of the names a pattern that says only "every namespace but
+/// these" leaves out: a negative lookahead of plain names (`(?!a|b).*`,
+/// `^(?!(a|b)$).*$`), as each tool anchors it (each reads it alike: the
+/// match must start at the name's start). A name followed by `$` inside
+/// the lookahead leaves out that name alone, one without leaves out every
+/// name it starts (`b*`). `None` for any other pattern.
+pub(super) fn everything_but(pattern: &str) -> Option<Vec<String>> {
+    let text = pattern.trim();
+    let text = text.strip_prefix('^').unwrap_or(text);
+    let rest = text.strip_prefix("(?!")?;
+    let close = closing_paren(rest)?;
+    let (inner, after) = (&rest[..close], &rest[close + 1..]);
+    let after = after.strip_suffix('$').unwrap_or(after);
+    if after != ".*" && after != ".+" {
+        return None;
+    }
+    let (inner, all_whole) = match inner.strip_suffix('$') {
+        Some(inner) => (inner, true),
+        None => (inner, false),
+    };
+    let inner = match inner.strip_prefix('(') {
+        Some(grouped) if closing_paren(grouped) == Some(grouped.len() - 1) => {
+            let grouped = &grouped[..grouped.len() - 1];
+            grouped.strip_prefix("?:").unwrap_or(grouped)
+        }
+        _ => inner,
+    };
+    let mut globs = Vec::new();
+    for alternative in inner.split('|') {
+        let (name, whole) = match alternative.strip_suffix('$') {
+            Some(name) => (name, true),
+            None => (alternative, all_whole),
+        };
+        if name.is_empty() || !name.chars().all(is_namespace_char) {
+            return None;
+        }
+        globs.push(if whole {
+            name.to_owned()
+        } else {
+            format!("{name}*")
+        });
+    }
+    Some(globs)
+}
+
+/// Where the group opened just before `text` closes, if it does.
+fn closing_paren(text: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut escaped = false;
+    for (i, c) in text.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '(' => depth += 1,
+            ')' if depth == 0 => return Some(i),
+            ')' => depth -= 1,
+            _ => {}
+        }
+    }
+    None
+}
+
 /// `core` with the wildcards that the anchors leave open around it.
 fn anchored(core: &str, starts: bool, ends: bool) -> String {
     let mut glob = String::new();
@@ -743,6 +805,34 @@ mod tests {
             found.notes
         );
         assert_eq!(globs("ns-1$|ns-10", Anchoring::Whole), ["ns-1", "ns-10"]);
+    }
+
+    #[test]
+    fn a_negative_lookahead_of_plain_names_is_everything_but_them() {
+        let cases: [(&str, Option<&[&str]>); 8] = [
+            (
+                "(?!kube-system|kube-public).*",
+                Some(&["kube-system*", "kube-public*"]),
+            ),
+            (
+                "^(?!(kube-system|default)$).*$",
+                Some(&["kube-system", "default"]),
+            ),
+            (
+                "^(?!kube-system$|team-a).+",
+                Some(&["kube-system", "team-a*"]),
+            ),
+            ("(?!(?:a|b)$).*", Some(&["a", "b"])),
+            ("(?!kube-.*).*", None),
+            ("(?!a).*-x", None),
+            ("team-.*", None),
+            ("(?!a)", None),
+        ];
+        for (pattern, want) in cases {
+            let got = everything_but(pattern);
+            let want = want.map(|w| w.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
+            assert_eq!(got, want, "{pattern}");
+        }
     }
 
     #[test]

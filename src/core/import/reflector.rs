@@ -8,7 +8,7 @@
 use serde_json::{Value, json};
 
 use super::SourceReport;
-use super::patterns::{Anchoring, Selector, pattern_list};
+use super::patterns::{Anchoring, Selector, everything_but, pattern_list};
 use super::shared::{
     Context, Conversion, Draft, Named, Owner, Source, Targets, annotation, pulled_source, spec_of,
     str_at, strip_all,
@@ -220,6 +220,8 @@ fn automatic(
 #[derive(Debug)]
 enum Reach {
     All,
+    /// Every namespace but those these globs match (a negative lookahead).
+    AllBut(Vec<String>),
     Names(Vec<String>),
     Labels(Selector),
 }
@@ -245,6 +247,15 @@ fn reach(object: &Value, list_key: &str, report: &mut SourceReport) -> Result<Re
             "{list_key} and {selector_key} are both set: reflector reaches a namespace that matches either, while a rule's targets must match both"
         )),
         (false, None) => {
+            if let [pattern] = list[..]
+                && let Some(excluded) = everything_but(pattern)
+            {
+                report.exact(format!(
+                    "{list_key} {pattern:?} says every namespace but those matching {}: the rule's targets.exclude",
+                    excluded.join(", ")
+                ));
+                return Ok(Reach::AllBut(excluded));
+            }
             let found = pattern_list(list, Anchoring::Whole);
             for note in &found.notes {
                 report.exact(note.clone());
@@ -266,6 +277,21 @@ impl Reach {
     /// The namespaces both reach, as a rule's targets.
     fn and(self, other: Self) -> Result<Targets, String> {
         Ok(match (self, other) {
+            (Self::AllBut(mut a), Self::AllBut(b)) => {
+                for glob in b {
+                    if !a.contains(&glob) {
+                        a.push(glob);
+                    }
+                }
+                Targets {
+                    exclude: a,
+                    ..Targets::default()
+                }
+            }
+            (Self::AllBut(exclude), other) | (other, Self::AllBut(exclude)) => Targets {
+                exclude,
+                ..Self::All.and(other)?
+            },
             (Self::All, Self::All) => Targets::default(),
             (Self::All, Self::Names(globs)) | (Self::Names(globs), Self::All) => {
                 Targets::including(globs)
@@ -655,6 +681,28 @@ data:
             &needs_allowed.reports[0].unmapped,
             "needs reflection-allowed"
         ));
+    }
+
+    #[test]
+    fn every_namespace_but_some_is_the_rules_targets_exclude() {
+        let imported = converted(&[auto_source(json!({
+            "reflection-allowed-namespaces": "^(?!(kube-system|kube-public)$).*$",
+            "reflection-auto-namespaces": "(?!secret-).*"
+        }))]);
+        assert_eq!(
+            imported.rules[0]["spec"]["targets"],
+            json!({"exclude": ["kube-system", "kube-public", "secret-*"]})
+        );
+        let report = &imported.reports[0];
+        assert!(report.unmapped.is_empty(), "{report:#?}");
+        let only_auto = converted(&[auto_source(json!({
+            "reflection-allowed-namespaces": "namespace-1,namespace-2",
+            "reflection-auto-namespaces": "(?!namespace-2$).*"
+        }))]);
+        assert_eq!(
+            only_auto.rules[0]["spec"]["targets"],
+            json!({"include": ["namespace-1", "namespace-2"], "exclude": ["namespace-2"]})
+        );
     }
 
     /// Both lists meet only in the source's own namespace: neither tool

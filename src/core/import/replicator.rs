@@ -8,7 +8,7 @@
 use serde_json::{Value, json};
 
 use super::SourceReport;
-use super::patterns::{Anchoring, Selector, pattern_list};
+use super::patterns::{Anchoring, Selector, everything_but, pattern_list};
 use super::shared::{
     Context, Conversion, Draft, Named, Owner, Source, Targets, annotation, kind_notes,
     pulled_source, spec_of, str_at, strip_all,
@@ -132,6 +132,20 @@ fn push(
 /// The namespaces `replicate-to` (patterns, matched whole) and
 /// `replicate-to-matching` (a selector) select, either one.
 fn push_targets(object: &Value, report: &mut SourceReport) -> Result<Targets, String> {
+    if let Some(pattern) = replicator_annotation(object, "replicate-to").map(str::trim)
+        && !pattern.contains(',')
+        && replicator_annotation(object, "replicate-to-matching").is_none()
+        && let Some(excluded) = everything_but(pattern)
+    {
+        report.exact(format!(
+            "replicate-to {pattern:?} says every namespace but those matching {}: the rule's targets.exclude",
+            excluded.join(", ")
+        ));
+        return Ok(Targets {
+            exclude: excluded,
+            ..Targets::default()
+        });
+    }
     let names = replicator_annotation(object, "replicate-to").map(|list| {
         let found = pattern_list(list.split(',').map(str::trim), Anchoring::Strict);
         for note in &found.notes {
@@ -382,6 +396,23 @@ data:
             ),
             "{report:#?}"
         );
+    }
+
+    /// "Every namespace but these", as a negative lookahead of plain
+    /// names: the rule's targets.exclude.
+    #[test]
+    fn a_push_to_every_namespace_but_some_excludes_them() {
+        let mut object = yaml(PUSH_TO);
+        object["metadata"]["annotations"]["replicator.v1.mittwald.de/replicate-to"] =
+            json!("(?!kube-system$|kube-public$|team-).*");
+        let imported = converted(&[object]);
+        assert_eq!(
+            imported.rules[0]["spec"]["targets"],
+            json!({"exclude": ["kube-system", "kube-public", "team-*"]})
+        );
+        let report = &imported.reports[0];
+        assert!(report.unmapped.is_empty(), "{report:#?}");
+        assert!(says(&report.exact, "targets.exclude"), "{report:#?}");
     }
 
     #[test]
