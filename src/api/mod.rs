@@ -13,3 +13,11 @@ pub mod kinds;
 pub(crate) mod rule;
 pub(crate) mod schema;
 pub(crate) mod selector;
+
+/// A field of a Kubernetes API type that the newest supported release's
+/// types require and the floor's leave optional (a Deployment's `spec`),
+/// as its value, the default where absent: code written with it compiles
+/// against either (`--features kubernetes-floor`).
+pub(crate) fn required<T: Default>(field: impl Into<Option<T>>) -> T {
+    field.into().unwrap_or_default()
+}

@@ -135,8 +135,8 @@ async fn stop_deployment(
         )
         .await
         .with_context(|| format!("scaling Deployment {namespace}/{name} to 0"))?;
-    let selector = scaled
-        .spec
+    let spec: k8s_openapi::api::apps::v1::DeploymentSpec = crate::api::required(scaled.spec);
+    let selector = spec
         .selector
         .match_labels
         .filter(|labels| !labels.is_empty())

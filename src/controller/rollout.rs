@@ -10,7 +10,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::{
+    DaemonSet, DaemonSetSpec, Deployment, DeploymentSpec, StatefulSet, StatefulSetSpec,
+};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kube::Api;
 use kube::api::{DynamicObject, ListParams};
@@ -18,6 +20,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::api::kinds::Kind;
+use crate::api::required;
 use crate::cache::index::Object;
 use crate::cache::mark::{Consumer, RestartForm, restart_form, rolled_out_digest};
 use crate::controller::site::{RuleMemory, Site};
@@ -305,10 +308,11 @@ async fn workloads_in(
     let listed = [
         list::<Deployment>(client, namespace).await.map(|items| {
             rolling.extend(items.into_iter().map(|d| {
+                let spec: DeploymentSpec = required(d.spec);
                 let status = d.status.unwrap_or_default();
                 let figures = (
                     status.observed_generation >= d.metadata.generation,
-                    d.spec.replicas.unwrap_or(1),
+                    spec.replicas.unwrap_or(1),
                     status.updated_replicas.unwrap_or(0),
                     status.available_replicas.unwrap_or(0),
                     status.replicas.unwrap_or(0),
@@ -316,7 +320,7 @@ async fn workloads_in(
                 let m = d.metadata;
                 judge.rolling(
                     ("Deployment", namespace, m.name),
-                    &d.spec.template,
+                    &spec.template,
                     &m.annotations,
                     figures,
                 )
@@ -324,10 +328,11 @@ async fn workloads_in(
         }),
         list::<StatefulSet>(client, namespace).await.map(|items| {
             rolling.extend(items.into_iter().map(|s| {
+                let spec: StatefulSetSpec = required(s.spec);
                 let status = s.status.unwrap_or_default();
                 let figures = (
                     status.observed_generation >= s.metadata.generation,
-                    s.spec.replicas.unwrap_or(1),
+                    spec.replicas.unwrap_or(1),
                     status.updated_replicas.unwrap_or(0),
                     status.available_replicas.unwrap_or(0),
                     status.replicas,
@@ -335,7 +340,7 @@ async fn workloads_in(
                 let m = s.metadata;
                 judge.rolling(
                     ("StatefulSet", namespace, m.name),
-                    &s.spec.template,
+                    &spec.template,
                     &m.annotations,
                     figures,
                 )
@@ -343,6 +348,7 @@ async fn workloads_in(
         }),
         list::<DaemonSet>(client, namespace).await.map(|items| {
             rolling.extend(items.into_iter().map(|d| {
+                let spec: DaemonSetSpec = required(d.spec);
                 let status = d.status.unwrap_or_default();
                 let figures = (
                     status.observed_generation >= d.metadata.generation,
@@ -354,7 +360,7 @@ async fn workloads_in(
                 let m = d.metadata;
                 judge.rolling(
                     ("DaemonSet", namespace, m.name),
-                    &d.spec.template,
+                    &spec.template,
                     &m.annotations,
                     figures,
                 )
