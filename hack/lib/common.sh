@@ -4,7 +4,9 @@
 # build needs, free ports, certificates and kubeconfigs, and the start, stop
 # and watch of a component by the PID recorded in the state directory.
 
-K8S_VERSION=1.37.2
+# The Kubernetes release to build and run: the newest supported by default;
+# COPYRATOR_K8S_VERSION picks another (each is built once and cached apart).
+K8S_VERSION=${COPYRATOR_K8S_VERSION:-1.37.2}
 # The API server's Service range; 10.0.0.1 is the `kubernetes` Service.
 # shellcheck disable=SC2034 # used by control-plane.sh and node.sh
 SERVICE_RANGE=10.0.0.0/24
