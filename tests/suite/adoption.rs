@@ -255,6 +255,26 @@ async fn objects_another_tool_made_are_adopted_with_one_metadata_patch_each() {
     }
 }
 
+/// Namespaces `t0` to `t2`, and an operator of `op` running as the chart's
+/// ServiceAccount (its user name is what the audit log names).
+async fn chart_operator_and_three_targets(
+    t: &TestNs,
+    cluster: &ClusterScoped,
+    op: &str,
+) -> (Vec<String>, String, Operator) {
+    let mut targets = Vec::new();
+    for i in 0..3 {
+        targets.push(t.ns(&format!("t{i}")).await);
+    }
+    let id = as_the_chart(t, cluster, op, &[]).await;
+    let operator = Operator::start_with_env(
+        t,
+        vec!["run".into(), "--namespace".into(), op.to_owned()],
+        &[("KUBECONFIG", &id.kubeconfig)],
+    );
+    (targets, id.user.clone(), operator)
+}
+
 /// A rule deleted under `ruleDeleted: Orphan` hands its copies over; the
 /// same rule created again with `adopt` (what a GitOps tool does when it
 /// replaces it) takes them back: one patch each, no create, update or
@@ -264,18 +284,8 @@ async fn objects_another_tool_made_are_adopted_with_one_metadata_patch_each() {
 async fn a_rule_created_again_takes_back_the_copies_it_handed_over() {
     let t = TestNs::new("adopt-again").await;
     let op = t.ns("op").await;
-    let mut targets = Vec::new();
-    for i in 0..3 {
-        targets.push(t.ns(&format!("t{i}")).await);
-    }
     let cluster = ClusterScoped::new();
-    let id = as_the_chart(&t, &cluster, &op, &[]).await;
-    let user = id.user.clone();
-    let _operator = Operator::start_with_env(
-        &t,
-        vec!["run".into(), "--namespace".into(), op.clone()],
-        &[("KUBECONFIG", &id.kubeconfig)],
-    );
+    let (targets, user, _operator) = chart_operator_and_three_targets(&t, &cluster, &op).await;
     let orphaning = with(
         rule_spec(CM, t.selector(), &[t.glob("t")]),
         "/spec/deletionPolicy",
@@ -388,18 +398,8 @@ async fn a_rule_created_again_takes_back_the_copies_it_handed_over() {
 async fn a_rule_created_again_after_its_source_changed_takes_back_and_updates_unchanged_copies() {
     let t = TestNs::new("adopt-changed").await;
     let op = t.ns("op").await;
-    let mut targets = Vec::new();
-    for i in 0..3 {
-        targets.push(t.ns(&format!("t{i}")).await);
-    }
     let cluster = ClusterScoped::new();
-    let id = as_the_chart(&t, &cluster, &op, &[]).await;
-    let user = id.user.clone();
-    let _operator = Operator::start_with_env(
-        &t,
-        vec!["run".into(), "--namespace".into(), op.clone()],
-        &[("KUBECONFIG", &id.kubeconfig)],
-    );
+    let (targets, user, _operator) = chart_operator_and_three_targets(&t, &cluster, &op).await;
     let rule = with(
         with(
             rule_spec(CM, t.selector(), &[t.glob("t")]),
