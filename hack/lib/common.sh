@@ -14,9 +14,18 @@ SERVICE_RANGE=10.0.0.0/24
 SERVICE_IP=10.0.0.1
 
 CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/copyrator"
-CACHE="$CACHE_ROOT/k8s-$K8S_VERSION"
-BIN="$CACHE/bin"
 STATE="${COPYRATOR_CLUSTER_STATE:-$CACHE_ROOT/cluster}"
+# The binaries of one release, cached apart.
+use_version() { # version
+  K8S_VERSION=$1
+  CACHE="$CACHE_ROOT/k8s-$K8S_VERSION"
+  BIN="$CACHE/bin"
+}
+use_version "$K8S_VERSION"
+# The release a control plane in $STATE was started with, as `up` records
+# it: every command but `build` and `up` acts on its binaries, whatever
+# COPYRATOR_K8S_VERSION says now (a component is known by its binary's path).
+started_version() { [ -f "$STATE/k8s-version" ] && cat "$STATE/k8s-version"; }
 
 log() { printf 'cluster: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }

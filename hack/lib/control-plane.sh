@@ -257,6 +257,13 @@ cmd_up() {
     die "a member control plane has no node: unset COPYRATOR_NODE or COPYRATOR_MEMBER"
   fi
   cmd_build
+  local requested=$K8S_VERSION recorded
+  if recorded=$(started_version) && [ "$recorded" != "$requested" ]; then
+    # Another release runs there: stop it with its own binaries.
+    use_version "$recorded"
+    cmd_down >/dev/null 2>&1 || true
+    use_version "$requested"
+  fi
   if control_plane_running "$member"; then
     log "reusing the control plane in $STATE"
     if [ "${COPYRATOR_NODE:-}" = 1 ]; then cmd_node_up; fi
@@ -265,6 +272,7 @@ cmd_up() {
   fi
   cmd_down >/dev/null 2>&1 || true
   mkdir -p "$STATE"
+  echo "$K8S_VERSION" >"$STATE/k8s-version"
   if [ "$member" = 1 ]; then : >"$STATE/member"; fi
   make_certs "$member"
   local etcd_port peer_port api_port cm_port sched_port attempt
