@@ -4,9 +4,17 @@
 # build needs, free ports, certificates and kubeconfigs, and the start, stop
 # and watch of a component by the PID recorded in the state directory.
 
-# The Kubernetes release to build and run: the newest supported by default;
-# COPYRATOR_K8S_VERSION picks another (each is built once and cached apart).
-K8S_VERSION=${COPYRATOR_K8S_VERSION:-1.37.2}
+# The supported range's ends: the newest release (built and run by default,
+# the main suite's) and the floor, the oldest supported (hack/test runs a
+# subset of the suite on it). README.md, chart/Chart.yaml's kubeVersion,
+# Cargo.toml's kubernetes-floor feature and src/core/versions.rs say the
+# same (tests/suite/supported_range.rs checks it).
+K8S_NEWEST=1.37.2
+# shellcheck disable=SC2034 # read by hack/test and tests/suite/supported_range.rs
+K8S_FLOOR=1.33.13
+# The Kubernetes release to build and run: COPYRATOR_K8S_VERSION picks
+# another than the newest (each is built once and cached apart).
+K8S_VERSION=${COPYRATOR_K8S_VERSION:-$K8S_NEWEST}
 # The API server's Service range; 10.0.0.1 is the `kubernetes` Service.
 # shellcheck disable=SC2034 # used by control-plane.sh and node.sh
 SERVICE_RANGE=10.0.0.0/24

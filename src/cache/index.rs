@@ -569,11 +569,12 @@ pub(crate) struct CopyIndex {
     /// Per rule UID, how many of its copies it adopted (`adopted_from`).
     adopted_by_rule: HashMap<Arc<str>, usize>,
     len: usize,
-    /// UIDs of the latest deleted copies, oldest first: the answer to our
-    /// own write can arrive after the watch reported the copy deleted, and
-    /// must not bring a deleted copy back into the cache.
+    /// UIDs of the latest deleted copies, oldest first, each with the
+    /// resourceVersion it went at: the answer to our own write can arrive
+    /// after the watch reported the copy deleted, and must not bring a
+    /// deleted copy back into the cache.
     gone: VecDeque<Arc<str>>,
-    gone_set: HashSet<Arc<str>>,
+    gone_set: HashMap<Arc<str>, Option<u64>>,
 }
 
 /// How many deleted UIDs are remembered: far more than the writes in
@@ -671,8 +672,18 @@ impl CopyIndex {
     /// exists, even if its UID was seen going (the copy watch selects by the
     /// rule-UID label, so a copy whose label someone removed is reported
     /// deleted, and comes back once the write puts the label back).
+    /// Only a write newer than the version the UID went at counts: the
+    /// answer to a create that someone deleted before the answer was taken
+    /// is older than the delete, and brings nothing back.
     pub(crate) fn upsert_written(&mut self, object: Arc<Object>) -> Vec<String> {
-        if self.gone_set.remove(object.uid.as_str()) {
+        if let Some(went_at) = self.gone_set.get(object.uid.as_str()).copied() {
+            let written_at = object.resource_version.parse::<u64>().ok();
+            if let (Some(went_at), Some(written_at)) = (went_at, written_at)
+                && written_at <= went_at
+            {
+                return Vec::new();
+            }
+            self.gone_set.remove(object.uid.as_str());
             self.gone.retain(|uid| **uid != *object.uid);
         }
         self.upsert(object)
@@ -681,7 +692,7 @@ impl CopyIndex {
     pub(crate) fn upsert(&mut self, mut object: Arc<Object>) -> Vec<String> {
         let key: SharedKey = (object.namespace.clone(), object.name.clone());
         let mut touched = Vec::new();
-        if self.gone_set.contains(object.uid.as_str()) {
+        if self.gone_set.contains_key(object.uid.as_str()) {
             return touched;
         }
         if let Some(previous) = self.get(&key.0, &key.1) {
@@ -744,30 +755,30 @@ impl CopyIndex {
 
     /// Remove the deleted object of this UID (a newer object of the same
     /// name stays); returns the rule UID of the removed copy.
-    pub(crate) fn remove(&mut self, namespace: &str, name: &str, uid: &str) -> Option<String> {
-        self.deleted(namespace, name, uid)
+    pub(crate) fn remove(&mut self, gone: &Object) -> Option<String> {
+        self.deleted(gone)
             .and_then(|o| o.rule_uid().map(str::to_owned))
     }
 
-    /// The object of this UID was deleted: it leaves the cache, and no late
-    /// answer or event about it brings it back. Returns it if it was held.
-    pub(crate) fn deleted(
-        &mut self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-    ) -> Option<Arc<Object>> {
-        if !self.gone_set.contains(uid) {
-            let uid: Arc<str> = Arc::from(uid);
-            self.gone_set.insert(uid.clone());
-            self.gone.push_back(uid);
-            if self.gone.len() > GONE_REMEMBERED
-                && let Some(oldest) = self.gone.pop_front()
-            {
-                self.gone_set.remove(&oldest);
+    /// `gone` was deleted (its UID at its resourceVersion, the delete's as
+    /// the watch reports it): it leaves the cache, and no late answer or
+    /// event about it brings it back. Returns what was held, if anything.
+    pub(crate) fn deleted(&mut self, gone: &Object) -> Option<Arc<Object>> {
+        let went_at = gone.resource_version.parse::<u64>().ok();
+        match self.gone_set.get_mut(gone.uid.as_str()) {
+            Some(known) => *known = (*known).max(went_at),
+            None => {
+                let uid: Arc<str> = Arc::from(gone.uid.as_str());
+                self.gone_set.insert(uid.clone(), went_at);
+                self.gone.push_back(uid);
+                if self.gone.len() > GONE_REMEMBERED
+                    && let Some(oldest) = self.gone.pop_front()
+                {
+                    self.gone_set.remove(&oldest);
+                }
             }
         }
-        self.take(namespace, name, uid)
+        self.take(&gone.namespace, &gone.name, &gone.uid)
     }
 
     /// Removes without remembering the UID: only [`CopyIndex::deleted`]
@@ -1249,11 +1260,14 @@ pub(crate) mod tests {
         assert_eq!(index.count_owned_by("r1"), 0);
         assert_eq!(index.owned_by("r2").count(), 1);
         assert_eq!(
-            index.remove("a", "x", "other-uid"),
+            index.remove(&object("a", "x", "other-uid", 6, &[])),
             None,
             "a newer object stays"
         );
-        assert_eq!(index.remove("a", "x", "1").as_deref(), Some("r2"));
+        assert_eq!(
+            index.remove(&object("a", "x", "1", 6, &[])).as_deref(),
+            Some("r2")
+        );
         assert!(index.is_empty());
         let touched = index.replace_all(vec![Arc::new(object("b", "y", "2", 1, &[(uid, "r3")]))]);
         assert!(touched.contains("r3"));
@@ -1279,7 +1293,7 @@ pub(crate) mod tests {
         // A new version that changes nothing else counts once.
         index.upsert(Arc::new(object("a", "x", "1", 8, &marked)));
         assert_eq!(index.count_create_only("r1"), 2);
-        index.remove("b", "x", "2");
+        index.remove(&object("b", "x", "2", 5, &[]));
         assert_eq!(index.count_create_only("r1"), 1);
         index.replace_all(Vec::new());
         assert_eq!(index.count_create_only("r1"), 0);
@@ -1289,9 +1303,13 @@ pub(crate) mod tests {
     fn a_deleted_copy_is_not_brought_back_by_a_late_answer() {
         let mut index = CopyIndex::default();
         let uid = crate::LABEL_RULE_UID;
-        // The watch reports the copy deleted before the answer to our
-        // create is applied: that answer must not resurrect it.
-        assert!(index.deleted("a", "x", "1").is_none());
+        // The watch reports the copy deleted (at the delete's version, 7)
+        // before the answer to our create (version 5) is taken: neither
+        // that answer nor a late event of it brings the copy back.
+        assert!(index.deleted(&object("a", "x", "1", 7, &[])).is_none());
+        let mut answer = object("a", "x", "1", 5, &[(uid, "r1")]);
+        answer.written_for = Some(42);
+        assert!(index.upsert_written(Arc::new(answer)).is_empty());
         assert!(
             index
                 .upsert(Arc::new(object("a", "x", "1", 5, &[(uid, "r1")])))
@@ -1300,14 +1318,35 @@ pub(crate) mod tests {
         assert!(index.get("a", "x").is_none());
         assert_eq!(index.count_owned_by("r1"), 0);
         // A new copy of the same name (another UID) is welcome.
-        index.upsert(Arc::new(object("a", "x", "2", 6, &[(uid, "r1")])));
+        index.upsert(Arc::new(object("a", "x", "2", 8, &[(uid, "r1")])));
         assert_eq!(index.get("a", "x").unwrap().uid, "2");
         // The memory of deleted UIDs is bounded; the oldest are forgotten.
         for i in 0..GONE_REMEMBERED + 10 {
-            index.deleted("b", "y", &format!("g{i}"));
+            index.deleted(&object("b", "y", &format!("g{i}"), 9, &[]));
         }
         assert_eq!(index.gone.len(), GONE_REMEMBERED);
         assert_eq!(index.gone_set.len(), GONE_REMEMBERED);
-        assert!(!index.gone_set.contains("1"));
+        assert!(!index.gone_set.contains_key("1"));
+    }
+
+    #[test]
+    fn a_copy_whose_label_was_removed_comes_back_with_our_later_write() {
+        let mut index = CopyIndex::default();
+        let uid = crate::LABEL_RULE_UID;
+        index.upsert(Arc::new(object("a", "x", "1", 5, &[(uid, "r1")])));
+        // Someone removed the rule-UID label at version 6: the copy watch,
+        // which selects by that label, reports it deleted.
+        assert!(index.deleted(&object("a", "x", "1", 6, &[])).is_some());
+        // Our write puts the label back (version 7): the copy is held again.
+        let mut restored = object("a", "x", "1", 7, &[(uid, "r1")]);
+        restored.written_for = Some(42);
+        assert_eq!(index.upsert_written(Arc::new(restored)), ["r1"]);
+        assert_eq!(
+            index.get("a", "x").map(|o| o.resource_version.as_str()),
+            Some("7")
+        );
+        // Its watch echo (added again, the label back) keeps it.
+        index.upsert(Arc::new(object("a", "x", "1", 7, &[(uid, "r1")])));
+        assert_eq!(index.count_owned_by("r1"), 1);
     }
 }

@@ -263,6 +263,9 @@ pub(crate) async fn run(
 
     let mut signal = tokio::spawn(shutdown);
     let mut tasks = spawn_rule_and_namespace_watches(&shared);
+    tasks.push(tokio::spawn(crate::controller::versions::watch_home(
+        shared.clone(),
+    )));
     // Before the copy watches: each copy decoded is checked against the key.
     match unless_stopped(install_mark_key(&settings, &shared), &mut signal).await {
         Ok(installed) => installed?,

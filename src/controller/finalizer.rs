@@ -219,7 +219,7 @@ pub(crate) fn write_through(
         }
         // Gone (or going with its namespace) either way: no copy of the rule's any more.
         (None, Action::Delete { current, .. } | Action::HandOver { current, .. }) => {
-            copies.remove(&current.namespace, &current.name, &current.uid);
+            copies.remove(current);
         }
         (None, _) => {}
     }
@@ -287,11 +287,7 @@ pub(crate) async fn collect_orphans_in(shared: &Shared, site: &Site, cause: &'st
         for (action, outcome) in outcomes {
             match (outcome, &action) {
                 (Outcome::Written(_) | Outcome::Ignored(_), Action::Delete { current, .. }) => {
-                    write(site.cluster.views.copies(kind)).remove(
-                        &current.namespace,
-                        &current.name,
-                        &current.uid,
-                    );
+                    write(site.cluster.views.copies(kind)).remove(current);
                     deleted += 1;
                 }
                 (Outcome::Failed(_), _) => failed += 1,

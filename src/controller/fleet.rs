@@ -187,7 +187,10 @@ async fn probe(shared: std::sync::Weak<Shared>, member: std::sync::Weak<Member>)
             return;
         };
         let next = match answer {
-            Ok(Ok(_)) => Reach::Reachable,
+            Ok(Ok(version)) => {
+                crate::controller::versions::report(&shared.metrics, member.name(), &version);
+                Reach::Reachable
+            }
             Ok(Err(error)) => {
                 let refused =
                     matches!(&error, kube::Error::Api(status) if matches!(status.code, 401 | 403));

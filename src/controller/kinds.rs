@@ -754,7 +754,7 @@ fn copy_deleted(
     let index = site.cluster.views.copies(kind);
     let namespace = object.namespace.clone();
     let name = object.name.clone();
-    let removed = write(index).deleted(&namespace, &name, &object.uid);
+    let removed = write(index).deleted(object);
     // Our own deletes left the cache already: this one was
     // someone else's. A copy we wrote that keeps being deleted
     // is contested like one that keeps being changed back.

@@ -16,5 +16,6 @@ pub(crate) mod site;
 pub(crate) mod state;
 #[cfg(test)]
 pub(crate) mod test_support;
+pub(crate) mod versions;
 pub(crate) mod watches;
 pub(crate) mod workers;

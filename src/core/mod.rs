@@ -22,4 +22,5 @@ pub(crate) mod scope;
 pub(crate) mod status;
 pub(crate) mod tally;
 pub(crate) mod tracking;
+pub mod versions;
 pub(crate) mod whereabouts;

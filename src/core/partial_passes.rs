@@ -997,9 +997,7 @@ impl ModelCluster {
     /// `object` leaves what the copy watch selects (deleted, or its
     /// rule-UID label removed): the watch reports it deleted.
     fn leaves_copy_watch(&mut self, object: &Object) {
-        self.world
-            .copies
-            .deleted(&object.namespace, &object.name, &object.uid);
+        self.world.copies.deleted(object);
     }
 
     /// Write `desired` at `namespace` as the API server answers a write of
@@ -1062,9 +1060,7 @@ impl ModelCluster {
                 touches.extend(self.copy_event(&current.key(), Some(&writer), Some(&writer)));
             }
             Action::Delete { current, .. } => {
-                self.world
-                    .copies
-                    .remove(&current.namespace, &current.name, &current.uid);
+                self.world.copies.remove(current);
                 touches.extend(self.copy_event(&current.key(), Some(&writer), None));
             }
             Action::HandOver { current, .. } => {

@@ -1605,7 +1605,7 @@ pub(crate) mod tests {
                         self.copies.upsert_written(Arc::new(written));
                     }
                     Action::Delete { current, .. } => {
-                        self.copies.remove(&namespace, &name, &current.uid);
+                        self.copies.remove(current);
                     }
                     Action::HandOver { current, .. } => {
                         let mut handed = (**current).clone();
@@ -2953,8 +2953,8 @@ pub(crate) mod tests {
         let p = w.plan(&r);
         assert!(p.actions.is_empty(), "{:?}", p.actions);
         // A copy that is missing is created again, from the source as it is now.
-        let gone = w.copies.get("b", "cm").unwrap().uid.clone();
-        w.copies.remove("b", "cm", &gone);
+        let gone = w.copies.get("b", "cm").unwrap().clone();
+        w.copies.remove(&gone);
         let p = w.plan(&r);
         assert_eq!(verbs(&p), vec![("b".into(), "cm".into(), "create")]);
         let Action::Create { desired, .. } = &p.actions[0] else {

@@ -800,7 +800,7 @@ mod tests {
         forged.settled = false;
         forged.rehash();
         forged.intact = false;
-        w.copies.remove(namespace, "cm", &copy.uid);
+        w.copies.remove(&copy);
         w.copies.upsert(Arc::new(forged));
     }
 

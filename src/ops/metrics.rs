@@ -73,6 +73,20 @@ pub(crate) struct Metrics {
     /// Mark key Secrets found that this installation's operator did not
     /// make (or that hold no usable key), each reported and replaced.
     pub(crate) mark_key_refused: Counter,
+    /// The Kubernetes release each cluster's API server reports.
+    cluster_version: Family<VersionLabels, Gauge>,
+    /// 1 for a cluster older than the oldest supported release.
+    cluster_below_floor: Family<ClusterLabels, Gauge>,
+    /// The version each cluster reported last, so that an upgrade
+    /// replaces its series.
+    versions_seen: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+/// A cluster and the `gitVersion` its API server reports.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct VersionLabels {
+    pub(crate) cluster: String,
+    pub(crate) version: String,
 }
 
 /// What a review of a /metrics caller found.
@@ -280,8 +294,25 @@ impl Default for Metrics {
              valid proof) or holding no usable key; each is replaced by a new key",
             mark_key_refused.clone(),
         );
+        let cluster_version = Family::<VersionLabels, Gauge>::default();
+        registry.register(
+            "cluster_kubernetes_version",
+            "1 for the Kubernetes version (gitVersion) each cluster's API server reports, home \
+             and members",
+            cluster_version.clone(),
+        );
+        let cluster_below_floor = Family::<ClusterLabels, Gauge>::default();
+        registry.register(
+            "cluster_below_supported_floor",
+            "1 for a cluster older than the oldest supported Kubernetes release (Copyrator \
+             keeps working there, untested), 0 otherwise",
+            cluster_below_floor.clone(),
+        );
         Self {
             registry,
+            cluster_version,
+            cluster_below_floor,
+            versions_seen: std::sync::Mutex::default(),
             reconciles,
             reconcile_duration,
             copies_examined,
@@ -360,6 +391,7 @@ impl Metrics {
     /// inventory's.
     pub(crate) fn cluster_gone(&self, cluster: &str) {
         self.member_reachable(cluster, None);
+        self.forget_cluster_version(cluster);
         let labels = ClusterLabels {
             cluster: cluster.to_owned(),
         };
@@ -420,6 +452,46 @@ impl Metrics {
                 self.rule_ready.remove(&labels);
             }
         }
+    }
+
+    /// The version a cluster's API server reports; returns whether it is
+    /// new for the cluster (first seen, or changed by an upgrade).
+    pub(crate) fn cluster_version(&self, cluster: &str, version: &str, below_floor: bool) -> bool {
+        let previous =
+            crate::sync::lock(&self.versions_seen).insert(cluster.to_owned(), version.to_owned());
+        if previous.as_deref() == Some(version) {
+            return false;
+        }
+        if let Some(previous) = previous {
+            self.cluster_version.remove(&VersionLabels {
+                cluster: cluster.to_owned(),
+                version: previous,
+            });
+        }
+        self.cluster_version
+            .get_or_create(&VersionLabels {
+                cluster: cluster.to_owned(),
+                version: version.to_owned(),
+            })
+            .set(1);
+        self.cluster_below_floor
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.to_owned(),
+            })
+            .set(i64::from(below_floor));
+        true
+    }
+
+    fn forget_cluster_version(&self, cluster: &str) {
+        if let Some(previous) = crate::sync::lock(&self.versions_seen).remove(cluster) {
+            self.cluster_version.remove(&VersionLabels {
+                cluster: cluster.to_owned(),
+                version: previous,
+            });
+        }
+        self.cluster_below_floor.remove(&ClusterLabels {
+            cluster: cluster.to_owned(),
+        });
     }
 
     /// A member's reachability; `None` when it left the inventory.

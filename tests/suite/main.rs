@@ -41,5 +41,6 @@ mod safety;
 mod scale;
 mod schema;
 mod stages;
+mod supported_range;
 mod trust;
 mod whereabouts;

@@ -1316,3 +1316,63 @@ async fn objects_another_tool_made_in_a_member_are_adopted_there() {
         .expect("still there");
     assert_eq!(kept.data.get("k").map(String::as_str), Some("older"));
 }
+
+/// Each cluster's Kubernetes version, home and member, is read from its
+/// API server and reported: a version series per cluster naming exactly
+/// what its `/version` says, and none of them below the supported floor
+/// (the suite's control planes run a supported release; the verdict for an
+/// older one is unit-tested in `core::versions` and `controller::versions`).
+#[tokio::test]
+async fn every_clusters_kubernetes_version_is_reported() {
+    let t = TestNs::new("members-version").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let [a, _b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let a_t1 = a.ns(&t, "t1").await;
+    a.register(&t.client, &op, &[]).await;
+    t.create_rule(
+        &op,
+        "r",
+        member_rule(&t, json!({"names": [a.name], "local": false})),
+    )
+    .await;
+    let operator = Operator::start(&t, &op, &["--member-clusters"]);
+    t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
+    for (cluster, client) in [("home", &t.client), (a.name.as_str(), &a.client)] {
+        let version = client
+            .apiserver_version()
+            .await
+            .expect("the cluster's /version")
+            .git_version;
+        let series = [("cluster", cluster), ("version", version.as_str())];
+        wait_until(
+            format!("copyrator_cluster_kubernetes_version of {cluster} naming {version}"),
+            CONVERGE,
+            async || match prometheus::operator_metric(
+                operator.port,
+                "copyrator_cluster_kubernetes_version",
+                &series,
+            )
+            .await?
+            {
+                Some(1.0) => Ok(()),
+                other => Err(format!("{other:?}")),
+            },
+        )
+        .await;
+        let below = prometheus::operator_metric(
+            operator.port,
+            "copyrator_cluster_below_supported_floor",
+            &[("cluster", cluster)],
+        )
+        .await
+        .expect("a scrape");
+        assert_eq!(
+            below,
+            Some(0.0),
+            "{cluster} ({version}) is not below the floor"
+        );
+        println!("cluster version: {cluster} reported as {version}");
+    }
+}

@@ -386,7 +386,7 @@ fn namespace_trigger(
         ));
         return Ok(Targets::including(vec![target.to_owned()]));
     }
-    if kinds.is_empty() || !kinds.iter().all(|k| is_namespace_kind(k)) {
+    if kinds.is_empty() || !kinds.iter().any(|k| is_namespace_kind(k)) {
         return Err(format!(
             "the trigger is {}, not a Namespace: Kyverno copies when such an object is created, Copyrator copies into namespaces whatever they hold",
             kinds.join(", ")
@@ -397,6 +397,7 @@ fn namespace_trigger(
             "the copies go into {target:?}, not into the namespace that triggers the rule: Copyrator copies into the namespaces its targets select"
         ));
     }
+    let filters = namespace_filters(filters, report)?;
     let mut targets = matched(&filters, report)?;
     excluded(rule.get("exclude"), &mut targets, report)?;
     report.exact(format!(
@@ -404,6 +405,42 @@ fn namespace_trigger(
         targets.describe()
     ));
     Ok(targets)
+}
+
+/// Of a Namespace-triggered rule's match filters (any of them fires), those
+/// that match Namespaces. A filter of other kinds only fires for objects of
+/// those kinds, whose own name Kyverno then takes as the namespace to copy
+/// into: it makes a copy only where a namespace happens to share an object's
+/// name, never into the namespaces the rule is about. It is left out, and
+/// said; the rule stands on the rest. A filter that names Namespace among
+/// other kinds keeps its Namespace part.
+fn namespace_filters<'a>(
+    filters: Vec<&'a Value>,
+    report: &mut SourceReport,
+) -> Result<Vec<&'a Value>, String> {
+    let mut kept = Vec::new();
+    for filter in filters {
+        let kinds = strings(filter, "kinds");
+        if kinds.is_empty() || kinds.iter().any(|k| is_namespace_kind(k)) {
+            kept.push(filter);
+            continue;
+        }
+        let names = strings(filter, "names");
+        report.differs(format!(
+            "the match filter on {}{} is left out: Kyverno copies into the namespace named like the {} that triggers it, so it copies only where a namespace shares such an object's name; the rule copies into the namespaces the other filters select",
+            kinds.join(", "),
+            if names.is_empty() {
+                String::new()
+            } else {
+                format!(" named {}", names.join(", "))
+            },
+            kinds.join(" or "),
+        ));
+    }
+    if kept.is_empty() {
+        return Err("no match filter selects Namespaces".into());
+    }
+    Ok(kept)
 }
 
 /// The `resources` filters of a match or exclude block.
@@ -1374,6 +1411,37 @@ spec:
             json!({"data": {"kind": "x"}, "clone": null}),
         ))]);
         assert!(says(&only_report(&data).unmapped, "generate.data"));
+    }
+
+    #[test]
+    fn a_match_filter_of_another_kind_beside_the_namespace_trigger_is_left_out_and_said() {
+        let mut rule = clone_rule(json!({}));
+        rule["match"] = json!({"any": [
+            {"resources": {"kinds": ["Namespace"], "selector": {"matchLabels": {"team": "a"}}}},
+            {"resources": {"kinds": ["Secret"], "names": ["regcred"], "namespaces": ["default"]}},
+        ]});
+        let imported = converted(&[policy(rule)]);
+        let report = only_report(&imported);
+        assert!(report.unmapped.is_empty(), "{report:#?}");
+        assert_eq!(imported.rules.len(), 1, "{report:#?}");
+        assert_eq!(
+            imported.rules[0]["spec"]["targets"]["namespaceSelector"],
+            json!({"matchLabels": {"team": "a"}}),
+            "the Namespace filter alone selects the targets"
+        );
+        assert!(
+            says(
+                &report.differs,
+                "match filter on Secret named regcred is left out"
+            ),
+            "{report:#?}"
+        );
+        // A filter of another kind alone is still no Namespace trigger.
+        let mut alone = clone_rule(json!({}));
+        alone["match"] = json!({"any": [{"resources": {"kinds": ["Secret"]}}]});
+        let alone = converted(&[policy(alone)]);
+        assert!(alone.rules.is_empty());
+        assert!(says(&only_report(&alone).unmapped, "not a Namespace"));
     }
 
     /// A tenant's Policy in team-a: its generate rule `rule`.
