@@ -729,37 +729,76 @@ async fn imported_rules_apply_as_printed_whatever_yaml_1_1_reads() {
     let path = std::env::temp_dir().join(format!("{}-policy.yaml", t.prefix));
     std::fs::write(&path, policy.to_string()).expect("the policy written");
     let file = path.to_str().expect("a UTF-8 path");
-    let printed = copyrator(&["import", "--namespace", &op, "-f", file], None).await;
+    let (printed, intended) = apply_import_as_printed(&t, &op, file).await;
+    let _ = std::fs::remove_file(&path);
+    assert!(!intended.is_empty(), "no rule imported: {printed}");
+    assert!(
+        printed.contains("\"yes\""),
+        "a label value yes is quoted:\n{printed}"
+    );
+    let selected = &intended[0]["spec"]["targets"]["namespaceSelector"]["matchLabels"];
+    assert_eq!(selected, &json!(labels), "every label kept as a string");
+}
+
+/// `import --namespace op -f file` as printed, applied with `kubectl apply
+/// --dry-run=server`: the API server would store, for each rule, the spec
+/// that `import -o json` means. Namespaces the printed rules live in (a
+/// tenant rule's is its source's) are made first if missing, and removed
+/// after. Returns what was printed and the rules meant.
+async fn apply_import_as_printed(t: &TestNs, op: &str, file: &str) -> (String, Vec<Value>) {
+    let printed = copyrator(&["import", "--namespace", op, "-f", file], None).await;
     printed.assert_exit(0);
     let intended = copyrator(
-        &["import", "--namespace", &op, "-f", file, "-o", "json"],
+        &["import", "--namespace", op, "-f", file, "-o", "json"],
         None,
     )
     .await;
     intended.assert_exit(0);
     let intended = intended.json();
     let intended = intended["rules"].as_array().cloned().unwrap_or_default();
-    assert!(!intended.is_empty(), "no rule imported: {}", printed.stdout);
-    assert!(
-        printed.stdout.contains("\"yes\""),
-        "a label value yes is quoted:\n{}",
-        printed.stdout
-    );
-
-    let printed_path = std::env::temp_dir().join(format!("{}-rules.yaml", t.prefix));
+    if intended.is_empty() {
+        return (printed.stdout, intended);
+    }
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(t.client.clone());
+    let mut made = Vec::new();
+    for rule in &intended {
+        let namespace = rule["metadata"]["namespace"].as_str().unwrap_or_default();
+        let exists = namespaces
+            .get_opt(namespace)
+            .await
+            .unwrap_or_else(|e| panic!("reading namespace {namespace}: {e}"))
+            .is_some();
+        if !exists && !made.iter().any(|m| m == namespace) {
+            let object = serde_json::from_value(json!({"metadata": {"name": namespace}}))
+                .expect("a Namespace");
+            namespaces
+                .create(&PostParams::default(), &object)
+                .await
+                .unwrap_or_else(|e| panic!("making namespace {namespace}: {e}"));
+            made.push(namespace.to_owned());
+        }
+    }
+    let printed_path = std::env::temp_dir().join(format!(
+        "{}-{}-rules.yaml",
+        t.prefix,
+        std::path::Path::new(file)
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("import")
+    ));
     std::fs::write(&printed_path, &printed.stdout).expect("the rules written");
     let stored = kubectl(&[
         "apply",
         "--dry-run=server",
-        "-n",
-        &op,
         "-f",
         printed_path.to_str().expect("a UTF-8 path"),
         "-o",
         "json",
     ]);
-    let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&printed_path);
+    for namespace in made {
+        let _ = namespaces.delete(&namespace, &Default::default()).await;
+    }
     let stored: Value = serde_json::from_str(&stored).expect("kubectl's JSON");
     let stored: Vec<Value> = match stored["kind"].as_str() {
         Some("List") => stored["items"].as_array().cloned().unwrap_or_default(),
@@ -768,14 +807,44 @@ async fn imported_rules_apply_as_printed_whatever_yaml_1_1_reads() {
     assert_eq!(
         stored.len(),
         intended.len(),
-        "one stored rule per printed rule"
+        "{file}: one stored rule per printed rule"
     );
     for (stored, intended) in stored.iter().zip(&intended) {
         assert_eq!(
             stored["spec"], intended["spec"],
-            "the API server would store another spec than import meant"
+            "{file}: the API server would store another spec than import meant"
         );
     }
-    let selected = &intended[0]["spec"]["targets"]["namespaceSelector"]["matchLabels"];
-    assert_eq!(selected, &json!(labels), "every label kept as a string");
+    (printed.stdout, intended)
+}
+
+/// What `import` prints for every configuration of the import corpus
+/// (public configurations of each tool, `tests/data/import-corpus/`)
+/// applies with kubectl as printed, and means what `-o json` says.
+#[tokio::test]
+async fn what_import_prints_for_every_corpus_configuration_applies_as_printed() {
+    let t = TestNs::new("import-corpus").await;
+    let op = t.ns("op").await;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/import-corpus");
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&root)
+        .expect("the corpus")
+        .filter_map(Result::ok)
+        .flat_map(|tool| std::fs::read_dir(tool.path()).into_iter().flatten())
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 25, "{} corpus files", files.len());
+    let mut rules = 0;
+    for path in &files {
+        let (_, intended) =
+            apply_import_as_printed(&t, &op, path.to_str().expect("a UTF-8 path")).await;
+        rules += intended.len();
+    }
+    println!(
+        "import corpus: {} files, {rules} rules applied as printed",
+        files.len()
+    );
+    assert!(rules > 0, "no corpus file made a rule");
 }

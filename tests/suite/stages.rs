@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use crate::common::rbac::{ClusterScoped, as_the_chart};
 use crate::common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Api;
@@ -159,7 +160,18 @@ async fn a_rollout_under_way_holds_the_rest_after_a_restart() {
     let long = Duration::from_secs(600);
     t.create_rule(&op, "r", staged_rule(&t, canary_then_rest(long, 600)))
         .await;
-    let mut operator = Operator::start(&t, &op, &[]);
+    // As the chart's ServiceAccount: the record goes through the status
+    // writes the chart grants.
+    let cluster = ClusterScoped::new();
+    let id = as_the_chart(&t, &cluster, &op, &[]).await;
+    let as_the_chart = || {
+        Operator::start_with_env(
+            &t,
+            vec!["run".into(), "--namespace".into(), op.clone()],
+            &[("KUBECONFIG", &id.kubeconfig)],
+        )
+    };
+    let mut operator = as_the_chart();
     let v1 = t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
     t.wait_copy(CM, &canary, &v1, &op, "r").await;
     t.wait_copy(CM, &rest, &v1, &op, "r").await;
@@ -186,7 +198,7 @@ async fn a_rollout_under_way_holds_the_rest_after_a_restart() {
 
     operator.crash();
     let late = t.ns("r2").await;
-    let _operator = Operator::start(&t, &op, &[]);
+    let _operator = as_the_chart();
     t.wait_obj(CM, &late, "cfg", "v1, as the rest holds", |o| {
         o.data_is(&[("k", "v1")])
     })

@@ -23,6 +23,8 @@
 //! no rule: Kyverno lets it clone only within its namespace.
 
 mod cluster_secret;
+#[cfg(test)]
+mod corpus;
 mod kubed;
 mod kyverno;
 mod patterns;
