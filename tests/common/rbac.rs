@@ -23,7 +23,8 @@ use super::audit::service_account_user;
 use super::helm::{find, render};
 use super::members::Member;
 use super::{
-    TIMEOUT, TestNs, create_service_account, err_msg, service_account_kubeconfig, wait_until,
+    Operator, TIMEOUT, TestNs, create_service_account, err_msg, service_account_kubeconfig,
+    wait_until,
 };
 
 /// One verb on one resource of one API group, as a Role grants it, on
@@ -218,6 +219,16 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// `copyrator run --namespace <namespace>` as this identity (the
+    /// operator of the chart, when made by [`as_the_chart`]).
+    pub fn run_operator(&self, t: &TestNs) -> Operator {
+        Operator::start_with_env(
+            t,
+            vec!["run".into(), "--namespace".into(), self.namespace.clone()],
+            &[("KUBECONFIG", &self.kubeconfig)],
+        )
+    }
+
     /// The ServiceAccount `namespace/account`, bound to a ClusterRole of its
     /// own with exactly `cluster_grants` and to a Role in `namespace` with
     /// exactly `namespaced_grants` (none made when empty).

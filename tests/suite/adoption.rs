@@ -267,11 +267,7 @@ async fn chart_operator_and_three_targets(
         targets.push(t.ns(&format!("t{i}")).await);
     }
     let id = as_the_chart(t, cluster, op, &[]).await;
-    let operator = Operator::start_with_env(
-        t,
-        vec!["run".into(), "--namespace".into(), op.to_owned()],
-        &[("KUBECONFIG", &id.kubeconfig)],
-    );
+    let operator = id.run_operator(t);
     (targets, id.user.clone(), operator)
 }
 

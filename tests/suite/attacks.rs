@@ -209,14 +209,7 @@ async fn an_older_copy_put_back_while_the_operator_is_down_is_restored_at_once()
     // writes the chart grants.
     let cluster = ClusterScoped::new();
     let id = common::rbac::as_the_chart(&t, &cluster, &platform, &[]).await;
-    let as_the_chart = || {
-        Operator::start_with_env(
-            &t,
-            vec!["run".into(), "--namespace".into(), platform.clone()],
-            &[("KUBECONFIG", &id.kubeconfig)],
-        )
-    };
-    let mut operator = as_the_chart();
+    let mut operator = id.run_operator(&t);
     let source = t
         .create_source(CM, &platform, "trust-bundle", &[], &[("ca.crt", "OLD-CA")])
         .await;
@@ -277,7 +270,7 @@ async fn an_older_copy_put_back_while_the_operator_is_down_is_restored_at_once()
         .unwrap_or_else(|e| panic!("the tenant puts its old copy back: {}", err_msg(&e)));
     t.delete(CM, &team_b, "trust-bundle").await;
     let team_c = t.ns("team-c").await;
-    let _operator = as_the_chart();
+    let _operator = id.run_operator(&t);
 
     restored_with_no_rollout(
         &t,

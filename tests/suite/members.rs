@@ -493,6 +493,25 @@ async fn wait_member_handed_over(member: &Member, before: &ConfigMap, why: &str)
     .await;
 }
 
+/// Member a registered, a rule `r` of `op` with `local: false` copying
+/// into a's `t1`, the operator started with `--member-clusters`, and the
+/// source `cfg` copied there.
+async fn copied_into_member_a_only(t: &TestNs, op: &str) -> (Member, Operator) {
+    let [a, _b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let a_t1 = a.ns(t, "t1").await;
+    a.register(&t.client, op, &[]).await;
+    t.create_rule(
+        op,
+        "r",
+        member_rule(t, json!({"names": [a.name], "local": false})),
+    )
+    .await;
+    let operator = Operator::start(t, op, &["--member-clusters"]);
+    t.create_source(CM, op, "cfg", &[], &[("k", "v")]).await;
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
+    (a, operator)
+}
+
 /// A rule with `local: false` keeps copies in members only.
 #[tokio::test]
 async fn local_false_keeps_copies_in_members_only() {
@@ -500,18 +519,7 @@ async fn local_false_keeps_copies_in_members_only() {
     let _up = OUTAGE.read().await;
     let op = t.ns("op").await;
     let home_t1 = t.ns("t1").await;
-    let [a, _b] = <[Member; 2]>::try_from(members().await).expect("two members");
-    let a_t1 = a.ns(&t, "t1").await;
-    a.register(&t.client, &op, &[]).await;
-    t.create_rule(
-        &op,
-        "r",
-        member_rule(&t, json!({"names": [a.name], "local": false})),
-    )
-    .await;
-    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
-    t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
-    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
+    let (_a, _operator) = copied_into_member_a_only(&t, &op).await;
     t.wait_rule_ready(&op, "r").await;
     t.assert_absent(CM, &home_t1, "cfg", "local: false").await;
 }
@@ -1327,18 +1335,7 @@ async fn every_clusters_kubernetes_version_is_reported() {
     let t = TestNs::new("members-version").await;
     let _up = OUTAGE.read().await;
     let op = t.ns("op").await;
-    let [a, _b] = <[Member; 2]>::try_from(members().await).expect("two members");
-    let a_t1 = a.ns(&t, "t1").await;
-    a.register(&t.client, &op, &[]).await;
-    t.create_rule(
-        &op,
-        "r",
-        member_rule(&t, json!({"names": [a.name], "local": false})),
-    )
-    .await;
-    let operator = Operator::start(&t, &op, &["--member-clusters"]);
-    t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
-    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v")]).await;
+    let (a, operator) = copied_into_member_a_only(&t, &op).await;
     for (cluster, client) in [("home", &t.client), (a.name.as_str(), &a.client)] {
         let version = client
             .apiserver_version()

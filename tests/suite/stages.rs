@@ -164,14 +164,7 @@ async fn a_rollout_under_way_holds_the_rest_after_a_restart() {
     // writes the chart grants.
     let cluster = ClusterScoped::new();
     let id = as_the_chart(&t, &cluster, &op, &[]).await;
-    let as_the_chart = || {
-        Operator::start_with_env(
-            &t,
-            vec!["run".into(), "--namespace".into(), op.clone()],
-            &[("KUBECONFIG", &id.kubeconfig)],
-        )
-    };
-    let mut operator = as_the_chart();
+    let mut operator = id.run_operator(&t);
     let v1 = t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
     t.wait_copy(CM, &canary, &v1, &op, "r").await;
     t.wait_copy(CM, &rest, &v1, &op, "r").await;
@@ -198,7 +191,7 @@ async fn a_rollout_under_way_holds_the_rest_after_a_restart() {
 
     operator.crash();
     let late = t.ns("r2").await;
-    let _operator = as_the_chart();
+    let _operator = id.run_operator(&t);
     t.wait_obj(CM, &late, "cfg", "v1, as the rest holds", |o| {
         o.data_is(&[("k", "v1")])
     })

@@ -11,7 +11,9 @@ use super::shared::{
     Context, Conversion, Draft, Named, Owner, Source, Targets, annotation, spec_of, str_at,
 };
 
-const TOOL: &str = "config-syncer";
+pub(super) const TOOL: &str = "config-syncer";
+/// What config-syncer's annotations start with.
+pub(super) const PREFIX: &str = "kubed.appscode.com/";
 const SYNC: &str = "kubed.appscode.com/sync";
 const SYNC_CONTEXTS: &str = "kubed.appscode.com/sync-contexts";
 

@@ -22,6 +22,7 @@
 //! objects of the rule's own namespace. A namespaced Kyverno policy makes
 //! no rule: Kyverno lets it clone only within its namespace.
 
+mod cert_manager;
 mod cluster_secret;
 #[cfg(test)]
 mod corpus;
@@ -94,19 +95,29 @@ pub(crate) struct SourceReport {
 /// reflector, replicator or config-syncer annotations, ClusterSecrets);
 /// others are ignored. The same objects in any order give the same result.
 pub(crate) fn import(objects: &[serde_json::Value], options: &Options) -> Imported {
-    let objects = shared::distinct_objects(objects);
+    let distinct = shared::distinct_objects(objects);
+    let objects: Vec<serde_json::Value> = distinct.iter().map(|(o, _)| o.clone()).collect();
     let context = shared::Context {
         objects: &objects,
         options,
     };
     let mut conversions = Vec::new();
-    for object in &objects {
-        conversions.extend(kyverno::convert(object, &context));
-        conversions.extend(reflector::convert(object, &context));
-        conversions.extend(reflector::convert_cert_manager(object, &context));
-        conversions.extend(replicator::convert(object, &context));
-        conversions.extend(kubed::convert(object, &context));
-        conversions.extend(cluster_secret::convert(object, &context));
+    for (object, definitions) in &distinct {
+        let mut of_object = Vec::new();
+        of_object.extend(kyverno::convert(object, &context));
+        of_object.extend(reflector::convert(object, &context));
+        of_object.extend(cert_manager::convert(object, &context));
+        of_object.extend(replicator::convert(object, &context));
+        of_object.extend(kubed::convert(object, &context));
+        of_object.extend(cluster_secret::convert(object, &context));
+        if *definitions > 1 {
+            for conversion in &mut of_object {
+                conversion.report.differs.insert(0, format!(
+                    "the input defines this object {definitions} times, differently: one was read (the same whatever their order), but the cluster holds the one applied last: check which it is"
+                ));
+            }
+        }
+        conversions.extend(of_object);
     }
     shared::assemble(conversions, options)
 }
@@ -178,8 +189,26 @@ mod tests {
         let newer = kubed::tests::documented()[0].clone();
         assert_eq!(
             serde_json::to_string(&converted(&[older.clone(), newer.clone()])).expect("serializes"),
-            serde_json::to_string(&converted(&[newer, older])).expect("serializes"),
+            serde_json::to_string(&converted(&[newer, older.clone()])).expect("serializes"),
             "two versions of one object, either first"
+        );
+        // And the report says the input defined it twice.
+        let twice = converted(&[older.clone(), kubed::tests::documented()[0].clone()]);
+        assert!(
+            twice.reports.iter().all(|r| r
+                .differs
+                .iter()
+                .any(|d| d.starts_with("the input defines this object 2 times, differently"))),
+            "{:#?}",
+            twice.reports
+        );
+        let once = converted(&[older.clone(), older.clone()]);
+        assert!(
+            once.reports
+                .iter()
+                .all(|r| !r.differs.iter().any(|d| d.contains("times, differently"))),
+            "the same definition twice is one: {:#?}",
+            once.reports
         );
         let names: Vec<&str> = imported
             .rules

@@ -37,6 +37,9 @@ pub(super) struct Globs {
 pub(super) struct Inexact {
     pub(super) why: String,
     pub(super) closest: Vec<String>,
+    /// The pattern is no regular expression at all: the tool that reads
+    /// it fails on it.
+    pub(super) not_a_regex: bool,
 }
 
 /// One element of an alternative, as far as globs are concerned.
@@ -64,6 +67,7 @@ pub(super) fn regex_globs(pattern: &str, anchoring: Anchoring) -> Result<Globs, 
     let not_a_regex = |why| Inexact {
         why,
         closest: Vec::new(),
+        not_a_regex: true,
     };
     let texts = split_alternatives(pattern).map_err(not_a_regex)?;
     let alternatives = texts
@@ -105,6 +109,7 @@ pub(super) fn regex_globs(pattern: &str, anchoring: Anchoring) -> Result<Globs, 
     Err(Inexact {
         why: inexact.join("; "),
         closest,
+        not_a_regex: false,
     })
 }
 

@@ -8,15 +8,15 @@
 use serde_json::{Value, json};
 
 use super::SourceReport;
-use super::patterns::{Anchoring, Selector, everything_but, pattern_list};
+use super::patterns::{Anchoring, Selector, everything_but, pattern_list, regex_globs};
 use super::shared::{
     Context, Conversion, Draft, Named, Owner, Source, Targets, annotation, pulled_source, spec_of,
     str_at, strip_all,
 };
 use crate::api::selector::Glob;
 
-const TOOL: &str = "kubernetes-reflector";
-const PREFIX: &str = "reflector.v1.k8s.emberstack.com/";
+pub(super) const TOOL: &str = "kubernetes-reflector";
+pub(super) const PREFIX: &str = "reflector.v1.k8s.emberstack.com/";
 const SOURCE_KEYS: [&str; 6] = [
     "reflection-allowed",
     "reflection-allowed-namespaces",
@@ -28,6 +28,16 @@ const SOURCE_KEYS: [&str; 6] = [
 
 fn reflector_annotation<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
     annotation(object, &format!("{PREFIX}{key}"))
+}
+
+/// The patterns of a comma-separated namespace list annotation.
+fn patterns_of<'a>(object: &'a Value, key: &str) -> Vec<&'a str> {
+    reflector_annotation(object, key)
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect()
 }
 
 /// A .NET boolean, as reflector parses it.
@@ -62,85 +72,11 @@ pub(super) fn convert(object: &Value, context: &Context) -> Option<Conversion> {
     }
     if let Some(reflects) = mirrored {
         match by_hand(&named, reflects, context, &mut report) {
-            Ok(draft) => drafts.push(draft),
+            Ok(draft) => drafts.extend(draft),
             Err(why) => report.unmapped(why),
         }
     }
     Some(report.with(drafts))
-}
-
-/// cert-manager's Secrets that reflector mirrors: reflector's README has
-/// the annotations put on a Certificate's Secret through its
-/// `spec.secretTemplate.annotations`, or through an Ingress's
-/// `cert-manager.io/secret-template` annotation (JSON with `annotations`)
-/// for the Secret of each `spec.tls[].secretName`; cert-manager copies
-/// them onto the Secret. Converted as that Secret would be, unless the
-/// Secret itself was read (its own annotations are converted then).
-pub(super) fn convert_cert_manager(object: &Value, context: &Context) -> Vec<Conversion> {
-    let kind = str_at(object, &["kind"]).unwrap_or_default();
-    let from_cert_manager = str_at(object, &["apiVersion"])
-        .is_some_and(|v| v.starts_with("cert-manager.io/"))
-        && kind == "Certificate";
-    let from_ingress = str_at(object, &["apiVersion"])
-        .is_some_and(|v| v.starts_with("networking.k8s.io/"))
-        && kind == "Ingress";
-    let namespace = str_at(object, &["metadata", "namespace"]).unwrap_or("default");
-    let name = str_at(object, &["metadata", "name"]).unwrap_or_default();
-    let (template, secrets): (Option<Value>, Vec<&str>) = if from_cert_manager {
-        (
-            object.pointer("/spec/secretTemplate/annotations").cloned(),
-            str_at(object, &["spec", "secretName"])
-                .into_iter()
-                .collect(),
-        )
-    } else if from_ingress {
-        let template = annotation(object, "cert-manager.io/secret-template")
-            .and_then(|text| serde_json::from_str::<Value>(text).ok())
-            .and_then(|t| t.get("annotations").cloned());
-        let secrets = object
-            .pointer("/spec/tls")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|tls| tls.get("secretName").and_then(Value::as_str))
-            .collect();
-        (template, secrets)
-    } else {
-        return Vec::new();
-    };
-    let Some(annotations) = template.filter(|a| {
-        a.as_object()
-            .is_some_and(|a| a.keys().any(|k| k.starts_with(PREFIX)))
-    }) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for secret in secrets {
-        if context.find("Secret", namespace, secret).is_some() {
-            continue;
-        }
-        let made = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "kubernetes.io/tls",
-            "metadata": {"name": secret, "namespace": namespace, "annotations": annotations},
-        });
-        if let Some(mut conversion) = convert(&made, context) {
-            let how = if from_cert_manager {
-                "spec.secretTemplate.annotations"
-            } else {
-                "its cert-manager.io/secret-template annotation"
-            };
-            conversion.report.source =
-                format!("{kind} {namespace}/{name}: its Secret {namespace}/{secret}");
-            conversion.report.exact.insert(
-                0,
-                format!("cert-manager puts the {kind}'s reflector annotations ({how}) on the Secret {secret}: they are read as that Secret's"),
-            );
-            out.push(conversion);
-        }
-    }
-    out
 }
 
 /// The rule that makes a source's automatic mirrors, if it has any.
@@ -161,7 +97,7 @@ fn automatic(
         return Ok(None);
     }
     if !auto {
-        report.exact("reflection-allowed without reflection-auto-enabled permits mirrors made by hand only: each mirror that names this source is imported on its own");
+        report.exact("reflection-allowed without reflection-auto-enabled permits mirrors made by hand only: by itself it copies nothing; each mirror that names this source is imported on its own");
         return Ok(None);
     }
     if object
@@ -228,12 +164,7 @@ enum Reach {
 
 fn reach(object: &Value, list_key: &str, report: &mut SourceReport) -> Result<Reach, String> {
     let selector_key = format!("{list_key}-selector");
-    let list: Vec<&str> = reflector_annotation(object, list_key)
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .collect();
+    let list = patterns_of(object, list_key);
     let selector = match reflector_annotation(object, &selector_key) {
         Some(text) => Selector::parse(text).map_err(|e| {
             format!("{selector_key} {text:?} is not a selector a rule can hold: {e}")
@@ -350,9 +281,19 @@ fn by_hand(
     reflects: &str,
     context: &Context,
     report: &mut SourceReport,
-) -> Result<Draft, String> {
+) -> Result<Option<Draft>, String> {
     let (namespace, name) = pulled_source(mirror, reflects, "reflects")?;
     match context.find(&mirror.kind, namespace, name) {
+        Some(source) if auto_mirrors_into(source, namespace, &mirror.namespace) => {
+            // One place, one rule: the source's automatic mirrors' rule
+            // writes here already, and a second would meet its copy as a
+            // conflict.
+            report.differs(format!(
+                "the source {} {namespace}/{name} also mirrors itself automatically into {}: the rule made for its automatic mirrors keeps this copy, and no rule of its own is made for it; that rule deletes it with its source (deletionPolicy.sourceGone: Delete), where reflector keeps a mirror made by hand, and it strips the labels someone put on this mirror",
+                mirror.kind, mirror.namespace
+            ));
+            return Ok(None);
+        }
         Some(source) => permitted(source, &mirror.namespace, report)?,
         None => report.differs(format!(
             "the source {} {namespace}/{name} was not among the objects read: whether it permits reflection into {} was not checked",
@@ -364,7 +305,7 @@ fn by_hand(
         mirror.kind, mirror.namespace
     ));
     report.differs("reflector does not delete a mirror made by hand when its source goes; the closest is deletionPolicy.sourceGone: Orphan, which keeps the copy and hands it over to its namespace");
-    Ok(Draft {
+    Ok(Some(Draft {
         name: mirror.rule_name("reflector"),
         owner: Owner::of_namespace(&mirror.namespace, context.options),
         api_version: mirror.api_version.clone(),
@@ -378,6 +319,35 @@ fn by_hand(
             ("deletionPolicy", json!({"sourceGone": "Orphan"})),
             ("transform", strip_all(true)),
         ]),
+    }))
+}
+
+/// Whether `source` (in `source_namespace`) surely mirrors itself
+/// automatically into `namespace`: reflection and auto-reflection on, and
+/// both namespace lists (empty: every namespace) allowing it by an exact
+/// glob. Selectors are not read here: they only make it unsure.
+fn auto_mirrors_into(source: &Value, source_namespace: &str, namespace: &str) -> bool {
+    if namespace == source_namespace
+        || !flag(source, "reflection-allowed")
+        || !flag(source, "reflection-auto-enabled")
+    {
+        return false;
+    }
+    [
+        "reflection-allowed-namespaces",
+        "reflection-auto-namespaces",
+    ]
+    .iter()
+    .all(|key| {
+        let selector = format!("{key}-selector");
+        let list = patterns_of(source, key);
+        let has_selector =
+            reflector_annotation(source, &selector).is_some_and(|s| !s.trim().is_empty());
+        match (list.is_empty(), has_selector) {
+            (true, false) => true,
+            (true, true) => false,
+            (false, _) => pattern_list(list, Anchoring::Whole).matches(namespace) == Some(true),
+        }
     })
 }
 
@@ -387,16 +357,29 @@ fn permitted(source: &Value, namespace: &str, report: &mut SourceReport) -> Resu
     if !flag(source, "reflection-allowed") {
         return Err("the source does not allow reflection (reflection-allowed), so reflector does not fill this mirror: no rule is made".into());
     }
-    let list = reflector_annotation(source, "reflection-allowed-namespaces").unwrap_or_default();
     let selector = reflector_annotation(source, "reflection-allowed-namespaces-selector")
         .filter(|s| !s.trim().is_empty());
-    let patterns: Vec<&str> = list
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .collect();
+    let patterns = patterns_of(source, "reflection-allowed-namespaces");
     if patterns.is_empty() && selector.is_none() {
         return Ok(());
+    }
+    // reflector tries the patterns in order and fails on one that is no
+    // regular expression: a mirror no earlier pattern allows is never filled.
+    for (index, pattern) in patterns.iter().enumerate() {
+        let Err(inexact) = regex_globs(pattern, Anchoring::Whole) else {
+            continue;
+        };
+        if !inexact.not_a_regex {
+            continue;
+        }
+        if pattern_list(patterns[..index].iter().copied(), Anchoring::Whole).matches(namespace)
+            != Some(true)
+        {
+            return Err(format!(
+                "the source's reflection-allowed-namespaces holds {pattern:?}, which is no regular expression ({}): reflector fails on it and never fills this mirror in {namespace}, so it copies nothing here, and no rule is made",
+                inexact.why
+            ));
+        }
     }
     match (
         pattern_list(patterns, Anchoring::Whole).matches(namespace),
@@ -561,9 +544,54 @@ data:
         ));
         let allowed = converted(&[source.clone(), mirror_in("namespace-1")]);
         assert_eq!(allowed.rules.len(), 1);
+        // A pattern that is no regular expression: reflector fails on it,
+        // unless an earlier pattern allows the mirror's namespace.
+        source["metadata"]["annotations"][format!("{KEY}reflection-allowed-namespaces")] =
+            json!("*");
+        let broken = converted(&[source.clone(), mirror_in("team-a")]);
+        assert!(broken.rules.is_empty(), "{:#?}", broken.rules);
+        assert!(says(
+            &report_on(&broken, "Secret team-a/source-secret").unmapped,
+            "\"*\", which is no regular expression"
+        ));
+        source["metadata"]["annotations"][format!("{KEY}reflection-allowed-namespaces")] =
+            json!("team-a,*");
+        assert_eq!(
+            converted(&[source.clone(), mirror_in("team-a")])
+                .rules
+                .len(),
+            1
+        );
         source["metadata"]["annotations"][format!("{KEY}reflection-allowed")] = json!("false");
         let denied = converted(&[source, mirror_in("namespace-1")]);
         assert!(denied.rules.is_empty());
+    }
+
+    #[test]
+    fn a_mirror_by_hand_where_its_source_mirrors_itself_anyway_makes_no_second_rule() {
+        let mut source = yaml(SOURCE);
+        source["metadata"]["annotations"][format!("{KEY}reflection-allowed-namespaces-selector")] =
+            Value::Null;
+        source["metadata"]["annotations"][format!("{KEY}reflection-allowed-namespaces")] =
+            json!("team-.*");
+        source["metadata"]["annotations"][format!("{KEY}reflection-auto-enabled")] = json!("true");
+        source["metadata"]["annotations"][format!("{KEY}reflection-auto-namespaces")] =
+            json!("team-a,team-b");
+        let imported = converted(&[source.clone(), mirror_in("team-a")]);
+        assert_eq!(imported.rules.len(), 1, "{:#?}", imported.rules);
+        assert_eq!(
+            imported.rules[0]["spec"]["targets"]["include"],
+            json!(["team-a", "team-b"]),
+            "the automatic mirrors' rule"
+        );
+        let mirror = report_on(&imported, "Secret team-a/source-secret");
+        assert!(
+            says(&mirror.differs, "no rule of its own is made"),
+            "{mirror:#?}"
+        );
+        // A mirror where the source does not mirror itself keeps its rule.
+        let elsewhere = converted(&[source, mirror_in("team-c")]);
+        assert_eq!(elsewhere.rules.len(), 2, "{:#?}", elsewhere.reports);
     }
 
     #[test]

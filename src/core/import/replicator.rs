@@ -14,8 +14,8 @@ use super::shared::{
     pulled_source, spec_of, str_at, strip_all,
 };
 
-const TOOL: &str = "kubernetes-replicator";
-const PREFIX: &str = "replicator.v1.mittwald.de/";
+pub(super) const TOOL: &str = "kubernetes-replicator";
+pub(super) const PREFIX: &str = "replicator.v1.mittwald.de/";
 
 fn replicator_annotation<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
     annotation(object, &format!("{PREFIX}{key}"))
@@ -60,7 +60,7 @@ pub(super) fn convert(object: &Value, context: &Context) -> Option<Conversion> {
         }
     }
     if permits {
-        report.exact("replication-allowed permits pulls: each object that pulls from it (replicate-from) is imported on its own");
+        report.exact("replication-allowed permits pulls: by itself it copies nothing; each object that pulls from it (replicate-from) is imported on its own");
     }
     Some(report.with(drafts))
 }
@@ -99,7 +99,13 @@ fn push(
     } else {
         report.exact("the source's labels are copied, its annotations not (transform.stripAnnotations: [\"*\"])");
     }
-    report.differs("when the source is deleted, replicator deletes the objects of its name in the namespaces replicate-to matches without anchors (a part of the name is enough, so more than it copied into), and of a Secret or ConfigMap whose keys changed it removes its keys only; the rule deletes its own copies (deletionPolicy.sourceGone: Delete)");
+    if replicator_annotation(object, "replicate-to").is_some() {
+        report.differs("when the source is deleted, replicator deletes the objects of its name in the namespaces replicate-to matches without anchors (a part of the name is enough, so more than it copied into), and of a Secret or ConfigMap whose keys changed it removes its keys only; the rule deletes its own copies (deletionPolicy.sourceGone: Delete)");
+    } else {
+        // replicate-to-matching alone: replicator's deletion lists the
+        // namespaces the selector matches then, and deletes there.
+        report.differs("when the source is deleted, replicator deletes the object of its name in every namespace replicate-to-matching selects at that time, whoever made it, and of a Secret or ConfigMap whose keys changed it removes its keys only; the rule deletes its own copies (deletionPolicy.sourceGone: Delete)");
+    }
     report.differs("replicator leaves an edited copy alone until its source changes (it compares versions); the rule restores it (syncPolicy: Sync)");
     report.differs(format!("replicator overwrites an object of that name that it did not make; the rule adopts one holding the same content and skips one holding other content (conflictPolicy: Skip); {}", owner.overwrite_note()));
     if replicator_annotation(object, "keep-owner-references") == Some("true") {
@@ -437,6 +443,16 @@ data:
             "{report:#?}"
         );
         assert!(report.unmapped.is_empty(), "{report:#?}");
+        // Its deletion reaches the namespaces the selector matches, not
+        // what a name pattern matches without anchors.
+        assert!(
+            says(
+                &report.differs,
+                "in every namespace replicate-to-matching selects"
+            ),
+            "{report:#?}"
+        );
+        assert!(!says(&report.differs, "without anchors"), "{report:#?}");
     }
 
     #[test]

@@ -158,9 +158,12 @@ impl SourceReport {
 
 /// Every object once, Lists opened, in a stable order: an object read
 /// twice (from the cluster and a file) counts once, the same one whatever
-/// the order it came in.
-pub(super) fn distinct_objects(objects: &[Value]) -> Vec<Value> {
-    let mut by_identity: BTreeMap<(String, String, String, String), (String, Value)> =
+/// the order it came in. Each comes with how many different definitions
+/// of it were read (1 but where the input defines one object twice,
+/// differently: which one the cluster would hold depends on the order they
+/// are applied in, so the report says so).
+pub(super) fn distinct_objects(objects: &[Value]) -> Vec<(Value, usize)> {
+    let mut by_identity: BTreeMap<(String, String, String, String), BTreeMap<String, Value>> =
         BTreeMap::new();
     let mut pending: Vec<&Value> = objects.iter().collect();
     while let Some(object) = pending.pop() {
@@ -182,17 +185,18 @@ pub(super) fn distinct_objects(objects: &[Value]) -> Vec<Value> {
                 .unwrap_or_default()
                 .to_owned(),
         );
-        let text = object.to_string();
-        match by_identity.get(&identity) {
-            Some((known, _)) if *known >= text => {}
-            _ => {
-                by_identity.insert(identity, (text, object.clone()));
-            }
-        }
+        by_identity
+            .entry(identity)
+            .or_default()
+            .insert(object.to_string(), object.clone());
     }
     by_identity
         .into_values()
-        .map(|(_, object)| object)
+        .filter_map(|mut definitions| {
+            let count = definitions.len();
+            // The greatest text: the same one whatever the order.
+            definitions.pop_last().map(|(_, object)| (object, count))
+        })
         .collect()
 }
 
