@@ -1373,3 +1373,74 @@ async fn every_clusters_kubernetes_version_is_reported() {
         println!("cluster version: {cluster} reported as {version}");
     }
 }
+
+/// A staged rule's rollout in a member goes on after a restart from where
+/// it stood: the member's record of what was rolled out (its `clusters[]`
+/// entry's `rolledOut`) keeps the rest of the member at the content rolled
+/// out before while its canary pauses, a namespace of the rest made while
+/// the operator was down gets that content too, and the canary keeps the
+/// new one.
+#[tokio::test]
+async fn a_members_rollout_under_way_holds_the_rest_after_a_restart() {
+    let t = TestNs::new("members-stages").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let [a, _b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let canary = a.ns_labelled(&t, "t-c1", &[("stage", "canary")]).await;
+    let rest = a.ns(&t, "t-r1").await;
+    a.register(&t.client, &op, &[]).await;
+    let rule = with(
+        member_rule(&t, json!({"names": [a.name], "local": false})),
+        "/spec/rollout",
+        json!({
+            "stages": [{"name": "canary", "namespaceSelector": {"matchLabels": {"stage": "canary"}},
+                        "pauseSeconds": 600}],
+            "settleTimeoutSeconds": 600,
+        }),
+    );
+    t.create_rule(&op, "r", rule).await;
+    let mut operator = Operator::start(&t, &op, &["--member-clusters"]);
+    t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
+    wait_member_copy(&a, &canary, "cfg", &[("k", "v1")]).await;
+    wait_member_copy(&a, &rest, "cfg", &[("k", "v1")]).await;
+    t.wait_rule_ready(&op, "r").await;
+
+    t.set_data(CM, &op, "cfg", &[("k", Some("v2"))]).await;
+    wait_member_copy(&a, &canary, "cfg", &[("k", "v2")]).await;
+    t.wait_rule(
+        &op,
+        "r",
+        "member a's record keeps v1, which its rest holds, and v2",
+        |rule| {
+            let entry = cluster_entry(rule, &a.name).ok_or_else(|| short_status(rule))?;
+            let kept = entry["rolledOut"]["cfg"].as_str().unwrap_or_default();
+            match kept.split_whitespace().count() {
+                2 => Ok(()),
+                _ => Err(format!("{entry}")),
+            }
+        },
+    )
+    .await;
+    let held = member_copy(&a, &rest, "cfg").await.expect("the rest's copy");
+
+    operator.crash();
+    let late = a.ns(&t, "t-r2").await;
+    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
+    wait_member_copy(&a, &late, "cfg", &[("k", "v1")]).await;
+    assert_for("the rest keeps v1, the canary v2", QUIET, async || {
+        let now = member_copy(&a, &rest, "cfg").await?;
+        if now.metadata.resource_version != held.metadata.resource_version {
+            return Err(format!("the rest was written: {:?}", now.data));
+        }
+        let canary_data = member_copy(&a, &canary, "cfg").await?.data;
+        if canary_data.as_ref().and_then(|d| d.get("k")).map(String::as_str) != Some("v2") {
+            return Err(format!("the canary holds {canary_data:?}"));
+        }
+        let late_data = member_copy(&a, &late, "cfg").await?.data;
+        match late_data.as_ref().and_then(|d| d.get("k")).map(String::as_str) {
+            Some("v1") => Ok(()),
+            _ => Err(format!("the late namespace holds {late_data:?}")),
+        }
+    })
+    .await;
+}
