@@ -1421,7 +1421,9 @@ async fn a_members_rollout_under_way_holds_the_rest_after_a_restart() {
         },
     )
     .await;
-    let held = member_copy(&a, &rest, "cfg").await.expect("the rest's copy");
+    let held = member_copy(&a, &rest, "cfg")
+        .await
+        .expect("the rest's copy");
 
     operator.crash();
     let late = a.ns(&t, "t-r2").await;
@@ -1433,11 +1435,20 @@ async fn a_members_rollout_under_way_holds_the_rest_after_a_restart() {
             return Err(format!("the rest was written: {:?}", now.data));
         }
         let canary_data = member_copy(&a, &canary, "cfg").await?.data;
-        if canary_data.as_ref().and_then(|d| d.get("k")).map(String::as_str) != Some("v2") {
+        if canary_data
+            .as_ref()
+            .and_then(|d| d.get("k"))
+            .map(String::as_str)
+            != Some("v2")
+        {
             return Err(format!("the canary holds {canary_data:?}"));
         }
         let late_data = member_copy(&a, &late, "cfg").await?.data;
-        match late_data.as_ref().and_then(|d| d.get("k")).map(String::as_str) {
+        match late_data
+            .as_ref()
+            .and_then(|d| d.get("k"))
+            .map(String::as_str)
+        {
             Some("v1") => Ok(()),
             _ => Err(format!("the late namespace holds {late_data:?}")),
         }
