@@ -188,6 +188,15 @@ pub(crate) struct RuleSpec {
     /// nothing and reads `RBACSourcesNotTrusted`. Default false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) rbac_sources_trusted: Option<bool>,
+    /// A ServiceAccount of the rule's own namespace that the rule's writes
+    /// are sent as (impersonated): the API server then decides, under that
+    /// identity, what the rule may write. Default for a rule outside the
+    /// operator's namespace under `--tenant-identity service-account`: the
+    /// operator's `--default-service-account` (`copyrator`); a rule of the
+    /// operator's namespace that names none writes as the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::api::schema::service_account_name_schema")]
+    pub(crate) service_account_name: Option<String>,
 }
 
 /// What becomes of copies when their rule is deleted, when their source
@@ -423,6 +432,11 @@ pub(crate) struct RuleStatus {
     /// The kind the rule copies, resolved from `ruleType` or `spec.ruleType`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) rule_type: Option<String>,
+    /// Whom the rule's writes are sent as: `operator`, or the user name of
+    /// the ServiceAccount the operator impersonates for it
+    /// (`system:serviceaccount:<namespace>:<name>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) identity: Option<String>,
     /// `Ready` tells whether every copy the rule asks for is in place.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) conditions: Vec<Condition>,

@@ -235,6 +235,26 @@ pub(crate) fn cluster_names_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// A DNS-1123 subdomain, the form of a ServiceAccount's name; its length
+/// (at most 253) is the schema's `maxLength`.
+pub(crate) const DNS_SUBDOMAIN_RE: &str =
+    "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+/// Schema of `spec.serviceAccountName`: a ServiceAccount's name, so that a
+/// typo is refused at once rather than found by a refused write.
+pub(crate) fn service_account_name_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "A ServiceAccount of the rule's own namespace that the rule's writes are sent as (impersonated), so that the API server decides what the rule may write. Default for a rule outside the operator's namespace (with --tenant-identity service-account): the operator's --default-service-account, copyrator. A rule of the operator's namespace that names none writes as the operator.",
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 253,
+        "x-kubernetes-validations": [{
+            "rule": format!("self.matches('{DNS_SUBDOMAIN_RE}')"),
+            "message": "a ServiceAccount name must be a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+        }]
+    })
+}
+
 /// Schema of a count kept as `u32`: an `int64` that fits one, the format
 /// the API server knows (it warns of `uint32`).
 pub(crate) fn count_schema(_: &mut SchemaGenerator) -> Schema {

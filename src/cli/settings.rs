@@ -9,7 +9,8 @@ use crate::api::kinds::{DeniedKinds, EnabledKinds};
 use crate::cluster::client::Transport;
 use crate::cluster::context::Limits;
 use crate::controller::state::Options;
-use crate::core::resolve::{CopyPolicy, Trust};
+use crate::core::identity::TenantIdentity;
+use crate::core::resolve::{CopyPolicy, DEFAULT_SERVICE_ACCOUNT, Trust};
 pub(crate) use crate::ops::telemetry::LogFormat;
 use std::sync::Arc;
 
@@ -32,6 +33,17 @@ pub(crate) struct Cli {
 pub(crate) const KUBECTL_PLUGIN_FILE: &str = "kubectl-copyrator";
 /// The command help and errors show when run as a kubectl plugin.
 pub(crate) const KUBECTL_PLUGIN_BIN_NAME: &str = "kubectl copyrator";
+
+/// `--default-service-account`: a ServiceAccount's name (a DNS-1123 subdomain).
+fn service_account_name(value: &str) -> Result<String, String> {
+    if crate::api::selector::is_dns_subdomain(value) {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not a ServiceAccount name: lowercase letters, digits, '-' and '.', at most 253"
+        ))
+    }
+}
 
 /// Whether the binary was started under the kubectl plugin's file name
 /// (`argv[0]`, a path or a name).
@@ -195,6 +207,33 @@ pub(crate) struct Settings {
         global = true
     )]
     pub(crate) allow_tenant_clusters: bool,
+
+    /// Whom tenant rules (outside the operator's namespace, under
+    /// --all-namespaces) write as: `service-account` impersonates a
+    /// ServiceAccount of the rule's namespace (`spec.serviceAccountName`,
+    /// else --default-service-account), so that the API server refuses
+    /// what it may not do; `operator` writes with the operator's own
+    /// identity, the consent annotations the only check.
+    #[arg(
+        long,
+        env = "TENANT_IDENTITY",
+        value_enum,
+        default_value_t = TenantIdentity::Operator,
+        global = true
+    )]
+    pub(crate) tenant_identity: TenantIdentity,
+
+    /// The ServiceAccount of its own namespace that a tenant rule naming
+    /// none (`spec.serviceAccountName`) writes as, under
+    /// --tenant-identity service-account.
+    #[arg(
+        long,
+        env = "DEFAULT_SERVICE_ACCOUNT",
+        default_value = DEFAULT_SERVICE_ACCOUNT,
+        value_parser = service_account_name,
+        global = true
+    )]
+    pub(crate) default_service_account: String,
 
     /// Log filter: a level (error, warn, info, debug, trace) or tracing
     /// env-filter directives such as `copyrator=debug,kube=info`.
@@ -392,6 +431,8 @@ impl Settings {
             operator_namespace: self.namespace.clone(),
             all_namespaces: self.all_namespaces,
             allow_tenant_clusters: self.allow_tenant_clusters,
+            tenant_identity: self.tenant_identity,
+            default_service_account: self.default_service_account.clone(),
         }
     }
 

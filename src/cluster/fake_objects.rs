@@ -30,6 +30,9 @@ struct State {
     /// in order.
     failures: VecDeque<(&'static str, String, kube::Error)>,
     requests: Vec<Request>,
+    /// Whom each request was sent as, in order (`operator`, or the
+    /// ServiceAccount's user name).
+    identities: Vec<String>,
 }
 
 /// A client that is never asked anything (its server address is closed):
@@ -174,6 +177,16 @@ impl FakeObjects {
     /// Writes into `namespace` are refused as into a namespace being deleted.
     pub(crate) fn terminate(&self, namespace: &str) {
         lock(&self.state).terminating.insert(namespace.to_owned());
+    }
+
+    /// The writer's next request is sent as `identity`.
+    pub(crate) fn sent_as(&self, identity: &crate::core::identity::Identity) {
+        lock(&self.state).identities.push(identity.to_string());
+    }
+
+    /// Whom each request was sent as, in order.
+    pub(crate) fn identities(&self) -> Vec<String> {
+        lock(&self.state).identities.clone()
     }
 
     pub(crate) fn requests(&self) -> Vec<Request> {

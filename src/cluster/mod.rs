@@ -7,6 +7,7 @@ pub(crate) mod context;
 #[cfg(test)]
 pub(crate) mod fake_objects;
 pub(crate) mod foreign;
+pub(crate) mod impersonation;
 pub(crate) mod inventory;
 pub(crate) mod leader;
 pub(crate) mod mark_key;

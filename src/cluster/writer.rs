@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::Value;
 use tracing::debug;
@@ -24,10 +24,12 @@ use crate::FIELD_MANAGER;
 use crate::api::kinds::Kind;
 use crate::cache::index::Object;
 use crate::cache::mark::{self, Place};
+use crate::cluster::impersonation::Requests;
 use crate::cluster::leader::LeaderGate;
 use crate::cluster::ratelimit::RateLimiter;
 use crate::cluster::write_limit::{WriteLimit, WritePermit};
 use crate::core::backoff::{Failure, FailureClass};
+use crate::core::identity::Identity;
 use crate::core::plan::{Action, Claim, Desired, Occupied, occupied};
 use crate::ops::metrics::ClusterMetrics;
 
@@ -49,12 +51,22 @@ pub(crate) enum Outcome {
     Ignored(&'static str),
 }
 
-/// Where the writer's requests go: the API server, or (in unit tests) an
-/// object store in memory that answers as the API server does.
+/// Where the writer's requests go: the API server, as an identity, or (in
+/// unit tests) an object store in memory that answers as the API server
+/// does, and records whom each request was sent as.
 enum Store<'a> {
-    Api(&'a Client),
+    Api(&'a Client, &'a Identity),
     #[cfg(test)]
-    Fake(&'a crate::cluster::fake_objects::FakeObjects),
+    Fake(&'a crate::cluster::fake_objects::FakeObjects, &'a Identity),
+}
+
+fn requests<'a>(
+    client: &'a Client,
+    identity: &'a Identity,
+    kind: Kind,
+    namespace: &str,
+) -> Requests<'a> {
+    Requests::new(client, &kind.api_resource(), namespace, identity)
 }
 
 impl Store<'_> {
@@ -65,13 +77,16 @@ impl Store<'_> {
         object: &DynamicObject,
     ) -> kube::Result<DynamicObject> {
         match self {
-            Store::Api(client) => {
-                api(client, kind, namespace)
+            Store::Api(client, identity) => {
+                requests(client, identity, kind, namespace)
                     .create(&write_params(), object)
                     .await
             }
             #[cfg(test)]
-            Store::Fake(fake) => fake.create(namespace, object),
+            Store::Fake(fake, identity) => {
+                fake.sent_as(identity);
+                fake.create(namespace, object)
+            }
         }
     }
 
@@ -82,9 +97,16 @@ impl Store<'_> {
         name: &str,
     ) -> kube::Result<Option<DynamicObject>> {
         match self {
-            Store::Api(client) => api(client, kind, namespace).get_opt(name).await,
+            Store::Api(client, identity) => {
+                requests(client, identity, kind, namespace)
+                    .get_opt(name)
+                    .await
+            }
             #[cfg(test)]
-            Store::Fake(fake) => fake.get(namespace, name),
+            Store::Fake(fake, identity) => {
+                fake.sent_as(identity);
+                fake.get(namespace, name)
+            }
         }
     }
 
@@ -95,14 +117,17 @@ impl Store<'_> {
         object: &DynamicObject,
     ) -> kube::Result<DynamicObject> {
         match self {
-            Store::Api(client) => {
+            Store::Api(client, identity) => {
                 let name = object.metadata.name.as_deref().unwrap_or_default();
-                api(client, kind, namespace)
+                requests(client, identity, kind, namespace)
                     .replace(name, &write_params(), object)
                     .await
             }
             #[cfg(test)]
-            Store::Fake(fake) => fake.replace(namespace, object),
+            Store::Fake(fake, identity) => {
+                fake.sent_as(identity);
+                fake.replace(namespace, object)
+            }
         }
     }
 
@@ -115,24 +140,27 @@ impl Store<'_> {
         patch: &Value,
     ) -> kube::Result<DynamicObject> {
         match self {
-            Store::Api(client) => {
+            Store::Api(client, identity) => {
                 let params = PatchParams {
                     field_manager: Some(FIELD_MANAGER.into()),
                     ..Default::default()
                 };
-                api(client, kind, namespace)
+                requests(client, identity, kind, namespace)
                     .patch(name, &params, &Patch::Merge(patch))
                     .await
             }
             #[cfg(test)]
-            Store::Fake(fake) => fake.merge_patch(namespace, name, patch),
+            Store::Fake(fake, identity) => {
+                fake.sent_as(identity);
+                fake.merge_patch(namespace, name, patch)
+            }
         }
     }
 
     /// Delete exactly the object of this uid and version.
     async fn delete(&self, kind: Kind, current: &Object) -> kube::Result<()> {
         match self {
-            Store::Api(client) => {
+            Store::Api(client, identity) => {
                 let params = DeleteParams {
                     preconditions: Some(Preconditions {
                         uid: Some(current.uid.clone()),
@@ -140,24 +168,22 @@ impl Store<'_> {
                     }),
                     ..Default::default()
                 };
-                api(client, kind, &current.namespace)
+                requests(client, identity, kind, &current.namespace)
                     .delete(&current.name, &params)
                     .await
-                    .map(|_| ())
             }
             #[cfg(test)]
-            Store::Fake(fake) => fake.delete(
-                &current.namespace,
-                &current.name,
-                &current.uid,
-                &current.resource_version,
-            ),
+            Store::Fake(fake, identity) => {
+                fake.sent_as(identity);
+                fake.delete(
+                    &current.namespace,
+                    &current.name,
+                    &current.uid,
+                    &current.resource_version,
+                )
+            }
         }
     }
-}
-
-fn api(client: &Client, kind: Kind, namespace: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), namespace, &kind.api_resource())
 }
 
 pub(crate) struct Writer {
@@ -221,6 +247,20 @@ pub(crate) fn classify(err: &kube::Error) -> Failure {
         message: describe(err),
         retry_after,
     }
+}
+
+/// Whether `err` is the API server's refusal to let the operator act as
+/// `identity` (a 403 naming the ServiceAccount itself), rather than the
+/// identity's refusal of the write.
+fn impersonation_refused(err: &kube::Error, identity: &Identity) -> bool {
+    let Identity::ServiceAccount { name, .. } = identity else {
+        return false;
+    };
+    matches!(err, kube::Error::Api(status)
+    if status.code == 403
+        && status.details.as_ref().is_some_and(|d| {
+            d.kind == "serviceaccounts" && d.group.is_empty() && d.name == **name
+        }))
 }
 
 fn to_dynamic(desired: &Desired, namespace: &str, current: Option<&Object>) -> DynamicObject {
@@ -370,8 +410,11 @@ impl Writer {
         }
     }
 
-    fn failure(&self, err: &kube::Error) -> Failure {
-        let failure = classify(err);
+    fn failure(&self, err: &kube::Error, identity: &Identity) -> Failure {
+        let mut failure = classify(err);
+        if failure.class == FailureClass::Refused && impersonation_refused(err, identity) {
+            failure.class = FailureClass::ImpersonationRefused;
+        }
         self.metrics.write_failed(failure.class.label());
         failure
     }
@@ -386,12 +429,34 @@ impl Writer {
         self.in_flight.allowed()
     }
 
-    fn store(&self) -> Store<'_> {
+    /// Where requests as `identity` go.
+    fn store<'a>(&'a self, identity: &'a Identity) -> Store<'a> {
         #[cfg(test)]
         if let Some(fake) = self.fake.get() {
-            return Store::Fake(fake);
+            return Store::Fake(fake, identity);
         }
-        Store::Api(&self.client)
+        Store::Api(&self.client, identity)
+    }
+
+    /// A merge patch of a workload's pod template annotations (a consumer
+    /// restart), as `identity`, under the field manager of every write.
+    /// The caller holds an [`Writer::other_slot`] and counts the write.
+    pub(crate) async fn patch_workload(
+        &self,
+        resource: &kube::core::ApiResource,
+        namespace: &str,
+        name: &str,
+        patch: &Value,
+        identity: &Identity,
+    ) -> kube::Result<()> {
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        Requests::new(&self.client, resource, namespace, identity)
+            .patch(name, &params, &Patch::Merge(patch))
+            .await
+            .map(|_| ())
     }
 
     /// Wait for a rate token.
@@ -431,6 +496,7 @@ impl Writer {
         action: &Action,
         claim: impl Into<Claim>,
         rule: &str,
+        identity: &Identity,
     ) -> Outcome {
         let claim = claim.into();
         let Some(permit) = self.slot().await else {
@@ -441,18 +507,21 @@ impl Writer {
                 // A rule that adopts looks before it creates: what holds
                 // the place may be taken as it is, with no payload write.
                 Action::Create { desired, namespace } if claim.adopt => {
-                    self.resolve_existing(desired, namespace, claim, rule).await
+                    self.resolve_existing(desired, namespace, claim, rule, identity)
+                        .await
                 }
                 Action::Create { desired, namespace } => {
-                    self.create(desired, namespace, claim, rule).await
+                    self.create(desired, namespace, claim, rule, identity).await
                 }
-                Action::Update { desired, current } => self.update(desired, current).await,
+                Action::Update { desired, current } => {
+                    self.update(desired, current, identity).await
+                }
                 Action::Recreate { desired, current } => {
-                    self.recreate(desired, current, claim, rule).await
+                    self.recreate(desired, current, claim, rule, identity).await
                 }
-                Action::Delete { current, .. } => self.delete(kind, current).await,
-                Action::HandOver { current, .. } => self.hand_over(kind, current).await,
-                Action::Adopt { desired, current } => self.adopt(desired, current).await,
+                Action::Delete { current, .. } => self.delete(kind, current, identity).await,
+                Action::HandOver { current, .. } => self.hand_over(kind, current, identity).await,
+                Action::Adopt { desired, current } => self.adopt(desired, current, identity).await,
             }
         };
         // A write must not outlive this process's leadership: one stuck on
@@ -512,11 +581,13 @@ impl Writer {
         current: &Object,
         claim: Claim,
         rule: &str,
+        identity: &Identity,
     ) -> Outcome {
-        match self.delete(desired.kind, current).await {
+        match self.delete(desired.kind, current, identity).await {
             Outcome::Written(_) | Outcome::Ignored(_) => {
                 self.pace().await;
-                self.create(desired, &current.namespace, claim, rule).await
+                self.create(desired, &current.namespace, claim, rule, identity)
+                    .await
             }
             other => other,
         }
@@ -528,19 +599,24 @@ impl Writer {
         namespace: &str,
         claim: Claim,
         rule: &str,
+        identity: &Identity,
     ) -> Outcome {
         self.metrics.write("create", desired.kind.name());
         let object = to_dynamic(desired, namespace, None);
-        match self.store().create(desired.kind, namespace, &object).await {
+        match self
+            .store(identity)
+            .create(desired.kind, namespace, &object)
+            .await
+        {
             Ok(created) => written(desired, created),
             Err(e) if is_status(&e, 409) => {
                 self.pace().await;
-                Box::pin(self.resolve_existing(desired, namespace, claim, rule)).await
+                Box::pin(self.resolve_existing(desired, namespace, claim, rule, identity)).await
             }
             Err(e) if is_namespace_terminating(&e) || is_status(&e, 404) => {
                 Outcome::Ignored("the namespace is going away")
             }
-            Err(e) => Outcome::Failed(self.failure(&e)),
+            Err(e) => Outcome::Failed(self.failure(&e, identity)),
         }
     }
 
@@ -554,9 +630,10 @@ impl Writer {
         namespace: &str,
         claim: Claim,
         rule: &str,
+        identity: &Identity,
     ) -> Outcome {
         let existing = match self
-            .store()
+            .store(identity)
             .get_opt(desired.kind, namespace, &desired.name)
             .await
         {
@@ -571,6 +648,7 @@ impl Writer {
                         ..claim
                     },
                     rule,
+                    identity,
                 ))
                 .await;
             }
@@ -584,22 +662,22 @@ impl Writer {
             Err(e) if is_namespace_terminating(&e) => {
                 return Outcome::Ignored("the namespace is going away");
             }
-            Err(e) => return Outcome::Failed(self.failure(&e)),
+            Err(e) => return Outcome::Failed(self.failure(&e, identity)),
         };
         let current = Object::from_dynamic(desired.kind, existing).into_compact();
         self.pace().await;
         match occupied(desired, &current, claim, rule) {
             Occupied::Ours => Outcome::Written(Some(Arc::new(current))),
             Occupied::Conflict(reason) => Outcome::Conflict(reason),
-            Occupied::Recreate => match self.delete(desired.kind, &current).await {
+            Occupied::Recreate => match self.delete(desired.kind, &current, identity).await {
                 Outcome::Written(_) | Outcome::Ignored(_) => {
                     self.pace().await;
-                    Box::pin(self.create(desired, namespace, claim, rule)).await
+                    Box::pin(self.create(desired, namespace, claim, rule, identity)).await
                 }
                 other => other,
             },
-            Occupied::Update => self.update(desired, &current).await,
-            Occupied::Adopt => self.adopt(desired, &current).await,
+            Occupied::Update => self.update(desired, &current, identity).await,
+            Occupied::Adopt => self.adopt(desired, &current, identity).await,
         }
     }
 
@@ -607,11 +685,16 @@ impl Writer {
     /// merge patch of its labels and annotations (see [`adoption_patch`]),
     /// conditional on the version seen, so that nothing it holds changed
     /// since it was judged.
-    pub(crate) async fn adopt(&self, desired: &Desired, current: &Object) -> Outcome {
+    pub(crate) async fn adopt(
+        &self,
+        desired: &Desired,
+        current: &Object,
+        identity: &Identity,
+    ) -> Outcome {
         let patch = adoption_patch(desired, current);
         self.metrics.write("patch", desired.kind.name());
         match self
-            .store()
+            .store(identity)
             .merge_patch(desired.kind, &current.namespace, &current.name, &patch)
             .await
         {
@@ -627,17 +710,17 @@ impl Writer {
             Err(e) if is_namespace_terminating(&e) => {
                 Outcome::Ignored("the namespace is going away")
             }
-            Err(e) => Outcome::Failed(self.failure(&e)),
+            Err(e) => Outcome::Failed(self.failure(&e, identity)),
         }
     }
 
     /// Replace the copy, conditional on the version the plan saw; labels
     /// and annotations that others own are kept.
-    async fn update(&self, desired: &Desired, current: &Object) -> Outcome {
+    async fn update(&self, desired: &Desired, current: &Object, identity: &Identity) -> Outcome {
         self.metrics.write("update", desired.kind.name());
         let object = to_dynamic(desired, &current.namespace, Some(current));
         match self
-            .store()
+            .store(identity)
             .replace(desired.kind, &current.namespace, &object)
             .await
         {
@@ -655,13 +738,18 @@ impl Writer {
             Err(e) if is_namespace_terminating(&e) => {
                 Outcome::Ignored("the namespace is going away")
             }
-            Err(e) => Outcome::Failed(self.failure(&e)),
+            Err(e) => Outcome::Failed(self.failure(&e, identity)),
         }
     }
 
     /// Orphan the copy: label exactly the version the plan saw as handed
     /// over to its namespace, leaving everything else of it as it is.
-    pub(crate) async fn hand_over(&self, kind: Kind, current: &Object) -> Outcome {
+    pub(crate) async fn hand_over(
+        &self,
+        kind: Kind,
+        current: &Object,
+        identity: &Identity,
+    ) -> Outcome {
         // The resourceVersion makes the merge patch conditional.
         let patch = serde_json::json!({"metadata": {
             "labels": {crate::LABEL_SYNC_POLICY: crate::CREATE_ONLY},
@@ -669,7 +757,7 @@ impl Writer {
         }});
         self.metrics.write("patch", kind.name());
         match self
-            .store()
+            .store(identity)
             .merge_patch(kind, &current.namespace, &current.name, &patch)
             .await
         {
@@ -680,17 +768,22 @@ impl Writer {
             Err(e) if is_namespace_terminating(&e) => {
                 Outcome::Ignored("the namespace is going away")
             }
-            Err(e) => Outcome::Failed(self.failure(&e)),
+            Err(e) => Outcome::Failed(self.failure(&e, identity)),
         }
     }
 
     /// Delete exactly the version the plan saw.
-    pub(crate) async fn delete(&self, kind: Kind, current: &Object) -> Outcome {
+    pub(crate) async fn delete(
+        &self,
+        kind: Kind,
+        current: &Object,
+        identity: &Identity,
+    ) -> Outcome {
         self.metrics.write("delete", kind.name());
-        match self.store().delete(kind, current).await {
+        match self.store(identity).delete(kind, current).await {
             Ok(()) => Outcome::Written(None),
             Err(e) if is_status(&e, 404) => Outcome::Ignored("already gone"),
-            Err(e) => Outcome::Failed(self.failure(&e)),
+            Err(e) => Outcome::Failed(self.failure(&e, identity)),
         }
     }
 }
@@ -787,7 +880,25 @@ mod tests {
     }
 
     async fn run(writer: &Writer, action: &Action, claim: impl Into<Claim>) -> Outcome {
-        writer.execute(Kind::ConfigMap, action, claim, RULE).await
+        run_as(writer, action, claim, &Identity::Operator).await
+    }
+
+    async fn run_as(
+        writer: &Writer,
+        action: &Action,
+        claim: impl Into<Claim>,
+        identity: &Identity,
+    ) -> Outcome {
+        writer
+            .execute(Kind::ConfigMap, action, claim, RULE, identity)
+            .await
+    }
+
+    fn tenant_account() -> Identity {
+        Identity::ServiceAccount {
+            namespace: "team-a".into(),
+            name: "copyrator".into(),
+        }
     }
 
     const ADOPT: Claim = Claim {
@@ -1096,6 +1207,87 @@ mod tests {
             !store.requests().iter().any(|r| r.1 == "t2"),
             "no request made"
         );
+    }
+
+    #[tokio::test]
+    async fn every_request_for_a_rule_is_sent_as_its_identity() {
+        let (store, writer) = setup();
+        let tenant = tenant_account();
+        // Adoption looks first (a get), then creates; an update, a
+        // hand-over and a delete follow: each is sent as the tenant.
+        run_as(&writer, &create("t1"), ADOPT, &tenant).await;
+        someone_edits(&store, json!({"ca": "EDITED"}));
+        let update = Action::Update {
+            desired: desired(),
+            current: held(&store, "t1", "ca"),
+        };
+        assert!(matches!(
+            run_as(&writer, &update, ConflictPolicy::Skip, &tenant).await,
+            Outcome::Written(_)
+        ));
+        let hand_over = Action::HandOver {
+            current: held(&store, "t1", "ca"),
+            reason: DeleteReason::RuleDeleted,
+        };
+        run_as(&writer, &hand_over, ConflictPolicy::Skip, &tenant).await;
+        let delete = Action::Delete {
+            current: held(&store, "t1", "ca"),
+            reason: DeleteReason::SourceGone,
+        };
+        run_as(&writer, &delete, ConflictPolicy::Skip, &tenant).await;
+        // The second replace is the writer's; the first, someone's edit.
+        assert_eq!(
+            verbs(&store),
+            ["get", "create", "replace", "replace", "patch", "delete"]
+        );
+        assert_eq!(
+            store.identities(),
+            vec!["system:serviceaccount:team-a:copyrator"; 5]
+        );
+        // The operator's own rule impersonates nobody.
+        run(&writer, &create("t2"), ConflictPolicy::Skip).await;
+        assert_eq!(
+            store.identities().last().map(String::as_str),
+            Some("operator")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_to_let_the_operator_act_as_the_account_is_told_apart() {
+        let (store, writer) = setup();
+        let tenant = tenant_account();
+        let refusal = |name: &str, kind: &str| {
+            let status: kube::core::Status = serde_json::from_value(json!({
+                "status": "Failure", "message": "refused", "reason": "Forbidden",
+                "code": 403, "details": {"name": name, "kind": kind},
+            }))
+            .expect("a Status");
+            kube::Error::Api(Box::new(status))
+        };
+        for (error, class) in [
+            // The impersonation itself: the API server names the account.
+            (
+                refusal("copyrator", "serviceaccounts"),
+                FailureClass::ImpersonationRefused,
+            ),
+            // The account may not write the copy: its own refusal.
+            (refusal("ca", "configmaps"), FailureClass::Refused),
+        ] {
+            store.fail_next("create", "t1", error);
+            let Outcome::Failed(failure) =
+                run_as(&writer, &create("t1"), ConflictPolicy::Skip, &tenant).await
+            else {
+                panic!("not failed");
+            };
+            assert_eq!(failure.class, class);
+        }
+        // Without impersonation, nothing is the impersonation's refusal.
+        store.fail_next("create", "t1", refusal("copyrator", "serviceaccounts"));
+        let Outcome::Failed(failure) = run(&writer, &create("t1"), ConflictPolicy::Skip).await
+        else {
+            panic!("not failed");
+        };
+        assert_eq!(failure.class, FailureClass::Refused);
     }
 
     #[tokio::test]

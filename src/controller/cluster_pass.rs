@@ -650,7 +650,7 @@ async fn write_admitted(
                 let outcome = site
                     .cluster
                     .writer
-                    .execute(kind, &action, claim, &rule_name)
+                    .execute(kind, &action, claim, &rule_name, &resolved.identity)
                     .await;
                 (copy, kind, action, outcome)
             }

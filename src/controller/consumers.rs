@@ -17,12 +17,11 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use crate::FIELD_MANAGER;
 use crate::api::kinds::Kind;
 use crate::api::rule::CopyratorRule;
 use crate::controller::site::Site;
@@ -30,6 +29,7 @@ use crate::controller::state::Shared;
 use crate::core::consumers::{
     CopyContent, Entry, KeyDigests, Trigger, Workload, key_digests, restarts_due,
 };
+use crate::core::identity::Identity;
 use crate::core::plan::{Desired, DesiredCopies};
 use crate::core::resolve::ResolvedRule;
 use crate::error::describe;
@@ -263,7 +263,15 @@ pub(crate) async fn restart_consumers(
     }
     restarts.tried = true;
     let mut failed_in = Vec::new();
-    list_and_roll(shared, site, &copies, &mut restarts, &mut failed_in).await;
+    list_and_roll(
+        shared,
+        site,
+        &copies,
+        &resolved.identity,
+        &mut restarts,
+        &mut failed_in,
+    )
+    .await;
     keep_pending(site, resolved, copies, &failed_in, &mut restarts);
     restarts
 }
@@ -348,6 +356,7 @@ async fn list_and_roll(
     shared: &Shared,
     site: &Site,
     copies: &Copies,
+    identity: &Identity,
     restarts: &mut Restarts,
     failed_in: &mut Vec<Option<String>>,
 ) {
@@ -394,10 +403,10 @@ async fn list_and_roll(
                     let rolled = roll(
                         shared,
                         site,
-                        workload_kind,
-                        &resource,
+                        (workload_kind, &resource),
                         &object,
                         ns_copies,
+                        identity,
                         restarts,
                     )
                     .await;
@@ -468,10 +477,10 @@ fn due_on(
 async fn roll(
     shared: &Shared,
     site: &Site,
-    workload_kind: &'static str,
-    resource: &ApiResource,
+    (workload_kind, resource): (&'static str, &ApiResource),
     object: &DynamicObject,
     copies: &[Entry],
+    identity: &Identity,
     restarts: &mut Restarts,
 ) -> Result<(), ()> {
     let due = due_on(workload_kind, object, copies);
@@ -491,15 +500,14 @@ async fn roll(
     if !shared.leader.is_leader() {
         return Err(());
     }
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(site.cluster.write_client.clone(), namespace, resource);
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_owned()),
-        ..PatchParams::default()
-    };
     let patch = json!({"spec": {"template": {"metadata": {"annotations": due}}}});
     site.cluster.writer.count_write("patch", workload_kind);
-    match api.patch(name, &params, &Patch::Merge(&patch)).await {
+    match site
+        .cluster
+        .writer
+        .patch_workload(resource, namespace, name, &patch, identity)
+        .await
+    {
         Ok(_) => {
             debug!(workload = what.as_str(), "rolled a consumer");
             rolled(site, &what, shared.options.min_restart_interval);

@@ -17,6 +17,7 @@ use crate::cluster::writer::Outcome;
 use crate::controller::members::MEMBER_CLEANUP_GIVES_UP_AFTER;
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
+use crate::core::identity::Identity;
 use crate::core::plan::{self, Action, DeleteReason};
 use crate::core::preview::PlannedChange;
 use crate::core::scope::Touch;
@@ -75,13 +76,14 @@ pub(crate) async fn delete_all(
     kind: Kind,
     actions: Vec<Action>,
     rule: &str,
+    identity: &Identity,
 ) -> Vec<(Action, Outcome)> {
     futures::stream::iter(actions)
         .map(|action| async move {
             let outcome = site
                 .cluster
                 .writer
-                .execute(kind, &action, ConflictPolicy::Skip, rule)
+                .execute(kind, &action, ConflictPolicy::Skip, rule, identity)
                 .await;
             (action, outcome)
         })
@@ -110,8 +112,9 @@ impl Cleared {
         kind: Kind,
         actions: Vec<Action>,
         rule: &str,
+        identity: &Identity,
     ) {
-        for (action, outcome) in delete_all(site, kind, actions, rule).await {
+        for (action, outcome) in delete_all(site, kind, actions, rule, identity).await {
             let (namespace, name) = action.target();
             match outcome {
                 Outcome::Written(object) => {
@@ -159,11 +162,12 @@ pub(crate) async fn withdraw(
     disposal: Disposal,
     rule: &str,
     tenant: Option<&str>,
+    identity: &Identity,
 ) -> Cleared {
     let mut cleared = Cleared::default();
     for kind in Kind::all() {
         let actions = withdrawals(site, uid, kind, why, disposal, tenant);
-        cleared.carry_out(site, kind, actions, rule).await;
+        cleared.carry_out(site, kind, actions, rule, identity).await;
     }
     cleared
 }
@@ -283,7 +287,9 @@ pub(crate) async fn collect_orphans_in(shared: &Shared, site: &Site, cause: &'st
     let mut failed = 0;
     for kind in Kind::all() {
         let actions = orphans_in(shared, site, kind);
-        let outcomes = delete_all(site, kind, actions, "(rule gone)").await;
+        // The rule is gone, and whom it wrote as with it: the copies it
+        // left, each proved the operator's by its mark, go as the operator.
+        let outcomes = delete_all(site, kind, actions, "(rule gone)", &Identity::Operator).await;
         for (action, outcome) in outcomes {
             match (outcome, &action) {
                 (Outcome::Written(_) | Outcome::Ignored(_), Action::Delete { current, .. }) => {
@@ -393,7 +399,17 @@ pub(crate) async fn cleanup(
         .sum();
     let why = DeleteReason::RuleDeleted;
     let tenant = shared.trust.tenant_namespace(&key.namespace);
-    let cleared = withdraw(&shared.home, uid, why, disposal, &key.to_string(), tenant).await;
+    let identity = rule.identity(&shared.trust);
+    let cleared = withdraw(
+        &shared.home,
+        uid,
+        why,
+        disposal,
+        &key.to_string(),
+        tenant,
+        &identity,
+    )
+    .await;
     let Cleared {
         done: deleted,
         retry,
@@ -466,7 +482,16 @@ mod tests {
     }
 
     async fn withdraw_r(shared: &Shared, why: DeleteReason, disposal: Disposal) -> Cleared {
-        withdraw(&shared.home, "rule-1", why, disposal, "ops/r", None).await
+        withdraw(
+            &shared.home,
+            "rule-1",
+            why,
+            disposal,
+            "ops/r",
+            None,
+            &Identity::Operator,
+        )
+        .await
     }
 
     #[tokio::test]

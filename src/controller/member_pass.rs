@@ -224,7 +224,17 @@ async fn withdraw(
     let cleared = match how {
         Some((why, disposal)) => {
             let tenant = shared.trust.tenant_namespace(&key.namespace);
-            withdraw_copies(site, &uid, why, disposal, &key.to_string(), tenant).await
+            let identity = rule.identity(&shared.trust);
+            withdraw_copies(
+                site,
+                &uid,
+                why,
+                disposal,
+                &key.to_string(),
+                tenant,
+                &identity,
+            )
+            .await
         }
         None => Cleared::default(),
     };

@@ -228,6 +228,7 @@ async fn wait_for_sources(
             let observed = Observed {
                 generation: rule.metadata.generation,
                 rule_type: Some(resolved.kind.info().rule_type.to_string()),
+                identity: Some(resolved.identity.to_string()),
                 copies: read(shared.copies(resolved.kind)).count_owned_by(uid) as u32,
                 problem: Some((SOURCES_TOO_LARGE.to_string(), why)),
                 ..Default::default()
@@ -249,6 +250,7 @@ async fn wait_for_sources(
             let observed = Observed {
                 generation: rule.metadata.generation,
                 rule_type: Some(resolved.kind.info().rule_type.to_string()),
+                identity: Some(resolved.identity.to_string()),
                 copies: read(shared.copies(resolved.kind)).count_owned_by(uid) as u32,
                 waiting_for_sources: Some((listed, of)),
                 sources_failing: failing,
@@ -323,6 +325,7 @@ fn observed_after(
     Observed {
         generation: rule.metadata.generation,
         rule_type: Some(resolved.kind.info().rule_type.to_string()),
+        identity: Some(resolved.identity.to_string()),
         sources: pass.plan.sources,
         target_namespaces: total.target_namespaces,
         copies: total.copies,

@@ -135,7 +135,13 @@ pub(crate) async fn copy(site: &Site, rule: &ResolvedRule, namespace: &str, name
     let outcome = site
         .cluster
         .writer
-        .execute(Kind::ConfigMap, &action, ConflictPolicy::Skip, "ops/r")
+        .execute(
+            Kind::ConfigMap,
+            &action,
+            ConflictPolicy::Skip,
+            "ops/r",
+            &crate::core::identity::Identity::Operator,
+        )
         .await;
     let Outcome::Written(Some(written)) = outcome else {
         panic!("not written: {outcome:?}");

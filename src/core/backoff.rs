@@ -38,6 +38,9 @@ pub(crate) enum FailureClass {
     Throttled,
     /// 403, an admission policy, a quota: it will not change by itself.
     Refused,
+    /// 403 to the operator itself: it may not act as the ServiceAccount
+    /// the rule writes as (no `impersonate` granted). A refusal too.
+    ImpersonationRefused,
     /// 422 naming a field: the object itself is invalid (an annotation too
     /// long, a bad key). Written again only when what would be written
     /// changes (the source, the rule, the target namespace), or after
@@ -48,11 +51,21 @@ pub(crate) enum FailureClass {
 }
 
 impl FailureClass {
+    /// A refusal that will not change by itself: probed behind its
+    /// rule's gate rather than retried on its own.
+    pub(crate) fn is_refusal(self) -> bool {
+        matches!(
+            self,
+            FailureClass::Refused | FailureClass::ImpersonationRefused
+        )
+    }
+
     pub(crate) fn label(self) -> &'static str {
         match self {
             FailureClass::Conflict => "conflict",
             FailureClass::Throttled => "throttled",
             FailureClass::Refused => "refused",
+            FailureClass::ImpersonationRefused => "impersonation_refused",
             FailureClass::Invalid => "invalid",
             FailureClass::Transient => "transient",
         }
@@ -197,7 +210,7 @@ impl Entry {
             && self
                 .last_failure
                 .as_ref()
-                .is_some_and(|f| f.class == FailureClass::Refused)
+                .is_some_and(|f| f.class.is_refusal())
     }
 }
 
@@ -471,7 +484,7 @@ impl Backoffs {
         entry.failures += 1;
         entry.failed_for = wanted;
         entry.restoring = None;
-        if failure.class == FailureClass::Refused {
+        if failure.class.is_refusal() {
             // Refused writes wait behind their rule's gate; a refusal that
             // finds no gate (the first, or one after the gate opened) shuts it.
             let rule = rule.clone();
@@ -494,7 +507,7 @@ impl Backoffs {
             return probe_at;
         }
         let base = match failure.class {
-            FailureClass::Refused => policy.refusal_base,
+            FailureClass::Refused | FailureClass::ImpersonationRefused => policy.refusal_base,
             FailureClass::Throttled => policy.throttled_base,
             _ => policy.base,
         };

@@ -7,6 +7,7 @@ pub(crate) mod backoff;
 pub mod consumers;
 pub(crate) mod foreign;
 pub(crate) mod grants;
+pub(crate) mod identity;
 pub(crate) mod import;
 pub(crate) mod jitter;
 pub(crate) mod kind_refusals;

@@ -33,8 +33,12 @@ pub(crate) fn sync_failed<'a>(
     mut failing: impl Iterator<Item = &'a (String, Failure)>,
 ) -> Option<(String, String)> {
     let (what, first) = failing.next()?;
+    let reason = match first.class {
+        FailureClass::ImpersonationRefused => IMPERSONATION_REFUSED,
+        _ => "SyncFailed",
+    };
     Some((
-        "SyncFailed".to_owned(),
+        reason.to_owned(),
         format!(
             "{} copies could not be written; first: {what}: {}; {}",
             1 + failing.count(),
@@ -43,6 +47,10 @@ pub(crate) fn sync_failed<'a>(
         ),
     ))
 }
+
+/// The Ready reason of a rule whose writes the operator may not send as
+/// the ServiceAccount the rule names (or its namespace's default).
+pub(crate) const IMPERSONATION_REFUSED: &str = "ImpersonationForbidden";
 
 /// When a failed write is tried again, for status and Event messages.
 pub(crate) fn retry_note(class: FailureClass) -> &'static str {

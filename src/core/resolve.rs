@@ -15,6 +15,7 @@ use crate::api::schema::{
     MAX_ANNOTATION_BYTES, MAX_CLUSTER_NAMES, MAX_SOURCE_NAMESPACES, MAX_TRANSFORM_ENTRIES,
 };
 use crate::api::selector::{Glob, KeyGlob, LabelSelector, is_dns_label, validate_data_key};
+use crate::core::identity::{Identity, TenantIdentity};
 
 /// Which rules this operator honours, and where they may copy from.
 #[derive(Clone, Debug)]
@@ -29,6 +30,11 @@ pub(crate) struct Trust {
     /// (`--allow-tenant-clusters`); without it, a tenant rule that names
     /// members is `Forbidden`.
     pub(crate) allow_tenant_clusters: bool,
+    /// Whom tenant rules act as (`--tenant-identity`).
+    pub(crate) tenant_identity: TenantIdentity,
+    /// The ServiceAccount a tenant rule that names none acts as
+    /// (`--default-service-account`).
+    pub(crate) default_service_account: String,
 }
 
 impl Trust {
@@ -47,9 +53,15 @@ impl Trust {
             all_namespaces,
             policy: Arc::new(CopyPolicy::defaults(operator_namespace)),
             allow_tenant_clusters: false,
+            tenant_identity: TenantIdentity::Operator,
+            default_service_account: DEFAULT_SERVICE_ACCOUNT.to_owned(),
         }
     }
 }
+
+/// The ServiceAccount a tenant rule acts as when it names none, unless
+/// `--default-service-account` says another.
+pub(crate) const DEFAULT_SERVICE_ACCOUNT: &str = "copyrator";
 
 /// Namespaces that only an exact name in `targets.include` reaches, by default.
 pub(crate) const PROTECTED_NAMESPACES: &[&str] = &["kube-system", "kube-public", "kube-node-lease"];
@@ -524,6 +536,8 @@ pub(crate) struct ResolvedRule {
     pub(crate) restart_consumers: bool,
     /// `rollout.stages`, when the rule rolls changes out in stages.
     pub(crate) stages: Option<Arc<Stages>>,
+    /// Whom its writes are sent as.
+    pub(crate) identity: Identity,
 }
 
 /// What becomes of copies that no longer belong (`spec.deletionPolicy`,
@@ -738,6 +752,22 @@ impl CopyratorRule {
         trust.all_namespaces && self.key().namespace != trust.operator_namespace
     }
 
+    /// Whom the rule's writes are sent as (see [`Identity::of_rule`]); known
+    /// of a rule that does not resolve too, for the cleanup of its copies.
+    pub(crate) fn identity(&self, trust: &Trust) -> Identity {
+        let named = self
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.service_account_name.as_deref());
+        Identity::of_rule(
+            &self.key().namespace,
+            named,
+            self.is_tenant(trust),
+            trust.tenant_identity,
+            &trust.default_service_account,
+        )
+    }
+
     /// Merge both shapes, apply defaults, validate, and apply the trust rules.
     pub(crate) fn resolve(&self, trust: &Trust) -> Result<ResolvedRule, InvalidRule> {
         let key = self.key();
@@ -813,6 +843,7 @@ impl CopyratorRule {
                 .and_then(|r| r.restart_consumers)
                 .unwrap_or(false),
             stages: resolve_stages(spec.rollout.as_ref())?,
+            identity: self.identity(trust),
         })
     }
 

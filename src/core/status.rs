@@ -19,6 +19,8 @@ pub(crate) struct Observed {
     pub(crate) staged: Option<bool>,
     pub(crate) generation: Option<i64>,
     pub(crate) rule_type: Option<String>,
+    /// Whom the rule's writes are sent as, once it resolved.
+    pub(crate) identity: Option<String>,
     pub(crate) sources: u32,
     pub(crate) target_namespaces: u32,
     pub(crate) copies: u32,
@@ -70,6 +72,7 @@ pub(crate) fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &
     let mut next = RuleStatus {
         observed_generation: observed.generation,
         rule_type: observed.rule_type.clone(),
+        identity: observed.identity.clone(),
         conditions: vec![Condition {
             type_: "Ready".into(),
             status: status.into(),

@@ -440,12 +440,7 @@ mod tests {
         rule.selector = Some(serde_json::from_value(json!({"copy": "true"})).expect("a map"));
         rule.namespace = Some(json!("shared"));
         rule.spec = spec;
-        let trust = crate::core::resolve::Trust {
-            policy: std::sync::Arc::new(crate::core::resolve::CopyPolicy::defaults("ops")),
-            operator_namespace: "ops".into(),
-            all_namespaces: false,
-            allow_tenant_clusters: false,
-        };
+        let trust = crate::core::resolve::Trust::new("ops", false);
         rule.resolve(&trust).expect("a valid rule")
     }
 
