@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::api::kinds::Kind;
 use crate::cache::views::Views;
+use crate::cluster::access::Access;
 use crate::cluster::client::Clients;
 use crate::cluster::leader::LeaderGate;
 use crate::cluster::ratelimit::RateLimiter;
@@ -67,6 +68,9 @@ pub(crate) struct Cluster {
     /// (liveness, readiness), one of its own for a member, whose troubles
     /// never fail the operator's probes.
     pub(crate) health: Arc<Health>,
+    /// What the ServiceAccounts rules write as may read, as the API
+    /// server answers it.
+    pub(crate) access: Access,
 }
 
 impl Cluster {
@@ -113,6 +117,7 @@ impl Cluster {
         );
         Self {
             recorder: Recorder::new(write_client.clone(), reporter),
+            access: Access::new(client.clone()),
             client,
             write_client,
             writer,

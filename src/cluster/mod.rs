@@ -2,6 +2,7 @@
 //! writer, the Lease, and the shared source watches; and the inventory of
 //! member clusters, read into what their clients are built from.
 
+pub(crate) mod access;
 pub(crate) mod client;
 pub(crate) mod context;
 #[cfg(test)]

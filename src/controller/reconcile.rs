@@ -23,6 +23,7 @@ use crate::controller::cluster_pass::{Pass, cluster_pass, preview_plan};
 use crate::controller::finalizer::{cleanup, set_finalizer};
 use crate::controller::kinds::KindReadiness;
 use crate::controller::state::Shared;
+use crate::core::identity::Identity;
 use crate::core::pass_log::{self, Line, Written};
 use crate::core::plan::{self, DeleteReason};
 use crate::core::preview::Preview;
@@ -72,10 +73,29 @@ pub(crate) async fn reconcile(
             SourcesWait::Listed(sources, scope) => (sources, scope),
             SourcesWait::Again(again) => return Ok(again),
         };
+    let (sources, unreadable) = match readable(shared, &resolved, sources).await {
+        Ok(readable) => readable,
+        Err(failed) => {
+            // Not knowing what the identity may read, nothing is copied
+            // or pruned: the rule looks again shortly.
+            shared.home.queue.carry(key, scope);
+            let observed = Observed {
+                generation: rule.metadata.generation,
+                rule_type: Some(resolved.kind.info().rule_type.to_string()),
+                identity: Some(resolved.identity.to_string()),
+                copies: read(shared.copies(resolved.kind)).count_owned_by(&uid) as u32,
+                problem: Some((ACCESS_REVIEW_FAILED.to_owned(), failed.to_string())),
+                ..Default::default()
+            };
+            publish_status(shared, &rule, &observed).await?;
+            return Ok(Some(ACCESS_REVIEW_AGAIN));
+        }
+    };
     let started = Instant::now();
     let (pass, home) = cluster_pass(shared, &shared.home, &rule, &resolved, &sources, scope).await;
     let failing = pass.failing().count();
-    let observed = observed_after(shared, &rule, &resolved, &pass, &home);
+    let mut observed = observed_after(shared, &rule, &resolved, &pass, &home);
+    say_unreadable(&resolved, &unreadable, &mut observed);
     let published = publish_status(shared, &rule, &observed).await?;
     log_pass(shared, key, &pass, failing, started.elapsed());
     announce(shared, &rule, &resolved, &pass, &home, &observed).await;
@@ -87,6 +107,76 @@ pub(crate) async fn reconcile(
         .retry_at
         .map(|at| at.saturating_duration_since(Instant::now()));
     Ok(sooner(retry, published.again_in()))
+}
+
+/// The Ready reason of a rule whose identity's reads could not be reviewed.
+const ACCESS_REVIEW_FAILED: &str = "AccessReviewFailed";
+/// When a rule whose reviews failed looks again.
+const ACCESS_REVIEW_AGAIN: Duration = Duration::from_secs(10);
+/// The Ready reason of a rule with sources its identity may not `get`.
+const SOURCE_NOT_READABLE: &str = "SourceNotReadable";
+
+/// Of `sources`, those the rule's identity may `get` (a rule that writes
+/// as the operator reads everything the watches hold), and the others:
+/// those are left out of its plan, so a copy of one is pruned as a
+/// source gone.
+async fn readable(
+    shared: &Shared,
+    resolved: &ResolvedRule,
+    sources: Vec<Arc<Object>>,
+) -> Result<(Vec<Arc<Object>>, Vec<Arc<Object>>), crate::cluster::access::ReviewFailed> {
+    if resolved.identity == Identity::Operator {
+        return Ok((sources, Vec::new()));
+    }
+    let access = &shared.home.cluster.access;
+    let (mut readable, mut unreadable) = (Vec::new(), Vec::new());
+    for source in sources {
+        let may = access
+            .may_get(
+                &resolved.identity,
+                resolved.kind,
+                &source.namespace,
+                &source.name,
+            )
+            .await?;
+        if may {
+            readable.push(source);
+        } else {
+            unreadable.push(source);
+        }
+    }
+    Ok((readable, unreadable))
+}
+
+/// The sources the rule's identity may not read, in its status: each
+/// among the refused sources, and the Ready condition's reason unless a
+/// failure comes first.
+fn say_unreadable(resolved: &ResolvedRule, unreadable: &[Arc<Object>], observed: &mut Observed) {
+    let Some(first) = unreadable.first() else {
+        return;
+    };
+    let why = format!("{} may not get it", resolved.identity);
+    observed
+        .refused_sources
+        .extend(unreadable.iter().map(|source| ConflictEntry {
+            cluster: None,
+            namespace: source.namespace.to_string(),
+            name: source.name.to_string(),
+            reason: why.clone(),
+        }));
+    if observed.problem.is_none() {
+        observed.problem = Some((
+            SOURCE_NOT_READABLE.to_owned(),
+            format!(
+                "{} may not get {} of the sources; first: {} {}/{}: not copied until a Role grants it get",
+                resolved.identity,
+                unreadable.len(),
+                resolved.kind,
+                first.namespace,
+                first.name
+            ),
+        ));
+    }
 }
 
 /// The sooner of two times to look again, where there is one.

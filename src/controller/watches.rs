@@ -7,7 +7,7 @@
 //! kube's watcher resumes from the last resourceVersion after a break and
 //! lists again only when the API server says that version is gone.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -21,6 +21,7 @@ use crate::cache::index::NamespaceInfo;
 use crate::cluster::watch::{Change, Watching, follow, watch_config};
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
+use crate::core::identity::Identity;
 use crate::core::scope::Touch;
 use crate::sync::{lock, read, write};
 
@@ -83,6 +84,47 @@ pub(crate) fn spawn_namespace_watch(shared: Arc<Shared>, site: Arc<Site>) -> Joi
         )
         .await;
     })
+}
+
+/// Follow RBAC (see [`crate::cluster::access::follow_rbac`]) while some
+/// rules may write as ServiceAccounts: each change is [`rbac_changed`].
+pub(crate) fn spawn_rbac_watch(shared: Arc<Shared>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let cluster = &shared.home.cluster;
+        crate::cluster::access::follow_rbac(
+            cluster.client.clone(),
+            &cluster.health,
+            &cluster.read_pause,
+            || rbac_changed(&shared),
+        )
+        .await;
+    })
+}
+
+/// RBAC changed: what each ServiceAccount may read is asked again, and
+/// every rule that writes as one looks at everything, in every cluster,
+/// its refused writes tried at once (a RoleBinding restored lets them).
+fn rbac_changed(shared: &Shared) {
+    shared.home.cluster.access.forget();
+    let acting: HashSet<RuleKey> = read(&shared.resolved)
+        .iter()
+        .filter(|(_, resolved)| resolved.identity != Identity::Operator)
+        .map(|(key, _)| key.clone())
+        .collect();
+    if acting.is_empty() {
+        return;
+    }
+    let members = shared.members.all();
+    let sites = std::iter::once(&shared.home).chain(members.iter().map(|m| &m.site));
+    for site in sites {
+        lock(&site.backoffs).forget_refusals_of(&acting);
+        let there: Vec<RuleKey> = shared
+            .rules_for(&site.name)
+            .into_iter()
+            .filter(|key| acting.contains(key))
+            .collect();
+        site.queue.add_all(there, Touch::All);
+    }
 }
 
 /// The rules a (re)list found: those gone are forgotten, the rest taken,

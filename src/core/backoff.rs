@@ -588,6 +588,19 @@ impl Backoffs {
         self.gates.remove(rule);
     }
 
+    /// RBAC changed: the refused writes of `rules` (those that write as a
+    /// ServiceAccount, whose rights just may have changed) may go now.
+    pub(crate) fn forget_refusals_of(&mut self, rules: &std::collections::HashSet<RuleKey>) {
+        self.entries.retain(|_, e| {
+            if rules.contains(&e.rule) && e.is_refused() {
+                e.failures = 0;
+                e.last_failure = None;
+            }
+            e.failures > 0 || e.restores > 0
+        });
+        self.gates.retain(|rule, _| !rules.contains(rule));
+    }
+
     /// A namespace changed: failed writes into it may go now.
     pub(crate) fn forget_namespace(&mut self, namespace: &str) {
         self.entries.retain(|(_, ns, _), e| {

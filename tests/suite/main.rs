@@ -42,5 +42,6 @@ mod scale;
 mod schema;
 mod stages;
 mod supported_range;
+mod tenant_identity;
 mod trust;
 mod whereabouts;

@@ -1,0 +1,335 @@
+//! A tenant's rule acts as a ServiceAccount of its namespace
+//! (`--tenant-identity service-account`): its writes are sent impersonating
+//! that account, so the API server decides what it may write, and a source
+//! enters its plan only once a SubjectAccessReview says the account may
+//! `get` it. The tenants hold only the built-in `admin` role in their
+//! namespace; the targets' admins grant the account what it may write.
+
+use chrono::Utc;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::common::audit::{Audit, Query};
+use crate::common::rbac::rbac;
+use crate::common::tenant::Tenant;
+use crate::common::*;
+
+const CM: Kind = Kind::ConfigMap;
+
+/// The account tenant rules act as unless they name another.
+const ACCOUNT: &str = "copyrator";
+
+fn user_of(namespace: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{ACCOUNT}")
+}
+
+/// A RoleBinding `name` in `namespace` of the ClusterRole `role` to the
+/// ServiceAccount `account_namespace/copyrator`, made by the namespace's
+/// owner (the test's admin).
+async fn bind(t: &TestNs, namespace: &str, name: &str, role: &str, account_namespace: &str) {
+    let binding: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": account_namespace}],
+    }))
+    .expect("a RoleBinding");
+    Api::<DynamicObject>::namespaced_with(
+        t.client.clone(),
+        namespace,
+        &rbac("RoleBinding", "rolebindings"),
+    )
+    .create(&PostParams::default(), &binding)
+    .await
+    .unwrap_or_else(|e| panic!("binding {role} in {namespace}: {}", err_msg(&e)));
+}
+
+async fn unbind(t: &TestNs, namespace: &str, name: &str) {
+    Api::<DynamicObject>::namespaced_with(
+        t.client.clone(),
+        namespace,
+        &rbac("RoleBinding", "rolebindings"),
+    )
+    .delete(name, &DeleteParams::default())
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "deleting the RoleBinding {namespace}/{name}: {}",
+            err_msg(&e)
+        )
+    });
+}
+
+fn ready_reason(rule: &Value) -> String {
+    ready_condition(rule)
+        .and_then(|c| c["reason"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Every write of a tenant rule's copies carries its ServiceAccount as the
+/// impersonated user, and none goes without it. A target whose RoleBinding
+/// for the account is deleted gets no new content, and the rule's status
+/// gives the API server's refusal; restored, the target converges.
+#[tokio::test]
+async fn a_tenant_rule_writes_as_its_service_account_and_no_further_than_its_rights() {
+    let t = TestNs::new("acting").await;
+    let rule = t.prefix.clone();
+    let op = t.ns("op").await;
+    let home = t.ns("home").await;
+    let (t1, t2) = (t.ns("t1").await, t.ns("t2").await);
+    let tenant = Tenant::admin_of(&t, &home, "owner").await;
+    // The tenant makes the account its rule acts as, and lets it read the
+    // namespace's ConfigMaps; each target's owner accepts the tenant's
+    // copies and lets the account write there.
+    tenant
+        .create(
+            &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&()),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": ACCOUNT}}),
+        )
+        .await;
+    bind(&t, &home, "copyrator-reads", "view", &home).await;
+    for ns in [&t1, &t2] {
+        t.accept_from(ns, &home).await;
+        bind(&t, ns, "copyrator-writes", "edit", &home).await;
+    }
+    let src = t.create_source(CM, &home, "cfg", &[], &[("k", "v1")]).await;
+    let audit = Audit::start();
+    let started = Utc::now();
+    tenant
+        .create_rule(&rule, rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .await;
+    let mut operator = Operator::start(
+        &t,
+        &op,
+        &[
+            "--all-namespaces",
+            "--rule-name",
+            &rule,
+            "--tenant-identity",
+            "service-account",
+        ],
+    );
+    for ns in [&t1, &t2] {
+        t.wait_copy(CM, ns, &src, &home, &rule).await;
+    }
+    let status = t.get_rule(&home, &rule).await;
+    assert_eq!(
+        status.pointer("/status/identity"),
+        Some(&json!(user_of(&home))),
+        "{}",
+        short_status(&status)
+    );
+
+    // The target's owner takes the account's rights away: the next
+    // content is refused there, in the API server's words.
+    unbind(&t, &t2, "copyrator-writes").await;
+    wait_until(
+        "the RoleBinding's removal to take effect",
+        TIMEOUT,
+        async || {
+            let attributes = json!({"group": "", "resource": "configmaps", "verb": "update",
+                                "namespace": t2});
+            match crate::common::rbac::service_account_may(
+                &t.client,
+                &user_of(&home),
+                &home,
+                attributes,
+            )
+            .await?
+            {
+                false => Ok(()),
+                true => Err("still allowed".to_owned()),
+            }
+        },
+    )
+    .await;
+    let src = t.set_data(CM, &home, "cfg", &[("k", Some("v2"))]).await;
+    t.wait_copy(CM, &t1, &src, &home, &rule).await;
+    let refusal = format!(
+        "User \"{}\" cannot update resource \"configmaps\" in API group \"\" in the namespace \"{t2}\"",
+        user_of(&home)
+    );
+    let refused = t
+        .wait_rule(&home, &rule, "the refusal in the status", |r| {
+            let c = ready_condition(r).ok_or_else(|| short_status(r))?;
+            let message = c["message"].as_str().unwrap_or_default();
+            if c["status"] == "False" && c["reason"] == "SyncFailed" && message.contains(&refusal) {
+                Ok(())
+            } else {
+                Err(short_status(r))
+            }
+        })
+        .await;
+    println!(
+        "refused: {}",
+        ready_condition(&refused).unwrap_or(&Value::Null)
+    );
+    let held = t.must_get(CM, &t2, "cfg").await;
+    assert_eq!(
+        held.data.get("k").map(String::as_str),
+        Some("v1"),
+        "t2 kept v1"
+    );
+
+    // Restored: the target converges.
+    bind(&t, &t2, "copyrator-writes", "edit", &home).await;
+    t.wait_copy(CM, &t2, &src, &home, &rule).await;
+    t.wait_rule(&home, &rule, "Ready again", |r| {
+        match ready_reason(r).as_str() {
+            "Synced" => Ok(()),
+            _ => Err(short_status(r)),
+        }
+    })
+    .await;
+
+    audit.settle(&t.client, Utc::now()).await;
+    let writes = ["create", "update", "patch", "delete"];
+    let mut seen = 0;
+    for ns in [&t1, &t2] {
+        let query = Query {
+            verbs: Some(writes.iter().map(|v| v.to_string()).collect()),
+            resource: Some("configmaps".into()),
+            namespace: Some(ns.clone()),
+            name: Some("cfg".into()),
+            from: Some(started),
+            ..Query::default()
+        };
+        for event in audit.matching(&query) {
+            seen += 1;
+            assert_eq!(
+                event.impersonated.as_deref(),
+                Some(user_of(&home).as_str()),
+                "a write of the tenant rule's copy not sent as its account: {event}"
+            );
+        }
+    }
+    // Two creates, two updates (one refused), and the update let through.
+    assert!(seen >= 5, "only {seen} writes of the copies were logged");
+    operator.assert_running();
+}
+
+/// A source the rule's ServiceAccount may not `get` is never copied, and
+/// its status says so; once a Role grants it, it is copied; revoked, its
+/// copy is pruned as a source gone.
+#[tokio::test]
+async fn a_source_its_service_account_may_not_read_is_not_copied_until_a_role_grants_it() {
+    let t = TestNs::new("reading").await;
+    let rule = t.prefix.clone();
+    let op = t.ns("op").await;
+    let home = t.ns("home").await;
+    let t1 = t.ns("t1").await;
+    let tenant = Tenant::admin_of(&t, &home, "owner").await;
+    tenant
+        .create(
+            &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&()),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": ACCOUNT}}),
+        )
+        .await;
+    // The account may read `open` alone, by name.
+    let roles = rbac("Role", "roles");
+    let grant = |names: &[&str]| {
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "copyrator-reads", "namespace": home},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                       "resourceNames": names, "verbs": ["get"]}],
+        })
+    };
+    let role: DynamicObject = serde_json::from_value(grant(&["open"])).expect("a Role");
+    Api::<DynamicObject>::namespaced_with(tenant.client.clone(), &home, &roles)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap_or_else(|e| panic!("the tenant's Role: {}", err_msg(&e)));
+    let binding: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "copyrator-reads", "namespace": home},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "copyrator-reads"},
+        "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": home}],
+    }))
+    .expect("a RoleBinding");
+    Api::<DynamicObject>::namespaced_with(
+        tenant.client.clone(),
+        &home,
+        &rbac("RoleBinding", "rolebindings"),
+    )
+    .create(&PostParams::default(), &binding)
+    .await
+    .unwrap_or_else(|e| panic!("the tenant's RoleBinding: {}", err_msg(&e)));
+    t.accept_from(&t1, &home).await;
+    bind(&t, &t1, "copyrator-writes", "edit", &home).await;
+    let open = t.create_source(CM, &home, "open", &[], &[("k", "v")]).await;
+    let closed = t
+        .create_source(CM, &home, "closed", &[], &[("k", "v")])
+        .await;
+    tenant
+        .create_rule(&rule, rule_spec(CM, t.selector(), &[t1.as_str()]))
+        .await;
+    let mut operator = Operator::start(
+        &t,
+        &op,
+        &[
+            "--all-namespaces",
+            "--rule-name",
+            &rule,
+            "--tenant-identity",
+            "service-account",
+        ],
+    );
+    t.wait_copy(CM, &t1, &open, &home, &rule).await;
+    let said = t
+        .wait_rule(&home, &rule, "closed named as not readable", |r| {
+            let refused = r
+                .pointer("/status/refusedSources")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let names_closed = refused.iter().any(|s| {
+                s["name"] == "closed" && s["reason"] == format!("{} may not get it", user_of(&home))
+            });
+            if ready_reason(r) == "SourceNotReadable" && names_closed {
+                Ok(())
+            } else {
+                Err(short_status(r))
+            }
+        })
+        .await;
+    println!("not readable: {}", said["status"]);
+    t.assert_absent(CM, &t1, "closed", "the account may not get it")
+        .await;
+
+    // Granted: copied.
+    Api::<DynamicObject>::namespaced_with(tenant.client.clone(), &home, &roles)
+        .patch(
+            "copyrator-reads",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"rules": grant(&["open", "closed"])["rules"]})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("granting: {}", err_msg(&e)));
+    t.wait_copy(CM, &t1, &closed, &home, &rule).await;
+    t.wait_rule(&home, &rule, "Ready", |r| match ready_reason(r).as_str() {
+        "Synced" => Ok(()),
+        _ => Err(short_status(r)),
+    })
+    .await;
+
+    // Revoked: its copy goes, as a source gone.
+    Api::<DynamicObject>::namespaced_with(tenant.client.clone(), &home, &roles)
+        .patch(
+            "copyrator-reads",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"rules": grant(&["open"])["rules"]})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("revoking: {}", err_msg(&e)));
+    t.wait_gone(
+        CM,
+        &t1,
+        "closed",
+        "the account may no longer get its source",
+    )
+    .await;
+    assert!(t.try_get(CM, &t1, "open").await.ok().flatten().is_some());
+    operator.assert_running();
+}
