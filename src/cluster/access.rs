@@ -52,16 +52,15 @@ pub(crate) struct Question {
     name: Option<String>,
 }
 
-/// Who answers the questions: the API server, or (in unit tests) a
-/// function of the question.
-enum Reviewer {
-    Api(kube::Client),
-    #[cfg(test)]
-    Fake(Box<dyn Fn(&Question) -> Option<bool> + Send + Sync>),
-}
+/// Unit tests only: what answers instead of the API server (`None`: no
+/// answer).
+#[cfg(test)]
+type FakeAnswer = Box<dyn Fn(&Question) -> Option<bool> + Send + Sync>;
 
 pub(crate) struct Access {
-    reviewer: Reviewer,
+    client: kube::Client,
+    #[cfg(test)]
+    fake: Option<FakeAnswer>,
     kept: Mutex<HashMap<Question, (bool, Instant)>>,
     /// Bumped whenever RBAC changes: an answer asked before is not kept.
     epoch: AtomicU64,
@@ -71,12 +70,10 @@ pub(crate) struct Access {
 
 impl Access {
     pub(crate) fn new(client: kube::Client) -> Self {
-        Self::with(Reviewer::Api(client))
-    }
-
-    fn with(reviewer: Reviewer) -> Self {
         Self {
-            reviewer,
+            client,
+            #[cfg(test)]
+            fake: None,
             kept: Mutex::new(HashMap::new()),
             epoch: AtomicU64::new(0),
             asked: AtomicU64::new(0),
@@ -149,16 +146,13 @@ impl Access {
     }
 
     async fn ask(&self, question: &Question) -> Result<bool, ReviewFailed> {
-        let client = match &self.reviewer {
-            Reviewer::Api(client) => client,
-            #[cfg(test)]
-            Reviewer::Fake(answer) => {
-                return answer(question).ok_or_else(|| ReviewFailed {
-                    user: question.user.clone(),
-                    message: "no answer".into(),
-                });
-            }
-        };
+        #[cfg(test)]
+        if let Some(answer) = &self.fake {
+            return answer(question).ok_or_else(|| ReviewFailed {
+                user: question.user.clone(),
+                message: "no answer".into(),
+            });
+        }
         // The groups the API server gives every token of a ServiceAccount:
         // a grant to them counts, as it would for the account itself.
         let groups = vec![
@@ -182,7 +176,7 @@ impl Access {
             },
             ..SubjectAccessReview::default()
         };
-        let answer = Api::<SubjectAccessReview>::all(client.clone())
+        let answer = Api::<SubjectAccessReview>::all(self.client.clone())
             .create(&PostParams::default(), &review)
             .await
             .map_err(|e| ReviewFailed {
@@ -190,6 +184,14 @@ impl Access {
                 message: crate::error::describe(&e),
             })?;
         Ok(answer.status.is_some_and(|s| s.allowed))
+    }
+
+    #[cfg(test)]
+    fn answered_by(fake: FakeAnswer) -> Self {
+        Self {
+            fake: Some(fake),
+            ..Self::new(crate::cluster::fake_objects::never_asked_client())
+        }
     }
 
     #[cfg(test)]
@@ -269,7 +271,7 @@ mod tests {
     /// The account may read every Secret of `team-a`, and in `shared` only
     /// the one named `ca` (while `granted` holds).
     fn access(granted: Arc<AtomicBool>) -> Access {
-        Access::with(Reviewer::Fake(Box::new(move |q| {
+        Access::answered_by(Box::new(move |q| {
             assert_eq!(q.user, "system:serviceaccount:team-a:copyrator");
             assert_eq!((q.group.as_str(), q.resource.as_str()), ("", "secrets"));
             Some(match (q.namespace.as_str(), q.name.as_deref()) {
@@ -277,7 +279,7 @@ mod tests {
                 ("shared", Some("ca")) => granted.load(Ordering::SeqCst),
                 _ => false,
             })
-        })))
+        }))
     }
 
     #[tokio::test]
@@ -333,7 +335,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unanswered_review_is_an_error_not_a_refusal() {
-        let access = Access::with(Reviewer::Fake(Box::new(|_| None)));
+        let access = Access::answered_by(Box::new(|_| None));
         assert!(
             access
                 .may_get(&tenant(), Kind::Secret, "team-a", "x")
