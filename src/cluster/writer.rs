@@ -250,17 +250,23 @@ pub(crate) fn classify(err: &kube::Error) -> Failure {
 }
 
 /// Whether `err` is the API server's refusal to let the operator act as
-/// `identity` (a 403 naming the ServiceAccount itself), rather than the
-/// identity's refusal of the write.
+/// `identity`, rather than the identity's refusal of the write: a 403
+/// naming the ServiceAccount itself (impersonation as it was), or whose
+/// reason is an `impersonate` verb the operator lacks (constrained
+/// impersonation, `impersonate-on:serviceaccount:<verb>`, which names the
+/// object written instead). A refusal of the write names the verb written.
 fn impersonation_refused(err: &kube::Error, identity: &Identity) -> bool {
     let Identity::ServiceAccount { name, .. } = identity else {
         return false;
     };
-    matches!(err, kube::Error::Api(status)
-    if status.code == 403
-        && status.details.as_ref().is_some_and(|d| {
-            d.kind == "serviceaccounts" && d.group.is_empty() && d.name == **name
-        }))
+    let kube::Error::Api(status) = err else {
+        return false;
+    };
+    let names_the_account = status
+        .details
+        .as_ref()
+        .is_some_and(|d| d.kind == "serviceaccounts" && d.group.is_empty() && d.name == **name);
+    status.code == 403 && (names_the_account || status.message.contains("\" cannot impersonate"))
 }
 
 fn to_dynamic(desired: &Desired, namespace: &str, current: Option<&Object>) -> DynamicObject {
@@ -1256,22 +1262,42 @@ mod tests {
     async fn a_refusal_to_let_the_operator_act_as_the_account_is_told_apart() {
         let (store, writer) = setup();
         let tenant = tenant_account();
-        let refusal = |name: &str, kind: &str| {
+        let refusal = |name: &str, kind: &str, message: &str| {
             let status: kube::core::Status = serde_json::from_value(json!({
-                "status": "Failure", "message": "refused", "reason": "Forbidden",
+                "status": "Failure", "message": message, "reason": "Forbidden",
                 "code": 403, "details": {"name": name, "kind": kind},
             }))
             .expect("a Status");
             kube::Error::Api(Box::new(status))
         };
         for (error, class) in [
-            // The impersonation itself: the API server names the account.
+            // The impersonation itself: the API server names the account,
             (
-                refusal("copyrator", "serviceaccounts"),
+                refusal(
+                    "copyrator",
+                    "serviceaccounts",
+                    r#"serviceaccounts "copyrator" is forbidden: User "op" cannot impersonate resource "serviceaccounts""#,
+                ),
+                FailureClass::ImpersonationRefused,
+            ),
+            // or, with constrained impersonation, the verb it lacks.
+            (
+                refusal(
+                    "ca",
+                    "configmaps",
+                    r#"configmaps is forbidden: User "op" cannot impersonate-on:serviceaccount:create resource "configmaps""#,
+                ),
                 FailureClass::ImpersonationRefused,
             ),
             // The account may not write the copy: its own refusal.
-            (refusal("ca", "configmaps"), FailureClass::Refused),
+            (
+                refusal(
+                    "ca",
+                    "configmaps",
+                    r#"configmaps "ca" is forbidden: User "system:serviceaccount:team-a:copyrator" cannot create resource "configmaps""#,
+                ),
+                FailureClass::Refused,
+            ),
         ] {
             store.fail_next("create", "t1", error);
             let Outcome::Failed(failure) =
@@ -1282,7 +1308,15 @@ mod tests {
             assert_eq!(failure.class, class);
         }
         // Without impersonation, nothing is the impersonation's refusal.
-        store.fail_next("create", "t1", refusal("copyrator", "serviceaccounts"));
+        store.fail_next(
+            "create",
+            "t1",
+            refusal(
+                "copyrator",
+                "serviceaccounts",
+                "serviceaccounts \"copyrator\" is forbidden",
+            ),
+        );
         let Outcome::Failed(failure) = run(&writer, &create("t1"), ConflictPolicy::Skip).await
         else {
             panic!("not failed");

@@ -77,14 +77,17 @@ fn deployment_env(docs: &[Value], name: &str) -> String {
 }
 
 /// The operator's ClusterRole's and Role's grants together (not those of
-/// the ClusterRole it makes for scrapers of /metrics).
+/// the ClusterRoles it makes for others to bind: for scrapers of /metrics,
+/// for a namespace that lets it impersonate, for namespace admins).
 fn all_grants(docs: &[Value]) -> BTreeSet<Grant> {
     docs.iter()
         .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
         .filter(|d| {
-            !d["metadata"]["name"]
-                .as_str()
-                .is_some_and(|n| n.ends_with("-metrics-reader"))
+            !d["metadata"]["name"].as_str().is_some_and(|n| {
+                ["-metrics-reader", "-impersonate", "-rules-edit"]
+                    .iter()
+                    .any(|suffix| n.ends_with(suffix))
+            })
         })
         .flat_map(grants_of)
         .collect()

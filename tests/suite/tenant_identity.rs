@@ -10,6 +10,9 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use serde_json::{Value, json};
 
 use crate::common::audit::{Audit, Query};
+use crate::common::helm::render;
+use crate::common::rbac::ClusterScoped;
+use crate::common::rbac::as_the_chart;
 use crate::common::rbac::rbac;
 use crate::common::tenant::Tenant;
 use crate::common::*;
@@ -331,5 +334,163 @@ async fn a_source_its_service_account_may_not_read_is_not_copied_until_a_role_gr
     )
     .await;
     assert!(t.try_get(CM, &t1, "open").await.ok().flatten().is_some());
+    operator.assert_running();
+}
+
+/// `kubectl auth can-i impersonate serviceaccounts/<name> -n <namespace>`
+/// as `user`: whether the API server says yes.
+fn may_impersonate(user: &str, namespace: &str, target: &str) -> bool {
+    let out = std::process::Command::new("kubectl")
+        .args([
+            "auth",
+            "can-i",
+            "impersonate",
+            target,
+            "--namespace",
+            namespace,
+            "--as",
+            user,
+        ])
+        .output()
+        .expect("kubectl on PATH");
+    match String::from_utf8_lossy(&out.stdout).trim() {
+        "yes" => true,
+        "no" => false,
+        other => panic!(
+            "kubectl auth can-i impersonate {target}: {other:?} {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// The chart's operator (`operator.tenantIdentity=serviceAccount`) may
+/// impersonate only ServiceAccounts named `copyrator`, and only in a
+/// namespace whose admin opted in with one RoleBinding of the chart's
+/// `-impersonate` ClusterRole (which the built-in `admin` role may make).
+/// Before, the rule's status says the impersonation was refused
+/// (`ImpersonationForbidden`) and nothing is written.
+#[tokio::test]
+async fn the_charts_operator_impersonates_only_where_a_namespace_opted_in() {
+    let t = TestNs::new("opt-in").await;
+    let rule = t.prefix.clone();
+    let op = t.ns("op").await;
+    let home = t.ns("home").await;
+    let t1 = t.ns("t1").await;
+    let cluster = ClusterScoped::new();
+    let values = [
+        "--set",
+        "operator.tenantIdentity=serviceAccount",
+        "--set",
+        "operator.allNamespaces=true",
+    ];
+    let operator_id = as_the_chart(&t, &cluster, &op, &values).await;
+    // The chart's ClusterRole for impersonation, as the chart makes it
+    // (named for this test).
+    let impersonate = format!("{}-impersonate", t.prefix);
+    let mut role = render(&values)
+        .into_iter()
+        .find(|d| {
+            d["kind"] == "ClusterRole"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("-impersonate"))
+        })
+        .expect("the chart renders an -impersonate ClusterRole");
+    role["metadata"] = json!({"name": impersonate});
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["serviceaccounts"],
+                "resourceNames": [ACCOUNT], "verbs": ["impersonate"]}]),
+        "impersonation of the default account by name alone"
+    );
+    cluster
+        .create(&t.client, &rbac("ClusterRole", "clusterroles"), role)
+        .await;
+
+    let tenant = Tenant::admin_of(&t, &home, "owner").await;
+    tenant
+        .create(
+            &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&()),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": ACCOUNT}}),
+        )
+        .await;
+    bind(&t, &home, "copyrator-reads", "view", &home).await;
+    t.accept_from(&t1, &home).await;
+    bind(&t, &t1, "copyrator-writes", "edit", &home).await;
+    let src = t.create_source(CM, &home, "cfg", &[], &[("k", "v")]).await;
+    tenant
+        .create_rule(&rule, rule_spec(CM, t.selector(), &[t1.as_str()]))
+        .await;
+    let mut args: Vec<String> = vec!["run".into(), "--namespace".into(), op.clone()];
+    args.extend(
+        [
+            "--all-namespaces",
+            "--rule-name",
+            &rule,
+            "--tenant-identity",
+            "service-account",
+        ]
+        .map(str::to_owned),
+    );
+    let mut operator =
+        Operator::start_with_env(&t, args, &[("KUBECONFIG", &operator_id.kubeconfig)]);
+
+    assert!(!may_impersonate(
+        &operator_id.user,
+        &home,
+        "serviceaccounts/copyrator"
+    ));
+    let refused = t
+        .wait_rule(
+            &home,
+            &rule,
+            "the impersonation refused",
+            |r| match ready_reason(r).as_str() {
+                "ImpersonationForbidden" => Ok(()),
+                _ => Err(short_status(r)),
+            },
+        )
+        .await;
+    println!(
+        "before opting in: {}",
+        ready_condition(&refused).unwrap_or(&Value::Null)
+    );
+    t.assert_absent(CM, &t1, "cfg", "the namespace has not opted in")
+        .await;
+
+    // The tenant opts in, as its namespace's admin.
+    let opt_in: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "copyrator-may-act-here", "namespace": home},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": impersonate},
+        "subjects": [{"kind": "ServiceAccount", "name": operator_id.account, "namespace": op}],
+    }))
+    .expect("a RoleBinding");
+    Api::<DynamicObject>::namespaced_with(
+        tenant.client.clone(),
+        &home,
+        &rbac("RoleBinding", "rolebindings"),
+    )
+    .create(&PostParams::default(), &opt_in)
+    .await
+    .unwrap_or_else(|e| panic!("the tenant opts in: {}", err_msg(&e)));
+    t.wait_copy(CM, &t1, &src, &home, &rule).await;
+
+    assert!(may_impersonate(
+        &operator_id.user,
+        &home,
+        "serviceaccounts/copyrator"
+    ));
+    for (namespace, target) in [
+        (home.as_str(), "serviceaccounts/owner"),
+        (t1.as_str(), "serviceaccounts/copyrator"),
+        (home.as_str(), "users/admin"),
+        (home.as_str(), "groups/system:masters"),
+    ] {
+        assert!(
+            !may_impersonate(&operator_id.user, namespace, target),
+            "the operator may impersonate {target} in {namespace}"
+        );
+    }
     operator.assert_running();
 }
