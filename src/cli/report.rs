@@ -420,6 +420,9 @@ impl Report {
             if let Some(source) = &change.source {
                 out.push_str(&format!(", source {source}"));
             }
+            if let Some(identity) = &change.identity {
+                out.push_str(&format!(", as {identity}"));
+            }
             out.push_str(")\n");
         }
         for skip in &self.skipped {
@@ -525,6 +528,7 @@ mod tests {
     use crate::api::kinds::Kind;
     use crate::api::rule::ConflictEntry;
     use crate::cache::index::Object;
+    use crate::core::identity::Identity;
     use crate::core::plan::{Action, DeleteReason, Exclusion};
     use serde_json::json;
     use std::collections::BTreeMap;
@@ -884,6 +888,7 @@ items:
             name: "cfg".into(),
             rule: rule.into(),
             source: Some("ops/cfg".into()),
+            identity: None,
         };
         let mut report = Report::new("home");
         report.add(
@@ -941,7 +946,21 @@ items:
                 name: "cfg".into(),
                 rule: "ops/r".into(),
                 source: Some("ops/cfg".into()),
+                identity: None,
             }
+        );
+        let tenants = change.clone().sent_as(&Identity::ServiceAccount {
+            namespace: "team".into(),
+            name: "copyrator".into(),
+        });
+        let mut report = Report::new("home");
+        report.changes.push(tenants);
+        assert!(
+            report.text().starts_with(
+                "delete ConfigMap t1/cfg (rule ops/r, source ops/cfg, as system:serviceaccount:team:copyrator)\n"
+            ),
+            "{}",
+            report.text()
         );
         let skip = Skip::source(
             "home",
@@ -971,6 +990,7 @@ items:
             name: "cfg".into(),
             rule: "ops/r".into(),
             source: Some("ops/cfg".into()),
+            identity: None,
         }
     }
 

@@ -144,7 +144,9 @@ pub(crate) async fn preview_plan(
         .iter()
         .map(|action| (resolved.kind, action))
         .chain(other_kind_deletions.iter().map(|(kind, a)| (*kind, a)))
-        .map(|(kind, action)| PlannedChange::of(cluster, &rule_name, kind, action))
+        .map(|(kind, action)| {
+            PlannedChange::of(cluster, &rule_name, kind, action).sent_as(&resolved.identity)
+        })
         .collect();
     let mut skipped: Vec<Skip> = plan
         .conflicts

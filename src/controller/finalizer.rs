@@ -181,6 +181,7 @@ pub(crate) fn preview_withdrawal(
     uid: &str,
     why: DeleteReason,
     disposal: Disposal,
+    identity: &Identity,
 ) -> Vec<PlannedChange> {
     let cluster = shared.cluster_name(&site.name);
     let rule_namespace = rule
@@ -191,7 +192,9 @@ pub(crate) fn preview_withdrawal(
         .flat_map(|kind| {
             withdrawals(site, uid, kind, why, disposal, tenant)
                 .into_iter()
-                .map(move |action| PlannedChange::of(cluster, rule, kind, &action))
+                .map(move |action| {
+                    PlannedChange::of(cluster, rule, kind, &action).sent_as(identity)
+                })
         })
         .collect()
 }

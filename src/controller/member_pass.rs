@@ -173,7 +173,8 @@ pub(crate) async fn member_preview(
             disposal,
         } => {
             let uid = rule.uid().unwrap_or_default();
-            changes = preview_withdrawal(shared, site, &rule_name, uid, why, disposal);
+            let identity = rule.identity(&shared.trust);
+            changes = preview_withdrawal(shared, site, &rule_name, uid, why, disposal, &identity);
         }
         Asks::KindNotCopied(why) => skipped.push(Skip::member(cluster, &rule_name, &why)),
         Asks::Copies(resolved) => {

@@ -26,7 +26,7 @@ use crate::controller::state::Shared;
 use crate::core::identity::Identity;
 use crate::core::pass_log::{self, Line, Written};
 use crate::core::plan::{self, DeleteReason};
-use crate::core::preview::Preview;
+use crate::core::preview::{Preview, Skip};
 use crate::core::report::{self, ClusterReport, retry_note};
 use crate::core::resolve::{InvalidRule, ResolvedRule};
 use crate::core::scope::Scope;
@@ -525,7 +525,28 @@ pub(crate) async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Resul
         Prepared::Resolved {
             sources: Sources::Listed(sources),
             resolved,
-        } => preview_plan(shared, &shared.home, &resolved, &sources).await,
+        } => {
+            let (sources, unreadable) = match readable(shared, &resolved, sources).await {
+                Ok(readable) => readable,
+                Err(failed) => {
+                    return Ok(Preview::Refused {
+                        reason: ACCESS_REVIEW_FAILED.to_owned(),
+                        message: failed.to_string(),
+                    });
+                }
+            };
+            let mut preview = preview_plan(shared, &shared.home, &resolved, &sources).await?;
+            if let Preview::Planned { skipped, .. } = &mut preview {
+                let rule = resolved.key.to_string();
+                let cluster = &shared.options.cluster_name;
+                let why = format!("{} may not get it", resolved.identity);
+                skipped.extend(unreadable.iter().map(|source| {
+                    let source = format!("{}/{}", source.namespace, source.name);
+                    Skip::source(cluster, &rule, resolved.kind, &source, &why)
+                }));
+            }
+            Ok(preview)
+        }
         Prepared::Resolved { .. } => Ok(Preview::WaitingForSources),
     }
 }
@@ -541,6 +562,7 @@ fn preview_deletion(shared: &Shared, rule: &CopyratorRule, uid: &str) -> Preview
             uid,
             DeleteReason::RuleDeleted,
             rule.on_deletion(),
+            &rule.identity(&shared.trust),
         )
     } else {
         Vec::new()

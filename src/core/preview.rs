@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::api::kinds::Kind;
 use crate::api::rule::{ConflictEntry, RuleKey};
+use crate::core::identity::Identity;
 use crate::core::plan::{Action, Exclusion};
 
 /// One write a pass would make.
@@ -24,6 +25,10 @@ pub(crate) struct PlannedChange {
     /// `namespace/name` of the copy's source, where known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) source: Option<String>,
+    /// Whom the write would be sent as, when not the operator: the
+    /// ServiceAccount the rule acts as.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) identity: Option<String>,
 }
 
 impl PlannedChange {
@@ -38,6 +43,15 @@ impl PlannedChange {
             name: name.to_owned(),
             rule: rule.to_owned(),
             source: (!source.is_empty()).then(|| source.to_owned()),
+            identity: None,
+        }
+    }
+
+    /// The change as `identity` would write it.
+    pub(crate) fn sent_as(self, identity: &Identity) -> Self {
+        Self {
+            identity: identity.impersonated_user(),
+            ..self
         }
     }
 

@@ -300,6 +300,108 @@ fn rendered_rbac_follows_restart_consumers() {
     }
 }
 
+/// `operator.tenantIdentity=serviceAccount` sets TENANT_IDENTITY, grants
+/// creating SubjectAccessReviews and listing and watching RBAC and nothing
+/// else, and makes a ClusterRole that allows impersonating only the named
+/// ServiceAccounts, bound by the chart only under
+/// `impersonation.scope=clusterWide`. `rbac.writeCopies=false` leaves the
+/// operator no write verb on any copied kind (the mark key then by name in
+/// its namespace); `operator.allNamespaces` lets namespace admins and
+/// editors manage rules, not their status.
+#[test]
+fn rendered_rbac_follows_tenant_identity() {
+    let named = |docs: &[Value], kind: &str, suffix: &str| -> Option<Value> {
+        docs.iter()
+            .find(|d| {
+                d["kind"] == kind
+                    && d["metadata"]["name"]
+                        .as_str()
+                        .is_some_and(|n| n.ends_with(suffix))
+            })
+            .cloned()
+    };
+    let off = render(&[]);
+    assert_eq!(deployment_env(&off, "TENANT_IDENTITY"), "operator");
+    assert!(named(&off, "ClusterRole", "-impersonate").is_none());
+    let tenants = [
+        "--set",
+        "operator.tenantIdentity=serviceAccount",
+        "--set",
+        "impersonation.serviceAccountNames={writer}",
+    ];
+    let on = render(&tenants);
+    assert_eq!(deployment_env(&on, "TENANT_IDENTITY"), "service-account");
+    assert_eq!(deployment_env(&on, "DEFAULT_SERVICE_ACCOUNT"), "copyrator");
+    let added: BTreeSet<Grant> = all_grants(&on)
+        .difference(&all_grants(&off))
+        .cloned()
+        .collect();
+    let mut want: BTreeSet<Grant> = [
+        "roles",
+        "rolebindings",
+        "clusterroles",
+        "clusterrolebindings",
+    ]
+    .into_iter()
+    .flat_map(|r| ["list", "watch"].map(|v| Grant::new("rbac.authorization.k8s.io", r, v)))
+    .collect();
+    want.insert(Grant::new(
+        "authorization.k8s.io",
+        "subjectaccessreviews",
+        "create",
+    ));
+    assert_eq!(added, want);
+    let impersonate = named(&on, "ClusterRole", "-impersonate").expect("the impersonation role");
+    assert_eq!(
+        impersonate["rules"],
+        json!([{"apiGroups": [""], "resources": ["serviceaccounts"],
+                "resourceNames": ["copyrator", "writer"], "verbs": ["impersonate"]}])
+    );
+    assert!(
+        named(&on, "ClusterRoleBinding", "-impersonate").is_none(),
+        "bound only where a namespace opts in"
+    );
+    let everywhere: Vec<&str> = tenants
+        .iter()
+        .copied()
+        .chain(["--set", "impersonation.scope=clusterWide"])
+        .collect();
+    let bound = named(&render(&everywhere), "ClusterRoleBinding", "-impersonate")
+        .expect("bound everywhere");
+    assert_eq!(bound["roleRef"]["name"], impersonate["metadata"]["name"]);
+
+    // Cluster-wide it reads copies only; in its own namespace it makes and
+    // keeps its mark key alone.
+    let read_only = render(&["--set", "rbac.writeCopies=false"]);
+    for grant in grants_of(find(&read_only, "ClusterRole")) {
+        if grant.group.is_empty() && ["configmaps", "secrets"].contains(&grant.base_resource()) {
+            assert!(
+                ["get", "list", "watch"].contains(&grant.verb.as_str()),
+                "the operator writes copies itself: {grant}"
+            );
+        }
+    }
+    assert!(
+        mark_key_grants(&read_only).is_subset(&all_grants(&read_only)),
+        "the mark key"
+    );
+
+    let tenants_rules = render(&["--set", "operator.allNamespaces=true"]);
+    let edit = named(&tenants_rules, "ClusterRole", "-rules-edit").expect("aggregated");
+    for role in ["admin", "edit"] {
+        assert_eq!(
+            edit["metadata"]["labels"][format!("rbac.authorization.k8s.io/aggregate-to-{role}")],
+            "true"
+        );
+    }
+    assert!(
+        grants_of(&edit).iter().all(|g| g.resource == "copyrators"),
+        "only the rules, never their status: {:?}",
+        grants_of(&edit)
+    );
+    assert!(named(&off, "ClusterRole", "-rules-edit").is_none());
+}
+
 /// `metrics.authentication` sets METRICS_AUTH, grants creating
 /// TokenReviews and SubjectAccessReviews and nothing else, makes a
 /// ClusterRole that may get /metrics, and has the ServiceMonitor send its

@@ -494,3 +494,173 @@ async fn the_charts_operator_impersonates_only_where_a_namespace_opted_in() {
     }
     operator.assert_running();
 }
+
+/// With `rbac.writeCopies=false` the chart's operator holds no write right
+/// on Secrets at all: a rule of its own namespace that names a
+/// ServiceAccount (`spec.serviceAccountName`) still keeps its copies, every
+/// write sent as that account, and the operator itself may not write a
+/// Secret but its own mark key (in its own namespace).
+#[tokio::test]
+async fn an_operator_without_write_rights_keeps_copies_through_the_accounts_rules_name() {
+    let t = TestNs::new("no-writes").await;
+    let rule = t.prefix.clone();
+    let op = t.ns("op").await;
+    let (t1, t2) = (t.ns("t1").await, t.ns("t2").await);
+    let cluster = ClusterScoped::new();
+    let values = [
+        "--set",
+        "rbac.writeCopies=false",
+        "--set",
+        "operator.tenantIdentity=serviceAccount",
+        "--set",
+        "impersonation.serviceAccountNames={writer}",
+    ];
+    let operator_id = as_the_chart(&t, &cluster, &op, &values).await;
+    for verb in ["create", "update", "patch", "delete"] {
+        let attributes = json!({"group": "", "resource": "secrets", "verb": verb});
+        assert!(
+            !crate::common::rbac::service_account_may(
+                &t.client,
+                &operator_id.user,
+                &op,
+                attributes
+            )
+            .await
+            .expect("a SubjectAccessReview"),
+            "the operator may {verb} Secrets"
+        );
+    }
+    // The chart's impersonation ClusterRole, bound in the operator's own
+    // namespace, where the account the rule names lives.
+    let impersonate = format!("{}-impersonate", t.prefix);
+    let mut role = render(&values)
+        .into_iter()
+        .find(|d| {
+            d["kind"] == "ClusterRole"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("-impersonate"))
+        })
+        .expect("the chart renders an -impersonate ClusterRole");
+    role["metadata"] = json!({"name": impersonate});
+    cluster
+        .create(&t.client, &rbac("ClusterRole", "clusterroles"), role)
+        .await;
+    let opt_in: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "copyrator-may-act-here", "namespace": op},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": impersonate},
+        "subjects": [{"kind": "ServiceAccount", "name": operator_id.account, "namespace": op}],
+    }))
+    .expect("a RoleBinding");
+    Api::<DynamicObject>::namespaced_with(
+        t.client.clone(),
+        &op,
+        &rbac("RoleBinding", "rolebindings"),
+    )
+    .create(&PostParams::default(), &opt_in)
+    .await
+    .unwrap_or_else(|e| panic!("opting in: {}", err_msg(&e)));
+    create_service_account(&t.client, &op, "writer").await;
+    let writer = format!("system:serviceaccount:{op}:writer");
+    for (ns, role) in [(&op, "view"), (&t1, "edit"), (&t2, "edit")] {
+        let binding: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": format!("writer-{role}"), "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": "writer", "namespace": op}],
+        }))
+        .expect("a RoleBinding");
+        Api::<DynamicObject>::namespaced_with(
+            t.client.clone(),
+            ns,
+            &rbac("RoleBinding", "rolebindings"),
+        )
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap_or_else(|e| panic!("binding writer in {ns}: {}", err_msg(&e)));
+    }
+    // `view` reads no Secrets: the account reads its sources by a Role.
+    let reads: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "writer-reads", "namespace": op},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}],
+    }))
+    .expect("a Role");
+    Api::<DynamicObject>::namespaced_with(t.client.clone(), &op, &rbac("Role", "roles"))
+        .create(&PostParams::default(), &reads)
+        .await
+        .unwrap_or_else(|e| panic!("the reading Role: {}", err_msg(&e)));
+    let reads_binding: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "writer-reads", "namespace": op},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "writer-reads"},
+        "subjects": [{"kind": "ServiceAccount", "name": "writer", "namespace": op}],
+    }))
+    .expect("a RoleBinding");
+    Api::<DynamicObject>::namespaced_with(
+        t.client.clone(),
+        &op,
+        &rbac("RoleBinding", "rolebindings"),
+    )
+    .create(&PostParams::default(), &reads_binding)
+    .await
+    .unwrap_or_else(|e| panic!("binding the reading Role: {}", err_msg(&e)));
+
+    let secret = Kind::Secret;
+    let src = t
+        .create_source(secret, &op, "token", &[], &[("k", "v1")])
+        .await;
+    let audit = Audit::start();
+    let started = Utc::now();
+    t.create_rule(
+        &op,
+        &rule,
+        with(
+            rule_spec(secret, t.selector(), &[t.glob("t")]),
+            "/spec/serviceAccountName",
+            json!("writer"),
+        ),
+    )
+    .await;
+    let mut args: Vec<String> = vec!["run".into(), "--namespace".into(), op.clone()];
+    args.extend(["--rule-name", &rule, "--tenant-identity", "service-account"].map(str::to_owned));
+    let mut operator =
+        Operator::start_with_env(&t, args, &[("KUBECONFIG", &operator_id.kubeconfig)]);
+    for ns in [&t1, &t2] {
+        t.wait_copy(secret, ns, &src, &op, &rule).await;
+    }
+    let src = t.set_data(secret, &op, "token", &[("k", Some("v2"))]).await;
+    for ns in [&t1, &t2] {
+        t.wait_copy(secret, ns, &src, &op, &rule).await;
+    }
+    t.delete(secret, &op, "token").await;
+    for ns in [&t1, &t2] {
+        t.wait_gone(secret, ns, "token", "its source is gone").await;
+    }
+    audit.settle(&t.client, Utc::now()).await;
+    let mut seen = 0;
+    for ns in [&t1, &t2] {
+        let query = Query {
+            verbs: Some(
+                ["create", "update", "patch", "delete"]
+                    .map(str::to_owned)
+                    .to_vec(),
+            ),
+            resource: Some("secrets".into()),
+            namespace: Some(ns.clone()),
+            from: Some(started),
+            ..Query::default()
+        };
+        for event in audit.matching(&query) {
+            seen += 1;
+            assert_eq!(
+                (event.username.as_str(), event.impersonated.as_deref()),
+                (operator_id.user.as_str(), Some(writer.as_str())),
+                "a write of a copy not sent as the account the rule names: {event}"
+            );
+        }
+    }
+    assert!(seen >= 6, "only {seen} writes of the copies were logged");
+    operator.assert_running();
+}
