@@ -76,6 +76,10 @@ pub(crate) struct Row {
     pub(crate) name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) rule: Option<String>,
+    /// Whom the rule writes the copy as, when not the operator: the
+    /// ServiceAccount it acts as.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) identity: Option<String>,
     /// `in place`, `create-only`, `stale`, `missing`, `contested`,
     /// `conflict`, `refused` or `unwanted`.
     pub(crate) state: &'static str,
@@ -108,6 +112,7 @@ impl Row {
             namespace: place.namespace,
             name: place.name,
             rule: place.rule,
+            identity: None,
             state: place.state.word(),
             current: place.state.is_current(),
             writer,
@@ -172,8 +177,12 @@ impl Found {
                 "{}: {}/{} {}",
                 row.cluster, row.namespace, row.name, row.state
             ));
-            if let Some(rule) = &row.rule {
-                out.push_str(&format!(" (rule {rule})"));
+            match (&row.rule, &row.identity) {
+                (Some(rule), Some(identity)) => {
+                    out.push_str(&format!(" (rule {rule}, as {identity})"));
+                }
+                (Some(rule), None) => out.push_str(&format!(" (rule {rule})")),
+                _ => {}
             }
             if let Some(content) = &row.content {
                 out.push_str(&format!(" [content {content}]"));
@@ -376,6 +385,16 @@ async fn find(settings: Settings, args: &WhereArgs) -> anyhow::Result<Found> {
         rows.extend(member_rows);
         clusters.extend(member_reads);
     }
+    let identities: BTreeMap<String, String> = followed
+        .iter()
+        .filter_map(|(rule, _)| {
+            let user = rule.identity.impersonated_user()?;
+            Some((rule.key.to_string(), user))
+        })
+        .collect();
+    for row in &mut rows {
+        row.identity = row.rule.as_ref().and_then(|r| identities.get(r).cloned());
+    }
     let mut rule_names: Vec<String> = followed.iter().map(|(r, _)| r.key.to_string()).collect();
     rule_names.sort();
     Ok(Found {
@@ -545,6 +564,7 @@ fn refused_source(cluster: &str, rules: &[CopyratorRule], source_ref: &str) -> V
                 namespace: entry.namespace.clone(),
                 name: entry.name.clone(),
                 rule: Some(rule.key().to_string()),
+                identity: None,
                 state: "refused",
                 current: false,
                 writer: None,

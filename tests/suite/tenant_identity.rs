@@ -100,7 +100,10 @@ async fn a_tenant_rule_writes_as_its_service_account_and_no_further_than_its_rig
     let audit = Audit::start();
     let started = Utc::now();
     tenant
-        .create_rule(&rule, rule_spec(CM, t.selector(), &[t.glob("t")]))
+        .create_rule(
+            &rule,
+            rule_spec(CM, t.selector(), &[t1.as_str(), t2.as_str()]),
+        )
         .await;
     let mut operator = Operator::start(
         &t,
@@ -122,6 +125,57 @@ async fn a_tenant_rule_writes_as_its_service_account_and_no_further_than_its_rig
         Some(&json!(user_of(&home))),
         "{}",
         short_status(&status)
+    );
+    // `where` and `plan` say whom each copy is written as.
+    let found = crate::whereabouts::copyrator_where(&[
+        &format!("{home}/cfg"),
+        "--all-namespaces",
+        "--tenant-identity",
+        "service-account",
+        "--rule-name",
+        &rule,
+    ])
+    .await;
+    for ns in [&t1, &t2] {
+        let line = format!(
+            "home: {ns}/cfg in place (rule {home}/{rule}, as {}) [content ",
+            user_of(&home)
+        );
+        assert!(
+            found.stdout.lines().any(|l| l.starts_with(&line)),
+            "no line {line:?} in:\n{}{}",
+            found.stdout,
+            found.stderr
+        );
+    }
+    // A change of the rule, planned from a file before it is applied.
+    let t3 = t.ns("t3").await;
+    t.accept_from(&t3, &home).await;
+    let widened = rule_spec(CM, t.selector(), &[t1.as_str(), t2.as_str(), t3.as_str()]);
+    let manifest = serde_yaml::to_string(&TestNs::rule_manifest(Some(&home), &rule, &widened))
+        .expect("the rule renders as YAML");
+    let planned = copyrator_plan(
+        &[
+            "--all-namespaces",
+            "--tenant-identity",
+            "service-account",
+            "--rule-name",
+            &rule,
+            "-f",
+            "-",
+        ],
+        Some(&manifest),
+    )
+    .await;
+    let create = format!(
+        "create ConfigMap {t3}/cfg (rule {home}/{rule}, source {home}/cfg, as {})",
+        user_of(&home)
+    );
+    assert!(
+        planned.stdout.lines().any(|l| l == create),
+        "no line {create:?} in:\n{}{}",
+        planned.stdout,
+        planned.stderr
     );
 
     // The target's owner takes the account's rights away: the next
