@@ -385,16 +385,7 @@ async fn find(settings: Settings, args: &WhereArgs) -> anyhow::Result<Found> {
         rows.extend(member_rows);
         clusters.extend(member_reads);
     }
-    let identities: BTreeMap<String, String> = followed
-        .iter()
-        .filter_map(|(rule, _)| {
-            let user = rule.identity.impersonated_user()?;
-            Some((rule.key.to_string(), user))
-        })
-        .collect();
-    for row in &mut rows {
-        row.identity = row.rule.as_ref().and_then(|r| identities.get(r).cloned());
-    }
+    name_identities(&mut rows, &followed);
     let mut rule_names: Vec<String> = followed.iter().map(|(r, _)| r.key.to_string()).collect();
     rule_names.sort();
     Ok(Found {
@@ -405,6 +396,20 @@ async fn find(settings: Settings, args: &WhereArgs) -> anyhow::Result<Found> {
         copies: rows,
         clusters,
     })
+}
+
+/// Each row of a rule that acts as a ServiceAccount names it.
+fn name_identities(rows: &mut [Row], followed: &[(ResolvedRule, &CopyratorRule)]) {
+    let identities: BTreeMap<String, String> = followed
+        .iter()
+        .filter_map(|(rule, _)| {
+            let user = rule.identity.impersonated_user()?;
+            Some((rule.key.to_string(), user))
+        })
+        .collect();
+    for row in rows {
+        row.identity = row.rule.as_ref().and_then(|r| identities.get(r).cloned());
+    }
 }
 
 /// The rules the operator follows: in `--namespace`, or everywhere with
