@@ -235,6 +235,21 @@ pub(crate) struct Settings {
     )]
     pub(crate) default_service_account: String,
 
+    /// Let a tenant rule that writes as a ServiceAccount take that
+    /// account's rights as consent, without the annotations (a target
+    /// namespace's accept-from, a pulled source's allow-to): it writes into
+    /// the namespaces its targets match where the account may create the
+    /// kind, and copies what the account may get. Off (the default), the
+    /// annotations are required as well, so that a broad RoleBinding alone
+    /// invites no copies.
+    #[arg(
+        long,
+        env = "CONSENT_BY_RIGHTS",
+        default_value_t = false,
+        global = true
+    )]
+    pub(crate) consent_by_rights: bool,
+
     /// Log filter: a level (error, warn, info, debug, trace) or tracing
     /// env-filter directives such as `copyrator=debug,kube=info`.
     #[arg(long, env = "LOG_LEVEL", default_value = "info", global = true)]
@@ -433,6 +448,7 @@ impl Settings {
             allow_tenant_clusters: self.allow_tenant_clusters,
             tenant_identity: self.tenant_identity,
             default_service_account: self.default_service_account.clone(),
+            consent_annotations: !self.consent_by_rights,
         }
     }
 

@@ -41,15 +41,39 @@ pub(crate) struct ReviewFailed {
 }
 
 /// One question: may `user` (a ServiceAccount of `account_namespace`)
-/// `get` objects of `resource` in `namespace` (`name`, or every one)?
+/// `verb` objects of `resource` in `namespace` (`name`, or every one)?
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Question {
+    verb: &'static str,
     user: String,
     account_namespace: String,
     group: String,
     resource: String,
     namespace: String,
     name: Option<String>,
+}
+
+impl Question {
+    /// The question for a ServiceAccount; none for the operator.
+    fn of(identity: &Identity, verb: &'static str, kind: Kind, namespace: &str) -> Option<Self> {
+        let Identity::ServiceAccount {
+            namespace: account_namespace,
+            ..
+        } = identity
+        else {
+            return None;
+        };
+        let resource = kind.api_resource();
+        Some(Question {
+            verb,
+            user: identity.impersonated_user()?,
+            account_namespace: account_namespace.to_string(),
+            group: resource.group,
+            resource: resource.plural,
+            namespace: namespace.to_owned(),
+            name: None,
+        })
+    }
 }
 
 /// Unit tests only: what answers instead of the API server (`None`: no
@@ -95,30 +119,29 @@ impl Access {
         namespace: &str,
         name: &str,
     ) -> Result<bool, ReviewFailed> {
-        let Identity::ServiceAccount {
-            namespace: account_namespace,
-            ..
-        } = identity
-        else {
+        let Some(mut question) = Question::of(identity, "get", kind, namespace) else {
             return Ok(true);
-        };
-        let Some(user) = identity.impersonated_user() else {
-            return Ok(true);
-        };
-        let resource = kind.api_resource();
-        let mut question = Question {
-            user,
-            account_namespace: account_namespace.to_string(),
-            group: resource.group.clone(),
-            resource: resource.plural.clone(),
-            namespace: namespace.to_owned(),
-            name: None,
         };
         if self.answer(&question).await? {
             return Ok(true);
         }
         question.name = Some(name.to_owned());
         self.answer(&question).await
+    }
+
+    /// Whether `identity` may create objects of `kind` in `namespace`
+    /// (where a rule whose consent is its rights may write). The operator
+    /// is not asked about: its rules take the consent annotations.
+    pub(crate) async fn may_create_in(
+        &self,
+        identity: &Identity,
+        kind: Kind,
+        namespace: &str,
+    ) -> Result<bool, ReviewFailed> {
+        match Question::of(identity, "create", kind, namespace) {
+            Some(question) => self.answer(&question).await,
+            None => Ok(false),
+        }
     }
 
     /// The answer kept, or the API server's.
@@ -169,7 +192,7 @@ impl Access {
                     resource: Some(question.resource.clone()),
                     namespace: Some(question.namespace.clone()),
                     name: question.name.clone(),
-                    verb: Some("get".to_owned()),
+                    verb: Some(question.verb.to_owned()),
                     ..ResourceAttributes::default()
                 }),
                 ..SubjectAccessReviewSpec::default()
@@ -274,9 +297,10 @@ mod tests {
         Access::answered_by(Box::new(move |q| {
             assert_eq!(q.user, "system:serviceaccount:team-a:copyrator");
             assert_eq!((q.group.as_str(), q.resource.as_str()), ("", "secrets"));
-            Some(match (q.namespace.as_str(), q.name.as_deref()) {
-                ("team-a", _) => true,
-                ("shared", Some("ca")) => granted.load(Ordering::SeqCst),
+            Some(match (q.verb, q.namespace.as_str(), q.name.as_deref()) {
+                ("get", "team-a", _) => true,
+                ("get", "shared", Some("ca")) => granted.load(Ordering::SeqCst),
+                ("create", "team-b", None) => true,
                 _ => false,
             })
         }))
@@ -331,6 +355,22 @@ mod tests {
                 .expect("answered")
         );
         assert_eq!(access.asked(), asked);
+    }
+
+    #[tokio::test]
+    async fn where_the_account_may_create_is_asked_of_the_namespace() {
+        let access = access(Arc::new(AtomicBool::new(true)));
+        let who = tenant();
+        let may = |namespace: &'static str| access.may_create_in(&who, Kind::Secret, namespace);
+        assert!(may("team-b").await.expect("answered"));
+        assert!(!may("team-c").await.expect("answered"));
+        assert!(
+            !access
+                .may_create_in(&Identity::Operator, Kind::Secret, "team-b")
+                .await
+                .expect("answered"),
+            "the operator's rules take the annotations"
+        );
     }
 
     #[tokio::test]

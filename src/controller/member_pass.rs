@@ -195,6 +195,9 @@ pub(crate) fn in_member(resolved: &ResolvedRule, home_name: &str) -> ResolvedRul
     let mut here = resolved.clone();
     here.clusters.local = true;
     here.in_own_cluster = false;
+    // What the account may write was asked of the home cluster: a member
+    // takes the consent annotations.
+    here.granted_targets = None;
     here.transform
         .add_annotations
         .insert(ANNOTATION_SOURCE_CLUSTER.to_owned(), home_name.to_owned());

@@ -5,7 +5,7 @@
 //! Events and one summary log line. [`preview`] says what a pass would do,
 //! for `copyrator plan`, and writes nothing.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -73,7 +73,8 @@ pub(crate) async fn reconcile(
             SourcesWait::Listed(sources, scope) => (sources, scope),
             SourcesWait::Again(again) => return Ok(again),
         };
-    let (sources, unreadable) = match readable(shared, &resolved, sources).await {
+    let mut resolved = resolved;
+    let (sources, unreadable) = match ask_access(shared, &mut resolved, sources).await {
         Ok(readable) => readable,
         Err(failed) => {
             // Not knowing what the identity may read, nothing is copied
@@ -146,6 +147,48 @@ async fn readable(
         }
     }
     Ok((readable, unreadable))
+}
+
+/// What the API server says the rule's identity may do, before its pass:
+/// where it may write (see [`granted_targets`], kept in `resolved`), and
+/// which of `sources` it may read and which not (see [`readable`]).
+async fn ask_access(
+    shared: &Shared,
+    resolved: &mut ResolvedRule,
+    sources: Vec<Arc<Object>>,
+) -> Result<(Vec<Arc<Object>>, Vec<Arc<Object>>), crate::cluster::access::ReviewFailed> {
+    resolved.granted_targets = granted_targets(shared, resolved).await?;
+    readable(shared, resolved, sources).await
+}
+
+/// For a rule whose consent is its identity's rights: the namespaces its
+/// targets match, not accepting it by annotation, where its ServiceAccount
+/// may create the kind (`None` for any other rule).
+async fn granted_targets(
+    shared: &Shared,
+    resolved: &ResolvedRule,
+) -> Result<Option<Arc<BTreeSet<String>>>, crate::cluster::access::ReviewFailed> {
+    if !resolved.consent_by_rights {
+        return Ok(None);
+    }
+    let candidates: Vec<String> = {
+        let namespaces = read(&shared.home.cluster.views.namespaces);
+        plan::targets_to_ask(resolved, &namespaces)
+            .into_iter()
+            .map(str::to_owned)
+            .collect()
+    };
+    let access = &shared.home.cluster.access;
+    let mut granted = BTreeSet::new();
+    for namespace in candidates {
+        if access
+            .may_create_in(&resolved.identity, resolved.kind, &namespace)
+            .await?
+        {
+            granted.insert(namespace);
+        }
+    }
+    Ok(Some(Arc::new(granted)))
 }
 
 /// The sources the rule's identity may not read, in its status: each
@@ -526,7 +569,8 @@ pub(crate) async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Resul
             sources: Sources::Listed(sources),
             resolved,
         } => {
-            let (sources, unreadable) = match readable(shared, &resolved, sources).await {
+            let mut resolved = resolved;
+            let (sources, unreadable) = match ask_access(shared, &mut resolved, sources).await {
                 Ok(readable) => readable,
                 Err(failed) => {
                     return Ok(Preview::Refused {

@@ -304,7 +304,8 @@ pub(crate) fn source_rejection(rule: &ResolvedRule, object: &Object) -> Option<&
     if !rule.selector.matches(&object.labels) {
         return Some("it does not match the selector");
     }
-    if is_pulled(rule, object) && !allows_to(object, &rule.key.namespace) {
+    if is_pulled(rule, object) && !rule.consent_by_rights && !allows_to(object, &rule.key.namespace)
+    {
         return Some("it does not allow copies into the rule's namespace");
     }
     // Last: only an object that would be a source is worth naming as refused.
@@ -584,7 +585,11 @@ fn exclusion(rule: &ResolvedRule, name: &str, info: &NamespaceInfo) -> Option<Ex
     // A tenant writes only where it is welcome; its own namespace is its
     // own, in its own cluster alone.
     let own = rule.in_own_cluster && name == rule.key.namespace;
-    let welcome = !rule.tenant || own || info.accepts(&rule.key.namespace);
+    let granted = rule
+        .granted_targets
+        .as_ref()
+        .is_some_and(|granted| granted.contains(name));
+    let welcome = !rule.tenant || own || granted || info.accepts(&rule.key.namespace);
     if !welcome {
         return Some(Exclusion::NotAccepting);
     }
@@ -627,6 +632,28 @@ pub(crate) fn target_namespaces<'a>(
         })
         .collect();
     (targets, left_out)
+}
+
+/// For a rule whose consent is its identity's rights: the namespaces its
+/// targets match that do not accept it by annotation, whose grant to
+/// write there is to be asked (see `ResolvedRule::granted_targets`).
+pub(crate) fn targets_to_ask<'a>(
+    rule: &ResolvedRule,
+    namespaces: &'a BTreeMap<String, NamespaceInfo>,
+) -> Vec<&'a str> {
+    if !rule.consent_by_rights || !rule.in_own_cluster {
+        return Vec::new();
+    }
+    namespaces
+        .iter()
+        .filter(|(name, info)| {
+            targets_at_home(rule, name, &info.labels)
+                && **name != rule.key.namespace
+                && !rule.source_namespaces.contains(name)
+                && !info.accepts(&rule.key.namespace)
+        })
+        .map(|(name, _)| name.as_str())
+        .collect()
 }
 
 /// The namespaces [`target_namespaces`] counts as left out, by name and
@@ -2033,6 +2060,56 @@ pub(crate) mod tests {
         let r: CopyratorRule = serde_json::from_value(value).unwrap();
         let refused = r.resolve(&Trust::new("ops", true)).unwrap_err();
         assert_eq!(refused.reason, "Forbidden");
+    }
+
+    /// Under --consent-by-rights, a tenant rule that acts as a
+    /// ServiceAccount writes where the account may create the kind (as
+    /// asked before the pass) or the namespace accepts it, and copies a
+    /// source elsewhere without its allow-to (the account's `get` of it is
+    /// asked before the pass too). Acting as the operator, it takes the
+    /// annotations whatever the setting.
+    #[test]
+    fn a_rule_whose_consent_is_its_rights_writes_where_they_reach() {
+        let mut w = World::new(&["team-a", "shared", "granted", "open", "other"]);
+        w.namespaces.get_mut("open").unwrap().accept_from =
+            NamespaceInfo::accept_from(Some("team-a"));
+        w.source("shared", "cm", &[("copy", "yes")], json!({"k": "v"}));
+        w.source("team-a", "own", &[("copy", "yes")], json!({"k": "v"}));
+        let mut value = json!({"ruleType": "configmap", "selector": {"copy": "yes"},
+            "namespace": ["shared", "team-a"], "spec": {"targets": {"include": ["*"]}}});
+        value["metadata"] = json!({"name": "r", "namespace": "team-a", "uid": "rule-1"});
+        let r: CopyratorRule = serde_json::from_value(value).unwrap();
+        let mut trust = Trust::new("ops", true);
+        trust.consent_annotations = false;
+        trust.tenant_identity = crate::core::identity::TenantIdentity::ServiceAccount;
+        let mut by_rights = r.resolve(&trust).unwrap();
+        assert!(by_rights.consent_by_rights);
+        assert_eq!(
+            targets_to_ask(&by_rights, &w.namespaces),
+            ["granted", "other"],
+            "neither its own, the source's nor the accepting namespace is asked"
+        );
+        by_rights.granted_targets = Some(Arc::new(["granted".to_owned()].into()));
+        let p = w.plan(&by_rights);
+        // What it pulls lands in its own namespace alone, as ever.
+        assert_eq!(
+            verbs(&p),
+            vec![
+                ("granted".into(), "own".into(), "create"),
+                ("open".into(), "own".into(), "create"),
+                ("team-a".into(), "cm".into(), "create")
+            ]
+        );
+        // Acting as the operator, the setting changes nothing.
+        trust.tenant_identity = crate::core::identity::TenantIdentity::Operator;
+        let as_operator = r.resolve(&trust).unwrap();
+        assert!(!as_operator.consent_by_rights);
+        assert!(targets_to_ask(&as_operator, &w.namespaces).is_empty());
+        assert_eq!(
+            verbs(&w.plan(&as_operator)),
+            vec![("open".into(), "own".into(), "create")],
+            "only where accepted, and the shared source does not allow it"
+        );
     }
 
     /// In a member cluster, a namespace named as a tenant rule's own is

@@ -35,6 +35,10 @@ pub(crate) struct Trust {
     /// The ServiceAccount a tenant rule that names none acts as
     /// (`--default-service-account`).
     pub(crate) default_service_account: String,
+    /// Whether a tenant rule that acts as a ServiceAccount needs the
+    /// consent annotations as well as that account's rights
+    /// (`--require-consent-annotations`).
+    pub(crate) consent_annotations: bool,
 }
 
 impl Trust {
@@ -55,6 +59,7 @@ impl Trust {
             allow_tenant_clusters: false,
             tenant_identity: TenantIdentity::Operator,
             default_service_account: DEFAULT_SERVICE_ACCOUNT.to_owned(),
+            consent_annotations: true,
         }
     }
 }
@@ -538,6 +543,14 @@ pub(crate) struct ResolvedRule {
     pub(crate) stages: Option<Arc<Stages>>,
     /// Whom its writes are sent as.
     pub(crate) identity: Identity,
+    /// A tenant rule whose consent is its identity's rights alone (acting
+    /// as a ServiceAccount, without `--require-consent-annotations`): a
+    /// source elsewhere needs no `allow-to`, and a target is welcome
+    /// where it accepts the rule's namespace or is in `granted_targets`.
+    pub(crate) consent_by_rights: bool,
+    /// For such a rule, the namespaces of this cluster where its
+    /// ServiceAccount may create the kind, as asked before its pass.
+    pub(crate) granted_targets: Option<Arc<std::collections::BTreeSet<String>>>,
 }
 
 /// What becomes of copies that no longer belong (`spec.deletionPolicy`,
@@ -844,6 +857,10 @@ impl CopyratorRule {
                 .unwrap_or(false),
             stages: resolve_stages(spec.rollout.as_ref())?,
             identity: self.identity(trust),
+            consent_by_rights: tenant
+                && !trust.consent_annotations
+                && self.identity(trust) != Identity::Operator,
+            granted_targets: None,
         })
     }
 

@@ -718,3 +718,100 @@ async fn an_operator_without_write_rights_keeps_copies_through_the_accounts_rule
     assert!(seen >= 6, "only {seen} writes of the copies were logged");
     operator.assert_running();
 }
+
+/// With `--consent-by-rights`, a namespace that lets the tenant rule's
+/// ServiceAccount write the kind there has consented, with no annotation;
+/// one that does not is neither written to nor named or counted in the
+/// rule's status. Without the setting, the same RoleBinding alone invites
+/// nothing.
+#[tokio::test]
+async fn with_consent_by_rights_a_rolebinding_is_a_namespaces_consent() {
+    let t = TestNs::new("by-rights").await;
+    let rule = t.prefix.clone();
+    let op = t.ns("op").await;
+    let home = t.ns("home").await;
+    let (granted, closed) = (t.ns("t-granted").await, t.ns("t-closed").await);
+    let tenant = Tenant::admin_of(&t, &home, "owner").await;
+    tenant
+        .create(
+            &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&()),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": ACCOUNT}}),
+        )
+        .await;
+    bind(&t, &home, "copyrator-reads", "view", &home).await;
+    bind(&t, &granted, "copyrator-writes", "edit", &home).await;
+    let src = t.create_source(CM, &home, "cfg", &[], &[("k", "v")]).await;
+    tenant
+        .create_rule(&rule, rule_spec(CM, t.selector(), &[t.glob("t-")]))
+        .await;
+    let acting = [
+        "--all-namespaces",
+        "--rule-name",
+        rule.as_str(),
+        "--tenant-identity",
+        "service-account",
+    ];
+
+    // The annotations required (the default): nothing is written.
+    let mut operator = Operator::start(&t, &op, &acting);
+    t.wait_rule(&home, &rule, "synced with no target", |r| {
+        match (ready_reason(r).as_str(), status_u64(r, "targetNamespaces")) {
+            ("Synced", Some(0)) => Ok(()),
+            _ => Err(short_status(r)),
+        }
+    })
+    .await;
+    t.assert_absent(CM, &granted, "cfg", "no annotation accepts the tenant")
+        .await;
+    operator.stop();
+
+    let with_rights: Vec<&str> = acting
+        .iter()
+        .copied()
+        .chain(["--consent-by-rights"])
+        .collect();
+    let mut operator = Operator::start(&t, &op, &with_rights);
+    t.wait_copy(CM, &granted, &src, &home, &rule).await;
+    let status = t
+        .wait_rule(&home, &rule, "one target, ready", |r| {
+            match (ready_reason(r).as_str(), status_u64(r, "targetNamespaces")) {
+                ("Synced", Some(1)) => Ok(()),
+                _ => Err(short_status(r)),
+            }
+        })
+        .await;
+    t.assert_absent(CM, &closed, "cfg", "its account may not write there")
+        .await;
+    let said = status["status"].to_string();
+    assert!(!said.contains(&closed), "the status names {closed}: {said}");
+    assert_eq!(
+        status_u64(&status, "notAcceptingNamespaces").unwrap_or(0),
+        0
+    );
+
+    // The RoleBinding goes: the namespace no longer consents and leaves
+    // the rule's targets. Its copy there stays, since the account may no
+    // longer delete it: the rule's status says so, and the namespace's
+    // owner may delete it.
+    unbind(&t, &granted, "copyrator-writes").await;
+    let left = t
+        .wait_rule(&home, &rule, "no target, the delete refused", |r| {
+            let message = ready_condition(r)
+                .and_then(|c| c["message"].as_str())
+                .unwrap_or_default();
+            match (status_u64(r, "targetNamespaces"), ready_reason(r).as_str()) {
+                (Some(0), "SyncFailed") if message.contains("cannot delete resource") => Ok(()),
+                _ => Err(short_status(r)),
+            }
+        })
+        .await;
+    println!("after the RoleBinding went: {}", left["status"]);
+    assert!(
+        t.try_get(CM, &granted, "cfg")
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    );
+    operator.assert_running();
+}
