@@ -144,6 +144,30 @@ impl Access {
         }
     }
 
+    /// Whether the ServiceAccount `identity` names exists (the operator
+    /// itself always does); asked when a rule's writes as it fail, to say
+    /// why plainly.
+    pub(crate) async fn account_exists(&self, identity: &Identity) -> Result<bool, ReviewFailed> {
+        let Identity::ServiceAccount { namespace, name } = identity else {
+            return Ok(true);
+        };
+        #[cfg(test)]
+        if self.fake.is_some() {
+            return Ok(true);
+        }
+        Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
+            self.client.clone(),
+            namespace,
+        )
+        .get_metadata_opt(name)
+        .await
+        .map(|found| found.is_some())
+        .map_err(|e| ReviewFailed {
+            user: identity.to_string(),
+            message: crate::error::describe(&e),
+        })
+    }
+
     /// The answer kept, or the API server's.
     async fn answer(&self, question: &Question) -> Result<bool, ReviewFailed> {
         let now = Instant::now();

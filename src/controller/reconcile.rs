@@ -97,6 +97,7 @@ pub(crate) async fn reconcile(
     let failing = pass.failing().count();
     let mut observed = observed_after(shared, &rule, &resolved, &pass, &home);
     say_unreadable(&resolved, &unreadable, &mut observed);
+    say_missing_account(shared, &resolved, &mut observed).await;
     let published = publish_status(shared, &rule, &observed).await?;
     log_pass(shared, key, &pass, failing, started.elapsed());
     announce(shared, &rule, &resolved, &pass, &home, &observed).await;
@@ -190,6 +191,43 @@ async fn granted_targets(
     }
     Ok(Some(Arc::new(granted)))
 }
+
+/// A rule whose writes or reads as a ServiceAccount were refused: if that
+/// account does not exist, its status says so rather than the refusals it
+/// led to.
+async fn say_missing_account(shared: &Shared, resolved: &ResolvedRule, observed: &mut Observed) {
+    let failed = observed.problem.as_ref().is_some_and(|(reason, _)| {
+        [
+            "SyncFailed",
+            report::IMPERSONATION_REFUSED,
+            SOURCE_NOT_READABLE,
+        ]
+        .contains(&reason.as_str())
+    });
+    if !failed || resolved.identity == Identity::Operator {
+        return;
+    }
+    // Not knowing (the operator may not read ServiceAccounts) says nothing more.
+    if let Ok(false) = shared
+        .home
+        .cluster
+        .access
+        .account_exists(&resolved.identity)
+        .await
+    {
+        observed.problem = Some((
+            SERVICE_ACCOUNT_MISSING.to_owned(),
+            format!(
+                "the rule writes as {}, and that ServiceAccount does not exist: create it, \
+                 or name another in spec.serviceAccountName",
+                resolved.identity
+            ),
+        ));
+    }
+}
+
+/// The Ready reason of a rule whose ServiceAccount does not exist.
+const SERVICE_ACCOUNT_MISSING: &str = "ServiceAccountMissing";
 
 /// The sources the rule's identity may not read, in its status: each
 /// among the refused sources, and the Ready condition's reason unless a

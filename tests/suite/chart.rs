@@ -301,8 +301,8 @@ fn rendered_rbac_follows_restart_consumers() {
 }
 
 /// `operator.tenantIdentity=serviceAccount` sets TENANT_IDENTITY, grants
-/// creating SubjectAccessReviews and listing and watching RBAC and nothing
-/// else, and makes a ClusterRole that allows impersonating only the named
+/// creating SubjectAccessReviews, getting ServiceAccounts and listing and
+/// watching RBAC and nothing else, and makes a ClusterRole that allows impersonating only the named
 /// ServiceAccounts, bound by the chart only under
 /// `impersonation.scope=clusterWide`. `rbac.writeCopies=false` leaves the
 /// operator no write verb on any copied kind (the mark key then by name in

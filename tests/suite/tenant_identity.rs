@@ -546,6 +546,37 @@ async fn the_charts_operator_impersonates_only_where_a_namespace_opted_in() {
             "the operator may impersonate {target} in {namespace}"
         );
     }
+
+    // A rule naming an account that does not exist says so.
+    let other = t.ns("other").await;
+    t.accept_from(&t1, &format!("{home},{other}")).await;
+    t.create_rule(
+        &other,
+        &rule,
+        with(
+            rule_spec(CM, t.selector(), &[t1.as_str()]),
+            "/spec/serviceAccountName",
+            json!("ghost"),
+        ),
+    )
+    .await;
+    t.create_source(CM, &other, "other-cfg", &[], &[("k", "v")])
+        .await;
+    let missing = t
+        .wait_rule(
+            &other,
+            &rule,
+            "the account named missing",
+            |r| match ready_reason(r).as_str() {
+                "ServiceAccountMissing" => Ok(()),
+                _ => Err(short_status(r)),
+            },
+        )
+        .await;
+    println!(
+        "missing: {}",
+        ready_condition(&missing).unwrap_or(&Value::Null)
+    );
     operator.assert_running();
 }
 
