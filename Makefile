@@ -2,7 +2,7 @@
 # `make demo` shows the operator at work.
 SHELL := /bin/bash
 
-.PHONY: test demo demo-down bench bench-quick bench-throttled bench-matrix image e2e crd cluster-up cluster-down
+.PHONY: test demo demo-down bench bench-quick bench-throttled bench-tenants bench-matrix image e2e crd cluster-up cluster-down
 
 test:
 	hack/test
@@ -23,6 +23,9 @@ bench-quick:
 # client on one priority level (a fault test, run alone with its targets held).
 bench-throttled:
 	hack/bench-throttled
+
+bench-tenants:
+	hack/bench-tenants
 
 # The benchmark at several sizes, each on a fresh control plane, and one
 # table: `make bench-matrix SIZES="10k 1000rules 100k"` (default: 10k and

@@ -79,6 +79,13 @@ struct Args {
     stages: bool,
     /// Member control planes: the cluster mode (see `bench/clusters.rs`).
     members: Vec<clusters::MemberArg>,
+    /// Each rule is a tenant's, in its own source namespace, followed with
+    /// `--all-namespaces`; the targets accept them (`accept-from`).
+    tenants: bool,
+    /// The tenant rules act as the ServiceAccount `copyrator` of their
+    /// namespace (`--tenant-identity service-account`), which may read and
+    /// write ConfigMaps everywhere (`edit`, bound to every ServiceAccount).
+    impersonate: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -96,6 +103,8 @@ fn parse_args() -> Result<Args> {
         smoke: false,
         stages: false,
         members: Vec::new(),
+        tenants: false,
+        impersonate: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -113,6 +122,11 @@ fn parse_args() -> Result<Args> {
             "--resync-interval" => args.resync_seconds = value()?.parse()?,
             "--smoke" => args.smoke = true,
             "--stages" => args.stages = true,
+            "--tenants" => args.tenants = true,
+            "--impersonate" => {
+                args.tenants = true;
+                args.impersonate = true;
+            }
             "--members" => args.members = clusters::parse_members(&value()?)?,
             other => bail!("unknown flag {other}; see hack/bench"),
         }
@@ -125,6 +139,10 @@ fn parse_args() -> Result<Args> {
     ensure!(
         args.members.is_empty() || args.rules == 1,
         "--members runs one rule; leave --rules out"
+    );
+    ensure!(
+        !args.tenants || (args.members.is_empty() && args.rules > 1),
+        "--tenants and --impersonate run many rules (--rules) in one cluster"
     );
     Ok(args)
 }
@@ -318,13 +336,60 @@ fn source_data(index: usize, version: &str) -> BTreeMap<String, String> {
 }
 
 async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+    create_namespace_with(client, name, json!({})).await
+}
+
+/// A namespace with these annotations.
+async fn create_namespace_with(client: &Client, name: &str, annotations: Value) -> Result<()> {
     let api: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name, "annotations": annotations}}))?;
     match api.create(&PostParams::default(), &ns).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
         Err(e) => Err(e).with_context(|| format!("creating namespace {name}")),
     }
+}
+
+/// A target's annotations: with `--tenants`, it accepts every tenant's
+/// copies (`bench-src-r0000` and on).
+fn target_annotations(args: &Args) -> Value {
+    if args.tenants {
+        json!({"copyrator.flant.com/accept-from": format!("{SOURCE_NS}-*")})
+    } else {
+        json!({})
+    }
+}
+
+/// With `--impersonate`: the ServiceAccount `copyrator` in each tenant's
+/// namespace, and `edit` (read and write ConfigMaps) for every
+/// ServiceAccount in every namespace, so that the tenants' rights decide
+/// nothing and the run measures impersonation's own cost.
+async fn tenant_accounts(client: &Client, namespaces: &[String], concurrency: usize) -> Result<()> {
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "bench-tenants-edit"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"kind": "Group", "name": "system:serviceaccounts", "apiGroup": "rbac.authorization.k8s.io"}],
+    }))?;
+    match bindings.create(&PostParams::default(), &binding).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e).context("binding edit to every ServiceAccount"),
+    }
+    in_parallel(namespaces.len(), concurrency, |i| {
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &namespaces[i]);
+        async move {
+            let account: ServiceAccount =
+                serde_json::from_value(json!({"metadata": {"name": "copyrator"}}))?;
+            match accounts.create(&PostParams::default(), &account).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                Err(e) => Err(e).context("creating a tenant's ServiceAccount"),
+            }
+        }
+    })
+    .await
 }
 
 /// Run `count` requests with `concurrency` in flight.
@@ -375,6 +440,12 @@ impl Operator {
             // In both of the cluster mode's runs, the one without members
             // included: they differ by the members alone.
             command.arg("--member-clusters");
+        }
+        if args.tenants {
+            command.arg("--all-namespaces");
+        }
+        if args.impersonate {
+            command.args(["--tenant-identity", "service-account"]);
         }
         let child = command
             .args([
@@ -699,11 +770,11 @@ async fn install_crd(args: &Args, client: &Client) -> Result<()> {
     Ok(())
 }
 
-/// The API of the CopyratorRules in the operator's namespace.
-fn rules_api(client: &Client) -> Api<DynamicObject> {
+/// The API of the CopyratorRules in `namespace`.
+fn rules_api(client: &Client, namespace: &str) -> Api<DynamicObject> {
     Api::namespaced_with(
         client.clone(),
-        OPERATOR_NS,
+        namespace,
         &ApiResource::from_gvk_with_plural(
             &kube::core::GroupVersionKind::gvk("flant.com", "v1", "CopyratorRule"),
             "copyrators",
@@ -741,16 +812,20 @@ async fn main() -> Result<()> {
     }
     let source_namespaces: Vec<String> = (0..r).map(|rule| layout.source_namespace(rule)).collect();
     let targets: Vec<String> = (0..n).map(|i| format!("{TARGET_PREFIX}{i:04}")).collect();
+    let target_annotations = target_annotations(&args);
     in_parallel(r + n, args.concurrency, |i| {
         let client = client.clone();
-        let name = if i < r {
-            source_namespaces[i].clone()
+        let (name, annotations) = if i < r {
+            (source_namespaces[i].clone(), json!({}))
         } else {
-            targets[i - r].clone()
+            (targets[i - r].clone(), target_annotations.clone())
         };
-        async move { create_namespace(&client, &name).await }
+        async move { create_namespace_with(&client, &name, annotations).await }
     })
     .await?;
+    if args.impersonate {
+        tenant_accounts(&client, &source_namespaces, args.concurrency).await?;
+    }
     // Source i is source i % M of rule i / M.
     in_parallel(r * m, args.concurrency, |i| {
         let (rule, source) = (i / m, i % m);
@@ -770,16 +845,21 @@ async fn main() -> Result<()> {
     .await?;
     let (kubeconfig, server) = operator_kubeconfig(&client).await?;
     let endpoints = api_server_endpoints(&server)?;
-    let rules = rules_api(&client);
     in_parallel(r, args.concurrency, |rule| {
-        let rules = rules.clone();
         let name = layout.rule_name(rule);
         let source_namespace = source_namespaces[rule].clone();
+        // A tenant's rule lives in its own (source) namespace.
+        let rule_namespace = if args.tenants {
+            source_namespace.clone()
+        } else {
+            OPERATOR_NS.to_owned()
+        };
+        let rules = rules_api(&client, &rule_namespace);
         let staged = args.stages;
         async move {
             let mut body = json!({
                 "apiVersion": "flant.com/v1", "kind": "CopyratorRule",
-                "metadata": {"name": name, "namespace": OPERATOR_NS},
+                "metadata": {"name": name, "namespace": rule_namespace},
                 "spec": {"ruleType": "configmap", "selector": {"bench": "yes"},
                          "namespace": source_namespace, "targets": {"include": ["bench-t*"]}},
             });
@@ -895,7 +975,7 @@ async fn main() -> Result<()> {
     for i in 0..k {
         let name = format!("{NEW_PREFIX}{i:03}");
         let began = Instant::now();
-        create_namespace(&client, &name).await?;
+        create_namespace_with(&client, &name, target_annotations.clone()).await?;
         copies
             .wait_for(per_namespace, Duration::from_secs(60), |(ns, _), _| {
                 *ns == name
@@ -1330,6 +1410,8 @@ async fn main() -> Result<()> {
         },
         "smoke": args.smoke,
         "stages": args.stages,
+        "tenants": args.tenants,
+        "impersonate": args.impersonate,
         "figures": {
             "baseline_s": seconds(baseline),
             "baseline_writes_per_s": rounded(copies_total as f64 / baseline.as_secs_f64()),

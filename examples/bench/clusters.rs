@@ -547,7 +547,7 @@ pub async fn run(args: Args, home: Client) -> Result<()> {
 
     // Run 1: no member in the inventory, home only.
     eprintln!("bench: run 1, without members");
-    let rules = rules_api(&home);
+    let rules = rules_api(&home, OPERATOR_NS);
     rules
         .create(&PostParams::default(), &rule_object()?)
         .await

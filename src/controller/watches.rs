@@ -253,6 +253,48 @@ mod tests {
         assert!(!read(&site.cluster.views.namespaces).contains_key("team-a"));
     }
 
+    /// A change of RBAC concerns the rules that act as ServiceAccounts
+    /// alone: each looks at everything, its refused writes tried at once;
+    /// a rule of the operator keeps its refusals and is not queued.
+    #[tokio::test]
+    async fn a_change_of_rbac_lets_the_rules_acting_as_accounts_try_again() {
+        let (shared, _) = home();
+        let site = shared.home.clone();
+        let (acting, acting_rule) = named("acting", "uid-acting");
+        let (own, own_rule) = named("own", "uid-own");
+        rules_listed(
+            &shared,
+            vec![
+                (acting.clone(), acting_rule.clone()),
+                (own.clone(), own_rule.clone()),
+            ],
+        );
+        drain(&site).await;
+        for (key, rule) in [(&acting, &acting_rule), (&own, &own_rule)] {
+            let mut resolved = crate::controller::test_support::resolved(rule);
+            if *key == acting {
+                resolved.identity = Identity::ServiceAccount {
+                    namespace: "ops".into(),
+                    name: "copyrator".into(),
+                };
+            }
+            write(&shared.resolved).insert(key.clone(), Arc::new(resolved));
+            let refused = Failure {
+                class: FailureClass::Refused,
+                message: "forbidden".to_owned(),
+                retry_after: None,
+            };
+            let copy = (Kind::ConfigMap, "team-a".to_owned(), key.name.clone());
+            lock(&site.backoffs).failed(&copy, key, 1, refused, Instant::now());
+        }
+        rbac_changed(&shared);
+        let queued = drain(&site).await;
+        assert_eq!(queued.keys().collect::<Vec<_>>(), ["ops/acting"]);
+        assert!(queued["ops/acting"].is_everything());
+        assert!(lock(&site.backoffs).failures(&acting).is_empty());
+        assert_eq!(lock(&site.backoffs).failures(&own).len(), 1);
+    }
+
     #[tokio::test]
     async fn a_namespace_that_changed_lets_a_refused_write_there_be_tried_at_once() {
         let (shared, _) = home();

@@ -1455,3 +1455,135 @@ async fn a_members_rollout_under_way_holds_the_rest_after_a_restart() {
     })
     .await;
 }
+
+/// With `--tenant-identity service-account`, a tenant rule's writes in a
+/// member are sent as its ServiceAccount too: a member namespace that
+/// lets the account write gets the copy; once its RoleBinding goes, the
+/// next content is refused there in the member API server's words, in the
+/// member's entry of the rule's status.
+#[tokio::test]
+async fn a_tenant_rule_writes_as_its_service_account_in_a_member_too() {
+    let t = TestNs::new("members-acting").await;
+    let _up = OUTAGE.read().await;
+    let rule = t.prefix.clone();
+    let op = t.ns("op").await;
+    let team_a = t.ns("team-a").await;
+    let [_a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let b_t1 = b.ns(&t, "t1").await;
+    b.register(&t.client, &op, &[]).await;
+    create_service_account(&t.client, &team_a, "copyrator").await;
+    let account = format!("system:serviceaccount:{team_a}:copyrator");
+    let binding = |namespace: &str, name: &str, role: &str| {
+        let object: kube::api::DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": "copyrator", "namespace": team_a}],
+        }))
+        .expect("a RoleBinding");
+        object
+    };
+    let bindings = |client: &kube::Client, namespace: &str| {
+        Api::<kube::api::DynamicObject>::namespaced_with(
+            client.clone(),
+            namespace,
+            &crate::common::rbac::rbac("RoleBinding", "rolebindings"),
+        )
+    };
+    bindings(&t.client, &team_a)
+        .create(
+            &kube::api::PostParams::default(),
+            &binding(&team_a, "copyrator-reads", "view"),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the account reads: {}", err_msg(&e)));
+    bindings(&b.client, &b_t1)
+        .create(
+            &kube::api::PostParams::default(),
+            &binding(&b_t1, "copyrator-writes", "edit"),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the account writes in the member: {}", err_msg(&e)));
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(b.client.clone())
+        .patch(
+            &b_t1,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "copyrator.flant.com/accept-from": team_a.as_str()}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the member's t1 accepts: {}", err_msg(&e)));
+    t.create_source(CM, &team_a, "cfg", &[], &[("k", "v1")])
+        .await;
+    t.create_rule(
+        &team_a,
+        &rule,
+        json!({"spec": {"ruleType": "configmap", "selector": t.selector(),
+                        "targets": {"include": [b_t1.as_str()],
+                                    "clusters": {"names": [b.name], "local": false}}}}),
+    )
+    .await;
+    let _operator = Operator::start(
+        &t,
+        &op,
+        &[
+            "--member-clusters",
+            "--all-namespaces",
+            "--allow-tenant-clusters",
+            "--tenant-identity",
+            "service-account",
+            "--rule-name",
+            &rule,
+        ],
+    );
+    wait_member_copy(&b, &b_t1, "cfg", &[("k", "v1")]).await;
+
+    bindings(&b.client, &b_t1)
+        .delete("copyrator-writes", &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("taking the member's RoleBinding back: {}", err_msg(&e)));
+    wait_until(
+        "the member to see the RoleBinding gone",
+        CONVERGE,
+        async || {
+            let attributes = json!({"group": "", "resource": "configmaps", "verb": "update",
+                                "namespace": b_t1});
+            match crate::common::rbac::service_account_may(&b.client, &account, &team_a, attributes)
+                .await?
+            {
+                false => Ok(()),
+                true => Err("still allowed".to_owned()),
+            }
+        },
+    )
+    .await;
+    t.set_data(CM, &team_a, "cfg", &[("k", Some("v2"))]).await;
+    let refusal = format!("User \"{account}\" cannot update resource \"configmaps\"");
+    let refused = t
+        .wait_rule(
+            &team_a,
+            &rule,
+            "the member's refusal",
+            |r| match cluster_entry(r, &b.name) {
+                Some(entry)
+                    if entry["reason"] == "SyncFailed"
+                        && entry["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains(&refusal)) =>
+                {
+                    Ok(())
+                }
+                _ => Err(short_status(r)),
+            },
+        )
+        .await;
+    println!(
+        "member refused: {}",
+        cluster_entry(&refused, &b.name).unwrap_or(&Value::Null)
+    );
+    let kept = member_copy(&b, &b_t1, "cfg").await.expect("the copy stays");
+    assert_eq!(
+        kept.data.unwrap_or_default().get("k").map(String::as_str),
+        Some("v1")
+    );
+}
