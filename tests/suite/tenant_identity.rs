@@ -26,25 +26,85 @@ fn user_of(namespace: &str) -> String {
     format!("system:serviceaccount:{namespace}:{ACCOUNT}")
 }
 
+/// Who a RoleBinding binds to what: the role's kind and name, and the
+/// ServiceAccount's namespace and name.
+struct Binding<'a> {
+    role_kind: &'a str,
+    role: &'a str,
+    account_namespace: &'a str,
+    account: &'a str,
+}
+
+/// The RoleBinding `name` in `namespace`, made with `client`.
+async fn bind_as(client: &kube::Client, namespace: &str, name: &str, binding: Binding<'_>) {
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": binding.role_kind,
+                    "name": binding.role},
+        "subjects": [{"kind": "ServiceAccount", "name": binding.account,
+                      "namespace": binding.account_namespace}],
+    }))
+    .expect("a RoleBinding");
+    Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        namespace,
+        &rbac("RoleBinding", "rolebindings"),
+    )
+    .create(&PostParams::default(), &object)
+    .await
+    .unwrap_or_else(|e| panic!("binding {} in {namespace}: {}", binding.role, err_msg(&e)));
+}
+
 /// A RoleBinding `name` in `namespace` of the ClusterRole `role` to the
 /// ServiceAccount `account_namespace/copyrator`, made by the namespace's
 /// owner (the test's admin).
 async fn bind(t: &TestNs, namespace: &str, name: &str, role: &str, account_namespace: &str) {
-    let binding: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": name, "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": account_namespace}],
-    }))
-    .expect("a RoleBinding");
-    Api::<DynamicObject>::namespaced_with(
-        t.client.clone(),
-        namespace,
-        &rbac("RoleBinding", "rolebindings"),
-    )
-    .create(&PostParams::default(), &binding)
-    .await
-    .unwrap_or_else(|e| panic!("binding {role} in {namespace}: {}", err_msg(&e)));
+    let binding = Binding {
+        role_kind: "ClusterRole",
+        role,
+        account_namespace,
+        account: ACCOUNT,
+    };
+    bind_as(&t.client, namespace, name, binding).await;
+}
+
+/// The tenant makes the ServiceAccount its rules act as, in its namespace.
+async fn make_account(tenant: &Tenant) {
+    tenant
+        .create(
+            &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&()),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": ACCOUNT}}),
+        )
+        .await;
+}
+
+/// The chart's impersonation ClusterRole for `values`, named `name`, made
+/// in the cluster (deleted with `cluster`).
+async fn chart_impersonation_role(
+    t: &TestNs,
+    cluster: &ClusterScoped,
+    values: &[&str],
+    name: &str,
+) -> Value {
+    let mut role = render(values)
+        .into_iter()
+        .find(|d| {
+            d["kind"] == "ClusterRole"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("-impersonate"))
+        })
+        .expect("the chart renders an -impersonate ClusterRole");
+    role["metadata"] = json!({"name": name});
+    cluster
+        .create(
+            &t.client,
+            &rbac("ClusterRole", "clusterroles"),
+            role.clone(),
+        )
+        .await;
+    role
 }
 
 async fn unbind(t: &TestNs, namespace: &str, name: &str) {
@@ -85,12 +145,7 @@ async fn a_tenant_rule_writes_as_its_service_account_and_no_further_than_its_rig
     // The tenant makes the account its rule acts as, and lets it read the
     // namespace's ConfigMaps; each target's owner accepts the tenant's
     // copies and lets the account write there.
-    tenant
-        .create(
-            &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&()),
-            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": ACCOUNT}}),
-        )
-        .await;
+    make_account(&tenant).await;
     bind(&t, &home, "copyrator-reads", "view", &home).await;
     for ns in [&t1, &t2] {
         t.accept_from(ns, &home).await;
@@ -277,12 +332,7 @@ async fn a_source_its_service_account_may_not_read_is_not_copied_until_a_role_gr
     let home = t.ns("home").await;
     let t1 = t.ns("t1").await;
     let tenant = Tenant::admin_of(&t, &home, "owner").await;
-    tenant
-        .create(
-            &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&()),
-            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": ACCOUNT}}),
-        )
-        .await;
+    make_account(&tenant).await;
     // The account may read `open` alone, by name.
     let roles = rbac("Role", "roles");
     let grant = |names: &[&str]| {
@@ -298,21 +348,13 @@ async fn a_source_its_service_account_may_not_read_is_not_copied_until_a_role_gr
         .create(&PostParams::default(), &role)
         .await
         .unwrap_or_else(|e| panic!("the tenant's Role: {}", err_msg(&e)));
-    let binding: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": "copyrator-reads", "namespace": home},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "copyrator-reads"},
-        "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": home}],
-    }))
-    .expect("a RoleBinding");
-    Api::<DynamicObject>::namespaced_with(
-        tenant.client.clone(),
-        &home,
-        &rbac("RoleBinding", "rolebindings"),
-    )
-    .create(&PostParams::default(), &binding)
-    .await
-    .unwrap_or_else(|e| panic!("the tenant's RoleBinding: {}", err_msg(&e)));
+    let reads = Binding {
+        role_kind: "Role",
+        role: "copyrator-reads",
+        account_namespace: &home,
+        account: ACCOUNT,
+    };
+    bind_as(&tenant.client, &home, "copyrator-reads", reads).await;
     t.accept_from(&t1, &home).await;
     bind(&t, &t1, "copyrator-writes", "edit", &home).await;
     let open = t.create_source(CM, &home, "open", &[], &[("k", "v")]).await;
@@ -441,33 +483,16 @@ async fn the_charts_operator_impersonates_only_where_a_namespace_opted_in() {
     // The chart's ClusterRole for impersonation, as the chart makes it
     // (named for this test).
     let impersonate = format!("{}-impersonate", t.prefix);
-    let mut role = render(&values)
-        .into_iter()
-        .find(|d| {
-            d["kind"] == "ClusterRole"
-                && d["metadata"]["name"]
-                    .as_str()
-                    .is_some_and(|n| n.ends_with("-impersonate"))
-        })
-        .expect("the chart renders an -impersonate ClusterRole");
-    role["metadata"] = json!({"name": impersonate});
+    let role = chart_impersonation_role(&t, &cluster, &values, &impersonate).await;
     assert_eq!(
         role["rules"],
         json!([{"apiGroups": [""], "resources": ["serviceaccounts"],
                 "resourceNames": [ACCOUNT], "verbs": ["impersonate"]}]),
         "impersonation of the default account by name alone"
     );
-    cluster
-        .create(&t.client, &rbac("ClusterRole", "clusterroles"), role)
-        .await;
 
     let tenant = Tenant::admin_of(&t, &home, "owner").await;
-    tenant
-        .create(
-            &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&()),
-            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": ACCOUNT}}),
-        )
-        .await;
+    make_account(&tenant).await;
     bind(&t, &home, "copyrator-reads", "view", &home).await;
     t.accept_from(&t1, &home).await;
     bind(&t, &t1, "copyrator-writes", "edit", &home).await;
@@ -513,21 +538,13 @@ async fn the_charts_operator_impersonates_only_where_a_namespace_opted_in() {
         .await;
 
     // The tenant opts in, as its namespace's admin.
-    let opt_in: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": "copyrator-may-act-here", "namespace": home},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": impersonate},
-        "subjects": [{"kind": "ServiceAccount", "name": operator_id.account, "namespace": op}],
-    }))
-    .expect("a RoleBinding");
-    Api::<DynamicObject>::namespaced_with(
-        tenant.client.clone(),
-        &home,
-        &rbac("RoleBinding", "rolebindings"),
-    )
-    .create(&PostParams::default(), &opt_in)
-    .await
-    .unwrap_or_else(|e| panic!("the tenant opts in: {}", err_msg(&e)));
+    let opt_in = Binding {
+        role_kind: "ClusterRole",
+        role: &impersonate,
+        account_namespace: &op,
+        account: &operator_id.account,
+    };
+    bind_as(&tenant.client, &home, "copyrator-may-act-here", opt_in).await;
     t.wait_copy(CM, &t1, &src, &home, &rule).await;
 
     assert!(may_impersonate(
@@ -618,52 +635,25 @@ async fn an_operator_without_write_rights_keeps_copies_through_the_accounts_rule
     // The chart's impersonation ClusterRole, bound in the operator's own
     // namespace, where the account the rule names lives.
     let impersonate = format!("{}-impersonate", t.prefix);
-    let mut role = render(&values)
-        .into_iter()
-        .find(|d| {
-            d["kind"] == "ClusterRole"
-                && d["metadata"]["name"]
-                    .as_str()
-                    .is_some_and(|n| n.ends_with("-impersonate"))
-        })
-        .expect("the chart renders an -impersonate ClusterRole");
-    role["metadata"] = json!({"name": impersonate});
-    cluster
-        .create(&t.client, &rbac("ClusterRole", "clusterroles"), role)
-        .await;
-    let opt_in: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": "copyrator-may-act-here", "namespace": op},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": impersonate},
-        "subjects": [{"kind": "ServiceAccount", "name": operator_id.account, "namespace": op}],
-    }))
-    .expect("a RoleBinding");
-    Api::<DynamicObject>::namespaced_with(
-        t.client.clone(),
-        &op,
-        &rbac("RoleBinding", "rolebindings"),
-    )
-    .create(&PostParams::default(), &opt_in)
-    .await
-    .unwrap_or_else(|e| panic!("opting in: {}", err_msg(&e)));
+    chart_impersonation_role(&t, &cluster, &values, &impersonate).await;
+    let opt_in = Binding {
+        role_kind: "ClusterRole",
+        role: &impersonate,
+        account_namespace: &op,
+        account: &operator_id.account,
+    };
+    bind_as(&t.client, &op, "copyrator-may-act-here", opt_in).await;
     create_service_account(&t.client, &op, "writer").await;
     let writer = format!("system:serviceaccount:{op}:writer");
+    let writer_in = |role_kind, role| Binding {
+        role_kind,
+        role,
+        account_namespace: &op,
+        account: "writer",
+    };
     for (ns, role) in [(&op, "view"), (&t1, "edit"), (&t2, "edit")] {
-        let binding: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": format!("writer-{role}"), "namespace": ns},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": "writer", "namespace": op}],
-        }))
-        .expect("a RoleBinding");
-        Api::<DynamicObject>::namespaced_with(
-            t.client.clone(),
-            ns,
-            &rbac("RoleBinding", "rolebindings"),
-        )
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap_or_else(|e| panic!("binding writer in {ns}: {}", err_msg(&e)));
+        let name = format!("writer-{role}");
+        bind_as(&t.client, ns, &name, writer_in("ClusterRole", role)).await;
     }
     // `view` reads no Secrets: the account reads its sources by a Role.
     let reads: DynamicObject = serde_json::from_value(json!({
@@ -676,21 +666,13 @@ async fn an_operator_without_write_rights_keeps_copies_through_the_accounts_rule
         .create(&PostParams::default(), &reads)
         .await
         .unwrap_or_else(|e| panic!("the reading Role: {}", err_msg(&e)));
-    let reads_binding: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": "writer-reads", "namespace": op},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "writer-reads"},
-        "subjects": [{"kind": "ServiceAccount", "name": "writer", "namespace": op}],
-    }))
-    .expect("a RoleBinding");
-    Api::<DynamicObject>::namespaced_with(
-        t.client.clone(),
+    bind_as(
+        &t.client,
         &op,
-        &rbac("RoleBinding", "rolebindings"),
+        "writer-reads",
+        writer_in("Role", "writer-reads"),
     )
-    .create(&PostParams::default(), &reads_binding)
-    .await
-    .unwrap_or_else(|e| panic!("binding the reading Role: {}", err_msg(&e)));
+    .await;
 
     let secret = Kind::Secret;
     let src = t
@@ -763,12 +745,7 @@ async fn with_consent_by_rights_a_rolebinding_is_a_namespaces_consent() {
     let home = t.ns("home").await;
     let (granted, closed) = (t.ns("t-granted").await, t.ns("t-closed").await);
     let tenant = Tenant::admin_of(&t, &home, "owner").await;
-    tenant
-        .create(
-            &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&()),
-            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": ACCOUNT}}),
-        )
-        .await;
+    make_account(&tenant).await;
     bind(&t, &home, "copyrator-reads", "view", &home).await;
     bind(&t, &granted, "copyrator-writes", "edit", &home).await;
     let src = t.create_source(CM, &home, "cfg", &[], &[("k", "v")]).await;
