@@ -350,6 +350,7 @@ fn rendered_rbac_follows_tenant_identity() {
         "subjectaccessreviews",
         "create",
     ));
+    want.insert(Grant::new("", "serviceaccounts", "get"));
     assert_eq!(added, want);
     let impersonate = named(&on, "ClusterRole", "-impersonate").expect("the impersonation role");
     assert_eq!(
