@@ -1,7 +1,10 @@
 //! The clients the operator talks to the API server with. Every request has
 //! a deadline. By default (`mixed`) the watches and lists share one HTTP/2
 //! connection over TLS, so their number (one per rule-independent watch,
-//! however many rules there are) costs no connections, while writes go
+//! however many rules there are) costs no connections (past
+//! [`WATCHES_PER_CONNECTION`] source watches, another connection carries
+//! the next ones: the API server serves a bounded number of streams on
+//! one connection), while writes go
 //! over HTTP/1, a connection per write in flight (at most
 //! `--write-concurrency`): the API server serves writes spread over
 //! connections measurably faster than the same writes on one HTTP/2
@@ -103,6 +106,86 @@ pub(crate) enum Transport {
 pub(crate) struct Clients {
     pub(crate) read: kube::Client,
     pub(crate) write: kube::Client,
+    /// Opens another connection for watches, where `read` multiplexes them
+    /// on one HTTP/2 connection (see [`WatchConnections`]); none where each
+    /// watch has a connection of its own anyway (HTTP/1).
+    pub(crate) more_reads: Option<OpenRead>,
+}
+
+/// Builds another read client: a connection of its own.
+pub(crate) type OpenRead = Arc<dyn Fn() -> Option<kube::Client> + Send + Sync>;
+
+/// Watches on one HTTP/2 connection, at most. The API server serves at most
+/// `--http2-max-streams-per-connection` streams at once on one connection
+/// (kube-apiserver: 1,000 by default; some distributions set less), and a
+/// watch started past it waits for a stream until its request times out. So
+/// the source watches take another connection every this many, and the
+/// first keeps room for the other watches, lists and the Lease.
+pub(crate) const WATCHES_PER_CONNECTION: usize = 400;
+
+/// The connections the source watches ride on: the read client's, then
+/// more, each opened when the ones before carry [`WATCHES_PER_CONNECTION`]
+/// watches. A watch keeps its connection's slot until it stops.
+pub(crate) struct WatchConnections {
+    first: kube::Client,
+    open_more: Option<OpenRead>,
+    /// Each connection and the watches on it; the first is `first`.
+    carrying: Vec<(kube::Client, usize)>,
+}
+
+impl WatchConnections {
+    pub(crate) fn new(first: kube::Client, open_more: Option<OpenRead>) -> Self {
+        Self {
+            carrying: vec![(first.clone(), 0)],
+            first,
+            open_more,
+        }
+    }
+
+    /// A connection for one more watch, and its slot (give it back with
+    /// [`WatchConnections::release`]).
+    pub(crate) fn take(&mut self) -> (kube::Client, usize) {
+        if let Some(slot) = self
+            .carrying
+            .iter()
+            .position(|(_, watches)| *watches < WATCHES_PER_CONNECTION)
+        {
+            self.carrying[slot].1 += 1;
+            return (self.carrying[slot].0.clone(), slot);
+        }
+        // All full: another connection where one can be opened, else the
+        // least loaded one (HTTP/1: every watch is a connection anyway).
+        if let Some(client) = self.open_more.as_ref().and_then(|open| open()) {
+            self.carrying.push((client.clone(), 1));
+            return (client, self.carrying.len() - 1);
+        }
+        let slot = self
+            .carrying
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, (_, watches))| *watches)
+            .map_or(0, |(slot, _)| slot);
+        match self.carrying.get_mut(slot) {
+            Some((client, watches)) => {
+                *watches += 1;
+                (client.clone(), slot)
+            }
+            None => (self.first.clone(), 0),
+        }
+    }
+
+    /// A watch on the connection of `slot` stopped.
+    pub(crate) fn release(&mut self, slot: usize) {
+        if let Some((_, watches)) = self.carrying.get_mut(slot) {
+            *watches = watches.saturating_sub(1);
+        }
+    }
+
+    /// The connections opened so far and the watches each carries.
+    #[cfg(test)]
+    pub(crate) fn load(&self) -> Vec<usize> {
+        self.carrying.iter().map(|(_, watches)| *watches).collect()
+    }
 }
 
 /// The clients for `config` over `transport`, with the deadline of [`build`].
@@ -155,6 +238,21 @@ pub(crate) fn build_clients(
         None,
         server,
     )?;
+    let more_reads: Option<OpenRead> =
+        (read == Transport::Http2 && config.cluster_url.scheme_str() == Some("https")).then(|| {
+            let config = config.clone();
+            Arc::new(move || {
+                build(
+                    config.clone(),
+                    Transport::Http2,
+                    deadline,
+                    writes_in_flight,
+                    None,
+                    server,
+                )
+                .ok()
+            }) as OpenRead
+        });
     let write_client = match write {
         Some(write) => build(
             config,
@@ -169,6 +267,7 @@ pub(crate) fn build_clients(
     Ok(Clients {
         read: read_client,
         write: write_client,
+        more_reads,
     })
 }
 
@@ -527,6 +626,46 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Watches fill a connection up to the bound, then another is opened;
+    /// a slot given back is taken again before a new connection is.
+    #[tokio::test]
+    async fn source_watches_take_another_connection_past_the_bound() {
+        let opened = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = opened.clone();
+        let open: OpenRead = Arc::new(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Some(crate::cluster::fake_objects::never_asked_client())
+        });
+        let first = crate::cluster::fake_objects::never_asked_client();
+        let mut connections = WatchConnections::new(first, Some(open));
+        let slots: Vec<usize> = (0..WATCHES_PER_CONNECTION)
+            .map(|_| connections.take().1)
+            .collect();
+        assert!(slots.iter().all(|slot| *slot == 0));
+        assert_eq!(opened.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert_eq!(
+            connections.take().1,
+            1,
+            "the next watch on a new connection"
+        );
+        assert_eq!(opened.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(connections.load(), [WATCHES_PER_CONNECTION, 1]);
+        connections.release(0);
+        assert_eq!(
+            connections.take().1,
+            0,
+            "a slot freed on the first is taken"
+        );
+        assert_eq!(opened.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Where no connection can be opened, the least loaded one carries it.
+        let mut http1 =
+            WatchConnections::new(crate::cluster::fake_objects::never_asked_client(), None);
+        for _ in 0..=WATCHES_PER_CONNECTION {
+            http1.take();
+        }
+        assert_eq!(http1.load(), [WATCHES_PER_CONNECTION + 1]);
+    }
     use http_body_util::{BodyExt, StreamBody};
 
     fn body_of(

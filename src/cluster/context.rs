@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use crate::api::kinds::Kind;
 use crate::cache::views::Views;
 use crate::cluster::access::Access;
-use crate::cluster::client::Clients;
+use crate::cluster::client::{Clients, WatchConnections};
 use crate::cluster::leader::LeaderGate;
 use crate::cluster::ratelimit::RateLimiter;
 use crate::cluster::sources::{OnChange, SourceHub};
@@ -90,6 +90,7 @@ impl Cluster {
         let Clients {
             read: client,
             write: write_client,
+            more_reads,
         } = clients;
         let limiter = RateLimiter::new(limits.api_qps, limits.api_burst);
         let writer = Writer::new(
@@ -109,7 +110,7 @@ impl Cluster {
         };
         let read_pause = Arc::new(ReadPause::default());
         let sources = SourceHub::new(
-            client.clone(),
+            WatchConnections::new(client.clone(), more_reads),
             read_pause.clone(),
             limits.max_source_watches as usize,
             limits.max_tenant_source_bytes,

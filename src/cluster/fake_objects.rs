@@ -48,6 +48,7 @@ pub(crate) fn never_asked_clients() -> crate::cluster::client::Clients {
     crate::cluster::client::Clients {
         read: client.clone(),
         write: client,
+        more_reads: None,
     }
 }
 

@@ -37,6 +37,7 @@ use crate::api::kinds::Kind;
 use crate::api::rule::RuleKey;
 use crate::api::selector::LabelSelector;
 use crate::cache::index::Object;
+use crate::cluster::client::WatchConnections;
 use crate::cluster::watch::{Change, Folder, map_event, wait_out, watch_config};
 use crate::core::backoff::{ReadPause, WatchBackoff};
 use crate::core::resolve::ResolvedRule;
@@ -599,6 +600,8 @@ struct WatchState {
 struct Watch {
     state: Arc<WatchState>,
     task: JoinHandle<()>,
+    /// Its connection's slot in the hub's [`WatchConnections`].
+    connection: usize,
 }
 
 /// What the hub has for a rule's sources.
@@ -622,7 +625,7 @@ pub(crate) enum Sources {
 
 /// The shared source watches and the rules they serve.
 pub(crate) struct SourceHub {
-    client: Client,
+    connections: WatchConnections,
     pause: Arc<ReadPause>,
     budget: usize,
     on_change: OnChange,
@@ -641,14 +644,14 @@ pub(crate) struct SourceHub {
 
 impl SourceHub {
     pub(crate) fn new(
-        client: Client,
+        connections: WatchConnections,
         pause: Arc<ReadPause>,
         budget: usize,
         tenant_bound: u64,
         on_change: OnChange,
     ) -> Self {
         Self {
-            client,
+            connections,
             pause,
             budget,
             on_change,
@@ -699,6 +702,7 @@ impl SourceHub {
                 // Its task forgets its failures, and lets go of what it
                 // held in its tenant's count, as it ends (guards).
                 watch.task.abort();
+                self.connections.release(watch.connection);
             }
         }
         self.served.clear();
@@ -856,9 +860,10 @@ impl SourceHub {
                 .or_insert_with(|| Arc::new(TenantBytes::new(self.tenant_bound)))
                 .clone()
         });
+        let (client, connection) = self.connections.take();
         let task = tokio::spawn(run_watch(
             WatchTask {
-                client: self.client.clone(),
+                client,
                 key: key.clone(),
                 name: key.name(),
                 state: state.clone(),
@@ -868,7 +873,11 @@ impl SourceHub {
             },
             wanted_rx,
         ));
-        Watch { state, task }
+        Watch {
+            state,
+            task,
+            connection,
+        }
     }
 }
 
