@@ -115,13 +115,14 @@ pub(crate) struct Clients {
 /// Builds another read client: a connection of its own.
 pub(crate) type OpenRead = Arc<dyn Fn() -> Option<kube::Client> + Send + Sync>;
 
-/// Watches on one HTTP/2 connection, at most. The API server serves at most
-/// `--http2-max-streams-per-connection` streams at once on one connection
-/// (kube-apiserver: 1,000 by default; some distributions set less), and a
-/// watch started past it waits for a stream until its request times out. So
-/// the source watches take another connection every this many, and the
-/// first keeps room for the other watches, lists and the Lease.
-pub(crate) const WATCHES_PER_CONNECTION: usize = 400;
+/// Source watches on one HTTP/2 connection, at most. The API server serves
+/// at most `--http2-max-streams-per-connection` streams at once on one
+/// connection, and kube-apiserver's default (0) means 100; a watch started
+/// past it waits for a stream until its request times out, and its
+/// sources' changes are seen only when it gets one. So the source watches
+/// take another connection every this many, which leaves room on the first
+/// for the other watches, lists and the Lease.
+pub(crate) const WATCHES_PER_CONNECTION: usize = 64;
 
 /// The connections the source watches ride on: the read client's, then
 /// more, each opened when the ones before carry [`WATCHES_PER_CONNECTION`]
