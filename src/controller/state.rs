@@ -56,7 +56,16 @@ pub(crate) struct Options {
 pub(crate) struct RuleView {
     by_key: HashMap<RuleKey, Arc<CopyratorRule>>,
     by_uid: HashMap<String, RuleKey>,
+    /// UIDs of rules that left, and when: the answer to a write sent
+    /// before a rule went may arrive after its delete event (a paused or
+    /// busy process reads both at once), and must not bring it back. A UID
+    /// is never reused, so one seen gone stays gone.
+    gone: HashMap<String, std::time::Instant>,
 }
+
+/// How long a gone rule's UID is remembered: longer than any write to it
+/// can take to be answered.
+const GONE_RULES_REMEMBERED: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl std::ops::Deref for RuleView {
     type Target = HashMap<RuleKey, Arc<CopyratorRule>>;
@@ -72,9 +81,10 @@ impl RuleView {
     fn insert(&mut self, key: RuleKey, rule: Arc<CopyratorRule>) {
         if let Some(previous) = self.by_key.get(&key)
             && previous.uid() != rule.uid()
-            && let Some(old) = previous.uid()
+            && let Some(old) = previous.uid().map(str::to_owned)
         {
-            self.by_uid.remove(old);
+            self.by_uid.remove(&old);
+            self.went(old);
         }
         if let Some(uid) = rule.uid() {
             self.by_uid.insert(uid.to_owned(), key.clone());
@@ -86,8 +96,22 @@ impl RuleView {
         let rule = self.by_key.remove(key)?;
         if let Some(uid) = rule.uid() {
             self.by_uid.remove(uid);
+            self.went(uid.to_owned());
         }
         Some(rule)
+    }
+
+    fn went(&mut self, uid: String) {
+        let now = std::time::Instant::now();
+        self.gone
+            .retain(|_, at| now.duration_since(*at) < GONE_RULES_REMEMBERED);
+        self.gone.insert(uid, now);
+    }
+
+    /// Whether the rule of `uid` left the view (deleted, or replaced by
+    /// another of its name).
+    fn is_gone(&self, uid: Option<&str>) -> bool {
+        uid.is_some_and(|uid| self.gone.contains_key(uid))
     }
 }
 
@@ -345,6 +369,9 @@ impl Shared {
         }
         {
             let mut rules = write(&self.rules);
+            if rules.is_gone(rule.uid()) {
+                return false;
+            }
             if let Some(previous) = rules.get(&key) {
                 let same_object = previous.uid() == rule.uid();
                 if same_object && is_older(&rule, previous) {
@@ -685,6 +712,26 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), shared.rules_gone.notified())
             .await
             .expect("rules_gone rung");
+    }
+
+    #[tokio::test]
+    async fn an_answer_to_a_write_read_after_the_rules_delete_does_not_bring_it_back() {
+        let shared = shared();
+        shared.set_rule(key(), rule("u1", 1, 10));
+        queued(&shared).await;
+        // The watch's delete, then the answer to a status write sent before.
+        shared.forget_rule(&key());
+        shared.take_status_answer(key(), rule("u1", 1, 11));
+        assert!(!shared.is_live_rule("u1"), "its copies are orphans");
+        assert!(read(&shared.rules).is_empty());
+        assert!(queued(&shared).await.is_empty());
+        // Another rule of the name (a new UID) is taken.
+        shared.set_rule(key(), rule("u2", 1, 20));
+        assert!(shared.is_live_rule("u2"));
+        // And one replaced under its name stays gone too.
+        shared.take_status_answer(key(), rule("u1", 1, 12));
+        assert_eq!(shared.rule_by_uid("u2"), Some(key()));
+        assert!(!shared.is_live_rule("u1"));
     }
 
     #[tokio::test]

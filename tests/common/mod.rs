@@ -785,18 +785,28 @@ pub async fn try_get_obj(
     .map_err(|e| err_msg(&e))
 }
 
-/// JSON merge patch.
+/// JSON merge patch. A merge patch is idempotent, so one the connection
+/// lost (a pooled connection the API server closed as it was reused) is
+/// sent again, a few times; the API server's own answers are final.
 pub async fn patch_obj(client: &Client, kind: Kind, ns: &str, name: &str, patch: Value) -> Obj {
+    const ATTEMPTS: usize = 3;
     let pp = PatchParams::default();
-    let res = match kind {
-        Kind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), ns)
-            .patch(name, &pp, &Patch::Merge(&patch))
-            .await
-            .map(Obj::from_configmap),
-        Kind::Secret => Api::<Secret>::namespaced(client.clone(), ns)
-            .patch(name, &pp, &Patch::Merge(&patch))
-            .await
-            .map(Obj::from_secret),
+    let mut attempt = 1;
+    let res = loop {
+        let res = match kind {
+            Kind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), ns)
+                .patch(name, &pp, &Patch::Merge(&patch))
+                .await
+                .map(Obj::from_configmap),
+            Kind::Secret => Api::<Secret>::namespaced(client.clone(), ns)
+                .patch(name, &pp, &Patch::Merge(&patch))
+                .await
+                .map(Obj::from_secret),
+        };
+        match res {
+            Err(e) if !matches!(e, kube::Error::Api(_)) && attempt < ATTEMPTS => attempt += 1,
+            res => break res,
+        }
     };
     res.unwrap_or_else(|e| {
         panic!(
