@@ -21,7 +21,6 @@ use crate::cluster::client::{Clients, Transport};
 use crate::cluster::leader::{self, LeaderGate};
 use crate::controller::state::Shared;
 use crate::controller::{kinds, watches, workers};
-use crate::core::identity::TenantIdentity;
 use crate::ops::http::{self, Health};
 use crate::ops::metrics::Metrics;
 
@@ -83,17 +82,14 @@ pub(crate) fn spawn_watches(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
 }
 
 fn spawn_rule_and_namespace_watches(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
-    let mut tasks = vec![
+    vec![
         watches::spawn_rule_watch(shared.clone()),
         watches::spawn_namespace_watch(shared.clone(), shared.home.clone()),
         tokio::spawn(kinds::release_on_rules_gone(shared.clone())),
-    ];
-    // Tenant rules write as ServiceAccounts: a change of their rights
-    // counts at once.
-    if shared.trust.tenant_identity == TenantIdentity::ServiceAccount {
-        tasks.push(watches::spawn_rbac_watch(shared.clone()));
-    }
-    tasks
+        // Rules that write as ServiceAccounts: a change of their rights
+        // counts at once (RBAC is watched once the first such rule asks).
+        watches::spawn_rbac_watch(shared.clone()),
+    ]
 }
 
 /// The copy watches, which decode copies: in `run`, started once the mark

@@ -218,7 +218,7 @@ pub(crate) struct Settings {
         long,
         env = "TENANT_IDENTITY",
         value_enum,
-        default_value_t = TenantIdentity::Operator,
+        default_value_t = TenantIdentity::ServiceAccount,
         global = true
     )]
     pub(crate) tenant_identity: TenantIdentity,

@@ -90,6 +90,9 @@ pub(crate) struct Access {
     epoch: AtomicU64,
     /// Reviews asked of the API server, for the tests and the metrics.
     asked: AtomicU64,
+    /// Set by the first review asked: only then is RBAC followed (an
+    /// operator whose rules all write as itself watches none of it).
+    wanted: tokio::sync::watch::Sender<bool>,
 }
 
 impl Access {
@@ -101,7 +104,14 @@ impl Access {
             kept: Mutex::new(HashMap::new()),
             epoch: AtomicU64::new(0),
             asked: AtomicU64::new(0),
+            wanted: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Returns once some rule has asked what its ServiceAccount may do.
+    pub(crate) async fn until_wanted(&self) {
+        // The sender is held by `self`: the wait ends only when it is set.
+        let _ = self.wanted.subscribe().wait_for(|wanted| *wanted).await;
     }
 
     /// RBAC changed: every answer kept may be wrong now.
@@ -176,6 +186,8 @@ impl Access {
         {
             return Ok(*allowed);
         }
+        self.wanted
+            .send_if_modified(|wanted| !std::mem::replace(wanted, true));
         let epoch = self.epoch.load(Ordering::SeqCst);
         self.asked.fetch_add(1, Ordering::Relaxed);
         let allowed = self.ask(question).await?;
@@ -342,6 +354,29 @@ mod tests {
             );
         }
         assert_eq!(access.asked(), 1);
+    }
+
+    #[tokio::test]
+    async fn rbac_is_wanted_only_once_a_service_account_is_asked_about() {
+        let access = access(Arc::new(AtomicBool::new(true)));
+        let wait = std::time::Duration::from_millis(50);
+        // The operator reads without asking: nothing to follow.
+        access
+            .may_get(&Identity::Operator, Kind::Secret, "team-a", "ca")
+            .await
+            .expect("answered");
+        assert!(
+            tokio::time::timeout(wait, access.until_wanted())
+                .await
+                .is_err()
+        );
+        access
+            .may_get(&tenant(), Kind::Secret, "team-a", "ca")
+            .await
+            .expect("answered");
+        tokio::time::timeout(wait, access.until_wanted())
+            .await
+            .expect("wanted once a ServiceAccount's rights were asked");
     }
 
     #[tokio::test]

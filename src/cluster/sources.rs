@@ -38,7 +38,7 @@ use crate::api::rule::RuleKey;
 use crate::api::selector::LabelSelector;
 use crate::cache::index::Object;
 use crate::cluster::client::WatchConnections;
-use crate::cluster::watch::{Change, Folder, map_event, wait_out, watch_config};
+use crate::cluster::watch::{Change, FailureRun, Folder, lasts, map_event, wait_out, watch_config};
 use crate::core::backoff::{ReadPause, WatchBackoff};
 use crate::core::resolve::ResolvedRule;
 use crate::core::scope::Touch;
@@ -1275,59 +1275,6 @@ async fn source_watch_failed(
     crate::cluster::watch::pause_after_failure(pause, error).await;
 }
 
-/// A source watch's failures since it last worked.
-#[derive(Debug, Default)]
-struct FailureRun {
-    in_a_row: u32,
-    /// The failures that last ([`lasts`]) since the last that did not:
-    /// only they double the watch's own backoff, so that a refusal met as
-    /// an API server comes back after a long outage waits a second, not a
-    /// minute.
-    lasting_in_a_row: u32,
-}
-
-impl FailureRun {
-    /// Count a failure; the watch's own backoff after it (none for one
-    /// that does not last: the shared read pause covers those).
-    fn record(&mut self, lasting: bool) -> std::time::Duration {
-        self.in_a_row = self.in_a_row.saturating_add(1);
-        if !lasting {
-            self.lasting_in_a_row = 0;
-            return std::time::Duration::ZERO;
-        }
-        self.lasting_in_a_row = self.lasting_in_a_row.saturating_add(1);
-        SOURCE_BACKOFF_FIRST
-            .saturating_mul(1u32 << self.lasting_in_a_row.saturating_sub(1).min(8))
-            .min(SOURCE_BACKOFF_MAX)
-    }
-}
-
-/// Whether a source watch's failure is its own and will last: the API
-/// server refused the request (a 4xx but a throttle or an expired
-/// version), or it could not even be made. Those back off to a minute. A
-/// server that does not answer, throttles or fails (5xx) is every watch's
-/// matter: they wait together (the read pause) and come back as soon as
-/// it does.
-fn lasts(error: &kube::runtime::watcher::Error) -> bool {
-    use kube::runtime::watcher::Error as Failed;
-    let refused = |code: u16| (400..500).contains(&code) && code != 410 && code != 429;
-    match error {
-        Failed::InitialListFailed(e) | Failed::WatchStartFailed(e) | Failed::WatchFailed(e) => {
-            match e {
-                kube::Error::Api(status) => refused(status.code),
-                kube::Error::BuildRequest(_) | kube::Error::HttpError(_) => true,
-                _ => false,
-            }
-        }
-        Failed::WatchError(status) => refused(status.code),
-        Failed::NoResourceVersion => false,
-    }
-}
-
-/// A failing source watch's own backoff: from a second, doubling to a minute.
-const SOURCE_BACKOFF_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
-const SOURCE_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// Take one change into the store. Returns the rules it concerns, or
 /// `None` for a completed list (which concerns every rule of the watch).
 /// A list of sizes alone (past the tenant's bound) leaves the store so.
@@ -1728,32 +1675,6 @@ mod tests {
         ledger.release(&other_key);
         assert!(released.has_changed().unwrap_or(false));
         assert!(fits_now(&state, Some(&ledger), &key));
-    }
-
-    /// Only lasting failures in a row double a watch's own backoff: after
-    /// a long outage (connection failures), the first refusal as the API
-    /// server comes back waits a second.
-    #[test]
-    fn only_lasting_failures_in_a_row_lengthen_a_watchs_own_backoff() {
-        let secs = |d: std::time::Duration| d.as_secs();
-        let mut run = FailureRun::default();
-        for _ in 0..30 {
-            assert_eq!(secs(run.record(false)), 0, "the outage: the shared pause");
-        }
-        assert_eq!(secs(run.record(true)), 1);
-        assert_eq!(secs(run.record(true)), 2);
-        assert_eq!(secs(run.record(true)), 4);
-        for _ in 0..10 {
-            run.record(true);
-        }
-        assert_eq!(secs(run.record(true)), 60, "at most a minute");
-        run.record(false);
-        assert_eq!(
-            secs(run.record(true)),
-            1,
-            "a failure of another sort ends the run"
-        );
-        assert_eq!(run.in_a_row, 46);
     }
 
     #[test]

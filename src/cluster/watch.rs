@@ -200,7 +200,8 @@ pub(crate) struct Watching<'a> {
 /// Follow one watch until it ends, handing each change to `handle`.
 /// Objects are converted as they come (`convert`), so that a long list is
 /// held in its compact form. Failed requests are retried with
-/// [`WatchBackoff`] and [`cool_down`]; with `stop_if_unserved`, a request
+/// [`WatchBackoff`] and [`cool_down`], and a refusal that lasts besides
+/// with [`FailureRun`]'s backoff (to a minute); with `stop_if_unserved`, a request
 /// the API server answers 404 (the resource is not served) ends the watch
 /// instead, its failure forgotten by the health check.
 pub(crate) async fn follow<K, T>(
@@ -225,15 +226,19 @@ where
         .backoff(WatchBackoff::default())
         .boxed();
     let mut folder = Folder::default();
+    let mut failures = FailureRun::default();
     loop {
         // No request starts while the API server throttles reads.
         wait_out(pause).await;
         match stream.try_next().await {
             Ok(Some(event)) => {
-                // `Init` comes before every list attempt, failed ones too.
+                // `Init` comes before every list attempt, failed ones too
+                // (and resets kube's backoff: a refusal that lasts is
+                // slowed by `failures`).
                 if !matches!(event, Event::Init) {
                     health.watch_ok(name);
                     pause.succeeded();
+                    failures = FailureRun::default();
                 }
                 if let Some(change) = folder.fold(map_event(event, &convert)) {
                     handle(change);
@@ -246,14 +251,97 @@ where
                 tracing::debug!(watch = name, error = %e, "not served; the watch stops");
                 return WatchEnd::Unserved;
             }
-            Err(e) => cool_down(health, pause, name, &e).await,
+            Err(e) => {
+                let backoff = failures.record(lasts(&e));
+                cool_down(health, pause, name, &e).await;
+                tokio::time::sleep(backoff).await;
+            }
         }
     }
 }
 
+/// A watch's failures since it last worked.
+#[derive(Debug, Default)]
+pub(crate) struct FailureRun {
+    pub(crate) in_a_row: u32,
+    /// The failures that last ([`lasts`]) since the last that did not:
+    /// only they double the watch's own backoff, so that a refusal met as
+    /// an API server comes back after a long outage waits a second, not a
+    /// minute.
+    lasting_in_a_row: u32,
+}
+
+impl FailureRun {
+    /// Count a failure; the watch's own backoff after it (none for one
+    /// that does not last: the shared read pause covers those).
+    pub(crate) fn record(&mut self, lasting: bool) -> std::time::Duration {
+        self.in_a_row = self.in_a_row.saturating_add(1);
+        if !lasting {
+            self.lasting_in_a_row = 0;
+            return std::time::Duration::ZERO;
+        }
+        self.lasting_in_a_row = self.lasting_in_a_row.saturating_add(1);
+        LASTING_BACKOFF_FIRST
+            .saturating_mul(1u32 << self.lasting_in_a_row.saturating_sub(1).min(8))
+            .min(LASTING_BACKOFF_MAX)
+    }
+}
+
+/// Whether a watch's failure is its own and will last: the API
+/// server refused the request (a 4xx but a throttle or an expired
+/// version), or it could not even be made. Those back off to a minute. A
+/// server that does not answer, throttles or fails (5xx) is every watch's
+/// matter: they wait together (the read pause) and come back as soon as
+/// it does.
+pub(crate) fn lasts(error: &kube::runtime::watcher::Error) -> bool {
+    use kube::runtime::watcher::Error as Failed;
+    let refused = |code: u16| (400..500).contains(&code) && code != 410 && code != 429;
+    match error {
+        Failed::InitialListFailed(e) | Failed::WatchStartFailed(e) | Failed::WatchFailed(e) => {
+            match e {
+                kube::Error::Api(status) => refused(status.code),
+                kube::Error::BuildRequest(_) | kube::Error::HttpError(_) => true,
+                _ => false,
+            }
+        }
+        Failed::WatchError(status) => refused(status.code),
+        Failed::NoResourceVersion => false,
+    }
+}
+
+/// A failing watch's own backoff: from a second, doubling to a minute.
+const LASTING_BACKOFF_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+const LASTING_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only lasting failures in a row double a watch's own backoff: after
+    /// a long outage (connection failures), the first refusal as the API
+    /// server comes back waits a second.
+    #[test]
+    fn only_lasting_failures_in_a_row_lengthen_a_watchs_own_backoff() {
+        let secs = |d: std::time::Duration| d.as_secs();
+        let mut run = FailureRun::default();
+        for _ in 0..30 {
+            assert_eq!(secs(run.record(false)), 0, "the outage: the shared pause");
+        }
+        assert_eq!(secs(run.record(true)), 1);
+        assert_eq!(secs(run.record(true)), 2);
+        assert_eq!(secs(run.record(true)), 4);
+        for _ in 0..10 {
+            run.record(true);
+        }
+        assert_eq!(secs(run.record(true)), 60, "at most a minute");
+        run.record(false);
+        assert_eq!(
+            secs(run.record(true)),
+            1,
+            "a failure of another sort ends the run"
+        );
+        assert_eq!(run.in_a_row, 46);
+    }
 
     fn folded(events: Vec<Event<u32>>) -> Vec<String> {
         let mut folder = Folder::default();

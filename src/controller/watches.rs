@@ -86,26 +86,45 @@ pub(crate) fn spawn_namespace_watch(shared: Arc<Shared>, site: Arc<Site>) -> Joi
     })
 }
 
-/// Follow RBAC (see [`crate::cluster::access::follow_rbac`]) while some
-/// rules may write as ServiceAccounts: each change is [`rbac_changed`].
+/// Follow RBAC (see [`crate::cluster::access::follow_rbac`]) from the
+/// first time a rule asks what its ServiceAccount may do: each change
+/// forgets the answers kept at once, and the rules that write as
+/// ServiceAccounts are queued ([`rbac_changed`]) at most every
+/// [`RBAC_SETTLES`], however many RBAC objects change meanwhile.
 pub(crate) fn spawn_rbac_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let cluster = &shared.home.cluster;
-        crate::cluster::access::follow_rbac(
+        cluster.access.until_wanted().await;
+        let changed = tokio::sync::Notify::new();
+        let follow = crate::cluster::access::follow_rbac(
             cluster.client.clone(),
             &cluster.health,
             &cluster.read_pause,
-            || rbac_changed(&shared),
-        )
-        .await;
+            || {
+                cluster.access.forget();
+                changed.notify_one();
+            },
+        );
+        let requeue = async {
+            loop {
+                changed.notified().await;
+                rbac_changed(&shared);
+                tokio::time::sleep(RBAC_SETTLES).await;
+            }
+        };
+        tokio::join!(follow, requeue);
     })
 }
 
-/// RBAC changed: what each ServiceAccount may read is asked again, and
-/// every rule that writes as one looks at everything, in every cluster,
-/// its refused writes tried at once (a RoleBinding restored lets them).
+/// The least time between two requeues for RBAC changes: a burst of them
+/// (a namespace made with its RoleBindings, a Helm release of Roles) is
+/// one pass of each rule that writes as a ServiceAccount.
+const RBAC_SETTLES: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// RBAC changed (the answers kept are forgotten already): every rule that
+/// writes as a ServiceAccount looks at everything, in every cluster, its
+/// refused writes tried at once (a RoleBinding restored lets them).
 fn rbac_changed(shared: &Shared) {
-    shared.home.cluster.access.forget();
     let acting: HashSet<RuleKey> = read(&shared.resolved)
         .iter()
         .filter(|(_, resolved)| resolved.identity != Identity::Operator)

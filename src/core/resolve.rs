@@ -57,7 +57,7 @@ impl Trust {
             all_namespaces,
             policy: Arc::new(CopyPolicy::defaults(operator_namespace)),
             allow_tenant_clusters: false,
-            tenant_identity: TenantIdentity::Operator,
+            tenant_identity: TenantIdentity::ServiceAccount,
             default_service_account: DEFAULT_SERVICE_ACCOUNT.to_owned(),
             consent_annotations: true,
         }

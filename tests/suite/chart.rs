@@ -320,12 +320,26 @@ fn rendered_rbac_follows_tenant_identity() {
             })
             .cloned()
     };
-    let off = render(&[]);
+    // One namespace's rules only: no tenant rule, nothing to grant.
+    let home_only = render(&[]);
+    assert_eq!(
+        deployment_env(&home_only, "TENANT_IDENTITY"),
+        "service-account"
+    );
+    assert!(named(&home_only, "ClusterRole", "-impersonate").is_none());
+    let off = render(&[
+        "--set",
+        "operator.allNamespaces=true",
+        "--set",
+        "operator.tenantIdentity=operator",
+    ]);
     assert_eq!(deployment_env(&off, "TENANT_IDENTITY"), "operator");
     assert!(named(&off, "ClusterRole", "-impersonate").is_none());
+    assert_eq!(all_grants(&home_only), all_grants(&off));
+    // The default: tenant rules write as their ServiceAccounts.
     let tenants = [
         "--set",
-        "operator.tenantIdentity=serviceAccount",
+        "operator.allNamespaces=true",
         "--set",
         "impersonation.serviceAccountNames={writer}",
     ];
@@ -400,7 +414,7 @@ fn rendered_rbac_follows_tenant_identity() {
         "only the rules, never their status: {:?}",
         grants_of(&edit)
     );
-    assert!(named(&off, "ClusterRole", "-rules-edit").is_none());
+    assert!(named(&home_only, "ClusterRole", "-rules-edit").is_none());
 }
 
 /// `metrics.authentication` sets METRICS_AUTH, grants creating
