@@ -473,3 +473,61 @@ pub async fn service_account_may(
         .map_err(|e| err_msg(&e))?;
     Ok(answer.status.is_some_and(|s| s.allowed))
 }
+
+/// Who a RoleBinding binds to what: the role's kind and name, and the
+/// ServiceAccount's namespace and name.
+pub struct Binding<'a> {
+    pub role_kind: &'a str,
+    pub role: &'a str,
+    pub account_namespace: &'a str,
+    pub account: &'a str,
+}
+
+/// The RoleBinding `name` in `namespace`, made with `client`.
+pub async fn bind_as(client: &kube::Client, namespace: &str, name: &str, binding: Binding<'_>) {
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": binding.role_kind,
+                    "name": binding.role},
+        "subjects": [{"kind": "ServiceAccount", "name": binding.account,
+                      "namespace": binding.account_namespace}],
+    }))
+    .expect("a RoleBinding");
+    Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        namespace,
+        &rbac("RoleBinding", "rolebindings"),
+    )
+    .create(&PostParams::default(), &object)
+    .await
+    .unwrap_or_else(|e| panic!("binding {} in {namespace}: {}", binding.role, err_msg(&e)));
+}
+
+/// The chart's impersonation ClusterRole for `values`, named `name`, made
+/// in the cluster (deleted with `cluster`).
+pub async fn chart_impersonation_role(
+    t: &TestNs,
+    cluster: &ClusterScoped,
+    values: &[&str],
+    name: &str,
+) -> Value {
+    let mut role = render(values)
+        .into_iter()
+        .find(|d| {
+            d["kind"] == "ClusterRole"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("-impersonate"))
+        })
+        .expect("the chart renders an -impersonate ClusterRole");
+    role["metadata"] = json!({"name": name});
+    cluster
+        .create(
+            &t.client,
+            &rbac("ClusterRole", "clusterroles"),
+            role.clone(),
+        )
+        .await;
+    role
+}

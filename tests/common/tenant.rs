@@ -111,9 +111,30 @@ async fn let_admins_write_rules(client: &Client) {
 /// Binds the ServiceAccount `account_namespace/account` to the
 /// ClusterRole `role` in `namespace`.
 async fn bind(t: &TestNs, namespace: &str, role: &str, account_namespace: &str, account: &str) {
+    let name = format!("{account}-{role}");
+    bind_named(
+        &t.client,
+        namespace,
+        &name,
+        role,
+        account_namespace,
+        account,
+    )
+    .await;
+}
+
+/// [`bind`], with the RoleBinding's name and the client given.
+async fn bind_named(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    role: &str,
+    account_namespace: &str,
+    account: &str,
+) {
     let binding: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": format!("{account}-{role}"), "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": account_namespace}],
     }))
@@ -122,7 +143,7 @@ async fn bind(t: &TestNs, namespace: &str, role: &str, account_namespace: &str, 
         &kube::core::GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "RoleBinding"),
         "rolebindings",
     );
-    Api::<DynamicObject>::namespaced_with(t.client.clone(), namespace, &resource)
+    Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource)
         .create(&PostParams::default(), &binding)
         .await
         .unwrap_or_else(|e| {
@@ -131,6 +152,57 @@ async fn bind(t: &TestNs, namespace: &str, role: &str, account_namespace: &str, 
                 err_msg(&e)
             )
         });
+}
+
+/// The ServiceAccount a tenant rule writes as unless it names another
+/// (the operator's --default-service-account).
+pub const COPIER: &str = "copyrator";
+
+/// The ServiceAccount [`COPIER`] of `namespace`, where tenant rules live,
+/// made by the test's admin if it is not there yet, and bound to the
+/// built-in `edit` ClusterRole in each of `namespaces` (its own, to read
+/// its sources; those it copies into or pulls from): what a platform
+/// grants a tenant's rules. Returns once the API server lets it create
+/// ConfigMaps in each.
+pub async fn copier_may_edit(t: &TestNs, namespace: &str, namespaces: &[&str]) {
+    match Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(t.client.clone(), namespace)
+        .get_opt(COPIER)
+        .await
+    {
+        Ok(Some(_)) => {}
+        Ok(None) => create_service_account(&t.client, namespace, COPIER).await,
+        Err(e) => panic!(
+            "reading ServiceAccount {namespace}/{COPIER}: {}",
+            err_msg(&e)
+        ),
+    }
+    let user = format!("system:serviceaccount:{namespace}:{COPIER}");
+    for target in namespaces {
+        bind_copier(&t.client, target, namespace).await;
+    }
+    wait_until(
+        format!("{user} to edit {namespaces:?}"),
+        TIMEOUT,
+        async || {
+            for target in namespaces {
+                let attributes = json!({"group": "", "resource": "configmaps",
+                                        "verb": "create", "namespace": target});
+                if !service_account_may(&t.client, &user, namespace, attributes).await? {
+                    return Err(format!("may not create ConfigMaps in {target} yet"));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await;
+}
+
+/// Binds the ServiceAccount [`COPIER`] of `account_namespace` to `edit`
+/// in `namespace`, with `client` (the admin's, at home or in a member
+/// cluster: a member knows the account by its name alone).
+pub async fn bind_copier(client: &Client, namespace: &str, account_namespace: &str) {
+    let name = format!("{COPIER}-edit-{account_namespace}");
+    bind_named(client, namespace, &name, "edit", account_namespace, COPIER).await;
 }
 
 impl Tenant {

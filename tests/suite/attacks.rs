@@ -15,7 +15,7 @@ use crate::common::dynamic::*;
 use crate::common::faults::signal;
 use crate::common::helm::{find, render};
 use crate::common::rbac::{ClusterScoped, Grant, Identity, grants_of};
-use crate::common::tenant::Tenant;
+use crate::common::tenant::{Tenant, copier_may_edit};
 use crate::common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -333,6 +333,8 @@ async fn a_copy_relabelled_with_an_admin_rules_uid_is_not_that_rules() {
     t.adopt_from(&team_a, &tenant_src).await;
     let in_team_a = Tenant::admin_of(&t, &team_a, "attacker").await;
     let in_src = Tenant::admin_of(&t, &tenant_src, "attacker").await;
+    // Its rules write as tenant-src's ServiceAccount, which team-a lets edit.
+    copier_may_edit(&t, &tenant_src, &[&tenant_src, &team_a]).await;
     let tenant_source: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "trust-bundle", "labels": t.selector()},
         "data": {"ca.crt": "EVIL-CA"},
@@ -868,6 +870,9 @@ async fn a_tenants_restart_values_never_match_another_workloads() {
         .bind_in(&t, &team_b, "view", ("apps", "deployments", "get"))
         .await;
     attacker.create_rule(&rule, restarting(&apps)).await;
+    // Its rule writes (and restarts) as team-a's ServiceAccount, which
+    // team-a-apps lets edit; it holds nothing in team-b.
+    copier_may_edit(&t, &team_a, &[&team_a, &apps]).await;
     let _operator = Operator::start(
         &t,
         &op,

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::common::members::{Member, OUTAGE, members};
 use crate::common::prometheus;
+use crate::common::tenant::{bind_copier, copier_may_edit};
 use crate::common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
@@ -1215,6 +1216,11 @@ async fn a_tenant_rule_writes_into_a_member_only_where_the_namespace_accepts_it(
                         "targets": {"clusters": {"names": [b.name], "local": false}}}}),
     )
     .await;
+    // It writes as team-a's ServiceAccount: reading `shared` at home, and
+    // editing the member's team-a (granted before it accepts: the
+    // annotation alone decides).
+    copier_may_edit(&t, &team_a, &[&team_a, &shared]).await;
+    bind_copier(&b.client, &b_team_a, &team_a).await;
     let _operator = Operator::start(
         &t,
         &op,

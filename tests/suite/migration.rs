@@ -15,8 +15,10 @@
 use std::collections::BTreeMap;
 
 use crate::common::audit::{Audit, Query, WRITE_VERBS};
-use crate::common::rbac::{ClusterScoped, as_the_chart, service_account_may};
-use crate::common::tenant::Tenant;
+use crate::common::rbac::{
+    Binding, ClusterScoped, as_the_chart, bind_as, chart_impersonation_role, service_account_may,
+};
+use crate::common::tenant::{Tenant, copier_may_edit};
 use crate::common::*;
 use chrono::Utc;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -214,6 +216,13 @@ async fn migrate(case: Case) {
         }
         targets.push(ns);
     }
+    if case.tenant {
+        // It writes as the source namespace's ServiceAccount, which may
+        // edit there and in every target.
+        let mut edits: Vec<&str> = targets.iter().map(String::as_str).collect();
+        edits.push(&src);
+        copier_may_edit(&t, &src, &edits).await;
+    }
     let source = t
         .create_json(
             kind,
@@ -301,7 +310,39 @@ async fn migrate(case: Case) {
     // Applied, the operator running as the chart's ServiceAccount:
     // adopted, one patch each.
     let cluster = ClusterScoped::new();
-    let id = as_the_chart(&t, &cluster, &op, &[]).await;
+    let values: &[&str] = if case.tenant {
+        &["--set", "operator.allNamespaces=true"]
+    } else {
+        &[]
+    };
+    let id = as_the_chart(&t, &cluster, &op, values).await;
+    if case.tenant {
+        // The rule's namespace lets the operator act as its account (the
+        // chart's opt-in RoleBinding).
+        let impersonate = format!("{}-impersonate", t.prefix);
+        chart_impersonation_role(&t, &cluster, values, &impersonate).await;
+        let opt_in = Binding {
+            role_kind: "ClusterRole",
+            role: &impersonate,
+            account_namespace: &op,
+            account: "copyrator",
+        };
+        bind_as(&t.client, &src, "copyrator-may-act-here", opt_in).await;
+        wait_until(
+            format!("{} to act as {src}'s copyrator", id.user),
+            TIMEOUT,
+            async || {
+                let attributes = json!({"group": "", "resource": "serviceaccounts",
+                                        "verb": "impersonate", "name": "copyrator",
+                                        "namespace": src});
+                match service_account_may(&t.client, &id.user, &op, attributes).await? {
+                    true => Ok(()),
+                    false => Err("not yet".to_owned()),
+                }
+            },
+        )
+        .await;
+    }
     let user = id.user.clone();
     let audit = Audit::start();
     let started = Utc::now();
@@ -334,23 +375,39 @@ async fn migrate(case: Case) {
         );
     }
     audit.settle(&t.client, Utc::now()).await;
-    let mut writes: BTreeMap<String, usize> = BTreeMap::new();
-    for ns in &targets {
-        let q = Query::user(&user)
-            .verbs(WRITE_VERBS)
-            .resource(match kind {
-                Kind::ConfigMap => "configmaps",
-                Kind::Secret => "secrets",
-            })
-            .namespace(ns)
-            .between(started, Utc::now() + chrono::Duration::days(1));
-        for (verb, n) in audit.by_verb(&q) {
-            *writes.entry(verb).or_default() += n;
+    let writes_as = |who: &str| {
+        let mut writes: BTreeMap<String, usize> = BTreeMap::new();
+        for ns in &targets {
+            let q = Query::user(who)
+                .verbs(WRITE_VERBS)
+                .resource(match kind {
+                    Kind::ConfigMap => "configmaps",
+                    Kind::Secret => "secrets",
+                })
+                .namespace(ns)
+                .between(started, Utc::now() + chrono::Duration::days(1));
+            for (verb, n) in audit.by_verb(&q) {
+                *writes.entry(verb).or_default() += n;
+            }
         }
-    }
-    println!("the operator's writes where the copies were: {writes:?}");
+        writes
+    };
+    // A tenant rule's writes are sent as its namespace's ServiceAccount.
+    let writer = if case.tenant {
+        format!("system:serviceaccount:{src}:copyrator")
+    } else {
+        user.clone()
+    };
+    let writes = writes_as(&writer);
+    println!("the writes ({writer}) where the copies were: {writes:?}");
     assert_eq!(writes, BTreeMap::from([("patch".to_owned(), COPIES)]));
-    let refused = audit.matching(&Query::user(&user).code(403).between(started, Utc::now()));
+    if case.tenant {
+        assert_eq!(writes_as(&user), BTreeMap::new(), "writes as the operator");
+    }
+    let refused: Vec<_> = [&user, &writer]
+        .into_iter()
+        .flat_map(|who| audit.matching(&Query::user(who).code(403).between(started, Utc::now())))
+        .collect();
     assert!(
         refused.is_empty(),
         "the API server refused requests of the chart's ServiceAccount: {}",
@@ -500,6 +557,9 @@ async fn a_tenants_configuration_becomes_its_own_rules_never_the_operators() {
         .await;
     serve_kyverno_policies(&t.client).await;
     let tenant = Tenant::admin_of(&t, &team, "tenant").await;
+    // Its rules write as its namespace's ServiceAccount, which may edit
+    // in both namespaces: the annotation alone tells them apart.
+    copier_may_edit(&t, &team, &[&team, &accepting, &refusing]).await;
     let user = format!("system:serviceaccount:{team}:tenant");
     wait_until(
         format!("{user} to write Kyverno's Policies in {team}"),

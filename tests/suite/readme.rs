@@ -573,8 +573,10 @@ async fn the_data_keys_example_selects_and_renames() {
     .await;
 }
 
-/// docs/trust.md, "Trust": a tenant pulls a CA bundle that consents to its
-/// namespace, into its own namespace.
+/// docs/trust.md, "Trust": a tenant sets up its ServiceAccount as "Whom a
+/// rule acts as" shows, and pulls a CA bundle that consents to its
+/// namespace (by annotation, and by a Role the platform team grants its
+/// account), into its own namespace, everything applied as printed.
 #[tokio::test]
 async fn the_pull_example_brings_the_ca_bundle_home() {
     let t = TestNs::new("readme-pull").await;
@@ -582,23 +584,20 @@ async fn the_pull_example_brings_the_ca_bundle_home() {
     let platform = t.ns("platform").await;
     let team = t.ns("team-a").await;
     let team_glob = t.glob("team-");
-    let docs = example(
-        "pull-ca",
-        &[
-            ("namespace: platform", &format!("namespace: {platform}")),
-            ("namespace: team-a", &format!("namespace: {team}")),
-            ("team-*", &team_glob),
-        ],
-    );
+    let renames = [
+        ("namespace: platform", format!("namespace: {platform}")),
+        ("namespace: team-a", format!("namespace: {team}")),
+        ("team-*", team_glob),
+    ];
+    let renames: Vec<(&str, &str)> = renames.iter().map(|(a, b)| (*a, b.as_str())).collect();
+    let account = example("tenant-account", &renames);
+    let docs = example("pull-ca", &renames);
     let bundle = of_kind(&docs, "ConfigMap");
     let bundle_name = bundle["metadata"]["name"].as_str().expect("a name");
-    t.create_json(CM, &platform, bundle_name, bundle.clone())
-        .await;
     let rule = of_kind(&docs, "CopyratorRule");
     let rule_name = rule["metadata"]["name"].as_str().expect("a name");
     assert_eq!(rule["metadata"]["namespace"], json!(team));
-    t.create_rule(&team, rule_name, json!({"spec": rule["spec"]}))
-        .await;
+    apply_as_printed(&t, account.iter().chain(&docs)).await;
     // The rule is a tenant's: the operator lives elsewhere and honours it
     // only with --all-namespaces (and, in a shared test cluster, by name).
     let _operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", rule_name]);
@@ -620,6 +619,18 @@ async fn the_pull_example_brings_the_ca_bundle_home() {
         }
     })
     .await;
+}
+
+/// `kubectl apply` of `docs` (a test's own temporary file).
+async fn apply_as_printed(t: &TestNs, docs: impl Iterator<Item = &Value>) {
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": docs.collect::<Vec<_>>()});
+    let file = std::env::temp_dir().join(format!("{}-example.json", t.prefix));
+    std::fs::write(&file, list.to_string()).expect("the example written");
+    let path = file.to_str().expect("a UTF-8 path").to_owned();
+    tokio::task::spawn_blocking(move || kubectl(&["apply", "-f", &path]))
+        .await
+        .expect("kubectl");
+    let _ = std::fs::remove_file(&file);
 }
 
 /// docs/kinds.md, "Copying RBAC objects": the RoleBinding lands, with the same

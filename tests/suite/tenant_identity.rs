@@ -10,10 +10,9 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use serde_json::{Value, json};
 
 use crate::common::audit::{Audit, Query};
-use crate::common::helm::render;
-use crate::common::rbac::ClusterScoped;
 use crate::common::rbac::as_the_chart;
 use crate::common::rbac::rbac;
+use crate::common::rbac::{Binding, ClusterScoped, bind_as, chart_impersonation_role};
 use crate::common::tenant::Tenant;
 use crate::common::*;
 
@@ -24,36 +23,6 @@ const ACCOUNT: &str = "copyrator";
 
 fn user_of(namespace: &str) -> String {
     format!("system:serviceaccount:{namespace}:{ACCOUNT}")
-}
-
-/// Who a RoleBinding binds to what: the role's kind and name, and the
-/// ServiceAccount's namespace and name.
-struct Binding<'a> {
-    role_kind: &'a str,
-    role: &'a str,
-    account_namespace: &'a str,
-    account: &'a str,
-}
-
-/// The RoleBinding `name` in `namespace`, made with `client`.
-async fn bind_as(client: &kube::Client, namespace: &str, name: &str, binding: Binding<'_>) {
-    let object: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": name, "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": binding.role_kind,
-                    "name": binding.role},
-        "subjects": [{"kind": "ServiceAccount", "name": binding.account,
-                      "namespace": binding.account_namespace}],
-    }))
-    .expect("a RoleBinding");
-    Api::<DynamicObject>::namespaced_with(
-        client.clone(),
-        namespace,
-        &rbac("RoleBinding", "rolebindings"),
-    )
-    .create(&PostParams::default(), &object)
-    .await
-    .unwrap_or_else(|e| panic!("binding {} in {namespace}: {}", binding.role, err_msg(&e)));
 }
 
 /// A RoleBinding `name` in `namespace` of the ClusterRole `role` to the
@@ -77,34 +46,6 @@ async fn make_account(tenant: &Tenant) {
             json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": ACCOUNT}}),
         )
         .await;
-}
-
-/// The chart's impersonation ClusterRole for `values`, named `name`, made
-/// in the cluster (deleted with `cluster`).
-async fn chart_impersonation_role(
-    t: &TestNs,
-    cluster: &ClusterScoped,
-    values: &[&str],
-    name: &str,
-) -> Value {
-    let mut role = render(values)
-        .into_iter()
-        .find(|d| {
-            d["kind"] == "ClusterRole"
-                && d["metadata"]["name"]
-                    .as_str()
-                    .is_some_and(|n| n.ends_with("-impersonate"))
-        })
-        .expect("the chart renders an -impersonate ClusterRole");
-    role["metadata"] = json!({"name": name});
-    cluster
-        .create(
-            &t.client,
-            &rbac("ClusterRole", "clusterroles"),
-            role.clone(),
-        )
-        .await;
-    role
 }
 
 async fn unbind(t: &TestNs, namespace: &str, name: &str) {

@@ -6,7 +6,7 @@
 //! that filter).
 
 use crate::common::rule_versions::RuleVersions;
-use crate::common::tenant::Tenant;
+use crate::common::tenant::{Tenant, copier_may_edit};
 use crate::common::*;
 use serde_json::{Value, json};
 
@@ -99,6 +99,12 @@ async fn all_namespaces_lets_a_foreign_rule_pull_only_what_consents_into_its_own
     // pulling rules too: a pulled source still lands only at home).
     t.accept_from(&t1, &format!("{own_ns},{reach_ns},{list_ns}"))
         .await;
+    // Each tenant rule writes as its namespace's ServiceAccount, which may
+    // edit where the test lets it: the pulling rules may read `src`, so
+    // what keeps them out is the source's consent alone.
+    copier_may_edit(&t, &own_ns, &[&own_ns, &t1]).await;
+    copier_may_edit(&t, &reach_ns, &[&reach_ns, &src]).await;
+    copier_may_edit(&t, &list_ns, &[&list_ns, &src]).await;
     let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
     let labels = |w: &'static str| [(TEST_LABEL, t.prefix.as_str()), ("which", w)];
     let stolen = t
@@ -273,6 +279,9 @@ async fn a_tenant_rule_writes_only_where_accepted_and_never_overwrites() {
         ),
     )
     .await;
+    // Its ServiceAccount may edit in every target: the annotations alone
+    // decide where it writes (--consent-by-rights is off).
+    copier_may_edit(&t, &tenant, &[&tenant, &t1, &t2, &t3, &t4]).await;
     let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
     let src = t
         .create_source(CM, &tenant, "cfg", &[], &[("k", "v")])
@@ -385,6 +394,9 @@ async fn what_does_not_consent_is_never_named_in_a_tenant_rules_status() {
         }}),
     )
     .await;
+    // Its ServiceAccount may edit everywhere the rule looks: consent (and
+    // this test) is about the annotations.
+    copier_may_edit(&t, &home, &[&home, &elsewhere, &open, &closed]).await;
     let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
     t.wait_copy(SECRET, &open, &cfg, &home, &rule).await;
     // (The consent itself does not travel: no full check of the copy.)
@@ -515,6 +527,7 @@ async fn a_tenant_rule_adopts_only_where_it_is_accepted() {
             ),
         )
         .await;
+    copier_may_edit(&t, &tenant, &[&tenant, &accepting, &refusing]).await;
     let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
     t.create_source(CM, &tenant, "cfg", &[], &[("k", "v")])
         .await;
@@ -595,6 +608,7 @@ async fn a_tenants_adoption_reveals_and_takes_nothing_it_was_not_given() {
                                 "targets": {"include": [victim, marked]}, "adopt": true}}),
             )
             .await;
+        copier_may_edit(&t, ns, &[ns, &victim, &marked]).await;
     }
     let mut operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
     let mut reasons = Vec::new();
