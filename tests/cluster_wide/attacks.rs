@@ -9,7 +9,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use crate::common::tenant::Tenant;
+use crate::common::tenant::{Tenant, copier_may_edit};
 use crate::common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
@@ -129,6 +129,9 @@ async fn a_tenant_rule_too_costly_to_plan_stalls_nobody_else() {
     t.wait_copy(CM, &target, &admin_source, &op, "admin").await;
 
     let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    // Its rules write as its namespace's ServiceAccount, which may edit
+    // where the test needs it to.
+    copier_may_edit(&t, &team_a, &[&team_a, &team_a_too]).await;
     let prefix = [
         "a".repeat(63),
         "a".repeat(63),
@@ -240,6 +243,9 @@ async fn what_never_consented_is_neither_fetched_nor_held() {
     let operator = Operator::start(&t, &op, &["--all-namespaces"]);
     let pid = operator.pid().expect("the operator runs");
     let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    // Its rules write as its namespace's ServiceAccount, which may edit
+    // where the test needs it to.
+    copier_may_edit(&t, &team_a, &[&team_a, &platform]).await;
     let before = rss_kib(pid).unwrap_or_else(|e| panic!("the operator's memory: {e}"));
     attacker
         .create_rule(
@@ -576,6 +582,9 @@ async fn a_tenants_many_rules_over_the_same_sources_hold_them_once() {
     let peak = PeakMemory::start(pid);
 
     let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    // Its rules write as its namespace's ServiceAccount, which may edit
+    // where the test needs it to.
+    copier_may_edit(&t, &team_a, &[&team_a]).await;
     const RULES: usize = 40;
     for i in 0..RULES {
         attacker
@@ -642,6 +651,9 @@ async fn past_its_bound_a_tenants_rule_says_so_and_fits_again() {
         &["--all-namespaces", "--max-tenant-source-mib", "2"],
     );
     let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    // Its rules write as its namespace's ServiceAccount, which may edit
+    // where the test needs it to.
+    copier_may_edit(&t, &team_a, &[&team_a]).await;
     attacker
         .create_rule(
             "big",
@@ -721,6 +733,9 @@ async fn a_tenant_rule_whose_data_key_globs_cost_too_much_stalls_nobody_else() {
     let health_before = probes.stop().await;
 
     let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    // Its rules write as its namespace's ServiceAccount, which may edit
+    // where the test needs it to.
+    copier_may_edit(&t, &team_a, &[&team_a, &team_a_too]).await;
     let tenant_sources = Api::<ConfigMap>::namespaced(attacker.client.clone(), &team_a);
     let key = |i: usize| format!("{}{i:04}", "a".repeat(246));
     for name in BIG {
