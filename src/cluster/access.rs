@@ -86,6 +86,10 @@ pub(crate) struct Access {
     #[cfg(test)]
     fake: Option<FakeAnswer>,
     kept: Mutex<HashMap<Question, (bool, Instant)>>,
+    /// ServiceAccounts seen to exist, and when (kept [`KEPT_FOR`], and
+    /// forgotten with the answers; one missing is asked again each time,
+    /// so that it counts once made).
+    accounts: Mutex<HashMap<Identity, Instant>>,
     /// Bumped whenever RBAC changes: an answer asked before is not kept.
     epoch: AtomicU64,
     /// Reviews asked of the API server, for the tests and the metrics.
@@ -102,6 +106,7 @@ impl Access {
             #[cfg(test)]
             fake: None,
             kept: Mutex::new(HashMap::new()),
+            accounts: Mutex::new(HashMap::new()),
             epoch: AtomicU64::new(0),
             asked: AtomicU64::new(0),
             wanted: tokio::sync::watch::Sender::new(false),
@@ -118,6 +123,8 @@ impl Access {
     pub(crate) fn forget(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
         lock(&self.kept).clear();
+        // An account is often deleted with its RoleBindings.
+        lock(&self.accounts).clear();
     }
 
     /// Whether `identity` may `get` the object `namespace/name` of `kind`.
@@ -165,7 +172,14 @@ impl Access {
         if self.fake.is_some() {
             return Ok(true);
         }
-        Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
+        let now = Instant::now();
+        if lock(&self.accounts)
+            .get(identity)
+            .is_some_and(|at| now.duration_since(*at) < KEPT_FOR)
+        {
+            return Ok(true);
+        }
+        let exists = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
             self.client.clone(),
             namespace,
         )
@@ -175,7 +189,17 @@ impl Access {
         .map_err(|e| ReviewFailed {
             user: identity.to_string(),
             message: crate::error::describe(&e),
-        })
+        })?;
+        let mut accounts = lock(&self.accounts);
+        if exists {
+            if accounts.len() >= KEPT_AT_MOST {
+                accounts.retain(|_, at| now.duration_since(*at) < KEPT_FOR);
+            }
+            accounts.insert(identity.clone(), now);
+        } else {
+            accounts.remove(identity);
+        }
+        Ok(exists)
     }
 
     /// The answer kept, or the API server's.

@@ -76,16 +76,17 @@ pub(crate) async fn reconcile(
     let mut resolved = resolved;
     let (sources, unreadable) = match ask_access(shared, &mut resolved, sources).await {
         Ok(readable) => readable,
-        Err(failed) => {
-            // Not knowing what the identity may read, nothing is copied
-            // or pruned: the rule looks again shortly.
+        Err(unknown) => {
+            // Not knowing what the identity may read (or with no account
+            // to act as), nothing is copied or pruned: the rule looks
+            // again shortly.
             shared.home.queue.carry(key, scope);
             let observed = Observed {
                 generation: rule.metadata.generation,
                 rule_type: Some(resolved.kind.info().rule_type.to_string()),
                 identity: Some(resolved.identity.to_string()),
                 copies: read(shared.copies(resolved.kind)).count_owned_by(&uid) as u32,
-                problem: Some((ACCESS_REVIEW_FAILED.to_owned(), failed.to_string())),
+                problem: Some((unknown.reason().to_owned(), unknown.to_string())),
                 ..Default::default()
             };
             publish_status(shared, &rule, &observed).await?;
@@ -157,9 +158,43 @@ async fn ask_access(
     shared: &Shared,
     resolved: &mut ResolvedRule,
     sources: Vec<Arc<Object>>,
-) -> Result<(Vec<Arc<Object>>, Vec<Arc<Object>>), crate::cluster::access::ReviewFailed> {
+) -> Result<(Vec<Arc<Object>>, Vec<Arc<Object>>), AccessUnknown> {
+    // An account that does not exist may read nothing: its copies would all
+    // be pruned (as that account, which is refused). Not knowing (the
+    // operator may not read ServiceAccounts) goes on to the reviews.
+    if let Ok(false) = shared
+        .home
+        .cluster
+        .access
+        .account_exists(&resolved.identity)
+        .await
+    {
+        return Err(AccessUnknown::AccountMissing(resolved.identity.to_string()));
+    }
     resolved.granted_targets = granted_targets(shared, resolved).await?;
-    readable(shared, resolved, sources).await
+    Ok(readable(shared, resolved, sources).await?)
+}
+
+/// Why a rule's pass cannot know what its identity may do.
+#[derive(Debug, thiserror::Error)]
+enum AccessUnknown {
+    #[error(transparent)]
+    ReviewFailed(#[from] crate::cluster::access::ReviewFailed),
+    #[error(
+        "the rule writes as {0}, and that ServiceAccount does not exist: create it, or name \
+         another in spec.serviceAccountName; nothing is copied or pruned meanwhile"
+    )]
+    AccountMissing(String),
+}
+
+impl AccessUnknown {
+    /// Its Ready reason.
+    fn reason(&self) -> &'static str {
+        match self {
+            Self::ReviewFailed(_) => ACCESS_REVIEW_FAILED,
+            Self::AccountMissing(_) => SERVICE_ACCOUNT_MISSING,
+        }
+    }
 }
 
 /// For a rule whose consent is its identity's rights: the namespaces its
@@ -610,10 +645,10 @@ pub(crate) async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Resul
             let mut resolved = resolved;
             let (sources, unreadable) = match ask_access(shared, &mut resolved, sources).await {
                 Ok(readable) => readable,
-                Err(failed) => {
+                Err(unknown) => {
                     return Ok(Preview::Refused {
-                        reason: ACCESS_REVIEW_FAILED.to_owned(),
-                        message: failed.to_string(),
+                        reason: unknown.reason().to_owned(),
+                        message: unknown.to_string(),
                     });
                 }
             };

@@ -535,6 +535,45 @@ async fn the_charts_operator_impersonates_only_where_a_namespace_opted_in() {
         "missing: {}",
         ready_condition(&missing).unwrap_or(&Value::Null)
     );
+    // The home rule's account deleted with its rights: its copy is neither
+    // pruned nor deleted (as an account that may do nothing), and the
+    // rule says why.
+    let audit = Audit::start();
+    let gone_at = Utc::now();
+    Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(t.client.clone(), &home)
+        .delete(ACCOUNT, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting the account: {}", err_msg(&e)));
+    unbind(&t, &home, "copyrator-reads").await;
+    unbind(&t, &t1, "copyrator-writes").await;
+    t.wait_rule(&home, &rule, "its account missing", |r| {
+        match ready_reason(r).as_str() {
+            "ServiceAccountMissing" => Ok(()),
+            _ => Err(short_status(r)),
+        }
+    })
+    .await;
+    assert_for(
+        "the copy to stay while the account is missing",
+        QUIET,
+        async || match t.get(CM, &t1, "cfg").await {
+            Some(_) => Ok(()),
+            None => Err("deleted".to_owned()),
+        },
+    )
+    .await;
+    audit.settle(&t.client, Utc::now()).await;
+    let deletes = audit.matching(
+        &Query::default()
+            .verbs(&["delete"])
+            .resource("configmaps")
+            .namespace(&t1)
+            .between(gone_at, Utc::now()),
+    );
+    assert!(
+        deletes.is_empty(),
+        "the copy was deleted (or tried) with no account to act as: {deletes:?}"
+    );
     operator.assert_running();
 }
 
