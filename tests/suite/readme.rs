@@ -153,6 +153,7 @@ const APPLIED: &[&str] = &[
     "deletion-policy",
     "data-keys",
     "pull-ca",
+    "tenant-account",
     "rolebinding-teams",
     "networkpolicy-default-deny",
     "pull-secret-to-members",

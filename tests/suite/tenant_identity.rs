@@ -546,12 +546,15 @@ async fn the_charts_operator_impersonates_only_where_a_namespace_opted_in() {
         .unwrap_or_else(|e| panic!("deleting the account: {}", err_msg(&e)));
     unbind(&t, &home, "copyrator-reads").await;
     unbind(&t, &t1, "copyrator-writes").await;
-    t.wait_rule(&home, &rule, "its account missing", |r| {
-        match ready_reason(r).as_str() {
+    t.wait_rule(
+        &home,
+        &rule,
+        "its account missing",
+        |r| match ready_reason(r).as_str() {
             "ServiceAccountMissing" => Ok(()),
             _ => Err(short_status(r)),
-        }
-    })
+        },
+    )
     .await;
     assert_for(
         "the copy to stay while the account is missing",
