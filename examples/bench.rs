@@ -698,7 +698,8 @@ async fn operator_kubeconfig(client: &Client) -> Result<(String, String)> {
     ))
 }
 
-/// Requests by the operator's ServiceAccount in each phase, by verb.
+/// Requests by the operator's ServiceAccount in each phase, by verb
+/// (SubjectAccessReviews as `review`).
 fn audit_counts(path: &PathBuf, phases: &[Phase]) -> Result<Vec<BTreeMap<String, u64>>> {
     let user = format!("system:serviceaccount:{OPERATOR_NS}:{ACCOUNT}");
     let mut counts = vec![BTreeMap::new(); phases.len()];
@@ -725,6 +726,12 @@ fn audit_counts(path: &PathBuf, phases: &[Phase]) -> Result<Vec<BTreeMap<String,
             .and_then(|t| t.parse::<DateTime<Utc>>().ok())
         else {
             continue;
+        };
+        // A SubjectAccessReview is a question, not a write: counted apart.
+        let verb = if event["objectRef"]["resource"] == "subjectaccessreviews" {
+            "review"
+        } else {
+            verb
         };
         if let Some(i) = phases.iter().position(|p| p.start <= at && at < p.end) {
             *counts[i].entry(verb.to_string()).or_default() += 1;
