@@ -162,17 +162,20 @@ async fn ask_access(
     // An account that does not exist may read nothing: its copies would all
     // be pruned (as that account, which is refused). Not knowing (the
     // operator may not read ServiceAccounts) goes on to the reviews.
-    if let Ok(false) = shared
-        .home
-        .cluster
-        .access
-        .account_exists(&resolved.identity)
-        .await
-    {
+    if account_missing(shared, &resolved.identity).await {
         return Err(AccessUnknown::AccountMissing(resolved.identity.to_string()));
     }
     resolved.granted_targets = granted_targets(shared, resolved).await?;
     Ok(readable(shared, resolved, sources).await?)
+}
+
+/// Whether the ServiceAccount `identity` names is known not to exist (not
+/// knowing, as when the operator may not read ServiceAccounts, is not).
+async fn account_missing(shared: &Shared, identity: &Identity) -> bool {
+    matches!(
+        shared.home.cluster.access.account_exists(identity).await,
+        Ok(false)
+    )
 }
 
 /// Why a rule's pass cannot know what its identity may do.
@@ -242,14 +245,7 @@ async fn say_missing_account(shared: &Shared, resolved: &ResolvedRule, observed:
     if !failed || resolved.identity == Identity::Operator {
         return;
     }
-    // Not knowing (the operator may not read ServiceAccounts) says nothing more.
-    if let Ok(false) = shared
-        .home
-        .cluster
-        .access
-        .account_exists(&resolved.identity)
-        .await
-    {
+    if account_missing(shared, &resolved.identity).await {
         observed.problem = Some((
             SERVICE_ACCOUNT_MISSING.to_owned(),
             format!(
