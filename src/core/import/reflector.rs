@@ -628,6 +628,13 @@ data:
             ),
             "{report:#?}"
         );
+        assert!(
+            says(
+                &report.differs,
+                "the rule reads and writes as a ServiceAccount of team-a (copyrator"
+            ),
+            "{report:#?}"
+        );
     }
 
     fn auto_source(annotations: Value) -> Value {

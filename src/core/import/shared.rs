@@ -244,9 +244,14 @@ pub(super) fn assemble(mut conversions: Vec<Conversion>, options: &Options) -> I
 /// others, for its report. Nothing here tells anyone to change an object
 /// outside `namespace`: only its owner may consent to its copying.
 fn tenant_lines(namespace: &str, rule: &str, draft: &Draft, tool: &str) -> Vec<String> {
-    let mut lines = vec![format!(
-        "this is {namespace}'s configuration, written by whoever may edit objects there: the rule is {namespace}'s, a tenant rule, followed only when the operator runs with --all-namespaces, and never with conflictPolicy: Overwrite"
-    )];
+    let mut lines = vec![
+        format!(
+            "this is {namespace}'s configuration, written by whoever may edit objects there: the rule is {namespace}'s, a tenant rule, followed only when the operator runs with --all-namespaces, and never with conflictPolicy: Overwrite"
+        ),
+        format!(
+            "the rule reads and writes as a ServiceAccount of {namespace} (copyrator, unless the operator's --default-service-account names another; not with --tenant-identity operator): until that account exists, may get the source and edit where the rule copies, and {namespace} lets the operator act as it, the rule copies and adopts nothing (docs/trust.md, Whom a rule acts as)"
+        ),
+    ];
     let source_namespace = match &draft.source {
         Source::Selected { namespace, .. }
         | Source::Named { namespace, .. }
