@@ -444,8 +444,14 @@ impl Operator {
         if args.tenants {
             command.arg("--all-namespaces");
         }
-        if args.impersonate {
-            command.args(["--tenant-identity", "service-account"]);
+        if args.tenants {
+            // Said either way: the run to compare with writes as the operator.
+            let identity = if args.impersonate {
+                "service-account"
+            } else {
+                "operator"
+            };
+            command.args(["--tenant-identity", identity]);
         }
         let child = command
             .args([
