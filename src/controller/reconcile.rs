@@ -159,14 +159,21 @@ async fn ask_access(
     resolved: &mut ResolvedRule,
     sources: Vec<Arc<Object>>,
 ) -> Result<(Vec<Arc<Object>>, Vec<Arc<Object>>), AccessUnknown> {
-    // An account that does not exist may read nothing: its copies would all
-    // be pruned (as that account, which is refused). Not knowing (the
-    // operator may not read ServiceAccounts) goes on to the reviews.
-    if account_missing(shared, &resolved.identity).await {
+    resolved.granted_targets = granted_targets(shared, resolved).await?;
+    let (readable, unreadable) = readable(shared, resolved, sources).await?;
+    // Refused because the account does not exist: its copies would be
+    // pruned (as that account, which is refused too). Asked only after a
+    // refusal, so that a pass the reviews allow costs no request more; not
+    // knowing (the operator may not read ServiceAccounts) goes on.
+    let refused = !unreadable.is_empty()
+        || resolved
+            .granted_targets
+            .as_ref()
+            .is_some_and(|granted| granted.is_empty());
+    if refused && account_missing(shared, &resolved.identity).await {
         return Err(AccessUnknown::AccountMissing(resolved.identity.to_string()));
     }
-    resolved.granted_targets = granted_targets(shared, resolved).await?;
-    Ok(readable(shared, resolved, sources).await?)
+    Ok((readable, unreadable))
 }
 
 /// Whether the ServiceAccount `identity` names is known not to exist (not

@@ -453,6 +453,8 @@ async fn a_tenants_many_rules_take_a_bounded_number_of_watches() {
         .await;
     let operator = Operator::start(&t, &op, &["--all-namespaces"]);
     let attacker = Tenant::admin_of(&t, &team_a, "attacker").await;
+    // Its rules act as its namespace's ServiceAccount.
+    copier_may_edit(&t, &team_a, &[&team_a]).await;
     // (kind, first namespace): Secrets and ConfigMaps of s0-s15 and
     // s16-s31 take 64 watches; Secrets of s24-s39 would add 8 more.
     let rules = [
