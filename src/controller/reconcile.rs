@@ -237,17 +237,12 @@ async fn granted_targets(
     Ok(Some(Arc::new(granted)))
 }
 
-/// A rule whose writes or reads as a ServiceAccount were refused: if that
-/// account does not exist, its status says so rather than the refusals it
-/// led to.
+/// A rule whose writes as a ServiceAccount were refused: if that account
+/// does not exist, its status says so rather than the refusals it led to
+/// (refused reads were asked about before the pass: [`ask_access`]).
 async fn say_missing_account(shared: &Shared, resolved: &ResolvedRule, observed: &mut Observed) {
     let failed = observed.problem.as_ref().is_some_and(|(reason, _)| {
-        [
-            "SyncFailed",
-            report::IMPERSONATION_REFUSED,
-            SOURCE_NOT_READABLE,
-        ]
-        .contains(&reason.as_str())
+        ["SyncFailed", report::IMPERSONATION_REFUSED].contains(&reason.as_str())
     });
     if !failed || resolved.identity == Identity::Operator {
         return;

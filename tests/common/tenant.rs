@@ -10,7 +10,7 @@ use kube::Client;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::json;
 
-use super::rbac::service_account_may;
+use super::rbac::{Binding, bind_as, service_account_may};
 use super::{
     TIMEOUT, TestNs, create_service_account, err_msg, members::client_of_file,
     service_account_kubeconfig, service_account_token, wait_until,
@@ -132,26 +132,13 @@ async fn bind_named(
     account_namespace: &str,
     account: &str,
 ) {
-    let binding: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": name, "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": account_namespace}],
-    }))
-    .expect("a RoleBinding");
-    let resource = kube::core::ApiResource::from_gvk_with_plural(
-        &kube::core::GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "RoleBinding"),
-        "rolebindings",
-    );
-    Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource)
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "binding {account} to {role} in {namespace}: {}",
-                err_msg(&e)
-            )
-        });
+    let binding = Binding {
+        role_kind: "ClusterRole",
+        role,
+        account_namespace,
+        account,
+    };
+    bind_as(client, namespace, name, binding).await;
 }
 
 /// The ServiceAccount a tenant rule writes as unless it names another

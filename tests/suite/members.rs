@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::common::members::{Member, OUTAGE, members};
 use crate::common::prometheus;
+use crate::common::rbac::{Binding, bind_as};
 use crate::common::tenant::{bind_copier, copier_may_edit};
 use crate::common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -1479,37 +1480,14 @@ async fn a_tenant_rule_writes_as_its_service_account_in_a_member_too() {
     b.register(&t.client, &op, &[]).await;
     create_service_account(&t.client, &team_a, "copyrator").await;
     let account = format!("system:serviceaccount:{team_a}:copyrator");
-    let binding = |namespace: &str, name: &str, role: &str| {
-        let object: kube::api::DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": name, "namespace": namespace},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": "copyrator", "namespace": team_a}],
-        }))
-        .expect("a RoleBinding");
-        object
+    let copier_as = |role| Binding {
+        role_kind: "ClusterRole",
+        role,
+        account_namespace: &team_a,
+        account: "copyrator",
     };
-    let bindings = |client: &kube::Client, namespace: &str| {
-        Api::<kube::api::DynamicObject>::namespaced_with(
-            client.clone(),
-            namespace,
-            &crate::common::rbac::rbac("RoleBinding", "rolebindings"),
-        )
-    };
-    bindings(&t.client, &team_a)
-        .create(
-            &kube::api::PostParams::default(),
-            &binding(&team_a, "copyrator-reads", "view"),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("the account reads: {}", err_msg(&e)));
-    bindings(&b.client, &b_t1)
-        .create(
-            &kube::api::PostParams::default(),
-            &binding(&b_t1, "copyrator-writes", "edit"),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("the account writes in the member: {}", err_msg(&e)));
+    bind_as(&t.client, &team_a, "copyrator-reads", copier_as("view")).await;
+    bind_as(&b.client, &b_t1, "copyrator-writes", copier_as("edit")).await;
     Api::<k8s_openapi::api::core::v1::Namespace>::all(b.client.clone())
         .patch(
             &b_t1,
@@ -1544,10 +1522,14 @@ async fn a_tenant_rule_writes_as_its_service_account_in_a_member_too() {
     );
     wait_member_copy(&b, &b_t1, "cfg", &[("k", "v1")]).await;
 
-    bindings(&b.client, &b_t1)
-        .delete("copyrator-writes", &Default::default())
-        .await
-        .unwrap_or_else(|e| panic!("taking the member's RoleBinding back: {}", err_msg(&e)));
+    Api::<kube::api::DynamicObject>::namespaced_with(
+        b.client.clone(),
+        &b_t1,
+        &crate::common::rbac::rbac("RoleBinding", "rolebindings"),
+    )
+    .delete("copyrator-writes", &Default::default())
+    .await
+    .unwrap_or_else(|e| panic!("taking the member's RoleBinding back: {}", err_msg(&e)));
     wait_until(
         "the member to see the RoleBinding gone",
         CONVERGE,
