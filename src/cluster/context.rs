@@ -1,5 +1,5 @@
 //! One cluster as one unit: everything the operator holds for one API
-//! server, its clients, its writer and Event recorder, the pause a
+//! server, its clients, its writer, the pause a
 //! throttled read puts on its watches, the views its watches fill, its
 //! shared source watches, and the copy watches and refusals of the kinds
 //! its API server serves. The controller holds one; more clusters would
@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use kube::Client;
-use kube::runtime::events::{Recorder, Reporter};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::task::JoinHandle;
 
@@ -50,11 +49,8 @@ pub(crate) struct Limits {
 pub(crate) struct Cluster {
     /// For watches and lists.
     pub(crate) client: Client,
-    /// For statuses and finalizers (copies and Events go through the
-    /// writer and the recorder, which hold it too).
-    pub(crate) write_client: Client,
+    /// Every write: copies, statuses, finalizers, Events, restarts.
     pub(crate) writer: Writer,
-    pub(crate) recorder: Recorder,
     /// Shared by every watch: a throttled read pauses them all.
     pub(crate) read_pause: Arc<ReadPause>,
     pub(crate) views: Views,
@@ -102,12 +98,6 @@ impl Cluster {
             health.clone(),
             concurrency_gauge,
         );
-        let reporter = Reporter {
-            controller: "copyrator".into(),
-            instance: std::env::var("POD_NAME")
-                .or_else(|_| std::env::var("HOSTNAME"))
-                .ok(),
-        };
         let read_pause = Arc::new(ReadPause::default());
         let sources = SourceHub::new(
             WatchConnections::new(client.clone(), more_reads),
@@ -117,10 +107,8 @@ impl Cluster {
             on_source_change,
         );
         Self {
-            recorder: Recorder::new(write_client.clone(), reporter),
             access: Access::new(client.clone()),
             client,
-            write_client,
             writer,
             read_pause,
             views: Views::default(),

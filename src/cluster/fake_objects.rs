@@ -2,7 +2,7 @@
 //! requests as the API server does (uids, resourceVersions, 404 and 409
 //! with preconditions, a namespace being terminated, `managedFields` for
 //! labels and annotations), with failures that a test queues and a record
-//! of every request.
+//! of every request, its writes to rules and Events among them.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -330,6 +330,40 @@ impl FakeObjects {
         next.metadata.resource_version = Some(state.next_version());
         state.objects.insert(key, next.clone());
         Ok(next)
+    }
+
+    /// A write to `rule` itself (`status` or `finalizers`): answered as
+    /// the rule with `change` made, at a new version.
+    pub(crate) fn rule_write(
+        &self,
+        verb: &'static str,
+        rule: &crate::api::rule::CopyratorRule,
+        change: impl FnOnce(&mut crate::api::rule::CopyratorRule),
+    ) -> kube::Result<crate::api::rule::CopyratorRule> {
+        let namespace = rule.metadata.namespace.as_deref().unwrap_or_default();
+        let name = rule.metadata.name.as_deref().unwrap_or_default();
+        let mut state = lock(&self.state);
+        if let Some(error) = state.injected(verb, namespace, name) {
+            return Err(error);
+        }
+        let mut answer = rule.clone();
+        change(&mut answer);
+        answer.metadata.resource_version = Some(state.next_version());
+        Ok(answer)
+    }
+
+    /// An Event on `rule`, recorded by its reason.
+    pub(crate) fn event(
+        &self,
+        rule: &crate::api::rule::CopyratorRule,
+        reason: &str,
+    ) -> kube::Result<()> {
+        let namespace = rule.metadata.namespace.as_deref().unwrap_or_default();
+        let mut state = lock(&self.state);
+        match state.injected("event", namespace, reason) {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn delete(

@@ -33,6 +33,9 @@ use crate::core::identity::Identity;
 use crate::core::plan::{Action, Claim, Desired, Occupied, occupied};
 use crate::ops::metrics::ClusterMetrics;
 
+mod rule_writes;
+pub(crate) use rule_writes::Sent;
+
 /// What became of one action.
 #[derive(Debug)]
 pub(crate) enum Outcome {
@@ -196,6 +199,8 @@ pub(crate) struct Writer {
     in_flight: WriteLimit,
     metrics: ClusterMetrics,
     leader: LeaderGate,
+    /// Events on rules, sent through the same client.
+    recorder: kube::runtime::events::Recorder,
     health: Arc<crate::ops::http::Health>,
     /// `copyrator_write_concurrency`: the home cluster's writer reports the
     /// writes it allows in flight; a member's writer reports nothing there.
@@ -403,7 +408,14 @@ impl Writer {
         if let Some(gauge) = &concurrency_gauge {
             gauge.set(i64::from(concurrency));
         }
+        let reporter = kube::runtime::events::Reporter {
+            controller: "copyrator".into(),
+            instance: std::env::var("POD_NAME")
+                .or_else(|_| std::env::var("HOSTNAME"))
+                .ok(),
+        };
         Self {
+            recorder: kube::runtime::events::Recorder::new(client.clone(), reporter),
             client,
             #[cfg(test)]
             fake: std::sync::OnceLock::new(),
@@ -425,11 +437,6 @@ impl Writer {
         failure
     }
 
-    /// Count a write request made beside the writer's own (in its cluster).
-    pub(crate) fn count_write(&self, verb: &'static str, kind: &'static str) {
-        self.metrics.write(verb, kind);
-    }
-
     /// Writes allowed in flight now (the limit throttling moves).
     pub(crate) fn concurrency(&self) -> usize {
         self.in_flight.allowed()
@@ -444,56 +451,30 @@ impl Writer {
         Store::Api(&self.client, identity)
     }
 
-    /// A merge patch of a workload's pod template annotations (a consumer
-    /// restart), as `identity`, under the field manager of every write.
-    /// The caller holds an [`Writer::other_slot`] and counts the write.
-    pub(crate) async fn patch_workload(
-        &self,
-        resource: &kube::core::ApiResource,
-        namespace: &str,
-        name: &str,
-        patch: &Value,
-        identity: &Identity,
-    ) -> kube::Result<()> {
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
-        Requests::new(&self.client, resource, namespace, identity)
-            .patch(name, &params, &Patch::Merge(patch))
-            .await
-            .map(|_| ())
-    }
-
     /// Wait for a rate token.
     async fn pace(&self) {
         self.limiter.acquire().await;
     }
 
-    /// A write slot and a rate token for a request that is not a copy write
-    /// (a status, an Event, a finalizer), held until it is answered: they
-    /// count against `--write-concurrency` too, so the writes in flight,
-    /// and the connections they take, stay bounded however many rules
-    /// are reconciled at once.
-    pub(crate) async fn other_slot(&self) -> WritePermit<'_> {
-        let permit = self.in_flight.acquire().await;
-        self.pace().await;
-        permit
+    /// Whether writes would be sent now (this process leads): for work
+    /// that only leads to writes (listing the workloads to restart).
+    pub(crate) fn leads(&self) -> bool {
+        self.leader.is_leader()
     }
 
     /// Wait for a write slot and a rate token; refuse when not the leader,
     /// before waiting as well as after, so that a process that stopped
     /// leading (or is shutting down) drains its backlog at once.
     async fn slot(&self) -> Option<WritePermit<'_>> {
-        if !self.leader.is_leader() {
+        if !self.leads() {
             return None;
         }
         let permit = self.in_flight.acquire().await;
-        if !self.leader.is_leader() {
+        if !self.leads() {
             return None;
         }
         self.pace().await;
-        self.leader.is_leader().then_some(permit)
+        self.leads().then_some(permit)
     }
 
     pub(crate) async fn execute(

@@ -24,6 +24,7 @@ use tracing::{debug, info, warn};
 
 use crate::api::kinds::Kind;
 use crate::api::rule::CopyratorRule;
+use crate::cluster::writer::Sent;
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
 use crate::core::consumers::{
@@ -249,7 +250,7 @@ pub(crate) async fn restart_consumers(
     let kind = resolved.kind;
     if !resolved.restart_consumers
         || !(kind == Kind::ConfigMap || kind == Kind::Secret)
-        || !shared.leader.is_leader()
+        || !site.cluster.writer.leads()
     {
         return restarts;
     }
@@ -496,19 +497,15 @@ async fn roll(
         restarts.too_soon_for = Some(restarts.too_soon_for.map_or(wait, |w| w.min(wait)));
         return Ok(());
     }
-    let _slot = site.cluster.writer.other_slot().await;
-    if !shared.leader.is_leader() {
-        return Err(());
-    }
     let patch = json!({"spec": {"template": {"metadata": {"annotations": due}}}});
-    site.cluster.writer.count_write("patch", workload_kind);
     match site
         .cluster
         .writer
-        .patch_workload(resource, namespace, name, &patch, identity)
+        .patch_workload(resource, workload_kind, (namespace, name), &patch, identity)
         .await
     {
-        Ok(_) => {
+        Ok(Sent::NotLeader) => Err(()),
+        Ok(Sent::Answered(())) => {
             debug!(workload = what.as_str(), "rolled a consumer");
             rolled(site, &what, shared.options.min_restart_interval);
             shared

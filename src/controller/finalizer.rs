@@ -5,15 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
-use serde_json::json;
 use tracing::info;
 
 use crate::api::kinds::Kind;
 use crate::api::rule::Disposal;
 use crate::api::rule::{ConflictPolicy, CopyratorRule, RuleKey};
-use crate::cluster::writer::Outcome;
+use crate::cluster::writer::{Outcome, Sent};
 use crate::controller::members::MEMBER_CLEANUP_GIVES_UP_AFTER;
 use crate::controller::site::Site;
 use crate::controller::state::Shared;
@@ -42,26 +40,19 @@ pub(crate) async fn set_finalizer(
     if present {
         finalizers.push(FINALIZER.into());
     }
-    if !shared.leader.is_leader() {
-        return Ok(());
-    }
-    let api: Api<CopyratorRule> =
-        Api::namespaced(shared.home.cluster.write_client.clone(), &key.namespace);
-    // The resourceVersion makes this a compare-and-swap of the whole list.
-    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": rule.metadata.resource_version}});
-    let _slot = shared.home.cluster.writer.other_slot().await;
-    shared
-        .metrics
-        .write(&shared.options.cluster_name, "patch", "CopyratorRule");
-    match api
-        .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+    match shared
+        .home
+        .cluster
+        .writer
+        .rule_finalizers(rule, finalizers)
         .await
     {
-        Ok(updated) => {
+        Ok(Sent::Answered(updated)) => {
             // Taken only if not older than what the watch has delivered meanwhile.
             shared.set_rule(key, Arc::new(updated));
             Ok(())
         }
+        Ok(Sent::NotLeader) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
         Err(source) => Err(Error::Finalizer {
             rule: key.to_string(),
@@ -283,7 +274,7 @@ pub(crate) async fn collect_orphans(shared: &Arc<Shared>, cause: &'static str) -
 
 /// [`collect_orphans`] in one site.
 pub(crate) async fn collect_orphans_in(shared: &Shared, site: &Site, cause: &'static str) -> usize {
-    if !shared.leader.is_leader() || !site.cluster.views.synced.all() {
+    if !site.cluster.views.synced.all() {
         return 0;
     }
     let mut deleted = 0;

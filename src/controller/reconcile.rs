@@ -9,16 +9,16 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
-use serde_json::json;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
+use crate::Error;
 use crate::api::kinds::Kind;
 use crate::api::rule::{ConflictEntry, CopyratorRule, RuleKey, RuleStatus};
 use crate::cache::index::Object;
 use crate::cluster::sources::Sources;
+use crate::cluster::writer::Sent;
 use crate::controller::cluster_pass::{Pass, cluster_pass, preview_plan};
 use crate::controller::finalizer::{cleanup, set_finalizer};
 use crate::controller::kinds::KindReadiness;
@@ -32,7 +32,6 @@ use crate::core::resolve::{InvalidRule, ResolvedRule};
 use crate::core::scope::Scope;
 use crate::core::status::{self, Observed};
 use crate::sync::{lock, read, write};
-use crate::{Error, FIELD_MANAGER};
 
 /// Reconcile one rule: its cleanup when deleted, its finalizer, its plan
 /// for the copies `scope` covers, and its status. Returns when the rule
@@ -976,31 +975,20 @@ pub(crate) async fn publish_status(
         StatusTiming::Later(wait) => return Ok(Published::Later(wait)),
         StatusTiming::Now => {}
     }
-    if !shared.leader.is_leader() {
-        return Ok(Published::Unchanged);
-    }
-    let api: Api<CopyratorRule> =
-        Api::namespaced(shared.home.cluster.write_client.clone(), &key.namespace);
-    let body = json!({
-        "apiVersion": format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
-        "kind": crate::api::KIND,
-        "status": next,
-    });
-    let _slot = shared.home.cluster.writer.other_slot().await;
-    shared
-        .metrics
-        .write(&shared.options.cluster_name, "patch", "CopyratorRule");
-    let updated = api
-        .patch_status(
-            &key.name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
+    let sent = shared
+        .home
+        .cluster
+        .writer
+        .rule_status(rule, &next)
         .await
         .map_err(|source| Error::Status {
             rule: key.to_string(),
             source,
         })?;
+    let Sent::Answered(updated) = sent else {
+        // Not ours to say: a standby.
+        return Ok(Published::Unchanged);
+    };
     log_transition(&key, rule.status.as_ref(), &next);
     // The rule as it is now, so the next pass compares with what we wrote
     // (older than what the watch holds is ignored).

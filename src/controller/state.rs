@@ -9,7 +9,6 @@ use std::sync::{Arc, RwLock};
 use crate::cluster::context::{Cluster, Limits};
 use crate::sync::{lock, read, write};
 
-use kube::Resource;
 use kube::runtime::events::{Event as KubeEvent, EventType};
 use tracing::warn;
 
@@ -533,10 +532,6 @@ impl Shared {
         action: &str,
         note: String,
     ) {
-        if !self.leader.is_leader() {
-            return;
-        }
-        let reference = rule.object_ref(&());
         let event = KubeEvent {
             type_,
             reason: reason.into(),
@@ -544,10 +539,7 @@ impl Shared {
             action: action.into(),
             secondary: None,
         };
-        let _slot = self.home.cluster.writer.other_slot().await;
-        self.metrics
-            .write(&self.options.cluster_name, "create", "Event");
-        if let Err(e) = self.home.cluster.recorder.publish(&event, &reference).await {
+        if let Err(e) = self.home.cluster.writer.rule_event(rule, &event).await {
             warn!(error = %crate::error::describe(&e), reason = event.reason.as_str(), "recording an event failed");
         }
     }
