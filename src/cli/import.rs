@@ -14,13 +14,14 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use futures::StreamExt;
-use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, PartialObjectMeta};
+use kube::api::{DynamicObject, ListParams, ObjectMeta, PartialObjectMeta};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::cli::report::EXIT_FAILED;
 use crate::cli::settings::{ImportArgs, ImportOutput, Settings};
+use crate::cluster::reader::{Objects, Reader};
 use crate::core::import::{Imported, Options, import};
 
 /// `copyrator import`: the configuration read (files first: a broken file
@@ -154,7 +155,7 @@ async fn read_cluster(settings: &Settings) -> anyhow::Result<Vec<Value>> {
         }
         let resource =
             ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        let api = Reader::new(client.clone()).of(&resource, None);
         match api.list(&ListParams::default()).await {
             Ok(list) => {
                 generating_found |= *kind == "GeneratingPolicy";
@@ -176,7 +177,7 @@ async fn read_cluster(settings: &Settings) -> anyhow::Result<Vec<Value>> {
     for (kind, plural) in [("ConfigMap", "configmaps"), ("Secret", "secrets")] {
         let resource =
             ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", kind), plural);
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        let api = Reader::new(client.clone()).of(&resource, None);
         let mut pages = std::pin::pin!(list_metadata(&api));
         while let Some(page) = pages.next().await {
             for meta in page.with_context(|| format!("listing the {kind}s' metadata"))? {
@@ -189,7 +190,7 @@ async fn read_cluster(settings: &Settings) -> anyhow::Result<Vec<Value>> {
 
 /// The metadata of every object `api` lists, 500 at a time.
 fn list_metadata(
-    api: &Api<DynamicObject>,
+    api: &Objects<DynamicObject>,
 ) -> impl futures::Stream<Item = kube::Result<Vec<ObjectMeta>>> + '_ {
     futures::stream::unfold(Some(None::<String>), move |next| async move {
         let token = next?;

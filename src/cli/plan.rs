@@ -130,7 +130,8 @@ async fn plan(settings: Settings, from_files: Option<Vec<FileRule>>) -> anyhow::
         crate::cli::run::api_clients(settings.api_transport, settings.write_concurrency as usize)
             .await?;
     // One request first, so that an API server out of reach is said at once.
-    tokio::time::timeout(PLAN_REACH_WITHIN, clients.read.apiserver_version())
+    let reader = crate::cluster::reader::Reader::new(clients.read.clone());
+    tokio::time::timeout(PLAN_REACH_WITHIN, reader.version())
         .await
         .map_err(|_| {
             anyhow::anyhow!(

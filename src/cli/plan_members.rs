@@ -156,8 +156,8 @@ async fn listed(
     reach_within: Duration,
     lists_within: Duration,
 ) -> Result<(), PlanError> {
-    let client = member.site.cluster.client.clone();
-    match tokio::time::timeout(reach_within, client.apiserver_version()).await {
+    let reader = member.site.cluster.reader.clone();
+    match tokio::time::timeout(reach_within, reader.version()).await {
         Err(_) => {
             return Err(PlanError::MemberSilent {
                 seconds: reach_within.as_secs(),

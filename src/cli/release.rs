@@ -10,12 +10,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions};
+use kube::api::{DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
 use kube::{Client, ResourceExt};
-use serde_json::json;
 use tokio::time::Instant;
 use tracing::info;
 
@@ -24,7 +22,9 @@ use crate::api::rule::CopyratorRule;
 use crate::cache::index::Object;
 use crate::cli::settings::{CopiesOnRelease, ReleaseArgs, Settings};
 use crate::cli::whereabouts::member_clients;
-use crate::{FIELD_MANAGER, FINALIZER, LABEL_RULE_UID};
+use crate::cluster::reader::Reader;
+use crate::cluster::tool_writes::ToolWrites;
+use crate::{FINALIZER, LABEL_RULE_UID};
 
 /// How often a wait looks again.
 const POLL: Duration = Duration::from_millis(500);
@@ -122,17 +122,8 @@ async fn stop_deployment(
     name: &str,
     wait: Duration,
 ) -> anyhow::Result<()> {
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
-    };
-    let scaled = deployments
-        .patch(
-            name,
-            &params,
-            &Patch::Merge(json!({"spec": {"replicas": 0}})),
-        )
+    let scaled = ToolWrites::new(client.clone())
+        .scale_to_zero(namespace, name)
         .await
         .with_context(|| format!("scaling Deployment {namespace}/{name} to 0"))?;
     let spec: k8s_openapi::api::apps::v1::DeploymentSpec = crate::api::required(scaled.spec);
@@ -145,7 +136,7 @@ async fn stop_deployment(
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join(",");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pods = Reader::new(client.clone()).within::<Pod>(namespace);
     let started = Instant::now();
     loop {
         let left = pods
@@ -177,12 +168,9 @@ async fn rules_in_scope(
     client: &Client,
     settings: &Settings,
 ) -> anyhow::Result<Vec<CopyratorRule>> {
-    let api: Api<CopyratorRule> = if settings.all_namespaces {
-        Api::all(client.clone())
-    } else {
-        Api::namespaced(client.clone(), &settings.namespace)
-    };
-    let rules = api
+    let namespace = (!settings.all_namespaces).then_some(settings.namespace.as_str());
+    let rules = Reader::new(client.clone())
+        .within_or_everywhere::<CopyratorRule>(namespace)
         .list(&ListParams::default())
         .await
         .context("listing the CopyratorRules")?
@@ -210,7 +198,7 @@ async fn kinds_of(client: &Client, rules: &[CopyratorRule]) -> anyhow::Result<Ve
             continue;
         };
         let gvk = GroupVersionKind::gvk(group, version, &object_type.kind);
-        let Ok((resource, _)) = kube::discovery::pinned_kind(client, &gvk).await else {
+        let Ok((resource, _)) = Reader::new(client.clone()).discover_kind(&gvk).await else {
             // Not served: nothing of it to delete.
             continue;
         };
@@ -238,8 +226,9 @@ async fn delete_copies(
     uids: &BTreeSet<String>,
 ) -> anyhow::Result<usize> {
     let mut deleted = 0;
+    let writes = ToolWrites::new(client.clone());
     for &kind in kinds {
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.api_resource());
+        let api = Reader::new(client.clone()).of(&kind.api_resource(), None);
         // Metadata only, a page at a time, each deleted before the next is
         // asked for: the Job's memory stays small however many copies, of
         // whatever size, there are.
@@ -256,7 +245,7 @@ async fn delete_copies(
                 object.metadata = meta.metadata;
                 let copy = Object::from_dynamic(kind, object);
                 let ours = copy.rule_uid().is_some_and(|uid| uids.contains(uid));
-                if ours && !copy.create_only && delete_copy(client, kind, &copy).await? {
+                if ours && !copy.create_only && delete_copy(&writes, kind, &copy).await? {
                     deleted += 1;
                 }
             }
@@ -271,30 +260,19 @@ async fn delete_copies(
 
 /// Delete `copy` (that very object: its UID is a precondition); whether
 /// it went (it may have gone already).
-async fn delete_copy(client: &Client, kind: Kind, copy: &Object) -> anyhow::Result<bool> {
-    let namespaced: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &copy.namespace, &kind.api_resource());
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: Some(copy.uid.clone()),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    match namespaced.delete(&copy.name, &params).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
-        Err(e) => {
-            Err(e).with_context(|| format!("deleting {kind} {}/{}", copy.namespace, copy.name))
-        }
-    }
+async fn delete_copy(writes: &ToolWrites, kind: Kind, copy: &Object) -> anyhow::Result<bool> {
+    writes
+        .delete_copy(kind, copy)
+        .await
+        .with_context(|| format!("deleting {kind} {}/{}", copy.namespace, copy.name))
 }
 
 /// Remove our finalizer from `rule`, retrying on a newer version; returns
 /// whether it had one.
 async fn remove_finalizer(client: &Client, rule: &CopyratorRule) -> anyhow::Result<bool> {
     let key = rule.key();
-    let api: Api<CopyratorRule> = Api::namespaced(client.clone(), &key.namespace);
+    let writes = ToolWrites::new(client.clone());
+    let rules = Reader::new(client.clone()).within::<CopyratorRule>(&key.namespace);
     let mut current = rule.clone();
     for _ in 0..5 {
         if !current.finalizers().iter().any(|f| f == FINALIZER) {
@@ -306,18 +284,14 @@ async fn remove_finalizer(client: &Client, rule: &CopyratorRule) -> anyhow::Resu
             .filter(|f| *f != FINALIZER)
             .collect();
         // The resourceVersion makes this a compare-and-swap of the list.
-        let patch = json!({"metadata": {
-            "finalizers": kept,
-            "resourceVersion": current.resource_version(),
-        }});
-        match api
-            .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+        match writes
+            .rule_finalizers(&key, &kept, current.resource_version())
             .await
         {
             Ok(_) => return Ok(true),
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
             Err(kube::Error::Api(status)) if status.code == 409 => {
-                match api.get_opt(&key.name).await {
+                match rules.get_opt(&key.name).await {
                     Ok(Some(newer)) => current = newer,
                     Ok(None) => return Ok(false),
                     Err(e) => return Err(e).with_context(|| format!("reading rule {key}")),

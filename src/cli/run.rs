@@ -159,7 +159,7 @@ fn leadership(settings: &Settings, clients: &Clients, metrics: &Arc<Metrics>) ->
 /// Read (or make) the installation's mark key and install it.
 async fn install_mark_key(settings: &Settings, shared: &Shared) -> anyhow::Result<()> {
     let key = crate::cluster::mark_key::load_or_create(
-        &shared.home.cluster.client,
+        &shared.home.cluster,
         &settings.namespace,
         &settings.mark_key_secret,
         &shared.metrics,
@@ -214,7 +214,7 @@ async fn serve_http(
     };
     let metrics_auth = settings.metrics_auth.then(|| {
         crate::ops::metrics_auth::MetricsAuth::new(
-            shared.home.cluster.client.clone(),
+            shared.home.cluster.reader.clone(),
             settings.max_metrics_reviews,
             shared.metrics.clone(),
         )
@@ -351,6 +351,6 @@ fn watch_pending_work(health: &Health, shared: &Arc<Shared>) {
     health.watch_work(move || {
         shared
             .upgrade()
-            .is_some_and(|s| s.leader.is_leader() && !s.home.queue.is_empty())
+            .is_some_and(|s| s.home.cluster.writer.leads() && !s.home.queue.is_empty())
     });
 }

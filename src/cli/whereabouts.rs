@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DynamicObject, ListParams, PartialObjectMeta};
+use kube::api::ListParams;
 use kube::{Client, ResourceExt};
 use serde::Serialize;
 use thiserror::Error;
@@ -23,6 +23,7 @@ use crate::api::rule::CopyratorRule;
 use crate::cache::index::{NamespaceInfo, Object};
 use crate::cli::settings::{PlanOutput, Settings, WhereArgs};
 use crate::cluster::leader::LeaderGate;
+use crate::cluster::reader::Reader;
 use crate::controller::fleet;
 use crate::controller::member_pass::in_member;
 use crate::controller::state::Shared;
@@ -331,7 +332,9 @@ async fn find(settings: Settings, args: &WhereArgs) -> anyhow::Result<Found> {
     let source_ref = format!("{namespace}/{name}");
     let source = bounded(
         &format!("reading {kind} {source_ref}"),
-        Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &resource).get_opt(&name),
+        Reader::new(client.clone())
+            .of(&resource, Some(&namespace))
+            .get_opt(&name),
     )
     .await?
     .ok_or_else(|| WhereError::NoSource {
@@ -418,11 +421,8 @@ pub(crate) async fn live_rules(
     client: &Client,
     settings: &Settings,
 ) -> Result<Vec<CopyratorRule>, WhereError> {
-    let api: Api<CopyratorRule> = if settings.all_namespaces {
-        Api::all(client.clone())
-    } else {
-        Api::namespaced(client.clone(), &settings.namespace)
-    };
+    let namespace = (!settings.all_namespaces).then_some(settings.namespace.as_str());
+    let api = Reader::new(client.clone()).within_or_everywhere::<CopyratorRule>(namespace);
     Ok(bounded(
         "listing the CopyratorRules",
         api.list(&ListParams::default()),
@@ -510,7 +510,7 @@ async fn unfollowed_rules<'a>(
             .rule_uid()
             .is_some_and(|uid| live_uids.iter().any(|u| u == uid));
         let exists = live || {
-            let api: Api<CopyratorRule> = Api::namespaced(home.clone(), namespace);
+            let api = Reader::new(home.clone()).within::<CopyratorRule>(namespace);
             bounded(&format!("reading the rule {rule}"), api.get_opt(name))
                 .await
                 .map_or(true, |rule| rule.is_some())
@@ -588,7 +588,8 @@ async fn read_cluster(
     kind: Kind,
     name: &str,
 ) -> Result<(BTreeMap<String, NamespaceInfo>, BTreeMap<String, Object>), WhereError> {
-    let namespaces: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
+    let reader = Reader::new(client.clone());
+    let namespaces = reader.everywhere::<Namespace>();
     let namespaces = bounded(
         "listing the namespaces",
         namespaces.list_metadata(&ListParams::default()),
@@ -598,7 +599,7 @@ async fn read_cluster(
     .into_iter()
     .map(|meta| (meta.name_any(), NamespaceInfo::of(&meta.metadata)))
     .collect();
-    let objects: Api<DynamicObject> = Api::all_with(client.clone(), &kind.api_resource());
+    let objects = reader.of(&kind.api_resource(), None);
     let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
     let copies = bounded(
         &format!("listing the {kind}s named {name}"),

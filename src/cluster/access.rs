@@ -288,7 +288,7 @@ impl Access {
 /// whatever the change, a kept answer may be wrong now, and a write the
 /// API server refused may be allowed.
 pub(crate) async fn follow_rbac(
-    client: kube::Client,
+    reader: &crate::cluster::reader::Reader,
     health: &std::sync::Arc<crate::ops::http::Health>,
     pause: &crate::core::backoff::ReadPause,
     changed: impl Fn() + Sync,
@@ -308,28 +308,28 @@ pub(crate) async fn follow_rbac(
     let on_event = |_: crate::cluster::watch::Change<()>| changed();
     futures::join!(
         follow(
-            Api::<PartialObjectMeta<Role>>::all(client.clone()),
+            reader.everywhere::<PartialObjectMeta<Role>>(),
             watch_config(),
             watching("roles"),
             |_| (),
             on_event,
         ),
         follow(
-            Api::<PartialObjectMeta<RoleBinding>>::all(client.clone()),
+            reader.everywhere::<PartialObjectMeta<RoleBinding>>(),
             watch_config(),
             watching("rolebindings"),
             |_| (),
             on_event,
         ),
         follow(
-            Api::<PartialObjectMeta<ClusterRole>>::all(client.clone()),
+            reader.everywhere::<PartialObjectMeta<ClusterRole>>(),
             watch_config(),
             watching("clusterroles"),
             |_| (),
             on_event,
         ),
         follow(
-            Api::<PartialObjectMeta<ClusterRoleBinding>>::all(client.clone()),
+            reader.everywhere::<PartialObjectMeta<ClusterRoleBinding>>(),
             watch_config(),
             watching("clusterrolebindings"),
             |_| (),

@@ -24,6 +24,7 @@ use crate::cluster::access::Access;
 use crate::cluster::client::{Clients, WatchConnections};
 use crate::cluster::leader::LeaderGate;
 use crate::cluster::ratelimit::RateLimiter;
+use crate::cluster::reader::Reader;
 use crate::cluster::sources::{OnChange, SourceHub};
 use crate::cluster::writer::Writer;
 use crate::core::backoff::ReadPause;
@@ -47,8 +48,10 @@ pub(crate) struct Limits {
 }
 
 pub(crate) struct Cluster {
-    /// For watches and lists.
-    pub(crate) client: Client,
+    /// For watches and lists, here in `cluster/`; elsewhere through `reader`.
+    pub(in crate::cluster) client: Client,
+    /// Lists, lookups and reviews as the operator.
+    pub(crate) reader: Reader,
     /// Every write: copies, statuses, finalizers, Events, restarts.
     pub(crate) writer: Writer,
     /// Shared by every watch: a throttled read pauses them all.
@@ -108,6 +111,7 @@ impl Cluster {
         );
         Self {
             access: Access::new(client.clone()),
+            reader: Reader::new(client.clone()),
             client,
             writer,
             read_pause,

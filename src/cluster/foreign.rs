@@ -62,11 +62,12 @@ enum WatchEnded {
 /// to the health check under `watching.name` and paused with every other
 /// watch while the API server throttles reads.
 pub(crate) async fn follow_foreign(
-    api: Api<DynamicObject>,
+    objects: crate::cluster::reader::Objects<DynamicObject>,
     kind: Kind,
     watching: Watching<'_>,
     mut handle: impl FnMut(ForeignEvent),
 ) {
+    let api = objects.api();
     let Watching {
         name,
         health,

@@ -30,8 +30,8 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use kube::Error as KubeError;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
-use kube::{Client, Error as KubeError};
 use ring::rand::{SecureRandom, SystemRandom};
 use tracing::{info, warn};
 
@@ -163,7 +163,7 @@ struct Rounds<'a> {
 /// has one; every failure meanwhile is logged and counts as progress for
 /// `/healthz` (the operator waits, it is not stuck).
 pub(crate) async fn load_or_create(
-    client: &Client,
+    cluster: &crate::cluster::context::Cluster,
     namespace: &str,
     name: &str,
     metrics: &Metrics,
@@ -176,7 +176,7 @@ pub(crate) async fn load_or_create(
         .fill(&mut fresh)
         .map_err(|_| MarkKeyError::Random)?;
     let mut rounds = Rounds {
-        api: Api::namespaced(client.clone(), namespace),
+        api: Api::namespaced(cluster.client.clone(), namespace),
         namespace,
         name,
         fresh,

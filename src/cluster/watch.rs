@@ -11,13 +11,13 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use kube::Resource;
-use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::warn;
 
+use crate::cluster::reader::Objects;
 use crate::core::backoff::{ReadPause, WatchBackoff};
 use crate::ops::http::Health;
 
@@ -205,7 +205,7 @@ pub(crate) struct Watching<'a> {
 /// the API server answers 404 (the resource is not served) ends the watch
 /// instead, its failure forgotten by the health check.
 pub(crate) async fn follow<K, T>(
-    api: Api<K>,
+    objects: Objects<K>,
     config: watcher::Config,
     watching: Watching<'_>,
     convert: impl Fn(K) -> T,
@@ -222,7 +222,7 @@ where
     } = watching;
     // Stopped or aborted (a kind no rule needs): no failing watch.
     let _forget_on_stop = health.watch_guard(name);
-    let mut stream = watcher::watcher(api, config)
+    let mut stream = watcher::watcher(objects.api(), config)
         .backoff(WatchBackoff::default())
         .boxed();
     let mut folder = Folder::default();

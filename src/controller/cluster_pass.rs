@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::ListParams;
 use tokio::time::Instant;
 
 use crate::Error;
@@ -189,7 +189,7 @@ async fn take_over_or_skip(
         return Ok(actions);
     }
     let kind = resolved.kind;
-    let api: Api<DynamicObject> = Api::all_with(site.cluster.client.clone(), &kind.api_resource());
+    let api = site.cluster.reader.of(&kind.api_resource(), None);
     let mut lists = futures::stream::iter(names)
         .map(|name| {
             let api = api.clone();

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
 use tracing::{debug, info, warn};
@@ -370,10 +370,7 @@ async fn list_and_roll(
             vec![None]
         };
         for namespace in lists {
-            let api: Api<DynamicObject> = match namespace {
-                Some(ns) => Api::namespaced_with(site.cluster.client.clone(), ns, &resource),
-                None => Api::all_with(site.cluster.client.clone(), &resource),
-            };
+            let api = site.cluster.reader.of(&resource, namespace);
             let mut token: Option<String> = None;
             loop {
                 let mut params = ListParams::default().limit(PAGE);

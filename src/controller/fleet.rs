@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{DynamicObject, ListParams};
 use kube::runtime::events::EventType;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -26,6 +26,7 @@ use crate::api::rule::RuleKey;
 use crate::cluster::client::{ApiServer, Transport, clients_with_deadlines};
 use crate::cluster::context::{Cluster, Limits};
 use crate::cluster::inventory::{self, InsecureMembers, MemberAccess};
+use crate::cluster::reader::Objects;
 use crate::cluster::watch::{Change, WatchEnd, Watching, follow, watch_config};
 use crate::controller::members::{Member, Reach, UnusableMember};
 use crate::controller::site::{Site, SiteName};
@@ -174,15 +175,15 @@ pub(crate) fn member_views(
 /// select the member, and a member that answers again gets every pass.
 async fn probe(shared: std::sync::Weak<Shared>, member: std::sync::Weak<Member>) {
     loop {
-        let Some((client, pause)) = member.upgrade().map(|m| {
+        let Some((reader, pause)) = member.upgrade().map(|m| {
             (
-                m.site.cluster.client.clone(),
+                m.site.cluster.reader.clone(),
                 m.site.cluster.read_pause.clone(),
             )
         }) else {
             return;
         };
-        let answer = tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await;
+        let answer = tokio::time::timeout(PROBE_TIMEOUT, reader.version()).await;
         let (Some(shared), Some(member)) = (shared.upgrade(), member.upgrade()) else {
             return;
         };
@@ -358,7 +359,7 @@ impl Drop for AbortOnDrop {
 /// Follow one kind of the inventory into `held`, by name, telling
 /// `changed` of every change; returns how the watch ended.
 async fn follow_by_name<K>(
-    api: Api<K>,
+    objects: Objects<K>,
     watching: Watching<'_>,
     held: &std::sync::Mutex<BTreeMap<String, K>>,
     changed: &Notify,
@@ -367,7 +368,7 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     follow(
-        api,
+        objects,
         watch_config(),
         watching,
         |object: K| (object.name_any(), object),
@@ -390,24 +391,24 @@ where
 }
 
 async fn watch_secrets(shared: Arc<Shared>, inventory: Arc<Inventory>, health: Arc<Health>) {
-    let api: Api<Secret> = Api::namespaced(
-        shared.home.cluster.client.clone(),
-        &shared.trust.operator_namespace,
-    );
+    let secrets = shared
+        .home
+        .cluster
+        .reader
+        .within::<Secret>(&shared.trust.operator_namespace);
     let watching = Watching {
         name: "inventory secrets",
         health: &health,
         pause: &shared.home.cluster.read_pause,
         stop_if_unserved: false,
     };
-    follow_by_name(api, watching, &inventory.secrets, &inventory.changed).await;
+    follow_by_name(secrets, watching, &inventory.secrets, &inventory.changed).await;
 }
 
 async fn watch_profiles(shared: Arc<Shared>, inventory: Arc<Inventory>, health: Arc<Health>) {
-    let api: Api<DynamicObject> = Api::namespaced_with(
-        shared.home.cluster.client.clone(),
-        &shared.trust.operator_namespace,
+    let profiles = shared.home.cluster.reader.of(
         &inventory::cluster_profile_resource(),
+        Some(&shared.trust.operator_namespace),
     );
     let mut said_unserved = false;
     loop {
@@ -418,7 +419,7 @@ async fn watch_profiles(shared: Arc<Shared>, inventory: Arc<Inventory>, health: 
             stop_if_unserved: true,
         };
         let followed = follow_by_name(
-            api.clone(),
+            profiles.clone(),
             watching,
             &inventory.profiles,
             &inventory.changed,
@@ -496,12 +497,13 @@ pub(crate) async fn list_inventory(
     shared: &Shared,
 ) -> Result<BTreeMap<String, MemberAccess>, Error> {
     let namespace = &shared.trust.operator_namespace;
-    let client = shared.home.cluster.client.clone();
+    let reader = &shared.home.cluster.reader;
     let lookup = |what: &str| {
         let what = format!("the {what} of the member clusters' inventory in namespace {namespace}");
         move |source| Error::Lookup { what, source }
     };
-    let secrets: BTreeMap<String, Secret> = Api::<Secret>::namespaced(client.clone(), namespace)
+    let secrets: BTreeMap<String, Secret> = reader
+        .within::<Secret>(namespace)
         .list(&ListParams::default())
         .await
         .map_err(lookup("Secrets"))?
@@ -509,9 +511,8 @@ pub(crate) async fn list_inventory(
         .into_iter()
         .map(|secret| (secret.name_any(), secret))
         .collect();
-    let profiles_api: Api<DynamicObject> =
-        Api::namespaced_with(client, namespace, &inventory::cluster_profile_resource());
-    let profiles = match profiles_api.list(&ListParams::default()).await {
+    let profiles = reader.of(&inventory::cluster_profile_resource(), Some(namespace));
+    let profiles = match profiles.list(&ListParams::default()).await {
         Ok(list) => list
             .items
             .into_iter()

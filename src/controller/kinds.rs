@@ -9,7 +9,6 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use k8s_openapi::api::rbac::v1::Role;
-use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, verbs};
 use tokio::task::{JoinHandle, JoinSet};
@@ -206,20 +205,19 @@ async fn discover(
 ) -> Result<Result<Discovered, KindReadiness>, Error> {
     let gvk = GroupVersionKind::gvk(group, version, &object_type.kind);
     let name = object_type.name();
-    let (resource, capabilities) =
-        match kube::discovery::pinned_kind(&shared.home.cluster.client, &gvk).await {
-            Ok(found) => found,
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                return Ok(Err(unknown(object_type)));
-            }
-            Err(kube::Error::Discovery(_)) => return Ok(Err(unknown(object_type))),
-            Err(e) => {
-                return Err(Error::Lookup {
-                    what: format!("the kind {name} (API discovery)"),
-                    source: e,
-                });
-            }
-        };
+    let (resource, capabilities) = match shared.home.cluster.reader.discover_kind(&gvk).await {
+        Ok(found) => found,
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            return Ok(Err(unknown(object_type)));
+        }
+        Err(kube::Error::Discovery(_)) => return Ok(Err(unknown(object_type))),
+        Err(e) => {
+            return Err(Error::Lookup {
+                what: format!("the kind {name} (API discovery)"),
+                source: e,
+            });
+        }
+    };
     if capabilities.scope == Scope::Cluster {
         return Ok(Err(KindReadiness::Refused(
             InvalidRule {
@@ -309,7 +307,6 @@ async fn refused_access(
 
 /// Whether RBAC lets the operator `verb` `resource` of `group` cluster-wide.
 async fn may(shared: &Shared, group: &str, resource: &str, verb: &str) -> Result<bool, Error> {
-    let reviews: Api<SelfSubjectAccessReview> = Api::all(shared.home.cluster.client.clone());
     let review = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
             resource_attributes: Some(ResourceAttributes {
@@ -322,8 +319,11 @@ async fn may(shared: &Shared, group: &str, resource: &str, verb: &str) -> Result
         },
         ..Default::default()
     };
-    let answer = reviews
-        .create(&PostParams::default(), &review)
+    let answer = shared
+        .home
+        .cluster
+        .reader
+        .self_review(&review)
         .await
         .map_err(|e| Error::Lookup {
             what: format!("whether the operator may {verb} {resource}"),
@@ -420,7 +420,7 @@ async fn watch_named_kind(
                 what: format!("the API group {group:?} (API discovery)"),
                 source: e,
             };
-            let api_group = match kube::discovery::group(&shared.home.cluster.client, group).await {
+            let api_group = match shared.home.cluster.reader.discover_group(group).await {
                 Ok(api_group) => api_group,
                 Err(kube::Error::Discovery(_)) => {
                     return Ok(Some("no such API group is served".into()));
@@ -551,8 +551,7 @@ pub(crate) fn spawn_copy_watch(shared: Arc<Shared>, site: Arc<Site>, kind: Kind)
         // this task, which aborts them, whether it ends (its kind no longer
         // served) or is aborted (at shutdown, or by `release_unused`).
         let mut collections = JoinSet::new();
-        let api: Api<DynamicObject> =
-            Api::all_with(site.cluster.client.clone(), &kind.api_resource());
+        let api = site.cluster.reader.of(&kind.api_resource(), None);
         let config = watch_config().labels(crate::LABEL_RULE_UID);
         let index = site.cluster.views.copies(kind);
         let convert = |object| Arc::new(Object::from_dynamic(kind, object).into_compact());
@@ -634,7 +633,7 @@ async fn follow_roles_for(shared: &Shared, site: &Site, kind: Kind) -> WatchEnd 
 /// queues the rules that copy RoleBindings where its namespace concerns
 /// them; the rules wait for the first list.
 async fn follow_roles(shared: &Shared, site: &Site) -> WatchEnd {
-    let api: Api<Role> = Api::all(site.cluster.client.clone());
+    let api = site.cluster.reader.everywhere::<Role>();
     let views = &site.cluster.views;
     follow(
         api,

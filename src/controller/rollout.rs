@@ -14,8 +14,7 @@ use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, Deployment, DeploymentSpec, StatefulSet, StatefulSetSpec,
 };
 use k8s_openapi::api::core::v1::PodTemplateSpec;
-use kube::Api;
-use kube::api::{DynamicObject, ListParams};
+use kube::api::ListParams;
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -23,6 +22,7 @@ use crate::api::kinds::Kind;
 use crate::api::required;
 use crate::cache::index::Object;
 use crate::cache::mark::{Consumer, RestartForm, restart_form, rolled_out_digest};
+use crate::cluster::reader::Reader;
 use crate::controller::site::{RuleMemory, Site};
 use crate::core::consumers::{opted_out, restart_key, restart_value, use_of};
 use crate::core::plan::{DesiredCopies, Plan};
@@ -140,11 +140,10 @@ async fn read_earlier(
     read: &EarlierRead,
 ) -> Option<(String, (u64, Arc<BTreeMap<String, Value>>))> {
     let (namespace, name) = (read.namespace.as_str(), read.name.as_str());
-    let api: Api<DynamicObject> = Api::namespaced_with(
-        site.cluster.client.clone(),
-        namespace,
-        &resolved.kind.api_resource(),
-    );
+    let api = site
+        .cluster
+        .reader
+        .of(&resolved.kind.api_resource(), Some(namespace));
     let object = match api.get_opt(name).await {
         Ok(Some(object)) => Object::from_dynamic(resolved.kind, object),
         Ok(None) => return None,
@@ -285,7 +284,7 @@ async fn not_available(
     };
     let mut waiting = Vec::new();
     for namespace in &check.namespaces {
-        let (rolling, not_listed) = workloads_in(&site.cluster.client, namespace, &judge).await;
+        let (rolling, not_listed) = workloads_in(&site.cluster.reader, namespace, &judge).await;
         waiting.extend(not_listed);
         waiting.extend(
             rolling
@@ -300,13 +299,13 @@ async fn not_available(
 /// The Deployments, StatefulSets and DaemonSets of `namespace` as
 /// `judge` sees them, and the kinds that could not be listed (why).
 async fn workloads_in(
-    client: &kube::Client,
+    reader: &Reader,
     namespace: &str,
     judge: &Judge<'_>,
 ) -> (Vec<Rolling>, Vec<String>) {
     let mut rolling = Vec::new();
     let listed = [
-        list::<Deployment>(client, namespace).await.map(|items| {
+        list::<Deployment>(reader, namespace).await.map(|items| {
             rolling.extend(items.into_iter().map(|d| {
                 let spec: DeploymentSpec = required(d.spec);
                 let status = d.status.unwrap_or_default();
@@ -326,7 +325,7 @@ async fn workloads_in(
                 )
             }));
         }),
-        list::<StatefulSet>(client, namespace).await.map(|items| {
+        list::<StatefulSet>(reader, namespace).await.map(|items| {
             rolling.extend(items.into_iter().map(|s| {
                 let spec: StatefulSetSpec = required(s.spec);
                 let status = s.status.unwrap_or_default();
@@ -346,7 +345,7 @@ async fn workloads_in(
                 )
             }));
         }),
-        list::<DaemonSet>(client, namespace).await.map(|items| {
+        list::<DaemonSet>(reader, namespace).await.map(|items| {
             rolling.extend(items.into_iter().map(|d| {
                 let spec: DaemonSetSpec = required(d.spec);
                 let status = d.status.unwrap_or_default();
@@ -372,20 +371,20 @@ async fn workloads_in(
 }
 
 /// The workloads of kind `K` in `namespace`, or why they were not listed.
-async fn list<K>(client: &kube::Client, namespace: &str) -> Result<Vec<K>, String>
+async fn list<K>(reader: &Reader, namespace: &str) -> Result<Vec<K>, String>
 where
-    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
         + Clone
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
-    K::DynamicType: Default,
 {
-    Api::<K>::namespaced(client.clone(), namespace)
+    reader
+        .within::<K>(namespace)
         .list(&ListParams::default())
         .await
         .map(|list| list.items)
         .map_err(|e| {
-            let kind = K::kind(&K::DynamicType::default()).to_string();
+            let kind = K::kind(&()).to_string();
             format!("{kind}s in {namespace} not listed: {}", describe(&e))
         })
 }

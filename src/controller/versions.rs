@@ -52,10 +52,10 @@ pub(crate) fn report(metrics: &Metrics, cluster: &str, answer: &Info) {
 /// Read the home cluster's version now and every [`HOME_EVERY`]; runs
 /// until dropped.
 pub(crate) async fn watch_home(shared: Arc<Shared>) {
-    let client = shared.home.cluster.client.clone();
+    let reader = shared.home.cluster.reader.clone();
     let cluster = shared.options.cluster_name.clone();
     loop {
-        let wait = match client.apiserver_version().await {
+        let wait = match reader.version().await {
             Ok(answer) => {
                 report(&shared.metrics, &cluster, &answer);
                 HOME_EVERY

@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
-use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use tokio::task::JoinHandle;
 
@@ -27,13 +26,11 @@ use crate::sync::{lock, read, write};
 
 pub(crate) fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let api: Api<CopyratorRule> = if shared.trust.all_namespaces {
-            Api::all(shared.home.cluster.client.clone())
+        let reader = &shared.home.cluster.reader;
+        let rules = if shared.trust.all_namespaces {
+            reader.everywhere::<CopyratorRule>()
         } else {
-            Api::namespaced(
-                shared.home.cluster.client.clone(),
-                &shared.trust.operator_namespace,
-            )
+            reader.within::<CopyratorRule>(&shared.trust.operator_namespace)
         };
         let mut config = watch_config();
         if let Some(name) = &shared.options.rule_name {
@@ -41,7 +38,7 @@ pub(crate) fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
         }
         let convert = |rule: CopyratorRule| (rule.key(), Arc::new(rule));
         follow(
-            api,
+            rules,
             config,
             Watching {
                 name: "copyratorrules",
@@ -62,12 +59,15 @@ pub(crate) fn spawn_rule_watch(shared: Arc<Shared>) -> JoinHandle<()> {
 
 pub(crate) fn spawn_namespace_watch(shared: Arc<Shared>, site: Arc<Site>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let api: Api<PartialObjectMeta<Namespace>> = Api::all(site.cluster.client.clone());
+        let namespaces = site
+            .cluster
+            .reader
+            .everywhere::<PartialObjectMeta<Namespace>>();
         let convert = |meta: PartialObjectMeta<Namespace>| {
             (meta.name_any(), NamespaceInfo::of(&meta.metadata))
         };
         follow(
-            api,
+            namespaces,
             watch_config(),
             Watching {
                 name: "namespaces",
@@ -97,7 +97,7 @@ pub(crate) fn spawn_rbac_watch(shared: Arc<Shared>) -> JoinHandle<()> {
         cluster.access.until_wanted().await;
         let changed = tokio::sync::Notify::new();
         let follow = crate::cluster::access::follow_rbac(
-            cluster.client.clone(),
+            &cluster.reader,
             &cluster.health,
             &cluster.read_pause,
             || {

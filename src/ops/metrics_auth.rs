@@ -26,12 +26,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::cluster::reader::Reader;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
-use kube::Api;
-use kube::api::PostParams;
 use ring::digest::{SHA256, digest};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -168,8 +167,8 @@ pub(crate) struct Reviews<R: Reviewer> {
 pub(crate) type MetricsAuth = Reviews<ApiServer>;
 
 impl MetricsAuth {
-    pub(crate) fn new(client: kube::Client, max_in_flight: u32, metrics: Arc<Metrics>) -> Self {
-        Reviews::with_reviewer(ApiServer { client }, max_in_flight as usize, metrics)
+    pub(crate) fn new(reader: Reader, max_in_flight: u32, metrics: Arc<Metrics>) -> Self {
+        Reviews::with_reviewer(ApiServer { reader }, max_in_flight as usize, metrics)
     }
 }
 
@@ -291,7 +290,7 @@ impl Drop for InFlight<'_> {
 
 /// The API server's TokenReview and SubjectAccessReview.
 pub(crate) struct ApiServer {
-    client: kube::Client,
+    reader: Reader,
 }
 
 impl Reviewer for ApiServer {
@@ -308,10 +307,7 @@ impl Reviewer for ApiServer {
             },
             ..TokenReview::default()
         };
-        let answer = match Api::<TokenReview>::all(self.client.clone())
-            .create(&PostParams::default(), &review)
-            .await
-        {
+        let answer = match self.reader.token_review(&review).await {
             Ok(answer) => answer,
             Err(e) => {
                 tracing::warn!(
@@ -342,10 +338,7 @@ impl Reviewer for ApiServer {
             },
             ..SubjectAccessReview::default()
         };
-        match Api::<SubjectAccessReview>::all(self.client.clone())
-            .create(&PostParams::default(), &access)
-            .await
-        {
+        match self.reader.subject_review(&access).await {
             Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => Verdict::Allowed,
             Ok(_) => Verdict::Forbidden,
             Err(e) => {
