@@ -824,6 +824,23 @@ impl SourceHub {
         Sources::Listed(objects)
     }
 
+    /// Unit tests only: the watches that serve `key` hold `objects` and
+    /// have listed, as if their lists had come back (their tasks, with no
+    /// API server to ask, are stopped).
+    #[cfg(test)]
+    pub(crate) fn listed_for_tests(&mut self, key: &RuleKey, objects: &[Object]) {
+        for (watch_key, generation) in self.served.get(key).cloned().unwrap_or_default() {
+            if let Some(watch) = self.watches.get(&watch_key) {
+                watch.task.abort();
+                let mut store = write(&watch.state.store);
+                for object in objects {
+                    store.insert(Held::whole(object.clone()));
+                }
+                watch.state.listed.store(generation, Ordering::Release);
+            }
+        }
+    }
+
     /// Why the rules of a watch past its tenant namespace's bound are not
     /// followed; `selected`: the bytes of what it would hold.
     fn too_large(&self, key: &WatchKey, selected: u64) -> String {

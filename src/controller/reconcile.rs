@@ -1278,3 +1278,6 @@ mod tests {
         )));
     }
 }
+
+#[cfg(test)]
+mod passes;

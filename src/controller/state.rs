@@ -577,10 +577,16 @@ pub(crate) fn test_shared() -> Arc<Shared> {
 /// [`test_shared`] under `trust`.
 #[cfg(test)]
 pub(crate) fn test_shared_with(trust: Trust) -> Arc<Shared> {
+    test_shared_gated(trust).0
+}
+
+/// [`test_shared_with`], leading until `false` is sent on the sender.
+#[cfg(test)]
+pub(crate) fn test_shared_gated(trust: Trust) -> (Arc<Shared>, tokio::sync::watch::Sender<bool>) {
     use std::time::Duration;
     let clients = crate::cluster::fake_objects::never_asked_clients();
-    let (gate, _always) = LeaderGate::always();
-    Shared::new(
+    let (gate, lead) = LeaderGate::always();
+    let shared = Shared::new(
         clients,
         trust,
         Options {
@@ -601,7 +607,8 @@ pub(crate) fn test_shared_with(trust: Trust) -> Arc<Shared> {
         Arc::new(Metrics::default()),
         gate,
         Arc::new(Health::new(Duration::from_secs(60))),
-    )
+    );
+    (shared, lead)
 }
 
 #[cfg(test)]
