@@ -3,9 +3,14 @@
 //! operator reads it, and a rule that writes as a ServiceAccount uses only
 //! the sources that account may `get` itself.
 //!
-//! Answers are kept briefly ([`KEPT_FOR`]) and all forgotten at once when
-//! RBAC changes ([`Access::forget`], called on every event of the RBAC
-//! watch): a Role granted or revoked counts from the next pass. A
+//! Answers are all forgotten at once when RBAC changes ([`Access::forget`],
+//! called on every event of the RBAC watch): a Role granted or revoked
+//! counts from the next pass. They are kept briefly ([`KEPT_FOR`]) until
+//! that watch has listed, and when asked just after a change (the API
+//! server's authorizer follows RBAC apart from our watch, and may answer
+//! from before it for a moment); otherwise for [`KEPT_WHILE_FOLLOWED`],
+//! since a change would have forgotten them: a rule's resyncs and the
+//! passes a source update starts ask nothing again. A
 //! namespace-wide question is asked first, since one grant usually covers
 //! a namespace; only where it is refused is each object asked by name
 //! (a Role may grant by `resourceNames`).
@@ -27,8 +32,17 @@ use crate::api::kinds::Kind;
 use crate::core::identity::Identity;
 use crate::sync::lock;
 
-/// How long an answer is kept when RBAC does not change.
+/// How long an answer is kept while RBAC is not followed, or when it was
+/// asked within [`AUTHORIZER_SETTLES`] of a change; and how long an
+/// account is known to exist.
 pub(crate) const KEPT_FOR: Duration = Duration::from_secs(30);
+/// How long an answer is kept while the RBAC watch follows every change
+/// (which forgets it): a bound for what no RBAC event tells, such as
+/// changes the watch missed while it failed.
+pub(crate) const KEPT_WHILE_FOLLOWED: Duration = Duration::from_secs(600);
+/// After an RBAC change, how long answers are taken as possibly of the
+/// rules before it.
+const AUTHORIZER_SETTLES: Duration = Duration::from_secs(5);
 /// Answers kept at most; past it, those expired are dropped first.
 const KEPT_AT_MOST: usize = 100_000;
 
@@ -85,7 +99,11 @@ pub(crate) struct Access {
     client: kube::Client,
     #[cfg(test)]
     fake: Option<FakeAnswer>,
+    /// Answers, and until when each is kept.
     kept: Mutex<HashMap<Question, (bool, Instant)>>,
+    /// When RBAC last changed; whether the RBAC watch has listed.
+    changed_at: Mutex<Option<Instant>>,
+    followed: std::sync::atomic::AtomicBool,
     /// ServiceAccounts seen to exist, and when (kept [`KEPT_FOR`], and
     /// forgotten with the answers; one missing is asked again each time,
     /// so that it counts once made).
@@ -106,6 +124,8 @@ impl Access {
             #[cfg(test)]
             fake: None,
             kept: Mutex::new(HashMap::new()),
+            changed_at: Mutex::new(None),
+            followed: std::sync::atomic::AtomicBool::new(false),
             accounts: Mutex::new(HashMap::new()),
             epoch: AtomicU64::new(0),
             asked: AtomicU64::new(0),
@@ -119,8 +139,15 @@ impl Access {
         let _ = self.wanted.subscribe().wait_for(|wanted| *wanted).await;
     }
 
+    /// The RBAC watch has listed every kind it follows: from now on a
+    /// change is seen, and answers are kept longer.
+    pub(crate) fn followed(&self) {
+        self.followed.store(true, Ordering::SeqCst);
+    }
+
     /// RBAC changed: every answer kept may be wrong now.
     pub(crate) fn forget(&self) {
+        *lock(&self.changed_at) = Some(Instant::now());
         self.epoch.fetch_add(1, Ordering::SeqCst);
         lock(&self.kept).clear();
         // An account is often deleted with its RoleBindings.
@@ -205,8 +232,8 @@ impl Access {
     /// The answer kept, or the API server's.
     async fn answer(&self, question: &Question) -> Result<bool, ReviewFailed> {
         let now = Instant::now();
-        if let Some((allowed, at)) = lock(&self.kept).get(question)
-            && now.duration_since(*at) < KEPT_FOR
+        if let Some((allowed, until)) = lock(&self.kept).get(question)
+            && now < *until
         {
             return Ok(*allowed);
         }
@@ -215,14 +242,20 @@ impl Access {
         let epoch = self.epoch.load(Ordering::SeqCst);
         self.asked.fetch_add(1, Ordering::Relaxed);
         let allowed = self.ask(question).await?;
+        let settled = lock(&self.changed_at).is_none_or(|at| now >= at + AUTHORIZER_SETTLES);
+        let kept_for = if settled && self.followed.load(Ordering::SeqCst) {
+            KEPT_WHILE_FOLLOWED
+        } else {
+            KEPT_FOR
+        };
         let mut kept = lock(&self.kept);
         // Asked while RBAC changed: the answer may be of the old rules.
         if self.epoch.load(Ordering::SeqCst) == epoch {
             if kept.len() >= KEPT_AT_MOST {
-                kept.retain(|_, (_, at)| now.duration_since(*at) < KEPT_FOR);
+                kept.retain(|_, (_, until)| now < *until);
             }
             if kept.len() < KEPT_AT_MOST {
-                kept.insert(question.clone(), (allowed, now));
+                kept.insert(question.clone(), (allowed, now + kept_for));
             }
         }
         Ok(allowed)
@@ -286,17 +319,20 @@ impl Access {
 /// Follow Roles, RoleBindings, ClusterRoles and ClusterRoleBindings as
 /// metadata (nothing of them is kept) and call `changed` on every event:
 /// whatever the change, a kept answer may be wrong now, and a write the
-/// API server refused may be allowed.
+/// API server refused may be allowed. `listed` is called once all four
+/// have listed (from then on every change is seen).
 pub(crate) async fn follow_rbac(
     reader: &crate::cluster::reader::Reader,
     health: &std::sync::Arc<crate::ops::http::Health>,
     pause: &crate::core::backoff::ReadPause,
     changed: impl Fn() + Sync,
+    listed: impl Fn() + Sync,
 ) {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use kube::core::PartialObjectMeta;
+    use std::sync::atomic::AtomicBool;
 
-    use crate::cluster::watch::{Watching, follow, watch_config};
+    use crate::cluster::watch::{Change, Watching, follow, watch_config};
 
     let watching = |name| Watching {
         name,
@@ -304,36 +340,47 @@ pub(crate) async fn follow_rbac(
         pause,
         stop_if_unserved: false,
     };
-    let changed = &changed;
-    let on_event = |_: crate::cluster::watch::Change<()>| changed();
+    let has_listed: [AtomicBool; 4] = Default::default();
+    let (changed, listed, has_listed) = (&changed, &listed, &has_listed);
+    let on_event = |which: usize| {
+        move |change: Change<()>| {
+            changed();
+            if matches!(change, Change::Listed(_))
+                && !has_listed[which].swap(true, Ordering::SeqCst)
+                && has_listed.iter().all(|l| l.load(Ordering::SeqCst))
+            {
+                listed();
+            }
+        }
+    };
     futures::join!(
         follow(
             reader.everywhere::<PartialObjectMeta<Role>>(),
             watch_config(),
             watching("roles"),
             |_| (),
-            on_event,
+            on_event(0),
         ),
         follow(
             reader.everywhere::<PartialObjectMeta<RoleBinding>>(),
             watch_config(),
             watching("rolebindings"),
             |_| (),
-            on_event,
+            on_event(1),
         ),
         follow(
             reader.everywhere::<PartialObjectMeta<ClusterRole>>(),
             watch_config(),
             watching("clusterroles"),
             |_| (),
-            on_event,
+            on_event(2),
         ),
         follow(
             reader.everywhere::<PartialObjectMeta<ClusterRoleBinding>>(),
             watch_config(),
             watching("clusterrolebindings"),
             |_| (),
-            on_event,
+            on_event(3),
         ),
     );
 }
@@ -438,6 +485,38 @@ mod tests {
                 .expect("answered")
         );
         assert_eq!(access.asked(), asked);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_are_kept_long_only_while_rbac_is_followed_and_settled() {
+        let access = access(Arc::new(AtomicBool::new(true)));
+        let who = tenant();
+        let may = || access.may_get(&who, Kind::Secret, "team-a", "ca");
+        may().await.expect("answered");
+        tokio::time::advance(KEPT_FOR).await;
+        may().await.expect("answered");
+        assert_eq!(
+            access.asked(),
+            2,
+            "not followed: asked again after {KEPT_FOR:?}"
+        );
+        // Followed, its first lists forget what was kept; asked at once
+        // after them, an answer is kept briefly still.
+        access.followed();
+        access.forget();
+        may().await.expect("answered");
+        tokio::time::advance(KEPT_FOR).await;
+        may().await.expect("answered");
+        assert_eq!(access.asked(), 4, "asked just after a change: kept briefly");
+        tokio::time::advance(KEPT_WHILE_FOLLOWED - Duration::from_secs(1)).await;
+        may().await.expect("answered");
+        assert_eq!(access.asked(), 4, "followed and settled: kept");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        may().await.expect("answered");
+        assert_eq!(access.asked(), 5, "not past {KEPT_WHILE_FOLLOWED:?}");
+        access.forget();
+        may().await.expect("answered");
+        assert_eq!(access.asked(), 6, "a change forgets it at once");
     }
 
     #[tokio::test]

@@ -104,6 +104,7 @@ pub(crate) fn spawn_rbac_watch(shared: Arc<Shared>) -> JoinHandle<()> {
                 cluster.access.forget();
                 changed.notify_one();
             },
+            || cluster.access.followed(),
         );
         let requeue = async {
             loop {
