@@ -213,11 +213,14 @@ async fn serve_http(
         let _ = stopped.wait_for(|s| *s).await;
     };
     let metrics_auth = settings.metrics_auth.then(|| {
-        crate::ops::metrics_auth::MetricsAuth::new(
-            shared.home.cluster.reader.clone(),
+        let reviewer =
+            crate::cluster::token_reviews::TokenReviewer::new(shared.home.cluster.reader.clone());
+        let reviews = crate::ops::metrics_auth::Reviews::new(
+            reviewer,
             settings.max_metrics_reviews,
             shared.metrics.clone(),
-        )
+        );
+        Arc::new(reviews) as Arc<dyn crate::ops::metrics_auth::Judge>
     });
     Ok(http::serve(
         settings.listen_address,

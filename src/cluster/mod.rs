@@ -16,6 +16,7 @@ pub(crate) mod mark_key;
 pub(crate) mod ratelimit;
 pub(crate) mod reader;
 pub(crate) mod sources;
+pub(crate) mod token_reviews;
 pub(crate) mod tool_writes;
 pub(crate) mod watch;
 pub(crate) mod write_limit;

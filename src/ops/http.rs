@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::ops::metrics::Metrics;
-use crate::ops::metrics_auth::{MetricsAuth, Verdict};
+use crate::ops::metrics_auth::{Judge, Verdict};
 use crate::{Error, Result};
 
 /// A failing watch retries at least every few seconds (its backoff stops at
@@ -152,7 +152,7 @@ struct AppState {
     health: Arc<Health>,
     metrics: Arc<Metrics>,
     /// With `--metrics-auth`: who may read /metrics.
-    metrics_auth: Option<Arc<MetricsAuth>>,
+    metrics_auth: Option<Arc<dyn Judge>>,
 }
 
 async fn serve_metrics(
@@ -163,7 +163,7 @@ async fn serve_metrics(
         let authorization = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        let refused = match auth.judge(authorization).await {
+        let refused = match auth.verdict(authorization).await {
             Verdict::Allowed => None,
             Verdict::Unauthenticated => Some((StatusCode::UNAUTHORIZED, "Unauthorized\n")),
             Verdict::Forbidden => Some((StatusCode::FORBIDDEN, "Forbidden\n")),
@@ -218,7 +218,7 @@ pub(crate) async fn serve(
     address: SocketAddr,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
-    metrics_auth: Option<MetricsAuth>,
+    metrics_auth: Option<Arc<dyn Judge>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(address)
@@ -239,7 +239,7 @@ pub(crate) async fn serve(
         .with_state(AppState {
             health,
             metrics,
-            metrics_auth: metrics_auth.map(Arc::new),
+            metrics_auth,
         });
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app)

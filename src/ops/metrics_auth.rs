@@ -26,11 +26,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::cluster::reader::Reader;
-use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-use k8s_openapi::api::authorization::v1::{
-    NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-};
 use ring::digest::{SHA256, digest};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -139,8 +134,8 @@ impl Kept {
     }
 }
 
-/// Asks the API server about a token (see [`ApiServer`]); tests answer
-/// from memory.
+/// Asks the API server about a token (`cluster::token_reviews`); tests
+/// answer from memory.
 pub(crate) trait Reviewer: Send + Sync + 'static {
     fn review(&self, token: String) -> impl Future<Output = Verdict> + Send;
 }
@@ -163,16 +158,31 @@ pub(crate) struct Reviews<R: Reviewer> {
     state: Arc<Mutex<State>>,
 }
 
-/// Reviews asked of the API server.
-pub(crate) type MetricsAuth = Reviews<ApiServer>;
+/// Who may read /metrics, as the HTTP server asks it (its reviews are
+/// asked of the API server by `cluster::token_reviews`).
+pub(crate) trait Judge: Send + Sync + 'static {
+    /// The verdict for a request with this `Authorization` header.
+    fn verdict<'a>(
+        &'a self,
+        authorization: Option<&'a str>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Verdict> + Send + 'a>>;
+}
 
-impl MetricsAuth {
-    pub(crate) fn new(reader: Reader, max_in_flight: u32, metrics: Arc<Metrics>) -> Self {
-        Reviews::with_reviewer(ApiServer { reader }, max_in_flight as usize, metrics)
+impl<R: Reviewer> Judge for Reviews<R> {
+    fn verdict<'a>(
+        &'a self,
+        authorization: Option<&'a str>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Verdict> + Send + 'a>> {
+        Box::pin(self.judge(authorization))
     }
 }
 
 impl<R: Reviewer> Reviews<R> {
+    /// Reviews asked of `reviewer`, at most `max_in_flight` at once.
+    pub(crate) fn new(reviewer: R, max_in_flight: u32, metrics: Arc<Metrics>) -> Self {
+        Self::with_reviewer(reviewer, max_in_flight as usize, metrics)
+    }
+
     fn with_reviewer(reviewer: R, max_in_flight: usize, metrics: Arc<Metrics>) -> Self {
         Self {
             reviewer: Arc::new(reviewer),
@@ -284,70 +294,6 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if self.pending {
             crate::sync::lock(self.state).in_flight.remove(&self.key);
-        }
-    }
-}
-
-/// The API server's TokenReview and SubjectAccessReview.
-pub(crate) struct ApiServer {
-    reader: Reader,
-}
-
-impl Reviewer for ApiServer {
-    async fn review(&self, token: String) -> Verdict {
-        // A String in the newest API types, optional in the floor's.
-        #[allow(
-            clippy::useless_conversion,
-            reason = "needed with --features kubernetes-floor"
-        )]
-        let review = TokenReview {
-            spec: TokenReviewSpec {
-                token: token.into(),
-                ..TokenReviewSpec::default()
-            },
-            ..TokenReview::default()
-        };
-        let answer = match self.reader.token_review(&review).await {
-            Ok(answer) => answer,
-            Err(e) => {
-                tracing::warn!(
-                    error = crate::error::describe(&e),
-                    "a TokenReview for /metrics failed"
-                );
-                return Verdict::Unavailable;
-            }
-        };
-        let Some(user) = answer
-            .status
-            .filter(|s| s.authenticated == Some(true))
-            .and_then(|s| s.user)
-        else {
-            return Verdict::Unauthenticated;
-        };
-        let access = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: user.username,
-                groups: user.groups,
-                uid: user.uid,
-                extra: user.extra,
-                non_resource_attributes: Some(NonResourceAttributes {
-                    path: Some("/metrics".to_owned()),
-                    verb: Some("get".to_owned()),
-                }),
-                ..SubjectAccessReviewSpec::default()
-            },
-            ..SubjectAccessReview::default()
-        };
-        match self.reader.subject_review(&access).await {
-            Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => Verdict::Allowed,
-            Ok(_) => Verdict::Forbidden,
-            Err(e) => {
-                tracing::warn!(
-                    error = crate::error::describe(&e),
-                    "a SubjectAccessReview for /metrics failed"
-                );
-                Verdict::Unavailable
-            }
         }
     }
 }
