@@ -223,6 +223,16 @@ pub(crate) struct Settings {
     )]
     pub(crate) tenant_identity: TenantIdentity,
 
+    /// Writes sent as a ServiceAccount also carry the impersonation extra
+    /// `copyrator.flant.com/acting-for: copyrator`, which that account,
+    /// acting alone with its own token, cannot set: the chart's copy
+    /// protection (a ValidatingAdmissionPolicy) lets them through. Needs
+    /// `impersonate` on `userextras/copyrator.flant.com/acting-for`
+    /// (group authentication.k8s.io) cluster-wide; the chart grants it
+    /// and sets this with `copyProtection.mode`.
+    #[arg(long, env = "ACTING_FOR_EXTRA", default_value_t = false, global = true)]
+    pub(crate) acting_for_extra: bool,
+
     /// The ServiceAccount of its own namespace that a tenant rule naming
     /// none (`spec.serviceAccountName`) writes as, under
     /// --tenant-identity service-account.
@@ -462,6 +472,7 @@ impl Settings {
                 api_burst: self.api_burst,
                 max_source_watches: self.max_source_watches,
                 max_tenant_source_bytes: self.max_tenant_source_mib * 1024 * 1024,
+                acting_for_extra: self.acting_for_extra,
             },
             keep_kind_watches: false,
             cluster_name: self.cluster_name.clone(),

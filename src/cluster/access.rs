@@ -95,8 +95,18 @@ impl Question {
 #[cfg(test)]
 type FakeAnswer = Box<dyn Fn(&Question) -> Option<bool> + Send + Sync>;
 
+/// The watches of RBAC, by the names they report to the health check.
+const RBAC_WATCHES: [&str; 4] = [
+    "roles",
+    "rolebindings",
+    "clusterroles",
+    "clusterrolebindings",
+];
+
 pub(crate) struct Access {
     client: kube::Client,
+    /// Whether the RBAC watches work now (a failing one sees no change).
+    health: std::sync::Arc<crate::ops::http::Health>,
     #[cfg(test)]
     fake: Option<FakeAnswer>,
     /// Answers, and until when each is kept.
@@ -118,9 +128,13 @@ pub(crate) struct Access {
 }
 
 impl Access {
-    pub(crate) fn new(client: kube::Client) -> Self {
+    pub(crate) fn new(
+        client: kube::Client,
+        health: std::sync::Arc<crate::ops::http::Health>,
+    ) -> Self {
         Self {
             client,
+            health,
             #[cfg(test)]
             fake: None,
             kept: Mutex::new(HashMap::new()),
@@ -243,7 +257,9 @@ impl Access {
         self.asked.fetch_add(1, Ordering::Relaxed);
         let allowed = self.ask(question).await?;
         let settled = lock(&self.changed_at).is_none_or(|at| now >= at + AUTHORIZER_SETTLES);
-        let kept_for = if settled && self.followed.load(Ordering::SeqCst) {
+        let followed = self.followed.load(Ordering::SeqCst)
+            && !RBAC_WATCHES.iter().any(|w| self.health.is_failing(w));
+        let kept_for = if settled && followed {
             KEPT_WHILE_FOLLOWED
         } else {
             KEPT_FOR
@@ -254,9 +270,16 @@ impl Access {
             if kept.len() >= KEPT_AT_MOST {
                 kept.retain(|_, (_, until)| now < *until);
             }
-            if kept.len() < KEPT_AT_MOST {
-                kept.insert(question.clone(), (allowed, now + kept_for));
+            // Still full: the answer that would expire first goes.
+            if kept.len() >= KEPT_AT_MOST
+                && let Some(first) = kept
+                    .iter()
+                    .min_by_key(|(_, (_, until))| *until)
+                    .map(|(q, _)| q.clone())
+            {
+                kept.remove(&first);
             }
+            kept.insert(question.clone(), (allowed, now + kept_for));
         }
         Ok(allowed)
     }
@@ -306,7 +329,10 @@ impl Access {
     fn answered_by(fake: FakeAnswer) -> Self {
         Self {
             fake: Some(fake),
-            ..Self::new(crate::cluster::fake_objects::never_asked_client())
+            ..Self::new(
+                crate::cluster::fake_objects::never_asked_client(),
+                std::sync::Arc::new(crate::ops::http::Health::default()),
+            )
         }
     }
 
@@ -357,28 +383,28 @@ pub(crate) async fn follow_rbac(
         follow(
             reader.everywhere::<PartialObjectMeta<Role>>(),
             watch_config(),
-            watching("roles"),
+            watching(RBAC_WATCHES[0]),
             |_| (),
             on_event(0),
         ),
         follow(
             reader.everywhere::<PartialObjectMeta<RoleBinding>>(),
             watch_config(),
-            watching("rolebindings"),
+            watching(RBAC_WATCHES[1]),
             |_| (),
             on_event(1),
         ),
         follow(
             reader.everywhere::<PartialObjectMeta<ClusterRole>>(),
             watch_config(),
-            watching("clusterroles"),
+            watching(RBAC_WATCHES[2]),
             |_| (),
             on_event(2),
         ),
         follow(
             reader.everywhere::<PartialObjectMeta<ClusterRoleBinding>>(),
             watch_config(),
-            watching("clusterrolebindings"),
+            watching(RBAC_WATCHES[3]),
             |_| (),
             on_event(3),
         ),
@@ -517,6 +543,22 @@ mod tests {
         access.forget();
         may().await.expect("answered");
         assert_eq!(access.asked(), 6, "a change forgets it at once");
+        // While an RBAC watch fails, a change could go unseen: kept briefly.
+        tokio::time::advance(AUTHORIZER_SETTLES).await;
+        access.health.watch_failed("rolebindings");
+        access.forget();
+        tokio::time::advance(AUTHORIZER_SETTLES).await;
+        may().await.expect("answered");
+        tokio::time::advance(KEPT_FOR).await;
+        may().await.expect("answered");
+        assert_eq!(access.asked(), 8, "a failing RBAC watch: kept {KEPT_FOR:?}");
+        // Working again: the next answer is kept long.
+        access.health.watch_ok("rolebindings");
+        tokio::time::advance(KEPT_FOR).await;
+        may().await.expect("answered");
+        tokio::time::advance(KEPT_FOR).await;
+        may().await.expect("answered");
+        assert_eq!(access.asked(), 9, "working again: kept long");
     }
 
     #[tokio::test]

@@ -32,7 +32,8 @@ use crate::core::kind_refusals::KindRefusals;
 use crate::ops::http::Health;
 use crate::ops::metrics::ClusterMetrics;
 
-/// How hard the operator may push one API server.
+/// How the operator sends its requests to one API server: how hard it
+/// may push it, and what its writes as a ServiceAccount say.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Limits {
     /// Writes in flight at most (`--write-concurrency`).
@@ -45,6 +46,9 @@ pub(crate) struct Limits {
     /// The bytes of sources the rules of one tenant namespace may make the
     /// operator hold (`--max-tenant-source-mib`).
     pub(crate) max_tenant_source_bytes: u64,
+    /// Writes as a ServiceAccount carry the impersonation extra
+    /// `copyrator.flant.com/acting-for` (`--acting-for-extra`).
+    pub(crate) acting_for_extra: bool,
 }
 
 pub(crate) struct Cluster {
@@ -95,7 +99,7 @@ impl Cluster {
         let writer = Writer::new(
             write_client.clone(),
             limiter,
-            limits.write_concurrency,
+            limits,
             metrics,
             leader,
             health.clone(),
@@ -110,7 +114,7 @@ impl Cluster {
             on_source_change,
         );
         Self {
-            access: Access::new(client.clone()),
+            access: Access::new(client.clone(), health.clone()),
             reader: Reader::new(client.clone()),
             client,
             writer,

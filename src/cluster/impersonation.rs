@@ -20,11 +20,31 @@ use crate::core::identity::Identity;
 /// The header that names whom a request acts as.
 const IMPERSONATE_USER: &str = "Impersonate-User";
 
+/// The impersonation extra that says a request as a ServiceAccount is
+/// the operator acting for a rule, not the account acting alone with its
+/// own token (which cannot set it: the API server asks whether the sender
+/// may `impersonate` `userextras/copyrator.flant.com/acting-for`).
+/// Admission sees it in `request.userInfo.extra`: the chart's copy
+/// protection lets such writes through.
+pub(crate) const ACTING_FOR_EXTRA: &str = "copyrator.flant.com/acting-for";
+/// Its value: the only one the chart lets the operator set.
+pub(crate) const ACTING_FOR_VALUE: &str = "copyrator";
+
+/// [`ACTING_FOR_EXTRA`] as a header: `Impersonate-Extra-` and the key,
+/// its `/` percent-encoded, as the API server decodes it.
+fn acting_for_header() -> http::HeaderName {
+    let name = format!("impersonate-extra-{}", ACTING_FOR_EXTRA.replace('/', "%2F"));
+    http::HeaderName::from_bytes(name.as_bytes())
+        .unwrap_or_else(|_| unreachable!("a constant of header characters: {name}"))
+}
+
 /// Requests for `resource` in one namespace, as one identity.
 pub(crate) struct Requests<'a> {
     client: &'a Client,
     builder: kube::core::Request,
     identity: &'a Identity,
+    /// Whether a request as a ServiceAccount carries [`ACTING_FOR_EXTRA`].
+    acting_for: bool,
 }
 
 impl<'a> Requests<'a> {
@@ -38,7 +58,14 @@ impl<'a> Requests<'a> {
             client,
             builder: kube::core::Request::new(DynamicObject::url_path(resource, Some(namespace))),
             identity,
+            acting_for: false,
         }
+    }
+
+    /// Requests as a ServiceAccount carry [`ACTING_FOR_EXTRA`] when `on`.
+    pub(crate) fn acting_for(mut self, on: bool) -> Self {
+        self.acting_for = on;
+        self
     }
 
     /// `request` as this identity.
@@ -54,6 +81,12 @@ impl<'a> Requests<'a> {
                 )))
             })?;
             request.headers_mut().insert(IMPERSONATE_USER, value);
+            if self.acting_for {
+                request.headers_mut().insert(
+                    acting_for_header(),
+                    HeaderValue::from_static(ACTING_FOR_VALUE),
+                );
+            }
         }
         Ok(request)
     }
@@ -112,9 +145,13 @@ mod tests {
     use super::*;
 
     fn built(identity: &Identity) -> http::Request<Vec<u8>> {
+        built_acting_for(identity, false)
+    }
+
+    fn built_acting_for(identity: &Identity, acting_for: bool) -> http::Request<Vec<u8>> {
         let client = crate::cluster::fake_objects::never_asked_client();
         let resource = crate::api::kinds::Kind::Secret.api_resource();
-        let requests = Requests::new(&client, &resource, "team-b", identity);
+        let requests = Requests::new(&client, &resource, "team-b", identity).acting_for(acting_for);
         requests
             .stamped(requests.builder.delete("pull", &DeleteParams::default()))
             .expect("a request")
@@ -148,6 +185,36 @@ mod tests {
                 .headers()
                 .keys()
                 .all(|h| !h.as_str().starts_with("impersonate-"))
+        );
+    }
+
+    #[tokio::test]
+    async fn the_acting_for_extra_goes_with_a_service_accounts_request_only_when_asked() {
+        let account = Identity::ServiceAccount {
+            namespace: "team-a".into(),
+            name: "copyrator".into(),
+        };
+        let extra = |request: &http::Request<Vec<u8>>| {
+            request
+                .headers()
+                .iter()
+                .filter(|(name, _)| name.as_str().starts_with("impersonate-extra-"))
+                .map(|(name, value)| format!("{name}: {}", value.to_str().unwrap_or("?")))
+                .collect::<Vec<_>>()
+        };
+        // The API server percent-decodes the key after the prefix.
+        assert_eq!(
+            extra(&built_acting_for(&account, true)),
+            ["impersonate-extra-copyrator.flant.com%2facting-for: copyrator"]
+        );
+        assert!(extra(&built_acting_for(&account, false)).is_empty());
+        let operator = built_acting_for(&Identity::Operator, true);
+        assert!(
+            operator
+                .headers()
+                .keys()
+                .all(|h| !h.as_str().starts_with("impersonate-")),
+            "the operator's own requests impersonate nobody"
         );
     }
 }

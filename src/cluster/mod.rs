@@ -31,20 +31,33 @@ mod only_way_in {
 
     /// What builds or sends a request (or asks the Lease) by itself.
     const SENDS: &[&str] = &[
+        // kube's typed requests (watchers, reflectors and controllers
+        // need one too).
         "Api::",
         "Api<",
         "kube::Api",
-        "discovery::pinned_kind",
+        // API discovery.
+        "pinned_kind(",
+        "pinned_group(",
         "discovery::group(",
         "Discovery::new",
+        "discovery::oneshot",
+        // The client's own requests.
         "apiserver_version(",
         ".request(",
         ".request_text(",
         ".request_stream(",
         ".request_events(",
+        ".request_status(",
+        "client.send(",
+        "list_api_groups(",
+        "list_api_group_resources(",
+        "list_core_api_versions(",
+        "list_core_api_resources(",
         "Recorder::new",
         "watcher::watcher(",
         "metadata_watcher(",
+        // The Lease.
         "is_leader()",
     ];
 
@@ -59,13 +72,30 @@ mod only_way_in {
         }
     }
 
+    /// `line` without its comment: from a `//` outside a string literal.
+    fn code_of(line: &str) -> &str {
+        let mut in_string = false;
+        let mut escaped = false;
+        let bytes = line.as_bytes();
+        for (at, byte) in bytes.iter().enumerate() {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' if in_string => escaped = true,
+                b'"' => in_string = !in_string,
+                b'/' if !in_string && bytes.get(at + 1) == Some(&b'/') => return &line[..at],
+                _ => {}
+            }
+        }
+        line
+    }
+
     /// Each line of `text` that sends a request, with what it uses;
     /// comments are left out.
     fn senders(text: &str) -> Vec<(usize, &'static str)> {
         text.lines()
             .enumerate()
             .filter_map(|(at, line)| {
-                let code = line.split("//").next().unwrap_or_default();
+                let code = code_of(line);
                 SENDS
                     .iter()
                     .find(|sends| code.contains(*sends))
@@ -83,6 +113,11 @@ mod only_way_in {
         assert_eq!(
             senders("client.apiserver_version().await"),
             vec![(1, "apiserver_version(")]
+        );
+        assert_eq!(
+            senders(r#"let u = "http://x"; client.send(r).await; // Api::all"#),
+            vec![(1, "client.send(")],
+            "a // in a string is no comment"
         );
     }
 

@@ -58,18 +58,20 @@ pub(crate) enum Outcome {
 /// unit tests) an object store in memory that answers as the API server
 /// does, and records whom each request was sent as.
 enum Store<'a> {
-    Api(&'a Client, &'a Identity),
+    /// The client, whether requests as a ServiceAccount carry the
+    /// acting-for extra, and whom they are sent as.
+    Api((&'a Client, bool), &'a Identity),
     #[cfg(test)]
     Fake(&'a crate::cluster::fake_objects::FakeObjects, &'a Identity),
 }
 
 fn requests<'a>(
-    client: &'a Client,
+    (client, acting_for): (&'a Client, bool),
     identity: &'a Identity,
     kind: Kind,
     namespace: &str,
 ) -> Requests<'a> {
-    Requests::new(client, &kind.api_resource(), namespace, identity)
+    Requests::new(client, &kind.api_resource(), namespace, identity).acting_for(acting_for)
 }
 
 impl Store<'_> {
@@ -81,7 +83,7 @@ impl Store<'_> {
     ) -> kube::Result<DynamicObject> {
         match self {
             Store::Api(client, identity) => {
-                requests(client, identity, kind, namespace)
+                requests(*client, identity, kind, namespace)
                     .create(&write_params(), object)
                     .await
             }
@@ -101,7 +103,7 @@ impl Store<'_> {
     ) -> kube::Result<Option<DynamicObject>> {
         match self {
             Store::Api(client, identity) => {
-                requests(client, identity, kind, namespace)
+                requests(*client, identity, kind, namespace)
                     .get_opt(name)
                     .await
             }
@@ -122,7 +124,7 @@ impl Store<'_> {
         match self {
             Store::Api(client, identity) => {
                 let name = object.metadata.name.as_deref().unwrap_or_default();
-                requests(client, identity, kind, namespace)
+                requests(*client, identity, kind, namespace)
                     .replace(name, &write_params(), object)
                     .await
             }
@@ -148,7 +150,7 @@ impl Store<'_> {
                     field_manager: Some(FIELD_MANAGER.into()),
                     ..Default::default()
                 };
-                requests(client, identity, kind, namespace)
+                requests(*client, identity, kind, namespace)
                     .patch(name, &params, &Patch::Merge(patch))
                     .await
             }
@@ -171,7 +173,7 @@ impl Store<'_> {
                     }),
                     ..Default::default()
                 };
-                requests(client, identity, kind, &current.namespace)
+                requests(*client, identity, kind, &current.namespace)
                     .delete(&current.name, &params)
                     .await
             }
@@ -201,6 +203,9 @@ pub(crate) struct Writer {
     leader: LeaderGate,
     /// Events on rules, sent through the same client.
     recorder: kube::runtime::events::Recorder,
+    /// Writes as a ServiceAccount carry the acting-for extra
+    /// (`--acting-for-extra`).
+    acting_for_extra: bool,
     health: Arc<crate::ops::http::Health>,
     /// `copyrator_write_concurrency`: the home cluster's writer reports the
     /// writes it allows in flight; a member's writer reports nothing there.
@@ -399,14 +404,14 @@ impl Writer {
     pub(crate) fn new(
         client: Client,
         limiter: RateLimiter,
-        concurrency: u32,
+        limits: crate::cluster::context::Limits,
         metrics: ClusterMetrics,
         leader: LeaderGate,
         health: Arc<crate::ops::http::Health>,
         concurrency_gauge: Option<Gauge>,
     ) -> Self {
         if let Some(gauge) = &concurrency_gauge {
-            gauge.set(i64::from(concurrency));
+            gauge.set(i64::from(limits.write_concurrency));
         }
         let reporter = kube::runtime::events::Reporter {
             controller: "copyrator".into(),
@@ -420,7 +425,8 @@ impl Writer {
             #[cfg(test)]
             fake: std::sync::OnceLock::new(),
             limiter,
-            in_flight: WriteLimit::new(concurrency as usize),
+            in_flight: WriteLimit::new(limits.write_concurrency as usize),
+            acting_for_extra: limits.acting_for_extra,
             metrics,
             leader,
             health,
@@ -448,7 +454,7 @@ impl Writer {
         if let Some(fake) = self.fake.get() {
             return Store::Fake(fake, identity);
         }
-        Store::Api(&self.client, identity)
+        Store::Api((&self.client, self.acting_for_extra), identity)
     }
 
     /// Wait for a rate token.
@@ -785,7 +791,14 @@ impl Writer {
         let writer = Self::new(
             crate::cluster::fake_objects::never_asked_client(),
             RateLimiter::new(0.0, 1),
-            4,
+            crate::cluster::context::Limits {
+                write_concurrency: 4,
+                api_qps: 0.0,
+                api_burst: 1,
+                max_source_watches: 10,
+                max_tenant_source_bytes: 1 << 24,
+                acting_for_extra: false,
+            },
             ClusterMetrics::new(Arc::new(crate::ops::metrics::Metrics::default()), "home"),
             leader,
             Arc::new(crate::ops::http::Health::new(Duration::from_secs(60))),

@@ -274,7 +274,8 @@ pub(crate) async fn collect_orphans(shared: &Arc<Shared>, cause: &'static str) -
 
 /// [`collect_orphans`] in one site.
 pub(crate) async fn collect_orphans_in(shared: &Shared, site: &Site, cause: &'static str) -> usize {
-    if !site.cluster.views.synced.all() {
+    // A standby's deletes would all come back NotLeader: none is planned.
+    if !site.cluster.writer.leads() || !site.cluster.views.synced.all() {
         return 0;
     }
     let mut deleted = 0;

@@ -74,6 +74,7 @@ fn member_limits(limits: Limits) -> Limits {
         api_burst: limits.api_burst,
         max_source_watches: 0,
         max_tenant_source_bytes: 0,
+        acting_for_extra: limits.acting_for_extra,
     }
 }
 
@@ -658,11 +659,16 @@ mod tests {
             api_burst: 100,
             max_source_watches: 8,
             max_tenant_source_bytes: 1 << 24,
+            acting_for_extra: true,
         };
         let member = member_limits(home);
         assert_eq!(member.write_concurrency, 4);
         assert_eq!((member.api_qps, member.api_burst), (50.0, 100));
         assert_eq!(member.max_source_watches, 0, "sources stay home");
+        assert!(
+            member.acting_for_extra,
+            "writes for tenants say so there too"
+        );
         let small = member_limits(Limits {
             write_concurrency: 3,
             ..home

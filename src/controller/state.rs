@@ -597,6 +597,7 @@ pub(crate) fn test_shared_gated(trust: Trust) -> (Arc<Shared>, tokio::sync::watc
                 api_burst: 1,
                 max_source_watches: 10,
                 max_tenant_source_bytes: 1 << 24,
+                acting_for_extra: false,
             },
             keep_kind_watches: false,
             cluster_name: "home".to_owned(),

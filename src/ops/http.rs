@@ -97,6 +97,11 @@ impl Health {
         }
     }
 
+    /// Whether the watch `watch` has failed since it last worked.
+    pub(crate) fn is_failing(&self, watch: &str) -> bool {
+        crate::sync::lock(&self.failing_watches).contains_key(watch)
+    }
+
     pub(crate) fn watch_ok(&self, watch: &str) {
         let mut failing = crate::sync::lock(&self.failing_watches);
         if !failing.is_empty() {

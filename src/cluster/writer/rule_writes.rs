@@ -1,7 +1,10 @@
 //! The writer's requests beside copies: a rule's status and finalizers,
 //! the Events on a rule, and consumer restarts. Each takes a write slot
 //! and a rate token like a copy write, and each is sent only while this
-//! process leads (the Lease is checked in [`Writer::slot`], nowhere else).
+//! process leads, and dropped once the Lease could pass on, as a copy
+//! write is ([`Writer::slot`], `leading_until`).
+
+use std::future::Future;
 
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::Event;
@@ -22,6 +25,28 @@ pub(crate) enum Sent<T> {
 }
 
 impl Writer {
+    /// `work` with a write slot and a rate token, counted as a `verb` of
+    /// `kind`; not sent by a process that does not lead, and dropped once
+    /// the Lease could pass on (as a copy write is).
+    async fn while_leading<T>(
+        &self,
+        verb: &'static str,
+        kind: &'static str,
+        work: impl Future<Output = kube::Result<T>>,
+    ) -> kube::Result<Sent<T>> {
+        let Some(_permit) = self.slot().await else {
+            return Ok(Sent::NotLeader);
+        };
+        self.metrics.write(verb, kind);
+        match self.leader.leading_until() {
+            Some(until) => match tokio::time::timeout_at(until, work).await {
+                Ok(answer) => answer.map(Sent::Answered),
+                Err(_) => Ok(Sent::NotLeader),
+            },
+            None => work.await.map(Sent::Answered),
+        }
+    }
+
     /// Server-side apply `status` as the rule's status (Copyrator's field
     /// manager owns all of it); the rule as the API server answered.
     pub(crate) async fn rule_status(
@@ -29,35 +54,34 @@ impl Writer {
         rule: &CopyratorRule,
         status: &RuleStatus,
     ) -> kube::Result<Sent<CopyratorRule>> {
-        let Some(_permit) = self.slot().await else {
-            return Ok(Sent::NotLeader);
-        };
-        self.metrics.write("patch", crate::api::KIND);
         let (namespace, name) = rule_place(rule);
-        let answer = match self.store(&Identity::Operator) {
-            Store::Api(client, _) => {
-                let body = json!({
-                    "apiVersion": format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
-                    "kind": crate::api::KIND,
-                    "status": status,
-                });
-                Api::<CopyratorRule>::namespaced((*client).clone(), namespace)
-                    .patch_status(
-                        name,
-                        &PatchParams::apply(FIELD_MANAGER).force(),
-                        &Patch::Apply(&body),
-                    )
-                    .await?
-            }
-            #[cfg(test)]
-            Store::Fake(fake, identity) => {
-                fake.sent_as(identity);
-                fake.rule_write("status", rule, |answer| {
-                    answer.status = Some(status.clone());
-                })?
+        let store = self.store(&Identity::Operator);
+        let work = async move {
+            match store {
+                Store::Api((client, _), _) => {
+                    let body = json!({
+                        "apiVersion": format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
+                        "kind": crate::api::KIND,
+                        "status": status,
+                    });
+                    Api::<CopyratorRule>::namespaced(client.clone(), namespace)
+                        .patch_status(
+                            name,
+                            &PatchParams::apply(FIELD_MANAGER).force(),
+                            &Patch::Apply(&body),
+                        )
+                        .await
+                }
+                #[cfg(test)]
+                Store::Fake(fake, identity) => {
+                    fake.sent_as(identity);
+                    fake.rule_write("status", rule, |answer| {
+                        answer.status = Some(status.clone());
+                    })
+                }
             }
         };
-        Ok(Sent::Answered(answer))
+        self.while_leading("patch", crate::api::KIND, work).await
     }
 
     /// Set the rule's finalizers to `finalizers`, as a compare-and-swap on
@@ -68,30 +92,29 @@ impl Writer {
         rule: &CopyratorRule,
         finalizers: Vec<String>,
     ) -> kube::Result<Sent<CopyratorRule>> {
-        let Some(_permit) = self.slot().await else {
-            return Ok(Sent::NotLeader);
-        };
-        self.metrics.write("patch", crate::api::KIND);
         let (namespace, name) = rule_place(rule);
-        let answer = match self.store(&Identity::Operator) {
-            Store::Api(client, _) => {
-                let patch = json!({"metadata": {
-                    "finalizers": finalizers,
-                    "resourceVersion": rule.metadata.resource_version,
-                }});
-                Api::<CopyratorRule>::namespaced((*client).clone(), namespace)
-                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?
-            }
-            #[cfg(test)]
-            Store::Fake(fake, identity) => {
-                fake.sent_as(identity);
-                fake.rule_write("finalizers", rule, |answer| {
-                    answer.metadata.finalizers = Some(finalizers);
-                })?
+        let store = self.store(&Identity::Operator);
+        let work = async move {
+            match store {
+                Store::Api((client, _), _) => {
+                    let patch = json!({"metadata": {
+                        "finalizers": finalizers,
+                        "resourceVersion": rule.metadata.resource_version,
+                    }});
+                    Api::<CopyratorRule>::namespaced(client.clone(), namespace)
+                        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                }
+                #[cfg(test)]
+                Store::Fake(fake, identity) => {
+                    fake.sent_as(identity);
+                    fake.rule_write("finalizers", rule, |answer| {
+                        answer.metadata.finalizers = Some(finalizers);
+                    })
+                }
             }
         };
-        Ok(Sent::Answered(answer))
+        self.while_leading("patch", crate::api::KIND, work).await
     }
 
     /// Publish `event` on `rule`; a failure is the caller's to log.
@@ -100,22 +123,21 @@ impl Writer {
         rule: &CopyratorRule,
         event: &Event,
     ) -> kube::Result<Sent<()>> {
-        let Some(_permit) = self.slot().await else {
-            return Ok(Sent::NotLeader);
+        let store = self.store(&Identity::Operator);
+        let work = async move {
+            match store {
+                Store::Api(..) => {
+                    let reference = kube::Resource::object_ref(rule, &());
+                    self.recorder.publish(event, &reference).await
+                }
+                #[cfg(test)]
+                Store::Fake(fake, identity) => {
+                    fake.sent_as(identity);
+                    fake.event(rule, &event.reason)
+                }
+            }
         };
-        self.metrics.write("create", "Event");
-        match self.store(&Identity::Operator) {
-            Store::Api(..) => {
-                let reference = kube::Resource::object_ref(rule, &());
-                self.recorder.publish(event, &reference).await?;
-            }
-            #[cfg(test)]
-            Store::Fake(fake, identity) => {
-                fake.sent_as(identity);
-                fake.event(rule, &event.reason)?;
-            }
-        }
-        Ok(Sent::Answered(()))
+        self.while_leading("create", "Event", work).await
     }
 
     /// A merge patch of a workload's pod template annotations (a consumer
@@ -129,27 +151,30 @@ impl Writer {
         patch: &Value,
         identity: &Identity,
     ) -> kube::Result<Sent<()>> {
-        let Some(_permit) = self.slot().await else {
-            return Ok(Sent::NotLeader);
-        };
-        self.metrics.write("patch", workload_kind);
-        match self.store(identity) {
-            Store::Api(client, identity) => {
-                let params = PatchParams {
-                    field_manager: Some(FIELD_MANAGER.into()),
-                    ..Default::default()
-                };
-                crate::cluster::impersonation::Requests::new(client, resource, namespace, identity)
+        let store = self.store(identity);
+        let work = async move {
+            match store {
+                Store::Api((client, acting_for), identity) => {
+                    let params = PatchParams {
+                        field_manager: Some(FIELD_MANAGER.into()),
+                        ..Default::default()
+                    };
+                    crate::cluster::impersonation::Requests::new(
+                        client, resource, namespace, identity,
+                    )
+                    .acting_for(acting_for)
                     .patch(name, &params, &Patch::Merge(patch))
-                    .await?;
+                    .await
+                    .map(|_| ())
+                }
+                #[cfg(test)]
+                Store::Fake(fake, identity) => {
+                    fake.sent_as(identity);
+                    fake.merge_patch(namespace, name, patch).map(|_| ())
+                }
             }
-            #[cfg(test)]
-            Store::Fake(fake, identity) => {
-                fake.sent_as(identity);
-                fake.merge_patch(namespace, name, patch)?;
-            }
-        }
-        Ok(Sent::Answered(()))
+        };
+        self.while_leading("patch", workload_kind, work).await
     }
 }
 
