@@ -95,3 +95,32 @@ the operator's own. Empty otherwise, also for a release upgraded with
 {{- define "copyrator.memberTokenSecret" -}}
 {{- printf "%s-token" (include "copyrator.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+
+{{/*
+"true" when the chart protects copies at admission (`copyProtection.mode`
+not Off; Deny also for a release upgraded with --reuse-values from a chart
+without the value), on the operator's side of a release.
+*/}}
+{{- define "copyrator.copyProtection" -}}
+{{- $mode := (.Values.copyProtection | default dict).mode | default "Deny" }}
+{{- if and (ne $mode "Off") (not (include "copyrator.memberSide" .)) }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when some rules write as ServiceAccounts: tenant rules by default,
+and rules that name one (the operator writing no copy itself, or accounts
+listed).
+*/}}
+{{- define "copyrator.asTenants" -}}
+{{- $tenantsAsAccounts := and .Values.operator.allNamespaces (eq (.Values.operator.tenantIdentity | default "serviceAccount") "serviceAccount") }}
+{{- if or $tenantsAsAccounts (not .Values.rbac.writeCopies) (gt (len (.Values.impersonation.serviceAccountNames | default list)) 0) }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when writes as ServiceAccounts carry the acting-for extra
+(--acting-for-extra): copies are protected and some rules write as
+ServiceAccounts.
+*/}}
+{{- define "copyrator.actingForExtra" -}}
+{{- if and (include "copyrator.copyProtection" .) (include "copyrator.asTenants" .) }}true{{ end }}
+{{- end }}

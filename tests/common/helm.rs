@@ -99,6 +99,13 @@ pub fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("the chart renders no {kind}"))
 }
 
+/// The object of `kind` named `name` that the chart renders.
+pub fn find_named<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("the chart renders no {kind} {name}"))
+}
+
 /// Uninstalls the release when the test ends, passed or not.
 pub struct Release {
     pub name: String,

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::audit::{Audit, AuditEvent, Query, WRITE_VERBS, service_account_user};
-use crate::common::helm::{Release, chart_dir, find, helm, render, render_hooks, run};
+use crate::common::helm::{Release, chart_dir, find, find_named, helm, render, render_hooks, run};
 use crate::common::rbac::{CASES_AT_ONCE, ClusterScoped, Grant, Identity, grants_of, run_cases};
 use crate::common::steps::{Steps, Stopped};
 use crate::common::*;
@@ -2164,7 +2164,12 @@ async fn the_chart_limits_the_operators_workload_patches_to_restart_annotations(
     .await;
     let docs = render(&["--set", "rollout.restartConsumers=true"]);
     let name = format!("{}-restarts-only", t.prefix);
-    let mut policy = find(&docs, "ValidatingAdmissionPolicy").clone();
+    let mut policy = find_named(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        "copyrator-restarts-only",
+    )
+    .clone();
     // The uninstall hook, as the same account, scales the operator's own
     // Deployment: that one is left out.
     assert_eq!(
@@ -2176,7 +2181,12 @@ async fn the_chart_limits_the_operators_workload_patches_to_restart_annotations(
     // The policy as the chart renders it, for the test's ServiceAccount.
     policy["spec"]["matchConditions"] = json!([{"name": "the-operator",
         "expression": format!("request.userInfo.username == '{}'", id.user)}]);
-    let mut binding = find(&docs, "ValidatingAdmissionPolicyBinding").clone();
+    let mut binding = find_named(
+        &docs,
+        "ValidatingAdmissionPolicyBinding",
+        "copyrator-restarts-only",
+    )
+    .clone();
     binding["metadata"] = json!({"name": name});
     binding["spec"]["policyName"] = json!(name);
     cluster

@@ -18,6 +18,7 @@ mod attacks;
 mod bounded;
 mod chart;
 mod cli;
+mod copy_protection;
 mod copy_rows;
 mod deletion_policy;
 mod docs_links;
