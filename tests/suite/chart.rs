@@ -79,6 +79,77 @@ fn deployment_env(docs: &[Value], name: &str) -> String {
 /// The operator's ClusterRole's and Role's grants together (not those of
 /// the ClusterRoles it makes for others to bind: for scrapers of /metrics,
 /// for a namespace that lets it impersonate, for namespace admins).
+/// `copyProtection.mode` chooses the binding's action, or (Off) no policy;
+/// writes for rules acting as ServiceAccounts carry the acting-for extra,
+/// and the operator is granted it, only where protection is on and some
+/// rules act so.
+#[test]
+fn rendered_copy_protection_follows_its_mode() {
+    const NAME: &str = "copyrator-copies-read-only";
+    let named = |docs: &[Value], name: &str| docs.iter().any(|d| d["metadata"]["name"] == name);
+    for mode in ["Deny", "Warn", "Audit"] {
+        let docs = render(&["--set", &format!("copyProtection.mode={mode}")]);
+        let binding = find_named(&docs, "ValidatingAdmissionPolicyBinding", NAME);
+        assert_eq!(binding["spec"]["validationActions"], json!([mode]));
+        assert_eq!(binding["spec"]["policyName"], NAME);
+        assert!(
+            binding["spec"]["matchResources"].is_null(),
+            "every namespace by default"
+        );
+    }
+    let docs = render(&["--set", "kinds={configmap}"]);
+    let policy = find_named(&docs, "ValidatingAdmissionPolicy", NAME);
+    assert_eq!(
+        policy["spec"]["matchConstraints"]["resourceRules"],
+        json!([{"apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["UPDATE", "DELETE"], "resources": ["configmaps"]}]),
+        "the kinds the operator copies"
+    );
+    let exempt = policy["spec"]["matchConditions"][1]["expression"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        exempt.starts_with(
+            "!(request.userInfo.username in [\"system:serviceaccount:copyrator:copyrator\",\
+             \"system:serviceaccount:kube-system:namespace-controller\",\
+             \"system:serviceaccount:kube-system:generic-garbage-collector\",\
+             \"system:kube-controller-manager\"])"
+        ),
+        "exact names: {exempt}"
+    );
+    assert_eq!(deployment_env(&docs, "ACTING_FOR_EXTRA"), "false");
+    assert!(
+        !named(&docs, "copyrator-acting-for"),
+        "no rule acts as an account"
+    );
+
+    let tenants = render(&["--set", "operator.allNamespaces=true"]);
+    assert_eq!(deployment_env(&tenants, "ACTING_FOR_EXTRA"), "true");
+    assert_eq!(
+        find_named(&tenants, "ClusterRole", "copyrator-acting-for")["rules"],
+        json!([{"apiGroups": ["authentication.k8s.io"],
+                "resources": ["userextras/copyrator.flant.com/acting-for"],
+                "resourceNames": ["copyrator"], "verbs": ["impersonate"]}])
+    );
+    assert_eq!(
+        find_named(&tenants, "ClusterRoleBinding", "copyrator-acting-for")["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "copyrator", "namespace": "copyrator"}])
+    );
+    let off = render(&[
+        "--set",
+        "operator.allNamespaces=true",
+        "--set",
+        "copyProtection.mode=Off",
+    ]);
+    assert!(!named(&off, NAME) && !named(&off, "copyrator-acting-for"));
+    assert_eq!(deployment_env(&off, "ACTING_FOR_EXTRA"), "false");
+    let member = render(&["--set", "memberSide.enabled=true"]);
+    assert!(
+        !named(&member, NAME),
+        "the member side renders no operator's policy"
+    );
+}
+
 fn all_grants(docs: &[Value]) -> BTreeSet<Grant> {
     docs.iter()
         .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
@@ -365,6 +436,14 @@ fn rendered_rbac_follows_tenant_identity() {
         "create",
     ));
     want.insert(Grant::new("", "serviceaccounts", "get"));
+    // Their writes say the operator acts for them (copy protection is on
+    // by default).
+    want.insert(Grant::named(
+        "authentication.k8s.io",
+        "userextras/copyrator.flant.com/acting-for",
+        "impersonate",
+        "copyrator",
+    ));
     assert_eq!(added, want);
     let impersonate = named(&on, "ClusterRole", "-impersonate").expect("the impersonation role");
     assert_eq!(
@@ -1663,6 +1742,9 @@ async fn operator_as_the_charts_service_account_does_its_whole_job() {
         &op,
         "--set",
         "replicaCount=1",
+        // The job edits copies as the test's admin to see them restored.
+        "--set",
+        "copyProtection.mode=Off",
     ]);
     run(install, "helm install");
     let _release = Release {
@@ -1906,10 +1988,25 @@ async fn operator_limited_to_configmaps_never_touches_secrets() {
 async fn helm_upgrade_and_uninstall() {
     let t = TestNs::new("chart-upgrade").await;
     let op = t.ns("op").await;
-    let t1 = t.ns("t1").await;
+    // The release's copy protection covers this test's t1 alone.
+    let t1 = t
+        .ns_labelled("t1", &[("copyrator-test-protect", &t.prefix)])
+        .await;
     let release = format!("copyrator-{}", random5());
+    let protect = format!(
+        "copyProtection.namespaceSelector.matchLabels.copyrator-test-protect={}",
+        t.prefix
+    );
     let mut install = helm();
-    install.args(["install", &release, &chart_dir(), "--namespace", &op]);
+    install.args([
+        "install",
+        &release,
+        &chart_dir(),
+        "--namespace",
+        &op,
+        "--set",
+        &protect,
+    ]);
     run(install, "helm install");
     let guard = Release {
         name: release.clone(),
@@ -1922,6 +2019,16 @@ async fn helm_upgrade_and_uninstall() {
     let source = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
     let mut operator = Operator::start(&t, &op, &[]);
     let copy = t.wait_copy(CM, &t1, &source, &op, "cms").await;
+    let said = format!("copy of {op}/cfg, kept by rule {op}/cms");
+    wait_until(
+        "the release to protect the copy",
+        TIMEOUT,
+        async || match admin_edit(&t, &t1, "cfg").await {
+            Err(e) if e.contains(&said) => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
 
     let mut upgrade = helm();
     upgrade.args([
@@ -1964,6 +2071,12 @@ async fn helm_upgrade_and_uninstall() {
     let revisions: Value =
         serde_json::from_str(&run(history, "helm history")).expect("history JSON");
     assert_eq!(revisions.as_array().map(Vec::len), Some(2));
+    // The upgrade left no moment without protection: its names stayed.
+    let edited = admin_edit(&t, &t1, "cfg").await;
+    assert!(
+        edited.as_ref().is_err_and(|e| e.contains(&said)),
+        "right after the upgrade: {edited:?}"
+    );
 
     drop(guard);
     operator.stop();
@@ -1972,6 +2085,14 @@ async fn helm_upgrade_and_uninstall() {
         ("serviceaccount", release.clone()),
         ("clusterrole", release.clone()),
         ("clusterrolebinding", release.clone()),
+        (
+            "validatingadmissionpolicy",
+            format!("{release}-copies-read-only"),
+        ),
+        (
+            "validatingadmissionpolicybinding",
+            format!("{release}-copies-read-only"),
+        ),
     ] {
         let mut get = Command::new("kubectl");
         get.args([
@@ -2012,6 +2133,30 @@ async fn helm_upgrade_and_uninstall() {
         Some(&copy.resource_version),
         "the copy {t1}/cfg did not survive helm uninstall untouched: {kept_copy:?}"
     );
+    // No longer kept, it is editable.
+    wait_until("the kept copy to be editable", TIMEOUT, async || {
+        admin_edit(&t, &t1, "cfg").await
+    })
+    .await;
+}
+
+/// A dry run of an edit of the ConfigMap `namespace/name` by the test's
+/// admin: whether it would be let through.
+async fn admin_edit(t: &TestNs, namespace: &str, name: &str) -> Result<(), String> {
+    use kube::api::{Patch, PatchParams};
+    let params = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(t.client.clone(), namespace)
+        .patch(
+            name,
+            &params,
+            &Patch::Merge(json!({"data": {"k": "edited"}})),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| err_msg(&e))
 }
 
 /// The metric names in PromQL text: `copyrator_` and what follows of

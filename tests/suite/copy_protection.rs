@@ -59,6 +59,19 @@ async fn chart_protection(
             policy,
         )
         .await;
+    // Its expressions type-check against the kinds it matches.
+    let policies = Api::<ValidatingAdmissionPolicy>::all(t.client.clone());
+    wait_until("the policy's type check", TIMEOUT, async || {
+        let policy = policies.get(&name).await.map_err(|e| err_msg(&e))?;
+        let status = policy.status.unwrap_or_default();
+        match (status.observed_generation, status.type_checking) {
+            (Some(_), Some(checked)) => Ok(checked.expression_warnings.unwrap_or_default()),
+            other => Err(format!("not checked yet: {other:?}")),
+        }
+    })
+    .await
+    .into_iter()
+    .for_each(|warning| panic!("{}: {}", warning.field_ref, warning.warning));
     cluster
         .create(
             &t.client,
