@@ -272,6 +272,12 @@ pub(crate) async fn run(
     tasks.push(tokio::spawn(crate::controller::versions::watch_home(
         shared.clone(),
     )));
+    if let Some(name) = settings.copy_protection.clone().filter(|n| !n.is_empty()) {
+        tasks.push(crate::controller::protection::spawn_protection_watch(
+            shared.clone(),
+            name,
+        ));
+    }
     // Before the copy watches: each copy decoded is checked against the key.
     match unless_stopped(install_mark_key(&settings, &shared), &mut signal).await {
         Ok(installed) => installed?,

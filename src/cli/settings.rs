@@ -233,6 +233,15 @@ pub(crate) struct Settings {
     #[arg(long, env = "ACTING_FOR_EXTRA", default_value_t = false, global = true)]
     pub(crate) acting_for_extra: bool,
 
+    /// The name of the ValidatingAdmissionPolicy and binding that protect
+    /// copies at admission (the chart's `<fullname>-copies-read-only`):
+    /// followed, read only, and `copyrator_copy_protection_in_force` and a
+    /// Warning Event say when either is missing, weakened or fails type
+    /// checking. Needs get, list and watch on validatingadmissionpolicies
+    /// and validatingadmissionpolicybindings. Unset: not followed.
+    #[arg(long, env = "COPY_PROTECTION", global = true)]
+    pub(crate) copy_protection: Option<String>,
+
     /// The ServiceAccount of its own namespace that a tenant rule naming
     /// none (`spec.serviceAccountName`) writes as, under
     /// --tenant-identity service-account.

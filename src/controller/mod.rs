@@ -9,6 +9,7 @@ pub(crate) mod fleet;
 pub(crate) mod kinds;
 pub(crate) mod member_pass;
 pub(crate) mod members;
+pub(crate) mod protection;
 pub(crate) mod queue;
 pub(crate) mod reconcile;
 pub(crate) mod rollout;

@@ -16,6 +16,7 @@ mod partial_passes;
 pub(crate) mod pass_log;
 pub(crate) mod plan;
 pub(crate) mod preview;
+pub(crate) mod protection;
 pub(crate) mod report;
 pub(crate) mod resolve;
 pub(crate) mod rollout;

@@ -77,6 +77,8 @@ pub(crate) struct Metrics {
     cluster_version: Family<VersionLabels, Gauge>,
     /// 1 for a cluster older than the oldest supported release.
     cluster_below_floor: Family<ClusterLabels, Gauge>,
+    /// 1 while the chart's copy protection is in force in a cluster.
+    pub(crate) copy_protection_in_force: Family<ClusterLabels, Gauge>,
     /// The version each cluster reported last, so that an upgrade
     /// replaces its series.
     versions_seen: std::sync::Mutex<std::collections::HashMap<String, String>>,
@@ -308,10 +310,19 @@ impl Default for Metrics {
              keeps working there, untested), 0 otherwise",
             cluster_below_floor.clone(),
         );
+        let copy_protection_in_force = Family::<ClusterLabels, Gauge>::default();
+        registry.register(
+            "copy_protection_in_force",
+            "1 while the copy protection the operator was told to follow (--copy-protection: \
+             a ValidatingAdmissionPolicy and its binding) is in force in a cluster, 0 when \
+             either is missing, weakened or fails type checking",
+            copy_protection_in_force.clone(),
+        );
         Self {
             registry,
             cluster_version,
             cluster_below_floor,
+            copy_protection_in_force,
             versions_seen: std::sync::Mutex::default(),
             reconciles,
             reconcile_duration,

@@ -20,7 +20,7 @@ use kube::core::ApiResource;
 use serde_json::{Value, json};
 
 use super::audit::service_account_user;
-use super::helm::{find, render};
+use super::helm::{find_named, render};
 use super::members::Member;
 use super::{
     Operator, TIMEOUT, TestNs, create_service_account, err_msg, service_account_kubeconfig,
@@ -363,7 +363,7 @@ pub async fn as_the_chart(
     values: &[&str],
 ) -> Identity {
     let docs = render(values);
-    let cluster_grants = grants_of(find(&docs, "ClusterRole"));
+    let cluster_grants = grants_of(find_named(&docs, "ClusterRole", "copyrator"));
     let namespaced_grants: BTreeSet<Grant> = docs
         .iter()
         .filter(|d| d["kind"] == "Role")

@@ -1567,7 +1567,7 @@ async fn run_case(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_verb_the_chart_grants_is_needed() {
     let docs = render(&[]);
-    let cluster_grants = grants_of(find(&docs, "ClusterRole"));
+    let cluster_grants = grants_of(find_named(&docs, "ClusterRole", "copyrator"));
     let lease_grants = grants_of(find(&docs, "Role"));
     let kinds = deployment_env(&docs, "KINDS");
     let granted: BTreeSet<Grant> = cluster_grants.union(&lease_grants).cloned().collect();
@@ -1839,7 +1839,7 @@ async fn operator_as_the_charts_service_account_does_its_whole_job() {
 async fn operator_limited_to_configmaps_never_touches_secrets() {
     let docs = render(&["--set", "kinds={configmap}"]);
     assert_eq!(deployment_env(&docs, "KINDS"), "configmap");
-    let cluster_grants = grants_of(find(&docs, "ClusterRole"));
+    let cluster_grants = grants_of(find_named(&docs, "ClusterRole", "copyrator"));
     let lease_grants = grants_of(find(&docs, "Role"));
     let on_secrets: Vec<String> = cluster_grants
         .iter()

@@ -82,8 +82,22 @@ async fn chart_protection(
             binding,
         )
         .await;
-    let role_name = format!("{}-acting-for", t.prefix);
-    let mut role = find_named(&docs, "ClusterRole", "copyrator-acting-for").clone();
+    for role in ["copy-protection", "acting-for"] {
+        grant_chart_role(t, cluster, &docs, role, operator).await;
+    }
+}
+
+/// The chart's ClusterRole `copyrator-<role>`, named for the test, bound to
+/// the test's operator.
+async fn grant_chart_role(
+    t: &TestNs,
+    cluster: &ClusterScoped,
+    docs: &[Value],
+    role: &str,
+    operator: &crate::common::rbac::Identity,
+) {
+    let role_name = format!("{}-{role}", t.prefix);
+    let mut role = find_named(docs, "ClusterRole", &format!("copyrator-{role}")).clone();
     role["metadata"] = json!({"name": role_name});
     cluster
         .create(&t.client, &rbac("ClusterRole", "clusterroles"), role)
@@ -177,6 +191,7 @@ async fn a_live_copy_is_read_only_to_all_but_copyrator_acting_for_its_rule() {
     ];
     let operator_id = as_the_chart(&t, &cluster, &op, &values).await;
     chart_protection(&t, &cluster, &values, &operator_id).await;
+    let protection = format!("{}-copies-read-only", t.prefix);
     let impersonate = format!("{}-impersonate", t.prefix);
     chart_impersonation_role(&t, &cluster, &values, &impersonate).await;
 
@@ -207,6 +222,8 @@ async fn a_live_copy_is_read_only_to_all_but_copyrator_acting_for_its_rule() {
         "--tenant-identity",
         "service-account",
         "--acting-for-extra",
+        "--copy-protection",
+        &protection,
     ]
     .map(str::to_owned)
     .into();
@@ -302,6 +319,77 @@ async fn a_live_copy_is_read_only_to_all_but_copyrator_acting_for_its_rule() {
         "a copy handed over: {allowed:?}"
     );
 
+    // The operator says whether the protection is in force: its binding
+    // deleted, at once; put back (as `helm upgrade` would), again.
+    wait_until("the protection in force", TIMEOUT, async || {
+        protection_in_force(&operator)
+            .await?
+            .eq(&1.0)
+            .then_some(())
+            .ok_or("not yet".to_owned())
+    })
+    .await;
+    let bindings = Api::<
+        k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
+    >::all(t.client.clone());
+    let binding = bindings
+        .get(&protection)
+        .await
+        .unwrap_or_else(|e| panic!("the binding: {}", err_msg(&e)));
+    let deleted = std::time::Instant::now();
+    bindings
+        .delete(&protection, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting the binding: {}", err_msg(&e)));
+    wait_until("the protection reported off", TIMEOUT, async || {
+        protection_in_force(&operator)
+            .await?
+            .eq(&0.0)
+            .then_some(())
+            .ok_or("still 1".to_owned())
+    })
+    .await;
+    let event = wait_until("a Warning Event on the policy", TIMEOUT, async || {
+        t.events_regarding("default", &protection)
+            .await
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("CopyProtectionOff")
+                    && e.type_.as_deref() == Some("Warning")
+            })
+            .ok_or("none yet".to_owned())
+    })
+    .await;
+    let took = deleted.elapsed();
+    assert!(
+        event.note.as_deref().is_some_and(|n| n.contains(&format!(
+            "the ValidatingAdmissionPolicyBinding {protection} is missing"
+        ))),
+        "{:?}",
+        event.note
+    );
+    println!(
+        "copy_protection: the binding's deletion reported within {} ms",
+        took.as_millis()
+    );
+    let mut restored = binding.clone();
+    restored.metadata = kube::api::ObjectMeta {
+        name: Some(protection.clone()),
+        ..kube::api::ObjectMeta::default()
+    };
+    bindings
+        .create(&kube::api::PostParams::default(), &restored)
+        .await
+        .unwrap_or_else(|e| panic!("restoring the binding: {}", err_msg(&e)));
+    wait_until("the protection in force again", TIMEOUT, async || {
+        protection_in_force(&operator)
+            .await?
+            .eq(&1.0)
+            .then_some(())
+            .ok_or("still 0".to_owned())
+    })
+    .await;
+
     // Deleting a namespace that holds copies completes.
     let t2 = t.ns_labelled("t2", &[scope]).await;
     t.accept_from(&t2, &home).await;
@@ -325,4 +413,13 @@ async fn a_live_copy_is_read_only_to_all_but_copyrator_acting_for_its_rule() {
     )
     .await;
     operator.assert_running();
+}
+
+/// `copyrator_copy_protection_in_force` as the operator serves it.
+async fn protection_in_force(operator: &Operator) -> Result<f64, String> {
+    match http_get(operator.port, "/metrics").await? {
+        (200, text) => metric_family(&text, "copyrator_copy_protection_in_force")
+            .ok_or_else(|| "no series yet".to_owned()),
+        (status, _) => Err(format!("/metrics answered {status}")),
+    }
 }

@@ -140,6 +140,24 @@ impl Writer {
         self.while_leading("create", "Event", work).await
     }
 
+    /// Publish `event` on the object `reference` names (one that is not a
+    /// rule: the copy protection's policy).
+    pub(crate) async fn event_on(
+        &self,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+        event: &Event,
+    ) -> kube::Result<Sent<()>> {
+        let store = self.store(&Identity::Operator);
+        let work = async move {
+            match store {
+                Store::Api(..) => self.recorder.publish(event, reference).await,
+                #[cfg(test)]
+                Store::Fake(..) => Ok(()),
+            }
+        };
+        self.while_leading("create", "Event", work).await
+    }
+
     /// A merge patch of a workload's pod template annotations (a consumer
     /// restart), as `identity`, under the field manager of every write;
     /// `workload_kind` names it in the write metrics.
