@@ -99,11 +99,11 @@ the operator's own. Empty otherwise, also for a release upgraded with
 {{/*
 "true" when the chart protects copies at admission (`copyProtection.mode`
 not Off; Deny also for a release upgraded with --reuse-values from a chart
-without the value), on the operator's side of a release.
+without the value), on either side: the operator's, or a member's.
 */}}
 {{- define "copyrator.copyProtection" -}}
 {{- $mode := (.Values.copyProtection | default dict).mode | default "Deny" }}
-{{- if and (ne $mode "Off") (not (include "copyrator.memberSide" .)) }}true{{ end }}
+{{- if ne $mode "Off" }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -122,5 +122,5 @@ listed).
 ServiceAccounts.
 */}}
 {{- define "copyrator.actingForExtra" -}}
-{{- if and (include "copyrator.copyProtection" .) (include "copyrator.asTenants" .) }}true{{ end }}
+{{- if and (include "copyrator.copyProtection" .) (include "copyrator.asTenants" .) (not (include "copyrator.memberSide" .)) }}true{{ end }}
 {{- end }}

@@ -64,17 +64,39 @@ fn object_set(pairs: &[(&str, &str)]) -> BTreeSet<(String, String)> {
 /// What the member side of release `name` holds by default.
 fn member_side_objects(name: &str) -> BTreeSet<(String, String)> {
     let token = format!("{name}-token");
-    object_set(&[
+    let mut objects = object_set(&[
         ("ServiceAccount", name),
         ("ClusterRole", name),
         ("ClusterRoleBinding", name),
         ("Secret", &token),
+    ]);
+    objects.extend(protection_objects(name));
+    objects
+}
+
+/// The member's copy protection of release `name`: the policy, its
+/// binding, and the acting-for extra granted to the member side's account.
+fn protection_objects(name: &str) -> BTreeSet<(String, String)> {
+    let read_only = format!("{name}-copies-read-only");
+    let acting_for = format!("{name}-acting-for");
+    object_set(&[
+        ("ValidatingAdmissionPolicy", &read_only),
+        ("ValidatingAdmissionPolicyBinding", &read_only),
+        ("ClusterRole", &acting_for),
+        ("ClusterRoleBinding", &acting_for),
     ])
 }
 
+/// What the member side's account may do with its own ClusterRole and
+/// Roles (the acting-for extra, granted apart, lets it do nothing alone).
 fn member_grants(docs: &[Value]) -> BTreeSet<Grant> {
     docs.iter()
         .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+        .filter(|d| {
+            !d["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.ends_with("-acting-for"))
+        })
         .flat_map(grants_of)
         .collect()
 }
@@ -183,28 +205,26 @@ fn member_side_renders_what_a_member_holds_and_nothing_of_the_operator() {
         "--set",
         "memberSide.tokenSecret=false",
     ]));
-    assert_eq!(
-        objects(&docs),
-        object_set(&[
-            ("ServiceAccount", "copyrator"),
-            ("ClusterRole", "copyrator"),
-            ("ClusterRoleBinding", "copyrator"),
-        ])
-    );
+    let mut without_token = object_set(&[
+        ("ServiceAccount", "copyrator"),
+        ("ClusterRole", "copyrator"),
+        ("ClusterRoleBinding", "copyrator"),
+    ]);
+    without_token.extend(protection_objects("copyrator"));
+    assert_eq!(objects(&docs), without_token);
     let docs = render(&with_member_side(&[
         "--set",
         "serviceAccount.create=false",
         "--set",
         "serviceAccount.name=existing",
     ]));
-    assert_eq!(
-        objects(&docs),
-        object_set(&[
-            ("ClusterRole", "copyrator"),
-            ("ClusterRoleBinding", "copyrator"),
-            ("Secret", "copyrator-token"),
-        ])
-    );
+    let mut existing_account = object_set(&[
+        ("ClusterRole", "copyrator"),
+        ("ClusterRoleBinding", "copyrator"),
+        ("Secret", "copyrator-token"),
+    ]);
+    existing_account.extend(protection_objects("copyrator"));
+    assert_eq!(objects(&docs), existing_account);
     assert_eq!(
         find(&docs, "ClusterRoleBinding")["subjects"][0]["name"],
         "existing"
@@ -213,12 +233,18 @@ fn member_side_renders_what_a_member_holds_and_nothing_of_the_operator() {
         find(&docs, "Secret")["metadata"]["annotations"]["kubernetes.io/service-account.name"],
         "existing"
     );
+    // Without RBAC, the policy stays (it is no RBAC).
     let docs = render(&with_member_side(&["--set", "rbac.create=false"]));
     assert_eq!(
         objects(&docs),
         object_set(&[
             ("ServiceAccount", "copyrator"),
-            ("Secret", "copyrator-token")
+            ("Secret", "copyrator-token"),
+            ("ValidatingAdmissionPolicy", "copyrator-copies-read-only"),
+            (
+                "ValidatingAdmissionPolicyBinding",
+                "copyrator-copies-read-only"
+            ),
         ])
     );
 
@@ -821,6 +847,12 @@ async fn operator_as_the_member_sides_service_account_does_its_whole_job() {
         namespace: ns.clone(),
         kubeconfig: Some(a.kubeconfig_path.clone()),
     };
+    // Its copy protection covers this test's labelled namespace alone: the
+    // job below edits copies as the member's admin to see them restored.
+    let protect = format!(
+        "copyProtection.namespaceSelector.matchLabels.copyrator-test-protect={}",
+        t.prefix
+    );
     let mut install = guard.helm();
     install.args([
         "install",
@@ -831,6 +863,8 @@ async fn operator_as_the_member_sides_service_account_does_its_whole_job() {
         "--skip-crds",
         "--set",
         "memberSide.enabled=true",
+        "--set",
+        &protect,
     ]);
     run(install, "helm install (the member side)");
     let mut manifest = guard.helm();
@@ -887,10 +921,12 @@ async fn operator_as_the_member_sides_service_account_does_its_whole_job() {
         matches!(&pods, Err(kube::Error::Api(s)) if s.code == 403),
         "listing Pods with the member side's token: {pods:?}"
     );
-    Api::<ConfigMap>::all(as_member_side)
+    Api::<ConfigMap>::all(as_member_side.clone())
         .list(&ListParams::default().labels(LABEL_RULE_UID).limit(1))
         .await
         .expect("listing copies with the member side's token");
+
+    member_copies_are_read_only_but_to_the_member_side(&t, &a, &as_member_side).await;
 
     let stage = Stage::new(&t, &a, &kubeconfig).await;
     let mut operator = stage.start_operator();
@@ -935,6 +971,55 @@ async fn operator_as_the_member_sides_service_account_does_its_whole_job() {
             .is_none(),
         "the ClusterRoleBinding {release} is left in member a after helm uninstall"
     );
+}
+
+/// In a namespace of member `a` the release protects, a live copy (as the
+/// operator's copies are labelled and annotated) refuses the member's
+/// admin, naming its source and rule, and lets the member side's account,
+/// which the operator writes as there, change it (dry runs both).
+async fn member_copies_are_read_only_but_to_the_member_side(
+    t: &TestNs,
+    a: &crate::common::members::Member,
+    as_member_side: &kube::Client,
+) {
+    use kube::api::{Patch, PatchParams, PostParams};
+    let protected = a
+        .ns_labelled(t, "protected", &[("copyrator-test-protect", &t.prefix)])
+        .await;
+    let copy: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "pull", "namespace": protected,
+                     "labels": {LABEL_RULE_UID: "0a1b2c3d"},
+                     "annotations": {"copyrator.flant.com/source": "platform/pull",
+                                     "copyrator.flant.com/rule": "platform/registry"}},
+        "data": {"k": "v"},
+    }))
+    .expect("a copy");
+    Api::<ConfigMap>::namespaced(a.client.clone(), &protected)
+        .create(&PostParams::default(), &copy)
+        .await
+        .unwrap_or_else(|e| panic!("a copy in member a: {}", err_msg(&e)));
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let edit = json!({"data": {"k": "edited"}});
+    let said = "copy of platform/pull, kept by rule platform/registry";
+    let as_admin = Api::<ConfigMap>::namespaced(a.client.clone(), &protected);
+    wait_until("member a's admin refused", TIMEOUT, async || match as_admin
+        .patch("pull", &dry_run, &Patch::Merge(&edit))
+        .await
+    {
+        Err(e) if err_msg(&e).contains(said) => Ok(()),
+        other => Err(format!(
+            "{:?}",
+            other.map(|_| "let through").map_err(|e| err_msg(&e))
+        )),
+    })
+    .await;
+    Api::<ConfigMap>::namespaced(as_member_side.clone(), &protected)
+        .patch("pull", &dry_run, &Patch::Merge(&edit))
+        .await
+        .unwrap_or_else(|e| panic!("the member side's account refused: {}", err_msg(&e)));
 }
 
 // ===========================================================================
