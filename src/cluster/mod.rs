@@ -12,6 +12,7 @@ pub(crate) mod foreign;
 pub(crate) mod impersonation;
 pub(crate) mod inventory;
 pub(crate) mod leader;
+pub(crate) mod limits;
 pub(crate) mod mark_key;
 pub(crate) mod ratelimit;
 pub(crate) mod reader;

@@ -404,7 +404,7 @@ impl Writer {
     pub(crate) fn new(
         client: Client,
         limiter: RateLimiter,
-        limits: crate::cluster::context::Limits,
+        limits: crate::cluster::limits::Limits,
         metrics: ClusterMetrics,
         leader: LeaderGate,
         health: Arc<crate::ops::http::Health>,
@@ -791,7 +791,7 @@ impl Writer {
         let writer = Self::new(
             crate::cluster::fake_objects::never_asked_client(),
             RateLimiter::new(0.0, 1),
-            crate::cluster::context::Limits {
+            crate::cluster::limits::Limits {
                 write_concurrency: 4,
                 api_qps: 0.0,
                 api_burst: 1,
