@@ -18,3 +18,18 @@ pub(crate) struct Limits {
     /// `copyrator.flant.com/acting-for` (`--acting-for-extra`).
     pub(crate) acting_for_extra: bool,
 }
+
+impl Limits {
+    /// Unit tests only: small limits, no pacing.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Self {
+        Self {
+            write_concurrency: 4,
+            api_qps: 0.0,
+            api_burst: 1,
+            max_source_watches: 10,
+            max_tenant_source_bytes: 1 << 24,
+            acting_for_extra: false,
+        }
+    }
+}

@@ -791,14 +791,7 @@ impl Writer {
         let writer = Self::new(
             crate::cluster::fake_objects::never_asked_client(),
             RateLimiter::new(0.0, 1),
-            crate::cluster::limits::Limits {
-                write_concurrency: 4,
-                api_qps: 0.0,
-                api_burst: 1,
-                max_source_watches: 10,
-                max_tenant_source_bytes: 1 << 24,
-                acting_for_extra: false,
-            },
+            crate::cluster::limits::Limits::for_tests(),
             ClusterMetrics::new(Arc::new(crate::ops::metrics::Metrics::default()), "home"),
             leader,
             Arc::new(crate::ops::http::Health::new(Duration::from_secs(60))),

@@ -591,14 +591,7 @@ pub(crate) fn test_shared_gated(trust: Trust) -> (Arc<Shared>, tokio::sync::watc
         trust,
         Options {
             rule_name: None,
-            limits: Limits {
-                write_concurrency: 4,
-                api_qps: 0.0,
-                api_burst: 1,
-                max_source_watches: 10,
-                max_tenant_source_bytes: 1 << 24,
-                acting_for_extra: false,
-            },
+            limits: Limits::for_tests(),
             keep_kind_watches: false,
             cluster_name: "home".to_owned(),
             member_clusters: false,

@@ -106,6 +106,39 @@ pub fn find_named<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("the chart renders no {kind} {name}"))
 }
 
+/// The chart's ValidatingAdmissionPolicy `policy` and its binding (named
+/// alike), both renamed `name` (the binding binding that name), made in the
+/// cluster and deleted with `cluster`.
+pub async fn create_chart_policy(
+    client: &kube::Client,
+    cluster: &super::rbac::ClusterScoped,
+    mut policy: Value,
+    mut binding: Value,
+    name: &str,
+) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use kube::core::ApiResource;
+    policy["metadata"] = serde_json::json!({"name": name});
+    binding["metadata"] = serde_json::json!({"name": name});
+    binding["spec"]["policyName"] = serde_json::json!(name);
+    cluster
+        .create(
+            client,
+            &ApiResource::erase::<ValidatingAdmissionPolicy>(&()),
+            policy,
+        )
+        .await;
+    cluster
+        .create(
+            client,
+            &ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&()),
+            binding,
+        )
+        .await;
+}
+
 /// Uninstalls the release when the test ends, passed or not.
 pub struct Release {
     pub name: String,

@@ -11,7 +11,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::audit::{Audit, AuditEvent, Query, WRITE_VERBS, service_account_user};
-use crate::common::helm::{Release, chart_dir, find, find_named, helm, render, render_hooks, run};
+use crate::common::helm::{
+    Release, chart_dir, create_chart_policy, find, find_named, helm, render, render_hooks, run,
+};
 use crate::common::rbac::{CASES_AT_ONCE, ClusterScoped, Grant, Identity, grants_of, run_cases};
 use crate::common::steps::{Steps, Stopped};
 use crate::common::*;
@@ -2296,9 +2298,6 @@ async fn alerts_and_dashboard_use_only_metrics_the_operator_exports() {
 /// annotation, new labels or replicas are denied.
 #[tokio::test]
 async fn the_chart_limits_the_operators_workload_patches_to_restart_annotations() {
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
     use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
     use kube::core::ApiResource;
     let t = TestNs::new("chart-vap").await;
@@ -2330,32 +2329,16 @@ async fn the_chart_limits_the_operators_workload_patches_to_restart_annotations(
         "!(request.resource.resource == 'deployments' && request.namespace == 'copyrator' \
          && request.name == 'copyrator')"
     );
-    policy["metadata"] = json!({"name": name});
     // The policy as the chart renders it, for the test's ServiceAccount.
     policy["spec"]["matchConditions"] = json!([{"name": "the-operator",
         "expression": format!("request.userInfo.username == '{}'", id.user)}]);
-    let mut binding = find_named(
+    let binding = find_named(
         &docs,
         "ValidatingAdmissionPolicyBinding",
         "copyrator-restarts-only",
     )
     .clone();
-    binding["metadata"] = json!({"name": name});
-    binding["spec"]["policyName"] = json!(name);
-    cluster
-        .create(
-            &t.client,
-            &ApiResource::erase::<ValidatingAdmissionPolicy>(&()),
-            policy,
-        )
-        .await;
-    cluster
-        .create(
-            &t.client,
-            &ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&()),
-            binding,
-        )
-        .await;
+    create_chart_policy(&t.client, &cluster, policy, binding, &name).await;
     let resource = ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&());
     let deployment: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "Deployment",

@@ -9,7 +9,7 @@
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::common::helm::{find_named, render};
+use crate::common::helm::{create_chart_policy, find_named, render};
 use crate::common::members::client_of_file;
 use crate::common::rbac::{
     Binding, ClusterScoped, as_the_chart, bind_as, chart_impersonation_role, rbac,
@@ -28,10 +28,7 @@ async fn chart_protection(
     values: &[&str],
     operator: &crate::common::rbac::Identity,
 ) {
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
-    use kube::core::ApiResource;
+    use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
     let docs = render(values);
     let name = format!("{}-copies-read-only", t.prefix);
     let policy = find_named(
@@ -42,23 +39,14 @@ async fn chart_protection(
     let text = serde_json::to_string(policy)
         .expect("the policy as JSON")
         .replace("system:serviceaccount:copyrator:copyrator", &operator.user);
-    let mut policy: Value = serde_json::from_str(&text).expect("the policy");
-    policy["metadata"] = json!({"name": name});
-    let mut binding = find_named(
+    let policy: Value = serde_json::from_str(&text).expect("the policy");
+    let binding = find_named(
         &docs,
         "ValidatingAdmissionPolicyBinding",
         "copyrator-copies-read-only",
     )
     .clone();
-    binding["metadata"] = json!({"name": name});
-    binding["spec"]["policyName"] = json!(name);
-    cluster
-        .create(
-            &t.client,
-            &ApiResource::erase::<ValidatingAdmissionPolicy>(&()),
-            policy,
-        )
-        .await;
+    create_chart_policy(&t.client, cluster, policy, binding, &name).await;
     // Its expressions type-check against the kinds it matches.
     let policies = Api::<ValidatingAdmissionPolicy>::all(t.client.clone());
     let warnings = wait_until("the policy's type check", TIMEOUT, async || {
@@ -75,13 +63,6 @@ async fn chart_protection(
         .map(|w| format!("{}: {}", w.field_ref, w.warning))
         .collect();
     assert!(said.is_empty(), "the policy's type check warns: {said:?}");
-    cluster
-        .create(
-            &t.client,
-            &ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&()),
-            binding,
-        )
-        .await;
     for role in ["copy-protection", "acting-for"] {
         grant_chart_role(t, cluster, &docs, role, operator).await;
     }
