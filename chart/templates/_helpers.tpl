@@ -107,6 +107,13 @@ without the value), on either side: the operator's, or a member's.
 {{- end }}
 
 {{/*
+The name of the copy protection's policy and binding.
+*/}}
+{{- define "copyrator.copyProtectionName" -}}
+{{- printf "%s-copies-read-only" (include "copyrator.fullname" .) }}
+{{- end }}
+
+{{/*
 "true" when some rules write as ServiceAccounts: tenant rules by default,
 and rules that name one (the operator writing no copy itself, or accounts
 listed).

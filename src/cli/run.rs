@@ -273,9 +273,12 @@ pub(crate) async fn run(
         shared.clone(),
     )));
     if let Some(name) = settings.copy_protection.clone().filter(|n| !n.is_empty()) {
-        tasks.push(crate::controller::protection::spawn_protection_watch(
+        use crate::controller::protection::{Followed, spawn_protection_watch};
+        let followed = Followed::at_home(&shared, name);
+        tasks.push(spawn_protection_watch(
             shared.clone(),
-            name,
+            shared.home.clone(),
+            followed,
         ));
     }
     // Before the copy watches: each copy decoded is checked against the key.

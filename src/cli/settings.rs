@@ -237,10 +237,19 @@ pub(crate) struct Settings {
     /// copies at admission (the chart's `<fullname>-copies-read-only`):
     /// followed, read only, and `copyrator_copy_protection_in_force` and a
     /// Warning Event say when either is missing, weakened or fails type
-    /// checking. Needs get, list and watch on validatingadmissionpolicies
+    /// checking. Needs list and watch on validatingadmissionpolicies
     /// and validatingadmissionpolicybindings. Unset: not followed.
     #[arg(long, env = "COPY_PROTECTION", global = true)]
     pub(crate) copy_protection: Option<String>,
+
+    /// The name of the copy protection in each member cluster (the
+    /// member side's `<fullname>-copies-read-only`), followed there as
+    /// `--copy-protection` is at home: `copyrator_copy_protection_in_force`
+    /// for the member, and a Warning Event on its inventory entry. Needs
+    /// list and watch on both, in the member (the member side grants them).
+    /// Unset: not followed.
+    #[arg(long, env = "MEMBER_COPY_PROTECTION", global = true)]
+    pub(crate) member_copy_protection: Option<String>,
 
     /// The ServiceAccount of its own namespace that a tenant rule naming
     /// none (`spec.serviceAccountName`) writes as, under
@@ -487,6 +496,10 @@ impl Settings {
             cluster_name: self.cluster_name.clone(),
             member_clusters: self.member_clusters,
             allow_insecure_members: self.allow_insecure_members,
+            member_copy_protection: self
+                .member_copy_protection
+                .clone()
+                .filter(|name| !name.is_empty()),
             min_restart_interval: Duration::from_secs(self.min_restart_interval),
         }
     }

@@ -174,6 +174,9 @@ pub(crate) struct MemberAccess {
     /// Its labels, for rules' cluster selectors: the Secret's or the profile's.
     pub(crate) labels: BTreeMap<String, String>,
     pub(crate) from: InventorySource,
+    /// The name of the object of the inventory that lists it (the cluster
+    /// Secret's, or the profile's): where Events about the member go.
+    pub(crate) entry: String,
     /// What a client for the member is built from, or why there is none.
     pub(crate) config: Result<kube::Config, Unusable>,
     /// A hash of all that the connection depends on (server, CA, TLS
@@ -190,7 +193,7 @@ impl MemberAccess {
     fn new(
         name: String,
         labels: BTreeMap<String, String>,
-        from: InventorySource,
+        (from, entry): (InventorySource, String),
         config: Result<kube::Config, Unusable>,
     ) -> Self {
         let fingerprint = fingerprint(&config);
@@ -198,6 +201,7 @@ impl MemberAccess {
             name,
             labels,
             from,
+            entry,
             config,
             fingerprint,
         }
@@ -211,7 +215,8 @@ impl fmt::Debug for MemberAccess {
         let mut out = f.debug_struct("MemberAccess");
         out.field("name", &self.name)
             .field("labels", &self.labels)
-            .field("from", &self.from);
+            .field("from", &self.from)
+            .field("entry", &self.entry);
         match &self.config {
             Ok(config) => out.field("config", &Ok::<_, ()>(Connection(config))),
             Err(unusable) => out.field("config", &Err::<(), _>(unusable)),
@@ -281,10 +286,11 @@ pub(crate) async fn from_cluster_secret(
         .clone();
     let labels = secret.metadata.labels.clone().unwrap_or_default();
     let config = cluster_secret_config(secret, &name, insecure).await;
+    let entry = secret.metadata.name.clone().unwrap_or_default();
     Some(MemberAccess::new(
         name,
         labels,
-        InventorySource::Secret,
+        (InventorySource::Secret, entry),
         config,
     ))
 }
@@ -761,7 +767,8 @@ pub(crate) async fn from_cluster_profile<'a>(
     let name = profile.metadata.name.clone().unwrap_or_default();
     let labels = profile.metadata.labels.clone().unwrap_or_default();
     let config = cluster_profile_config(profile, &name, secrets, insecure).await;
-    MemberAccess::new(name, labels, InventorySource::ClusterProfile, config)
+    let entry = (InventorySource::ClusterProfile, name.clone());
+    MemberAccess::new(name, labels, entry, config)
 }
 
 async fn cluster_profile_config<'a>(

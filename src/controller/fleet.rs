@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::ResourceExt;
 use kube::api::{DynamicObject, ListParams};
 use kube::runtime::events::EventType;
@@ -29,6 +29,7 @@ use crate::cluster::inventory::{self, InsecureMembers, MemberAccess};
 use crate::cluster::reader::Objects;
 use crate::cluster::watch::{Change, WatchEnd, Watching, follow, watch_config};
 use crate::controller::members::{Member, Reach, UnusableMember};
+use crate::controller::protection::{Followed, spawn_protection_watch};
 use crate::controller::site::{Site, SiteName};
 use crate::controller::state::Shared;
 use crate::core::scope::Touch;
@@ -60,6 +61,8 @@ pub(crate) struct MemberStart {
     pub(crate) labels: BTreeMap<String, String>,
     pub(crate) fingerprint: u64,
     pub(crate) config: kube::Config,
+    /// Its entry in the inventory, at home: where Events about it go.
+    pub(crate) entry: ObjectReference,
 }
 
 /// A member's limits. The request rate is per API server, and a member is
@@ -85,9 +88,22 @@ pub(crate) fn start_member(
 ) -> Result<Arc<Member>, String> {
     let name = start.name.clone();
     shared.metrics.cluster_started(&name, false);
+    let entry = start.entry.clone();
     let member = member_views(shared, start)?;
     let site = member.site.clone();
     let mut tasks = lock(&member.tasks);
+    if let Some(protection) = &shared.options.member_copy_protection {
+        let followed = Followed {
+            name: protection.clone(),
+            cluster: name.clone(),
+            said_on: entry,
+        };
+        tasks.push(spawn_protection_watch(
+            shared.clone(),
+            site.clone(),
+            followed,
+        ));
+    }
     tasks.push(tokio::spawn(crate::controller::workers::run_site_workers(
         shared.clone(),
         site,
@@ -544,8 +560,27 @@ pub(crate) fn member_start(
             labels: access.labels.clone(),
             fingerprint: access.fingerprint,
             config: config.clone(),
+            entry: inventory_entry(shared, access),
         }),
         Err(why) => Err((why.reason, why.message.clone())),
+    }
+}
+
+/// The object of the inventory that lists `access`, at home.
+fn inventory_entry(shared: &Shared, access: &MemberAccess) -> ObjectReference {
+    let (api_version, kind) = match access.from {
+        inventory::InventorySource::Secret => ("v1".to_owned(), "Secret"),
+        inventory::InventorySource::ClusterProfile => {
+            let profile = inventory::cluster_profile_resource();
+            (profile.api_version, inventory::CLUSTER_PROFILE_KIND)
+        }
+    };
+    ObjectReference {
+        api_version: Some(api_version),
+        kind: Some(kind.to_owned()),
+        namespace: Some(shared.trust.operator_namespace.clone()),
+        name: Some(access.entry.clone()),
+        ..ObjectReference::default()
     }
 }
 

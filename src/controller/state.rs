@@ -44,6 +44,9 @@ pub(crate) struct Options {
     /// Accept members reached over plain http or without checking their
     /// certificate (`--allow-insecure-members`).
     pub(crate) allow_insecure_members: bool,
+    /// The copy protection followed in each member
+    /// (`--member-copy-protection`).
+    pub(crate) member_copy_protection: Option<String>,
     /// A workload is rolled at most once in this long
     /// (`--min-restart-interval`).
     pub(crate) min_restart_interval: std::time::Duration,
@@ -597,6 +600,7 @@ pub(crate) fn test_shared_gated(trust: Trust) -> (Arc<Shared>, tokio::sync::watc
             member_clusters: false,
             min_restart_interval: std::time::Duration::from_secs(30),
             allow_insecure_members: false,
+            member_copy_protection: None,
         },
         Arc::new(Metrics::default()),
         gate,

@@ -313,9 +313,10 @@ impl Default for Metrics {
         let copy_protection_in_force = Family::<ClusterLabels, Gauge>::default();
         registry.register(
             "copy_protection_in_force",
-            "1 while the copy protection the operator was told to follow (--copy-protection: \
-             a ValidatingAdmissionPolicy and its binding) is in force in a cluster, 0 when \
-             either is missing, weakened or fails type checking",
+            "1 while the copy protection the operator was told to follow in a cluster (a \
+             ValidatingAdmissionPolicy and its binding: --copy-protection at home, \
+             --member-copy-protection in members) is in force there, 0 when either is \
+             missing, weakened, fails type checking or cannot be read",
             copy_protection_in_force.clone(),
         );
         Self {
@@ -408,6 +409,7 @@ impl Metrics {
         };
         self.member_copies.remove(&labels);
         self.member_conflicts.remove(&labels);
+        self.copy_protection_in_force.remove(&labels);
         for kind in crate::api::kinds::Kind::all() {
             for verb in ["create", "update", "delete"] {
                 self.api_writes.remove(&WriteLabels {

@@ -1999,7 +1999,6 @@ impl Drop for Operator {
     }
 }
 
-/// A minimal HTTP/1.1 GET against 127.0.0.1:port: (status code, body).
 /// The sum of every series of the metric family `name` in Prometheus text
 /// (None: no series).
 pub fn metric_family(text: &str, name: &str) -> Option<f64> {
@@ -2015,6 +2014,7 @@ pub fn metric_family(text: &str, name: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
+/// A minimal HTTP/1.1 GET against 127.0.0.1:port: (status code, body).
 pub async fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
     http_get_with(port, path, &[]).await
 }

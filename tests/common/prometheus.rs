@@ -81,3 +81,19 @@ pub async fn operator_metric(
     }
     Ok(sum)
 }
+
+/// Wait until the operator on `port` says, in
+/// `copyrator_copy_protection_in_force`, that the copy protection of
+/// `cluster` ("home", or a member's name) is in force (`want` 1) or not (0).
+pub async fn wait_copy_protection(port: u16, cluster: &str, want: f64) {
+    let series = [("cluster", cluster)];
+    super::wait_until(
+        format!("copyrator_copy_protection_in_force of {cluster} at {want}"),
+        super::TIMEOUT,
+        async || match operator_metric(port, "copyrator_copy_protection_in_force", &series).await? {
+            Some(value) if value == want => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+}

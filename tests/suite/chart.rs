@@ -14,6 +14,7 @@ use crate::common::audit::{Audit, AuditEvent, Query, WRITE_VERBS, service_accoun
 use crate::common::helm::{
     Release, chart_dir, create_chart_policy, find, find_named, helm, render, render_hooks, run,
 };
+use crate::common::prometheus::wait_copy_protection;
 use crate::common::rbac::{CASES_AT_ONCE, ClusterScoped, Grant, Identity, grants_of, run_cases};
 use crate::common::steps::{Steps, Stopped};
 use crate::common::*;
@@ -124,6 +125,21 @@ fn rendered_copy_protection_follows_its_mode() {
         !named(&docs, "copyrator-acting-for"),
         "no rule acts as an account"
     );
+    // The operator follows the policy and binding, reading them by name.
+    assert_eq!(deployment_env(&docs, "COPY_PROTECTION"), NAME);
+    let reads_by_name = json!([{"apiGroups": ["admissionregistration.k8s.io"],
+        "resources": ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
+        "resourceNames": [NAME], "verbs": ["list", "watch"]}]);
+    assert_eq!(
+        find_named(&docs, "ClusterRole", "copyrator-copy-protection")["rules"],
+        reads_by_name
+    );
+    // And, with members, each member's, under the member side's name.
+    let members = render(&["--set", "memberClusters.enabled=true"]);
+    assert_eq!(
+        deployment_env(&members, "MEMBER_COPY_PROTECTION"),
+        "copyrator-member-copies-read-only"
+    );
 
     let tenants = render(&["--set", "operator.allNamespaces=true"]);
     assert_eq!(deployment_env(&tenants, "ACTING_FOR_EXTRA"), "true");
@@ -158,6 +174,15 @@ fn rendered_copy_protection_follows_its_mode() {
         "{exempt}"
     );
     assert!(named(&member, "copyrator-acting-for"));
+    // Whose account the home operator reads it with, by name.
+    assert_eq!(
+        find_named(&member, "ClusterRole", "copyrator-copy-protection")["rules"],
+        reads_by_name
+    );
+    assert_eq!(
+        find_named(&member, "ClusterRoleBinding", "copyrator-copy-protection")["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "copyrator", "namespace": "copyrator"}])
+    );
 }
 
 fn all_grants(docs: &[Value]) -> BTreeSet<Grant> {
@@ -2027,7 +2052,8 @@ async fn helm_upgrade_and_uninstall() {
         .create_rule(&op, "cms", rule_spec(CM, t.selector(), &[t.glob("t")]))
         .await;
     let source = t.create_source(CM, &op, "cfg", &[], &[("k", "v")]).await;
-    let mut operator = Operator::start(&t, &op, &[]);
+    let protection = format!("{release}-copies-read-only");
+    let mut operator = Operator::start(&t, &op, &["--copy-protection", &protection]);
     let copy = t.wait_copy(CM, &t1, &source, &op, "cms").await;
     let said = format!("copy of {op}/cfg, kept by rule {op}/cms");
     wait_until(
@@ -2087,6 +2113,37 @@ async fn helm_upgrade_and_uninstall() {
         edited.as_ref().is_err_and(|e| e.contains(&said)),
         "right after the upgrade: {edited:?}"
     );
+    // Its binding deleted, protection is off and said so; the next
+    // `helm upgrade` puts it back.
+    wait_copy_protection(operator.port, "home", 1.0).await;
+    let bindings = Api::<
+        k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
+    >::all(t.client.clone());
+    bindings
+        .delete(&protection, &kube::api::DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting the binding: {}", err_msg(&e)));
+    wait_copy_protection(operator.port, "home", 0.0).await;
+    let mut upgrade = helm();
+    upgrade.args([
+        "upgrade",
+        &release,
+        &chart_dir(),
+        "--namespace",
+        &op,
+        "--reuse-values",
+    ]);
+    run(upgrade, "helm upgrade (the binding deleted)");
+    wait_copy_protection(operator.port, "home", 1.0).await;
+    wait_until(
+        "the copy protected again",
+        TIMEOUT,
+        async || match admin_edit(&t, &t1, "cfg").await {
+            Err(e) if e.contains(&said) => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
 
     drop(guard);
     operator.stop();

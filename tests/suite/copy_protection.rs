@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use crate::common::helm::{create_chart_policy, find_named, render};
 use crate::common::members::client_of_file;
+use crate::common::prometheus::wait_copy_protection;
 use crate::common::rbac::{
     Binding, ClusterScoped, as_the_chart, bind_as, chart_impersonation_role, rbac,
 };
@@ -78,7 +79,15 @@ async fn grant_chart_role(
     operator: &crate::common::rbac::Identity,
 ) {
     let role_name = format!("{}-{role}", t.prefix);
-    let mut role = find_named(docs, "ClusterRole", &format!("copyrator-{role}")).clone();
+    let role = find_named(docs, "ClusterRole", &format!("copyrator-{role}"));
+    // What it grants by name, it grants on the test's policy and binding.
+    let text = serde_json::to_string(role)
+        .expect("the role as JSON")
+        .replace(
+            "\"copyrator-copies-read-only\"",
+            &format!("\"{}-copies-read-only\"", t.prefix),
+        );
+    let mut role: Value = serde_json::from_str(&text).expect("the role");
     role["metadata"] = json!({"name": role_name});
     cluster
         .create(&t.client, &rbac("ClusterRole", "clusterroles"), role)
@@ -302,14 +311,7 @@ async fn a_live_copy_is_read_only_to_all_but_copyrator_acting_for_its_rule() {
 
     // The operator says whether the protection is in force: its binding
     // deleted, at once; put back (as `helm upgrade` would), again.
-    wait_until("the protection in force", TIMEOUT, async || {
-        protection_in_force(&operator)
-            .await?
-            .eq(&1.0)
-            .then_some(())
-            .ok_or("not yet".to_owned())
-    })
-    .await;
+    wait_copy_protection(operator.port, "home", 1.0).await;
     let bindings = Api::<
         k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
     >::all(t.client.clone());
@@ -322,14 +324,7 @@ async fn a_live_copy_is_read_only_to_all_but_copyrator_acting_for_its_rule() {
         .delete(&protection, &DeleteParams::default())
         .await
         .unwrap_or_else(|e| panic!("deleting the binding: {}", err_msg(&e)));
-    wait_until("the protection reported off", TIMEOUT, async || {
-        protection_in_force(&operator)
-            .await?
-            .eq(&0.0)
-            .then_some(())
-            .ok_or("still 1".to_owned())
-    })
-    .await;
+    wait_copy_protection(operator.port, "home", 0.0).await;
     let event = wait_until("a Warning Event on the policy", TIMEOUT, async || {
         t.events_regarding("default", &protection)
             .await
@@ -362,14 +357,7 @@ async fn a_live_copy_is_read_only_to_all_but_copyrator_acting_for_its_rule() {
         .create(&kube::api::PostParams::default(), &restored)
         .await
         .unwrap_or_else(|e| panic!("restoring the binding: {}", err_msg(&e)));
-    wait_until("the protection in force again", TIMEOUT, async || {
-        protection_in_force(&operator)
-            .await?
-            .eq(&1.0)
-            .then_some(())
-            .ok_or("still 0".to_owned())
-    })
-    .await;
+    wait_copy_protection(operator.port, "home", 1.0).await;
 
     // Deleting a namespace that holds copies completes.
     let t2 = t.ns_labelled("t2", &[scope]).await;
@@ -394,13 +382,4 @@ async fn a_live_copy_is_read_only_to_all_but_copyrator_acting_for_its_rule() {
     )
     .await;
     operator.assert_running();
-}
-
-/// `copyrator_copy_protection_in_force` as the operator serves it.
-async fn protection_in_force(operator: &Operator) -> Result<f64, String> {
-    match http_get(operator.port, "/metrics").await? {
-        (200, text) => metric_family(&text, "copyrator_copy_protection_in_force")
-            .ok_or_else(|| "no series yet".to_owned()),
-        (status, _) => Err(format!("/metrics answered {status}")),
-    }
 }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::helm::{Release, chart_dir, documents, find, render, run};
 use crate::common::members::{Member, OUTAGE, client_of_yaml, member};
+use crate::common::prometheus::wait_copy_protection;
 use crate::common::rbac::{CASES_AT_ONCE, ClusterScoped, Grant, Identity, grants_of, run_cases};
 use crate::common::steps::{Steps, Stopped};
 use crate::common::*;
@@ -79,23 +80,28 @@ fn member_side_objects(name: &str) -> BTreeSet<(String, String)> {
 fn protection_objects(name: &str) -> BTreeSet<(String, String)> {
     let read_only = format!("{name}-copies-read-only");
     let acting_for = format!("{name}-acting-for");
+    let followed = format!("{name}-copy-protection");
     object_set(&[
         ("ValidatingAdmissionPolicy", &read_only),
         ("ValidatingAdmissionPolicyBinding", &read_only),
         ("ClusterRole", &acting_for),
         ("ClusterRoleBinding", &acting_for),
+        ("ClusterRole", &followed),
+        ("ClusterRoleBinding", &followed),
     ])
 }
 
 /// What the member side's account may do with its own ClusterRole and
-/// Roles (the acting-for extra, granted apart, lets it do nothing alone).
+/// Roles (the acting-for extra, granted apart, lets it do nothing alone;
+/// reading the copy protection by name, granted apart too, is proved
+/// enough by the install test).
 fn member_grants(docs: &[Value]) -> BTreeSet<Grant> {
     docs.iter()
         .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
         .filter(|d| {
             !d["metadata"]["name"]
                 .as_str()
-                .is_some_and(|n| n.ends_with("-acting-for"))
+                .is_some_and(|n| n.ends_with("-acting-for") || n.ends_with("-copy-protection"))
         })
         .flat_map(grants_of)
         .collect()
@@ -372,11 +378,16 @@ impl<'a> Stage<'a> {
     /// `copyrator run --member-clusters` in `op`, as the home cluster's
     /// admin (only the member's credentials are under test).
     fn start_operator(&self) -> Operator {
-        Operator::start(
-            self.t,
-            &self.op,
-            &["--member-clusters", "--log-level", LOG_LEVEL],
-        )
+        self.start_operator_with(&[])
+    }
+
+    /// [`Stage::start_operator`] with more arguments.
+    fn start_operator_with(&self, more: &[&str]) -> Operator {
+        let args: Vec<&str> = ["--member-clusters", "--log-level", LOG_LEVEL]
+            .into_iter()
+            .chain(more.iter().copied())
+            .collect();
+        Operator::start(self.t, &self.op, &args)
     }
 }
 
@@ -929,7 +940,8 @@ async fn operator_as_the_member_sides_service_account_does_its_whole_job() {
     member_copies_are_read_only_but_to_the_member_side(&t, &a, &as_member_side).await;
 
     let stage = Stage::new(&t, &a, &kubeconfig).await;
-    let mut operator = stage.start_operator();
+    let protection = format!("{release}-copies-read-only");
+    let mut operator = stage.start_operator_with(&["--member-copy-protection", &protection]);
     let job = Job::new(&stage, TIMEOUT);
     if let Err(stopped) = job.run().await {
         panic!(
@@ -940,6 +952,19 @@ async fn operator_as_the_member_sides_service_account_does_its_whole_job() {
         );
     }
     println!("the job's steps: {}", job.steps.durations());
+    let upgrade = || {
+        let mut upgrade = guard.helm();
+        upgrade.args([
+            "upgrade",
+            &release,
+            &chart_dir(),
+            "--namespace",
+            &ns,
+            "--reuse-values",
+        ]);
+        run(upgrade, "helm upgrade (the member side)");
+    };
+    members_protection_is_followed(&stage, &operator, &protection, upgrade).await;
     operator.assert_running();
     let log = operator.logs();
     let refused = refusals(&log);
@@ -970,6 +995,64 @@ async fn operator_as_the_member_sides_service_account_does_its_whole_job() {
             .expect("a ClusterRoleBinding")
             .is_none(),
         "the ClusterRoleBinding {release} is left in member a after helm uninstall"
+    );
+}
+
+/// The operator follows member `a`'s copy protection `protection` (read as
+/// the member side's account, by name): in force, reported off within 30 s
+/// of its binding's deletion, with a Warning Event on the member's entry in
+/// the inventory at home, and in force again once `upgrade` (the member
+/// side's `helm upgrade`) puts the binding back.
+async fn members_protection_is_followed(
+    stage: &Stage<'_>,
+    operator: &Operator,
+    protection: &str,
+    upgrade: impl FnOnce(),
+) {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+    let a = stage.member;
+    wait_copy_protection(operator.port, &a.name, 1.0).await;
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(a.client.clone());
+    let deleted = Instant::now();
+    bindings
+        .delete(protection, &kube::api::DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting member a's binding: {}", err_msg(&e)));
+    wait_copy_protection(operator.port, &a.name, 0.0).await;
+    let entry = a.secret_name();
+    // Said within 30 s of the deletion: the Event's deadline.
+    let deadline = Duration::from_secs(30).saturating_sub(deleted.elapsed());
+    let event = wait_until(
+        "a Warning Event on member a's entry",
+        deadline,
+        async || {
+            stage
+                .t
+                .events_regarding(&stage.op, &entry)
+                .await
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("CopyProtectionOff")
+                        && e.type_.as_deref() == Some("Warning")
+                })
+                .ok_or("none yet".to_owned())
+        },
+    )
+    .await;
+    let took = deleted.elapsed();
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains(&format!("copies in cluster {}", a.name))
+            && note.contains(&format!(
+                "the ValidatingAdmissionPolicyBinding {protection} is missing"
+            )),
+        "{note}"
+    );
+    upgrade();
+    wait_copy_protection(operator.port, &a.name, 1.0).await;
+    println!(
+        "member protection: the binding's deletion said within {} ms",
+        took.as_millis()
     );
 }
 
