@@ -16,6 +16,8 @@
 
 #[path = "bench/clusters.rs"]
 mod clusters;
+#[path = "bench/protection.rs"]
+mod protection;
 #[path = "../tests/common/sockets.rs"]
 mod sockets;
 
@@ -86,6 +88,9 @@ struct Args {
     /// namespace (`--tenant-identity service-account`), which may read and
     /// write ConfigMaps everywhere (`edit`, bound to every ServiceAccount).
     impersonate: bool,
+    /// The chart's copy protection (its policy and binding, rendered):
+    /// update propagation is measured with and without it, alternating.
+    copy_protection: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -105,6 +110,7 @@ fn parse_args() -> Result<Args> {
         members: Vec::new(),
         tenants: false,
         impersonate: false,
+        copy_protection: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -128,6 +134,7 @@ fn parse_args() -> Result<Args> {
                 args.impersonate = true;
             }
             "--members" => args.members = clusters::parse_members(&value()?)?,
+            "--copy-protection" => args.copy_protection = Some(value()?.into()),
             other => bail!("unknown flag {other}; see hack/bench"),
         }
     }
@@ -139,6 +146,10 @@ fn parse_args() -> Result<Args> {
     ensure!(
         args.members.is_empty() || args.rules == 1,
         "--members runs one rule; leave --rules out"
+    );
+    ensure!(
+        args.members.is_empty() || args.copy_protection.is_none(),
+        "--copy-protection measures the home cluster alone; leave --members out"
     );
     ensure!(
         !args.tenants || (args.members.is_empty() && args.rules > 1),
@@ -1039,6 +1050,38 @@ async fn main() -> Result<()> {
         end: Utc::now(),
     });
 
+    // The same, alternately with and without the copy protection.
+    let protected_updates = match &args.copy_protection {
+        Some(manifest) => {
+            eprintln!("bench: updates with and without copy protection");
+            let start = Utc::now();
+            let updates = protection::Updates {
+                client: &client,
+                copies: &copies,
+                layout,
+                source_namespaces: &source_namespaces,
+                copies_per_source,
+                sources_per_rule: m,
+                probe: (targets[0].clone(), layout.source_name(0, 0)),
+            };
+            // The p99 of a comparison needs samples: 20 each way at least,
+            // but in a smoke run.
+            let count = if args.smoke {
+                args.updates
+            } else {
+                args.updates.max(20)
+            };
+            let measured = protection::measure(&updates, manifest, count).await?;
+            phases.push(Phase {
+                name: "updates with and without copy protection",
+                start,
+                end: Utc::now(),
+            });
+            Some(measured)
+        }
+        None => None,
+    };
+
     // The API server's share of an update's propagation: the plain client
     // rewrites the N objects standing for one source's copies (whole
     // objects, as the operator writes them), timed until its watch saw
@@ -1311,6 +1354,19 @@ async fn main() -> Result<()> {
         prop99.as_millis(),
         verdict("update propagation", prop99 < Duration::from_secs(3))
     );
+    let protection_figures = protected_updates.as_ref().map(|measured| {
+        let p99 = |samples: &[Duration]| percentile(samples, 0.99).as_millis() as u64;
+        let (without, with) = (p99(&measured.without), p99(&measured.with));
+        let ratio = with as f64 / without.max(1) as f64;
+        println!(
+            "| update propagation under copy protection ({} updates each, alternating with and without its policy and binding) | p99 {with} ms with, {without} ms without ({ratio:.3}×); p50 {} ms with, {} ms without | p99 ≤ 1.05× without | {} |",
+            measured.with.len(),
+            percentile(&measured.with, 0.5).as_millis(),
+            percentile(&measured.without, 0.5).as_millis(),
+            verdict("update propagation under copy protection", ratio <= 1.05)
+        );
+        (without, with, ratio)
+    });
     println!(
         "| update baseline: plain client rewrites the {n} objects standing for one source's copies, until its watch saw them ({} samples) | p50 {} ms | printed, no target | |",
         update_baselines.len(),
@@ -1451,6 +1507,9 @@ async fn main() -> Result<()> {
             "connections_end_of_idle": connections_end_of_idle,
             "log_lines_cold_start": cold_log_lines,
             "log_lines_first_run": first_run_log_lines,
+            "update_p99_unprotected_ms": protection_figures.map(|f| f.0),
+            "update_p99_protected_ms": protection_figures.map(|f| f.1),
+            "update_p99_protected_ratio": protection_figures.map(|f| rounded(f.2)),
         },
         "targets": {
             "cold_start_ratio_max": cold_target,

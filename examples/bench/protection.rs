@@ -1,0 +1,149 @@
+//! What the copy protection costs the update path (`hack/bench
+//! --copy-protection`): sources are updated one after another, every other
+//! one with the chart's ValidatingAdmissionPolicy and binding in force
+//! (rendered by `hack/bench` with the benchmark's operator account exempt,
+//! as the chart exempts its own), each timed until every copy has it.
+//! Alternating, not one block after the other, keeps a drift of the
+//! machine out of the comparison.
+
+use super::*;
+
+use std::path::Path;
+
+/// How long a change of the binding may take to reach admission.
+const TAKES_EFFECT_WITHIN: Duration = Duration::from_secs(30);
+
+/// The update propagations measured without and with the protection.
+pub(super) struct Propagations {
+    pub(super) without: Vec<Duration>,
+    pub(super) with: Vec<Duration>,
+}
+
+/// Where the updates go, and which copy shows whether the protection is on.
+pub(super) struct Updates<'a> {
+    pub(super) client: &'a Client,
+    pub(super) copies: &'a Copies,
+    pub(super) layout: Layout,
+    pub(super) source_namespaces: &'a [String],
+    pub(super) copies_per_source: usize,
+    pub(super) sources_per_rule: usize,
+    /// A copy that the protection refuses the benchmark's admin to change.
+    pub(super) probe: CopyKey,
+}
+
+/// `count` updates each way, alternating, with the policy and binding of
+/// `manifest` applied before each protected update and the binding deleted
+/// before each other one; the protection is left off.
+pub(super) async fn measure(
+    updates: &Updates<'_>,
+    manifest: &Path,
+    count: usize,
+) -> Result<Propagations> {
+    let mut result = Propagations {
+        without: Vec::new(),
+        with: Vec::new(),
+    };
+    let binding = apply(manifest)?
+        .into_iter()
+        .find(|name| name.starts_with("validatingadmissionpolicybinding"))
+        .context("the manifest holds no ValidatingAdmissionPolicyBinding")?;
+    for u in 0..2 * count {
+        let protected = u % 2 == 1;
+        if protected {
+            apply(manifest)?;
+        } else {
+            kubectl(&["delete", &binding, "--ignore-not-found"])?;
+        }
+        wait_protection(updates, protected).await?;
+        let took = propagate(updates, u, 2 * count).await?;
+        if protected {
+            result.with.push(took);
+        } else {
+            result.without.push(took);
+        }
+    }
+    kubectl(&["delete", &binding, "--ignore-not-found"])?;
+    wait_protection(updates, false).await?;
+    Ok(result)
+}
+
+/// Update source `u` of `total` (spread over the rules) to a new version;
+/// the time until every copy of it has that version.
+async fn propagate(updates: &Updates<'_>, u: usize, total: usize) -> Result<Duration> {
+    let rules = updates.source_namespaces.len();
+    let rule = u * rules / total;
+    let source = u % updates.sources_per_rule;
+    let version = format!("p{}", u + 1);
+    let name = updates.layout.source_name(rule, source);
+    let sources: Api<ConfigMap> =
+        Api::namespaced(updates.client.clone(), &updates.source_namespaces[rule]);
+    let began = Instant::now();
+    sources
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"data": {"version": version}})),
+        )
+        .await
+        .context("updating a source")?;
+    updates
+        .copies
+        .wait_for(
+            updates.copies_per_source,
+            Duration::from_secs(120),
+            |(_, copy), v| *copy == name && v == version,
+        )
+        .await?;
+    Ok(began.elapsed())
+}
+
+/// Wait until the admin's dry-run edit of the probe copy is refused by the
+/// protection (`on`), or let through (`!on`).
+async fn wait_protection(updates: &Updates<'_>, on: bool) -> Result<()> {
+    let (namespace, name) = &updates.probe;
+    let api: Api<ConfigMap> = Api::namespaced(updates.client.clone(), namespace);
+    let params = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let edit = json!({"metadata": {"labels": {"bench-probe": "yes"}}});
+    let start = Instant::now();
+    loop {
+        let refused = match api.patch(name, &params, &Patch::Merge(&edit)).await {
+            Ok(_) => false,
+            Err(kube::Error::Api(status)) if status.code == 403 => true,
+            Err(e) => return Err(e).context("a dry-run edit of a copy"),
+        };
+        if refused == on {
+            return Ok(());
+        }
+        if start.elapsed() > TAKES_EFFECT_WITHIN {
+            bail!(
+                "the copy protection is {} after {TAKES_EFFECT_WITHIN:?}",
+                if refused { "still on" } else { "not on yet" }
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `kubectl apply -f manifest`: the names of what it applied.
+fn apply(manifest: &Path) -> Result<Vec<String>> {
+    let path = manifest.to_string_lossy();
+    let out = kubectl(&["apply", "-f", &path, "-o", "name"])?;
+    Ok(out.lines().map(str::to_owned).collect())
+}
+
+fn kubectl(args: &[&str]) -> Result<String> {
+    let out = Command::new("kubectl")
+        .args(args)
+        .output()
+        .context("running kubectl")?;
+    ensure!(
+        out.status.success(),
+        "kubectl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
