@@ -14,6 +14,7 @@ pub(crate) mod inventory;
 pub(crate) mod leader;
 pub(crate) mod limits;
 pub(crate) mod mark_key;
+pub(crate) mod provider_file;
 pub(crate) mod ratelimit;
 pub(crate) mod reader;
 pub(crate) mod sources;
