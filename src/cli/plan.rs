@@ -144,7 +144,7 @@ async fn plan(settings: Settings, from_files: Option<Vec<FileRule>>) -> anyhow::
     let _ = shut.send(false);
     let options = Options {
         keep_kind_watches: true,
-        ..settings.options()
+        ..settings.load_options()?
     };
     let shared = Shared::new(
         clients,

@@ -251,7 +251,7 @@ pub(crate) async fn run(
     let shared = Shared::new(
         clients,
         settings.trust(),
-        settings.options(),
+        settings.load_options()?,
         metrics.clone(),
         gate,
         health.clone(),

@@ -251,6 +251,15 @@ pub(crate) struct Settings {
     #[arg(long, env = "MEMBER_COPY_PROTECTION", global = true)]
     pub(crate) member_copy_protection: Option<String>,
 
+    /// The provider file of ClusterProfile credential plugins (the
+    /// cluster-inventory-api library's format: `{"providers": [{"name",
+    /// "execConfig", "profileSourcedCLIArgsPolicy"}]}`): a member of a
+    /// ClusterProfile that lists one of its providers is reached with a
+    /// token from that provider's plugin, the first of the file's order.
+    /// Read at start; a file that cannot be used stops the operator.
+    #[arg(long, env = "CLUSTERPROFILE_PROVIDER_FILE", global = true)]
+    pub(crate) clusterprofile_provider_file: Option<std::path::PathBuf>,
+
     /// The ServiceAccount of its own namespace that a tenant rule naming
     /// none (`spec.serviceAccountName`) writes as, under
     /// --tenant-identity service-account.
@@ -500,8 +509,29 @@ impl Settings {
                 .member_copy_protection
                 .clone()
                 .filter(|name| !name.is_empty()),
+            // Read by `load_provider_file`, which may fail.
+            provider_file: None,
             min_restart_interval: Duration::from_secs(self.min_restart_interval),
         }
+    }
+
+    /// [`Settings::options`], with the files they name read: a file that
+    /// cannot be used is an error.
+    pub(crate) fn load_options(&self) -> Result<Options, crate::error::Error> {
+        let mut options = self.options();
+        if let Some(path) = &self.clusterprofile_provider_file {
+            let invalid = |why: String| {
+                crate::error::Error::Config(format!(
+                    "--clusterprofile-provider-file {}: {why}",
+                    path.display()
+                ))
+            };
+            let text = std::fs::read(path).map_err(|e| invalid(e.to_string()))?;
+            let file = crate::cluster::provider_file::ProviderFile::parse(&text)
+                .map_err(|e| invalid(e.to_string()))?;
+            options.provider_file = Some(std::sync::Arc::new(file));
+        }
+        Ok(options)
     }
 
     pub(crate) fn lease_duration(&self) -> Duration {

@@ -696,27 +696,40 @@ pub(crate) async fn member_clients(
     let shared = Shared::new(
         clients,
         settings.trust(),
-        settings.options(),
+        settings.load_options()?,
         Arc::new(Metrics::default()),
         gate,
         Arc::new(Health::new(settings.stuck_after())),
     );
     let inventory = bounded_inventory(&shared).await?;
-    Ok(inventory
-        .iter()
-        .map(|(member, access)| {
-            let reached = fleet::member_start(&shared, access)
-                .map_err(|(reason, message)| {
-                    format!("its inventory entry cannot be used: {reason}: {message}")
-                })
-                .and_then(|start| {
-                    let client = crate::cluster::client::member_client(start.config)
-                        .map_err(|e| e.to_string())?;
-                    Ok((client, start.labels))
-                });
-            (member.clone(), reached)
-        })
-        .collect())
+    let mut reached = Vec::with_capacity(inventory.len());
+    for (member, access) in &inventory {
+        let client = match fleet::member_start(&shared, access) {
+            Ok(start) => member_client_once(start).await,
+            Err((reason, message)) => Err(format!(
+                "its inventory entry cannot be used: {reason}: {message}"
+            )),
+        };
+        reached.push((member.clone(), client));
+    }
+    Ok(reached)
+}
+
+/// A client of a member for one look: where a credential plugin gives its
+/// credentials, with one token of it.
+async fn member_client_once(
+    mut start: fleet::MemberStart,
+) -> Result<(Client, BTreeMap<String, String>), String> {
+    if let Some(run) = start.plugin.take() {
+        let credentials = crate::cluster::credential_plugin::PluginCredentials::new(
+            run,
+            Arc::new(|_: &str, _: &'static str| {}),
+        );
+        let token = credentials.token().await.map_err(|e| e.to_string())?;
+        start.config.auth_info.token = Some(token);
+    }
+    let client = crate::cluster::client::member_client(start.config).map_err(|e| e.to_string())?;
+    Ok((client, start.labels))
 }
 
 /// The inventory, within [`REACH_WITHIN`].

@@ -45,6 +45,8 @@ use thiserror::Error;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
+use crate::cluster::credential_plugin::{PluginAuthLayer, PluginCredentials};
+
 /// Seconds a connection may take to open.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often an idle HTTP/2 connection is pinged, and how long an answer
@@ -56,6 +58,8 @@ pub(crate) const PING_TIMEOUT: Duration = Duration::from_secs(5);
 /// Why no client could be built for the API server.
 #[derive(Debug, Error)]
 pub(crate) enum BuildError {
+    #[error("a credential plugin's token is sent over TLS only, and the server is http://")]
+    PluginOverPlainHttp,
     #[error("cannot set up TLS to the API server: {0}")]
     Tls(#[source] kube::Error),
     #[error("cannot set up authentication to the API server: {0}")]
@@ -67,14 +71,15 @@ pub(crate) enum BuildError {
 }
 
 /// Whose API server the clients speak to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub(crate) enum ApiServer {
     /// The home cluster's: its answers are passed on as they come.
     Home,
     /// A member's, at an address the inventory names: an error answer
     /// that is not a Kubernetes Status is replaced by one that says only
-    /// its status code, reason [`BODY_WITHHELD`].
-    Member,
+    /// its status code, reason [`BODY_WITHHELD`]. Its requests carry the
+    /// token of a credential plugin where one gives its credentials.
+    Member(Option<Arc<PluginCredentials>>),
 }
 
 /// The reason of the Status a member's client puts in place of an error
@@ -237,11 +242,11 @@ pub(crate) fn build_clients(
         deadline,
         writes_in_flight,
         None,
-        server,
+        server.clone(),
     )?;
     let more_reads: Option<OpenRead> =
         (read == Transport::Http2 && config.cluster_url.scheme_str() == Some("https")).then(|| {
-            let config = config.clone();
+            let (config, server) = (config.clone(), server.clone());
             Arc::new(move || {
                 build(
                     config.clone(),
@@ -249,7 +254,7 @@ pub(crate) fn build_clients(
                     deadline,
                     writes_in_flight,
                     None,
-                    server,
+                    server.clone(),
                 )
                 .ok()
             }) as OpenRead
@@ -290,7 +295,9 @@ pub(crate) fn build(
     if !https {
         return match server {
             ApiServer::Home => kube::Client::try_from(config).map_err(BuildError::Kube),
-            ApiServer::Member => member_client(config),
+            // A plugin's token goes over TLS only.
+            ApiServer::Member(Some(_)) => Err(BuildError::PluginOverPlainHttp),
+            ApiServer::Member(None) => member_client(config),
         };
     }
     let http2 = transport != Transport::Http1;
@@ -345,9 +352,14 @@ pub(crate) fn build(
     }
     let http_client = builder.build(connector);
     let default_namespace = config.default_namespace.clone();
+    let plugin = match &server {
+        ApiServer::Member(plugin) => plugin.clone().map(PluginAuthLayer),
+        ApiServer::Home => None,
+    };
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer().map_err(BuildError::Auth)?)
+        .option_layer(plugin)
         .layer(config.extra_headers_layer().map_err(BuildError::Auth)?)
         .layer(tower::timeout::TimeoutLayer::new(deadline))
         .service(http_client.map_err(BoxError::from))
@@ -357,7 +369,7 @@ pub(crate) fn build(
         });
     Ok(match server {
         ApiServer::Home => kube::Client::new(service, default_namespace),
-        ApiServer::Member => kube::Client::new(StatusOnly { inner: service }, default_namespace),
+        ApiServer::Member(_) => kube::Client::new(StatusOnly { inner: service }, default_namespace),
     })
 }
 

@@ -46,6 +46,8 @@ use kube::config::{
 };
 use kube::core::GroupVersionKind;
 use secrecy::{ExposeSecret, SecretString};
+
+use crate::cluster::provider_file::{PluginRun, ProviderFile};
 use serde_json::Value;
 
 /// The data key of a cluster Secret that holds the kubeconfig (Cluster
@@ -144,6 +146,9 @@ impl Unusable {
     /// No Secret tied to the profile, or one without a non-empty data key
     /// `token`.
     pub(crate) const TOKEN_MISSING: &'static str = "TokenMissing";
+    /// A provider file is given, none of its providers is listed by the
+    /// profile, and no Secret is tied to it.
+    pub(crate) const NO_MATCHING_PROVIDER: &'static str = "NoMatchingProvider";
     /// More than one Secret is tied to the profile (labelled
     /// [`crate::LABEL_CLUSTER_PROFILE`] with its name): none is used.
     pub(crate) const TOKEN_SECRET_AMBIGUOUS: &'static str = "TokenSecretAmbiguous";
@@ -179,6 +184,9 @@ pub(crate) struct MemberAccess {
     pub(crate) entry: String,
     /// What a client for the member is built from, or why there is none.
     pub(crate) config: Result<kube::Config, Unusable>,
+    /// The plugin of the operator's provider file that gives its
+    /// credentials (the config then carries none).
+    pub(crate) plugin: Option<PluginRun>,
     /// A hash of all that the connection depends on (server, CA, TLS
     /// settings, credentials) and nothing else: a watcher that sees it
     /// unchanged keeps its client through a change of labels, and one that
@@ -194,15 +202,20 @@ impl MemberAccess {
         name: String,
         labels: BTreeMap<String, String>,
         (from, entry): (InventorySource, String),
-        config: Result<kube::Config, Unusable>,
+        connection: Result<(kube::Config, Option<PluginRun>), Unusable>,
     ) -> Self {
-        let fingerprint = fingerprint(&config);
+        let (config, plugin) = match connection {
+            Ok((config, plugin)) => (Ok(config), plugin),
+            Err(unusable) => (Err(unusable), None),
+        };
+        let fingerprint = fingerprint(&config, plugin.as_ref());
         Self {
             name,
             labels,
             from,
             entry,
             config,
+            plugin,
             fingerprint,
         }
     }
@@ -291,7 +304,7 @@ pub(crate) async fn from_cluster_secret(
         name,
         labels,
         (InventorySource::Secret, entry),
-        config,
+        config.map(|config| (config, None)),
     ))
 }
 
@@ -763,10 +776,11 @@ pub(crate) async fn from_cluster_profile<'a>(
     profile: &DynamicObject,
     secrets: impl IntoIterator<Item = &'a Secret>,
     insecure: InsecureMembers,
+    plugins: Option<&ProviderFile>,
 ) -> MemberAccess {
     let name = profile.metadata.name.clone().unwrap_or_default();
     let labels = profile.metadata.labels.clone().unwrap_or_default();
-    let config = cluster_profile_config(profile, &name, secrets, insecure).await;
+    let config = cluster_profile_config(profile, &name, secrets, (insecure, plugins)).await;
     let entry = (InventorySource::ClusterProfile, name.clone());
     MemberAccess::new(name, labels, entry, config)
 }
@@ -775,19 +789,43 @@ async fn cluster_profile_config<'a>(
     profile: &DynamicObject,
     name: &str,
     secrets: impl IntoIterator<Item = &'a Secret>,
-    insecure: InsecureMembers,
-) -> Result<kube::Config, Unusable> {
+    (insecure, plugins): (InsecureMembers, Option<&ProviderFile>),
+) -> Result<(kube::Config, Option<PluginRun>), Unusable> {
     if name.is_empty() {
         return Err(Unusable::new(
             Unusable::NAME_INVALID,
             "the ClusterProfile has no name",
         ));
     }
-    let provider = chosen_provider(profile)?;
+    let listed = listed_providers(profile)?;
+    // The operator's own plugin for the first of its providers the profile
+    // lists; the profile only says where the cluster is.
+    if let Some(file) = plugins {
+        let names: Vec<&str> = listed.iter().map(|p| p.name.as_str()).collect();
+        if let Some(chosen) = file.choose(&names)
+            && let Some(provider) = listed.iter().find(|p| p.name == chosen.name)
+        {
+            let cluster_is = format!("the access provider {:?}", provider.name);
+            let run = chosen
+                .run_for(&provider.cluster)
+                .map_err(|why| Unusable::new(Unusable::ACCESS_PROVIDER_INVALID, why))?;
+            let entries = Entries {
+                cluster_is,
+                cluster: provider.cluster.clone(),
+                user_is: format!("the plugin of provider {:?}", chosen.name),
+                user: AuthInfo::default(),
+                namespace: None,
+            };
+            let config = build_config(entries, Unusable::ACCESS_PROVIDER_INVALID, insecure).await?;
+            return Ok((config, Some(run)));
+        }
+    }
+    let provider = chosen_provider(listed.clone())?;
     let cluster_is = format!("the access provider {:?}", provider.name);
     // Where the token would go is judged before any token is looked up.
     refuse_insecure(&cluster_is, &provider.cluster, insecure)?;
     let secret = match tied_token_secrets(name, secrets).as_slice() {
+        [] if plugins.is_some() => return Err(no_matching_provider(name, &listed, plugins)),
         [] => return Err(no_tied_secret(name, &provider)),
         [one] => *one,
         many => return Err(many_tied_secrets(name, many)),
@@ -804,7 +842,30 @@ async fn cluster_profile_config<'a>(
         },
         namespace: None,
     };
-    build_config(entries, Unusable::ACCESS_PROVIDER_INVALID, insecure).await
+    let config = build_config(entries, Unusable::ACCESS_PROVIDER_INVALID, insecure).await?;
+    Ok((config, None))
+}
+
+/// Why a profile cannot be reached where the operator has a provider file:
+/// none of its providers is listed by the profile, and no Secret is tied
+/// to it. No plugin runs and no connection is made.
+fn no_matching_provider(
+    profile: &str,
+    listed: &[Provider],
+    plugins: Option<&ProviderFile>,
+) -> Unusable {
+    let ours: Vec<&str> = plugins
+        .map(|file| file.providers().iter().map(|p| p.name.as_str()).collect())
+        .unwrap_or_default();
+    let theirs: Vec<&str> = listed.iter().map(|p| p.name.as_str()).collect();
+    Unusable::new(
+        Unusable::NO_MATCHING_PROVIDER,
+        format!(
+            "the profile lists the access providers {theirs:?}, none of which the operator's \
+             provider file names ({ours:?}), and no Secret is tied to it (labelled {}={profile})",
+            crate::LABEL_CLUSTER_PROFILE
+        ),
+    )
 }
 
 /// The Secrets of `secrets` tied to the profile named `profile` by their
@@ -875,13 +936,34 @@ fn many_tied_secrets(profile: &str, secrets: &[&Secret]) -> Unusable {
 }
 
 /// An access provider of a profile.
+#[derive(Clone)]
 struct Provider {
     name: String,
     cluster: Cluster,
 }
 
-/// The provider a profile is reached through (see [`from_cluster_profile`]).
-fn chosen_provider(profile: &DynamicObject) -> Result<Provider, Unusable> {
+/// The provider a profile is reached through with a tied token Secret
+/// (see [`from_cluster_profile`]): the secret reader's, else the first.
+fn chosen_provider(mut usable: Vec<Provider>) -> Result<Provider, Unusable> {
+    let at = usable
+        .iter()
+        .position(|provider| provider.name == SECRET_READER)
+        .unwrap_or(0);
+    if at < usable.len() {
+        return Ok(usable.swap_remove(at));
+    }
+    Err(Unusable::new(
+        Unusable::NO_ACCESS_PROVIDER,
+        "the ClusterProfile's status lists no access provider with a cluster.server \
+         (status.accessProviders)",
+    ))
+}
+
+/// The access providers a profile lists with a `cluster.server`: those of
+/// `status.accessProviders`, then those of the deprecated
+/// `status.credentialProviders` of a name not in the first. None but one
+/// that cannot be read: why.
+fn listed_providers(profile: &DynamicObject) -> Result<Vec<Provider>, Unusable> {
     let status = profile.data.get("status");
     let listed = |field: &str| {
         status
@@ -919,20 +1001,10 @@ fn chosen_provider(profile: &DynamicObject) -> Result<Provider, Unusable> {
             }
         }
     }
-    let at = usable
-        .iter()
-        .position(|provider| provider.name == SECRET_READER)
-        .unwrap_or(0);
-    if at < usable.len() {
-        return Ok(usable.swap_remove(at));
+    match unreadable {
+        Some(unreadable) if usable.is_empty() => Err(unreadable),
+        _ => Ok(usable),
     }
-    Err(unreadable.unwrap_or_else(|| {
-        Unusable::new(
-            Unusable::NO_ACCESS_PROVIDER,
-            "the ClusterProfile's status lists no access provider with a cluster.server \
-             (status.accessProviders)",
-        )
-    }))
 }
 
 /// The `clusterName` of a cluster's [`EXEC_EXTENSION`], if it has one.
@@ -984,8 +1056,16 @@ fn fingerprint_keys() -> &'static RandomState {
 
 /// See [`MemberAccess::fingerprint`]. Everything of the config the client
 /// is built from is hashed.
-fn fingerprint(config: &Result<kube::Config, Unusable>) -> u64 {
+fn fingerprint(config: &Result<kube::Config, Unusable>, plugin: Option<&PluginRun>) -> u64 {
     let mut state = fingerprint_keys().build_hasher();
+    if let Some(plugin) = plugin {
+        "plugin".hash(&mut state);
+        plugin.provider.hash(&mut state);
+        plugin.command.hash(&mut state);
+        plugin.args.hash(&mut state);
+        plugin.env.hash(&mut state);
+        plugin.exec_info.to_string().hash(&mut state);
+    }
     match config {
         Ok(config) => {
             "usable".hash(&mut state);
@@ -1163,7 +1243,7 @@ current-context: member-a
         profile: &DynamicObject,
         secrets: impl IntoIterator<Item = &'a Secret>,
     ) -> MemberAccess {
-        from_cluster_profile(profile, secrets, InsecureMembers::Refused).await
+        from_cluster_profile(profile, secrets, InsecureMembers::Refused, None).await
     }
 
     fn bearer(config: &kube::Config) -> Option<&str> {
@@ -1534,6 +1614,114 @@ current-context: member-a
         );
     }
 
+    /// A provider file naming `names`, each running `/plugins/<name>`.
+    fn plugins(names: &[&str]) -> ProviderFile {
+        let providers: Vec<Value> = names
+            .iter()
+            .map(|name| {
+                json!({"name": name, "execConfig": {
+                    "apiVersion": "client.authentication.k8s.io/v1",
+                    "command": format!("/plugins/{name}"),
+                    "provideClusterInfo": true}})
+            })
+            .collect();
+        ProviderFile::parse(json!({ "providers": providers }).to_string().as_bytes())
+            .expect("a provider file")
+    }
+
+    /// The profile's access providers of `names`, each at [`SERVER`].
+    fn providers_named(names: &[&str]) -> Value {
+        names
+            .iter()
+            .map(|name| {
+                json!({"name": name, "cluster": {
+                    "server": SERVER, "certificate-authority-data": base64(CA)}})
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_profile_listing_a_provider_of_the_file_is_reached_through_its_plugin() {
+        let profile = profile(providers_named(&["gke", "eks"]));
+        let file = plugins(&["eks", "gke"]);
+        // A tied Secret is there too: the operator's file comes first.
+        let secret = token_secret("member-a", TOKEN);
+        let member = from_cluster_profile(
+            &profile,
+            Some(&secret),
+            InsecureMembers::Refused,
+            Some(&file),
+        )
+        .await;
+        let config = member.config.expect("usable");
+        assert_eq!(config.cluster_url.to_string(), format!("{SERVER}/"));
+        assert_eq!(bearer(&config), None, "the plugin gives the token");
+        let plugin = member.plugin.expect("a plugin");
+        assert_eq!(
+            (plugin.provider.as_str(), plugin.command.as_str()),
+            ("eks", "/plugins/eks")
+        );
+        assert_eq!(plugin.exec_info["spec"]["cluster"]["server"], SERVER);
+    }
+
+    #[tokio::test]
+    async fn a_profile_listing_none_of_the_files_providers_runs_no_plugin() {
+        let profile = profile(providers_named(&["gke"]));
+        let file = plugins(&["eks"]);
+        let member =
+            from_cluster_profile(&profile, None, InsecureMembers::Refused, Some(&file)).await;
+        let refused = member.config.expect_err("unusable");
+        assert_eq!(refused.reason, Unusable::NO_MATCHING_PROVIDER);
+        assert!(
+            refused.message.contains("[\"gke\"]") && refused.message.contains("[\"eks\"]"),
+            "{refused}"
+        );
+        assert!(member.plugin.is_none());
+        // The Secret tie of a profile stays as it was.
+        let secret = token_secret("member-a", TOKEN);
+        let member = from_cluster_profile(
+            &profile,
+            Some(&secret),
+            InsecureMembers::Refused,
+            Some(&file),
+        )
+        .await;
+        assert_eq!(bearer(&member.config.expect("usable")), Some(TOKEN));
+        assert!(member.plugin.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_change_of_the_plugin_changes_the_fingerprint() {
+        let profile = profile(providers_named(&["eks"]));
+        let fingerprint = async |file: &ProviderFile| {
+            from_cluster_profile(&profile, None, InsecureMembers::Refused, Some(file))
+                .await
+                .fingerprint
+        };
+        let first = fingerprint(&plugins(&["eks"])).await;
+        assert_eq!(first, fingerprint(&plugins(&["eks"])).await);
+        // Another provider before it changes nothing; another plugin does.
+        assert_eq!(first, fingerprint(&plugins(&["other", "eks"])).await);
+        let other_plugin = json!({"providers": [{"name": "eks", "execConfig": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": "/plugins/eks", "args": ["--region", "us"],
+            "provideClusterInfo": true}}]});
+        let other_plugin =
+            ProviderFile::parse(other_plugin.to_string().as_bytes()).expect("a provider file");
+        assert_ne!(first, fingerprint(&other_plugin).await);
+        let mut moved = profile.clone();
+        moved.data["status"]["accessProviders"][0]["cluster"]["extensions"] = json!([{"name": crate::cluster::provider_file::EXEC_EXTENSION,
+                    "extension": {"clusterName": "b"}}]);
+        let moved = from_cluster_profile(
+            &moved,
+            None,
+            InsecureMembers::Refused,
+            Some(&plugins(&["eks"])),
+        )
+        .await;
+        assert_ne!(first, moved.fingerprint);
+    }
+
     #[tokio::test]
     async fn a_profile_without_access_providers_is_unusable() {
         let secret = token_secret("member-a", TOKEN);
@@ -1816,7 +2004,7 @@ current-context: member-a
             .expect_err("unusable");
         assert_eq!(refused.reason, Unusable::INSECURE_CONNECTION, "{refused}");
         let own = [token_secret("member-a", TOKEN)];
-        let allowed = from_cluster_profile(&profile, &own, InsecureMembers::Allowed)
+        let allowed = from_cluster_profile(&profile, &own, InsecureMembers::Allowed, None)
             .await
             .config
             .expect("usable where allowed");
@@ -1854,7 +2042,7 @@ current-context: member-a
             .config
             .expect_err("unusable");
         assert_eq!(refused.reason, Unusable::INSECURE_CONNECTION, "{refused}");
-        let allowed = from_cluster_profile(&profile, &own, InsecureMembers::Allowed)
+        let allowed = from_cluster_profile(&profile, &own, InsecureMembers::Allowed, None)
             .await
             .config
             .expect("usable where allowed");

@@ -6,6 +6,7 @@
 pub(crate) mod access;
 pub(crate) mod client;
 pub(crate) mod context;
+pub(crate) mod credential_plugin;
 #[cfg(test)]
 pub(crate) mod fake_objects;
 pub(crate) mod foreign;

@@ -25,7 +25,9 @@ use crate::api::kinds::Kind;
 use crate::api::rule::RuleKey;
 use crate::cluster::client::{ApiServer, Transport, clients_with_deadlines};
 use crate::cluster::context::{Cluster, Limits};
+use crate::cluster::credential_plugin::PluginCredentials;
 use crate::cluster::inventory::{self, InsecureMembers, MemberAccess};
+use crate::cluster::provider_file::PluginRun;
 use crate::cluster::reader::Objects;
 use crate::cluster::watch::{Change, WatchEnd, Watching, follow, watch_config};
 use crate::controller::members::{Member, Reach, UnusableMember};
@@ -35,7 +37,7 @@ use crate::controller::state::Shared;
 use crate::core::scope::Touch;
 use crate::error::Error;
 use crate::ops::http::Health;
-use crate::ops::metrics::ClusterMetrics;
+use crate::ops::metrics::{ClusterMetrics, PluginRunLabels};
 use crate::sync::{lock, read, write};
 
 /// How soon the ClusterProfile watch is tried again where the resource is
@@ -63,6 +65,8 @@ pub(crate) struct MemberStart {
     pub(crate) config: kube::Config,
     /// Its entry in the inventory, at home: where Events about it go.
     pub(crate) entry: ObjectReference,
+    /// The plugin of the provider file its credentials come from.
+    pub(crate) plugin: Option<PluginRun>,
 }
 
 /// A member's limits. The request rate is per API server, and a member is
@@ -127,11 +131,14 @@ pub(crate) fn member_views(
     start: MemberStart,
 ) -> Result<Arc<Member>, String> {
     let limits = member_limits(shared.options.limits);
+    let plugin = start
+        .plugin
+        .map(|run| Arc::new(plugin_credentials(shared, &start.name, run)));
     let clients = clients_with_deadlines(
         start.config,
         Transport::Mixed,
         limits.write_concurrency as usize,
-        ApiServer::Member,
+        ApiServer::Member(plugin),
     )
     .map_err(|e| e.to_string())?;
     // Its watches report to a health of their own: a member's trouble is
@@ -185,6 +192,23 @@ pub(crate) fn member_views(
     site.cluster.views.synced.set_rules_listed();
     *lock(&member.tasks) = tasks;
     Ok(member)
+}
+
+/// The credentials a member's plugin gives, each run counted in
+/// `copyrator_credential_plugin_runs_total`.
+fn plugin_credentials(shared: &Shared, member: &str, run: PluginRun) -> PluginCredentials {
+    let (metrics, cluster) = (shared.metrics.clone(), member.to_owned());
+    let observe = Arc::new(move |provider: &str, result: &'static str| {
+        metrics
+            .credential_plugin_runs
+            .get_or_create(&PluginRunLabels {
+                cluster: cluster.clone(),
+                provider: provider.to_owned(),
+                result,
+            })
+            .inc();
+    });
+    PluginCredentials::new(run, observe)
 }
 
 /// Ask the member's API server, every [`PROBE_EVERY`], whether it answers;
@@ -358,7 +382,7 @@ pub(crate) async fn follow_inventory(shared: Arc<Shared>) {
     let _abort_on_stop = AbortOnDrop(vec![secrets, profiles]);
     loop {
         inventory.changed.notified().await;
-        let wanted = read_inventory(&inventory, insecure_members(&shared)).await;
+        let wanted = read_inventory(&shared, &inventory).await;
         apply(&shared, wanted);
     }
 }
@@ -469,13 +493,10 @@ fn insecure_members(shared: &Shared) -> InsecureMembers {
 }
 
 /// The members the inventory describes now, by name (see [`members_in`]).
-async fn read_inventory(
-    inventory: &Inventory,
-    insecure: InsecureMembers,
-) -> BTreeMap<String, MemberAccess> {
+async fn read_inventory(shared: &Shared, inventory: &Inventory) -> BTreeMap<String, MemberAccess> {
     let secrets = lock(&inventory.secrets).clone();
     let profiles = lock(&inventory.profiles).clone();
-    members_in(&secrets, &profiles, insecure).await
+    members_in(&secrets, &profiles, shared).await
 }
 
 /// The members that the operator namespace's Secrets and ClusterProfiles
@@ -485,8 +506,10 @@ async fn read_inventory(
 async fn members_in(
     secrets: &BTreeMap<String, Secret>,
     profiles: &BTreeMap<String, DynamicObject>,
-    insecure: InsecureMembers,
+    shared: &Shared,
 ) -> BTreeMap<String, MemberAccess> {
+    let insecure = insecure_members(shared);
+    let plugins = shared.options.provider_file.as_deref();
     let mut wanted = BTreeMap::new();
     for secret in secrets.values() {
         if let Some(access) = inventory::from_cluster_secret(secret, insecure).await {
@@ -494,7 +517,8 @@ async fn members_in(
         }
     }
     for profile in profiles.values() {
-        let access = inventory::from_cluster_profile(profile, secrets.values(), insecure).await;
+        let access =
+            inventory::from_cluster_profile(profile, secrets.values(), insecure, plugins).await;
         if wanted.contains_key(&access.name) {
             warn!(
                 member = access.name.as_str(),
@@ -538,7 +562,7 @@ pub(crate) async fn list_inventory(
         Err(kube::Error::Api(status)) if status.code == 404 => BTreeMap::new(),
         Err(source) => return Err(lookup("ClusterProfiles")(source)),
     };
-    Ok(members_in(&secrets, &profiles, insecure_members(shared)).await)
+    Ok(members_in(&secrets, &profiles, shared).await)
 }
 
 /// How an entry of the inventory can be started, or the reason and message
@@ -561,6 +585,7 @@ pub(crate) fn member_start(
             fingerprint: access.fingerprint,
             config: config.clone(),
             entry: inventory_entry(shared, access),
+            plugin: access.plugin.clone(),
         }),
         Err(why) => Err((why.reason, why.message.clone())),
     }

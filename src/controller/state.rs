@@ -47,6 +47,9 @@ pub(crate) struct Options {
     /// The copy protection followed in each member
     /// (`--member-copy-protection`).
     pub(crate) member_copy_protection: Option<String>,
+    /// The credential plugins members of ClusterProfiles may be reached
+    /// through (`--clusterprofile-provider-file`).
+    pub(crate) provider_file: Option<Arc<crate::cluster::provider_file::ProviderFile>>,
     /// A workload is rolled at most once in this long
     /// (`--min-restart-interval`).
     pub(crate) min_restart_interval: std::time::Duration,
@@ -601,6 +604,7 @@ pub(crate) fn test_shared_gated(trust: Trust) -> (Arc<Shared>, tokio::sync::watc
             min_restart_interval: std::time::Duration::from_secs(30),
             allow_insecure_members: false,
             member_copy_protection: None,
+            provider_file: None,
         },
         Arc::new(Metrics::default()),
         gate,

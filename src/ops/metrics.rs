@@ -79,9 +79,19 @@ pub(crate) struct Metrics {
     cluster_below_floor: Family<ClusterLabels, Gauge>,
     /// 1 while the chart's copy protection is in force in a cluster.
     pub(crate) copy_protection_in_force: Family<ClusterLabels, Gauge>,
+    /// Runs of members' credential plugins, by member, provider and result.
+    pub(crate) credential_plugin_runs: Family<PluginRunLabels, Counter>,
     /// The version each cluster reported last, so that an upgrade
     /// replaces its series.
     versions_seen: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+/// A run of a member's credential plugin: `ok`, or why it gave no token.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct PluginRunLabels {
+    pub(crate) cluster: String,
+    pub(crate) provider: String,
+    pub(crate) result: &'static str,
 }
 
 /// A cluster and the `gitVersion` its API server reports.
@@ -319,8 +329,17 @@ impl Default for Metrics {
              missing, weakened, fails type checking or cannot be read",
             copy_protection_in_force.clone(),
         );
+        let credential_plugin_runs = Family::<PluginRunLabels, Counter>::default();
+        registry.register(
+            "credential_plugin_runs",
+            "Runs of the credential plugins of members reached through a ClusterProfile's access \
+             provider (--clusterprofile-provider-file), by member, provider and result: ok, \
+             failed, timed_out, not_started or no_token",
+            credential_plugin_runs.clone(),
+        );
         Self {
             registry,
+            credential_plugin_runs,
             cluster_version,
             cluster_below_floor,
             copy_protection_in_force,
