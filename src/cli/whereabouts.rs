@@ -721,10 +721,10 @@ async fn member_client_once(
     mut start: fleet::MemberStart,
 ) -> Result<(Client, BTreeMap<String, String>), String> {
     if let Some(run) = start.plugin.take() {
-        let credentials = crate::cluster::credential_plugin::PluginCredentials::new(
+        let credentials = Arc::new(crate::cluster::credential_plugin::PluginCredentials::new(
             run,
             Arc::new(|_: &str, _: &'static str| {}),
-        );
+        ));
         let token = credentials.token().await.map_err(|e| e.to_string())?;
         start.config.auth_info.token = Some(token);
     }

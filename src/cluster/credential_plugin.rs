@@ -70,12 +70,13 @@ pub(crate) enum PluginFailure {
         provider: String,
         what: &'static str,
     },
-    #[error(
-        "the credential plugin of provider {provider:?} is in its backoff after a failure; \
-         the next run in {} s",
-        next.as_secs()
-    )]
-    Backoff { provider: String, next: Duration },
+    /// Within the backoff after `last`: said as `last` (the time left
+    /// would make the words change with every look).
+    #[error("{last}")]
+    Backoff {
+        last: Box<PluginFailure>,
+        next: Duration,
+    },
 }
 
 impl PluginFailure {
@@ -131,20 +132,33 @@ impl PluginCredentials {
     }
 
     /// The token to send now: the one held while it is fresh, else a new
-    /// one from a run (one at a time: others wait for it).
-    pub(crate) async fn token(&self) -> Result<SecretString, PluginFailure> {
+    /// one from a run (one at a time: others wait for it). The run goes on
+    /// when the caller gives up waiting (a request's deadline), so that
+    /// its result, a failure too, is kept for the next.
+    pub(crate) async fn token(self: &Arc<Self>) -> Result<SecretString, PluginFailure> {
+        let this = self.clone();
+        tokio::spawn(async move { this.token_now().await })
+            .await
+            .unwrap_or_else(|_| {
+                Err(PluginFailure::NotStarted {
+                    provider: self.run.provider.clone(),
+                })
+            })
+    }
+
+    async fn token_now(&self) -> Result<SecretString, PluginFailure> {
         let mut state = self.state.lock().await;
         if let Some(held) = &state.held
             && held.renew_at.is_none_or(|at| Instant::now() < at)
         {
             return Ok(held.token.clone());
         }
-        if let Some((_, at)) = &state.failed {
+        if let Some((last, at)) = &state.failed {
             let wait = backoff(state.failures);
             let next = (*at + wait).saturating_duration_since(Instant::now());
             if !next.is_zero() {
                 return Err(PluginFailure::Backoff {
-                    provider: self.run.provider.clone(),
+                    last: Box::new(last.clone()),
                     next,
                 });
             }
@@ -399,13 +413,19 @@ mod tests {
 
     type Runs = Arc<Mutex<Vec<&'static str>>>;
 
-    fn credentials(command: String) -> (PluginCredentials, Runs) {
+    fn credentials(command: String) -> (Arc<PluginCredentials>, Runs) {
+        credentials_within(command, RUN_DEADLINE)
+    }
+
+    fn credentials_within(command: String, deadline: Duration) -> (Arc<PluginCredentials>, Runs) {
         let runs: Runs = Arc::default();
         let seen = runs.clone();
         let observe: RunObserver = Arc::new(move |_, result| {
             seen.lock().expect("runs").push(result);
         });
-        (PluginCredentials::new(run_of(command), observe), runs)
+        let mut credentials = PluginCredentials::new(run_of(command), observe);
+        credentials.deadline = deadline;
+        (Arc::new(credentials), runs)
     }
 
     /// A directory of this test's own, removed when dropped.
@@ -502,6 +522,10 @@ echo "{\"kind\":\"ExecCredential\",\"status\":{\"token\":\"t-$$\",\"expirationTi
         // Within its backoff the plugin does not run again.
         let again = credentials.token().await.expect_err("a failure");
         assert!(matches!(again, PluginFailure::Backoff { .. }), "{again}");
+        assert!(
+            again.to_string().contains("failed (exit code 3)"),
+            "{again}"
+        );
         assert_eq!(*runs.lock().expect("runs"), ["failed"]);
     }
 
@@ -529,11 +553,18 @@ echo "{\"kind\":\"ExecCredential\",\"status\":{\"token\":\"t-$$\",\"expirationTi
     #[tokio::test]
     async fn a_plugin_that_hangs_fails_at_its_deadline() {
         let dir = temp();
-        let (mut credentials, runs) = credentials(script(dir.path(), "p", "exec sleep 600"));
-        credentials.deadline = Duration::from_millis(500);
+        let (credentials, runs) = credentials_within(
+            script(dir.path(), "p", "exec sleep 600"),
+            Duration::from_millis(500),
+        );
+        // A caller that gives up first leaves the run to finish and be kept.
+        let gave_up = tokio::time::timeout(Duration::from_millis(100), credentials.token()).await;
+        assert!(gave_up.is_err(), "{gave_up:?}");
+        tokio::time::sleep(Duration::from_millis(600)).await;
         let failure = credentials.token().await.expect_err("a failure");
         assert!(
-            matches!(failure, PluginFailure::TimedOut { .. }),
+            matches!(&failure, PluginFailure::Backoff { last, .. }
+                if matches!(**last, PluginFailure::TimedOut { .. })),
             "{failure}"
         );
         assert_eq!(*runs.lock().expect("runs"), ["timed_out"]);

@@ -25,10 +25,10 @@ use crate::api::kinds::Kind;
 use crate::api::rule::RuleKey;
 use crate::cluster::client::{ApiServer, Transport, clients_with_deadlines};
 use crate::cluster::context::{Cluster, Limits};
-use crate::cluster::credential_plugin::PluginCredentials;
+use crate::cluster::credential_plugin::{PluginCredentials, RUN_DEADLINE};
 use crate::cluster::inventory::{self, InsecureMembers, MemberAccess};
 use crate::cluster::provider_file::PluginRun;
-use crate::cluster::reader::Objects;
+use crate::cluster::reader::{Objects, Reader};
 use crate::cluster::watch::{Change, WatchEnd, Watching, follow, watch_config};
 use crate::controller::members::{Member, Reach, UnusableMember};
 use crate::controller::protection::{Followed, spawn_protection_watch};
@@ -138,7 +138,7 @@ pub(crate) fn member_views(
         start.config,
         Transport::Mixed,
         limits.write_concurrency as usize,
-        ApiServer::Member(plugin),
+        ApiServer::Member(plugin.clone()),
     )
     .map_err(|e| e.to_string())?;
     // Its watches report to a health of their own: a member's trouble is
@@ -169,6 +169,7 @@ pub(crate) fn member_views(
         metrics: shared.metrics.clone(),
         leaving: AtomicBool::new(false),
         tasks: Mutex::default(),
+        plugin,
     });
     let mut tasks = vec![crate::controller::watches::spawn_namespace_watch(
         shared.clone(),
@@ -216,33 +217,25 @@ fn plugin_credentials(shared: &Shared, member: &str, run: PluginRun) -> PluginCr
 /// select the member, and a member that answers again gets every pass.
 async fn probe(shared: std::sync::Weak<Shared>, member: std::sync::Weak<Member>) {
     loop {
-        let Some((reader, pause)) = member.upgrade().map(|m| {
+        let Some((reader, pause, plugin)) = member.upgrade().map(|m| {
             (
                 m.site.cluster.reader.clone(),
                 m.site.cluster.read_pause.clone(),
+                m.plugin.clone(),
             )
         }) else {
             return;
         };
-        let answer = tokio::time::timeout(PROBE_TIMEOUT, reader.version()).await;
+        let answer = ask(&reader, plugin.as_ref()).await;
         let (Some(shared), Some(member)) = (shared.upgrade(), member.upgrade()) else {
             return;
         };
         let next = match answer {
-            Ok(Ok(version)) => {
+            Answer::Version(version) => {
                 crate::controller::versions::report(&shared.metrics, member.name(), &version);
                 Reach::Reachable
             }
-            Ok(Err(error)) => {
-                let refused =
-                    matches!(&error, kube::Error::Api(status) if matches!(status.code, 401 | 403));
-                unreachable_since(&member, crate::error::describe(&error), refused)
-            }
-            Err(_) => unreachable_since(
-                &member,
-                format!("no answer within {} s", PROBE_TIMEOUT.as_secs()),
-                false,
-            ),
+            Answer::Failed { message, refused } => unreachable_since(&member, message, refused),
         };
         // While it does not answer, its watches send nothing: the probe
         // alone asks, and its answer lets them go again.
@@ -265,6 +258,55 @@ async fn probe(shared: std::sync::Weak<Shared>, member: std::sync::Weak<Member>)
             () = tokio::time::sleep(PROBE_EVERY.saturating_sub(PROBE_MIN_GAP)) => {}
             () = pause.next_failure() => {}
         }
+    }
+}
+
+/// What a member's probe heard.
+enum Answer {
+    Version(Box<k8s_openapi::apimachinery::pkg::version::Info>),
+    /// Why not, and whether its server refused the credentials.
+    Failed {
+        message: String,
+        refused: bool,
+    },
+}
+
+/// Ask a member's API server for its version. Where a plugin gives its
+/// credentials, a token first: the plugin's failure (not a deadline of
+/// the request waiting for it) is then what its status says.
+async fn ask(reader: &Reader, plugin: Option<&Arc<PluginCredentials>>) -> Answer {
+    if let Some(plugin) = plugin {
+        let waited = RUN_DEADLINE + PROBE_MIN_GAP;
+        match tokio::time::timeout(waited, plugin.token()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(failure)) => {
+                return Answer::Failed {
+                    message: failure.to_string(),
+                    refused: false,
+                };
+            }
+            Err(_) => {
+                return Answer::Failed {
+                    message: format!(
+                        "no credentials from the plugin of provider {:?} within {} s",
+                        plugin.provider(),
+                        waited.as_secs()
+                    ),
+                    refused: false,
+                };
+            }
+        }
+    }
+    match tokio::time::timeout(PROBE_TIMEOUT, reader.version()).await {
+        Ok(Ok(version)) => Answer::Version(Box::new(version)),
+        Ok(Err(error)) => Answer::Failed {
+            refused: matches!(&error, kube::Error::Api(status) if matches!(status.code, 401 | 403)),
+            message: crate::error::describe(&error),
+        },
+        Err(_) => Answer::Failed {
+            message: format!("no answer within {} s", PROBE_TIMEOUT.as_secs()),
+            refused: false,
+        },
     }
 }
 

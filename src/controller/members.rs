@@ -83,6 +83,8 @@ pub(crate) struct Member {
     pub(crate) leaving: AtomicBool,
     /// Its watches, workers and probe, aborted when it goes.
     pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Where its credentials come from a plugin: that plugin's.
+    pub(crate) plugin: Option<Arc<crate::cluster::credential_plugin::PluginCredentials>>,
 }
 
 impl Drop for Member {

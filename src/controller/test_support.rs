@@ -76,6 +76,7 @@ pub(crate) fn member(
         metrics: shared.metrics.clone(),
         leaving: AtomicBool::new(false),
         tasks: Mutex::default(),
+        plugin: None,
     });
     write(&shared.members.started).insert(name.to_owned(), member.clone());
     (member, store)

@@ -27,6 +27,7 @@ mod kinds;
 mod layers;
 mod leader;
 mod member_faults;
+mod member_plugins;
 mod member_side;
 mod member_trust;
 mod members;

@@ -19,7 +19,7 @@ const SOURCE_CLUSTER: &str = "copyrator.flant.com/source-cluster";
 /// Within this a change reaches every member that answers.
 const CONVERGE: Duration = Duration::from_secs(30);
 
-fn member_rule(t: &TestNs, clusters: Value) -> Value {
+pub(crate) fn member_rule(t: &TestNs, clusters: Value) -> Value {
     with(
         rule_spec(CM, t.selector(), &[t.glob("t")]),
         "/spec/targets/clusters",
@@ -36,7 +36,7 @@ async fn member_copy(member: &Member, ns: &str, name: &str) -> Result<ConfigMap,
         .ok_or_else(|| format!("no {ns}/{name} in member {}", member.name))
 }
 
-async fn wait_member_copy(
+pub(crate) async fn wait_member_copy(
     member: &Member,
     ns: &str,
     name: &str,
@@ -82,14 +82,14 @@ async fn wait_member_gone(member: &Member, ns: &str, name: &str, why: &str) {
 }
 
 /// The rule's `status.clusters` entry of a member.
-fn cluster_entry<'a>(rule: &'a Value, name: &str) -> Option<&'a Value> {
+pub(crate) fn cluster_entry<'a>(rule: &'a Value, name: &str) -> Option<&'a Value> {
     rule["status"]["clusters"]
         .as_array()?
         .iter()
         .find(|c| c["name"] == name)
 }
 
-async fn wait_member_status(
+pub(crate) async fn wait_member_status(
     t: &TestNs,
     op: &str,
     member: &str,
@@ -819,7 +819,7 @@ async fn members_off_is_reported_and_home_is_kept() {
 
 /// The server and CA of a member's admin kubeconfig, for a ClusterProfile's
 /// access provider.
-fn server_and_ca(member: &Member) -> (String, String) {
+pub(crate) fn server_and_ca(member: &Member) -> (String, String) {
     let config = kube::config::Kubeconfig::from_yaml(&member.kubeconfig_yaml())
         .expect("the member's kubeconfig");
     let cluster = config.clusters[0]

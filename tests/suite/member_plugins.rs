@@ -1,0 +1,423 @@
+//! Members reached through the operator's credential plugins
+//! (`--clusterprofile-provider-file`): a ClusterProfile says where the
+//! cluster is and which access providers reach it; the operator's own file
+//! says which program gives a token for which provider. The plugin here is
+//! `hack/token-plugin` (a new token of a member's ServiceAccount per run,
+//! each run noted in a file), or a script that hangs or fails.
+
+use std::path::{Path, PathBuf};
+
+use crate::common::members::{Member, OUTAGE, members};
+use crate::common::*;
+use crate::members::{cluster_entry, member_rule, server_and_ca, wait_member_copy};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+
+const CM: Kind = Kind::ConfigMap;
+/// The provider the test plugin is named by, in the file and the profiles.
+const PROVIDER: &str = "test-tokens";
+/// How long a refused token may take to bring a new run: the API server
+/// accepts a token it cached for up to 10 s after its account goes, and
+/// the member's probe asks every 5 s.
+const CONVERGE_AFTER_REFUSAL: std::time::Duration = std::time::Duration::from_secs(45);
+/// An argument a profile adds (KEP-5339's extension), which the file does
+/// not allow.
+const PROFILE_ARG: &str = "--from-the-profile";
+
+fn profiles_resource() -> kube::core::ApiResource {
+    kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("multicluster.x-k8s.io", "v1alpha1", "ClusterProfile"),
+        "clusterprofiles",
+    )
+}
+
+async fn install_profiles_crd(t: &TestNs) {
+    let crd: Value = serde_yaml::from_str(include_str!(
+        "../../crd/clusterprofile.multicluster.x-k8s.io.yaml"
+    ))
+    .expect("the ClusterProfile CRD");
+    apply_crd(t.client.clone(), &crd, &profiles_resource()).await;
+}
+
+/// A ClusterProfile `name` in `op`, labelled `tier=plugins`, whose access
+/// provider `provider` is at `server` with `ca`; it also names the cluster
+/// for the plugin and adds [`PROFILE_ARG`] to its arguments.
+async fn create_profile(
+    t: &TestNs,
+    op: &str,
+    name: &str,
+    provider: &str,
+    (server, ca): (&str, &str),
+) {
+    let profiles: Api<DynamicObject> =
+        Api::namespaced_with(t.client.clone(), op, &profiles_resource());
+    let profile: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "multicluster.x-k8s.io/v1alpha1",
+        "kind": "ClusterProfile",
+        "metadata": {"name": name, "labels": {"tier": "plugins"}},
+        "spec": {"displayName": name, "clusterManager": {"name": "tests"}},
+    }))
+    .expect("a ClusterProfile");
+    profiles
+        .create(&Default::default(), &profile)
+        .await
+        .unwrap_or_else(|e| panic!("the ClusterProfile {name}: {}", err_msg(&e)));
+    let cluster = json!({
+        "server": server, "certificate-authority-data": ca,
+        "extensions": [
+            {"name": "client.authentication.k8s.io/exec", "extension": {"clusterName": name}},
+            // The CRD stores an extension as an object only.
+            {"name": "clusterprofiles.multicluster.x-k8s.io/exec/additional-args",
+             "extension": {"args": [PROFILE_ARG]}},
+        ],
+    });
+    profiles
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"accessProviders": [
+                {"name": provider, "cluster": cluster}
+            ]}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the access provider of {name}: {}", err_msg(&e)));
+}
+
+/// A file of the test's own (removed with the target directory).
+fn test_file(t: &TestNs, name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-{name}", t.prefix))
+}
+
+/// An executable shell script of `body`.
+fn script(path: &Path, body: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, format!("#!/bin/sh\n{body}\n")).expect("the script");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path.to_string_lossy().into_owned()
+}
+
+/// A provider of the file: `name` runs `command` with `args`, with PATH
+/// (for kubectl) its only environment.
+fn provider(name: &str, command: &str, args: &[&str]) -> Value {
+    json!({"name": name, "execConfig": {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "command": command, "args": args,
+        "env": [{"name": "PATH", "value": std::env::var("PATH").unwrap_or_default()}],
+        "provideClusterInfo": true,
+        "interactiveMode": "Never",
+    }})
+}
+
+fn write_provider_file(path: &Path, providers: &[Value]) {
+    std::fs::write(path, json!({ "providers": providers }).to_string()).expect("the provider file");
+}
+
+/// The lines of the plugin's runs file (none before its first run).
+fn runs(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .map(|text| text.lines().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// `copyrator_credential_plugin_runs_total` of `member` and `result`.
+async fn plugin_runs(operator: &Operator, member: &str, result: &str) -> Result<f64, String> {
+    let series = [
+        ("cluster", member),
+        ("provider", PROVIDER),
+        ("result", result),
+    ];
+    crate::common::prometheus::operator_metric(
+        operator.port,
+        "copyrator_credential_plugin_runs_total",
+        &series,
+    )
+    .await
+    .map(|value| value.unwrap_or(0.0))
+}
+
+/// The ServiceAccount `ns/account` of `member`, bound to cluster-admin.
+async fn plugin_account(t: &TestNs, member: &Member, ns: &str, account: &str) {
+    member
+        .operator_account(ns, account, &format!("{}-{account}", t.prefix))
+        .await;
+}
+
+fn kubectl_on(member: &Member, args: &[&str]) {
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&member.kubeconfig_path)
+        .args(args)
+        .output()
+        .expect("running kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A member whose ClusterProfile lists the test provider, and no token
+/// Secret, gets its copies: the operator's plugin gives the token. The
+/// profile's added argument never reaches the plugin (the file does not
+/// allow it), the plugin is told the cluster, and each run is counted. A
+/// token the member stops accepting (its account made anew) brings a new
+/// run at once: the copy follows the next change of its source.
+#[tokio::test]
+async fn a_member_reached_through_a_plugin_gets_its_copies() {
+    let t = TestNs::new("plugin-member").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    install_profiles_crd(&t).await;
+    let [_a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let b_t1 = b.ns(&t, "t1").await;
+    let account_ns = b.ns(&t, "plugin").await;
+    plugin_account(&t, &b, &account_ns, "copier").await;
+    let runs_file = test_file(&t, "runs");
+    let plugin = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/token-plugin");
+    let kubeconfig = b.kubeconfig_path.to_string_lossy().into_owned();
+    let file = test_file(&t, "providers.json");
+    write_provider_file(
+        &file,
+        &[provider(
+            PROVIDER,
+            plugin,
+            &[
+                "--kubeconfig",
+                &kubeconfig,
+                "--namespace",
+                &account_ns,
+                "--account",
+                "copier",
+                "--expires-in",
+                "3600",
+                "--runs",
+                &runs_file.to_string_lossy(),
+            ],
+        )],
+    );
+    let profile = format!("{}-b", t.prefix);
+    let (server, ca) = server_and_ca(&b);
+    create_profile(&t, &op, &profile, PROVIDER, (&server, &ca)).await;
+    t.create_rule(
+        &op,
+        "r",
+        member_rule(
+            &t,
+            json!({"selector": {"matchLabels": {"tier": "plugins"}}, "local": false}),
+        ),
+    )
+    .await;
+    let file_arg = file.to_string_lossy().into_owned();
+    let operator = Operator::start(
+        &t,
+        &op,
+        &[
+            "--member-clusters",
+            "--clusterprofile-provider-file",
+            &file_arg,
+        ],
+    );
+    t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
+    wait_member_copy(&b, &b_t1, "cfg", &[("k", "v1")]).await;
+
+    let seen = runs(&runs_file);
+    assert!(!seen.is_empty(), "the plugin never ran");
+    assert!(
+        seen.iter()
+            .all(|run| run.ends_with(" exec-info") && !run.contains(PROFILE_ARG)),
+        "the plugin's runs: {seen:?}"
+    );
+    let ok = wait_until(
+        "the plugin's runs counted",
+        TIMEOUT,
+        async || match plugin_runs(&operator, &profile, "ok").await? {
+            n if n >= 1.0 => Ok(n),
+            n => Err(format!("{n}")),
+        },
+    )
+    .await;
+    println!("plugin: {} runs before the copy, {ok} counted", seen.len());
+
+    // Its account made anew: the token held (reported to last an hour) is
+    // refused (401) once the API server's cache of it lapses, and the next
+    // request runs the plugin again; the copy follows the source with the
+    // new token.
+    let before = runs(&runs_file).len();
+    kubectl_on(
+        &b,
+        &["-n", &account_ns, "delete", "serviceaccount", "copier"],
+    );
+    plugin_account(&t, &b, &account_ns, "copier").await;
+    wait_until(
+        "the plugin run again after the refusal",
+        CONVERGE_AFTER_REFUSAL,
+        async || match runs(&runs_file).len() {
+            n if n > before => Ok(()),
+            n => Err(format!("{n} runs")),
+        },
+    )
+    .await;
+    t.set_data(CM, &op, "cfg", &[("k", Some("v2"))]).await;
+    wait_member_copy(&b, &b_t1, "cfg", &[("k", "v2")]).await;
+    println!(
+        "plugin: {} runs after the token was refused",
+        runs(&runs_file).len() - before
+    );
+}
+
+/// A profile that lists only a provider the operator's file does not name
+/// is unusable with its own reason: the plugin never runs and nothing
+/// connects to the server the profile names.
+#[tokio::test]
+async fn a_profile_naming_no_provider_of_the_file_runs_nothing() {
+    let t = TestNs::new("plugin-none").await;
+    let op = t.ns("op").await;
+    install_profiles_crd(&t).await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let server = format!("https://{}", listener.local_addr().expect("its address"));
+    let runs_file = test_file(&t, "runs");
+    let plugin = script(
+        &test_file(&t, "plugin"),
+        &format!("echo ran >> {}\nexit 1", runs_file.display()),
+    );
+    let file = test_file(&t, "providers.json");
+    write_provider_file(&file, &[provider(PROVIDER, &plugin, &[])]);
+    let profile = format!("{}-x", t.prefix);
+    create_profile(&t, &op, &profile, "some-other-provider", (&server, "Q0E=")).await;
+    t.create_rule(
+        &op,
+        "r",
+        member_rule(
+            &t,
+            json!({"selector": {"matchLabels": {"tier": "plugins"}}, "local": false}),
+        ),
+    )
+    .await;
+    let file_arg = file.to_string_lossy().into_owned();
+    let _operator = Operator::start(
+        &t,
+        &op,
+        &[
+            "--member-clusters",
+            "--clusterprofile-provider-file",
+            &file_arg,
+        ],
+    );
+    let entry = t
+        .wait_rule(&op, "r", "the member unusable", |rule| {
+            let entry = cluster_entry(rule, &profile).ok_or_else(|| short_status(rule))?;
+            match entry["reason"].as_str() {
+                Some("NoMatchingProvider") => Ok(()),
+                _ => Err(entry.to_string()),
+            }
+        })
+        .await;
+    let entry = cluster_entry(&entry, &profile).cloned().unwrap_or_default();
+    assert_eq!(entry["ready"], false, "{entry}");
+    assert!(runs(&runs_file).is_empty(), "the plugin ran");
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("something connected to the profile's server: {other:?}"),
+    }
+}
+
+/// A plugin that hangs is reported when its deadline passes, and one that
+/// fails after printing a secret is reported by its exit code: that text
+/// reaches no status, Event or log line. The member reached as always
+/// converges meanwhile.
+#[tokio::test]
+async fn a_plugin_that_hangs_or_fails_is_reported_and_its_words_go_nowhere() {
+    const SAID: &str = "hunter2-plugin-secret";
+    let t = TestNs::new("plugin-faults").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    install_profiles_crd(&t).await;
+    let [a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let a_t1 = a.ns(&t, "t1").await;
+    a.register(&t.client, &op, &[("tier", "plugins")]).await;
+    let hangs = script(&test_file(&t, "hangs"), "exec sleep 600");
+    let fails = script(
+        &test_file(&t, "fails"),
+        &format!("echo 'password={SAID}' >&2\necho '{{\"token\": \"{SAID}\"}}'\nexit 3"),
+    );
+    let file = test_file(&t, "providers.json");
+    write_provider_file(
+        &file,
+        &[
+            provider("hangs", &hangs, &[]),
+            provider("fails", &fails, &[]),
+        ],
+    );
+    let (server, ca) = server_and_ca(&b);
+    let hanging = format!("{}-hangs", t.prefix);
+    let failing = format!("{}-fails", t.prefix);
+    create_profile(&t, &op, &hanging, "hangs", (&server, &ca)).await;
+    create_profile(&t, &op, &failing, "fails", (&server, &ca)).await;
+    t.create_rule(
+        &op,
+        "r",
+        member_rule(
+            &t,
+            json!({"selector": {"matchLabels": {"tier": "plugins"}}, "local": false}),
+        ),
+    )
+    .await;
+    let file_arg = file.to_string_lossy().into_owned();
+    let mut operator = Operator::start(
+        &t,
+        &op,
+        &[
+            "--member-clusters",
+            "--clusterprofile-provider-file",
+            &file_arg,
+        ],
+    );
+    t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
+    wait_member_copy(&a, &a_t1, "cfg", &[("k", "v1")]).await;
+    let said_of = |member: &str, words: &'static str| {
+        let member = member.to_owned();
+        move |rule: &Value| {
+            let entry = cluster_entry(rule, &member).ok_or_else(|| short_status(rule))?;
+            let message = entry["message"].as_str().unwrap_or_default();
+            match entry["ready"] == false && message.contains(words) {
+                true => Ok(()),
+                false => Err(entry.to_string()),
+            }
+        }
+    };
+    t.wait_rule(
+        &op,
+        "r",
+        "the failing plugin reported",
+        said_of(&failing, "failed (exit code 3)"),
+    )
+    .await;
+    // The deadline is 10 s; the probe says it on its next round.
+    let rule = t
+        .wait_rule(
+            &op,
+            "r",
+            "the hanging plugin reported",
+            said_of(&hanging, "did not finish within 10 s"),
+        )
+        .await;
+    assert!(
+        !rule.to_string().contains(SAID),
+        "the plugin's words reached the status: {}",
+        rule["status"]
+    );
+    let events = t.events_regarding(&op, "r").await;
+    let leaked: Vec<_> = events
+        .iter()
+        .filter_map(|e| e.note.as_deref())
+        .filter(|note| note.contains(SAID))
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "the plugin's words reached Events: {leaked:?}"
+    );
+    operator.assert_running();
+    let log = operator.logs();
+    assert!(!log.contains(SAID), "the plugin's words reached the log");
+}
