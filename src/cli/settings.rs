@@ -260,6 +260,21 @@ pub(crate) struct Settings {
     #[arg(long, env = "CLUSTERPROFILE_PROVIDER_FILE", global = true)]
     pub(crate) clusterprofile_provider_file: Option<std::path::PathBuf>,
 
+    /// Accept a cluster Secret whose kubeconfig user runs a command, where
+    /// that command is one the provider file names: it runs as the file
+    /// says (the kubeconfig's arguments only where that provider appends a
+    /// profile's; its environment never). Without it, or for any other
+    /// command, such a member is unusable, reason
+    /// `ExecCredentialsUnsupported`. Needs --clusterprofile-provider-file.
+    #[arg(
+        long,
+        env = "ALLOW_KUBECONFIG_PLUGINS",
+        default_value_t = false,
+        global = true,
+        requires = "clusterprofile_provider_file"
+    )]
+    pub(crate) allow_kubeconfig_plugins: bool,
+
     /// The ServiceAccount of its own namespace that a tenant rule naming
     /// none (`spec.serviceAccountName`) writes as, under
     /// --tenant-identity service-account.
@@ -509,8 +524,9 @@ impl Settings {
                 .member_copy_protection
                 .clone()
                 .filter(|name| !name.is_empty()),
-            // Read by `load_provider_file`, which may fail.
+            // Read by `load_options`, which may fail.
             provider_file: None,
+            allow_kubeconfig_plugins: self.allow_kubeconfig_plugins,
             min_restart_interval: Duration::from_secs(self.min_restart_interval),
         }
     }
@@ -585,6 +601,46 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_provider_file_is_read_at_start_and_one_that_cannot_be_used_stops_it() {
+        assert!(
+            Cli::try_parse_from(["copyrator", "--allow-kubeconfig-plugins"]).is_err(),
+            "kubeconfig plugins without a provider file"
+        );
+        let dir = std::env::temp_dir().join(format!("copyrator-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let options_of = |text: &str| {
+            let path = dir.join("providers.json");
+            std::fs::write(&path, text).expect("the file");
+            let cli = Cli::try_parse_from([
+                "copyrator".as_ref(),
+                "--clusterprofile-provider-file".as_ref(),
+                path.as_os_str(),
+            ])
+            .expect("parses");
+            cli.settings.load_options()
+        };
+        let good = r#"{"providers": [{"name": "eks", "execConfig": {
+            "apiVersion": "client.authentication.k8s.io/v1", "command": "/plugins/eks"}}]}"#;
+        let options = options_of(good).expect("usable");
+        assert_eq!(options.provider_file.map(|f| f.providers().len()), Some(1));
+        let refused = options_of(r#"{"providers": [{"name": "eks"}]}"#)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            refused.contains("--clusterprofile-provider-file") && refused.contains("execConfig"),
+            "{refused}"
+        );
+        let missing = Cli::try_parse_from([
+            "copyrator",
+            "--clusterprofile-provider-file",
+            "/nonexistent/providers.json",
+        ])
+        .expect("parses");
+        assert!(missing.settings.load_options().is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -290,6 +290,7 @@ fn credential_kinds(user: &AuthInfo) -> Vec<&'static str> {
 pub(crate) async fn from_cluster_secret(
     secret: &Secret,
     insecure: InsecureMembers,
+    plugins: Option<&ProviderFile>,
 ) -> Option<MemberAccess> {
     let name = secret
         .metadata
@@ -298,13 +299,13 @@ pub(crate) async fn from_cluster_secret(
         .get(crate::LABEL_CLUSTER)?
         .clone();
     let labels = secret.metadata.labels.clone().unwrap_or_default();
-    let config = cluster_secret_config(secret, &name, insecure).await;
+    let config = cluster_secret_config(secret, &name, insecure, plugins).await;
     let entry = secret.metadata.name.clone().unwrap_or_default();
     Some(MemberAccess::new(
         name,
         labels,
         (InventorySource::Secret, entry),
-        config.map(|config| (config, None)),
+        config,
     ))
 }
 
@@ -312,7 +313,8 @@ async fn cluster_secret_config(
     secret: &Secret,
     name: &str,
     insecure: InsecureMembers,
-) -> Result<kube::Config, Unusable> {
+    plugins: Option<&ProviderFile>,
+) -> Result<(kube::Config, Option<PluginRun>), Unusable> {
     if name.is_empty() {
         return Err(Unusable::new(
             Unusable::NAME_INVALID,
@@ -340,8 +342,55 @@ async fn cluster_secret_config(
     })?;
     let kubeconfig = Kubeconfig::from_yaml(text)
         .map_err(|err| Unusable::new(Unusable::KUBECONFIG_INVALID, describe_parse_error(&err)))?;
-    let entries = chosen_entries(&kubeconfig)?;
-    build_config(entries, Unusable::KUBECONFIG_INVALID, insecure).await
+    let mut entries = chosen_entries(&kubeconfig)?;
+    let plugin = match plugins {
+        Some(file) if entries.user.exec.is_some() => Some(kubeconfig_plugin(&mut entries, file)?),
+        _ => None,
+    };
+    let config = build_config(entries, Unusable::KUBECONFIG_INVALID, insecure).await?;
+    Ok((config, plugin))
+}
+
+/// The plugin of the operator's provider file that a kubeconfig's user
+/// runs (`--allow-kubeconfig-plugins`): its command must be one the file
+/// names, and it runs as the file says, with the kubeconfig's arguments
+/// only where that provider appends a profile's, and never with the
+/// kubeconfig's environment. The user then holds nothing else.
+fn kubeconfig_plugin(entries: &mut Entries, file: &ProviderFile) -> Result<PluginRun, Unusable> {
+    let refused = |message: String| Unusable::new(Unusable::EXEC_CREDENTIALS_UNSUPPORTED, message);
+    let Some(exec) = entries.user.exec.take() else {
+        return Err(refused(format!("{} runs no command", entries.user_is)));
+    };
+    let command = exec.command.unwrap_or_default();
+    let provider = file
+        .providers()
+        .iter()
+        .find(|provider| provider.plugin.command == command)
+        .ok_or_else(|| {
+            refused(format!(
+                "{} runs {command:?}, which the operator's provider file does not name, and \
+                 Copyrator runs no other command",
+                entries.user_is
+            ))
+        })?;
+    let user = &entries.user;
+    if user.token.is_some()
+        || user.client_certificate_data.is_some()
+        || user.username.is_some()
+        || user.auth_provider.is_some()
+    {
+        return Err(refused(format!(
+            "{} runs a command and holds other credentials too: keep one",
+            entries.user_is
+        )));
+    }
+    let mut run = provider
+        .run_for(&entries.cluster)
+        .map_err(|why| Unusable::new(Unusable::KUBECONFIG_INVALID, why))?;
+    if provider.append_profile_args {
+        run.args.extend(exec.args.unwrap_or_default());
+    }
+    Ok(run)
 }
 
 /// Why a kubeconfig does not parse. The YAML parser's own message can
@@ -1234,7 +1283,7 @@ current-context: member-a
 
     /// The member a cluster Secret describes, where insecure members are refused.
     async fn secret_member(secret: &Secret) -> Option<MemberAccess> {
-        from_cluster_secret(secret, InsecureMembers::Refused).await
+        from_cluster_secret(secret, InsecureMembers::Refused, None).await
     }
 
     /// The member a profile describes with the operator namespace's
@@ -1317,6 +1366,65 @@ current-context: member-a
         let refused = refusal(&two).await;
         assert_eq!(refused.reason, Unusable::KUBECONFIG_INVALID);
         assert!(refused.message.contains("no current-context"), "{refused}");
+    }
+
+    /// A user running `command` with `args` and an environment variable.
+    fn exec_user(command: &str, args: &str) -> String {
+        format!(
+            "    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: {command}
+      args: {args}
+      env: [{{name: LD_PRELOAD, value: /tmp/x.so}}]
+      interactiveMode: Never"
+        )
+    }
+
+    #[tokio::test]
+    async fn a_kubeconfig_runs_only_a_command_of_the_provider_file_and_as_the_file_says() {
+        let secret = |user: &str| {
+            cluster_secret(
+                &[(crate::LABEL_CLUSTER, "member-a")],
+                Some(&kubeconfig(user)),
+            )
+        };
+        let file = plugins(&["eks"]);
+        let named = secret(&exec_user("/plugins/eks", "[\"--role\", \"admin\"]"));
+        let member = from_cluster_secret(&named, InsecureMembers::Refused, Some(&file))
+            .await
+            .expect("a member");
+        assert_eq!(bearer(&member.config.expect("usable")), None);
+        let run = member.plugin.expect("a plugin");
+        // The file's plugin, as the file says: no argument, no variable of
+        // the kubeconfig's (its provider does not append them).
+        assert_eq!(run.command, "/plugins/eks");
+        assert!(run.args.is_empty(), "{:?}", run.args);
+        assert!(run.env.is_empty(), "{:?}", run.env);
+        assert_eq!(run.exec_info["spec"]["cluster"]["server"], SERVER);
+
+        for (user, says) in [
+            (exec_user("/bin/sh", "[\"-c\", \"true\"]"), "does not name"),
+            (
+                format!("{}\n{}", token_user(TOKEN), exec_user("/plugins/eks", "[]")),
+                "other credentials",
+            ),
+        ] {
+            let member = from_cluster_secret(&secret(&user), InsecureMembers::Refused, Some(&file))
+                .await
+                .expect("a member");
+            let refused = member.config.expect_err("unusable");
+            assert_eq!(refused.reason, Unusable::EXEC_CREDENTIALS_UNSUPPORTED);
+            assert!(refused.message.contains(says), "{refused}");
+            assert!(member.plugin.is_none());
+        }
+        // Without --allow-kubeconfig-plugins (no file given here): refused.
+        let member = from_cluster_secret(&named, InsecureMembers::Refused, None)
+            .await
+            .expect("a member");
+        assert_eq!(
+            member.config.expect_err("unusable").reason,
+            Unusable::EXEC_CREDENTIALS_UNSUPPORTED
+        );
     }
 
     #[tokio::test]
@@ -1987,7 +2095,7 @@ current-context: member-a
         assert!(refused.message.contains("http://"), "{refused}");
         assert!(refused.message.contains(ALLOW_INSECURE_FLAG), "{refused}");
         let secret = cluster_secret(&[(crate::LABEL_CLUSTER, "member-a")], Some(&text));
-        let allowed = from_cluster_secret(&secret, InsecureMembers::Allowed)
+        let allowed = from_cluster_secret(&secret, InsecureMembers::Allowed, None)
             .await
             .expect("a member")
             .config
@@ -2025,7 +2133,7 @@ current-context: member-a
             "{refused}"
         );
         let secret = cluster_secret(&[(crate::LABEL_CLUSTER, "member-a")], Some(&text));
-        let allowed = from_cluster_secret(&secret, InsecureMembers::Allowed)
+        let allowed = from_cluster_secret(&secret, InsecureMembers::Allowed, None)
             .await
             .expect("a member")
             .config

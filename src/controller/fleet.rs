@@ -552,9 +552,14 @@ async fn members_in(
 ) -> BTreeMap<String, MemberAccess> {
     let insecure = insecure_members(shared);
     let plugins = shared.options.provider_file.as_deref();
+    // A kubeconfig's command runs only where the operator allows it, and
+    // only as its provider file says.
+    let kubeconfig_plugins = plugins.filter(|_| shared.options.allow_kubeconfig_plugins);
     let mut wanted = BTreeMap::new();
     for secret in secrets.values() {
-        if let Some(access) = inventory::from_cluster_secret(secret, insecure).await {
+        if let Some(access) =
+            inventory::from_cluster_secret(secret, insecure, kubeconfig_plugins).await
+        {
             wanted.insert(access.name.clone(), access);
         }
     }

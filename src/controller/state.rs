@@ -50,6 +50,9 @@ pub(crate) struct Options {
     /// The credential plugins members of ClusterProfiles may be reached
     /// through (`--clusterprofile-provider-file`).
     pub(crate) provider_file: Option<Arc<crate::cluster::provider_file::ProviderFile>>,
+    /// Kubeconfig Secrets whose user runs a command of the provider file
+    /// are accepted (`--allow-kubeconfig-plugins`).
+    pub(crate) allow_kubeconfig_plugins: bool,
     /// A workload is rolled at most once in this long
     /// (`--min-restart-interval`).
     pub(crate) min_restart_interval: std::time::Duration,
@@ -605,6 +608,7 @@ pub(crate) fn test_shared_gated(trust: Trust) -> (Arc<Shared>, tokio::sync::watc
             allow_insecure_members: false,
             member_copy_protection: None,
             provider_file: None,
+            allow_kubeconfig_plugins: false,
         },
         Arc::new(Metrics::default()),
         gate,
