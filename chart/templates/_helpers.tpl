@@ -131,3 +131,12 @@ ServiceAccounts.
 {{- define "copyrator.actingForExtra" -}}
 {{- if and (include "copyrator.copyProtection" .) (include "copyrator.asTenants" .) (not (include "copyrator.memberSide" .)) }}true{{ end }}
 {{- end }}
+
+{{/*
+"true" when members may be reached with credentials from plugins
+(`memberClusters.credentialPlugins.providers`).
+*/}}
+{{- define "copyrator.credentialPlugins" -}}
+{{- $plugins := (.Values.memberClusters | default dict).credentialPlugins | default dict }}
+{{- if and .Values.memberClusters.enabled $plugins.providers }}true{{ end }}
+{{- end }}

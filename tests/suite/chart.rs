@@ -185,6 +185,126 @@ fn rendered_copy_protection_follows_its_mode() {
     );
 }
 
+/// `memberClusters.credentialPlugins`: the providers become the ConfigMap
+/// the operator reads as its provider file (mounted read-only where
+/// CLUSTERPROFILE_PROVIDER_FILE says), the plugin image is mounted by an
+/// init container's copy or as an image volume, and a federated token is
+/// projected with its audience; none of it without providers or members.
+#[test]
+fn rendered_credential_plugins_follow_their_values() {
+    let providers = r#"[{"name":"eks","execConfig":{"apiVersion":"client.authentication.k8s.io/v1","command":"/plugins/eks"}}]"#;
+    let providers_value = format!("memberClusters.credentialPlugins.providers={providers}");
+    let pod = |docs: &[Value]| find(docs, "Deployment")["spec"]["template"]["spec"].clone();
+    let mounts = |pod: &Value| -> BTreeMap<String, Value> {
+        pod["containers"][0]["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| (m["name"].as_str().unwrap_or_default().to_owned(), m.clone()))
+            .collect()
+    };
+    let volume = |pod: &Value, name: &str| {
+        pod["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no volume {name}: {}", pod["volumes"]))
+    };
+    for off in [
+        vec!["--set", "memberClusters.enabled=true"],
+        vec!["--set-json", providers_value.as_str()],
+    ] {
+        let docs = render(&off);
+        assert!(
+            docs.iter()
+                .all(|d| d["metadata"]["name"] != "copyrator-providers"),
+            "{off:?}"
+        );
+        assert!(pod(&docs)["volumes"].is_null(), "{off:?}");
+    }
+
+    let docs = render(&[
+        "--set",
+        "memberClusters.enabled=true",
+        "--set-json",
+        &providers_value,
+    ]);
+    let file = find_named(&docs, "ConfigMap", "copyrator-providers")["data"]["providers.json"]
+        .as_str()
+        .map(|text| serde_json::from_str::<Value>(text).expect("JSON"));
+    assert_eq!(
+        file,
+        Some(json!({"providers": serde_json::from_str::<Value>(providers).expect("JSON")}))
+    );
+    let path = deployment_env(&docs, "CLUSTERPROFILE_PROVIDER_FILE");
+    let pod_spec = pod(&docs);
+    let mount = &mounts(&pod_spec)["providers"];
+    assert!(
+        path.starts_with(mount["mountPath"].as_str().unwrap_or("?")),
+        "{path}"
+    );
+    assert_eq!(mount["readOnly"], true);
+    assert_eq!(
+        volume(&pod_spec, "providers")["configMap"]["name"],
+        "copyrator-providers"
+    );
+    assert!(pod_spec["initContainers"].is_null(), "no image, no copy");
+
+    let with_image = |mount: &str| {
+        pod(&render(&[
+            "--set",
+            "memberClusters.enabled=true",
+            "--set-json",
+            &providers_value,
+            "--set",
+            "memberClusters.credentialPlugins.image.repository=registry.example/plugins",
+            "--set-string",
+            "memberClusters.credentialPlugins.image.tag=1.2",
+            "--set",
+            &format!("memberClusters.credentialPlugins.image.mount={mount}"),
+            "--set",
+            "memberClusters.credentialPlugins.federatedToken.audience=members.example",
+            "--set",
+            "memberClusters.credentialPlugins.allowKubeconfigPlugins=true",
+        ]))
+    };
+    let copied = with_image("initContainer");
+    let init = &copied["initContainers"][0];
+    assert_eq!(init["image"], "registry.example/plugins:1.2");
+    assert_eq!(
+        init["command"],
+        json!(["cp", "-R", "/plugins/.", "/copied/"])
+    );
+    assert_eq!(volume(&copied, "plugins")["emptyDir"], json!({}));
+    assert_eq!(mounts(&copied)["plugins"]["readOnly"], true);
+    let token = volume(&copied, "federated-token");
+    assert_eq!(
+        token["projected"]["sources"][0]["serviceAccountToken"]["audience"],
+        "members.example"
+    );
+    assert_eq!(
+        mounts(&copied)["federated-token"]["mountPath"],
+        "/var/run/secrets/copyrator/federated"
+    );
+    let image_volume = with_image("imageVolume");
+    assert!(image_volume["initContainers"].is_null());
+    assert_eq!(
+        volume(&image_volume, "plugins")["image"]["reference"],
+        "registry.example/plugins:1.2"
+    );
+    let docs = render(&[
+        "--set",
+        "memberClusters.enabled=true",
+        "--set-json",
+        &providers_value,
+        "--set",
+        "memberClusters.credentialPlugins.allowKubeconfigPlugins=true",
+    ]);
+    assert_eq!(deployment_env(&docs, "ALLOW_KUBECONFIG_PLUGINS"), "true");
+}
+
 fn all_grants(docs: &[Value]) -> BTreeSet<Grant> {
     docs.iter()
         .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")

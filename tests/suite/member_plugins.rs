@@ -108,8 +108,21 @@ fn provider(name: &str, command: &str, args: &[&str]) -> Value {
     }})
 }
 
+/// The provider file for `providers` as the chart renders it
+/// (`memberClusters.credentialPlugins.providers`), written to `path`.
 fn write_provider_file(path: &Path, providers: &[Value]) {
-    std::fs::write(path, json!({ "providers": providers }).to_string()).expect("the provider file");
+    let providers = serde_json::to_string(providers).expect("the providers as JSON");
+    let docs = crate::common::helm::render(&[
+        "--set",
+        "memberClusters.enabled=true",
+        "--set-json",
+        &format!("memberClusters.credentialPlugins.providers={providers}"),
+    ]);
+    let config_map = crate::common::helm::find_named(&docs, "ConfigMap", "copyrator-providers");
+    let file = config_map["data"]["providers.json"]
+        .as_str()
+        .expect("the chart's providers.json");
+    std::fs::write(path, file).expect("the provider file");
 }
 
 /// The lines of the plugin's runs file (none before its first run).
