@@ -42,6 +42,7 @@ pub fn main() -> ExitCode {
     }
     match cli.command {
         Some(Command::Crd) => print_crd(),
+        Some(Command::FileCredential { file }) => crate::cli::file_credential::run(&file),
         Some(Command::Probe {
             url,
             timeout_seconds,

@@ -5,6 +5,7 @@
 //! pre-delete hook) and `probe`.
 
 pub mod entry;
+pub(crate) mod file_credential;
 pub(crate) mod import;
 pub(crate) mod plan;
 pub(crate) mod plan_members;

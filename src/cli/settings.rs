@@ -81,6 +81,14 @@ pub(crate) enum Command {
     /// source of what maps exactly, what differs and what cannot be mapped.
     /// Writes nothing. Exit 0, or 1 on an error.
     Import(ImportArgs),
+    /// Print the token in FILE as an ExecCredential, its `exp` as its
+    /// expiry: a credential plugin for members that trust this cluster's
+    /// ServiceAccount issuer (the chart's projected `federatedToken`).
+    /// Exit 1, saying why, when the file holds no token.
+    FileCredential {
+        /// The token's file, e.g. /var/run/secrets/copyrator/federated/token
+        file: std::path::PathBuf,
+    },
     /// Ask a running operator's /healthz or /readyz; exit 0 on 200, 1
     /// otherwise (for a `helm test` Pod, which has this binary alone).
     Probe {
