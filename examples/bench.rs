@@ -281,6 +281,43 @@ impl Copies {
     }
 }
 
+/// Set the `version` key of the source `namespace/name`.
+async fn set_source_version(
+    client: &Client,
+    (namespace, name): (&str, &str),
+    version: &str,
+) -> Result<()> {
+    let sources: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    sources
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"data": {"version": version}})),
+        )
+        .await
+        .map(|_| ())
+        .context("updating a source")
+}
+
+/// Update a source to `version`: the time until `want` copies of it (by
+/// its name) have it.
+async fn propagate(
+    client: &Client,
+    copies: &Copies,
+    source: (&str, &str),
+    version: &str,
+    want: usize,
+) -> Result<Duration> {
+    let began = Instant::now();
+    set_source_version(client, source, version).await?;
+    copies
+        .wait_for(want, Duration::from_secs(120), |(_, copy), v| {
+            copy == source.1 && v == version
+        })
+        .await?;
+    Ok(began.elapsed())
+}
+
 /// Follows the ConfigMaps carrying `label` into `copies`.
 fn watch_copies(client: Client, copies: Arc<Copies>, label: &'static str) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -1025,24 +1062,8 @@ async fn main() -> Result<()> {
         updated_rules.insert(rule);
         let version = format!("v{}", u + 1);
         let name = layout.source_name(rule, source);
-        let sources: Api<ConfigMap> = Api::namespaced(client.clone(), &source_namespaces[rule]);
-        let began = Instant::now();
-        sources
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"data": {"version": version}})),
-            )
-            .await
-            .context("updating a source")?;
-        copies
-            .wait_for(
-                copies_per_source,
-                Duration::from_secs(120),
-                |(_, copy), v| *copy == name && v == version,
-            )
-            .await?;
-        propagations.push(began.elapsed());
+        let source = (source_namespaces[rule].as_str(), name.as_str());
+        propagations.push(propagate(&client, &copies, source, &version, copies_per_source).await?);
     }
     phases.push(Phase {
         name: "updates",

@@ -600,19 +600,11 @@ pub async fn run(args: Args, home: Client) -> Result<()> {
     eprintln!("bench: {} updates", args.updates);
     let start = Utc::now();
     let mut propagations = Vec::new();
-    let sources: Api<ConfigMap> = Api::namespaced(home.clone(), SOURCE_NS);
     for u in 0..args.updates {
         let name = format!("shared-{:02}", u % m);
         let version = format!("v{}", u + 1);
         let began = Instant::now();
-        sources
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"data": {"version": version}})),
-            )
-            .await
-            .context("updating a source")?;
+        set_source_version(&home, (SOURCE_NS, &name), &version).await?;
         try_join_all(sites.iter().map(|site| {
             let (name, version) = (&name, &version);
             async move {

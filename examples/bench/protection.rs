@@ -75,26 +75,15 @@ async fn propagate(updates: &Updates<'_>, u: usize, total: usize) -> Result<Dura
     let source = u % updates.sources_per_rule;
     let version = format!("p{}", u + 1);
     let name = updates.layout.source_name(rule, source);
-    let sources: Api<ConfigMap> =
-        Api::namespaced(updates.client.clone(), &updates.source_namespaces[rule]);
-    let began = Instant::now();
-    sources
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"data": {"version": version}})),
-        )
-        .await
-        .context("updating a source")?;
-    updates
-        .copies
-        .wait_for(
-            updates.copies_per_source,
-            Duration::from_secs(120),
-            |(_, copy), v| *copy == name && v == version,
-        )
-        .await?;
-    Ok(began.elapsed())
+    let source = (updates.source_namespaces[rule].as_str(), name.as_str());
+    super::propagate(
+        updates.client,
+        updates.copies,
+        source,
+        &version,
+        updates.copies_per_source,
+    )
+    .await
 }
 
 /// Wait until the admin's dry-run edit of the probe copy is refused by the

@@ -507,6 +507,24 @@ impl Member {
             .map_err(|e| format!("member {}: {e}", self.name))
     }
 
+    /// Runs `kubectl <args>` as its admin; its standard output, trimmed.
+    /// Fails the test, with kubectl's standard error, when kubectl fails.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig_path)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("running kubectl {args:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} on member {} failed: {}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
     /// Runs `hack/cluster <args>` on its state directory; its standard
     /// output. Fails the test, with the script's standard error, when the
     /// script fails.

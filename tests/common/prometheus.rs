@@ -82,6 +82,31 @@ pub async fn operator_metric(
     Ok(sum)
 }
 
+/// Wait, within `deadline`, for the Warning Event `CopyProtectionOff`
+/// on the object `name` in namespace `ns`, where the operator says a copy
+/// protection is not in force.
+pub async fn wait_protection_off_event(
+    t: &super::TestNs,
+    (ns, name): (&str, &str),
+    deadline: std::time::Duration,
+) -> k8s_openapi::api::events::v1::Event {
+    super::wait_until(
+        format!("a Warning Event CopyProtectionOff on {ns}/{name}"),
+        deadline,
+        async || {
+            t.events_regarding(ns, name)
+                .await
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("CopyProtectionOff")
+                        && e.type_.as_deref() == Some("Warning")
+                })
+                .ok_or("none yet".to_owned())
+        },
+    )
+    .await
+}
+
 /// Wait until the operator on `port` says, in
 /// `copyrator_copy_protection_in_force`, that the copy protection of
 /// `cluster` ("home", or a member's name) is in force (`want` 1) or not (0).

@@ -2176,30 +2176,25 @@ async fn helm_upgrade_and_uninstall() {
     let mut operator = Operator::start(&t, &op, &["--copy-protection", &protection]);
     let copy = t.wait_copy(CM, &t1, &source, &op, "cms").await;
     let said = format!("copy of {op}/cfg, kept by rule {op}/cms");
-    wait_until(
-        "the release to protect the copy",
-        TIMEOUT,
-        async || match admin_edit(&t, &t1, "cfg").await {
-            Err(e) if e.contains(&said) => Ok(()),
-            other => Err(format!("{other:?}")),
-        },
-    )
-    .await;
+    wait_admin_refused(&t, (&t1, "cfg"), &said).await;
 
-    let mut upgrade = helm();
-    upgrade.args([
-        "upgrade",
-        &release,
-        &chart_dir(),
-        "--namespace",
-        &op,
-        "--reuse-values",
-        "--set",
-        "operator.logLevel=debug",
-        "--set",
-        "replicaCount=3",
-    ]);
-    run(upgrade, "helm upgrade");
+    let upgrade = |more: &[&str], what: &str| {
+        let mut upgrade = helm();
+        upgrade
+            .args(["upgrade", &release, &chart_dir(), "--namespace", &op])
+            .arg("--reuse-values")
+            .args(more);
+        run(upgrade, what);
+    };
+    upgrade(
+        &[
+            "--set",
+            "operator.logLevel=debug",
+            "--set",
+            "replicaCount=3",
+        ],
+        "helm upgrade",
+    );
     let mut get = Command::new("kubectl");
     get.args([
         "get",
@@ -2244,26 +2239,9 @@ async fn helm_upgrade_and_uninstall() {
         .await
         .unwrap_or_else(|e| panic!("deleting the binding: {}", err_msg(&e)));
     wait_copy_protection(operator.port, "home", 0.0).await;
-    let mut upgrade = helm();
-    upgrade.args([
-        "upgrade",
-        &release,
-        &chart_dir(),
-        "--namespace",
-        &op,
-        "--reuse-values",
-    ]);
-    run(upgrade, "helm upgrade (the binding deleted)");
+    upgrade(&[], "helm upgrade (the binding deleted)");
     wait_copy_protection(operator.port, "home", 1.0).await;
-    wait_until(
-        "the copy protected again",
-        TIMEOUT,
-        async || match admin_edit(&t, &t1, "cfg").await {
-            Err(e) if e.contains(&said) => Ok(()),
-            other => Err(format!("{other:?}")),
-        },
-    )
-    .await;
+    wait_admin_refused(&t, (&t1, "cfg"), &said).await;
 
     drop(guard);
     operator.stop();
@@ -2324,6 +2302,20 @@ async fn helm_upgrade_and_uninstall() {
     wait_until("the kept copy to be editable", TIMEOUT, async || {
         admin_edit(&t, &t1, "cfg").await
     })
+    .await;
+}
+
+/// Wait until the copy protection refuses the test's admin an edit of the
+/// ConfigMap `namespace/name`, saying `said`.
+async fn wait_admin_refused(t: &TestNs, (namespace, name): (&str, &str), said: &str) {
+    wait_until(
+        format!("the copy {namespace}/{name} protected"),
+        TIMEOUT,
+        async || match admin_edit(t, namespace, name).await {
+            Err(e) if e.contains(said) => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
     .await;
 }
 

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use crate::common::helm::{create_chart_policy, find_named, render};
 use crate::common::members::client_of_file;
-use crate::common::prometheus::wait_copy_protection;
+use crate::common::prometheus::{wait_copy_protection, wait_protection_off_event};
 use crate::common::rbac::{
     Binding, ClusterScoped, as_the_chart, bind_as, chart_impersonation_role, rbac,
 };
@@ -325,17 +325,7 @@ async fn a_live_copy_is_read_only_to_all_but_copyrator_acting_for_its_rule() {
         .await
         .unwrap_or_else(|e| panic!("deleting the binding: {}", err_msg(&e)));
     wait_copy_protection(operator.port, "home", 0.0).await;
-    let event = wait_until("a Warning Event on the policy", TIMEOUT, async || {
-        t.events_regarding("default", &protection)
-            .await
-            .into_iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("CopyProtectionOff")
-                    && e.type_.as_deref() == Some("Warning")
-            })
-            .ok_or("none yet".to_owned())
-    })
-    .await;
+    let event = wait_protection_off_event(&t, ("default", &protection), TIMEOUT).await;
     let took = deleted.elapsed();
     assert!(
         event.note.as_deref().is_some_and(|n| n.contains(&format!(

@@ -125,6 +125,50 @@ fn write_provider_file(path: &Path, providers: &[Value]) {
     std::fs::write(path, file).expect("the provider file");
 }
 
+/// hack/token-plugin as the provider [`PROVIDER`]: tokens of the account
+/// `account_ns/copier` of `member`, said to expire in `expires_in`
+/// seconds, each run noted in `runs_file`.
+fn token_plugin(member: &Member, account_ns: &str, expires_in: u32, runs_file: &Path) -> Value {
+    let kubeconfig = member.kubeconfig_path.to_string_lossy();
+    let (expires_in, runs_file) = (expires_in.to_string(), runs_file.to_string_lossy());
+    provider(
+        PROVIDER,
+        concat!(env!("CARGO_MANIFEST_DIR"), "/hack/token-plugin"),
+        &[
+            "--kubeconfig",
+            &kubeconfig,
+            "--namespace",
+            account_ns,
+            "--account",
+            "copier",
+            "--expires-in",
+            &expires_in,
+            "--runs",
+            &runs_file,
+        ],
+    )
+}
+
+/// The rule `op/r`, copying into the members labelled `tier=plugins`
+/// alone, and the operator with the provider file `file`.
+async fn rule_and_operator(t: &TestNs, op: &str, file: &Path) -> Operator {
+    t.create_rule(
+        op,
+        "r",
+        member_rule(
+            t,
+            json!({"selector": {"matchLabels": {"tier": "plugins"}}, "local": false}),
+        ),
+    )
+    .await;
+    let file = file.to_string_lossy();
+    Operator::start(
+        t,
+        op,
+        &["--member-clusters", "--clusterprofile-provider-file", &file],
+    )
+}
+
 /// The lines of the plugin's runs file (none before its first run).
 fn runs(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path)
@@ -155,20 +199,6 @@ async fn plugin_account(t: &TestNs, member: &Member, ns: &str, account: &str) {
         .await;
 }
 
-fn kubectl_on(member: &Member, args: &[&str]) {
-    let out = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&member.kubeconfig_path)
-        .args(args)
-        .output()
-        .expect("running kubectl");
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A member whose ClusterProfile lists the test provider, and no token
 /// Secret, gets its copies: the operator's plugin gives the token. The
 /// profile's added argument never reaches the plugin (the file does not
@@ -186,50 +216,12 @@ async fn a_member_reached_through_a_plugin_gets_its_copies() {
     let account_ns = b.ns(&t, "plugin").await;
     plugin_account(&t, &b, &account_ns, "copier").await;
     let runs_file = test_file(&t, "runs");
-    let plugin = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/token-plugin");
-    let kubeconfig = b.kubeconfig_path.to_string_lossy().into_owned();
     let file = test_file(&t, "providers.json");
-    write_provider_file(
-        &file,
-        &[provider(
-            PROVIDER,
-            plugin,
-            &[
-                "--kubeconfig",
-                &kubeconfig,
-                "--namespace",
-                &account_ns,
-                "--account",
-                "copier",
-                "--expires-in",
-                "3600",
-                "--runs",
-                &runs_file.to_string_lossy(),
-            ],
-        )],
-    );
+    write_provider_file(&file, &[token_plugin(&b, &account_ns, 3600, &runs_file)]);
     let profile = format!("{}-b", t.prefix);
     let (server, ca) = server_and_ca(&b);
     create_profile(&t, &op, &profile, PROVIDER, (&server, &ca)).await;
-    t.create_rule(
-        &op,
-        "r",
-        member_rule(
-            &t,
-            json!({"selector": {"matchLabels": {"tier": "plugins"}}, "local": false}),
-        ),
-    )
-    .await;
-    let file_arg = file.to_string_lossy().into_owned();
-    let operator = Operator::start(
-        &t,
-        &op,
-        &[
-            "--member-clusters",
-            "--clusterprofile-provider-file",
-            &file_arg,
-        ],
-    );
+    let operator = rule_and_operator(&t, &op, &file).await;
     t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
     wait_member_copy(&b, &b_t1, "cfg", &[("k", "v1")]).await;
 
@@ -256,10 +248,7 @@ async fn a_member_reached_through_a_plugin_gets_its_copies() {
     // request runs the plugin again; the copy follows the source with the
     // new token.
     let before = runs(&runs_file).len();
-    kubectl_on(
-        &b,
-        &["-n", &account_ns, "delete", "serviceaccount", "copier"],
-    );
+    b.kubectl(&["-n", &account_ns, "delete", "serviceaccount", "copier"]);
     plugin_account(&t, &b, &account_ns, "copier").await;
     wait_until(
         "the plugin run again after the refusal",
@@ -308,35 +297,14 @@ async fn the_operators_file_credential_reads_a_token_file_again_when_refused() {
     let profile = format!("{}-b", t.prefix);
     let (server, ca) = server_and_ca(&b);
     create_profile(&t, &op, &profile, PROVIDER, (&server, &ca)).await;
-    t.create_rule(
-        &op,
-        "r",
-        member_rule(
-            &t,
-            json!({"selector": {"matchLabels": {"tier": "plugins"}}, "local": false}),
-        ),
-    )
-    .await;
-    let file_arg = file.to_string_lossy().into_owned();
-    let operator = Operator::start(
-        &t,
-        &op,
-        &[
-            "--member-clusters",
-            "--clusterprofile-provider-file",
-            &file_arg,
-        ],
-    );
+    let operator = rule_and_operator(&t, &op, &file).await;
     t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
     wait_member_copy(&b, &b_t1, "cfg", &[("k", "v1")]).await;
 
     // The file renewed (as the kubelet renews a projected token), and the
     // token it held revoked: read again once refused.
     std::fs::write(&token_file, b.token(&account_ns, "second").await).expect("the token file");
-    kubectl_on(
-        &b,
-        &["-n", &account_ns, "delete", "serviceaccount", "first"],
-    );
+    b.kubectl(&["-n", &account_ns, "delete", "serviceaccount", "first"]);
     wait_until(
         "the token file read again after the refusal",
         CONVERGE_AFTER_REFUSAL,
@@ -370,25 +338,7 @@ async fn a_profile_naming_no_provider_of_the_file_runs_nothing() {
     write_provider_file(&file, &[provider(PROVIDER, &plugin, &[])]);
     let profile = format!("{}-x", t.prefix);
     create_profile(&t, &op, &profile, "some-other-provider", (&server, "Q0E=")).await;
-    t.create_rule(
-        &op,
-        "r",
-        member_rule(
-            &t,
-            json!({"selector": {"matchLabels": {"tier": "plugins"}}, "local": false}),
-        ),
-    )
-    .await;
-    let file_arg = file.to_string_lossy().into_owned();
-    let _operator = Operator::start(
-        &t,
-        &op,
-        &[
-            "--member-clusters",
-            "--clusterprofile-provider-file",
-            &file_arg,
-        ],
-    );
+    let _operator = rule_and_operator(&t, &op, &file).await;
     let entry = t
         .wait_rule(&op, "r", "the member unusable", |rule| {
             let entry = cluster_entry(rule, &profile).ok_or_else(|| short_status(rule))?;
@@ -439,25 +389,7 @@ async fn a_plugin_that_hangs_or_fails_is_reported_and_its_words_go_nowhere() {
     let failing = format!("{}-fails", t.prefix);
     create_profile(&t, &op, &hanging, "hangs", (&server, &ca)).await;
     create_profile(&t, &op, &failing, "fails", (&server, &ca)).await;
-    t.create_rule(
-        &op,
-        "r",
-        member_rule(
-            &t,
-            json!({"selector": {"matchLabels": {"tier": "plugins"}}, "local": false}),
-        ),
-    )
-    .await;
-    let file_arg = file.to_string_lossy().into_owned();
-    let mut operator = Operator::start(
-        &t,
-        &op,
-        &[
-            "--member-clusters",
-            "--clusterprofile-provider-file",
-            &file_arg,
-        ],
-    );
+    let mut operator = rule_and_operator(&t, &op, &file).await;
     t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
     wait_member_copy(&a, &a_t1, "cfg", &[("k", "v1")]).await;
     let said_of = |member: &str, words: &'static str| {
@@ -528,50 +460,12 @@ async fn credentials_that_expire_every_minute_are_renewed_before_they_do() {
     let account_ns = a.ns(&t, "plugin").await;
     plugin_account(&t, &a, &account_ns, "copier").await;
     let runs_file = test_file(&t, "runs");
-    let plugin = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/token-plugin");
-    let kubeconfig = a.kubeconfig_path.to_string_lossy().into_owned();
     let file = test_file(&t, "providers.json");
-    write_provider_file(
-        &file,
-        &[provider(
-            PROVIDER,
-            plugin,
-            &[
-                "--kubeconfig",
-                &kubeconfig,
-                "--namespace",
-                &account_ns,
-                "--account",
-                "copier",
-                "--expires-in",
-                "60",
-                "--runs",
-                &runs_file.to_string_lossy(),
-            ],
-        )],
-    );
+    write_provider_file(&file, &[token_plugin(&a, &account_ns, 60, &runs_file)]);
     let profile = format!("{}-a", t.prefix);
     let (server, ca) = server_and_ca(&a);
     create_profile(&t, &op, &profile, PROVIDER, (&server, &ca)).await;
-    t.create_rule(
-        &op,
-        "r",
-        member_rule(
-            &t,
-            json!({"selector": {"matchLabels": {"tier": "plugins"}}, "local": false}),
-        ),
-    )
-    .await;
-    let file_arg = file.to_string_lossy().into_owned();
-    let mut operator = Operator::start(
-        &t,
-        &op,
-        &[
-            "--member-clusters",
-            "--clusterprofile-provider-file",
-            &file_arg,
-        ],
-    );
+    let mut operator = rule_and_operator(&t, &op, &file).await;
     t.create_source(CM, &op, "cfg", &[], &[("k", "v0")]).await;
     wait_member_copy(&a, &a_t1, "cfg", &[("k", "v0")]).await;
     let from = chrono::Utc::now();

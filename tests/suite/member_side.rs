@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::helm::{Release, chart_dir, documents, find, render, run};
 use crate::common::members::{Member, OUTAGE, client_of_yaml, member};
-use crate::common::prometheus::wait_copy_protection;
+use crate::common::prometheus::{wait_copy_protection, wait_protection_off_event};
 use crate::common::rbac::{CASES_AT_ONCE, ClusterScoped, Grant, Identity, grants_of, run_cases};
 use crate::common::steps::{Steps, Stopped};
 use crate::common::*;
@@ -1022,23 +1022,7 @@ async fn members_protection_is_followed(
     let entry = a.secret_name();
     // Said within 30 s of the deletion: the Event's deadline.
     let deadline = Duration::from_secs(30).saturating_sub(deleted.elapsed());
-    let event = wait_until(
-        "a Warning Event on member a's entry",
-        deadline,
-        async || {
-            stage
-                .t
-                .events_regarding(&stage.op, &entry)
-                .await
-                .into_iter()
-                .find(|e| {
-                    e.reason.as_deref() == Some("CopyProtectionOff")
-                        && e.type_.as_deref() == Some("Warning")
-                })
-                .ok_or("none yet".to_owned())
-        },
-    )
-    .await;
+    let event = wait_protection_off_event(stage.t, (&stage.op, &entry), deadline).await;
     let took = deleted.elapsed();
     let note = event.note.unwrap_or_default();
     assert!(

@@ -835,29 +835,15 @@ pub(crate) fn server_and_ca(member: &Member) -> (String, String) {
 /// A token of a new ServiceAccount of member `b` (bound to cluster-admin:
 /// what a member needs at least is tests/suite/member_side.rs's matter).
 fn member_token(member: &Member, ns: &str, account: &str) -> String {
-    let kubectl = |args: &[&str]| {
-        let out = std::process::Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&member.kubeconfig_path)
-            .args(args)
-            .output()
-            .expect("running kubectl");
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    };
-    kubectl(&["-n", ns, "create", "serviceaccount", account]);
-    kubectl(&[
+    member.kubectl(&["-n", ns, "create", "serviceaccount", account]);
+    member.kubectl(&[
         "create",
         "clusterrolebinding",
         &format!("{ns}-{account}"),
         "--clusterrole=cluster-admin",
         &format!("--serviceaccount={ns}:{account}"),
     ]);
-    kubectl(&["-n", ns, "create", "token", account, "--duration=1h"])
+    member.kubectl(&["-n", ns, "create", "token", account, "--duration=1h"])
 }
 
 /// A ClusterProfile (server and CA in its access provider) and the Secret
@@ -943,17 +929,7 @@ async fn a_cluster_profile_makes_a_member_and_its_token_rotates() {
         .await
         .expect("the rotated token");
     // The old token stops working: only the new one can write from now on.
-    let out = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&b.kubeconfig_path)
-        .args(["-n", &b_t1, "delete", "serviceaccount", "copyrator"])
-        .output()
-        .expect("running kubectl");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    b.kubectl(&["-n", &b_t1, "delete", "serviceaccount", "copyrator"]);
     // The API server caches a token it accepted for a few seconds: from
     // when it refuses the old one, only the new one can write.
     wait_until("the old token refused", CONVERGE, async || {
@@ -974,17 +950,7 @@ async fn a_cluster_profile_makes_a_member_and_its_token_rotates() {
     wait_member_copy(&b, &b_t1, "cfg", &[("k", "v2")]).await;
 
     // Revoked: the member is reported as refusing the credentials.
-    let out = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&b.kubeconfig_path)
-        .args(["-n", &b_t1, "delete", "serviceaccount", "copyrator-next"])
-        .output()
-        .expect("running kubectl");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    b.kubectl(&["-n", &b_t1, "delete", "serviceaccount", "copyrator-next"]);
     let rule = wait_member_status(&t, &op, &profile_name, false, "CredentialsRefused").await;
     assert_eq!(
         ready_condition(&rule).map(|c| c["reason"].clone()),
