@@ -35,6 +35,7 @@ use crate::controller::protection::{Followed, spawn_protection_watch};
 use crate::controller::site::{Site, SiteName};
 use crate::controller::state::Shared;
 use crate::core::scope::Touch;
+use crate::core::status::Unanswered;
 use crate::error::Error;
 use crate::ops::http::Health;
 use crate::ops::metrics::{ClusterMetrics, PluginRunLabels};
@@ -235,7 +236,7 @@ async fn probe(shared: std::sync::Weak<Shared>, member: std::sync::Weak<Member>)
                 crate::controller::versions::report(&shared.metrics, member.name(), &version);
                 Reach::Reachable
             }
-            Answer::Failed { message, refused } => unreachable_since(&member, message, refused),
+            Answer::Failed { message, why } => unreachable_since(&member, message, why),
         };
         // While it does not answer, its watches send nothing: the probe
         // alone asks, and its answer lets them go again.
@@ -264,10 +265,10 @@ async fn probe(shared: std::sync::Weak<Shared>, member: std::sync::Weak<Member>)
 /// What a member's probe heard.
 enum Answer {
     Version(Box<k8s_openapi::apimachinery::pkg::version::Info>),
-    /// Why not, and whether its server refused the credentials.
+    /// In what words, and why.
     Failed {
         message: String,
-        refused: bool,
+        why: Unanswered,
     },
 }
 
@@ -282,7 +283,7 @@ async fn ask(reader: &Reader, plugin: Option<&Arc<PluginCredentials>>) -> Answer
             Ok(Err(failure)) => {
                 return Answer::Failed {
                     message: failure.to_string(),
-                    refused: false,
+                    why: Unanswered::NoCredentials,
                 };
             }
             Err(_) => {
@@ -292,7 +293,7 @@ async fn ask(reader: &Reader, plugin: Option<&Arc<PluginCredentials>>) -> Answer
                         plugin.provider(),
                         waited.as_secs()
                     ),
-                    refused: false,
+                    why: Unanswered::NoCredentials,
                 };
             }
         }
@@ -300,17 +301,22 @@ async fn ask(reader: &Reader, plugin: Option<&Arc<PluginCredentials>>) -> Answer
     match tokio::time::timeout(PROBE_TIMEOUT, reader.version()).await {
         Ok(Ok(version)) => Answer::Version(Box::new(version)),
         Ok(Err(error)) => Answer::Failed {
-            refused: matches!(&error, kube::Error::Api(status) if matches!(status.code, 401 | 403)),
+            why: match &error {
+                kube::Error::Api(status) if matches!(status.code, 401 | 403) => {
+                    Unanswered::CredentialsRefused
+                }
+                _ => Unanswered::NoAnswer,
+            },
             message: crate::error::describe(&error),
         },
         Err(_) => Answer::Failed {
             message: format!("no answer within {} s", PROBE_TIMEOUT.as_secs()),
-            refused: false,
+            why: Unanswered::NoAnswer,
         },
     }
 }
 
-fn unreachable_since(member: &Member, message: String, refused: bool) -> Reach {
+fn unreachable_since(member: &Member, message: String, why: Unanswered) -> Reach {
     let since = match &*lock(&member.reach) {
         Reach::Unreachable { since, .. } => *since,
         _ => Instant::now(),
@@ -318,7 +324,7 @@ fn unreachable_since(member: &Member, message: String, refused: bool) -> Reach {
     Reach::Unreachable {
         message,
         since,
-        refused,
+        why,
     }
 }
 

@@ -380,7 +380,7 @@ mod tests {
         *lock(&a.reach) = crate::controller::members::Reach::Unreachable {
             message: "connection refused".into(),
             since: Instant::now(),
-            refused: false,
+            why: crate::core::status::Unanswered::NoAnswer,
         };
         assert_eq!(pass(&shared, &a).await, None);
         *lock(&a.reach) = crate::controller::members::Reach::Reachable;

@@ -21,7 +21,7 @@ use crate::api::rule::{ClusterStatus, RuleKey};
 use crate::controller::site::Site;
 use crate::core::report::ClusterReport;
 use crate::core::resolve::ResolvedRule;
-use crate::core::status::{Reachability, cluster_entry, not_ready};
+use crate::core::status::{Reachability, Unanswered, cluster_entry, not_ready};
 use crate::ops::metrics::Metrics;
 use crate::sync::{lock, read, write};
 
@@ -39,12 +39,12 @@ pub(crate) enum Reach {
     /// Not asked yet, or its first answer is on its way.
     Connecting,
     Reachable,
-    /// Its last probe failed: why, since when it has not answered, and
-    /// whether it answered but refused the credentials (401 or 403).
+    /// Its last probe failed: in what words, since when it has not
+    /// answered, and why.
     Unreachable {
         message: String,
         since: Instant,
-        refused: bool,
+        why: Unanswered,
     },
 }
 
@@ -54,12 +54,9 @@ impl Reach {
         match self {
             Reach::Connecting => Reachability::Connecting,
             Reach::Reachable => Reachability::Reachable,
-            Reach::Unreachable {
-                message, refused, ..
-            } => Reachability::Unreachable {
-                message,
-                refused: *refused,
-            },
+            Reach::Unreachable { message, why, .. } => {
+                Reachability::Unreachable { message, why: *why }
+            }
         }
     }
 
@@ -304,7 +301,7 @@ mod tests {
         *lock(&silent.reach) = Reach::Unreachable {
             message: "connection refused".to_owned(),
             since: Instant::now(),
-            refused: false,
+            why: Unanswered::NoAnswer,
         };
         assert_eq!(
             shared.members.retire_left(&live, give_up),

@@ -226,20 +226,34 @@ pub(crate) enum Reachability<'a> {
     /// Not asked yet, or its first answer is on its way.
     Connecting,
     Reachable,
-    /// Its last probe failed: why, and whether it answered but refused the
-    /// credentials (401 or 403).
+    /// Its last probe failed: in what words, and why.
     Unreachable {
         message: &'a str,
-        refused: bool,
+        why: Unanswered,
     },
+}
+
+/// Why a member's last probe failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unanswered {
+    /// No answer, or one that is no Kubernetes answer.
+    NoAnswer,
+    /// It answered, refusing the credentials (401 or 403).
+    CredentialsRefused,
+    /// The credential plugin that gives its token gave none: nothing was
+    /// sent.
+    NoCredentials,
 }
 
 impl Reachability<'_> {
     /// The reason a rule's status gives for a member in this state.
     pub(crate) fn reason(self) -> &'static str {
         match self {
-            Reachability::Unreachable { refused: true, .. } => "CredentialsRefused",
-            Reachability::Unreachable { .. } => "ClusterUnreachable",
+            Reachability::Unreachable { why, .. } => match why {
+                Unanswered::NoAnswer => "ClusterUnreachable",
+                Unanswered::CredentialsRefused => "CredentialsRefused",
+                Unanswered::NoCredentials => "CredentialPluginFailed",
+            },
             Reachability::Connecting => "Progressing",
             Reachability::Reachable => "Synced",
         }
@@ -275,8 +289,8 @@ pub(crate) fn cluster_entry(
         rolled_out: report.rolled_out.clone(),
         ..status
     };
-    if let Reachability::Unreachable { message, refused } = *reach {
-        let status = unanswered(name, message, refused);
+    if let Reachability::Unreachable { message, why } = *reach {
+        let status = unanswered(name, message, why);
         // Its counts are the last it reported.
         return match report {
             Some(report) => counts(status, report),
@@ -327,13 +341,13 @@ pub(crate) fn cluster_entry(
     counts(status, report)
 }
 
-fn unanswered(name: &str, message: &str, refused: bool) -> ClusterStatus {
-    let said = if refused {
-        "its API server refuses the operator's credentials"
-    } else {
-        "its API server does not answer"
+fn unanswered(name: &str, message: &str, why: Unanswered) -> ClusterStatus {
+    let said = match why {
+        Unanswered::NoAnswer => "its API server does not answer",
+        Unanswered::CredentialsRefused => "its API server refuses the operator's credentials",
+        Unanswered::NoCredentials => "no credentials to reach it",
     };
-    let reach = Reachability::Unreachable { message, refused };
+    let reach = Reachability::Unreachable { message, why };
     not_ready(name, reach.reason(), format!("{said}: {message}"))
 }
 
@@ -776,7 +790,7 @@ mod tests {
     fn an_unanswering_member_keeps_its_last_counts() {
         let down = Reachability::Unreachable {
             message: "connection refused",
-            refused: false,
+            why: Unanswered::NoAnswer,
         };
         let entry = cluster_entry("a", &down, Some(&member_report()));
         assert!(!entry.ready);
@@ -788,11 +802,24 @@ mod tests {
         assert_eq!(entry.copies, 2);
         let refused = Reachability::Unreachable {
             message: "Unauthorized",
-            refused: true,
+            why: Unanswered::CredentialsRefused,
         };
         let entry = cluster_entry("a", &refused, None);
         assert_eq!(entry.reason.as_deref(), Some("CredentialsRefused"));
         assert_eq!(entry.copies, 0);
+        let no_token = Reachability::Unreachable {
+            message: "the credential plugin of provider \"eks\" failed (exit code 1)",
+            why: Unanswered::NoCredentials,
+        };
+        let entry = cluster_entry("a", &no_token, None);
+        assert_eq!(entry.reason.as_deref(), Some("CredentialPluginFailed"));
+        assert_eq!(
+            entry.message.as_deref(),
+            Some(
+                "no credentials to reach it: the credential plugin of provider \"eks\" failed \
+                 (exit code 1)"
+            )
+        );
     }
 
     #[test]
