@@ -39,7 +39,7 @@ pub(crate) const RUN_DEADLINE: Duration = Duration::from_secs(10);
 /// The least time before its expiry at which a token is renewed.
 const RENEW_MARGIN_MIN: Duration = Duration::from_secs(10);
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(60);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// The most of a plugin's standard output that is read.
 const OUTPUT_LIMIT: u64 = 1 << 20;
 

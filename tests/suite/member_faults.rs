@@ -16,6 +16,11 @@
 //! `COPYRATOR_MEMBER_AUDIT_LOGS`). The operator works in each member as a
 //! ServiceAccount of its own there, so that the member's audit log names
 //! its requests.
+//!
+//! With `COPYRATOR_MEMBER_CREDENTIALS=plugin` (hack/test runs them so too),
+//! member a is a ClusterProfile reached with tokens from a credential
+//! plugin of the operator's provider file (`hack/token-plugin`, tokens of
+//! the same account), in place of a kubeconfig Secret.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -38,6 +43,14 @@ const SOURCES: [&str; 3] = ["a", "b", "c"];
 const RULE: &str = "r";
 /// The operator's account in each member.
 const ACCOUNT: &str = "copyrator";
+/// How member a's credentials reach the operator: `plugin` (a
+/// ClusterProfile and a credential plugin), else a kubeconfig Secret.
+const CREDENTIALS_ENV: &str = "COPYRATOR_MEMBER_CREDENTIALS";
+
+/// Whether member a is reached through a credential plugin.
+fn a_by_plugin() -> bool {
+    std::env::var(CREDENTIALS_ENV).is_ok_and(|how| how == "plugin")
+}
 
 /// How long a test waits for convergence before it reports what is wrong.
 const CONVERGE_WAIT: Duration = Duration::from_secs(60);
@@ -86,6 +99,8 @@ struct Fleet {
     sources: BTreeMap<String, Obj>,
     rule_uid: String,
     operator: Option<Operator>,
+    /// With member a reached through a plugin: the provider file.
+    provider_file: Option<std::path::PathBuf>,
     _turn: tokio::sync::MutexGuard<'static, ()>,
 }
 
@@ -150,17 +165,57 @@ impl Fleet {
             sources,
             rule_uid,
             operator: None,
+            provider_file: None,
             _turn: turn,
         };
+        if a_by_plugin() {
+            fleet.reach_a_by_plugin().await;
+        }
         let a_server = a_server.map(str::to_owned);
         fleet.register(&fleet.a.clone(), a_server.as_deref()).await;
         fleet.register(&fleet.b.clone(), None).await;
         fleet
     }
 
+    /// Member a reached through the test credential plugin: its tokens
+    /// are the operator's account's there, as the Secret's would be.
+    async fn reach_a_by_plugin(&mut self) {
+        use crate::member_plugins::{
+            install_profiles_crd, test_file, token_plugin, write_provider_file,
+        };
+        install_profiles_crd(&self.t).await;
+        let file = test_file(&self.t, "providers.json");
+        let account_ns = self.t.name("op");
+        let runs = test_file(&self.t, "runs");
+        let plugin = token_plugin(&self.a, (&account_ns, ACCOUNT), 3600, &runs);
+        write_provider_file(&file, &[plugin]);
+        self.provider_file = Some(file);
+    }
+
+    /// How member a is reached, for the messages.
+    fn how_a(&self) -> &'static str {
+        match self.provider_file {
+            Some(_) => "a ClusterProfile and a credential plugin",
+            None => "a kubeconfig Secret",
+        }
+    }
+
     /// The member's kubeconfig Secret at home, with a fresh token of the
-    /// operator's account there (through `server` where given).
+    /// operator's account there (through `server` where given); member a
+    /// reached through a plugin: its ClusterProfile.
     async fn register(&mut self, member: &Member, server: Option<&str>) {
+        if self.provider_file.is_some() && member.name == self.a.name {
+            let (real, ca) = crate::members::server_and_ca(member);
+            let labels = json!({"fleet": self.t.prefix.clone()});
+            crate::member_plugins::create_profile_with(
+                &self.t,
+                (&self.op, &member.name, labels),
+                crate::member_plugins::PROVIDER,
+                (server.unwrap_or(&real), &ca),
+            )
+            .await;
+            return;
+        }
         let account_ns = self.t.name("op");
         let token = member.token(&account_ns, ACCOUNT).await;
         let kubeconfig = match server {
@@ -174,11 +229,32 @@ impl Fleet {
     }
 
     fn start_operator(&mut self) {
-        self.operator = Some(Operator::start(
-            &self.t,
+        let file = self
+            .provider_file
+            .as_ref()
+            .map(|file| file.to_string_lossy().into_owned());
+        let mut args = vec!["--member-clusters", "--log-format", "json"];
+        if let Some(file) = &file {
+            args.extend(["--clusterprofile-provider-file", file]);
+        }
+        self.operator = Some(Operator::start(&self.t, &self.op, &args));
+    }
+
+    /// Member a leaves the inventory: its Secret, or its ClusterProfile.
+    async fn unregister_a(&self) {
+        if self.provider_file.is_none() {
+            self.a.unregister(&self.t.client, &self.op).await;
+            return;
+        }
+        let profiles: Api<kube::api::DynamicObject> = Api::namespaced_with(
+            self.t.client.clone(),
             &self.op,
-            &["--member-clusters", "--log-format", "json"],
-        ));
+            &crate::member_plugins::profiles_resource(),
+        );
+        profiles
+            .delete(&self.a.name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("deleting a's ClusterProfile: {}", err_msg(&e)));
     }
 
     fn operator(&self) -> &Operator {
@@ -394,11 +470,12 @@ async fn a_member_down_a_minute_holds_up_no_one_and_converges_within_seconds_of_
     requests.settle(&a.client, end).await;
     let window = f.requests_of(&a, back_wall, end);
     println!(
-        "{TEST}: a reported unreachable {} after its API server stopped; a source changed while \
-         it was down: home right {}, b right {} after the change; the operator tried {attempts} \
-         connections to a in {}; a right {} after its API server was started (which answered \
-         /readyz after {}); the operator's requests to a from then to the status saying \
-         Synced: {} ({:?})",
+        "{TEST} (a by {}): a reported unreachable {} after its API server stopped; a source \
+         changed while it was down: home right {}, b right {} after the change; the operator \
+         tried {attempts} connections to a in {}; a right {} after its API server was started \
+         (which answered /readyz after {}); the operator's requests to a from then to the \
+         status saying Synced: {} ({:?})",
+        f.how_a(),
         secs(reported),
         home.as_ref().map_or_else(|e| e.clone(), |d| secs(*d)),
         other.as_ref().map_or_else(|e| e.clone(), |d| secs(*d)),
@@ -455,8 +532,13 @@ async fn a_members_credentials_revoked_are_reported_with_bounded_requests_then_r
         .await
         .unwrap_or_else(|e| panic!("{TEST}: deleting the operator's account: {}", err_msg(&e)));
     let revoked = Instant::now();
-    f.wait_member_reason(&a.name, false, "CredentialsRefused")
-        .await;
+    // Through a plugin, the token refused brings a new run, which cannot
+    // get one for an account that is gone: nothing is sent to a then.
+    let refused_reason = match f.provider_file {
+        Some(_) => "CredentialPluginFailed",
+        None => "CredentialsRefused",
+    };
+    f.wait_member_reason(&a.name, false, refused_reason).await;
     let reported = revoked.elapsed();
     let from = Utc::now();
     f.change_source("b", "2").await;
@@ -472,17 +554,21 @@ async fn a_members_credentials_revoked_are_reported_with_bounded_requests_then_r
     let sent = requests.count(&refused);
     let loud = loud_lines(&f.operator().json_log(), from, to);
 
-    // The rotation: a new account of the same name, a new token.
+    // The rotation: a new account of the same name, a new token (through
+    // a plugin, its next run gets one of the new account).
     f.a.operator_account(&account_ns, ACCOUNT, &f.binding).await;
     let rotated = Instant::now();
-    f.register(&a, None).await;
+    if f.provider_file.is_none() {
+        f.register(&a, None).await;
+    }
     let converged = f.converge(&f.member(&a), rotated).await;
     f.wait_member_reason(&a.name, true, "Synced").await;
     println!(
-        "{TEST}: a reported CredentialsRefused {} after its account was deleted; home right {}, \
+        "{TEST} (a by {}): a reported {refused_reason} {} after its account was deleted; home right {}, \
          b right {} after a change; in the {} after the report a got {sent} refused requests \
          ({:?}) and the operator logged {} INFO+ lines ({loud:?}); a right {} after the new \
          token was written",
+        f.how_a(),
         secs(reported),
         home.as_ref().map_or_else(|e| e.clone(), |d| secs(*d)),
         other.as_ref().map_or_else(|e| e.clone(), |d| secs(*d)),
@@ -532,7 +618,7 @@ async fn a_member_removed_from_the_inventory_has_its_copies_pruned_and_is_let_go
 
     let from = Utc::now();
     let removed = Instant::now();
-    a.unregister(&f.t.client, &f.op).await;
+    f.unregister_a().await;
     let lp = ListParams::default().labels(&format!("{LABEL_RULE_UID}={}", f.rule_uid));
     let pruned = wait_until(
         format!("{TEST}: every copy gone from a"),
@@ -583,9 +669,10 @@ async fn a_member_removed_from_the_inventory_has_its_copies_pruned_and_is_let_go
     let sent = requests.count(&window);
     let after = requests.count(&f.requests_of(&a, quiet_from, end));
     println!(
-        "{TEST}: a's copies gone {} after its Secret was deleted; the operator's requests to a \
-         meanwhile: {sent} ({:?}), of which {deletes} deletes; in the {} after it was let go: \
-         {after}",
+        "{TEST} (a by {}): a's copies gone {} after it left the inventory; the operator's \
+         requests to a meanwhile: {sent} ({:?}), of which {deletes} deletes; in the {} after it \
+         was let go: {after}",
+        f.how_a(),
         secs(pruned),
         requests.by_verb_resource(&window),
         secs((end - quiet_from).to_std().unwrap_or_default()),

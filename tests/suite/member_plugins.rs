@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 const CM: Kind = Kind::ConfigMap;
 /// The provider the test plugin is named by, in the file and the profiles.
-const PROVIDER: &str = "test-tokens";
+pub(crate) const PROVIDER: &str = "test-tokens";
 /// How long a refused token may take to bring a new run: the API server
 /// accepts a token it cached for up to 10 s after its account goes, and
 /// the member's probe asks every 5 s.
@@ -24,14 +24,14 @@ const CONVERGE_AFTER_REFUSAL: std::time::Duration = std::time::Duration::from_se
 /// not allow.
 const PROFILE_ARG: &str = "--from-the-profile";
 
-fn profiles_resource() -> kube::core::ApiResource {
+pub(crate) fn profiles_resource() -> kube::core::ApiResource {
     kube::core::ApiResource::from_gvk_with_plural(
         &kube::core::GroupVersionKind::gvk("multicluster.x-k8s.io", "v1alpha1", "ClusterProfile"),
         "clusterprofiles",
     )
 }
 
-async fn install_profiles_crd(t: &TestNs) {
+pub(crate) async fn install_profiles_crd(t: &TestNs) {
     let crd: Value = serde_yaml::from_str(include_str!(
         "../../crd/clusterprofile.multicluster.x-k8s.io.yaml"
     ))
@@ -42,10 +42,15 @@ async fn install_profiles_crd(t: &TestNs) {
 /// A ClusterProfile `name` in `op`, labelled `tier=plugins`, whose access
 /// provider `provider` is at `server` with `ca`; it also names the cluster
 /// for the plugin and adds [`PROFILE_ARG`] to its arguments.
-async fn create_profile(
+async fn create_profile(t: &TestNs, op: &str, name: &str, provider: &str, endpoint: (&str, &str)) {
+    let labels = json!({"tier": "plugins"});
+    create_profile_with(t, (op, name, labels), provider, endpoint).await;
+}
+
+/// [`create_profile`] with `labels`.
+pub(crate) async fn create_profile_with(
     t: &TestNs,
-    op: &str,
-    name: &str,
+    (op, name, labels): (&str, &str, Value),
     provider: &str,
     (server, ca): (&str, &str),
 ) {
@@ -54,7 +59,7 @@ async fn create_profile(
     let profile: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "multicluster.x-k8s.io/v1alpha1",
         "kind": "ClusterProfile",
-        "metadata": {"name": name, "labels": {"tier": "plugins"}},
+        "metadata": {"name": name, "labels": labels},
         "spec": {"displayName": name, "clusterManager": {"name": "tests"}},
     }))
     .expect("a ClusterProfile");
@@ -84,7 +89,7 @@ async fn create_profile(
 }
 
 /// A file of the test's own (removed with the target directory).
-fn test_file(t: &TestNs, name: &str) -> PathBuf {
+pub(crate) fn test_file(t: &TestNs, name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-{name}", t.prefix))
 }
 
@@ -110,7 +115,7 @@ fn provider(name: &str, command: &str, args: &[&str]) -> Value {
 
 /// The provider file for `providers` as the chart renders it
 /// (`memberClusters.credentialPlugins.providers`), written to `path`.
-fn write_provider_file(path: &Path, providers: &[Value]) {
+pub(crate) fn write_provider_file(path: &Path, providers: &[Value]) {
     let providers = serde_json::to_string(providers).expect("the providers as JSON");
     let docs = crate::common::helm::render(&[
         "--set",
@@ -126,9 +131,14 @@ fn write_provider_file(path: &Path, providers: &[Value]) {
 }
 
 /// hack/token-plugin as the provider [`PROVIDER`]: tokens of the account
-/// `account_ns/copier` of `member`, said to expire in `expires_in`
+/// `account_ns/account` of `member`, said to expire in `expires_in`
 /// seconds, each run noted in `runs_file`.
-fn token_plugin(member: &Member, account_ns: &str, expires_in: u32, runs_file: &Path) -> Value {
+pub(crate) fn token_plugin(
+    member: &Member,
+    (account_ns, account): (&str, &str),
+    expires_in: u32,
+    runs_file: &Path,
+) -> Value {
     let kubeconfig = member.kubeconfig_path.to_string_lossy();
     let (expires_in, runs_file) = (expires_in.to_string(), runs_file.to_string_lossy());
     provider(
@@ -140,7 +150,7 @@ fn token_plugin(member: &Member, account_ns: &str, expires_in: u32, runs_file: &
             "--namespace",
             account_ns,
             "--account",
-            "copier",
+            account,
             "--expires-in",
             &expires_in,
             "--runs",
@@ -217,7 +227,10 @@ async fn a_member_reached_through_a_plugin_gets_its_copies() {
     plugin_account(&t, &b, &account_ns, "copier").await;
     let runs_file = test_file(&t, "runs");
     let file = test_file(&t, "providers.json");
-    write_provider_file(&file, &[token_plugin(&b, &account_ns, 3600, &runs_file)]);
+    write_provider_file(
+        &file,
+        &[token_plugin(&b, (&account_ns, "copier"), 3600, &runs_file)],
+    );
     let profile = format!("{}-b", t.prefix);
     let (server, ca) = server_and_ca(&b);
     create_profile(&t, &op, &profile, PROVIDER, (&server, &ca)).await;
@@ -462,7 +475,10 @@ async fn credentials_that_expire_every_minute_are_renewed_before_they_do() {
     plugin_account(&t, &a, &account_ns, "copier").await;
     let runs_file = test_file(&t, "runs");
     let file = test_file(&t, "providers.json");
-    write_provider_file(&file, &[token_plugin(&a, &account_ns, 60, &runs_file)]);
+    write_provider_file(
+        &file,
+        &[token_plugin(&a, (&account_ns, "copier"), 60, &runs_file)],
+    );
     let profile = format!("{}-a", t.prefix);
     let (server, ca) = server_and_ca(&a);
     create_profile(&t, &op, &profile, PROVIDER, (&server, &ca)).await;
