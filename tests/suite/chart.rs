@@ -305,6 +305,43 @@ fn rendered_credential_plugins_follow_their_values() {
     assert_eq!(deployment_env(&docs, "ALLOW_KUBECONFIG_PLUGINS"), "true");
 }
 
+/// The chart values that docs/clusters.md shows for credential plugins
+/// render: the schema takes them, and the provider file holds each
+/// provider with an absolute command.
+#[test]
+fn the_documented_credential_plugin_values_render() {
+    let page = include_str!("../../docs/clusters.md");
+    let blocks: Vec<&str> = page
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+        .filter(|block| block.starts_with("memberClusters:") && block.contains("credentialPlugins"))
+        .collect();
+    assert_eq!(blocks.len(), 2, "the EKS and the federated-token examples");
+    for (i, block) in blocks.iter().enumerate() {
+        let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("documented-plugins-{i}.yaml"));
+        std::fs::write(&path, block).expect("the values file");
+        let docs = render(&["-f", &path.to_string_lossy()]);
+        let file = find_named(&docs, "ConfigMap", "copyrator-providers")["data"]["providers.json"]
+            .as_str()
+            .map(|text| serde_json::from_str::<Value>(text).expect("JSON"))
+            .expect("the provider file");
+        let providers = file["providers"].as_array().cloned().unwrap_or_default();
+        assert!(!providers.is_empty(), "{block}");
+        for provider in providers {
+            let command = provider["execConfig"]["command"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(command.starts_with('/'), "{provider}");
+        }
+        assert_eq!(
+            deployment_env(&docs, "CLUSTERPROFILE_PROVIDER_FILE"),
+            "/etc/copyrator/providers/providers.json"
+        );
+    }
+}
+
 fn all_grants(docs: &[Value]) -> BTreeSet<Grant> {
     docs.iter()
         .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
