@@ -136,6 +136,11 @@ impl PluginCredentials {
     /// when the caller gives up waiting (a request's deadline), so that
     /// its result, a failure too, is kept for the next.
     pub(crate) async fn token(self: &Arc<Self>) -> Result<SecretString, PluginFailure> {
+        // Every request asks: a fresh token is handed out here, and only a
+        // run is spawned.
+        if let Some(token) = fresh(&*self.state.lock().await) {
+            return Ok(token);
+        }
         let this = self.clone();
         tokio::spawn(async move { this.token_now().await })
             .await
@@ -148,10 +153,8 @@ impl PluginCredentials {
 
     async fn token_now(&self) -> Result<SecretString, PluginFailure> {
         let mut state = self.state.lock().await;
-        if let Some(held) = &state.held
-            && held.renew_at.is_none_or(|at| Instant::now() < at)
-        {
-            return Ok(held.token.clone());
+        if let Some(token) = fresh(&state) {
+            return Ok(token);
         }
         if let Some((last, at)) = &state.failed {
             let wait = backoff(state.failures);
@@ -197,6 +200,15 @@ impl PluginCredentials {
             state.held = None;
         }
     }
+}
+
+/// The token held, while it need not be renewed.
+fn fresh(state: &State) -> Option<SecretString> {
+    state
+        .held
+        .as_ref()
+        .filter(|held| held.renew_at.is_none_or(|at| Instant::now() < at))
+        .map(|held| held.token.clone())
 }
 
 fn backoff(failures: u32) -> Duration {
