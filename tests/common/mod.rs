@@ -1796,6 +1796,15 @@ pub const OPERATOR_ENV: &[&str] = &[
     "KUBE_RS_DEBUG_OVERRIDE_URL",
 ];
 
+/// The environment the image sets (the Dockerfile's `ENV KEY=value`
+/// lines), which every operator of the tests runs with.
+pub fn image_env() -> Vec<(&'static str, &'static str)> {
+    include_str!("../../Dockerfile")
+        .lines()
+        .filter_map(|line| line.strip_prefix("ENV ")?.split_once('='))
+        .collect()
+}
+
 impl Operator {
     /// `copyrator run --namespace <namespace> --listen-address 127.0.0.1:<free> <extra...>`.
     pub fn start(t: &TestNs, namespace: &str, extra: &[&str]) -> Operator {
@@ -1831,6 +1840,10 @@ impl Operator {
             .stderr(Stdio::from(log));
         for var in OPERATOR_ENV {
             cmd.env_remove(var);
+        }
+        // As the image runs it (its ENV lines: glibc's arenas capped).
+        for (key, value) in image_env() {
+            cmd.env(key, value);
         }
         for (key, value) in env {
             cmd.env(key, value);
