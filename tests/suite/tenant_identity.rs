@@ -115,7 +115,10 @@ async fn a_tenant_rule_writes_as_its_service_account_and_no_further_than_its_rig
     for ns in [&t1, &t2] {
         t.wait_copy(CM, ns, &src, &home, &rule).await;
     }
-    let status = t.get_rule(&home, &rule).await;
+    // The copies land before the pass's status does: wait for the status.
+    let status = t
+        .wait_rule_observed(&home, &rule, "a status for the first pass")
+        .await;
     assert_eq!(
         status.pointer("/status/identity"),
         Some(&json!(user_of(&home))),
