@@ -394,6 +394,26 @@ pub(crate) struct Transform {
     /// under its own name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) keys: Option<KeyTransform>,
+    /// The copies' name, from their source's: `prefix` and/or `suffix`, or
+    /// a `template` holding `{name}` once. Default: the source's own name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::api::schema::copy_name_schema")]
+    pub(crate) name: Option<CopyName>,
+}
+
+/// How a copy is named from its source's name (`transform.name`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct CopyName {
+    /// Put before the source's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) prefix: Option<String>,
+    /// Put after the source's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) suffix: Option<String>,
+    /// The copy's name, with `{name}` standing for the source's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) template: Option<String>,
 }
 
 /// Which data keys copies carry, and under which names. A copy whose

@@ -106,6 +106,71 @@ pub(crate) fn add_labels_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// What may come before a source's name so that the copy's name is a DNS
+/// subdomain whatever the source's (it is one itself): whole labels each
+/// followed by a dot, then the start of a label.
+const NAME_PREFIX_RE: &str = "([a-z0-9]([-a-z0-9]*[a-z0-9])?[.])*([a-z0-9][-a-z0-9]*)?";
+/// What may come after it: the end of a label, then whole labels each
+/// after a dot.
+const NAME_SUFFIX_RE: &str = "([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*";
+/// The longest name of a ConfigMap or a Secret, a DNS subdomain; the
+/// source's name takes at least one character of it.
+pub(crate) const MAX_OBJECT_NAME: usize = 253;
+const MAX_NAME_AFFIXES: usize = MAX_OBJECT_NAME - 1;
+
+/// Schema of `transform.name`: whatever the source's name, the copy's is
+/// a DNS subdomain but for its length (a source whose copy's name would be
+/// longer than 253 characters is refused in the rule's status).
+pub(crate) fn copy_name_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "The copies' name, from their source's: a prefix and/or a suffix, or a template holding {name} once (\"platform-{name}\"). Default: the source's own name. A source whose copy's name would be longer than 253 characters is not copied (the status says so); two sources of one name in two source namespaces would land on one copy's name: neither is copied there.",
+        "type": "object",
+        "properties": {
+            "prefix": {
+                "description": "Put before the source's name: lowercase letters, digits, '-' and '.', starting with a letter or digit (\"platform-\").",
+                "type": "string",
+                "maxLength": MAX_NAME_AFFIXES,
+                "x-kubernetes-validations": [{
+                    "rule": format!("self.matches('^{NAME_PREFIX_RE}$')"),
+                    "message": "a prefix holds lowercase letters, digits, '-' and '.', starts with a letter or digit, and has a letter or digit on each side of a dot"
+                }]
+            },
+            "suffix": {
+                "description": "Put after the source's name: lowercase letters, digits, '-' and '.', ending with a letter or digit (\"-copy\").",
+                "type": "string",
+                "maxLength": MAX_NAME_AFFIXES,
+                "x-kubernetes-validations": [{
+                    "rule": format!("self.matches('^{NAME_SUFFIX_RE}$')"),
+                    "message": "a suffix holds lowercase letters, digits, '-' and '.', ends with a letter or digit, and has a letter or digit on each side of a dot"
+                }]
+            },
+            "template": {
+                "description": "The copy's name, {name} standing for the source's (\"team.{name}.v1\").",
+                "type": "string",
+                "maxLength": MAX_NAME_AFFIXES + "{name}".len(),
+                "x-kubernetes-validations": [{
+                    "rule": format!("self.matches('^{NAME_PREFIX_RE}[{{]name[}}]{NAME_SUFFIX_RE}$')"),
+                    "message": "a template holds {name} once, and around it what a prefix and a suffix may hold"
+                }]
+            }
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": "has(self.prefix) || has(self.suffix) || has(self.template)",
+                "message": "give a prefix and/or a suffix, or a template"
+            },
+            {
+                "rule": "!has(self.template) || !(has(self.prefix) || has(self.suffix))",
+                "message": "give a prefix and/or a suffix, or a template, not both"
+            },
+            {
+                "rule": format!("(has(self.prefix) ? size(self.prefix) : 0) + (has(self.suffix) ? size(self.suffix) : 0) <= {MAX_NAME_AFFIXES}"),
+                "message": format!("a prefix and a suffix together hold at most {MAX_NAME_AFFIXES} characters: a name holds at most {MAX_OBJECT_NAME}")
+            }
+        ]
+    })
+}
+
 /// Schema of `transform.addAnnotations`. The total is the API server's own
 /// limit for all annotations of an object, counted in bytes as it counts
 /// them. The `maxLength` of a value (no value can exceed the total alone)

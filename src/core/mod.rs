@@ -11,6 +11,7 @@ pub(crate) mod identity;
 pub(crate) mod import;
 pub(crate) mod jitter;
 pub(crate) mod kind_refusals;
+pub(crate) mod naming;
 #[cfg(test)]
 mod partial_passes;
 pub(crate) mod pass_log;

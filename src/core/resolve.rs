@@ -16,6 +16,7 @@ use crate::api::schema::{
 };
 use crate::api::selector::{Glob, KeyGlob, LabelSelector, is_dns_label, validate_data_key};
 use crate::core::identity::{Identity, TenantIdentity};
+use crate::core::naming::Naming;
 
 /// Which rules this operator honours, and where they may copy from.
 #[derive(Clone, Debug)]
@@ -342,6 +343,8 @@ pub(crate) struct ResolvedTransform {
     pub(crate) strip_labels: Vec<KeyGlob>,
     pub(crate) strip_annotations: Vec<KeyGlob>,
     pub(crate) keys: ResolvedKeys,
+    /// How copies are named from their sources' names.
+    pub(crate) naming: Naming,
 }
 
 impl ResolvedTransform {
@@ -381,6 +384,8 @@ impl ResolvedTransform {
             strip_labels: key_globs("stripLabels", transform.strip_labels)?,
             strip_annotations: key_globs("stripAnnotations", transform.strip_annotations)?,
             keys: ResolvedKeys::resolve(transform.keys.unwrap_or_default())?,
+            naming: Naming::new(transform.name.as_ref())
+                .map_err(|e| InvalidRule::invalid(e.to_string()))?,
         })
     }
 }

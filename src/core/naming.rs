@@ -1,0 +1,237 @@
+//! A copy's name from its source's (`transform.name`): the source's name
+//! with a `prefix` and/or `suffix`, or a `template` in which `{name}`
+//! stands for it. A naming gives every source name a name of its own (a
+//! prefix, a suffix or a template never names two source names alike), so
+//! a copy's name tells its source's: two sources meet on one copy's name
+//! only when they share a name in two source namespaces.
+
+use crate::api::rule::CopyName;
+use crate::api::schema::MAX_OBJECT_NAME;
+
+const PLACEHOLDER: &str = "{name}";
+
+/// How a rule names its copies.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Naming {
+    /// The source's own name (no `transform.name`).
+    #[default]
+    Same,
+    /// `prefix`, the source's name, `suffix` (a template is one too).
+    Affixed { prefix: String, suffix: String },
+}
+
+/// Why a naming, or a name it gives, cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NamingError {
+    #[error("transform.name: give a prefix and/or a suffix, or a template")]
+    Nothing,
+    #[error("transform.name: give a prefix and/or a suffix, or a template, not both")]
+    Both,
+    #[error("transform.name.template {0:?} does not hold {{name}} exactly once")]
+    NoPlaceholder(String),
+    #[error(
+        "transform.name: {what} {value:?} would not make a valid name: {why} (lowercase letters, \
+         digits, '-' and '.', a letter or digit at the start, at the end and on each side of a dot)"
+    )]
+    Invalid {
+        what: &'static str,
+        value: String,
+        why: &'static str,
+    },
+    #[error(
+        "its copy's name would be {length} characters long; a name holds at most {MAX_OBJECT_NAME}"
+    )]
+    TooLong { length: usize },
+}
+
+impl Naming {
+    /// The naming `transform.name` says (none: the source's own name).
+    pub(crate) fn new(name: Option<&CopyName>) -> Result<Self, NamingError> {
+        let Some(name) = name else {
+            return Ok(Naming::Same);
+        };
+        let (prefix, suffix) = match (&name.template, &name.prefix, &name.suffix) {
+            (None, None, None) => return Err(NamingError::Nothing),
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => return Err(NamingError::Both),
+            (Some(template), None, None) => {
+                let Some((prefix, suffix)) = template.split_once(PLACEHOLDER) else {
+                    return Err(NamingError::NoPlaceholder(template.clone()));
+                };
+                if suffix.contains(PLACEHOLDER) {
+                    return Err(NamingError::NoPlaceholder(template.clone()));
+                }
+                check("template", template, &template.replace(PLACEHOLDER, "x"))?;
+                (prefix.to_owned(), suffix.to_owned())
+            }
+            (None, prefix, suffix) => {
+                let (prefix, suffix) = (prefix.clone(), suffix.clone());
+                let (prefix, suffix) = (prefix.unwrap_or_default(), suffix.unwrap_or_default());
+                check("prefix", &prefix, &format!("{prefix}x"))?;
+                check("suffix", &suffix, &format!("x{suffix}"))?;
+                (prefix, suffix)
+            }
+        };
+        if prefix.is_empty() && suffix.is_empty() {
+            return Ok(Naming::Same);
+        }
+        Ok(Naming::Affixed { prefix, suffix })
+    }
+
+    /// Whether copies keep their source's name.
+    pub(crate) fn is_same(&self) -> bool {
+        *self == Naming::Same
+    }
+
+    /// The copy's name for a source named `source` (a valid name itself),
+    /// or why it cannot be one.
+    pub(crate) fn copy_name(&self, source: &str) -> Result<String, NamingError> {
+        let name = self.name_unchecked(source);
+        if name.len() > MAX_OBJECT_NAME {
+            return Err(NamingError::TooLong { length: name.len() });
+        }
+        Ok(name)
+    }
+
+    /// The copy's name for a source named `source`, unchecked (for a source
+    /// [`Naming::copy_name`] allowed).
+    pub(crate) fn name_unchecked(&self, source: &str) -> String {
+        match self {
+            Naming::Same => source.to_owned(),
+            Naming::Affixed { prefix, suffix } => format!("{prefix}{source}{suffix}"),
+        }
+    }
+
+    /// The source's name of a copy named `copy`, if this naming gives it.
+    pub(crate) fn source_name<'a>(&self, copy: &'a str) -> Option<&'a str> {
+        match self {
+            Naming::Same => Some(copy),
+            Naming::Affixed { prefix, suffix } => copy
+                .strip_prefix(prefix.as_str())?
+                .strip_suffix(suffix.as_str())
+                .filter(|source| !source.is_empty()),
+        }
+    }
+}
+
+/// A prefix, suffix or template is valid when it names a one-letter
+/// source validly: then every valid source name gives a valid name (but
+/// for its length), since it starts and ends with a letter or digit.
+fn check(what: &'static str, value: &str, applied: &str) -> Result<(), NamingError> {
+    dns_subdomain(applied).map_err(|why| NamingError::Invalid {
+        what,
+        value: value.to_owned(),
+        why,
+    })
+}
+
+/// A DNS subdomain (its length apart): lowercase letters, digits, '-' and
+/// '.', each dot-separated part starting and ending with a letter or digit.
+fn dns_subdomain(name: &str) -> Result<(), &'static str> {
+    for part in name.split('.') {
+        let alphanumeric = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+        let (Some(first), Some(last)) = (part.chars().next(), part.chars().last()) else {
+            return Err("it has an empty part between dots");
+        };
+        if !part.chars().all(|c| alphanumeric(c) || c == '-') {
+            return Err("it holds a character other than a-z, 0-9, '-' and '.'");
+        }
+        if !alphanumeric(first) || !alphanumeric(last) {
+            return Err("a part starts or ends with another character than a letter or digit");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naming(prefix: Option<&str>, suffix: Option<&str>, template: Option<&str>) -> Naming {
+        try_naming(prefix, suffix, template).expect("a valid naming")
+    }
+
+    fn try_naming(
+        prefix: Option<&str>,
+        suffix: Option<&str>,
+        template: Option<&str>,
+    ) -> Result<Naming, NamingError> {
+        Naming::new(Some(&CopyName {
+            prefix: prefix.map(str::to_owned),
+            suffix: suffix.map(str::to_owned),
+            template: template.map(str::to_owned),
+        }))
+    }
+
+    #[test]
+    fn a_copy_is_named_by_its_prefix_suffix_or_template_and_tells_its_source() {
+        assert_eq!(Naming::new(None), Ok(Naming::Same));
+        assert_eq!(Naming::Same.copy_name("ca"), Ok("ca".into()));
+        let prefixed = naming(Some("platform-"), None, None);
+        assert_eq!(
+            prefixed.copy_name("registry-pull"),
+            Ok("platform-registry-pull".into())
+        );
+        assert_eq!(
+            prefixed.source_name("platform-registry-pull"),
+            Some("registry-pull")
+        );
+        assert_eq!(prefixed.source_name("registry-pull"), None);
+        assert_eq!(prefixed.source_name("platform-"), None);
+        let both = naming(Some("p-"), Some("-copy"), None);
+        assert_eq!(both.copy_name("ca"), Ok("p-ca-copy".into()));
+        assert_eq!(both.source_name("p-ca-copy"), Some("ca"));
+        let template = naming(None, None, Some("team.{name}.v1"));
+        assert_eq!(template.copy_name("ca"), Ok("team.ca.v1".into()));
+        assert_eq!(template.source_name("team.ca.v1"), Some("ca"));
+        // A template that is the source's name alone is no renaming.
+        assert_eq!(naming(None, None, Some("{name}")), Naming::Same);
+    }
+
+    #[test]
+    fn a_naming_that_cannot_give_a_valid_name_is_refused() {
+        assert_eq!(try_naming(None, None, None), Err(NamingError::Nothing));
+        assert_eq!(
+            try_naming(Some("p-"), None, Some("{name}")),
+            Err(NamingError::Both)
+        );
+        for template in ["copy", "{name}-{name}"] {
+            assert!(matches!(
+                try_naming(None, None, Some(template)),
+                Err(NamingError::NoPlaceholder(_))
+            ));
+        }
+        for prefix in ["Platform-", "p_", "p/", "-p", ".p", "p..", "p.-"] {
+            assert!(
+                matches!(
+                    try_naming(Some(prefix), None, None),
+                    Err(NamingError::Invalid { what: "prefix", .. })
+                ),
+                "{prefix}"
+            );
+        }
+        for suffix in ["-", ".", "-x.", "x_"] {
+            assert!(
+                matches!(
+                    try_naming(None, Some(suffix), None),
+                    Err(NamingError::Invalid { what: "suffix", .. })
+                ),
+                "{suffix}"
+            );
+        }
+        assert!(try_naming(None, None, Some("-{name}")).is_err());
+        // What the schema allows, the operator does.
+        for prefix in ["p-", "a.b.", "a.b-", "0"] {
+            assert!(try_naming(Some(prefix), None, None).is_ok(), "{prefix}");
+        }
+    }
+
+    #[test]
+    fn a_name_longer_than_a_name_may_be_is_refused_for_its_source_alone() {
+        let long = naming(None, Some(&"x".repeat(252)), None);
+        assert_eq!(
+            long.copy_name("ca"),
+            Err(NamingError::TooLong { length: 254 })
+        );
+        assert_eq!(long.copy_name("a").map(|n| n.len()), Ok(253));
+    }
+}
