@@ -123,7 +123,7 @@ const MAX_NAME_AFFIXES: usize = MAX_OBJECT_NAME - 1;
 /// longer than 253 characters is refused in the rule's status).
 pub(crate) fn copy_name_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
-        "description": "The copies' name, from their source's: a prefix and/or a suffix, or a template holding {name} once (\"platform-{name}\"). Default: the source's own name. A source whose copy's name would be longer than 253 characters is not copied (the status says so); two sources of one name in two source namespaces would land on one copy's name: neither is copied there.",
+        "description": "The copies' name, from their source's: a prefix and/or a suffix, or a template in which {name} stands for the source's name (\"platform-{name}\"; without {name}, one name for every copy, for a rule of one source). Default: the source's own name. A source whose copy's name would be longer than 253 characters is not copied (the status says so); where two sources would land on one name, neither is copied there.",
         "type": "object",
         "properties": {
             "prefix": {
@@ -145,12 +145,12 @@ pub(crate) fn copy_name_schema(_: &mut SchemaGenerator) -> Schema {
                 }]
             },
             "template": {
-                "description": "The copy's name, {name} standing for the source's (\"team.{name}.v1\").",
+                "description": "The copy's name, {name} (at most once) standing for the source's (\"team.{name}.v1\").",
                 "type": "string",
                 "maxLength": MAX_NAME_AFFIXES + "{name}".len(),
                 "x-kubernetes-validations": [{
-                    "rule": format!("self.matches('^{NAME_PREFIX_RE}[{{]name[}}]{NAME_SUFFIX_RE}$')"),
-                    "message": "a template holds {name} once, and around it what a prefix and a suffix may hold"
+                    "rule": format!("self.contains('{{name}}') ? self.matches('^{NAME_PREFIX_RE}[{{]name[}}]{NAME_SUFFIX_RE}$') : (size(self) <= {MAX_OBJECT_NAME} && self.matches('^{NAME_PREFIX_RE}[a-z0-9]{NAME_SUFFIX_RE}$'))"),
+                    "message": "a template holds {name} at most once, and around it what a prefix and a suffix may hold; without {name} it is a name: lowercase letters, digits, '-' and '.', a letter or digit at the start, at the end and on each side of a dot"
                 }]
             }
         },

@@ -1,9 +1,10 @@
 //! A copy's name from its source's (`transform.name`): the source's name
 //! with a `prefix` and/or `suffix`, or a `template` in which `{name}`
-//! stands for it. A naming gives every source name a name of its own (a
-//! prefix, a suffix or a template never names two source names alike), so
-//! a copy's name tells its source's: two sources meet on one copy's name
-//! only when they share a name in two source namespaces.
+//! stands for it, or a template without it: one name for every copy (for
+//! a rule of one source, as a copy made by hand under a name of its own).
+//! A prefix, a suffix or a template with `{name}` never names two source
+//! names alike; two sources still meet on one copy's name where they share
+//! a name in two source namespaces, or under a fixed name.
 
 use crate::api::rule::CopyName;
 use crate::api::schema::MAX_OBJECT_NAME;
@@ -16,8 +17,11 @@ pub(crate) enum Naming {
     /// The source's own name (no `transform.name`).
     #[default]
     Same,
-    /// `prefix`, the source's name, `suffix` (a template is one too).
+    /// `prefix`, the source's name, `suffix` (a template with `{name}` is
+    /// one too).
     Affixed { prefix: String, suffix: String },
+    /// One name whatever the source's (a template without `{name}`).
+    Fixed(String),
 }
 
 /// Why a naming, or a name it gives, cannot be used.
@@ -27,8 +31,8 @@ pub(crate) enum NamingError {
     Nothing,
     #[error("transform.name: give a prefix and/or a suffix, or a template, not both")]
     Both,
-    #[error("transform.name.template {0:?} does not hold {{name}} exactly once")]
-    NoPlaceholder(String),
+    #[error("transform.name.template {0:?} holds {{name}} more than once")]
+    Placeholders(String),
     #[error(
         "transform.name: {what} {value:?} would not make a valid name: {why} (lowercase letters, \
          digits, '-' and '.', a letter or digit at the start, at the end and on each side of a dot)"
@@ -54,13 +58,18 @@ impl Naming {
             (None, None, None) => return Err(NamingError::Nothing),
             (Some(_), Some(_), _) | (Some(_), _, Some(_)) => return Err(NamingError::Both),
             (Some(template), None, None) => {
+                check("template", template, &template.replace(PLACEHOLDER, "x"))?;
                 let Some((prefix, suffix)) = template.split_once(PLACEHOLDER) else {
-                    return Err(NamingError::NoPlaceholder(template.clone()));
+                    if template.len() > MAX_OBJECT_NAME {
+                        return Err(NamingError::TooLong {
+                            length: template.len(),
+                        });
+                    }
+                    return Ok(Naming::Fixed(template.clone()));
                 };
                 if suffix.contains(PLACEHOLDER) {
-                    return Err(NamingError::NoPlaceholder(template.clone()));
+                    return Err(NamingError::Placeholders(template.clone()));
                 }
-                check("template", template, &template.replace(PLACEHOLDER, "x"))?;
                 (prefix.to_owned(), suffix.to_owned())
             }
             (None, prefix, suffix) => {
@@ -98,17 +107,7 @@ impl Naming {
         match self {
             Naming::Same => source.to_owned(),
             Naming::Affixed { prefix, suffix } => format!("{prefix}{source}{suffix}"),
-        }
-    }
-
-    /// The source's name of a copy named `copy`, if this naming gives it.
-    pub(crate) fn source_name<'a>(&self, copy: &'a str) -> Option<&'a str> {
-        match self {
-            Naming::Same => Some(copy),
-            Naming::Affixed { prefix, suffix } => copy
-                .strip_prefix(prefix.as_str())?
-                .strip_suffix(suffix.as_str())
-                .filter(|source| !source.is_empty()),
+            Naming::Fixed(name) => name.clone(),
         }
     }
 }
@@ -171,18 +170,13 @@ mod tests {
             prefixed.copy_name("registry-pull"),
             Ok("platform-registry-pull".into())
         );
-        assert_eq!(
-            prefixed.source_name("platform-registry-pull"),
-            Some("registry-pull")
-        );
-        assert_eq!(prefixed.source_name("registry-pull"), None);
-        assert_eq!(prefixed.source_name("platform-"), None);
         let both = naming(Some("p-"), Some("-copy"), None);
         assert_eq!(both.copy_name("ca"), Ok("p-ca-copy".into()));
-        assert_eq!(both.source_name("p-ca-copy"), Some("ca"));
         let template = naming(None, None, Some("team.{name}.v1"));
         assert_eq!(template.copy_name("ca"), Ok("team.ca.v1".into()));
-        assert_eq!(template.source_name("team.ca.v1"), Some("ca"));
+        let fixed = naming(None, None, Some("secret-replica"));
+        assert_eq!(fixed.copy_name("some-secret"), Ok("secret-replica".into()));
+        assert_eq!(fixed.copy_name("other"), Ok("secret-replica".into()));
         // A template that is the source's name alone is no renaming.
         assert_eq!(naming(None, None, Some("{name}")), Naming::Same);
     }
@@ -194,11 +188,21 @@ mod tests {
             try_naming(Some("p-"), None, Some("{name}")),
             Err(NamingError::Both)
         );
-        for template in ["copy", "{name}-{name}"] {
-            assert!(matches!(
-                try_naming(None, None, Some(template)),
-                Err(NamingError::NoPlaceholder(_))
-            ));
+        assert!(matches!(
+            try_naming(None, None, Some("{name}-{name}")),
+            Err(NamingError::Placeholders(_))
+        ));
+        for template in ["copy-", "-copy", "a..b", "Copy"] {
+            assert!(
+                matches!(
+                    try_naming(None, None, Some(template)),
+                    Err(NamingError::Invalid {
+                        what: "template",
+                        ..
+                    })
+                ),
+                "{template}"
+            );
         }
         for prefix in ["Platform-", "p_", "p/", "-p", ".p", "p..", "p.-"] {
             assert!(
