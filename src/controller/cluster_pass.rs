@@ -523,7 +523,9 @@ fn pass_scope(
     let mut scope = if fresh {
         Scope::everything()
     } else {
-        memory.tally.scope_for(basis, scope)
+        memory
+            .tally
+            .scope_for(basis, scope.named_by(&resolved.transform.naming))
     };
     if scope.retries() {
         for (namespace, name) in memory.tally.places() {

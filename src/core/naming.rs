@@ -6,6 +6,8 @@
 //! names alike; two sources still meet on one copy's name where they share
 //! a name in two source namespaces, or under a fixed name.
 
+use std::borrow::Cow;
+
 use crate::api::rule::CopyName;
 use crate::api::schema::MAX_OBJECT_NAME;
 
@@ -93,7 +95,7 @@ impl Naming {
 
     /// The copy's name for a source named `source` (a valid name itself),
     /// or why it cannot be one.
-    pub(crate) fn copy_name(&self, source: &str) -> Result<String, NamingError> {
+    pub(crate) fn copy_name<'a>(&self, source: &'a str) -> Result<Cow<'a, str>, NamingError> {
         let name = self.name_unchecked(source);
         if name.len() > MAX_OBJECT_NAME {
             return Err(NamingError::TooLong { length: name.len() });
@@ -103,11 +105,11 @@ impl Naming {
 
     /// The copy's name for a source named `source`, unchecked (for a source
     /// [`Naming::copy_name`] allowed).
-    pub(crate) fn name_unchecked(&self, source: &str) -> String {
+    pub(crate) fn name_unchecked<'a>(&self, source: &'a str) -> Cow<'a, str> {
         match self {
-            Naming::Same => source.to_owned(),
-            Naming::Affixed { prefix, suffix } => format!("{prefix}{source}{suffix}"),
-            Naming::Fixed(name) => name.clone(),
+            Naming::Same => Cow::Borrowed(source),
+            Naming::Affixed { prefix, suffix } => Cow::Owned(format!("{prefix}{source}{suffix}")),
+            Naming::Fixed(name) => Cow::Owned(name.clone()),
         }
     }
 }
@@ -237,5 +239,168 @@ mod tests {
             Err(NamingError::TooLong { length: 254 })
         );
         assert_eq!(long.copy_name("a").map(|n| n.len()), Ok(253));
+    }
+}
+
+/// How a rule that renames its copies is planned: every place is keyed by
+/// the copy's name.
+#[cfg(test)]
+mod plan_tests {
+    use serde_json::{Value, json};
+
+    use crate::core::plan::tests::{World, rule, verbs};
+    use crate::core::resolve::ResolvedRule;
+    use crate::core::scope::{Scope, Touch};
+
+    fn renamed(name: Value, namespaces: Value) -> ResolvedRule {
+        rule(json!({
+            "ruleType": "configmap",
+            "selector": {"copy": "yes"},
+            "namespace": namespaces,
+            "spec": {"transform": {"name": name}},
+        }))
+    }
+
+    /// The scope of one touch, as a pass of `r` looks at it.
+    fn scope_of(r: &ResolvedRule, touch: Touch) -> Scope {
+        let mut scope = Scope::default();
+        scope.add(touch);
+        scope.named_by(&r.transform.naming)
+    }
+
+    fn world() -> World {
+        World::new(&["shared", "other", "t1", "t2"])
+    }
+
+    #[test]
+    fn renamed_copies_land_beside_their_source_too_and_are_pruned_by_their_name() {
+        let r = renamed(json!({"prefix": "platform-"}), json!("shared"));
+        let mut w = world();
+        w.source("shared", "pull", &[("copy", "yes")], json!({"k": "v"}));
+        let plan = w.plan(&r);
+        let created: Vec<_> = verbs(&plan);
+        assert_eq!(
+            created,
+            [
+                ("other".into(), "platform-pull".into(), "create"),
+                ("shared".into(), "platform-pull".into(), "create"),
+                ("t1".into(), "platform-pull".into(), "create"),
+                ("t2".into(), "platform-pull".into(), "create"),
+            ]
+        );
+        assert_eq!(plan.places, 4);
+        w.apply(&plan);
+        let again = w.plan(&r);
+        assert!(again.actions.is_empty(), "{:?}", verbs(&again));
+        assert_eq!(again.in_place, 4);
+        // The source's change, told by its name, reaches the copies.
+        w.sources.clear();
+        w.source("shared", "pull", &[("copy", "yes")], json!({"k": "v2"}));
+        let scope = scope_of(&r, Touch::Source("pull".into()));
+        let updates = w.plan_within(&r, &scope);
+        assert_eq!(updates.actions.len(), 4, "{:?}", verbs(&updates));
+        assert!(updates.actions.iter().all(|a| a.verb() == "update"));
+        w.apply(&updates);
+        // The source gone: every copy is pruned, found by the source's name.
+        let sources = std::mem::take(&mut w.sources);
+        let pruned = w.plan_within(&r, &scope_of(&r, Touch::Source("pull".into())));
+        assert_eq!(pruned.actions.len(), 4, "{:?}", verbs(&pruned));
+        assert!(pruned.actions.iter().all(|a| a.verb() == "delete"));
+        w.sources = sources;
+        // A copy deleted is put back by a pass over its place.
+        let (t1_copy, scope) = {
+            let copy = w
+                .copies
+                .get("t1", "platform-pull")
+                .expect("the copy")
+                .clone();
+            let scope = scope_of(&r, Touch::Copy("t1".into(), "platform-pull".into()));
+            (copy, scope)
+        };
+        w.copies.remove(&t1_copy);
+        assert_eq!(
+            verbs(&w.plan_within(&r, &scope)),
+            [("t1".into(), "platform-pull".into(), "create")]
+        );
+    }
+
+    #[test]
+    fn sources_that_meet_on_a_name_are_copied_nowhere_and_both_named() {
+        // One name in two source namespaces, renamed: neither is copied.
+        let r = renamed(json!({"suffix": "-copy"}), json!(["shared", "other"]));
+        let mut w = world();
+        w.source("shared", "ca", &[("copy", "yes")], json!({"k": "a"}));
+        w.source("other", "ca", &[("copy", "yes")], json!({"k": "b"}));
+        w.source("shared", "pull", &[("copy", "yes")], json!({"k": "p"}));
+        let plan = w.plan(&r);
+        assert!(
+            plan.actions.iter().all(|a| a.target().1 == "pull-copy"),
+            "{:?}",
+            verbs(&plan)
+        );
+        let held: Vec<_> = plan
+            .shadowed
+            .iter()
+            .filter(|c| c.namespace == "t1")
+            .collect();
+        assert_eq!(held.len(), 1, "{:?}", plan.shadowed);
+        assert_eq!(held[0].name, "ca-copy");
+        assert_eq!(
+            held[0].reason,
+            "sources other/ca, shared/ca would all be copied as ca-copy (transform.name): none is copied here"
+        );
+        // Without renaming the first source namespace wins, as always.
+        let same = rule(json!({
+            "ruleType": "configmap",
+            "selector": {"copy": "yes"},
+            "namespace": ["src", "other"],
+        }));
+        assert!(verbs(&w.plan(&same)).contains(&("t1".into(), "ca".into(), "create")));
+        // A fixed name: one source is copied, two are not.
+        let fixed = renamed(json!({"template": "replica"}), json!("shared"));
+        let mut one = world();
+        one.source("shared", "some", &[("copy", "yes")], json!({"k": "v"}));
+        assert!(verbs(&one.plan(&fixed)).contains(&("t1".into(), "replica".into(), "create")));
+        one.source("shared", "another", &[("copy", "yes")], json!({"k": "w"}));
+        let two = one.plan(&fixed);
+        assert!(two.actions.is_empty(), "{:?}", verbs(&two));
+        assert!(two.shadowed.iter().any(|c| {
+            c.namespace == "t1"
+                && c.reason.starts_with(
+                    "sources shared/another, shared/some would all be copied as replica",
+                )
+        }));
+    }
+
+    #[test]
+    fn a_copy_never_takes_the_place_of_a_source_and_a_name_too_long_is_refused() {
+        // `x` copied as `a-x` where `a-x` is a source itself: not there.
+        let r = renamed(json!({"prefix": "a-"}), json!("shared"));
+        let mut w = world();
+        w.source("shared", "x", &[("copy", "yes")], json!({"k": "v"}));
+        w.source("shared", "a-x", &[("copy", "yes")], json!({"k": "w"}));
+        let plan = w.plan(&r);
+        let in_src: Vec<_> = verbs(&plan)
+            .into_iter()
+            .filter(|(ns, _, _)| ns == "shared")
+            .collect();
+        assert_eq!(in_src, [("shared".into(), "a-a-x".into(), "create")]);
+        // A name over 253 characters: that source alone is refused.
+        let long = renamed(
+            json!({"suffix": format!("-{}", "x".repeat(250))}),
+            json!("shared"),
+        );
+        let mut w = world();
+        w.source("shared", "ab", &[("copy", "yes")], json!({"k": "v"}));
+        w.source("shared", "abcd", &[("copy", "yes")], json!({"k": "v"}));
+        let plan = w.plan(&long);
+        assert_eq!(plan.actions.len(), 4, "{:?}", verbs(&plan));
+        assert_eq!(
+            plan.refused_sources,
+            [(
+                "shared/abcd".to_owned(),
+                "its copy's name would be 255 characters long; a name holds at most 253".to_owned()
+            )]
+        );
     }
 }

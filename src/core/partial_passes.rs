@@ -37,7 +37,7 @@ const OTHER_RULE_UID: &str = "rule-2";
 /// UID of the second modelled rule.
 const SECOND_RULE_UID: &str = "rule-3";
 /// How many specs [`spec`] knows.
-const SPECS: usize = 7;
+const SPECS: usize = 9;
 
 /// The rule's spec at one generation: its targets, by name globs or by
 /// namespace labels, and the policies that change what a target holds.
@@ -49,7 +49,10 @@ fn spec(variant: usize) -> Value {
         3 => json!({"targets": {"namespaceSelector": {"matchLabels": {"env": "dev"}}}}),
         4 => json!({"conflictPolicy": "Overwrite"}),
         5 => json!({"prune": false}),
-        _ => json!({"syncPolicy": "CreateOnly"}),
+        6 => json!({"syncPolicy": "CreateOnly"}),
+        // Copies under another name; under one name, which the sources meet on.
+        7 => json!({"transform": {"name": {"prefix": "p-"}}}),
+        _ => json!({"transform": {"name": {"template": "one"}}}),
     };
     json!({"ruleType": "configmap", "selector": {"copy": "yes"}, "spec": spec})
 }
@@ -1100,7 +1103,9 @@ impl ModelCluster {
         let r = &mut self.rules[index];
         r.conflicts
             .pass_begins(&r.rule.key.to_string(), r.rule.kind);
-        let mut scope = r.tally.scope_for(&basis, touched);
+        let mut scope = r
+            .tally
+            .scope_for(&basis, touched.named_by(&r.rule.transform.naming));
         if scope.retries() {
             let unsettled: Vec<ObjectKey> = r
                 .tally

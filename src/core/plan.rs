@@ -2,6 +2,7 @@
 //! get there: a pure function of the rule, its sources, the namespaces and
 //! the copies that exist.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -482,7 +483,7 @@ pub(crate) fn desired_copy_within(
     Some(Desired {
         meta_entries: crate::cache::intern::hashes(&meta_entries),
         kind: rule.kind,
-        name: source.name.to_string(),
+        name: transform.naming.name_unchecked(&source.name).into_owned(),
         content_hash: crate::cache::index::content_hash(&labels, &annotations, payload_hash),
         payload_hash,
         labels,
@@ -492,9 +493,9 @@ pub(crate) fn desired_copy_within(
     })
 }
 
-/// The copy each source name wants (its winner's: the first source
-/// namespace wins a name, as in the plan), for the names a pass over a
-/// scope may look at. Computed from the rule and its sources alone, before
+/// The copy each copy's name wants (its winner's: the first source
+/// namespace wins a name, as in the plan; none where sources collide on a
+/// name of `transform.name`), for the names a pass over a scope may look at. Computed from the rule and its sources alone, before
 /// the plan takes the views' locks: it is the part of a pass that grows
 /// with what the sources hold (their keys and data), and no other rule's
 /// pass, nor the health probe, waits for it.
@@ -507,7 +508,7 @@ pub(crate) struct DesiredCopies {
 }
 
 impl DesiredCopies {
-    /// The copy of the source named `name`, if it was computed.
+    /// The copy named `name`, if it was computed.
     pub(crate) fn get(&self, name: &str) -> Option<&Arc<Desired>> {
         self.by_name.get(name)
     }
@@ -530,12 +531,16 @@ pub(crate) fn desired_copies(
     let mut steps = GLOB_STEPS_PER_PASS;
     let mut out = DesiredCopies::default();
     for (name, same_name) in &sources.by_name {
-        if wanted.as_ref().is_some_and(|wanted| !wanted.contains(name)) {
+        if wanted
+            .as_ref()
+            .is_some_and(|wanted| !wanted.contains(name.as_ref()))
+            || sources.collide(same_name)
+        {
             continue;
         }
         match desired_copy_within(rule, same_name[0], &mut steps) {
             Some(desired) => {
-                out.by_name.insert((*name).to_owned(), Arc::new(desired));
+                out.by_name.insert(name.to_string(), Arc::new(desired));
             }
             None => {
                 out.too_costly = true;
@@ -546,7 +551,7 @@ pub(crate) fn desired_copies(
     out
 }
 
-/// The source names whose places a pass over `scope` may look at, as
+/// The copies' names whose places a pass over `scope` may look at, as
 /// [`Planner::names_in_scope`] picks them; `None` for every name (some
 /// namespace is in scope as a whole).
 fn names_scope_may_need(scope: &Scope) -> Option<HashSet<&str>> {
@@ -730,21 +735,32 @@ pub(crate) fn plan_with(inputs: &Inputs<'_>, desired: &DesiredCopies) -> Plan {
     planner.finish()
 }
 
-/// A plan's sources by name, those of one name in the order of the rule's
-/// source namespaces: the first namespace wins a name.
+/// A plan's sources by the name of their copies (`transform.name`, by
+/// default their own), those of one name in the order of the rule's
+/// source namespaces: the first namespace wins a name, unless the rule
+/// renames its copies; then sources that meet on a name get no copy.
 struct SourcesByName<'a> {
     rule: &'a ResolvedRule,
-    by_name: BTreeMap<&'a str, Vec<&'a Object>>,
+    by_name: BTreeMap<Cow<'a, str>, Vec<&'a Object>>,
     /// Names whose winning source is pulled from another namespace: they
     /// land in the rule's own namespace alone.
     pulled_names: u32,
+    /// Names that sources meet on under `transform.name`: they land nowhere.
+    colliding_names: u32,
+    /// Where the sources are, `(namespace, name)`, for a rule that renames
+    /// its copies: a copy's name may be a source's there (for a rule that
+    /// does not, a copy's place holds a source only where a source of its
+    /// name is, see [`SourcesByName::lands_in`]).
+    renamed_sources: HashSet<(&'a str, &'a str)>,
 }
 
 impl<'a> SourcesByName<'a> {
     /// The `candidates` that are sources of `rule`, counted in `out`, which
     /// also names those refused for their type alone.
     fn gather(rule: &'a ResolvedRule, candidates: &'a [Arc<Object>], out: &mut Plan) -> Self {
-        let mut by_name: BTreeMap<&str, Vec<&Object>> = BTreeMap::new();
+        let mut by_name: BTreeMap<Cow<'a, str>, Vec<&Object>> = BTreeMap::new();
+        let mut renamed_sources = HashSet::new();
+        let naming = &rule.transform.naming;
         for source in candidates {
             match source_rejection(rule, source) {
                 None => {}
@@ -759,8 +775,17 @@ impl<'a> SourcesByName<'a> {
                 }
                 Some(_) => continue,
             }
-            by_name.entry(&source.name).or_default().push(source);
             out.sources += 1;
+            if !naming.is_same() {
+                renamed_sources.insert((&*source.namespace, &*source.name));
+            }
+            match naming.copy_name(&source.name) {
+                Ok(name) => by_name.entry(name).or_default().push(source),
+                Err(why) => out.refused_sources.push((
+                    format!("{}/{}", source.namespace, source.name),
+                    why.to_string(),
+                )),
+            }
         }
         for same_name in by_name.values_mut() {
             same_name.sort_by_key(|s| {
@@ -769,15 +794,32 @@ impl<'a> SourcesByName<'a> {
                     .position(|ns| **ns == *s.namespace)
             });
         }
+        let renamed = !naming.is_same();
+        let collide = |same_name: &[&Object]| renamed && same_name.len() > 1;
         let pulled_names = by_name
             .values()
-            .filter(|same_name| is_pulled(rule, same_name[0]))
+            .filter(|same_name| !collide(same_name) && is_pulled(rule, same_name[0]))
+            .count() as u32;
+        let colliding_names = by_name
+            .values()
+            .filter(|same_name| collide(same_name))
             .count() as u32;
         Self {
             rule,
             by_name,
             pulled_names,
+            colliding_names,
+            renamed_sources,
         }
+    }
+
+    /// Whether `same_name`, the sources whose copies take one name, meet
+    /// there: under `transform.name`, none of them is copied (which one a
+    /// copy holds could not be told from its name), and the name is no
+    /// place that should hold a copy; otherwise the first source namespace
+    /// wins.
+    fn collide(&self, same_name: &[&Object]) -> bool {
+        same_name.len() > 1 && !self.rule.transform.naming.is_same()
     }
 
     /// Whether the winner among `same_name` (the sources of one name) is
@@ -786,11 +828,17 @@ impl<'a> SourcesByName<'a> {
         is_pulled(self.rule, same_name[0])
     }
 
-    /// Whether the winner among `same_name` lands in `namespace`: never
-    /// where a source of its name is (the object of that name there is the
+    /// Whether the winner among `same_name` (the sources whose copies are
+    /// named `name`) lands in `namespace`: never where a source is the
+    /// object of that name (for a rule that keeps its sources' names, the
     /// source itself), and a pulled one only in the rule's namespace.
-    fn lands_in(&self, same_name: &[&Object], namespace: &str) -> bool {
-        !same_name.iter().any(|s| &*s.namespace == namespace)
+    fn lands_in(&self, name: &str, same_name: &[&Object], namespace: &str) -> bool {
+        let holds_a_source = if self.rule.transform.naming.is_same() {
+            same_name.iter().any(|s| &*s.namespace == namespace)
+        } else {
+            self.renamed_sources.contains(&(namespace, name))
+        };
+        !holds_a_source
             && (namespace == self.rule.key.namespace || !self.winner_is_pulled(same_name))
     }
 
@@ -798,22 +846,24 @@ impl<'a> SourcesByName<'a> {
     fn landing_in(&self, namespace: &str) -> u32 {
         if is_source_namespace(self.rule, namespace) {
             self.by_name
-                .values()
-                .filter(|same_name| self.lands_in(same_name, namespace))
+                .iter()
+                .filter(|(name, same_name)| {
+                    !self.collide(same_name) && self.lands_in(name, same_name, namespace)
+                })
                 .count() as u32
         } else if namespace == self.rule.key.namespace {
-            self.by_name.len() as u32
+            self.by_name.len() as u32 - self.colliding_names
         } else {
-            self.by_name.len() as u32 - self.pulled_names
+            self.by_name.len() as u32 - self.colliding_names - self.pulled_names
         }
     }
 
-    /// The names that more than one source holds, with their sources.
-    fn shadowing(&self) -> Vec<(&'a str, &[&'a Object])> {
+    /// The names that more than one source's copy takes, with their sources.
+    fn shadowing(&self) -> Vec<(&str, &[&'a Object])> {
         self.by_name
             .iter()
             .filter(|(_, same_name)| same_name.len() > 1)
-            .map(|(name, same_name)| (*name, same_name.as_slice()))
+            .map(|(name, same_name)| (name.as_ref(), same_name.as_slice()))
             .collect()
     }
 }
@@ -868,14 +918,16 @@ impl<'a> Planner<'a> {
         let rule = self.inputs.rule;
         let copies_here = self.inputs.copies.in_namespace(namespace);
         for name in names {
-            let Some((name, same_name)) = self.sources.by_name.get_key_value(name) else {
+            let Some(same_name) = self.sources.by_name.get(name) else {
                 continue;
             };
             self.out.examined += 1;
             // A source never lands on its own namespace (in a source namespace
             // the object of that name is the source itself), and a pulled one
-            // only on the rule's namespace.
-            if !self.sources.lands_in(same_name, namespace) {
+            // only on the rule's namespace. Sources that meet on a name of
+            // `transform.name` land nowhere (see `name_shadowed`).
+            if !self.sources.lands_in(name, same_name, namespace) || self.sources.collide(same_name)
+            {
                 continue;
             }
             // Computed for every name this scope can yield (both follow
@@ -883,7 +935,7 @@ impl<'a> Planner<'a> {
             let Some(desired) = self.desired.get(name) else {
                 continue;
             };
-            let current = copies_here.and_then(|copies| copies.get(*name));
+            let current = copies_here.and_then(|copies| copies.get(name));
             let source_namespace = &same_name[0].namespace;
             let refused = grants::refusal(
                 rule.kind,
@@ -913,10 +965,28 @@ impl<'a> Planner<'a> {
     }
 
     /// Name every source shadowed at `namespace` by another of its name,
-    /// whatever the scope.
+    /// or that meets others on a name of `transform.name`, whatever the
+    /// scope.
     fn name_shadowed(&mut self, namespace: &str) {
         for (name, same_name) in &self.shadowing {
-            if !self.sources.lands_in(same_name, namespace) {
+            if !self.sources.lands_in(name, same_name, namespace) {
+                continue;
+            }
+            if self.sources.collide(same_name) {
+                let mut sources: Vec<String> = same_name
+                    .iter()
+                    .map(|s| format!("{}/{}", s.namespace, s.name))
+                    .collect();
+                sources.sort_unstable();
+                self.out.shadowed.push(ConflictEntry {
+                    cluster: None,
+                    namespace: namespace.to_owned(),
+                    name: (*name).to_owned(),
+                    reason: format!(
+                        "sources {} would all be copied as {name} (transform.name): none is copied here",
+                        sources.join(", ")
+                    ),
+                });
                 continue;
             }
             for shadowed in &same_name[1..] {
@@ -933,17 +1003,19 @@ impl<'a> Planner<'a> {
         }
     }
 
-    /// The source names whose places in `namespace` the scope covers, in
+    /// The copies' names whose places in `namespace` the scope covers, in
     /// name order.
     fn names_in_scope(&self, namespace: &str) -> Vec<&'a str> {
         let scope = self.inputs.scope;
+        let sources = self.sources;
         if scope.covers_namespace(namespace) {
-            return self.sources.by_name.keys().copied().collect();
+            return sources.by_name.keys().map(AsRef::as_ref).collect();
         }
-        let mut names: Vec<&str> = scope
+        let mut names: Vec<&'a str> = scope
             .names()
             .chain(scope.copies_in(namespace))
-            .filter(|name| self.sources.by_name.contains_key(name))
+            .filter_map(|name| sources.by_name.get_key_value(name))
+            .map(|(name, _)| name.as_ref())
             .collect();
         names.sort_unstable();
         names.dedup();
@@ -1003,7 +1075,10 @@ impl<'a> Planner<'a> {
                     .sources
                     .by_name
                     .get(&*current.name)
-                    .is_some_and(|same_name| self.sources.lands_in(same_name, &current.namespace));
+                    .is_some_and(|same_name| {
+                        self.sources
+                            .lands_in(&current.name, same_name, &current.namespace)
+                    });
             // A copy handed over to its namespace is never pruned.
             if prunable && !wanted && !current.create_only {
                 let reason = if self.live_targets.contains(&*current.namespace) {

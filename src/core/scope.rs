@@ -3,6 +3,7 @@
 //! it, a changed source the copies of its name, a changed copy itself; never
 //! a walk over every copy of the rule. Pure data, no I/O.
 
+use crate::core::naming::Naming;
 use std::collections::{HashMap, HashSet};
 
 /// One change, as the watches see it.
@@ -114,9 +115,25 @@ impl Scope {
         self.namespaces.iter().map(String::as_str)
     }
 
-    /// Source names touched.
+    /// Names touched in every namespace: the copies' names of the sources
+    /// touched (by their own names until [`Scope::named_by`] says which
+    /// names their copies take).
     pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
         self.names.iter().map(String::as_str)
+    }
+
+    /// This scope with the names of the sources touched turned into the
+    /// names of their copies under `naming`: what a rule's pass and its
+    /// tally look at is places, named as its copies are.
+    pub(crate) fn named_by(mut self, naming: &Naming) -> Self {
+        if !naming.is_same() {
+            self.names = self
+                .names
+                .iter()
+                .map(|source| naming.name_unchecked(source).into_owned())
+                .collect();
+        }
+        self
     }
 
     /// Copies touched one by one: `(namespace, name)`.
