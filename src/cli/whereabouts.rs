@@ -29,7 +29,7 @@ use crate::controller::member_pass::in_member;
 use crate::controller::state::Shared;
 use crate::core::plan::source_rejection;
 use crate::core::resolve::ResolvedRule;
-use crate::core::whereabouts::{CopyRule, CopyState, Follower, Place, places};
+use crate::core::whereabouts::{CopyRule, CopyState, Follower, Place, copy_names, places};
 use crate::ops::http::Health;
 use crate::ops::metrics::Metrics;
 
@@ -356,7 +356,8 @@ async fn find(settings: Settings, args: &WhereArgs) -> anyhow::Result<Found> {
             status: live.status.as_ref(),
         })
         .collect();
-    let (namespaces, copies) = read_cluster(&client, kind, &name).await?;
+    let names = copy_names(&name, &at_home);
+    let (namespaces, copies) = read_cluster(&client, kind, &names).await?;
     let mut elsewhere = BTreeMap::new();
     unfollowed_rules(
         &client,
@@ -581,13 +582,16 @@ fn refused_source(cluster: &str, rules: &[CopyratorRule], source_ref: &str) -> V
         .collect()
 }
 
-/// One cluster's namespaces, and its objects of `kind` named `name`, by
-/// namespace.
+/// The objects of one cluster where copies may be, by `(namespace, name)`.
+type PlacesRead = BTreeMap<(String, String), Object>;
+
+/// One cluster's namespaces, and its objects of `kind` of each of `names`,
+/// by place.
 async fn read_cluster(
     client: &Client,
     kind: Kind,
-    name: &str,
-) -> Result<(BTreeMap<String, NamespaceInfo>, BTreeMap<String, Object>), WhereError> {
+    names: &[String],
+) -> Result<(BTreeMap<String, NamespaceInfo>, PlacesRead), WhereError> {
     let reader = Reader::new(client.clone());
     let namespaces = reader.everywhere::<Namespace>();
     let namespaces = bounded(
@@ -600,19 +604,22 @@ async fn read_cluster(
     .map(|meta| (meta.name_any(), NamespaceInfo::of(&meta.metadata)))
     .collect();
     let objects = reader.of(&kind.api_resource(), None);
-    let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
-    let copies = bounded(
-        &format!("listing the {kind}s named {name}"),
-        objects.list(&by_name),
-    )
-    .await?
-    .items
-    .into_iter()
-    .map(|object| {
-        let object = Object::from_dynamic(kind, object);
-        (object.namespace.to_string(), object)
-    })
-    .collect();
+    let mut copies = BTreeMap::new();
+    for name in names {
+        let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+        let found = bounded(
+            &format!("listing the {kind}s named {name}"),
+            objects.list(&by_name),
+        )
+        .await?;
+        copies.extend(found.items.into_iter().map(|object| {
+            let object = Object::from_dynamic(kind, object);
+            (
+                (object.namespace.to_string(), object.name.to_string()),
+                object,
+            )
+        }));
+    }
     Ok((namespaces, copies))
 }
 
@@ -646,10 +653,11 @@ async fn in_members(
                 .iter()
                 .map(|rule| Follower { rule, status: None })
                 .collect();
-            let (namespaces, copies) = read_cluster(&client, kind, &source.name)
+            let names = copy_names(&source.name, &followers);
+            let (namespaces, copies) = read_cluster(&client, kind, &names)
                 .await
                 .map_err(|e| e.to_string())?;
-            let copies: BTreeMap<String, Object> = copies
+            let copies: PlacesRead = copies
                 .into_iter()
                 .filter(|(_, copy)| from_home(copy, home))
                 .collect();

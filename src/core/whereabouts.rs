@@ -275,19 +275,19 @@ pub(crate) struct Follower<'a> {
 /// Every place of one cluster where a copy of `source` is or should be:
 /// each target namespace of each rule in `followers` (a terminating one
 /// only where something is there), then every other object there that is
-/// a copy of `source` (`copies`: the objects of the source's name, by
-/// namespace). `rule_of` tells what is known of the rule a copy names
+/// a copy of `source` (`copies`: the objects of every name a copy of the
+/// source takes, by `(namespace, name)`; see [`copy_names`]). `rule_of` tells what is known of the rule a copy names
 /// (see [`CopyRule`]), so that a copy whose rule is gone, or is not
 /// followed by the command, says so.
 pub(crate) fn places(
     source: &Object,
     followers: &[Follower<'_>],
     namespaces: &BTreeMap<String, NamespaceInfo>,
-    copies: &BTreeMap<String, Object>,
+    copies: &BTreeMap<(String, String), Object>,
     rule_of: &dyn Fn(&Object) -> CopyRule,
 ) -> Vec<Place> {
     let mut out = Vec::new();
-    let mut judged: HashSet<&str> = HashSet::new();
+    let mut judged: HashSet<(String, String)> = HashSet::new();
     for follower in followers {
         let rule = follower.rule;
         let desired = desired_copy(rule, source);
@@ -299,16 +299,20 @@ pub(crate) fn places(
         };
         let (targets, _) = target_namespaces(rule, namespaces);
         for (namespace, info) in targets {
-            // A source namespace receives nothing of its own.
-            if rule.source_namespaces.contains(namespace) || judged.contains(namespace.as_str()) {
+            // A source namespace receives nothing of its own, but a copy
+            // under another name (`transform.name`).
+            let holds_sources =
+                rule.transform.naming.is_same() && rule.source_namespaces.contains(namespace);
+            let place = (namespace.clone(), desired.name.clone());
+            if holds_sources || judged.contains(&place) {
                 continue;
             }
-            let current = copies.get(namespace);
+            let current = copies.get(&place);
             if current.is_none() && info.terminating {
                 continue;
             }
             let facts = StatusFacts::of(follower.status, namespace, &desired.name, &desired.source);
-            judged.insert(namespace);
+            judged.insert(place);
             let state = held_back(
                 target_state(judge, &desired, current, &facts),
                 rule,
@@ -334,9 +338,10 @@ pub(crate) fn places(
         }
     }
     let source_ref = format!("{}/{}", source.namespace, source.name);
-    for (namespace, copy) in copies {
+    for (place, copy) in copies {
+        let namespace = &place.0;
         let is_copy = copy.rule_uid().is_some() || copy.create_only;
-        if judged.contains(namespace.as_str())
+        if judged.contains(place)
             || !is_copy
             || copy.source_ref.as_deref() != Some(source_ref.as_str())
         {
@@ -364,6 +369,19 @@ pub(crate) fn places(
     }
     out.sort_by(|a, b| a.namespace.cmp(&b.namespace));
     out
+}
+
+/// The names a copy of the source `name` takes under the rules of
+/// `followers`, its own first, each once: what `places` must be given.
+pub(crate) fn copy_names(name: &str, followers: &[Follower<'_>]) -> Vec<String> {
+    let mut names = vec![name.to_owned()];
+    for follower in followers {
+        let copy = follower.rule.transform.naming.name_unchecked(name);
+        if !names.iter().any(|n| *n == copy) {
+            names.push(copy.into_owned());
+        }
+    }
+    names
 }
 
 /// The state of a copy of the source that no rule followed here judges,
@@ -667,13 +685,16 @@ mod tests {
         }));
         let now = desired("v2");
         let mut copies = BTreeMap::new();
-        copies.insert("t1".to_owned(), copy_of(&now, "t1"));
-        copies.insert("t2".to_owned(), copy_of(&desired("v1"), "t2"));
-        copies.insert("t3".to_owned(), foreign("t3"));
+        copies.insert(("t1".to_owned(), "cfg".to_owned()), copy_of(&now, "t1"));
+        copies.insert(
+            ("t2".to_owned(), "cfg".to_owned()),
+            copy_of(&desired("v1"), "t2"),
+        );
+        copies.insert(("t3".to_owned(), "cfg".to_owned()), foreign("t3"));
         // Left in a namespace the rule no longer targets.
-        copies.insert("x1".to_owned(), copy_of(&now, "x1"));
+        copies.insert(("x1".to_owned(), "cfg".to_owned()), copy_of(&now, "x1"));
         // Someone else's object of that name, elsewhere: not listed.
-        copies.insert("x2".to_owned(), foreign("x2"));
+        copies.insert(("x2".to_owned(), "cfg".to_owned()), foreign("x2"));
         let followers = [Follower {
             rule: &resolved,
             status: None,
@@ -727,6 +748,53 @@ mod tests {
                 .all(|p| p.state == CopyState::NotFollowed { reason: why.into() }
                     && !p.state.is_current()),
             "{elsewhere:?}"
+        );
+    }
+
+    #[test]
+    fn a_renamed_copy_is_found_under_its_name_and_beside_its_source() {
+        let resolved = resolved_rule(Some(crate::api::rule::RuleSpec {
+            transform: Some(crate::api::rule::Transform {
+                name: Some(crate::api::rule::CopyName {
+                    prefix: Some("platform-".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }));
+        let followers = [Follower {
+            rule: &resolved,
+            status: None,
+        }];
+        assert_eq!(copy_names("cfg", &followers), ["cfg", "platform-cfg"]);
+        let now = crate::core::plan::desired_copy(&resolved, &source("v"));
+        assert_eq!(now.name, "platform-cfg");
+        let mut copies = BTreeMap::new();
+        copies.insert(
+            ("t1".to_owned(), "platform-cfg".to_owned()),
+            copy_of(&now, "t1"),
+        );
+        // An object of the source's own name is no copy of this rule's.
+        copies.insert(("t2".to_owned(), "cfg".to_owned()), foreign("t2"));
+        let found = places(
+            &source("v"),
+            &followers,
+            &namespaces(&["shared", "t1", "t2"]),
+            &copies,
+            &|_| CopyRule::Live,
+        );
+        let states: Vec<(&str, &str, &str)> = found
+            .iter()
+            .map(|p| (p.namespace.as_str(), p.name.as_str(), p.state.word()))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                ("shared", "platform-cfg", "missing"),
+                ("t1", "platform-cfg", "in place"),
+                ("t2", "platform-cfg", "missing"),
+            ]
         );
     }
 }

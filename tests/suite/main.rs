@@ -36,6 +36,7 @@ mod migration;
 mod neighbours;
 mod operations;
 mod readme;
+mod renamed;
 mod restart;
 mod restart_consumers;
 mod rule_options;
