@@ -996,7 +996,10 @@ impl<'a> Planner<'a> {
                     name: (*name).to_owned(),
                     reason: format!(
                         "source {}/{} has the same name as {}/{}, which wins",
-                        shadowed.namespace, name, same_name[0].namespace, name
+                        shadowed.namespace,
+                        shadowed.name,
+                        same_name[0].namespace,
+                        same_name[0].name
                     ),
                 });
             }

@@ -152,6 +152,7 @@ const APPLIED: &[&str] = &[
     "create-only",
     "deletion-policy",
     "data-keys",
+    "copy-name",
     "pull-ca",
     "tenant-account",
     "rolebinding-teams",
@@ -572,6 +573,46 @@ async fn the_data_keys_example_selects_and_renames() {
         |o| o.data_is(&[("cert.pem", "CERT"), ("key.pem", "KEY"), ("ca.crt", "CA")]),
     )
     .await;
+}
+
+/// docs/rules.md, "Copies under another name": the example, its source
+/// namespace the test's, copies its Secret under the prefixed name.
+#[tokio::test]
+async fn the_copy_name_example_copies_under_the_new_name() {
+    let t = TestNs::new("readme-name").await;
+    let op = t.ns("op").await;
+    let infra = t.ns("infra").await;
+    let t1 = t.ns("t1").await;
+    let docs = example(
+        "copy-name",
+        &[("namespace: infra", &format!("namespace: {infra}"))],
+    );
+    let body = with(
+        json!({"spec": docs[0]["spec"]}),
+        "/spec/targets",
+        json!({"include": [t.glob("t")]}),
+    );
+    t.create_rule(&op, "registry-pull", body).await;
+    let _operator = Operator::start(&t, &op, &[]);
+    let source = t
+        .create_plain(
+            SECRET,
+            &infra,
+            "registry-pull",
+            &[("copyrator", "true")],
+            &[("k", "v")],
+        )
+        .await;
+    t.wait_obj(
+        SECRET,
+        &t1,
+        &format!("platform-{}", source.name),
+        "the copy under its new name",
+        |o| o.data_is(&[("k", "v")]),
+    )
+    .await;
+    t.assert_absent(SECRET, &t1, &source.name, "copies take the new name")
+        .await;
 }
 
 /// docs/trust.md, "Trust": a tenant sets up its ServiceAccount as "Whom a

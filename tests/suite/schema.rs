@@ -657,3 +657,69 @@ async fn schema_accepts_target_clusters_at_the_limits() {
             });
     }
 }
+
+/// `transform.name` that could name no copy validly is refused at
+/// admission; what can is taken, up to the limits.
+#[tokio::test]
+async fn schema_refuses_copy_names_that_could_not_be_names() {
+    let t = TestNs::new("schema-names").await;
+    let ns = t.ns("op").await;
+    let name = |n: Value| with_transform(json!({"name": n}));
+    let cases = [
+        (
+            "empty",
+            json!({}),
+            "a prefix and/or a suffix, or a template",
+        ),
+        (
+            "both",
+            json!({"prefix": "p-", "template": "{name}"}),
+            "not both",
+        ),
+        ("upper", json!({"prefix": "Platform-"}), "a prefix holds"),
+        ("dash-start", json!({"prefix": "-p"}), "a prefix holds"),
+        ("dot-dash", json!({"prefix": "p.-"}), "a prefix holds"),
+        ("dash-end", json!({"suffix": "-"}), "a suffix holds"),
+        ("dot-end", json!({"suffix": ".x."}), "a suffix holds"),
+        (
+            "twice",
+            json!({"template": "{name}-{name}"}),
+            "at most once",
+        ),
+        ("fixed-dash", json!({"template": "copy-"}), "at most once"),
+        (
+            "fixed-254",
+            json!({"template": "x".repeat(254)}),
+            "at most once",
+        ),
+        (
+            "affixes-253",
+            json!({"prefix": "p".repeat(200), "suffix": "s".repeat(53)}),
+            "at most 252",
+        ),
+    ];
+    for (case, value, mention) in cases {
+        refused(
+            &t,
+            &ns,
+            &format!("name-{case}"),
+            name(value),
+            &["spec.transform.name", mention],
+        )
+        .await;
+    }
+    for (case, value) in [
+        ("prefix", json!({"prefix": "platform-"})),
+        ("dotted", json!({"prefix": "a.b.", "suffix": "-x.v1"})),
+        ("template", json!({"template": "team.{name}.v1"})),
+        ("fixed", json!({"template": "x".repeat(253)})),
+        (
+            "affixes-252",
+            json!({"prefix": "p".repeat(200), "suffix": "s".repeat(52)}),
+        ),
+    ] {
+        t.try_create_rule(&ns, &format!("ok-{case}"), name(value.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("{value} refused: {}", err_msg(&e)));
+    }
+}
