@@ -532,8 +532,9 @@ fn report_lines<'a>(printed: &'a str, tool: &str, source: &str) -> Vec<&'a str> 
 /// made an admin rule, and the victim's Secret labelled as the import
 /// said, it would hand the Secret to the tenant. `copyrator import` of
 /// the live cluster prints no rule of it and asks nothing of the victim's
-/// Secret; a Policy cloning within its namespace makes no rule either (a
-/// copy in its source's namespace is none of Copyrator's). The tenant's
+/// Secret; a Policy cloning within its namespace under another name
+/// becomes a rule of the tenant's namespace, into that namespace alone
+/// (`transform.name`). The tenant's
 /// own ConfigMap, annotated for reflector's mirrors everywhere, becomes a
 /// rule of the tenant's namespace, applied with kubectl as printed: run
 /// (with `--all-namespaces`), it adopts reflector's mirror in the
@@ -641,8 +642,8 @@ async fn a_tenants_configuration_becomes_its_own_rules_never_the_operators() {
         &format!("Policy {team}/local, rule take"),
     );
     assert!(
-        local.len() == 1
-            && local[0].starts_with("#   unmapped: a Policy clones within its own namespace"),
+        local.contains(&"#   exact: copies are named settings-copy, the name generate.name gives them: the source's name settings with \"-copy\" after it (transform.name.suffix)")
+            && !local.iter().any(|l| l.starts_with("#   unmapped:")),
         "{local:#?}"
     );
     let rules: Vec<Value> = serde_yaml::Deserializer::from_str(printed)
@@ -655,6 +656,21 @@ async fn a_tenants_configuration_becomes_its_own_rules_never_the_operators() {
     let mentions = |text: &str| text.contains(&t.prefix);
     let ours: Vec<&Value> = rules.iter().filter(|r| mentions(&r.to_string())).collect();
     let rule = format!("reflector-configmap-{team}-shared");
+    // The local Policy's rule, which the operator run here does not follow.
+    let (ours, local): (Vec<&Value>, Vec<&Value>) = ours
+        .into_iter()
+        .partition(|r| r["metadata"]["name"] == rule.as_str());
+    let [local] = local.as_slice() else {
+        panic!("{local:#?}");
+    };
+    assert_eq!(local["metadata"]["namespace"], team.as_str());
+    assert_eq!(local["spec"]["namespace"], team.as_str());
+    assert_eq!(local["spec"]["targets"], json!({"include": [team]}));
+    assert_eq!(
+        local["spec"]["transform"],
+        json!({"name": {"suffix": "-copy"}})
+    );
+    let local_rule = local["metadata"]["name"].as_str().unwrap_or_default();
     assert_eq!(ours.len(), 1, "{ours:#?}");
     assert_eq!(
         ours[0]["metadata"],
@@ -668,9 +684,10 @@ async fn a_tenants_configuration_becomes_its_own_rules_never_the_operators() {
         .collect();
     assert_eq!(
         commands,
-        [format!(
-            "label configmap -n {team} shared copyrator.flant.com/import.{rule}=true"
-        )]
+        [
+            format!("label configmap -n {team} shared copyrator.flant.com/import.{rule}=true"),
+            format!("label secret -n {team} settings copyrator.flant.com/import.{local_rule}=true"),
+        ]
     );
 
     // As printed: the label, then the rule applied with kubectl.

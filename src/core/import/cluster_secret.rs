@@ -1,7 +1,8 @@
 //! ClusterSecret (clustersecret.io/v1): a Secret of the ClusterSecret's
 //! name in the namespaces `matchNamespace` matches and `avoidNamespaces`
-//! does not, from another Secret (`data.valueFrom.secretKeyRef`) or from
-//! data inline, which is never read into the output. A ClusterSecret is
+//! does not, from another Secret (`data.valueFrom.secretKeyRef`, of that
+//! name or another: the rule's copies are named as the ClusterSecret) or
+//! from data inline, which is never read into the output. A ClusterSecret is
 //! cluster-scoped, written by the cluster's admins: its rule is an admin
 //! rule.
 
@@ -12,7 +13,7 @@ use serde_json::{Map, Value, json};
 use super::SourceReport;
 use super::patterns::{Anchoring, pattern_list};
 use super::shared::{
-    Context, Conversion, Draft, Owner, Source, Targets, at, group_version, str_at,
+    Context, Conversion, Draft, Owner, Source, Targets, at, group_version, renaming, str_at,
 };
 use crate::api::selector::{
     Glob, validate_data_key, validate_label_key, validate_label_value, validate_qualified_name,
@@ -131,20 +132,19 @@ fn source(
     ) else {
         return Err("secretKeyRef names no namespace and name".into());
     };
-    if source_name != name {
-        return Err(format!(
-            "ClusterSecret names its copies {name}, their source is {source_name}: Copyrator's copies keep their source's name. The closest is a Secret {name} made from {source_name} in a namespace of your choice, and a rule that copies it"
-        ));
-    }
+    let renaming = renaming(source_name, name, false, "the ClusterSecret's name")?;
     let mut spec = Map::new();
     if let Some(targets) = targets.to_json() {
         spec.insert("targets".into(), targets);
     }
     spec.insert("transform".into(), transform(object, reference, report)?);
-    say_the_rest(secret_type, namespace, targets, report);
+    say_the_rest(secret_type, namespace, targets, (name, source_name), report);
     report.exact(format!(
-        "the source, Secret {namespace}/{name}, is selected by the rule's import label, to be put on it"
+        "the source, Secret {namespace}/{source_name}, is selected by the rule's import label, to be put on it"
     ));
+    if let Some(renaming) = &renaming {
+        report.exact(renaming.line.clone());
+    }
     Ok(Draft {
         name: format!("clustersecret-{name}"),
         owner: Owner::Admin,
@@ -152,13 +152,20 @@ fn source(
         kind: "Secret".into(),
         source: Source::Named {
             namespace: namespace.to_owned(),
-            name: name.to_owned(),
+            name: source_name.to_owned(),
         },
         spec,
+        naming: renaming.map(|r| r.name),
     })
 }
 
-fn say_the_rest(secret_type: &str, namespace: &str, targets: &Targets, report: &mut SourceReport) {
+fn say_the_rest(
+    secret_type: &str,
+    namespace: &str,
+    targets: &Targets,
+    (copy, source): (&str, &str),
+    report: &mut SourceReport,
+) {
     report.differs(format!(
         "ClusterSecret gives its copies the type {secret_type} (its type field); Copyrator gives them the source Secret's type: they match when the source is of type {secret_type}"
     ));
@@ -177,9 +184,13 @@ fn say_the_rest(secret_type: &str, namespace: &str, targets: &Targets, report: &
         .iter()
         .filter_map(|g| Glob::new(g).ok())
         .any(|g| g.matches(namespace));
-    if reached && !avoided {
+    if reached && !avoided && copy != source {
+        report.exact(format!(
+            "ClusterSecret also writes its Secret into {namespace}, the source's namespace, and so does the rule: there the copy {copy} stands beside its source {source}"
+        ));
+    } else if reached && !avoided {
         report.differs(format!(
-            "ClusterSecret also writes its Secret into {namespace}, the source's namespace; Copyrator never copies a source into its own namespace"
+            "ClusterSecret also writes its Secret into {namespace}, the source's namespace; there the Secret of that name is the source itself, which Copyrator never writes"
         ));
     }
 }
@@ -273,7 +284,7 @@ pub(super) mod tests {
 
     use super::super::kyverno::tests::yaml;
     use super::super::shared::import_label_key;
-    use super::super::shared::tests::{converted, says};
+    use super::super::shared::tests::{converted, copy_name_of, says};
 
     // CSEC README.md
     const WILDCARD: &str = r"
@@ -420,13 +431,51 @@ data:
     }
 
     #[test]
-    fn a_source_of_another_name_is_unmapped() {
+    fn a_source_of_another_name_is_a_rule_naming_copies_as_the_cluster_secret() {
         let imported = converted(&[yaml(VALUE_FROM)]);
-        assert!(imported.rules.is_empty());
-        assert!(says(
-            &imported.reports[0].unmapped,
-            "ClusterSecret names its copies value-from, their source is global-secret2"
-        ));
+        let name = "clustersecret-value-from";
+        assert_eq!(
+            imported.rules,
+            [json!({
+                "apiVersion": "flant.com/v1",
+                "kind": "CopyratorRule",
+                "metadata": {"name": name, "namespace": "copyrator"},
+                "spec": {
+                    "ruleType": "secret",
+                    "selector": {import_label_key(name): "true"},
+                    "namespace": "clustersecret",
+                    "adopt": true,
+                    "targets": {"exclude": ["default*", "kube-system*"]},
+                    "transform": {
+                        "stripLabels": ["*"], "stripAnnotations": ["*"],
+                        "addLabels": {"somelabel": "somevalue"},
+                        "addAnnotations": {"someannotation": "somevalue"},
+                        "name": {"template": "value-from"}
+                    }
+                }
+            })]
+        );
+        assert_eq!(
+            copy_name_of(&imported.rules[0], "global-secret2"),
+            "value-from"
+        );
+        let labelled: Vec<(&str, &str)> = imported
+            .source_labels
+            .iter()
+            .map(|l| (l.namespace.as_str(), l.name.as_str()))
+            .collect();
+        assert_eq!(labelled, [("clustersecret", "global-secret2")]);
+        let report = &imported.reports[0];
+        assert_eq!(
+            report.exact[report.exact.len() - 3..],
+            [
+                "ClusterSecret also writes its Secret into clustersecret, the source's namespace, and so does the rule: there the copy value-from stands beside its source global-secret2",
+                "the source, Secret clustersecret/global-secret2, is selected by the rule's import label, to be put on it",
+                "copies are named value-from, the ClusterSecret's name (transform.name.template)",
+            ]
+        );
+        assert!(!says(&report.differs, "the source itself"), "{report:#?}");
+        assert!(report.unmapped.is_empty(), "{report:#?}");
     }
 
     #[test]
@@ -469,7 +518,7 @@ data:
         assert!(
             says(
                 &report.differs,
-                "into clustersecret, the source's namespace"
+                "ClusterSecret also writes its Secret into clustersecret, the source's namespace; there the Secret of that name is the source itself, which Copyrator never writes"
             ),
             "{report:#?}"
         );

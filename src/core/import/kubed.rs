@@ -133,6 +133,7 @@ fn in_cluster(
             name: named.name.clone(),
         },
         spec: spec_of(&entries),
+        naming: None,
     })
 }
 

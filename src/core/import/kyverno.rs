@@ -3,7 +3,9 @@
 //! (`generator.Apply` of `resource.Get` or `resource.List`): cluster-scoped
 //! configuration, which only the cluster's admins write, made admin rules.
 //! Namespaced policies (a Policy, a NamespacedGeneratingPolicy) are their
-//! namespace's configuration: they are reported, and never made rules.
+//! namespace's configuration: a Policy that clones a source of its
+//! namespace beside it under another name (all Kyverno lets it clone) is
+//! made a rule of that namespace; the rest are reported, never made rules.
 
 use serde_json::{Map, Value, json};
 
@@ -11,7 +13,7 @@ use super::SourceReport;
 use super::patterns::Selector;
 use super::shared::{
     Context, Conversion, Draft, Owner, Source, Targets, at, bool_at, group_version, kind_notes,
-    str_at,
+    renaming, str_at,
 };
 use crate::api::selector::Glob;
 
@@ -107,32 +109,12 @@ impl Policy<'_> {
     ) -> Result<Vec<Draft>, String> {
         let generate = &rule["generate"];
         refuse_unconverted(rule, generate)?;
-        if let Some(namespace) = self.namespace {
-            return Err(namespaced_refusal(namespace, generate));
-        }
-        let targets = namespace_trigger(rule, generate, report)?;
-        if let Some(why) = targets.refusal() {
-            return Err(why);
-        }
-        if targets.reaches_nothing() {
-            return Err("the trigger matches no namespace".into());
-        }
-        let shape = Shape {
-            name: format!("kyverno-{}-{rule_name}", self.name),
-            targets: &targets,
+        let (targets, mut drafts) = match self.namespace {
+            Some(namespace) => {
+                self.within_namespace(namespace, rule, rule_name, context, report)?
+            }
+            None => self.across_namespaces(rule, rule_name, context, report)?,
         };
-        // The sources first: a rule left out for them says nothing of
-        // the settings it would have had.
-        let mut drafts = if let Some(clone) = generate.get("clone").filter(|c| c.is_object()) {
-            vec![shape.clone_draft(generate, clone, report)?]
-        } else if let Some(list) = generate.get("cloneList").filter(|c| c.is_object()) {
-            shape.clone_list_drafts(list, report)?
-        } else {
-            return Err(NOTHING_CLONED.into());
-        };
-        if let Some(note) = targets.protected_note(TOOL, context.options) {
-            report.differs(note);
-        }
         let settings = Settings {
             synchronize: bool_at(generate, &["synchronize"]).unwrap_or(false),
             generate_existing: bool_at(generate, &["generateExisting"])
@@ -148,32 +130,151 @@ impl Policy<'_> {
         }
         Ok(drafts)
     }
+
+    /// A ClusterPolicy's generate rule: its targets, and a rule for each
+    /// kind it clones.
+    fn across_namespaces(
+        &self,
+        rule: &Value,
+        rule_name: &str,
+        context: &Context,
+        report: &mut SourceReport,
+    ) -> Result<(Targets, Vec<Draft>), String> {
+        let generate = &rule["generate"];
+        let targets = namespace_trigger(rule, generate, report)?;
+        if let Some(why) = targets.refusal() {
+            return Err(why);
+        }
+        if targets.reaches_nothing() {
+            return Err("the trigger matches no namespace".into());
+        }
+        let shape = Shape {
+            name: format!("kyverno-{}-{rule_name}", self.name),
+            targets: &targets,
+        };
+        // The sources first: a rule left out for them says nothing of
+        // the settings it would have had.
+        let drafts = if let Some(clone) = generate.get("clone").filter(|c| c.is_object()) {
+            vec![shape.clone_draft(generate, clone, report)?]
+        } else if let Some(list) = generate.get("cloneList").filter(|c| c.is_object()) {
+            shape.clone_list_drafts(list, report)?
+        } else {
+            return Err(NOTHING_CLONED.into());
+        };
+        if let Some(note) = targets.protected_note(TOOL, context.options) {
+            report.differs(note);
+        }
+        Ok((targets, drafts))
+    }
+
+    /// A namespaced Policy's generate rule. Kyverno lets a Policy clone
+    /// only from its own namespace and generate only into it, both named
+    /// as they are (it refuses a Policy that says otherwise: "a namespaced
+    /// policy cannot clone resources from other namespaces", "... cannot
+    /// generate resources in other namespaces"): a clone of a source of
+    /// its namespace, beside it under another name. That is the rule of
+    /// its namespace (see `Owner`); a Policy that reaches into another
+    /// namespace is never made a rule that could, least of all an admin's.
+    fn within_namespace(
+        &self,
+        namespace: &str,
+        rule: &Value,
+        rule_name: &str,
+        context: &Context,
+        report: &mut SourceReport,
+    ) -> Result<(Targets, Vec<Draft>), String> {
+        let generate = &rule["generate"];
+        let Some((field, cloned)) = ["clone", "cloneList"]
+            .into_iter()
+            .find_map(|key| Some((key, generate.get(key).filter(|c| c.is_object())?)))
+        else {
+            return Err(NOTHING_CLONED.into());
+        };
+        match str_at(cloned, &["namespace"]) {
+            Some(from) if from == namespace => {}
+            Some(from) => {
+                return Err(format!(
+                    "it clones from {from:?}, not from its own namespace {namespace}: Kyverno refuses a namespaced Policy that clones from another namespace, so it never copied anything. A Policy is {namespace}'s configuration, and a rule made from it could take nothing from another namespace without the consent of its owner: no rule is made, and nothing is asked of {from:?}"
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "its {field} names no namespace: Kyverno refuses a namespaced Policy whose clone source names none, so it never copied anything: no rule is made"
+                ));
+            }
+        }
+        if field == "cloneList" {
+            return Err(format!(
+                "cloneList's copies keep their sources' names, and a Policy clones within its own namespace, {namespace}, into {namespace} (Kyverno allows it nothing else): each copy would be its source itself, which Copyrator never writes: no rule is made"
+            ));
+        }
+        let target = str_at(generate, &["namespace"]).unwrap_or_default();
+        if target != namespace {
+            return Err(format!(
+                "generate.namespace is {target:?}, not {namespace}: Kyverno refuses a namespaced Policy that names another namespace to generate into, even by a variable (\"a namespaced policy cannot generate resources in other namespaces\"), so it never copied anything: no rule is made"
+            ));
+        }
+        let (Some(api_version), Some(kind)) = (
+            str_at(generate, &["apiVersion"]),
+            str_at(generate, &["kind"]),
+        ) else {
+            return Err("generate names no apiVersion and kind".into());
+        };
+        let owner = Owner::of_namespace(namespace, context.options);
+        owner.kind_refusal(api_version, kind)?;
+        let name = fixed(cloned, "name")?;
+        let copy_name = generated_name(generate, name)?;
+        let Some(renaming) = renaming(name, copy_name, true, GENERATED_NAME)? else {
+            return Err(format!(
+                "generate.name is clone.name, and a Policy generates into the namespace it clones from: the copy would be its source itself, {kind} {namespace}/{name}, which Copyrator never writes: no rule is made"
+            ));
+        };
+        let kinds: Vec<&str> = block_filters(rule.get("match"), "match")?
+            .into_iter()
+            .flat_map(|f| strings(f, "kinds"))
+            .collect();
+        report.differs(format!(
+            "the copy goes into {namespace}, the Policy's own namespace and its source's: Kyverno makes it once a {} it matches is created there; the rule keeps it there from the start",
+            if kinds.is_empty() { "resource".to_owned() } else { kinds.join(" or ") }
+        ));
+        report.exact(format!(
+            "the source, {kind} {namespace}/{name}, is selected by the rule's import label, to be put on it"
+        ));
+        report.exact(renaming.line);
+        for note in kind_notes(api_version, kind, TOOL) {
+            report.differs(note);
+        }
+        let draft = Draft {
+            name: format!("kyverno-{}-{rule_name}", self.name),
+            owner,
+            api_version: api_version.to_owned(),
+            kind: kind.to_owned(),
+            source: Source::Named {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            },
+            spec: Map::new(),
+            naming: Some(renaming.name),
+        };
+        Ok((Targets::including(vec![namespace.to_owned()]), vec![draft]))
+    }
 }
 
 const NOTHING_CLONED: &str = "generate has neither clone nor cloneList: it copies nothing";
 
-/// Why a namespaced Policy's generate rule makes no rule. Kyverno lets a
-/// Policy clone only from its own namespace and generate only into it (it
-/// refuses a Policy that says otherwise: "a namespaced policy cannot clone
-/// resources from other namespaces"), and Copyrator never copies a source
-/// into its own namespace. A Policy is the configuration of whoever may
-/// write policies in its namespace: one that reaches into another
-/// namespace is never made a rule that could, least of all an admin's.
-fn namespaced_refusal(namespace: &str, generate: &Value) -> String {
-    let Some(source) = ["clone", "cloneList"]
-        .iter()
-        .find_map(|key| generate.get(key).filter(|c| c.is_object()))
-    else {
-        return NOTHING_CLONED.into();
-    };
-    match str_at(source, &["namespace"]) {
-        Some(from) if from != namespace => format!(
-            "it clones from {from:?}, not from its own namespace {namespace}: Kyverno refuses a namespaced Policy that clones from another namespace, so it never copied anything. A Policy is {namespace}'s configuration, and a rule made from it could take nothing from another namespace without the consent of its owner: no rule is made, and nothing is asked of {from:?}"
-        ),
-        _ => format!(
-            "a Policy clones within its own namespace, {namespace}, into {namespace} (Kyverno allows it nothing else), under another name: Copyrator never copies a source into its own namespace, and its copies keep their source's name: no rule is made"
-        ),
+/// What a report says the copies' other name is.
+const GENERATED_NAME: &str = "the name generate.name gives them";
+
+/// `generate.name`, the copies' name (the source's where it says none),
+/// when it is fixed text.
+fn generated_name<'a>(generate: &'a Value, source: &'a str) -> Result<&'a str, String> {
+    let name = str_at(generate, &["name"]).unwrap_or(source);
+    if name.contains("{{") {
+        return Err(format!(
+            "generate.name {name:?} is computed by Kyverno's variables, for each trigger: a rule's transform.name is fixed"
+        ));
     }
+    Ok(name)
 }
 
 /// What a rule cannot be converted for, whatever its trigger.
@@ -201,7 +302,7 @@ struct Shape<'a> {
 }
 
 impl Shape<'_> {
-    /// `clone`: one named source, copied under its own name.
+    /// `clone`: one named source, copied under `generate.name`.
     fn clone_draft(
         &self,
         generate: &Value,
@@ -216,16 +317,17 @@ impl Shape<'_> {
         };
         let namespace = fixed(clone, "namespace")?;
         let name = fixed(clone, "name")?;
-        let copy_name = str_at(generate, &["name"]).unwrap_or(name);
-        if copy_name != name {
-            return Err(format!(
-                "the copies are named {copy_name}, their source {name}: Copyrator's copies keep their source's name"
-            ));
+        let renaming = renaming(name, generated_name(generate, name)?, true, GENERATED_NAME)?;
+        // A copy of another name may stand beside its source.
+        if renaming.is_none() {
+            self.refuse_own_namespace(namespace)?;
         }
-        self.refuse_own_namespace(namespace)?;
         report.exact(format!(
             "the source, {kind} {namespace}/{name}, is selected by the rule's import label, to be put on it"
         ));
+        if let Some(renaming) = &renaming {
+            report.exact(renaming.line.clone());
+        }
         for note in kind_notes(api_version, kind, TOOL) {
             report.differs(note);
         }
@@ -239,6 +341,7 @@ impl Shape<'_> {
                 name: name.to_owned(),
             },
             spec: Map::new(),
+            naming: renaming.map(|r| r.name),
         })
     }
 
@@ -281,6 +384,7 @@ impl Shape<'_> {
                         kind,
                         source: source.clone(),
                         spec: Map::new(),
+                        naming: None,
                     });
                 }
                 Err(why) => report.unmapped(format!("cloneList kind {entry:?}: {why}")),
@@ -292,11 +396,12 @@ impl Shape<'_> {
         Ok(drafts)
     }
 
-    /// A copy into its source's own namespace, which Copyrator never makes.
+    /// A copy of its source's name into its source's own namespace: the
+    /// source itself, which Copyrator never writes.
     fn refuse_own_namespace(&self, namespace: &str) -> Result<(), String> {
         if self.targets.include.as_deref() == Some(&[namespace.to_owned()]) {
             return Err(format!(
-                "the source is in {namespace}, the namespace the copy goes into: Copyrator never copies a source into its own namespace"
+                "the source is in {namespace}, the namespace the copy goes into under the source's name: the copy would be the source itself, which Copyrator never writes"
             ));
         }
         Ok(())
@@ -808,6 +913,7 @@ impl Cloned {
             kind: self.kind.into(),
             source,
             spec,
+            naming: None,
         }
     }
 }
@@ -991,7 +1097,7 @@ fn string_literal(text: &str) -> Option<String> {
 pub(super) mod tests {
     use serde_json::{Value, json};
 
-    use super::super::shared::tests::{converted, says};
+    use super::super::shared::tests::{converted, copy_name_of, says};
     use super::super::shared::{import_label_key, rule_name};
     use super::super::{Imported, SourceLabel, SourceReport};
 
@@ -1392,10 +1498,13 @@ spec:
                 imported.reports
             );
         }
-        let renamed = converted(&[policy(clone_rule(json!({"name": "other"})))]);
+        let computed = converted(&[policy(clone_rule(
+            json!({"name": "{{request.object.metadata.name}}-regcred"}),
+        ))]);
+        assert!(computed.rules.is_empty());
         assert!(says(
-            &only_report(&renamed).unmapped,
-            "keep their source's name"
+            &only_report(&computed).unmapped,
+            "generate.name \"{{request.object.metadata.name}}-regcred\" is computed by Kyverno's variables"
         ));
         let mut by_operation = clone_rule(json!({}));
         by_operation["exclude"] = json!({"any": [{"resources": {"operations": ["UPDATE"]}}]});
@@ -1406,11 +1515,113 @@ spec:
             "exclude by operations is not converted"
         ));
         // A rule left out says nothing of the settings it would have had.
-        assert!(!says(&only_report(&renamed).exact, "syncPolicy"));
+        assert!(!says(&only_report(&computed).exact, "syncPolicy"));
         let data = converted(&[policy(clone_rule(
             json!({"data": {"kind": "x"}, "clone": null}),
         ))]);
         assert!(says(&only_report(&data).unmapped, "generate.data"));
+    }
+
+    #[test]
+    fn a_clone_under_another_name_is_a_rule_that_names_its_copies_so() {
+        let imported = converted(&[policy(clone_rule(json!({"name": "platform-regcred"})))]);
+        let name = "kyverno-p-sync-image-pull-secret";
+        assert_eq!(
+            imported.rules,
+            [json!({
+                "apiVersion": "flant.com/v1",
+                "kind": "CopyratorRule",
+                "metadata": {"name": name, "namespace": "copyrator"},
+                "spec": {
+                    "ruleType": "secret",
+                    "selector": {import_label_key(name): "true"},
+                    "namespace": "default",
+                    "adopt": true,
+                    "syncPolicy": "Sync",
+                    "transform": {"name": {"prefix": "platform-"}}
+                }
+            })]
+        );
+        assert_eq!(
+            copy_name_of(&imported.rules[0], "regcred"),
+            "platform-regcred"
+        );
+        // The one source, by its import label, as for a clone of its name.
+        let [label] = imported.source_labels.as_slice() else {
+            panic!("{:#?}", imported.source_labels);
+        };
+        assert_eq!(
+            (label.namespace.as_str(), label.name.as_str()),
+            ("default", "regcred")
+        );
+        let report = only_report(&imported);
+        assert_eq!(
+            report.exact[..3],
+            [
+                "triggered by Namespaces and copying into each: the rule copies into every namespace",
+                "the source, Secret default/regcred, is selected by the rule's import label, to be put on it",
+                "copies are named platform-regcred, the name generate.name gives them: the source's name regcred with \"platform-\" before it (transform.name.prefix)",
+            ]
+        );
+        assert!(report.unmapped.is_empty(), "{report:#?}");
+        for (copy, naming) in [
+            ("regcred-copy", json!({"suffix": "-copy"})),
+            (
+                "team.regcred.v1",
+                json!({"prefix": "team.", "suffix": ".v1"}),
+            ),
+            ("pull-secret", json!({"template": "pull-secret"})),
+        ] {
+            let imported = converted(&[policy(clone_rule(json!({"name": copy})))]);
+            assert_eq!(
+                imported.rules[0]["spec"]["transform"],
+                json!({"name": naming}),
+                "{copy}"
+            );
+            assert_eq!(copy_name_of(&imported.rules[0], "regcred"), copy);
+            assert!(only_report(&imported).unmapped.is_empty(), "{copy}");
+        }
+        let fixed = converted(&[policy(clone_rule(json!({"name": "pull-secret"})))]);
+        assert!(
+            says(
+                &only_report(&fixed).exact,
+                "copies are named pull-secret, the name generate.name gives them (transform.name.template)"
+            ),
+            "{:#?}",
+            fixed.reports
+        );
+    }
+
+    #[test]
+    fn a_clone_under_another_name_may_stand_beside_its_source_and_never_on_it() {
+        let beside = converted(&[policy(clone_rule(
+            json!({"namespace": "default", "name": "regcred-copy"}),
+        ))]);
+        assert_eq!(
+            beside.rules[0]["spec"]["targets"],
+            json!({"include": ["default"]})
+        );
+        assert_eq!(beside.rules[0]["spec"]["namespace"], "default");
+        assert_eq!(copy_name_of(&beside.rules[0], "regcred"), "regcred-copy");
+        assert!(only_report(&beside).unmapped.is_empty());
+        let onto = converted(&[policy(clone_rule(json!({"namespace": "default"})))]);
+        assert!(onto.rules.is_empty());
+        assert_eq!(
+            only_report(&onto).unmapped,
+            [
+                "the source is in default, the namespace the copy goes into under the source's name: the copy would be the source itself, which Copyrator never writes"
+            ]
+        );
+        let invalid = converted(&[policy(clone_rule(json!({"name": "Pull_Secret"})))]);
+        assert!(invalid.rules.is_empty());
+        assert!(
+            says(
+                &only_report(&invalid).unmapped,
+                "the copies' name \"Pull_Secret\" cannot be given by a rule"
+            ),
+            "{:#?}",
+            invalid.reports
+        );
     }
 
     #[test]
@@ -1452,15 +1663,15 @@ spec:
         object
     }
 
-    /// A Policy rule that clones `clone` (a clone or cloneList) into its
-    /// own namespace, as Kyverno lets a Policy generate.
+    /// A rule of a Policy in team-a that clones `clone` (a clone or
+    /// cloneList) into team-a as db-creds: Kyverno lets a Policy generate
+    /// only into its own namespace, named as it is.
     pub(crate) fn policy_clone(field: &str, clone: Value) -> Value {
         json!({
             "name": "take",
             "match": {"any": [{"resources": {"kinds": ["ConfigMap"]}}]},
             "generate": {"apiVersion": "v1", "kind": "Secret", "name": "db-creds",
-                         "namespace": "{{request.object.metadata.namespace}}",
-                         "synchronize": true, field: clone}
+                         "namespace": "team-a", "synchronize": true, field: clone}
         })
     }
 
@@ -1505,24 +1716,137 @@ spec:
     }
 
     #[test]
-    fn a_policy_cloning_within_its_namespace_makes_no_rule() {
-        let mut rule = policy_clone("clone", json!({"namespace": "team-a", "name": "settings"}));
+    fn a_policy_cloning_within_its_namespace_under_another_name_is_a_rule_of_that_namespace() {
+        let rule = policy_clone("clone", json!({"namespace": "team-a", "name": "settings"}));
         let imported = converted(&[tenant_policy(rule.clone())]);
-        assert!(imported.rules.is_empty());
-        assert!(imported.source_labels.is_empty());
+        let name = "kyverno-p-take";
+        assert_eq!(
+            imported.rules,
+            [json!({
+                "apiVersion": "flant.com/v1",
+                "kind": "CopyratorRule",
+                "metadata": {"name": name, "namespace": "team-a"},
+                "spec": {
+                    "ruleType": "secret",
+                    "selector": {import_label_key(name): "true"},
+                    "namespace": "team-a",
+                    "adopt": true,
+                    "targets": {"include": ["team-a"]},
+                    "syncPolicy": "Sync",
+                    "transform": {"name": {"template": "db-creds"}}
+                }
+            })]
+        );
+        assert_eq!(copy_name_of(&imported.rules[0], "settings"), "db-creds");
+        // Its own namespace's object: the label is asked for.
+        assert_eq!(
+            imported.source_labels,
+            [SourceLabel {
+                kind: "Secret".into(),
+                api_version: "v1".into(),
+                namespace: "team-a".into(),
+                name: "settings".into(),
+                key: import_label_key(name),
+                value: "true".into(),
+            }]
+        );
+        let report = only_report(&imported);
+        assert_eq!(report.source, "Policy team-a/p, rule take");
+        assert_eq!(
+            report.exact[..2],
+            [
+                "the source, Secret team-a/settings, is selected by the rule's import label, to be put on it",
+                "copies are named db-creds, the name generate.name gives them (transform.name.template)",
+            ]
+        );
         assert!(
             says(
-                &only_report(&imported).unmapped,
-                "a Policy clones within its own namespace, team-a, into team-a"
+                &report.differs,
+                "the copy goes into team-a, the Policy's own namespace and its source's: Kyverno makes it once a ConfigMap it matches is created there; the rule keeps it there from the start"
             ),
-            "{:#?}",
-            imported.reports
+            "{report:#?}"
         );
-        rule["generate"]["data"] = json!({"kind": "x"});
-        assert!(says(
-            &only_report(&converted(&[tenant_policy(rule)])).unmapped,
-            "generate.data"
-        ));
+        assert!(
+            says(&report.differs, "the rule is team-a's, a tenant rule"),
+            "{report:#?}"
+        );
+        // Into its own namespace alone, it asks no namespace's consent.
+        assert!(!says(&report.differs, "accept-from"), "{report:#?}");
+        assert!(!says(&report.differs, "allow-to"), "{report:#?}");
+        assert!(report.unmapped.is_empty(), "{report:#?}");
+        // The source's name with a suffix: an affix.
+        let mut suffixed = rule.clone();
+        suffixed["generate"]["name"] = json!("settings-copy");
+        let suffixed = converted(&[tenant_policy(suffixed)]);
+        assert_eq!(
+            suffixed.rules[0]["spec"]["transform"],
+            json!({"name": {"suffix": "-copy"}})
+        );
+        // A Policy of the operator's namespace makes a rule there.
+        let mut admins = tenant_policy(rule.clone());
+        admins["metadata"]["namespace"] = json!("copyrator");
+        let mut admins_rule = rule.clone();
+        admins_rule["generate"]["namespace"] = json!("copyrator");
+        admins_rule["generate"]["clone"]["namespace"] = json!("copyrator");
+        admins["spec"]["rules"] = json!([admins_rule]);
+        let admins = converted(&[admins]);
+        assert_eq!(admins.rules[0]["metadata"]["namespace"], "copyrator");
+        assert!(!says(&only_report(&admins).differs, "tenant rule"));
+    }
+
+    #[test]
+    fn a_policy_that_copies_nothing_or_what_kyverno_refuses_makes_no_rule() {
+        let rule = policy_clone("clone", json!({"namespace": "team-a", "name": "settings"}));
+        /// A change to the rule.
+        type Edit = fn(&mut Value);
+        let edited = |edit: Edit| {
+            let mut rule = rule.clone();
+            edit(&mut rule);
+            converted(&[tenant_policy(rule)])
+        };
+        let cases: [(Edit, &str); 6] = [
+            (
+                |r| r["generate"]["name"] = json!("settings"),
+                "generate.name is clone.name, and a Policy generates into the namespace it clones from: the copy would be its source itself, Secret team-a/settings, which Copyrator never writes: no rule is made",
+            ),
+            (
+                |r| r["generate"]["namespace"] = json!("{{request.object.metadata.namespace}}"),
+                "generate.namespace is \"{{request.object.metadata.namespace}}\", not team-a: Kyverno refuses a namespaced Policy that names another namespace to generate into, even by a variable (\"a namespaced policy cannot generate resources in other namespaces\"), so it never copied anything: no rule is made",
+            ),
+            (
+                |r| {
+                    r["generate"]["clone"] = Value::Null;
+                    r["generate"]["cloneList"] =
+                        json!({"namespace": "team-a", "kinds": ["v1/Secret"]});
+                },
+                "cloneList's copies keep their sources' names, and a Policy clones within its own namespace, team-a, into team-a (Kyverno allows it nothing else): each copy would be its source itself, which Copyrator never writes: no rule is made",
+            ),
+            (
+                |r| r["generate"]["clone"] = json!({"name": "settings"}),
+                "its clone names no namespace: Kyverno refuses a namespaced Policy whose clone source names none, so it never copied anything: no rule is made",
+            ),
+            (
+                |r| r["generate"]["data"] = json!({"kind": "x"}),
+                "generate.data makes the object from the policy itself",
+            ),
+            (
+                |r| {
+                    r["generate"]["apiVersion"] = json!("rbac.authorization.k8s.io/v1");
+                    r["generate"]["kind"] = json!("Role");
+                },
+                "a tenant rule copies ConfigMaps and Secrets only",
+            ),
+        ];
+        for (edit, why) in cases {
+            let imported = edited(edit);
+            assert!(imported.rules.is_empty(), "{why}: {:#?}", imported.rules);
+            assert!(imported.source_labels.is_empty(), "{why}");
+            assert!(
+                says(&only_report(&imported).unmapped, why),
+                "{why}: {:#?}",
+                imported.reports
+            );
+        }
     }
 
     #[test]

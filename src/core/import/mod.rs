@@ -19,8 +19,16 @@
 //! config-syncer on its objects) makes tenant rules in that namespace,
 //! which write only where namespaces accept them and take from elsewhere
 //! only what sources consent to give; a source label is asked for only on
-//! objects of the rule's own namespace. A namespaced Kyverno policy makes
-//! no rule: Kyverno lets it clone only within its namespace.
+//! objects of the rule's own namespace. Kyverno lets a namespaced Policy
+//! clone only within its namespace: it makes a rule of that namespace
+//! where it clones a source there under another name, else none.
+//!
+//! A copy named otherwise than its source (Kyverno's `generate.name`, an
+//! object that pulls or mirrors under its own name, a ClusterSecret of
+//! another name than its source) is named by the rule's `transform.name`:
+//! Kyverno's as the source's name with a prefix and/or a suffix where the
+//! copy's name is that, otherwise as one fixed name (a template without
+//! `{name}`), which fits as each such rule selects one source.
 
 mod cert_manager;
 mod cluster_secret;

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 use super::SourceReport;
 use super::patterns::{Anchoring, Selector, everything_but, pattern_list, regex_globs};
 use super::shared::{
-    Context, Conversion, Draft, Named, Owner, Source, Targets, annotation, pulled_source, spec_of,
-    str_at, strip_all,
+    Context, Conversion, Draft, Named, Owner, Source, Targets, annotation, pulled_source, renaming,
+    spec_of, str_at, strip_all,
 };
 use crate::api::selector::Glob;
 
@@ -148,6 +148,7 @@ fn automatic(
             name: named.name.clone(),
         },
         spec: spec_of(&entries),
+        naming: None,
     }))
 }
 
@@ -275,7 +276,7 @@ fn common_globs(a: &[String], b: &[String]) -> Option<Vec<String>> {
 }
 
 /// The rule that keeps a mirror made by hand: its source copied into its
-/// namespace alone.
+/// namespace alone, under its name.
 fn by_hand(
     mirror: &Named,
     reflects: &str,
@@ -283,8 +284,13 @@ fn by_hand(
     report: &mut SourceReport,
 ) -> Result<Option<Draft>, String> {
     let (namespace, name) = pulled_source(mirror, reflects, "reflects")?;
+    let renaming = renaming(name, &mirror.name, false, "the name the mirror has")?;
     match context.find(&mirror.kind, namespace, name) {
-        Some(source) if auto_mirrors_into(source, namespace, &mirror.namespace) => {
+        // An automatic mirror has its source's name: a mirror of another
+        // name beside it is one of its own.
+        Some(source)
+            if renaming.is_none() && auto_mirrors_into(source, namespace, &mirror.namespace) =>
+        {
             // One place, one rule: the source's automatic mirrors' rule
             // writes here already, and a second would meet its copy as a
             // conflict.
@@ -304,6 +310,9 @@ fn by_hand(
         "a mirror made by hand of {} {namespace}/{name}: the rule copies it into {} alone, its source selected by the rule's import label, to be put on it",
         mirror.kind, mirror.namespace
     ));
+    if let Some(renaming) = &renaming {
+        report.exact(renaming.line.clone());
+    }
     report.differs("reflector does not delete a mirror made by hand when its source goes; the closest is deletionPolicy.sourceGone: Orphan, which keeps the copy and hands it over to its namespace");
     Ok(Some(Draft {
         name: mirror.rule_name("reflector"),
@@ -319,6 +328,7 @@ fn by_hand(
             ("deletionPolicy", json!({"sourceGone": "Orphan"})),
             ("transform", strip_all(true)),
         ]),
+        naming: renaming.map(|r| r.name),
     }))
 }
 
@@ -405,7 +415,7 @@ pub(super) mod tests {
 
     use super::super::kyverno::tests::yaml;
     use super::super::shared::import_label_key;
-    use super::super::shared::tests::{converted, says};
+    use super::super::shared::tests::{converted, copy_name_of, says};
     use super::super::{Imported, SourceReport};
 
     // RF README.md §Usage: a source that permits reflection.
@@ -449,10 +459,41 @@ data:
     const KEY: &str = "reflector.v1.k8s.emberstack.com/";
 
     #[test]
-    fn the_documented_source_permits_mirrors_by_hand_and_the_mirror_is_renamed() {
+    fn the_documented_source_permits_mirrors_by_hand_and_the_mirror_of_another_name_is_a_rule() {
         let imported = converted(&documented());
-        assert!(imported.rules.is_empty(), "{:#?}", imported.rules);
-        assert!(imported.source_labels.is_empty());
+        let name = "reflector-secret-default-mirror-secret";
+        // Both in default: the mirror stands beside its source.
+        assert_eq!(
+            imported.rules,
+            [json!({
+                "apiVersion": "flant.com/v1",
+                "kind": "CopyratorRule",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {
+                    "ruleType": "secret",
+                    "selector": {import_label_key(name): "true"},
+                    "namespace": "default",
+                    "adopt": true,
+                    "targets": {"include": ["default"]},
+                    "deletionPolicy": {"sourceGone": "Orphan"},
+                    "transform": {
+                        "stripLabels": ["*"],
+                        "stripAnnotations": ["*"],
+                        "name": {"template": "mirror-secret"}
+                    }
+                }
+            })]
+        );
+        assert_eq!(
+            copy_name_of(&imported.rules[0], "source-secret"),
+            "mirror-secret"
+        );
+        let labelled: Vec<(&str, &str)> = imported
+            .source_labels
+            .iter()
+            .map(|l| (l.namespace.as_str(), l.name.as_str()))
+            .collect();
+        assert_eq!(labelled, [("default", "source-secret")]);
         let source = report_on(&imported, "Secret default/source-secret");
         assert_eq!(source.tool, "kubernetes-reflector");
         assert!(
@@ -464,13 +505,18 @@ data:
             "{source:#?}"
         );
         let mirror = report_on(&imported, "Secret default/mirror-secret");
-        assert!(
-            says(
-                &mirror.unmapped,
-                "this object is named mirror-secret, its source source-secret: Copyrator's copies keep their source's name"
-            ),
-            "{mirror:#?}"
+        assert_eq!(
+            mirror.exact,
+            [
+                "a mirror made by hand of Secret default/source-secret: the rule copies it into default alone, its source selected by the rule's import label, to be put on it",
+                "copies are named mirror-secret, the name the mirror has (transform.name.template)",
+            ]
         );
+        // Neither default/namespace-1/namespace-2 nor the selector says
+        // default for sure.
+        assert!(says(&mirror.differs, "was not checked"), "{mirror:#?}");
+        assert!(!says(&mirror.differs, "allow-to"), "{mirror:#?}");
+        assert!(mirror.unmapped.is_empty(), "{mirror:#?}");
     }
 
     fn mirror_in(namespace: &str) -> Value {
@@ -590,8 +636,22 @@ data:
             "{mirror:#?}"
         );
         // A mirror where the source does not mirror itself keeps its rule.
-        let elsewhere = converted(&[source, mirror_in("team-c")]);
+        let elsewhere = converted(&[source.clone(), mirror_in("team-c")]);
         assert_eq!(elsewhere.rules.len(), 2, "{:#?}", elsewhere.reports);
+        // So does one of another name, beside the automatic mirror.
+        let mut renamed = mirror_in("team-a");
+        renamed["metadata"]["name"] = json!("local-secret");
+        let renamed = converted(&[source, renamed]);
+        assert_eq!(renamed.rules.len(), 2, "{:#?}", renamed.reports);
+        let mirror = report_on(&renamed, "Secret team-a/local-secret");
+        assert!(!says(&mirror.differs, "no rule of its own"), "{mirror:#?}");
+        assert_eq!(mirror.rules, ["reflector-secret-team-a-local-secret"]);
+        let rule = renamed
+            .rules
+            .iter()
+            .find(|r| r["metadata"]["name"] == "reflector-secret-team-a-local-secret")
+            .expect("the mirror's rule");
+        assert_eq!(copy_name_of(rule, "source-secret"), "local-secret");
     }
 
     #[test]
@@ -837,6 +897,19 @@ data:
         let imported = converted(&[certificate, secret]);
         assert_eq!(imported.reports.len(), 1, "{:#?}", imported.reports);
         assert_eq!(imported.reports[0].source, "Secret certs/web-tls");
+    }
+
+    #[test]
+    fn a_mirror_that_names_itself_copies_nothing() {
+        let mut mirror = mirror_in("default");
+        mirror["metadata"]["annotations"][format!("{KEY}reflects")] =
+            json!("default/source-secret");
+        let imported = converted(&[mirror]);
+        assert!(imported.rules.is_empty());
+        assert_eq!(
+            imported.reports[0].unmapped,
+            ["reflects names this object itself: it copies nothing, and no rule is made"]
+        );
     }
 
     #[test]

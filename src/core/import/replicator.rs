@@ -11,7 +11,7 @@ use super::SourceReport;
 use super::patterns::{Anchoring, Selector, everything_but, pattern_list};
 use super::shared::{
     Context, Conversion, Draft, Named, Owner, Source, Targets, annotation, kind_notes,
-    pulled_source, spec_of, str_at, strip_all,
+    pulled_source, renaming, spec_of, str_at, strip_all,
 };
 
 pub(super) const TOOL: &str = "kubernetes-replicator";
@@ -132,6 +132,7 @@ fn push(
             name: named.name.clone(),
         },
         spec: spec_of(&entries),
+        naming: None,
     })
 }
 
@@ -200,7 +201,7 @@ fn push_targets(object: &Value, report: &mut SourceReport) -> Result<Targets, St
 }
 
 /// The rule that fills an object that pulls from a source: the source
-/// copied into that object's namespace alone.
+/// copied into that object's namespace alone, under that object's name.
 fn pull(
     target: &Named,
     from: &str,
@@ -210,6 +211,7 @@ fn pull(
     let owner = Owner::of_namespace(&target.namespace, context.options);
     owner.kind_refusal(&target.api_version, &target.kind)?;
     let (namespace, name) = pulled_source(target, from, "replicate-from")?;
+    let renaming = renaming(name, &target.name, false, "the name the replica has")?;
     match context.find(&target.kind, namespace, name) {
         Some(source) => permitted(source, &target.namespace, report)?,
         None => report.differs(format!(
@@ -221,6 +223,9 @@ fn pull(
         "pulls {} {namespace}/{name}: the rule copies it into {} alone, its source selected by the rule's import label, to be put on it",
         target.kind, target.namespace
     ));
+    if let Some(renaming) = &renaming {
+        report.exact(renaming.line.clone());
+    }
     report.differs("when the source goes, replicator empties this object (removes its data) instead of deleting it; the closest is deletionPolicy.sourceGone: Orphan, which keeps it as it is, data and all");
     report.differs("how replicator treats the labels of an object that pulls was not researched (unconfirmed): the rule's copy carries the source's labels, none of its annotations");
     for note in kind_notes(&target.api_version, &target.kind, TOOL) {
@@ -240,6 +245,7 @@ fn pull(
             ("deletionPolicy", json!({"sourceGone": "Orphan"})),
             ("transform", strip_all(false)),
         ]),
+        naming: renaming.map(|r| r.name),
     })
 }
 
@@ -284,7 +290,7 @@ pub(super) mod tests {
 
     use super::super::kyverno::tests::yaml;
     use super::super::shared::import_label_key;
-    use super::super::shared::tests::{converted, says};
+    use super::super::shared::tests::{converted, copy_name_of, says};
 
     // RP README.md: push by name.
     const PUSH_TO: &str = r#"
@@ -456,27 +462,123 @@ data:
     }
 
     #[test]
-    fn the_documented_pull_is_renamed_and_the_source_only_permits() {
+    fn the_documented_pull_is_a_rule_naming_its_copy_as_the_replica_and_the_source_only_permits() {
         let imported = converted(&[yaml(PULL), yaml(PULL_SOURCE)]);
-        assert!(imported.rules.is_empty(), "{:#?}", imported.rules);
+        let name = "replicator-secret-default-secret-replica";
+        // It pulls default/some-secret into its own namespace, beside it.
+        assert_eq!(
+            imported.rules,
+            [json!({
+                "apiVersion": "flant.com/v1",
+                "kind": "CopyratorRule",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {
+                    "ruleType": "secret",
+                    "selector": {import_label_key(name): "true"},
+                    "namespace": "default",
+                    "adopt": true,
+                    "targets": {"include": ["default"]},
+                    "deletionPolicy": {"sourceGone": "Orphan"},
+                    "transform": {
+                        "stripAnnotations": ["*"],
+                        "name": {"template": "secret-replica"}
+                    }
+                }
+            })]
+        );
+        assert_eq!(
+            copy_name_of(&imported.rules[0], "some-secret"),
+            "secret-replica"
+        );
+        let labelled: Vec<(&str, &str)> = imported
+            .source_labels
+            .iter()
+            .map(|l| (l.namespace.as_str(), l.name.as_str()))
+            .collect();
+        assert_eq!(
+            labelled,
+            [("default", "some-secret")],
+            "its own namespace's"
+        );
         let pull = imported
             .reports
             .iter()
             .find(|r| r.source == "Secret default/secret-replica")
             .expect("reported");
+        assert_eq!(
+            pull.exact,
+            [
+                "pulls Secret default/some-secret: the rule copies it into default alone, its source selected by the rule's import label, to be put on it",
+                "copies are named secret-replica, the name the replica has (transform.name.template)",
+            ]
+        );
+        assert!(pull.unmapped.is_empty(), "{pull:#?}");
         assert!(
-            says(
-                &pull.unmapped,
-                "named secret-replica, its source some-secret"
-            ),
+            says(&pull.differs, "the rule is default's, a tenant rule"),
             "{pull:#?}"
         );
+        // Within its own namespace it asks no one's consent.
+        assert!(!says(&pull.differs, "allow-to"), "{pull:#?}");
+        assert!(!says(&pull.differs, "accept-from"), "{pull:#?}");
+        // test-secret is not what it pulls.
+        assert!(says(&pull.differs, "was not checked"), "{pull:#?}");
         let source = imported
             .reports
             .iter()
             .find(|r| r.source == "Secret default/test-secret")
             .expect("reported");
         assert!(says(&source.exact, "permits pulls"), "{source:#?}");
+        assert!(source.rules.is_empty());
+    }
+
+    #[test]
+    fn a_pull_under_another_name_from_another_namespace_asks_its_owner() {
+        let mut source = yaml(PULL_SOURCE);
+        source["metadata"]["namespace"] = json!("default");
+        let mut pull = pull_into("my-ns-1");
+        pull["metadata"]["name"] = json!("local-copy");
+        let imported = converted(&[source, pull]);
+        let name = "replicator-secret-my-ns-1-local-copy";
+        let [rule] = imported.rules.as_slice() else {
+            panic!("{:#?}", imported.reports);
+        };
+        assert_eq!(
+            rule["metadata"],
+            json!({"name": name, "namespace": "my-ns-1"})
+        );
+        assert_eq!(rule["spec"]["namespace"], "default");
+        assert_eq!(rule["spec"]["targets"], json!({"include": ["my-ns-1"]}));
+        assert_eq!(copy_name_of(rule, "test-secret"), "local-copy");
+        assert!(imported.source_labels.is_empty(), "default's object");
+        let report = imported
+            .reports
+            .iter()
+            .find(|r| r.source == "Secret my-ns-1/local-copy")
+            .expect("reported");
+        assert!(
+            says(
+                &report.exact,
+                "copies are named local-copy, the name the replica has (transform.name.template)"
+            ),
+            "{report:#?}"
+        );
+        assert!(
+            says(
+                &report.differs,
+                "the annotation copyrator.flant.com/allow-to on it listing my-ns-1"
+            ),
+            "{report:#?}"
+        );
+        // An object that names itself pulls nothing.
+        let mut itself = yaml(PULL);
+        itself["metadata"]["annotations"]["replicator.v1.mittwald.de/replicate-from"] =
+            json!("default/secret-replica");
+        let itself = converted(&[itself]);
+        assert!(itself.rules.is_empty());
+        assert_eq!(
+            itself.reports[0].unmapped,
+            ["replicate-from names this object itself: it copies nothing, and no rule is made"]
+        );
     }
 
     fn pull_into(namespace: &str) -> Value {

@@ -8,7 +8,9 @@ use serde_json::{Map, Value, json};
 
 use super::patterns::Selector;
 use super::{Imported, Options, SourceLabel, SourceReport};
+use crate::api::rule::CopyName;
 use crate::api::selector::Glob;
+use crate::core::naming::Naming;
 use crate::core::resolve::PROTECTED_NAMESPACES;
 
 /// The longest rule name: the source label's key, `import.` and the name,
@@ -109,6 +111,8 @@ pub(super) struct Draft {
     pub(super) source: Source,
     /// The rest of the spec: targets, syncPolicy, deletionPolicy, transform.
     pub(super) spec: Map<String, Value>,
+    /// `transform.name`, where copies are named otherwise than their source.
+    pub(super) naming: Option<CopyName>,
 }
 
 /// What one configuration became.
@@ -257,22 +261,25 @@ fn tenant_lines(namespace: &str, rule: &str, draft: &Draft, tool: &str) -> Vec<S
         | Source::Named { namespace, .. }
         | Source::ToLabel { namespace } => namespace,
     };
-    if source_namespace == namespace {
+    if source_namespace != namespace {
+        if let Source::Named {
+            namespace: from,
+            name,
+        } = &draft.source
+        {
+            lines.push(format!(
+                "the rule takes {} {from}/{name} only while its owner consents: the annotation copyrator.flant.com/allow-to on it listing {namespace}, and the label {}=true, which only the owner of {from} may put on it (no command here touches an object outside {namespace})",
+                draft.kind,
+                import_label_key(rule)
+            ));
+        }
+    } else if draft.spec.get("targets") != Some(&json!({"include": [namespace]})) {
+        // Into its own namespace alone, a rule needs no one's consent.
         lines.push(format!(
             "the rule copies only into those of its targets whose annotation copyrator.flant.com/accept-from lists {namespace}: {tool}'s copies in the others are neither adopted nor touched"
         ));
         lines.push(format!(
             "of those, it adopts {tool}'s copies only where their marks say they came from {namespace} (reflector's, config-syncer's and Kyverno's do) or the namespace's annotation copyrator.flant.com/adopt-from lists {namespace}; elsewhere they are conflicts"
-        ));
-    } else if let Source::Named {
-        namespace: from,
-        name,
-    } = &draft.source
-    {
-        lines.push(format!(
-            "the rule takes {} {from}/{name} only while its owner consents: the annotation copyrator.flant.com/allow-to on it listing {namespace}, and the label {}=true, which only the owner of {from} may put on it (no command here touches an object outside {namespace})",
-            draft.kind,
-            import_label_key(rule)
         ));
     }
     lines
@@ -381,6 +388,14 @@ fn build_rule(name: &str, draft: Draft, options: &Options) -> (Value, Option<Sou
     spec.insert("namespace".into(), json!(namespace));
     spec.insert("adopt".into(), json!(true));
     spec.extend(draft.spec);
+    if let Some(naming) = draft.naming {
+        let transform = spec
+            .entry("transform")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(transform) = transform {
+            transform.insert("name".into(), json!(naming));
+        }
+    }
     let rule = json!({
         "apiVersion": "flant.com/v1",
         "kind": "CopyratorRule",
@@ -605,9 +620,8 @@ pub(super) fn namespaced_name(text: &str) -> Option<(&str, &str)> {
 }
 
 /// The source `reference` (`namespace/name`, what `directive` of `target`
-/// says) of an object that pulls it into its own namespace, where a rule
-/// can copy it there: a copy keeps its source's name, and a source is
-/// never copied into its own namespace.
+/// says) of an object that pulls it into its own namespace and name,
+/// unless it names the object itself.
 pub(super) fn pulled_source<'a>(
     target: &Named,
     reference: &'a str,
@@ -616,19 +630,93 @@ pub(super) fn pulled_source<'a>(
     let (namespace, name) = namespaced_name(reference).ok_or_else(|| {
         format!("{directive} {reference:?} is not namespace/name: it names no source")
     })?;
-    if name != target.name {
+    if namespace == target.namespace && name == target.name {
         return Err(format!(
-            "this object is named {}, its source {name}: Copyrator's copies keep their source's name",
-            target.name
+            "{directive} names this object itself: it copies nothing, and no rule is made"
         ));
     }
-    if namespace == target.namespace {
-        return Err(
-            "it pulls from its own namespace: Copyrator never copies a source into its own namespace"
-                .into(),
-        );
-    }
     Ok((namespace, name))
+}
+
+/// How a rule of one source names its copy, and the report's line on it.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Renaming {
+    /// `transform.name`.
+    pub(super) name: CopyName,
+    /// What the report says of it: the copy's name, and how it is made.
+    pub(super) line: String,
+}
+
+/// How a rule whose one source is named `source` names its copies `copy`:
+/// none where the names are alike. With `affixes`, where `copy` holds
+/// `source`, as the source's name with a prefix and/or a suffix;
+/// otherwise as one fixed name (a template without `{name}`: the rule
+/// selects its one source by its import label). `origin` says where the
+/// other tool's name comes from ("the name the replica has"). An error
+/// where `copy` can be no copy's name.
+pub(super) fn renaming(
+    source: &str,
+    copy: &str,
+    affixes: bool,
+    origin: &str,
+) -> Result<Option<Renaming>, String> {
+    if copy == source {
+        return Ok(None);
+    }
+    let gives = |name: &CopyName| {
+        Naming::new(Some(name))
+            .and_then(|naming| naming.copy_name(source))
+            .map(|given| given == copy)
+    };
+    // The source's name as a whole part of the copy's, set off by '-' or
+    // '.': "platform-ca", not "local-cache".
+    let affixed = copy.match_indices(source).find_map(|(at, _)| {
+        let (prefix, suffix) = (copy.get(..at)?, copy.get(at + source.len()..)?);
+        let set_off = (prefix.is_empty() || prefix.ends_with(['-', '.']))
+            && (suffix.is_empty() || suffix.starts_with(['-', '.']));
+        set_off.then_some((prefix, suffix))
+    });
+    if affixes && let Some((prefix, suffix)) = affixed {
+        let present = |text: &str| (!text.is_empty()).then(|| text.to_owned());
+        let name = CopyName {
+            prefix: present(prefix),
+            suffix: present(suffix),
+            template: None,
+        };
+        // Where affixes cannot give the name, a fixed name may.
+        if gives(&name) == Ok(true) {
+            let how = match (prefix.is_empty(), suffix.is_empty()) {
+                (false, true) => format!("with {prefix:?} before it (transform.name.prefix)"),
+                (true, false) => format!("with {suffix:?} after it (transform.name.suffix)"),
+                _ => format!(
+                    "with {prefix:?} before it and {suffix:?} after it (transform.name.prefix and suffix)"
+                ),
+            };
+            return Ok(Some(Renaming {
+                name,
+                line: format!(
+                    "copies are named {copy}, {origin}: the source's name {source} {how}"
+                ),
+            }));
+        }
+    }
+    let name = CopyName {
+        prefix: None,
+        suffix: None,
+        template: Some(copy.to_owned()),
+    };
+    match gives(&name) {
+        Ok(true) => Ok(Some(Renaming {
+            name,
+            line: format!("copies are named {copy}, {origin} (transform.name.template)"),
+        })),
+        Ok(false) => Err(format!(
+            "the copies' name {copy:?} is no name a rule's transform.name.template can give: no rule is made"
+        )),
+        Err(why) => Err(format!(
+            "the copies' name {copy:?} cannot be given by a rule ({why}): no rule is made"
+        )),
+    }
 }
 
 /// `{"key": value}` as a spec entry map.
@@ -705,6 +793,87 @@ pub(super) mod tests {
     /// Whether one of a report's `lines` has `words` in it.
     pub(crate) fn says(lines: &[String], words: &str) -> bool {
         lines.iter().any(|l| l.contains(words))
+    }
+
+    /// The name of `rule`'s copy of a source named `source`, as the
+    /// operator resolves the rule (a rule of ConfigMaps or Secrets).
+    pub(crate) fn copy_name_of(rule: &Value, source: &str) -> String {
+        let parsed: CopyratorRule =
+            serde_json::from_value(rule.clone()).unwrap_or_else(|e| panic!("{rule}: {e}"));
+        let resolved = parsed
+            .resolve(&Trust::new("copyrator", true))
+            .unwrap_or_else(|e| panic!("{rule} does not resolve: {}", e.message));
+        resolved
+            .transform
+            .naming
+            .copy_name(source)
+            .unwrap_or_else(|e| panic!("{rule}: {e}"))
+    }
+
+    /// `transform.name` of a renaming, as JSON.
+    fn naming_json(source: &str, copy: &str, affixes: bool) -> Option<Value> {
+        renaming(source, copy, affixes, "the name it has")
+            .expect("a valid name")
+            .map(|r| json!(r.name))
+    }
+
+    #[test]
+    fn a_copy_of_another_name_is_named_by_affixes_where_they_say_it_else_by_a_fixed_name() {
+        assert_eq!(renaming("regcred", "regcred", true, "-"), Ok(None));
+        let cases = [
+            ("platform-regcred", json!({"prefix": "platform-"})),
+            ("regcred-copy", json!({"suffix": "-copy"})),
+            (
+                "team.regcred.v1",
+                json!({"prefix": "team.", "suffix": ".v1"}),
+            ),
+            // The source's name must stand whole, set off by '-' or '.'.
+            ("regcredential", json!({"template": "regcredential"})),
+            ("my-regcreds", json!({"template": "my-regcreds"})),
+            ("other", json!({"template": "other"})),
+        ];
+        for (copy, expected) in cases {
+            assert_eq!(naming_json("regcred", copy, true), Some(expected), "{copy}");
+            assert_eq!(
+                naming_json("regcred", copy, false),
+                Some(json!({"template": copy})),
+                "{copy}, a fixed name asked for"
+            );
+        }
+        // The first place where the source's name stands whole.
+        assert_eq!(
+            naming_json("ca", "cat-ca", true),
+            Some(json!({"prefix": "cat-"}))
+        );
+        let prefixed = renaming("regcred", "platform-regcred", true, "the name it has")
+            .expect("valid")
+            .expect("renamed");
+        assert_eq!(
+            prefixed.line,
+            "copies are named platform-regcred, the name it has: the source's name regcred with \"platform-\" before it (transform.name.prefix)"
+        );
+        let fixed = renaming(
+            "some-secret",
+            "secret-replica",
+            false,
+            "the name the replica has",
+        )
+        .expect("valid")
+        .expect("renamed");
+        assert_eq!(
+            fixed.line,
+            "copies are named secret-replica, the name the replica has (transform.name.template)"
+        );
+        // What no rule can name a copy.
+        for copy in ["Upper", "under_score", "{name}", "x".repeat(254).as_str()] {
+            let refused = renaming("regcred", copy, true, "-");
+            assert!(
+                refused
+                    .as_ref()
+                    .is_err_and(|why| why.ends_with("no rule is made")),
+                "{copy}: {refused:?}"
+            );
+        }
     }
 
     #[test]
