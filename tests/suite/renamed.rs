@@ -173,7 +173,7 @@ async fn a_renamed_copy_is_kept_like_any_copy_and_beside_its_source() {
     let late = t.ns("t-late").await;
     wait_all(
         &t,
-        &[late.clone()],
+        std::slice::from_ref(&late),
         "platform-pull",
         (&from, &uid),
         &[("k", "v2")],

@@ -808,6 +808,7 @@ pub(super) mod tests {
             .naming
             .copy_name(source)
             .unwrap_or_else(|e| panic!("{rule}: {e}"))
+            .into_owned()
     }
 
     /// `transform.name` of a renaming, as JSON.
