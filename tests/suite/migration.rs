@@ -51,6 +51,8 @@ struct Case {
     /// named in its report.
     file: Option<fn(&TestNs, &str) -> String>,
     report_source: fn(&str) -> String,
+    /// The name of the tool's copies (the source is `settings`).
+    copy_name: &'static str,
     /// Whether its configuration is the source namespace's (annotations on
     /// the source), so that its rule is a tenant rule there, rather than
     /// the cluster admins' (cluster-scoped), an admin rule.
@@ -97,6 +99,7 @@ fn reflector() -> Case {
         },
         file: None,
         report_source: config_map_source,
+        copy_name: "settings",
         tenant: true,
     }
 }
@@ -135,6 +138,7 @@ fn config_syncer() -> Case {
         },
         file: None,
         report_source: config_map_source,
+        copy_name: "settings",
         tenant: true,
     }
 }
@@ -169,7 +173,27 @@ fn cluster_secret() -> Case {
             )
         }),
         report_source: |_| "ClusterSecret settings".to_owned(),
+        copy_name: "settings",
         tenant: false,
+    }
+}
+
+/// A ClusterSecret of another name than the Secret its `valueFrom` names:
+/// its Secrets take the ClusterSecret's name (`transform.name`).
+fn cluster_secret_renamed() -> Case {
+    Case {
+        test: "migrate-csec-renamed",
+        file: Some(|t, src| {
+            format!(
+                "apiVersion: clustersecret.io/v1\nkind: ClusterSecret\nmetadata:\n  name: shared-settings\n\
+                 matchNamespace:\n  - \"{}-t.*\"\ndata:\n  valueFrom:\n    secretKeyRef:\n      \
+                 name: settings\n      namespace: {src}\n",
+                t.prefix
+            )
+        }),
+        report_source: |_| "ClusterSecret shared-settings".to_owned(),
+        copy_name: "shared-settings",
+        ..cluster_secret()
     }
 }
 
@@ -186,6 +210,11 @@ async fn copies_config_syncer_made_are_imported_planned_and_adopted_without_a_pa
 #[tokio::test]
 async fn secrets_cluster_secret_made_are_imported_planned_and_adopted_without_a_payload_write() {
     migrate(cluster_secret()).await;
+}
+
+#[tokio::test]
+async fn secrets_a_cluster_secret_of_another_name_made_are_adopted_under_its_name() {
+    migrate(cluster_secret_renamed()).await;
 }
 
 /// The body of an object of `kind` with `meta` and the data `k`.
@@ -235,7 +264,7 @@ async fn migrate(case: Case) {
     for ns in &targets {
         let meta = (case.copy_meta)(&t, &source);
         let copy = t
-            .create_json(kind, ns, "settings", body(kind, meta, "v1"))
+            .create_json(kind, ns, case.copy_name, body(kind, meta, "v1"))
             .await;
         before.insert(ns.clone(), copy);
     }
@@ -359,7 +388,7 @@ async fn migrate(case: Case) {
         .await;
     println!("status: {}", status["status"]);
     for ns in &targets {
-        let now = t.must_get(kind, ns, "settings").await;
+        let now = t.must_get(kind, ns, case.copy_name).await;
         assert_eq!(now.uid, before[ns].uid, "{ns}: the same object");
         assert_eq!(now.data, before[ns].data, "{ns}: the same data");
         let left: Vec<&String> = now
@@ -423,11 +452,15 @@ async fn migrate(case: Case) {
     t.set_data(kind, &src, "settings", &[("k", Some("v2"))])
         .await;
     for ns in &targets {
-        wait_until(format!("{ns}/settings to follow"), TIMEOUT, async || {
-            t.must_get(kind, ns, "settings")
-                .await
-                .data_is(&[("k", "v2")])
-        })
+        wait_until(
+            format!("{ns}/{} to follow", case.copy_name),
+            TIMEOUT,
+            async || {
+                t.must_get(kind, ns, case.copy_name)
+                    .await
+                    .data_is(&[("k", "v2")])
+            },
+        )
         .await;
     }
     if file.is_some() {
