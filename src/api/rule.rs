@@ -370,6 +370,10 @@ pub(crate) enum SyncPolicy {
 /// Changes applied to the labels and annotations of every copy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.toKind) || (has(self.keys) && has(self.keys.include) && size(self.keys.include) > 0)",
+    "message": "toKind: ConfigMap needs keys.include: the Secret's keys a ConfigMap may hold, named (a Secret's other keys, its private key among them, never travel)"
+}]))]
 pub(crate) struct Transform {
     /// Labels set on every copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -399,6 +403,18 @@ pub(crate) struct Transform {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::api::schema::copy_name_schema")]
     pub(crate) name: Option<CopyName>,
+    /// The kind copies are: `ConfigMap`, for a rule copying Secrets, holds
+    /// the keys `keys.include` selects as text (a Secret's public half,
+    /// such as a CA). Default: the source's kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) to_kind: Option<ToKind>,
+}
+
+/// The kind a rule's copies are, when not its sources' (`transform.toKind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub(crate) enum ToKind {
+    /// A ConfigMap holding chosen keys of a Secret as text.
+    ConfigMap,
 }
 
 /// How a copy is named from its source's name (`transform.name`).

@@ -29,7 +29,9 @@ use crate::controller::member_pass::in_member;
 use crate::controller::state::Shared;
 use crate::core::plan::source_rejection;
 use crate::core::resolve::ResolvedRule;
-use crate::core::whereabouts::{CopyRule, CopyState, Follower, Place, copy_names, places};
+use crate::core::whereabouts::{
+    CopyRule, CopyState, Follower, Place, PlaceOf, copy_names, places,
+};
 use crate::ops::http::Health;
 use crate::ops::metrics::Metrics;
 
@@ -356,8 +358,8 @@ async fn find(settings: Settings, args: &WhereArgs) -> anyhow::Result<Found> {
             status: live.status.as_ref(),
         })
         .collect();
-    let names = copy_names(&name, &at_home);
-    let (namespaces, copies) = read_cluster(&client, kind, &names).await?;
+    let names = copy_names(kind, &name, &at_home);
+    let (namespaces, copies) = read_cluster(&client, &names).await?;
     let mut elsewhere = BTreeMap::new();
     unfollowed_rules(
         &client,
@@ -582,15 +584,14 @@ fn refused_source(cluster: &str, rules: &[CopyratorRule], source_ref: &str) -> V
         .collect()
 }
 
-/// The objects of one cluster where copies may be, by `(namespace, name)`.
-type PlacesRead = BTreeMap<(String, String), Object>;
+/// The objects of one cluster where copies may be, by kind, namespace and name.
+type PlacesRead = BTreeMap<PlaceOf, Object>;
 
-/// One cluster's namespaces, and its objects of `kind` of each of `names`,
-/// by place.
+/// One cluster's namespaces, and its objects of each kind and name of
+/// `names`, by place.
 async fn read_cluster(
     client: &Client,
-    kind: Kind,
-    names: &[String],
+    names: &[(Kind, String)],
 ) -> Result<(BTreeMap<String, NamespaceInfo>, PlacesRead), WhereError> {
     let reader = Reader::new(client.clone());
     let namespaces = reader.everywhere::<Namespace>();
@@ -603,9 +604,9 @@ async fn read_cluster(
     .into_iter()
     .map(|meta| (meta.name_any(), NamespaceInfo::of(&meta.metadata)))
     .collect();
-    let objects = reader.of(&kind.api_resource(), None);
     let mut copies = BTreeMap::new();
-    for name in names {
+    for (kind, name) in names {
+        let (kind, objects) = (*kind, reader.of(&kind.api_resource(), None));
         let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
         let found = bounded(
             &format!("listing the {kind}s named {name}"),
@@ -615,7 +616,7 @@ async fn read_cluster(
         copies.extend(found.items.into_iter().map(|object| {
             let object = Object::from_dynamic(kind, object);
             (
-                (object.namespace.to_string(), object.name.to_string()),
+                (kind, object.namespace.to_string(), object.name.to_string()),
                 object,
             )
         }));
@@ -653,8 +654,8 @@ async fn in_members(
                 .iter()
                 .map(|rule| Follower { rule, status: None })
                 .collect();
-            let names = copy_names(&source.name, &followers);
-            let (namespaces, copies) = read_cluster(&client, kind, &names)
+            let names = copy_names(kind, &source.name, &followers);
+            let (namespaces, copies) = read_cluster(&client, &names)
                 .await
                 .map_err(|e| e.to_string())?;
             let copies: PlacesRead = copies

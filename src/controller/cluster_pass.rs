@@ -91,7 +91,7 @@ fn report_of(site: &Site, resolved: &ResolvedRule, pass: &Pass) -> ClusterReport
             writer: c.writer,
         })
         .collect();
-    let copies = read(site.cluster.views.copies(resolved.kind));
+    let copies = read(site.cluster.views.copies(resolved.copy_kind));
     ClusterReport {
         target_namespaces: pass.plan.target_namespaces,
         copies: pass.copies,
@@ -142,7 +142,7 @@ pub(crate) async fn preview_plan(
     .await?;
     let changes = actions
         .iter()
-        .map(|action| (resolved.kind, action))
+        .map(|action| (resolved.copy_kind, action))
         .chain(other_kind_deletions.iter().map(|(kind, a)| (*kind, a)))
         .map(|(kind, action)| {
             PlannedChange::of(cluster, &rule_name, kind, action).sent_as(&resolved.identity)
@@ -152,7 +152,7 @@ pub(crate) async fn preview_plan(
         .conflicts
         .iter()
         .chain(&plan.shadowed)
-        .map(|conflict| Skip::copy(cluster, &rule_name, resolved.kind, conflict))
+        .map(|conflict| Skip::copy(cluster, &rule_name, resolved.copy_kind, conflict))
         .chain(
             plan.refused_sources
                 .iter()
@@ -188,7 +188,7 @@ async fn take_over_or_skip(
     if names.is_empty() {
         return Ok(actions);
     }
-    let kind = resolved.kind;
+    let kind = resolved.copy_kind;
     let api = site.cluster.reader.of(&kind.api_resource(), None);
     let mut lists = futures::stream::iter(names)
         .map(|name| {
@@ -307,7 +307,7 @@ fn plan_pass(
 ) -> (Plan, Vec<(Kind, Action)>) {
     let namespaces = read(&site.cluster.views.namespaces);
     let plan = {
-        let copies = read(site.cluster.views.copies(resolved.kind));
+        let copies = read(site.cluster.views.copies(resolved.copy_kind));
         let roles = read(&site.cluster.views.roles);
         let live = |uid: &str| shared.is_live_rule(uid);
         let inputs = Inputs {
@@ -324,7 +324,7 @@ fn plan_pass(
     };
     let mut other_kind_deletions = Vec::new();
     if resolved.prune {
-        for kind in Kind::all().filter(|k| *k != resolved.kind && resolved.policy.kinds.copies(*k))
+        for kind in Kind::all().filter(|k| *k != resolved.copy_kind && resolved.policy.kinds.copies(*k))
         {
             // The rule no longer copies this kind: as if its sources were gone.
             for action in plan::cleanup(
@@ -456,7 +456,7 @@ async fn carry_out(
     }
     let actions: Vec<(Kind, Action)> = std::mem::take(&mut plan.actions)
         .into_iter()
-        .map(|a| (resolved.kind, a))
+        .map(|a| (resolved.copy_kind, a))
         .chain(other_kind_deletions)
         .collect();
     let admitted = admit(site, resolved, actions, &mut pass);
@@ -518,7 +518,7 @@ fn pass_scope(
     let memory = memory.entry(resolved.key.clone()).or_default();
     memory
         .known_conflicts
-        .pass_begins(&resolved.key.to_string(), resolved.kind);
+        .pass_begins(&resolved.key.to_string(), resolved.copy_kind);
     memory.known_conflicts.set_adopts(resolved.adopt);
     let mut scope = if fresh {
         Scope::everything()
@@ -617,7 +617,7 @@ fn defer_failed_elsewhere(site: &Site, resolved: &ResolvedRule, scope: &Scope, p
     // `memory` comes before `backoffs` in the lock order.
     let failed_before = lock(&site.backoffs).failures(&resolved.key);
     for ((kind, namespace, name), failure, retry_at) in failed_before {
-        if kind == resolved.kind
+        if kind == resolved.copy_kind
             && !scope.covers(&namespace, &name)
             && tally.is_unwritten(&namespace, &name)
         {
@@ -695,7 +695,7 @@ fn take_outcomes(
         let mut memory = lock(&site.memory);
         let tally = &mut memory.entry(resolved.key.clone()).or_default().tally;
         for (_, kind, action, outcome) in &outcomes {
-            if *kind == resolved.kind
+            if *kind == resolved.copy_kind
                 && matches!(
                     outcome,
                     Outcome::Written(_) | Outcome::Adopted(_) | Outcome::Ignored(_)
@@ -740,7 +740,7 @@ fn take_outcomes(
             Outcome::Written(object) => {
                 // Write-through: the next pass sees our write even before its watch event.
                 write_through(site, kind, &action, object);
-                if resolved.restart_consumers && kind == resolved.kind {
+                if resolved.restart_consumers && kind == resolved.copy_kind {
                     note_changed(pass, namespace, &action);
                 }
                 match action {
@@ -837,7 +837,7 @@ fn after_writes(
         }
     }
     {
-        let copies = read(site.cluster.views.copies(resolved.kind));
+        let copies = read(site.cluster.views.copies(resolved.copy_kind));
         memory.known_conflicts.retain(|(ns, name)| {
             copies
                 .get(ns, name)

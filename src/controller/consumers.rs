@@ -153,7 +153,7 @@ fn copies_to_check(
     let mut seen = HashSet::new();
     // The memory before the views, as the lock order in state.rs says.
     let mut memory = lock(&site.memory);
-    let copies = read(site.cluster.views.copies(resolved.kind));
+    let copies = read(site.cluster.views.copies(resolved.copy_kind));
     let rule_memory = memory.entry(resolved.key.clone()).or_default();
     let mut pending: HashMap<(String, String), Entry> =
         std::mem::take(&mut rule_memory.pending_restarts)
@@ -247,7 +247,7 @@ pub(crate) async fn restart_consumers(
     changed: Vec<ChangedCopy>,
 ) -> Restarts {
     let mut restarts = Restarts::default();
-    let kind = resolved.kind;
+    let kind = resolved.copy_kind;
     if !resolved.restart_consumers
         || !(kind == Kind::ConfigMap || kind == Kind::Secret)
         || !site.cluster.writer.leads()

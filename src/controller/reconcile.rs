@@ -84,7 +84,7 @@ pub(crate) async fn reconcile(
                 generation: rule.metadata.generation,
                 rule_type: Some(resolved.kind.info().rule_type.to_string()),
                 identity: Some(resolved.identity.to_string()),
-                copies: read(shared.copies(resolved.kind)).count_owned_by(&uid) as u32,
+                copies: read(shared.copies(resolved.copy_kind)).count_owned_by(&uid) as u32,
                 problem: Some((unknown.reason().to_owned(), unknown.to_string())),
                 ..Default::default()
             };
@@ -227,7 +227,7 @@ async fn granted_targets(
     let mut granted = BTreeSet::new();
     for namespace in candidates {
         if access
-            .may_create_in(&resolved.identity, resolved.kind, &namespace)
+            .may_create_in(&resolved.identity, resolved.copy_kind, &namespace)
             .await?
         {
             granted.insert(namespace);
@@ -432,7 +432,7 @@ async fn wait_for_sources(
                 generation: rule.metadata.generation,
                 rule_type: Some(resolved.kind.info().rule_type.to_string()),
                 identity: Some(resolved.identity.to_string()),
-                copies: read(shared.copies(resolved.kind)).count_owned_by(uid) as u32,
+                copies: read(shared.copies(resolved.copy_kind)).count_owned_by(uid) as u32,
                 problem: Some((SOURCES_TOO_LARGE.to_string(), why)),
                 ..Default::default()
             };
@@ -454,7 +454,7 @@ async fn wait_for_sources(
                 generation: rule.metadata.generation,
                 rule_type: Some(resolved.kind.info().rule_type.to_string()),
                 identity: Some(resolved.identity.to_string()),
-                copies: read(shared.copies(resolved.kind)).count_owned_by(uid) as u32,
+                copies: read(shared.copies(resolved.copy_kind)).count_owned_by(uid) as u32,
                 waiting_for_sources: Some((listed, of)),
                 sources_failing: failing,
                 ..Default::default()
@@ -770,7 +770,7 @@ async fn announce(
             .collect()
     };
     let said = Said {
-        kind: resolved.kind,
+        kind: resolved.copy_kind,
         adopting_for,
         new_conflicts,
         new_refusals,

@@ -49,7 +49,7 @@ pub(crate) async fn stage(
         // The memory before the views, as the lock order in state.rs says.
         let mut memory = lock(&site.memory);
         let namespaces = read(&site.cluster.views.namespaces);
-        let copies = read(site.cluster.views.copies(resolved.kind));
+        let copies = read(site.cluster.views.copies(resolved.copy_kind));
         let RuleMemory {
             rollouts,
             availability,
@@ -143,9 +143,9 @@ async fn read_earlier(
     let api = site
         .cluster
         .reader
-        .of(&resolved.kind.api_resource(), Some(namespace));
+        .of(&resolved.copy_kind.api_resource(), Some(namespace));
     let object = match api.get_opt(name).await {
-        Ok(Some(object)) => Object::from_dynamic(resolved.kind, object),
+        Ok(Some(object)) => Object::from_dynamic(resolved.copy_kind, object),
         Ok(None) => return None,
         Err(e) => {
             tracing::debug!(rule = %resolved.key, namespace, name, error = describe(&e), "reading the content rolled out before");
@@ -278,9 +278,9 @@ async fn not_available(
     check: &AvailabilityCheck,
 ) -> Vec<String> {
     let judge = Judge {
-        kind: resolved.kind,
+        kind: resolved.copy_kind,
         check,
-        key: restart_key(resolved.kind, &check.name),
+        key: restart_key(resolved.copy_kind, &check.name),
     };
     let mut waiting = Vec::new();
     for namespace in &check.namespaces {

@@ -24,6 +24,7 @@ pub(crate) mod rollout;
 pub(crate) mod scope;
 pub(crate) mod status;
 pub(crate) mod tally;
+pub(crate) mod text_copy;
 pub(crate) mod tracking;
 pub mod versions;
 pub(crate) mod whereabouts;

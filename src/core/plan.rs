@@ -465,7 +465,10 @@ pub(crate) fn desired_copy_within(
     let (payload, payload_hash) = if transform.keys.is_identity() {
         (source.payload.clone(), source.payload_hash)
     } else {
-        let payload = selected_payload(rule.kind, &transform.keys, &source.payload, steps)?;
+        let mut payload = selected_payload(rule.kind, &transform.keys, &source.payload, steps)?;
+        if transform.to_config_map {
+            payload = crate::core::text_copy::config_map_payload(&payload);
+        }
         let hash = crate::cache::index::payload_hash(&payload);
         (payload, hash)
     };
@@ -482,7 +485,7 @@ pub(crate) fn desired_copy_within(
     meta_entries.dedup();
     Some(Desired {
         meta_entries: crate::cache::intern::hashes(&meta_entries),
-        kind: rule.kind,
+        kind: rule.copy_kind,
         name: transform.naming.name_unchecked(&source.name).into_owned(),
         content_hash: crate::cache::index::content_hash(&labels, &annotations, payload_hash),
         payload_hash,
@@ -761,6 +764,7 @@ impl<'a> SourcesByName<'a> {
         let mut by_name: BTreeMap<Cow<'a, str>, Vec<&Object>> = BTreeMap::new();
         let mut renamed_sources = HashSet::new();
         let naming = &rule.transform.naming;
+        let mut steps = GLOB_STEPS_PER_PASS;
         for source in candidates {
             match source_rejection(rule, source) {
                 None => {}
@@ -774,6 +778,14 @@ impl<'a> SourcesByName<'a> {
                     continue;
                 }
                 Some(_) => continue,
+            }
+            // Refused for what it holds, as for its type: no source of the rule.
+            let as_text = crate::core::text_copy::refusal(rule, source, &mut steps)
+                .unwrap_or_else(|_| Some("choosing its keys took too long".to_owned()));
+            if let Some(why) = as_text {
+                out.refused_sources
+                    .push((format!("{}/{}", source.namespace, source.name), why));
+                continue;
             }
             out.sources += 1;
             if !naming.is_same() {
@@ -833,7 +845,10 @@ impl<'a> SourcesByName<'a> {
     /// object of that name (for a rule that keeps its sources' names, the
     /// source itself), and a pulled one only in the rule's namespace.
     fn lands_in(&self, name: &str, same_name: &[&Object], namespace: &str) -> bool {
-        let holds_a_source = if self.rule.transform.naming.is_same() {
+        let holds_a_source = if self.rule.copy_kind != self.rule.kind {
+            // A copy of another kind (`transform.toKind`) is no source.
+            false
+        } else if self.rule.transform.naming.is_same() {
             same_name.iter().any(|s| &*s.namespace == namespace)
         } else {
             self.renamed_sources.contains(&(namespace, name))
@@ -1204,7 +1219,7 @@ fn decide_over(inputs: &Inputs<'_>, desired: &Arc<Desired>, current: &Arc<Object
             return Placement::Write(adopt(desired, current));
         }
         return match rule.conflict_policy {
-            ConflictPolicy::Skip => Placement::Conflict(foreign_reason(rule.kind, current)),
+            ConflictPolicy::Skip => Placement::Conflict(foreign_reason(rule.copy_kind, current)),
             ConflictPolicy::Overwrite => Placement::Write(rewrite(desired, current)),
         };
     }

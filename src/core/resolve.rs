@@ -345,6 +345,12 @@ pub(crate) struct ResolvedTransform {
     pub(crate) keys: ResolvedKeys,
     /// How copies are named from their sources' names.
     pub(crate) naming: Naming,
+    /// `toKind: ConfigMap`: a rule copying Secrets writes ConfigMaps of
+    /// their selected keys as text (see `core::text_copy`).
+    pub(crate) to_config_map: bool,
+    /// The keys `keys.include` names exactly (no `*` or `?`): those alone
+    /// go into a ConfigMap when they look like a private key.
+    pub(crate) exact_keys: BTreeSet<String>,
 }
 
 impl ResolvedTransform {
@@ -372,6 +378,32 @@ impl ResolvedTransform {
         ] {
             check_added_keys(field, keys)?;
         }
+        let to_config_map = transform.to_kind == Some(ToKind::ConfigMap);
+        let exact_keys: BTreeSet<String> = transform
+            .keys
+            .as_ref()
+            .and_then(|keys| keys.include.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|pattern| !pattern.contains(['*', '?']))
+            .cloned()
+            .collect();
+        if to_config_map {
+            if kind != Kind::Secret {
+                return Err(InvalidRule::invalid(format!(
+                    "transform.toKind: ConfigMap copies a Secret's keys as text; this rule copies {}",
+                    kind.info().rule_type
+                )));
+            }
+            let included = transform.keys.as_ref().and_then(|k| k.include.as_ref());
+            if included.is_none_or(Vec::is_empty) {
+                return Err(InvalidRule::invalid(
+                    "transform.toKind: ConfigMap needs transform.keys.include: the Secret's keys \
+                     a ConfigMap may hold, named"
+                        .to_owned(),
+                ));
+            }
+        }
         if transform.keys.is_some() && kind.info().data_fields.is_empty() {
             return Err(InvalidRule::invalid(format!(
                 "transform.keys selects ConfigMap and Secret data keys; {} has none",
@@ -386,6 +418,8 @@ impl ResolvedTransform {
             keys: ResolvedKeys::resolve(transform.keys.unwrap_or_default())?,
             naming: Naming::new(transform.name.as_ref())
                 .map_err(|e| InvalidRule::invalid(e.to_string()))?,
+            to_config_map,
+            exact_keys,
         })
     }
 }
@@ -517,7 +551,11 @@ impl ResolvedKeys {
 pub(crate) struct ResolvedRule {
     pub(crate) key: RuleKey,
     pub(crate) uid: String,
+    /// The kind of its sources.
     pub(crate) kind: Kind,
+    /// The kind of its copies: its sources', or a ConfigMap
+    /// (`transform.toKind`).
+    pub(crate) copy_kind: Kind,
     pub(crate) selector: LabelSelector,
     /// Sorted; the first source namespace wins when two sources share a name.
     pub(crate) source_namespaces: Vec<String>,
@@ -835,13 +873,27 @@ impl CopyratorRule {
         }
         let targets = TargetSelector::resolve(targets)?;
         let transform = ResolvedTransform::resolve(spec.transform.unwrap_or_default(), kind)?;
+        if transform.to_config_map && !trust.policy.kinds.copies(Kind::ConfigMap) {
+            return Err(InvalidRule {
+                reason: "KindNotEnabled",
+                message: "transform.toKind: ConfigMap writes ConfigMaps, which this operator does \
+                          not copy: add ConfigMap to --kinds"
+                    .to_owned(),
+            });
+        }
         let prune = spec.prune.unwrap_or(true);
         let deletion = Deletion::resolve(spec.deletion_policy.as_ref(), prune)?;
 
+        let copy_kind = if transform.to_config_map {
+            Kind::ConfigMap
+        } else {
+            kind
+        };
         Ok(ResolvedRule {
             uid: self.metadata.uid.clone().unwrap_or_default(),
             key,
             kind,
+            copy_kind,
             selector,
             source_namespaces,
             targets,

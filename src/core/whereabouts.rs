@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use crate::api::kinds::Kind;
 use crate::api::rule::RuleStatus;
 use crate::cache::index::{NamespaceInfo, Object};
 use crate::core::plan::{Claim, Desired, Occupied, desired_copy, occupied, target_namespaces};
@@ -283,11 +284,11 @@ pub(crate) fn places(
     source: &Object,
     followers: &[Follower<'_>],
     namespaces: &BTreeMap<String, NamespaceInfo>,
-    copies: &BTreeMap<(String, String), Object>,
+    copies: &BTreeMap<PlaceOf, Object>,
     rule_of: &dyn Fn(&Object) -> CopyRule,
 ) -> Vec<Place> {
     let mut out = Vec::new();
-    let mut judged: HashSet<(String, String)> = HashSet::new();
+    let mut judged: HashSet<PlaceOf> = HashSet::new();
     for follower in followers {
         let rule = follower.rule;
         let desired = desired_copy(rule, source);
@@ -301,9 +302,10 @@ pub(crate) fn places(
         for (namespace, info) in targets {
             // A source namespace receives nothing of its own, but a copy
             // under another name (`transform.name`).
-            let holds_sources =
-                rule.transform.naming.is_same() && rule.source_namespaces.contains(namespace);
-            let place = (namespace.clone(), desired.name.clone());
+            let holds_sources = rule.transform.naming.is_same()
+                && rule.copy_kind == rule.kind
+                && rule.source_namespaces.contains(namespace);
+            let place = (rule.copy_kind, namespace.clone(), desired.name.clone());
             if holds_sources || judged.contains(&place) {
                 continue;
             }
@@ -339,7 +341,7 @@ pub(crate) fn places(
     }
     let source_ref = format!("{}/{}", source.namespace, source.name);
     for (place, copy) in copies {
-        let namespace = &place.0;
+        let namespace = &place.1;
         let is_copy = copy.rule_uid().is_some() || copy.create_only;
         if judged.contains(place)
             || !is_copy
@@ -371,14 +373,19 @@ pub(crate) fn places(
     out
 }
 
-/// The names a copy of the source `name` takes under the rules of
-/// `followers`, its own first, each once: what `places` must be given.
-pub(crate) fn copy_names(name: &str, followers: &[Follower<'_>]) -> Vec<String> {
-    let mut names = vec![name.to_owned()];
+/// A place of a copy: the copy's kind, namespace and name.
+pub(crate) type PlaceOf = (Kind, String, String);
+
+/// The kinds and names a copy of the source `name` of kind `kind` takes
+/// under the rules of `followers`, its own first, each once: what `places`
+/// must be given.
+pub(crate) fn copy_names(kind: Kind, name: &str, followers: &[Follower<'_>]) -> Vec<(Kind, String)> {
+    let mut names = vec![(kind, name.to_owned())];
     for follower in followers {
-        let copy = follower.rule.transform.naming.name_unchecked(name);
-        if !names.iter().any(|n| *n == copy) {
-            names.push(copy.into_owned());
+        let rule = follower.rule;
+        let copy = (rule.copy_kind, rule.transform.naming.name_unchecked(name).into_owned());
+        if !names.contains(&copy) {
+            names.push(copy);
         }
     }
     names
@@ -685,16 +692,16 @@ mod tests {
         }));
         let now = desired("v2");
         let mut copies = BTreeMap::new();
-        copies.insert(("t1".to_owned(), "cfg".to_owned()), copy_of(&now, "t1"));
+        copies.insert((Kind::ConfigMap, "t1".to_owned(), "cfg".to_owned()), copy_of(&now, "t1"));
         copies.insert(
             ("t2".to_owned(), "cfg".to_owned()),
             copy_of(&desired("v1"), "t2"),
         );
-        copies.insert(("t3".to_owned(), "cfg".to_owned()), foreign("t3"));
+        copies.insert((Kind::ConfigMap, "t3".to_owned(), "cfg".to_owned()), foreign("t3"));
         // Left in a namespace the rule no longer targets.
-        copies.insert(("x1".to_owned(), "cfg".to_owned()), copy_of(&now, "x1"));
+        copies.insert((Kind::ConfigMap, "x1".to_owned(), "cfg".to_owned()), copy_of(&now, "x1"));
         // Someone else's object of that name, elsewhere: not listed.
-        copies.insert(("x2".to_owned(), "cfg".to_owned()), foreign("x2"));
+        copies.insert((Kind::ConfigMap, "x2".to_owned(), "cfg".to_owned()), foreign("x2"));
         let followers = [Follower {
             rule: &resolved,
             status: None,
@@ -767,7 +774,13 @@ mod tests {
             rule: &resolved,
             status: None,
         }];
-        assert_eq!(copy_names("cfg", &followers), ["cfg", "platform-cfg"]);
+        assert_eq!(
+            copy_names(Kind::ConfigMap, "cfg", &followers),
+            [
+                (Kind::ConfigMap, "cfg".to_owned()),
+                (Kind::ConfigMap, "platform-cfg".to_owned())
+            ]
+        );
         let now = crate::core::plan::desired_copy(&resolved, &source("v"));
         assert_eq!(now.name, "platform-cfg");
         let mut copies = BTreeMap::new();
@@ -776,7 +789,7 @@ mod tests {
             copy_of(&now, "t1"),
         );
         // An object of the source's own name is no copy of this rule's.
-        copies.insert(("t2".to_owned(), "cfg".to_owned()), foreign("t2"));
+        copies.insert((Kind::ConfigMap, "t2".to_owned(), "cfg".to_owned()), foreign("t2"));
         let found = places(
             &source("v"),
             &followers,

@@ -35,6 +35,7 @@ mod members_infra;
 mod migration;
 mod neighbours;
 mod operations;
+mod public_half;
 mod readme;
 mod renamed;
 mod restart;

@@ -723,3 +723,44 @@ async fn schema_refuses_copy_names_that_could_not_be_names() {
             .unwrap_or_else(|e| panic!("{value} refused: {}", err_msg(&e)));
     }
 }
+
+/// `transform.toKind: ConfigMap` names the keys a ConfigMap may hold, or
+/// the API server refuses the rule; a rule of ConfigMaps, which cannot be
+/// made ConfigMaps of, is reported invalid.
+#[tokio::test]
+async fn schema_refuses_a_config_map_copy_that_names_no_keys() {
+    let t = TestNs::new("schema-tokind").await;
+    let ns = t.ns("op").await;
+    let secret_rule = |transform: Value| {
+        json!({"spec": {"ruleType": "secret", "selector": {"copyrator": "true"}, "transform": transform}})
+    };
+    for (case, transform) in [
+        ("no-keys", json!({"toKind": "ConfigMap"})),
+        ("no-include", json!({"toKind": "ConfigMap", "keys": {"exclude": ["tls.key"]}})),
+        ("empty-include", json!({"toKind": "ConfigMap", "keys": {"include": []}})),
+    ] {
+        refused(
+            &t,
+            &ns,
+            &format!("tokind-{case}"),
+            secret_rule(transform),
+            &["spec.transform", "toKind: ConfigMap needs keys.include"],
+        )
+        .await;
+    }
+    refused(
+        &t,
+        &ns,
+        "tokind-secret",
+        secret_rule(json!({"toKind": "Secret", "keys": {"include": ["ca.crt"]}})),
+        &["spec.transform.toKind", "ConfigMap"],
+    )
+    .await;
+    t.try_create_rule(
+        &ns,
+        "tokind-ok",
+        secret_rule(json!({"toKind": "ConfigMap", "keys": {"include": ["ca.crt"]}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("refused: {}", err_msg(&e)));
+}
