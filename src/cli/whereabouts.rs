@@ -29,9 +29,7 @@ use crate::controller::member_pass::in_member;
 use crate::controller::state::Shared;
 use crate::core::plan::source_rejection;
 use crate::core::resolve::ResolvedRule;
-use crate::core::whereabouts::{
-    CopyRule, CopyState, Follower, Place, PlaceOf, copy_names, places,
-};
+use crate::core::whereabouts::{CopyRule, CopyState, Follower, Place, PlaceOf, copy_names, places};
 use crate::ops::http::Health;
 use crate::ops::metrics::Metrics;
 

@@ -324,7 +324,8 @@ fn plan_pass(
     };
     let mut other_kind_deletions = Vec::new();
     if resolved.prune {
-        for kind in Kind::all().filter(|k| *k != resolved.copy_kind && resolved.policy.kinds.copies(*k))
+        for kind in
+            Kind::all().filter(|k| *k != resolved.copy_kind && resolved.policy.kinds.copies(*k))
         {
             // The rule no longer copies this kind: as if its sources were gone.
             for action in plan::cleanup(

@@ -356,7 +356,7 @@ pub(crate) struct ResolvedTransform {
 impl ResolvedTransform {
     /// `transform` validated for a rule of `kind`: only what the API server
     /// accepts on every copy, and nothing Copyrator sets itself.
-    fn resolve(transform: Transform, kind: Kind) -> Result<Self, InvalidRule> {
+    fn resolve(transform: Transform, kind: Kind, policy: &CopyPolicy) -> Result<Self, InvalidRule> {
         let key_globs =
             |field: &str, patterns: Option<Vec<String>>| -> Result<Vec<KeyGlob>, InvalidRule> {
                 patterns
@@ -394,6 +394,14 @@ impl ResolvedTransform {
                     "transform.toKind: ConfigMap copies a Secret's keys as text; this rule copies {}",
                     kind.info().rule_type
                 )));
+            }
+            if !policy.kinds.copies(Kind::ConfigMap) {
+                return Err(InvalidRule {
+                    reason: "KindNotEnabled",
+                    message: "transform.toKind: ConfigMap writes ConfigMaps, which this operator \
+                              does not copy: add ConfigMap to --kinds"
+                        .to_owned(),
+                });
             }
             let included = transform.keys.as_ref().and_then(|k| k.include.as_ref());
             if included.is_none_or(Vec::is_empty) {
@@ -872,15 +880,8 @@ impl CopyratorRule {
             check_tenant_clusters(&clusters, trust)?;
         }
         let targets = TargetSelector::resolve(targets)?;
-        let transform = ResolvedTransform::resolve(spec.transform.unwrap_or_default(), kind)?;
-        if transform.to_config_map && !trust.policy.kinds.copies(Kind::ConfigMap) {
-            return Err(InvalidRule {
-                reason: "KindNotEnabled",
-                message: "transform.toKind: ConfigMap writes ConfigMaps, which this operator does \
-                          not copy: add ConfigMap to --kinds"
-                    .to_owned(),
-            });
-        }
+        let transform =
+            ResolvedTransform::resolve(spec.transform.unwrap_or_default(), kind, &trust.policy)?;
         let prune = spec.prune.unwrap_or(true);
         let deletion = Deletion::resolve(spec.deletion_policy.as_ref(), prune)?;
 

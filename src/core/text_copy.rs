@@ -54,7 +54,11 @@ pub(crate) fn refusal(
     };
     let keys = &rule.transform.keys;
     for (key, value) in data {
-        if keys.name_on_copies_within(key, steps).ok_or(OutOfSteps)?.is_none() {
+        if keys
+            .name_on_copies_within(key, steps)
+            .ok_or(OutOfSteps)?
+            .is_none()
+        {
             continue;
         }
         let Some(text) = text_of(value) else {
@@ -107,9 +111,12 @@ mod tests {
     }
 
     fn secret(data: &[(&str, &[u8])]) -> Object {
-        let mut o = crate::cache::index::tests::object("src", "tls", "uid-tls", 1, &[("copy", "yes")]);
-        let data: serde_json::Map<String, Value> =
-            data.iter().map(|(k, v)| ((*k).to_owned(), b64(v))).collect();
+        let mut o =
+            crate::cache::index::tests::object("src", "tls", "uid-tls", 1, &[("copy", "yes")]);
+        let data: serde_json::Map<String, Value> = data
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), b64(v)))
+            .collect();
         o.payload.insert("data".into(), Value::Object(data));
         o.payload.insert("type".into(), json!("kubernetes.io/tls"));
         o.rehash();
@@ -124,6 +131,11 @@ mod tests {
         }))
     }
 
+    fn refused(rule: &ResolvedRule, source: &Object) -> Result<Option<String>, OutOfSteps> {
+        let mut steps = u64::MAX;
+        refusal(rule, source, &mut steps)
+    }
+
     const KEY_PEM: &[u8] = b"-----BEGIN EC PRIVATE KEY-----\nMHcC\n-----END EC PRIVATE KEY-----\n";
 
     #[test]
@@ -131,7 +143,7 @@ mod tests {
         let r = to_config_map(&["ca.crt"]);
         assert_eq!(r.copy_kind, crate::api::kinds::Kind::ConfigMap);
         let s = secret(&[("ca.crt", b"CA"), ("tls.crt", b"T"), ("tls.key", KEY_PEM)]);
-        assert_eq!(refusal(&r, &s, &mut u64::MAX), Ok(None));
+        assert_eq!(refused(&r, &s), Ok(None));
         let copy = crate::core::plan::desired_copy(&r, &s);
         assert_eq!(copy.kind, crate::api::kinds::Kind::ConfigMap);
         assert_eq!(
@@ -144,7 +156,7 @@ mod tests {
     fn a_key_that_looks_private_travels_only_when_named_exactly() {
         let globbed = to_config_map(&["*"]);
         let by_name = secret(&[("ca.crt", b"CA"), ("tls.key", b"K")]);
-        let why = refusal(&globbed, &by_name, &mut u64::MAX).expect("within steps");
+        let why = refused(&globbed, &by_name).expect("within steps");
         assert_eq!(
             why.as_deref(),
             Some(
@@ -153,13 +165,13 @@ mod tests {
             )
         );
         let by_content = secret(&[("bundle.pem", KEY_PEM)]);
-        let why = refusal(&globbed, &by_content, &mut u64::MAX).expect("within steps");
+        let why = refused(&globbed, &by_content).expect("within steps");
         assert!(why.is_some_and(|w| w.contains("holds a PEM private key")));
         // Named exactly, it is the rule's choice.
         let named = to_config_map(&["ca.crt", "tls.key"]);
-        assert_eq!(refusal(&named, &by_name, &mut u64::MAX), Ok(None));
+        assert_eq!(refused(&named, &by_name), Ok(None));
         // The reason never holds the value.
-        let why = refusal(&globbed, &by_content, &mut u64::MAX)
+        let why = refused(&globbed, &by_content)
             .expect("within steps")
             .unwrap_or_default();
         assert!(!why.contains("MHcC"), "{why}");
@@ -169,7 +181,7 @@ mod tests {
     fn a_value_that_is_not_text_is_refused_with_its_own_reason() {
         let r = to_config_map(&["*.der"]);
         let s = secret(&[("ca.der", &[0xff, 0xfe, 0x00])]);
-        let why = refusal(&r, &s, &mut u64::MAX).expect("within steps");
+        let why = refused(&r, &s).expect("within steps");
         assert!(why.is_some_and(|w| w.contains("\"ca.der\" is not UTF-8 text")));
         assert_eq!(refusal(&r, &s, &mut 0), Err(OutOfSteps));
     }

@@ -300,13 +300,8 @@ pub(crate) fn places(
         };
         let (targets, _) = target_namespaces(rule, namespaces);
         for (namespace, info) in targets {
-            // A source namespace receives nothing of its own, but a copy
-            // under another name (`transform.name`).
-            let holds_sources = rule.transform.naming.is_same()
-                && rule.copy_kind == rule.kind
-                && rule.source_namespaces.contains(namespace);
             let place = (rule.copy_kind, namespace.clone(), desired.name.clone());
-            if holds_sources || judged.contains(&place) {
+            if holds_sources(rule, namespace) || judged.contains(&place) {
                 continue;
             }
             let current = copies.get(&place);
@@ -373,17 +368,33 @@ pub(crate) fn places(
     out
 }
 
+/// Whether the places of `rule`'s copies in `namespace` hold its sources:
+/// a source namespace receives nothing of its own, but a copy under
+/// another name (`transform.name`) or of another kind (`transform.toKind`).
+fn holds_sources(rule: &ResolvedRule, namespace: &str) -> bool {
+    rule.transform.naming.is_same()
+        && rule.copy_kind == rule.kind
+        && rule.source_namespaces.iter().any(|ns| ns == namespace)
+}
+
 /// A place of a copy: the copy's kind, namespace and name.
 pub(crate) type PlaceOf = (Kind, String, String);
 
 /// The kinds and names a copy of the source `name` of kind `kind` takes
 /// under the rules of `followers`, its own first, each once: what `places`
 /// must be given.
-pub(crate) fn copy_names(kind: Kind, name: &str, followers: &[Follower<'_>]) -> Vec<(Kind, String)> {
+pub(crate) fn copy_names(
+    kind: Kind,
+    name: &str,
+    followers: &[Follower<'_>],
+) -> Vec<(Kind, String)> {
     let mut names = vec![(kind, name.to_owned())];
     for follower in followers {
         let rule = follower.rule;
-        let copy = (rule.copy_kind, rule.transform.naming.name_unchecked(name).into_owned());
+        let copy = (
+            rule.copy_kind,
+            rule.transform.naming.name_unchecked(name).into_owned(),
+        );
         if !names.contains(&copy) {
             names.push(copy);
         }
@@ -691,17 +702,16 @@ mod tests {
             ..Default::default()
         }));
         let now = desired("v2");
-        let mut copies = BTreeMap::new();
-        copies.insert((Kind::ConfigMap, "t1".to_owned(), "cfg".to_owned()), copy_of(&now, "t1"));
-        copies.insert(
-            ("t2".to_owned(), "cfg".to_owned()),
-            copy_of(&desired("v1"), "t2"),
-        );
-        copies.insert((Kind::ConfigMap, "t3".to_owned(), "cfg".to_owned()), foreign("t3"));
-        // Left in a namespace the rule no longer targets.
-        copies.insert((Kind::ConfigMap, "x1".to_owned(), "cfg".to_owned()), copy_of(&now, "x1"));
-        // Someone else's object of that name, elsewhere: not listed.
-        copies.insert((Kind::ConfigMap, "x2".to_owned(), "cfg".to_owned()), foreign("x2"));
+        let at = |ns: &str| (Kind::ConfigMap, ns.to_owned(), "cfg".to_owned());
+        let copies = BTreeMap::from([
+            (at("t1"), copy_of(&now, "t1")),
+            (at("t2"), copy_of(&desired("v1"), "t2")),
+            (at("t3"), foreign("t3")),
+            // Left in a namespace the rule no longer targets.
+            (at("x1"), copy_of(&now, "x1")),
+            // Someone else's object of that name, elsewhere: not listed.
+            (at("x2"), foreign("x2")),
+        ]);
         let followers = [Follower {
             rule: &resolved,
             status: None,
@@ -785,11 +795,14 @@ mod tests {
         assert_eq!(now.name, "platform-cfg");
         let mut copies = BTreeMap::new();
         copies.insert(
-            ("t1".to_owned(), "platform-cfg".to_owned()),
+            (Kind::ConfigMap, "t1".to_owned(), "platform-cfg".to_owned()),
             copy_of(&now, "t1"),
         );
         // An object of the source's own name is no copy of this rule's.
-        copies.insert((Kind::ConfigMap, "t2".to_owned(), "cfg".to_owned()), foreign("t2"));
+        copies.insert(
+            (Kind::ConfigMap, "t2".to_owned(), "cfg".to_owned()),
+            foreign("t2"),
+        );
         let found = places(
             &source("v"),
             &followers,

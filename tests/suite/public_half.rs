@@ -19,7 +19,8 @@ use serde_json::{Value, json};
 
 const SECRET: Kind = Kind::Secret;
 const TARGETS: usize = 20;
-const KEY_PEM: &str = "-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIExample\n-----END EC PRIVATE KEY-----\n";
+const KEY_PEM: &str =
+    "-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIExample\n-----END EC PRIVATE KEY-----\n";
 
 fn ca(n: u32) -> String {
     format!("-----BEGIN CERTIFICATE-----\nCA{n}\n-----END CERTIFICATE-----\n")
@@ -88,7 +89,10 @@ async fn config_maps(
 async fn wait_config_maps(t: &TestNs, namespaces: &[String], name: &str, data: &[(&str, &str)]) {
     let want = map(data);
     wait_until(
-        format!("{} ConfigMaps {name} holding {want:?} alone", namespaces.len()),
+        format!(
+            "{} ConfigMaps {name} holding {want:?} alone",
+            namespaces.len()
+        ),
         TIMEOUT,
         async || {
             let (found, private) = config_maps(t, namespaces, name).await?;
@@ -189,8 +193,12 @@ async fn a_private_key_or_a_value_that_is_not_text_keeps_its_source_from_being_c
     let op = t.ns("op").await;
     let certs = t.ns("certs").await;
     let t1 = t.ns("t1").await;
-    t.create_rule(&op, "globbed", public_half(&t, &certs, &["*"], json!({"name": {"suffix": "-all"}})))
-        .await;
+    t.create_rule(
+        &op,
+        "globbed",
+        public_half(&t, &certs, &["*"], json!({"name": {"suffix": "-all"}})),
+    )
+    .await;
     t.create_rule(
         &op,
         "binary",
@@ -212,7 +220,8 @@ async fn a_private_key_or_a_value_that_is_not_text_keeps_its_source_from_being_c
         let (rule, source, reason) = (rule.to_owned(), source.to_owned(), reason.to_owned());
         move |r: &Value| -> Result<(), String> {
             let listed = r["status"]["refusedSources"].as_array().is_some_and(|l| {
-                l.iter().any(|e| e["name"] == source.as_str() && e["reason"] == reason.as_str())
+                l.iter()
+                    .any(|e| e["name"] == source.as_str() && e["reason"] == reason.as_str())
             });
             match listed {
                 true => Ok(()),
@@ -251,11 +260,20 @@ async fn a_private_key_or_a_value_that_is_not_text_keeps_its_source_from_being_c
         json!({"metadata": {"labels": {TEST_LABEL: t.prefix}}, "stringData": {"ca.crt": "CA"}}),
     )
     .await;
-    wait_config_maps(&t, std::slice::from_ref(&t1), "plain-all", &[("ca.crt", "CA")]).await;
+    wait_config_maps(
+        &t,
+        std::slice::from_ref(&t1),
+        "plain-all",
+        &[("ca.crt", "CA")],
+    )
+    .await;
     let (found, private) = config_maps(&t, std::slice::from_ref(&t1), "site-tls-all")
         .await
         .expect("listed");
-    assert!(found.is_empty() && !private, "the refused source was copied");
+    assert!(
+        found.is_empty() && !private,
+        "the refused source was copied"
+    );
     let (found, _) = config_maps(&t, std::slice::from_ref(&t1), "der-der")
         .await
         .expect("listed");

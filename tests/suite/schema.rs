@@ -731,13 +731,17 @@ async fn schema_refuses_copy_names_that_could_not_be_names() {
 async fn schema_refuses_a_config_map_copy_that_names_no_keys() {
     let t = TestNs::new("schema-tokind").await;
     let ns = t.ns("op").await;
-    let secret_rule = |transform: Value| {
-        json!({"spec": {"ruleType": "secret", "selector": {"copyrator": "true"}, "transform": transform}})
-    };
+    let secret_rule = |transform: Value| json!({"spec": {"ruleType": "secret", "selector": {"copyrator": "true"}, "transform": transform}});
     for (case, transform) in [
         ("no-keys", json!({"toKind": "ConfigMap"})),
-        ("no-include", json!({"toKind": "ConfigMap", "keys": {"exclude": ["tls.key"]}})),
-        ("empty-include", json!({"toKind": "ConfigMap", "keys": {"include": []}})),
+        (
+            "no-include",
+            json!({"toKind": "ConfigMap", "keys": {"exclude": ["tls.key"]}}),
+        ),
+        (
+            "empty-include",
+            json!({"toKind": "ConfigMap", "keys": {"include": []}}),
+        ),
     ] {
         refused(
             &t,
