@@ -52,11 +52,13 @@ fn tls_secret(t: &TestNs, n: u32) -> Value {
 }
 
 /// The ConfigMaps named `name` in `namespaces`, by namespace, and whether
-/// any object of those namespaces (ConfigMap or Secret) holds `tls.key`.
+/// any object of those namespaces (ConfigMap or Secret) holds `tls.key`,
+/// but the sources of `source_namespace`.
 async fn config_maps(
     t: &TestNs,
     namespaces: &[String],
     name: &str,
+    source_namespace: &str,
 ) -> Result<(BTreeMap<String, ConfigMap>, bool), String> {
     let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
     let found: BTreeMap<String, ConfigMap> = Api::<ConfigMap>::all(t.client.clone())
@@ -71,7 +73,7 @@ async fn config_maps(
     let mut private = found
         .values()
         .any(|cm| cm.data.as_ref().is_some_and(|d| d.contains_key("tls.key")));
-    for ns in namespaces {
+    for ns in namespaces.iter().filter(|ns| *ns != source_namespace) {
         let secrets = Api::<Secret>::namespaced(t.client.clone(), ns)
             .list(&ListParams::default())
             .await
@@ -85,8 +87,14 @@ async fn config_maps(
 }
 
 /// Every one of `namespaces` holds the ConfigMap `name` with exactly `data`,
-/// and none of them any object holding `tls.key`.
-async fn wait_config_maps(t: &TestNs, namespaces: &[String], name: &str, data: &[(&str, &str)]) {
+/// and none of them any object holding `tls.key` (but the sources of
+/// `source_namespace`).
+async fn wait_config_maps(
+    t: &TestNs,
+    (namespaces, source_namespace): (&[String], &str),
+    name: &str,
+    data: &[(&str, &str)],
+) {
     let want = map(data);
     wait_until(
         format!(
@@ -95,7 +103,7 @@ async fn wait_config_maps(t: &TestNs, namespaces: &[String], name: &str, data: &
         ),
         TIMEOUT,
         async || {
-            let (found, private) = config_maps(t, namespaces, name).await?;
+            let (found, private) = config_maps(t, namespaces, name, source_namespace).await?;
             assert!(!private, "an object of a target holds tls.key");
             for ns in namespaces {
                 let data = found
@@ -148,7 +156,7 @@ async fn a_secrets_ca_reaches_every_target_as_a_config_map_and_nothing_else_does
     // The ConfigMap lands beside its Secret too: another kind, no source.
     targets.push(certs.clone());
     let first = ca(1);
-    wait_config_maps(&t, &targets, "site-tls", &[("ca.crt", &first)]).await;
+    wait_config_maps(&t, (&targets, &certs), "site-tls", &[("ca.crt", &first)]).await;
     let status = t.wait_rule_ready(&op, "r").await;
     assert_eq!(
         status_u64(&status, "copies"),
@@ -168,7 +176,7 @@ async fn a_secrets_ca_reaches_every_target_as_a_config_map_and_nothing_else_does
     )
     .await;
     let second = ca(2);
-    wait_config_maps(&t, &targets, "site-tls", &[("ca.crt", &second)]).await;
+    wait_config_maps(&t, (&targets, &certs), "site-tls", &[("ca.crt", &second)]).await;
     println!(
         "the renewal reached {} ConfigMaps in {} ms",
         targets.len(),
@@ -260,21 +268,16 @@ async fn a_private_key_or_a_value_that_is_not_text_keeps_its_source_from_being_c
         json!({"metadata": {"labels": {TEST_LABEL: t.prefix}}, "stringData": {"ca.crt": "CA"}}),
     )
     .await;
-    wait_config_maps(
-        &t,
-        std::slice::from_ref(&t1),
-        "plain-all",
-        &[("ca.crt", "CA")],
-    )
-    .await;
-    let (found, private) = config_maps(&t, std::slice::from_ref(&t1), "site-tls-all")
+    let t1 = std::slice::from_ref(&t1);
+    wait_config_maps(&t, (t1, &certs), "plain-all", &[("ca.crt", "CA")]).await;
+    let (found, private) = config_maps(&t, t1, "site-tls-all", &certs)
         .await
         .expect("listed");
     assert!(
         found.is_empty() && !private,
         "the refused source was copied"
     );
-    let (found, _) = config_maps(&t, std::slice::from_ref(&t1), "der-der")
+    let (found, _) = config_maps(&t, t1, "der-der", &certs)
         .await
         .expect("listed");
     assert!(found.is_empty(), "the binary source was copied");
