@@ -771,6 +771,7 @@ async fn announce(
     };
     let said = Said {
         kind: resolved.copy_kind,
+        source_kind: resolved.kind,
         adopting_for,
         new_conflicts,
         new_refusals,
@@ -820,7 +821,9 @@ fn note_announced(
 
 /// The news of a pass, for its Events.
 struct Said {
+    /// The kind of the rule's copies, and of its sources.
     kind: Kind,
+    source_kind: Kind,
     /// The source namespaces outside the operator's own of an admin rule:
     /// their writers choose what its adoptions take over.
     adopting_for: Vec<String>,
@@ -848,7 +851,10 @@ impl Said {
                 .new_refusals
                 .iter()
                 .take(5)
-                .map(|r| format!("{kind} {}/{} ({})", r.namespace, r.name, r.reason))
+                .map(|r| {
+                    let source_kind = self.source_kind;
+                    format!("{source_kind} {}/{} ({})", r.namespace, r.name, r.reason)
+                })
                 .collect();
             let note = format!(
                 "{} sources are not copied: {}",
@@ -1108,6 +1114,7 @@ mod tests {
         };
         let said = Said {
             kind: Kind::ConfigMap,
+            source_kind: Kind::ConfigMap,
             adopting_for: Vec::new(),
             new_conflicts: (0..7).map(entry).collect(),
             new_refusals: (0..7).rev().map(entry).collect(),
@@ -1149,6 +1156,7 @@ mod tests {
         };
         let said = |adopting_for: Vec<String>| Said {
             kind: Kind::Secret,
+            source_kind: Kind::Secret,
             adopting_for,
             new_conflicts: Vec::new(),
             new_refusals: Vec::new(),

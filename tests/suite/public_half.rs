@@ -165,6 +165,22 @@ async fn a_secrets_ca_reaches_every_target_as_a_config_map_and_nothing_else_does
         short_status(&status)
     );
     let (before, _) = restarts_of(&t, "Deployment", &targets[0], "web").await;
+    // `where` finds the ConfigMaps of the Secret.
+    let found = crate::whereabouts::copyrator_where(&[
+        "--kind",
+        "secret",
+        &format!("{certs}/site-tls"),
+        "--namespace",
+        &op,
+    ])
+    .await;
+    found.assert_exit(0);
+    let line = format!("home: {}/site-tls in place (rule {op}/r)", targets[0]);
+    assert!(
+        found.stdout.lines().any(|l| l.starts_with(&line)),
+        "no line {line:?} in\n{}",
+        found.stdout
+    );
 
     // A renewal (cert-manager rewrites the Secret) reaches every ConfigMap.
     let renewed = Instant::now();

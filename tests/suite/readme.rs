@@ -153,6 +153,7 @@ const APPLIED: &[&str] = &[
     "deletion-policy",
     "data-keys",
     "copy-name",
+    "public-half",
     "pull-ca",
     "tenant-account",
     "rolebinding-teams",
@@ -612,6 +613,45 @@ async fn the_copy_name_example_copies_under_the_new_name() {
     )
     .await;
     t.assert_absent(SECRET, &t1, &source.name, "copies take the new name")
+        .await;
+}
+
+/// docs/rules.md, "A Secret's public half as a ConfigMap": the example,
+/// its source namespace the test's, copies `ca.crt` alone into a ConfigMap.
+#[tokio::test]
+async fn the_public_half_example_copies_the_ca_as_a_config_map() {
+    let t = TestNs::new("readme-public").await;
+    let op = t.ns("op").await;
+    let certs = t.ns("certs").await;
+    let t1 = t.ns("t1").await;
+    let docs = example(
+        "public-half",
+        &[("namespace: certs", &format!("namespace: {certs}"))],
+    );
+    let body = with(
+        json!({"spec": docs[0]["spec"]}),
+        "/spec/targets",
+        json!({"include": [t.glob("t")]}),
+    );
+    t.create_rule(&op, "internal-ca", body).await;
+    let _operator = Operator::start(&t, &op, &[]);
+    t.create_plain(
+        SECRET,
+        &certs,
+        "internal-ca",
+        &[("copyrator", "true")],
+        &[("ca.crt", "CA"), ("tls.crt", "CERT")],
+    )
+    .await;
+    t.wait_obj(
+        Kind::ConfigMap,
+        &t1,
+        "internal-ca",
+        "the CA as a ConfigMap",
+        |o| o.data_is(&[("ca.crt", "CA")]),
+    )
+    .await;
+    t.assert_absent(SECRET, &t1, "internal-ca", "no Secret travels")
         .await;
 }
 
