@@ -958,3 +958,120 @@ async fn what_import_prints_for_every_corpus_configuration_applies_as_printed() 
     );
     assert!(rules > 0, "no corpus file made a rule");
 }
+
+/// A mirror reflector's users made by hand under another name than its
+/// source (`reflects` on `settings-mirror`): `copyrator import` makes it a
+/// rule of the mirror's namespace with `transform.name`, every line exact
+/// or differing, none unmapped; applied as printed (the label and the
+/// consent on the source, which its owner puts), the rule adopts the
+/// mirror: the same object, the same data, reflector's marks gone.
+#[tokio::test]
+async fn a_mirror_made_by_hand_under_another_name_is_imported_and_adopted() {
+    let t = TestNs::new("import-mirror").await;
+    let op = t.ns("op").await;
+    let src = t.ns("src").await;
+    let t1 = t.ns("t1").await;
+    let allowed = format!("{}-t.*", t.prefix);
+    t.create_json(
+        Kind::ConfigMap,
+        &src,
+        "settings",
+        body(
+            Kind::ConfigMap,
+            json!({"annotations": {
+                format!("{REFLECTOR}reflection-allowed"): "true",
+                format!("{REFLECTOR}reflection-allowed-namespaces"): allowed,
+            }}),
+            "v1",
+        ),
+    )
+    .await;
+    let mirror = t
+        .create_json(
+            Kind::ConfigMap,
+            &t1,
+            "settings-mirror",
+            body(
+                Kind::ConfigMap,
+                json!({"annotations": {format!("{REFLECTOR}reflects"): format!("{src}/settings")}}),
+                "v1",
+            ),
+        )
+        .await;
+    let imported = copyrator(&["import", "--namespace", &op, "-o", "json"], None).await;
+    imported.assert_exit(0);
+    let imported = imported.json();
+    let wanted = format!("ConfigMap {t1}/settings-mirror");
+    let report = imported["reports"]
+        .as_array()
+        .and_then(|reports| reports.iter().find(|r| r["source"] == wanted.as_str()))
+        .unwrap_or_else(|| panic!("no report of {wanted}: {imported}"));
+    println!("import's report: {report}");
+    assert_eq!(report["unmapped"], json!([]), "{report}");
+    let name = report["rules"][0].as_str().expect("a rule made").to_owned();
+    let rule = imported["rules"]
+        .as_array()
+        .and_then(|rules| {
+            rules
+                .iter()
+                .find(|r| r["metadata"]["name"] == name.as_str())
+        })
+        .expect("the rule")
+        .clone();
+    assert_eq!(
+        (
+            &rule["metadata"]["namespace"],
+            &rule["spec"]["transform"]["name"]
+        ),
+        (&json!(t1), &json!({"template": "settings-mirror"})),
+        "{rule}"
+    );
+    // What the source's owner puts on it, as the report says (no command
+    // is printed for an object outside the rule's namespace): the rule's
+    // label and the consent to copies into the mirror's namespace.
+    let selector = rule["spec"]["selector"].clone();
+    let mut labels = selector.as_object().expect("a map of labels").clone();
+    assert_eq!(labels.len(), 1, "{selector}");
+    t.patch(
+        Kind::ConfigMap,
+        &src,
+        "settings",
+        json!({"metadata": {
+            "labels": Value::Object(std::mem::take(&mut labels)),
+            "annotations": {"copyrator.flant.com/allow-to": t1},
+        }}),
+    )
+    .await;
+    // The rule writes as its namespace's ServiceAccount, which may read
+    // the source and edit where it copies.
+    copier_may_edit(&t, &t1, &[&t1, &src]).await;
+    t.create_rule(&t1, &name, json!({"spec": rule["spec"]}))
+        .await;
+    let _operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &name]);
+    t.wait_rule(&t1, &name, "the mirror adopted", |r| {
+        match (status_u64(r, "adoptedCopies"), status_u64(r, "copies")) {
+            (Some(1), Some(1)) => Ok(()),
+            _ => Err(short_status(r)),
+        }
+    })
+    .await;
+    let now = t.must_get(Kind::ConfigMap, &t1, "settings-mirror").await;
+    assert_eq!(now.uid, mirror.uid, "the same object");
+    assert_eq!(now.data, mirror.data, "the same data");
+    assert!(
+        !now.annotations.keys().any(|k| k.starts_with(REFLECTOR)),
+        "reflector's marks stay: {:?}",
+        now.annotations
+    );
+    // Its source's change reaches it.
+    t.set_data(Kind::ConfigMap, &src, "settings", &[("k", Some("v2"))])
+        .await;
+    t.wait_obj(
+        Kind::ConfigMap,
+        &t1,
+        "settings-mirror",
+        "following its source",
+        |o| o.data_is(&[("k", "v2")]),
+    )
+    .await;
+}
