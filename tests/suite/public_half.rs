@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::common::members::{Member, OUTAGE, members};
+use crate::common::tenant::copier_may_edit;
 use crate::common::*;
 use crate::members::member_rule;
 use crate::restart_consumers::{pod, restarts_of, workload};
@@ -333,4 +334,49 @@ async fn a_secrets_ca_reaches_a_member_as_a_config_map() {
         .await
         .expect("read the member");
     assert!(secret.is_none(), "a Secret reached the member");
+}
+
+/// A tenant's rule makes ConfigMaps of its own Secret's CA under the same
+/// consent as any copy: only in the namespaces that accept its namespace
+/// (or grant its account the right to write there), written as its
+/// ServiceAccount.
+#[tokio::test]
+async fn a_tenant_rule_makes_config_maps_only_where_accepted_and_as_its_account() {
+    let t = TestNs::new("public-tenant").await;
+    let op = t.ns("op").await;
+    let team = t.ns("team").await;
+    let (accepting, refusing) = (t.ns("t1").await, t.ns("t2").await);
+    t.accept_from(&accepting, &team).await;
+    // Its account may write in the accepting namespace alone: the other
+    // neither accepts the team nor grants its account anything.
+    copier_may_edit(&t, &team, &[&team, &accepting]).await;
+    let rule = t.prefix.clone();
+    t.create_rule(
+        &team,
+        &rule,
+        public_half(&t, &team, &["ca.crt"], json!({"name": {"suffix": "-ca"}})),
+    )
+    .await;
+    t.create_json(SECRET, &team, "site-tls", tls_secret(&t, 1))
+        .await;
+    let _operator = Operator::start(&t, &op, &["--all-namespaces", "--rule-name", &rule]);
+    // Its own namespace (a target too) gets the ConfigMap beside the Secret.
+    let accepted = [accepting.clone(), team.clone()];
+    wait_config_maps(&t, (&accepted, &team), "site-tls-ca", &[("ca.crt", &ca(1))]).await;
+    t.wait_rule(&team, &rule, "written as the team's account", |r| {
+        match r["status"]["identity"] == format!("system:serviceaccount:{team}:copyrator")
+            && status_u64(r, "copies") == Some(2)
+        {
+            true => Ok(()),
+            false => Err(short_status(r)),
+        }
+    })
+    .await;
+    t.assert_absent(
+        Kind::ConfigMap,
+        &refusing,
+        "site-tls-ca",
+        "it does not accept the team",
+    )
+    .await;
 }
