@@ -558,9 +558,14 @@ mod tests {
     /// A world with copies of `src/cm` at `{"k": "v1"}` in c1, r1 and r2,
     /// and the source changed to `{"k": "v2"}`.
     fn changed_world() -> World {
+        changed_world_of(&simple())
+    }
+
+    /// [`changed_world`], its copies made by `rule`.
+    fn changed_world_of(rule: &crate::core::resolve::ResolvedRule) -> World {
         let mut w = World::new(&["src", "c1", "r1", "r2"]);
         w.source("src", "cm", &[("copy", "yes")], json!({"k": "v1"}));
-        let p = w.plan(&simple());
+        let p = w.plan(rule);
         w.apply(&p);
         w.sources.clear();
         w.source("src", "cm", &[("copy", "yes")], json!({"k": "v2"}));
@@ -577,14 +582,27 @@ mod tests {
 
     /// The digest of `{"k": value}` for the copies of `cm`.
     fn digest_of(value: &str) -> String {
+        digest_named("cm", value)
+    }
+
+    /// The digest of `{"k": value}` for the copies named `name`.
+    fn digest_named(name: &str, value: &str) -> String {
         let payload = BTreeMap::from([("data".to_owned(), json!({"k": value}))]);
-        digest("cm", crate::cache::index::payload_hash(&payload)).expect("a test key")
+        digest(name, crate::cache::index::payload_hash(&payload)).expect("a test key")
     }
 
     /// What a rule remembers once `{"k": value}` rolled out everywhere.
     fn rolled_out_at(value: &str) -> Rollouts {
+        rolled_out_named("cm", value)
+    }
+
+    /// [`rolled_out_at`], for the copies named `name`.
+    fn rolled_out_named(name: &str, value: &str) -> Rollouts {
         Rollouts {
-            rolled_out: Some(RolledOut::from([("cm".to_owned(), vec![digest_of(value)])])),
+            rolled_out: Some(RolledOut::from([(
+                name.to_owned(),
+                vec![digest_named(name, value)],
+            )])),
             ..Rollouts::default()
         }
     }
@@ -597,11 +615,22 @@ mod tests {
         now: Instant,
         consumers: Option<Availability<'_>>,
     ) -> (Plan, Gated) {
+        staged_of(&simple(), w, rollouts, now, consumers)
+    }
+
+    /// [`staged`], the plan of `rule`.
+    fn staged_of(
+        rule: &crate::core::resolve::ResolvedRule,
+        w: &World,
+        rollouts: &mut Rollouts,
+        now: Instant,
+        consumers: Option<Availability<'_>>,
+    ) -> (Plan, Gated) {
         let stages = canary_then_rest();
-        let mut plan = w.plan(&simple());
+        let mut plan = w.plan(rule);
         let none = |_: &str, _: usize, _: u64| None;
         let desired = crate::core::plan::desired_copies(
-            &simple(),
+            rule,
             &w.sources,
             &crate::core::scope::Scope::everything(),
         );
@@ -657,6 +686,33 @@ mod tests {
         assert!(plan.actions.is_empty());
         assert!(gated.progress.is_empty(), "rolled out");
         assert!(rollouts.by_name.is_empty());
+    }
+
+    #[test]
+    fn a_renamed_copy_rolls_out_stage_by_stage_under_its_name() {
+        let renamed = rule(json!({
+            "ruleType": "configmap",
+            "selector": {"copy": "yes"},
+            "spec": {"transform": {"name": {"prefix": "p-"}}},
+        }));
+        let mut w = changed_world_of(&renamed);
+        let mut rollouts = rolled_out_named("p-cm", "v1");
+        let t0 = Instant::now();
+        let (plan, gated) = staged_of(&renamed, &w, &mut rollouts, t0, None);
+        assert_eq!(verbs(&plan), [("c1".into(), "p-cm".into(), "update")]);
+        assert_eq!(gated.held, 2, "r1 and r2 keep v1");
+        w.apply(&plan);
+        let t1 = t0 + Duration::from_secs(1);
+        let (plan, _) = staged_of(&renamed, &w, &mut rollouts, t1, None);
+        assert!(plan.actions.is_empty(), "pausing: {:?}", verbs(&plan));
+        let (plan, _) = staged_of(&renamed, &w, &mut rollouts, t1 + PAUSE, None);
+        assert_eq!(
+            verbs(&plan),
+            [
+                ("r1".into(), "p-cm".into(), "update"),
+                ("r2".into(), "p-cm".into(), "update")
+            ]
+        );
     }
 
     #[test]
