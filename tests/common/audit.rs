@@ -269,6 +269,19 @@ impl Audit {
         let mut state = self.state.lock().unwrap();
         let mut file = File::open(&self.path)
             .unwrap_or_else(|e| panic!("opening the audit log {}: {e}", self.path.display()));
+        let len = file
+            .metadata()
+            .unwrap_or_else(|e| panic!("reading the audit log {}: {e}", self.path.display()))
+            .len();
+        // Shorter than what was read of it: the API server rotated it, and
+        // what this test's requests wrote before is in another file.
+        assert!(
+            len >= state.offset,
+            "the audit log {} was rotated while a test read it ({len} bytes, {} read before): \
+             the control plane must be started with --audit-log-maxsize large enough",
+            self.path.display(),
+            state.offset
+        );
         file.seek(SeekFrom::Start(state.offset))
             .unwrap_or_else(|e| panic!("seeking in the audit log {}: {e}", self.path.display()));
         let mut buf = Vec::new();
