@@ -284,6 +284,51 @@ pub(crate) struct RolloutStage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 86400))]
     pub(crate) pause_seconds: Option<u32>,
+    /// The clusters of this stage: its places are the target namespaces
+    /// it selects in these clusters. Default: every cluster the rule
+    /// targets (home and members).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) clusters: Option<StageClusters>,
+    /// `Manual`: the stage opens only once the rule carries the annotation
+    /// `copyrator.flant.com/approve` naming this stage and the content
+    /// (`STAGE=CONTENT`, as `status.rollouts[].content` says it; several
+    /// space-separated). Default `Automatic`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) approval: Option<StageApproval>,
+    /// How many member clusters of this stage may be unreachable while it
+    /// settles: past that, the stage does not settle, and halts naming
+    /// them. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 1000))]
+    pub(crate) max_unavailable_clusters: Option<u32>,
+}
+
+/// The clusters a stage covers: members by name or label, and the home
+/// cluster. Given, a cluster none of its fields names is not in the stage.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct StageClusters {
+    /// Member clusters by name (DNS-1123 labels). At most 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::api::schema::cluster_names_schema")]
+    pub(crate) names: Option<Vec<String>>,
+    /// Label selector on member clusters; `{}` selects every member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) selector: Option<K8sLabelSelector>,
+    /// The home cluster is in this stage. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) home: Option<bool>,
+}
+
+/// How a stage opens once the stage before it settled and paused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub(crate) enum StageApproval {
+    /// At once.
+    #[default]
+    Automatic,
+    /// Once approved for this content (the rule's annotation
+    /// `copyrator.flant.com/approve`).
+    Manual,
 }
 
 /// Which namespaces receive copies. A namespace is a target when it matches
@@ -574,6 +619,35 @@ pub(crate) struct RolloutStatus {
     /// the copies not written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) message: Option<String>,
+    /// The copies' name (the source's, unless `transform.name` renames).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) name: Option<String>,
+    /// The new content: a keyed digest (16 hex digits) that tells nothing
+    /// of it; what an approval names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) content: Option<String>,
+    /// When the stage opened (or, awaiting approval, was reached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) opened_at: Option<String>,
+    /// When the stage settled; the next opens `pauseSeconds` after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) settled_at: Option<String>,
+    /// Each cluster the rule targets, and how its places stand in this
+    /// rollout (at most 50).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) clusters: Vec<RolloutCluster>,
+}
+
+/// One cluster in a rollout.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct RolloutCluster {
+    /// The member's name, or the home cluster's (`--cluster-name`).
+    pub(crate) name: String,
+    /// `Done` (its places hold the new content), `Settling` (in the open
+    /// stage, not settled), `Settled` (in the open stage, settled),
+    /// `Waiting` (its places are in later stages), `Unreachable`.
+    pub(crate) phase: String,
 }
 
 /// How a rule's copies stand in one member cluster.

@@ -28,7 +28,7 @@ use crate::controller::fleet;
 use crate::controller::member_pass::in_member;
 use crate::controller::state::Shared;
 use crate::core::plan::source_rejection;
-use crate::core::resolve::ResolvedRule;
+use crate::core::resolve::{ClusterOf, ResolvedRule};
 use crate::core::whereabouts::{CopyRule, CopyState, Follower, Place, PlaceOf, copy_names, places};
 use crate::ops::http::Health;
 use crate::ops::metrics::Metrics;
@@ -354,6 +354,7 @@ async fn find(settings: Settings, args: &WhereArgs) -> anyhow::Result<Found> {
         .map(|(rule, live)| Follower {
             rule,
             status: live.status.as_ref(),
+            cluster: ClusterOf::Home,
         })
         .collect();
     let names = copy_names(kind, &name, &at_home);
@@ -643,14 +644,20 @@ async fn in_members(
     for (member, reached) in member_clients(clients, settings).await? {
         let read = async {
             let (client, labels) = reached?;
-            let here: Vec<ResolvedRule> = followed
+            let here: Vec<(ResolvedRule, &CopyratorRule)> = followed
                 .iter()
                 .filter(|(rule, _)| rule.clusters.selects(&member, &labels))
-                .map(|(rule, _)| in_member(rule, home))
+                .map(|(rule, live)| (in_member(rule, home), *live))
                 .collect();
+            // A staged rule's rollouts span its clusters: its status at
+            // home says which stage each has reached.
             let followers: Vec<Follower<'_>> = here
                 .iter()
-                .map(|rule| Follower { rule, status: None })
+                .map(|(rule, live)| Follower {
+                    rule,
+                    status: live.status.as_ref(),
+                    cluster: ClusterOf::Member(&member, &labels),
+                })
                 .collect();
             let names = copy_names(kind, &source.name, &followers);
             let (namespaces, copies) = read_cluster(&client, &names)

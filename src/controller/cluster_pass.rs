@@ -25,7 +25,7 @@ use crate::core::backoff::{Admission, CopyKey, Failure, Waiting};
 use crate::core::plan::{self, Action, Claim, DeleteReason, DesiredCopies, Inputs, Occupied, Plan};
 use crate::core::preview::{PlannedChange, Preview, Skip};
 use crate::core::report::{self, ClusterReport};
-use crate::core::resolve::ResolvedRule;
+use crate::core::resolve::{ClusterOf, ResolvedRule};
 use crate::core::scope::{Scope, Touch};
 use crate::core::tally::{Basis, Unsettled};
 use crate::sync::{lock, read};
@@ -104,6 +104,8 @@ fn report_of(site: &Site, resolved: &ResolvedRule, pass: &Pass) -> ClusterReport
             .rollout
             .as_ref()
             .map(|gated| crate::core::rollout::rolled_out_for_status(&gated.rolled_out)),
+        rollout: pass.rollout.as_ref().map(|gated| gated.facts.clone()),
+        held: pass.rollout.as_ref().map_or(0, |gated| gated.held),
     }
 }
 
@@ -446,12 +448,9 @@ async fn carry_out(
     let mut pass = Pass::default();
     // The tally took the plan whole: writes the stages hold back stay owed.
     if let Some(stages) = &resolved.stages {
-        let kept = rolled_out_kept(rule, site.name.member());
-        let gated =
-            crate::controller::rollout::stage(site, resolved, stages, &mut plan, &desired, &kept)
-                .await;
-        if let Some(at) = gated.recheck_at {
-            pass.retry_no_later_than(at);
+        let gated = stage_here(shared, site, rule, resolved, stages, &mut plan, &desired).await;
+        if let Some(wait) = gated.recheck_in {
+            pass.retry_no_later_than(Instant::now() + wait);
         }
         pass.rollout = Some(gated);
     }
@@ -484,21 +483,57 @@ async fn carry_out(
     pass
 }
 
-/// What the rule's status keeps of what it rolled out in a site: its own
-/// `rolledOut` at home, its member entry's in a member.
-fn rolled_out_kept(rule: &CopyratorRule, member: Option<&str>) -> BTreeMap<String, String> {
-    let Some(status) = &rule.status else {
-        return BTreeMap::new();
+/// Stage `plan` in `site` as the rule's status records its rollouts.
+async fn stage_here(
+    shared: &Shared,
+    site: &Site,
+    rule: &CopyratorRule,
+    resolved: &ResolvedRule,
+    stages: &crate::core::rollout::Stages,
+    plan: &mut Plan,
+    desired: &DesiredCopies,
+) -> crate::core::rollout::Gated {
+    let kept = rolled_out_kept(rule, site.name.member());
+    let recorded = crate::core::fleet_rollout::from_status(
+        rule.status.as_ref().map_or(&[][..], |s| &s.rollouts[..]),
+        stages,
+    );
+    let labels = site
+        .name
+        .member()
+        .and_then(|name| shared.members.get(name))
+        .map(|member| read(&member.labels).clone())
+        .unwrap_or_default();
+    let cluster = match site.name.member() {
+        Some(name) => ClusterOf::Member(name, &labels),
+        None => ClusterOf::Home,
     };
-    match member {
-        None => status.rolled_out.clone(),
+    let at = crate::controller::rollout::StageInputs {
+        cluster,
+        kept: kept.as_ref(),
+        recorded: &recorded,
+    };
+    crate::controller::rollout::stage(site, resolved, stages, plan, desired, &at).await
+}
+
+/// What the rule's status keeps of what it rolled out in a site: its own
+/// `rolledOut` at home, its member entry's in a member; `None` when the
+/// status keeps no record of the rollouts at all (wiped, or never
+/// written): the copies' marks are taken instead.
+fn rolled_out_kept(rule: &CopyratorRule, member: Option<&str>) -> Option<BTreeMap<String, String>> {
+    let status = rule.status.as_ref()?;
+    let kept = match member {
+        None => Some(status.rolled_out.clone()).filter(|kept| !kept.is_empty()),
         Some(member) => status
             .clusters
             .iter()
             .flatten()
             .find(|c| c.name == member)
-            .and_then(|c| c.rolled_out.clone())
-            .unwrap_or_default(),
+            .and_then(|c| c.rolled_out.clone()),
+    };
+    match kept {
+        None if status.rollouts.is_empty() => None,
+        kept => Some(kept.unwrap_or_default()),
     }
 }
 

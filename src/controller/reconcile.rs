@@ -98,7 +98,21 @@ pub(crate) async fn reconcile(
     let mut observed = observed_after(shared, &rule, &resolved, &pass, &home);
     say_unreadable(&resolved, &unreadable, &mut observed);
     say_missing_account(shared, &resolved, &mut observed).await;
-    let published = publish_status(shared, &rule, &observed).await?;
+    // A staged rule's rollouts move on across its clusters; where they
+    // stand is recorded before any cluster acts on it.
+    let fleet = resolved.stages.as_ref().map(|stages| {
+        crate::controller::rollout::advance_fleet(shared, &rule, &resolved, stages, &home)
+    });
+    if let Some(fleet) = &fleet {
+        observed.rollouts.clone_from(&fleet.progress);
+        observed.held = fleet.held;
+    }
+    let precondition = fleet.as_ref().is_some_and(|f| f.changed);
+    let published = publish_status_with(shared, &rule, &observed, precondition).await?;
+    if published == Published::Written && fleet.as_ref().is_some_and(|f| f.widened) {
+        // A stage opened, and is recorded: every cluster writes it now.
+        shared.queue_everywhere(key, crate::core::scope::Touch::All);
+    }
     log_pass(shared, key, &pass, failing, started.elapsed());
     announce(shared, &rule, &resolved, &pass, &home, &observed).await;
     shared
@@ -108,6 +122,7 @@ pub(crate) async fn reconcile(
     let retry = pass
         .retry_at
         .map(|at| at.saturating_duration_since(Instant::now()));
+    let retry = sooner(retry, fleet.and_then(|f| f.recheck_in));
     Ok(sooner(retry, published.again_in()))
 }
 
@@ -567,11 +582,7 @@ fn observed_after(
         waiting_for_sources: None,
         sources_failing: None,
         clusters: members.into_iter().map(|(status, _)| status).collect(),
-        rollouts: pass
-            .rollout
-            .as_ref()
-            .map(|g| g.progress.clone())
-            .unwrap_or_default(),
+        rollouts: Vec::new(),
         held: pass.rollout.as_ref().map_or(0, |g| g.held),
         staged: Some(resolved.stages.is_some()),
         rolled_out: home.rolled_out.clone(),
@@ -963,6 +974,18 @@ pub(crate) async fn publish_status(
     rule: &CopyratorRule,
     observed: &Observed,
 ) -> Result<Published, Error> {
+    publish_status_with(shared, rule, observed, false).await
+}
+
+/// [`publish_status`], with the rule's `resourceVersion` as a
+/// precondition when `precondition`: a status that records where rollouts
+/// stand goes out only over the rule it was judged from.
+async fn publish_status_with(
+    shared: &Arc<Shared>,
+    rule: &CopyratorRule,
+    observed: &Observed,
+    precondition: bool,
+) -> Result<Published, Error> {
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let next = status::compute(rule.status.as_ref(), observed, &now);
     let key = rule.key();
@@ -985,7 +1008,7 @@ pub(crate) async fn publish_status(
         .home
         .cluster
         .writer
-        .rule_status(rule, &next)
+        .rule_status(rule, &next, precondition)
         .await
         .map_err(|source| Error::Status {
             rule: key.to_string(),

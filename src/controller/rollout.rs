@@ -16,7 +16,6 @@ use k8s_openapi::api::apps::v1::{
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kube::api::ListParams;
 use serde_json::Value;
-use tokio::time::Instant;
 
 use crate::api::kinds::Kind;
 use crate::api::required;
@@ -25,25 +24,38 @@ use crate::cache::mark::{Consumer, RestartForm, restart_form, rolled_out_digest}
 use crate::cluster::reader::Reader;
 use crate::controller::site::{RuleMemory, Site};
 use crate::core::consumers::{opted_out, restart_key, restart_value, use_of};
+use crate::core::fleet_rollout::{
+    APPROVE_ANNOTATION, SiteView, Step, Track, Tracks, advance, approvals, from_status, progress,
+};
 use crate::core::plan::{DesiredCopies, Plan};
-use crate::core::resolve::ResolvedRule;
+use crate::core::report::ClusterReport;
+use crate::core::resolve::{ClusterOf, ResolvedRule};
 use crate::core::rollout::{
     AvailabilityCheck, EarlierRead, Gated, Inputs, Stages, gate, rolled_out_from_status,
 };
 use crate::error::describe;
 use crate::sync::{lock, read};
 
+/// What a site's pass over a staged rule needs beyond its plan: the
+/// cluster it is, what the rule's status keeps of what was rolled out
+/// there (what the rule starts from when its memory holds nothing yet;
+/// `None`: the status keeps no record at all, and the copies' marks are
+/// taken instead), and where the rule's rollouts stand as recorded.
+pub(crate) struct StageInputs<'a> {
+    pub(crate) cluster: ClusterOf<'a>,
+    pub(crate) kept: Option<&'a BTreeMap<String, String>>,
+    pub(crate) recorded: &'a Tracks,
+}
+
 /// Stage `plan` for the rule's stages in `site`, and read what the next
-/// pass needs; `Gated::recheck_at` says when that pass should come.
-/// `kept` is what the rule's status says was rolled out in this site: what
-/// the rule starts from when its memory holds nothing yet.
+/// pass needs; `Gated::recheck_in` says when that pass should come.
 pub(crate) async fn stage(
     site: &Site,
     resolved: &ResolvedRule,
     stages: &Stages,
     plan: &mut Plan,
     desired: &DesiredCopies,
-    kept: &BTreeMap<String, String>,
+    at: &StageInputs<'_>,
 ) -> Gated {
     let mut gated = {
         // The memory before the views, as the lock order in state.rs says.
@@ -56,7 +68,8 @@ pub(crate) async fn stage(
             ..
         } = memory.entry(resolved.key.clone()).or_default();
         if rollouts.rolled_out.is_none() {
-            rollouts.rolled_out = Some(rolled_out_from_status(kept));
+            rollouts.rolled_out = Some(at.kept.map(rolled_out_from_status).unwrap_or_default());
+            rollouts.rebuild = at.kept.is_none();
         }
         let digest = |name: &str, payload: u64| rolled_out_digest(&resolved.uid, name, payload);
         let seen = |name: &str, stage: usize, payload: u64| {
@@ -65,24 +78,30 @@ pub(crate) async fn stage(
                 .filter(|(content, _)| *content == payload)
                 .map(|(_, waiting)| waiting.clone())
         };
+        let open = |name: &str, content: &str| {
+            at.recorded
+                .get(name)
+                .filter(|t| t.content == content)
+                .map(crate::core::fleet_rollout::Track::open)
+        };
         let inputs = Inputs {
             stages,
             rule_uid: &resolved.uid,
+            cluster: at.cluster,
             namespaces: &namespaces,
             copies: &copies,
             consumers: resolved.restart_consumers,
             availability: &seen,
-            now: Instant::now(),
             desired,
             digest: &digest,
+            open: &open,
         };
         let gated = gate(plan, &inputs, rollouts);
         // What was seen of a content no rollout is at any more is moot.
         availability.retain(|(name, _), (content, _)| {
-            rollouts
-                .by_name
+            desired
                 .get(name)
-                .is_some_and(|t| t.payload == *content)
+                .is_some_and(|d| d.payload_hash == *content && gated.facts.contains_key(name))
         });
         gated
     };
@@ -101,9 +120,7 @@ pub(crate) async fn stage(
     let mut memory = lock(&site.memory);
     let memory = memory.entry(resolved.key.clone()).or_default();
     for (name, content) in earlier {
-        if let Some(track) = memory.rollouts.by_name.get_mut(&name) {
-            track.earlier = Some(content);
-        }
+        memory.rollouts.earlier.insert(name, content);
     }
     for (check, mut waiting) in seen {
         if memory.restart_refused {
@@ -113,9 +130,164 @@ pub(crate) async fn stage(
         news |= remember_availability(&mut memory.availability, check, waiting);
     }
     if news {
-        gated.recheck_at = Some(Instant::now());
+        gated.recheck_in = Some(std::time::Duration::ZERO);
     }
     gated
+}
+
+/// What a step of a staged rule's rollouts, across its clusters, came to.
+pub(crate) struct FleetStep {
+    /// Where each rollout stands now, for the status.
+    pub(crate) progress: Vec<crate::core::rollout::Progress>,
+    /// When to look again.
+    pub(crate) recheck_in: Option<std::time::Duration>,
+    /// A rollout moved on from what the status recorded: its status goes
+    /// out with the rule's `resourceVersion` as a precondition, before any
+    /// cluster acts on it.
+    pub(crate) changed: bool,
+    /// A stage opened to a content: every cluster looks again once that is
+    /// recorded.
+    pub(crate) widened: bool,
+    /// Writes the stages hold back, in every cluster.
+    pub(crate) held: u32,
+}
+
+/// A cluster the rule targets, as its rollouts see it.
+struct Targeted {
+    name: String,
+    labels: BTreeMap<String, String>,
+    home: bool,
+    reachable: bool,
+    report: Option<ClusterReport>,
+}
+
+/// Every cluster `resolved` targets, with its last report (home's: `home`).
+fn targeted(
+    shared: &crate::controller::state::Shared,
+    resolved: &ResolvedRule,
+    home: &ClusterReport,
+) -> Vec<Targeted> {
+    let mut clusters = Vec::new();
+    if resolved.clusters.local {
+        clusters.push(Targeted {
+            name: shared.options.cluster_name.clone(),
+            labels: BTreeMap::new(),
+            home: true,
+            reachable: true,
+            report: Some(home.clone()),
+        });
+    }
+    for (status, report) in crate::controller::members::statuses(&shared.members, resolved) {
+        let member = shared.members.get(&status.name);
+        clusters.push(Targeted {
+            labels: member
+                .as_ref()
+                .map(|m| read(&m.labels).clone())
+                .unwrap_or_default(),
+            reachable: member.is_some_and(|m| m.is_reachable()),
+            name: status.name,
+            home: false,
+            report,
+        });
+    }
+    clusters
+}
+
+/// Move the rule's rollouts on from where its status recorded them, with
+/// what each cluster's last pass found (home's: `home`, just now).
+pub(crate) fn advance_fleet(
+    shared: &crate::controller::state::Shared,
+    rule: &crate::api::rule::CopyratorRule,
+    resolved: &ResolvedRule,
+    stages: &Stages,
+    home: &ClusterReport,
+) -> FleetStep {
+    let recorded = from_status(
+        rule.status.as_ref().map_or(&[][..], |s| &s.rollouts[..]),
+        stages,
+    );
+    let clusters = targeted(shared, resolved, home);
+    let sites: Vec<SiteView<'_>> = clusters
+        .iter()
+        .map(|c| SiteView {
+            name: &c.name,
+            cluster: if c.home {
+                ClusterOf::Home
+            } else {
+                ClusterOf::Member(&c.name, &c.labels)
+            },
+            reachable: c.reachable,
+            facts: c.report.as_ref().and_then(|r| r.rollout.as_ref()),
+            planned: c.report.as_ref().and_then(|r| r.rolled_out.as_ref()),
+        })
+        .collect();
+    let approvals = approvals(
+        rule.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(APPROVE_ANNOTATION))
+            .map(String::as_str),
+    );
+    let approved =
+        |stage: &str, content: &str| approvals.contains(&(stage.to_owned(), content.to_owned()));
+    let current = |name: &str| {
+        let content = home
+            .rolled_out
+            .as_ref()?
+            .get(name)?
+            .split_whitespace()
+            .last()?;
+        let source = sites
+            .iter()
+            .find_map(|s| s.facts.and_then(|f| f.get(name)).map(|f| f.source.clone()))
+            .or_else(|| recorded.get(name).map(|t| t.source.clone()))?;
+        Some((source, content.to_owned()))
+    };
+    let advanced = advance(
+        &recorded,
+        &Step {
+            stages,
+            sites: &sites,
+            now: chrono::Utc::now(),
+            current: &current,
+            approved: &approved,
+            consumers: resolved.restart_consumers,
+        },
+    );
+    FleetStep {
+        progress: progress(&advanced.tracks, stages),
+        recheck_in: advanced.recheck_in,
+        changed: moved_on(&recorded, &advanced.tracks),
+        widened: widened(&recorded, &advanced.tracks),
+        held: clusters
+            .iter()
+            .filter_map(|c| c.report.as_ref())
+            .map(|r| r.held)
+            .sum(),
+    }
+}
+
+/// Whether a stage opened to a content since `recorded`.
+fn widened(recorded: &Tracks, now: &Tracks) -> bool {
+    now.iter().any(|(name, track)| {
+        let before = recorded
+            .get(name)
+            .filter(|t| t.content == track.content)
+            .and_then(|t| t.open().through);
+        track.open().through > before
+    })
+}
+
+/// Whether any rollout stands elsewhere than `recorded` says.
+fn moved_on(recorded: &Tracks, now: &Tracks) -> bool {
+    let moved = |a: &Track, b: &Track| {
+        (&a.content, a.stage, a.opened, a.opened_at, a.settled_at)
+            != (&b.content, b.stage, b.opened, b.opened_at, b.settled_at)
+    };
+    now.len() != recorded.len()
+        || now
+            .iter()
+            .any(|(name, t)| recorded.get(name).is_none_or(|r| moved(t, r)))
 }
 
 /// What a check found, by copy name and stage: the content it looked at

@@ -5,6 +5,7 @@
 
 pub(crate) mod backoff;
 pub mod consumers;
+pub(crate) mod fleet_rollout;
 pub(crate) mod foreign;
 pub(crate) mod grants;
 pub(crate) mod identity;

@@ -24,6 +24,10 @@ pub(crate) struct ClusterReport {
     /// For a staged rule: what its copies there may hold as rolled out
     /// after the pass, as the status keeps it.
     pub(crate) rolled_out: Option<std::collections::BTreeMap<String, String>>,
+    /// For a staged rule: what the pass found of each source's new content.
+    pub(crate) rollout: Option<crate::core::rollout::SiteFacts>,
+    /// For a staged rule: writes its stages held back there.
+    pub(crate) held: u32,
 }
 
 /// The problem of a pass whose writes failed (this pass, or before and
@@ -124,6 +128,8 @@ mod tests {
             contested: contest.iter().map(|ns| contested(ns)).collect(),
             problem: None,
             rolled_out: None,
+            rollout: None,
+            held: 0,
         }
     }
 

@@ -636,12 +636,37 @@ impl Deletion {
 /// For `rollout.stages` (see `core::rollout`): the name of the stage that namespaces no stage selects make.
 pub(crate) const REST: &str = "rest";
 
-/// One stage: the namespaces it selects, and the pause after it settles.
+/// One stage: the clusters and namespaces it selects, the pause after it
+/// settles, whether it waits for an approval, and how many of its members
+/// may be unreachable while it settles.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Stage {
     pub(crate) name: String,
     pub(crate) selector: TargetSelector,
     pub(crate) pause: Duration,
+    /// `None`: every cluster.
+    pub(crate) clusters: Option<ClusterTargets>,
+    pub(crate) manual: bool,
+    pub(crate) max_unavailable: usize,
+}
+
+/// A cluster as stages see it: the home cluster, or a member by name and
+/// labels.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ClusterOf<'a> {
+    Home,
+    Member(&'a str, &'a BTreeMap<String, String>),
+}
+
+impl Stage {
+    /// Whether `cluster` is one of this stage's clusters.
+    pub(crate) fn covers(&self, cluster: ClusterOf<'_>) -> bool {
+        match (&self.clusters, cluster) {
+            (None, _) => true,
+            (Some(c), ClusterOf::Home) => c.local,
+            (Some(c), ClusterOf::Member(name, labels)) => c.selects(name, labels),
+        }
+    }
 }
 
 /// A rule's stages, in order; the namespaces none selects come last.
@@ -653,13 +678,35 @@ pub(crate) struct Stages {
 }
 
 impl Stages {
-    /// The stage of the namespace `name`: the first that selects it, else
-    /// the last (the rest).
-    pub(crate) fn stage_of(&self, name: &str, labels: &BTreeMap<String, String>) -> usize {
+    /// The stage of the namespace `name` in `cluster`: the first that
+    /// covers the cluster and selects the namespace, else the last (the
+    /// rest).
+    pub(crate) fn stage_of(
+        &self,
+        cluster: ClusterOf<'_>,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> usize {
         self.stages
             .iter()
-            .position(|s| s.selector.matches(name, labels))
+            .position(|s| s.covers(cluster) && s.selector.matches(name, labels))
             .unwrap_or(self.stages.len())
+    }
+
+    /// Whether `cluster` may hold places of `stage` (the rest covers
+    /// every cluster).
+    pub(crate) fn covers(&self, stage: usize, cluster: ClusterOf<'_>) -> bool {
+        self.stages.get(stage).is_none_or(|s| s.covers(cluster))
+    }
+
+    /// Whether `stage` opens only once approved.
+    pub(crate) fn manual(&self, stage: usize) -> bool {
+        self.stages.get(stage).is_some_and(|s| s.manual)
+    }
+
+    /// How many of `stage`'s clusters may be unreachable while it settles.
+    pub(crate) fn max_unavailable(&self, stage: usize) -> usize {
+        self.stages.get(stage).map_or(0, |s| s.max_unavailable)
     }
 
     /// How many stages there are, the rest included.
@@ -705,10 +752,45 @@ fn resolve_stages(rollout: Option<&Rollout>) -> Result<Option<Arc<Stages>>, Inva
         .map_err(|e| {
             InvalidRule::invalid(format!("rollout.stages[{}]: {}", stage.name, e.message))
         })?;
+        let clusters = match &stage.clusters {
+            None => None,
+            Some(c) => Some(
+                ClusterTargets::resolve(Some(TargetClusters {
+                    names: c.names.clone(),
+                    selector: c.selector.clone(),
+                    local: Some(c.home.unwrap_or(false)),
+                }))
+                .or_else(|e| {
+                    // A stage of no cluster at all is allowed: it is empty.
+                    if c.home != Some(true)
+                        && c.names.as_ref().is_none_or(Vec::is_empty)
+                        && c.selector.is_none()
+                    {
+                        Ok(ClusterTargets {
+                            names: BTreeSet::new(),
+                            selector: None,
+                            local: false,
+                        })
+                    } else {
+                        Err(e)
+                    }
+                })
+                .map_err(|e| {
+                    InvalidRule::invalid(format!(
+                        "rollout.stages[{}].clusters: {}",
+                        stage.name,
+                        e.message.trim_start_matches("targets.clusters.")
+                    ))
+                })?,
+            ),
+        };
         resolved.push(Stage {
             name: stage.name.clone(),
             selector,
             pause: Duration::from_secs(u64::from(stage.pause_seconds.unwrap_or(0))),
+            clusters,
+            manual: stage.approval == Some(StageApproval::Manual),
+            max_unavailable: stage.max_unavailable_clusters.unwrap_or(0) as usize,
         });
     }
     Ok(Some(Arc::new(Stages {

@@ -1,20 +1,13 @@
-//! Staged rollouts (`spec.rollout.stages`): which stage each namespace is
-//! in, and how far a source's new content may go now. Pure: the plan of a
-//! pass (made as if there were no stages), the rule's copies, the clock and
-//! what the controller last saw of the consumers' availability come in; the
-//! writes that may not happen yet are taken out of the plan, and creates in
-//! stages not yet reached get the content rolled out before (read by the
-//! controller from one copy that holds it: the copy views keep no payload).
-//!
-//! A source's content moves one stage at a time. The first stage gets it
-//! at once; a stage settles when every copy there holds it (and, with
-//! `restartConsumers`, the workloads that use it are available again);
-//! the next stage opens a pause after that. A stage that has not settled
-//! within the settle timeout halts the rollout there: later stages keep
-//! the content they had until it settles, or the source changes again.
-//! Namespaces that no stage selects make the last stage. A source with no
-//! copy at other content past the first stage (a new source, or a change
-//! back to what later stages hold) is not staged: nothing there to keep.
+//! Staged rollouts (`spec.rollout.stages`) in one cluster: which stage
+//! each place is in, what a pass there owes each stage, and which of its
+//! writes the rule's rollouts let through. Pure: the plan of a pass (made
+//! as if there were no stages), the rule's copies there, and where each
+//! rollout stands across every cluster ([`crate::core::fleet_rollout`],
+//! as recorded in the rule's status) come in; the writes that may not
+//! happen yet are taken out of the plan, creates in stages not yet reached
+//! get the content rolled out before (read by the controller from one copy
+//! that holds it: the copy views keep no payload), and what the pass found
+//! goes out as [`SiteFacts`], from which the rollouts move on.
 //!
 //! Only content the rule rolled out counts as content a stage holds: a
 //! copy's mark proves that Copyrator wrote its payload there once, not
@@ -23,18 +16,19 @@
 //! content, and while a rollout is under way the contents it replaces),
 //! and its status carries them over a restart. A copy at any other content
 //! (an older one put back) is restored at once, like an edited one, and is
-//! never handed on.
+//! never handed on. With no record at all (a status wiped), what the
+//! copies' marks prove is taken as rolled out, once: the rollout is built
+//! again from them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::time::Instant;
 
 use crate::cache::index::{CopyIndex, NamespaceInfo, Object};
 use crate::core::plan::{Action, Desired, DesiredCopies, Plan};
-pub(crate) use crate::core::resolve::Stages;
+pub(crate) use crate::core::resolve::{ClusterOf, Stages};
 
 /// How soon a pass that wrote a stage's copies is followed by another,
 /// which finds the stage settled (its writes went through) or not.
@@ -43,33 +37,23 @@ pub(crate) const AFTER_WRITES: Duration = Duration::from_millis(100);
 pub(crate) const SETTLE_RECHECK: Duration = Duration::from_secs(2);
 /// How often a halted stage is looked at again.
 pub(crate) const HALTED_RECHECK: Duration = Duration::from_secs(10);
-/// How far one source's content has gone.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Track {
-    /// The payload hash being rolled out.
-    pub(crate) payload: u64,
-    /// The last stage open to it.
-    pub(crate) open: usize,
-    /// When that stage opened.
-    pub(crate) opened_at: Instant,
-    /// When that stage settled, if it has.
-    pub(crate) settled_at: Option<Instant>,
-    /// The content rolled out before, once read: its hash and payload.
-    pub(crate) earlier: Option<(u64, Arc<BTreeMap<String, Value>>)>,
-    /// Where it stood after the last pass that looked at it, and its
-    /// source (`namespace/name`), for passes that look at other sources.
-    pub(crate) phase: Phase,
-    pub(crate) source: String,
-}
 
-/// A rule's rollouts under way, by source name (kept between passes).
+/// What a rule's passes in one cluster remember of its rollouts.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Rollouts {
-    pub(crate) by_name: BTreeMap<String, Track>,
-    /// What the rule's copies may hold as rolled out; `None` until it is
-    /// read from the rule's status (the first pass after a start).
+    /// By copy name, the content rolled out before (its payload hash and
+    /// payload), once read: what creates in stages not reached yet get.
+    pub(crate) earlier: Earlier,
+    /// What the rule's copies here may hold as rolled out; `None` until
+    /// it is read from the rule's status (the first pass after a start).
     pub(crate) rolled_out: Option<RolledOut>,
+    /// The status kept no record at all: on the next pass, contents the
+    /// copies' marks prove Copyrator wrote are taken as rolled out.
+    pub(crate) rebuild: bool,
 }
+
+/// By copy name, the content rolled out before: its payload hash and payload.
+pub(crate) type Earlier = HashMap<String, (u64, Arc<BTreeMap<String, Value>>)>;
 
 /// By copy name, the digests of the contents ([`Inputs::digest`]) that its
 /// copies may hold as rolled out, the newest last: the source's current
@@ -120,21 +104,74 @@ pub(crate) enum Phase {
     Settling,
     /// The open stage settled; the next opens after its pause.
     Pausing,
+    /// The next stage waits for an approval of this content.
+    AwaitingApproval,
     /// The open stage did not settle in time: why (the workloads not
-    /// available, or the copies not written).
+    /// available, the copies not written, the clusters not reachable).
     Halted(Vec<String>),
+}
+
+impl Phase {
+    /// The word the status says it with.
+    pub(crate) fn word(&self) -> &'static str {
+        match self {
+            Phase::Settling => "Settling",
+            Phase::Pausing => "Pausing",
+            Phase::AwaitingApproval => "AwaitingApproval",
+            Phase::Halted(_) => "Halted",
+        }
+    }
 }
 
 /// One source's rollout, for the status.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Progress {
     pub(crate) source: String,
-    /// Index and name of the last stage open to the new content.
+    /// The copies' name, and the new content's digest.
+    pub(crate) name: String,
+    pub(crate) content: String,
+    /// Index and name of the last stage reached by the new content.
     pub(crate) stage: usize,
     pub(crate) stage_name: String,
     pub(crate) stages: usize,
     pub(crate) phase: Phase,
+    /// RFC 3339: when the stage opened (or was reached, awaiting an
+    /// approval), and when it settled.
+    pub(crate) opened_at: String,
+    pub(crate) settled_at: Option<String>,
+    /// Each cluster the rule targets (by name) and its phase word.
+    pub(crate) clusters: Vec<(String, &'static str)>,
 }
+
+/// How far the rule's rollout of one content is open, as recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Open {
+    /// The last stage whose places may get the content (`None`: none yet,
+    /// the first stage awaits an approval).
+    pub(crate) through: Option<usize>,
+}
+
+/// What one cluster's pass found of one source's new content.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SourceFacts {
+    pub(crate) source: String,
+    /// The new content's digest.
+    pub(crate) content: String,
+    /// Stages whose places here are still owed the new content.
+    pub(crate) owed: BTreeSet<usize>,
+    /// Stages where a copy of it is here.
+    pub(crate) present: BTreeSet<usize>,
+    /// A copy here past the first stage holds content rolled out before:
+    /// the new content is staged.
+    pub(crate) held_later: bool,
+    /// By stage looked at: the consumers here not available at the new
+    /// content (empty: all are).
+    pub(crate) waiting: BTreeMap<usize, Vec<String>>,
+}
+
+/// What one cluster's pass found, by copy name: only sources with a copy
+/// or a write owed here.
+pub(crate) type SiteFacts = BTreeMap<String, SourceFacts>;
 
 /// Consumers whose availability the controller should look at: those of
 /// the copies of `name` in `namespaces` (one stage), for `payload`.
@@ -148,23 +185,23 @@ pub(crate) struct AvailabilityCheck {
     pub(crate) desired: Arc<Desired>,
 }
 
-/// What the stages did to a plan.
+/// What the stages did to a plan in one cluster.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Gated {
     /// Writes of new content held back for a later stage.
     pub(crate) held: u32,
-    /// Each source whose rollout is under way, by name.
-    pub(crate) progress: Vec<Progress>,
-    /// When to look again (a pause ends, a stage may have settled).
-    pub(crate) recheck_at: Option<Instant>,
+    /// When this cluster should be looked at again (its consumers).
+    pub(crate) recheck_in: Option<Duration>,
     pub(crate) checks: Vec<AvailabilityCheck>,
-    /// Copies whose payload the controller should read into the source's
-    /// [`Track::earlier`]: the content rolled out before, which creates in
-    /// stages not reached yet need.
+    /// Copies whose payload the controller should read into
+    /// [`Rollouts::earlier`]: the content rolled out before, which creates
+    /// in stages not reached yet need.
     pub(crate) reads: Vec<EarlierRead>,
-    /// What the rule's copies may hold as rolled out after this pass, for
-    /// its status.
+    /// What the rule's copies here may hold as rolled out after this pass,
+    /// for its status.
     pub(crate) rolled_out: RolledOut,
+    /// What this pass found of each source's new content.
+    pub(crate) facts: SiteFacts,
 }
 
 /// A copy that holds the content rolled out before, as Copyrator wrote it
@@ -177,12 +214,6 @@ pub(crate) struct EarlierRead {
     pub(crate) payload_hash: u64,
 }
 
-impl Gated {
-    fn recheck_no_later_than(&mut self, at: Instant) {
-        self.recheck_at = Some(self.recheck_at.map_or(at, |r| r.min(at)));
-    }
-}
-
 /// What the controller last saw of a stage's consumers, for a content:
 /// `Some(not available)` (empty: all available), `None` if not looked at.
 pub(crate) type Availability<'a> = &'a dyn Fn(&str, usize, u64) -> Option<Vec<String>>;
@@ -191,44 +222,102 @@ pub(crate) type Availability<'a> = &'a dyn Fn(&str, usize, u64) -> Option<Vec<St
 pub(crate) struct Inputs<'a> {
     pub(crate) stages: &'a Stages,
     pub(crate) rule_uid: &'a str,
+    /// The cluster of the pass.
+    pub(crate) cluster: ClusterOf<'a>,
     pub(crate) namespaces: &'a BTreeMap<String, NamespaceInfo>,
     pub(crate) copies: &'a CopyIndex,
     /// Settled means the consumers are available too (`restartConsumers`).
     pub(crate) consumers: bool,
     pub(crate) availability: Availability<'a>,
-    pub(crate) now: Instant,
     /// Every copy the sources want now (a pass over a staged rule looks at
     /// everything).
     pub(crate) desired: &'a DesiredCopies,
     /// The digest of a content (its payload hash) for a copy name, as the
     /// status keeps it; `None` where none can be made (no key).
     pub(crate) digest: &'a dyn Fn(&str, u64) -> Option<String>,
+    /// How far the recorded rollout of a content (copy name, digest) is
+    /// open; `None`: no rollout of it is recorded.
+    pub(crate) open: &'a dyn Fn(&str, &str) -> Option<Open>,
 }
 
 /// Stage `plan` (made for everything, as if there were no stages): take
-/// out the writes of new content into stages not open yet, and make creates
-/// there with the content rolled out before; advance `rollouts`.
+/// out the writes of new content into stages not open to it, and make
+/// creates there with the content rolled out before; say what was found.
 pub(crate) fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts) -> Gated {
     let stages = inputs.stages;
-    let Rollouts {
-        by_name: tracks,
-        rolled_out,
-    } = rollouts;
-    let rolled_out = rolled_out.get_or_insert_with(RolledOut::new);
+    let rebuild = std::mem::take(&mut rollouts.rebuild);
+    let record = rollouts.rolled_out.get_or_insert_with(RolledOut::new);
+    if rebuild {
+        // No record: what the marks prove Copyrator wrote is taken as
+        // rolled out (once; the record holds it from now on).
+        for action in &plan.actions {
+            if let Action::Update { desired, current } | Action::Recreate { desired, current } =
+                action
+                && current.intact
+                && let Some(digest) = (inputs.digest)(&desired.name, current.payload_hash)
+            {
+                let digests = record.entry(desired.name.clone()).or_default();
+                if !digests.contains(&digest) {
+                    digests.insert(0, digest);
+                }
+            }
+        }
+    }
     let recorded = |name: &str, payload: u64| {
         (inputs.digest)(name, payload)
-            .is_some_and(|digest| rolled_out.get(name).is_some_and(|d| d.contains(&digest)))
+            .is_some_and(|digest| record.get(name).is_some_and(|d| d.contains(&digest)))
     };
     let stage_of = |namespace: &str| {
         let labels = inputs.namespaces.get(namespace).map(|ns| &ns.labels);
-        stages.stage_of(namespace, labels.unwrap_or(&BTreeMap::new()))
+        stages.stage_of(
+            inputs.cluster,
+            namespace,
+            labels.unwrap_or(&BTreeMap::new()),
+        )
     };
-    // Per source name: its new content, the stages with writes of it
-    // still owed, and the copy at other content in the latest stage past
-    // the first (what later stages hold: the content rolled out before).
-    let mut owed: HashMap<String, Owed> = HashMap::new();
+    let owed = owed_of(plan, &recorded, &stage_of);
+    let mut gated = Gated::default();
+    let mut open_through: HashMap<String, (Option<usize>, Option<Arc<Desired>>)> = HashMap::new();
+    for (name, owed) in &owed {
+        let desired = &owed.desired;
+        let Some(content) = (inputs.digest)(name, desired.payload_hash) else {
+            continue;
+        };
+        let open = (inputs.open)(name, &content);
+        // Nothing held here and no rollout of it recorded: a new source,
+        // or a change back to what later stages hold (not staged here).
+        if !owed.held_later && open.is_none() {
+            continue;
+        }
+        // Held here, its start not recorded yet: nothing of it is written
+        // until it is.
+        let through = open.and_then(|o| o.through);
+        let earlier = earlier_content(&rollouts.earlier, owed, &mut gated);
+        open_through.insert(name.clone(), (through, earlier));
+    }
+    let actions = std::mem::take(&mut plan.actions);
+    for action in actions {
+        match held_back(action, &open_through, &stage_of, &recorded) {
+            Ok(action) => plan.actions.push(action),
+            Err(()) => gated.held += 1,
+        }
+    }
+    gated.facts = facts_of(&owed, inputs, &stage_of, &mut gated);
+    let under_way: BTreeSet<&str> = open_through.keys().map(String::as_str).collect();
+    let record = rollouts.rolled_out.get_or_insert_with(RolledOut::new);
+    gated.rolled_out = record_rolled_out(record, plan.too_costly, inputs, &under_way);
+    gated
+}
+
+/// Per source name, what `plan` owes its new content.
+fn owed_of(
+    plan: &Plan,
+    recorded: &dyn Fn(&str, u64) -> bool,
+    stage_of: &dyn Fn(&str) -> usize,
+) -> BTreeMap<String, Owed> {
+    let mut owed: BTreeMap<String, Owed> = BTreeMap::new();
     for action in &plan.actions {
-        let Some((desired, namespace, new_content)) = write_of(action, &recorded) else {
+        let Some((desired, namespace, new_content)) = write_of(action, recorded) else {
             continue;
         };
         if !new_content {
@@ -254,49 +343,85 @@ pub(crate) fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts
             }
         }
     }
-    let mut gated = Gated::default();
-    let mut open_through: HashMap<String, (usize, Option<Arc<Desired>>)> = HashMap::new();
-    for (name, owed) in &owed {
-        let desired = &owed.desired;
-        // Nothing held elsewhere and no rollout under way: a new source,
-        // or a change back to what later stages hold (not staged).
-        if !owed.held_later && !tracks.contains_key(name) {
+    owed
+}
+
+/// What this pass found of each source with a copy or a write owed here,
+/// and the availability checks its open stage needs.
+fn facts_of(
+    owed: &BTreeMap<String, Owed>,
+    inputs: &Inputs<'_>,
+    stage_of: &dyn Fn(&str) -> usize,
+    gated: &mut Gated,
+) -> SiteFacts {
+    let mut facts = SiteFacts::new();
+    for copy in inputs.copies.owned_by(inputs.rule_uid) {
+        let Some(desired) = inputs.desired.get(&copy.name) else {
             continue;
-        }
-        let track = tracks
-            .entry(name.clone())
-            .and_modify(|t| {
-                if t.payload != desired.payload_hash {
-                    *t = Track::start(desired.payload_hash, inputs.now);
-                }
-            })
-            .or_insert_with(|| Track::start(desired.payload_hash, inputs.now));
-        let phase = advance(track, stages, owed, inputs, &mut gated);
-        track.phase = phase.clone();
-        track.source = desired.source.clone();
-        let earlier = earlier_content(track, owed, &mut gated);
-        open_through.insert(name.clone(), (track.open, earlier));
-        gated.progress.push(Progress {
-            source: desired.source.clone(),
-            stage: track.open,
-            stage_name: stages.name(track.open).to_owned(),
-            stages: stages.count(),
-            phase,
+        };
+        let Some(content) = (inputs.digest)(&desired.name, desired.payload_hash) else {
+            continue;
+        };
+        let entry = facts
+            .entry(desired.name.clone())
+            .or_insert_with(|| SourceFacts {
+                source: desired.source.clone(),
+                content,
+                ..SourceFacts::default()
+            });
+        entry.present.insert(stage_of(&copy.namespace));
+    }
+    for (name, owed) in owed {
+        let Some(content) = (inputs.digest)(name, owed.desired.payload_hash) else {
+            continue;
+        };
+        let entry = facts.entry(name.clone()).or_insert_with(|| SourceFacts {
+            source: owed.desired.source.clone(),
+            content,
+            ..SourceFacts::default()
         });
+        entry.owed.clone_from(&owed.stages);
+        entry.held_later = owed.held_later;
     }
-    // Passes over a staged rule look at everything: a source with nothing
-    // owed has rolled out everywhere.
-    tracks.retain(|name, _| open_through.contains_key(name));
-    gated.progress.sort_by(|a, b| a.source.cmp(&b.source));
-    let actions = std::mem::take(&mut plan.actions);
-    for action in actions {
-        match held_back(action, &open_through, &stage_of, &recorded) {
-            Ok(action) => plan.actions.push(action),
-            Err(()) => gated.held += 1,
+    if inputs.consumers {
+        for (name, entry) in &mut facts {
+            look_at_consumers(name, entry, inputs, gated);
         }
     }
-    gated.rolled_out = record_rolled_out(rolled_out, plan.too_costly, inputs, &open_through);
-    gated
+    facts
+}
+
+/// The consumers of the open stage, where this cluster's copies of it are
+/// written: what was last seen of them, and a check when not known to be
+/// available.
+fn look_at_consumers(name: &str, entry: &mut SourceFacts, inputs: &Inputs<'_>, gated: &mut Gated) {
+    let Some(stage) = (inputs.open)(name, &entry.content).and_then(|o| o.through) else {
+        return;
+    };
+    if entry.owed.contains(&stage) || stage + 1 >= inputs.stages.count() {
+        return;
+    }
+    if !entry.present.contains(&stage) {
+        entry.waiting.insert(stage, Vec::new());
+        return;
+    }
+    let Some(desired) = inputs.desired.get(name) else {
+        return;
+    };
+    let seen = (inputs.availability)(name, stage, desired.payload_hash);
+    if seen.as_ref().is_none_or(|waiting| !waiting.is_empty()) {
+        gated.checks.push(AvailabilityCheck {
+            name: name.to_owned(),
+            stage,
+            payload: desired.payload_hash,
+            namespaces: namespaces_in(inputs, name, stage),
+            desired: desired.clone(),
+        });
+        gated.recheck_in = Some(SETTLE_RECHECK);
+    }
+    if let Some(waiting) = seen {
+        entry.waiting.insert(stage, waiting);
+    }
 }
 
 /// Record what the copies may hold as rolled out after a pass, and return
@@ -308,7 +433,7 @@ fn record_rolled_out(
     record: &mut RolledOut,
     too_costly: bool,
     inputs: &Inputs<'_>,
-    under_way: &HashMap<String, (usize, Option<Arc<Desired>>)>,
+    under_way: &BTreeSet<&str>,
 ) -> RolledOut {
     if !too_costly {
         *record = next_rolled_out(record, inputs, under_way);
@@ -319,7 +444,7 @@ fn record_rolled_out(
 fn next_rolled_out(
     before: &mut RolledOut,
     inputs: &Inputs<'_>,
-    under_way: &HashMap<String, (usize, Option<Arc<Desired>>)>,
+    under_way: &BTreeSet<&str>,
 ) -> RolledOut {
     let mut names: Vec<&Arc<Desired>> = inputs.desired.values().collect();
     names.sort_by(|a, b| a.name.cmp(&b.name));
@@ -328,7 +453,7 @@ fn next_rolled_out(
         let Some(current) = (inputs.digest)(&desired.name, desired.payload_hash) else {
             continue;
         };
-        let mut digests = if under_way.contains_key(&desired.name) {
+        let mut digests = if under_way.contains(desired.name.as_str()) {
             before.remove(&desired.name).unwrap_or_default()
         } else {
             Vec::new()
@@ -346,8 +471,8 @@ fn next_rolled_out(
 
 /// The copy a create in a stage not open yet gets: the source's copy with
 /// the content rolled out before, once read (asked for in `gated.reads`).
-fn earlier_content(track: &Track, owed: &Owed, gated: &mut Gated) -> Option<Arc<Desired>> {
-    match (&track.earlier, &owed.earlier) {
+fn earlier_content(earlier: &Earlier, owed: &Owed, gated: &mut Gated) -> Option<Arc<Desired>> {
+    match (earlier.get(&owed.desired.name), &owed.earlier) {
         (Some((hash, payload)), Some((_, before))) if *hash == before.payload_hash => {
             Some(Arc::new(owed.desired.with_payload((**payload).clone())))
         }
@@ -401,97 +526,19 @@ fn write_of<'a>(
     }
 }
 
-impl Track {
-    fn start(payload: u64, now: Instant) -> Self {
-        Self {
-            payload,
-            open: 0,
-            opened_at: now,
-            settled_at: None,
-            earlier: None,
-            phase: Phase::Settling,
-            source: String::new(),
-        }
-    }
-}
-
-/// Open as many stages as have settled and paused; say where it stands.
-fn advance(
-    track: &mut Track,
-    stages: &Stages,
-    owed: &Owed,
-    inputs: &Inputs<'_>,
-    gated: &mut Gated,
-) -> Phase {
-    let now = inputs.now;
-    let name = owed.desired.name.as_str();
-    loop {
-        let stage = track.open;
-        if stage + 1 >= stages.count() {
-            // The last stage is open: nothing is held any more.
-            gated.recheck_no_later_than(now + SETTLE_RECHECK);
-            return Phase::Settling;
-        }
-        let written = !owed.stages.contains(&stage);
-        let not_available = if !written {
-            Some(vec![format!(
-                "copies in stage {} not written yet",
-                stages.name(stage)
-            )])
-        } else if inputs.consumers {
-            let seen = (inputs.availability)(name, stage, track.payload);
-            if seen.as_ref().is_none_or(|waiting| !waiting.is_empty()) {
-                // Not known to be available: look (again).
-                gated.checks.push(AvailabilityCheck {
-                    name: name.to_owned(),
-                    stage,
-                    payload: track.payload,
-                    namespaces: namespaces_in(inputs, name, stage, stages),
-                    desired: owed.desired.clone(),
-                });
-            }
-            match seen {
-                Some(waiting) if waiting.is_empty() => None,
-                Some(waiting) => Some(waiting),
-                None => Some(vec!["consumers not looked at yet".to_owned()]),
-            }
-        } else {
-            None
-        };
-        match not_available {
-            None => {
-                let settled = *track.settled_at.get_or_insert(now);
-                let opens_at = settled + stages.pause(stage);
-                if now < opens_at {
-                    gated.recheck_no_later_than(opens_at);
-                    return Phase::Pausing;
-                }
-                track.open += 1;
-                track.opened_at = now;
-                track.settled_at = None;
-            }
-            Some(why) => {
-                track.settled_at = None;
-                if now >= track.opened_at + stages.settle_timeout {
-                    gated.recheck_no_later_than(now + HALTED_RECHECK);
-                    return Phase::Halted(why);
-                }
-                gated.recheck_no_later_than(now + SETTLE_RECHECK);
-                return Phase::Settling;
-            }
-        }
-    }
-}
-
-/// The namespaces of `stage` that hold a copy of `name`.
-fn namespaces_in(inputs: &Inputs<'_>, name: &str, stage: usize, stages: &Stages) -> Vec<String> {
+/// The namespaces of `stage` here that hold a copy of `name`.
+fn namespaces_in(inputs: &Inputs<'_>, name: &str, stage: usize) -> Vec<String> {
     let mut out: Vec<String> = inputs
         .copies
         .owned_by(inputs.rule_uid)
         .filter(|c| &*c.name == name)
         .filter(|c| {
             let labels = inputs.namespaces.get(&*c.namespace).map(|ns| &ns.labels);
-            stages.stage_of(&c.namespace, labels.unwrap_or(&BTreeMap::new())) == stage
+            inputs.stages.stage_of(
+                inputs.cluster,
+                &c.namespace,
+                labels.unwrap_or(&BTreeMap::new()),
+            ) == stage
         })
         .map(|c| c.namespace.to_string())
         .collect();
@@ -506,17 +553,17 @@ fn namespaces_in(inputs: &Inputs<'_>, name: &str, stage: usize, stages: &Stages)
 /// keeps what it holds until its stage opens.
 fn held_back(
     action: Action,
-    open_through: &HashMap<String, (usize, Option<Arc<Desired>>)>,
+    open_through: &HashMap<String, (Option<usize>, Option<Arc<Desired>>)>,
     stage_of: &dyn Fn(&str) -> usize,
     recorded: &dyn Fn(&str, u64) -> bool,
 ) -> Result<Action, ()> {
     let Some((desired, namespace, new_content)) = write_of(&action, recorded) else {
         return Ok(action);
     };
-    let Some((open, earlier)) = open_through.get(&desired.name) else {
+    let Some((through, earlier)) = open_through.get(&desired.name) else {
         return Ok(action);
     };
-    if stage_of(namespace) <= *open || !new_content {
+    if !new_content || through.is_some_and(|open| stage_of(namespace) <= open) {
         return Ok(action);
     }
     match (action, earlier) {
@@ -532,9 +579,57 @@ fn held_back(
 mod tests {
     use super::*;
     use crate::api::selector::Glob;
+    use crate::core::fleet_rollout::{SiteView, Step, Tracks, advance, progress};
     use crate::core::plan::tests::{World, rule, verbs};
     use crate::core::resolve::{REST, Stage, TargetSelector};
     use serde_json::json;
+    use tokio::time::Instant;
+
+    /// A staged rule's rollouts in tests of the home cluster alone: what
+    /// its passes there remember, and where its rollouts stand as
+    /// recorded in its status.
+    #[derive(Default)]
+    struct Harness {
+        site: Rollouts,
+        by_name: Tracks,
+    }
+
+    impl Harness {
+        /// What a rule starts from with `rolled_out` in its status.
+        fn recorded(rolled_out: RolledOut) -> Self {
+            Self {
+                site: Rollouts {
+                    rolled_out: Some(rolled_out),
+                    ..Rollouts::default()
+                },
+                by_name: Tracks::new(),
+            }
+        }
+    }
+
+    /// What one pass came to: the stages' effect on the plan at home, and
+    /// where the rollouts stand after it.
+    #[derive(Debug)]
+    struct Staged {
+        held: u32,
+        progress: Vec<Progress>,
+        recheck_at: Option<Instant>,
+        checks: Vec<AvailabilityCheck>,
+        reads: Vec<EarlierRead>,
+        rolled_out: RolledOut,
+    }
+
+    /// The wall clock of a test instant.
+    fn wall(at: Instant) -> chrono::DateTime<chrono::Utc> {
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let base = *BASE.get_or_init(|| {
+            Instant::now()
+                .checked_sub(Duration::from_secs(86_400))
+                .expect("a day since boot")
+        });
+        let since = at.duration_since(base);
+        chrono::DateTime::UNIX_EPOCH + chrono::Duration::from_std(since).expect("a test's time")
+    }
 
     const PAUSE: Duration = Duration::from_secs(60);
     const TIMEOUT: Duration = Duration::from_secs(300);
@@ -550,6 +645,9 @@ mod tests {
                     exclude: Vec::new(),
                 },
                 pause: PAUSE,
+                clusters: None,
+                manual: false,
+                max_unavailable: 0,
             }],
             settle_timeout: TIMEOUT,
         }
@@ -592,61 +690,108 @@ mod tests {
     }
 
     /// What a rule remembers once `{"k": value}` rolled out everywhere.
-    fn rolled_out_at(value: &str) -> Rollouts {
+    fn rolled_out_at(value: &str) -> Harness {
         rolled_out_named("cm", value)
     }
 
     /// [`rolled_out_at`], for the copies named `name`.
-    fn rolled_out_named(name: &str, value: &str) -> Rollouts {
-        Rollouts {
-            rolled_out: Some(RolledOut::from([(
-                name.to_owned(),
-                vec![digest_named(name, value)],
-            )])),
-            ..Rollouts::default()
-        }
+    fn rolled_out_named(name: &str, value: &str) -> Harness {
+        Harness::recorded(RolledOut::from([(
+            name.to_owned(),
+            vec![digest_named(name, value)],
+        )]))
     }
 
     /// Stage the plan of `w` at `now`, with the consumers' availability
     /// `available` (when they count).
     fn staged(
         w: &World,
-        rollouts: &mut Rollouts,
+        rollouts: &mut Harness,
         now: Instant,
         consumers: Option<Availability<'_>>,
-    ) -> (Plan, Gated) {
+    ) -> (Plan, Staged) {
         staged_of(&simple(), w, rollouts, now, consumers)
     }
 
-    /// [`staged`], the plan of `rule`.
+    /// [`staged`], the plan of `rule`: its pass at home finds where the
+    /// rollouts stand, they move on and are recorded, and the plan is
+    /// staged as recorded (as the pass after the record would).
     fn staged_of(
         rule: &crate::core::resolve::ResolvedRule,
         w: &World,
-        rollouts: &mut Rollouts,
+        h: &mut Harness,
         now: Instant,
         consumers: Option<Availability<'_>>,
-    ) -> (Plan, Gated) {
+    ) -> (Plan, Staged) {
         let stages = canary_then_rest();
-        let mut plan = w.plan(rule);
         let none = |_: &str, _: usize, _: u64| None;
         let desired = crate::core::plan::desired_copies(
             rule,
             &w.sources,
             &crate::core::scope::Scope::everything(),
         );
-        let inputs = Inputs {
-            stages: &stages,
-            rule_uid: "rule-1",
-            namespaces: &w.namespaces,
-            copies: &w.copies,
-            consumers: consumers.is_some(),
-            availability: consumers.unwrap_or(&none),
-            now,
-            desired: &desired,
-            digest: &digest,
+        let pass = |h: &mut Harness| {
+            let mut plan = w.plan(rule);
+            let open = |name: &str, content: &str| {
+                h.by_name
+                    .get(name)
+                    .filter(|t| t.content == content)
+                    .map(crate::core::fleet_rollout::Track::open)
+            };
+            let inputs = Inputs {
+                stages: &stages,
+                rule_uid: "rule-1",
+                cluster: ClusterOf::Home,
+                namespaces: &w.namespaces,
+                copies: &w.copies,
+                consumers: consumers.is_some(),
+                availability: consumers.unwrap_or(&none),
+                desired: &desired,
+                digest: &digest,
+                open: &open,
+            };
+            let mut site = std::mem::take(&mut h.site);
+            let gated = gate(&mut plan, &inputs, &mut site);
+            h.site = site;
+            (plan, gated)
         };
-        let gated = gate(&mut plan, &inputs, rollouts);
-        (plan, gated)
+        let (_, found) = pass(h);
+        let planned = rolled_out_for_status(&found.rolled_out);
+        let sites = [SiteView {
+            name: "home",
+            cluster: ClusterOf::Home,
+            reachable: true,
+            facts: Some(&found.facts),
+            planned: Some(&planned),
+        }];
+        let current = |name: &str| {
+            let content = found.rolled_out.get(name)?.last()?.clone();
+            Some((desired.get(name)?.source.clone(), content))
+        };
+        let step = Step {
+            stages: &stages,
+            sites: &sites,
+            now: wall(now),
+            current: &current,
+            approved: &|_: &str, _: &str| false,
+            consumers: consumers.is_some(),
+        };
+        let advanced = advance(&h.by_name, &step);
+        h.by_name = advanced.tracks;
+        let (plan, gated) = pass(h);
+        let recheck = [advanced.recheck_in, gated.recheck_in]
+            .into_iter()
+            .flatten()
+            .min();
+        let staged = Staged {
+            held: gated.held,
+            progress: progress(&h.by_name, &stages),
+            recheck_at: recheck.map(|wait| now + wait),
+            checks: gated.checks,
+            reads: gated.reads,
+            rolled_out: gated.rolled_out,
+        };
+        (plan, staged)
     }
 
     fn places(plan: &Plan) -> Vec<String> {
@@ -785,7 +930,10 @@ mod tests {
             }]
         );
         assert_eq!(w.copies.get("r1", "cm").unwrap().payload_hash, v1_hash);
-        rollouts.by_name.get_mut("cm").unwrap().earlier = Some((v1_hash, Arc::new(v1)));
+        rollouts
+            .site
+            .earlier
+            .insert("cm".to_owned(), (v1_hash, Arc::new(v1)));
         let (plan, gated) = staged(&w, &mut rollouts, t0, None);
         assert!(gated.reads.is_empty());
         assert_eq!(places(&plan), ["update c1", "create r3"]);
@@ -999,10 +1147,7 @@ mod tests {
         w.namespaces.insert("r3".into(), NamespaceInfo::default());
         // What the status kept is all the restarted operator knows.
         let status = rolled_out_for_status(&gated.rolled_out);
-        let mut rollouts = Rollouts {
-            rolled_out: Some(rolled_out_from_status(&status)),
-            ..Rollouts::default()
-        };
+        let mut rollouts = Harness::recorded(rolled_out_from_status(&status));
         let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
         assert_eq!(places(&plan), ["update r1", "create r3"]);
         assert!(gated.progress.is_empty() && gated.reads.is_empty() && gated.held == 0);
@@ -1035,10 +1180,7 @@ mod tests {
         }));
         restarted(&mut w);
         w.namespaces.insert("r3".into(), NamespaceInfo::default());
-        let mut rollouts = Rollouts {
-            rolled_out: Some(gated.rolled_out.clone()),
-            ..Rollouts::default()
-        };
+        let mut rollouts = Harness::recorded(gated.rolled_out.clone());
         let (plan, gated) = staged(&w, &mut rollouts, t0, None);
         assert_eq!(places(&plan), ["update r1"], "v0 restored at once");
         let read: Vec<&str> = gated.reads.iter().map(|r| r.namespace.as_str()).collect();
@@ -1048,16 +1190,28 @@ mod tests {
     }
 
     #[test]
-    fn no_record_after_a_restart_holds_nothing_back() {
-        // A staged rule whose status kept nothing (written by a version
-        // before the record, or the key changed): no copy at other content
-        // is taken as rolled out, and every copy gets the new content.
+    fn with_no_record_after_a_restart_the_marks_hold_the_rest_back() {
+        // A staged rule whose status kept nothing (wiped): what the copies'
+        // marks prove Copyrator wrote is taken as rolled out, and the
+        // rollout is built again from them.
         let mut w = changed_world();
         restarted(&mut w);
-        let mut rollouts = Rollouts::default();
+        let mut rollouts = Harness {
+            site: Rollouts {
+                rebuild: true,
+                ..Rollouts::default()
+            },
+            ..Harness::default()
+        };
         let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
+        assert_eq!(places(&plan), ["update c1"]);
+        assert_eq!(gated.held, 2, "r1 and r2 keep v1");
+        assert_eq!(gated.progress[0].stage_name, "canary");
+        assert_eq!(gated.rolled_out["cm"], [digest_of("v1"), digest_of("v2")]);
+        // Without the rebuild, nothing would be held.
+        let mut forgetting = Harness::default();
+        let (plan, _) = staged(&w, &mut forgetting, Instant::now(), None);
         assert_eq!(places(&plan), ["update c1", "update r1", "update r2"]);
-        assert!(gated.progress.is_empty() && gated.held == 0);
     }
 
     #[test]
@@ -1091,7 +1245,7 @@ mod tests {
     fn a_new_source_is_not_staged() {
         let mut w = World::new(&["src", "c1", "r1"]);
         w.source("src", "cm", &[("copy", "yes")], json!({"k": "v1"}));
-        let mut rollouts = Rollouts::default();
+        let mut rollouts = Harness::default();
         let (plan, gated) = staged(&w, &mut rollouts, Instant::now(), None);
         assert_eq!(places(&plan), ["create c1", "create r1"]);
         assert_eq!(gated.held, 0);
@@ -1106,8 +1260,8 @@ mod tests {
     fn a_namespace_is_in_the_first_stage_that_selects_it() {
         let stages = canary_then_rest();
         let none = BTreeMap::new();
-        assert_eq!(stages.stage_of("c1", &none), 0);
-        assert_eq!(stages.stage_of("r1", &none), 1);
+        assert_eq!(stages.stage_of(ClusterOf::Home, "c1", &none), 0);
+        assert_eq!(stages.stage_of(ClusterOf::Home, "r1", &none), 1);
         assert_eq!(stages.name(1), REST);
         assert_eq!(stages.count(), 2);
     }

@@ -100,13 +100,21 @@ pub(crate) fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &
             let ready = observed.clusters.iter().filter(|c| c.ready).count();
             format!("{ready}/{}", observed.clusters.len())
         }),
-        // As many as conflicts: a rule with thousands of sources changing
-        // at once keeps its status small.
+        // Every rollout under way is recorded (a replica that takes the
+        // Lease goes on from here), up to a bound far below an object's
+        // limit; past the first few, without their clusters.
         rollouts: observed
             .rollouts
             .iter()
-            .take(MAX_LISTED_CONFLICTS)
-            .map(rollout_status)
+            .take(MAX_RECORDED_ROLLOUTS)
+            .enumerate()
+            .map(|(i, progress)| {
+                let mut status = rollout_status(progress);
+                if i >= MAX_LISTED_CONFLICTS {
+                    status.clusters.clear();
+                }
+                status
+            })
             .collect(),
         rolled_out: BTreeMap::new(),
     };
@@ -122,6 +130,10 @@ pub(crate) fn compute(previous: Option<&RuleStatus>, observed: &Observed, now: &
 /// written without a pass, or a member that did not report); nothing once
 /// the rule has no stages.
 fn keep_rolled_out(previous: Option<&RuleStatus>, observed: &Observed, next: &mut RuleStatus) {
+    if observed.staged.is_none() {
+        // Not a pass: where the rollouts stand is kept as recorded.
+        next.rollouts = previous.map(|p| p.rollouts.clone()).unwrap_or_default();
+    }
     if observed.staged == Some(false) {
         for cluster in next.clusters.iter_mut().flatten() {
             cluster.rolled_out = None;
@@ -392,6 +404,10 @@ fn rollout_progressing(observed: &Observed) -> Option<(&'static str, String, Str
     ))
 }
 
+/// Rollouts recorded in a status, at most: past them, a rollout is built
+/// again from the copies' marks after a restart.
+pub(crate) const MAX_RECORDED_ROLLOUTS: usize = 1_000;
+
 /// One source's rollout as the status says it.
 /// Workloads named in a halted stage's message, at most.
 const MAX_NAMED_NOT_SETTLED: usize = 5;
@@ -412,18 +428,33 @@ fn why_not_settled(why: &[String]) -> String {
 }
 
 fn rollout_status(progress: &Progress) -> RolloutStatus {
-    let (phase, message) = match &progress.phase {
-        Phase::Settling => ("Settling", None),
-        Phase::Pausing => ("Pausing", None),
-        Phase::Halted(why) => ("Halted", Some(why_not_settled(why))),
+    let message = match &progress.phase {
+        Phase::Halted(why) => Some(why_not_settled(why)),
+        Phase::AwaitingApproval => Some(format!(
+            "stage {} waits for the rule's annotation {}: {}={}",
+            progress.stage_name,
+            crate::core::fleet_rollout::APPROVE_ANNOTATION,
+            progress.stage_name,
+            progress.content
+        )),
+        Phase::Settling | Phase::Pausing => None,
     };
     RolloutStatus {
         source: progress.source.clone(),
         stage: progress.stage_name.clone(),
         stage_number: progress.stage as u32 + 1,
         stages: progress.stages as u32,
-        phase: phase.to_owned(),
+        phase: progress.phase.word().to_owned(),
         message,
+        name: Some(progress.name.clone()),
+        content: Some(progress.content.clone()),
+        opened_at: Some(progress.opened_at.clone()),
+        settled_at: progress.settled_at.clone(),
+        clusters: progress
+            .clusters
+            .iter()
+            .map(|(name, phase)| crate::core::fleet_rollout::rollout_cluster(name, phase))
+            .collect(),
     }
 }
 
@@ -534,16 +565,27 @@ mod tests {
             rollouts: (0..100)
                 .map(|i| Progress {
                     source: format!("src/cm-{i:03}"),
+                    name: format!("cm-{i:03}"),
+                    content: "0123456789abcdef".into(),
                     stage: 0,
                     stage_name: "canary".into(),
                     stages: 2,
                     phase: Phase::Halted((0..50).map(|w| format!("Deployment c/w{w}")).collect()),
+                    opened_at: "2026-11-29T00:00:00.000Z".into(),
+                    settled_at: None,
+                    clusters: vec![("home".into(), "Settling"), ("a".into(), "Waiting")],
                 })
                 .collect(),
+            staged: Some(true),
             ..Observed::default()
         };
         let s = compute(None, &o, "now");
-        assert_eq!(s.rollouts.len(), MAX_LISTED_CONFLICTS);
+        assert_eq!(s.rollouts.len(), 100, "every rollout is recorded");
+        assert_eq!(s.rollouts[MAX_LISTED_CONFLICTS - 1].clusters.len(), 2);
+        assert!(
+            s.rollouts[MAX_LISTED_CONFLICTS].clusters.is_empty(),
+            "the clusters of the first few alone"
+        );
         let message = s.rollouts[0].message.clone().unwrap_or_default();
         assert_eq!(
             message,
@@ -692,6 +734,8 @@ mod tests {
             }],
             contested: Vec::new(),
             problem: None,
+            rollout: None,
+            held: 0,
             rolled_out: None,
         }
     }

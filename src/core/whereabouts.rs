@@ -144,8 +144,14 @@ impl StatusFacts {
                         Some(why) => format!("{}: {why}", r.phase),
                         None => r.phase.clone(),
                     };
+                    // A stage that awaits its approval is not open yet.
+                    let open = if r.phase == "AwaitingApproval" {
+                        r.stage_number.saturating_sub(1)
+                    } else {
+                        r.stage_number
+                    };
                     (
-                        r.stage_number,
+                        open,
                         format!("the rollout is at stage {} ({phase})", r.stage),
                     )
                 }),
@@ -249,13 +255,13 @@ fn held_back(
     state: CopyState,
     rule: &ResolvedRule,
     facts: &StatusFacts,
-    namespace: &str,
+    (cluster, namespace): (crate::core::resolve::ClusterOf<'_>, &str),
     info: &NamespaceInfo,
 ) -> CopyState {
     if let (CopyState::Stale, Some(stages), Some((reached, how))) =
         (&state, &rule.stages, &facts.rollout)
     {
-        let stage = stages.stage_of(namespace, &info.labels);
+        let stage = stages.stage_of(cluster, namespace, &info.labels);
         if stage + 1 > *reached as usize {
             return CopyState::Held {
                 reason: format!("its stage {} is not reached yet; {how}", stages.name(stage)),
@@ -271,6 +277,8 @@ fn held_back(
 pub(crate) struct Follower<'a> {
     pub(crate) rule: &'a ResolvedRule,
     pub(crate) status: Option<&'a RuleStatus>,
+    /// The cluster it is followed in (its stages may cover some alone).
+    pub(crate) cluster: crate::core::resolve::ClusterOf<'a>,
 }
 
 /// Every place of one cluster where a copy of `source` is or should be:
@@ -314,7 +322,7 @@ pub(crate) fn places(
                 target_state(judge, &desired, current, &facts),
                 rule,
                 &facts,
-                namespace,
+                (follower.cluster, namespace),
                 info,
             );
             // A foreign object's content says nothing of the copies.
@@ -713,6 +721,7 @@ mod tests {
             (at("x2"), foreign("x2")),
         ]);
         let followers = [Follower {
+            cluster: crate::core::resolve::ClusterOf::Home,
             rule: &resolved,
             status: None,
         }];
@@ -781,6 +790,7 @@ mod tests {
             ..Default::default()
         }));
         let followers = [Follower {
+            cluster: crate::core::resolve::ClusterOf::Home,
             rule: &resolved,
             status: None,
         }];

@@ -23,6 +23,7 @@ mod copy_rows;
 mod deletion_policy;
 mod docs_links;
 mod faults;
+mod fleet_rollouts;
 mod kinds;
 mod layers;
 mod leader;

@@ -49,21 +49,28 @@ impl Writer {
 
     /// Server-side apply `status` as the rule's status (Copyrator's field
     /// manager owns all of it); the rule as the API server answered.
+    /// With `precondition`, only over the rule's version as `rule` has it
+    /// (409 Conflict otherwise).
     pub(crate) async fn rule_status(
         &self,
         rule: &CopyratorRule,
         status: &RuleStatus,
+        precondition: bool,
     ) -> kube::Result<Sent<CopyratorRule>> {
         let (namespace, name) = rule_place(rule);
         let store = self.store(&Identity::Operator);
         let work = async move {
             match store {
                 Store::Api((client, _), _) => {
-                    let body = json!({
+                    let mut body = json!({
                         "apiVersion": format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
                         "kind": crate::api::KIND,
                         "status": status,
                     });
+                    if precondition {
+                        body["metadata"] =
+                            json!({"resourceVersion": rule.metadata.resource_version});
+                    }
                     Api::<CopyratorRule>::namespaced(client.clone(), namespace)
                         .patch_status(
                             name,
