@@ -423,6 +423,12 @@ impl Report {
             if let Some(identity) = &change.identity {
                 out.push_str(&format!(", as {identity}"));
             }
+            if let Some(stage) = &change.stage {
+                out.push_str(&format!(", stage {stage}"));
+                if change.held {
+                    out.push_str(", held until it opens");
+                }
+            }
             out.push_str(")\n");
         }
         for skip in &self.skipped {
@@ -889,6 +895,8 @@ items:
             rule: rule.into(),
             source: Some("ops/cfg".into()),
             identity: None,
+            stage: None,
+            held: false,
         };
         let mut report = Report::new("home");
         report.add(
@@ -947,6 +955,8 @@ items:
                 rule: "ops/r".into(),
                 source: Some("ops/cfg".into()),
                 identity: None,
+                stage: None,
+                held: false,
             }
         );
         let tenants = change.clone().sent_as(&Identity::ServiceAccount {
@@ -991,6 +1001,8 @@ items:
             rule: "ops/r".into(),
             source: Some("ops/cfg".into()),
             identity: None,
+            stage: None,
+            held: false,
         }
     }
 

@@ -142,12 +142,21 @@ pub(crate) async fn preview_plan(
         &mut plan.conflicts,
     )
     .await?;
+    let staged = staged_preview(shared, site, resolved);
     let changes = actions
         .iter()
         .map(|action| (resolved.copy_kind, action))
         .chain(other_kind_deletions.iter().map(|(kind, a)| (*kind, a)))
         .map(|(kind, action)| {
-            PlannedChange::of(cluster, &rule_name, kind, action).sent_as(&resolved.identity)
+            let change =
+                PlannedChange::of(cluster, &rule_name, kind, action).sent_as(&resolved.identity);
+            match &staged {
+                Some(staged) => {
+                    let (stage, held) = staged(action);
+                    change.in_stage(&stage, held)
+                }
+                None => change,
+            }
         })
         .collect();
     let mut skipped: Vec<Skip> = plan
@@ -167,6 +176,68 @@ pub(crate) async fn preview_plan(
             .map(|(namespace, exclusion)| Skip::namespace(cluster, key, namespace, exclusion)),
     );
     Ok(Preview::Planned { changes, skipped })
+}
+
+/// For a staged rule, what a preview says of each write in `site`: the
+/// stage of its place, and whether it brings new content into a stage
+/// the recorded rollout has not opened yet.
+#[allow(clippy::type_complexity)]
+fn staged_preview<'a>(
+    shared: &Shared,
+    site: &'a Site,
+    resolved: &'a ResolvedRule,
+) -> Option<Box<dyn Fn(&Action) -> (String, bool) + 'a>> {
+    let stages = resolved.stages.clone()?;
+    let recorded = read(&shared.rules)
+        .get(&resolved.key)
+        .and_then(|rule| rule.status.as_ref())
+        .map(|status| crate::core::fleet_rollout::from_status(&status.rollouts, &stages))
+        .unwrap_or_default();
+    let labels = site
+        .name
+        .member()
+        .and_then(|name| shared.members.get(name))
+        .map(|member| read(&member.labels).clone())
+        .unwrap_or_default();
+    Some(Box::new(move |action: &Action| {
+        let cluster = match site.name.member() {
+            Some(name) => ClusterOf::Member(name, &labels),
+            None => ClusterOf::Home,
+        };
+        let (namespace, _) = action.target();
+        let namespaces = read(&site.cluster.views.namespaces);
+        let ns_labels = namespaces
+            .get(namespace)
+            .map(|ns| ns.labels.clone())
+            .unwrap_or_default();
+        let stage = stages.stage_of(cluster, namespace, &ns_labels);
+        // A create, or an update of new content over a copy that holds
+        // what Copyrator wrote (an edited one is restored at once).
+        let written = match action {
+            Action::Create { desired, .. } => Some(desired),
+            Action::Update { desired, current } | Action::Recreate { desired, current }
+                if current.intact && current.payload_hash != desired.payload_hash =>
+            {
+                Some(desired)
+            }
+            _ => None,
+        };
+        let held = written.is_some_and(|desired| {
+            crate::cache::mark::rolled_out_digest(
+                &resolved.uid,
+                &desired.name,
+                desired.payload_hash,
+            )
+            .and_then(|content| {
+                recorded
+                    .get(&desired.name)
+                    .filter(|t| t.content == content)
+                    .map(|t| t.open().through.is_none_or(|open| stage > open))
+            })
+            .unwrap_or(false)
+        });
+        (stages.name(stage).to_owned(), held)
+    }))
 }
 
 /// The creates of a plan as the writer would end up carrying them out:

@@ -127,6 +127,7 @@ pub(crate) async fn stage(
             // The consumers were never rolled: the stage has not settled.
             waiting.push("restarting the consumers is refused".to_owned());
         }
+        waiting.extend(restarts_pending(&memory.pending_restarts, &check));
         news |= remember_availability(&mut memory.availability, check, waiting);
     }
     if news {
@@ -288,6 +289,27 @@ fn moved_on(recorded: &Tracks, now: &Tracks) -> bool {
         || now
             .iter()
             .any(|(name, t)| recorded.get(name).is_none_or(|r| moved(t, r)))
+}
+
+/// The copies of `check` whose consumers' roll is put off
+/// (`--min-restart-interval`) or waits to be tried again: they run what
+/// they ran before, healthy or not.
+fn restarts_pending(
+    pending: &[(String, crate::core::consumers::Entry)],
+    check: &AvailabilityCheck,
+) -> Vec<String> {
+    pending
+        .iter()
+        .filter(|(namespace, (desired, _, _))| {
+            desired.name == check.name && check.namespaces.contains(namespace)
+        })
+        .map(|(namespace, _)| {
+            format!(
+                "the consumers of {namespace}/{} not restarted yet",
+                check.name
+            )
+        })
+        .collect()
 }
 
 /// What a check found, by copy name and stage: the content it looked at
@@ -615,6 +637,25 @@ mod tests {
             workload_name: "web",
         };
         restart_value(&consumer, &check.desired.payload, &used).expect("the test key")
+    }
+
+    #[test]
+    fn a_roll_put_off_keeps_its_stage_from_settling() {
+        let check = check(&["team-a"]);
+        let pending = vec![(
+            "team-a".to_owned(),
+            (
+                check.desired.clone(),
+                crate::core::consumers::Trigger::Changed,
+                None,
+            ),
+        )];
+        assert_eq!(
+            restarts_pending(&pending, &check),
+            ["the consumers of team-a/settings not restarted yet"]
+        );
+        let elsewhere = vec![("team-b".to_owned(), pending[0].1.clone())];
+        assert!(restarts_pending(&elsewhere, &check).is_empty());
     }
 
     #[test]

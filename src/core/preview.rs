@@ -29,6 +29,14 @@ pub(crate) struct PlannedChange {
     /// ServiceAccount the rule acts as.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) identity: Option<String>,
+    /// For a staged rule: the stage of the place (`rest` for the places no
+    /// stage selects).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) stage: Option<String>,
+    /// The write brings new content into a stage its rollout has not
+    /// opened yet, as the rule's status records it: held until it opens.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) held: bool,
 }
 
 impl PlannedChange {
@@ -44,6 +52,17 @@ impl PlannedChange {
             rule: rule.to_owned(),
             source: (!source.is_empty()).then(|| source.to_owned()),
             identity: None,
+            stage: None,
+            held: false,
+        }
+    }
+
+    /// The change in `stage`, held until it opens when `held`.
+    pub(crate) fn in_stage(self, stage: &str, held: bool) -> Self {
+        Self {
+            stage: Some(stage.to_owned()),
+            held,
+            ..self
         }
     }
 

@@ -168,6 +168,9 @@ fn readiness(observed: &Observed) -> (&'static str, String, String) {
     if let Some(reason) = members_not_ready(&observed.clusters) {
         return reason;
     }
+    if let Some(awaiting) = rollout_awaiting(observed) {
+        return awaiting;
+    }
     if let Some(progressing) = rollout_progressing(observed) {
         return progressing;
     }
@@ -379,6 +382,28 @@ fn rollout_halted(observed: &Observed) -> Option<(&'static str, String, String)>
                 p.stages,
                 why_not_settled(why),
                 observed.held
+            ),
+        )),
+        _ => None,
+    })
+}
+
+/// The Ready condition of a staged rollout that waits for an approval:
+/// `RolloutAwaitingApproval`, naming the stage and the annotation to set.
+fn rollout_awaiting(observed: &Observed) -> Option<(&'static str, String, String)> {
+    observed.rollouts.iter().find_map(|p| match &p.phase {
+        Phase::AwaitingApproval => Some((
+            "False",
+            "RolloutAwaitingApproval".to_owned(),
+            format!(
+                "the rollout of {} waits to open stage {} ({} of {}): set the rule's annotation {} to {}={}",
+                p.source,
+                p.stage_name,
+                p.stage + 1,
+                p.stages,
+                crate::core::fleet_rollout::APPROVE_ANNOTATION,
+                p.stage_name,
+                p.content
             ),
         )),
         _ => None,

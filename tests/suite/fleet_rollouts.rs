@@ -48,6 +48,7 @@ async fn a_rollout_spans_home_and_members_stage_by_stage_and_survives_a_restart(
     let [a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
     let a_t1 = a.ns(&t, "t1").await;
     let b_t1 = b.ns(&t, "t1").await;
+    let b_t2 = b.ns(&t, "t2").await;
     let home_t1 = t.ns("t1").await;
     a.register(&t.client, &op, &[("tier", "staging")]).await;
     b.register(&t.client, &op, &[("region", "eu")]).await;
@@ -68,6 +69,7 @@ async fn a_rollout_spans_home_and_members_stage_by_stage_and_survives_a_restart(
     t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
     wait_member_copy(&a, &a_t1, "cfg", &[("k", "v1")]).await;
     wait_member_copy(&b, &b_t1, "cfg", &[("k", "v1")]).await;
+    wait_member_copy(&b, &b_t2, "cfg", &[("k", "v1")]).await;
     let home_v1 = wait_until("home's copy at v1", CONVERGE, async || {
         let copy = copy_in(&t.client, &home_t1, "cfg").await?;
         match copy
@@ -105,6 +107,73 @@ async fn a_rollout_spans_home_and_members_stage_by_stage_and_survives_a_restart(
         Ok(())
     };
     assert_for("eu and the rest keep v1", QUIET, untouched).await;
+
+    // `plan` says each write's stage, and which its rollout holds; `where`
+    // shows the places held in each cluster.
+    let planned = copyrator_plan(
+        &["--namespace", &op, "--member-clusters", "-o", "json"],
+        None,
+    )
+    .await;
+    let said: Vec<(String, String, String, bool)> = planned.json()["changes"]
+        .as_array()
+        .expect("changes")
+        .iter()
+        .map(|c| {
+            let field = |f: &str| c[f].as_str().unwrap_or_default().to_owned();
+            (
+                field("cluster"),
+                field("namespace"),
+                field("stage"),
+                c["held"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect();
+    assert_eq!(
+        said,
+        [
+            (b.name.clone(), b_t1.clone(), "eu".to_owned(), true),
+            (b.name.clone(), b_t2.clone(), "eu".to_owned(), true),
+            ("home".to_owned(), home_t1.clone(), "rest".to_owned(), true),
+        ],
+        "{}",
+        planned.stdout
+    );
+    let found = crate::whereabouts::copyrator_where(&[
+        &format!("{op}/cfg"),
+        "--namespace",
+        &op,
+        "--member-clusters",
+    ])
+    .await;
+    let states: Vec<(String, String)> = found.json()["copies"]
+        .as_array()
+        .expect("copies")
+        .iter()
+        .map(|c| {
+            let field = |f: &str| c[f].as_str().unwrap_or_default().to_owned();
+            (field("cluster"), field("state"))
+        })
+        .collect();
+    for (cluster, state) in [
+        ("home", "held"),
+        (a.name.as_str(), "in place"),
+        (b.name.as_str(), "held"),
+    ] {
+        assert!(
+            states.contains(&(cluster.to_owned(), state.to_owned())),
+            "{cluster} {state}: {}",
+            found.stdout
+        );
+    }
+
+    // A copy deleted in a stage not reached comes back with what that
+    // stage holds.
+    Api::<ConfigMap>::namespaced(b.client.clone(), &b_t2)
+        .delete("cfg", &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting b's copy in {b_t2}: {}", err_msg(&e)));
+    wait_member_copy(&b, &b_t2, "cfg", &[("k", "v1")]).await;
 
     // A new process knows only what the status recorded.
     operator.crash();

@@ -509,3 +509,200 @@ async fn a_warm_standby_writes_after_taking_over_without_listing_again() {
     );
     assert_copies_right(&t, &op, &targets).await;
 }
+
+/// A rule staged `canary` (namespaces `…-tc*`, a pause of `pause`
+/// seconds), then the rest.
+fn staged_rule(t: &TestNs, pause: u32) -> serde_json::Value {
+    with(
+        rule_spec(CM, t.selector(), &[t.glob("t")]),
+        "/spec/rollout",
+        serde_json::json!({
+            "stages": [{"name": "canary", "include": [t.glob("tc")], "pauseSeconds": pause}],
+            "settleTimeoutSeconds": 600,
+        }),
+    )
+}
+
+/// `v` of the ConfigMap `ns/shared`, and its resourceVersion.
+async fn shared_v(t: &TestNs, ns: &str) -> Result<(String, u64), String> {
+    let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(t.client.clone(), ns)
+        .get("shared")
+        .await
+        .map_err(|e| err_msg(&e))?;
+    let v = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get("v"))
+        .cloned()
+        .unwrap_or_default();
+    let version = cm
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or_default()
+        .parse()
+        .map_err(|e| format!("resourceVersion: {e}"))?;
+    Ok((v, version))
+}
+
+/// Waits until every copy in `namespaces` carries `v`; their versions.
+async fn wait_all_at(t: &TestNs, namespaces: &[String], v: &str) -> Vec<u64> {
+    wait_until(format!("every copy at v={v}"), TIMEOUT, async || {
+        let mut versions = Vec::new();
+        for ns in namespaces {
+            match shared_v(t, ns).await? {
+                (now, version) if now == v => versions.push(version),
+                (now, _) => return Err(format!("{ns} at v={now}")),
+            }
+        }
+        Ok(versions)
+    })
+    .await
+}
+
+/// The rule's first rollout as its status records it.
+async fn first_rollout(t: &TestNs, op: &str) -> Result<serde_json::Value, String> {
+    let rule = t.rules(op).get("r").await.map_err(|e| err_msg(&e))?;
+    let rule = serde_json::to_value(rule).map_err(|e| e.to_string())?;
+    Ok(rule["status"]["rollouts"][0].clone())
+}
+
+/// The leader stopped (as a Pod deleted) while the canary pauses: the
+/// standby that takes over shows the same stage, the same time the canary
+/// settled (so the same pause deadline), writes nothing to the canary or
+/// the rest meanwhile, and opens the rest no earlier than that deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_goes_on_from_the_recorded_stage_and_pause_deadline() {
+    const PAUSE: u32 = 40;
+    let t = TestNs::new("leader-rollout-pause").await;
+    let op = t.ns("op").await;
+    let canary = vec![t.ns("tc1").await];
+    let rest = vec![t.ns("tr1").await, t.ns("tr2").await];
+    let lease = format!("rollout-{}", random5());
+    let mut ops: Vec<Operator> = (0..2).map(|_| replica(&t, &op, &lease, &[])).collect();
+    for o in &mut ops {
+        o.wait_ready().await;
+    }
+    t.create_source(CM, &op, "shared", &[], &[("v", "1")]).await;
+    t.create_rule(&op, "r", staged_rule(&t, PAUSE)).await;
+    wait_all_at(&t, &[canary.clone(), rest.clone()].concat(), "1").await;
+    t.wait_rule_ready(&op, "r").await;
+    let leader = wait_one_leader(&t, &ops, &op, &lease).await;
+
+    t.set_data(CM, &op, "shared", &[("v", Some("2"))]).await;
+    let canary_v2 = wait_all_at(&t, &canary, "2").await;
+    let pausing = wait_until("the canary pauses", TIMEOUT, async || {
+        let first = first_rollout(&t, &op).await?;
+        match first["phase"].as_str() {
+            Some("Pausing") => Ok(first),
+            _ => Err(format!("{first}")),
+        }
+    })
+    .await;
+    let rest_v1 = wait_all_at(&t, &rest, "1").await;
+
+    ops[leader].stop();
+    let standby = 1 - leader;
+    wait_leads(&t, &ops[standby], &op, &lease).await;
+    assert_for(
+        "the new leader holds where the rollout stood",
+        QUIET,
+        async || {
+            let now = first_rollout(&t, &op).await?;
+            for field in ["stage", "phase", "openedAt", "settledAt", "content"] {
+                if now[field] != pausing[field] {
+                    return Err(format!("{field}: {} then {}", pausing[field], now[field]));
+                }
+            }
+            for (ns, before) in canary
+                .iter()
+                .zip(&canary_v2)
+                .chain(rest.iter().zip(&rest_v1))
+            {
+                let (_, version) = shared_v(&t, ns).await?;
+                if version != *before {
+                    return Err(format!("{ns} was written"));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await;
+
+    let settled_at =
+        chrono::DateTime::parse_from_rfc3339(pausing["settledAt"].as_str().expect("settledAt"))
+            .expect("an RFC 3339 time");
+    let deadline = settled_at + chrono::Duration::seconds(i64::from(PAUSE));
+    wait_until(
+        "the rest opens",
+        Duration::from_secs(u64::from(PAUSE) + 30),
+        async || {
+            for ns in &rest {
+                match shared_v(&t, ns).await? {
+                    (v, _) if v == "2" => {}
+                    (v, _) => return Err(format!("{ns} at v={v}")),
+                }
+            }
+            Ok(())
+        },
+    )
+    .await;
+    let seen = chrono::Utc::now();
+    assert!(
+        seen >= deadline,
+        "the rest got v=2 at {seen}, before the pause's deadline {deadline}"
+    );
+}
+
+/// The leader killed while the canary's writes are half done (its writes
+/// slowed to 4 a second): the new leader finishes the canary, and writes
+/// the rest only after every canary copy holds the new content (each
+/// copy's resourceVersion, from one etcd, orders the writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_halfway_through_a_stage_leaves_the_new_one_to_finish_it_first() {
+    let t = TestNs::new("leader-rollout-kill").await;
+    let op = t.ns("op").await;
+    let mut canary = Vec::new();
+    for i in 1..=12 {
+        canary.push(t.ns(&format!("tc{i:02}")).await);
+    }
+    let rest = vec![t.ns("tr1").await];
+    let lease = format!("rollout-{}", random5());
+    let slow = [("API_QPS", "4"), ("API_BURST", "1")];
+    let mut ops: Vec<Operator> = (0..2).map(|_| replica(&t, &op, &lease, &slow)).collect();
+    for o in &mut ops {
+        o.wait_ready().await;
+    }
+    t.create_source(CM, &op, "shared", &[], &[("v", "1")]).await;
+    t.create_rule(&op, "r", staged_rule(&t, 0)).await;
+    wait_all_at(&t, &[canary.clone(), rest.clone()].concat(), "1").await;
+    t.wait_rule_ready(&op, "r").await;
+    let leader = wait_one_leader(&t, &ops, &op, &lease).await;
+
+    t.set_data(CM, &op, "shared", &[("v", Some("2"))]).await;
+    let written = wait_until("some of the canary written", TIMEOUT, async || {
+        let mut at_v2 = 0;
+        for ns in &canary {
+            if shared_v(&t, ns).await?.0 == "2" {
+                at_v2 += 1;
+            }
+        }
+        match at_v2 {
+            0 => Err("none yet".to_owned()),
+            n => Ok(n),
+        }
+    })
+    .await;
+    ops[leader].crash();
+    assert!(
+        written < canary.len(),
+        "the canary was written whole ({written}) before the leader was killed"
+    );
+    let canary_v2 = wait_all_at(&t, &canary, "2").await;
+    let rest_v2 = wait_all_at(&t, &rest, "2").await;
+    let last_canary = canary_v2.iter().max().copied().unwrap_or_default();
+    assert!(
+        rest_v2.iter().all(|v| *v > last_canary),
+        "the rest was written (versions {rest_v2:?}) before the canary was done (last {last_canary})"
+    );
+}
