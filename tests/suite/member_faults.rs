@@ -744,6 +744,8 @@ async fn a_member_down_in_the_open_stage_halts_the_rollout_unless_one_may_be_mis
 
     let _restart = a.start_api_server_on_drop();
     a.stop_api_server();
+    let b_requests = Requests::at(b.audit_log());
+    let changed = Utc::now();
     t.set_data(CM, &op, "cfg", &[("k", Some("v2"))]).await;
     let halted = t
         .wait_rule(
@@ -792,6 +794,21 @@ async fn a_member_down_in_the_open_stage_halts_the_rollout_unless_one_may_be_mis
     })
     .await;
 
+    // Member b's audit log: no write to its copy while the stage before
+    // it is halted.
+    let halted_until = Utc::now();
+    b_requests.settle(&b.client, halted_until).await;
+    let writes_to_b = Query::default()
+        .verbs(&["create", "update", "patch", "delete"])
+        .resource("configmaps")
+        .namespace(&b_t1)
+        .name("cfg");
+    let while_halted = b_requests.count(&writes_to_b.clone().between(changed, halted_until));
+    println!("writes to b's copy while staging was halted: {while_halted}");
+    assert_eq!(
+        while_halted, 0,
+        "member b was written before its stage opened"
+    );
     t.patch_rule(
         &op,
         RULE,
@@ -817,6 +834,13 @@ async fn a_member_down_in_the_open_stage_halts_the_rollout_unless_one_may_be_mis
         }
     })
     .await;
+    let opened_until = Utc::now();
+    b_requests.settle(&b.client, opened_until).await;
+    let once_open = b_requests.count(&writes_to_b.between(halted_until, opened_until));
+    assert!(
+        once_open >= 1,
+        "the audit log shows no write to b's copy at all: {once_open}"
+    );
     a.start_api_server();
     crate::members::wait_member_copy(&a, &a_t1, "cfg", &[("k", "v2")]).await;
 }
