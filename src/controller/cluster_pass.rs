@@ -602,8 +602,11 @@ fn rolled_out_kept(rule: &CopyratorRule, member: Option<&str>) -> Option<BTreeMa
             .find(|c| c.name == member)
             .and_then(|c| c.rolled_out.clone()),
     };
+    // Rollouts recorded without their content (by an earlier version) are
+    // no record either.
+    let rollouts_recorded = status.rollouts.iter().any(|r| r.content.is_some());
     match kept {
-        None if status.rollouts.is_empty() => None,
+        None if !rollouts_recorded => None,
         kept => Some(kept.unwrap_or_default()),
     }
 }

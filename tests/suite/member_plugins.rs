@@ -526,3 +526,106 @@ async fn credentials_that_expire_every_minute_are_renewed_before_they_do() {
     );
     operator.assert_running();
 }
+
+/// The kubeconfig of member `as_name` (the cluster of `member`) whose user
+/// runs `command` (client.authentication.k8s.io/v1).
+fn exec_kubeconfig(member: &Member, as_name: &str, command: &str) -> String {
+    let (server, ca) = member.server_and_ca();
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": as_name, "cluster": {
+            "server": server,
+            "certificate-authority-data": ca,
+        }}],
+        "users": [{"name": "copyrator", "user": {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": command,
+            "interactiveMode": "Never",
+        }}}],
+        "contexts": [{"name": as_name, "context": {"cluster": as_name, "user": "copyrator"}}],
+        "current-context": as_name,
+    });
+    serde_yaml::to_string(&config).expect("a kubeconfig as YAML")
+}
+
+/// With `--allow-kubeconfig-plugins`, a cluster Secret whose kubeconfig's
+/// user runs the command of a provider of the operator's file reaches its
+/// member through that plugin, run as the file says; a kubeconfig that runs
+/// any other command is refused (`ExecCredentialsUnsupported`), and its
+/// command never runs.
+#[tokio::test]
+async fn a_kubeconfig_secret_runs_only_a_command_the_provider_file_names() {
+    let t = TestNs::new("plugin-kubeconfig").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let [_a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let b_t1 = b.ns(&t, "t1").await;
+    let account_ns = b.ns(&t, "plugin").await;
+    plugin_account(&t, &b, &account_ns, "copier").await;
+    let runs_file = test_file(&t, "runs");
+    let file = test_file(&t, "providers.json");
+    let plugin = token_plugin(&b, (&account_ns, "copier"), 3600, &runs_file);
+    let command = plugin["execConfig"]["command"]
+        .as_str()
+        .expect("the plugin's command")
+        .to_owned();
+    write_provider_file(&file, &[plugin]);
+    b.register_kubeconfig(
+        &t.client,
+        &op,
+        &[("tier", "plugins")],
+        &exec_kubeconfig(&b, &b.name, &command),
+    )
+    .await;
+    let marker = test_file(&t, "ran");
+    let other = script(
+        &test_file(&t, "other-plugin"),
+        &format!("touch {}\nexit 1\n", marker.display()),
+    );
+    let mut stranger = b.clone();
+    stranger.name = format!("{}-stranger", b.name);
+    stranger
+        .register_kubeconfig(
+            &t.client,
+            &op,
+            &[("tier", "plugins")],
+            &exec_kubeconfig(&b, &stranger.name, &other),
+        )
+        .await;
+    t.create_rule(
+        &op,
+        "r",
+        member_rule(
+            &t,
+            json!({"selector": {"matchLabels": {"tier": "plugins"}}, "local": false}),
+        ),
+    )
+    .await;
+    let file = file.to_string_lossy();
+    let _operator = Operator::start(
+        &t,
+        &op,
+        &[
+            "--member-clusters",
+            "--clusterprofile-provider-file",
+            &file,
+            "--allow-kubeconfig-plugins",
+        ],
+    );
+    t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
+    wait_member_copy(&b, &b_t1, "cfg", &[("k", "v1")]).await;
+    assert!(!runs(&runs_file).is_empty(), "the file's plugin never ran");
+    t.wait_rule(&op, "r", "the stranger refused", |rule| {
+        let entry = rule["status"]["clusters"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == stranger.name.as_str()))
+            .ok_or_else(|| format!("{}", rule["status"]))?;
+        match entry["reason"].as_str() {
+            Some("ExecCredentialsUnsupported") => Ok(()),
+            _ => Err(format!("{entry}")),
+        }
+    })
+    .await;
+    assert!(!marker.exists(), "a command the file does not name ran");
+}

@@ -288,3 +288,72 @@ async fn a_canary_whose_consumers_are_not_available_halts_the_rollout() {
     t.wait_copy(CM, &rest, &v2, &op, "r").await;
     t.wait_rule_ready(&op, "r").await;
 }
+
+/// With the rule's status wiped while the operator is down (a restore
+/// that keeps no status), where the rollout stands is built again from
+/// the copies' marks: the canary holds the new content, so it is done and
+/// only its pause runs again; the rest keeps the old content, unwritten.
+#[tokio::test]
+async fn with_its_status_wiped_a_rollout_is_rebuilt_from_the_copies_marks() {
+    let t = TestNs::new("stages-wiped").await;
+    let op = t.ns("op").await;
+    let canary = t.ns_labelled("c1", &[("stage", "canary")]).await;
+    let rest = t.ns("r1").await;
+    t.create_rule(
+        &op,
+        "r",
+        staged_rule(&t, canary_then_rest(Duration::from_secs(600), 600)),
+    )
+    .await;
+    let mut operator = Operator::start(&t, &op, &[]);
+    let v1 = t.create_source(CM, &op, "cfg", &[], &[("k", "v1")]).await;
+    t.wait_copy(CM, &canary, &v1, &op, "r").await;
+    t.wait_copy(CM, &rest, &v1, &op, "r").await;
+    t.wait_rule_ready(&op, "r").await;
+    let v2 = t.set_data(CM, &op, "cfg", &[("k", Some("v2"))]).await;
+    t.wait_copy(CM, &canary, &v2, &op, "r").await;
+    let source_ref = format!("{op}/cfg");
+    let before = t
+        .wait_rule(&op, "r", "the canary settled and pausing", |r| {
+            rollout_at(r, &source_ref, "canary", "Pausing")
+        })
+        .await;
+    let held = t.must_get(CM, &rest, "cfg").await;
+
+    operator.crash();
+    let wiped = t
+        .rules(&op)
+        .patch_status(
+            "r",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": null})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("wiping the status: {}", err_msg(&e)));
+    let wiped = serde_json::to_value(wiped).expect("a rule");
+    assert!(
+        wiped["status"]["rolledOut"].is_null(),
+        "{}",
+        wiped["status"]
+    );
+    let _operator = Operator::start(&t, &op, &[]);
+    let rebuilt = t
+        .wait_rule(&op, "r", "the canary pausing again", |r| {
+            rollout_at(r, &source_ref, "canary", "Pausing")
+        })
+        .await;
+    let settled = |r: &serde_json::Value| r["status"]["rollouts"][0]["settledAt"].clone();
+    assert_ne!(
+        settled(&rebuilt),
+        settled(&before),
+        "the pause runs again from the rebuild"
+    );
+    assert_for("the rest keeps v1, the canary v2", QUIET, async || {
+        let now = t.must_get(CM, &rest, "cfg").await;
+        if now.resource_version != held.resource_version {
+            return Err(format!("the rest was written: {:?}", now.data));
+        }
+        t.must_get(CM, &canary, "cfg").await.data_is(&[("k", "v2")])
+    })
+    .await;
+}
