@@ -585,6 +585,38 @@ mod tests {
     }
 
     #[test]
+    fn a_rollout_awaiting_its_approval_says_which_annotation_opens_it() {
+        let o = Observed {
+            rollouts: vec![Progress {
+                source: "src/cm".into(),
+                name: "cm".into(),
+                content: "0123456789abcdef".into(),
+                stage: 1,
+                stage_name: "eu".into(),
+                stages: 3,
+                phase: Phase::AwaitingApproval,
+                opened_at: "2026-11-29T00:00:00.000Z".into(),
+                settled_at: None,
+                clusters: Vec::new(),
+            }],
+            staged: Some(true),
+            ..Observed::default()
+        };
+        let s = compute(None, &o, "now");
+        let ready = &s.conditions[0];
+        assert_eq!(ready.reason, "RolloutAwaitingApproval");
+        assert!(
+            ready
+                .message
+                .ends_with("copyrator.flant.com/approve to eu=0123456789abcdef"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(s.rollouts[0].phase, "AwaitingApproval");
+        assert_eq!(s.rollouts[0].content.as_deref(), Some("0123456789abcdef"));
+    }
+
+    #[test]
     fn the_rollouts_listed_and_the_workloads_named_are_bounded() {
         let o = Observed {
             rollouts: (0..100)
