@@ -119,6 +119,7 @@ pub(crate) async fn preview_plan(
     site: &Site,
     resolved: &ResolvedRule,
     sources: &[Arc<Object>],
+    labels: &BTreeMap<String, String>,
 ) -> Result<Preview, Error> {
     let key = &resolved.key;
     let rule_name = key.to_string();
@@ -142,7 +143,7 @@ pub(crate) async fn preview_plan(
         &mut plan.conflicts,
     )
     .await?;
-    let staged = staged_preview(shared, site, resolved);
+    let staged = staged_preview(shared, site, resolved, labels);
     let changes = actions
         .iter()
         .map(|action| (resolved.copy_kind, action))
@@ -186,6 +187,7 @@ fn staged_preview<'a>(
     shared: &Shared,
     site: &'a Site,
     resolved: &'a ResolvedRule,
+    labels: &'a BTreeMap<String, String>,
 ) -> Option<Box<dyn Fn(&Action) -> (String, bool) + 'a>> {
     let stages = resolved.stages.clone()?;
     let recorded = read(&shared.rules)
@@ -193,15 +195,9 @@ fn staged_preview<'a>(
         .and_then(|rule| rule.status.as_ref())
         .map(|status| crate::core::fleet_rollout::from_status(&status.rollouts, &stages))
         .unwrap_or_default();
-    let labels = site
-        .name
-        .member()
-        .and_then(|name| shared.members.get(name))
-        .map(|member| read(&member.labels).clone())
-        .unwrap_or_default();
     Some(Box::new(move |action: &Action| {
         let cluster = match site.name.member() {
-            Some(name) => ClusterOf::Member(name, &labels),
+            Some(name) => ClusterOf::Member(name, labels),
             None => ClusterOf::Home,
         };
         let (namespace, _) = action.target();
@@ -222,19 +218,12 @@ fn staged_preview<'a>(
             }
             _ => None,
         };
+        // A plan holds no mark key: a recorded rollout of the copy name
+        // holds a write of new content, as the operator would.
         let held = written.is_some_and(|desired| {
-            crate::cache::mark::rolled_out_digest(
-                &resolved.uid,
-                &desired.name,
-                desired.payload_hash,
-            )
-            .and_then(|content| {
-                recorded
-                    .get(&desired.name)
-                    .filter(|t| t.content == content)
-                    .map(|t| t.open().through.is_none_or(|open| stage > open))
-            })
-            .unwrap_or(false)
+            recorded
+                .get(&desired.name)
+                .is_some_and(|t| t.open().through.is_none_or(|open| stage > open))
         });
         (stages.name(stage).to_owned(), held)
     }))

@@ -182,7 +182,8 @@ pub(crate) async fn member_preview(
                 return Ok(Preview::WaitingForSources);
             };
             let here = in_member(&resolved, &shared.options.cluster_name);
-            return preview_plan(shared, site, &here, &sources).await;
+            let labels = read(&member.labels).clone();
+            return preview_plan(shared, site, &here, &sources, &labels).await;
         }
     }
     Ok(Preview::Planned { changes, skipped })

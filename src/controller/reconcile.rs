@@ -660,7 +660,14 @@ pub(crate) async fn preview(shared: &Arc<Shared>, rule: &CopyratorRule) -> Resul
                     });
                 }
             };
-            let mut preview = preview_plan(shared, &shared.home, &resolved, &sources).await?;
+            let mut preview = preview_plan(
+                shared,
+                &shared.home,
+                &resolved,
+                &sources,
+                &Default::default(),
+            )
+            .await?;
             if let Preview::Planned { skipped, .. } = &mut preview {
                 let rule = resolved.key.to_string();
                 let cluster = &shared.options.cluster_name;

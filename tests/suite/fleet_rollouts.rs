@@ -132,9 +132,9 @@ async fn a_rollout_spans_home_and_members_stage_by_stage_and_survives_a_restart(
     assert_eq!(
         said,
         [
+            ("home".to_owned(), home_t1.clone(), "rest".to_owned(), true),
             (b.name.clone(), b_t1.clone(), "eu".to_owned(), true),
             (b.name.clone(), b_t2.clone(), "eu".to_owned(), true),
-            ("home".to_owned(), home_t1.clone(), "rest".to_owned(), true),
         ],
         "{}",
         planned.stdout
@@ -144,6 +144,8 @@ async fn a_rollout_spans_home_and_members_stage_by_stage_and_survives_a_restart(
         "--namespace",
         &op,
         "--member-clusters",
+        "-o",
+        "json",
     ])
     .await;
     let states: Vec<(String, String)> = found.json()["copies"]
