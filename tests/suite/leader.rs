@@ -510,14 +510,15 @@ async fn a_warm_standby_writes_after_taking_over_without_listing_again() {
     assert_copies_right(&t, &op, &targets).await;
 }
 
-/// A rule staged `canary` (namespaces `…-tc*`, a pause of `pause`
+/// A rule staged `canary` (namespaces `…-tz*`, which sort after the
+/// rest's, so that a pass would reach the rest first; a pause of `pause`
 /// seconds), then the rest.
 fn staged_rule(t: &TestNs, pause: u32) -> serde_json::Value {
     with(
         rule_spec(CM, t.selector(), &[t.glob("t")]),
         "/spec/rollout",
         serde_json::json!({
-            "stages": [{"name": "canary", "include": [t.glob("tc")], "pauseSeconds": pause}],
+            "stages": [{"name": "canary", "include": [t.glob("tz")], "pauseSeconds": pause}],
             "settleTimeoutSeconds": 600,
         }),
     )
@@ -576,8 +577,8 @@ async fn a_new_leader_goes_on_from_the_recorded_stage_and_pause_deadline() {
     const PAUSE: u32 = 40;
     let t = TestNs::new("leader-rollout-pause").await;
     let op = t.ns("op").await;
-    let canary = vec![t.ns("tc1").await];
-    let rest = vec![t.ns("tr1").await, t.ns("tr2").await];
+    let canary = vec![t.ns("tz1").await];
+    let rest = vec![t.ns("ta1").await, t.ns("ta2").await];
     let lease = format!("rollout-{}", random5());
     let mut ops: Vec<Operator> = (0..2).map(|_| replica(&t, &op, &lease, &[])).collect();
     for o in &mut ops {
@@ -664,9 +665,9 @@ async fn a_leader_killed_halfway_through_a_stage_leaves_the_new_one_to_finish_it
     let op = t.ns("op").await;
     let mut canary = Vec::new();
     for i in 1..=12 {
-        canary.push(t.ns(&format!("tc{i:02}")).await);
+        canary.push(t.ns(&format!("tz{i:02}")).await);
     }
-    let rest = vec![t.ns("tr1").await];
+    let rest = vec![t.ns("ta1").await];
     let lease = format!("rollout-{}", random5());
     let slow = [("API_QPS", "4"), ("API_BURST", "1")];
     let mut ops: Vec<Operator> = (0..2).map(|_| replica(&t, &op, &lease, &slow)).collect();
