@@ -157,7 +157,8 @@ pub(crate) struct SourceFacts {
     pub(crate) source: String,
     /// The new content's digest.
     pub(crate) content: String,
-    /// Stages whose places here are still owed the new content.
+    /// Stages whose places here do not hold the new content yet: a write
+    /// of it (new content, or a restore) is still to be made.
     pub(crate) owed: BTreeSet<usize>,
     /// Stages where a copy of it is here.
     pub(crate) present: BTreeSet<usize>,
@@ -278,7 +279,7 @@ pub(crate) fn gate(plan: &mut Plan, inputs: &Inputs<'_>, rollouts: &mut Rollouts
     let owed = owed_of(plan, &recorded, &stage_of);
     let mut gated = Gated::default();
     let mut open_through: HashMap<String, (Option<usize>, Option<Arc<Desired>>)> = HashMap::new();
-    for (name, owed) in &owed {
+    for (name, owed) in owed.iter().filter(|(_, o)| !o.stages.is_empty()) {
         let desired = &owed.desired;
         let Some(content) = (inputs.digest)(name, desired.payload_hash) else {
             continue;
@@ -320,16 +321,22 @@ fn owed_of(
         let Some((desired, namespace, new_content)) = write_of(action, recorded) else {
             continue;
         };
-        if !new_content {
-            continue;
-        }
         let stage = stage_of(namespace);
         let entry = owed.entry(desired.name.clone()).or_insert_with(|| Owed {
             desired: desired.clone(),
             stages: BTreeSet::new(),
+            unwritten: BTreeSet::new(),
             held_later: false,
             earlier: None,
         });
+        // An adopted copy holds the payload already; any other write,
+        // new content or a restore, leaves its place not holding it yet.
+        if !matches!(action, Action::Adopt { .. }) {
+            entry.unwritten.insert(stage);
+        }
+        if !new_content {
+            continue;
+        }
         entry.stages.insert(stage);
         if let Action::Update { current, .. } | Action::Recreate { current, .. } = action
             && stage > 0
@@ -380,7 +387,7 @@ fn facts_of(
             content,
             ..SourceFacts::default()
         });
-        entry.owed.clone_from(&owed.stages);
+        entry.owed.clone_from(&owed.unwritten);
         entry.held_later = owed.held_later;
     }
     if inputs.consumers {
@@ -493,7 +500,11 @@ fn earlier_content(earlier: &Earlier, owed: &Owed, gated: &mut Gated) -> Option<
 /// What a plan owes one source.
 struct Owed {
     desired: Arc<Desired>,
+    /// Stages with writes of new content.
     stages: BTreeSet<usize>,
+    /// Stages with any write of the copy still to make (new content, or a
+    /// restore): not holding it yet.
+    unwritten: BTreeSet<usize>,
     /// A copy past the first stage holds other content: staged.
     held_later: bool,
     /// Of those, the copy in the latest stage that provably holds what
@@ -617,6 +628,7 @@ mod tests {
         checks: Vec<AvailabilityCheck>,
         reads: Vec<EarlierRead>,
         rolled_out: RolledOut,
+        facts: SiteFacts,
     }
 
     /// The wall clock of a test instant.
@@ -790,6 +802,7 @@ mod tests {
             checks: gated.checks,
             reads: gated.reads,
             rolled_out: gated.rolled_out,
+            facts: gated.facts,
         };
         (plan, staged)
     }
@@ -1239,6 +1252,20 @@ mod tests {
             rolled_out_from_status(&rolled_out_for_status(&round)),
             round
         );
+    }
+
+    #[test]
+    fn a_place_whose_restore_is_still_to_write_does_not_hold_the_content_yet() {
+        // Nothing recorded: every copy at v1 is restored at once, unstaged,
+        // and each place is owed the content until that write is made.
+        let w = changed_world();
+        let mut rollouts = Harness::recorded(RolledOut::new());
+        let (plan, staged) = staged(&w, &mut rollouts, Instant::now(), None);
+        assert_eq!(places(&plan), ["update c1", "update r1", "update r2"]);
+        let facts = &staged.facts["cm"];
+        assert_eq!(facts.owed, BTreeSet::from([0, 1]));
+        assert!(!facts.held_later);
+        assert!(staged.progress.is_empty());
     }
 
     #[test]
