@@ -161,6 +161,7 @@ const APPLIED: &[&str] = &[
     "pull-secret-to-members",
     "restart-consumers",
     "staged-rollout",
+    "fleet-rollout",
 ];
 
 /// The documentation: README.md and every Markdown page of `docs/`, each
@@ -531,6 +532,90 @@ async fn the_staged_rollout_example_reaches_the_canary_first() {
         &before.resource_version,
         "the other namespace waits for the canary's pause",
     )
+    .await;
+}
+
+/// docs/rules.md, "Changes in stages", across clusters: a change reaches
+/// the member named `staging` first; the members labelled `region=eu`
+/// then wait for an approval of this content, unwritten, and the home
+/// cluster with them.
+#[tokio::test]
+async fn the_fleet_rollout_example_reaches_staging_first_and_waits_for_approval() {
+    use crate::common::members::Member;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let t = TestNs::new("readme-fleet").await;
+    let _up = OUTAGE.read().await;
+    let op = t.ns("op").await;
+    let [a, b] = <[Member; 2]>::try_from(members().await).expect("two members");
+    let a_t1 = a.ns(&t, "t1").await;
+    let b_t1 = b.ns(&t, "t1").await;
+    let home_t1 = t.ns("t1").await;
+    a.register(&t.client, &op, &[]).await;
+    b.register(&t.client, &op, &[("region", "eu")]).await;
+    let docs = example(
+        "fleet-rollout",
+        &[
+            ("namespace: copyrator", &format!("namespace: {op}")),
+            ("names: [staging]", &format!("names: [{}]", a.name)),
+            ("pauseSeconds: 300", "pauseSeconds: 1"),
+        ],
+    );
+    let rule = of_kind(&docs, "CopyratorRule");
+    let name = rule["metadata"]["name"].as_str().expect("the rule's name");
+    // The example selects every member; the test keeps to its own
+    // namespaces, and to its two members.
+    let mut spec = rule["spec"].clone();
+    spec["targets"]["include"] = json!([t.glob("t")]);
+    spec["targets"]["clusters"] = json!({"names": [a.name, b.name]});
+    t.create_rule(&op, name, json!({"spec": spec})).await;
+    let _operator = Operator::start(&t, &op, &["--member-clusters"]);
+    t.create_plain(
+        CM,
+        &op,
+        "flags",
+        &[("app", "feature-flags")],
+        &[("f", "off")],
+    )
+    .await;
+    let data_in = async |client: &kube::Client, ns: &str| -> Result<ConfigMap, String> {
+        Api::<ConfigMap>::namespaced(client.clone(), ns)
+            .get_opt("flags")
+            .await
+            .map_err(|e| err_msg(&e))?
+            .ok_or_else(|| format!("no {ns}/flags"))
+    };
+    let at = async |client: &kube::Client, ns: &str, value: &str| {
+        wait_until(format!("{ns}/flags at f={value}"), TIMEOUT, async || {
+            let copy = data_in(client, ns).await?;
+            match copy.data.as_ref().and_then(|d| d.get("f")) {
+                Some(v) if v == value => Ok(copy),
+                other => Err(format!("f={other:?}")),
+            }
+        })
+        .await
+    };
+    at(&a.client, &a_t1, "off").await;
+    let b_before = at(&b.client, &b_t1, "off").await;
+    let home_before = at(&t.client, &home_t1, "off").await;
+    t.set_data(CM, &op, "flags", &[("f", Some("on"))]).await;
+    at(&a.client, &a_t1, "on").await;
+    t.wait_rule(&op, name, "eu awaits its approval", |r| {
+        let first = &r["status"]["rollouts"][0];
+        (first["stage"] == "eu" && first["phase"] == "AwaitingApproval")
+            .then_some(())
+            .ok_or_else(|| short_status(r))
+    })
+    .await;
+    assert_for("eu and the rest keep f=off", QUIET, async || {
+        let b_now = data_in(&b.client, &b_t1).await?;
+        let home_now = data_in(&t.client, &home_t1).await?;
+        if b_now.metadata.resource_version != b_before.metadata.resource_version
+            || home_now.metadata.resource_version != home_before.metadata.resource_version
+        {
+            return Err("written before eu was approved".to_owned());
+        }
+        Ok(())
+    })
     .await;
 }
 
