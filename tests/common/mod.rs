@@ -2266,3 +2266,34 @@ pub fn with(mut v: Value, path: &str, value: Value) -> Value {
     }
     v
 }
+
+/// The ConfigMap `ns/name` in the cluster of `client`.
+pub async fn config_map_in(client: &Client, ns: &str, name: &str) -> Result<ConfigMap, String> {
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(|e| err_msg(&e))?
+        .ok_or_else(|| format!("no {ns}/{name}"))
+}
+
+/// Waits up to `within` until the ConfigMap `ns/name` in the cluster of
+/// `client` holds `value` under `key`; it as then.
+pub async fn wait_config_map_at(
+    client: &Client,
+    (ns, name): (&str, &str),
+    (key, value): (&str, &str),
+    within: Duration,
+) -> ConfigMap {
+    wait_until(
+        format!("{ns}/{name} with {key}={value}"),
+        within,
+        async || {
+            let copy = config_map_in(client, ns, name).await?;
+            match copy.data.as_ref().and_then(|d| d.get(key)) {
+                Some(v) if v == value => Ok(copy),
+                other => Err(format!("{key}={other:?}")),
+            }
+        },
+    )
+    .await
+}

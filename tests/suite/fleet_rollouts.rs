@@ -15,15 +15,6 @@ const CM: Kind = Kind::ConfigMap;
 /// Within this a change reaches every member that answers.
 const CONVERGE: Duration = Duration::from_secs(30);
 
-/// The copy `ns/name` in `client`'s cluster.
-async fn copy_in(client: &kube::Client, ns: &str, name: &str) -> Result<ConfigMap, String> {
-    Api::<ConfigMap>::namespaced(client.clone(), ns)
-        .get_opt(name)
-        .await
-        .map_err(|e| err_msg(&e))?
-        .ok_or_else(|| format!("no {ns}/{name}"))
-}
-
 /// The rule's first rollout, once it awaits the approval of `stage`.
 fn awaiting(rule: &Value, stage: &str) -> Result<Value, String> {
     let first = &rule["status"]["rollouts"][0];
@@ -70,21 +61,11 @@ async fn a_rollout_spans_home_and_members_stage_by_stage_and_survives_a_restart(
     wait_member_copy(&a, &a_t1, "cfg", &[("k", "v1")]).await;
     wait_member_copy(&b, &b_t1, "cfg", &[("k", "v1")]).await;
     wait_member_copy(&b, &b_t2, "cfg", &[("k", "v1")]).await;
-    let home_v1 = wait_until("home's copy at v1", CONVERGE, async || {
-        let copy = copy_in(&t.client, &home_t1, "cfg").await?;
-        match copy
-            .data
-            .as_ref()
-            .and_then(|d| d.get("k"))
-            .map(String::as_str)
-        {
-            Some("v1") => Ok(copy),
-            other => Err(format!("holds {other:?}")),
-        }
-    })
-    .await;
+    let home_v1 = wait_config_map_at(&t.client, (&home_t1, "cfg"), ("k", "v1"), CONVERGE).await;
     t.wait_rule_ready(&op, "r").await;
-    let b_v1 = copy_in(&b.client, &b_t1, "cfg").await.expect("b's copy");
+    let b_v1 = config_map_in(&b.client, &b_t1, "cfg")
+        .await
+        .expect("b's copy");
 
     t.set_data(CM, &op, "cfg", &[("k", Some("v2"))]).await;
     wait_member_copy(&a, &a_t1, "cfg", &[("k", "v2")]).await;
@@ -96,8 +77,8 @@ async fn a_rollout_spans_home_and_members_stage_by_stage_and_survives_a_restart(
     let reached = awaiting(&reached, "eu").expect("awaiting");
     let content = reached["content"].as_str().expect("a content").to_owned();
     let untouched = async || {
-        let b_now = copy_in(&b.client, &b_t1, "cfg").await?;
-        let home_now = copy_in(&t.client, &home_t1, "cfg").await?;
+        let b_now = config_map_in(&b.client, &b_t1, "cfg").await?;
+        let home_now = config_map_in(&t.client, &home_t1, "cfg").await?;
         if b_now.metadata.resource_version != b_v1.metadata.resource_version {
             return Err(format!("member b's copy was written: {:?}", b_now.data));
         }
@@ -203,19 +184,7 @@ async fn a_rollout_spans_home_and_members_stage_by_stage_and_survives_a_restart(
     t.patch_rule(&op, "r", approve(format!("eu={content}")))
         .await;
     wait_member_copy(&b, &b_t1, "cfg", &[("k", "v2")]).await;
-    wait_until("home's copy at v2", CONVERGE, async || {
-        let copy = copy_in(&t.client, &home_t1, "cfg").await?;
-        match copy
-            .data
-            .as_ref()
-            .and_then(|d| d.get("k"))
-            .map(String::as_str)
-        {
-            Some("v2") => Ok(()),
-            other => Err(format!("holds {other:?}")),
-        }
-    })
-    .await;
+    wait_config_map_at(&t.client, (&home_t1, "cfg"), ("k", "v2"), CONVERGE).await;
     t.wait_rule(
         &op,
         "r",

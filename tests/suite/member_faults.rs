@@ -818,22 +818,7 @@ async fn a_member_down_in_the_open_stage_halts_the_rollout_unless_one_may_be_mis
     )
     .await;
     crate::members::wait_member_copy(&b, &b_t1, "cfg", &[("k", "v2")]).await;
-    wait_until("home's copy at v2", CONVERGE_WAIT, async || {
-        let copy = Api::<ConfigMap>::namespaced(t.client.clone(), &home_t1)
-            .get("cfg")
-            .await
-            .map_err(|e| err_msg(&e))?;
-        match copy
-            .data
-            .as_ref()
-            .and_then(|d| d.get("k"))
-            .map(String::as_str)
-        {
-            Some("v2") => Ok(()),
-            other => Err(format!("holds {other:?}")),
-        }
-    })
-    .await;
+    wait_config_map_at(&t.client, (&home_t1, "cfg"), ("k", "v2"), CONVERGE_WAIT).await;
     let opened_until = Utc::now();
     b_requests.settle(&b.client, opened_until).await;
     let once_open = b_requests.count(&writes_to_b.between(halted_until, opened_until));

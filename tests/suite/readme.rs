@@ -542,7 +542,6 @@ async fn the_staged_rollout_example_reaches_the_canary_first() {
 #[tokio::test]
 async fn the_fleet_rollout_example_reaches_staging_first_and_waits_for_approval() {
     use crate::common::members::Member;
-    use k8s_openapi::api::core::v1::ConfigMap;
     let t = TestNs::new("readme-fleet").await;
     let _up = OUTAGE.read().await;
     let op = t.ns("op").await;
@@ -577,22 +576,8 @@ async fn the_fleet_rollout_example_reaches_staging_first_and_waits_for_approval(
         &[("f", "off")],
     )
     .await;
-    let data_in = async |client: &kube::Client, ns: &str| -> Result<ConfigMap, String> {
-        Api::<ConfigMap>::namespaced(client.clone(), ns)
-            .get_opt("flags")
-            .await
-            .map_err(|e| err_msg(&e))?
-            .ok_or_else(|| format!("no {ns}/flags"))
-    };
     let at = async |client: &kube::Client, ns: &str, value: &str| {
-        wait_until(format!("{ns}/flags at f={value}"), TIMEOUT, async || {
-            let copy = data_in(client, ns).await?;
-            match copy.data.as_ref().and_then(|d| d.get("f")) {
-                Some(v) if v == value => Ok(copy),
-                other => Err(format!("f={other:?}")),
-            }
-        })
-        .await
+        wait_config_map_at(client, (ns, "flags"), ("f", value), TIMEOUT).await
     };
     at(&a.client, &a_t1, "off").await;
     let b_before = at(&b.client, &b_t1, "off").await;
@@ -607,8 +592,8 @@ async fn the_fleet_rollout_example_reaches_staging_first_and_waits_for_approval(
     })
     .await;
     assert_for("eu and the rest keep f=off", QUIET, async || {
-        let b_now = data_in(&b.client, &b_t1).await?;
-        let home_now = data_in(&t.client, &home_t1).await?;
+        let b_now = config_map_in(&b.client, &b_t1, "flags").await?;
+        let home_now = config_map_in(&t.client, &home_t1, "flags").await?;
         if b_now.metadata.resource_version != b_before.metadata.resource_version
             || home_now.metadata.resource_version != home_before.metadata.resource_version
         {
