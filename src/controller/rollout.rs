@@ -281,9 +281,19 @@ fn widened(recorded: &Tracks, now: &Tracks) -> bool {
 
 /// Whether any rollout stands elsewhere than `recorded` says.
 fn moved_on(recorded: &Tracks, now: &Tracks) -> bool {
+    // Halting is a transition too (the phase); the halt's reasons are not.
     let moved = |a: &Track, b: &Track| {
-        (&a.content, a.stage, a.opened, a.opened_at, a.settled_at)
-            != (&b.content, b.stage, b.opened, b.opened_at, b.settled_at)
+        let at = |t: &Track| {
+            (
+                t.content.clone(),
+                t.stage,
+                t.opened,
+                t.opened_at,
+                t.settled_at,
+                t.phase.word(),
+            )
+        };
+        at(a) != at(b)
     };
     now.len() != recorded.len()
         || now
