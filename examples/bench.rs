@@ -1087,13 +1087,15 @@ async fn main() -> Result<()> {
             };
             // The p99 of a comparison needs samples: of 20 it is the
             // slowest, which the machine's noise decides (runs gave 0.80×
-            // and 1.12×); 100 each way at least, but in a smoke run.
-            let count = if args.smoke {
-                args.updates
+            // and 1.12×); 300 each way (the third slowest), in blocks of
+            // 10 (a change of the binding takes a second to reach
+            // admission), but in a smoke run.
+            let (count, block) = if args.smoke {
+                (args.updates, 1)
             } else {
-                args.updates.max(100)
+                (args.updates.max(300), 10)
             };
-            let measured = protection::measure(&updates, manifest, count).await?;
+            let measured = protection::measure(&updates, manifest, count, block).await?;
             phases.push(Phase {
                 name: "updates with and without copy protection",
                 start,

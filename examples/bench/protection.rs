@@ -3,8 +3,8 @@
 //! one with the chart's ValidatingAdmissionPolicy and binding in force
 //! (rendered by `hack/bench` with the benchmark's operator account exempt,
 //! as the chart exempts its own), each timed until every copy has it.
-//! Alternating, not one block after the other, keeps a drift of the
-//! machine out of the comparison.
+//! Alternating in short blocks, not one half after the other, keeps a
+//! drift of the machine out of the comparison.
 
 use super::*;
 
@@ -31,13 +31,16 @@ pub(super) struct Updates<'a> {
     pub(super) probe: CopyKey,
 }
 
-/// `count` updates each way, alternating, with the policy and binding of
-/// `manifest` applied before each protected update and the binding deleted
-/// before each other one; the protection is left off.
+/// `count` updates each way, in blocks of `block` alternating with and
+/// without in the order without, with, with, without (so that a drift of
+/// the machine that grows steadily weighs on both alike), with the policy
+/// and binding of `manifest` applied before each protected block and the
+/// binding deleted before each other one; the protection is left off.
 pub(super) async fn measure(
     updates: &Updates<'_>,
     manifest: &Path,
     count: usize,
+    block: usize,
 ) -> Result<Propagations> {
     let mut result = Propagations {
         without: Vec::new(),
@@ -47,14 +50,19 @@ pub(super) async fn measure(
         .into_iter()
         .find(|name| name.starts_with("validatingadmissionpolicybinding"))
         .context("the manifest holds no ValidatingAdmissionPolicyBinding")?;
+    let block = block.max(1);
+    let mut in_force = None;
     for u in 0..2 * count {
-        let protected = u % 2 == 1;
-        if protected {
-            apply(manifest)?;
-        } else {
-            kubectl(&["delete", &binding, "--ignore-not-found"])?;
+        let protected = matches!((u / block) % 4, 1 | 2);
+        if in_force != Some(protected) {
+            if protected {
+                apply(manifest)?;
+            } else {
+                kubectl(&["delete", &binding, "--ignore-not-found"])?;
+            }
+            wait_protection(updates, protected).await?;
+            in_force = Some(protected);
         }
-        wait_protection(updates, protected).await?;
         let took = propagate(updates, u, 2 * count).await?;
         if protected {
             result.with.push(took);

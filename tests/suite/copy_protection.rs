@@ -122,8 +122,9 @@ async fn client_as(t: &TestNs, namespace: &str, account: &str) -> kube::Client {
 }
 
 /// What each change of the ConfigMap `namespace/name` by `client` came
-/// to: a label, an edit of its data, a delete (`Ok` where it was let
-/// through; the delete is sent as a dry run).
+/// to: a label, an edit of its data, taking it over (its mark removed and
+/// handed over), a delete (`Ok` where it was let through; the delete is
+/// sent as a dry run).
 async fn changes(client: &kube::Client, namespace: &str, name: &str) -> Vec<Result<(), String>> {
     let api = Api::<DynamicObject>::namespaced_with(
         client.clone(),
@@ -144,6 +145,19 @@ async fn changes(client: &kube::Client, namespace: &str, name: &str) -> Vec<Resu
             &Patch::Merge(json!({"data": {"k": "edited"}})),
         )
         .await;
+    // Taking it over oneself: the mark gone and handed over in the new
+    // object, which no longer matches the binding's objectSelector; the
+    // old one does, and decides.
+    let take_over = api
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                "copyrator.flant.com/rule-uid": null,
+                "copyrator.flant.com/sync-policy": "CreateOnly",
+            }}})),
+        )
+        .await;
     let delete = api
         .delete(
             name,
@@ -156,6 +170,7 @@ async fn changes(client: &kube::Client, namespace: &str, name: &str) -> Vec<Resu
     vec![
         label.map(|_| ()).map_err(|e| err_msg(&e)),
         edit.map(|_| ()).map_err(|e| err_msg(&e)),
+        take_over.map(|_| ()).map_err(|e| err_msg(&e)),
         delete.map(|_| ()).map_err(|e| err_msg(&e)),
     ]
 }
