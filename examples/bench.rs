@@ -1087,15 +1087,18 @@ async fn main() -> Result<()> {
             };
             // The p99 of a comparison needs samples: of 20 it is the
             // slowest, which the machine's noise decides (runs gave 0.80×
-            // and 1.12×); 300 each way (the third slowest), in blocks of
-            // 10 (a change of the binding takes a second to reach
-            // admission), but in a smoke run.
+            // and 1.12×); 300 each way (the fourth slowest). A stall of
+            // the machine slows the updates of a second or two: in blocks
+            // of 2 (runs of 4 with ABBA), as many blocks as a change of the
+            // binding (a second to reach admission) allows; but in a smoke
+            // run.
             let (count, block) = if args.smoke {
                 (args.updates, 1)
             } else {
-                (args.updates.max(300), 10)
+                (args.updates.max(300), 2)
             };
             let measured = protection::measure(&updates, manifest, count, block).await?;
+            eprintln!("bench: the slowest updates: {}", measured.slowest(10));
             phases.push(Phase {
                 name: "updates with and without copy protection",
                 start,

@@ -17,6 +17,9 @@ const TAKES_EFFECT_WITHIN: Duration = Duration::from_secs(30);
 pub(super) struct Propagations {
     pub(super) without: Vec<Duration>,
     pub(super) with: Vec<Duration>,
+    /// Every update in order: whether protected, how many updates since
+    /// the binding last changed, and its time (for the slowest, printed).
+    pub(super) runs: Vec<(bool, usize, Duration)>,
 }
 
 /// Where the updates go, and which copy shows whether the protection is on.
@@ -36,6 +39,9 @@ pub(super) struct Updates<'a> {
 /// the machine that grows steadily weighs on both alike), with the policy
 /// and binding of `manifest` applied before each protected block and the
 /// binding deleted before each other one; the protection is left off.
+/// After each change one update goes unmeasured: it carries the API
+/// server's compiling of the policy for its binding (or dropping it), a
+/// cost of changing the protection, not of having it.
 pub(super) async fn measure(
     updates: &Updates<'_>,
     manifest: &Path,
@@ -45,6 +51,7 @@ pub(super) async fn measure(
     let mut result = Propagations {
         without: Vec::new(),
         with: Vec::new(),
+        runs: Vec::new(),
     };
     let binding = apply(manifest)?
         .into_iter()
@@ -52,6 +59,8 @@ pub(super) async fn measure(
         .context("the manifest holds no ValidatingAdmissionPolicyBinding")?;
     let block = block.max(1);
     let mut in_force = None;
+    let mut since_change = 0;
+    let mut sent = 0;
     for u in 0..2 * count {
         let protected = matches!((u / block) % 4, 1 | 2);
         if in_force != Some(protected) {
@@ -62,8 +71,14 @@ pub(super) async fn measure(
             }
             wait_protection(updates, protected).await?;
             in_force = Some(protected);
+            since_change = 0;
+            propagate(updates, sent).await?;
+            sent += 1;
         }
-        let took = propagate(updates, u, 2 * count).await?;
+        let took = propagate(updates, sent).await?;
+        sent += 1;
+        result.runs.push((protected, since_change, took));
+        since_change += 1;
         if protected {
             result.with.push(took);
         } else {
@@ -75,13 +90,35 @@ pub(super) async fn measure(
     Ok(result)
 }
 
-/// Update source `u` of `total` (spread over the rules) to a new version;
-/// the time until every copy of it has that version.
-async fn propagate(updates: &Updates<'_>, u: usize, total: usize) -> Result<Duration> {
+impl Propagations {
+    /// The `n` slowest updates, slowest first: `with 812 ms (2nd after the
+    /// change)` (the unmeasured one not counted), to tell a cost of the
+    /// policy from one of changing it.
+    pub(super) fn slowest(&self, n: usize) -> String {
+        let mut runs = self.runs.clone();
+        runs.sort_by_key(|run| std::cmp::Reverse(run.2));
+        runs.iter()
+            .take(n)
+            .map(|(protected, since, took)| {
+                format!(
+                    "{} {} ms ({} after the change)",
+                    if *protected { "with" } else { "without" },
+                    took.as_millis(),
+                    since + 1
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The `n`th update of this phase: the next source, round the rules, to a
+/// version of its own; the time until every copy of it has that version.
+async fn propagate(updates: &Updates<'_>, n: usize) -> Result<Duration> {
     let rules = updates.source_namespaces.len();
-    let rule = u * rules / total;
-    let source = u % updates.sources_per_rule;
-    let version = format!("p{}", u + 1);
+    let rule = n % rules;
+    let source = (n / rules) % updates.sources_per_rule;
+    let version = format!("p{}", n + 1);
     let name = updates.layout.source_name(rule, source);
     let source = (updates.source_namespaces[rule].as_str(), name.as_str());
     super::propagate(
