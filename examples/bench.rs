@@ -91,6 +91,10 @@ struct Args {
     /// The chart's copy protection (its policy and binding, rendered):
     /// update propagation is measured with and without it, alternating.
     copy_protection: Option<PathBuf>,
+    /// Updates each way with and without it (default 300), and how many
+    /// in a row (default 10).
+    protection_updates: Option<usize>,
+    protection_block: Option<usize>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -111,6 +115,8 @@ fn parse_args() -> Result<Args> {
         tenants: false,
         impersonate: false,
         copy_protection: None,
+        protection_updates: None,
+        protection_block: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -135,6 +141,8 @@ fn parse_args() -> Result<Args> {
             }
             "--members" => args.members = clusters::parse_members(&value()?)?,
             "--copy-protection" => args.copy_protection = Some(value()?.into()),
+            "--protection-updates" => args.protection_updates = Some(value()?.parse()?),
+            "--protection-block" => args.protection_block = Some(value()?.parse()?),
             other => bail!("unknown flag {other}; see hack/bench"),
         }
     }
@@ -1087,16 +1095,17 @@ async fn main() -> Result<()> {
             };
             // The p99 of a comparison needs samples: of 20 it is the
             // slowest, which the machine's noise decides (runs gave 0.80×
-            // and 1.12×); 300 each way (the fourth slowest). A stall of
-            // the machine slows the updates of a second or two: in blocks
-            // of 2 (runs of 4 with ABBA), as many blocks as a change of the
-            // binding (a second to reach admission) allows; but in a smoke
-            // run.
+            // and 1.12×); 300 each way (the fourth slowest), in blocks of
+            // 10: shorter blocks spread a stall of the machine over both
+            // arms, but the protected updates right after a change of
+            // the binding were slower (BENCHMARKS.md); but in a smoke run.
             let (count, block) = if args.smoke {
                 (args.updates, 1)
             } else {
-                (args.updates.max(300), 2)
+                (args.updates.max(300), 10)
             };
+            let count = args.protection_updates.unwrap_or(count);
+            let block = args.protection_block.unwrap_or(block);
             let measured = protection::measure(&updates, manifest, count, block).await?;
             eprintln!("bench: the slowest updates: {}", measured.slowest(10));
             phases.push(Phase {
