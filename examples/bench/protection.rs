@@ -74,11 +74,11 @@ pub(super) async fn measure(
         ..Default::default()
     };
     // A policy with no binding is dropped by the API server, and compiled
-    // again when one comes back: seconds of its CPU after each change (the
-    // first updates after it were the slowest of a run, with or without an
-    // unmeasured one between). A second binding of the policy that matches
-    // no object keeps it compiled; without the chart's binding, each write
-    // then costs a label selector's test more than with none.
+    // again when one comes back (in blocks of 2, the first measured update
+    // after each change was the slowest of a run). A second binding of the
+    // policy that matches no object keeps it compiled; without the chart's
+    // binding, each write then costs a label selector's test more than
+    // with none.
     let keeper = keeper_of(&binding)?;
     toggle(&bindings, &keeper, true).await?;
     let block = block.max(1);
