@@ -18,11 +18,9 @@ const TAKES_EFFECT_WITHIN: Duration = Duration::from_secs(30);
 
 /// The update propagations measured without and with the protection.
 pub(super) struct Propagations {
-    pub(super) without: Vec<Duration>,
-    pub(super) with: Vec<Duration>,
     /// Every update in order: whether protected, how many updates since
-    /// the binding last changed, and its time (for the slowest, printed).
-    pub(super) runs: Vec<(bool, usize, Duration)>,
+    /// the binding last changed, and its time.
+    runs: Vec<(bool, usize, Duration)>,
 }
 
 /// Where the updates go, and which copy shows whether the protection is on.
@@ -50,11 +48,7 @@ pub(super) async fn measure(
     count: usize,
     block: usize,
 ) -> Result<Propagations> {
-    let mut result = Propagations {
-        without: Vec::new(),
-        with: Vec::new(),
-        runs: Vec::new(),
-    };
+    let mut result = Propagations { runs: Vec::new() };
     // Applied once; then the binding alone is deleted and made again, by
     // the client: `kubectl apply` each time would load the API server
     // with its discovery and OpenAPI reads right before a protected
@@ -99,11 +93,6 @@ pub(super) async fn measure(
         sent += 1;
         result.runs.push((protected, since_change, took));
         since_change += 1;
-        if protected {
-            result.with.push(took);
-        } else {
-            result.without.push(took);
-        }
     }
     toggle(&bindings, &binding, false).await?;
     wait_protection(updates, false).await?;
@@ -155,6 +144,16 @@ async fn toggle(
 }
 
 impl Propagations {
+    /// The times of the updates with the protection in force (`true`), or
+    /// without it.
+    pub(super) fn times(&self, protected: bool) -> Vec<Duration> {
+        self.runs
+            .iter()
+            .filter(|run| run.0 == protected)
+            .map(|run| run.2)
+            .collect()
+    }
+
     /// The `n` slowest updates, slowest first: `with 812 ms (2nd after the
     /// change)` (the unmeasured one not counted), to tell a cost of the
     /// policy from one of changing it.
