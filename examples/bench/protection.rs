@@ -1,10 +1,11 @@
 //! What the copy protection costs the update path (`hack/bench
-//! --copy-protection`): sources are updated one after another, in short
-//! blocks with and without the chart's ValidatingAdmissionPolicy and
-//! binding in force (rendered by `hack/bench` with the benchmark's
-//! operator account exempt, as the chart exempts its own), each timed
-//! until every copy has it. Alternating in short blocks, not one half after
-//! the other, keeps a drift of the machine out of the comparison.
+//! --copy-protection`): the chart's ValidatingAdmissionPolicy and binding
+//! (rendered by `hack/bench` with the benchmark's operator account exempt,
+//! as the chart exempts its own) are applied once, the binding narrowed to
+//! the copies of half the sources; then sources of either half are updated
+//! one after another, alternating, each timed until every copy has it.
+//! Nothing changes in the API server between the two arms, and a stall of
+//! the machine, which lasts several updates, weighs on both alike.
 
 use super::*;
 
@@ -16,14 +17,16 @@ use kube::api::DeleteParams;
 /// How long a change of the binding may take to reach admission.
 const TAKES_EFFECT_WITHIN: Duration = Duration::from_secs(30);
 
+/// The label that puts a source, and so its copies, in the protected arm.
+const ARM_LABEL: &str = "bench.copyrator.flant.com/protected";
+
 /// The update propagations measured without and with the protection.
 pub(super) struct Propagations {
-    /// Every update in order: whether protected, how many updates since
-    /// the binding last changed, and its time.
-    runs: Vec<(bool, usize, Duration)>,
+    /// Every update in order: whether protected, and its time.
+    runs: Vec<(bool, Duration)>,
 }
 
-/// Where the updates go, and which copy shows whether the protection is on.
+/// Where the updates go.
 pub(super) struct Updates<'a> {
     pub(super) client: &'a Client,
     pub(super) copies: &'a Copies,
@@ -31,28 +34,34 @@ pub(super) struct Updates<'a> {
     pub(super) source_namespaces: &'a [String],
     pub(super) copies_per_source: usize,
     pub(super) sources_per_rule: usize,
-    /// A copy that the protection refuses the benchmark's admin to change.
-    pub(super) probe: CopyKey,
+    /// A namespace holding a copy of every source of the first rule.
+    pub(super) probe_namespace: &'a str,
 }
 
-/// `count` updates each way, in blocks of `block` alternating with and
-/// without in the order without, with, with, without (so that a drift of
-/// the machine that grows steadily weighs on both alike): the policy and
-/// binding of `manifest` applied once, then the binding made again before
-/// each protected block and deleted before each other one; the protection
-/// is left off. After each change one update goes unmeasured, for what
-/// the change itself may cost the API server.
+impl Updates<'_> {
+    /// Which sources of each rule are protected: the odd ones.
+    fn sources_of(&self, protected: bool) -> Vec<usize> {
+        (0..self.sources_per_rule)
+            .filter(|source| (source % 2 == 1) == protected)
+            .collect()
+    }
+}
+
+/// `count` updates each way, in the order without, with, with, without
+/// (so that a drift of the machine that grows steadily weighs on both
+/// alike). Before them the policy and binding of `manifest` are applied,
+/// the binding narrowed to copies that carry [`ARM_LABEL`], and the odd
+/// sources of every rule given that label; after them the binding is
+/// deleted.
 pub(super) async fn measure(
     updates: &Updates<'_>,
     manifest: &Path,
     count: usize,
-    block: usize,
 ) -> Result<Propagations> {
-    let mut result = Propagations { runs: Vec::new() };
-    // Applied once; then the binding alone is deleted and made again, by
-    // the client: `kubectl apply` each time would load the API server
-    // with its discovery and OpenAPI reads right before a protected
-    // update, and charge that to the policy.
+    ensure!(
+        updates.sources_per_rule >= 2,
+        "--copy-protection compares two halves of each rule's sources: give --sources 2 or more"
+    );
     let name = apply(manifest)?
         .into_iter()
         .find_map(|name| {
@@ -61,86 +70,80 @@ pub(super) async fn measure(
         })
         .context("the manifest holds no ValidatingAdmissionPolicyBinding")?;
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(updates.client.clone());
-    let mut binding = bindings.get(&name).await.context("the binding applied")?;
-    binding.metadata = kube::api::ObjectMeta {
-        name: Some(name.clone()),
-        labels: binding.metadata.labels.take(),
-        ..Default::default()
-    };
-    // A policy with no binding is dropped by the API server, and compiled
-    // again when one comes back (in blocks of 2, the first measured update
-    // after each change was the slowest of a run). A second binding of the
-    // policy that matches no object keeps it compiled; without the chart's
-    // binding, each write then costs a label selector's test more than
-    // with none.
-    let keeper = keeper_of(&binding)?;
-    toggle(&bindings, &keeper, true).await?;
-    let block = block.max(1);
-    let mut in_force = None;
-    let mut since_change = 0;
+    // One more requirement of the chart's objectSelector; a write of the
+    // other arm costs the API server the test of these labels, as every
+    // ConfigMap write outside the copies does under the chart.
+    let narrowed = json!([{"op": "add",
+        "path": "/spec/matchResources/objectSelector/matchExpressions/-",
+        "value": {"key": ARM_LABEL, "operator": "Exists"}}]);
+    bindings
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(narrowed)?),
+        )
+        .await
+        .context("narrowing the copy protection's binding to half the sources")?;
+    let (with, without) = (updates.sources_of(true), updates.sources_of(false));
     let mut sent = 0;
-    for u in 0..2 * count {
-        let protected = matches!((u / block) % 4, 1 | 2);
-        if in_force != Some(protected) {
-            toggle(&bindings, &binding, protected).await?;
-            wait_protection(updates, protected).await?;
-            in_force = Some(protected);
-            since_change = 0;
-            propagate(updates, sent).await?;
+    for rule in 0..updates.source_namespaces.len() {
+        for &source in &with {
+            let source_name = updates.layout.source_name(rule, source);
+            let source = (
+                updates.source_namespaces[rule].as_str(),
+                source_name.as_str(),
+            );
+            let labels = json!({"metadata": {"labels": {ARM_LABEL: "yes"}}});
+            sources_api(updates.client, source.0)
+                .patch(source.1, &PatchParams::default(), &Patch::Merge(&labels))
+                .await
+                .context("labelling a source of the protected arm")?;
+            super::propagate(
+                updates.client,
+                updates.copies,
+                source,
+                &format!("p{sent}"),
+                updates.copies_per_source,
+            )
+            .await?;
             sent += 1;
         }
-        let took = propagate(updates, sent).await?;
-        sent += 1;
-        result.runs.push((protected, since_change, took));
-        since_change += 1;
     }
-    toggle(&bindings, &binding, false).await?;
-    wait_protection(updates, false).await?;
-    toggle(&bindings, &keeper, false).await?;
-    Ok(result)
-}
-
-/// A binding of `binding`'s policy that matches no object (auditing, as
-/// a binding must take some action).
-fn keeper_of(
-    binding: &ValidatingAdmissionPolicyBinding,
-) -> Result<ValidatingAdmissionPolicyBinding> {
-    let name = binding.metadata.name.as_deref().unwrap_or_default();
-    let policy = binding.spec.policy_name.clone();
-    Ok(serde_json::from_value(json!({
-        "metadata": {"name": format!("{name}-keeper")},
-        "spec": {
-            "policyName": policy,
-            "validationActions": ["Audit"],
-            "matchResources": {"objectSelector": {"matchExpressions": [
-                {"key": "bench.copyrator.flant.com/never", "operator": "Exists"}]}},
-        },
-    }))?)
-}
-
-/// Make the binding (`on`), or delete it; either may be so already.
-async fn toggle(
-    bindings: &Api<ValidatingAdmissionPolicyBinding>,
-    binding: &ValidatingAdmissionPolicyBinding,
-    on: bool,
-) -> Result<()> {
-    let done = if on {
-        bindings
-            .create(&PostParams::default(), binding)
-            .await
-            .map(|_| ())
-    } else {
-        let name = binding.metadata.name.as_deref().unwrap_or_default();
-        bindings
-            .delete(name, &DeleteParams::default())
-            .await
-            .map(|_| ())
+    let probe = |source: usize| {
+        (
+            updates.probe_namespace.to_owned(),
+            updates.layout.source_name(0, source),
+        )
     };
-    match done {
-        Ok(()) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => Ok(()),
-        Err(e) => Err(e).context("changing the copy protection's binding"),
+    wait_protection(updates.client, &probe(with[0]), true).await?;
+    ensure!(
+        !refused(updates.client, &probe(without[0])).await?,
+        "a copy of an unprotected source is protected: the binding was not narrowed"
+    );
+    let mut result = Propagations { runs: Vec::new() };
+    let mut done = [0, 0];
+    for u in 0..2 * count {
+        let protected = matches!(u % 4, 1 | 2);
+        let arm = usize::from(protected);
+        let took = propagate(
+            updates,
+            if protected { &with } else { &without },
+            done[arm],
+            sent,
+        )
+        .await?;
+        done[arm] += 1;
+        sent += 1;
+        result.runs.push((protected, took));
     }
+    let deleted = bindings.delete(&name, &DeleteParams::default()).await;
+    match deleted {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(e) => return Err(e).context("deleting the copy protection's binding"),
+    }
+    wait_protection(updates.client, &probe(with[0]), false).await?;
+    Ok(result)
 }
 
 impl Propagations {
@@ -150,24 +153,24 @@ impl Propagations {
         self.runs
             .iter()
             .filter(|run| run.0 == protected)
-            .map(|run| run.2)
+            .map(|run| run.1)
             .collect()
     }
 
-    /// The `n` slowest updates, slowest first: `with 812 ms (2nd after the
-    /// change)` (the unmeasured one not counted), to tell a cost of the
-    /// policy from one of changing it.
+    /// The `n` slowest updates, slowest first: `with 812 ms (#97)`, its
+    /// place in the phase, to tell a cost of the policy from a stall of
+    /// the machine (which slows updates in a row, of both arms).
     pub(super) fn slowest(&self, n: usize) -> String {
-        let mut runs = self.runs.clone();
-        runs.sort_by_key(|run| std::cmp::Reverse(run.2));
+        let mut runs: Vec<(usize, &(bool, Duration))> = self.runs.iter().enumerate().collect();
+        runs.sort_by_key(|(_, run)| std::cmp::Reverse(run.1));
         runs.iter()
             .take(n)
-            .map(|(protected, since, took)| {
+            .map(|(place, (protected, took))| {
                 format!(
-                    "{} {} ms ({} after the change)",
+                    "{} {} ms (#{})",
                     if *protected { "with" } else { "without" },
                     took.as_millis(),
-                    since + 1
+                    place + 1
                 )
             })
             .collect::<Vec<_>>()
@@ -175,13 +178,19 @@ impl Propagations {
     }
 }
 
-/// The `n`th update of this phase: the next source, round the rules, to a
-/// version of its own; the time until every copy of it has that version.
-async fn propagate(updates: &Updates<'_>, n: usize) -> Result<Duration> {
+/// The `nth` update of an arm: the next of its `sources`, round the rules,
+/// to a version of its own (`sent` so far in the phase); the time until
+/// every copy of it has that version.
+async fn propagate(
+    updates: &Updates<'_>,
+    sources: &[usize],
+    nth: usize,
+    sent: usize,
+) -> Result<Duration> {
     let rules = updates.source_namespaces.len();
-    let rule = n % rules;
-    let source = (n / rules) % updates.sources_per_rule;
-    let version = format!("p{}", n + 1);
+    let rule = nth % rules;
+    let source = sources[(nth / rules) % sources.len()];
+    let version = format!("p{sent}");
     let name = updates.layout.source_name(rule, source);
     let source = (updates.source_namespaces[rule].as_str(), name.as_str());
     super::propagate(
@@ -194,23 +203,32 @@ async fn propagate(updates: &Updates<'_>, n: usize) -> Result<Duration> {
     .await
 }
 
-/// Wait until the admin's dry-run edit of the probe copy is refused by the
-/// protection (`on`), or let through (`!on`).
-async fn wait_protection(updates: &Updates<'_>, on: bool) -> Result<()> {
-    let (namespace, name) = &updates.probe;
-    let api: Api<ConfigMap> = Api::namespaced(updates.client.clone(), namespace);
+fn sources_api(client: &Client, namespace: &str) -> Api<ConfigMap> {
+    Api::namespaced(client.clone(), namespace)
+}
+
+/// Whether the protection refuses the benchmark's admin a dry-run edit of
+/// the copy `probe`.
+async fn refused(client: &Client, (namespace, name): &CopyKey) -> Result<bool> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let params = PatchParams {
         dry_run: true,
         ..PatchParams::default()
     };
     let edit = json!({"metadata": {"labels": {"bench-probe": "yes"}}});
+    match api.patch(name, &params, &Patch::Merge(&edit)).await {
+        Ok(_) => Ok(false),
+        Err(kube::Error::Api(status)) if status.code == 403 => Ok(true),
+        Err(e) => Err(e).context("a dry-run edit of a copy"),
+    }
+}
+
+/// Wait until the admin's edit of the copy `probe` is refused (`on`), or
+/// let through (`!on`).
+async fn wait_protection(client: &Client, probe: &CopyKey, on: bool) -> Result<()> {
     let start = Instant::now();
     loop {
-        let refused = match api.patch(name, &params, &Patch::Merge(&edit)).await {
-            Ok(_) => false,
-            Err(kube::Error::Api(status)) if status.code == 403 => true,
-            Err(e) => return Err(e).context("a dry-run edit of a copy"),
-        };
+        let refused = refused(client, probe).await?;
         if refused == on {
             return Ok(());
         }
