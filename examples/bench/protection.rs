@@ -17,8 +17,10 @@ use kube::api::DeleteParams;
 /// How long a change of the binding may take to reach admission.
 const TAKES_EFFECT_WITHIN: Duration = Duration::from_secs(30);
 
-/// The label that puts a source, and so its copies, in the protected arm.
-const ARM_LABEL: &str = "bench.copyrator.flant.com/protected";
+/// The label that puts a source, and so its copies, in one arm: values of
+/// one length, so that the copies of both arms are of one size.
+const ARM_LABEL: &str = "bench.copyrator.flant.com/arm";
+const ARMS: [&str; 2] = ["unguarded", "protected"];
 
 /// The update propagations measured without and with the protection.
 pub(super) struct Propagations {
@@ -50,8 +52,8 @@ impl Updates<'_> {
 /// `count` updates each way, in the order without, with, with, without
 /// (so that a drift of the machine that grows steadily weighs on both
 /// alike). Before them the policy and binding of `manifest` are applied,
-/// the binding narrowed to copies that carry [`ARM_LABEL`], and the odd
-/// sources of every rule given that label; after them the binding is
+/// the binding narrowed to copies of the protected arm ([`ARM_LABEL`]),
+/// and every source labelled with its arm; after them the binding is
 /// deleted.
 pub(super) async fn measure(
     updates: &Updates<'_>,
@@ -75,7 +77,7 @@ pub(super) async fn measure(
     // ConfigMap write outside the copies does under the chart.
     let narrowed = json!([{"op": "add",
         "path": "/spec/matchResources/objectSelector/matchExpressions/-",
-        "value": {"key": ARM_LABEL, "operator": "Exists"}}]);
+        "value": {"key": ARM_LABEL, "operator": "In", "values": [ARMS[1]]}}]);
     bindings
         .patch(
             &name,
@@ -87,21 +89,27 @@ pub(super) async fn measure(
     let (with, without) = (updates.sources_of(true), updates.sources_of(false));
     let mut sent = 0;
     for rule in 0..updates.source_namespaces.len() {
-        for &source in &with {
+        for source in 0..updates.sources_per_rule {
             let source_name = updates.layout.source_name(rule, source);
-            let source = (
+            let source_ref = (
                 updates.source_namespaces[rule].as_str(),
                 source_name.as_str(),
             );
-            let labels = json!({"metadata": {"labels": {ARM_LABEL: "yes"}}});
-            sources_api(updates.client, source.0)
-                .patch(source.1, &PatchParams::default(), &Patch::Merge(&labels))
+            let arm = ARMS[usize::from(with.contains(&source))];
+            let labels = json!({"metadata": {"labels": {ARM_LABEL: arm}}});
+            sources_api(updates.client, source_ref.0)
+                .patch(
+                    source_ref.1,
+                    &PatchParams::default(),
+                    &Patch::Merge(&labels),
+                )
                 .await
-                .context("labelling a source of the protected arm")?;
+                .context("labelling a source with its arm")?;
+            // Its copies carry the label once they have the version after it.
             super::propagate(
                 updates.client,
                 updates.copies,
-                source,
+                source_ref,
                 &format!("p{sent}"),
                 updates.copies_per_source,
             )
@@ -150,11 +158,74 @@ impl Propagations {
     /// The times of the updates with the protection in force (`true`), or
     /// without it.
     pub(super) fn times(&self, protected: bool) -> Vec<Duration> {
+        self.times_by(protected, |_| false)
+    }
+
+    /// [`Self::times`], with the arms swapped in each block of four for
+    /// which `swapped` says so.
+    fn times_by(&self, protected: bool, swapped: impl Fn(usize) -> bool) -> Vec<Duration> {
         self.runs
             .iter()
-            .filter(|run| run.0 == protected)
-            .map(|run| run.1)
+            .enumerate()
+            .filter(|(place, run)| (run.0 != swapped(place / 4)) == protected)
+            .map(|(_, run)| run.1)
             .collect()
+    }
+
+    /// The protected p99 over the unprotected one, the arms swapped in
+    /// the blocks `swapped` names.
+    fn p99_ratio_by(&self, swapped: impl Fn(usize) -> bool + Copy) -> f64 {
+        let p99 = |protected| percentile(&self.times_by(protected, swapped), 0.99).as_secs_f64();
+        p99(true) / p99(false).max(f64::EPSILON)
+    }
+
+    /// How far the p99 ratio moves by chance alone: the 5th and 95th
+    /// percentiles of it over `draws` random swaps of the arms, each
+    /// block of four (without, with, with, without) swapped or not. A
+    /// ratio outside them is more than the machine's noise.
+    pub(super) fn p99_ratio_by_chance(&self, draws: usize) -> (f64, f64) {
+        // xorshift64: reproducible, and no dependency for a benchmark.
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let blocks = self.runs.len().div_ceil(4);
+        let mut ratios: Vec<f64> = (0..draws.max(1))
+            .map(|_| {
+                let swaps: Vec<bool> = (0..blocks)
+                    .map(|_| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        state & 1 == 1
+                    })
+                    .collect();
+                self.p99_ratio_by(|block| swaps[block])
+            })
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
+        (at(0.05), at(0.95))
+    }
+
+    /// The mean time of each arm: (without, with).
+    pub(super) fn means(&self) -> (Duration, Duration) {
+        let mean = |protected| {
+            let times = self.times(protected);
+            times.iter().sum::<Duration>() / u32::try_from(times.len().max(1)).unwrap_or(u32::MAX)
+        };
+        (mean(false), mean(true))
+    }
+
+    /// Every update, one a line: `place,arm,milliseconds`.
+    pub(super) fn write_series(&self, path: &Path) -> Result<()> {
+        let mut out = String::from("place,arm,ms\n");
+        for (place, (protected, took)) in self.runs.iter().enumerate() {
+            out += &format!(
+                "{},{},{}\n",
+                place + 1,
+                ARMS[usize::from(*protected)],
+                took.as_millis()
+            );
+        }
+        std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
     }
 
     /// The `n` slowest updates, slowest first: `with 812 ms (#97)`, its
