@@ -290,18 +290,21 @@ impl Copies {
 }
 
 /// Set the `version` key of the source `namespace/name`.
-async fn set_source_version(
+async fn set_source_version(client: &Client, source: (&str, &str), version: &str) -> Result<()> {
+    set_source_version_and_labels(client, source, version, &json!({})).await
+}
+
+/// [`set_source_version`], setting `labels` of the source in the same write.
+async fn set_source_version_and_labels(
     client: &Client,
     (namespace, name): (&str, &str),
     version: &str,
+    labels: &Value,
 ) -> Result<()> {
     let sources: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let patch = json!({"metadata": {"labels": labels}, "data": {"version": version}});
     sources
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"data": {"version": version}})),
-        )
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map(|_| ())
         .context("updating a source")
@@ -316,8 +319,21 @@ async fn propagate(
     version: &str,
     want: usize,
 ) -> Result<Duration> {
+    propagate_with_labels(client, copies, source, version, &json!({}), want).await
+}
+
+/// [`propagate`], setting `labels` of the source in the same write (its
+/// copies carry them once they have the version).
+async fn propagate_with_labels(
+    client: &Client,
+    copies: &Copies,
+    source: (&str, &str),
+    version: &str,
+    labels: &Value,
+    want: usize,
+) -> Result<Duration> {
     let began = Instant::now();
-    set_source_version(client, source, version).await?;
+    set_source_version_and_labels(client, source, version, labels).await?;
     copies
         .wait_for(want, Duration::from_secs(120), |(_, copy), v| {
             copy == source.1 && v == version

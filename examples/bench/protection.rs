@@ -96,21 +96,12 @@ pub(super) async fn measure(
                 source_name.as_str(),
             );
             let arm = ARMS[usize::from(with.contains(&source))];
-            let labels = json!({"metadata": {"labels": {ARM_LABEL: arm}}});
-            sources_api(updates.client, source_ref.0)
-                .patch(
-                    source_ref.1,
-                    &PatchParams::default(),
-                    &Patch::Merge(&labels),
-                )
-                .await
-                .context("labelling a source with its arm")?;
-            // Its copies carry the label once they have the version after it.
-            super::propagate(
+            super::propagate_with_labels(
                 updates.client,
                 updates.copies,
                 source_ref,
                 &format!("p{sent}"),
+                &json!({ARM_LABEL: arm}),
                 updates.copies_per_source,
             )
             .await?;
@@ -272,10 +263,6 @@ async fn propagate(
         updates.copies_per_source,
     )
     .await
-}
-
-fn sources_api(client: &Client, namespace: &str) -> Api<ConfigMap> {
-    Api::namespaced(client.clone(), namespace)
 }
 
 /// Whether the protection refuses the benchmark's admin a dry-run edit of
